@@ -1,0 +1,188 @@
+//! The Child actor: one execution of one task.
+//!
+//! It builds its runner, runs it as a task of its own (so a panic ends only this child, as
+//! `failed`), arms the task timeout and the stall clock when the runner starts, and when the
+//! child is terminal hands its row to the [`Coalescer`]. It keeps the row until the coalescer
+//! answers that the owner recorded it; a failed hand-off is retried with backoff, never dropped.
+//! It does not decide readiness or capacity: that is the session owner's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use tokio::task::AbortHandle;
+
+use super::coalescer::{Coalescer, Completion};
+use super::owner::SessionOwner;
+use crate::model::{now_ms, ChildRow, ChildStatus, Task};
+use crate::runner::{Progress, RunContext, RunOutput, RunnerFactory};
+
+/// First hand-off retry delay; doubles up to [`HANDOFF_BACKOFF_MAX`].
+const HANDOFF_BACKOFF_START: Duration = Duration::from_millis(10);
+const HANDOFF_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Asks a child to stop its runner and end as `cancelled`.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Cancel;
+
+/// One task execution.
+pub struct Child {
+    row: ChildRow,
+    task: Task,
+    factory: Arc<dyn RunnerFactory>,
+    coalescer: Addr<Coalescer>,
+    owner: Addr<SessionOwner>,
+    progress: Progress,
+    abort: Option<AbortHandle>,
+    ended: bool,
+    backoff: Duration,
+}
+
+impl std::fmt::Debug for Child {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Child").field("child_id", &self.row.child_id).field("status", &self.row.status).finish()
+    }
+}
+
+impl Child {
+    /// A child for `row` (already marked running by its owner).
+    pub fn new(
+        row: ChildRow,
+        task: Task,
+        factory: Arc<dyn RunnerFactory>,
+        coalescer: Addr<Coalescer>,
+        owner: Addr<SessionOwner>,
+    ) -> Self {
+        Child {
+            row,
+            task,
+            factory,
+            coalescer,
+            owner,
+            progress: Progress::new(),
+            abort: None,
+            ended: false,
+            backoff: HANDOFF_BACKOFF_START,
+        }
+    }
+
+    fn end(&mut self, ctx: &mut Context<Self>, status: ChildStatus, summary: Option<String>, error: Option<String>) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        if let Some(handle) = self.abort.take() {
+            handle.abort();
+        }
+        self.row.status = status;
+        self.row.summary = summary;
+        self.row.error = error;
+        self.row.finished_at_ms = Some(now_ms());
+        tracing::debug!(child = %self.row.child_id, status = %status, "child ended");
+        self.hand_off(ctx);
+    }
+
+    fn hand_off(&mut self, ctx: &mut Context<Self>) {
+        let msg = Completion { row: self.row.clone(), owner: self.owner.clone() };
+        self.coalescer
+            .send(msg)
+            .into_actor(self)
+            .map(|res, act, ctx| match res {
+                Ok(Ok(())) => ctx.stop(),
+                failure => {
+                    let why = match failure {
+                        Ok(Err(e)) => e.to_string(),
+                        Err(e) => e.to_string(),
+                        Ok(Ok(())) => String::new(),
+                    };
+                    tracing::warn!(child = %act.row.child_id, retry_in = ?act.backoff, "hand-off failed: {why}");
+                    let delay = act.backoff;
+                    act.backoff = (act.backoff * 2).min(HANDOFF_BACKOFF_MAX);
+                    ctx.run_later(delay, |act, ctx| act.hand_off(ctx));
+                }
+            })
+            .spawn(ctx);
+    }
+
+    fn check_stall(&mut self, ctx: &mut Context<Self>) {
+        if self.ended {
+            return;
+        }
+        let silent_for = self.progress.elapsed_ms().saturating_sub(self.progress.last_beat_ms());
+        if silent_for >= self.task.stall_ms {
+            let partial = self.progress.take_partial();
+            let error = format!("no progress for {} ms (stall timeout {} ms)", silent_for, self.task.stall_ms);
+            self.end(ctx, ChildStatus::Interrupted, partial, Some(error));
+        } else {
+            let left = self.task.stall_ms - silent_for;
+            ctx.run_later(Duration::from_millis(left), |act, ctx| act.check_stall(ctx));
+        }
+    }
+}
+
+/// The message of a panic payload, as text.
+pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "runner panicked with a non-text payload".to_string()
+    }
+}
+
+impl Actor for Child {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let spec: serde_json::Value = match serde_json::from_str(&self.task.runner_json) {
+            Ok(v) => v,
+            Err(e) => return self.end(ctx, ChildStatus::Failed, None, Some(format!("runner spec is not JSON: {e}"))),
+        };
+        let runner = match self.factory.build(&spec) {
+            Ok(r) => r,
+            Err(e) => return self.end(ctx, ChildStatus::Failed, None, Some(format!("runner could not be built: {e}"))),
+        };
+        // The runner starts now, and so do its clocks (a queued child's stall clock never runs).
+        self.progress = Progress::new();
+        let run_ctx = RunContext {
+            child_id: self.row.child_id.clone(),
+            goal: self.task.goal.clone(),
+            attempt: self.row.attempt,
+            progress: self.progress.clone(),
+        };
+        let handle = actix::spawn(runner.run(run_ctx));
+        let abort = handle.abort_handle();
+        ctx.spawn(
+            async move { handle.await }
+                .into_actor(self)
+                .map(|res, act, ctx| match res {
+                    Ok(RunOutput::Succeeded { summary }) => act.end(ctx, ChildStatus::Succeeded, Some(summary), None),
+                    Ok(RunOutput::Failed { error, summary }) => act.end(ctx, ChildStatus::Failed, summary, Some(error)),
+                    Err(e) if e.is_panic() => {
+                        let msg = panic_message(e.into_panic());
+                        act.end(ctx, ChildStatus::Failed, act.progress.take_partial(), Some(format!("runner panicked: {msg}")))
+                    }
+                    Err(_) => {} // aborted by end(): the child already ended
+                }),
+        );
+        self.abort = Some(abort);
+        if let Some(ms) = self.task.timeout_ms {
+            ctx.run_later(Duration::from_millis(ms), move |act, ctx| {
+                let partial = act.progress.take_partial();
+                act.end(ctx, ChildStatus::TimedOut, partial, Some(format!("timed out after {ms} ms")));
+            });
+        }
+        ctx.run_later(Duration::from_millis(self.task.stall_ms), |act, ctx| act.check_stall(ctx));
+    }
+}
+
+impl Handler<Cancel> for Child {
+    type Result = ();
+
+    fn handle(&mut self, _: Cancel, ctx: &mut Context<Self>) {
+        let partial = self.progress.take_partial();
+        self.end(ctx, ChildStatus::Cancelled, partial, Some("cancelled".into()));
+    }
+}

@@ -1,0 +1,1197 @@
+//! The SessionOwner actor: the routing reservation of one session.
+//!
+//! Its mailbox serialises everything that decides who gets what: accepting calls (set ordinals,
+//! dispatch rows), capacity admission, recording completions handed over by the coalescer,
+//! boundaries (claims), acks, releases, lease expiries and wakes. The decisions themselves are
+//! the pure types of [`crate::routing`]; this actor applies them to its state, writes the
+//! ledger and answers. Rendering, wake I/O and runner work happen elsewhere.
+//!
+//! Lease expiries and backoffs share one timer: the router keeps the deadlines ordered and the
+//! owner arms a single `run_later` for the earliest one (no polling, no re-queue spin).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+
+use super::coalescer::Coalescer;
+use super::unit::{StartChild, Unit, UnitComplete};
+use crate::ledger::{Ledger, LedgerError, Snapshot};
+use crate::model::*;
+use crate::routing::{on_child_end, Capacity, ClaimError, Publish, ReleaseReason, Returned, Router, Turn, WakeState};
+use crate::runner::RunnerFactory;
+use crate::wake::{Wake, WakeEvent, WakeTarget};
+
+/// What the owner refuses, and why. A refused request changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum OwnerError {
+    /// The request is malformed; `field` names what is wrong.
+    #[error("invalid `{field}`: {message}")]
+    Invalid {
+        /// The offending field, as a path (`tasks[2].runner.kind`).
+        field: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// The ack or release concerned a claim that is not live.
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+    /// The ledger failed; nothing was reported as done.
+    #[error("ledger: {0}")]
+    Ledger(String),
+    /// The owner stopped before answering.
+    #[error("the session owner stopped before answering")]
+    Stopped,
+}
+
+impl From<LedgerError> for OwnerError {
+    fn from(e: LedgerError) -> Self {
+        OwnerError::Ledger(e.to_string())
+    }
+}
+
+/// A task as submitted, before validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskSpec {
+    /// What the child should do; not empty.
+    pub goal: String,
+    /// The runner spec: a JSON object with a `kind` the runner factory knows.
+    pub runner: serde_json::Value,
+    /// Tasks sharing a group form one completion unit.
+    pub group: Option<String>,
+    /// Per-task timeout in ms (> 0).
+    pub timeout_ms: Option<u64>,
+    /// Stall timeout in ms (> 0); default 450000.
+    pub stall_ms: Option<u64>,
+    /// Whether recovery may re-run the task when it was running at a crash.
+    pub rerun_on_recovery: bool,
+}
+
+impl TaskSpec {
+    /// A task with defaults for everything but the goal and runner.
+    pub fn new(goal: impl Into<String>, runner: serde_json::Value) -> Self {
+        TaskSpec { goal: goal.into(), runner, group: None, timeout_ms: None, stall_ms: None, rerun_on_recovery: false }
+    }
+}
+
+/// One delegate request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DelegateRequest {
+    /// The tasks; not empty.
+    pub tasks: Vec<TaskSpec>,
+    /// Background (default) or sync.
+    pub mode: Mode,
+    /// Whether each ungrouped task is its own unit.
+    pub independent_completions: bool,
+}
+
+/// Checks a request and turns it into stored tasks. Changes nothing.
+pub fn validate(req: &DelegateRequest, factory: &dyn RunnerFactory) -> Result<Vec<Task>, OwnerError> {
+    let invalid = |field: String, message: String| OwnerError::Invalid { field, message };
+    if req.tasks.is_empty() {
+        return Err(invalid("tasks".into(), "must hold at least one task".into()));
+    }
+    if req.tasks.len() > u32::MAX as usize {
+        return Err(invalid("tasks".into(), "too many tasks".into()));
+    }
+    let mut out = Vec::with_capacity(req.tasks.len());
+    for (i, t) in req.tasks.iter().enumerate() {
+        if t.goal.trim().is_empty() {
+            return Err(invalid(format!("tasks[{i}].goal"), "must not be empty".into()));
+        }
+        if !t.runner.is_object() {
+            return Err(invalid(format!("tasks[{i}].runner"), "must be an object with a `kind`".into()));
+        }
+        factory.validate(&t.runner).map_err(|m| invalid(format!("tasks[{i}].runner"), m))?;
+        if let Some(g) = &t.group {
+            if g.trim().is_empty() {
+                return Err(invalid(format!("tasks[{i}].group"), "must not be empty when given".into()));
+            }
+        }
+        if t.timeout_ms == Some(0) {
+            return Err(invalid(format!("tasks[{i}].timeout_ms"), "must be greater than 0".into()));
+        }
+        if t.stall_ms == Some(0) {
+            return Err(invalid(format!("tasks[{i}].stall_ms"), "must be greater than 0".into()));
+        }
+        out.push(Task {
+            goal: t.goal.clone(),
+            runner_json: t.runner.to_string(),
+            group: t.group.clone(),
+            timeout_ms: t.timeout_ms,
+            stall_ms: t.stall_ms.unwrap_or(DEFAULT_STALL_MS),
+            rerun_on_recovery: t.rerun_on_recovery,
+        });
+    }
+    Ok(out)
+}
+
+/// Accept a call.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Delegated, OwnerError>")]
+pub struct Delegate(pub DelegateRequest);
+
+/// What an accepted call answers.
+#[derive(Debug, Clone)]
+pub enum Delegated {
+    /// Running in the background; results come at boundaries.
+    Background {
+        /// The call id.
+        call_id: String,
+        /// Its set ordinal.
+        set: u64,
+        /// Its units.
+        units: Vec<UnitRow>,
+    },
+    /// Ran synchronously; the results are here and count as delivered.
+    Sync {
+        /// The call id.
+        call_id: String,
+        /// Its set ordinal.
+        set: u64,
+        /// Its units.
+        units: Vec<UnitRow>,
+        /// Why a background call was forced to sync, if it was.
+        forced_sync_reason: Option<String>,
+        /// Every child's result.
+        results: Vec<ReadyItem>,
+    },
+}
+
+/// Terminal rows, flushed by the coalescer, for the owner to record and publish.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Recorded {
+    /// The rows.
+    pub rows: Vec<ChildRow>,
+}
+
+/// A turn boundary: claim everything ready, or nothing.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Option<Claimed>, OwnerError>")]
+pub struct Boundary {
+    /// Who claims.
+    pub consumer: String,
+    /// Lease length in ms.
+    pub lease_ms: u64,
+}
+
+/// The items of one claim (an envelope before rendering).
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The claim id.
+    pub claim_id: String,
+    /// The consumer that holds it.
+    pub consumer: String,
+    /// When the lease runs out.
+    pub lease_expires_at_ms: u64,
+    /// The items, ordered by set, unit, task, kind.
+    pub items: Vec<ReadyItem>,
+}
+
+/// Acknowledge a claim.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<usize, OwnerError>")]
+pub struct Ack {
+    /// The claim.
+    pub claim_id: String,
+}
+
+/// Hand a claim back.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<(), OwnerError>")]
+pub struct Release {
+    /// The claim.
+    pub claim_id: String,
+    /// Busy or failed.
+    pub reason: ReleaseReason,
+    /// Least time before the items are ready again.
+    pub retry_after_ms: u64,
+}
+
+/// Change the session's turn state.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct SetTurn(pub Turn);
+
+/// Change a session's settings.
+#[derive(Message)]
+#[rtype(result = "Result<SessionInfo, OwnerError>")]
+pub struct Configure {
+    /// New capacity, if given.
+    pub max_concurrent_children: Option<u32>,
+    /// New dead-letter limit, if given.
+    pub max_delivery_attempts: Option<u32>,
+    /// A wake target to bind (makes the session wake-capable), if given.
+    pub wake: Option<Arc<dyn Wake>>,
+}
+
+impl std::fmt::Debug for Configure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Configure")
+            .field("max_concurrent_children", &self.max_concurrent_children)
+            .field("max_delivery_attempts", &self.max_delivery_attempts)
+            .field("wake", &self.wake.is_some())
+            .finish()
+    }
+}
+
+/// A session's settings and turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The session id.
+    pub session_id: String,
+    /// Whether a wake target is bound.
+    pub wake_capable: bool,
+    /// Idle or busy.
+    pub turn: Turn,
+    /// Capacity.
+    pub max_concurrent_children: u32,
+    /// Dead-letter limit.
+    pub max_delivery_attempts: u32,
+}
+
+/// Ask for the session's state.
+#[derive(Debug, Message)]
+#[rtype(result = "SessionStatus")]
+pub struct Status;
+
+/// Counts and calls of a session.
+#[derive(Debug, Clone)]
+pub struct SessionStatus {
+    /// Settings and turn.
+    pub info: SessionInfo,
+    /// Children waiting for capacity.
+    pub queued: usize,
+    /// Children running.
+    pub running: usize,
+    /// Items ready (or backing off).
+    pub ready: usize,
+    /// Items in live claims.
+    pub claimed: usize,
+    /// Items delivered (acked or returned inline).
+    pub delivered: u64,
+    /// Calls still in memory (not yet fully delivered), by set.
+    pub calls: Vec<CallStatus>,
+}
+
+/// One call of a session's status.
+#[derive(Debug, Clone)]
+pub struct CallStatus {
+    /// The call row.
+    pub call: CallRow,
+    /// Its units.
+    pub units: Vec<UnitRow>,
+    /// Its children, by task index.
+    pub children: Vec<ChildRow>,
+}
+
+/// Where the owner sends things.
+#[derive(Clone)]
+pub struct Engine {
+    /// The ledger.
+    pub ledger: Arc<dyn Ledger>,
+    /// Runner construction.
+    pub factory: Arc<dyn RunnerFactory>,
+    /// Group commit of completions.
+    pub coalescer: Addr<Coalescer>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("ledger", &self.ledger).finish()
+    }
+}
+
+struct CallState {
+    row: CallRow,
+    units: Vec<String>,
+    incomplete_units: usize,
+    sync_reply: Option<oneshot::Sender<Result<Vec<ReadyItem>, OwnerError>>>,
+}
+
+struct UnitState {
+    row: UnitRow,
+    terminal: usize,
+    complete: bool,
+    addr: Option<Addr<Unit>>,
+    recorded_before_exit: Option<u32>,
+}
+
+/// A claim id that names its session: `clm_<session as hex>_<random>`.
+pub fn new_claim_id(session_id: &str) -> String {
+    let hex: String = session_id.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("clm_{hex}_{}", random_hex())
+}
+
+/// The session a claim id names, if it is one of ours.
+pub fn claim_session(claim_id: &str) -> Option<String> {
+    let rest = claim_id.strip_prefix("clm_")?;
+    let (hex, _) = rest.rsplit_once('_')?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
+/// The routing reservation of one session.
+pub struct SessionOwner {
+    engine: Engine,
+    session: SessionRow,
+    wake: Option<WakeTarget>,
+    wake_state: WakeState,
+    calls: HashMap<String, CallState>,
+    units: HashMap<String, UnitState>,
+    children: HashMap<String, ChildRow>,
+    capacity: Capacity<String>,
+    router: Router<String>,
+    timer: Option<(u64, SpawnHandle)>,
+    delivered_done: u64,
+}
+
+impl std::fmt::Debug for SessionOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionOwner")
+            .field("session", &self.session.session_id)
+            .field("calls", &self.calls.len())
+            .field("running", &self.capacity.running())
+            .finish()
+    }
+}
+
+impl SessionOwner {
+    /// A fresh owner for a session with nothing in flight.
+    pub fn new(engine: Engine, session: SessionRow) -> Self {
+        SessionOwner {
+            capacity: Capacity::new(session.max_concurrent_children as usize),
+            router: Router::new(session.max_delivery_attempts),
+            engine,
+            session,
+            wake: None,
+            wake_state: WakeState::default(),
+            calls: HashMap::new(),
+            units: HashMap::new(),
+            children: HashMap::new(),
+            timer: None,
+            delivered_done: 0,
+        }
+    }
+
+    /// Rebuilds an owner from what an earlier process left in the ledger (I6): recorded
+    /// children are replayed, queued ones queued again, running ones re-run when their task
+    /// allows it or else resolved as `unknown`; unacked items are ready again; claims that were
+    /// live are remembered as lost. Returns the rows recovery changed, for the caller to write.
+    pub fn recover(engine: Engine, session: SessionRow, snapshot: &SessionSnapshot) -> (Self, Vec<ChildRow>) {
+        let mut owner = SessionOwner::new(engine, session);
+        let mut changed = Vec::new();
+        let now = now_ms();
+        for claim in &snapshot.claims {
+            owner.router.remember_lost(claim.claim_id.clone());
+        }
+        let mut calls: Vec<&CallRow> = snapshot.calls.iter().collect();
+        calls.sort_by_key(|c| c.set);
+        for call in calls {
+            let Some(units) = snapshot.units.get(&call.call_id) else { continue };
+            let Some(children) = snapshot.children.get(&call.call_id) else { continue };
+            // A call whose every result was delivered (or dead-lettered) is done; an early
+            // failure notice left undelivered is moot once the full result was delivered.
+            let settled = children.len() == call.tasks.len()
+                && children.iter().all(|c| c.status.is_terminal() && (c.result.delivered || c.result.dead));
+            if settled {
+                owner.delivered_done += children.iter().filter(|c| c.result.delivered).count() as u64;
+                owner.delivered_done += children.iter().filter(|c| c.notice.delivered).count() as u64;
+                continue;
+            }
+            let mut unit_ids = Vec::new();
+            let mut incomplete = 0;
+            for unit in units {
+                let members: Vec<&ChildRow> = children.iter().filter(|c| c.unit_id == unit.unit_id).collect();
+                let recorded = members.iter().filter(|c| c.status.is_terminal()).count();
+                let was_running = recorded < unit.tasks.len();
+                let mut state = UnitState {
+                    row: unit.clone(),
+                    terminal: 0,
+                    complete: false,
+                    addr: None,
+                    recorded_before_exit: was_running.then_some(recorded as u32),
+                };
+                for member in members {
+                    let mut row = member.clone();
+                    match row.status {
+                        ChildStatus::Queued => owner.capacity.enqueue(row.child_id.clone()),
+                        ChildStatus::Running => {
+                            let task = &call.tasks[row.task_index as usize];
+                            row.recovered = true;
+                            if task.rerun_on_recovery {
+                                row.status = ChildStatus::Queued;
+                                row.attempt += 1;
+                                row.started_at_ms = None;
+                                owner.capacity.enqueue(row.child_id.clone());
+                            } else {
+                                row.status = ChildStatus::Unknown;
+                                row.finished_at_ms = Some(now);
+                                row.error = Some(
+                                    "the child was running when its owner exited and its task is not safe to re-run; its outcome is unknown"
+                                        .into(),
+                                );
+                                state.terminal += 1;
+                            }
+                            changed.push(row.clone());
+                        }
+                        _ => {
+                            if was_running && !row.recovered {
+                                row.recovered = true;
+                                changed.push(row.clone());
+                            }
+                            state.terminal += 1;
+                        }
+                    }
+                    owner.children.insert(row.child_id.clone(), row);
+                }
+                unit_ids.push(unit.unit_id.clone());
+                if state.terminal < unit.tasks.len() {
+                    incomplete += 1;
+                }
+                owner.units.insert(unit.unit_id.clone(), state);
+            }
+            owner.calls.insert(
+                call.call_id.clone(),
+                CallState { row: call.clone(), units: unit_ids.clone(), incomplete_units: incomplete, sync_reply: None },
+            );
+            for unit_id in unit_ids {
+                let Some(unit) = owner.units.get(&unit_id) else { continue };
+                let members: Vec<String> = unit.row.tasks.iter().map(|&i| child_id(&call.call_id, i)).collect();
+                if unit.terminal >= unit.row.tasks.len() {
+                    if let Some(u) = owner.units.get_mut(&unit_id) {
+                        u.complete = true;
+                    }
+                    for id in &members {
+                        if let Some(row) = owner.children.get(id) {
+                            if !row.result.delivered && !row.result.dead {
+                                owner.router.publish(dedup_key(id, ItemKind::Result), row.result.failed_attempts);
+                            }
+                        }
+                    }
+                } else {
+                    for id in &members {
+                        if let Some(row) = owner.children.get(id) {
+                            if row.status.is_failure() && !row.notice.delivered && !row.notice.dead {
+                                owner.router.publish(dedup_key(id, ItemKind::FailureNotice), row.notice.failed_attempts);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (owner, changed)
+    }
+
+    /// The session this owner routes.
+    pub fn session_id(&self) -> &str {
+        &self.session.session_id
+    }
+
+    fn info(&self) -> SessionInfo {
+        SessionInfo {
+            session_id: self.session.session_id.clone(),
+            wake_capable: self.wake.is_some(),
+            turn: self.wake_state.turn(),
+            max_concurrent_children: self.session.max_concurrent_children,
+            max_delivery_attempts: self.session.max_delivery_attempts,
+        }
+    }
+
+    fn register_call(&mut self, call: CallRow, units: Vec<UnitRow>, children: Vec<ChildRow>) {
+        let unit_ids: Vec<String> = units.iter().map(|u| u.unit_id.clone()).collect();
+        for unit in units {
+            self.units.insert(
+                unit.unit_id.clone(),
+                UnitState { row: unit, terminal: 0, complete: false, addr: None, recorded_before_exit: None },
+            );
+        }
+        for row in children {
+            self.capacity.enqueue(row.child_id.clone());
+            self.children.insert(row.child_id.clone(), row);
+        }
+        self.calls.insert(
+            call.call_id.clone(),
+            CallState { row: call, incomplete_units: unit_ids.len(), units: unit_ids, sync_reply: None },
+        );
+    }
+
+    /// Starts the queued children capacity allows, marking them running.
+    fn admit(&mut self, ctx: &mut Context<Self>) {
+        let ids = self.capacity.admit();
+        if ids.is_empty() {
+            return;
+        }
+        let now = now_ms();
+        let mut rows = Vec::with_capacity(ids.len());
+        for id in &ids {
+            if let Some(row) = self.children.get_mut(id) {
+                row.status = ChildStatus::Running;
+                row.started_at_ms = Some(now);
+                rows.push(row.clone());
+            }
+        }
+        // The running mark only tells recovery "this one had started"; it needs no flush.
+        if let Err(e) = self.engine.ledger.put_children(&rows) {
+            tracing::warn!(session = %self.session.session_id, "writing running marks failed: {e}");
+        }
+        let me = ctx.address();
+        for row in rows {
+            let Some(call) = self.calls.get(&row.call_id) else { continue };
+            let Some(task) = call.row.tasks.get(row.task_index as usize).cloned() else { continue };
+            let Some(unit) = self.units.get_mut(&row.unit_id) else { continue };
+            let addr = unit.addr.get_or_insert_with(|| {
+                Unit::new(unit.row.clone(), self.engine.factory.clone(), self.engine.coalescer.clone(), me.clone()).start()
+            });
+            addr.do_send(StartChild { row, task });
+        }
+    }
+
+    fn complete_unit(&mut self, unit_id: &str, ctx: &mut Context<Self>) {
+        let Some(unit) = self.units.get_mut(unit_id) else { return };
+        if unit.complete {
+            return;
+        }
+        unit.complete = true;
+        if let Some(addr) = unit.addr.take() {
+            addr.do_send(UnitComplete);
+        }
+        let call_id = unit.row.call_id.clone();
+        let members: Vec<String> = unit.row.tasks.iter().map(|&i| child_id(&call_id, i)).collect();
+        let Some(call) = self.calls.get_mut(&call_id) else { return };
+        call.incomplete_units = call.incomplete_units.saturating_sub(1);
+        match call.row.mode {
+            Mode::Background => {
+                for id in members {
+                    let attempts = self.children.get(&id).map(|r| r.result.failed_attempts).unwrap_or(0);
+                    self.router.publish(dedup_key(&id, ItemKind::Result), attempts);
+                }
+            }
+            Mode::Sync if call.incomplete_units == 0 => self.finish_sync(&call_id, ctx),
+            Mode::Sync => {}
+        }
+    }
+
+    /// Every unit of a sync call is complete: mark its results delivered, durably, and answer.
+    fn finish_sync(&mut self, call_id: &str, ctx: &mut Context<Self>) {
+        let Some(call) = self.calls.get(call_id) else { return };
+        let ids: Vec<String> = (0..call.row.tasks.len() as u32).map(|i| child_id(call_id, i)).collect();
+        let items: Vec<ReadyItem> = ids
+            .iter()
+            .filter_map(|id| self.item(&dedup_key(id, ItemKind::Result), 1))
+            .collect();
+        let mut rows = Vec::new();
+        for id in &ids {
+            if let Some(row) = self.children.get_mut(id) {
+                row.result.delivered = true;
+                rows.push(row.clone());
+            }
+        }
+        let ledger = self.engine.ledger.clone();
+        let written = ledger.put_children(&rows);
+        let call_id = call_id.to_string();
+        async move {
+            written?;
+            super::flush(ledger).await
+        }
+        .into_actor(self)
+        .map(move |res, act, ctx| {
+            let reply = act.calls.get_mut(&call_id).and_then(|c| c.sync_reply.take());
+            match res {
+                Ok(_) => {
+                    if let Some(tx) = reply {
+                        let _ = tx.send(Ok(items));
+                    }
+                    act.gc_call(&call_id);
+                }
+                Err(e) => {
+                    // Not recorded as delivered: the results go out at the next boundary instead.
+                    tracing::warn!(call = %call_id, "recording sync delivery failed: {e}");
+                    for id in &ids {
+                        if let Some(row) = act.children.get_mut(id) {
+                            row.result.delivered = false;
+                            act.router.publish(dedup_key(id, ItemKind::Result), row.result.failed_attempts);
+                        }
+                    }
+                    if let Some(c) = act.calls.get_mut(&call_id) {
+                        c.row.mode = Mode::Background;
+                    }
+                    if let Some(tx) = reply {
+                        let _ = tx.send(Err(OwnerError::Ledger(format!(
+                            "{e}; the results were kept and will be delivered at the next boundary"
+                        ))));
+                    }
+                    act.after_change(ctx);
+                }
+            }
+        })
+        .spawn(ctx);
+    }
+
+    /// Builds the consumer's view of an item.
+    fn item(&self, key: &str, delivery_attempt: u32) -> Option<ReadyItem> {
+        let (child, kind) = parse_dedup_key(key)?;
+        let row = self.children.get(child)?;
+        let call = self.calls.get(&row.call_id)?;
+        let unit = self.units.get(&row.unit_id)?;
+        let task = call.row.tasks.get(row.task_index as usize)?;
+        Some(ReadyItem {
+            kind,
+            dedup_key: key.to_string(),
+            delivery_attempt,
+            call_id: row.call_id.clone(),
+            set: call.row.set,
+            unit_id: row.unit_id.clone(),
+            group: unit.row.group.clone(),
+            child_id: row.child_id.clone(),
+            task_index: row.task_index,
+            of: call.row.tasks.len() as u32,
+            unit_size: unit.row.tasks.len() as u32,
+            status: row.status,
+            goal: task.goal.clone(),
+            summary: row.summary.clone(),
+            error: row.error.clone(),
+            recovered: row.recovered,
+            finished_at_ms: row.finished_at_ms,
+            recorded_before_exit: unit.recorded_before_exit,
+        })
+    }
+
+    /// Writes what a release or expiry changed: attempt counts, and dead letters (flushed).
+    fn persist_returned(&mut self, returned: Returned<String>, why: &str, ctx: &mut Context<Self>) {
+        let mut touched: BTreeSet<String> = BTreeSet::new();
+        for (key, attempts) in &returned.requeued {
+            if let Some((child, kind)) = parse_dedup_key(key) {
+                if let Some(row) = self.children.get_mut(child) {
+                    row.delivery_mut(kind).failed_attempts = *attempts;
+                    touched.insert(child.to_string());
+                }
+            }
+        }
+        let now = now_ms();
+        let mut dead = Vec::new();
+        for (key, attempts) in &returned.dead {
+            if let Some((child, kind)) = parse_dedup_key(key) {
+                if let Some(row) = self.children.get_mut(child) {
+                    let d = row.delivery_mut(kind);
+                    d.failed_attempts = *attempts;
+                    d.dead = true;
+                    touched.insert(child.to_string());
+                    dead.push(DeadLetterRow {
+                        dedup_key: key.clone(),
+                        child_id: child.to_string(),
+                        session_id: row.session_id.clone(),
+                        call_id: row.call_id.clone(),
+                        kind,
+                        reason: why.to_string(),
+                        attempts: *attempts,
+                        dead_at_ms: now,
+                    });
+                }
+            }
+        }
+        let rows: Vec<ChildRow> = touched.iter().filter_map(|id| self.children.get(id).cloned()).collect();
+        if let Err(e) = self.engine.ledger.put_children(&rows) {
+            tracing::warn!(session = %self.session.session_id, "writing delivery attempts failed: {e}");
+        }
+        if dead.is_empty() {
+            return;
+        }
+        tracing::warn!(session = %self.session.session_id, items = dead.len(), "items moved to the dead-letter tree: {why}");
+        let ledger = self.engine.ledger.clone();
+        let written = ledger.put_dead_letters(&dead);
+        let calls: BTreeSet<String> = dead.iter().map(|d| d.call_id.clone()).collect();
+        async move {
+            written?;
+            super::flush(ledger).await
+        }
+        .into_actor(self)
+        .map(move |res, act, _| match res {
+            Ok(_) => calls.iter().for_each(|c| act.gc_call(c)),
+            Err(e) => tracing::error!(session = %act.session.session_id, "dead letters not flushed: {e}"),
+        })
+        .spawn(ctx);
+    }
+
+    /// Drops a call from memory once every item of it is delivered or dead.
+    fn gc_call(&mut self, call_id: &str) {
+        let Some(call) = self.calls.get(call_id) else { return };
+        if call.incomplete_units > 0 {
+            return;
+        }
+        let ids: Vec<String> = (0..call.row.tasks.len() as u32).map(|i| child_id(call_id, i)).collect();
+        let open = ids.iter().any(|id| {
+            [ItemKind::Result, ItemKind::FailureNotice].iter().any(|&k| {
+                let key = dedup_key(id, k);
+                self.router.is_open(&key)
+            }) || self.children.get(id).is_some_and(|r| !r.result.delivered && !r.result.dead)
+        });
+        if open {
+            return;
+        }
+        for id in &ids {
+            if let Some(row) = self.children.remove(id) {
+                self.delivered_done += row.result.delivered as u64 + row.notice.delivered as u64;
+            }
+            self.router.forget(&dedup_key(id, ItemKind::Result));
+            self.router.forget(&dedup_key(id, ItemKind::FailureNotice));
+        }
+        if let Some(call) = self.calls.remove(call_id) {
+            for u in call.units {
+                self.units.remove(&u);
+            }
+        }
+    }
+
+    fn maybe_wake(&mut self) {
+        let ready = self.router.ready_count(now_ms());
+        if self.wake_state.decide(self.wake.is_some(), ready) {
+            if let Some(WakeTarget(w)) = &self.wake {
+                let w = w.clone();
+                let event = WakeEvent { session_id: self.session.session_id.clone(), ready };
+                tracing::debug!(session = %event.session_id, ready, "waking session");
+                actix::spawn(async move { w.wake(event) });
+            }
+        }
+    }
+
+    fn reschedule(&mut self, ctx: &mut Context<Self>) {
+        let next = self.router.next_deadline();
+        if self.timer.as_ref().map(|t| t.0) == next {
+            return;
+        }
+        if let Some((_, handle)) = self.timer.take() {
+            ctx.cancel_future(handle);
+        }
+        if let Some(at) = next {
+            let delay = Duration::from_millis(at.saturating_sub(now_ms()));
+            let handle = ctx.run_later(delay, |act, ctx| {
+                act.timer = None;
+                let now = now_ms();
+                for (claim_id, returned) in act.router.tick(now) {
+                    tracing::debug!(claim = %claim_id, "lease expired");
+                    act.persist_returned(returned, "lease expired on the last delivery attempt", ctx);
+                    if let Err(e) = act.engine.ledger.remove_claims(&[claim_id]) {
+                        tracing::warn!("forgetting an expired claim failed: {e}");
+                    }
+                }
+                act.after_change(ctx);
+            });
+            self.timer = Some((at, handle));
+        }
+    }
+
+    fn after_change(&mut self, ctx: &mut Context<Self>) {
+        self.maybe_wake();
+        self.reschedule(ctx);
+    }
+
+    fn fault_point(&self) {
+        if crate::failpoints::fires("owner_handler") {
+            panic!("injected fault: owner_handler (session {})", self.session.session_id);
+        }
+    }
+}
+
+/// The rows of one session in a ledger snapshot, grouped by call.
+#[derive(Debug, Default)]
+pub struct SessionSnapshot {
+    /// Its calls.
+    pub calls: Vec<CallRow>,
+    /// Units by call id.
+    pub units: HashMap<String, Vec<UnitRow>>,
+    /// Children by call id.
+    pub children: HashMap<String, Vec<ChildRow>>,
+    /// Claims that were live.
+    pub claims: Vec<ClaimRow>,
+}
+
+/// Splits a ledger snapshot by session.
+pub fn split_snapshot(snapshot: Snapshot) -> HashMap<String, SessionSnapshot> {
+    let mut out: HashMap<String, SessionSnapshot> = HashMap::new();
+    let mut call_session: HashMap<String, String> = HashMap::new();
+    for call in snapshot.calls {
+        call_session.insert(call.call_id.clone(), call.session_id.clone());
+        out.entry(call.session_id.clone()).or_default().calls.push(call);
+    }
+    for unit in snapshot.units {
+        if let Some(s) = call_session.get(&unit.call_id) {
+            out.entry(s.clone()).or_default().units.entry(unit.call_id.clone()).or_default().push(unit);
+        }
+    }
+    for child in snapshot.children {
+        if call_session.contains_key(&child.call_id) {
+            out.entry(child.session_id.clone()).or_default().children.entry(child.call_id.clone()).or_default().push(child);
+        }
+    }
+    for claim in snapshot.claims {
+        out.entry(claim.session_id.clone()).or_default().claims.push(claim);
+    }
+    for s in out.values_mut() {
+        for units in s.units.values_mut() {
+            units.sort_by_key(|u| u.tasks.first().copied());
+        }
+        for children in s.children.values_mut() {
+            children.sort_by_key(|c| c.task_index);
+        }
+    }
+    out
+}
+
+impl Actor for SessionOwner {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        tracing::debug!(session = %self.session.session_id, calls = self.calls.len(), "session owner started");
+        self.admit(ctx);
+        self.after_change(ctx);
+    }
+}
+
+impl Handler<Delegate> for SessionOwner {
+    type Result = ResponseActFuture<Self, Result<Delegated, OwnerError>>;
+
+    fn handle(&mut self, Delegate(req): Delegate, _: &mut Context<Self>) -> Self::Result {
+        self.fault_point();
+        let tasks = match validate(&req, &*self.engine.factory) {
+            Ok(t) => t,
+            Err(e) => return Box::pin(fut::ready(Err(e))),
+        };
+        let (mode, forced_sync_reason) = match req.mode {
+            Mode::Background if self.wake.is_none() => (
+                Mode::Sync,
+                Some(format!(
+                    "session `{}` is not wake-capable (no wake target is bound), so a background result could never wake the parent; the call ran synchronously",
+                    self.session.session_id
+                )),
+            ),
+            m => (m, None),
+        };
+        let set = self.session.next_set;
+        let call_id = new_call_id();
+        let units = plan_units(&call_id, &tasks, req.independent_completions);
+        let mut children = Vec::with_capacity(tasks.len());
+        for unit in &units {
+            for &i in &unit.tasks {
+                children.push(ChildRow {
+                    child_id: child_id(&call_id, i),
+                    call_id: call_id.clone(),
+                    unit_id: unit.unit_id.clone(),
+                    session_id: self.session.session_id.clone(),
+                    task_index: i,
+                    status: ChildStatus::Queued,
+                    summary: None,
+                    error: None,
+                    started_at_ms: None,
+                    finished_at_ms: None,
+                    attempt: 1,
+                    recovered: false,
+                    result: DeliveryRow::default(),
+                    notice: DeliveryRow::default(),
+                });
+            }
+        }
+        children.sort_by_key(|c| c.task_index);
+        let call = CallRow {
+            call_id: call_id.clone(),
+            session_id: self.session.session_id.clone(),
+            set,
+            mode,
+            forced_sync_reason: forced_sync_reason.clone(),
+            independent_completions: req.independent_completions,
+            tasks,
+            created_at_ms: now_ms(),
+        };
+        let mut session = self.session.clone();
+        session.next_set = set + 1;
+        if let Err(e) = self.engine.ledger.put_dispatch(&session, &call, &units, &children) {
+            return Box::pin(fut::ready(Err(e.into())));
+        }
+        // The set is taken now, so a call accepted meanwhile gets the next one.
+        self.session.next_set = set + 1;
+        let ledger = self.engine.ledger.clone();
+        Box::pin(
+            async move { super::flush(ledger).await }
+                .into_actor(self)
+                .then(move |flushed, act, ctx| {
+                    if let Err(e) = flushed {
+                        return fut::ready(Err(OwnerError::from(e))).boxed_local();
+                    }
+                    act.register_call(call, units.clone(), children);
+                    let rx = if mode == Mode::Sync {
+                        let (tx, rx) = oneshot::channel();
+                        if let Some(c) = act.calls.get_mut(&call_id) {
+                            c.sync_reply = Some(tx);
+                        }
+                        Some(rx)
+                    } else {
+                        None
+                    };
+                    act.admit(ctx);
+                    match rx {
+                        None => fut::ready(Ok(Delegated::Background { call_id, set, units })).boxed_local(),
+                        Some(rx) => async move {
+                            let results = rx.await.map_err(|_| OwnerError::Stopped)??;
+                            Ok(Delegated::Sync { call_id, set, units, forced_sync_reason, results })
+                        }
+                        .into_actor(act)
+                        .boxed_local(),
+                    }
+                }),
+        )
+    }
+}
+
+impl Handler<Recorded> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, Recorded { rows }: Recorded, ctx: &mut Context<Self>) {
+        self.fault_point();
+        for row in rows {
+            let Some(known) = self.children.get(&row.child_id) else { continue };
+            if known.status.is_terminal() {
+                continue; // a retried hand-off of a result already recorded
+            }
+            self.capacity.finish(&row.child_id);
+            let failed = row.status.is_failure();
+            let unit_id = row.unit_id.clone();
+            let child = row.child_id.clone();
+            let mut row = row;
+            // Delivery state is the owner's; the child's copy of it may be stale.
+            row.result = known.result;
+            row.notice = known.notice;
+            self.children.insert(child.clone(), row);
+            let Some(unit) = self.units.get_mut(&unit_id) else { continue };
+            unit.terminal += 1;
+            let sync = self.calls.get(&unit.row.call_id).is_some_and(|c| c.row.mode == Mode::Sync);
+            match on_child_end(unit.terminal, unit.row.tasks.len(), failed) {
+                Publish::UnitComplete => self.complete_unit(&unit_id, ctx),
+                Publish::FailureNotice if !sync => {
+                    self.router.publish(dedup_key(&child, ItemKind::FailureNotice), 0);
+                }
+                Publish::FailureNotice | Publish::Nothing => {}
+            }
+        }
+        self.admit(ctx);
+        self.after_change(ctx);
+    }
+}
+
+impl Handler<Boundary> for SessionOwner {
+    type Result = Result<Option<Claimed>, OwnerError>;
+
+    fn handle(&mut self, msg: Boundary, ctx: &mut Context<Self>) -> Self::Result {
+        self.fault_point();
+        let now = now_ms();
+        self.wake_state.boundary();
+        let claim_id = new_claim_id(&self.session.session_id);
+        let Some(granted) = self.router.claim(now, claim_id, msg.lease_ms) else {
+            self.after_change(ctx);
+            return Ok(None);
+        };
+        let mut items: Vec<ReadyItem> = granted.items.iter().filter_map(|(k, a)| self.item(k, *a)).collect();
+        items.sort_by(|a, b| (a.set, &a.unit_id, a.task_index, a.kind).cmp(&(b.set, &b.unit_id, b.task_index, b.kind)));
+        let row = ClaimRow {
+            claim_id: granted.claim_id.clone(),
+            session_id: self.session.session_id.clone(),
+            consumer: msg.consumer.clone(),
+            lease_expires_at_ms: granted.lease_expires_at_ms,
+            dedup_keys: granted.items.iter().map(|(k, _)| k.clone()).collect(),
+        };
+        // Cheap by design: a claim is returned at a crash anyway, so its row is not flushed.
+        if let Err(e) = self.engine.ledger.put_claim(&row) {
+            tracing::warn!(claim = %row.claim_id, "writing the claim row failed: {e}");
+        }
+        self.after_change(ctx);
+        Ok(Some(Claimed {
+            claim_id: granted.claim_id,
+            consumer: msg.consumer,
+            lease_expires_at_ms: granted.lease_expires_at_ms,
+            items,
+        }))
+    }
+}
+
+impl Handler<Ack> for SessionOwner {
+    type Result = ResponseActFuture<Self, Result<usize, OwnerError>>;
+
+    fn handle(&mut self, Ack { claim_id }: Ack, _: &mut Context<Self>) -> Self::Result {
+        self.fault_point();
+        let lease = self.router.lease_of(&claim_id);
+        let acked = match self.router.ack(&claim_id) {
+            Ok(a) => a,
+            Err(e) => return Box::pin(fut::ready(Err(e.into()))),
+        };
+        if acked.items.is_empty() {
+            return Box::pin(fut::ready(Ok(acked.delivered)));
+        }
+        let mut touched = BTreeSet::new();
+        for key in &acked.items {
+            if let Some((child, kind)) = parse_dedup_key(key) {
+                if let Some(row) = self.children.get_mut(child) {
+                    row.delivery_mut(kind).delivered = true;
+                    touched.insert(child.to_string());
+                }
+            }
+        }
+        let rows: Vec<ChildRow> = touched.iter().filter_map(|id| self.children.get(id).cloned()).collect();
+        let ledger = self.engine.ledger.clone();
+        let written = ledger.put_children(&rows).and_then(|_| ledger.remove_claims(&[claim_id.clone()]));
+        let delivered = acked.delivered;
+        let items = acked.items;
+        Box::pin(
+            async move {
+                written?;
+                super::flush(ledger).await
+            }
+            .into_actor(self)
+            .map(move |res, act, ctx| match res {
+                Ok(_) => {
+                    let calls: BTreeSet<String> =
+                        touched.iter().filter_map(|id| act.children.get(id).map(|r| r.call_id.clone())).collect();
+                    for c in calls {
+                        act.gc_call(&c);
+                    }
+                    Ok(delivered)
+                }
+                Err(e) => {
+                    // Not durable, so not delivered: the claim is live again, as it was.
+                    for key in &items {
+                        if let Some((child, kind)) = parse_dedup_key(key) {
+                            if let Some(row) = act.children.get_mut(child) {
+                                row.delivery_mut(kind).delivered = false;
+                            }
+                        }
+                    }
+                    let rows: Vec<ChildRow> = touched.iter().filter_map(|id| act.children.get(id).cloned()).collect();
+                    let _ = act.engine.ledger.put_children(&rows);
+                    act.router.undo_ack(&claim_id, items, lease.unwrap_or_else(now_ms));
+                    act.after_change(ctx);
+                    Err(OwnerError::from(e))
+                }
+            }),
+        )
+    }
+}
+
+impl Handler<Release> for SessionOwner {
+    type Result = Result<(), OwnerError>;
+
+    fn handle(&mut self, msg: Release, ctx: &mut Context<Self>) -> Self::Result {
+        self.fault_point();
+        let returned = self.router.release(now_ms(), &msg.claim_id, msg.reason, msg.retry_after_ms)?;
+        let why = match msg.reason {
+            ReleaseReason::Busy => "released busy",
+            ReleaseReason::Failed => "delivery failed on the last attempt",
+        };
+        self.persist_returned(returned, why, ctx);
+        if let Err(e) = self.engine.ledger.remove_claims(&[msg.claim_id]) {
+            tracing::warn!("forgetting a released claim failed: {e}");
+        }
+        self.after_change(ctx);
+        Ok(())
+    }
+}
+
+impl Handler<SetTurn> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, SetTurn(turn): SetTurn, ctx: &mut Context<Self>) {
+        self.wake_state.set_turn(turn);
+        self.after_change(ctx);
+    }
+}
+
+impl Handler<Configure> for SessionOwner {
+    type Result = Result<SessionInfo, OwnerError>;
+
+    fn handle(&mut self, msg: Configure, ctx: &mut Context<Self>) -> Self::Result {
+        let mut session = self.session.clone();
+        if let Some(n) = msg.max_concurrent_children {
+            if n == 0 {
+                return Err(OwnerError::Invalid { field: "max_concurrent_children".into(), message: "must be at least 1".into() });
+            }
+            session.max_concurrent_children = n;
+        }
+        if let Some(n) = msg.max_delivery_attempts {
+            if n == 0 {
+                return Err(OwnerError::Invalid { field: "max_delivery_attempts".into(), message: "must be at least 1".into() });
+            }
+            session.max_delivery_attempts = n;
+        }
+        if session != self.session {
+            self.engine.ledger.put_session(&session)?;
+            self.engine.ledger.flush()?;
+            self.capacity.set_max(session.max_concurrent_children as usize);
+            self.router.set_max_delivery_attempts(session.max_delivery_attempts);
+            self.session = session;
+        }
+        if let Some(w) = msg.wake {
+            self.wake = Some(WakeTarget(w));
+        }
+        self.admit(ctx);
+        self.after_change(ctx);
+        Ok(self.info())
+    }
+}
+
+impl Handler<Status> for SessionOwner {
+    type Result = MessageResult<Status>;
+
+    fn handle(&mut self, _: Status, _: &mut Context<Self>) -> Self::Result {
+        let mut calls: Vec<CallStatus> = self
+            .calls
+            .values()
+            .map(|c| {
+                let mut children: Vec<ChildRow> = (0..c.row.tasks.len() as u32)
+                    .filter_map(|i| self.children.get(&child_id(&c.row.call_id, i)).cloned())
+                    .collect();
+                children.sort_by_key(|r| r.task_index);
+                CallStatus {
+                    call: c.row.clone(),
+                    units: c.units.iter().filter_map(|u| self.units.get(u).map(|s| s.row.clone())).collect(),
+                    children,
+                }
+            })
+            .collect();
+        calls.sort_by_key(|c| c.call.set);
+        let delivered_live: u64 = self
+            .children
+            .values()
+            .map(|r| r.result.delivered as u64 + r.notice.delivered as u64)
+            .sum();
+        MessageResult(SessionStatus {
+            info: self.info(),
+            queued: self.capacity.queued(),
+            running: self.capacity.running(),
+            ready: self.router.pending_count(),
+            claimed: self.router.claimed_count(),
+            delivered: self.delivered_done + delivered_live,
+            calls,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_ids_name_their_session() {
+        for s in ["s1", "chat:42/üñï", ""] {
+            let id = new_claim_id(s);
+            assert_eq!(claim_session(&id).as_deref(), Some(s));
+        }
+        assert_eq!(claim_session("clm_zz_1"), None);
+        assert_eq!(claim_session("nope"), None);
+    }
+}

@@ -1,0 +1,63 @@
+//! Fault injection points, compiled in only with the `failpoints` feature.
+//!
+//! A point is a name in the code (`ledger_write`, `ledger_flush`, `coalescer_handoff`,
+//! `owner_handler`, `runner_hang`). Tests arm a point with [`arm`] for a number of hits; while
+//! armed, the point fails (an error for I/O points, a panic for handler points). Without the
+//! feature, [`crate::failpoint!`] expands to nothing and this module has only inert stand-ins.
+
+#[cfg(feature = "failpoints")]
+use std::collections::HashMap;
+#[cfg(feature = "failpoints")]
+use std::sync::Mutex;
+
+#[cfg(feature = "failpoints")]
+static POINTS: Mutex<Option<HashMap<&'static str, u64>>> = Mutex::new(None);
+
+/// Arms `name` to fire on its next `times` hits (u64::MAX: until disarmed).
+#[cfg(feature = "failpoints")]
+pub fn arm(name: &'static str, times: u64) {
+    if let Ok(mut guard) = POINTS.lock() {
+        guard.get_or_insert_with(HashMap::new).insert(name, times);
+    }
+}
+
+/// Disarms every point.
+#[cfg(feature = "failpoints")]
+pub fn disarm_all() {
+    if let Ok(mut guard) = POINTS.lock() {
+        *guard = None;
+    }
+}
+
+/// Whether `name` fires now (and counts the hit).
+#[cfg(feature = "failpoints")]
+pub fn fires(name: &'static str) -> bool {
+    let Ok(mut guard) = POINTS.lock() else { return false };
+    let Some(points) = guard.as_mut() else { return false };
+    match points.get_mut(name) {
+        Some(0) | None => false,
+        Some(n) => {
+            if *n != u64::MAX {
+                *n -= 1;
+            }
+            true
+        }
+    }
+}
+
+/// Whether `name` fires now: always false without the `failpoints` feature.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn fires(_name: &'static str) -> bool {
+    false
+}
+
+/// Returns `Err(LedgerError::Injected(name))` from the enclosing function when `name` fires.
+#[macro_export]
+macro_rules! failpoint {
+    ($name:literal) => {
+        if $crate::failpoints::fires($name) {
+            return Err($crate::ledger::LedgerError::Injected($name).into());
+        }
+    };
+}

@@ -1,0 +1,449 @@
+//! The vocabulary of DESIGN.md as data: sessions, calls, tasks, units, children, ready items and
+//! the rows the ledger stores for them.
+//!
+//! This module owns the shapes and the id scheme only. It does not decide anything (that is
+//! [`crate::routing`]) and does not encode anything (that is [`crate::codec`]). Stored rows keep
+//! arbitrary JSON (a runner spec) as a string, never as `serde_json::Value`, because bincode has
+//! no field tags.
+
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Milliseconds since the Unix epoch, the one clock stored rows use.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Default `max_concurrent_children` of a session.
+pub const DEFAULT_MAX_CONCURRENT_CHILDREN: u32 = 8;
+/// Default `max_delivery_attempts` before an item moves to the dead-letter tree.
+pub const DEFAULT_MAX_DELIVERY_ATTEMPTS: u32 = 8;
+/// Default stall timeout of a task (API.md: `stall_ms` 450000).
+pub const DEFAULT_STALL_MS: u64 = 450_000;
+
+/// How a call delivers its results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Results arrive at the parent's turn boundaries.
+    Background,
+    /// Results are returned inline by the delegating call.
+    Sync,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Background => "background",
+            Mode::Sync => "sync",
+        })
+    }
+}
+
+/// The life of a child: `queued → running → terminal`, or `unknown` after recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildStatus {
+    /// Waiting for a capacity slot.
+    Queued,
+    /// Its runner has been started.
+    Running,
+    /// The runner finished with a result.
+    Succeeded,
+    /// The runner reported a failure or panicked.
+    Failed,
+    /// The task's `timeout_ms` ran out.
+    TimedOut,
+    /// The child was silent past its stall timeout.
+    Interrupted,
+    /// The child was cancelled.
+    Cancelled,
+    /// Recovery found the child unfinished and its task not safe to re-run.
+    Unknown,
+}
+
+impl ChildStatus {
+    /// Whether the child has ended.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, ChildStatus::Queued | ChildStatus::Running)
+    }
+
+    /// Whether the child ended badly, which earns its unit an early failure notice.
+    pub fn is_failure(self) -> bool {
+        matches!(
+            self,
+            ChildStatus::Failed | ChildStatus::TimedOut | ChildStatus::Interrupted
+        )
+    }
+
+    /// The snake_case name used in the API and the rendered text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChildStatus::Queued => "queued",
+            ChildStatus::Running => "running",
+            ChildStatus::Succeeded => "succeeded",
+            ChildStatus::Failed => "failed",
+            ChildStatus::TimedOut => "timed_out",
+            ChildStatus::Interrupted => "interrupted",
+            ChildStatus::Cancelled => "cancelled",
+            ChildStatus::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for ChildStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a ready item carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemKind {
+    /// A child's result, ready once its unit is complete.
+    Result,
+    /// An early notice that a child failed while its unit is still incomplete.
+    FailureNotice,
+}
+
+impl ItemKind {
+    /// The snake_case name used in the API and in dedup keys.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ItemKind::Result => "result",
+            ItemKind::FailureNotice => "failure_notice",
+        }
+    }
+}
+
+/// A task as the embedder hands it in (and as it is stored, with the runner spec as JSON text).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// What the child should do.
+    pub goal: String,
+    /// The runner spec, a JSON object with at least `kind`, kept as text.
+    pub runner_json: String,
+    /// Tasks with the same group form one completion unit.
+    pub group: Option<String>,
+    /// Per-task timeout; the child ends `timed_out` past it.
+    pub timeout_ms: Option<u64>,
+    /// Stall timeout, counted from the runner's start and reset by heartbeats.
+    pub stall_ms: u64,
+    /// Whether recovery may run the task again when it was running at a crash.
+    pub rerun_on_recovery: bool,
+}
+
+/// The stored row of a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRow {
+    /// The session id the embedder chose.
+    pub session_id: String,
+    /// Capacity: running children of this session at most.
+    pub max_concurrent_children: u32,
+    /// Delivery attempts before an item is dead-lettered.
+    pub max_delivery_attempts: u32,
+    /// The set ordinal the next call of this session gets (1 for the first).
+    pub next_set: u64,
+    /// When the session was first created.
+    pub created_at_ms: u64,
+}
+
+/// The stored row of a call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallRow {
+    /// `deleg_<hex>`.
+    pub call_id: String,
+    /// The owning session.
+    pub session_id: String,
+    /// The call's ordinal inside its session.
+    pub set: u64,
+    /// The mode the call actually runs in (background forced to sync is stored as sync).
+    pub mode: Mode,
+    /// Why a background call was forced to sync, if it was.
+    pub forced_sync_reason: Option<String>,
+    /// Whether each ungrouped task is its own unit.
+    pub independent_completions: bool,
+    /// The tasks, in order (index = position).
+    pub tasks: Vec<Task>,
+    /// When the call was accepted.
+    pub created_at_ms: u64,
+}
+
+/// The stored row of a completion unit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitRow {
+    /// `<call_id>-<k>`, k from 1.
+    pub unit_id: String,
+    /// The call it belongs to.
+    pub call_id: String,
+    /// The group name, when the unit is a group.
+    pub group: Option<String>,
+    /// Task indexes of its members, ascending.
+    pub tasks: Vec<u32>,
+}
+
+/// Delivery state of one ready item (a result or a failure notice) of a child.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryRow {
+    /// Acknowledged: final.
+    pub delivered: bool,
+    /// Moved to the dead-letter tree.
+    pub dead: bool,
+    /// Claims of it that ended by lease expiry or by a `failed` release.
+    pub failed_attempts: u32,
+}
+
+/// The stored row of a child: its execution and the delivery of its items.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildRow {
+    /// `<call_id>.<index>`.
+    pub child_id: String,
+    /// The call it belongs to.
+    pub call_id: String,
+    /// The unit it belongs to.
+    pub unit_id: String,
+    /// The owning session.
+    pub session_id: String,
+    /// Its task's index in the call.
+    pub task_index: u32,
+    /// Where it is in its life.
+    pub status: ChildStatus,
+    /// The runner's summary (or the partial result it handed back).
+    pub summary: Option<String>,
+    /// What went wrong, for a failed, timed-out or interrupted child.
+    pub error: Option<String>,
+    /// When its runner started.
+    pub started_at_ms: Option<u64>,
+    /// When it became terminal.
+    pub finished_at_ms: Option<u64>,
+    /// Execution attempt (1 for the first run, +1 for each re-run after recovery).
+    pub attempt: u32,
+    /// Whether recovery replayed or resolved this child.
+    pub recovered: bool,
+    /// Delivery of its result item.
+    pub result: DeliveryRow,
+    /// Delivery of its failure notice, when it has one.
+    pub notice: DeliveryRow,
+}
+
+impl ChildRow {
+    /// The delivery row of one of its items.
+    pub fn delivery(&self, kind: ItemKind) -> &DeliveryRow {
+        match kind {
+            ItemKind::Result => &self.result,
+            ItemKind::FailureNotice => &self.notice,
+        }
+    }
+
+    /// The delivery row of one of its items, to change.
+    pub fn delivery_mut(&mut self, kind: ItemKind) -> &mut DeliveryRow {
+        match kind {
+            ItemKind::Result => &mut self.result,
+            ItemKind::FailureNotice => &mut self.notice,
+        }
+    }
+}
+
+/// A claim as stored: cheap, not flushed, only read back by recovery to refuse late acks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRow {
+    /// The opaque claim id.
+    pub claim_id: String,
+    /// The owning session.
+    pub session_id: String,
+    /// Who claimed.
+    pub consumer: String,
+    /// When the lease runs out.
+    pub lease_expires_at_ms: u64,
+    /// The dedup keys it owns.
+    pub dedup_keys: Vec<String>,
+}
+
+/// An item that ran out of delivery attempts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetterRow {
+    /// The item's dedup key.
+    pub dedup_key: String,
+    /// The child it came from.
+    pub child_id: String,
+    /// Its session.
+    pub session_id: String,
+    /// Its call.
+    pub call_id: String,
+    /// Result or failure notice.
+    pub kind: ItemKind,
+    /// Why it was given up (the last failure).
+    pub reason: String,
+    /// Delivery attempts made.
+    pub attempts: u32,
+    /// When it was given up.
+    pub dead_at_ms: u64,
+}
+
+/// One ready item as a consumer receives it in an envelope.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadyItem {
+    /// `result` or `failure_notice`.
+    pub kind: ItemKind,
+    /// Stable across deliveries: `<child_id>:<kind>`.
+    pub dedup_key: String,
+    /// 1 at the first claim, +1 per expiry or failed release.
+    pub delivery_attempt: u32,
+    /// The call.
+    pub call_id: String,
+    /// The call's set ordinal in its session.
+    pub set: u64,
+    /// The unit.
+    pub unit_id: String,
+    /// The unit's group, if any.
+    pub group: Option<String>,
+    /// The child.
+    pub child_id: String,
+    /// The task index (k - 1 of `[set N · k/n]`).
+    pub task_index: u32,
+    /// The call's task count (n of `[set N · k/n]`).
+    pub of: u32,
+    /// Members of the item's unit.
+    pub unit_size: u32,
+    /// The child's status.
+    pub status: ChildStatus,
+    /// The goal the child was given.
+    pub goal: String,
+    /// The child's summary.
+    pub summary: Option<String>,
+    /// The child's error.
+    pub error: Option<String>,
+    /// Whether recovery replayed it.
+    pub recovered: bool,
+    /// When the child finished.
+    pub finished_at_ms: Option<u64>,
+    /// For recovered units: how many of the unit's children were recorded before the owner
+    /// exited (k of "k/n child results were recorded before the owner exited").
+    pub recorded_before_exit: Option<u32>,
+}
+
+/// The dedup key of an item: stable for the life of the item.
+pub fn dedup_key(child_id: &str, kind: ItemKind) -> String {
+    format!("{child_id}:{}", kind.as_str())
+}
+
+/// Splits a dedup key back into child id and kind.
+pub fn parse_dedup_key(key: &str) -> Option<(&str, ItemKind)> {
+    let (child, kind) = key.rsplit_once(':')?;
+    let kind = match kind {
+        "result" => ItemKind::Result,
+        "failure_notice" => ItemKind::FailureNotice,
+        _ => return None,
+    };
+    Some((child, kind))
+}
+
+/// A unit id from its call and 1-based ordinal.
+pub fn unit_id(call_id: &str, k: usize) -> String {
+    format!("{call_id}-{k}")
+}
+
+/// A child id from its call and 0-based task index.
+pub fn child_id(call_id: &str, index: u32) -> String {
+    format!("{call_id}.{index}")
+}
+
+/// A fresh random hex string of 16 digits.
+pub fn random_hex() -> String {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u64(now_ms());
+    format!("{:016x}", h.finish())
+}
+
+/// A fresh call id, `deleg_<hex>`.
+pub fn new_call_id() -> String {
+    format!("deleg_{}", random_hex())
+}
+
+/// Splits tasks into completion units (DESIGN.md "Unit"): one per distinct group in order of
+/// first appearance; ungrouped tasks form one unit together, or one each when
+/// `independent_completions` is set. Units are numbered in order of their first task.
+pub fn plan_units(call_id: &str, tasks: &[Task], independent_completions: bool) -> Vec<UnitRow> {
+    // (first task index, group, members)
+    let mut plan: Vec<(Option<String>, Vec<u32>)> = Vec::new();
+    let mut ungrouped_slot: Option<usize> = None;
+    for (i, task) in tasks.iter().enumerate() {
+        let i = i as u32;
+        match &task.group {
+            Some(g) => match plan.iter_mut().find(|(pg, _)| pg.as_deref() == Some(g.as_str())) {
+                Some((_, members)) => members.push(i),
+                None => plan.push((Some(g.clone()), vec![i])),
+            },
+            None if independent_completions => plan.push((None, vec![i])),
+            None => match ungrouped_slot {
+                Some(slot) => plan[slot].1.push(i),
+                None => {
+                    ungrouped_slot = Some(plan.len());
+                    plan.push((None, vec![i]));
+                }
+            },
+        }
+    }
+    plan.into_iter()
+        .enumerate()
+        .map(|(k, (group, tasks))| UnitRow {
+            unit_id: unit_id(call_id, k + 1),
+            call_id: call_id.to_string(),
+            group,
+            tasks,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(group: Option<&str>) -> Task {
+        Task {
+            goal: "g".into(),
+            runner_json: "{}".into(),
+            group: group.map(str::to_string),
+            timeout_ms: None,
+            stall_ms: DEFAULT_STALL_MS,
+            rerun_on_recovery: false,
+        }
+    }
+
+    #[test]
+    fn ungrouped_tasks_share_one_unit_by_default() {
+        let tasks = vec![task(None), task(Some("a")), task(None), task(Some("a"))];
+        let units = plan_units("deleg_1", &tasks, false);
+        assert_eq!(units.len(), 2);
+        assert_eq!(units[0].unit_id, "deleg_1-1");
+        assert_eq!(units[0].tasks, vec![0, 2]);
+        assert_eq!(units[1].group.as_deref(), Some("a"));
+        assert_eq!(units[1].tasks, vec![1, 3]);
+    }
+
+    #[test]
+    fn independent_completions_make_one_unit_per_ungrouped_task() {
+        let tasks = vec![task(None), task(Some("a")), task(None), task(Some("a"))];
+        let units = plan_units("deleg_1", &tasks, true);
+        let members: Vec<_> = units.iter().map(|u| u.tasks.clone()).collect();
+        assert_eq!(members, vec![vec![0], vec![1, 3], vec![2]]);
+    }
+
+    #[test]
+    fn dedup_keys_round_trip() {
+        let key = dedup_key("deleg_ab.3", ItemKind::FailureNotice);
+        assert_eq!(parse_dedup_key(&key), Some(("deleg_ab.3", ItemKind::FailureNotice)));
+        assert_eq!(parse_dedup_key("nonsense"), None);
+    }
+}

@@ -1,0 +1,573 @@
+//! Pure routing decisions: what is ready, what a claim owns, when items come back, what is
+//! dead-lettered, when a session is woken, which queued child may start, when a unit publishes.
+//!
+//! Nothing here does I/O, reads a clock or knows about actors: every function takes `now_ms`
+//! and returns what changed, and the [`crate::actors::owner::SessionOwner`] turns that into
+//! ledger writes and replies. That is what lets the claim state machine be tested (and
+//! property-tested against a plain model) without a running system.
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::fmt::Debug;
+use std::hash::Hash;
+
+/// Why a claim is handed back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleaseReason {
+    /// The consumer could not take the items now; not a delivery attempt.
+    Busy,
+    /// Delivering them failed; a delivery attempt, with backoff.
+    Failed,
+}
+
+/// An ack or release that cannot be honoured. Nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    /// The claim ended by lease expiry or release; its items may be in another claim now.
+    #[error("claim {0} was lost (its lease expired or it was released); its items were returned to the ready set")]
+    Lost(String),
+    /// The claim was acknowledged already; it cannot be released.
+    #[error("claim {0} was already acknowledged")]
+    AlreadyAcked(String),
+    /// No such claim was ever made here.
+    #[error("claim {0} is unknown")]
+    Unknown(String),
+}
+
+/// Backoff before an item whose delivery failed `failed_attempts` times is ready again:
+/// 100 ms doubling per attempt, at most 60 s.
+pub fn failure_backoff_ms(failed_attempts: u32) -> u64 {
+    let exp = failed_attempts.saturating_sub(1).min(20);
+    (100u64 << exp).min(60_000)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Ready,
+    Waiting(u64),
+    Claimed(String),
+    Delivered,
+    Dead,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    state: State,
+    failed_attempts: u32,
+}
+
+#[derive(Debug, Clone)]
+struct LiveClaim<K> {
+    items: Vec<K>,
+    expires_at_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Acked(usize),
+    Lost,
+}
+
+/// Items granted by one boundary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted<K> {
+    /// The claim id the caller supplied.
+    pub claim_id: String,
+    /// Every item that was ready, with its delivery attempt (1 for the first claim).
+    pub items: Vec<(K, u32)>,
+    /// When the lease runs out.
+    pub lease_expires_at_ms: u64,
+}
+
+/// Items a claim handed back (by release or lease expiry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Returned<K> {
+    /// Back in the ready set (now or after a backoff), with their failed-attempt counts.
+    pub requeued: Vec<(K, u32)>,
+    /// Past `max_delivery_attempts`: to be dead-lettered, with their attempt counts.
+    pub dead: Vec<(K, u32)>,
+}
+
+/// What an ack did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acked<K> {
+    /// Items newly made delivered (empty when the claim was acked before).
+    pub items: Vec<K>,
+    /// How many items the claim delivered in all.
+    pub delivered: usize,
+}
+
+/// How many ended claims are remembered to tell "lost" from "unknown".
+const ENDED_MEMORY: usize = 1 << 16;
+
+/// The claim state machine of one session: ready items, waiting (backed-off) items, live claims
+/// and the lease/backoff deadlines. `K` identifies an item (the owner uses dedup keys).
+#[derive(Debug)]
+pub struct Router<K: Clone + Eq + Hash + Ord + Debug> {
+    max_delivery_attempts: u32,
+    items: HashMap<K, Entry>,
+    ready: BTreeSet<K>,
+    waiting: BTreeSet<(u64, K)>,
+    claims: HashMap<String, LiveClaim<K>>,
+    leases: BTreeSet<(u64, String)>,
+    ended: HashMap<String, Ended>,
+    ended_order: VecDeque<String>,
+}
+
+impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
+    /// An empty router; items are dead-lettered after `max_delivery_attempts` failed attempts.
+    pub fn new(max_delivery_attempts: u32) -> Self {
+        Router {
+            max_delivery_attempts: max_delivery_attempts.max(1),
+            items: HashMap::new(),
+            ready: BTreeSet::new(),
+            waiting: BTreeSet::new(),
+            claims: HashMap::new(),
+            leases: BTreeSet::new(),
+            ended: HashMap::new(),
+            ended_order: VecDeque::new(),
+        }
+    }
+
+    /// Publishes an item as ready. `failed_attempts` carries its history (recovery). An item
+    /// already known is left as it is.
+    pub fn publish(&mut self, key: K, failed_attempts: u32) -> bool {
+        if self.items.contains_key(&key) {
+            return false;
+        }
+        self.items.insert(key.clone(), Entry { state: State::Ready, failed_attempts });
+        self.ready.insert(key);
+        true
+    }
+
+    /// Remembers a claim id from an earlier process as lost, so a late ack of it is refused as
+    /// lost rather than unknown.
+    pub fn remember_lost(&mut self, claim_id: String) {
+        self.end(claim_id, Ended::Lost);
+    }
+
+    /// Items claimable at `now_ms`.
+    pub fn ready_count(&self, now_ms: u64) -> usize {
+        self.ready.len() + self.waiting.iter().take_while(|(t, _)| *t <= now_ms).count()
+    }
+
+    /// Items in live claims.
+    pub fn claimed_count(&self) -> usize {
+        self.claims.values().map(|c| c.items.len()).sum()
+    }
+
+    /// Items ready or waiting out a backoff.
+    pub fn pending_count(&self) -> usize {
+        self.ready.len() + self.waiting.len()
+    }
+
+    /// Whether the item was acknowledged.
+    pub fn is_delivered(&self, key: &K) -> bool {
+        matches!(self.items.get(key), Some(Entry { state: State::Delivered, .. }))
+    }
+
+    /// Whether the item is known and not yet delivered or dead.
+    pub fn is_open(&self, key: &K) -> bool {
+        self.items.get(key).is_some_and(|e| !matches!(e.state, State::Delivered | State::Dead))
+    }
+
+    /// Changes the dead-letter limit; applies from the next attempt that ends.
+    pub fn set_max_delivery_attempts(&mut self, max: u32) {
+        self.max_delivery_attempts = max.max(1);
+    }
+
+    /// Forgets a delivered or dead item (memory reclaim once its call is done).
+    pub fn forget(&mut self, key: &K) {
+        if let Some(e) = self.items.get(key) {
+            if matches!(e.state, State::Delivered | State::Dead) {
+                self.items.remove(key);
+            }
+        }
+    }
+
+    fn promote_due(&mut self, now_ms: u64) {
+        while let Some((t, _)) = self.waiting.first() {
+            if *t > now_ms {
+                break;
+            }
+            let Some((_, key)) = self.waiting.pop_first() else { break };
+            if let Some(e) = self.items.get_mut(&key) {
+                e.state = State::Ready;
+                self.ready.insert(key);
+            }
+        }
+    }
+
+    /// A boundary: every item ready at `now_ms` goes into one new claim, or nothing does.
+    pub fn claim(&mut self, now_ms: u64, claim_id: String, lease_ms: u64) -> Option<Granted<K>> {
+        self.promote_due(now_ms);
+        if self.ready.is_empty() {
+            return None;
+        }
+        let keys: Vec<K> = std::mem::take(&mut self.ready).into_iter().collect();
+        let mut items = Vec::with_capacity(keys.len());
+        for key in &keys {
+            if let Some(e) = self.items.get_mut(key) {
+                e.state = State::Claimed(claim_id.clone());
+                items.push((key.clone(), e.failed_attempts + 1));
+            }
+        }
+        let lease_expires_at_ms = now_ms.saturating_add(lease_ms);
+        self.leases.insert((lease_expires_at_ms, claim_id.clone()));
+        self.claims.insert(claim_id.clone(), LiveClaim { items: keys, expires_at_ms: lease_expires_at_ms });
+        Some(Granted { claim_id, items, lease_expires_at_ms })
+    }
+
+    fn end(&mut self, claim_id: String, how: Ended) {
+        if self.ended.insert(claim_id.clone(), how).is_none() {
+            self.ended_order.push_back(claim_id);
+            while self.ended_order.len() > ENDED_MEMORY {
+                if let Some(old) = self.ended_order.pop_front() {
+                    self.ended.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn refuse(&self, claim_id: &str) -> ClaimError {
+        match self.ended.get(claim_id) {
+            Some(Ended::Lost) => ClaimError::Lost(claim_id.to_string()),
+            Some(Ended::Acked(_)) => ClaimError::AlreadyAcked(claim_id.to_string()),
+            None => ClaimError::Unknown(claim_id.to_string()),
+        }
+    }
+
+    /// Acknowledges a live claim: its items are delivered, for good. Acking an acked claim
+    /// answers the same count and changes nothing.
+    pub fn ack(&mut self, claim_id: &str) -> Result<Acked<K>, ClaimError> {
+        if let Some(Ended::Acked(n)) = self.ended.get(claim_id) {
+            return Ok(Acked { items: Vec::new(), delivered: *n });
+        }
+        let claim = self.claims.remove(claim_id).ok_or_else(|| self.refuse(claim_id))?;
+        self.leases.remove(&(claim.expires_at_ms, claim_id.to_string()));
+        for key in &claim.items {
+            if let Some(e) = self.items.get_mut(key) {
+                e.state = State::Delivered;
+            }
+        }
+        let delivered = claim.items.len();
+        self.end(claim_id.to_string(), Ended::Acked(delivered));
+        Ok(Acked { items: claim.items, delivered })
+    }
+
+    /// Undoes an ack whose durable write failed: the claim is live again, as it was.
+    pub fn undo_ack(&mut self, claim_id: &str, items: Vec<K>, lease_expires_at_ms: u64) {
+        self.ended.remove(claim_id);
+        self.ended_order.retain(|c| c != claim_id);
+        for key in &items {
+            if let Some(e) = self.items.get_mut(key) {
+                e.state = State::Claimed(claim_id.to_string());
+            }
+        }
+        self.leases.insert((lease_expires_at_ms, claim_id.to_string()));
+        self.claims.insert(claim_id.to_string(), LiveClaim { items, expires_at_ms: lease_expires_at_ms });
+    }
+
+    /// When a live claim's lease runs out.
+    pub fn lease_of(&self, claim_id: &str) -> Option<u64> {
+        self.claims.get(claim_id).map(|c| c.expires_at_ms)
+    }
+
+    /// Hands a live claim back. `busy` is no delivery attempt; `failed` is one, and backs off.
+    /// `retry_after_ms` is the least time before the items are ready again.
+    pub fn release(
+        &mut self,
+        now_ms: u64,
+        claim_id: &str,
+        reason: ReleaseReason,
+        retry_after_ms: u64,
+    ) -> Result<Returned<K>, ClaimError> {
+        let claim = self.claims.remove(claim_id).ok_or_else(|| self.refuse(claim_id))?;
+        self.leases.remove(&(claim.expires_at_ms, claim_id.to_string()));
+        self.end(claim_id.to_string(), Ended::Lost);
+        Ok(self.hand_back(now_ms, claim.items, reason == ReleaseReason::Failed, true, retry_after_ms))
+    }
+
+    fn hand_back(&mut self, now_ms: u64, keys: Vec<K>, failed: bool, backoff: bool, min_wait_ms: u64) -> Returned<K> {
+        let mut out = Returned { requeued: Vec::new(), dead: Vec::new() };
+        for key in keys {
+            let Some(e) = self.items.get_mut(&key) else { continue };
+            if failed {
+                e.failed_attempts += 1;
+            }
+            if e.failed_attempts >= self.max_delivery_attempts {
+                e.state = State::Dead;
+                out.dead.push((key, e.failed_attempts));
+                continue;
+            }
+            let mut wait = min_wait_ms;
+            if failed && backoff {
+                wait = wait.max(failure_backoff_ms(e.failed_attempts));
+            }
+            if wait == 0 {
+                e.state = State::Ready;
+                self.ready.insert(key.clone());
+            } else {
+                let at = now_ms.saturating_add(wait);
+                e.state = State::Waiting(at);
+                self.waiting.insert((at, key.clone()));
+            }
+            out.requeued.push((key, e.failed_attempts));
+        }
+        out
+    }
+
+    /// Ends every claim whose lease ran out by `now_ms` (each a delivery attempt, no backoff)
+    /// and moves backed-off items whose time came into the ready set.
+    pub fn tick(&mut self, now_ms: u64) -> Vec<(String, Returned<K>)> {
+        let mut out = Vec::new();
+        while let Some((t, _)) = self.leases.first() {
+            if *t > now_ms {
+                break;
+            }
+            let Some((_, claim_id)) = self.leases.pop_first() else { break };
+            if let Some(claim) = self.claims.remove(&claim_id) {
+                self.end(claim_id.clone(), Ended::Lost);
+                let returned = self.hand_back(now_ms, claim.items, true, false, 0);
+                out.push((claim_id, returned));
+            }
+        }
+        self.promote_due(now_ms);
+        out
+    }
+
+    /// The next moment [`Router::tick`] has something to do: a lease end or a backoff end.
+    pub fn next_deadline(&self) -> Option<u64> {
+        let lease = self.leases.first().map(|(t, _)| *t);
+        let wait = self.waiting.first().map(|(t, _)| *t);
+        match (lease, wait) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// A session's turn state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Turn {
+    /// Between turns: may be woken.
+    Idle,
+    /// In a turn: never woken.
+    Busy,
+}
+
+/// Wake discipline (I7): woken when idle with ready items, at most once between two boundaries
+/// or busy → idle changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WakeState {
+    turn: Turn,
+    woken: bool,
+}
+
+impl Default for WakeState {
+    fn default() -> Self {
+        WakeState { turn: Turn::Idle, woken: false }
+    }
+}
+
+impl WakeState {
+    /// The current turn state.
+    pub fn turn(&self) -> Turn {
+        self.turn
+    }
+
+    /// A turn change; busy → idle opens a new idle period.
+    pub fn set_turn(&mut self, turn: Turn) {
+        if self.turn == Turn::Busy && turn == Turn::Idle {
+            self.woken = false;
+        }
+        self.turn = turn;
+    }
+
+    /// A boundary happened: the next ready item may wake the session again.
+    pub fn boundary(&mut self) {
+        self.woken = false;
+    }
+
+    /// Whether to wake now; if so, the wake is counted.
+    pub fn decide(&mut self, wake_capable: bool, ready: usize) -> bool {
+        if wake_capable && self.turn == Turn::Idle && ready > 0 && !self.woken {
+            self.woken = true;
+            return true;
+        }
+        false
+    }
+}
+
+/// Capacity (I8): at most `max` running children; the rest wait in arrival order. A queued
+/// child's stall clock does not run because it has not started.
+#[derive(Debug)]
+pub struct Capacity<K: Clone + Eq + Hash> {
+    max: usize,
+    running: HashSet<K>,
+    queue: VecDeque<K>,
+}
+
+impl<K: Clone + Eq + Hash> Capacity<K> {
+    /// Room for `max` (at least 1) running children.
+    pub fn new(max: usize) -> Self {
+        Capacity { max: max.max(1), running: HashSet::new(), queue: VecDeque::new() }
+    }
+
+    /// Queues a child.
+    pub fn enqueue(&mut self, key: K) {
+        self.queue.push_back(key);
+    }
+
+    /// The queued children that may start now, in order; they count as running.
+    pub fn admit(&mut self) -> Vec<K> {
+        let mut out = Vec::new();
+        while self.running.len() < self.max {
+            let Some(k) = self.queue.pop_front() else { break };
+            self.running.insert(k.clone());
+            out.push(k);
+        }
+        out
+    }
+
+    /// A running child ended (or a queued one was withdrawn); frees its slot.
+    pub fn finish(&mut self, key: &K) {
+        if !self.running.remove(key) {
+            self.queue.retain(|k| k != key);
+        }
+    }
+
+    /// Running children.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Queued children.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Changes the limit (a session update); takes effect at the next admit.
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max.max(1);
+    }
+}
+
+/// What a child's end publishes for its unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Publish {
+    /// The unit is complete: every member's result is ready.
+    UnitComplete,
+    /// The child failed and its unit is not complete: an early failure notice is ready.
+    FailureNotice,
+    /// Nothing yet.
+    Nothing,
+}
+
+/// Decides what a child's end publishes: `terminal` members of `size` are now terminal,
+/// counting this one.
+pub fn on_child_end(terminal: usize, size: usize, failed: bool) -> Publish {
+    if terminal >= size {
+        Publish::UnitComplete
+    } else if failed {
+        Publish::FailureNotice
+    } else {
+        Publish::Nothing
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_boundary_takes_everything_ready_or_nothing() {
+        let mut r: Router<u32> = Router::new(8);
+        assert!(r.claim(0, "c0".into(), 100).is_none());
+        r.publish(1, 0);
+        r.publish(2, 0);
+        let g = r.claim(0, "c1".into(), 100).unwrap();
+        assert_eq!(g.items, vec![(1, 1), (2, 1)]);
+        assert!(r.claim(0, "c2".into(), 100).is_none());
+    }
+
+    #[test]
+    fn lost_claims_are_refused_and_change_nothing() {
+        let mut r: Router<u32> = Router::new(8);
+        r.publish(1, 0);
+        r.claim(0, "c1".into(), 100).unwrap();
+        assert_eq!(r.tick(100).len(), 1);
+        assert_eq!(r.ack("c1"), Err(ClaimError::Lost("c1".into())));
+        assert_eq!(r.ready_count(100), 1);
+        let g = r.claim(100, "c2".into(), 100).unwrap();
+        assert_eq!(g.items, vec![(1, 2)]);
+        assert_eq!(r.ack("c2").unwrap().delivered, 1);
+        assert_eq!(r.ack("c2").unwrap().delivered, 1);
+        assert_eq!(r.release(0, "c2", ReleaseReason::Busy, 0), Err(ClaimError::AlreadyAcked("c2".into())));
+        assert_eq!(r.ack("zz"), Err(ClaimError::Unknown("zz".into())));
+    }
+
+    #[test]
+    fn failed_releases_back_off_and_dead_letter_past_the_limit() {
+        let mut r: Router<u32> = Router::new(3);
+        r.publish(7, 0);
+        let mut now = 0;
+        for attempt in 1..=3u32 {
+            let g = r.claim(now, format!("c{attempt}"), 1000).unwrap();
+            assert_eq!(g.items, vec![(7, attempt)]);
+            let back = r.release(now, &format!("c{attempt}"), ReleaseReason::Failed, 0).unwrap();
+            if attempt < 3 {
+                assert_eq!(back.requeued, vec![(7, attempt)]);
+                assert!(r.claim(now, "early".into(), 1000).is_none(), "backoff must hold the item");
+                now += failure_backoff_ms(attempt);
+                assert_eq!(r.next_deadline(), Some(now));
+            } else {
+                assert_eq!(back.dead, vec![(7, 3)]);
+            }
+        }
+        assert!(r.claim(now + 1_000_000, "last".into(), 1000).is_none());
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(failure_backoff_ms(1), 100);
+        assert_eq!(failure_backoff_ms(2), 200);
+        assert_eq!(failure_backoff_ms(30), 60_000);
+    }
+
+    #[test]
+    fn wakes_once_per_idle_period() {
+        let mut w = WakeState::default();
+        assert!(!w.decide(false, 3));
+        assert!(w.decide(true, 1));
+        assert!(!w.decide(true, 5));
+        w.set_turn(Turn::Busy);
+        assert!(!w.decide(true, 5));
+        w.set_turn(Turn::Idle);
+        assert!(w.decide(true, 5));
+        w.boundary();
+        assert!(!w.decide(true, 0));
+        assert!(w.decide(true, 1));
+    }
+
+    #[test]
+    fn capacity_admits_in_order_up_to_the_limit() {
+        let mut c = Capacity::new(2);
+        for k in 0..5 {
+            c.enqueue(k);
+        }
+        assert_eq!(c.admit(), vec![0, 1]);
+        assert!(c.admit().is_empty());
+        c.finish(&1);
+        assert_eq!(c.admit(), vec![2]);
+        assert_eq!((c.running(), c.queued()), (2, 2));
+    }
+
+    #[test]
+    fn units_publish_whole_with_early_failure_notices() {
+        assert_eq!(on_child_end(1, 3, true), Publish::FailureNotice);
+        assert_eq!(on_child_end(2, 3, false), Publish::Nothing);
+        assert_eq!(on_child_end(3, 3, true), Publish::UnitComplete);
+    }
+}

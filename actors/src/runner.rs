@@ -1,0 +1,119 @@
+//! Runners: what a child actually executes. The embedder implements [`Runner`] (or uses the
+//! built-in ones of the `brood` crate) and hands the engine a [`RunnerFactory`] that turns a
+//! task's runner spec into a runner.
+//!
+//! A runner runs as its own task on the actor thread; its panic is contained there and ends
+//! only its child, as `failed`, with the panic message. It reports progress through
+//! [`Progress`], which resets its child's stall clock and may carry a partial result that is
+//! kept if the child is interrupted.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures::future::LocalBoxFuture;
+
+/// How a runner ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunOutput {
+    /// Done, with a summary.
+    Succeeded {
+        /// What the child found or did.
+        summary: String,
+    },
+    /// Failed, with what went wrong and whatever partial summary there is.
+    Failed {
+        /// What went wrong.
+        error: String,
+        /// A partial result, if any.
+        summary: Option<String>,
+    },
+}
+
+/// A heartbeat handle given to a runner; cheap to clone, safe to move to other threads.
+#[derive(Clone)]
+pub struct Progress {
+    inner: Arc<ProgressInner>,
+}
+
+struct ProgressInner {
+    origin: Instant,
+    last_beat_ms: AtomicU64,
+    partial: Mutex<Option<String>>,
+}
+
+impl fmt::Debug for Progress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Progress").field("last_beat_ms", &self.last_beat_ms()).finish()
+    }
+}
+
+impl Progress {
+    pub(crate) fn new() -> Self {
+        Progress {
+            inner: Arc::new(ProgressInner {
+                origin: Instant::now(),
+                last_beat_ms: AtomicU64::new(0),
+                partial: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Reports that the runner is alive; resets the stall clock.
+    pub fn beat(&self) {
+        let ms = self.inner.origin.elapsed().as_millis() as u64;
+        self.inner.last_beat_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Reports progress with a partial result, kept if the child is interrupted.
+    pub fn partial(&self, summary: impl Into<String>) {
+        if let Ok(mut p) = self.inner.partial.lock() {
+            *p = Some(summary.into());
+        }
+        self.beat();
+    }
+
+    /// Milliseconds from the runner's start to its last heartbeat (0: none yet).
+    pub fn last_beat_ms(&self) -> u64 {
+        self.inner.last_beat_ms.load(Ordering::Relaxed)
+    }
+
+    /// Milliseconds since the runner started.
+    pub fn elapsed_ms(&self) -> u64 {
+        self.inner.origin.elapsed().as_millis() as u64
+    }
+
+    /// The last partial result reported.
+    pub fn take_partial(&self) -> Option<String> {
+        self.inner.partial.lock().ok().and_then(|mut p| p.take())
+    }
+}
+
+/// What a runner is given.
+#[derive(Debug, Clone)]
+pub struct RunContext {
+    /// The child being run.
+    pub child_id: String,
+    /// The task's goal text.
+    pub goal: String,
+    /// Execution attempt (1 for the first run).
+    pub attempt: u32,
+    /// The heartbeat handle.
+    pub progress: Progress,
+}
+
+/// A task execution. Dropping the returned future cancels the runner.
+pub trait Runner: 'static {
+    /// Runs the task to its end.
+    fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput>;
+}
+
+/// Turns runner specs (JSON objects with a `kind`) into runners. Validation happens when a call
+/// is accepted, so a bad spec is refused before anything is stored.
+pub trait RunnerFactory: Send + Sync + 'static {
+    /// Checks a spec; the error says what is wrong with it.
+    fn validate(&self, spec: &serde_json::Value) -> Result<(), String>;
+    /// Builds the runner for one child.
+    fn build(&self, spec: &serde_json::Value) -> Result<Box<dyn Runner>, String>;
+}

@@ -1,0 +1,37 @@
+//! Wake targets: how a session is told that results are waiting (I7).
+//!
+//! The owner decides *when* (see [`crate::routing::WakeState`]); a [`Wake`] decides *how*: an
+//! embedded callback today, a webhook or an event stream as further implementations. A session
+//! without a wake target is not wake-capable, and its background calls run synchronously.
+
+use std::fmt;
+
+/// What a wake says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WakeEvent {
+    /// The session to wake.
+    pub session_id: String,
+    /// Items ready at the moment of the wake.
+    pub ready: usize,
+}
+
+/// Something that can wake a parent. Called off the owner's handler; must not block long.
+pub trait Wake: Send + Sync + 'static {
+    /// Wakes the parent.
+    fn wake(&self, event: WakeEvent);
+}
+
+impl<F: Fn(WakeEvent) + Send + Sync + 'static> Wake for F {
+    fn wake(&self, event: WakeEvent) {
+        self(event)
+    }
+}
+
+/// A named wake target, for debug output.
+pub(crate) struct WakeTarget(pub(crate) std::sync::Arc<dyn Wake>);
+
+impl fmt::Debug for WakeTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WakeTarget")
+    }
+}
