@@ -1,1 +1,179 @@
-fn main(){}
+//! The `brood` binary: `brood demo` runs a scripted parent against the embedded engine.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use brood::{
+    Brood, BroodConfig, DelegateReply, DelegateRequest, DelegateRequestExt, ItemKind, SessionOptions, TaskSpec, Turn,
+};
+use clap::{Parser, Subcommand};
+use serde_json::json;
+
+#[derive(Parser, Debug)]
+#[command(name = "brood", version, about = "Durable, turn-boundary routing of delegated child work")]
+struct Cli {
+    /// Log filter (also RUST_LOG), e.g. `brood=debug`.
+    #[arg(long, global = true, default_value = "warn")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a scripted parent against the embedded engine and print its timeline.
+    Demo {
+        /// The ledger folder (sled).
+        #[arg(long, default_value = "./brood-data")]
+        data_dir: PathBuf,
+        /// The parent reaches a turn boundary this often, in ms.
+        #[arg(long, default_value_t = 250)]
+        turn_ms: u64,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log))
+        .context("bad --log filter")?;
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    match cli.command {
+        Command::Demo { data_dir, turn_ms } => {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(demo(data_dir, turn_ms))
+        }
+    }
+}
+
+/// The demo's call: 12 sim children, 50 ms to 3 s, one failure inside a group of 3.
+fn demo_tasks() -> Vec<TaskSpec> {
+    let plain = [
+        ("read the failing test log", 50),
+        ("grep the codebase for the panic site", 120),
+        ("check the CI history of the branch", 400),
+        ("summarise the open issues about flush", 700),
+        ("bisect the regression range", 3000),
+        ("draft the release note", 900),
+        ("list the callers of Ledger::flush", 250),
+        ("read the sled changelog", 1500),
+        ("benchmark the write path", 2200),
+    ];
+    let mut tasks: Vec<TaskSpec> = plain
+        .iter()
+        .map(|(goal, ms)| {
+            let summary = format!("{goal}: finished after {ms} ms of simulated work");
+            TaskSpec::new(*goal, json!({"kind": "sim", "ms": ms, "summary": summary}))
+        })
+        .collect();
+    for (goal, ms, outcome) in [
+        ("triage: reproduce the crash", 300, "fail"),
+        ("triage: collect core dumps", 1200, "ok"),
+        ("triage: write the post-mortem", 2600, "ok"),
+    ] {
+        let mut t = TaskSpec::new(goal, json!({"kind": "sim", "ms": ms, "outcome": outcome}));
+        t.group = Some("triage".into());
+        tasks.push(t);
+    }
+    tasks
+}
+
+async fn demo(data_dir: PathBuf, turn_ms: u64) -> anyhow::Result<()> {
+    let brood = Brood::open(BroodConfig::new(&data_dir))
+        .with_context(|| format!("opening the ledger in {}", data_dir.display()))?;
+    let t0 = Instant::now();
+    let at = move || t0.elapsed().as_millis();
+    let wakes = Arc::new(Mutex::new(Vec::<u128>::new()));
+    let wake_log = wakes.clone();
+    let session = "demo-parent";
+    brood
+        .open_session(session, SessionOptions::default().wake(move |_| {
+            if let Ok(mut w) = wake_log.lock() {
+                w.push(t0.elapsed().as_millis());
+            }
+        }))
+        .await?;
+
+    println!("brood demo — ledger in {}", data_dir.display());
+    let tasks = demo_tasks();
+    let n = tasks.len();
+    let reply = brood.delegate(session, DelegateRequest::background(tasks).independent()).await?;
+    let DelegateReply::Background { call_id, set, units, note } = &reply else {
+        bail!("the demo session is wake-capable, yet the call ran synchronously: {}", reply.note());
+    };
+    println!("t={:>5} ms  delegated {n} children as set {set} ({call_id}), {} units", at(), units.len());
+    println!("            reply note: {note}");
+
+    let mut delivered: BTreeMap<String, (u128, u64)> = BTreeMap::new(); // dedup key -> (boundary t, latency)
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    let mut notices = 0;
+    let mut boundaries = 0;
+    let mut shown_text = false;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while delivered.keys().filter(|k| k.ends_with(":result") && k.starts_with(call_id.as_str())).count() < n {
+        if Instant::now() > deadline {
+            break;
+        }
+        // The parent's turn: it works, then reaches a boundary.
+        brood.set_turn(session, Turn::Busy).await?;
+        tokio::time::sleep(Duration::from_millis(turn_ms)).await;
+        brood.set_turn(session, Turn::Idle).await?;
+        let Some(env) = brood.boundary(session, "demo-cli", Duration::from_secs(30)).await? else {
+            continue;
+        };
+        boundaries += 1;
+        let now_ms = brood::model::now_ms();
+        println!("t={:>5} ms  boundary #{boundaries}: {} item(s) claimed", at(), env.items.len());
+        for item in &env.items {
+            let waited = item.finished_at_ms.map(|f| now_ms.saturating_sub(f)).unwrap_or(0);
+            let label = match item.kind {
+                ItemKind::Result => "result",
+                ItemKind::FailureNotice => {
+                    notices += 1;
+                    "FAILURE NOTICE"
+                }
+            };
+            println!(
+                "            {} {:<14} {:<10} {:<40} finished {waited} ms before this boundary",
+                brood::render::tag(item),
+                label,
+                item.status.as_str(),
+                item.goal
+            );
+            *seen.entry(item.dedup_key.clone()).or_default() += 1;
+            delivered.insert(item.dedup_key.clone(), (at(), waited));
+        }
+        if !shown_text && env.items.iter().any(|i| i.kind == ItemKind::FailureNotice) {
+            shown_text = true;
+            println!("            --- what the model reads at this boundary ---");
+            for line in env.text.lines() {
+                println!("            | {line}");
+            }
+        }
+        let acked = brood.ack(&env.claim_id).await?;
+        println!("            acked {acked} item(s)");
+    }
+
+    let results: Vec<&String> = delivered.keys().filter(|k| k.starts_with(call_id.as_str()) && k.ends_with(":result")).collect();
+    let duplicates = seen.values().filter(|&&c| c > 1).count();
+    let lost = n - results.len();
+    let status = brood.status(session).await?;
+    let worst = delivered.values().map(|(_, w)| *w).max().unwrap_or(0);
+    println!();
+    println!(
+        "tally: children {n}, results delivered once {}, failure notices {notices}, duplicates {duplicates}, lost {lost}; \
+         boundaries {boundaries}, wakes {}, longest wait from finish to boundary {worst} ms; session still holds {} ready, {} claimed",
+        results.len(),
+        wakes.lock().map(|w| w.len()).unwrap_or(0),
+        status.ready,
+        status.claimed,
+    );
+    brood.shutdown();
+    if lost > 0 || duplicates > 0 {
+        bail!("demo failed: {lost} lost, {duplicates} duplicated");
+    }
+    Ok(())
+}

@@ -340,6 +340,11 @@ pub fn claim_session(claim_id: &str) -> Option<String> {
     String::from_utf8(bytes?).ok()
 }
 
+/// The k of a unit id `<call>-<k>` (0 when it has none).
+fn unit_ordinal(unit_id: &str) -> u64 {
+    unit_id.rsplit_once('-').and_then(|(_, k)| k.parse().ok()).unwrap_or(0)
+}
+
 /// The routing reservation of one session.
 pub struct SessionOwner {
     engine: Engine,
@@ -999,7 +1004,7 @@ impl Handler<Boundary> for SessionOwner {
             return Ok(None);
         };
         let mut items: Vec<ReadyItem> = granted.items.iter().filter_map(|(k, a)| self.item(k, *a)).collect();
-        items.sort_by(|a, b| (a.set, &a.unit_id, a.task_index, a.kind).cmp(&(b.set, &b.unit_id, b.task_index, b.kind)));
+        items.sort_by_key(|i| (i.set, unit_ordinal(&i.unit_id), i.task_index, i.kind));
         let row = ClaimRow {
             claim_id: granted.claim_id.clone(),
             session_id: self.session.session_id.clone(),

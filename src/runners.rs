@@ -1,0 +1,191 @@
+//! Built-in runners and the registry that turns runner specs into runners.
+//!
+//! [`Runners`] is the [`RunnerFactory`] brood uses by default. It knows the `sim` kind, a
+//! simulated child for demos, tests and fault drills, and any kind an embedder registers with
+//! [`Runners::register`]. Specs are checked strictly when a call is accepted: an unknown kind, an
+//! unknown field or a mistyped value is refused with a message that names it.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use brood_actors::runner::{RunContext, RunOutput, Runner, RunnerFactory};
+use futures::future::LocalBoxFuture;
+use serde::Deserialize;
+
+/// How a simulated child ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SimOutcome {
+    /// Succeeds with its summary.
+    #[default]
+    Ok,
+    /// Fails with an error.
+    Fail,
+    /// Panics (only its own child fails).
+    Panic,
+    /// Never finishes and never heartbeats (its stall or task timeout ends it).
+    Hang,
+}
+
+/// The `sim` runner spec: `{"kind": "sim", "ms": 50, "outcome": "ok", "summary": "…"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimSpec {
+    /// Always `sim`.
+    pub kind: String,
+    /// How long the child works, in ms (default 0).
+    #[serde(default)]
+    pub ms: u64,
+    /// How it ends (default `ok`).
+    #[serde(default)]
+    pub outcome: SimOutcome,
+    /// The summary it reports (default: one naming its goal).
+    #[serde(default)]
+    pub summary: Option<String>,
+}
+
+/// Longest simulated work accepted: one day.
+pub const SIM_MAX_MS: u64 = 86_400_000;
+
+impl SimSpec {
+    fn parse(spec: &serde_json::Value) -> Result<Self, String> {
+        let sim = SimSpec::deserialize(spec).map_err(|e| format!("bad `sim` runner spec: {e}"))?;
+        if sim.ms > SIM_MAX_MS {
+            return Err(format!("`ms` is {}, at most {SIM_MAX_MS} (one day) is allowed", sim.ms));
+        }
+        Ok(sim)
+    }
+}
+
+/// A simulated child: works `ms` milliseconds, heartbeating, then ends as its spec says.
+#[derive(Debug, Clone)]
+pub struct SimRunner {
+    spec: SimSpec,
+}
+
+impl SimRunner {
+    /// A sim runner for a checked spec.
+    pub fn new(spec: SimSpec) -> Self {
+        SimRunner { spec }
+    }
+}
+
+/// Heartbeat interval of a working sim child.
+const SIM_BEAT: Duration = Duration::from_millis(500);
+
+impl Runner for SimRunner {
+    fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
+        Box::pin(async move {
+            let spec = self.spec;
+            if spec.outcome == SimOutcome::Hang {
+                // Silent for good: no heartbeat, no end. Only a timeout or the stall clock ends it.
+                futures::future::pending::<()>().await;
+            }
+            let mut left = Duration::from_millis(spec.ms);
+            while !left.is_zero() {
+                let step = left.min(SIM_BEAT);
+                tokio::time::sleep(step).await;
+                left -= step;
+                ctx.progress.beat();
+            }
+            let summary = spec.summary.unwrap_or_else(|| format!("done: {}", ctx.goal));
+            match spec.outcome {
+                SimOutcome::Ok | SimOutcome::Hang => RunOutput::Succeeded { summary },
+                SimOutcome::Fail => RunOutput::Failed { error: format!("simulated failure of {}", ctx.child_id), summary: None },
+                SimOutcome::Panic => panic!("simulated panic in {}", ctx.child_id),
+            }
+        })
+    }
+}
+
+/// Builds a runner from a spec of one kind.
+pub type BuildFn = dyn Fn(&serde_json::Value) -> Result<Box<dyn Runner>, String> + Send + Sync;
+
+/// The runner registry: `sim` built in, more kinds registered by the embedder.
+#[derive(Clone)]
+pub struct Runners {
+    kinds: HashMap<String, Arc<BuildFn>>,
+}
+
+impl fmt::Debug for Runners {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut kinds: Vec<_> = self.kinds.keys().collect();
+        kinds.sort();
+        f.debug_struct("Runners").field("kinds", &kinds).finish()
+    }
+}
+
+impl Default for Runners {
+    fn default() -> Self {
+        Self::builtin()
+    }
+}
+
+impl Runners {
+    /// The built-in kinds: `sim`.
+    pub fn builtin() -> Self {
+        let mut r = Runners { kinds: HashMap::new() };
+        r.register("sim", |spec| Ok(Box::new(SimRunner::new(SimSpec::parse(spec)?)) as Box<dyn Runner>));
+        r
+    }
+
+    /// Adds (or replaces) a kind. `build` must refuse a bad spec with a clear message; it is
+    /// called once when a call is accepted (to validate) and once per child run.
+    pub fn register(
+        &mut self,
+        kind: &str,
+        build: impl Fn(&serde_json::Value) -> Result<Box<dyn Runner>, String> + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.kinds.insert(kind.to_string(), Arc::new(build));
+        self
+    }
+
+    fn builder(&self, spec: &serde_json::Value) -> Result<&Arc<BuildFn>, String> {
+        let kind = spec
+            .get("kind")
+            .ok_or("missing `kind`")?
+            .as_str()
+            .ok_or("`kind` must be a string")?;
+        self.kinds.get(kind).ok_or_else(|| {
+            let mut known: Vec<_> = self.kinds.keys().map(String::as_str).collect();
+            known.sort();
+            format!("unknown runner kind `{kind}`; known kinds: {}", known.join(", "))
+        })
+    }
+}
+
+impl RunnerFactory for Runners {
+    fn validate(&self, spec: &serde_json::Value) -> Result<(), String> {
+        let build = self.builder(spec)?;
+        build(spec).map(|_| ())
+    }
+
+    fn build(&self, spec: &serde_json::Value) -> Result<Box<dyn Runner>, String> {
+        let build = self.builder(spec)?;
+        build(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sim_specs_are_checked_strictly() {
+        let r = Runners::builtin();
+        assert!(r.validate(&json!({"kind": "sim"})).is_ok());
+        assert!(r.validate(&json!({"kind": "sim", "ms": 5, "outcome": "panic", "summary": "x"})).is_ok());
+        let err = r.validate(&json!({"kind": "simm"})).unwrap_err();
+        assert!(err.contains("unknown runner kind `simm`"), "{err}");
+        let err = r.validate(&json!({"kind": "sim", "outcome": "maybe"})).unwrap_err();
+        assert!(err.contains("maybe"), "{err}");
+        let err = r.validate(&json!({"kind": "sim", "msec": 5})).unwrap_err();
+        assert!(err.contains("msec"), "{err}");
+        assert!(r.validate(&json!({"kind": "sim", "ms": -1})).is_err());
+        assert!(r.validate(&json!({"kind": "sim", "ms": SIM_MAX_MS + 1})).is_err());
+        assert_eq!(r.validate(&json!({"ms": 1})).unwrap_err(), "missing `kind`");
+    }
+}
