@@ -150,7 +150,10 @@ impl std::fmt::Debug for BroodConfig {
 impl BroodConfig {
     /// The embedded default: sled in `data_dir`, built-in runners.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        BroodConfig { data_dir: data_dir.into(), runners: Arc::new(Runners::builtin()) }
+        BroodConfig {
+            data_dir: data_dir.into(),
+            runners: Arc::new(Runners::builtin()),
+        }
     }
 
     /// Uses another runner registry.
@@ -215,10 +218,18 @@ pub trait DelegateRequestExt {
 
 impl DelegateRequestExt for DelegateRequest {
     fn background(tasks: Vec<TaskSpec>) -> Self {
-        DelegateRequest { tasks, mode: Mode::Background, independent_completions: false }
+        DelegateRequest {
+            tasks,
+            mode: Mode::Background,
+            independent_completions: false,
+        }
     }
     fn sync(tasks: Vec<TaskSpec>) -> Self {
-        DelegateRequest { tasks, mode: Mode::Sync, independent_completions: false }
+        DelegateRequest {
+            tasks,
+            mode: Mode::Sync,
+            independent_completions: false,
+        }
     }
     fn independent(mut self) -> Self {
         self.independent_completions = true;
@@ -406,19 +417,43 @@ impl Brood {
         Ok(match owner.send(owner::Delegate(request)).await?? {
             Delegated::Background { call_id, set, units } => {
                 let note = render::background_note(set, tasks, units.len());
-                DelegateReply::Background { call_id, set, units, note }
+                DelegateReply::Background {
+                    call_id,
+                    set,
+                    units,
+                    note,
+                }
             }
-            Delegated::Sync { call_id, set, units, forced_sync_reason, results } => {
+            Delegated::Sync {
+                call_id,
+                set,
+                units,
+                forced_sync_reason,
+                results,
+            } => {
                 let note = render::sync_note(set, forced_sync_reason.as_deref());
                 let text = render::envelope_text(&results);
-                DelegateReply::Sync { call_id, set, units, forced_sync_reason, results, note, text }
+                DelegateReply::Sync {
+                    call_id,
+                    set,
+                    units,
+                    forced_sync_reason,
+                    results,
+                    note,
+                    text,
+                }
             }
         })
     }
 
     /// A turn boundary: claims every item of the session ready right now, in one envelope, or
     /// returns `None` when nothing is ready. The lease must be 100 ms to 1 hour.
-    pub async fn boundary(&self, session_id: &str, consumer: &str, lease: Duration) -> Result<Option<Envelope>, BroodError> {
+    pub async fn boundary(
+        &self,
+        session_id: &str,
+        consumer: &str,
+        lease: Duration,
+    ) -> Result<Option<Envelope>, BroodError> {
         let lease_ms = lease.as_millis() as u64;
         if !(MIN_LEASE_MS..=MAX_LEASE_MS).contains(&lease_ms) {
             return Err(BroodError::Invalid {
@@ -427,10 +462,18 @@ impl Brood {
             });
         }
         if consumer.trim().is_empty() {
-            return Err(BroodError::Invalid { field: "consumer".into(), message: "must not be empty".into() });
+            return Err(BroodError::Invalid {
+                field: "consumer".into(),
+                message: "must not be empty".into(),
+            });
         }
         let owner = self.owner(session_id).await?;
-        let claimed = owner.send(owner::Boundary { consumer: consumer.to_string(), lease_ms }).await??;
+        let claimed = owner
+            .send(owner::Boundary {
+                consumer: consumer.to_string(),
+                lease_ms,
+            })
+            .await??;
         Ok(claimed.map(|c| Envelope {
             text: render::envelope_text(&c.items),
             claim_id: c.claim_id,
@@ -452,15 +495,30 @@ impl Brood {
     /// Returns how many items the claim delivered (the same again for a repeated ack).
     pub async fn ack(&self, claim_id: &str) -> Result<usize, BroodError> {
         let owner = self.claim_owner(claim_id).await?;
-        Ok(owner.send(owner::Ack { claim_id: claim_id.to_string() }).await??)
+        Ok(owner
+            .send(owner::Ack {
+                claim_id: claim_id.to_string(),
+            })
+            .await??)
     }
 
     /// Hands a claim back: its items are ready again after `retry_after` (and, for
     /// [`ReleaseReason::Failed`], after a backoff too).
-    pub async fn release(&self, claim_id: &str, reason: ReleaseReason, retry_after: Duration) -> Result<(), BroodError> {
+    pub async fn release(
+        &self,
+        claim_id: &str,
+        reason: ReleaseReason,
+        retry_after: Duration,
+    ) -> Result<(), BroodError> {
         let owner = self.claim_owner(claim_id).await?;
         let retry_after_ms = retry_after.as_millis() as u64;
-        Ok(owner.send(owner::Release { claim_id: claim_id.to_string(), reason, retry_after_ms }).await??)
+        Ok(owner
+            .send(owner::Release {
+                claim_id: claim_id.to_string(),
+                reason,
+                retry_after_ms,
+            })
+            .await??)
     }
 
     /// Sets a session's turn state (a session is woken only while idle).

@@ -13,7 +13,11 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 
 #[derive(Parser, Debug)]
-#[command(name = "brood", version, about = "Durable, turn-boundary routing of delegated child work")]
+#[command(
+    name = "brood",
+    version,
+    about = "Durable, turn-boundary routing of delegated child work"
+)]
 struct Cli {
     /// Log filter (also RUST_LOG), e.g. `brood=debug`.
     #[arg(long, global = true, default_value = "warn")]
@@ -40,7 +44,10 @@ fn main() -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log))
         .context("bad --log filter")?;
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     match cli.command {
         Command::Demo { data_dir, turn_ms } => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -90,21 +97,39 @@ async fn demo(data_dir: PathBuf, turn_ms: u64) -> anyhow::Result<()> {
     let wake_log = wakes.clone();
     let session = "demo-parent";
     brood
-        .open_session(session, SessionOptions::default().wake(move |_| {
-            if let Ok(mut w) = wake_log.lock() {
-                w.push(t0.elapsed().as_millis());
-            }
-        }))
+        .open_session(
+            session,
+            SessionOptions::default().wake(move |_| {
+                if let Ok(mut w) = wake_log.lock() {
+                    w.push(t0.elapsed().as_millis());
+                }
+            }),
+        )
         .await?;
 
     println!("brood demo — ledger in {}", data_dir.display());
     let tasks = demo_tasks();
     let n = tasks.len();
-    let reply = brood.delegate(session, DelegateRequest::background(tasks).independent()).await?;
-    let DelegateReply::Background { call_id, set, units, note } = &reply else {
-        bail!("the demo session is wake-capable, yet the call ran synchronously: {}", reply.note());
+    let reply = brood
+        .delegate(session, DelegateRequest::background(tasks).independent())
+        .await?;
+    let DelegateReply::Background {
+        call_id,
+        set,
+        units,
+        note,
+    } = &reply
+    else {
+        bail!(
+            "the demo session is wake-capable, yet the call ran synchronously: {}",
+            reply.note()
+        );
     };
-    println!("t={:>5} ms  delegated {n} children as set {set} ({call_id}), {} units", at(), units.len());
+    println!(
+        "t={:>5} ms  delegated {n} children as set {set} ({call_id}), {} units",
+        at(),
+        units.len()
+    );
     println!("            reply note: {note}");
 
     let mut delivered: BTreeMap<String, (u128, u64)> = BTreeMap::new(); // dedup key -> (boundary t, latency)
@@ -113,7 +138,12 @@ async fn demo(data_dir: PathBuf, turn_ms: u64) -> anyhow::Result<()> {
     let mut boundaries = 0;
     let mut shown_text = false;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while delivered.keys().filter(|k| k.ends_with(":result") && k.starts_with(call_id.as_str())).count() < n {
+    while delivered
+        .keys()
+        .filter(|k| k.ends_with(":result") && k.starts_with(call_id.as_str()))
+        .count()
+        < n
+    {
         if Instant::now() > deadline {
             break;
         }
@@ -126,7 +156,11 @@ async fn demo(data_dir: PathBuf, turn_ms: u64) -> anyhow::Result<()> {
         };
         boundaries += 1;
         let now_ms = brood::model::now_ms();
-        println!("t={:>5} ms  boundary #{boundaries}: {} item(s) claimed", at(), env.items.len());
+        println!(
+            "t={:>5} ms  boundary #{boundaries}: {} item(s) claimed",
+            at(),
+            env.items.len()
+        );
         for item in &env.items {
             let waited = item.finished_at_ms.map(|f| now_ms.saturating_sub(f)).unwrap_or(0);
             let label = match item.kind {
@@ -157,7 +191,10 @@ async fn demo(data_dir: PathBuf, turn_ms: u64) -> anyhow::Result<()> {
         println!("            acked {acked} item(s)");
     }
 
-    let results: Vec<&String> = delivered.keys().filter(|k| k.starts_with(call_id.as_str()) && k.ends_with(":result")).collect();
+    let results: Vec<&String> = delivered
+        .keys()
+        .filter(|k| k.starts_with(call_id.as_str()) && k.ends_with(":result"))
+        .collect();
     let duplicates = seen.values().filter(|&&c| c > 1).count();
     let lost = n - results.len();
     let status = brood.status(session).await?;

@@ -38,7 +38,11 @@ fn item_line(out: &mut String, item: &ReadyItem) {
         let _ = write!(out, "\n      error: {}", one_line(error));
     }
     if item.delivery_attempt > 1 {
-        let _ = write!(out, "\n      (delivery attempt {}; you may have seen this before: dedup key {})", item.delivery_attempt, item.dedup_key);
+        let _ = write!(
+            out,
+            "\n      (delivery attempt {}; you may have seen this before: dedup key {})",
+            item.delivery_attempt, item.dedup_key
+        );
     }
     out.push('\n');
 }
@@ -52,10 +56,17 @@ pub fn envelope_text(items: &[ReadyItem]) -> String {
     while i < items.len() {
         let set = items[i].set;
         let call = &items[i].call_id;
-        let end = items[i..].iter().position(|it| it.set != set || &it.call_id != call).map_or(items.len(), |p| i + p);
+        let end = items[i..]
+            .iter()
+            .position(|it| it.set != set || &it.call_id != call)
+            .map_or(items.len(), |p| i + p);
         let block = &items[i..end];
         let results = block.iter().filter(|it| it.kind == ItemKind::Result).count();
-        let _ = writeln!(out, "\nSet {set} ({call}): {results} of {} results in this envelope", block[0].of);
+        let _ = writeln!(
+            out,
+            "\nSet {set} ({call}): {results} of {} results in this envelope",
+            block[0].of
+        );
         let mut recovered_units: Vec<&str> = Vec::new();
         for item in block {
             if let (Some(k), ItemKind::Result) = (item.recorded_before_exit, item.kind) {

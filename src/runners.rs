@@ -93,7 +93,10 @@ impl Runner for SimRunner {
             let summary = spec.summary.unwrap_or_else(|| format!("done: {}", ctx.goal));
             match spec.outcome {
                 SimOutcome::Ok | SimOutcome::Hang => RunOutput::Succeeded { summary },
-                SimOutcome::Fail => RunOutput::Failed { error: format!("simulated failure of {}", ctx.child_id), summary: None },
+                SimOutcome::Fail => RunOutput::Failed {
+                    error: format!("simulated failure of {}", ctx.child_id),
+                    summary: None,
+                },
                 SimOutcome::Panic => panic!("simulated panic in {}", ctx.child_id),
             }
         })
@@ -127,7 +130,9 @@ impl Runners {
     /// The built-in kinds: `sim`.
     pub fn builtin() -> Self {
         let mut r = Runners { kinds: HashMap::new() };
-        r.register("sim", |spec| Ok(Box::new(SimRunner::new(SimSpec::parse(spec)?)) as Box<dyn Runner>));
+        r.register("sim", |spec| {
+            Ok(Box::new(SimRunner::new(SimSpec::parse(spec)?)) as Box<dyn Runner>)
+        });
         r
     }
 
@@ -177,7 +182,9 @@ mod tests {
     fn sim_specs_are_checked_strictly() {
         let r = Runners::builtin();
         assert!(r.validate(&json!({"kind": "sim"})).is_ok());
-        assert!(r.validate(&json!({"kind": "sim", "ms": 5, "outcome": "panic", "summary": "x"})).is_ok());
+        assert!(r
+            .validate(&json!({"kind": "sim", "ms": 5, "outcome": "panic", "summary": "x"}))
+            .is_ok());
         let err = r.validate(&json!({"kind": "simm"})).unwrap_err();
         assert!(err.contains("unknown runner kind `simm`"), "{err}");
         let err = r.validate(&json!({"kind": "sim", "outcome": "maybe"})).unwrap_err();

@@ -73,7 +73,11 @@ mod tests {
             attempt: 1,
             recovered: false,
             result: DeliveryRow::default(),
-            notice: DeliveryRow { delivered: true, dead: false, failed_attempts: 3 },
+            notice: DeliveryRow {
+                delivered: true,
+                dead: false,
+                failed_attempts: 3,
+            },
         }
     }
 
@@ -89,7 +93,10 @@ mod tests {
         assert!(matches!(decode::<ChildRow>(&[]), Err(CodecError::Empty)));
         let mut bytes = encode(&row()).unwrap();
         bytes[0] = 9;
-        assert!(matches!(decode::<ChildRow>(&bytes), Err(CodecError::UnknownVersion { found: 9 })));
+        assert!(matches!(
+            decode::<ChildRow>(&bytes),
+            Err(CodecError::UnknownVersion { found: 9 })
+        ));
         let bytes = encode(&row()).unwrap();
         assert!(decode::<ChildRow>(&bytes[..bytes.len() / 2]).is_err());
         let mut bytes = encode(&row()).unwrap();

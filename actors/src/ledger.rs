@@ -159,7 +159,11 @@ impl SledLedger {
 }
 
 fn encode<T: serde::Serialize>(tree: &'static str, key: &str, row: &T) -> Result<Vec<u8>, LedgerError> {
-    codec::encode(row).map_err(|source| LedgerError::Codec { tree, key: key.to_string(), source })
+    codec::encode(row).map_err(|source| LedgerError::Codec {
+        tree,
+        key: key.to_string(),
+        source,
+    })
 }
 
 fn scan<T: serde::de::DeserializeOwned>(tree: &sled::Tree, name: &'static str) -> Result<Vec<T>, LedgerError> {
@@ -205,11 +209,18 @@ impl Ledger for SledLedger {
     ) -> Result<(), LedgerError> {
         crate::failpoint!("ledger_write");
         // Children and units first, the call last: recovery ignores rows of a call it never saw.
-        put_all(&self.children, CHILDREN, children.iter().map(|c| (c.child_id.as_str(), c)))?;
+        put_all(
+            &self.children,
+            CHILDREN,
+            children.iter().map(|c| (c.child_id.as_str(), c)),
+        )?;
         put_all(&self.units, UNITS, units.iter().map(|u| (u.unit_id.as_str(), u)))?;
-        self.calls.insert(call.call_id.as_bytes(), encode(CALLS, &call.call_id, call)?)?;
-        self.sessions
-            .insert(session.session_id.as_bytes(), encode(SESSIONS, &session.session_id, session)?)?;
+        self.calls
+            .insert(call.call_id.as_bytes(), encode(CALLS, &call.call_id, call)?)?;
+        self.sessions.insert(
+            session.session_id.as_bytes(),
+            encode(SESSIONS, &session.session_id, session)?,
+        )?;
         Ok(())
     }
 
@@ -219,7 +230,8 @@ impl Ledger for SledLedger {
     }
 
     fn put_claim(&self, row: &ClaimRow) -> Result<(), LedgerError> {
-        self.claims.insert(row.claim_id.as_bytes(), encode(CLAIMS, &row.claim_id, row)?)?;
+        self.claims
+            .insert(row.claim_id.as_bytes(), encode(CLAIMS, &row.claim_id, row)?)?;
         Ok(())
     }
 
@@ -234,7 +246,11 @@ impl Ledger for SledLedger {
 
     fn put_dead_letters(&self, rows: &[DeadLetterRow]) -> Result<(), LedgerError> {
         crate::failpoint!("ledger_write");
-        put_all(&self.dead_letters, DEAD_LETTERS, rows.iter().map(|d| (d.dedup_key.as_str(), d)))
+        put_all(
+            &self.dead_letters,
+            DEAD_LETTERS,
+            rows.iter().map(|d| (d.dedup_key.as_str(), d)),
+        )
     }
 
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError> {

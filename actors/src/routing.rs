@@ -135,7 +135,13 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         if self.items.contains_key(&key) {
             return false;
         }
-        self.items.insert(key.clone(), Entry { state: State::Ready, failed_attempts });
+        self.items.insert(
+            key.clone(),
+            Entry {
+                state: State::Ready,
+                failed_attempts,
+            },
+        );
         self.ready.insert(key);
         true
     }
@@ -163,12 +169,20 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
 
     /// Whether the item was acknowledged.
     pub fn is_delivered(&self, key: &K) -> bool {
-        matches!(self.items.get(key), Some(Entry { state: State::Delivered, .. }))
+        matches!(
+            self.items.get(key),
+            Some(Entry {
+                state: State::Delivered,
+                ..
+            })
+        )
     }
 
     /// Whether the item is known and not yet delivered or dead.
     pub fn is_open(&self, key: &K) -> bool {
-        self.items.get(key).is_some_and(|e| !matches!(e.state, State::Delivered | State::Dead))
+        self.items
+            .get(key)
+            .is_some_and(|e| !matches!(e.state, State::Delivered | State::Dead))
     }
 
     /// Changes the dead-letter limit; applies from the next attempt that ends.
@@ -190,7 +204,9 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
             if *t > now_ms {
                 break;
             }
-            let Some((_, key)) = self.waiting.pop_first() else { break };
+            let Some((_, key)) = self.waiting.pop_first() else {
+                break;
+            };
             if let Some(e) = self.items.get_mut(&key) {
                 e.state = State::Ready;
                 self.ready.insert(key);
@@ -214,8 +230,18 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         }
         let lease_expires_at_ms = now_ms.saturating_add(lease_ms);
         self.leases.insert((lease_expires_at_ms, claim_id.clone()));
-        self.claims.insert(claim_id.clone(), LiveClaim { items: keys, expires_at_ms: lease_expires_at_ms });
-        Some(Granted { claim_id, items, lease_expires_at_ms })
+        self.claims.insert(
+            claim_id.clone(),
+            LiveClaim {
+                items: keys,
+                expires_at_ms: lease_expires_at_ms,
+            },
+        );
+        Some(Granted {
+            claim_id,
+            items,
+            lease_expires_at_ms,
+        })
     }
 
     fn end(&mut self, claim_id: String, how: Ended) {
@@ -241,7 +267,10 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
     /// answers the same count and changes nothing.
     pub fn ack(&mut self, claim_id: &str) -> Result<Acked<K>, ClaimError> {
         if let Some(Ended::Acked(n)) = self.ended.get(claim_id) {
-            return Ok(Acked { items: Vec::new(), delivered: *n });
+            return Ok(Acked {
+                items: Vec::new(),
+                delivered: *n,
+            });
         }
         let claim = self.claims.remove(claim_id).ok_or_else(|| self.refuse(claim_id))?;
         self.leases.remove(&(claim.expires_at_ms, claim_id.to_string()));
@@ -252,7 +281,10 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         }
         let delivered = claim.items.len();
         self.end(claim_id.to_string(), Ended::Acked(delivered));
-        Ok(Acked { items: claim.items, delivered })
+        Ok(Acked {
+            items: claim.items,
+            delivered,
+        })
     }
 
     /// Undoes an ack whose durable write failed: the claim is live again, as it was.
@@ -265,7 +297,13 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
             }
         }
         self.leases.insert((lease_expires_at_ms, claim_id.to_string()));
-        self.claims.insert(claim_id.to_string(), LiveClaim { items, expires_at_ms: lease_expires_at_ms });
+        self.claims.insert(
+            claim_id.to_string(),
+            LiveClaim {
+                items,
+                expires_at_ms: lease_expires_at_ms,
+            },
+        );
     }
 
     /// When a live claim's lease runs out.
@@ -285,11 +323,20 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         let claim = self.claims.remove(claim_id).ok_or_else(|| self.refuse(claim_id))?;
         self.leases.remove(&(claim.expires_at_ms, claim_id.to_string()));
         self.end(claim_id.to_string(), Ended::Lost);
-        Ok(self.hand_back(now_ms, claim.items, reason == ReleaseReason::Failed, true, retry_after_ms))
+        Ok(self.hand_back(
+            now_ms,
+            claim.items,
+            reason == ReleaseReason::Failed,
+            true,
+            retry_after_ms,
+        ))
     }
 
     fn hand_back(&mut self, now_ms: u64, keys: Vec<K>, failed: bool, backoff: bool, min_wait_ms: u64) -> Returned<K> {
-        let mut out = Returned { requeued: Vec::new(), dead: Vec::new() };
+        let mut out = Returned {
+            requeued: Vec::new(),
+            dead: Vec::new(),
+        };
         for key in keys {
             let Some(e) = self.items.get_mut(&key) else { continue };
             if failed {
@@ -325,7 +372,9 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
             if *t > now_ms {
                 break;
             }
-            let Some((_, claim_id)) = self.leases.pop_first() else { break };
+            let Some((_, claim_id)) = self.leases.pop_first() else {
+                break;
+            };
             if let Some(claim) = self.claims.remove(&claim_id) {
                 self.end(claim_id.clone(), Ended::Lost);
                 let returned = self.hand_back(now_ms, claim.items, true, false, 0);
@@ -367,7 +416,10 @@ pub struct WakeState {
 
 impl Default for WakeState {
     fn default() -> Self {
-        WakeState { turn: Turn::Idle, woken: false }
+        WakeState {
+            turn: Turn::Idle,
+            woken: false,
+        }
     }
 }
 
@@ -412,7 +464,11 @@ pub struct Capacity<K: Clone + Eq + Hash> {
 impl<K: Clone + Eq + Hash> Capacity<K> {
     /// Room for `max` (at least 1) running children.
     pub fn new(max: usize) -> Self {
-        Capacity { max: max.max(1), running: HashSet::new(), queue: VecDeque::new() }
+        Capacity {
+            max: max.max(1),
+            running: HashSet::new(),
+            queue: VecDeque::new(),
+        }
     }
 
     /// Queues a child.
@@ -504,7 +560,10 @@ mod tests {
         assert_eq!(g.items, vec![(1, 2)]);
         assert_eq!(r.ack("c2").unwrap().delivered, 1);
         assert_eq!(r.ack("c2").unwrap().delivered, 1);
-        assert_eq!(r.release(0, "c2", ReleaseReason::Busy, 0), Err(ClaimError::AlreadyAcked("c2".into())));
+        assert_eq!(
+            r.release(0, "c2", ReleaseReason::Busy, 0),
+            Err(ClaimError::AlreadyAcked("c2".into()))
+        );
         assert_eq!(r.ack("zz"), Err(ClaimError::Unknown("zz".into())));
     }
 
@@ -516,10 +575,15 @@ mod tests {
         for attempt in 1..=3u32 {
             let g = r.claim(now, format!("c{attempt}"), 1000).unwrap();
             assert_eq!(g.items, vec![(7, attempt)]);
-            let back = r.release(now, &format!("c{attempt}"), ReleaseReason::Failed, 0).unwrap();
+            let back = r
+                .release(now, &format!("c{attempt}"), ReleaseReason::Failed, 0)
+                .unwrap();
             if attempt < 3 {
                 assert_eq!(back.requeued, vec![(7, attempt)]);
-                assert!(r.claim(now, "early".into(), 1000).is_none(), "backoff must hold the item");
+                assert!(
+                    r.claim(now, "early".into(), 1000).is_none(),
+                    "backoff must hold the item"
+                );
                 now += failure_backoff_ms(attempt);
                 assert_eq!(r.next_deadline(), Some(now));
             } else {

@@ -45,7 +45,9 @@ struct ProgressInner {
 
 impl fmt::Debug for Progress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Progress").field("last_beat_ms", &self.last_beat_ms()).finish()
+        f.debug_struct("Progress")
+            .field("last_beat_ms", &self.last_beat_ms())
+            .finish()
     }
 }
 

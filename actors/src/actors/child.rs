@@ -41,7 +41,10 @@ pub struct Child {
 
 impl std::fmt::Debug for Child {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Child").field("child_id", &self.row.child_id).field("status", &self.row.status).finish()
+        f.debug_struct("Child")
+            .field("child_id", &self.row.child_id)
+            .field("status", &self.row.status)
+            .finish()
     }
 }
 
@@ -84,7 +87,10 @@ impl Child {
     }
 
     fn hand_off(&mut self, ctx: &mut Context<Self>) {
-        let msg = Completion { row: self.row.clone(), owner: self.owner.clone() };
+        let msg = Completion {
+            row: self.row.clone(),
+            owner: self.owner.clone(),
+        };
         self.coalescer
             .send(msg)
             .into_actor(self)
@@ -112,7 +118,10 @@ impl Child {
         let silent_for = self.progress.elapsed_ms().saturating_sub(self.progress.last_beat_ms());
         if silent_for >= self.task.stall_ms {
             let partial = self.progress.take_partial();
-            let error = format!("no progress for {} ms (stall timeout {} ms)", silent_for, self.task.stall_ms);
+            let error = format!(
+                "no progress for {} ms (stall timeout {} ms)",
+                silent_for, self.task.stall_ms
+            );
             self.end(ctx, ChildStatus::Interrupted, partial, Some(error));
         } else {
             let left = self.task.stall_ms - silent_for;
@@ -138,11 +147,25 @@ impl Actor for Child {
     fn started(&mut self, ctx: &mut Context<Self>) {
         let spec: serde_json::Value = match serde_json::from_str(&self.task.runner_json) {
             Ok(v) => v,
-            Err(e) => return self.end(ctx, ChildStatus::Failed, None, Some(format!("runner spec is not JSON: {e}"))),
+            Err(e) => {
+                return self.end(
+                    ctx,
+                    ChildStatus::Failed,
+                    None,
+                    Some(format!("runner spec is not JSON: {e}")),
+                )
+            }
         };
         let runner = match self.factory.build(&spec) {
             Ok(r) => r,
-            Err(e) => return self.end(ctx, ChildStatus::Failed, None, Some(format!("runner could not be built: {e}"))),
+            Err(e) => {
+                return self.end(
+                    ctx,
+                    ChildStatus::Failed,
+                    None,
+                    Some(format!("runner could not be built: {e}")),
+                )
+            }
         };
         // The runner starts now, and so do its clocks (a queued child's stall clock never runs).
         self.progress = Progress::new();
@@ -155,14 +178,19 @@ impl Actor for Child {
         let handle = actix::spawn(runner.run(run_ctx));
         let abort = handle.abort_handle();
         ctx.spawn(
-            async move { handle.await }
+            handle
                 .into_actor(self)
                 .map(|res, act, ctx| match res {
                     Ok(RunOutput::Succeeded { summary }) => act.end(ctx, ChildStatus::Succeeded, Some(summary), None),
                     Ok(RunOutput::Failed { error, summary }) => act.end(ctx, ChildStatus::Failed, summary, Some(error)),
                     Err(e) if e.is_panic() => {
                         let msg = panic_message(e.into_panic());
-                        act.end(ctx, ChildStatus::Failed, act.progress.take_partial(), Some(format!("runner panicked: {msg}")))
+                        act.end(
+                            ctx,
+                            ChildStatus::Failed,
+                            act.progress.take_partial(),
+                            Some(format!("runner panicked: {msg}")),
+                        )
                     }
                     Err(_) => {} // aborted by end(): the child already ended
                 }),
@@ -171,10 +199,17 @@ impl Actor for Child {
         if let Some(ms) = self.task.timeout_ms {
             ctx.run_later(Duration::from_millis(ms), move |act, ctx| {
                 let partial = act.progress.take_partial();
-                act.end(ctx, ChildStatus::TimedOut, partial, Some(format!("timed out after {ms} ms")));
+                act.end(
+                    ctx,
+                    ChildStatus::TimedOut,
+                    partial,
+                    Some(format!("timed out after {ms} ms")),
+                );
             });
         }
-        ctx.run_later(Duration::from_millis(self.task.stall_ms), |act, ctx| act.check_stall(ctx));
+        ctx.run_later(Duration::from_millis(self.task.stall_ms), |act, ctx| {
+            act.check_stall(ctx)
+        });
     }
 }
 

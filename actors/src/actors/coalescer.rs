@@ -60,14 +60,22 @@ pub struct Coalescer {
 
 impl std::fmt::Debug for Coalescer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Coalescer").field("pending", &self.pending.len()).field("batches", &self.batches).finish()
+        f.debug_struct("Coalescer")
+            .field("pending", &self.pending.len())
+            .field("batches", &self.batches)
+            .finish()
     }
 }
 
 impl Coalescer {
     /// A coalescer writing to `ledger`.
     pub fn new(ledger: Arc<dyn Ledger>) -> Self {
-        Coalescer { ledger, pending: Vec::new(), in_flight: false, batches: 0 }
+        Coalescer {
+            ledger,
+            pending: Vec::new(),
+            in_flight: false,
+            batches: 0,
+        }
     }
 
     fn start_batch(&mut self, ctx: &mut Context<Self>) {
@@ -81,7 +89,9 @@ impl Coalescer {
             tracing::warn!(rows = rows.len(), "writing completions failed: {e}");
             let msg = e.to_string();
             for p in batch {
-                let _ = p.reply.send(Err(HandOffError::Ledger(LedgerError::Storage(msg.clone()))));
+                let _ = p
+                    .reply
+                    .send(Err(HandOffError::Ledger(LedgerError::Storage(msg.clone()))));
             }
             return self.start_batch(ctx);
         }
@@ -149,7 +159,11 @@ impl Handler<Completion> for Coalescer {
 
     fn handle(&mut self, msg: Completion, ctx: &mut Context<Self>) -> Self::Result {
         let (tx, rx) = oneshot::channel();
-        self.pending.push(Pending { row: msg.row, owner: msg.owner, reply: tx });
+        self.pending.push(Pending {
+            row: msg.row,
+            owner: msg.owner,
+            reply: tx,
+        });
         self.start_batch(ctx);
         Box::pin(async move { rx.await.unwrap_or(Err(HandOffError::Stopped)) })
     }

@@ -72,7 +72,14 @@ pub struct TaskSpec {
 impl TaskSpec {
     /// A task with defaults for everything but the goal and runner.
     pub fn new(goal: impl Into<String>, runner: serde_json::Value) -> Self {
-        TaskSpec { goal: goal.into(), runner, group: None, timeout_ms: None, stall_ms: None, rerun_on_recovery: false }
+        TaskSpec {
+            goal: goal.into(),
+            runner,
+            group: None,
+            timeout_ms: None,
+            stall_ms: None,
+            rerun_on_recovery: false,
+        }
     }
 }
 
@@ -102,16 +109,27 @@ pub fn validate(req: &DelegateRequest, factory: &dyn RunnerFactory) -> Result<Ve
             return Err(invalid(format!("tasks[{i}].goal"), "must not be empty".into()));
         }
         if !t.runner.is_object() {
-            return Err(invalid(format!("tasks[{i}].runner"), "must be an object with a `kind`".into()));
+            return Err(invalid(
+                format!("tasks[{i}].runner"),
+                "must be an object with a `kind`".into(),
+            ));
         }
-        factory.validate(&t.runner).map_err(|m| invalid(format!("tasks[{i}].runner"), m))?;
+        factory
+            .validate(&t.runner)
+            .map_err(|m| invalid(format!("tasks[{i}].runner"), m))?;
         if let Some(g) = &t.group {
             if g.trim().is_empty() {
-                return Err(invalid(format!("tasks[{i}].group"), "must not be empty when given".into()));
+                return Err(invalid(
+                    format!("tasks[{i}].group"),
+                    "must not be empty when given".into(),
+                ));
             }
         }
         if t.timeout_ms == Some(0) {
-            return Err(invalid(format!("tasks[{i}].timeout_ms"), "must be greater than 0".into()));
+            return Err(invalid(
+                format!("tasks[{i}].timeout_ms"),
+                "must be greater than 0".into(),
+            ));
         }
         if t.stall_ms == Some(0) {
             return Err(invalid(format!("tasks[{i}].stall_ms"), "must be greater than 0".into()));
@@ -402,12 +420,18 @@ impl SessionOwner {
         let mut calls: Vec<&CallRow> = snapshot.calls.iter().collect();
         calls.sort_by_key(|c| c.set);
         for call in calls {
-            let Some(units) = snapshot.units.get(&call.call_id) else { continue };
-            let Some(children) = snapshot.children.get(&call.call_id) else { continue };
+            let Some(units) = snapshot.units.get(&call.call_id) else {
+                continue;
+            };
+            let Some(children) = snapshot.children.get(&call.call_id) else {
+                continue;
+            };
             // A call whose every result was delivered (or dead-lettered) is done; an early
             // failure notice left undelivered is moot once the full result was delivered.
             let settled = children.len() == call.tasks.len()
-                && children.iter().all(|c| c.status.is_terminal() && (c.result.delivered || c.result.dead));
+                && children
+                    .iter()
+                    .all(|c| c.status.is_terminal() && (c.result.delivered || c.result.dead));
             if settled {
                 owner.delivered_done += children.iter().filter(|c| c.result.delivered).count() as u64;
                 owner.delivered_done += children.iter().filter(|c| c.notice.delivered).count() as u64;
@@ -467,10 +491,17 @@ impl SessionOwner {
             }
             owner.calls.insert(
                 call.call_id.clone(),
-                CallState { row: call.clone(), units: unit_ids.clone(), incomplete_units: incomplete, sync_reply: None },
+                CallState {
+                    row: call.clone(),
+                    units: unit_ids.clone(),
+                    incomplete_units: incomplete,
+                    sync_reply: None,
+                },
             );
             for unit_id in unit_ids {
-                let Some(unit) = owner.units.get(&unit_id) else { continue };
+                let Some(unit) = owner.units.get(&unit_id) else {
+                    continue;
+                };
                 let members: Vec<String> = unit.row.tasks.iter().map(|&i| child_id(&call.call_id, i)).collect();
                 if unit.terminal >= unit.row.tasks.len() {
                     if let Some(u) = owner.units.get_mut(&unit_id) {
@@ -479,7 +510,9 @@ impl SessionOwner {
                     for id in &members {
                         if let Some(row) = owner.children.get(id) {
                             if !row.result.delivered && !row.result.dead {
-                                owner.router.publish(dedup_key(id, ItemKind::Result), row.result.failed_attempts);
+                                owner
+                                    .router
+                                    .publish(dedup_key(id, ItemKind::Result), row.result.failed_attempts);
                             }
                         }
                     }
@@ -487,7 +520,9 @@ impl SessionOwner {
                     for id in &members {
                         if let Some(row) = owner.children.get(id) {
                             if row.status.is_failure() && !row.notice.delivered && !row.notice.dead {
-                                owner.router.publish(dedup_key(id, ItemKind::FailureNotice), row.notice.failed_attempts);
+                                owner
+                                    .router
+                                    .publish(dedup_key(id, ItemKind::FailureNotice), row.notice.failed_attempts);
                             }
                         }
                     }
@@ -517,7 +552,13 @@ impl SessionOwner {
         for unit in units {
             self.units.insert(
                 unit.unit_id.clone(),
-                UnitState { row: unit, terminal: 0, complete: false, addr: None, recorded_before_exit: None },
+                UnitState {
+                    row: unit,
+                    terminal: 0,
+                    complete: false,
+                    addr: None,
+                    recorded_before_exit: None,
+                },
             );
         }
         for row in children {
@@ -526,7 +567,12 @@ impl SessionOwner {
         }
         self.calls.insert(
             call.call_id.clone(),
-            CallState { row: call, incomplete_units: unit_ids.len(), units: unit_ids, sync_reply: None },
+            CallState {
+                row: call,
+                incomplete_units: unit_ids.len(),
+                units: unit_ids,
+                sync_reply: None,
+            },
         );
     }
 
@@ -551,18 +597,32 @@ impl SessionOwner {
         }
         let me = ctx.address();
         for row in rows {
-            let Some(call) = self.calls.get(&row.call_id) else { continue };
-            let Some(task) = call.row.tasks.get(row.task_index as usize).cloned() else { continue };
-            let Some(unit) = self.units.get_mut(&row.unit_id) else { continue };
+            let Some(call) = self.calls.get(&row.call_id) else {
+                continue;
+            };
+            let Some(task) = call.row.tasks.get(row.task_index as usize).cloned() else {
+                continue;
+            };
+            let Some(unit) = self.units.get_mut(&row.unit_id) else {
+                continue;
+            };
             let addr = unit.addr.get_or_insert_with(|| {
-                Unit::new(unit.row.clone(), self.engine.factory.clone(), self.engine.coalescer.clone(), me.clone()).start()
+                Unit::new(
+                    unit.row.clone(),
+                    self.engine.factory.clone(),
+                    self.engine.coalescer.clone(),
+                    me.clone(),
+                )
+                .start()
             });
             addr.do_send(StartChild { row, task });
         }
     }
 
     fn complete_unit(&mut self, unit_id: &str, ctx: &mut Context<Self>) {
-        let Some(unit) = self.units.get_mut(unit_id) else { return };
+        let Some(unit) = self.units.get_mut(unit_id) else {
+            return;
+        };
         if unit.complete {
             return;
         }
@@ -572,7 +632,9 @@ impl SessionOwner {
         }
         let call_id = unit.row.call_id.clone();
         let members: Vec<String> = unit.row.tasks.iter().map(|&i| child_id(&call_id, i)).collect();
-        let Some(call) = self.calls.get_mut(&call_id) else { return };
+        let Some(call) = self.calls.get_mut(&call_id) else {
+            return;
+        };
         call.incomplete_units = call.incomplete_units.saturating_sub(1);
         match call.row.mode {
             Mode::Background => {
@@ -624,7 +686,8 @@ impl SessionOwner {
                     for id in &ids {
                         if let Some(row) = act.children.get_mut(id) {
                             row.result.delivered = false;
-                            act.router.publish(dedup_key(id, ItemKind::Result), row.result.failed_attempts);
+                            act.router
+                                .publish(dedup_key(id, ItemKind::Result), row.result.failed_attempts);
                         }
                     }
                     if let Some(c) = act.calls.get_mut(&call_id) {
@@ -738,7 +801,10 @@ impl SessionOwner {
             [ItemKind::Result, ItemKind::FailureNotice].iter().any(|&k| {
                 let key = dedup_key(id, k);
                 self.router.is_open(&key)
-            }) || self.children.get(id).is_some_and(|r| !r.result.delivered && !r.result.dead)
+            }) || self
+                .children
+                .get(id)
+                .is_some_and(|r| !r.result.delivered && !r.result.dead)
         });
         if open {
             return;
@@ -762,7 +828,10 @@ impl SessionOwner {
         if self.wake_state.decide(self.wake.is_some(), ready) {
             if let Some(WakeTarget(w)) = &self.wake {
                 let w = w.clone();
-                let event = WakeEvent { session_id: self.session.session_id.clone(), ready };
+                let event = WakeEvent {
+                    session_id: self.session.session_id.clone(),
+                    ready,
+                };
                 tracing::debug!(session = %event.session_id, ready, "waking session");
                 actix::spawn(async move { w.wake(event) });
             }
@@ -830,12 +899,22 @@ pub fn split_snapshot(snapshot: Snapshot) -> HashMap<String, SessionSnapshot> {
     }
     for unit in snapshot.units {
         if let Some(s) = call_session.get(&unit.call_id) {
-            out.entry(s.clone()).or_default().units.entry(unit.call_id.clone()).or_default().push(unit);
+            out.entry(s.clone())
+                .or_default()
+                .units
+                .entry(unit.call_id.clone())
+                .or_default()
+                .push(unit);
         }
     }
     for child in snapshot.children {
         if call_session.contains_key(&child.call_id) {
-            out.entry(child.session_id.clone()).or_default().children.entry(child.call_id.clone()).or_default().push(child);
+            out.entry(child.session_id.clone())
+                .or_default()
+                .children
+                .entry(child.call_id.clone())
+                .or_default()
+                .push(child);
         }
     }
     for claim in snapshot.claims {
@@ -946,7 +1025,13 @@ impl Handler<Delegate> for SessionOwner {
                         None => fut::ready(Ok(Delegated::Background { call_id, set, units })).boxed_local(),
                         Some(rx) => async move {
                             let results = rx.await.map_err(|_| OwnerError::Stopped)??;
-                            Ok(Delegated::Sync { call_id, set, units, forced_sync_reason, results })
+                            Ok(Delegated::Sync {
+                                call_id,
+                                set,
+                                units,
+                                forced_sync_reason,
+                                results,
+                            })
                         }
                         .into_actor(act)
                         .boxed_local(),
@@ -962,7 +1047,9 @@ impl Handler<Recorded> for SessionOwner {
     fn handle(&mut self, Recorded { rows }: Recorded, ctx: &mut Context<Self>) {
         self.fault_point();
         for row in rows {
-            let Some(known) = self.children.get(&row.child_id) else { continue };
+            let Some(known) = self.children.get(&row.child_id) else {
+                continue;
+            };
             if known.status.is_terminal() {
                 continue; // a retried hand-off of a result already recorded
             }
@@ -975,9 +1062,14 @@ impl Handler<Recorded> for SessionOwner {
             row.result = known.result;
             row.notice = known.notice;
             self.children.insert(child.clone(), row);
-            let Some(unit) = self.units.get_mut(&unit_id) else { continue };
+            let Some(unit) = self.units.get_mut(&unit_id) else {
+                continue;
+            };
             unit.terminal += 1;
-            let sync = self.calls.get(&unit.row.call_id).is_some_and(|c| c.row.mode == Mode::Sync);
+            let sync = self
+                .calls
+                .get(&unit.row.call_id)
+                .is_some_and(|c| c.row.mode == Mode::Sync);
             match on_child_end(unit.terminal, unit.row.tasks.len(), failed) {
                 Publish::UnitComplete => self.complete_unit(&unit_id, ctx),
                 Publish::FailureNotice if !sync => {
@@ -1050,7 +1142,9 @@ impl Handler<Ack> for SessionOwner {
         }
         let rows: Vec<ChildRow> = touched.iter().filter_map(|id| self.children.get(id).cloned()).collect();
         let ledger = self.engine.ledger.clone();
-        let written = ledger.put_children(&rows).and_then(|_| ledger.remove_claims(&[claim_id.clone()]));
+        let written = ledger
+            .put_children(&rows)
+            .and_then(|_| ledger.remove_claims(std::slice::from_ref(&claim_id)));
         let delivered = acked.delivered;
         let items = acked.items;
         Box::pin(
@@ -1061,8 +1155,10 @@ impl Handler<Ack> for SessionOwner {
             .into_actor(self)
             .map(move |res, act, ctx| match res {
                 Ok(_) => {
-                    let calls: BTreeSet<String> =
-                        touched.iter().filter_map(|id| act.children.get(id).map(|r| r.call_id.clone())).collect();
+                    let calls: BTreeSet<String> = touched
+                        .iter()
+                        .filter_map(|id| act.children.get(id).map(|r| r.call_id.clone()))
+                        .collect();
                     for c in calls {
                         act.gc_call(&c);
                     }
@@ -1093,7 +1189,9 @@ impl Handler<Release> for SessionOwner {
 
     fn handle(&mut self, msg: Release, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
-        let returned = self.router.release(now_ms(), &msg.claim_id, msg.reason, msg.retry_after_ms)?;
+        let returned = self
+            .router
+            .release(now_ms(), &msg.claim_id, msg.reason, msg.retry_after_ms)?;
         let why = match msg.reason {
             ReleaseReason::Busy => "released busy",
             ReleaseReason::Failed => "delivery failed on the last attempt",
@@ -1123,13 +1221,19 @@ impl Handler<Configure> for SessionOwner {
         let mut session = self.session.clone();
         if let Some(n) = msg.max_concurrent_children {
             if n == 0 {
-                return Err(OwnerError::Invalid { field: "max_concurrent_children".into(), message: "must be at least 1".into() });
+                return Err(OwnerError::Invalid {
+                    field: "max_concurrent_children".into(),
+                    message: "must be at least 1".into(),
+                });
             }
             session.max_concurrent_children = n;
         }
         if let Some(n) = msg.max_delivery_attempts {
             if n == 0 {
-                return Err(OwnerError::Invalid { field: "max_delivery_attempts".into(), message: "must be at least 1".into() });
+                return Err(OwnerError::Invalid {
+                    field: "max_delivery_attempts".into(),
+                    message: "must be at least 1".into(),
+                });
             }
             session.max_delivery_attempts = n;
         }
@@ -1163,7 +1267,11 @@ impl Handler<Status> for SessionOwner {
                 children.sort_by_key(|r| r.task_index);
                 CallStatus {
                     call: c.row.clone(),
-                    units: c.units.iter().filter_map(|u| self.units.get(u).map(|s| s.row.clone())).collect(),
+                    units: c
+                        .units
+                        .iter()
+                        .filter_map(|u| self.units.get(u).map(|s| s.row.clone()))
+                        .collect(),
                     children,
                 }
             })

@@ -35,7 +35,10 @@ pub struct OpenSession {
 
 impl std::fmt::Debug for OpenSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenSession").field("session_id", &self.session_id).field("wake", &self.wake.is_some()).finish()
+        f.debug_struct("OpenSession")
+            .field("session_id", &self.session_id)
+            .field("wake", &self.wake.is_some())
+            .finish()
     }
 }
 
@@ -57,7 +60,9 @@ pub struct Supervisor {
 
 impl std::fmt::Debug for Supervisor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Supervisor").field("sessions", &self.owners.len()).finish()
+        f.debug_struct("Supervisor")
+            .field("sessions", &self.owners.len())
+            .finish()
     }
 }
 
@@ -70,7 +75,11 @@ impl Supervisor {
         let claim_ids: Vec<String> = snapshot.claims.iter().map(|c| c.claim_id.clone()).collect();
         let mut parts = split_snapshot(snapshot);
         let coalescer = Coalescer::new(ledger.clone()).start();
-        let engine = Engine { ledger: ledger.clone(), factory, coalescer };
+        let engine = Engine {
+            ledger: ledger.clone(),
+            factory,
+            coalescer,
+        };
         let mut recovered = Vec::new();
         let mut changed = Vec::new();
         for session in sessions {
@@ -80,7 +89,11 @@ impl Supervisor {
             recovered.push(owner);
         }
         if !changed.is_empty() || !claim_ids.is_empty() {
-            tracing::info!(children = changed.len(), claims = claim_ids.len(), "recovery resolved rows from an earlier process");
+            tracing::info!(
+                children = changed.len(),
+                claims = claim_ids.len(),
+                "recovery resolved rows from an earlier process"
+            );
             ledger.put_children(&changed)?;
             ledger.remove_claims(&claim_ids)?;
             ledger.flush()?;
@@ -95,7 +108,12 @@ impl Supervisor {
 
 /// Checks a session id: 1 to 256 bytes, no control characters.
 pub fn validate_session_id(id: &str) -> Result<(), OwnerError> {
-    let bad = |m: &str| Err(OwnerError::Invalid { field: "session_id".into(), message: m.into() });
+    let bad = |m: &str| {
+        Err(OwnerError::Invalid {
+            field: "session_id".into(),
+            message: m.into(),
+        })
+    };
     if id.is_empty() {
         return bad("must not be empty");
     }
@@ -120,8 +138,17 @@ impl Handler<OpenSession> for Supervisor {
             return Box::pin(async { Err(e) });
         }
         if msg.max_concurrent_children == Some(0) || msg.max_delivery_attempts == Some(0) {
-            let field = if msg.max_concurrent_children == Some(0) { "max_concurrent_children" } else { "max_delivery_attempts" };
-            return Box::pin(async move { Err(OwnerError::Invalid { field: field.into(), message: "must be at least 1".into() }) });
+            let field = if msg.max_concurrent_children == Some(0) {
+                "max_concurrent_children"
+            } else {
+                "max_delivery_attempts"
+            };
+            return Box::pin(async move {
+                Err(OwnerError::Invalid {
+                    field: field.into(),
+                    message: "must be at least 1".into(),
+                })
+            });
         }
         let addr = match self.owners.get(&msg.session_id) {
             Some(addr) => addr.clone(),
@@ -133,7 +160,12 @@ impl Handler<OpenSession> for Supervisor {
                     next_set: 1,
                     created_at_ms: now_ms(),
                 };
-                if let Err(e) = self.engine.ledger.put_session(&row).and_then(|_| self.engine.ledger.flush().map(|_| ())) {
+                if let Err(e) = self
+                    .engine
+                    .ledger
+                    .put_session(&row)
+                    .and_then(|_| self.engine.ledger.flush().map(|_| ()))
+                {
                     return Box::pin(async move { Err(e.into()) });
                 }
                 let addr = SessionOwner::new(self.engine.clone(), row).start();

@@ -46,14 +46,28 @@ pub struct Unit {
 
 impl std::fmt::Debug for Unit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Unit").field("unit_id", &self.row.unit_id).field("children", &self.children.len()).finish()
+        f.debug_struct("Unit")
+            .field("unit_id", &self.row.unit_id)
+            .field("children", &self.children.len())
+            .finish()
     }
 }
 
 impl Unit {
     /// A unit actor for `row`.
-    pub fn new(row: UnitRow, factory: Arc<dyn RunnerFactory>, coalescer: Addr<Coalescer>, owner: Addr<SessionOwner>) -> Self {
-        Unit { row, factory, coalescer, owner, children: HashMap::new() }
+    pub fn new(
+        row: UnitRow,
+        factory: Arc<dyn RunnerFactory>,
+        coalescer: Addr<Coalescer>,
+        owner: Addr<SessionOwner>,
+    ) -> Self {
+        Unit {
+            row,
+            factory,
+            coalescer,
+            owner,
+            children: HashMap::new(),
+        }
     }
 }
 
@@ -66,7 +80,13 @@ impl Handler<StartChild> for Unit {
 
     fn handle(&mut self, msg: StartChild, _: &mut Context<Self>) {
         let id = msg.row.child_id.clone();
-        let child = Child::new(msg.row, msg.task, self.factory.clone(), self.coalescer.clone(), self.owner.clone());
+        let child = Child::new(
+            msg.row,
+            msg.task,
+            self.factory.clone(),
+            self.coalescer.clone(),
+            self.owner.clone(),
+        );
         self.children.insert(id, child.start());
     }
 }
