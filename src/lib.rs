@@ -41,14 +41,14 @@
 pub mod render;
 pub mod runners;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use actix::Addr;
+use actix::{Addr, Handler, Message};
 use brood_actors::actors::owner::{self, claim_session, Delegated, OwnerError, SessionOwner};
 use brood_actors::actors::supervisor::{DeadLetters, FindOwner, OpenSession, Supervisor};
+use brood_actors::actors::Owners;
 use brood_actors::ledger::{Ledger, SledLedger};
 use brood_actors::routing::ClaimError;
 
@@ -93,6 +93,18 @@ pub enum BroodError {
     /// The ledger failed; nothing was reported as done.
     #[error("ledger: {0}")]
     Ledger(String),
+    /// The session's owner failed while handling the request and is being restarted from
+    /// the ledger; the request may or may not have taken effect. Retry it.
+    #[error("the owner of session `{0}` failed while handling the request and was restarted from the ledger; retry")]
+    Interrupted(String),
+    /// The session's owner kept failing and its supervisor gave it up.
+    #[error("session `{session}` failed and is no longer served: {reason}")]
+    SessionFailed {
+        /// The session.
+        session: String,
+        /// The last failure.
+        reason: String,
+    },
     /// The engine is not running (shut down, or it failed to start).
     #[error("the brood engine is not running")]
     Stopped,
@@ -108,6 +120,8 @@ impl BroodError {
             BroodError::ClaimLost(_) => "claim_lost",
             BroodError::ClaimAcked(_) => "claim_acked",
             BroodError::Ledger(_) => "ledger_error",
+            BroodError::Interrupted(_) => "interrupted",
+            BroodError::SessionFailed { .. } => "session_failed",
             BroodError::Stopped => "stopped",
         }
     }
@@ -122,6 +136,8 @@ impl From<OwnerError> for BroodError {
             OwnerError::Claim(ClaimError::Unknown(c)) => BroodError::UnknownClaim(c),
             OwnerError::Ledger(m) => BroodError::Ledger(m),
             OwnerError::Stopped => BroodError::Stopped,
+            OwnerError::SessionFailed { session, reason } => BroodError::SessionFailed { session, reason },
+            OwnerError::UnknownSession(s) => BroodError::UnknownSession(s),
         }
     }
 }
@@ -312,7 +328,7 @@ pub struct Envelope {
 /// (dropping it does the same).
 pub struct Brood {
     root: Addr<Supervisor>,
-    owners: RwLock<HashMap<String, Addr<SessionOwner>>>,
+    owners: Owners,
     system: actix::System,
     thread: Option<std::thread::JoinHandle<()>>,
     data_dir: PathBuf,
@@ -353,9 +369,9 @@ impl Brood {
             })
             .map_err(|e| BroodError::Ledger(format!("starting the actor thread: {e}")))?;
         match rx.recv() {
-            Ok(Ok((root, system))) => Ok(Brood {
+            Ok(Ok(((root, owners), system))) => Ok(Brood {
                 root,
-                owners: RwLock::new(HashMap::new()),
+                owners,
                 system,
                 thread: Some(thread),
                 data_dir: config.data_dir,
@@ -377,24 +393,30 @@ impl Brood {
     }
 
     async fn owner(&self, session_id: &str) -> Result<Addr<SessionOwner>, BroodError> {
-        if let Some(addr) = self.owners.read().ok().and_then(|m| m.get(session_id).cloned()) {
-            return Ok(addr);
+        if let Some(addr) = self.owners.get(session_id) {
+            return Ok(addr.clone());
         }
-        let addr = self
-            .root
-            .send(FindOwner(session_id.to_string()))
-            .await?
-            .ok_or_else(|| BroodError::UnknownSession(session_id.to_string()))?;
-        if let Ok(mut m) = self.owners.write() {
-            m.insert(session_id.to_string(), addr.clone());
-        }
-        Ok(addr)
+        Ok(self.root.send(FindOwner(session_id.to_string())).await??)
+    }
+
+    /// Sends `msg` to the session's owner; a lost answer means the owner died mid-request.
+    async fn ask<M>(&self, session_id: &str, msg: M) -> Result<M::Result, BroodError>
+    where
+        M: Message + Send + 'static,
+        M::Result: Send,
+        SessionOwner: Handler<M>,
+    {
+        let owner = self.owner(session_id).await?;
+        owner
+            .send(msg)
+            .await
+            .map_err(|_| BroodError::Interrupted(session_id.to_string()))
     }
 
     /// Creates a session, or updates one (a session from an earlier process keeps its calls
     /// and set ordinals; bind its wake target again after a restart).
     pub async fn open_session(&self, session_id: &str, options: SessionOptions) -> Result<SessionInfo, BroodError> {
-        let (addr, info) = self
+        let (_, info) = self
             .root
             .send(OpenSession {
                 session_id: session_id.to_string(),
@@ -403,18 +425,14 @@ impl Brood {
                 wake: options.wake,
             })
             .await??;
-        if let Ok(mut m) = self.owners.write() {
-            m.insert(session_id.to_string(), addr);
-        }
         Ok(info)
     }
 
     /// Delegates a call. A background call on a session that is not wake-capable runs
     /// synchronously and says why.
     pub async fn delegate(&self, session_id: &str, request: DelegateRequest) -> Result<DelegateReply, BroodError> {
-        let owner = self.owner(session_id).await?;
         let tasks = request.tasks.len();
-        Ok(match owner.send(owner::Delegate(request)).await?? {
+        Ok(match self.ask(session_id, owner::Delegate(request)).await?? {
             Delegated::Background { call_id, set, units } => {
                 let note = render::background_note(set, tasks, units.len());
                 DelegateReply::Background {
@@ -467,12 +485,14 @@ impl Brood {
                 message: "must not be empty".into(),
             });
         }
-        let owner = self.owner(session_id).await?;
-        let claimed = owner
-            .send(owner::Boundary {
-                consumer: consumer.to_string(),
-                lease_ms,
-            })
+        let claimed = self
+            .ask(
+                session_id,
+                owner::Boundary {
+                    consumer: consumer.to_string(),
+                    lease_ms,
+                },
+            )
             .await??;
         Ok(claimed.map(|c| Envelope {
             text: render::envelope_text(&c.items),
@@ -483,9 +503,19 @@ impl Brood {
         }))
     }
 
-    async fn claim_owner(&self, claim_id: &str) -> Result<Addr<SessionOwner>, BroodError> {
-        let session = claim_session(claim_id).ok_or_else(|| BroodError::UnknownClaim(claim_id.to_string()))?;
-        self.owner(&session).await.map_err(|e| match e {
+    /// The session a claim id names, refusing ids that are not claims.
+    fn claim_session(claim_id: &str) -> Result<String, BroodError> {
+        claim_session(claim_id).ok_or_else(|| BroodError::UnknownClaim(claim_id.to_string()))
+    }
+
+    async fn ask_claim<M>(&self, claim_id: &str, msg: M) -> Result<M::Result, BroodError>
+    where
+        M: Message + Send + 'static,
+        M::Result: Send,
+        SessionOwner: Handler<M>,
+    {
+        let session = Self::claim_session(claim_id)?;
+        self.ask(&session, msg).await.map_err(|e| match e {
             BroodError::UnknownSession(_) => BroodError::UnknownClaim(claim_id.to_string()),
             e => e,
         })
@@ -494,11 +524,13 @@ impl Brood {
     /// Acknowledges a claim: its items are delivered, durably, and never delivered again.
     /// Returns how many items the claim delivered (the same again for a repeated ack).
     pub async fn ack(&self, claim_id: &str) -> Result<usize, BroodError> {
-        let owner = self.claim_owner(claim_id).await?;
-        Ok(owner
-            .send(owner::Ack {
-                claim_id: claim_id.to_string(),
-            })
+        Ok(self
+            .ask_claim(
+                claim_id,
+                owner::Ack {
+                    claim_id: claim_id.to_string(),
+                },
+            )
             .await??)
     }
 
@@ -510,27 +542,27 @@ impl Brood {
         reason: ReleaseReason,
         retry_after: Duration,
     ) -> Result<(), BroodError> {
-        let owner = self.claim_owner(claim_id).await?;
         let retry_after_ms = retry_after.as_millis() as u64;
-        Ok(owner
-            .send(owner::Release {
-                claim_id: claim_id.to_string(),
-                reason,
-                retry_after_ms,
-            })
+        Ok(self
+            .ask_claim(
+                claim_id,
+                owner::Release {
+                    claim_id: claim_id.to_string(),
+                    reason,
+                    retry_after_ms,
+                },
+            )
             .await??)
     }
 
     /// Sets a session's turn state (a session is woken only while idle).
     pub async fn set_turn(&self, session_id: &str, turn: Turn) -> Result<(), BroodError> {
-        let owner = self.owner(session_id).await?;
-        Ok(owner.send(owner::SetTurn(turn)).await?)
+        self.ask(session_id, owner::SetTurn(turn)).await
     }
 
     /// A session's counts and live calls.
     pub async fn status(&self, session_id: &str) -> Result<SessionStatus, BroodError> {
-        let owner = self.owner(session_id).await?;
-        Ok(owner.send(owner::Status).await?)
+        self.ask(session_id, owner::Status).await
     }
 
     /// Items that ran out of delivery attempts.

@@ -494,6 +494,19 @@ impl<K: Clone + Eq + Hash> Capacity<K> {
         }
     }
 
+    /// Counts a child as running without queueing it (one adopted after an owner restart).
+    pub fn mark_running(&mut self, key: K) {
+        self.queue.retain(|k| k != &key);
+        self.running.insert(key);
+    }
+
+    /// Puts a child that was admitted but never started back at the head of the queue.
+    pub fn requeue_front(&mut self, key: K) {
+        self.running.remove(&key);
+        self.queue.retain(|k| k != &key);
+        self.queue.push_front(key);
+    }
+
     /// Running children.
     pub fn running(&self) -> usize {
         self.running.len()

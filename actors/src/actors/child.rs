@@ -6,16 +6,16 @@
 //! answers that the owner recorded it; a failed hand-off is retried with backoff, never dropped.
 //! It does not decide readiness or capacity: that is the session owner's.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use tokio::task::AbortHandle;
 
-use super::coalescer::{Coalescer, Completion};
-use super::owner::SessionOwner;
+use super::coalescer::{Completion, HandOffError};
+use super::unit::{ChildStopped, Unit};
+use super::Engine;
 use crate::model::{now_ms, ChildRow, ChildStatus, Task};
-use crate::runner::{Progress, RunContext, RunOutput, RunnerFactory};
+use crate::runner::{Progress, RunContext, RunOutput};
 
 /// First hand-off retry delay; doubles up to [`HANDOFF_BACKOFF_MAX`].
 const HANDOFF_BACKOFF_START: Duration = Duration::from_millis(10);
@@ -30,9 +30,8 @@ pub struct Cancel;
 pub struct Child {
     row: ChildRow,
     task: Task,
-    factory: Arc<dyn RunnerFactory>,
-    coalescer: Addr<Coalescer>,
-    owner: Addr<SessionOwner>,
+    engine: Engine,
+    unit: Addr<Unit>,
     progress: Progress,
     abort: Option<AbortHandle>,
     ended: bool,
@@ -49,20 +48,13 @@ impl std::fmt::Debug for Child {
 }
 
 impl Child {
-    /// A child for `row` (already marked running by its owner).
-    pub fn new(
-        row: ChildRow,
-        task: Task,
-        factory: Arc<dyn RunnerFactory>,
-        coalescer: Addr<Coalescer>,
-        owner: Addr<SessionOwner>,
-    ) -> Self {
+    /// A child for `row` (already marked running by its owner), supervised by `unit`.
+    pub fn new(row: ChildRow, task: Task, engine: Engine, unit: Addr<Unit>) -> Self {
         Child {
             row,
             task,
-            factory,
-            coalescer,
-            owner,
+            engine,
+            unit,
             progress: Progress::new(),
             abort: None,
             ended: false,
@@ -87,28 +79,25 @@ impl Child {
     }
 
     fn hand_off(&mut self, ctx: &mut Context<Self>) {
-        let msg = Completion {
-            row: self.row.clone(),
-            owner: self.owner.clone(),
-        };
-        self.coalescer
-            .send(msg)
-            .into_actor(self)
-            .map(|res, act, ctx| match res {
-                Ok(Ok(())) => ctx.stop(),
-                failure => {
-                    let why = match failure {
-                        Ok(Err(e)) => e.to_string(),
-                        Err(e) => e.to_string(),
-                        Ok(Ok(())) => String::new(),
-                    };
-                    tracing::warn!(child = %act.row.child_id, retry_in = ?act.backoff, "hand-off failed: {why}");
-                    let delay = act.backoff;
-                    act.backoff = (act.backoff * 2).min(HANDOFF_BACKOFF_MAX);
-                    ctx.run_later(delay, |act, ctx| act.hand_off(ctx));
-                }
-            })
-            .spawn(ctx);
+        let msg = Completion { row: self.row.clone() };
+        let coalescer = self.engine.coalescer();
+        async move {
+            match coalescer {
+                Some(c) => c.send(msg).await.unwrap_or(Err(HandOffError::Stopped)),
+                None => Err(HandOffError::Stopped),
+            }
+        }
+        .into_actor(self)
+        .map(|res, act, ctx| match res {
+            Ok(()) => ctx.stop(),
+            Err(e) => {
+                tracing::warn!(child = %act.row.child_id, retry_in = ?act.backoff, "hand-off failed: {e}");
+                let delay = act.backoff;
+                act.backoff = (act.backoff * 2).min(HANDOFF_BACKOFF_MAX);
+                ctx.run_later(delay, |act, ctx| act.hand_off(ctx));
+            }
+        })
+        .spawn(ctx);
     }
 
     fn check_stall(&mut self, ctx: &mut Context<Self>) {
@@ -144,6 +133,12 @@ pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 impl Actor for Child {
     type Context = Context<Self>;
 
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.unit.do_send(ChildStopped {
+            child_id: self.row.child_id.clone(),
+        });
+    }
+
     fn started(&mut self, ctx: &mut Context<Self>) {
         let spec: serde_json::Value = match serde_json::from_str(&self.task.runner_json) {
             Ok(v) => v,
@@ -156,7 +151,7 @@ impl Actor for Child {
                 )
             }
         };
-        let runner = match self.factory.build(&spec) {
+        let runner = match self.engine.factory.build(&spec) {
             Ok(r) => r,
             Err(e) => {
                 return self.end(
@@ -175,26 +170,28 @@ impl Actor for Child {
             attempt: self.row.attempt,
             progress: self.progress.clone(),
         };
-        let handle = actix::spawn(runner.run(run_ctx));
+        let run = runner.run(run_ctx);
+        let handle = if crate::failpoints::fires("runner_hang") {
+            drop(run);
+            actix::spawn(futures::future::pending::<RunOutput>())
+        } else {
+            actix::spawn(run)
+        };
         let abort = handle.abort_handle();
-        ctx.spawn(
-            handle
-                .into_actor(self)
-                .map(|res, act, ctx| match res {
-                    Ok(RunOutput::Succeeded { summary }) => act.end(ctx, ChildStatus::Succeeded, Some(summary), None),
-                    Ok(RunOutput::Failed { error, summary }) => act.end(ctx, ChildStatus::Failed, summary, Some(error)),
-                    Err(e) if e.is_panic() => {
-                        let msg = panic_message(e.into_panic());
-                        act.end(
-                            ctx,
-                            ChildStatus::Failed,
-                            act.progress.take_partial(),
-                            Some(format!("runner panicked: {msg}")),
-                        )
-                    }
-                    Err(_) => {} // aborted by end(): the child already ended
-                }),
-        );
+        ctx.spawn(handle.into_actor(self).map(|res, act, ctx| match res {
+            Ok(RunOutput::Succeeded { summary }) => act.end(ctx, ChildStatus::Succeeded, Some(summary), None),
+            Ok(RunOutput::Failed { error, summary }) => act.end(ctx, ChildStatus::Failed, summary, Some(error)),
+            Err(e) if e.is_panic() => {
+                let msg = panic_message(e.into_panic());
+                act.end(
+                    ctx,
+                    ChildStatus::Failed,
+                    act.progress.take_partial(),
+                    Some(format!("runner panicked: {msg}")),
+                )
+            }
+            Err(_) => {} // aborted by end(): the child already ended
+        }));
         self.abort = Some(abort);
         if let Some(ms) = self.task.timeout_ms {
             ctx.run_later(Duration::from_millis(ms), move |act, ctx| {

@@ -14,6 +14,7 @@ use futures::future::join_all;
 use tokio::sync::oneshot;
 
 use super::owner::{Recorded, SessionOwner};
+use super::Owners;
 use crate::ledger::{Ledger, LedgerError};
 use crate::model::ChildRow;
 
@@ -40,19 +41,17 @@ pub enum HandOffError {
 pub struct Completion {
     /// The terminal row.
     pub row: ChildRow,
-    /// The owner of the child's session.
-    pub owner: Addr<SessionOwner>,
 }
 
 struct Pending {
     row: ChildRow,
-    owner: Addr<SessionOwner>,
     reply: oneshot::Sender<Result<(), HandOffError>>,
 }
 
 /// Group commit of completions.
 pub struct Coalescer {
     ledger: Arc<dyn Ledger>,
+    owners: Owners,
     pending: Vec<Pending>,
     in_flight: bool,
     batches: u64,
@@ -69,9 +68,10 @@ impl std::fmt::Debug for Coalescer {
 
 impl Coalescer {
     /// A coalescer writing to `ledger`.
-    pub fn new(ledger: Arc<dyn Ledger>) -> Self {
+    pub fn new(ledger: Arc<dyn Ledger>, owners: Owners) -> Self {
         Coalescer {
             ledger,
+            owners,
             pending: Vec::new(),
             in_flight: false,
             batches: 0,
@@ -98,25 +98,28 @@ impl Coalescer {
         self.in_flight = true;
         self.batches += 1;
         let ledger = self.ledger.clone();
+        let owners = self.owners.clone();
         let fut = async move {
             let flushed = crate::actors::flush(ledger).await;
             if let Err(e) = flushed {
                 return (batch, Err(e.to_string()));
             }
             // Hand each owner its share and wait for it to be recorded.
-            let mut by_owner: HashMap<String, (Addr<SessionOwner>, Vec<ChildRow>)> = HashMap::new();
+            let mut by_owner: HashMap<String, (Option<Addr<SessionOwner>>, Vec<ChildRow>)> = HashMap::new();
             for p in &batch {
                 by_owner
                     .entry(p.row.session_id.clone())
-                    .or_insert_with(|| (p.owner.clone(), Vec::new()))
+                    .or_insert_with(|| (owners.get(&p.row.session_id).map(|a| a.clone()), Vec::new()))
                     .1
                     .push(p.row.clone());
             }
             let sends = by_owner.into_iter().map(|(session, (owner, rows))| async move {
                 let res = if crate::failpoints::fires("coalescer_handoff") {
                     Err("injected fault: coalescer_handoff".to_string())
-                } else {
+                } else if let Some(owner) = owner {
                     owner.send(Recorded { rows }).await.map_err(|e| e.to_string())
+                } else {
+                    Err(format!("session `{session}` has no live owner"))
                 };
                 (session, res)
             });
@@ -158,10 +161,12 @@ impl Handler<Completion> for Coalescer {
     type Result = ResponseFuture<Result<(), HandOffError>>;
 
     fn handle(&mut self, msg: Completion, ctx: &mut Context<Self>) -> Self::Result {
+        if crate::failpoints::fires("coalescer_handler") {
+            panic!("injected fault: coalescer_handler");
+        }
         let (tx, rx) = oneshot::channel();
         self.pending.push(Pending {
             row: msg.row,
-            owner: msg.owner,
             reply: tx,
         });
         self.start_batch(ctx);

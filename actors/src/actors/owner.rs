@@ -11,14 +11,15 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use super::coalescer::Coalescer;
+use super::supervise::{self, Decision, Exit, RestartBudget, RestartPolicy};
 use super::unit::{StartChild, Unit, UnitComplete};
-use crate::ledger::{Ledger, LedgerError, Snapshot};
+use super::Engine;
+use crate::ledger::{LedgerError, Snapshot};
 use crate::model::*;
 use crate::routing::{on_child_end, Capacity, ClaimError, Publish, ReleaseReason, Returned, Router, Turn, WakeState};
 use crate::runner::RunnerFactory;
@@ -44,6 +45,17 @@ pub enum OwnerError {
     /// The owner stopped before answering.
     #[error("the session owner stopped before answering")]
     Stopped,
+    /// The session's owner kept failing and was not restarted again (its supervisor gave up).
+    #[error("session `{session}` failed and is no longer served: {reason}")]
+    SessionFailed {
+        /// The session.
+        session: String,
+        /// The last failure.
+        reason: String,
+    },
+    /// No such session.
+    #[error("unknown session `{0}`")]
+    UnknownSession(String),
 }
 
 impl From<LedgerError> for OwnerError {
@@ -306,21 +318,15 @@ pub struct CallStatus {
     pub children: Vec<ChildRow>,
 }
 
-/// Where the owner sends things.
-#[derive(Clone)]
-pub struct Engine {
-    /// The ledger.
-    pub ledger: Arc<dyn Ledger>,
-    /// Runner construction.
-    pub factory: Arc<dyn RunnerFactory>,
-    /// Group commit of completions.
-    pub coalescer: Addr<Coalescer>,
-}
-
-impl std::fmt::Debug for Engine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("ledger", &self.ledger).finish()
-    }
+/// How a rebuilt owner treats children its ledger shows as running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// The process restarted: nothing is running any more, so each such child is re-run
+    /// (when its task allows it) or resolved as `unknown`.
+    Process,
+    /// Only the owner restarted: its children's actors live on and will hand their results
+    /// to the new owner, so they stay running.
+    Owner,
 }
 
 struct CallState {
@@ -376,6 +382,8 @@ pub struct SessionOwner {
     router: Router<String>,
     timer: Option<(u64, SpawnHandle)>,
     delivered_done: u64,
+    unit_policy: RestartPolicy,
+    unit_budgets: HashMap<String, RestartBudget>,
 }
 
 impl std::fmt::Debug for SessionOwner {
@@ -403,6 +411,8 @@ impl SessionOwner {
             children: HashMap::new(),
             timer: None,
             delivered_done: 0,
+            unit_policy: RestartPolicy::default(),
+            unit_budgets: HashMap::new(),
         }
     }
 
@@ -410,7 +420,13 @@ impl SessionOwner {
     /// children are replayed, queued ones queued again, running ones re-run when their task
     /// allows it or else resolved as `unknown`; unacked items are ready again; claims that were
     /// live are remembered as lost. Returns the rows recovery changed, for the caller to write.
-    pub fn recover(engine: Engine, session: SessionRow, snapshot: &SessionSnapshot) -> (Self, Vec<ChildRow>) {
+    /// With [`Recovery::Owner`] running children stay running (their actors live on).
+    pub fn recover(
+        engine: Engine,
+        session: SessionRow,
+        snapshot: &SessionSnapshot,
+        mode: Recovery,
+    ) -> (Self, Vec<ChildRow>) {
         let mut owner = SessionOwner::new(engine, session);
         let mut changed = Vec::new();
         let now = now_ms();
@@ -442,7 +458,7 @@ impl SessionOwner {
             for unit in units {
                 let members: Vec<&ChildRow> = children.iter().filter(|c| c.unit_id == unit.unit_id).collect();
                 let recorded = members.iter().filter(|c| c.status.is_terminal()).count();
-                let was_running = recorded < unit.tasks.len();
+                let was_running = recorded < unit.tasks.len() && mode == Recovery::Process;
                 let mut state = UnitState {
                     row: unit.clone(),
                     terminal: 0,
@@ -454,6 +470,9 @@ impl SessionOwner {
                     let mut row = member.clone();
                     match row.status {
                         ChildStatus::Queued => owner.capacity.enqueue(row.child_id.clone()),
+                        ChildStatus::Running if mode == Recovery::Owner => {
+                            owner.capacity.mark_running(row.child_id.clone());
+                        }
                         ChildStatus::Running => {
                             let task = &call.tasks[row.task_index as usize];
                             row.recovered = true;
@@ -489,10 +508,14 @@ impl SessionOwner {
                 }
                 owner.units.insert(unit.unit_id.clone(), state);
             }
+            // Whoever waited for a sync call's inline answer is gone: its results go out at
+            // boundaries instead, so nothing recorded is lost.
+            let mut row = call.clone();
+            row.mode = Mode::Background;
             owner.calls.insert(
                 call.call_id.clone(),
                 CallState {
-                    row: call.clone(),
+                    row,
                     units: unit_ids.clone(),
                     incomplete_units: incomplete,
                     sync_reply: None,
@@ -606,17 +629,68 @@ impl SessionOwner {
             let Some(unit) = self.units.get_mut(&row.unit_id) else {
                 continue;
             };
-            let addr = unit.addr.get_or_insert_with(|| {
-                Unit::new(
-                    unit.row.clone(),
-                    self.engine.factory.clone(),
-                    self.engine.coalescer.clone(),
-                    me.clone(),
-                )
-                .start()
-            });
-            addr.do_send(StartChild { row, task });
+            let addr = match &unit.addr {
+                Some(addr) if addr.connected() => addr.clone(),
+                _ => {
+                    let (addr, exit) = supervise::spawn(Unit::new(unit.row.clone(), self.engine.clone(), me.clone()));
+                    let unit_id = unit.row.unit_id.clone();
+                    ctx.spawn(
+                        fut::wrap_future::<_, Self>(exit)
+                            .map(move |exit, act, ctx| act.unit_exited(&unit_id, exit, ctx)),
+                    );
+                    unit.addr = Some(addr.clone());
+                    addr
+                }
+            };
+            let child = row.child_id.clone();
+            addr.send(StartChild { row, task })
+                .into_actor(self)
+                .map(move |res, act, ctx| {
+                    if res.is_err() {
+                        // The unit died before starting the child: it never ran, so queue it again.
+                        act.requeue(&child, ctx);
+                    }
+                })
+                .spawn(ctx);
         }
+    }
+
+    /// A child whose start was lost goes back to the head of the queue.
+    fn requeue(&mut self, child: &str, ctx: &mut Context<Self>) {
+        let Some(row) = self.children.get_mut(child) else {
+            return;
+        };
+        if row.status != ChildStatus::Running {
+            return;
+        }
+        row.status = ChildStatus::Queued;
+        row.started_at_ms = None;
+        let row = row.clone();
+        if let Err(e) = self.engine.ledger.put_children(std::slice::from_ref(&row)) {
+            tracing::warn!(child, "writing a queued mark failed: {e}");
+        }
+        self.capacity.requeue_front(child.to_string());
+        self.admit(ctx);
+    }
+
+    /// A unit actor's task ended. A panic restarts it (lazily, at the next start of one of its
+    /// children) within the restart budget; past it, the failure escalates to this owner.
+    fn unit_exited(&mut self, unit_id: &str, exit: Exit, ctx: &mut Context<Self>) {
+        let Exit::Panicked(msg) = exit else { return };
+        tracing::error!(unit = unit_id, "unit actor panicked: {msg}");
+        let policy = self.unit_policy;
+        let decision = self
+            .unit_budgets
+            .entry(unit_id.to_string())
+            .or_insert_with(|| RestartBudget::new(policy))
+            .on_failure(Instant::now());
+        if decision == Decision::Escalate {
+            panic!("unit {unit_id} keeps panicking ({msg}); escalating to its session owner's supervisor");
+        }
+        if let Some(unit) = self.units.get_mut(unit_id) {
+            unit.addr = None;
+        }
+        self.admit(ctx);
     }
 
     fn complete_unit(&mut self, unit_id: &str, ctx: &mut Context<Self>) {

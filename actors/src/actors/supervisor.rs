@@ -1,16 +1,24 @@
-//! The root Supervisor: opens the engine, recovers every session from the ledger, and owns the
-//! map from session id to its [`SessionOwner`].
+//! The root Supervisor: opens the engine, recovers every session from the ledger, and
+//! supervises the session owners and the coalescer.
 //!
-//! It does not route anything itself; it creates owners (recovered or new), binds session
-//! settings, and answers where an owner is.
+//! Each owner and the coalescer run as tasks of their own (see [`super::supervise`]). When one
+//! panics, the supervisor applies its [`RestartPolicy`]: a restarted owner is rebuilt from the
+//! ledger (its claims returned, its running children adopted), a restarted coalescer simply
+//! takes over (children retry their hand-off). Past the budget, the failure escalates: a
+//! session owner is given up and its session answers [`OwnerError::SessionFailed`]; the
+//! coalescer, without which nothing can be recorded, stops the whole engine.
+//! It does not route anything itself.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix::prelude::*;
 
 use super::coalescer::Coalescer;
-use super::owner::{split_snapshot, Configure, Engine, OwnerError, SessionInfo, SessionOwner};
+use super::owner::{split_snapshot, Configure, OwnerError, Recovery, SessionInfo, SessionOwner, SessionSnapshot};
+use super::supervise::{self, Decision, Exit, RestartBudget, RestartPolicy};
+use super::{Engine, Owners};
 use crate::ledger::{Ledger, LedgerError};
 use crate::model::{now_ms, DeadLetterRow, SessionRow, DEFAULT_MAX_CONCURRENT_CHILDREN, DEFAULT_MAX_DELIVERY_ATTEMPTS};
 use crate::runner::RunnerFactory;
@@ -42,9 +50,9 @@ impl std::fmt::Debug for OpenSession {
     }
 }
 
-/// Where a session's owner is, if the session exists.
+/// Where a session's owner is.
 #[derive(Debug, Message)]
-#[rtype(result = "Option<Addr<SessionOwner>>")]
+#[rtype(result = "Result<Addr<SessionOwner>, OwnerError>")]
 pub struct FindOwner(pub String);
 
 /// Every dead letter.
@@ -55,36 +63,50 @@ pub struct DeadLetters;
 /// The root of the actor tree.
 pub struct Supervisor {
     engine: Engine,
-    owners: HashMap<String, Addr<SessionOwner>>,
+    policy: RestartPolicy,
+    budgets: HashMap<String, RestartBudget>,
+    coalescer_budget: RestartBudget,
+    wakes: HashMap<String, Arc<dyn Wake>>,
+    failed: HashMap<String, String>,
+    recovered: Vec<SessionOwner>,
 }
 
 impl std::fmt::Debug for Supervisor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Supervisor")
-            .field("sessions", &self.owners.len())
+            .field("sessions", &self.engine.owners.len())
+            .field("failed", &self.failed)
             .finish()
     }
 }
 
 impl Supervisor {
-    /// Opens the engine on `ledger`: recovers every session (I6), writes and flushes what
-    /// recovery resolved, and starts the actors. Must run inside an actix system.
-    pub fn start(ledger: Arc<dyn Ledger>, factory: Arc<dyn RunnerFactory>) -> Result<Addr<Supervisor>, LedgerError> {
+    /// Opens the engine on `ledger` with the default restart policy: recovers every session
+    /// (I6), writes and flushes what recovery resolved, and starts the actors. Must run inside
+    /// an actix system. Returns the supervisor and the live-owner registry.
+    pub fn start(
+        ledger: Arc<dyn Ledger>,
+        factory: Arc<dyn RunnerFactory>,
+    ) -> Result<(Addr<Supervisor>, Owners), LedgerError> {
+        Self::start_with(ledger, factory, RestartPolicy::default())
+    }
+
+    /// As [`Supervisor::start`], with an explicit restart policy for owners and the coalescer.
+    pub fn start_with(
+        ledger: Arc<dyn Ledger>,
+        factory: Arc<dyn RunnerFactory>,
+        policy: RestartPolicy,
+    ) -> Result<(Addr<Supervisor>, Owners), LedgerError> {
+        let engine = Engine::new(ledger.clone(), factory);
         let mut snapshot = ledger.load()?;
         let sessions = std::mem::take(&mut snapshot.sessions);
         let claim_ids: Vec<String> = snapshot.claims.iter().map(|c| c.claim_id.clone()).collect();
         let mut parts = split_snapshot(snapshot);
-        let coalescer = Coalescer::new(ledger.clone()).start();
-        let engine = Engine {
-            ledger: ledger.clone(),
-            factory,
-            coalescer,
-        };
         let mut recovered = Vec::new();
         let mut changed = Vec::new();
         for session in sessions {
             let part = parts.remove(&session.session_id).unwrap_or_default();
-            let (owner, rows) = SessionOwner::recover(engine.clone(), session, &part);
+            let (owner, rows) = SessionOwner::recover(engine.clone(), session, &part, Recovery::Process);
             changed.extend(rows);
             recovered.push(owner);
         }
@@ -98,11 +120,100 @@ impl Supervisor {
             ledger.remove_claims(&claim_ids)?;
             ledger.flush()?;
         }
-        let owners = recovered
-            .into_iter()
-            .map(|o| (o.session_id().to_string(), o.start()))
-            .collect();
-        Ok(Supervisor { engine, owners }.start())
+        let owners = engine.owners.clone();
+        let sup = Supervisor {
+            engine,
+            policy,
+            budgets: HashMap::new(),
+            coalescer_budget: RestartBudget::new(policy),
+            wakes: HashMap::new(),
+            failed: HashMap::new(),
+            recovered,
+        };
+        Ok((sup.start(), owners))
+    }
+
+    fn spawn_owner(&mut self, owner: SessionOwner, ctx: &mut Context<Self>) -> Addr<SessionOwner> {
+        let id = owner.session_id().to_string();
+        let (addr, exit) = supervise::spawn(owner);
+        self.engine.owners.insert(id.clone(), addr.clone());
+        exit.into_actor(self)
+            .map(move |exit, act, ctx| act.owner_exited(id, exit, ctx))
+            .spawn(ctx);
+        addr
+    }
+
+    fn owner_exited(&mut self, id: String, exit: Exit, ctx: &mut Context<Self>) {
+        let Exit::Panicked(msg) = exit else {
+            self.engine.owners.remove(&id);
+            return;
+        };
+        tracing::error!(session = %id, "session owner panicked: {msg}");
+        let policy = self.policy;
+        let decision = self
+            .budgets
+            .entry(id.clone())
+            .or_insert_with(|| RestartBudget::new(policy))
+            .on_failure(Instant::now());
+        if decision == Decision::Escalate {
+            tracing::error!(session = %id, "session owner keeps failing; the session is given up");
+            self.engine.owners.remove(&id);
+            self.failed.insert(id, msg);
+            return;
+        }
+        match self.rebuild_owner(&id) {
+            Ok(owner) => {
+                let addr = self.spawn_owner(owner, ctx);
+                if let Some(wake) = self.wakes.get(&id).cloned() {
+                    addr.do_send(Configure {
+                        max_concurrent_children: None,
+                        max_delivery_attempts: None,
+                        wake: Some(wake),
+                    });
+                }
+                tracing::info!(session = %id, "session owner restarted from the ledger");
+            }
+            Err(e) => {
+                tracing::error!(session = %id, "session owner could not be rebuilt: {e}");
+                self.engine.owners.remove(&id);
+                self.failed
+                    .insert(id, format!("{msg}; rebuilding from the ledger failed: {e}"));
+            }
+        }
+    }
+
+    /// Reads one session back from the ledger for an in-process owner restart.
+    fn rebuild_owner(&self, id: &str) -> Result<SessionOwner, LedgerError> {
+        let mut snapshot = self.engine.ledger.load()?;
+        let session = snapshot
+            .sessions
+            .drain(..)
+            .find(|s| s.session_id == id)
+            .ok_or_else(|| LedgerError::Storage(format!("session `{id}` has no row")))?;
+        let part: SessionSnapshot = split_snapshot(snapshot).remove(id).unwrap_or_default();
+        let claim_ids: Vec<String> = part.claims.iter().map(|c| c.claim_id.clone()).collect();
+        let (owner, changed) = SessionOwner::recover(self.engine.clone(), session, &part, Recovery::Owner);
+        self.engine.ledger.put_children(&changed)?;
+        self.engine.ledger.remove_claims(&claim_ids)?;
+        Ok(owner)
+    }
+
+    fn spawn_coalescer(&mut self, ctx: &mut Context<Self>) {
+        let (addr, exit) = supervise::spawn(Coalescer::new(self.engine.ledger.clone(), self.engine.owners.clone()));
+        self.engine.set_coalescer(Some(addr));
+        exit.into_actor(self)
+            .map(|exit, act, ctx| {
+                let Exit::Panicked(msg) = exit else { return };
+                tracing::error!("coalescer panicked: {msg}");
+                if act.coalescer_budget.on_failure(Instant::now()) == Decision::Escalate {
+                    tracing::error!("the coalescer keeps failing; stopping the engine (nothing unrecorded was reported as recorded)");
+                    act.engine.set_coalescer(None);
+                    System::current().stop_with_code(1);
+                    return;
+                }
+                act.spawn_coalescer(ctx);
+            })
+            .spawn(ctx);
     }
 }
 
@@ -128,30 +239,44 @@ pub fn validate_session_id(id: &str) -> Result<(), OwnerError> {
 
 impl Actor for Supervisor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.spawn_coalescer(ctx);
+        for owner in std::mem::take(&mut self.recovered) {
+            self.spawn_owner(owner, ctx);
+        }
+    }
 }
 
 impl Handler<OpenSession> for Supervisor {
     type Result = ResponseFuture<Result<(Addr<SessionOwner>, SessionInfo), OwnerError>>;
 
-    fn handle(&mut self, msg: OpenSession, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: OpenSession, ctx: &mut Context<Self>) -> Self::Result {
         if let Err(e) = validate_session_id(&msg.session_id) {
             return Box::pin(async { Err(e) });
         }
-        if msg.max_concurrent_children == Some(0) || msg.max_delivery_attempts == Some(0) {
-            let field = if msg.max_concurrent_children == Some(0) {
-                "max_concurrent_children"
-            } else {
-                "max_delivery_attempts"
-            };
-            return Box::pin(async move {
-                Err(OwnerError::Invalid {
-                    field: field.into(),
-                    message: "must be at least 1".into(),
-                })
-            });
+        for (field, value) in [
+            ("max_concurrent_children", msg.max_concurrent_children),
+            ("max_delivery_attempts", msg.max_delivery_attempts),
+        ] {
+            if value == Some(0) {
+                return Box::pin(async move {
+                    Err(OwnerError::Invalid {
+                        field: field.into(),
+                        message: "must be at least 1".into(),
+                    })
+                });
+            }
         }
-        let addr = match self.owners.get(&msg.session_id) {
-            Some(addr) => addr.clone(),
+        if let Some(reason) = self.failed.get(&msg.session_id) {
+            let e = OwnerError::SessionFailed {
+                session: msg.session_id.clone(),
+                reason: reason.clone(),
+            };
+            return Box::pin(async move { Err(e) });
+        }
+        let addr = match self.engine.owner(&msg.session_id) {
+            Some(addr) => addr,
             None => {
                 let row = SessionRow {
                     session_id: msg.session_id.clone(),
@@ -160,19 +285,16 @@ impl Handler<OpenSession> for Supervisor {
                     next_set: 1,
                     created_at_ms: now_ms(),
                 };
-                if let Err(e) = self
-                    .engine
-                    .ledger
-                    .put_session(&row)
-                    .and_then(|_| self.engine.ledger.flush().map(|_| ()))
-                {
+                let ledger = &self.engine.ledger;
+                if let Err(e) = ledger.put_session(&row).and_then(|_| ledger.flush().map(|_| ())) {
                     return Box::pin(async move { Err(e.into()) });
                 }
-                let addr = SessionOwner::new(self.engine.clone(), row).start();
-                self.owners.insert(msg.session_id.clone(), addr.clone());
-                addr
+                self.spawn_owner(SessionOwner::new(self.engine.clone(), row), ctx)
             }
         };
+        if let Some(w) = &msg.wake {
+            self.wakes.insert(msg.session_id.clone(), w.clone());
+        }
         let configure = Configure {
             max_concurrent_children: msg.max_concurrent_children,
             max_delivery_attempts: msg.max_delivery_attempts,
@@ -186,10 +308,16 @@ impl Handler<OpenSession> for Supervisor {
 }
 
 impl Handler<FindOwner> for Supervisor {
-    type Result = Option<Addr<SessionOwner>>;
+    type Result = Result<Addr<SessionOwner>, OwnerError>;
 
     fn handle(&mut self, FindOwner(id): FindOwner, _: &mut Context<Self>) -> Self::Result {
-        self.owners.get(&id).cloned()
+        if let Some(reason) = self.failed.get(&id) {
+            return Err(OwnerError::SessionFailed {
+                session: id,
+                reason: reason.clone(),
+            });
+        }
+        self.engine.owner(&id).ok_or(OwnerError::UnknownSession(id))
     }
 }
 

@@ -2,20 +2,22 @@
 //!
 //! It starts a [`Child`] for each member its owner admits (capacity is the owner's decision),
 //! forwards cancellation to the children still running, and stops when its owner reports the
-//! unit complete. It holds no results: those travel child → coalescer → owner.
+//! unit complete, or when it is orphaned (its owner was restarted and made a new unit actor)
+//! and its last child stopped. It holds no results: those travel child → coalescer → owner.
+//!
+//! The owner runs each unit under a restart policy: a unit whose handler panicked is replaced,
+//! and a `StartChild` it never acknowledged is queued again, so no child is lost or run twice.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use actix::prelude::*;
 
 use super::child::{Cancel, Child};
-use super::coalescer::Coalescer;
 use super::owner::SessionOwner;
+use super::Engine;
 use crate::model::{ChildRow, Task, UnitRow};
-use crate::runner::RunnerFactory;
 
-/// Start one member child (its row already marked running).
+/// Start one member child (its row already marked running). Answered once the child started.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct StartChild {
@@ -35,11 +37,18 @@ pub struct CancelUnit;
 #[rtype(result = "()")]
 pub struct UnitComplete;
 
+/// A child of this unit stopped (its result was recorded).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct ChildStopped {
+    /// The child.
+    pub child_id: String,
+}
+
 /// One completion unit.
 pub struct Unit {
     row: UnitRow,
-    factory: Arc<dyn RunnerFactory>,
-    coalescer: Addr<Coalescer>,
+    engine: Engine,
     owner: Addr<SessionOwner>,
     children: HashMap<String, Addr<Child>>,
 }
@@ -54,17 +63,11 @@ impl std::fmt::Debug for Unit {
 }
 
 impl Unit {
-    /// A unit actor for `row`.
-    pub fn new(
-        row: UnitRow,
-        factory: Arc<dyn RunnerFactory>,
-        coalescer: Addr<Coalescer>,
-        owner: Addr<SessionOwner>,
-    ) -> Self {
+    /// A unit actor for `row`, owned by `owner`.
+    pub fn new(row: UnitRow, engine: Engine, owner: Addr<SessionOwner>) -> Self {
         Unit {
             row,
-            factory,
-            coalescer,
+            engine,
             owner,
             children: HashMap::new(),
         }
@@ -78,16 +81,24 @@ impl Actor for Unit {
 impl Handler<StartChild> for Unit {
     type Result = ();
 
-    fn handle(&mut self, msg: StartChild, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: StartChild, ctx: &mut Context<Self>) {
+        if crate::failpoints::fires("unit_handler") {
+            panic!("injected fault: unit_handler (unit {})", self.row.unit_id);
+        }
         let id = msg.row.child_id.clone();
-        let child = Child::new(
-            msg.row,
-            msg.task,
-            self.factory.clone(),
-            self.coalescer.clone(),
-            self.owner.clone(),
-        );
+        let child = Child::new(msg.row, msg.task, self.engine.clone(), ctx.address());
         self.children.insert(id, child.start());
+    }
+}
+
+impl Handler<ChildStopped> for Unit {
+    type Result = ();
+
+    fn handle(&mut self, msg: ChildStopped, ctx: &mut Context<Self>) {
+        self.children.remove(&msg.child_id);
+        if self.children.is_empty() && !self.owner.connected() {
+            ctx.stop(); // orphaned: the restarted owner runs this unit through a new actor
+        }
     }
 }
 

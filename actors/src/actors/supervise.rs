@@ -1,0 +1,124 @@
+//! Supervision policy for actix actors.
+//!
+//! actix does not restart an actor whose handler panicked: the actor's task dies and its
+//! mailbox closes. brood therefore runs each supervised actor as a task of its own
+//! ([`spawn`]), watches that task's join result, and applies an explicit [`RestartPolicy`]:
+//! at most `max_restarts` restarts within `within`, then the failure escalates to the parent.
+//! The decision is the pure [`RestartBudget`]; what a restart rebuilds is the parent's business
+//! (every supervised actor rebuilds its state from the ledger).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use futures::future::LocalBoxFuture;
+use tokio::task::JoinHandle;
+
+/// At most `max_restarts` restarts within `within`; one more failure escalates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartPolicy {
+    /// Restarts allowed inside the window.
+    pub max_restarts: u32,
+    /// The window.
+    pub within: Duration,
+}
+
+impl Default for RestartPolicy {
+    /// Three restarts within ten seconds.
+    fn default() -> Self {
+        RestartPolicy {
+            max_restarts: 3,
+            within: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What to do about a failed actor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Start it again, rebuilt from the ledger.
+    Restart,
+    /// It failed too often: hand the failure to the parent instead of looping.
+    Escalate,
+}
+
+/// The restart history of one supervised actor.
+#[derive(Debug, Clone)]
+pub struct RestartBudget {
+    policy: RestartPolicy,
+    restarts: VecDeque<Instant>,
+}
+
+impl RestartBudget {
+    /// A fresh budget.
+    pub fn new(policy: RestartPolicy) -> Self {
+        RestartBudget {
+            policy,
+            restarts: VecDeque::new(),
+        }
+    }
+
+    /// Records a failure at `now` and decides.
+    pub fn on_failure(&mut self, now: Instant) -> Decision {
+        while let Some(&first) = self.restarts.front() {
+            if now.duration_since(first) > self.policy.within {
+                self.restarts.pop_front();
+            } else {
+                break;
+            }
+        }
+        if self.restarts.len() < self.policy.max_restarts as usize {
+            self.restarts.push_back(now);
+            Decision::Restart
+        } else {
+            Decision::Escalate
+        }
+    }
+}
+
+/// How a supervised actor's task ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exit {
+    /// It stopped on its own (or the system is stopping).
+    Stopped,
+    /// A handler panicked; the message.
+    Panicked(String),
+}
+
+/// Starts `actor` as a task of its own and returns its address and a future that resolves,
+/// when the actor's task ends, to how it ended.
+pub fn spawn<A>(actor: A) -> (Addr<A>, LocalBoxFuture<'static, Exit>)
+where
+    A: Actor<Context = Context<A>>,
+{
+    let ctx = Context::new();
+    let addr = ctx.address();
+    let task: JoinHandle<()> = actix::spawn(ctx.into_future(actor));
+    let exit = Box::pin(async move {
+        match task.await {
+            Ok(()) => Exit::Stopped,
+            Err(e) if e.is_panic() => Exit::Panicked(super::child::panic_message(e.into_panic())),
+            Err(_) => Exit::Stopped,
+        }
+    });
+    (addr, exit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restarts_within_the_budget_then_escalates() {
+        let mut b = RestartBudget::new(RestartPolicy {
+            max_restarts: 2,
+            within: Duration::from_secs(10),
+        });
+        let t = Instant::now();
+        assert_eq!(b.on_failure(t), Decision::Restart);
+        assert_eq!(b.on_failure(t + Duration::from_secs(1)), Decision::Restart);
+        assert_eq!(b.on_failure(t + Duration::from_secs(2)), Decision::Escalate);
+        // Old restarts leave the window.
+        assert_eq!(b.on_failure(t + Duration::from_secs(12)), Decision::Restart);
+    }
+}
