@@ -58,7 +58,7 @@ pub use brood_actors::model::{ChildStatus, DeadLetterRow, ItemKind, Mode, ReadyI
 pub use brood_actors::routing::{ReleaseReason, Turn};
 pub use brood_actors::runner::{Progress, RunContext, RunOutput, Runner, RunnerFactory};
 pub use brood_actors::wake::{Wake, WakeEvent};
-pub use brood_actors::{actors, ledger, model, routing};
+pub use brood_actors::{actors, failpoints, ledger, model, routing};
 pub use runners::Runners;
 
 /// Shortest lease accepted, in ms (API.md).

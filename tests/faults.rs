@@ -1,0 +1,420 @@
+//! Fault paths, provoked through the `failpoints` feature: failing ledger writes and flushes,
+//! failing coalescer hand-offs, panics in the session owner, a unit and the coalescer, an actor
+//! that keeps panicking, a hanging runner, and a stalled runner's partial result.
+//!
+//! Fault points are process-wide, so the tests of this file run one at a time (`SERIAL`).
+#![cfg(feature = "failpoints")]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use brood::failpoints;
+use brood::{
+    Brood, BroodConfig, BroodError, ChildStatus, DelegateReply, DelegateRequest, DelegateRequestExt, ItemKind,
+    RunContext, RunOutput, Runner, Runners, SessionOptions, TaskSpec,
+};
+use futures::future::LocalBoxFuture;
+use serde_json::json;
+use tempfile::TempDir;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Takes the fault-point lock and starts from a clean slate.
+fn serial() -> MutexGuard<'static, ()> {
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    failpoints::disarm_all();
+    guard
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn sim(ms: u64) -> TaskSpec {
+    TaskSpec::new(format!("work for {ms} ms"), json!({"kind": "sim", "ms": ms}))
+}
+
+async fn open(dir: &TempDir, session: &str) -> Brood {
+    let brood = Brood::open(BroodConfig::new(dir.path())).expect("open");
+    brood
+        .open_session(session, SessionOptions::default().wake(|_| {}))
+        .await
+        .expect("session");
+    brood
+}
+
+/// Claims and acks until `want` distinct results were delivered; returns how often each dedup
+/// key was acked. Retries requests interrupted by an owner restart.
+async fn drain(brood: &Brood, session: &str, want: usize) -> BTreeMap<String, u32> {
+    let mut acked: BTreeMap<String, u32> = BTreeMap::new();
+    let deadline = Instant::now() + PATIENCE;
+    while acked.keys().filter(|k| k.ends_with(":result")).count() < want {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {want} results arrived: {acked:?}",
+            acked.len()
+        );
+        match brood.boundary(session, "drain", LEASE).await {
+            Ok(Some(env)) => match brood.ack(&env.claim_id).await {
+                Ok(_) => {
+                    for item in env.items {
+                        *acked.entry(item.dedup_key).or_default() += 1;
+                    }
+                }
+                Err(BroodError::Interrupted(_)) | Err(BroodError::ClaimLost(_)) => {}
+                Err(e) => panic!("ack failed: {e}"),
+            },
+            Ok(None) | Err(BroodError::Interrupted(_)) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("boundary failed: {e}"),
+        }
+    }
+    acked
+}
+
+fn assert_once(acked: &BTreeMap<String, u32>) {
+    let twice: Vec<_> = acked.iter().filter(|(_, &n)| n > 1).collect();
+    assert!(twice.is_empty(), "acked more than once: {twice:?}");
+}
+
+/// With a fault armed for good, finished children are never published; once disarmed, every
+/// result arrives exactly once.
+async fn nothing_published_while(point: &'static str) {
+    let dir = TempDir::new().unwrap();
+    let brood = open(&dir, "s").await;
+    brood
+        .delegate(
+            "s",
+            DelegateRequest::background(vec![sim(10), sim(20), sim(30)]).independent(),
+        )
+        .await
+        .unwrap();
+    failpoints::arm(point, u64::MAX);
+    // The children finish within ~30 ms; give them far longer, then check nothing was published.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        brood.boundary("s", "c", LEASE).await.unwrap().is_none(),
+        "{point}: a result was published before it was recorded"
+    );
+    let st = brood.status("s").await.unwrap();
+    assert_eq!(
+        st.running, 3,
+        "{point}: the children must keep their results until recorded"
+    );
+    failpoints::disarm_all();
+    let acked = drain(&brood, "s", 3).await;
+    assert_once(&acked);
+    assert_eq!(acked.len(), 3);
+    brood.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_ledger_write_never_reports_a_result_as_recorded() {
+    let _g = serial();
+    nothing_published_while("ledger_write").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_flush_never_reports_a_result_as_recorded() {
+    let _g = serial();
+    nothing_published_while("ledger_flush").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_coalescer_hand_off_is_retried_not_dropped() {
+    let _g = serial();
+    nothing_published_while("coalescer_handoff").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_flush_refuses_the_ack_and_keeps_the_claim() {
+    let _g = serial();
+    let dir = TempDir::new().unwrap();
+    let brood = open(&dir, "s").await;
+    brood
+        .delegate("s", DelegateRequest::background(vec![sim(0)]))
+        .await
+        .unwrap();
+    let env = loop {
+        if let Some(env) = brood.boundary("s", "c", LEASE).await.unwrap() {
+            break env;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    failpoints::arm("ledger_flush", 1);
+    let err = brood.ack(&env.claim_id).await.unwrap_err();
+    assert!(matches!(err, BroodError::Ledger(_)), "{err}");
+    // Not delivered: the claim is still live and a second ack succeeds.
+    assert_eq!(brood.ack(&env.claim_id).await.unwrap(), 1);
+    brood.shutdown();
+    let brood = open(&dir, "s").await;
+    assert!(
+        brood.boundary("s", "c", LEASE).await.unwrap().is_none(),
+        "acked item delivered again after reopen"
+    );
+    brood.shutdown();
+}
+
+/// Runs 20 children while `point` fires once mid-workload; everything arrives exactly once.
+async fn survives_one_panic_in(point: &'static str, arm_before_delegate: bool) {
+    let dir = TempDir::new().unwrap();
+    let brood = Brood::open(BroodConfig::new(dir.path())).unwrap();
+    brood
+        .open_session("s", SessionOptions::default().wake(|_| {}).max_concurrent_children(4))
+        .await
+        .unwrap();
+    if arm_before_delegate {
+        failpoints::arm(point, 1);
+    }
+    let tasks: Vec<TaskSpec> = (0..20).map(|i| sim(10 + (i * 7) % 60)).collect();
+    let reply = brood
+        .delegate("s", DelegateRequest::background(tasks).independent())
+        .await
+        .unwrap();
+    if !arm_before_delegate {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        failpoints::arm(point, 1);
+    }
+    let acked = drain(&brood, "s", 20).await;
+    assert_once(&acked);
+    let results: BTreeSet<_> = acked.keys().filter(|k| k.ends_with(":result")).cloned().collect();
+    let expected: BTreeSet<_> = (0..20).map(|i| format!("{}.{i}:result", reply.call_id())).collect();
+    assert_eq!(results, expected, "{point}: lost or foreign results");
+    // The fault really fired (otherwise this test proves nothing).
+    assert!(!failpoints::fires(point), "{point} was never hit");
+    // The system goes on.
+    brood
+        .delegate("s", DelegateRequest::background(vec![sim(0)]))
+        .await
+        .unwrap();
+    brood.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_session_owner_is_restarted_from_the_ledger() {
+    let _g = serial();
+    survives_one_panic_in("owner_handler", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_unit_is_restarted_and_its_child_requeued() {
+    let _g = serial();
+    survives_one_panic_in("unit_handler", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_coalescer_is_restarted_and_children_retry() {
+    let _g = serial();
+    survives_one_panic_in("coalescer_handler", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_keeps_panicking_escalates_instead_of_looping() {
+    let _g = serial();
+    let dir = TempDir::new().unwrap();
+    let brood = open(&dir, "s").await;
+    failpoints::arm("owner_handler", u64::MAX);
+    let mut interrupted = 0;
+    let mut failed = None;
+    for _ in 0..20 {
+        match brood.boundary("s", "c", LEASE).await {
+            Err(BroodError::Interrupted(_)) => interrupted += 1,
+            Err(e @ BroodError::SessionFailed { .. }) => {
+                failed = Some(e);
+                break;
+            }
+            // The registry may still name the dead owner for a moment.
+            Err(BroodError::UnknownSession(_)) => {}
+            other => panic!("unexpected: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    failpoints::disarm_all();
+    let failed = failed.expect("the session should have been given up");
+    assert!(failed.to_string().contains("owner_handler"), "{failed}");
+    // Default policy: 3 restarts within 10 s, so the 4th panic escalates.
+    assert!(interrupted >= 4, "escalated after only {interrupted} failures");
+    // It stays given up; other sessions are unaffected.
+    assert!(matches!(brood.status("s").await, Err(BroodError::SessionFailed { .. })));
+    brood.open_session("t", SessionOptions::default()).await.unwrap();
+    assert!(matches!(
+        brood.delegate("t", DelegateRequest::sync(vec![sim(0)])).await.unwrap(),
+        DelegateReply::Sync { .. }
+    ));
+    brood.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_runner_is_interrupted_by_its_stall_clock() {
+    let _g = serial();
+    let dir = TempDir::new().unwrap();
+    let brood = open(&dir, "s").await;
+    failpoints::arm("runner_hang", 1);
+    let mut task = sim(10);
+    task.stall_ms = Some(200);
+    brood
+        .delegate("s", DelegateRequest::background(vec![task]))
+        .await
+        .unwrap();
+    let env = loop {
+        if let Some(env) = brood.boundary("s", "c", LEASE).await.unwrap() {
+            break env;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(env.items[0].status, ChildStatus::Interrupted);
+    assert!(env.items[0]
+        .error
+        .as_deref()
+        .unwrap_or("")
+        .contains("stall timeout 200 ms"));
+    brood.shutdown();
+}
+
+/// Reports progress with a partial result, beats for a while, then goes silent for good.
+struct GoesSilent;
+
+impl Runner for GoesSilent {
+    fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
+        Box::pin(async move {
+            for i in 1..=3 {
+                tokio::time::sleep(Duration::from_millis(60)).await;
+                ctx.progress.partial(format!("read {i} of 10 files"));
+            }
+            futures::future::pending::<RunOutput>().await
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_hold_off_the_stall_clock_and_a_partial_result_is_kept() {
+    let _g = serial();
+    let dir = TempDir::new().unwrap();
+    let mut runners = Runners::builtin();
+    runners.register("silent", |_| Ok(Box::new(GoesSilent) as Box<dyn Runner>));
+    let brood = Brood::open(BroodConfig::new(dir.path()).runners(runners)).unwrap();
+    brood
+        .open_session("s", SessionOptions::default().wake(|_| {}))
+        .await
+        .unwrap();
+    let mut task = TaskSpec::new("read ten files", json!({"kind": "silent"}));
+    // Each heartbeat comes 60 ms after the last, well inside 150 ms; the runner lives ~180 ms
+    // of heartbeats, longer than one stall timeout, before it goes silent.
+    task.stall_ms = Some(150);
+    brood
+        .delegate("s", DelegateRequest::background(vec![task]))
+        .await
+        .unwrap();
+    let env = loop {
+        if let Some(env) = brood.boundary("s", "c", LEASE).await.unwrap() {
+            break env;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let item = &env.items[0];
+    assert_eq!(item.status, ChildStatus::Interrupted);
+    assert_eq!(item.summary.as_deref(), Some("read 3 of 10 files"));
+    brood.shutdown();
+}
+
+/// Fails on its first attempt only by hanging; later attempts succeed.
+struct HangsOnFirstAttempt(Arc<AtomicU32>);
+
+impl Runner for HangsOnFirstAttempt {
+    fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
+        let runs = self.0.clone();
+        Box::pin(async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            if ctx.attempt == 1 {
+                futures::future::pending::<()>().await;
+            }
+            RunOutput::Succeeded {
+                summary: format!("attempt {}", ctx.attempt),
+            }
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_replays_recorded_children_reruns_or_resolves_the_rest() {
+    let _g = serial();
+    let dir = TempDir::new().unwrap();
+    let runs = Arc::new(AtomicU32::new(0));
+    let config = {
+        let runs = runs.clone();
+        let mut runners = Runners::builtin();
+        runners.register("flaky", move |_| {
+            Ok(Box::new(HangsOnFirstAttempt(runs.clone())) as Box<dyn Runner>)
+        });
+        BroodConfig::new(dir.path()).runners(runners)
+    };
+    let brood = Brood::open(config.clone()).unwrap();
+    brood
+        .open_session("s", SessionOptions::default().wake(|_| {}))
+        .await
+        .unwrap();
+    // One unit of four: two finish, one hangs and may re-run, one hangs and may not.
+    let mut rerun = TaskSpec::new("re-runnable", json!({"kind": "flaky"}));
+    rerun.rerun_on_recovery = true;
+    let stuck = TaskSpec::new("not re-runnable", json!({"kind": "flaky"}));
+    let reply = brood
+        .delegate("s", DelegateRequest::background(vec![sim(0), sim(10), rerun, stuck]))
+        .await
+        .unwrap();
+    let call = reply.call_id().to_string();
+    // Wait until the two sim children are recorded and the other two are running.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let st = brood.status("s").await.unwrap();
+        let done = st.calls[0].children.iter().filter(|c| c.status.is_terminal()).count();
+        if done == 2 && st.running == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "children never settled: {st:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        brood.boundary("s", "c", LEASE).await.unwrap().is_none(),
+        "the unit is incomplete"
+    );
+    brood.shutdown(); // the owner exits with two children running
+
+    let brood = Brood::open(config).unwrap();
+    brood
+        .open_session("s", SessionOptions::default().wake(|_| {}))
+        .await
+        .unwrap();
+    let env = loop {
+        if let Some(env) = brood.boundary("s", "c", LEASE).await.unwrap() {
+            break env;
+        }
+        assert!(
+            Instant::now() < deadline + PATIENCE,
+            "the recovered unit never completed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let by_index: BTreeMap<u32, _> = env
+        .items
+        .iter()
+        .filter(|i| i.kind == ItemKind::Result)
+        .map(|i| (i.task_index, i))
+        .collect();
+    assert_eq!(by_index.len(), 4, "{:#?}", env.items);
+    assert_eq!(by_index[&0].status, ChildStatus::Succeeded);
+    assert!(by_index[&0].recovered, "recorded children are replayed as recovered");
+    assert_eq!(by_index[&1].status, ChildStatus::Succeeded);
+    assert_eq!(by_index[&2].status, ChildStatus::Succeeded);
+    assert_eq!(by_index[&2].summary.as_deref(), Some("attempt 2"));
+    assert_eq!(by_index[&3].status, ChildStatus::Unknown);
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "only the re-runnable child ran again");
+    assert!(
+        env.text
+            .contains("2/4 child results were recorded before the owner exited"),
+        "{}",
+        env.text
+    );
+    assert!(env.items.iter().all(|i| i.call_id == call));
+    brood.ack(&env.claim_id).await.unwrap();
+    brood.shutdown();
+}
