@@ -69,8 +69,15 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
         units: &[UnitRow],
         children: &[ChildRow],
     ) -> Result<(), LedgerError>;
-    /// Writes child rows (terminal results, running marks, delivery state) in one batch.
+    /// Forgets a call's rows: a dispatch that was never acknowledged (its flush failed), or
+    /// the orphaned rows of one cut short by a crash.
+    fn remove_dispatch(&self, call_id: &str, unit_ids: &[String], child_ids: &[String]) -> Result<(), LedgerError>;
+    /// Writes child rows (running marks, delivery state) in one batch.
     fn put_children(&self, rows: &[ChildRow]) -> Result<(), LedgerError>;
+    /// Records terminal child rows: a row already terminal in the ledger is left as it is (a
+    /// retried hand-off), and the ledger's delivery state is kept over the child's copy.
+    /// Returns the rows as stored.
+    fn record_terminals(&self, rows: &[ChildRow]) -> Result<Vec<ChildRow>, LedgerError>;
     /// Records a claim (cheap: not flushed by the caller).
     fn put_claim(&self, row: &ClaimRow) -> Result<(), LedgerError>;
     /// Forgets claims that ended.
@@ -208,7 +215,13 @@ impl Ledger for SledLedger {
         children: &[ChildRow],
     ) -> Result<(), LedgerError> {
         crate::failpoint!("ledger_write");
-        // Children and units first, the call last: recovery ignores rows of a call it never saw.
+        // sled recovers a prefix of its log, so order is what makes a dispatch safe: the
+        // session's next set first (a crash may skip a set number, never reuse one), then
+        // children and units, the call last. Recovery drops rows of a call it never saw.
+        self.sessions.insert(
+            session.session_id.as_bytes(),
+            encode(SESSIONS, &session.session_id, session)?,
+        )?;
         put_all(
             &self.children,
             CHILDREN,
@@ -217,11 +230,53 @@ impl Ledger for SledLedger {
         put_all(&self.units, UNITS, units.iter().map(|u| (u.unit_id.as_str(), u)))?;
         self.calls
             .insert(call.call_id.as_bytes(), encode(CALLS, &call.call_id, call)?)?;
-        self.sessions.insert(
-            session.session_id.as_bytes(),
-            encode(SESSIONS, &session.session_id, session)?,
-        )?;
         Ok(())
+    }
+
+    fn remove_dispatch(&self, call_id: &str, unit_ids: &[String], child_ids: &[String]) -> Result<(), LedgerError> {
+        // The call first: without it the rest is ignored by recovery anyway.
+        self.calls.remove(call_id.as_bytes())?;
+        let mut units = sled::Batch::default();
+        for id in unit_ids {
+            units.remove(id.as_bytes());
+        }
+        self.units.apply_batch(units)?;
+        let mut children = sled::Batch::default();
+        for id in child_ids {
+            children.remove(id.as_bytes());
+        }
+        self.children.apply_batch(children)?;
+        Ok(())
+    }
+
+    fn record_terminals(&self, rows: &[ChildRow]) -> Result<Vec<ChildRow>, LedgerError> {
+        crate::failpoint!("ledger_write");
+        let mut stored = Vec::with_capacity(rows.len());
+        let mut batch = sled::Batch::default();
+        for row in rows {
+            let current: Option<ChildRow> = match self.children.get(row.child_id.as_bytes())? {
+                Some(v) => Some(codec::decode(&v).map_err(|source| LedgerError::Codec {
+                    tree: CHILDREN,
+                    key: row.child_id.clone(),
+                    source,
+                })?),
+                None => None,
+            };
+            match current {
+                Some(current) if current.status.is_terminal() => stored.push(current),
+                current => {
+                    let mut row = row.clone();
+                    if let Some(current) = current {
+                        row.result = current.result;
+                        row.notice = current.notice;
+                    }
+                    batch.insert(row.child_id.as_bytes(), encode(CHILDREN, &row.child_id, &row)?);
+                    stored.push(row);
+                }
+            }
+        }
+        self.children.apply_batch(batch)?;
+        Ok(stored)
     }
 
     fn put_children(&self, rows: &[ChildRow]) -> Result<(), LedgerError> {

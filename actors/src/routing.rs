@@ -185,6 +185,16 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
             .is_some_and(|e| !matches!(e.state, State::Delivered | State::Dead))
     }
 
+    /// Puts a dead item back in the ready set (its dead letter could not be recorded).
+    pub fn revive(&mut self, key: &K) {
+        if let Some(e) = self.items.get_mut(key) {
+            if e.state == State::Dead {
+                e.state = State::Ready;
+                self.ready.insert(key.clone());
+            }
+        }
+    }
+
     /// Changes the dead-letter limit; applies from the next attempt that ends.
     pub fn set_max_delivery_attempts(&mut self, max: u32) {
         self.max_delivery_attempts = max.max(1);

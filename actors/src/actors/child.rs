@@ -134,34 +134,13 @@ impl Actor for Child {
     type Context = Context<Self>;
 
     fn stopped(&mut self, _: &mut Context<Self>) {
+        self.engine.live_children.remove(&self.row.child_id);
         self.unit.do_send(ChildStopped {
             child_id: self.row.child_id.clone(),
         });
     }
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        let spec: serde_json::Value = match serde_json::from_str(&self.task.runner_json) {
-            Ok(v) => v,
-            Err(e) => {
-                return self.end(
-                    ctx,
-                    ChildStatus::Failed,
-                    None,
-                    Some(format!("runner spec is not JSON: {e}")),
-                )
-            }
-        };
-        let runner = match self.engine.factory.build(&spec) {
-            Ok(r) => r,
-            Err(e) => {
-                return self.end(
-                    ctx,
-                    ChildStatus::Failed,
-                    None,
-                    Some(format!("runner could not be built: {e}")),
-                )
-            }
-        };
         // The runner starts now, and so do its clocks (a queued child's stall clock never runs).
         self.progress = Progress::new();
         let run_ctx = RunContext {
@@ -170,13 +149,32 @@ impl Actor for Child {
             attempt: self.row.attempt,
             progress: self.progress.clone(),
         };
-        let run = runner.run(run_ctx);
-        let handle = if crate::failpoints::fires("runner_hang") {
-            drop(run);
-            actix::spawn(futures::future::pending::<RunOutput>())
-        } else {
-            actix::spawn(run)
-        };
+        let factory = self.engine.factory.clone();
+        let runner_json = self.task.runner_json.clone();
+        let hang = crate::failpoints::fires("runner_hang");
+        // Building and starting the runner happen inside its task too, so a panic anywhere in
+        // the embedder's code ends this child as `failed` and nothing else.
+        let handle = actix::spawn(async move {
+            if hang {
+                futures::future::pending::<()>().await;
+            }
+            let spec: serde_json::Value = match serde_json::from_str(&runner_json) {
+                Ok(v) => v,
+                Err(e) => {
+                    return RunOutput::Failed {
+                        error: format!("runner spec is not JSON: {e}"),
+                        summary: None,
+                    }
+                }
+            };
+            match factory.build(&spec) {
+                Ok(runner) => runner.run(run_ctx).await,
+                Err(e) => RunOutput::Failed {
+                    error: format!("runner could not be built: {e}"),
+                    summary: None,
+                },
+            }
+        });
         let abort = handle.abort_handle();
         ctx.spawn(handle.into_actor(self).map(|res, act, ctx| match res {
             Ok(RunOutput::Succeeded { summary }) => act.end(ctx, ChildStatus::Succeeded, Some(summary), None),

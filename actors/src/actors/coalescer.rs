@@ -85,16 +85,21 @@ impl Coalescer {
         let take = self.pending.len().min(MAX_BATCH);
         let batch: Vec<Pending> = self.pending.drain(..take).collect();
         let rows: Vec<ChildRow> = batch.iter().map(|p| p.row.clone()).collect();
-        if let Err(e) = self.ledger.put_children(&rows) {
-            tracing::warn!(rows = rows.len(), "writing completions failed: {e}");
-            let msg = e.to_string();
-            for p in batch {
-                let _ = p
-                    .reply
-                    .send(Err(HandOffError::Ledger(LedgerError::Storage(msg.clone()))));
+        // A retried hand-off of a row already recorded is not written again, and the ledger's
+        // delivery state wins over the child's stale copy (an ack may have happened meanwhile).
+        let stored = match self.ledger.record_terminals(&rows) {
+            Ok(stored) => stored,
+            Err(e) => {
+                tracing::warn!(rows = rows.len(), "writing completions failed: {e}");
+                let msg = e.to_string();
+                for p in batch {
+                    let _ = p
+                        .reply
+                        .send(Err(HandOffError::Ledger(LedgerError::Storage(msg.clone()))));
+                }
+                return self.start_batch(ctx);
             }
-            return self.start_batch(ctx);
-        }
+        };
         self.in_flight = true;
         self.batches += 1;
         let ledger = self.ledger.clone();
@@ -106,12 +111,12 @@ impl Coalescer {
             }
             // Hand each owner its share and wait for it to be recorded.
             let mut by_owner: HashMap<String, (Option<Addr<SessionOwner>>, Vec<ChildRow>)> = HashMap::new();
-            for p in &batch {
+            for row in stored {
                 by_owner
-                    .entry(p.row.session_id.clone())
-                    .or_insert_with(|| (owners.get(&p.row.session_id).map(|a| a.clone()), Vec::new()))
+                    .entry(row.session_id.clone())
+                    .or_insert_with(|| (owners.get(&row.session_id).map(|a| a.clone()), Vec::new()))
                     .1
-                    .push(p.row.clone());
+                    .push(row);
             }
             let sends = by_owner.into_iter().map(|(session, (owner, rows))| async move {
                 let res = if crate::failpoints::fires("coalescer_handoff") {

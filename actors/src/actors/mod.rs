@@ -14,7 +14,7 @@ pub mod unit;
 use std::sync::{Arc, RwLock};
 
 use actix::Addr;
-use dashmap::DashMap;
+use dashmap::{DashMap, DashSet};
 
 use crate::ledger::{Ledger, LedgerError};
 use crate::runner::RunnerFactory;
@@ -32,6 +32,8 @@ pub struct Engine {
     pub factory: Arc<dyn RunnerFactory>,
     /// The live owners.
     pub owners: Owners,
+    /// Children whose actor is alive (started by a unit and not yet stopped).
+    pub live_children: Arc<DashSet<String>>,
     coalescer: Arc<RwLock<Option<Addr<coalescer::Coalescer>>>>,
 }
 
@@ -51,6 +53,7 @@ impl Engine {
             ledger,
             factory,
             owners: Arc::new(DashMap::new()),
+            live_children: Arc::new(DashSet::new()),
             coalescer: Arc::new(RwLock::new(None)),
         }
     }

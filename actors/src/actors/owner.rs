@@ -364,6 +364,26 @@ pub fn claim_session(claim_id: &str) -> Option<String> {
     String::from_utf8(bytes?).ok()
 }
 
+/// A fresh queued child row for task `i` of `call` in `unit`.
+fn queued_child(call: &CallRow, unit: &UnitRow, i: u32) -> ChildRow {
+    ChildRow {
+        child_id: child_id(&call.call_id, i),
+        call_id: call.call_id.clone(),
+        unit_id: unit.unit_id.clone(),
+        session_id: call.session_id.clone(),
+        task_index: i,
+        status: ChildStatus::Queued,
+        summary: None,
+        error: None,
+        started_at_ms: None,
+        finished_at_ms: None,
+        attempt: 1,
+        recovered: false,
+        result: DeliveryRow::default(),
+        notice: DeliveryRow::default(),
+    }
+}
+
 /// The k of a unit id `<call>-<k>` (0 when it has none).
 fn unit_ordinal(unit_id: &str) -> u64 {
     unit_id.rsplit_once('-').and_then(|(_, k)| k.parse().ok()).unwrap_or(0)
@@ -384,6 +404,8 @@ pub struct SessionOwner {
     delivered_done: u64,
     unit_policy: RestartPolicy,
     unit_budgets: HashMap<String, RestartBudget>,
+    /// Acks whose flush is in flight, with repeated acks of the same claim waiting for it.
+    acking: HashMap<String, Vec<oneshot::Sender<Result<usize, OwnerError>>>>,
 }
 
 impl std::fmt::Debug for SessionOwner {
@@ -413,6 +435,7 @@ impl SessionOwner {
             delivered_done: 0,
             unit_policy: RestartPolicy::default(),
             unit_budgets: HashMap::new(),
+            acking: HashMap::new(),
         }
     }
 
@@ -435,13 +458,30 @@ impl SessionOwner {
         }
         let mut calls: Vec<&CallRow> = snapshot.calls.iter().collect();
         calls.sort_by_key(|c| c.set);
+        if let Some(last) = calls.last() {
+            // Never hand out a set number a stored call already has.
+            owner.session.next_set = owner.session.next_set.max(last.set + 1);
+        }
         for call in calls {
-            let Some(units) = snapshot.units.get(&call.call_id) else {
-                continue;
-            };
-            let Some(children) = snapshot.children.get(&call.call_id) else {
-                continue;
-            };
+            let units = plan_units(&call.call_id, &call.tasks, call.independent_completions);
+            let units = &units;
+            let stored = snapshot.children.get(&call.call_id).map(Vec::as_slice).unwrap_or(&[]);
+            // Every task has a child row; one missing (never expected: children are written
+            // before their call) is queued afresh rather than left to stall its unit.
+            let mut children: Vec<ChildRow> = Vec::with_capacity(call.tasks.len());
+            for unit in units {
+                for &i in &unit.tasks {
+                    match stored.iter().find(|c| c.task_index == i) {
+                        Some(row) => children.push(row.clone()),
+                        None => {
+                            let row = queued_child(call, unit, i);
+                            changed.push(row.clone());
+                            children.push(row);
+                        }
+                    }
+                }
+            }
+            let children = &children;
             // A call whose every result was delivered (or dead-lettered) is done; an early
             // failure notice left undelivered is moot once the full result was delivered.
             let settled = children.len() == call.tasks.len()
@@ -471,7 +511,16 @@ impl SessionOwner {
                     match row.status {
                         ChildStatus::Queued => owner.capacity.enqueue(row.child_id.clone()),
                         ChildStatus::Running if mode == Recovery::Owner => {
-                            owner.capacity.mark_running(row.child_id.clone());
+                            if owner.engine.live_children.contains(&row.child_id) {
+                                // Its actor lives on and will hand its result to this owner.
+                                owner.capacity.mark_running(row.child_id.clone());
+                            } else {
+                                // Admitted by the old owner but never started: queue it again.
+                                row.status = ChildStatus::Queued;
+                                row.started_at_ms = None;
+                                owner.capacity.enqueue(row.child_id.clone());
+                                changed.push(row.clone());
+                            }
                         }
                         ChildStatus::Running => {
                             let task = &call.tasks[row.task_index as usize];
@@ -555,6 +604,11 @@ impl SessionOwner {
         (owner, changed)
     }
 
+    /// Binds a wake target (the session becomes wake-capable).
+    pub fn bind_wake(&mut self, wake: Arc<dyn Wake>) {
+        self.wake = Some(WakeTarget(wake));
+    }
+
     /// The session this owner routes.
     pub fn session_id(&self) -> &str {
         &self.session.session_id
@@ -614,10 +668,44 @@ impl SessionOwner {
                 rows.push(row.clone());
             }
         }
-        // The running mark only tells recovery "this one had started"; it needs no flush.
-        if let Err(e) = self.engine.ledger.put_children(&rows) {
-            tracing::warn!(session = %self.session.session_id, "writing running marks failed: {e}");
+        // The running mark tells recovery "this one had started". A task that is safe to re-run
+        // needs no flush for it (queued or running, recovery runs it again); one that is not
+        // must not start before its mark is durable, or a crash would run it twice.
+        let written = self.engine.ledger.put_children(&rows);
+        let must_flush = rows.iter().any(|r| {
+            self.calls
+                .get(&r.call_id)
+                .and_then(|c| c.row.tasks.get(r.task_index as usize))
+                .is_some_and(|t| !t.rerun_on_recovery)
+        });
+        if !must_flush {
+            if let Err(e) = written {
+                tracing::warn!(session = %self.session.session_id, "writing running marks failed: {e}");
+            }
+            return self.start_children(rows, ctx);
         }
+        let ledger = self.engine.ledger.clone();
+        async move {
+            written?;
+            super::flush(ledger).await
+        }
+        .into_actor(self)
+        .map(move |res, act, ctx| match res {
+            Ok(_) => act.start_children(rows, ctx),
+            Err(e) => {
+                tracing::warn!(session = %act.session.session_id, "running marks not durable ({e}); the children wait");
+                ctx.run_later(Duration::from_millis(100), move |act, ctx| {
+                    for row in rows.iter().rev() {
+                        act.requeue(&row.child_id, ctx);
+                    }
+                });
+            }
+        })
+        .spawn(ctx);
+    }
+
+    /// Hands admitted children to their unit actors (starting a unit actor where needed).
+    fn start_children(&mut self, rows: Vec<ChildRow>, ctx: &mut Context<Self>) {
         let me = ctx.address();
         for row in rows {
             let Some(call) = self.calls.get(&row.call_id) else {
@@ -688,7 +776,10 @@ impl SessionOwner {
             panic!("unit {unit_id} keeps panicking ({msg}); escalating to its session owner's supervisor");
         }
         if let Some(unit) = self.units.get_mut(unit_id) {
-            unit.addr = None;
+            // Only forget the dead actor, not a replacement a requeue already started.
+            if unit.addr.as_ref().is_some_and(|a| !a.connected()) {
+                unit.addr = None;
+            }
         }
         self.admit(ctx);
     }
@@ -724,12 +815,30 @@ impl SessionOwner {
 
     /// Every unit of a sync call is complete: mark its results delivered, durably, and answer.
     fn finish_sync(&mut self, call_id: &str, ctx: &mut Context<Self>) {
-        let Some(call) = self.calls.get(call_id) else { return };
+        let Some(call) = self.calls.get_mut(call_id) else {
+            return;
+        };
+        let reply = call.sync_reply.take();
         let ids: Vec<String> = (0..call.row.tasks.len() as u32).map(|i| child_id(call_id, i)).collect();
         let items: Vec<ReadyItem> = ids
             .iter()
             .filter_map(|id| self.item(&dedup_key(id, ItemKind::Result), 1))
             .collect();
+        // Hand the results over first, then record them as delivered: a crash in between
+        // delivers them again at a boundary (at-least-once, same dedup keys), never loses them.
+        let handed = reply.is_some_and(|tx| tx.send(Ok(items)).is_ok());
+        if !handed {
+            // Nobody is waiting any more: the results go out at boundaries instead.
+            if let Some(c) = self.calls.get_mut(call_id) {
+                c.row.mode = Mode::Background;
+            }
+            for id in &ids {
+                let attempts = self.children.get(id).map(|r| r.result.failed_attempts).unwrap_or(0);
+                self.router.publish(dedup_key(id, ItemKind::Result), attempts);
+            }
+            self.after_change(ctx);
+            return;
+        }
         let mut rows = Vec::new();
         for id in &ids {
             if let Some(row) = self.children.get_mut(id) {
@@ -745,36 +854,12 @@ impl SessionOwner {
             super::flush(ledger).await
         }
         .into_actor(self)
-        .map(move |res, act, ctx| {
-            let reply = act.calls.get_mut(&call_id).and_then(|c| c.sync_reply.take());
-            match res {
-                Ok(_) => {
-                    if let Some(tx) = reply {
-                        let _ = tx.send(Ok(items));
-                    }
-                    act.gc_call(&call_id);
-                }
-                Err(e) => {
-                    // Not recorded as delivered: the results go out at the next boundary instead.
-                    tracing::warn!(call = %call_id, "recording sync delivery failed: {e}");
-                    for id in &ids {
-                        if let Some(row) = act.children.get_mut(id) {
-                            row.result.delivered = false;
-                            act.router
-                                .publish(dedup_key(id, ItemKind::Result), row.result.failed_attempts);
-                        }
-                    }
-                    if let Some(c) = act.calls.get_mut(&call_id) {
-                        c.row.mode = Mode::Background;
-                    }
-                    if let Some(tx) = reply {
-                        let _ = tx.send(Err(OwnerError::Ledger(format!(
-                            "{e}; the results were kept and will be delivered at the next boundary"
-                        ))));
-                    }
-                    act.after_change(ctx);
-                }
-            }
+        .map(move |res, act, _| match res {
+            Ok(_) => act.gc_call(&call_id),
+            Err(e) => tracing::warn!(
+                call = %call_id,
+                "sync results were returned but recording them as delivered failed ({e}); after a restart they are delivered again"
+            ),
         })
         .spawn(ctx);
     }
@@ -841,31 +926,55 @@ impl SessionOwner {
                 }
             }
         }
+        // Dead letters first: a crash may then leave a dead letter whose child row still says
+        // "not dead" (it is delivered again, at-least-once), never a dead item without its row.
+        let ledger = self.engine.ledger.clone();
+        let dead_written = if dead.is_empty() {
+            Ok(())
+        } else {
+            ledger.put_dead_letters(&dead)
+        };
         let rows: Vec<ChildRow> = touched.iter().filter_map(|id| self.children.get(id).cloned()).collect();
-        if let Err(e) = self.engine.ledger.put_children(&rows) {
+        if let Err(e) = ledger.put_children(&rows) {
             tracing::warn!(session = %self.session.session_id, "writing delivery attempts failed: {e}");
         }
         if dead.is_empty() {
             return;
         }
         tracing::warn!(session = %self.session.session_id, items = dead.len(), "items moved to the dead-letter tree: {why}");
-        let ledger = self.engine.ledger.clone();
-        let written = ledger.put_dead_letters(&dead);
-        let calls: BTreeSet<String> = dead.iter().map(|d| d.call_id.clone()).collect();
         async move {
-            written?;
+            dead_written?;
             super::flush(ledger).await
         }
         .into_actor(self)
-        .map(move |res, act, _| match res {
-            Ok(_) => calls.iter().for_each(|c| act.gc_call(c)),
-            Err(e) => tracing::error!(session = %act.session.session_id, "dead letters not flushed: {e}"),
+        .map(move |res, act, ctx| match res {
+            Ok(_) => {
+                let calls: BTreeSet<String> = dead.iter().map(|d| d.call_id.clone()).collect();
+                calls.iter().for_each(|c| act.gc_call(c));
+            }
+            Err(e) => {
+                // Not durably dead: back to the ready set, to be tried (and given up) again.
+                tracing::error!(session = %act.session.session_id, "dead letters not recorded ({e}); the items stay ready");
+                let mut rows = Vec::new();
+                for d in &dead {
+                    act.router.revive(&d.dedup_key);
+                    if let Some(row) = act.children.get_mut(&d.child_id) {
+                        row.delivery_mut(d.kind).dead = false;
+                        rows.push(row.clone());
+                    }
+                }
+                let _ = act.engine.ledger.put_children(&rows);
+                act.after_change(ctx);
+            }
         })
         .spawn(ctx);
     }
 
     /// Drops a call from memory once every item of it is delivered or dead.
     fn gc_call(&mut self, call_id: &str) {
+        if !self.acking.is_empty() {
+            return; // an ack that fails must still find its rows; collect later
+        }
         let Some(call) = self.calls.get(call_id) else { return };
         if call.incomplete_units > 0 {
             return;
@@ -924,17 +1033,23 @@ impl SessionOwner {
             let delay = Duration::from_millis(at.saturating_sub(now_ms()));
             let handle = ctx.run_later(delay, |act, ctx| {
                 act.timer = None;
-                let now = now_ms();
-                for (claim_id, returned) in act.router.tick(now) {
-                    tracing::debug!(claim = %claim_id, "lease expired");
-                    act.persist_returned(returned, "lease expired on the last delivery attempt", ctx);
-                    if let Err(e) = act.engine.ledger.remove_claims(&[claim_id]) {
-                        tracing::warn!("forgetting an expired claim failed: {e}");
-                    }
-                }
+                act.expire_due(ctx);
                 act.after_change(ctx);
             });
             self.timer = Some((at, handle));
+        }
+    }
+
+    /// Ends the claims whose lease ran out and readies backed-off items whose time came. Runs
+    /// from the timer, and first thing in every claim handler, so a boundary or ack never acts
+    /// on a lease that already ended.
+    fn expire_due(&mut self, ctx: &mut Context<Self>) {
+        for (claim_id, returned) in self.router.tick(now_ms()) {
+            tracing::debug!(claim = %claim_id, "lease expired");
+            self.persist_returned(returned, "lease expired on the last delivery attempt", ctx);
+            if let Err(e) = self.engine.ledger.remove_claims(&[claim_id]) {
+                tracing::warn!("forgetting an expired claim failed: {e}");
+            }
         }
     }
 
@@ -955,54 +1070,66 @@ impl SessionOwner {
 pub struct SessionSnapshot {
     /// Its calls.
     pub calls: Vec<CallRow>,
-    /// Units by call id.
-    pub units: HashMap<String, Vec<UnitRow>>,
     /// Children by call id.
     pub children: HashMap<String, Vec<ChildRow>>,
     /// Claims that were live.
     pub claims: Vec<ClaimRow>,
 }
 
-/// Splits a ledger snapshot by session.
-pub fn split_snapshot(snapshot: Snapshot) -> HashMap<String, SessionSnapshot> {
+/// Rows whose call row is missing: a dispatch cut short by a crash before its reply (the call
+/// row is written last), to be removed.
+#[derive(Debug, Default)]
+pub struct Orphans {
+    /// Call id → (unit ids, child ids).
+    pub calls: HashMap<String, (Vec<String>, Vec<String>)>,
+}
+
+/// Splits a ledger snapshot by session, setting orphaned rows apart. Unit rows are not needed
+/// to rebuild: units are planned again from the call row, which is what planned them.
+pub fn split_snapshot(snapshot: Snapshot) -> (HashMap<String, SessionSnapshot>, Orphans) {
     let mut out: HashMap<String, SessionSnapshot> = HashMap::new();
+    let mut orphans = Orphans::default();
     let mut call_session: HashMap<String, String> = HashMap::new();
     for call in snapshot.calls {
         call_session.insert(call.call_id.clone(), call.session_id.clone());
         out.entry(call.session_id.clone()).or_default().calls.push(call);
     }
     for unit in snapshot.units {
-        if let Some(s) = call_session.get(&unit.call_id) {
-            out.entry(s.clone())
-                .or_default()
-                .units
+        if !call_session.contains_key(&unit.call_id) {
+            orphans
+                .calls
                 .entry(unit.call_id.clone())
                 .or_default()
-                .push(unit);
+                .0
+                .push(unit.unit_id);
         }
     }
     for child in snapshot.children {
-        if call_session.contains_key(&child.call_id) {
-            out.entry(child.session_id.clone())
+        match call_session.get(&child.call_id) {
+            Some(session) => out
+                .entry(session.clone())
                 .or_default()
                 .children
                 .entry(child.call_id.clone())
                 .or_default()
-                .push(child);
+                .push(child),
+            None => orphans
+                .calls
+                .entry(child.call_id.clone())
+                .or_default()
+                .1
+                .push(child.child_id),
         }
     }
     for claim in snapshot.claims {
         out.entry(claim.session_id.clone()).or_default().claims.push(claim);
     }
     for s in out.values_mut() {
-        for units in s.units.values_mut() {
-            units.sort_by_key(|u| u.tasks.first().copied());
-        }
         for children in s.children.values_mut() {
             children.sort_by_key(|c| c.task_index);
         }
     }
-    out
+    (out, orphans)
 }
 
 impl Actor for SessionOwner {
@@ -1162,6 +1289,7 @@ impl Handler<Boundary> for SessionOwner {
 
     fn handle(&mut self, msg: Boundary, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
+        self.expire_due(ctx);
         let now = now_ms();
         self.wake_state.boundary();
         let claim_id = new_claim_id(&self.session.session_id);
@@ -1195,8 +1323,17 @@ impl Handler<Boundary> for SessionOwner {
 impl Handler<Ack> for SessionOwner {
     type Result = ResponseActFuture<Self, Result<usize, OwnerError>>;
 
-    fn handle(&mut self, Ack { claim_id }: Ack, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, Ack { claim_id }: Ack, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
+        if let Some(waiters) = self.acking.get_mut(&claim_id) {
+            // The same claim's ack is being made durable: answer when it is, not before.
+            let (tx, rx) = oneshot::channel();
+            waiters.push(tx);
+            return Box::pin(fut::wrap_future(
+                async move { rx.await.unwrap_or(Err(OwnerError::Stopped)) },
+            ));
+        }
+        self.expire_due(ctx);
         let lease = self.router.lease_of(&claim_id);
         let acked = match self.router.ack(&claim_id) {
             Ok(a) => a,
@@ -1221,37 +1358,48 @@ impl Handler<Ack> for SessionOwner {
             .and_then(|_| ledger.remove_claims(std::slice::from_ref(&claim_id)));
         let delivered = acked.delivered;
         let items = acked.items;
+        self.acking.insert(claim_id.clone(), Vec::new());
         Box::pin(
             async move {
                 written?;
                 super::flush(ledger).await
             }
             .into_actor(self)
-            .map(move |res, act, ctx| match res {
-                Ok(_) => {
-                    let calls: BTreeSet<String> = touched
-                        .iter()
-                        .filter_map(|id| act.children.get(id).map(|r| r.call_id.clone()))
-                        .collect();
-                    for c in calls {
-                        act.gc_call(&c);
+            .map(move |res, act, ctx| {
+                let waiters = act.acking.remove(&claim_id).unwrap_or_default();
+                match res {
+                    Ok(_) => {
+                        for w in waiters {
+                            let _ = w.send(Ok(delivered));
+                        }
+                        let calls: BTreeSet<String> = touched
+                            .iter()
+                            .filter_map(|id| act.children.get(id).map(|r| r.call_id.clone()))
+                            .collect();
+                        for c in calls {
+                            act.gc_call(&c);
+                        }
+                        Ok(delivered)
                     }
-                    Ok(delivered)
-                }
-                Err(e) => {
-                    // Not durable, so not delivered: the claim is live again, as it was.
-                    for key in &items {
-                        if let Some((child, kind)) = parse_dedup_key(key) {
-                            if let Some(row) = act.children.get_mut(child) {
-                                row.delivery_mut(kind).delivered = false;
+                    Err(e) => {
+                        // Not durable, so not delivered: the claim is live again, as it was.
+                        for key in &items {
+                            if let Some((child, kind)) = parse_dedup_key(key) {
+                                if let Some(row) = act.children.get_mut(child) {
+                                    row.delivery_mut(kind).delivered = false;
+                                }
                             }
                         }
+                        let rows: Vec<ChildRow> =
+                            touched.iter().filter_map(|id| act.children.get(id).cloned()).collect();
+                        let _ = act.engine.ledger.put_children(&rows);
+                        act.router.undo_ack(&claim_id, items, lease.unwrap_or_else(now_ms));
+                        for w in waiters {
+                            let _ = w.send(Err(OwnerError::Ledger(e.to_string())));
+                        }
+                        act.after_change(ctx);
+                        Err(OwnerError::from(e))
                     }
-                    let rows: Vec<ChildRow> = touched.iter().filter_map(|id| act.children.get(id).cloned()).collect();
-                    let _ = act.engine.ledger.put_children(&rows);
-                    act.router.undo_ack(&claim_id, items, lease.unwrap_or_else(now_ms));
-                    act.after_change(ctx);
-                    Err(OwnerError::from(e))
                 }
             }),
         )
@@ -1263,6 +1411,7 @@ impl Handler<Release> for SessionOwner {
 
     fn handle(&mut self, msg: Release, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
+        self.expire_due(ctx);
         let returned = self
             .router
             .release(now_ms(), &msg.claim_id, msg.reason, msg.retry_after_ms)?;

@@ -101,7 +101,11 @@ impl Supervisor {
         let mut snapshot = ledger.load()?;
         let sessions = std::mem::take(&mut snapshot.sessions);
         let claim_ids: Vec<String> = snapshot.claims.iter().map(|c| c.claim_id.clone()).collect();
-        let mut parts = split_snapshot(snapshot);
+        let (mut parts, orphans) = split_snapshot(snapshot);
+        for (call_id, (unit_ids, child_ids)) in &orphans.calls {
+            tracing::info!(call = %call_id, "removing the rows of a call whose dispatch a crash cut short");
+            ledger.remove_dispatch(call_id, unit_ids, child_ids)?;
+        }
         let mut recovered = Vec::new();
         let mut changed = Vec::new();
         for session in sessions {
@@ -110,7 +114,7 @@ impl Supervisor {
             changed.extend(rows);
             recovered.push(owner);
         }
-        if !changed.is_empty() || !claim_ids.is_empty() {
+        if !changed.is_empty() || !claim_ids.is_empty() || !orphans.calls.is_empty() {
             tracing::info!(
                 children = changed.len(),
                 claims = claim_ids.len(),
@@ -182,19 +186,24 @@ impl Supervisor {
         }
     }
 
-    /// Reads one session back from the ledger for an in-process owner restart.
+    /// Reads one session back from the ledger for an in-process owner restart. The ledger is
+    /// flushed first, so the rebuilt owner publishes nothing that is not durable (I1).
     fn rebuild_owner(&self, id: &str) -> Result<SessionOwner, LedgerError> {
+        self.engine.ledger.flush()?;
         let mut snapshot = self.engine.ledger.load()?;
         let session = snapshot
             .sessions
             .drain(..)
             .find(|s| s.session_id == id)
             .ok_or_else(|| LedgerError::Storage(format!("session `{id}` has no row")))?;
-        let part: SessionSnapshot = split_snapshot(snapshot).remove(id).unwrap_or_default();
+        let part: SessionSnapshot = split_snapshot(snapshot).0.remove(id).unwrap_or_default();
         let claim_ids: Vec<String> = part.claims.iter().map(|c| c.claim_id.clone()).collect();
-        let (owner, changed) = SessionOwner::recover(self.engine.clone(), session, &part, Recovery::Owner);
+        let (mut owner, changed) = SessionOwner::recover(self.engine.clone(), session, &part, Recovery::Owner);
         self.engine.ledger.put_children(&changed)?;
         self.engine.ledger.remove_claims(&claim_ids)?;
+        if let Some(wake) = self.wakes.get(id) {
+            owner.bind_wake(wake.clone());
+        }
         Ok(owner)
     }
 
