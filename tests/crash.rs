@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use brood::ledger::{Ledger, SledLedger};
 use brood::{
-    Brood, BroodConfig, ChildStatus, DelegateRequest, DelegateRequestExt, ItemKind, ReleaseReason,
-    SessionOptions, TaskSpec,
+    Brood, BroodConfig, ChildStatus, DelegateRequest, DelegateRequestExt, ItemKind, ReleaseReason, SessionOptions,
+    TaskSpec,
 };
 use serde_json::json;
 
@@ -48,14 +48,31 @@ impl Rng {
 
 fn main() {
     if let Ok(dir) = std::env::var(WORKER_ENV) {
-        let seed = std::env::var("BROOD_CRASH_WORKER_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        let seed = std::env::var("BROOD_CRASH_WORKER_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
         rt.block_on(worker(PathBuf::from(dir), seed));
         return;
     }
-    let rounds: u64 = std::env::var("BROOD_CRASH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(50);
-    let seed: u64 = std::env::var("BROOD_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let rounds: u64 = std::env::var("BROOD_CRASH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50);
+    let seed: u64 = std::env::var("BROOD_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     let started = Instant::now();
     let mut totals = Totals::default();
     for round in 0..rounds {
@@ -110,11 +127,18 @@ impl Log {
 
 /// The worker: delegates calls and runs two consumers until it is killed.
 async fn worker(dir: PathBuf, seed: u64) {
-    let file = OpenOptions::new().create(true).append(true).open(dir.join("worker.log")).expect("log");
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("worker.log"))
+        .expect("log");
     let log = Log(Arc::new(Mutex::new(file)));
     let brood = Arc::new(Brood::open(BroodConfig::new(dir.join("ledger"))).expect("open"));
     brood
-        .open_session(SESSION, SessionOptions::default().wake(|_| {}).max_concurrent_children(6))
+        .open_session(
+            SESSION,
+            SessionOptions::default().wake(|_| {}).max_concurrent_children(6),
+        )
         .await
         .expect("session");
     for c in 0..2u64 {
@@ -123,10 +147,16 @@ async fn worker(dir: PathBuf, seed: u64) {
         tokio::spawn(async move {
             let mut rng = Rng(seed ^ (c + 1) * 0x1234_5678);
             loop {
-                match brood.boundary(SESSION, &format!("consumer-{c}"), Duration::from_millis(300)).await {
+                match brood
+                    .boundary(SESSION, &format!("consumer-{c}"), Duration::from_millis(300))
+                    .await
+                {
                     Ok(Some(env)) => {
-                        let items: Vec<String> =
-                            env.items.iter().map(|i| format!("{}={}", i.dedup_key, i.status.as_str())).collect();
+                        let items: Vec<String> = env
+                            .items
+                            .iter()
+                            .map(|i| format!("{}={}", i.dedup_key, i.status.as_str()))
+                            .collect();
                         log.line(format!("claim {} {}", env.claim_id, items.join(" ")));
                         match rng.below(6) {
                             0 => {
@@ -153,7 +183,10 @@ async fn worker(dir: PathBuf, seed: u64) {
             .map(|i| {
                 let ms = rng.below(60);
                 let outcome = if rng.below(10) == 0 { "fail" } else { "ok" };
-                let mut t = TaskSpec::new(format!("task {i}"), json!({"kind": "sim", "ms": ms, "outcome": outcome}));
+                let mut t = TaskSpec::new(
+                    format!("task {i}"),
+                    json!({"kind": "sim", "ms": ms, "outcome": outcome}),
+                );
                 if rng.below(3) == 0 {
                     t.group = Some(format!("g{}", rng.below(2)));
                 }
@@ -180,7 +213,11 @@ struct WorkerLog {
 
 fn read_log(path: &Path) -> WorkerLog {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let mut log = WorkerLog { calls: BTreeMap::new(), claims: BTreeMap::new(), acked: BTreeSet::new() };
+    let mut log = WorkerLog {
+        calls: BTreeMap::new(),
+        claims: BTreeMap::new(),
+        acked: BTreeSet::new(),
+    };
     for line in text.lines() {
         // A line cut by the kill has no newline; `lines` still yields it, so check its shape.
         let mut words = line.split(' ');
@@ -246,9 +283,15 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
     let rows: BTreeMap<&str, _> = before.children.iter().map(|c| (c.child_id.as_str(), c)).collect();
     let calls: BTreeSet<&str> = before.calls.iter().map(|c| c.call_id.as_str()).collect();
     for (call, n) in &log.calls {
-        assert!(calls.contains(call.as_str()), "round {round}: accepted call {call} is not in the ledger");
+        assert!(
+            calls.contains(call.as_str()),
+            "round {round}: accepted call {call} is not in the ledger"
+        );
         for i in 0..*n {
-            assert!(rows.contains_key(format!("{call}.{i}").as_str()), "round {round}: child {call}.{i} missing");
+            assert!(
+                rows.contains_key(format!("{call}.{i}").as_str()),
+                "round {round}: child {call}.{i} missing"
+            );
         }
     }
     let delivered_key = |key: &str| {
@@ -258,15 +301,24 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
     let mut acked_keys = BTreeSet::new();
     for claim in &log.acked {
         for (key, _) in log.claims.get(claim).map(Vec::as_slice).unwrap_or(&[]) {
-            assert!(delivered_key(key), "round {round}: acked item {key} is not delivered in the ledger");
+            assert!(
+                delivered_key(key),
+                "round {round}: acked item {key} is not delivered in the ledger"
+            );
             acked_keys.insert(key.clone());
         }
     }
     for items in log.claims.values() {
         for (key, status) in items {
             let (child, _) = brood::model::parse_dedup_key(key).expect("dedup key");
-            let row = rows.get(child).unwrap_or_else(|| panic!("round {round}: handed-out {key} has no row"));
-            assert_eq!(row.status.as_str(), status, "round {round}: recorded result of {key} changed");
+            let row = rows
+                .get(child)
+                .unwrap_or_else(|| panic!("round {round}: handed-out {key} has no row"));
+            assert_eq!(
+                row.status.as_str(),
+                status,
+                "round {round}: recorded result of {key} changed"
+            );
         }
     }
     let delivered_before: BTreeSet<String> = before
@@ -279,17 +331,28 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
                 .map(|k| brood::model::dedup_key(&c.child_id, k))
         })
         .collect();
-    let were_running: BTreeSet<String> =
-        before.children.iter().filter(|c| c.status == ChildStatus::Running).map(|c| c.child_id.clone()).collect();
+    let were_running: BTreeSet<String> = before
+        .children
+        .iter()
+        .filter(|c| c.status == ChildStatus::Running)
+        .map(|c| c.child_id.clone())
+        .collect();
 
     // Recover and drain everything.
     let brood = Brood::open(BroodConfig::new(&ledger_dir)).expect("recover");
-    brood.open_session(SESSION, SessionOptions::default().wake(|_| {})).await.expect("session");
+    brood
+        .open_session(SESSION, SessionOptions::default().wake(|_| {}))
+        .await
+        .expect("session");
     let mut after: BTreeMap<String, (ChildStatus, bool)> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         assert!(Instant::now() < deadline, "round {round}: recovery never drained");
-        match brood.boundary(SESSION, "checker", Duration::from_secs(60)).await.expect("boundary") {
+        match brood
+            .boundary(SESSION, "checker", Duration::from_secs(60))
+            .await
+            .expect("boundary")
+        {
             Some(env) => {
                 for item in &env.items {
                     assert!(
@@ -298,7 +361,11 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
                         item.dedup_key
                     );
                     let again = after.insert(item.dedup_key.clone(), (item.status, item.recovered));
-                    assert!(again.is_none(), "round {round}: {} delivered twice after recovery", item.dedup_key);
+                    assert!(
+                        again.is_none(),
+                        "round {round}: {} delivered twice after recovery",
+                        item.dedup_key
+                    );
                 }
                 assert_eq!(brood.ack(&env.claim_id).await.expect("ack"), env.items.len());
             }
@@ -322,7 +389,10 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
 
     // Every child of every call: its result delivered exactly once, or dead-lettered.
     let final_rows = SledLedger::open(&ledger_dir).expect("reopen").load().expect("load");
-    let mut t = Totals { calls: before.calls.len(), ..Totals::default() };
+    let mut t = Totals {
+        calls: before.calls.len(),
+        ..Totals::default()
+    };
     for c in &final_rows.children {
         let key = brood::model::dedup_key(&c.child_id, ItemKind::Result);
         let was_before = delivered_before.contains(&key);
@@ -348,7 +418,11 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
             match c.status {
                 ChildStatus::Unknown => t.unknown += 1,
                 _ => {
-                    assert!(c.attempt >= 2, "round {round}: {} was running at the kill but did not re-run", c.child_id);
+                    assert!(
+                        c.attempt >= 2,
+                        "round {round}: {} was running at the kill but did not re-run",
+                        c.child_id
+                    );
                     t.rerun += 1;
                 }
             }
