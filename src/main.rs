@@ -37,6 +37,37 @@ enum Command {
         #[arg(long, default_value_t = 250)]
         turn_ms: u64,
     },
+    /// Run a seeded fault campaign (faults and SIGKILLs) and check the invariants.
+    Chaos(ChaosArgs),
+    /// One life of a chaos campaign's worker (started by `brood chaos`).
+    #[command(hide = true)]
+    ChaosWorker {
+        #[command(flatten)]
+        args: ChaosArgs,
+        /// Which life of the campaign this is.
+        #[arg(long)]
+        life: usize,
+    },
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct ChaosArgs {
+    /// The seed: the same seed gives the same fault plan.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Children to deliver in all.
+    #[arg(long, default_value_t = 500)]
+    children: usize,
+    /// Mean time between SIGKILLs (e.g. 500ms, 2s).
+    #[arg(long, default_value = "1s", value_parser = brood::chaos::parse_duration)]
+    kill_every: Duration,
+    /// Faults to inject: kill, ledger_write, ledger_flush, coalescer_handoff, owner_handler,
+    /// runner_hang, or all. Faults other than kill need a build with `--features failpoints`.
+    #[arg(long, default_value = "kill")]
+    faults: String,
+    /// The campaign's folder; must be empty or absent.
+    #[arg(long, default_value = "./brood-chaos")]
+    data_dir: PathBuf,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,6 +83,39 @@ fn main() -> anyhow::Result<()> {
         Command::Demo { data_dir, turn_ms } => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             rt.block_on(demo(data_dir, turn_ms))
+        }
+        Command::Chaos(args) => {
+            let faults = brood::chaos::Fault::parse_list(&args.faults).map_err(anyhow::Error::msg)?;
+            let campaign = brood::chaos::Campaign {
+                seed: args.seed,
+                children: args.children,
+                kill_every: args.kill_every,
+                faults,
+                data_dir: args.data_dir,
+            };
+            let exe = std::env::current_exe().context("finding the brood executable")?;
+            let summary = brood::chaos::run(&campaign, &exe).map_err(anyhow::Error::msg)?;
+            if summary.acked_twice > 0 {
+                eprintln!("chaos: {} items were acked twice (I2 broken)", summary.acked_twice);
+            }
+            println!("{}", summary.line());
+            if summary.broken() {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::ChaosWorker { args, life } => {
+            let faults = brood::chaos::Fault::parse_list(&args.faults).map_err(anyhow::Error::msg)?;
+            let plan = brood::chaos::Plan::new(args.seed, &faults, args.kill_every);
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(brood::chaos::worker(
+                &args.data_dir,
+                args.seed,
+                args.children,
+                life,
+                plan,
+            ))
+            .map_err(anyhow::Error::msg)
         }
     }
 }

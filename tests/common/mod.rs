@@ -1,0 +1,341 @@
+//! Shared helpers of the integration tests: a brood over a temporary sled folder, test runners
+//! (gates that finish when the test says so, a probe that measures real concurrency), a wake
+//! log, and bounded polling. Nothing here asserts on timings: every wait polls a condition with a
+//! generous deadline.
+#![allow(dead_code)]
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use brood::model::{child_id, dedup_key};
+use brood::{
+    Brood, BroodConfig, ChildStatus, Envelope, ItemKind, ReadyItem, RunContext, RunOutput, Runner, Runners,
+    SessionOptions, SessionStatus, TaskSpec, WakeEvent,
+};
+use futures::future::LocalBoxFuture;
+use serde_json::{json, Value};
+use tempfile::TempDir;
+use tokio::sync::Semaphore;
+
+/// How long any wait may take before the test fails. Generous: CI machines are shared.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+/// A lease that never runs out during a test.
+pub const LONG_LEASE: Duration = Duration::from_secs(60);
+
+/// Polls `$body` (an expression yielding `Option<T>`, may `.await`) until it is `Some`, or
+/// panics after [`DEADLINE`] naming `$what`.
+#[macro_export]
+macro_rules! wait_for {
+    ($what:expr, $body:expr) => {{
+        let deadline = ::std::time::Instant::now() + $crate::common::DEADLINE;
+        loop {
+            if let Some(v) = $body {
+                break v;
+            }
+            if ::std::time::Instant::now() > deadline {
+                panic!("timed out after {:?} waiting for {}", $crate::common::DEADLINE, $what);
+            }
+            ::tokio::time::sleep(::std::time::Duration::from_millis(5)).await;
+        }
+    }};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runner specs and tasks
+
+/// A sim child working `ms` and succeeding.
+pub fn sim(ms: u64) -> Value {
+    json!({"kind": "sim", "ms": ms})
+}
+
+/// A sim child working `ms` and ending as `outcome` (`ok`, `fail`, `panic`, `hang`).
+pub fn sim_outcome(ms: u64, outcome: &str) -> Value {
+    json!({"kind": "sim", "ms": ms, "outcome": outcome})
+}
+
+/// A child that waits until the test opens gate `name`, then succeeds.
+pub fn gate(name: &str) -> Value {
+    json!({"kind": "gate", "gate": name})
+}
+
+/// A child that records its start and end in the [`Probe`], heartbeating, working `ms`.
+pub fn probe(ms: u64) -> Value {
+    json!({"kind": "probe", "ms": ms})
+}
+
+/// A task with defaults.
+pub fn task(goal: impl Into<String>, runner: Value) -> TaskSpec {
+    TaskSpec::new(goal, runner)
+}
+
+/// The dedup key of the result of task `index` of `call_id`.
+pub fn result_key(call_id: &str, index: u32) -> String {
+    dedup_key(&child_id(call_id, index), ItemKind::Result)
+}
+
+/// The dedup keys of an envelope.
+pub fn keys(env: &Envelope) -> BTreeSet<String> {
+    env.items.iter().map(|i| i.dedup_key.clone()).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Test runners
+
+/// Named gates: a gate child blocks until its gate is opened.
+#[derive(Default)]
+pub struct Gates {
+    sems: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl Gates {
+    fn sem(&self, name: &str) -> Arc<Semaphore> {
+        self.sems
+            .lock()
+            .unwrap()
+            .entry(name.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(0)))
+            .clone()
+    }
+
+    /// Opens gate `name` for good: every child waiting on it (and any later one) finishes.
+    pub fn open(&self, name: &str) {
+        self.sem(name).close();
+    }
+}
+
+struct GateRunner {
+    sem: Arc<Semaphore>,
+}
+
+impl Runner for GateRunner {
+    fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
+        Box::pin(async move {
+            // A closed semaphore answers every waiter with an error: that is the gate opening.
+            let _ = self.sem.acquire().await;
+            RunOutput::Succeeded {
+                summary: format!("gate passed: {}", ctx.goal),
+            }
+        })
+    }
+}
+
+/// Real concurrency of probe children, measured inside the runners themselves.
+#[derive(Default)]
+pub struct Probe {
+    /// Probe runners inside their run right now.
+    pub current: AtomicUsize,
+    /// The most that were ever inside at once.
+    pub max: AtomicUsize,
+    /// Child ids in the order their runners started.
+    pub starts: Mutex<Vec<String>>,
+}
+
+struct ProbeRunner {
+    ms: u64,
+    probe: Arc<Probe>,
+}
+
+impl Runner for ProbeRunner {
+    fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
+        Box::pin(async move {
+            let p = self.probe;
+            p.starts.lock().unwrap().push(ctx.child_id.clone());
+            let now = p.current.fetch_add(1, Ordering::SeqCst) + 1;
+            p.max.fetch_max(now, Ordering::SeqCst);
+            let started = Instant::now();
+            let total = Duration::from_millis(self.ms);
+            while started.elapsed() < total {
+                let left = total - started.elapsed();
+                tokio::time::sleep(left.min(Duration::from_millis(25))).await;
+                ctx.progress.beat();
+            }
+            // Leave before returning: the engine frees the slot only after the runner returned.
+            p.current.fetch_sub(1, Ordering::SeqCst);
+            RunOutput::Succeeded {
+                summary: format!("probe done: {}", ctx.goal),
+            }
+        })
+    }
+}
+
+/// The test runners shared by one test (across reopens).
+#[derive(Clone, Default)]
+pub struct Kit {
+    /// The gates of `gate` children.
+    pub gates: Arc<Gates>,
+    /// The probe of `probe` children.
+    pub probe: Arc<Probe>,
+}
+
+impl Kit {
+    /// `sim` plus `gate` and `probe`.
+    pub fn runners(&self) -> Runners {
+        let mut r = Runners::builtin();
+        let gates = self.gates.clone();
+        r.register("gate", move |spec| {
+            let name = spec
+                .get("gate")
+                .and_then(Value::as_str)
+                .ok_or("a gate runner needs a string `gate`")?;
+            Ok(Box::new(GateRunner { sem: gates.sem(name) }) as Box<dyn Runner>)
+        });
+        let probe = self.probe.clone();
+        r.register("probe", move |spec| {
+            let ms = spec
+                .get("ms")
+                .and_then(Value::as_u64)
+                .ok_or("a probe runner needs a number `ms`")?;
+            Ok(Box::new(ProbeRunner {
+                ms,
+                probe: probe.clone(),
+            }) as Box<dyn Runner>)
+        });
+        r
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wakes
+
+/// Records every wake of the sessions it is bound to.
+#[derive(Clone, Default)]
+pub struct WakeLog(Arc<Mutex<Vec<WakeEvent>>>);
+
+impl WakeLog {
+    /// A wake target appending to this log.
+    pub fn target(&self) -> impl Fn(WakeEvent) + Send + Sync + 'static {
+        let log = self.0.clone();
+        move |ev| log.lock().unwrap().push(ev)
+    }
+
+    /// Wakes so far.
+    pub fn count(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// The wakes so far.
+    pub fn events(&self) -> Vec<WakeEvent> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine under test
+
+/// A brood over a temporary sled folder, reopenable.
+pub struct TestBrood {
+    // Declared first so that it is dropped (and the ledger closed) before the folder goes.
+    brood: Option<Arc<Brood>>,
+    /// The test runners.
+    pub kit: Kit,
+    dir: TempDir,
+}
+
+impl TestBrood {
+    /// A fresh engine over an empty folder.
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let kit = Kit::default();
+        let brood =
+            Brood::open(BroodConfig::new(dir.path().join("ledger")).runners(kit.runners())).expect("open brood");
+        TestBrood {
+            brood: Some(Arc::new(brood)),
+            kit,
+            dir,
+        }
+    }
+
+    /// The engine.
+    pub fn b(&self) -> &Brood {
+        self.brood.as_deref().expect("brood is open")
+    }
+
+    /// The engine, shareable with spawned tasks (give every clone back before [`Self::reopen`]).
+    pub fn arc(&self) -> Arc<Brood> {
+        self.brood.clone().expect("brood is open")
+    }
+
+    /// The folder a crashed process may have written next to the ledger.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// `shutdown()` and `Brood::open` the same folder again (what a restart does).
+    pub fn reopen(&mut self) {
+        let brood = self.brood.take().expect("brood is open");
+        match Arc::try_unwrap(brood) {
+            Ok(b) => b.shutdown(),
+            Err(_) => panic!("the brood is still shared by a task; cannot shut it down"),
+        }
+        let brood = Brood::open(BroodConfig::new(self.dir.path().join("ledger")).runners(self.kit.runners()))
+            .expect("reopen brood on the same folder");
+        self.brood = Some(Arc::new(brood));
+    }
+}
+
+/// Opens (or re-binds) a wake-capable session with a no-op wake target.
+pub async fn open_wake(b: &Brood, session: &str) {
+    b.open_session(session, SessionOptions::default().wake(|_| {}))
+        .await
+        .expect("open session");
+}
+
+/// Polls boundaries until one returns an envelope.
+pub async fn next_envelope(b: &Brood, session: &str, consumer: &str, lease: Duration) -> Envelope {
+    wait_for!(
+        format!("an envelope for session `{session}`"),
+        b.boundary(session, consumer, lease).await.expect("boundary")
+    )
+}
+
+/// Polls the status until `pred` holds.
+pub async fn status_until(
+    b: &Brood,
+    session: &str,
+    what: &str,
+    pred: impl Fn(&SessionStatus) -> bool,
+) -> SessionStatus {
+    wait_for!(what, {
+        let st = b.status(session).await.expect("status");
+        pred(&st).then_some(st)
+    })
+}
+
+/// The status of task `index` of `call_id`, if the call is still in memory.
+pub fn child_status(st: &SessionStatus, call_id: &str, index: u32) -> Option<ChildStatus> {
+    st.calls
+        .iter()
+        .find(|c| c.call.call_id == call_id)?
+        .children
+        .iter()
+        .find(|c| c.task_index == index)
+        .map(|c| c.status)
+}
+
+/// Takes and acks envelopes until `n` result items arrived; returns every item seen (results
+/// and failure notices), in arrival order.
+pub async fn collect_results(b: &Brood, session: &str, n: usize) -> Vec<ReadyItem> {
+    let mut seen = Vec::new();
+    let mut results = 0;
+    while results < n {
+        let env = next_envelope(b, session, "collector", LONG_LEASE).await;
+        let acked = b.ack(&env.claim_id).await.expect("ack");
+        assert_eq!(acked, env.items.len(), "an ack delivers every item of its claim");
+        results += env.items.iter().filter(|i| i.kind == ItemKind::Result).count();
+        seen.extend(env.items);
+    }
+    assert_eq!(results, n, "more results arrived than the calls had tasks");
+    seen
+}
+
+/// Lets anything already decided (a wake spawned by the owner) run: a few round trips through
+/// the owner's mailbox and a short pause. Only ever used before asserting that something did
+/// *not* happen, so a slow machine can make it miss a bug but never fail a correct engine.
+pub async fn settle(b: &Brood, session: &str) {
+    for _ in 0..3 {
+        b.status(session).await.expect("status");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
