@@ -96,7 +96,10 @@ fn main() -> anyhow::Result<()> {
             let exe = std::env::current_exe().context("finding the brood executable")?;
             let summary = brood::chaos::run(&campaign, &exe).map_err(anyhow::Error::msg)?;
             if summary.acked_twice > 0 {
-                eprintln!("chaos: {} items were acked twice (I2 broken)", summary.acked_twice);
+                println!("chaos: {} items were acked twice (I2 broken)", summary.acked_twice);
+            }
+            if summary.dead > 0 {
+                println!("chaos: {} results ran out of delivery attempts and were dead-lettered", summary.dead);
             }
             println!("{}", summary.line());
             if summary.broken() {
