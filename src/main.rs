@@ -99,7 +99,10 @@ fn main() -> anyhow::Result<()> {
                 println!("chaos: {} items were acked twice (I2 broken)", summary.acked_twice);
             }
             if summary.dead > 0 {
-                println!("chaos: {} results ran out of delivery attempts and were dead-lettered", summary.dead);
+                println!(
+                    "chaos: {} results ran out of delivery attempts and were dead-lettered",
+                    summary.dead
+                );
             }
             println!("{}", summary.line());
             if summary.broken() {

@@ -9,9 +9,17 @@ fn brood() -> Command {
 #[test]
 fn the_demo_delivers_every_child_once_and_exits_zero() {
     let dir = tempfile::TempDir::new().unwrap();
-    let out = brood().args(["demo", "--data-dir"]).arg(dir.path().join("data")).output().unwrap();
+    let out = brood()
+        .args(["demo", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "demo failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "demo failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let tally = stdout.lines().find(|l| l.starts_with("tally:")).expect("a tally line");
     assert!(tally.contains("children 12, results delivered once 12"), "{tally}");
     assert!(tally.contains("failure notices 1, duplicates 0, lost 0"), "{tally}");
@@ -22,11 +30,18 @@ fn the_demo_delivers_every_child_once_and_exits_zero() {
 
 /// Parses `chaos: children N, faults F, kills K, delivered-once D, duplicates U, lost L, unknown X`.
 fn parse_summary(line: &str) -> Vec<(String, u64)> {
-    let rest = line.strip_prefix("chaos: ").unwrap_or_else(|| panic!("not a chaos line: {line}"));
+    let rest = line
+        .strip_prefix("chaos: ")
+        .unwrap_or_else(|| panic!("not a chaos line: {line}"));
     rest.split(", ")
         .map(|part| {
-            let (name, n) = part.rsplit_once(' ').unwrap_or_else(|| panic!("bad part `{part}` in {line}"));
-            (name.to_string(), n.parse().unwrap_or_else(|_| panic!("bad number in {line}")))
+            let (name, n) = part
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("bad part `{part}` in {line}"));
+            (
+                name.to_string(),
+                n.parse().unwrap_or_else(|_| panic!("bad number in {line}")),
+            )
         })
         .collect()
 }
@@ -36,18 +51,50 @@ fn chaos_survives_kills_and_faults_and_reports_one_line() {
     let dir = tempfile::TempDir::new().unwrap();
     let faults = if cfg!(feature = "failpoints") { "all" } else { "kill" };
     let out = brood()
-        .args(["chaos", "--seed", "4", "--children", "120", "--kill-every", "300ms", "--faults", faults])
+        .args([
+            "chaos",
+            "--seed",
+            "4",
+            "--children",
+            "120",
+            "--kill-every",
+            "300ms",
+            "--faults",
+            faults,
+        ])
         .arg("--data-dir")
         .arg(dir.path().join("campaign"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "chaos failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "chaos failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let last = stdout.lines().last().expect("a last line");
     let fields = parse_summary(last);
     let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["children", "faults", "kills", "delivered-once", "duplicates", "lost", "unknown"], "{last}");
-    let get = |name: &str| fields.iter().find(|(n, _)| n == name).map(|(_, v)| *v).unwrap_or(u64::MAX);
+    assert_eq!(
+        names,
+        [
+            "children",
+            "faults",
+            "kills",
+            "delivered-once",
+            "duplicates",
+            "lost",
+            "unknown"
+        ],
+        "{last}"
+    );
+    let get = |name: &str| {
+        fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+            .unwrap_or(u64::MAX)
+    };
     assert_eq!(get("children"), 120, "{last}");
     assert_eq!(get("lost"), 0, "{last}");
     assert_eq!(get("delivered-once"), 120, "{last}");
@@ -57,17 +104,36 @@ fn chaos_survives_kills_and_faults_and_reports_one_line() {
 #[test]
 fn chaos_refuses_bad_settings_with_a_reason() {
     let dir = tempfile::TempDir::new().unwrap();
-    let out = brood().args(["chaos", "--faults", "kill,flood", "--data-dir"]).arg(dir.path()).output().unwrap();
+    let out = brood()
+        .args(["chaos", "--faults", "kill,flood", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown fault `flood`"));
 
     std::fs::write(dir.path().join("precious.txt"), "keep me").unwrap();
-    let out = brood().args(["chaos", "--children", "5", "--data-dir"]).arg(dir.path()).output().unwrap();
+    let out = brood()
+        .args(["chaos", "--children", "5", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(std::fs::read_to_string(dir.path().join("precious.txt")).unwrap(), "keep me");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not empty"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("precious.txt")).unwrap(),
+        "keep me"
+    );
 
-    let out = brood().args(["chaos", "--kill-every", "soon", "--data-dir"]).arg(dir.path().join("x")).output().unwrap();
+    let out = brood()
+        .args(["chaos", "--kill-every", "soon", "--data-dir"])
+        .arg(dir.path().join("x"))
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a duration"));
 }

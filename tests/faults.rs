@@ -418,3 +418,69 @@ async fn recovery_replays_recorded_children_reruns_or_resolves_the_rest() {
     brood.ack(&env.claim_id).await.unwrap();
     brood.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_that_keeps_panicking_escalates_to_its_owner_and_then_gives_the_session_up() {
+    let _g = serial();
+    let dir = TempDir::new().unwrap();
+    let brood = open(&dir, "s").await;
+    failpoints::arm("unit_handler", u64::MAX);
+    brood
+        .delegate("s", DelegateRequest::background(vec![sim(0)]))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match brood.status("s").await {
+            Err(BroodError::SessionFailed { reason, .. }) => {
+                assert!(reason.contains("keeps panicking"), "{reason}");
+                break;
+            }
+            Ok(_) | Err(BroodError::Interrupted(_)) => {}
+            Err(e) => panic!("unexpected: {e}"),
+        }
+        assert!(Instant::now() < deadline, "the failure never escalated: it loops");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    failpoints::disarm_all();
+    brood.shutdown();
+    // The session is served again after a restart, and the child's task runs to its end.
+    let brood = open(&dir, "s").await;
+    let acked = drain(&brood, "s", 1).await;
+    assert_eq!(acked.len(), 1);
+    brood.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coalescer_that_keeps_panicking_stops_the_engine_and_nothing_is_lost() {
+    let _g = serial();
+    let dir = TempDir::new().unwrap();
+    let brood = open(&dir, "s").await;
+    failpoints::arm("coalescer_handler", u64::MAX);
+    let mut task = sim(0);
+    task.rerun_on_recovery = true;
+    brood
+        .delegate("s", DelegateRequest::background(vec![task]))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match brood.status("s").await {
+            Err(BroodError::Stopped) | Err(BroodError::Interrupted(_)) => break,
+            Ok(st) => assert_eq!(st.ready, 0, "nothing can be published without the coalescer"),
+            Err(e) => panic!("unexpected: {e}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the engine never stopped: the coalescer loops"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    failpoints::disarm_all();
+    brood.shutdown();
+    // Reopened, recovery re-runs the child (its result was never recorded) and delivers it.
+    let brood = open(&dir, "s").await;
+    let acked = drain(&brood, "s", 1).await;
+    assert_eq!(acked.len(), 1);
+    brood.shutdown();
+}

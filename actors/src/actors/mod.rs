@@ -34,6 +34,8 @@ pub struct Engine {
     pub owners: Owners,
     /// Children whose actor is alive (started by a unit and not yet stopped).
     pub live_children: Arc<DashSet<String>>,
+    /// The last turn state of each session, so a restarted owner keeps it.
+    pub turns: Arc<DashMap<String, crate::routing::Turn>>,
     coalescer: Arc<RwLock<Option<Addr<coalescer::Coalescer>>>>,
 }
 
@@ -54,6 +56,7 @@ impl Engine {
             factory,
             owners: Arc::new(DashMap::new()),
             live_children: Arc::new(DashSet::new()),
+            turns: Arc::new(DashMap::new()),
             coalescer: Arc::new(RwLock::new(None)),
         }
     }

@@ -421,13 +421,17 @@ impl std::fmt::Debug for SessionOwner {
 impl SessionOwner {
     /// A fresh owner for a session with nothing in flight.
     pub fn new(engine: Engine, session: SessionRow) -> Self {
+        let mut wake_state = WakeState::default();
+        if let Some(turn) = engine.turns.get(&session.session_id) {
+            wake_state.set_turn(*turn);
+        }
         SessionOwner {
             capacity: Capacity::new(session.max_concurrent_children as usize),
             router: Router::new(session.max_delivery_attempts),
             engine,
             session,
             wake: None,
-            wake_state: WakeState::default(),
+            wake_state,
             calls: HashMap::new(),
             units: HashMap::new(),
             children: HashMap::new(),
@@ -1433,6 +1437,8 @@ impl Handler<SetTurn> for SessionOwner {
 
     fn handle(&mut self, SetTurn(turn): SetTurn, ctx: &mut Context<Self>) {
         self.wake_state.set_turn(turn);
+        // Kept outside the actor too, so an owner restarted in-process knows the turn.
+        self.engine.turns.insert(self.session.session_id.clone(), turn);
         self.after_change(ctx);
     }
 }
