@@ -13,7 +13,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use brood::{Brood, BroodConfig, DelegateRequest, SessionOptions, TaskSpec};
+//! use brood::{Brood, BroodConfig, DelegateRequest, DelegateRequestExt, SessionOptions, TaskSpec};
 //! use serde_json::json;
 //!
 //! # async fn demo() -> Result<(), brood::BroodError> {
