@@ -145,7 +145,7 @@ async fn worker(dir: PathBuf, seed: u64) {
         let brood = brood.clone();
         let log = log.clone();
         tokio::spawn(async move {
-            let mut rng = Rng(seed ^ (c + 1) * 0x1234_5678);
+            let mut rng = Rng(seed ^ ((c + 1) * 0x1234_5678));
             loop {
                 match brood
                     .boundary(SESSION, &format!("consumer-{c}"), Duration::from_millis(300))

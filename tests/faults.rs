@@ -4,6 +4,8 @@
 //!
 //! Fault points are process-wide, so the tests of this file run one at a time (`SERIAL`).
 #![cfg(feature = "failpoints")]
+// The lock serialises whole tests, each on a runtime of its own; holding it across awaits is the point.
+#![allow(clippy::await_holding_lock)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
