@@ -181,45 +181,7 @@ impl BroodConfig {
 }
 
 /// Settings of a session; unset fields keep their current (or default) value.
-#[derive(Clone, Default)]
-pub struct SessionOptions {
-    /// Running children at most (default 8).
-    pub max_concurrent_children: Option<u32>,
-    /// Delivery attempts before dead-lettering (default 8).
-    pub max_delivery_attempts: Option<u32>,
-    /// The wake target; binding one makes the session wake-capable.
-    pub wake: Option<Arc<dyn Wake>>,
-}
-
-impl std::fmt::Debug for SessionOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionOptions")
-            .field("max_concurrent_children", &self.max_concurrent_children)
-            .field("max_delivery_attempts", &self.max_delivery_attempts)
-            .field("wake", &self.wake.is_some())
-            .finish()
-    }
-}
-
-impl SessionOptions {
-    /// Sets the capacity.
-    pub fn max_concurrent_children(mut self, n: u32) -> Self {
-        self.max_concurrent_children = Some(n);
-        self
-    }
-
-    /// Sets the dead-letter limit.
-    pub fn max_delivery_attempts(mut self, n: u32) -> Self {
-        self.max_delivery_attempts = Some(n);
-        self
-    }
-
-    /// Binds a wake target (an embedded callback).
-    pub fn wake(mut self, wake: impl Wake) -> Self {
-        self.wake = Some(Arc::new(wake));
-        self
-    }
-}
+pub use brood_actors::actors::owner::SessionSettings as SessionOptions;
 
 pub use brood_actors::actors::owner::DelegateRequest;
 
@@ -421,9 +383,7 @@ impl Brood {
             .root
             .send(OpenSession {
                 session_id: session_id.to_string(),
-                max_concurrent_children: options.max_concurrent_children,
-                max_delivery_attempts: options.max_delivery_attempts,
-                wake: options.wake,
+                settings: options,
             })
             .await??;
         Ok(info)

@@ -19,6 +19,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use brood::chaos::Rng;
 use brood::ledger::{Ledger, SledLedger};
 use brood::{
     Brood, BroodConfig, ChildStatus, DelegateRequest, DelegateRequestExt, ItemKind, ReleaseReason, SessionOptions,
@@ -28,23 +29,6 @@ use serde_json::json;
 
 const SESSION: &str = "crash";
 const WORKER_ENV: &str = "BROOD_CRASH_WORKER_DIR";
-
-/// A small deterministic generator (splitmix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 fn main() {
     if let Ok(dir) = std::env::var(WORKER_ENV) {
@@ -145,7 +129,7 @@ async fn worker(dir: PathBuf, seed: u64) {
         let brood = brood.clone();
         let log = log.clone();
         tokio::spawn(async move {
-            let mut rng = Rng(seed ^ ((c + 1) * 0x1234_5678));
+            let mut rng = Rng::new(seed ^ ((c + 1) * 0x1234_5678));
             loop {
                 match brood
                     .boundary(SESSION, &format!("consumer-{c}"), Duration::from_millis(300))
@@ -176,7 +160,7 @@ async fn worker(dir: PathBuf, seed: u64) {
             }
         });
     }
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     loop {
         let n = 1 + rng.below(8) as usize;
         let tasks: Vec<TaskSpec> = (0..n)
@@ -248,7 +232,7 @@ fn read_log(path: &Path) -> WorkerLog {
 async fn round_trip(seed: u64, round: u64) -> Totals {
     let tmp = tempfile::TempDir::new().expect("tempdir");
     let dir = tmp.path();
-    let mut rng = Rng(seed.wrapping_mul(31).wrapping_add(7));
+    let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(7));
     let exe = std::env::current_exe().expect("current exe");
     let mut child = Command::new(exe)
         .env(WORKER_ENV, dir)

@@ -246,27 +246,67 @@ pub struct Release {
 #[rtype(result = "()")]
 pub struct SetTurn(pub Turn);
 
-/// Change a session's settings.
-#[derive(Message)]
-#[rtype(result = "Result<SessionInfo, OwnerError>")]
-pub struct Configure {
-    /// New capacity, if given.
+/// Settings of a session; unset fields keep their current (or default) value.
+#[derive(Clone, Default)]
+pub struct SessionSettings {
+    /// Running children at most (default 8).
     pub max_concurrent_children: Option<u32>,
-    /// New dead-letter limit, if given.
+    /// Delivery attempts before dead-lettering (default 8).
     pub max_delivery_attempts: Option<u32>,
-    /// A wake target to bind (makes the session wake-capable), if given.
+    /// The wake target; binding one makes the session wake-capable.
     pub wake: Option<Arc<dyn Wake>>,
 }
 
-impl std::fmt::Debug for Configure {
+impl std::fmt::Debug for SessionSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Configure")
+        f.debug_struct("SessionSettings")
             .field("max_concurrent_children", &self.max_concurrent_children)
             .field("max_delivery_attempts", &self.max_delivery_attempts)
             .field("wake", &self.wake.is_some())
             .finish()
     }
 }
+
+impl SessionSettings {
+    /// Sets the capacity.
+    pub fn max_concurrent_children(mut self, n: u32) -> Self {
+        self.max_concurrent_children = Some(n);
+        self
+    }
+
+    /// Sets the dead-letter limit.
+    pub fn max_delivery_attempts(mut self, n: u32) -> Self {
+        self.max_delivery_attempts = Some(n);
+        self
+    }
+
+    /// Binds a wake target (an embedded callback).
+    pub fn wake(mut self, wake: impl Wake) -> Self {
+        self.wake = Some(Arc::new(wake));
+        self
+    }
+
+    /// Refuses zero limits, naming the field.
+    pub fn validate(&self) -> Result<(), OwnerError> {
+        for (field, value) in [
+            ("max_concurrent_children", self.max_concurrent_children),
+            ("max_delivery_attempts", self.max_delivery_attempts),
+        ] {
+            if value == Some(0) {
+                return Err(OwnerError::Invalid {
+                    field: field.into(),
+                    message: "must be at least 1".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Change a session's settings.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<SessionInfo, OwnerError>")]
+pub struct Configure(pub SessionSettings);
 
 /// A session's settings and turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1167,29 +1207,6 @@ impl Handler<Delegate> for SessionOwner {
         };
         let set = self.session.next_set;
         let call_id = new_call_id();
-        let units = plan_units(&call_id, &tasks, req.independent_completions);
-        let mut children = Vec::with_capacity(tasks.len());
-        for unit in &units {
-            for &i in &unit.tasks {
-                children.push(ChildRow {
-                    child_id: child_id(&call_id, i),
-                    call_id: call_id.clone(),
-                    unit_id: unit.unit_id.clone(),
-                    session_id: self.session.session_id.clone(),
-                    task_index: i,
-                    status: ChildStatus::Queued,
-                    summary: None,
-                    error: None,
-                    started_at_ms: None,
-                    finished_at_ms: None,
-                    attempt: 1,
-                    recovered: false,
-                    result: DeliveryRow::default(),
-                    notice: DeliveryRow::default(),
-                });
-            }
-        }
-        children.sort_by_key(|c| c.task_index);
         let call = CallRow {
             call_id: call_id.clone(),
             session_id: self.session.session_id.clone(),
@@ -1200,6 +1217,12 @@ impl Handler<Delegate> for SessionOwner {
             tasks,
             created_at_ms: now_ms(),
         };
+        let units = plan_units(&call_id, &call.tasks, call.independent_completions);
+        let mut children: Vec<ChildRow> = units
+            .iter()
+            .flat_map(|u| u.tasks.iter().map(|&i| queued_child(&call, u, i)))
+            .collect();
+        children.sort_by_key(|c| c.task_index);
         let mut session = self.session.clone();
         session.next_set = set + 1;
         if let Err(e) = self.engine.ledger.put_dispatch(&session, &call, &units, &children) {
@@ -1213,6 +1236,12 @@ impl Handler<Delegate> for SessionOwner {
                 .into_actor(self)
                 .then(move |flushed, act, ctx| {
                     if let Err(e) = flushed {
+                        // Refused, so it must not surface later: take its rows back out.
+                        let unit_ids: Vec<String> = units.iter().map(|u| u.unit_id.clone()).collect();
+                        let child_ids: Vec<String> = children.iter().map(|c| c.child_id.clone()).collect();
+                        if let Err(undo) = act.engine.ledger.remove_dispatch(&call_id, &unit_ids, &child_ids) {
+                            tracing::error!(call = %call_id, "removing a refused call's rows failed: {undo}");
+                        }
                         return fut::ready(Err(OwnerError::from(e))).boxed_local();
                     }
                     act.register_call(call, units.clone(), children);
@@ -1446,24 +1475,13 @@ impl Handler<SetTurn> for SessionOwner {
 impl Handler<Configure> for SessionOwner {
     type Result = Result<SessionInfo, OwnerError>;
 
-    fn handle(&mut self, msg: Configure, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, Configure(settings): Configure, ctx: &mut Context<Self>) -> Self::Result {
+        settings.validate()?;
         let mut session = self.session.clone();
-        if let Some(n) = msg.max_concurrent_children {
-            if n == 0 {
-                return Err(OwnerError::Invalid {
-                    field: "max_concurrent_children".into(),
-                    message: "must be at least 1".into(),
-                });
-            }
+        if let Some(n) = settings.max_concurrent_children {
             session.max_concurrent_children = n;
         }
-        if let Some(n) = msg.max_delivery_attempts {
-            if n == 0 {
-                return Err(OwnerError::Invalid {
-                    field: "max_delivery_attempts".into(),
-                    message: "must be at least 1".into(),
-                });
-            }
+        if let Some(n) = settings.max_delivery_attempts {
             session.max_delivery_attempts = n;
         }
         if session != self.session {
@@ -1473,8 +1491,8 @@ impl Handler<Configure> for SessionOwner {
             self.router.set_max_delivery_attempts(session.max_delivery_attempts);
             self.session = session;
         }
-        if let Some(w) = msg.wake {
-            self.wake = Some(WakeTarget(w));
+        if let Some(w) = settings.wake {
+            self.bind_wake(w);
         }
         self.admit(ctx);
         self.after_change(ctx);

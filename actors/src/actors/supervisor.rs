@@ -16,7 +16,9 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::coalescer::Coalescer;
-use super::owner::{split_snapshot, Configure, OwnerError, Recovery, SessionInfo, SessionOwner, SessionSnapshot};
+use super::owner::{
+    split_snapshot, Configure, OwnerError, Recovery, SessionInfo, SessionOwner, SessionSettings, SessionSnapshot,
+};
 use super::supervise::{self, Decision, Exit, RestartBudget, RestartPolicy};
 use super::{Engine, Owners};
 use crate::ledger::{Ledger, LedgerError};
@@ -28,26 +30,13 @@ use crate::wake::Wake;
 pub const MAX_SESSION_ID_BYTES: usize = 256;
 
 /// Create a session, or update one.
-#[derive(Message)]
+#[derive(Debug, Message)]
 #[rtype(result = "Result<(Addr<SessionOwner>, SessionInfo), OwnerError>")]
 pub struct OpenSession {
     /// The session id (1 to 256 bytes, no control characters).
     pub session_id: String,
-    /// Capacity (default 8 for a new session).
-    pub max_concurrent_children: Option<u32>,
-    /// Dead-letter limit (default 8 for a new session).
-    pub max_delivery_attempts: Option<u32>,
-    /// A wake target: binding one makes the session wake-capable.
-    pub wake: Option<Arc<dyn Wake>>,
-}
-
-impl std::fmt::Debug for OpenSession {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenSession")
-            .field("session_id", &self.session_id)
-            .field("wake", &self.wake.is_some())
-            .finish()
-    }
+    /// Its settings (defaults for a new session: capacity 8, 8 delivery attempts, no wake).
+    pub settings: SessionSettings,
 }
 
 /// Where a session's owner is.
@@ -167,14 +156,7 @@ impl Supervisor {
         }
         match self.rebuild_owner(&id) {
             Ok(owner) => {
-                let addr = self.spawn_owner(owner, ctx);
-                if let Some(wake) = self.wakes.get(&id).cloned() {
-                    addr.do_send(Configure {
-                        max_concurrent_children: None,
-                        max_delivery_attempts: None,
-                        wake: Some(wake),
-                    });
-                }
+                self.spawn_owner(owner, ctx);
                 tracing::info!(session = %id, "session owner restarted from the ledger");
             }
             Err(e) => {
@@ -264,18 +246,8 @@ impl Handler<OpenSession> for Supervisor {
         if let Err(e) = validate_session_id(&msg.session_id) {
             return Box::pin(async { Err(e) });
         }
-        for (field, value) in [
-            ("max_concurrent_children", msg.max_concurrent_children),
-            ("max_delivery_attempts", msg.max_delivery_attempts),
-        ] {
-            if value == Some(0) {
-                return Box::pin(async move {
-                    Err(OwnerError::Invalid {
-                        field: field.into(),
-                        message: "must be at least 1".into(),
-                    })
-                });
-            }
+        if let Err(e) = msg.settings.validate() {
+            return Box::pin(async { Err(e) });
         }
         if let Some(reason) = self.failed.get(&msg.session_id) {
             let e = OwnerError::SessionFailed {
@@ -289,8 +261,14 @@ impl Handler<OpenSession> for Supervisor {
             None => {
                 let row = SessionRow {
                     session_id: msg.session_id.clone(),
-                    max_concurrent_children: msg.max_concurrent_children.unwrap_or(DEFAULT_MAX_CONCURRENT_CHILDREN),
-                    max_delivery_attempts: msg.max_delivery_attempts.unwrap_or(DEFAULT_MAX_DELIVERY_ATTEMPTS),
+                    max_concurrent_children: msg
+                        .settings
+                        .max_concurrent_children
+                        .unwrap_or(DEFAULT_MAX_CONCURRENT_CHILDREN),
+                    max_delivery_attempts: msg
+                        .settings
+                        .max_delivery_attempts
+                        .unwrap_or(DEFAULT_MAX_DELIVERY_ATTEMPTS),
                     next_set: 1,
                     created_at_ms: now_ms(),
                 };
@@ -301,14 +279,10 @@ impl Handler<OpenSession> for Supervisor {
                 self.spawn_owner(SessionOwner::new(self.engine.clone(), row), ctx)
             }
         };
-        if let Some(w) = &msg.wake {
+        if let Some(w) = &msg.settings.wake {
             self.wakes.insert(msg.session_id.clone(), w.clone());
         }
-        let configure = Configure {
-            max_concurrent_children: msg.max_concurrent_children,
-            max_delivery_attempts: msg.max_delivery_attempts,
-            wake: msg.wake,
-        };
+        let configure = Configure(msg.settings);
         Box::pin(async move {
             let info = addr.send(configure).await.map_err(|_| OwnerError::Stopped)??;
             Ok((addr, info))
