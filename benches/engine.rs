@@ -117,7 +117,7 @@ fn boundary_10k(c: &mut Criterion) {
                         .delegate("bench", DelegateRequest::background(tasks).independent())
                         .await
                         .expect("delegate");
-                    while brood.status("bench").await.expect("status").ready < READY {
+                    while brood.counts("bench").await.expect("status").ready < READY {
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
                     let start = Instant::now();

@@ -559,7 +559,7 @@ pub async fn worker(dir: &Path, seed: u64, children: usize, life: usize, plan: P
             tokio::time::sleep(Duration::from_millis(rng.below(40))).await;
             continue;
         }
-        match brood.status(SESSION).await {
+        match brood.counts(SESSION).await {
             Ok(st) if st.queued + st.running + st.ready + st.claimed == 0 => {
                 // Everything delegated is delivered (or dead-lettered): this life is the last.
                 log.line("done".into());

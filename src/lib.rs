@@ -523,7 +523,12 @@ impl Brood {
 
     /// A session's counts and live calls.
     pub async fn status(&self, session_id: &str) -> Result<SessionStatus, BroodError> {
-        self.ask(session_id, owner::Status).await
+        self.ask(session_id, owner::Status { calls: true }).await
+    }
+
+    /// A session's counts only (`calls` left empty): cheap enough to poll.
+    pub async fn counts(&self, session_id: &str) -> Result<SessionStatus, BroodError> {
+        self.ask(session_id, owner::Status { calls: false }).await
     }
 
     /// Items that ran out of delivery attempts.

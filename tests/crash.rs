@@ -354,7 +354,7 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
                 assert_eq!(brood.ack(&env.claim_id).await.expect("ack"), env.items.len());
             }
             None => {
-                let st = brood.status(SESSION).await.expect("status");
+                let st = brood.counts(SESSION).await.expect("status");
                 if st.queued + st.running + st.ready + st.claimed == 0 {
                     break;
                 }

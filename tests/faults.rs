@@ -493,16 +493,29 @@ async fn a_call_whose_dispatch_cannot_be_flushed_is_refused_and_never_runs() {
     let dir = TempDir::new().unwrap();
     let brood = open(&dir, "s").await;
     failpoints::arm("ledger_flush", 1);
-    let err = brood.delegate("s", DelegateRequest::background(vec![sim(0)])).await.unwrap_err();
+    let err = brood
+        .delegate("s", DelegateRequest::background(vec![sim(0)]))
+        .await
+        .unwrap_err();
     assert!(matches!(err, BroodError::Ledger(_)), "{err}");
     let st = brood.status("s").await.unwrap();
-    assert!(st.calls.is_empty() && st.queued + st.running == 0, "a refused call runs: {st:?}");
-    let accepted = brood.delegate("s", DelegateRequest::background(vec![sim(0)])).await.unwrap();
+    assert!(
+        st.calls.is_empty() && st.queued + st.running == 0,
+        "a refused call runs: {st:?}"
+    );
+    let accepted = brood
+        .delegate("s", DelegateRequest::background(vec![sim(0)]))
+        .await
+        .unwrap();
     brood.shutdown();
     let brood = open(&dir, "s").await;
     let acked = drain(&brood, "s", 1).await;
     let calls: BTreeSet<&str> = acked.keys().map(|k| k.split('.').next().unwrap_or("")).collect();
-    assert_eq!(calls, BTreeSet::from([accepted.call_id()]), "the refused call surfaced after a restart");
+    assert_eq!(
+        calls,
+        BTreeSet::from([accepted.call_id()]),
+        "the refused call surfaced after a restart"
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(brood.boundary("s", "c", LEASE).await.unwrap().is_none());
     brood.shutdown();

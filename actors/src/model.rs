@@ -261,8 +261,8 @@ pub struct ClaimRow {
     pub consumer: String,
     /// When the lease runs out.
     pub lease_expires_at_ms: u64,
-    /// The dedup keys it owns.
-    pub dedup_keys: Vec<String>,
+    /// How many items it owns (the items themselves are the owner's; a crash returns them all).
+    pub items: u32,
 }
 
 /// An item that ran out of delivery attempts.

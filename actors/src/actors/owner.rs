@@ -323,10 +323,13 @@ pub struct SessionInfo {
     pub max_delivery_attempts: u32,
 }
 
-/// Ask for the session's state.
+/// Ask for the session's state; with `calls: false` only the counts (cheap: no rows copied).
 #[derive(Debug, Message)]
 #[rtype(result = "SessionStatus")]
-pub struct Status;
+pub struct Status {
+    /// Whether to list the calls in memory with their units and children.
+    pub calls: bool,
+}
 
 /// Counts and calls of a session.
 #[derive(Debug, Clone)]
@@ -765,25 +768,32 @@ impl SessionOwner {
                 Some(addr) if addr.connected() => addr.clone(),
                 _ => {
                     let (addr, exit) = supervise::spawn(Unit::new(unit.row.clone(), self.engine.clone(), me.clone()));
+                    // Watched from a task of its own, not from this context: an actix context
+                    // polls every future it holds on every message, so thousands of watchers
+                    // here would make each message cost O(units).
                     let unit_id = unit.row.unit_id.clone();
-                    ctx.spawn(
-                        fut::wrap_future::<_, Self>(exit)
-                            .map(move |exit, act, ctx| act.unit_exited(&unit_id, exit, ctx)),
-                    );
+                    let owner = me.downgrade();
+                    actix::spawn(async move {
+                        if let exit @ Exit::Panicked(_) = exit.await {
+                            if let Some(owner) = owner.upgrade() {
+                                owner.do_send(UnitExited { unit_id, exit });
+                            }
+                        }
+                    });
                     unit.addr = Some(addr.clone());
                     addr
                 }
             };
-            let child = row.child_id.clone();
-            addr.send(StartChild { row, task })
-                .into_actor(self)
-                .map(move |res, act, ctx| {
-                    if res.is_err() {
-                        // The unit died before starting the child: it never ran, so queue it again.
-                        act.requeue(&child, ctx);
+            let child_id = row.child_id.clone();
+            let owner = me.downgrade();
+            actix::spawn(async move {
+                if addr.send(StartChild { row, task }).await.is_err() {
+                    // The unit died before starting the child: it never ran, so queue it again.
+                    if let Some(owner) = owner.upgrade() {
+                        owner.do_send(StartLost { child_id });
                     }
-                })
-                .spawn(ctx);
+                }
+            });
         }
     }
 
@@ -1337,7 +1347,7 @@ impl Handler<Boundary> for SessionOwner {
             session_id: self.session.session_id.clone(),
             consumer: msg.consumer.clone(),
             lease_expires_at_ms: granted.lease_expires_at_ms,
-            dedup_keys: granted.items.iter().map(|(k, _)| k.clone()).collect(),
+            items: granted.items.len() as u32,
         };
         // Cheap by design: a claim is returned at a crash anyway, so its row is not flushed.
         if let Err(e) = self.engine.ledger.put_claim(&row) {
@@ -1461,6 +1471,37 @@ impl Handler<Release> for SessionOwner {
     }
 }
 
+/// A unit actor of this owner panicked.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct UnitExited {
+    unit_id: String,
+    exit: Exit,
+}
+
+/// A child handed to a unit actor that died before starting it.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct StartLost {
+    child_id: String,
+}
+
+impl Handler<UnitExited> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, msg: UnitExited, ctx: &mut Context<Self>) {
+        self.unit_exited(&msg.unit_id, msg.exit, ctx);
+    }
+}
+
+impl Handler<StartLost> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, msg: StartLost, ctx: &mut Context<Self>) {
+        self.requeue(&msg.child_id, ctx);
+    }
+}
+
 impl Handler<SetTurn> for SessionOwner {
     type Result = ();
 
@@ -1503,10 +1544,11 @@ impl Handler<Configure> for SessionOwner {
 impl Handler<Status> for SessionOwner {
     type Result = MessageResult<Status>;
 
-    fn handle(&mut self, _: Status, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: Status, _: &mut Context<Self>) -> Self::Result {
         let mut calls: Vec<CallStatus> = self
             .calls
             .values()
+            .filter(|_| msg.calls)
             .map(|c| {
                 let mut children: Vec<ChildRow> = (0..c.row.tasks.len() as u32)
                     .filter_map(|i| self.children.get(&child_id(&c.row.call_id, i)).cloned())
