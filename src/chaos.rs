@@ -277,6 +277,7 @@ pub fn run(campaign: &Campaign, exe: &Path) -> Result<Summary, String> {
     let faults_arg: Vec<&str> = campaign.faults.iter().map(|f| f.name()).collect();
     let progress = std::io::stderr().is_terminal();
     let started = Instant::now();
+    let mut shown = Instant::now() - Duration::from_secs(1);
     let mut kills = 0;
     let mut life = 0;
     loop {
@@ -308,10 +309,11 @@ pub fn run(campaign: &Campaign, exe: &Path) -> Result<Summary, String> {
                 kills += 1;
                 break None;
             }
-            if progress {
+            if progress && shown.elapsed() >= Duration::from_millis(250) {
+                shown = Instant::now();
                 let log = read_log(&dir.join(LOG));
                 eprint!(
-                    "\r[chaos] life {life}, kills {kills}, {:.0}s: delegated {}/{}, acked {}     ",
+                    "\r[chaos] life {life}, kills {kills}, {:.0}s: delegated {}/{} children, {} items acked     ",
                     started.elapsed().as_secs_f64(),
                     log.calls.values().sum::<usize>().min(campaign.children),
                     campaign.children,
