@@ -314,9 +314,12 @@ impl Brood {
             .name("brood-actors".into())
             .spawn(move || {
                 let sys = actix::System::new();
+                // Units, children and runners get a thread of their own; routing keeps this one.
+                let children = sys.block_on(async { actix::Arbiter::new() });
+                let handle = children.handle();
                 let started = sys.block_on(async move {
                     let ledger: Arc<dyn Ledger> = Arc::new(SledLedger::open(&dir)?);
-                    Supervisor::start(ledger, runners)
+                    Supervisor::start(ledger, runners, handle)
                 });
                 match started {
                     Ok(root) => {
@@ -329,6 +332,10 @@ impl Brood {
                         let _ = tx.send(Err(e));
                     }
                 }
+                // Everything that holds the ledger is gone once both threads are: only then
+                // may the folder be opened again.
+                children.stop();
+                let _ = children.join();
             })
             .map_err(|e| BroodError::Ledger(format!("starting the actor thread: {e}")))?;
         match rx.recv() {

@@ -134,7 +134,7 @@ impl Actor for Child {
     type Context = Context<Self>;
 
     fn stopped(&mut self, _: &mut Context<Self>) {
-        self.engine.live_children.remove(&self.row.child_id);
+        self.engine.child_stopped(&self.row.child_id);
         self.unit.do_send(ChildStopped {
             child_id: self.row.child_id.clone(),
         });

@@ -11,10 +11,12 @@ pub mod supervise;
 pub mod supervisor;
 pub mod unit;
 
-use std::sync::{Arc, RwLock};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, RwLock};
 
 use actix::Addr;
-use dashmap::{DashMap, DashSet};
+use actix_rt::ArbiterHandle;
+use dashmap::DashMap;
 
 use crate::ledger::{Ledger, LedgerError};
 use crate::runner::RunnerFactory;
@@ -33,7 +35,10 @@ pub struct Engine {
     /// The live owners.
     pub owners: Owners,
     /// Children whose actor is alive (started by a unit and not yet stopped).
-    pub live_children: Arc<DashSet<String>>,
+    live_children: Arc<Mutex<HashSet<String>>>,
+    /// The arbiter (thread) units, children and runners live on; owners, the coalescer and
+    /// the supervisor live on the system arbiter, so child churn never delays routing.
+    pub children_arbiter: ArbiterHandle,
     /// The last turn state of each session, so a restarted owner keeps it.
     pub turns: Arc<DashMap<String, crate::routing::Turn>>,
     coalescer: Arc<RwLock<Option<Addr<coalescer::Coalescer>>>>,
@@ -49,13 +54,15 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// An engine with no coalescer yet (the supervisor starts it).
-    pub fn new(ledger: Arc<dyn Ledger>, factory: Arc<dyn RunnerFactory>) -> Self {
+    /// An engine with no coalescer yet (the supervisor starts it); units and children run on
+    /// `children_arbiter`.
+    pub fn new(ledger: Arc<dyn Ledger>, factory: Arc<dyn RunnerFactory>, children_arbiter: ArbiterHandle) -> Self {
         Engine {
             ledger,
             factory,
             owners: Arc::new(DashMap::new()),
-            live_children: Arc::new(DashSet::new()),
+            live_children: Arc::new(Mutex::new(HashSet::new())),
+            children_arbiter,
             turns: Arc::new(DashMap::new()),
             coalescer: Arc::new(RwLock::new(None)),
         }
@@ -70,6 +77,32 @@ impl Engine {
         if let Ok(mut c) = self.coalescer.write() {
             *c = addr;
         }
+    }
+
+    /// Registers a child as alive and returns true, unless `owner_alive` says its owner died
+    /// (then its successor queues the child again, and it must not start). One lock orders
+    /// this against [`Engine::live_children`], so a child is either adopted or re-queued.
+    pub(crate) fn child_starting(&self, child_id: &str, owner_alive: impl FnOnce() -> bool) -> bool {
+        let Ok(mut live) = self.live_children.lock() else {
+            return false;
+        };
+        if !owner_alive() {
+            return false;
+        }
+        live.insert(child_id.to_string());
+        true
+    }
+
+    /// A child's actor stopped.
+    pub(crate) fn child_stopped(&self, child_id: &str) {
+        if let Ok(mut live) = self.live_children.lock() {
+            live.remove(child_id);
+        }
+    }
+
+    /// The children whose actor is alive right now.
+    pub(crate) fn live_children(&self) -> HashSet<String> {
+        self.live_children.lock().map(|l| l.clone()).unwrap_or_default()
     }
 
     /// The current owner of a session.

@@ -497,6 +497,11 @@ impl SessionOwner {
         snapshot: &SessionSnapshot,
         mode: Recovery,
     ) -> (Self, Vec<ChildRow>) {
+        let live = if mode == Recovery::Owner {
+            engine.live_children()
+        } else {
+            Default::default()
+        };
         let mut owner = SessionOwner::new(engine, session);
         let mut changed = Vec::new();
         let now = now_ms();
@@ -558,7 +563,7 @@ impl SessionOwner {
                     match row.status {
                         ChildStatus::Queued => owner.capacity.enqueue(row.child_id.clone()),
                         ChildStatus::Running if mode == Recovery::Owner => {
-                            if owner.engine.live_children.contains(&row.child_id) {
+                            if live.contains(&row.child_id) {
                                 // Its actor lives on and will hand its result to this owner.
                                 owner.capacity.mark_running(row.child_id.clone());
                             } else {
@@ -767,7 +772,9 @@ impl SessionOwner {
             let addr = match &unit.addr {
                 Some(addr) if addr.connected() => addr.clone(),
                 _ => {
-                    let (addr, exit) = supervise::spawn(Unit::new(unit.row.clone(), self.engine.clone(), me.clone()));
+                    let (row, engine, owner) = (unit.row.clone(), self.engine.clone(), me.clone());
+                    let (addr, exit) =
+                        supervise::spawn_in(&self.engine.children_arbiter, move || Unit::new(row, engine, owner));
                     // Watched from a task of its own, not from this context: an actix context
                     // polls every future it holds on every message, so thousands of watchers
                     // here would make each message cost O(units).

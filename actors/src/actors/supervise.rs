@@ -11,7 +11,9 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use futures::future::LocalBoxFuture;
+use actix_rt::ArbiterHandle;
+use futures::future::{BoxFuture, LocalBoxFuture};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 /// At most `max_restarts` restarts within `within`; one more failure escalates.
@@ -102,6 +104,35 @@ where
         }
     });
     (addr, exit)
+}
+
+/// As [`spawn`], on another arbiter (thread): the actor is made there by `make`.
+pub fn spawn_in<A, F>(arbiter: &ArbiterHandle, make: F) -> (Addr<A>, BoxFuture<'static, Exit>)
+where
+    A: Actor<Context = Context<A>>,
+    F: FnOnce() -> A + Send + 'static,
+{
+    let (tx, rx) = actix::dev::channel::channel(16);
+    let (exit_tx, exit_rx) = oneshot::channel();
+    let started = arbiter.spawn_fn(move || {
+        let ctx = Context::with_receiver(rx);
+        let task: JoinHandle<()> = actix::spawn(ctx.into_future(make()));
+        actix::spawn(async move {
+            let exit = match task.await {
+                Ok(()) => Exit::Stopped,
+                Err(e) if e.is_panic() => Exit::Panicked(super::child::panic_message(e.into_panic())),
+                Err(_) => Exit::Stopped,
+            };
+            let _ = exit_tx.send(exit);
+        });
+    });
+    if !started {
+        tracing::warn!("the arbiter is gone; the actor was not started");
+    }
+    (
+        Addr::new(tx),
+        Box::pin(async move { exit_rx.await.unwrap_or(Exit::Stopped) }),
+    )
 }
 
 #[cfg(test)]

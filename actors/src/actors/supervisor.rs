@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
+use actix_rt::ArbiterHandle;
 
 use super::coalescer::Coalescer;
 use super::owner::{
@@ -76,17 +77,19 @@ impl Supervisor {
     pub fn start(
         ledger: Arc<dyn Ledger>,
         factory: Arc<dyn RunnerFactory>,
+        children_arbiter: ArbiterHandle,
     ) -> Result<(Addr<Supervisor>, Owners), LedgerError> {
-        Self::start_with(ledger, factory, RestartPolicy::default())
+        Self::start_with(ledger, factory, children_arbiter, RestartPolicy::default())
     }
 
     /// As [`Supervisor::start`], with an explicit restart policy for owners and the coalescer.
     pub fn start_with(
         ledger: Arc<dyn Ledger>,
         factory: Arc<dyn RunnerFactory>,
+        children_arbiter: ArbiterHandle,
         policy: RestartPolicy,
     ) -> Result<(Addr<Supervisor>, Owners), LedgerError> {
-        let engine = Engine::new(ledger.clone(), factory);
+        let engine = Engine::new(ledger.clone(), factory, children_arbiter);
         let mut snapshot = ledger.load()?;
         let sessions = std::mem::take(&mut snapshot.sessions);
         let claim_ids: Vec<String> = snapshot.claims.iter().map(|c| c.claim_id.clone()).collect();

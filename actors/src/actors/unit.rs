@@ -85,13 +85,12 @@ impl Handler<StartChild> for Unit {
         if crate::failpoints::fires("unit_handler") {
             panic!("injected fault: unit_handler (unit {})", self.row.unit_id);
         }
-        if !self.owner.connected() {
+        let id = msg.row.child_id.clone();
+        if !self.engine.child_starting(&id, || self.owner.connected()) {
             // The owner that admitted this child died; its successor queues the child again
             // (it is not among the live children), so starting it here would run it twice.
             return;
         }
-        let id = msg.row.child_id.clone();
-        self.engine.live_children.insert(id.clone());
         let child = Child::new(msg.row, msg.task, self.engine.clone(), ctx.address());
         self.children.insert(id, child.start());
     }
