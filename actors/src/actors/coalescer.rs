@@ -10,10 +10,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use futures::future::join_all;
 use tokio::sync::oneshot;
 
-use super::owner::{Recorded, SessionOwner};
+use super::owner::Recorded;
 use super::Owners;
 use crate::ledger::{Ledger, LedgerError};
 use crate::model::ChildRow;
@@ -104,21 +103,52 @@ impl Coalescer {
         self.batches += 1;
         let ledger = self.ledger.clone();
         let owners = self.owners.clone();
-        let fut = async move {
-            let flushed = crate::actors::flush(ledger).await;
-            if let Err(e) = flushed {
-                return (batch, Err(e.to_string()));
-            }
-            // Hand each owner its share and wait for it to be recorded.
-            let mut by_owner: HashMap<String, (Option<Addr<SessionOwner>>, Vec<ChildRow>)> = HashMap::new();
-            for row in stored {
-                by_owner
-                    .entry(row.session_id.clone())
-                    .or_insert_with(|| (owners.get(&row.session_id).map(|a| a.clone()), Vec::new()))
-                    .1
-                    .push(row);
-            }
-            let sends = by_owner.into_iter().map(|(session, (owner, rows))| async move {
+        async move { crate::actors::flush(ledger).await }
+            .into_actor(self)
+            .map(move |flushed, act, ctx| {
+                act.in_flight = false;
+                match flushed {
+                    Err(e) => {
+                        tracing::warn!(rows = batch.len(), "flushing completions failed: {e}");
+                        let msg = e.to_string();
+                        for p in batch {
+                            let _ = p
+                                .reply
+                                .send(Err(HandOffError::Ledger(LedgerError::Storage(msg.clone()))));
+                        }
+                    }
+                    // Durable: hand each owner its share from a task of its own, so the next
+                    // batch is written and flushed meanwhile, and a slow owner delays only
+                    // its own session's children.
+                    Ok(_) => {
+                        for handoff in hand_offs(&owners, stored, batch) {
+                            actix::spawn(handoff);
+                        }
+                    }
+                }
+                act.start_batch(ctx);
+            })
+            .spawn(ctx);
+    }
+}
+
+/// One future per session: give its owner the recorded rows, then answer their children.
+fn hand_offs(
+    owners: &Owners,
+    stored: Vec<ChildRow>,
+    batch: Vec<Pending>,
+) -> Vec<impl std::future::Future<Output = ()> + 'static> {
+    let mut by_session: HashMap<String, (Vec<ChildRow>, Vec<Pending>)> = HashMap::new();
+    for (row, pending) in stored.into_iter().zip(batch) {
+        let entry = by_session.entry(row.session_id.clone()).or_default();
+        entry.0.push(row);
+        entry.1.push(pending);
+    }
+    by_session
+        .into_iter()
+        .map(|(session, (rows, pending))| {
+            let owner = owners.get(&session).map(|a| a.clone());
+            async move {
                 let res = if crate::failpoints::fires("coalescer_handoff") {
                     Err("injected fault: coalescer_handoff".to_string())
                 } else if let Some(owner) = owner {
@@ -126,36 +156,12 @@ impl Coalescer {
                 } else {
                     Err(format!("session `{session}` has no live owner"))
                 };
-                (session, res)
-            });
-            let results: HashMap<String, Result<(), String>> = join_all(sends).await.into_iter().collect();
-            (batch, Ok(results))
-        };
-        fut.into_actor(self)
-            .map(|(batch, outcome), act, ctx| {
-                match outcome {
-                    Err(e) => {
-                        tracing::warn!(rows = batch.len(), "flushing completions failed: {e}");
-                        for p in batch {
-                            let _ = p.reply.send(Err(HandOffError::Ledger(LedgerError::Storage(e.clone()))));
-                        }
-                    }
-                    Ok(results) => {
-                        for p in batch {
-                            let res = match results.get(&p.row.session_id) {
-                                Some(Ok(())) => Ok(()),
-                                Some(Err(e)) => Err(HandOffError::Owner(e.clone())),
-                                None => Err(HandOffError::Owner("no owner answered".into())),
-                            };
-                            let _ = p.reply.send(res);
-                        }
-                    }
+                for p in pending {
+                    let _ = p.reply.send(res.clone().map_err(HandOffError::Owner));
                 }
-                act.in_flight = false;
-                act.start_batch(ctx);
-            })
-            .spawn(ctx);
-    }
+            }
+        })
+        .collect()
 }
 
 impl Actor for Coalescer {
