@@ -230,17 +230,17 @@ fn read_log(path: &Path) -> WorkerLog {
 }
 
 async fn round_trip(seed: u64, round: u64) -> Totals {
-    let tmp = tempfile::TempDir::new().expect("tempdir");
+    let tmp = tempfile::TempDir::new().unwrap_or_else(|e| panic!("round {round}: tempdir: {e}"));
     let dir = tmp.path();
     let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(7));
-    let exe = std::env::current_exe().expect("current exe");
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("round {round}: current exe: {e}"));
     let mut child = Command::new(exe)
         .env(WORKER_ENV, dir)
         .env("BROOD_CRASH_WORKER_SEED", seed.to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("spawn worker");
+        .unwrap_or_else(|e| panic!("round {round}: spawn worker: {e}"));
     // Let it get going (opening sled takes a moment), then kill it at a random moment.
     let log_path = dir.join("worker.log");
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -252,8 +252,8 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     tokio::time::sleep(Duration::from_millis(rng.below(300))).await;
-    child.kill().expect("SIGKILL");
-    let status = child.wait().expect("wait");
+    child.kill().unwrap_or_else(|e| panic!("round {round}: SIGKILL: {e}"));
+    let status = child.wait().unwrap_or_else(|e| panic!("round {round}: wait: {e}"));
     assert!(!status.success(), "round {round}: the worker was supposed to die");
 
     let log = read_log(&log_path);
@@ -261,8 +261,8 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
 
     // The ledger as the dead process left it.
     let before = {
-        let ledger = SledLedger::open(&ledger_dir).expect("reopen ledger");
-        ledger.load().expect("load")
+        let ledger = SledLedger::open(&ledger_dir).unwrap_or_else(|e| panic!("round {round}: reopen ledger: {e}"));
+        ledger.load().unwrap_or_else(|e| panic!("round {round}: load: {e}"))
     };
     let rows: BTreeMap<&str, _> = before.children.iter().map(|c| (c.child_id.as_str(), c)).collect();
     let calls: BTreeSet<&str> = before.calls.iter().map(|c| c.call_id.as_str()).collect();
@@ -279,7 +279,8 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
         }
     }
     let delivered_key = |key: &str| {
-        let (child, kind) = brood::model::parse_dedup_key(key).expect("dedup key");
+        let (child, kind) =
+            brood::model::parse_dedup_key(key).unwrap_or_else(|| panic!("round {round}: bad dedup key {key}"));
         rows.get(child).is_some_and(|r| r.delivery(kind).delivered)
     };
     let mut acked_keys = BTreeSet::new();
@@ -294,7 +295,8 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
     }
     for items in log.claims.values() {
         for (key, status) in items {
-            let (child, _) = brood::model::parse_dedup_key(key).expect("dedup key");
+            let (child, _) =
+                brood::model::parse_dedup_key(key).unwrap_or_else(|| panic!("round {round}: bad dedup key {key}"));
             let row = rows
                 .get(child)
                 .unwrap_or_else(|| panic!("round {round}: handed-out {key} has no row"));
@@ -323,11 +325,11 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
         .collect();
 
     // Recover and drain everything.
-    let brood = Brood::open(BroodConfig::new(&ledger_dir)).expect("recover");
+    let brood = Brood::open(BroodConfig::new(&ledger_dir)).unwrap_or_else(|e| panic!("round {round}: recover: {e}"));
     brood
         .open_session(SESSION, SessionOptions::default().wake(|_| {}))
         .await
-        .expect("session");
+        .unwrap_or_else(|e| panic!("round {round}: session: {e}"));
     let mut after: BTreeMap<String, (ChildStatus, bool)> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -335,7 +337,7 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
         match brood
             .boundary(SESSION, "checker", Duration::from_secs(60))
             .await
-            .expect("boundary")
+            .unwrap_or_else(|e| panic!("round {round}: boundary: {e}"))
         {
             Some(env) => {
                 for item in &env.items {
@@ -351,10 +353,21 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
                         item.dedup_key
                     );
                 }
-                assert_eq!(brood.ack(&env.claim_id).await.expect("ack"), env.items.len());
+                let acked = brood
+                    .ack(&env.claim_id)
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round}: ack: {e}"));
+                assert_eq!(
+                    acked,
+                    env.items.len(),
+                    "round {round}: the claim owned items its envelope did not show"
+                );
             }
             None => {
-                let st = brood.counts(SESSION).await.expect("status");
+                let st = brood
+                    .counts(SESSION)
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round}: status: {e}"));
                 if st.queued + st.running + st.ready + st.claimed == 0 {
                     break;
                 }
@@ -372,7 +385,10 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
     brood.shutdown();
 
     // Every child of every call: its result delivered exactly once, or dead-lettered.
-    let final_rows = SledLedger::open(&ledger_dir).expect("reopen").load().expect("load");
+    let final_rows = SledLedger::open(&ledger_dir)
+        .unwrap_or_else(|e| panic!("round {round}: reopen: {e}"))
+        .load()
+        .unwrap_or_else(|e| panic!("round {round}: load: {e}"));
     let mut t = Totals {
         calls: before.calls.len(),
         ..Totals::default()

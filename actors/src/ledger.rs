@@ -100,6 +100,9 @@ const CLAIMS: &str = "claims";
 const DEAD_LETTERS: &str = "dead_letters";
 const META: &str = "meta";
 
+/// How long [`SledLedger::open`] waits for a lock left by an earlier open to be released.
+pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The embedded default ledger: sled in a local folder.
 pub struct SledLedger {
     path: PathBuf,
@@ -120,12 +123,31 @@ impl fmt::Debug for SledLedger {
 
 impl SledLedger {
     /// Opens (or creates) the ledger in `path`.
+    ///
+    /// sled releases its file lock from a background thread some moments after the last handle
+    /// of an earlier open is dropped, so a lock held by this process's own past is waited out
+    /// (up to [`LOCK_WAIT`]); a lock held elsewhere is reported once that time is up.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, LedgerError> {
         let path = path.as_ref().to_path_buf();
-        let db = sled::Config::new()
-            .path(&path)
-            .open()
-            .map_err(|e| LedgerError::Storage(format!("opening {}: {e}", path.display())))?;
+        let started = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(5);
+        let db = loop {
+            match sled::Config::new().path(&path).open() {
+                Ok(db) => break db,
+                // sled reports the lock as an I/O error whose kind it does not keep.
+                Err(e) if e.to_string().contains("could not acquire lock") && started.elapsed() < LOCK_WAIT => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(100));
+                }
+                Err(e) if e.to_string().contains("could not acquire lock") => {
+                    return Err(LedgerError::Storage(format!(
+                        "opening {}: {e} (is another brood process using this folder?)",
+                        path.display()
+                    )))
+                }
+                Err(e) => return Err(LedgerError::Storage(format!("opening {}: {e}", path.display()))),
+            }
+        };
         let meta = db.open_tree(META)?;
         match meta.get("format")? {
             Some(v) => {
@@ -325,5 +347,32 @@ impl Ledger for SledLedger {
             children: scan(&self.children, CHILDREN)?,
             claims: scan(&self.claims, CLAIMS)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_lock_released_moments_later_is_waited_out() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let first = SledLedger::open(dir.path()).unwrap();
+        let holder = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(first);
+        });
+        let second = SledLedger::open(dir.path());
+        holder.join().unwrap();
+        assert!(second.is_ok(), "{:?}", second.err());
+    }
+
+    #[test]
+    fn a_lock_held_for_good_is_reported() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let _first = SledLedger::open(dir.path()).unwrap();
+        let err = SledLedger::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("another brood process"), "{err}");
     }
 }
