@@ -90,6 +90,7 @@ impl Child {
         .into_actor(self)
         .map(|res, act, ctx| match res {
             Ok(()) => ctx.stop(),
+            Err(_) if !super::running(ctx) => {} // shutting down: the ledger recovers the rest
             Err(e) => {
                 tracing::warn!(child = %act.row.child_id, retry_in = ?act.backoff, "hand-off failed: {e}");
                 let delay = act.backoff;
@@ -101,7 +102,7 @@ impl Child {
     }
 
     fn check_stall(&mut self, ctx: &mut Context<Self>) {
-        if self.ended {
+        if self.ended || !super::running(ctx) {
             return;
         }
         let silent_for = self.progress.elapsed_ms().saturating_sub(self.progress.last_beat_ms());

@@ -120,6 +120,8 @@ impl Coalescer {
                     // Durable: hand each owner its share from a task of its own, so the next
                     // batch is written and flushed meanwhile, and a slow owner delays only
                     // its own session's children.
+                    // Shutting down: the children keep their results; the ledger has them.
+                    Ok(_) if !super::running(ctx) => {}
                     Ok(_) => {
                         for handoff in hand_offs(&owners, stored, batch) {
                             actix::spawn(handoff);

@@ -111,6 +111,14 @@ impl Engine {
     }
 }
 
+/// Whether an actor may still start timers and tasks. When an arbiter shuts down, actix polls
+/// each live actor one last time outside any runtime (to run its stop hooks); a timer or task
+/// started then panics, so callbacks that may run at that moment check this first.
+pub(crate) fn running<A: actix::Actor<Context = actix::Context<A>>>(ctx: &actix::Context<A>) -> bool {
+    use actix::ActorContext as _;
+    ctx.state() == actix::ActorState::Running
+}
+
 /// Flushes the ledger off the actor thread.
 pub(crate) async fn flush(ledger: Arc<dyn Ledger>) -> Result<usize, LedgerError> {
     match tokio::task::spawn_blocking(move || ledger.flush()).await {

@@ -707,6 +707,9 @@ impl SessionOwner {
 
     /// Starts the queued children capacity allows, marking them running.
     fn admit(&mut self, ctx: &mut Context<Self>) {
+        if !super::running(ctx) {
+            return;
+        }
         let ids = self.capacity.admit();
         if ids.is_empty() {
             return;
@@ -1115,6 +1118,9 @@ impl SessionOwner {
     }
 
     fn after_change(&mut self, ctx: &mut Context<Self>) {
+        if !super::running(ctx) {
+            return;
+        }
         self.maybe_wake();
         self.reschedule(ctx);
     }

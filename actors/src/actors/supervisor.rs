@@ -140,11 +140,14 @@ impl Supervisor {
     }
 
     fn owner_exited(&mut self, id: String, exit: Exit, ctx: &mut Context<Self>) {
-        let Exit::Panicked(msg) = exit else {
+        let Exit::Panicked(msg) = exit.clone() else {
             self.engine.owners.remove(&id);
             return;
         };
         tracing::error!(session = %id, "session owner panicked: {msg}");
+        if !super::running(ctx) {
+            return; // the engine is stopping: nothing to restart
+        }
         let policy = self.policy;
         let decision = self
             .budgets
@@ -199,6 +202,9 @@ impl Supervisor {
             .map(|exit, act, ctx| {
                 let Exit::Panicked(msg) = exit else { return };
                 tracing::error!("coalescer panicked: {msg}");
+                if !super::running(ctx) {
+                    return;
+                }
                 if act.coalescer_budget.on_failure(Instant::now()) == Decision::Escalate {
                     tracing::error!("the coalescer keeps failing; stopping the engine (nothing unrecorded was reported as recorded)");
                     act.engine.set_coalescer(None);
