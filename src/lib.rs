@@ -377,10 +377,13 @@ impl Brood {
         SessionOwner: Handler<M>,
     {
         let owner = self.owner(session_id).await?;
-        owner
-            .send(msg)
-            .await
-            .map_err(|_| BroodError::Interrupted(session_id.to_string()))
+        owner.send(msg).await.map_err(|_| {
+            if self.root.connected() {
+                BroodError::Interrupted(session_id.to_string())
+            } else {
+                BroodError::Stopped
+            }
+        })
     }
 
     /// Creates a session, or updates one (a session from an earlier process keeps its calls
@@ -417,6 +420,12 @@ impl Brood {
                 forced_sync_reason,
                 results,
             } => {
+                // The results are in hand: only now do they count as delivered.
+                if let Ok(owner) = self.owner(session_id).await {
+                    owner.do_send(owner::SyncReceived {
+                        call_id: call_id.clone(),
+                    });
+                }
                 let note = render::sync_note(set, forced_sync_reason.as_deref());
                 let text = render::envelope_text(&results);
                 DelegateReply::Sync {

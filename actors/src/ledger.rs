@@ -84,6 +84,8 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     fn remove_claims(&self, claim_ids: &[String]) -> Result<(), LedgerError>;
     /// Moves items to the dead-letter tree.
     fn put_dead_letters(&self, rows: &[DeadLetterRow]) -> Result<(), LedgerError>;
+    /// Takes dead letters back (their items were revived).
+    fn remove_dead_letters(&self, dedup_keys: &[String]) -> Result<(), LedgerError>;
     /// Every dead letter.
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError>;
     /// Makes every write so far durable; returns the bytes flushed.
@@ -328,6 +330,15 @@ impl Ledger for SledLedger {
             DEAD_LETTERS,
             rows.iter().map(|d| (d.dedup_key.as_str(), d)),
         )
+    }
+
+    fn remove_dead_letters(&self, dedup_keys: &[String]) -> Result<(), LedgerError> {
+        let mut batch = sled::Batch::default();
+        for key in dedup_keys {
+            batch.remove(key.as_bytes());
+        }
+        self.dead_letters.apply_batch(batch)?;
+        Ok(())
     }
 
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError> {

@@ -375,15 +375,19 @@ pub fn new_call_id() -> String {
 /// first appearance; ungrouped tasks form one unit together, or one each when
 /// `independent_completions` is set. Units are numbered in order of their first task.
 pub fn plan_units(call_id: &str, tasks: &[Task], independent_completions: bool) -> Vec<UnitRow> {
-    // (first task index, group, members)
+    // (group, members), in order of first appearance; groups found by name in O(1).
     let mut plan: Vec<(Option<String>, Vec<u32>)> = Vec::new();
+    let mut group_slot: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     let mut ungrouped_slot: Option<usize> = None;
     for (i, task) in tasks.iter().enumerate() {
         let i = i as u32;
         match &task.group {
-            Some(g) => match plan.iter_mut().find(|(pg, _)| pg.as_deref() == Some(g.as_str())) {
-                Some((_, members)) => members.push(i),
-                None => plan.push((Some(g.clone()), vec![i])),
+            Some(g) => match group_slot.get(g.as_str()) {
+                Some(&slot) => plan[slot].1.push(i),
+                None => {
+                    group_slot.insert(g, plan.len());
+                    plan.push((Some(g.clone()), vec![i]));
+                }
             },
             None if independent_completions => plan.push((None, vec![i])),
             None => match ungrouped_slot {

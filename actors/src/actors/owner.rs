@@ -376,8 +376,20 @@ struct CallState {
     row: CallRow,
     units: Vec<String>,
     incomplete_units: usize,
-    sync_reply: Option<oneshot::Sender<Result<Vec<ReadyItem>, OwnerError>>>,
+    /// The caller of a sync call, until its results are handed over.
+    sync_reply: Option<SyncWaiter>,
+    /// Sync results were handed over and await the caller's receipt (then they are delivered).
+    awaiting_receipt: bool,
 }
+
+struct SyncWaiter {
+    tx: oneshot::Sender<Result<Delegated, OwnerError>>,
+    units: Vec<UnitRow>,
+    forced_sync_reason: Option<String>,
+}
+
+/// How long sync results wait for the caller's receipt before they go out at boundaries.
+const SYNC_RECEIPT_WAIT: Duration = Duration::from_secs(3);
 
 struct UnitState {
     row: UnitRow,
@@ -449,6 +461,10 @@ pub struct SessionOwner {
     unit_budgets: HashMap<String, RestartBudget>,
     /// Acks whose flush is in flight, with repeated acks of the same claim waiting for it.
     acking: HashMap<String, Vec<oneshot::Sender<Result<usize, OwnerError>>>>,
+    /// Durable writes in flight besides acks (dead letters, sync receipts).
+    pending_writes: usize,
+    /// Calls whose collection waited for writes in flight.
+    gc_deferred: BTreeSet<String>,
 }
 
 impl std::fmt::Debug for SessionOwner {
@@ -483,6 +499,8 @@ impl SessionOwner {
             unit_policy: RestartPolicy::default(),
             unit_budgets: HashMap::new(),
             acking: HashMap::new(),
+            pending_writes: 0,
+            gc_deferred: BTreeSet::new(),
         }
     }
 
@@ -517,14 +535,18 @@ impl SessionOwner {
         for call in calls {
             let units = plan_units(&call.call_id, &call.tasks, call.independent_completions);
             let units = &units;
-            let stored = snapshot.children.get(&call.call_id).map(Vec::as_slice).unwrap_or(&[]);
+            let stored: HashMap<u32, &ChildRow> = snapshot
+                .children
+                .get(&call.call_id)
+                .map(|rows| rows.iter().map(|r| (r.task_index, r)).collect())
+                .unwrap_or_default();
             // Every task has a child row; one missing (never expected: children are written
             // before their call) is queued afresh rather than left to stall its unit.
             let mut children: Vec<ChildRow> = Vec::with_capacity(call.tasks.len());
             for unit in units {
                 for &i in &unit.tasks {
-                    match stored.iter().find(|c| c.task_index == i) {
-                        Some(row) => children.push(row.clone()),
+                    match stored.get(&i) {
+                        Some(row) => children.push((*row).clone()),
                         None => {
                             let row = queued_child(call, unit, i);
                             changed.push(row.clone());
@@ -534,6 +556,10 @@ impl SessionOwner {
                 }
             }
             let children = &children;
+            let mut by_unit: HashMap<&str, Vec<&ChildRow>> = HashMap::new();
+            for c in children {
+                by_unit.entry(c.unit_id.as_str()).or_default().push(c);
+            }
             // A call whose every result was delivered (or dead-lettered) is done; an early
             // failure notice left undelivered is moot once the full result was delivered.
             let settled = children.len() == call.tasks.len()
@@ -548,7 +574,7 @@ impl SessionOwner {
             let mut unit_ids = Vec::new();
             let mut incomplete = 0;
             for unit in units {
-                let members: Vec<&ChildRow> = children.iter().filter(|c| c.unit_id == unit.unit_id).collect();
+                let members: Vec<&ChildRow> = by_unit.remove(unit.unit_id.as_str()).unwrap_or_default();
                 let recorded = members.iter().filter(|c| c.status.is_terminal()).count();
                 let was_running = recorded < unit.tasks.len() && mode == Recovery::Process;
                 let mut state = UnitState {
@@ -560,6 +586,11 @@ impl SessionOwner {
                 };
                 for member in members {
                     let mut row = member.clone();
+                    if !row.status.is_terminal() && live.contains(&row.child_id) {
+                        // Its actor lives on (whatever its unflushed row says) and will hand
+                        // its result to this owner: adopt it, never start it a second time.
+                        row.status = ChildStatus::Running;
+                    }
                     match row.status {
                         ChildStatus::Queued => owner.capacity.enqueue(row.child_id.clone()),
                         ChildStatus::Running if mode == Recovery::Owner => {
@@ -620,6 +651,7 @@ impl SessionOwner {
                     units: unit_ids.clone(),
                     incomplete_units: incomplete,
                     sync_reply: None,
+                    awaiting_receipt: false,
                 },
             );
             for unit_id in unit_ids {
@@ -701,6 +733,7 @@ impl SessionOwner {
                 incomplete_units: unit_ids.len(),
                 units: unit_ids,
                 sync_reply: None,
+                awaiting_receipt: false,
             },
         );
     }
@@ -877,55 +910,77 @@ impl SessionOwner {
         }
     }
 
-    /// Every unit of a sync call is complete: mark its results delivered, durably, and answer.
+    /// Every unit of a sync call is complete: hand the results to the caller. They become
+    /// delivered only when the caller's [`SyncReceived`] comes back; without it (the caller
+    /// went away, or the owner died first) they go out at boundaries instead, never lost.
     fn finish_sync(&mut self, call_id: &str, ctx: &mut Context<Self>) {
         let Some(call) = self.calls.get_mut(call_id) else {
             return;
         };
-        let reply = call.sync_reply.take();
-        let ids: Vec<String> = (0..call.row.tasks.len() as u32).map(|i| child_id(call_id, i)).collect();
-        let items: Vec<ReadyItem> = ids
-            .iter()
-            .filter_map(|id| self.item(&dedup_key(id, ItemKind::Result), 1))
+        let set = call.row.set;
+        let waiter = call.sync_reply.take();
+        let items: Vec<ReadyItem> = (0..call.row.tasks.len() as u32)
+            .filter_map(|i| self.item(&dedup_key(&child_id(call_id, i), ItemKind::Result), 1))
             .collect();
-        // Hand the results over first, then record them as delivered: a crash in between
-        // delivers them again at a boundary (at-least-once, same dedup keys), never loses them.
-        let handed = reply.is_some_and(|tx| tx.send(Ok(items)).is_ok());
-        if !handed {
-            // Nobody is waiting any more: the results go out at boundaries instead.
-            if let Some(c) = self.calls.get_mut(call_id) {
-                c.row.mode = Mode::Background;
+        if let Some(w) = waiter {
+            let reply = Delegated::Sync {
+                call_id: call_id.to_string(),
+                set,
+                units: w.units,
+                forced_sync_reason: w.forced_sync_reason,
+                results: items,
+            };
+            if w.tx.send(Ok(reply)).is_ok() {
+                if let Some(c) = self.calls.get_mut(call_id) {
+                    c.awaiting_receipt = true;
+                }
+                let call_id = call_id.to_string();
+                ctx.run_later(SYNC_RECEIPT_WAIT, move |act, ctx| act.sync_unreceived(&call_id, ctx));
+                return;
             }
-            for id in &ids {
-                let attempts = self.children.get(id).map(|r| r.result.failed_attempts).unwrap_or(0);
-                self.router.publish(dedup_key(id, ItemKind::Result), attempts);
-            }
-            self.after_change(ctx);
+        }
+        self.sync_unreceived(call_id, ctx);
+    }
+
+    /// Sync results nobody confirmed: they go out at boundaries like a background call's.
+    fn sync_unreceived(&mut self, call_id: &str, ctx: &mut Context<Self>) {
+        let Some(call) = self.calls.get_mut(call_id) else {
+            return;
+        };
+        if call.row.mode == Mode::Background {
             return;
         }
-        let mut rows = Vec::new();
-        for id in &ids {
-            if let Some(row) = self.children.get_mut(id) {
-                row.result.delivered = true;
-                rows.push(row.clone());
+        call.row.mode = Mode::Background;
+        call.awaiting_receipt = false;
+        for i in 0..call.row.tasks.len() as u32 {
+            let id = child_id(call_id, i);
+            let Some(row) = self.children.get(&id) else { continue };
+            if !row.result.delivered && !row.result.dead {
+                self.router
+                    .publish(dedup_key(&id, ItemKind::Result), row.result.failed_attempts);
             }
         }
-        let ledger = self.engine.ledger.clone();
-        let written = ledger.put_children(&rows);
-        let call_id = call_id.to_string();
-        async move {
-            written?;
-            super::flush(ledger).await
+        self.after_change(ctx);
+    }
+
+    /// Counts a durable write in flight (calls are not collected while one is).
+    fn write_started(&mut self) {
+        self.pending_writes += 1;
+    }
+
+    /// A durable write ended; collects the calls that waited for it.
+    fn write_ended(&mut self) {
+        self.pending_writes = self.pending_writes.saturating_sub(1);
+        self.drain_deferred();
+    }
+
+    /// Collects the calls whose collection waited, once no write is in flight.
+    fn drain_deferred(&mut self) {
+        if self.pending_writes == 0 && self.acking.is_empty() {
+            for c in std::mem::take(&mut self.gc_deferred) {
+                self.gc_call(&c);
+            }
         }
-        .into_actor(self)
-        .map(move |res, act, _| match res {
-            Ok(_) => act.gc_call(&call_id),
-            Err(e) => tracing::warn!(
-                call = %call_id,
-                "sync results were returned but recording them as delivered failed ({e}); after a restart they are delivered again"
-            ),
-        })
-        .spawn(ctx);
     }
 
     /// Builds the consumer's view of an item.
@@ -1006,6 +1061,7 @@ impl SessionOwner {
             return;
         }
         tracing::warn!(session = %self.session.session_id, items = dead.len(), "items moved to the dead-letter tree: {why}");
+        self.write_started();
         async move {
             dead_written?;
             super::flush(ledger).await
@@ -1013,8 +1069,8 @@ impl SessionOwner {
         .into_actor(self)
         .map(move |res, act, ctx| match res {
             Ok(_) => {
-                let calls: BTreeSet<String> = dead.iter().map(|d| d.call_id.clone()).collect();
-                calls.iter().for_each(|c| act.gc_call(c));
+                act.gc_deferred.extend(dead.iter().map(|d| d.call_id.clone()));
+                act.write_ended();
             }
             Err(e) => {
                 // Not durably dead: back to the ready set, to be tried (and given up) again.
@@ -1027,7 +1083,12 @@ impl SessionOwner {
                         rows.push(row.clone());
                     }
                 }
-                let _ = act.engine.ledger.put_children(&rows);
+                let keys: Vec<String> = dead.iter().map(|d| d.dedup_key.clone()).collect();
+                let ledger = &act.engine.ledger;
+                if let Err(undo) = ledger.remove_dead_letters(&keys).and_then(|_| ledger.put_children(&rows)) {
+                    tracing::error!("reviving items whose dead letters failed: {undo}");
+                }
+                act.write_ended();
                 act.after_change(ctx);
             }
         })
@@ -1036,8 +1097,10 @@ impl SessionOwner {
 
     /// Drops a call from memory once every item of it is delivered or dead.
     fn gc_call(&mut self, call_id: &str) {
-        if !self.acking.is_empty() {
-            return; // an ack that fails must still find its rows; collect later
+        if !self.acking.is_empty() || self.pending_writes > 0 {
+            // A write that fails must still find its rows: collect once writes settle.
+            self.gc_deferred.insert(call_id.to_string());
+            return;
         }
         let Some(call) = self.calls.get(call_id) else { return };
         if call.incomplete_units > 0 {
@@ -1210,13 +1273,15 @@ impl Actor for SessionOwner {
 }
 
 impl Handler<Delegate> for SessionOwner {
-    type Result = ResponseActFuture<Self, Result<Delegated, OwnerError>>;
+    // Answered from outside this actor's context: a sync call waits for all its children, and
+    // a future parked in the context would be polled on every message meanwhile.
+    type Result = ResponseFuture<Result<Delegated, OwnerError>>;
 
-    fn handle(&mut self, Delegate(req): Delegate, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, Delegate(req): Delegate, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
         let tasks = match validate(&req, &*self.engine.factory) {
             Ok(t) => t,
-            Err(e) => return Box::pin(fut::ready(Err(e))),
+            Err(e) => return Box::pin(async { Err(e) }),
         };
         let (mode, forced_sync_reason) = match req.mode {
             Mode::Background if self.wake.is_none() => (
@@ -1249,52 +1314,97 @@ impl Handler<Delegate> for SessionOwner {
         let mut session = self.session.clone();
         session.next_set = set + 1;
         if let Err(e) = self.engine.ledger.put_dispatch(&session, &call, &units, &children) {
-            return Box::pin(fut::ready(Err(e.into())));
+            return Box::pin(async { Err(e.into()) });
         }
         // The set is taken now, so a call accepted meanwhile gets the next one.
         self.session.next_set = set + 1;
         let ledger = self.engine.ledger.clone();
-        Box::pin(
-            async move { super::flush(ledger).await }
-                .into_actor(self)
-                .then(move |flushed, act, ctx| {
-                    if let Err(e) = flushed {
-                        // Refused, so it must not surface later: take its rows back out.
-                        let unit_ids: Vec<String> = units.iter().map(|u| u.unit_id.clone()).collect();
-                        let child_ids: Vec<String> = children.iter().map(|c| c.child_id.clone()).collect();
-                        if let Err(undo) = act.engine.ledger.remove_dispatch(&call_id, &unit_ids, &child_ids) {
-                            tracing::error!(call = %call_id, "removing a refused call's rows failed: {undo}");
-                        }
-                        return fut::ready(Err(OwnerError::from(e))).boxed_local();
+        let (tx, rx) = oneshot::channel();
+        async move { super::flush(ledger).await }
+            .into_actor(self)
+            .map(move |flushed, act, ctx| {
+                if let Err(e) = flushed {
+                    // Refused, so it must not surface later: take its rows back out, durably.
+                    let unit_ids: Vec<String> = units.iter().map(|u| u.unit_id.clone()).collect();
+                    let child_ids: Vec<String> = children.iter().map(|c| c.child_id.clone()).collect();
+                    let ledger = &act.engine.ledger;
+                    if let Err(undo) = ledger
+                        .remove_dispatch(&call_id, &unit_ids, &child_ids)
+                        .and_then(|_| ledger.flush())
+                    {
+                        tracing::error!(call = %call_id, "removing a refused call's rows failed: {undo}");
                     }
-                    act.register_call(call, units.clone(), children);
-                    let rx = if mode == Mode::Sync {
-                        let (tx, rx) = oneshot::channel();
-                        if let Some(c) = act.calls.get_mut(&call_id) {
-                            c.sync_reply = Some(tx);
-                        }
-                        Some(rx)
-                    } else {
-                        None
-                    };
-                    act.admit(ctx);
-                    match rx {
-                        None => fut::ready(Ok(Delegated::Background { call_id, set, units })).boxed_local(),
-                        Some(rx) => async move {
-                            let results = rx.await.map_err(|_| OwnerError::Stopped)??;
-                            Ok(Delegated::Sync {
-                                call_id,
-                                set,
-                                units,
-                                forced_sync_reason,
-                                results,
-                            })
-                        }
-                        .into_actor(act)
-                        .boxed_local(),
+                    let _ = tx.send(Err(OwnerError::from(e)));
+                    return;
+                }
+                act.register_call(call, units.clone(), children);
+                if mode == Mode::Sync {
+                    if let Some(c) = act.calls.get_mut(&call_id) {
+                        c.sync_reply = Some(SyncWaiter {
+                            tx,
+                            units,
+                            forced_sync_reason,
+                        });
                     }
-                }),
-        )
+                } else {
+                    let _ = tx.send(Ok(Delegated::Background { call_id, set, units }));
+                }
+                act.admit(ctx);
+            })
+            .spawn(ctx);
+        Box::pin(async move { rx.await.unwrap_or(Err(OwnerError::Stopped)) })
+    }
+}
+
+/// The caller of a sync call received its results: now they count as delivered.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct SyncReceived {
+    /// The sync call.
+    pub call_id: String,
+}
+
+impl Handler<SyncReceived> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, msg: SyncReceived, ctx: &mut Context<Self>) {
+        let Some(call) = self.calls.get_mut(&msg.call_id) else {
+            return;
+        };
+        if !call.awaiting_receipt {
+            return; // too late: they went out at boundaries (same dedup keys)
+        }
+        call.awaiting_receipt = false;
+        let n = call.row.tasks.len() as u32;
+        let mut rows = Vec::new();
+        for i in 0..n {
+            if let Some(row) = self.children.get_mut(&child_id(&msg.call_id, i)) {
+                row.result.delivered = true;
+                rows.push(row.clone());
+            }
+        }
+        let ledger = self.engine.ledger.clone();
+        let written = ledger.put_children(&rows);
+        self.write_started();
+        let call_id = msg.call_id;
+        async move {
+            written?;
+            super::flush(ledger).await
+        }
+        .into_actor(self)
+        .map(move |res, act, _| {
+            match res {
+                Ok(_) => {
+                    act.gc_deferred.insert(call_id);
+                }
+                Err(e) => tracing::warn!(
+                    call = %call_id,
+                    "sync results were received but recording them as delivered failed ({e}); after a restart they are delivered again"
+                ),
+            }
+            act.write_ended();
+        })
+        .spawn(ctx);
     }
 }
 
@@ -1432,9 +1542,8 @@ impl Handler<Ack> for SessionOwner {
                             .iter()
                             .filter_map(|id| act.children.get(id).map(|r| r.call_id.clone()))
                             .collect();
-                        for c in calls {
-                            act.gc_call(&c);
-                        }
+                        act.gc_deferred.extend(calls);
+                        act.drain_deferred();
                         Ok(delivered)
                     }
                     Err(e) => {
@@ -1448,11 +1557,16 @@ impl Handler<Ack> for SessionOwner {
                         }
                         let rows: Vec<ChildRow> =
                             touched.iter().filter_map(|id| act.children.get(id).cloned()).collect();
-                        let _ = act.engine.ledger.put_children(&rows);
+                        // Undo durably too, or a later flush could make the ack real after all.
+                        let ledger = &act.engine.ledger;
+                        if let Err(undo) = ledger.put_children(&rows).and_then(|_| ledger.flush()) {
+                            tracing::error!("undoing a failed ack did not reach the disk: {undo}");
+                        }
                         act.router.undo_ack(&claim_id, items, lease.unwrap_or_else(now_ms));
                         for w in waiters {
                             let _ = w.send(Err(OwnerError::Ledger(e.to_string())));
                         }
+                        act.drain_deferred();
                         act.after_change(ctx);
                         Err(OwnerError::from(e))
                     }

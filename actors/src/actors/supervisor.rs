@@ -133,14 +133,25 @@ impl Supervisor {
         let id = owner.session_id().to_string();
         let (addr, exit) = supervise::spawn(owner);
         self.engine.owners.insert(id.clone(), addr.clone());
-        exit.into_actor(self)
-            .map(move |exit, act, ctx| act.owner_exited(id, exit, ctx))
-            .spawn(ctx);
+        // Watched from a task of its own: a future per session parked in this context would
+        // be polled on every message the supervisor handles.
+        let me = ctx.address().downgrade();
+        let watched = addr.clone();
+        actix::spawn(async move {
+            let exit = exit.await;
+            if let Some(me) = me.upgrade() {
+                me.do_send(OwnerExited {
+                    session_id: id,
+                    owner: watched,
+                    exit,
+                });
+            }
+        });
         addr
     }
 
     fn owner_exited(&mut self, id: String, exit: Exit, ctx: &mut Context<Self>) {
-        let Exit::Panicked(msg) = exit.clone() else {
+        let Exit::Panicked(msg) = exit else {
             self.engine.owners.remove(&id);
             return;
         };
@@ -296,6 +307,27 @@ impl Handler<OpenSession> for Supervisor {
             let info = addr.send(configure).await.map_err(|_| OwnerError::Stopped)??;
             Ok((addr, info))
         })
+    }
+}
+
+/// A session owner's task ended.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct OwnerExited {
+    session_id: String,
+    owner: Addr<SessionOwner>,
+    exit: Exit,
+}
+
+impl Handler<OwnerExited> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: OwnerExited, ctx: &mut Context<Self>) {
+        // Only the current owner's end matters; an older one was replaced already.
+        let current = self.engine.owner(&msg.session_id).is_some_and(|a| a == msg.owner);
+        if current {
+            self.owner_exited(msg.session_id, msg.exit, ctx);
+        }
     }
 }
 
