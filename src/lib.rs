@@ -288,7 +288,8 @@ pub struct Envelope {
 }
 
 /// The embedded engine. Cheap to share behind an `Arc`; shut it down with [`Brood::shutdown`]
-/// (dropping it does the same).
+/// (dropping it does the same). Shutting down joins the engine's threads, so never drop the
+/// last handle from inside a wake callback or a runner.
 pub struct Brood {
     root: Addr<Supervisor>,
     owners: Owners,
