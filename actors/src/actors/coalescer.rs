@@ -89,13 +89,7 @@ impl Coalescer {
         let stored = match self.ledger.record_terminals(&rows) {
             Ok(stored) => stored,
             Err(e) => {
-                tracing::warn!(rows = rows.len(), "writing completions failed: {e}");
-                let msg = e.to_string();
-                for p in batch {
-                    let _ = p
-                        .reply
-                        .send(Err(HandOffError::Ledger(LedgerError::Storage(msg.clone()))));
-                }
+                fail_all(batch, "writing", &e);
                 return self.start_batch(ctx);
             }
         };
@@ -108,15 +102,7 @@ impl Coalescer {
             .map(move |flushed, act, ctx| {
                 act.in_flight = false;
                 match flushed {
-                    Err(e) => {
-                        tracing::warn!(rows = batch.len(), "flushing completions failed: {e}");
-                        let msg = e.to_string();
-                        for p in batch {
-                            let _ = p
-                                .reply
-                                .send(Err(HandOffError::Ledger(LedgerError::Storage(msg.clone()))));
-                        }
-                    }
+                    Err(e) => fail_all(batch, "flushing", &e),
                     // Durable: hand each owner its share from a task of its own, so the next
                     // batch is written and flushed meanwhile, and a slow owner delays only
                     // its own session's children.
@@ -131,6 +117,17 @@ impl Coalescer {
                 act.start_batch(ctx);
             })
             .spawn(ctx);
+    }
+}
+
+/// Answers every child of a batch that could not be recorded: each keeps its result and retries.
+fn fail_all(batch: Vec<Pending>, what: &str, e: &LedgerError) {
+    tracing::warn!(rows = batch.len(), "{what} completions failed: {e}");
+    let msg = e.to_string();
+    for p in batch {
+        let _ = p
+            .reply
+            .send(Err(HandOffError::Ledger(LedgerError::Storage(msg.clone()))));
     }
 }
 
