@@ -31,6 +31,7 @@ pub mod codec;
 pub mod failpoints;
 pub mod ledger;
 pub mod model;
+pub mod recovery;
 pub mod routing;
 pub mod runner;
 pub mod wake;

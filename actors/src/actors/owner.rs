@@ -19,8 +19,9 @@ use tokio::sync::oneshot;
 use super::supervise::{self, Decision, Exit, RestartBudget, RestartPolicy};
 use super::unit::{StartChild, Unit, UnitComplete};
 use super::Engine;
-use crate::ledger::{LedgerError, Snapshot};
+use crate::ledger::LedgerError;
 use crate::model::*;
+use crate::recovery::{self, queued_child, Recovery, SessionSnapshot};
 use crate::routing::{on_child_end, Capacity, ClaimError, Publish, ReleaseReason, Returned, Router, Turn, WakeState};
 use crate::runner::RunnerFactory;
 use crate::wake::{Wake, WakeEvent, WakeTarget};
@@ -361,17 +362,6 @@ pub struct CallStatus {
     pub children: Vec<ChildRow>,
 }
 
-/// How a rebuilt owner treats children its ledger shows as running.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recovery {
-    /// The process restarted: nothing is running any more, so each such child is re-run
-    /// (when its task allows it) or resolved as `unknown`.
-    Process,
-    /// Only the owner restarted: its children's actors live on and will hand their results
-    /// to the new owner, so they stay running.
-    Owner,
-}
-
 struct CallState {
     row: CallRow,
     units: Vec<String>,
@@ -417,26 +407,6 @@ pub fn claim_session(claim_id: &str) -> Option<String> {
         .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
         .collect();
     String::from_utf8(bytes?).ok()
-}
-
-/// A fresh queued child row for task `i` of `call` in `unit`.
-fn queued_child(call: &CallRow, unit: &UnitRow, i: u32) -> ChildRow {
-    ChildRow {
-        child_id: child_id(&call.call_id, i),
-        call_id: call.call_id.clone(),
-        unit_id: unit.unit_id.clone(),
-        session_id: call.session_id.clone(),
-        task_index: i,
-        status: ChildStatus::Queued,
-        summary: None,
-        error: None,
-        started_at_ms: None,
-        finished_at_ms: None,
-        attempt: 1,
-        recovered: false,
-        result: DeliveryRow::default(),
-        notice: DeliveryRow::default(),
-    }
 }
 
 /// The k of a unit id `<call>-<k>` (0 when it has none).
@@ -504,11 +474,9 @@ impl SessionOwner {
         }
     }
 
-    /// Rebuilds an owner from what an earlier process left in the ledger (I6): recorded
-    /// children are replayed, queued ones queued again, running ones re-run when their task
-    /// allows it or else resolved as `unknown`; unacked items are ready again; claims that were
-    /// live are remembered as lost. Returns the rows recovery changed, for the caller to write.
-    /// With [`Recovery::Owner`] running children stay running (their actors live on).
+    /// Rebuilds an owner from what an earlier process (or an earlier owner) left in the
+    /// ledger, following [`recovery::plan`] (I6). Returns the rows recovery changed, for the
+    /// caller to write.
     pub fn recover(
         engine: Engine,
         session: SessionRow,
@@ -520,172 +488,53 @@ impl SessionOwner {
         } else {
             Default::default()
         };
+        let plan = recovery::plan(&session, snapshot, mode, &live, now_ms());
         let mut owner = SessionOwner::new(engine, session);
-        let mut changed = Vec::new();
-        let now = now_ms();
-        for claim in &snapshot.claims {
-            owner.router.remember_lost(claim.claim_id.clone());
+        owner.session.next_set = plan.next_set;
+        owner.delivered_done = plan.delivered_done;
+        for claim in plan.lost_claims {
+            owner.router.remember_lost(claim);
         }
-        let mut calls: Vec<&CallRow> = snapshot.calls.iter().collect();
-        calls.sort_by_key(|c| c.set);
-        if let Some(last) = calls.last() {
-            // Never hand out a set number a stored call already has.
-            owner.session.next_set = owner.session.next_set.max(last.set + 1);
+        for row in plan.children {
+            owner.children.insert(row.child_id.clone(), row);
         }
-        for call in calls {
-            let units = plan_units(&call.call_id, &call.tasks, call.independent_completions);
-            let units = &units;
-            let stored: HashMap<u32, &ChildRow> = snapshot
-                .children
-                .get(&call.call_id)
-                .map(|rows| rows.iter().map(|r| (r.task_index, r)).collect())
-                .unwrap_or_default();
-            // Every task has a child row; one missing (never expected: children are written
-            // before their call) is queued afresh rather than left to stall its unit.
-            let mut children: Vec<ChildRow> = Vec::with_capacity(call.tasks.len());
-            for unit in units {
-                for &i in &unit.tasks {
-                    match stored.get(&i) {
-                        Some(row) => children.push((*row).clone()),
-                        None => {
-                            let row = queued_child(call, unit, i);
-                            changed.push(row.clone());
-                            children.push(row);
-                        }
-                    }
-                }
+        for id in plan.queue {
+            owner.capacity.enqueue(id);
+        }
+        for id in plan.running {
+            owner.capacity.mark_running(id);
+        }
+        for call in plan.calls {
+            let unit_ids: Vec<String> = call.units.iter().map(|u| u.row.unit_id.clone()).collect();
+            let incomplete = call.units.iter().filter(|u| !u.complete()).count();
+            for unit in call.units {
+                let complete = unit.complete();
+                owner.units.insert(
+                    unit.row.unit_id.clone(),
+                    UnitState {
+                        row: unit.row,
+                        terminal: unit.terminal,
+                        complete,
+                        addr: None,
+                        recorded_before_exit: unit.recorded_before_exit,
+                    },
+                );
             }
-            let children = &children;
-            let mut by_unit: HashMap<&str, Vec<&ChildRow>> = HashMap::new();
-            for c in children {
-                by_unit.entry(c.unit_id.as_str()).or_default().push(c);
-            }
-            // A call whose every result was delivered (or dead-lettered) is done; an early
-            // failure notice left undelivered is moot once the full result was delivered.
-            let settled = children.len() == call.tasks.len()
-                && children
-                    .iter()
-                    .all(|c| c.status.is_terminal() && (c.result.delivered || c.result.dead));
-            if settled {
-                owner.delivered_done += children.iter().filter(|c| c.result.delivered).count() as u64;
-                owner.delivered_done += children.iter().filter(|c| c.notice.delivered).count() as u64;
-                continue;
-            }
-            let mut unit_ids = Vec::new();
-            let mut incomplete = 0;
-            for unit in units {
-                let members: Vec<&ChildRow> = by_unit.remove(unit.unit_id.as_str()).unwrap_or_default();
-                let recorded = members.iter().filter(|c| c.status.is_terminal()).count();
-                let was_running = recorded < unit.tasks.len() && mode == Recovery::Process;
-                let mut state = UnitState {
-                    row: unit.clone(),
-                    terminal: 0,
-                    complete: false,
-                    addr: None,
-                    recorded_before_exit: was_running.then_some(recorded as u32),
-                };
-                for member in members {
-                    let mut row = member.clone();
-                    if !row.status.is_terminal() && live.contains(&row.child_id) {
-                        // Its actor lives on (whatever its unflushed row says) and will hand
-                        // its result to this owner: adopt it, never start it a second time.
-                        row.status = ChildStatus::Running;
-                    }
-                    match row.status {
-                        ChildStatus::Queued => owner.capacity.enqueue(row.child_id.clone()),
-                        ChildStatus::Running if mode == Recovery::Owner => {
-                            if live.contains(&row.child_id) {
-                                // Its actor lives on and will hand its result to this owner.
-                                owner.capacity.mark_running(row.child_id.clone());
-                            } else {
-                                // Admitted by the old owner but never started: queue it again.
-                                row.status = ChildStatus::Queued;
-                                row.started_at_ms = None;
-                                owner.capacity.enqueue(row.child_id.clone());
-                                changed.push(row.clone());
-                            }
-                        }
-                        ChildStatus::Running => {
-                            let task = &call.tasks[row.task_index as usize];
-                            row.recovered = true;
-                            if task.rerun_on_recovery {
-                                row.status = ChildStatus::Queued;
-                                row.attempt += 1;
-                                row.started_at_ms = None;
-                                owner.capacity.enqueue(row.child_id.clone());
-                            } else {
-                                row.status = ChildStatus::Unknown;
-                                row.finished_at_ms = Some(now);
-                                row.error = Some(
-                                    "the child was running when its owner exited and its task is not safe to re-run; its outcome is unknown"
-                                        .into(),
-                                );
-                                state.terminal += 1;
-                            }
-                            changed.push(row.clone());
-                        }
-                        _ => {
-                            if was_running && !row.recovered {
-                                row.recovered = true;
-                                changed.push(row.clone());
-                            }
-                            state.terminal += 1;
-                        }
-                    }
-                    owner.children.insert(row.child_id.clone(), row);
-                }
-                unit_ids.push(unit.unit_id.clone());
-                if state.terminal < unit.tasks.len() {
-                    incomplete += 1;
-                }
-                owner.units.insert(unit.unit_id.clone(), state);
-            }
-            // Whoever waited for a sync call's inline answer is gone: its results go out at
-            // boundaries instead, so nothing recorded is lost.
-            let mut row = call.clone();
-            row.mode = Mode::Background;
             owner.calls.insert(
-                call.call_id.clone(),
+                call.row.call_id.clone(),
                 CallState {
-                    row,
-                    units: unit_ids.clone(),
+                    row: call.row,
+                    units: unit_ids,
                     incomplete_units: incomplete,
                     sync_reply: None,
                     awaiting_receipt: false,
                 },
             );
-            for unit_id in unit_ids {
-                let Some(unit) = owner.units.get(&unit_id) else {
-                    continue;
-                };
-                let members: Vec<String> = unit.row.tasks.iter().map(|&i| child_id(&call.call_id, i)).collect();
-                if unit.terminal >= unit.row.tasks.len() {
-                    if let Some(u) = owner.units.get_mut(&unit_id) {
-                        u.complete = true;
-                    }
-                    for id in &members {
-                        if let Some(row) = owner.children.get(id) {
-                            if !row.result.delivered && !row.result.dead {
-                                owner
-                                    .router
-                                    .publish(dedup_key(id, ItemKind::Result), row.result.failed_attempts);
-                            }
-                        }
-                    }
-                } else {
-                    for id in &members {
-                        if let Some(row) = owner.children.get(id) {
-                            if row.status.is_failure() && !row.notice.delivered && !row.notice.dead {
-                                owner
-                                    .router
-                                    .publish(dedup_key(id, ItemKind::FailureNotice), row.notice.failed_attempts);
-                            }
-                        }
-                    }
-                }
-            }
         }
-        (owner, changed)
+        for (key, attempts) in plan.ready {
+            owner.router.publish(key, attempts);
+        }
+        (owner, plan.changed)
     }
 
     /// Binds a wake target (the session becomes wake-capable).
@@ -1193,73 +1042,6 @@ impl SessionOwner {
             panic!("injected fault: owner_handler (session {})", self.session.session_id);
         }
     }
-}
-
-/// The rows of one session in a ledger snapshot, grouped by call.
-#[derive(Debug, Default)]
-pub struct SessionSnapshot {
-    /// Its calls.
-    pub calls: Vec<CallRow>,
-    /// Children by call id.
-    pub children: HashMap<String, Vec<ChildRow>>,
-    /// Claims that were live.
-    pub claims: Vec<ClaimRow>,
-}
-
-/// Rows whose call row is missing: a dispatch cut short by a crash before its reply (the call
-/// row is written last), to be removed.
-#[derive(Debug, Default)]
-pub struct Orphans {
-    /// Call id → (unit ids, child ids).
-    pub calls: HashMap<String, (Vec<String>, Vec<String>)>,
-}
-
-/// Splits a ledger snapshot by session, setting orphaned rows apart. Unit rows are not needed
-/// to rebuild: units are planned again from the call row, which is what planned them.
-pub fn split_snapshot(snapshot: Snapshot) -> (HashMap<String, SessionSnapshot>, Orphans) {
-    let mut out: HashMap<String, SessionSnapshot> = HashMap::new();
-    let mut orphans = Orphans::default();
-    let mut call_session: HashMap<String, String> = HashMap::new();
-    for call in snapshot.calls {
-        call_session.insert(call.call_id.clone(), call.session_id.clone());
-        out.entry(call.session_id.clone()).or_default().calls.push(call);
-    }
-    for unit in snapshot.units {
-        if !call_session.contains_key(&unit.call_id) {
-            orphans
-                .calls
-                .entry(unit.call_id.clone())
-                .or_default()
-                .0
-                .push(unit.unit_id);
-        }
-    }
-    for child in snapshot.children {
-        match call_session.get(&child.call_id) {
-            Some(session) => out
-                .entry(session.clone())
-                .or_default()
-                .children
-                .entry(child.call_id.clone())
-                .or_default()
-                .push(child),
-            None => orphans
-                .calls
-                .entry(child.call_id.clone())
-                .or_default()
-                .1
-                .push(child.child_id),
-        }
-    }
-    for claim in snapshot.claims {
-        out.entry(claim.session_id.clone()).or_default().claims.push(claim);
-    }
-    for s in out.values_mut() {
-        for children in s.children.values_mut() {
-            children.sort_by_key(|c| c.task_index);
-        }
-    }
-    (out, orphans)
 }
 
 impl Actor for SessionOwner {

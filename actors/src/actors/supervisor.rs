@@ -17,13 +17,12 @@ use actix::prelude::*;
 use actix_rt::ArbiterHandle;
 
 use super::coalescer::Coalescer;
-use super::owner::{
-    split_snapshot, Configure, OwnerError, Recovery, SessionInfo, SessionOwner, SessionSettings, SessionSnapshot,
-};
+use super::owner::{Configure, OwnerError, SessionInfo, SessionOwner, SessionSettings};
 use super::supervise::{self, Decision, Exit, RestartBudget, RestartPolicy};
 use super::{Engine, Owners};
 use crate::ledger::{Ledger, LedgerError};
 use crate::model::{now_ms, DeadLetterRow, SessionRow, DEFAULT_MAX_CONCURRENT_CHILDREN, DEFAULT_MAX_DELIVERY_ATTEMPTS};
+use crate::recovery::{split_snapshot, Recovery, SessionSnapshot};
 use crate::runner::RunnerFactory;
 use crate::wake::Wake;
 

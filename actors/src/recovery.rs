@@ -1,0 +1,487 @@
+//! Recovery (I6): what an owner rebuilt from the ledger holds, decided as plain code.
+//!
+//! [`split_snapshot`] sorts a ledger snapshot by session and sets apart the orphaned rows of a
+//! dispatch a crash cut short. [`plan`] decides, for one session, every call still owed to its
+//! parent: which children are replayed, queued again, adopted as running, re-run or resolved
+//! `unknown`, which units are complete, which items are ready again, and which rows changed.
+//! The owner applies the plan; nothing here touches an actor or the disk.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::ledger::Snapshot;
+use crate::model::*;
+
+/// How a rebuilt owner treats children its ledger shows as running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// The process restarted: nothing is running any more, so each such child is re-run
+    /// (when its task allows it) or resolved as `unknown`.
+    Process,
+    /// Only the owner restarted: its children's actors live on and will hand their results
+    /// to the new owner, so they stay running.
+    Owner,
+}
+
+/// A fresh queued child row for task `i` of `call` in `unit`.
+pub fn queued_child(call: &CallRow, unit: &UnitRow, i: u32) -> ChildRow {
+    ChildRow {
+        child_id: child_id(&call.call_id, i),
+        call_id: call.call_id.clone(),
+        unit_id: unit.unit_id.clone(),
+        session_id: call.session_id.clone(),
+        task_index: i,
+        status: ChildStatus::Queued,
+        summary: None,
+        error: None,
+        started_at_ms: None,
+        finished_at_ms: None,
+        attempt: 1,
+        recovered: false,
+        result: DeliveryRow::default(),
+        notice: DeliveryRow::default(),
+    }
+}
+
+/// The rows of one session in a ledger snapshot, grouped by call.
+#[derive(Debug, Default)]
+pub struct SessionSnapshot {
+    /// Its calls.
+    pub calls: Vec<CallRow>,
+    /// Children by call id.
+    pub children: HashMap<String, Vec<ChildRow>>,
+    /// Claims that were live.
+    pub claims: Vec<ClaimRow>,
+}
+
+/// Rows whose call row is missing: a dispatch cut short by a crash before its reply (the call
+/// row is written last), to be removed.
+#[derive(Debug, Default)]
+pub struct Orphans {
+    /// Call id → (unit ids, child ids).
+    pub calls: HashMap<String, (Vec<String>, Vec<String>)>,
+}
+
+/// Splits a ledger snapshot by session, setting orphaned rows apart. Unit rows are not needed
+/// to rebuild: units are planned again from the call row, which is what planned them.
+pub fn split_snapshot(snapshot: Snapshot) -> (HashMap<String, SessionSnapshot>, Orphans) {
+    let mut out: HashMap<String, SessionSnapshot> = HashMap::new();
+    let mut orphans = Orphans::default();
+    let mut call_session: HashMap<String, String> = HashMap::new();
+    for call in snapshot.calls {
+        call_session.insert(call.call_id.clone(), call.session_id.clone());
+        out.entry(call.session_id.clone()).or_default().calls.push(call);
+    }
+    for unit in snapshot.units {
+        if !call_session.contains_key(&unit.call_id) {
+            orphans
+                .calls
+                .entry(unit.call_id.clone())
+                .or_default()
+                .0
+                .push(unit.unit_id);
+        }
+    }
+    for child in snapshot.children {
+        match call_session.get(&child.call_id) {
+            Some(session) => out
+                .entry(session.clone())
+                .or_default()
+                .children
+                .entry(child.call_id.clone())
+                .or_default()
+                .push(child),
+            None => orphans
+                .calls
+                .entry(child.call_id.clone())
+                .or_default()
+                .1
+                .push(child.child_id),
+        }
+    }
+    for claim in snapshot.claims {
+        out.entry(claim.session_id.clone()).or_default().claims.push(claim);
+    }
+    for s in out.values_mut() {
+        for children in s.children.values_mut() {
+            children.sort_by_key(|c| c.task_index);
+        }
+    }
+    (out, orphans)
+}
+
+/// A unit as recovery leaves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveredUnit {
+    /// The unit.
+    pub row: UnitRow,
+    /// Members that are terminal now.
+    pub terminal: usize,
+    /// For a unit an earlier process left running: how many of its children were recorded
+    /// before the owner exited.
+    pub recorded_before_exit: Option<u32>,
+}
+
+impl RecoveredUnit {
+    /// Whether every member is terminal.
+    pub fn complete(&self) -> bool {
+        self.terminal >= self.row.tasks.len()
+    }
+}
+
+/// A call still owed to its parent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveredCall {
+    /// The call (a sync call's waiter is gone, so it is delivered in the background now).
+    pub row: CallRow,
+    /// Its units, in order.
+    pub units: Vec<RecoveredUnit>,
+}
+
+/// What an owner rebuilt from the ledger holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryPlan {
+    /// Calls with something still to run or deliver, by set.
+    pub calls: Vec<RecoveredCall>,
+    /// Their children, as resolved.
+    pub children: Vec<ChildRow>,
+    /// Children to queue, in order.
+    pub queue: Vec<String>,
+    /// Children whose actor lives on (owner restart only), counted as running.
+    pub running: Vec<String>,
+    /// Items ready again, with their failed delivery attempts.
+    pub ready: Vec<(String, u32)>,
+    /// Claims that were live: lost now, so a late ack of one is refused as lost.
+    pub lost_claims: Vec<String>,
+    /// Rows recovery changed, to be written.
+    pub changed: Vec<ChildRow>,
+    /// Items of settled calls that were delivered (for the session's counts).
+    pub delivered_done: u64,
+    /// The set the session's next call gets (never one a stored call has).
+    pub next_set: u64,
+}
+
+/// Decides what the owner of `session` holds after a restart. `live` names the children whose
+/// actor is alive (empty after a process restart); `now_ms` stamps children resolved `unknown`.
+pub fn plan(
+    session: &SessionRow,
+    snapshot: &SessionSnapshot,
+    mode: Recovery,
+    live: &HashSet<String>,
+    now_ms: u64,
+) -> RecoveryPlan {
+    let mut plan = RecoveryPlan {
+        lost_claims: snapshot.claims.iter().map(|c| c.claim_id.clone()).collect(),
+        next_set: session.next_set,
+        ..RecoveryPlan::default()
+    };
+    let mut calls: Vec<&CallRow> = snapshot.calls.iter().collect();
+    calls.sort_by_key(|c| c.set);
+    if let Some(last) = calls.last() {
+        plan.next_set = plan.next_set.max(last.set + 1);
+    }
+    for call in calls {
+        let units = plan_units(&call.call_id, &call.tasks, call.independent_completions);
+        let stored: HashMap<u32, &ChildRow> = snapshot
+            .children
+            .get(&call.call_id)
+            .map(|rows| rows.iter().map(|r| (r.task_index, r)).collect())
+            .unwrap_or_default();
+        // Every task has a child row; one missing (never expected: children are written
+        // before their call) is queued afresh rather than left to stall its unit.
+        let mut fresh = Vec::new();
+        let rows_of = |unit: &UnitRow, fresh: &mut Vec<ChildRow>| -> Vec<ChildRow> {
+            unit.tasks
+                .iter()
+                .map(|&i| match stored.get(&i) {
+                    Some(row) => (*row).clone(),
+                    None => {
+                        let row = queued_child(call, unit, i);
+                        fresh.push(row.clone());
+                        row
+                    }
+                })
+                .collect()
+        };
+        let members: Vec<Vec<ChildRow>> = units.iter().map(|u| rows_of(u, &mut fresh)).collect();
+        // A call whose every result was delivered (or dead-lettered) is done; an early failure
+        // notice left undelivered is moot once the full result was delivered.
+        let settled = members
+            .iter()
+            .flatten()
+            .all(|c| c.status.is_terminal() && (c.result.delivered || c.result.dead));
+        if settled {
+            plan.delivered_done += members
+                .iter()
+                .flatten()
+                .map(|c| c.result.delivered as u64 + c.notice.delivered as u64)
+                .sum::<u64>();
+            continue;
+        }
+        plan.changed.extend(fresh);
+        let mut recovered_units = Vec::with_capacity(units.len());
+        for (unit, rows) in units.into_iter().zip(members) {
+            let recorded = rows.iter().filter(|c| c.status.is_terminal()).count();
+            let was_running = recorded < unit.tasks.len() && mode == Recovery::Process;
+            let mut terminal = 0;
+            let mut resolved = Vec::with_capacity(rows.len());
+            for mut row in rows {
+                if !row.status.is_terminal() && live.contains(&row.child_id) {
+                    // Its actor lives on (whatever its unflushed row says) and will hand its
+                    // result to this owner: adopt it, never start it a second time.
+                    row.status = ChildStatus::Running;
+                }
+                match row.status {
+                    ChildStatus::Queued => plan.queue.push(row.child_id.clone()),
+                    ChildStatus::Running if mode == Recovery::Owner => {
+                        if live.contains(&row.child_id) {
+                            plan.running.push(row.child_id.clone());
+                        } else {
+                            // Admitted by the old owner but never started: queue it again.
+                            row.status = ChildStatus::Queued;
+                            row.started_at_ms = None;
+                            plan.queue.push(row.child_id.clone());
+                            plan.changed.push(row.clone());
+                        }
+                    }
+                    ChildStatus::Running => {
+                        row.recovered = true;
+                        if call.tasks[row.task_index as usize].rerun_on_recovery {
+                            row.status = ChildStatus::Queued;
+                            row.attempt += 1;
+                            row.started_at_ms = None;
+                            plan.queue.push(row.child_id.clone());
+                        } else {
+                            row.status = ChildStatus::Unknown;
+                            row.finished_at_ms = Some(now_ms);
+                            row.error = Some(
+                                "the child was running when its owner exited and its task is not safe to re-run; its outcome is unknown"
+                                    .into(),
+                            );
+                            terminal += 1;
+                        }
+                        plan.changed.push(row.clone());
+                    }
+                    _ => {
+                        if was_running && !row.recovered {
+                            row.recovered = true;
+                            plan.changed.push(row.clone());
+                        }
+                        terminal += 1;
+                    }
+                }
+                resolved.push(row);
+            }
+            let recovered = RecoveredUnit {
+                row: unit,
+                terminal,
+                recorded_before_exit: was_running.then_some(recorded as u32),
+            };
+            for row in &resolved {
+                if recovered.complete() {
+                    if !row.result.delivered && !row.result.dead {
+                        plan.ready
+                            .push((dedup_key(&row.child_id, ItemKind::Result), row.result.failed_attempts));
+                    }
+                } else if row.status.is_failure() && !row.notice.delivered && !row.notice.dead {
+                    plan.ready.push((
+                        dedup_key(&row.child_id, ItemKind::FailureNotice),
+                        row.notice.failed_attempts,
+                    ));
+                }
+            }
+            plan.children.extend(resolved);
+            recovered_units.push(recovered);
+        }
+        // Whoever waited for a sync call's inline answer is gone: its results go out at
+        // boundaries instead, so nothing recorded is lost.
+        let mut row = call.clone();
+        row.mode = Mode::Background;
+        plan.calls.push(RecoveredCall {
+            row,
+            units: recovered_units,
+        });
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> SessionRow {
+        SessionRow {
+            session_id: "s".into(),
+            max_concurrent_children: 8,
+            max_delivery_attempts: 8,
+            next_set: 2,
+            created_at_ms: 0,
+        }
+    }
+
+    fn call(rerun: &[bool], group: Option<&str>) -> CallRow {
+        CallRow {
+            call_id: "deleg_c".into(),
+            session_id: "s".into(),
+            set: 4,
+            mode: Mode::Sync,
+            forced_sync_reason: None,
+            independent_completions: false,
+            tasks: rerun
+                .iter()
+                .map(|&r| Task {
+                    goal: "g".into(),
+                    runner_json: "{}".into(),
+                    group: group.map(str::to_string),
+                    timeout_ms: None,
+                    stall_ms: DEFAULT_STALL_MS,
+                    rerun_on_recovery: r,
+                })
+                .collect(),
+            created_at_ms: 0,
+        }
+    }
+
+    fn child(i: u32, status: ChildStatus) -> ChildRow {
+        let unit = UnitRow {
+            unit_id: "deleg_c-1".into(),
+            call_id: "deleg_c".into(),
+            group: None,
+            tasks: vec![],
+        };
+        ChildRow {
+            status,
+            ..queued_child(&call(&[false], None), &unit, i)
+        }
+    }
+
+    fn snapshot(call: CallRow, children: Vec<ChildRow>) -> SessionSnapshot {
+        SessionSnapshot {
+            children: HashMap::from([(call.call_id.clone(), children)]),
+            calls: vec![call],
+            claims: vec![ClaimRow {
+                claim_id: "clm_x".into(),
+                session_id: "s".into(),
+                consumer: "c".into(),
+                lease_expires_at_ms: 0,
+                items: 1,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_running_unit_is_resolved_after_a_process_restart() {
+        // Four children of one unit: two recorded, one running re-runnable, one running not.
+        let mut done = child(0, ChildStatus::Succeeded);
+        done.summary = Some("found it".into());
+        let rows = vec![
+            done,
+            child(1, ChildStatus::Failed),
+            child(2, ChildStatus::Running),
+            child(3, ChildStatus::Running),
+        ];
+        let snap = snapshot(call(&[false, false, true, false], None), rows);
+        let plan = plan(&session(), &snap, Recovery::Process, &HashSet::new(), 99);
+        assert_eq!(plan.next_set, 5, "never reuse a stored call's set");
+        assert_eq!(plan.lost_claims, vec!["clm_x".to_string()]);
+        assert_eq!(plan.calls.len(), 1);
+        assert_eq!(
+            plan.calls[0].row.mode,
+            Mode::Background,
+            "a sync caller is gone after a restart"
+        );
+        let unit = &plan.calls[0].units[0];
+        assert_eq!(unit.recorded_before_exit, Some(2));
+        assert_eq!(unit.terminal, 3);
+        assert!(!unit.complete());
+        assert_eq!(plan.queue, vec!["deleg_c.2".to_string()]);
+        let by_id: HashMap<&str, &ChildRow> = plan.children.iter().map(|c| (c.child_id.as_str(), c)).collect();
+        assert_eq!(by_id["deleg_c.0"].summary.as_deref(), Some("found it"));
+        assert!(by_id["deleg_c.0"].recovered);
+        assert_eq!(
+            (by_id["deleg_c.2"].status, by_id["deleg_c.2"].attempt),
+            (ChildStatus::Queued, 2)
+        );
+        assert_eq!(
+            (by_id["deleg_c.3"].status, by_id["deleg_c.3"].finished_at_ms),
+            (ChildStatus::Unknown, Some(99))
+        );
+        // The unit is not complete: only the failed child's early notice is ready.
+        assert_eq!(plan.ready, vec![("deleg_c.1:failure_notice".to_string(), 0)]);
+        assert_eq!(plan.changed.len(), 4);
+    }
+
+    #[test]
+    fn an_owner_restart_adopts_live_children_and_requeues_the_rest() {
+        let rows = vec![
+            child(0, ChildStatus::Running),
+            child(1, ChildStatus::Running),
+            child(2, ChildStatus::Queued),
+        ];
+        let snap = snapshot(call(&[false, false, false], None), rows);
+        // deleg_c.2's row still says queued, but its actor started: adopted, not run twice.
+        let live = HashSet::from(["deleg_c.0".to_string(), "deleg_c.2".to_string()]);
+        let plan = plan(&session(), &snap, Recovery::Owner, &live, 0);
+        assert_eq!(plan.running, vec!["deleg_c.0".to_string(), "deleg_c.2".to_string()]);
+        assert_eq!(plan.queue, vec!["deleg_c.1".to_string()]);
+        assert_eq!(plan.calls[0].units[0].recorded_before_exit, None);
+        assert!(plan.children.iter().all(|c| c.status != ChildStatus::Unknown));
+    }
+
+    #[test]
+    fn delivered_calls_are_left_in_the_ledger_and_missing_rows_are_queued() {
+        let mut a = child(0, ChildStatus::Succeeded);
+        a.result.delivered = true;
+        let mut b = child(1, ChildStatus::Failed);
+        b.result.delivered = true;
+        b.notice.delivered = true;
+        let settled = plan(
+            &session(),
+            &snapshot(call(&[false, false], None), vec![a.clone(), b]),
+            Recovery::Process,
+            &HashSet::new(),
+            0,
+        );
+        assert!(settled.calls.is_empty() && settled.ready.is_empty());
+        assert_eq!(settled.delivered_done, 3);
+        // A child row that never reached the disk is queued afresh.
+        let partial = plan(
+            &session(),
+            &snapshot(call(&[false, false], None), vec![a]),
+            Recovery::Process,
+            &HashSet::new(),
+            0,
+        );
+        assert_eq!(partial.queue, vec!["deleg_c.1".to_string()]);
+        // The fresh row, and the recorded sibling now replayed as recovered.
+        assert_eq!(partial.changed.len(), 2);
+        assert!(partial.changed.iter().any(|c| c.child_id == "deleg_c.0" && c.recovered));
+    }
+
+    #[test]
+    fn orphans_of_a_cut_dispatch_are_set_apart() {
+        let c = call(&[false], None);
+        let orphan = ChildRow {
+            call_id: "deleg_gone".into(),
+            child_id: "deleg_gone.0".into(),
+            ..child(0, ChildStatus::Queued)
+        };
+        let snap = Snapshot {
+            sessions: vec![session()],
+            calls: vec![c],
+            units: vec![UnitRow {
+                unit_id: "deleg_gone-1".into(),
+                call_id: "deleg_gone".into(),
+                group: None,
+                tasks: vec![0],
+            }],
+            children: vec![child(0, ChildStatus::Queued), orphan],
+            claims: vec![],
+        };
+        let (parts, orphans) = split_snapshot(snap);
+        assert_eq!(parts["s"].children["deleg_c"].len(), 1);
+        assert_eq!(
+            orphans.calls["deleg_gone"],
+            (vec!["deleg_gone-1".to_string()], vec!["deleg_gone.0".to_string()])
+        );
+    }
+}
