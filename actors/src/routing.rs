@@ -45,7 +45,8 @@ pub fn failure_backoff_ms(failed_attempts: u32) -> u64 {
 enum State {
     Ready,
     Waiting(u64),
-    Claimed(String),
+    /// In a live claim (the claim's item list says which).
+    Claimed,
     Delivered,
     Dead,
 }
@@ -234,7 +235,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         let mut items = Vec::with_capacity(keys.len());
         for key in &keys {
             if let Some(e) = self.items.get_mut(key) {
-                e.state = State::Claimed(claim_id.clone());
+                e.state = State::Claimed;
                 items.push((key.clone(), e.failed_attempts + 1));
             }
         }
@@ -303,7 +304,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         self.ended_order.retain(|c| c != claim_id);
         for key in &items {
             if let Some(e) = self.items.get_mut(key) {
-                e.state = State::Claimed(claim_id.to_string());
+                e.state = State::Claimed;
             }
         }
         self.leases.insert((lease_expires_at_ms, claim_id.to_string()));

@@ -1246,7 +1246,7 @@ impl Handler<Boundary> for SessionOwner {
             return Ok(None);
         };
         let mut items: Vec<ReadyItem> = granted.items.iter().filter_map(|(k, a)| self.item(k, *a)).collect();
-        items.sort_by_key(|i| (i.set, unit_ordinal(&i.unit_id), i.task_index, i.kind));
+        items.sort_by_cached_key(|i| (i.set, unit_ordinal(&i.unit_id), i.task_index, i.kind));
         let row = ClaimRow {
             claim_id: granted.claim_id.clone(),
             session_id: self.session.session_id.clone(),
