@@ -60,15 +60,11 @@ pub struct Snapshot {
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Creates or replaces a session row.
     fn put_session(&self, row: &SessionRow) -> Result<(), LedgerError>;
-    /// Writes everything one accepted call needs: the session (its next set), the call, its
-    /// units and its queued children. Not durable until [`Ledger::flush`].
-    fn put_dispatch(
-        &self,
-        session: &SessionRow,
-        call: &CallRow,
-        units: &[UnitRow],
-        children: &[ChildRow],
-    ) -> Result<(), LedgerError>;
+    /// Writes everything one accepted call needs: the session (its next set), the call (with
+    /// its tasks) and its units. A queued child has no row until it starts: its row is the
+    /// call's task, and recovery queues every task without one. Not durable until
+    /// [`Ledger::flush`].
+    fn put_dispatch(&self, session: &SessionRow, call: &CallRow, units: &[UnitRow]) -> Result<(), LedgerError>;
     /// Forgets a call's rows: a dispatch that was never acknowledged (its flush failed), or
     /// the orphaned rows of one cut short by a crash.
     fn remove_dispatch(&self, call_id: &str, unit_ids: &[String], child_ids: &[String]) -> Result<(), LedgerError>;
@@ -231,25 +227,14 @@ impl Ledger for SledLedger {
         Ok(())
     }
 
-    fn put_dispatch(
-        &self,
-        session: &SessionRow,
-        call: &CallRow,
-        units: &[UnitRow],
-        children: &[ChildRow],
-    ) -> Result<(), LedgerError> {
+    fn put_dispatch(&self, session: &SessionRow, call: &CallRow, units: &[UnitRow]) -> Result<(), LedgerError> {
         crate::failpoint!("ledger_write");
         // sled recovers a prefix of its log, so order is what makes a dispatch safe: the
-        // session's next set first (a crash may skip a set number, never reuse one), then
-        // children and units, the call last. Recovery drops rows of a call it never saw.
+        // session's next set first (a crash may skip a set number, never reuse one), then the
+        // units, the call last. Recovery drops rows of a call it never saw.
         self.sessions.insert(
             session.session_id.as_bytes(),
             encode(SESSIONS, &session.session_id, session)?,
-        )?;
-        put_all(
-            &self.children,
-            CHILDREN,
-            children.iter().map(|c| (c.child_id.as_str(), c)),
         )?;
         put_all(&self.units, UNITS, units.iter().map(|u| (u.unit_id.as_str(), u)))?;
         self.calls

@@ -186,23 +186,18 @@ pub fn plan(
             .get(&call.call_id)
             .map(|rows| rows.iter().map(|r| (r.task_index, r)).collect())
             .unwrap_or_default();
-        // Every task has a child row; one missing (never expected: children are written
-        // before their call) is queued afresh rather than left to stall its unit.
-        let mut fresh = Vec::new();
-        let rows_of = |unit: &UnitRow, fresh: &mut Vec<ChildRow>| -> Vec<ChildRow> {
+        // A child that never started has no row (the call's task is its row): it is queued.
+        let rows_of = |unit: &UnitRow| -> Vec<ChildRow> {
             unit.tasks
                 .iter()
-                .map(|&i| match stored.get(&i) {
-                    Some(row) => (*row).clone(),
-                    None => {
-                        let row = queued_child(call, unit, i);
-                        fresh.push(row.clone());
-                        row
-                    }
+                .map(|&i| {
+                    stored
+                        .get(&i)
+                        .map_or_else(|| queued_child(call, unit, i), |row| (*row).clone())
                 })
                 .collect()
         };
-        let members: Vec<Vec<ChildRow>> = units.iter().map(|u| rows_of(u, &mut fresh)).collect();
+        let members: Vec<Vec<ChildRow>> = units.iter().map(rows_of).collect();
         // A call whose every result was delivered (or dead-lettered) is done; an early failure
         // notice left undelivered is moot once the full result was delivered.
         let settled = members
@@ -217,7 +212,6 @@ pub fn plan(
                 .sum::<u64>();
             continue;
         }
-        plan.changed.extend(fresh);
         let mut recovered_units = Vec::with_capacity(units.len());
         for (unit, rows) in units.into_iter().zip(members) {
             let recorded = rows.iter().filter(|c| c.status.is_terminal()).count();
@@ -428,7 +422,7 @@ mod tests {
     }
 
     #[test]
-    fn delivered_calls_are_left_in_the_ledger_and_missing_rows_are_queued() {
+    fn delivered_calls_are_left_in_the_ledger_and_children_without_rows_are_queued() {
         let mut a = child(0, ChildStatus::Succeeded);
         a.result.delivered = true;
         let mut b = child(1, ChildStatus::Failed);
@@ -443,7 +437,7 @@ mod tests {
         );
         assert!(settled.calls.is_empty() && settled.ready.is_empty());
         assert_eq!(settled.delivered_done, 3);
-        // A child row that never reached the disk is queued afresh.
+        // A child that never started has no row: it is queued (its row needs no write).
         let partial = plan(
             &session(),
             &snapshot(call(&[false, false], None), vec![a]),
@@ -452,9 +446,9 @@ mod tests {
             0,
         );
         assert_eq!(partial.queue, vec!["deleg_c.1".to_string()]);
-        // The fresh row, and the recorded sibling now replayed as recovered.
-        assert_eq!(partial.changed.len(), 2);
-        assert!(partial.changed.iter().any(|c| c.child_id == "deleg_c.0" && c.recovered));
+        // Only the recorded sibling changed: it is replayed as recovered.
+        assert_eq!(partial.changed.len(), 1);
+        assert!(partial.changed[0].child_id == "deleg_c.0" && partial.changed[0].recovered);
     }
 
     #[test]

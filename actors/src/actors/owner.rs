@@ -1095,7 +1095,7 @@ impl Handler<Delegate> for SessionOwner {
         children.sort_by_key(|c| c.task_index);
         let mut session = self.session.clone();
         session.next_set = set + 1;
-        if let Err(e) = self.engine.ledger.put_dispatch(&session, &call, &units, &children) {
+        if let Err(e) = self.engine.ledger.put_dispatch(&session, &call, &units) {
             return Box::pin(async { Err(e.into()) });
         }
         // The set is taken now, so a call accepted meanwhile gets the next one.
