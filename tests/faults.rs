@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+mod common;
+
 use brood::failpoints;
 use brood::{
     Brood, BroodConfig, BroodError, ChildStatus, DelegateReply, DelegateRequest, DelegateRequestExt, ItemKind,
@@ -137,12 +139,7 @@ async fn a_failing_flush_refuses_the_ack_and_keeps_the_claim() {
         .delegate("s", DelegateRequest::background(vec![sim(0)]))
         .await
         .unwrap();
-    let env = loop {
-        if let Some(env) = brood.boundary("s", "c", LEASE).await.unwrap() {
-            break env;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let env = common::next_envelope(&brood, "s", "c", LEASE).await;
     failpoints::arm("ledger_flush", 1);
     let err = brood.ack(&env.claim_id).await.unwrap_err();
     assert!(matches!(err, BroodError::Ledger(_)), "{err}");
@@ -258,12 +255,7 @@ async fn a_hanging_runner_is_interrupted_by_its_stall_clock() {
         .delegate("s", DelegateRequest::background(vec![task]))
         .await
         .unwrap();
-    let env = loop {
-        if let Some(env) = brood.boundary("s", "c", LEASE).await.unwrap() {
-            break env;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let env = common::next_envelope(&brood, "s", "c", LEASE).await;
     assert_eq!(env.items[0].status, ChildStatus::Interrupted);
     assert!(env.items[0]
         .error
@@ -307,12 +299,7 @@ async fn heartbeats_hold_off_the_stall_clock_and_a_partial_result_is_kept() {
         .delegate("s", DelegateRequest::background(vec![task]))
         .await
         .unwrap();
-    let env = loop {
-        if let Some(env) = brood.boundary("s", "c", LEASE).await.unwrap() {
-            break env;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let env = common::next_envelope(&brood, "s", "c", LEASE).await;
     let item = &env.items[0];
     assert_eq!(item.status, ChildStatus::Interrupted);
     assert_eq!(item.summary.as_deref(), Some("read 3 of 10 files"));
@@ -386,16 +373,7 @@ async fn recovery_replays_recorded_children_reruns_or_resolves_the_rest() {
         .open_session("s", SessionOptions::default().wake(|_| {}))
         .await
         .unwrap();
-    let env = loop {
-        if let Some(env) = brood.boundary("s", "c", LEASE).await.unwrap() {
-            break env;
-        }
-        assert!(
-            Instant::now() < deadline + PATIENCE,
-            "the recovered unit never completed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let env = common::next_envelope(&brood, "s", "c", LEASE).await;
     let by_index: BTreeMap<u32, _> = env
         .items
         .iter()

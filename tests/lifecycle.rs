@@ -1,6 +1,8 @@
 //! What happens to calls after delivery: a delivered call leaves memory (however acks
 //! interleave), and sync results count as delivered only once the caller has them.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, DelegateRequestExt, SessionOptions, TaskSpec};
@@ -12,17 +14,6 @@ fn sim(ms: u64) -> TaskSpec {
 }
 
 const LEASE: Duration = Duration::from_secs(30);
-
-async fn next_envelope(brood: &Brood) -> brood::Envelope {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(env) = brood.boundary("s", "c", LEASE).await.unwrap() {
-            return env;
-        }
-        assert!(Instant::now() < deadline, "nothing became ready");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivered_calls_leave_memory_even_when_acks_overlap() {
@@ -37,12 +28,12 @@ async fn delivered_calls_leave_memory_even_when_acks_overlap() {
             .delegate("s", DelegateRequest::background(vec![sim(0)]))
             .await
             .unwrap();
-        let first = next_envelope(&brood).await;
+        let first = common::next_envelope(&brood, "s", "c", LEASE).await;
         brood
             .delegate("s", DelegateRequest::background(vec![sim(0)]))
             .await
             .unwrap();
-        let second = next_envelope(&brood).await;
+        let second = common::next_envelope(&brood, "s", "c", LEASE).await;
         // Two acks in flight at once.
         let (a, b) = tokio::join!(brood.ack(&first.claim_id), brood.ack(&second.claim_id));
         assert_eq!((a.unwrap(), b.unwrap()), (1, 1));
@@ -79,7 +70,7 @@ async fn sync_results_the_caller_never_received_go_out_at_a_boundary() {
     )
     .await;
     assert!(gave_up.is_err());
-    let env = next_envelope(&brood).await;
+    let env = common::next_envelope(&brood, "s", "c", LEASE).await;
     assert_eq!(env.items.len(), 1);
     assert_eq!(brood.ack(&env.claim_id).await.unwrap(), 1);
     // A caller that waits gets its results inline, and they are not offered again.
