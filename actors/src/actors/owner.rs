@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use super::supervise::{self, Decision, Exit, RestartBudget, RestartPolicy};
+use super::supervise::{self, Decision, Exit, RestartBudgets, RestartPolicy};
 use super::unit::{StartChild, Unit, UnitComplete};
 use super::Engine;
 use crate::ledger::LedgerError;
@@ -427,8 +427,7 @@ pub struct SessionOwner {
     router: Router<String>,
     timer: Option<(u64, SpawnHandle)>,
     delivered_done: u64,
-    unit_policy: RestartPolicy,
-    unit_budgets: HashMap<String, RestartBudget>,
+    unit_budgets: RestartBudgets,
     /// Acks whose flush is in flight, with repeated acks of the same claim waiting for it.
     acking: HashMap<String, Vec<oneshot::Sender<Result<usize, OwnerError>>>>,
     /// Durable writes in flight besides acks (dead letters, sync receipts).
@@ -466,8 +465,7 @@ impl SessionOwner {
             children: HashMap::new(),
             timer: None,
             delivered_done: 0,
-            unit_policy: RestartPolicy::default(),
-            unit_budgets: HashMap::new(),
+            unit_budgets: RestartBudgets::new(RestartPolicy::default()),
             acking: HashMap::new(),
             pending_writes: 0,
             gc_deferred: BTreeSet::new(),
@@ -712,12 +710,7 @@ impl SessionOwner {
     fn unit_exited(&mut self, unit_id: &str, exit: Exit, ctx: &mut Context<Self>) {
         let Exit::Panicked(msg) = exit else { return };
         tracing::error!(unit = unit_id, "unit actor panicked: {msg}");
-        let policy = self.unit_policy;
-        let decision = self
-            .unit_budgets
-            .entry(unit_id.to_string())
-            .or_insert_with(|| RestartBudget::new(policy))
-            .on_failure(Instant::now());
+        let decision = self.unit_budgets.on_failure(unit_id, Instant::now());
         if decision == Decision::Escalate {
             panic!("unit {unit_id} keeps panicking ({msg}); escalating to its session owner's supervisor");
         }

@@ -78,6 +78,32 @@ impl RestartBudget {
     }
 }
 
+/// The restart histories of a family of supervised actors (one per key), under one policy.
+#[derive(Debug, Clone)]
+pub struct RestartBudgets {
+    policy: RestartPolicy,
+    budgets: std::collections::HashMap<String, RestartBudget>,
+}
+
+impl RestartBudgets {
+    /// No failures yet.
+    pub fn new(policy: RestartPolicy) -> Self {
+        RestartBudgets {
+            policy,
+            budgets: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Records a failure of the actor `key` at `now` and decides.
+    pub fn on_failure(&mut self, key: &str, now: Instant) -> Decision {
+        let policy = self.policy;
+        self.budgets
+            .entry(key.to_string())
+            .or_insert_with(|| RestartBudget::new(policy))
+            .on_failure(now)
+    }
+}
+
 /// How a supervised actor's task ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Exit {

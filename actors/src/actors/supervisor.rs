@@ -18,7 +18,7 @@ use actix_rt::ArbiterHandle;
 
 use super::coalescer::Coalescer;
 use super::owner::{Configure, OwnerError, SessionInfo, SessionOwner, SessionSettings};
-use super::supervise::{self, Decision, Exit, RestartBudget, RestartPolicy};
+use super::supervise::{self, Decision, Exit, RestartBudget, RestartBudgets, RestartPolicy};
 use super::{Engine, Owners};
 use crate::ledger::{Ledger, LedgerError};
 use crate::model::{now_ms, DeadLetterRow, SessionRow, DEFAULT_MAX_CONCURRENT_CHILDREN, DEFAULT_MAX_DELIVERY_ATTEMPTS};
@@ -52,8 +52,7 @@ pub struct DeadLetters;
 /// The root of the actor tree.
 pub struct Supervisor {
     engine: Engine,
-    policy: RestartPolicy,
-    budgets: HashMap<String, RestartBudget>,
+    budgets: RestartBudgets,
     coalescer_budget: RestartBudget,
     wakes: HashMap<String, Arc<dyn Wake>>,
     failed: HashMap<String, String>,
@@ -118,8 +117,7 @@ impl Supervisor {
         let owners = engine.owners.clone();
         let sup = Supervisor {
             engine,
-            policy,
-            budgets: HashMap::new(),
+            budgets: RestartBudgets::new(policy),
             coalescer_budget: RestartBudget::new(policy),
             wakes: HashMap::new(),
             failed: HashMap::new(),
@@ -158,12 +156,7 @@ impl Supervisor {
         if !super::running(ctx) {
             return; // the engine is stopping: nothing to restart
         }
-        let policy = self.policy;
-        let decision = self
-            .budgets
-            .entry(id.clone())
-            .or_insert_with(|| RestartBudget::new(policy))
-            .on_failure(Instant::now());
+        let decision = self.budgets.on_failure(&id, Instant::now());
         if decision == Decision::Escalate {
             tracing::error!(session = %id, "session owner keeps failing; the session is given up");
             self.engine.owners.remove(&id);
