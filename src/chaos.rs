@@ -442,6 +442,35 @@ impl Log {
     }
 }
 
+/// A random call of `n` sim children working up to `max_ms` each: about one in twelve fails,
+/// a third are grouped (three group names), half may re-run after a crash, and half of the
+/// calls complete their ungrouped tasks independently. The chaos worker and the crash test
+/// both drive the engine with it.
+pub fn random_call(rng: &mut Rng, n: usize, max_ms: u64) -> DelegateRequest {
+    let tasks: Vec<TaskSpec> = (0..n)
+        .map(|i| {
+            let ms = rng.below(max_ms);
+            let outcome = if rng.below(12) == 0 { "fail" } else { "ok" };
+            let mut t = TaskSpec::new(
+                format!("random task {i}"),
+                json!({"kind": "sim", "ms": ms, "outcome": outcome}),
+            );
+            t.stall_ms = Some(1_000);
+            if rng.below(3) == 0 {
+                t.group = Some(format!("g{}", rng.below(3)));
+            }
+            t.rerun_on_recovery = rng.below(2) == 0;
+            t
+        })
+        .collect();
+    let req = DelegateRequest::background(tasks);
+    if rng.below(2) == 0 {
+        req.independent()
+    } else {
+        req
+    }
+}
+
 /// Children already delegated in the session, read from the ledger before the engine opens.
 fn delegated_so_far(ledger_dir: &Path) -> Result<usize, String> {
     if !ledger_dir.exists() {
@@ -529,26 +558,7 @@ pub async fn worker(dir: &Path, seed: u64, children: usize, life: usize, plan: P
     loop {
         if delegated < children {
             let n = (1 + rng.below(10) as usize).min(children - delegated);
-            let tasks: Vec<TaskSpec> = (0..n)
-                .map(|i| {
-                    let ms = rng.below(200);
-                    let outcome = if rng.below(12) == 0 { "fail" } else { "ok" };
-                    let mut t = TaskSpec::new(
-                        format!("chaos task {i}"),
-                        json!({"kind": "sim", "ms": ms, "outcome": outcome}),
-                    );
-                    t.stall_ms = Some(1_000);
-                    if rng.below(3) == 0 {
-                        t.group = Some(format!("g{}", rng.below(3)));
-                    }
-                    t.rerun_on_recovery = rng.below(2) == 0;
-                    t
-                })
-                .collect();
-            let mut req = DelegateRequest::background(tasks);
-            if rng.below(2) == 0 {
-                req = req.independent();
-            }
+            let req = random_call(&mut rng, n, 200);
             match brood.delegate(SESSION, req).await {
                 Ok(reply) => {
                     delegated += n;

@@ -19,13 +19,9 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use brood::chaos::Rng;
+use brood::chaos::{random_call, Rng};
 use brood::ledger::{Ledger, SledLedger};
-use brood::{
-    Brood, BroodConfig, ChildStatus, DelegateRequest, DelegateRequestExt, ItemKind, ReleaseReason, SessionOptions,
-    TaskSpec,
-};
-use serde_json::json;
+use brood::{Brood, BroodConfig, ChildStatus, ItemKind, ReleaseReason, SessionOptions};
 
 const SESSION: &str = "crash";
 const WORKER_ENV: &str = "BROOD_CRASH_WORKER_DIR";
@@ -163,25 +159,7 @@ async fn worker(dir: PathBuf, seed: u64) {
     let mut rng = Rng::new(seed);
     loop {
         let n = 1 + rng.below(8) as usize;
-        let tasks: Vec<TaskSpec> = (0..n)
-            .map(|i| {
-                let ms = rng.below(60);
-                let outcome = if rng.below(10) == 0 { "fail" } else { "ok" };
-                let mut t = TaskSpec::new(
-                    format!("task {i}"),
-                    json!({"kind": "sim", "ms": ms, "outcome": outcome}),
-                );
-                if rng.below(3) == 0 {
-                    t.group = Some(format!("g{}", rng.below(2)));
-                }
-                t.rerun_on_recovery = rng.below(2) == 0;
-                t
-            })
-            .collect();
-        let mut req = DelegateRequest::background(tasks);
-        if rng.below(2) == 0 {
-            req = req.independent();
-        }
+        let req = random_call(&mut rng, n, 60);
         let reply = brood.delegate(SESSION, req).await.expect("delegate");
         log.line(format!("call {} {n}", reply.call_id()));
         tokio::time::sleep(Duration::from_millis(rng.below(25))).await;
