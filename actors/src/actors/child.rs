@@ -21,11 +21,6 @@ use crate::runner::{Progress, RunContext, RunOutput};
 const HANDOFF_BACKOFF_START: Duration = Duration::from_millis(10);
 const HANDOFF_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
-/// Asks a child to stop its runner and end as `cancelled`.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct Cancel;
-
 /// One task execution.
 pub struct Child {
     row: ChildRow,
@@ -206,14 +201,5 @@ impl Actor for Child {
         ctx.run_later(Duration::from_millis(self.task.stall_ms), |act, ctx| {
             act.check_stall(ctx)
         });
-    }
-}
-
-impl Handler<Cancel> for Child {
-    type Result = ();
-
-    fn handle(&mut self, _: Cancel, ctx: &mut Context<Self>) {
-        let partial = self.progress.take_partial();
-        self.end(ctx, ChildStatus::Cancelled, partial, Some("cancelled".into()));
     }
 }

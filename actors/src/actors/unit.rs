@@ -1,9 +1,8 @@
 //! The Unit actor: one completion unit, the supervisor of its children.
 //!
 //! It starts a [`Child`] for each member its owner admits (capacity is the owner's decision),
-//! forwards cancellation to the children still running, and stops when its owner reports the
-//! unit complete, or when it is orphaned (its owner was restarted and made a new unit actor)
-//! and its last child stopped. It holds no results: those travel child → coalescer → owner.
+//! and stops when its owner reports the unit complete, or when it is orphaned (its owner was
+//! restarted and made a new unit actor) and its last child stopped. It holds no results: those travel child → coalescer → owner.
 //!
 //! The owner runs each unit under a restart policy: a unit whose handler panicked is replaced,
 //! and a `StartChild` it never acknowledged is queued again, so no child is lost or run twice.
@@ -12,7 +11,7 @@ use std::collections::HashMap;
 
 use actix::prelude::*;
 
-use super::child::{Cancel, Child};
+use super::child::Child;
 use super::owner::SessionOwner;
 use super::Engine;
 use crate::model::{ChildRow, Task, UnitRow};
@@ -26,11 +25,6 @@ pub struct StartChild {
     /// Its task.
     pub task: Task,
 }
-
-/// Cancel every child of the unit that is still running.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct CancelUnit;
 
 /// The unit is complete: every member is recorded; the unit actor stops.
 #[derive(Debug, Message)]
@@ -50,6 +44,7 @@ pub struct Unit {
     row: UnitRow,
     engine: Engine,
     owner: Addr<SessionOwner>,
+    /// Children started here and not yet stopped (their addresses keep their mailboxes open).
     children: HashMap<String, Addr<Child>>,
 }
 
@@ -103,17 +98,6 @@ impl Handler<ChildStopped> for Unit {
         self.children.remove(&msg.child_id);
         if self.children.is_empty() && !self.owner.connected() {
             ctx.stop(); // orphaned: the restarted owner runs this unit through a new actor
-        }
-    }
-}
-
-impl Handler<CancelUnit> for Unit {
-    type Result = ();
-
-    fn handle(&mut self, _: CancelUnit, _: &mut Context<Self>) {
-        self.children.retain(|_, child| child.connected());
-        for child in self.children.values() {
-            child.do_send(Cancel);
         }
     }
 }
