@@ -116,6 +116,8 @@ pub struct Snapshot {
     pub children: Vec<ChildRow>,
     /// Claims that were live when the last process stopped (acked ones are not among them).
     pub claims: Vec<ClaimRow>,
+    /// Children whose row is in the quarantine tree.
+    pub damaged_children: Vec<String>,
 }
 
 /// The rows one decision writes, in the order sled's log keeps them: sled recovers a prefix of
@@ -661,12 +663,22 @@ impl Ledger for SledLedger {
         let acked: HashSet<&str> = acks.iter().map(|a| a.claim_id.as_str()).collect();
         let mut claims: Vec<ClaimRow> = self.scan(&self.claims, CLAIMS)?;
         claims.retain(|c| !acked.contains(c.claim_id.as_str()));
+        let sessions = self.scan(&self.sessions, SESSIONS)?;
+        let calls = self.scan(&self.calls, CALLS)?;
+        let units = self.scan(&self.units, UNITS)?;
+        let prefix = format!("{CHILDREN}/");
+        let mut damaged_children = Vec::new();
+        for kv in self.quarantine.scan_prefix(prefix.as_bytes()) {
+            let (k, _) = kv?;
+            damaged_children.push(String::from_utf8_lossy(&k[prefix.len()..]).into_owned());
+        }
         let snapshot = Snapshot {
-            sessions: self.scan(&self.sessions, SESSIONS)?,
-            calls: self.scan(&self.calls, CALLS)?,
-            units: self.scan(&self.units, UNITS)?,
+            sessions,
+            calls,
+            units,
             children,
             claims,
+            damaged_children,
         };
         if !self.quarantine.is_empty() {
             // What was moved aside must not come back on its own: make the move durable.

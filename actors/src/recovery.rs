@@ -51,6 +51,8 @@ pub struct SessionSnapshot {
     pub children: HashMap<String, Vec<ChildRow>>,
     /// Claims that were live.
     pub claims: Vec<ClaimRow>,
+    /// Children whose row was damaged and quarantined: their outcome is unknown.
+    pub damaged: HashSet<String>,
 }
 
 /// A row recovery cannot use because it contradicts the rows around it: it is quarantined
@@ -131,6 +133,16 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
     }
     for claim in snapshot.claims {
         out.entry(claim.session_id.clone()).or_default().claims.push(claim);
+    }
+    let damaged = snapshot
+        .damaged_children
+        .iter()
+        .chain(split.rejects.iter().map(|r| &r.key));
+    for id in damaged {
+        let call = id.rsplit_once('.').map(|(c, _)| c);
+        if let Some((session, _)) = call.and_then(|c| call_tasks.get(c)) {
+            out.entry(session.clone()).or_default().damaged.insert(id.clone());
+        }
     }
     for s in out.values_mut() {
         for children in s.children.values_mut() {
@@ -237,17 +249,33 @@ pub fn plan(
             .map(|rows| rows.iter().map(|r| (r.task_index, r)).collect())
             .unwrap_or_default();
         // A child that never started has no row (the call's task is its row): it is queued.
-        let rows_of = |unit: &UnitRow| -> Vec<ChildRow> {
+        let mut damaged_rows = Vec::new();
+        let mut rows_of = |unit: &UnitRow| -> Vec<ChildRow> {
             unit.tasks
                 .iter()
-                .map(|&i| {
-                    stored
-                        .get(&i)
-                        .map_or_else(|| queued_child(call, unit, i), |row| (*row).clone())
+                .map(|&i| match stored.get(&i) {
+                    Some(row) => (*row).clone(),
+                    None if snapshot.damaged.contains(&child_id(&call.call_id, i)) => {
+                        // Its row was damaged: whatever it did is lost, so it is neither run
+                        // again blindly nor left queued: its outcome is unknown.
+                        let row = ChildRow {
+                            status: ChildStatus::Unknown,
+                            recovered: true,
+                            finished_at_ms: Some(now_ms),
+                            error: Some(
+                                "the child's ledger row was damaged and quarantined; its outcome is unknown".into(),
+                            ),
+                            ..queued_child(call, unit, i)
+                        };
+                        damaged_rows.push(row.clone());
+                        row
+                    }
+                    None => queued_child(call, unit, i),
                 })
                 .collect()
         };
-        let members: Vec<Vec<ChildRow>> = units.iter().map(rows_of).collect();
+        let members: Vec<Vec<ChildRow>> = units.iter().map(&mut rows_of).collect();
+        plan.changed.extend(damaged_rows);
         // A call whose every result was delivered (or dead-lettered) is done; an early failure
         // notice left undelivered is moot once the full result was delivered.
         let settled = members
