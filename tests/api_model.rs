@@ -24,7 +24,8 @@
 //! The router alone is property-tested in claim_model.rs. Fault points are process-wide, so the
 //! cases run one at a time (`SERIAL`). `PROPTEST_CASES` (default 48) and
 //! `PROPTEST_MAX_SHRINK_ITERS` (default 64) tune the run; a failure prints the operation
-//! sequence, and the trace of what each step answered.
+//! sequence, and the trace of what each step answered (`BROOD_API_MODEL_TRACE=1` prints it for
+//! passing cases too).
 #![cfg(feature = "failpoints")]
 // The lock serialises whole cases, each on a runtime of its own; holding it across awaits is the point.
 #![allow(clippy::await_holding_lock)]
@@ -122,7 +123,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (any::<u8>(), prop::bool::weighted(0.2), any::<bool>())
             .prop_map(|(pick, any, failed)| Op::Release { pick, any, failed }),
         1 => Just(Op::WaitPastLease),
-        2 => (point, 1u64..=3).prop_map(|(point, hits)| Op::Arm { point, hits }),
+        2 => (point, 1u64..=4).prop_map(|(point, hits)| Op::Arm { point, hits }),
         1 => Just(Op::Reopen),
     ]
 }
@@ -606,6 +607,9 @@ async fn run(ops: &[Op]) {
     check_status(t.b(), &m).await;
     drain(t.b(), &mut m).await;
     check_status(t.b(), &m).await;
+    if std::env::var_os("BROOD_API_MODEL_TRACE").is_some() {
+        eprintln!("{}", m.trace);
+    }
 }
 
 fn env_or(name: &str, default: u32) -> u32 {
@@ -683,5 +687,34 @@ fn a_delegate_refused_by_a_failed_dispatch_flush_takes_no_set_number() {
         },
         one(),
         one(),
+    ]);
+}
+
+/// Minimal case found by the property test: an ack whose flush failed answered `Ledger` and left
+/// the claim live, as it should, but it had already removed the claim's row, so the restart did
+/// not return the claim: a late release of it answers `UnknownClaim` instead of `ClaimLost`.
+#[test]
+fn a_claim_whose_ack_failed_is_returned_by_a_restart() {
+    run_case(&[
+        Op::Delegate {
+            tasks: vec![Sim { ms: 0, fail: false }],
+            independent: false,
+        },
+        Op::WaitPastLease,
+        Op::Boundary {
+            who: Who::A,
+            short: false,
+        },
+        Op::Arm {
+            point: Point::Flush,
+            hits: 1,
+        },
+        Op::Ack { pick: 0, any: false },
+        Op::Reopen,
+        Op::Release {
+            pick: 0,
+            any: true,
+            failed: true,
+        },
     ]);
 }
