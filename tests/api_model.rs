@@ -319,6 +319,18 @@ async fn check_status(b: &Brood, m: &Model) {
         Ok(st) => st,
         Err(e) => m.fail(format!("status failed: {e:?}")),
     };
+    let after = now_ms();
+    // Items in claims whose lease surely ran at the status are claimed; the status may also
+    // count claims whose lease ended a moment ago (their timer has not fired yet), no others.
+    let live = m.claims.iter().filter(|c| c.state == ClaimState::Live);
+    let most: usize = live.clone().map(|c| c.items.len()).sum();
+    let least: usize = live.filter(|c| c.surely_live_at(after)).map(|c| c.items.len()).sum();
+    m.check(least <= st.claimed && st.claimed <= most, || {
+        format!(
+            "the session counts {} claimed items; the live claims hold {least} (surely live) to {most}",
+            st.claimed
+        )
+    });
     m.check(st.delivered == m.acked.len() as u64, || {
         format!(
             "the session counts {} delivered items, but {} were acked with Ok (an ack undone, or a delivery nobody acked)",
