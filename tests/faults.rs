@@ -1,6 +1,7 @@
 //! Fault paths, provoked through the `failpoints` feature: failing ledger writes and flushes,
 //! failing coalescer hand-offs, panics in the session owner, a unit and the coalescer, an actor
-//! that keeps panicking, a hanging runner, and a stalled runner's partial result.
+//! that keeps panicking, and a hanging runner. (Recovery after a clean shutdown is in
+//! i6_recovery.rs, the stall clock of a runner that goes silent in i5_liveness.rs.)
 //!
 //! Fault points are process-wide, so the tests of this file run one at a time (`SERIAL`).
 #![cfg(feature = "failpoints")]
@@ -8,18 +9,13 @@
 #![allow(clippy::await_holding_lock)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 mod common;
 
 use brood::failpoints;
-use brood::{
-    Brood, BroodConfig, BroodError, ChildStatus, DelegateReply, DelegateRequest, ItemKind, RunContext, RunOutput,
-    Runner, Runners, SessionOptions, TaskSpec,
-};
-use futures::future::LocalBoxFuture;
+use brood::{Brood, BroodConfig, BroodError, ChildStatus, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
 use serde_json::json;
 use tempfile::TempDir;
 
@@ -272,140 +268,6 @@ async fn a_hanging_runner_is_interrupted_by_its_stall_clock() {
         .as_deref()
         .unwrap_or("")
         .contains("stall timeout 200 ms"));
-    brood.shutdown();
-}
-
-/// Reports progress with a partial result, beats for a while, then goes silent for good.
-struct GoesSilent;
-
-impl Runner for GoesSilent {
-    fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
-        Box::pin(async move {
-            for i in 1..=3 {
-                tokio::time::sleep(Duration::from_millis(60)).await;
-                ctx.progress.partial(format!("read {i} of 10 files"));
-            }
-            futures::future::pending::<RunOutput>().await
-        })
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn heartbeats_hold_off_the_stall_clock_and_a_partial_result_is_kept() {
-    let _g = serial();
-    let dir = TempDir::new().unwrap();
-    let mut runners = Runners::builtin();
-    runners.register("silent", |_| Ok(Box::new(GoesSilent) as Box<dyn Runner>));
-    let brood = Brood::open(BroodConfig::new(dir.path()).runners(runners)).unwrap();
-    brood
-        .open_session("s", SessionOptions::default().wake(|_| {}))
-        .await
-        .unwrap();
-    let mut task = TaskSpec::new("read ten files", json!({"kind": "silent"}));
-    // Each heartbeat comes 60 ms after the last, well inside 150 ms; the runner lives ~180 ms
-    // of heartbeats, longer than one stall timeout, before it goes silent.
-    task.stall_ms = Some(150);
-    brood
-        .delegate("s", DelegateRequest::background(vec![task]))
-        .await
-        .unwrap();
-    let env = common::next_envelope(&brood, "s", "c", LEASE).await;
-    let item = &env.items[0];
-    assert_eq!(item.status, ChildStatus::Interrupted);
-    assert_eq!(item.summary.as_deref(), Some("read 3 of 10 files"));
-    brood.shutdown();
-}
-
-/// Fails on its first attempt only by hanging; later attempts succeed.
-struct HangsOnFirstAttempt(Arc<AtomicU32>);
-
-impl Runner for HangsOnFirstAttempt {
-    fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
-        let runs = self.0.clone();
-        Box::pin(async move {
-            runs.fetch_add(1, Ordering::SeqCst);
-            if ctx.attempt == 1 {
-                futures::future::pending::<()>().await;
-            }
-            RunOutput::Succeeded {
-                summary: format!("attempt {}", ctx.attempt),
-            }
-        })
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn recovery_replays_recorded_children_reruns_or_resolves_the_rest() {
-    let _g = serial();
-    let dir = TempDir::new().unwrap();
-    let runs = Arc::new(AtomicU32::new(0));
-    let config = {
-        let runs = runs.clone();
-        let mut runners = Runners::builtin();
-        runners.register("flaky", move |_| {
-            Ok(Box::new(HangsOnFirstAttempt(runs.clone())) as Box<dyn Runner>)
-        });
-        BroodConfig::new(dir.path()).runners(runners)
-    };
-    let brood = Brood::open(config.clone()).unwrap();
-    brood
-        .open_session("s", SessionOptions::default().wake(|_| {}))
-        .await
-        .unwrap();
-    // One unit of four: two finish, one hangs and may re-run, one hangs and may not.
-    let mut rerun = TaskSpec::new("re-runnable", json!({"kind": "flaky"}));
-    rerun.rerun_on_recovery = true;
-    let stuck = TaskSpec::new("not re-runnable", json!({"kind": "flaky"}));
-    let reply = brood
-        .delegate("s", DelegateRequest::background(vec![sim(0), sim(10), rerun, stuck]))
-        .await
-        .unwrap();
-    let call = reply.call_id().to_string();
-    // Wait until the two sim children are recorded and the other two are running.
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let st = brood.status("s").await.unwrap();
-        let done = st.calls[0].children.iter().filter(|c| c.status.is_terminal()).count();
-        if done == 2 && st.running == 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "children never settled: {st:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        brood.boundary("s", "c", LEASE).await.unwrap().is_none(),
-        "the unit is incomplete"
-    );
-    brood.shutdown(); // the owner exits with two children running
-
-    let brood = Brood::open(config).unwrap();
-    brood
-        .open_session("s", SessionOptions::default().wake(|_| {}))
-        .await
-        .unwrap();
-    let env = common::next_envelope(&brood, "s", "c", LEASE).await;
-    let by_index: BTreeMap<u32, _> = env
-        .items
-        .iter()
-        .filter(|i| i.kind == ItemKind::Result)
-        .map(|i| (i.task_index, i))
-        .collect();
-    assert_eq!(by_index.len(), 4, "{:#?}", env.items);
-    assert_eq!(by_index[&0].status, ChildStatus::Succeeded);
-    assert!(by_index[&0].recovered, "recorded children are replayed as recovered");
-    assert_eq!(by_index[&1].status, ChildStatus::Succeeded);
-    assert_eq!(by_index[&2].status, ChildStatus::Succeeded);
-    assert_eq!(by_index[&2].summary.as_deref(), Some("attempt 2"));
-    assert_eq!(by_index[&3].status, ChildStatus::Unknown);
-    assert_eq!(runs.load(Ordering::SeqCst), 3, "only the re-runnable child ran again");
-    assert!(
-        env.text
-            .contains("2/4 child results were recorded before the owner exited"),
-        "{}",
-        env.text
-    );
-    assert!(env.items.iter().all(|i| i.call_id == call));
-    brood.ack(&env.claim_id).await.unwrap();
     brood.shutdown();
 }
 

@@ -339,3 +339,94 @@ pub async fn settle(b: &Brood, session: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures shared by several invariant files
+
+/// A lease that runs out within a test (the shortest brood accepts).
+pub const SHORT_LEASE: Duration = Duration::from_millis(100);
+
+/// A session holding one item of each delivery state, just before a restart: two acked items,
+/// one claimed and unacked (`held`, under a long lease), two ready and never claimed.
+pub struct Mixed {
+    /// Dedup keys of the acked items.
+    pub acked: BTreeSet<String>,
+    /// Dedup key of the claimed item.
+    pub claimed: String,
+    /// The envelope that still holds `claimed`.
+    pub held: Envelope,
+    /// Dedup keys of the items that were ready and never claimed.
+    pub ready: BTreeSet<String>,
+}
+
+/// Builds a [`Mixed`] session `session` (opened wake-capable here) through the API.
+pub async fn acked_claimed_and_ready(b: &Brood, session: &str) -> Mixed {
+    use brood::DelegateRequest;
+    open_wake(b, session).await;
+    let acked = b
+        .delegate(
+            session,
+            DelegateRequest::background(vec![task("a0", sim(0)), task("a1", sim(0))]),
+        )
+        .await
+        .unwrap();
+    let acked: BTreeSet<String> = (0..2).map(|i| result_key(acked.call_id(), i)).collect();
+    let env = next_envelope(b, session, "c", LONG_LEASE).await;
+    assert_eq!(keys(&env), acked);
+    assert_eq!(b.ack(&env.claim_id).await.unwrap(), 2);
+
+    let claimed = b
+        .delegate(session, DelegateRequest::background(vec![task("c0", sim(0))]))
+        .await
+        .unwrap();
+    let claimed = result_key(claimed.call_id(), 0);
+    let held = next_envelope(b, session, "c", LONG_LEASE).await;
+    assert_eq!(keys(&held), BTreeSet::from([claimed.clone()]));
+
+    let ready = b
+        .delegate(
+            session,
+            DelegateRequest::background(vec![task("r0", sim(0)), task("r1", sim(0))]),
+        )
+        .await
+        .unwrap();
+    let ready: BTreeSet<String> = (0..2).map(|i| result_key(ready.call_id(), i)).collect();
+    status_until(b, session, "two ready items and one claimed", |st| {
+        st.ready == 2 && st.claimed == 1
+    })
+    .await;
+    Mixed {
+        acked,
+        claimed,
+        held,
+        ready,
+    }
+}
+
+/// Delegates four independent children with a summary each on `session` (opened wake-capable
+/// here) and takes every result as it arrives, acking nothing. Returns the call id and the
+/// items by dedup key.
+pub async fn take_four_unacked(b: &Brood, session: &str) -> (String, HashMap<String, ReadyItem>) {
+    use brood::DelegateRequest;
+    open_wake(b, session).await;
+    let tasks = (0..4)
+        .map(|i| {
+            task(
+                format!("t{i}"),
+                json!({"kind": "sim", "ms": i * 10, "summary": format!("summary {i}")}),
+            )
+        })
+        .collect();
+    let reply = b
+        .delegate(session, DelegateRequest::background(tasks).independent())
+        .await
+        .unwrap();
+    let mut returned = HashMap::new();
+    while returned.len() < 4 {
+        let env = next_envelope(b, session, "c", LONG_LEASE).await;
+        for item in env.items {
+            assert!(returned.insert(item.dedup_key.clone(), item).is_none());
+        }
+    }
+    (reply.call_id().to_string(), returned)
+}

@@ -175,9 +175,15 @@ impl SessionOwner {
     }
 }
 
-/// Writes a batch's rows, flushes, and on failure puts the ledger back (and flushes that).
-/// Runs off the actor thread. Returns the batch's outcome, and whether putting back failed too
-/// (then the refused rows may surface later, and the owner must never reuse what they took).
+/// How long putting the ledger back after a failed flush is retried before the owner gives up
+/// on it (and then never reuses what the refused rows took).
+const RESTORE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Writes a batch's rows, flushes, and on failure puts the ledger back (and flushes that),
+/// retrying with backoff for up to [`RESTORE_PATIENCE`]: no decision is made meanwhile, so the
+/// next one never meets the refused rows. Runs off the actor thread. Returns the batch's
+/// outcome, and whether putting back failed for good (then the refused rows may surface after a
+/// restart, and the owner must never reuse what they took).
 pub(super) async fn write_and_flush(
     ledger: Arc<dyn Ledger>,
     writes: Writes,
@@ -185,14 +191,23 @@ pub(super) async fn write_and_flush(
 ) -> (Result<(), LedgerError>, bool) {
     let job = move || {
         let res = ledger.write(&writes).and_then(|_| ledger.flush().map(|_| ()));
-        match res {
-            Ok(()) => (Ok(()), false),
-            Err(e) => {
-                let restored = ledger.write(&restore).and_then(|_| ledger.flush().map(|_| ()));
-                if let Err(r) = &restored {
+        let Err(e) = res else {
+            return (Ok(()), false);
+        };
+        let started = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(10);
+        loop {
+            match ledger.write(&restore).and_then(|_| ledger.flush().map(|_| ())) {
+                Ok(()) => return (Err(e), false),
+                Err(r) if started.elapsed() >= RESTORE_PATIENCE => {
                     tracing::error!("a refused write could not be taken back from the ledger ({r}); its rows may surface after a restart");
+                    return (Err(e), true);
                 }
-                (Err(e), restored.is_err())
+                Err(r) => {
+                    tracing::warn!(retry_in = ?pause, "taking a refused write back from the ledger failed ({r})");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(500));
+                }
             }
         }
     };

@@ -1,0 +1,145 @@
+//! I8 capacity — "running children per session ≤ `max_concurrent_children` (default 8); how a
+//! call is split into units changes nothing about that; children over it wait in order; a queued
+//! child's stall clock does not run."
+//!
+//! Each test runs the same workload on a session of capacity 2: a call of ten independent units
+//! and a call of one unit of four, every child a probe that measures real concurrency inside its
+//! runner. One test per clause.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use brood::child_id;
+use brood::{ChildStatus, DelegateRequest, ItemKind, ReadyItem, SessionOptions};
+use common::*;
+
+const CAP: usize = 2;
+
+/// What the workload left behind.
+struct Run {
+    items: Vec<ReadyItem>,
+    /// Child ids in the order they were queued.
+    queued: Vec<String>,
+    /// The most children the status ever reported running.
+    sampled_max: usize,
+}
+
+async fn run_workload(t: &TestBrood) -> Run {
+    let b = t.arc();
+    b.open_session(
+        "cap",
+        SessionOptions::default()
+            .wake(|_| {})
+            .max_concurrent_children(CAP as u32),
+    )
+    .await
+    .unwrap();
+    // Each child runs 150 ms and heartbeats; its stall timeout (400 ms) is shorter than the
+    // time the later ones wait in the queue (up to ~600 ms), so a stall clock that ran while
+    // queued would interrupt them.
+    let t150 = |goal: String| {
+        let mut t = task(goal, probe(150));
+        t.stall_ms = Some(400);
+        t
+    };
+    let independent = b
+        .delegate(
+            "cap",
+            DelegateRequest::background((0..10).map(|i| t150(format!("ind {i}"))).collect()).independent(),
+        )
+        .await
+        .unwrap();
+    // The same capacity applies however a call is split into units.
+    let one_unit = b
+        .delegate(
+            "cap",
+            DelegateRequest::background((0..4).map(|i| t150(format!("unit {i}"))).collect()),
+        )
+        .await
+        .unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let b = b.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let (mut samples, mut max_running) = (0usize, 0usize);
+            while !stop.load(Ordering::SeqCst) {
+                let st = b.status("cap").await.unwrap();
+                assert!(
+                    st.running <= CAP,
+                    "status reports {} running with capacity {CAP}",
+                    st.running
+                );
+                max_running = max_running.max(st.running);
+                samples += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            (samples, max_running)
+        })
+    };
+    let items = collect_results(&b, "cap", 14).await;
+    stop.store(true, Ordering::SeqCst);
+    let (samples, sampled_max) = sampler.await.unwrap();
+    eprintln!("status samples: {samples}, most running seen: {sampled_max}");
+    let queued = (0..10)
+        .map(|i| child_id(independent.call_id(), i))
+        .chain((0..4).map(|i| child_id(one_unit.call_id(), i)))
+        .collect();
+    Run {
+        items,
+        queued,
+        sampled_max,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_children_never_exceed_capacity_however_calls_are_split() {
+    let t = TestBrood::new();
+    let run = run_workload(&t).await;
+    assert!(run.sampled_max <= CAP);
+    let real_max = t.kit.probe.max.load(Ordering::SeqCst);
+    assert!(real_max <= CAP, "{real_max} runners ran at once with capacity {CAP}");
+    assert_eq!(real_max, CAP, "capacity 2 with 14 queued children should run 2 at once");
+    assert_eq!(t.kit.probe.current.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_childs_stall_clock_does_not_run() {
+    let t = TestBrood::new();
+    let run = run_workload(&t).await;
+    for item in run.items.iter().filter(|i| i.kind == ItemKind::Result) {
+        assert_eq!(
+            item.status,
+            ChildStatus::Succeeded,
+            "{} ended {} ({:?}): a queued child must not be stalled",
+            item.dedup_key,
+            item.status,
+            item.error
+        );
+    }
+    assert!(
+        !run.items.iter().any(|i| i.kind == ItemKind::FailureNotice),
+        "no child failed, so there is no failure notice"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn children_over_capacity_start_in_queue_order() {
+    let t = TestBrood::new();
+    let run = run_workload(&t).await;
+    // A child starts at most CAP-1 places from its queue position (children admitted together
+    // may start in either order).
+    let starts = t.kit.probe.starts.lock().unwrap().clone();
+    assert_eq!(starts.len(), run.queued.len(), "every child ran once: {starts:?}");
+    for (want, id) in run.queued.iter().enumerate() {
+        let got = starts.iter().position(|s| s == id).expect("child started");
+        assert!(
+            got.abs_diff(want) < CAP,
+            "{id} started {got}th but was queued {want}th: {starts:?}"
+        );
+    }
+}
