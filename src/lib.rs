@@ -40,6 +40,7 @@
 
 pub mod render;
 pub mod runners;
+pub mod serve;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -301,11 +302,30 @@ impl Brood {
     /// Creates a session, or updates one (a session from an earlier process keeps its calls
     /// and set ordinals; bind its wake target again after a restart).
     pub async fn open_session(&self, session_id: &str, options: SessionOptions) -> Result<SessionInfo, BroodError> {
+        self.open_session_with_defaults(
+            session_id,
+            options,
+            brood_actors::model::DEFAULT_MAX_CONCURRENT_CHILDREN,
+            brood_actors::model::DEFAULT_MAX_DELIVERY_ATTEMPTS,
+        )
+        .await
+    }
+
+    /// As [`Brood::open_session`], with the limits a session gets when it is new and `options`
+    /// leave them unset (a server's configured defaults).
+    pub async fn open_session_with_defaults(
+        &self,
+        session_id: &str,
+        options: SessionOptions,
+        max_concurrent_children: u32,
+        max_delivery_attempts: u32,
+    ) -> Result<SessionInfo, BroodError> {
         let (_, info) = self
             .root
             .send(OpenSession {
                 session_id: session_id.to_string(),
                 settings: options,
+                defaults: (max_concurrent_children, max_delivery_attempts),
             })
             .await??;
         Ok(info)

@@ -38,6 +38,8 @@ enum Command {
         #[arg(long, default_value_t = 250)]
         turn_ms: u64,
     },
+    /// Serve API.md over HTTP on the embedded engine.
+    Serve(ServeArgs),
     /// Run a seeded fault campaign (faults and SIGKILLs) and check the invariants.
     Chaos(ChaosArgs),
     /// One life of a chaos campaign's worker (started by `brood chaos`).
@@ -49,6 +51,87 @@ enum Command {
         #[arg(long)]
         life: usize,
     },
+}
+
+/// Flags of `brood serve`; each is also `BROOD_<KEY>` and a key of the `--config` file, and
+/// a flag given wins over both.
+#[derive(clap::Args, Debug, Clone)]
+struct ServeArgs {
+    /// A TOML file of settings (keys as the flags, in snake_case).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    print_config: bool,
+    /// Where to listen (default 127.0.0.1:7070).
+    #[arg(long)]
+    listen: Option<String>,
+    /// The ledger folder (default ./brood-data).
+    #[arg(long)]
+    data_dir: Option<String>,
+    /// The key every /v1 request must carry as `Authorization: Bearer <key>`.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Allow `command` runners.
+    #[arg(long)]
+    allow_command: bool,
+    /// `fsync` (default) or `flush`.
+    #[arg(long)]
+    durability: Option<String>,
+    /// The largest request body, in bytes (default 8 MiB).
+    #[arg(long)]
+    body_limit: Option<String>,
+    /// Capacity of a new session (default 8).
+    #[arg(long)]
+    max_concurrent_children: Option<String>,
+    /// Delivery attempts of a new session's items before they are dead-lettered (default 8).
+    #[arg(long)]
+    max_delivery_attempts: Option<String>,
+    /// The shortest lease a boundary may ask for, in ms (default 100).
+    #[arg(long)]
+    min_lease_ms: Option<String>,
+    /// The longest lease a boundary may ask for, in ms (default 3600000).
+    #[arg(long)]
+    max_lease_ms: Option<String>,
+    /// The lease of a boundary that names none, in ms (default 60000).
+    #[arg(long)]
+    default_lease_ms: Option<String>,
+    /// The stall timeout of a task that names none, in ms (default 450000).
+    #[arg(long)]
+    default_stall_ms: Option<String>,
+    /// How long a shutdown waits for requests in flight, in ms (default 10000).
+    #[arg(long)]
+    drain_timeout_ms: Option<String>,
+}
+
+impl ServeArgs {
+    /// The flags given, by configuration key.
+    fn flags(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        let pairs = [
+            ("listen", &self.listen),
+            ("data_dir", &self.data_dir),
+            ("api_key", &self.api_key),
+            ("durability", &self.durability),
+            ("body_limit", &self.body_limit),
+            ("max_concurrent_children", &self.max_concurrent_children),
+            ("max_delivery_attempts", &self.max_delivery_attempts),
+            ("min_lease_ms", &self.min_lease_ms),
+            ("max_lease_ms", &self.max_lease_ms),
+            ("default_lease_ms", &self.default_lease_ms),
+            ("default_stall_ms", &self.default_stall_ms),
+            ("drain_timeout_ms", &self.drain_timeout_ms),
+        ];
+        for (key, value) in pairs {
+            if let Some(v) = value {
+                out.insert(key.to_string(), v.clone());
+            }
+        }
+        if self.allow_command {
+            out.insert("allow_command".into(), "true".into());
+        }
+        out
+    }
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -84,6 +167,17 @@ fn main() -> anyhow::Result<()> {
         Command::Demo { data_dir, turn_ms } => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             rt.block_on(demo(data_dir, turn_ms))
+        }
+        Command::Serve(args) => {
+            let config = brood::serve::config::resolve(args.config.as_deref(), std::env::vars(), args.flags())?;
+            if args.print_config {
+                print!("{}", config.to_toml());
+                return Ok(());
+            }
+            actix_web::rt::System::new()
+                .block_on(brood::serve::serve(config))
+                .context("serving")?;
+            Ok(())
         }
         Command::Chaos(args) => {
             let faults = chaos::Fault::parse_list(&args.faults).map_err(anyhow::Error::msg)?;

@@ -22,10 +22,7 @@ use super::supervise::{self, Decision, Exit, RestartBudget, RestartBudgets, Rest
 use super::{Engine, Owners};
 use crate::error::BroodError;
 use crate::ledger::{Ledger, LedgerError, Writes};
-use crate::model::{
-    now_ms, validate_session_id, DeadLetterRow, SessionRow, SessionSettings, DEFAULT_MAX_CONCURRENT_CHILDREN,
-    DEFAULT_MAX_DELIVERY_ATTEMPTS,
-};
+use crate::model::{now_ms, validate_session_id, DeadLetterRow, SessionRow, SessionSettings};
 use crate::recovery::{split_snapshot, Recovery};
 use crate::runner::RunnerFactory;
 use crate::wake::Wake;
@@ -36,8 +33,10 @@ use crate::wake::Wake;
 pub struct OpenSession {
     /// The session id (1 to 256 bytes, no control characters).
     pub session_id: String,
-    /// Its settings (defaults for a new session: capacity 8, 8 delivery attempts, no wake).
+    /// Its settings (defaults for a new session: `defaults`, no wake).
     pub settings: SessionSettings,
+    /// Capacity and delivery attempts of a new session when `settings` leave them unset.
+    pub defaults: (u32, u32),
 }
 
 /// Where a session's owner is.
@@ -268,14 +267,8 @@ impl Handler<OpenSession> for Supervisor {
             None => {
                 let row = SessionRow {
                     session_id: msg.session_id.clone(),
-                    max_concurrent_children: msg
-                        .settings
-                        .max_concurrent_children
-                        .unwrap_or(DEFAULT_MAX_CONCURRENT_CHILDREN),
-                    max_delivery_attempts: msg
-                        .settings
-                        .max_delivery_attempts
-                        .unwrap_or(DEFAULT_MAX_DELIVERY_ATTEMPTS),
+                    max_concurrent_children: msg.settings.max_concurrent_children.unwrap_or(msg.defaults.0),
+                    max_delivery_attempts: msg.settings.max_delivery_attempts.unwrap_or(msg.defaults.1),
                     next_set: 1,
                     created_at_ms: now_ms(),
                 };

@@ -1,0 +1,228 @@
+//! The JSON shapes of API.md, version 1: request bodies (unknown fields refused, so a typo is an
+//! error rather than a silent default) and replies, and the error reply every failure answers
+//! with: the right status and `{"error": {"code", "message"}}`.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{BroodError, ChildStatus, ItemKind, ReadyItem};
+
+/// An error reply: a status, a snake_case code and a message that says what to fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The code clients match on.
+    pub code: &'static str,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl ApiError {
+    /// A 400 with code `invalid_request`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code: "invalid_request",
+            message: message.into(),
+        }
+    }
+
+    /// Any status and code.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.status.as_u16(), self.code, self.message)
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status).json(serde_json::json!({
+            "error": {"code": self.code, "message": self.message}
+        }))
+    }
+}
+
+impl From<BroodError> for ApiError {
+    fn from(e: BroodError) -> Self {
+        let message = e.to_string();
+        let (status, code) = match &e {
+            BroodError::Invalid { field, message } => {
+                return ApiError::invalid(format!("`{field}` {message}"));
+            }
+            BroodError::UnknownSession(_) => (StatusCode::NOT_FOUND, "unknown_session"),
+            BroodError::UnknownClaim(_) => (StatusCode::NOT_FOUND, "unknown_claim"),
+            BroodError::ClaimLost(_) => (StatusCode::CONFLICT, "claim_lost"),
+            BroodError::ClaimAcked(_) => (StatusCode::CONFLICT, "claim_acked"),
+            BroodError::EmbedderPanicked { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "runner_factory_panicked"),
+            BroodError::Ledger(_) | BroodError::Interrupted { .. } | BroodError::Stopped => {
+                (StatusCode::SERVICE_UNAVAILABLE, e.code())
+            }
+            BroodError::SessionFailed { .. } => (StatusCode::SERVICE_UNAVAILABLE, "session_failed"),
+        };
+        ApiError::new(status, code, message)
+    }
+}
+
+/// Parses a JSON body, naming the path of what is wrong (`tasks[2].goal: missing field`).
+/// An empty body reads as `{}` where every field is optional.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        body
+    };
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::invalid(format!("the body is not valid JSON: {inner}"))
+        } else if path == "." {
+            ApiError::invalid(format!("the body does not match: {inner}"))
+        } else {
+            ApiError::invalid(format!("`{path}`: {inner}"))
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::invalid(format!("the body has trailing characters: {e}")))?;
+    Ok(value)
+}
+
+/// `PUT /v1/sessions/{id}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutSession {
+    /// A webhook to wake the session with.
+    pub wake_url: Option<String>,
+    /// Whether the client can address the session (grants wake capability when authenticated).
+    pub addressable: Option<bool>,
+    /// Capacity.
+    pub max_concurrent_children: Option<u32>,
+}
+
+/// `POST /v1/sessions/{id}/turn`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnBody {
+    /// `busy` or `idle`.
+    pub state: crate::Turn,
+}
+
+/// One task of `POST /v1/sessions/{id}/delegate`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskBody {
+    /// What the child should do.
+    pub goal: String,
+    /// The runner spec (`kind` and its fields).
+    pub runner: Value,
+    /// A completion group.
+    pub group: Option<String>,
+    /// A timeout.
+    pub timeout_ms: Option<u64>,
+    /// A stall timeout.
+    pub stall_ms: Option<u64>,
+    /// Whether recovery may re-run it.
+    #[serde(default)]
+    pub rerun_on_recovery: bool,
+}
+
+/// `POST /v1/sessions/{id}/delegate`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DelegateBody {
+    /// The tasks; not empty.
+    pub tasks: Vec<TaskBody>,
+    /// `background` (default) or `sync`.
+    #[serde(default = "background")]
+    pub mode: crate::Mode,
+    /// Whether each ungrouped task is its own unit.
+    #[serde(default)]
+    pub independent_completions: bool,
+}
+
+fn background() -> crate::Mode {
+    crate::Mode::Background
+}
+
+/// `POST /v1/sessions/{id}/boundary`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BoundaryBody {
+    /// Who claims.
+    pub consumer: String,
+    /// The lease.
+    pub lease_ms: Option<u64>,
+}
+
+/// `POST /v1/claims/{id}/release`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// `busy` or `failed`.
+    pub reason: crate::ReleaseReason,
+    /// Least time before the items are ready again.
+    #[serde(default)]
+    pub retry_after_ms: u64,
+}
+
+/// An item as an envelope (or a sync reply) carries it.
+#[derive(Debug, Serialize)]
+pub struct ItemJson<'a> {
+    kind: ItemKind,
+    dedup_key: &'a str,
+    delivery_attempt: u32,
+    call_id: &'a str,
+    set: u64,
+    unit_id: &'a str,
+    group: Option<&'a str>,
+    child_id: &'a str,
+    task_index: u32,
+    of: u32,
+    status: ChildStatus,
+    summary: Option<&'a str>,
+    error: Option<&'a str>,
+    recovered: bool,
+}
+
+impl<'a> From<&'a ReadyItem> for ItemJson<'a> {
+    fn from(i: &'a ReadyItem) -> Self {
+        ItemJson {
+            kind: i.kind,
+            dedup_key: &i.dedup_key,
+            delivery_attempt: i.delivery_attempt,
+            call_id: &i.call_id,
+            set: i.set,
+            unit_id: &i.unit_id,
+            group: i.group.as_deref(),
+            child_id: &i.child_id,
+            task_index: i.task_index,
+            of: i.of,
+            status: i.status,
+            summary: i.summary.as_deref(),
+            error: i.error.as_deref(),
+            recovered: i.recovered,
+        }
+    }
+}
+
+/// Items as JSON.
+pub fn items(items: &[ReadyItem]) -> Vec<ItemJson<'_>> {
+    items.iter().map(ItemJson::from).collect()
+}

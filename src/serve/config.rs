@@ -1,0 +1,356 @@
+//! The server's configuration: defaults, then a TOML file (`--config`), then the environment
+//! (`BROOD_<KEY>`), then flags, each layer over the one before. Every key is checked when the
+//! server starts: an unknown key, a wrong type or a value out of range is an error that names
+//! the key, where it came from and what is accepted.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use crate::Durability;
+
+/// The effective configuration of `brood serve`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ServeConfig {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The ledger folder.
+    pub data_dir: PathBuf,
+    /// The API key every `/v1` request must carry (`Authorization: Bearer <key>`).
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "redacted")]
+    pub api_key: Option<String>,
+    /// Whether `command` runners may run.
+    pub allow_command: bool,
+    /// What a flush brood relies on guarantees.
+    pub durability: Durability,
+    /// The largest request body, in bytes.
+    pub body_limit: usize,
+    /// Capacity of a new session.
+    pub max_concurrent_children: u32,
+    /// Delivery attempts of a new session's items before they are dead-lettered.
+    pub max_delivery_attempts: u32,
+    /// The shortest lease a boundary may ask for, in ms.
+    pub min_lease_ms: u64,
+    /// The longest lease a boundary may ask for, in ms.
+    pub max_lease_ms: u64,
+    /// The lease of a boundary that names none, in ms.
+    pub default_lease_ms: u64,
+    /// The stall timeout of a task that names none, in ms.
+    pub default_stall_ms: u64,
+    /// How long a shutdown waits for requests in flight, in ms.
+    pub drain_timeout_ms: u64,
+}
+
+fn redacted<S: serde::Serializer>(_: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("(set)")
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            data_dir: PathBuf::from("./brood-data"),
+            api_key: None,
+            allow_command: false,
+            durability: Durability::Fsync,
+            body_limit: 8 << 20,
+            max_concurrent_children: brood_actors::model::DEFAULT_MAX_CONCURRENT_CHILDREN,
+            max_delivery_attempts: brood_actors::model::DEFAULT_MAX_DELIVERY_ATTEMPTS,
+            min_lease_ms: crate::MIN_LEASE_MS,
+            max_lease_ms: crate::MAX_LEASE_MS,
+            default_lease_ms: 60_000,
+            default_stall_ms: brood_actors::model::DEFAULT_STALL_MS,
+            drain_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// A configuration that cannot be used, naming the key, its source and what is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("configuration key `{key}` (from {source_name}): {problem}")]
+pub struct ConfigError {
+    /// The key.
+    pub key: String,
+    /// Where it came from: the file, `BROOD_<KEY>`, or `--flag`.
+    pub source_name: String,
+    /// What is wrong and what is accepted.
+    pub problem: String,
+}
+
+/// Where a layer's values came from.
+#[derive(Debug, Clone)]
+enum Source {
+    File(PathBuf),
+    Env,
+    Flag,
+}
+
+impl Source {
+    fn name(&self, key: &str) -> String {
+        match self {
+            Source::File(p) => format!("file {}", p.display()),
+            Source::Env => format!("environment variable BROOD_{}", key.to_ascii_uppercase()),
+            Source::Flag => format!("flag --{}", key.replace('_', "-")),
+        }
+    }
+}
+
+/// The keys, with what each accepts (for messages and `--print-config`).
+const KEYS: &[(&str, &str)] = &[
+    ("listen", "an address:port such as 127.0.0.1:7070"),
+    ("data_dir", "a folder path"),
+    ("api_key", "a non-empty string"),
+    ("allow_command", "true or false"),
+    ("durability", "\"fsync\" or \"flush\""),
+    ("body_limit", "bytes, from 1024 to 1073741824"),
+    ("max_concurrent_children", "from 1 to 100000"),
+    ("max_delivery_attempts", "from 1 to 1000"),
+    ("min_lease_ms", "from 100 to 3600000"),
+    ("max_lease_ms", "from 100 to 3600000, at least min_lease_ms"),
+    ("default_lease_ms", "from min_lease_ms to max_lease_ms"),
+    ("default_stall_ms", "from 1 to 86400000"),
+    ("drain_timeout_ms", "from 0 to 3600000"),
+];
+
+/// One value as a layer gives it: TOML values keep their type; environment variables and flags
+/// are text, parsed by the key's type.
+#[derive(Debug, Clone)]
+enum Raw {
+    Toml(toml::Value),
+    Text(String),
+}
+
+impl fmt::Display for Raw {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Raw::Toml(v) => write!(f, "{v}"),
+            Raw::Text(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+/// Builds the effective configuration from a file (optional), the environment and flags.
+/// `flags` holds only the flags given on the command line, by key.
+pub fn resolve(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    flags: BTreeMap<String, String>,
+) -> Result<ServeConfig, ConfigError> {
+    let mut layers: Vec<(Source, BTreeMap<String, Raw>)> = Vec::new();
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            key: "config".into(),
+            source_name: format!("file {}", path.display()),
+            problem: format!("cannot be read: {e}"),
+        })?;
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError {
+            key: "config".into(),
+            source_name: format!("file {}", path.display()),
+            problem: format!("is not valid TOML: {}", e.message()),
+        })?;
+        let layer = table.into_iter().map(|(k, v)| (k, Raw::Toml(v))).collect();
+        layers.push((Source::File(path.to_path_buf()), layer));
+    }
+    let mut from_env = BTreeMap::new();
+    for (name, value) in env {
+        let Some(key) = name.strip_prefix("BROOD_") else {
+            continue;
+        };
+        let key = key.to_ascii_lowercase();
+        // Variables of other tools may share the prefix; only known keys are configuration.
+        if KEYS.iter().any(|(k, _)| *k == key) {
+            from_env.insert(key, Raw::Text(value));
+        }
+    }
+    layers.push((Source::Env, from_env));
+    layers.push((
+        Source::Flag,
+        flags.into_iter().map(|(k, v)| (k, Raw::Text(v))).collect(),
+    ));
+
+    let mut config = ServeConfig::default();
+    for (source, layer) in &layers {
+        for (key, raw) in layer {
+            apply(&mut config, key, raw).map_err(|problem| ConfigError {
+                key: key.clone(),
+                source_name: source.name(key),
+                problem,
+            })?;
+        }
+    }
+    check(&config)?;
+    Ok(config)
+}
+
+fn accepted(key: &str) -> &'static str {
+    KEYS.iter().find(|(k, _)| *k == key).map_or("", |(_, a)| a)
+}
+
+fn text(raw: &Raw) -> Option<String> {
+    match raw {
+        Raw::Text(s) => Some(s.clone()),
+        Raw::Toml(toml::Value::String(s)) => Some(s.clone()),
+        Raw::Toml(_) => None,
+    }
+}
+
+fn number(key: &str, raw: &Raw, min: u64, max: u64) -> Result<u64, String> {
+    let n = match raw {
+        Raw::Toml(toml::Value::Integer(i)) => u64::try_from(*i).ok(),
+        Raw::Text(s) => s.trim().parse::<u64>().ok(),
+        Raw::Toml(_) => None,
+    };
+    match n {
+        Some(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!("{raw} is not accepted; {}", accepted(key))),
+    }
+}
+
+fn flag(key: &str, raw: &Raw) -> Result<bool, String> {
+    match raw {
+        Raw::Toml(toml::Value::Boolean(b)) => Ok(*b),
+        Raw::Text(s) if s == "true" || s == "1" => Ok(true),
+        Raw::Text(s) if s == "false" || s == "0" => Ok(false),
+        _ => Err(format!("{raw} is not accepted; {}", accepted(key))),
+    }
+}
+
+fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
+    let bad = || format!("{raw} is not accepted; {}", accepted(key));
+    match key {
+        "listen" => c.listen = text(raw).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
+        "data_dir" => c.data_dir = text(raw).filter(|s| !s.is_empty()).map(PathBuf::from).ok_or_else(bad)?,
+        "api_key" => c.api_key = Some(text(raw).filter(|s| !s.is_empty()).ok_or_else(bad)?),
+        "allow_command" => c.allow_command = flag(key, raw)?,
+        "durability" => c.durability = text(raw).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
+        "body_limit" => c.body_limit = number(key, raw, 1024, 1 << 30)? as usize,
+        "max_concurrent_children" => c.max_concurrent_children = number(key, raw, 1, 100_000)? as u32,
+        "max_delivery_attempts" => c.max_delivery_attempts = number(key, raw, 1, 1_000)? as u32,
+        "min_lease_ms" => c.min_lease_ms = number(key, raw, 100, 3_600_000)?,
+        "max_lease_ms" => c.max_lease_ms = number(key, raw, 100, 3_600_000)?,
+        "default_lease_ms" => c.default_lease_ms = number(key, raw, 100, 3_600_000)?,
+        "default_stall_ms" => c.default_stall_ms = number(key, raw, 1, 86_400_000)?,
+        "drain_timeout_ms" => c.drain_timeout_ms = number(key, raw, 0, 3_600_000)?,
+        _ => {
+            let known: Vec<&str> = KEYS.iter().map(|(k, _)| *k).collect();
+            return Err(format!(
+                "is not a configuration key; the keys are: {}",
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks what no single key can: the lease bounds among themselves, and a key for any
+/// address that is not loopback.
+fn check(c: &ServeConfig) -> Result<(), ConfigError> {
+    let err = |key: &str, problem: String| ConfigError {
+        key: key.into(),
+        source_name: "the effective configuration".into(),
+        problem,
+    };
+    if c.max_lease_ms < c.min_lease_ms {
+        return Err(err(
+            "max_lease_ms",
+            format!("{} is below min_lease_ms {}", c.max_lease_ms, c.min_lease_ms),
+        ));
+    }
+    if !(c.min_lease_ms..=c.max_lease_ms).contains(&c.default_lease_ms) {
+        return Err(err(
+            "default_lease_ms",
+            format!(
+                "{} is outside min_lease_ms..=max_lease_ms ({}..={})",
+                c.default_lease_ms, c.min_lease_ms, c.max_lease_ms
+            ),
+        ));
+    }
+    if c.api_key.is_none() && !c.listen.ip().is_loopback() {
+        return Err(err(
+            "listen",
+            format!(
+                "{} is not a loopback address, and no api_key is set: without a key brood serves loopback only (set --api-key or BROOD_API_KEY)",
+                c.listen
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl ServeConfig {
+    /// The configuration as TOML (the key shown as `(set)`), for `--print-config`.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the configuration: {e}\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn flags_win_over_the_environment_over_the_file_over_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("brood.toml");
+        std::fs::write(
+            &file,
+            "max_delivery_attempts = 3\nmax_concurrent_children = 4\nbody_limit = 4096\n",
+        )
+        .unwrap();
+        let env = vec![
+            ("BROOD_MAX_CONCURRENT_CHILDREN".to_string(), "5".to_string()),
+            ("BROOD_BODY_LIMIT".to_string(), "5000".to_string()),
+            ("BROOD_SOMETHING_ELSE".to_string(), "ignored".to_string()),
+        ];
+        let c = resolve(Some(&file), env, flags(&[("body_limit", "6000")])).unwrap();
+        assert_eq!(c.max_delivery_attempts, 3, "from the file");
+        assert_eq!(c.max_concurrent_children, 5, "the environment over the file");
+        assert_eq!(c.body_limit, 6000, "the flag over both");
+        assert_eq!(c.default_lease_ms, 60_000, "a default");
+    }
+
+    #[test]
+    fn an_unknown_key_names_itself_and_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("brood.toml");
+        std::fs::write(&file, "max_children = 3\n").unwrap();
+        let e = resolve(Some(&file), vec![], BTreeMap::new()).unwrap_err();
+        assert_eq!(e.key, "max_children");
+        assert!(e.source_name.contains("brood.toml"), "{e}");
+        assert!(e.problem.contains("max_concurrent_children"), "lists the keys: {e}");
+    }
+
+    #[test]
+    fn a_wrong_type_or_a_value_out_of_range_says_what_is_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("brood.toml");
+        std::fs::write(&file, "max_delivery_attempts = \"many\"\n").unwrap();
+        let e = resolve(Some(&file), vec![], BTreeMap::new()).unwrap_err();
+        assert!(e.problem.contains("from 1 to 1000"), "{e}");
+        let e = resolve(
+            None,
+            vec![("BROOD_DURABILITY".into(), "sometimes".into())],
+            BTreeMap::new(),
+        )
+        .unwrap_err();
+        assert_eq!(e.source_name, "environment variable BROOD_DURABILITY");
+        assert!(e.problem.contains("\"fsync\" or \"flush\""), "{e}");
+        let e = resolve(None, vec![], flags(&[("min_lease_ms", "5")])).unwrap_err();
+        assert_eq!(e.source_name, "flag --min-lease-ms");
+    }
+
+    #[test]
+    fn without_a_key_only_loopback_is_served() {
+        let e = resolve(None, vec![], flags(&[("listen", "0.0.0.0:7070")])).unwrap_err();
+        assert_eq!(e.key, "listen");
+        assert!(e.problem.contains("loopback"), "{e}");
+        let c = resolve(None, vec![], flags(&[("listen", "0.0.0.0:7070"), ("api_key", "k")])).unwrap();
+        assert!(!c.listen.ip().is_loopback());
+        assert!(c.to_toml().contains("api_key = \"(set)\""), "the key is never printed");
+    }
+}

@@ -1,0 +1,143 @@
+//! `brood serve`: API.md over HTTP (actix-web), on the embedded engine.
+//!
+//! [`config`] resolves the configuration (defaults, file, environment, flags); `api` holds the
+//! JSON shapes and the error reply; `routes` the endpoints. This module builds the app: the
+//! key check on every `/v1` request (constant time), the routes, a 404 in API.md's shape for
+//! anything else, and a graceful stop on SIGINT/SIGTERM (requests in flight are given the drain
+//! timeout, then the engine flushes and closes).
+//!
+//! Not in this build yet (later parts of the `brood serve` issue): webhook wakes (`wake_url`),
+//! the event stream, external workers, `command` runners, metrics, the OpenAPI document.
+
+pub mod api;
+pub mod config;
+mod routes;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::body::EitherBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
+use actix_web::middleware::Next;
+use actix_web::{web, App, HttpServer};
+
+use self::api::ApiError;
+use self::config::ServeConfig;
+use crate::{Brood, BroodConfig, BroodError};
+
+/// Compares two byte strings in time that depends on their lengths only.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether a request carries the server's key (always, for a server without one).
+fn authenticated(config: &ServeConfig, req: &ServiceRequest) -> bool {
+    let Some(key) = &config.api_key else {
+        return true;
+    };
+    let given = req
+        .headers()
+        .get(actix_web::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    constant_time_eq(given.as_bytes(), key.as_bytes())
+}
+
+async fn require_key(
+    req: ServiceRequest,
+    next: Next<impl actix_web::body::MessageBody + 'static>,
+) -> Result<ServiceResponse<EitherBody<impl actix_web::body::MessageBody>>, actix_web::Error> {
+    let config = req.app_data::<web::Data<routes::State>>().map(|s| s.config.clone());
+    if let Some(config) = config {
+        if !authenticated(&config, &req) {
+            let e = ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "this server needs `Authorization: Bearer <key>` on every /v1 request, and the key given is missing or wrong",
+            );
+            let response = actix_web::ResponseError::error_response(&e).map_into_right_body();
+            return Ok(req.into_response(response));
+        }
+    }
+    Ok(next.call(req).await?.map_into_left_body())
+}
+
+/// The engine behind a server, from its configuration.
+pub fn open_engine(config: &ServeConfig) -> Result<Brood, BroodError> {
+    Brood::open(BroodConfig::new(&config.data_dir).durability(config.durability))
+}
+
+/// Serves API.md until SIGINT or SIGTERM, then drains, closes the engine and returns.
+pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
+    let brood = open_engine(&config).map_err(std::io::Error::other)?;
+    let brood = Arc::new(brood);
+    let state = web::Data::new(routes::State {
+        brood: brood.clone(),
+        config: config.clone(),
+    });
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .route("/healthz", web::get().to(routes::healthz))
+            .service(
+                web::scope("/v1")
+                    .wrap(actix_web::middleware::from_fn(require_key))
+                    .route("/sessions/{session_id}", web::put().to(routes::put_session))
+                    .route("/sessions/{session_id}", web::get().to(routes::get_session))
+                    .route("/sessions/{session_id}/turn", web::post().to(routes::set_turn))
+                    .route("/sessions/{session_id}/delegate", web::post().to(routes::delegate))
+                    .route("/sessions/{session_id}/boundary", web::post().to(routes::boundary))
+                    .route("/claims/{claim_id}/ack", web::post().to(routes::ack))
+                    .route("/claims/{claim_id}/release", web::post().to(routes::release))
+                    .route("/dead-letters", web::get().to(routes::dead_letters))
+                    .default_service(web::to(routes::not_found)),
+            )
+            .default_service(web::to(routes::not_found))
+    })
+    .workers(2)
+    .shutdown_timeout(Duration::from_millis(config.drain_timeout_ms).as_secs().max(1))
+    .bind(config.listen)?;
+    tracing::info!(
+        listen = %config.listen,
+        api_key = config.api_key.is_some(),
+        data_dir = %config.data_dir.display(),
+        "brood serve listening on http://{} ({})",
+        config.listen,
+        if config.api_key.is_some() { "an API key is required" } else { "no API key: loopback only" }
+    );
+    eprintln!(
+        "brood serve: listening on http://{} ({}), ledger in {}",
+        config.listen,
+        if config.api_key.is_some() {
+            "API key required"
+        } else {
+            "no API key, loopback only"
+        },
+        config.data_dir.display()
+    );
+    server.run().await?;
+    // Every worker is gone with the server: the engine is ours alone again.
+    match Arc::try_unwrap(brood) {
+        Ok(b) => b.shutdown(),
+        Err(_) => tracing::warn!("the engine was still shared after the server stopped; it closes when dropped"),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_compare_equal_only_when_equal() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secre"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}

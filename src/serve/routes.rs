@@ -1,0 +1,278 @@
+//! The endpoints of API.md over the embedding API: each handler parses its body, calls one
+//! [`Brood`] method and shapes the reply. No handler holds state of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
+use futures::StreamExt as _;
+use serde_json::json;
+
+use super::api::{self, ApiError, BoundaryBody, DelegateBody, PutSession, ReleaseBody, TurnBody};
+use super::config::ServeConfig;
+use crate::{Brood, BroodError, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
+
+/// What every handler shares.
+pub(super) struct State {
+    pub(super) brood: Arc<Brood>,
+    pub(super) config: ServeConfig,
+}
+
+type Reply = Result<HttpResponse, ApiError>;
+
+/// Reads a body up to the configured limit: over it is a 413 in API.md's shape.
+async fn body(state: &State, mut payload: web::Payload) -> Result<web::BytesMut, ApiError> {
+    let mut out = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::invalid(format!("the body could not be read: {e}")))?;
+        if out.len() + chunk.len() > state.config.body_limit {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("the body is over the limit of {} bytes", state.config.body_limit),
+            ));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+fn session_json(info: &crate::SessionInfo) -> serde_json::Value {
+    json!({
+        "session_id": info.session_id,
+        "wake_capable": info.wake_capable,
+        "turn": info.turn,
+        "max_concurrent_children": info.max_concurrent_children,
+    })
+}
+
+pub(super) async fn put_session(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+    let session_id = path.into_inner();
+    let body: PutSession = api::parse(&body(&state, payload).await?)?;
+    if body.wake_url.is_some() {
+        return Err(ApiError::invalid(
+            "`wake_url`: webhook wakes are not available in this build yet; use `addressable: true` and poll boundaries",
+        ));
+    }
+    let mut options = SessionOptions::default();
+    if let Some(n) = body.max_concurrent_children {
+        options = options.max_concurrent_children(n);
+    }
+    if body.addressable == Some(true) {
+        // Default-deny: only an authenticated request (or a server without a key) grants it,
+        // and every request that reaches a `/v1` handler passed the key check. The parent is
+        // reached by polling its boundaries (the event stream comes later).
+        options = options.wake(|_: crate::WakeEvent| {});
+    }
+    let info = state
+        .brood
+        .open_session_with_defaults(
+            &session_id,
+            options,
+            state.config.max_concurrent_children,
+            state.config.max_delivery_attempts,
+        )
+        .await?;
+    Ok(HttpResponse::Ok().json(session_json(&info)))
+}
+
+pub(super) async fn get_session(state: web::Data<State>, path: web::Path<String>) -> Reply {
+    let st = state.brood.status(&path.into_inner()).await?;
+    let calls: Vec<serde_json::Value> = st
+        .calls
+        .iter()
+        .map(|c| {
+            json!({
+                "call_id": c.call.call_id,
+                "set": c.call.set,
+                "mode": c.call.mode,
+                "units": c.units.iter().map(|u| json!({"unit_id": u.unit_id, "group": u.group, "tasks": u.tasks})).collect::<Vec<_>>(),
+                "children": c.children.iter().map(|r| json!({
+                    "child_id": r.child_id,
+                    "task_index": r.task_index,
+                    "status": r.status,
+                    "started_at": r.started_at_ms,
+                    "finished_at": r.finished_at_ms,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({
+        "session_id": st.info.session_id,
+        "turn": st.info.turn,
+        "wake_capable": st.info.wake_capable,
+        "max_concurrent_children": st.info.max_concurrent_children,
+        "counts": {
+            "queued": st.queued,
+            "running": st.running,
+            "ready": st.ready,
+            "backing_off": st.backing_off,
+            "claimed": st.claimed,
+            "delivered": st.delivered,
+        },
+        "calls": calls,
+    })))
+}
+
+pub(super) async fn set_turn(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+    let session_id = path.into_inner();
+    let body: TurnBody = api::parse(&body(&state, payload).await?)?;
+    state.brood.set_turn(&session_id, body.state).await?;
+    Ok(HttpResponse::Ok().json(json!({"session_id": session_id, "turn": body.state})))
+}
+
+/// Turns the request's tasks into the engine's, refusing runner kinds the server does not
+/// allow (403) before anything is stored.
+fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError> {
+    if body.tasks.is_empty() {
+        return Err(ApiError::invalid("`tasks` must hold at least one task"));
+    }
+    let mut out = Vec::with_capacity(body.tasks.len());
+    for (i, t) in body.tasks.into_iter().enumerate() {
+        let kind = t.runner.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
+        if kind == "command" && !state.config.allow_command {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "runner_not_allowed",
+                format!("`tasks[{i}].runner.kind`: `command` runners are not allowed on this server (start it with --allow-command)"),
+            ));
+        }
+        let mut task = TaskSpec::new(t.goal, t.runner);
+        task.group = t.group;
+        task.timeout_ms = t.timeout_ms;
+        task.stall_ms = Some(t.stall_ms.unwrap_or(state.config.default_stall_ms));
+        task.rerun_on_recovery = t.rerun_on_recovery;
+        out.push(task);
+    }
+    let mut req = match body.mode {
+        crate::Mode::Background => DelegateRequest::background(out),
+        crate::Mode::Sync => DelegateRequest::sync(out),
+    };
+    if body.independent_completions {
+        req = req.independent();
+    }
+    Ok(req)
+}
+
+pub(super) async fn delegate(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+    let session_id = path.into_inner();
+    let body: DelegateBody = api::parse(&body(&state, payload).await?)?;
+    let request = tasks(&state, body)?;
+    let reply = state
+        .brood
+        .delegate(&session_id, request)
+        .await
+        .map_err(|e| ApiError::from(e.error))?;
+    Ok(match reply {
+        DelegateReply::Background {
+            call_id,
+            set,
+            units,
+            note,
+        } => HttpResponse::Accepted().json(json!({
+            "call_id": call_id,
+            "set": set,
+            "mode": "background",
+            "units": units.iter().map(|u| json!({"unit_id": u.unit_id, "tasks": u.tasks})).collect::<Vec<_>>(),
+            "note": note,
+        })),
+        DelegateReply::Sync {
+            call_id,
+            set,
+            forced_sync_reason,
+            results,
+            note,
+            text,
+            ..
+        } => HttpResponse::Ok().json(json!({
+            "call_id": call_id,
+            "set": set,
+            "mode": "sync",
+            "forced_sync_reason": forced_sync_reason,
+            "results": api::items(&results),
+            "note": note,
+            "text": text,
+        })),
+    })
+}
+
+pub(super) async fn boundary(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+    let session_id = path.into_inner();
+    let body: BoundaryBody = api::parse(&body(&state, payload).await?)?;
+    let lease_ms = body.lease_ms.unwrap_or(state.config.default_lease_ms);
+    let (min, max) = (state.config.min_lease_ms, state.config.max_lease_ms);
+    if !(min..=max).contains(&lease_ms) {
+        return Err(ApiError::invalid(format!(
+            "`lease_ms` is {lease_ms}; it must be from {min} to {max}"
+        )));
+    }
+    match state
+        .brood
+        .boundary(&session_id, &body.consumer, Duration::from_millis(lease_ms))
+        .await?
+    {
+        None => Ok(HttpResponse::NoContent().finish()),
+        Some(env) => Ok(HttpResponse::Ok().json(json!({
+            "claim_id": env.claim_id,
+            "lease_expires_at": env.lease_expires_at_ms,
+            "items": api::items(&env.items),
+            "text": env.text,
+        }))),
+    }
+}
+
+pub(super) async fn ack(state: web::Data<State>, path: web::Path<String>) -> Reply {
+    let delivered = state.brood.ack(&path.into_inner()).await?;
+    Ok(HttpResponse::Ok().json(json!({"delivered": delivered})))
+}
+
+pub(super) async fn release(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+    let claim_id = path.into_inner();
+    let body: ReleaseBody = api::parse(&body(&state, payload).await?)?;
+    state
+        .brood
+        .release(&claim_id, body.reason, Duration::from_millis(body.retry_after_ms))
+        .await?;
+    Ok(HttpResponse::Ok().json(json!({"claim_id": claim_id, "released": true})))
+}
+
+pub(super) async fn dead_letters(state: web::Data<State>) -> Reply {
+    let rows = state.brood.dead_letters().await?;
+    let items: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|d| {
+            json!({
+                "child_id": d.child_id,
+                "session_id": d.session_id,
+                "call_id": d.call_id,
+                "kind": d.kind,
+                "reason": d.reason,
+                "attempts": d.attempts,
+                "dead_at": d.dead_at_ms,
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({"items": items})))
+}
+
+pub(super) async fn healthz(state: web::Data<State>) -> Reply {
+    // The ledger answers and the actors do: the supervisor lists the dead letters.
+    match state.brood.dead_letters().await {
+        Ok(_) => Ok(HttpResponse::Ok().json(json!({"status": "ok"}))),
+        Err(e @ BroodError::Stopped) | Err(e @ BroodError::Ledger(_)) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unhealthy",
+            e.to_string(),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(super) async fn not_found(req: HttpRequest) -> Reply {
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no endpoint {} {}; see API.md", req.method(), req.path()),
+    ))
+}

@@ -1,0 +1,432 @@
+//! `brood serve` over HTTP: the real binary on a loopback port with a temporary data folder,
+//! driven as any client of API.md would drive it — delegate → boundary → ack, release and
+//! re-coalesce, forced sync, a lost claim, auth, every kind of bad input (each answered in
+//! API.md's error shape, changing nothing), kill -9 and a restart with the results intact, and a
+//! configuration refused at start.
+
+use std::io::Read as _;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// A running `brood serve`, killed when dropped.
+struct Server {
+    child: Child,
+    base: String,
+    key: Option<String>,
+    agent: ureq::Agent,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Server {
+    fn start(dir: &Path, key: Option<&str>) -> Server {
+        let port = free_port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_brood"));
+        cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .arg(dir)
+            .env_remove("BROOD_API_KEY")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(k) = key {
+            cmd.args(["--api-key", k]);
+        }
+        let child = cmd.spawn().expect("start brood serve");
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .into();
+        let server = Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            key: key.map(str::to_string),
+            agent,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = server.agent.get(&format!("{}/healthz", server.base)).call() {
+                if r.status() == 200 {
+                    return server;
+                }
+            }
+            assert!(Instant::now() < deadline, "brood serve did not answer /healthz in 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// A request with an optional JSON body; returns the status and the parsed body (Null for
+    /// an empty one).
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.raw(
+            method,
+            path,
+            body.map(|b| b.to_string().into_bytes()),
+            self.key.as_deref(),
+        )
+    }
+
+    fn raw(&self, method: &str, path: &str, body: Option<Vec<u8>>, key: Option<&str>) -> (u16, Value) {
+        let url = format!("{}{path}", self.base);
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let response = match method {
+            "GET" => {
+                let mut r = self.agent.get(&url);
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.call()
+            }
+            m => {
+                let mut r = match m {
+                    "PUT" => self.agent.put(&url),
+                    _ => self.agent.post(&url),
+                };
+                r = r.header("Content-Type", "application/json");
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                match body {
+                    Some(b) => r.send(&b[..]),
+                    None => r.send_empty(),
+                }
+            }
+        };
+        let mut response = response.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = response.status().as_u16();
+        let mut text = String::new();
+        response.body_mut().as_reader().read_to_string(&mut text).unwrap();
+        let value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {text}"))
+        };
+        (status, value)
+    }
+
+    fn open(&self, session: &str) {
+        let (status, body) = self.call(
+            "PUT",
+            &format!("/v1/sessions/{session}"),
+            Some(json!({"addressable": true})),
+        );
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["wake_capable"], true);
+    }
+
+    /// Boundaries until one answers 200.
+    fn envelope(&self, session: &str, lease_ms: u64) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (status, body) = self.call(
+                "POST",
+                &format!("/v1/sessions/{session}/boundary"),
+                Some(json!({"consumer": "t", "lease_ms": lease_ms})),
+            );
+            match status {
+                200 => return body,
+                204 => {}
+                s => panic!("boundary answered {s}: {body}"),
+            }
+            assert!(Instant::now() < deadline, "no envelope in 20 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sim(ms: u64) -> Value {
+    json!({"kind": "sim", "ms": ms})
+}
+
+fn assert_error(reply: (u16, Value), status: u16, code: &str) -> String {
+    let (got, body) = reply;
+    assert_eq!(got, status, "{body}");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    let message = body["error"]["message"]
+        .as_str()
+        .expect("an error has a message")
+        .to_string();
+    assert!(!message.is_empty());
+    message
+}
+
+#[test]
+fn delegate_boundary_ack_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("chat");
+    let (status, reply) = s.call(
+        "POST",
+        "/v1/sessions/chat/delegate",
+        Some(json!({"tasks": [{"goal": "a", "runner": sim(0)}, {"goal": "b", "runner": sim(10)}]})),
+    );
+    assert_eq!(status, 202, "{reply}");
+    assert_eq!(reply["mode"], "background");
+    assert_eq!(reply["set"], 1);
+    assert!(reply["call_id"].as_str().unwrap().starts_with("deleg_"));
+    assert!(reply["note"].as_str().unwrap().contains("set 1"), "{reply}");
+    let env = s.envelope("chat", 30_000);
+    let items = env["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0]["status"], "succeeded");
+    assert_eq!(items[0]["kind"], "result");
+    assert!(env["text"].as_str().unwrap().contains("[set 1 · 1/2]"), "{env}");
+    let claim = env["claim_id"].as_str().unwrap();
+    let (status, acked) = s.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+    assert_eq!((status, acked["delivered"].as_u64()), (200, Some(2)));
+    // Acking again answers the same; nothing is ready any more.
+    let (status, acked) = s.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+    assert_eq!((status, acked["delivered"].as_u64()), (200, Some(2)));
+    let (status, _) = s.call("POST", "/v1/sessions/chat/boundary", Some(json!({"consumer": "t"})));
+    assert_eq!(status, 204);
+    let (status, view) = s.call("GET", "/v1/sessions/chat", None);
+    assert_eq!(status, 200);
+    assert_eq!(view["counts"]["delivered"], 2, "{view}");
+}
+
+#[test]
+fn a_session_without_wake_capability_runs_its_calls_synchronously() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    let (status, _) = s.call("PUT", "/v1/sessions/plain", Some(json!({})));
+    assert_eq!(status, 200);
+    let (status, reply) = s.call(
+        "POST",
+        "/v1/sessions/plain/delegate",
+        Some(json!({"tasks": [{"goal": "a", "runner": sim(0)}]})),
+    );
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["mode"], "sync");
+    assert!(reply["forced_sync_reason"].as_str().unwrap().contains("wake"));
+    assert_eq!(reply["results"][0]["status"], "succeeded");
+}
+
+#[test]
+fn a_released_claim_recoalesces_and_a_lost_one_refuses_its_ack() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("r");
+    s.call(
+        "POST",
+        "/v1/sessions/r/delegate",
+        Some(json!({"tasks": [{"goal": "a", "runner": sim(0)}]})),
+    );
+    let env = s.envelope("r", 30_000);
+    let claim = env["claim_id"].as_str().unwrap().to_string();
+    let (status, _) = s.call(
+        "POST",
+        &format!("/v1/claims/{claim}/release"),
+        Some(json!({"reason": "busy"})),
+    );
+    assert_eq!(status, 200);
+    let again = s.envelope("r", 100);
+    assert_eq!(again["items"][0]["dedup_key"], env["items"][0]["dedup_key"]);
+    assert_eq!(again["items"][0]["delivery_attempt"], 1, "busy is not an attempt");
+    let lost = again["claim_id"].as_str().unwrap().to_string();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_error(
+        s.call("POST", &format!("/v1/claims/{lost}/ack"), None),
+        409,
+        "claim_lost",
+    );
+    let third = s.envelope("r", 30_000);
+    assert_eq!(third["items"][0]["delivery_attempt"], 2, "a lease expiry is an attempt");
+}
+
+#[test]
+fn bad_input_gets_the_error_shape_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("b");
+    let delegate = "/v1/sessions/b/delegate";
+    let raw = |body: &[u8]| s.raw("POST", delegate, Some(body.to_vec()), None);
+    let m = assert_error(raw(b"{not json"), 400, "invalid_request");
+    assert!(m.contains("not valid JSON"), "{m}");
+    let m = assert_error(s.call("POST", delegate, Some(json!({}))), 400, "invalid_request");
+    assert!(m.contains("tasks"), "{m}");
+    assert_error(
+        s.call("POST", delegate, Some(json!({"tasks": []}))),
+        400,
+        "invalid_request",
+    );
+    let m = assert_error(
+        s.call(
+            "POST",
+            delegate,
+            Some(json!({"tasks": [{"goal": 5, "runner": sim(0)}]})),
+        ),
+        400,
+        "invalid_request",
+    );
+    assert!(m.contains("tasks[0].goal"), "{m}");
+    let m = assert_error(
+        s.call(
+            "POST",
+            delegate,
+            Some(json!({"tasks": [{"goal": "g", "runner": {"kind": "nope"}}]})),
+        ),
+        400,
+        "invalid_request",
+    );
+    assert!(m.contains("unknown runner kind"), "{m}");
+    assert_error(
+        s.call(
+            "POST",
+            delegate,
+            Some(json!({"tasks": [{"goal": "g", "runner": sim(0), "colour": 1}]})),
+        ),
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        s.call(
+            "POST",
+            delegate,
+            Some(json!({"tasks": [{"goal": "g", "runner": {"kind": "command", "argv": ["true"]}}]})),
+        ),
+        403,
+        "runner_not_allowed",
+    );
+    assert_error(
+        s.call(
+            "POST",
+            delegate,
+            Some(json!({"tasks": [{"goal": "g", "runner": sim(0), "timeout_ms": 0}]})),
+        ),
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        s.call(
+            "POST",
+            "/v1/sessions/b/boundary",
+            Some(json!({"consumer": "c", "lease_ms": 99})),
+        ),
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        s.call("POST", "/v1/sessions/b/boundary", Some(json!({"lease_ms": 1000}))),
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        s.call("POST", "/v1/sessions/b/turn", Some(json!({"state": "asleep"}))),
+        400,
+        "invalid_request",
+    );
+    assert_error(
+        s.call(
+            "POST",
+            "/v1/sessions/nobody/delegate",
+            Some(json!({"tasks": [{"goal": "g", "runner": sim(0)}]})),
+        ),
+        404,
+        "unknown_session",
+    );
+    assert_error(s.call("POST", "/v1/claims/clm_nope/ack", None), 404, "unknown_claim");
+    assert_error(
+        s.call("PUT", "/v1/sessions/bad%01id", Some(json!({}))),
+        400,
+        "invalid_request",
+    );
+    assert_error(s.call("GET", "/v1/nothing-here", None), 404, "not_found");
+    let big = vec![b' '; 8 * 1024 * 1024 + 1];
+    assert_error(s.raw("POST", delegate, Some(big), None), 413, "body_too_large");
+    // Nothing above used a set number.
+    let (status, reply) = s.call(
+        "POST",
+        delegate,
+        Some(json!({"tasks": [{"goal": "g", "runner": sim(0)}]})),
+    );
+    assert_eq!((status, reply["set"].as_u64()), (202, Some(1)), "{reply}");
+}
+
+#[test]
+fn with_a_key_every_v1_request_needs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), Some("s3cret"));
+    let put = |key: Option<&str>| s.raw("PUT", "/v1/sessions/k", Some(b"{}".to_vec()), key);
+    assert_error(put(None), 401, "unauthorized");
+    assert_error(put(Some("s3creT")), 401, "unauthorized");
+    assert_eq!(put(Some("s3cret")).0, 200);
+    let (status, _) = s.raw("GET", "/healthz", None, None);
+    assert_eq!(status, 200, "health needs no key");
+}
+
+#[test]
+fn results_survive_kill9_and_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("k");
+    let (_, reply) = s.call(
+        "POST",
+        "/v1/sessions/k/delegate",
+        Some(json!({"tasks": [{"goal": "a", "runner": sim(0)}, {"goal": "b", "runner": sim(0)}], "independent_completions": true})),
+    );
+    let call = reply["call_id"].as_str().unwrap().to_string();
+    // Both results recorded (ready), one of them handed out and acked, then kill -9.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, view) = s.call("GET", "/v1/sessions/k", None);
+        if view["counts"]["ready"] == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{view}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let env = s.envelope("k", 30_000);
+    let claim = env["claim_id"].as_str().unwrap().to_string();
+    assert_eq!(s.call("POST", &format!("/v1/claims/{claim}/ack"), None).0, 200);
+    s.kill9();
+    let s = Server::start(dir.path(), None);
+    s.open("k");
+    // The acked claim stays acked; nothing is delivered again, and the set goes on.
+    let (status, acked) = s.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+    assert_eq!((status, acked["delivered"].as_u64()), (200, Some(2)), "{acked}");
+    let (status, _) = s.call("POST", "/v1/sessions/k/boundary", Some(json!({"consumer": "t"})));
+    assert_eq!(status, 204);
+    let (_, next) = s.call(
+        "POST",
+        "/v1/sessions/k/delegate",
+        Some(json!({"tasks": [{"goal": "c", "runner": sim(0)}]})),
+    );
+    assert_eq!(next["set"], 2);
+    assert_ne!(next["call_id"], call);
+}
+
+#[test]
+fn a_configuration_error_stops_the_start_and_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("brood.toml");
+    std::fs::write(&file, "max_delivery_attempts = 0\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_brood"))
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("max_delivery_attempts") && err.contains("brood.toml") && err.contains("from 1 to 1000"),
+        "{err}"
+    );
+}
