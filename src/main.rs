@@ -39,7 +39,7 @@ enum Command {
         turn_ms: u64,
     },
     /// Serve API.md over HTTP on the embedded engine.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run a seeded fault campaign (faults and SIGKILLs) and check the invariants.
     Chaos(ChaosArgs),
     /// One life of a chaos campaign's worker (started by `brood chaos`).
