@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use brood::{Brood, BroodConfig, DelegateRequest, DelegateRequestExt, SessionOptions, TaskSpec};
+use brood::{Brood, BroodConfig, DelegateRequest, SessionOptions, TaskSpec};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use serde_json::json;
 

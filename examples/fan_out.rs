@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use brood::{Brood, BroodConfig, DelegateRequest, DelegateRequestExt, SessionOptions, TaskSpec, Turn};
+use brood::{Brood, BroodConfig, DelegateRequest, SessionOptions, TaskSpec, Turn};
 use serde_json::json;
 use tokio::sync::Notify;
 

@@ -6,10 +6,7 @@
 
 use std::time::Duration;
 
-use brood::{
-    Brood, BroodConfig, DelegateRequest, DelegateRequestExt, RunContext, RunOutput, Runner, Runners, SessionOptions,
-    TaskSpec,
-};
+use brood::{Brood, BroodConfig, DelegateRequest, RunContext, RunOutput, Runner, Runners, SessionOptions, TaskSpec};
 use futures::future::LocalBoxFuture;
 use serde_json::json;
 

@@ -15,13 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use brood::{Brood, BroodConfig, BroodError, ChildStatus, DelegateError, ItemKind, ReleaseReason, SessionOptions};
+use brood_actors::ledger::{Ledger, SledLedger};
 
-use crate::ledger::{Ledger, SledLedger};
-use crate::{
-    Brood, BroodConfig, BroodError, ChildStatus, DelegateRequest, DelegateRequestExt, ItemKind, ReleaseReason,
-    SessionOptions, TaskSpec,
-};
+use crate::workload::{random_call, Rng};
 
 /// The session every campaign uses.
 pub const SESSION: &str = "chaos";
@@ -104,31 +101,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err("the duration must be greater than zero".into());
     }
     Ok(Duration::from_millis(ms))
-}
-
-/// A small deterministic generator (splitmix64): the plan must not depend on anything else.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator for `seed`.
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    /// The next number.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A number below `n`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
 }
 
 /// One life of the worker: when it is killed (if kills are on) and which faults it meets.
@@ -363,7 +335,7 @@ fn check(dir: &Path, kills: usize) -> Result<Summary, String> {
     };
     for c in snapshot.children.iter().filter(|c| c.session_id == SESSION) {
         s.children += 1;
-        let key = crate::model::dedup_key(&c.child_id, ItemKind::Result);
+        let key = brood::dedup_key(&c.child_id, ItemKind::Result);
         if c.status == ChildStatus::Unknown {
             s.unknown += 1;
         }
@@ -439,35 +411,6 @@ impl Log {
         if let Ok(mut f) = self.0.lock() {
             let _ = f.write_all(format!("{s}\n").as_bytes());
         }
-    }
-}
-
-/// A random call of `n` sim children working up to `max_ms` each: about one in twelve fails,
-/// a third are grouped (three group names), half may re-run after a crash, and half of the
-/// calls complete their ungrouped tasks independently. The chaos worker and the crash test
-/// both drive the engine with it.
-pub fn random_call(rng: &mut Rng, n: usize, max_ms: u64) -> DelegateRequest {
-    let tasks: Vec<TaskSpec> = (0..n)
-        .map(|i| {
-            let ms = rng.below(max_ms);
-            let outcome = if rng.below(12) == 0 { "fail" } else { "ok" };
-            let mut t = TaskSpec::new(
-                format!("random task {i}"),
-                json!({"kind": "sim", "ms": ms, "outcome": outcome}),
-            );
-            t.stall_ms = Some(1_000);
-            if rng.below(3) == 0 {
-                t.group = Some(format!("g{}", rng.below(3)));
-            }
-            t.rerun_on_recovery = rng.below(2) == 0;
-            t
-        })
-        .collect();
-    let req = DelegateRequest::background(tasks);
-    if rng.below(2) == 0 {
-        req.independent()
-    } else {
-        req
     }
 }
 
@@ -548,7 +491,9 @@ pub async fn worker(dir: &Path, seed: u64, children: usize, life: usize, plan: P
                             }
                         }
                     }
-                    Ok(None) | Err(BroodError::Interrupted(_)) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    Ok(None) | Err(BroodError::Interrupted { .. }) => {
+                        tokio::time::sleep(Duration::from_millis(10)).await
+                    }
                     Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
             }
@@ -565,19 +510,22 @@ pub async fn worker(dir: &Path, seed: u64, children: usize, life: usize, plan: P
                     log.line(format!("call {} {n}", reply.call_id()));
                 }
                 // Interrupted: it may have been accepted; the next life counts from the ledger.
-                Err(BroodError::Interrupted(_)) => {}
+                Err(DelegateError {
+                    error: BroodError::Interrupted { .. },
+                    ..
+                }) => {}
                 Err(e) => log.line(format!("error delegate {e}")),
             }
             tokio::time::sleep(Duration::from_millis(rng.below(40))).await;
             continue;
         }
         match brood.counts(SESSION).await {
-            Ok(st) if st.queued + st.running + st.ready + st.claimed == 0 => {
+            Ok(st) if st.queued + st.running + st.ready + st.backing_off + st.claimed == 0 => {
                 // Everything delegated is delivered (or dead-lettered): this life is the last.
                 log.line("done".into());
                 return Ok(());
             }
-            Ok(_) | Err(BroodError::Interrupted(_)) => tokio::time::sleep(Duration::from_millis(25)).await,
+            Ok(_) | Err(BroodError::Interrupted { .. }) => tokio::time::sleep(Duration::from_millis(25)).await,
             Err(e) => return Err(e.to_string()),
         }
     }
@@ -586,7 +534,7 @@ pub async fn worker(dir: &Path, seed: u64, children: usize, life: usize, plan: P
 #[cfg(feature = "failpoints")]
 fn arm(fault: Fault) {
     if fault != Fault::Kill {
-        crate::failpoints::arm(fault.name(), 1);
+        brood::failpoints::arm(fault.name(), 1);
     }
 }
 

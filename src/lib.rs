@@ -13,7 +13,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use brood::{Brood, BroodConfig, DelegateRequest, DelegateRequestExt, SessionOptions, TaskSpec};
+//! use brood::{Brood, BroodConfig, DelegateRequest, SessionOptions, TaskSpec};
 //! use serde_json::json;
 //!
 //! # async fn demo() -> Result<(), brood::BroodError> {
@@ -38,138 +38,71 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms, unreachable_pub)]
 #![deny(unused_must_use)]
 
-pub mod chaos;
 pub mod render;
 pub mod runners;
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::{Addr, Handler, Message};
-use brood_actors::actors::owner::{self, claim_session, Delegated, OwnerError, SessionOwner};
+use brood_actors::actors::owner::{self, claim_session, Delegated, SessionOwner};
 use brood_actors::actors::supervisor::{DeadLetters, FindOwner, OpenSession, Supervisor};
 use brood_actors::actors::Owners;
 use brood_actors::ledger::{Ledger, SledLedger};
-use brood_actors::routing::ClaimError;
 
-pub use brood_actors::actors::owner::{CallStatus, SessionInfo, SessionStatus, TaskSpec};
-pub use brood_actors::ledger::LedgerError;
-pub use brood_actors::model::{ChildStatus, DeadLetterRow, ItemKind, Mode, ReadyItem, UnitRow};
+pub use brood_actors::actors::owner::{CallStatus, SessionInfo, SessionStatus};
+pub use brood_actors::error::{BroodError, DelegateError};
+pub use brood_actors::failpoints;
+pub use brood_actors::ledger::{Durability, LedgerError};
+pub use brood_actors::model::{
+    child_id, dedup_key, parse_dedup_key, CallRow, ChildRow, ChildStatus, DeadLetterRow, DelegateRequest, Envelope,
+    ItemKind, Mode, QuarantineRow, ReadyItem, TaskSpec, UnitRow,
+};
 pub use brood_actors::routing::{ReleaseReason, Turn};
 pub use brood_actors::runner::{Progress, RunContext, RunOutput, Runner, RunnerFactory};
 pub use brood_actors::wake::{Wake, WakeEvent};
-pub use brood_actors::{actors, failpoints, ledger, model, routing};
 pub use runners::Runners;
+
+/// Settings of a session; unset fields keep their current (or default) value.
+pub use brood_actors::model::SessionSettings as SessionOptions;
 
 /// Shortest lease accepted, in ms (API.md).
 pub const MIN_LEASE_MS: u64 = 100;
 /// Longest lease accepted, in ms (API.md).
 pub const MAX_LEASE_MS: u64 = 3_600_000;
 
-/// What went wrong. A refused request changed nothing.
-#[derive(Debug, thiserror::Error)]
-pub enum BroodError {
-    /// The request is malformed: `field` names what, `message` says how to fix it.
-    #[error("invalid `{field}`: {message}")]
-    Invalid {
-        /// The offending field.
-        field: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// No session with that id was opened.
-    #[error("unknown session `{0}`; open it first")]
-    UnknownSession(String),
-    /// No such claim was made.
-    #[error("unknown claim `{0}`")]
-    UnknownClaim(String),
-    /// The claim ended (lease expiry or release) before this ack or release; its items were
-    /// returned to the ready set and may be claimed by someone else.
-    #[error("claim `{0}` was lost: its lease expired or it was released, and its items went back to the ready set")]
-    ClaimLost(String),
-    /// The claim was acknowledged already and cannot be released.
-    #[error("claim `{0}` was already acknowledged")]
-    ClaimAcked(String),
-    /// The ledger failed; nothing was reported as done.
-    #[error("ledger: {0}")]
-    Ledger(String),
-    /// The session's owner failed while handling the request and is being restarted from
-    /// the ledger; the request may or may not have taken effect. Retry it.
-    #[error("the owner of session `{0}` failed while handling the request and was restarted from the ledger; retry")]
-    Interrupted(String),
-    /// The session's owner kept failing and its supervisor gave it up.
-    #[error("session `{session}` failed and is no longer served: {reason}")]
-    SessionFailed {
-        /// The session.
-        session: String,
-        /// The last failure.
-        reason: String,
-    },
-    /// The engine is not running (shut down, or it failed to start).
-    #[error("the brood engine is not running")]
-    Stopped,
-}
-
-impl BroodError {
-    /// The snake_case code API.md uses for this error.
-    pub fn code(&self) -> &'static str {
-        match self {
-            BroodError::Invalid { .. } => "invalid_request",
-            BroodError::UnknownSession(_) => "unknown_session",
-            BroodError::UnknownClaim(_) => "unknown_claim",
-            BroodError::ClaimLost(_) => "claim_lost",
-            BroodError::ClaimAcked(_) => "claim_acked",
-            BroodError::Ledger(_) => "ledger_error",
-            BroodError::Interrupted(_) => "interrupted",
-            BroodError::SessionFailed { .. } => "session_failed",
-            BroodError::Stopped => "stopped",
-        }
-    }
-}
-
-impl From<OwnerError> for BroodError {
-    fn from(e: OwnerError) -> Self {
-        match e {
-            OwnerError::Invalid { field, message } => BroodError::Invalid { field, message },
-            OwnerError::Claim(ClaimError::Lost(c)) => BroodError::ClaimLost(c),
-            OwnerError::Claim(ClaimError::AlreadyAcked(c)) => BroodError::ClaimAcked(c),
-            OwnerError::Claim(ClaimError::Unknown(c)) => BroodError::UnknownClaim(c),
-            OwnerError::Ledger(m) => BroodError::Ledger(m),
-            OwnerError::Stopped => BroodError::Stopped,
-            OwnerError::SessionFailed { session, reason } => BroodError::SessionFailed { session, reason },
-            OwnerError::UnknownSession(s) => BroodError::UnknownSession(s),
-        }
-    }
-}
-
-impl From<actix::MailboxError> for BroodError {
-    fn from(_: actix::MailboxError) -> Self {
-        BroodError::Stopped
-    }
+/// A duration in whole milliseconds, refused (naming `field`) when it does not fit in a u64:
+/// never truncated, never wrapped.
+fn millis(field: &str, d: Duration) -> Result<u64, BroodError> {
+    u64::try_from(d.as_millis())
+        .map_err(|_| BroodError::invalid(field, format!("{d:?} is too long to count in milliseconds")))
 }
 
 /// How to open the engine.
 #[derive(Clone)]
 pub struct BroodConfig {
-    /// The sled folder.
-    pub data_dir: PathBuf,
-    /// The runner registry (default: the built-in `sim`).
-    pub runners: Arc<dyn RunnerFactory>,
+    data_dir: PathBuf,
+    runners: Arc<dyn RunnerFactory>,
+    durability: Durability,
 }
 
 impl std::fmt::Debug for BroodConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BroodConfig").field("data_dir", &self.data_dir).finish()
+        f.debug_struct("BroodConfig")
+            .field("data_dir", &self.data_dir)
+            .field("durability", &self.durability)
+            .finish()
     }
 }
 
 impl BroodConfig {
-    /// The embedded default: sled in `data_dir`, built-in runners.
+    /// The embedded default: sled in `data_dir`, built-in runners, [`Durability::Fsync`].
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         BroodConfig {
             data_dir: data_dir.into(),
             runners: Arc::new(Runners::builtin()),
+            durability: Durability::default(),
         }
     }
 
@@ -178,41 +111,16 @@ impl BroodConfig {
         self.runners = Arc::new(runners);
         self
     }
-}
 
-/// Settings of a session; unset fields keep their current (or default) value.
-pub use brood_actors::actors::owner::SessionSettings as SessionOptions;
-
-pub use brood_actors::actors::owner::DelegateRequest;
-
-/// Builders for [`DelegateRequest`].
-pub trait DelegateRequestExt {
-    /// A background call of `tasks` (one unit for all ungrouped tasks).
-    fn background(tasks: Vec<TaskSpec>) -> Self;
-    /// A sync call of `tasks`.
-    fn sync(tasks: Vec<TaskSpec>) -> Self;
-    /// Makes each ungrouped task its own unit.
-    fn independent(self) -> Self;
-}
-
-impl DelegateRequestExt for DelegateRequest {
-    fn background(tasks: Vec<TaskSpec>) -> Self {
-        DelegateRequest {
-            tasks,
-            mode: Mode::Background,
-            independent_completions: false,
-        }
-    }
-    fn sync(tasks: Vec<TaskSpec>) -> Self {
-        DelegateRequest {
-            tasks,
-            mode: Mode::Sync,
-            independent_completions: false,
-        }
-    }
-    fn independent(mut self) -> Self {
-        self.independent_completions = true;
+    /// What a flush brood relies on guarantees (see [`Durability`]).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
         self
+    }
+
+    /// The ledger folder.
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
     }
 }
 
@@ -272,27 +180,13 @@ impl DelegateReply {
     }
 }
 
-/// Everything ready at one boundary, owned by one claim.
-#[derive(Debug, Clone)]
-pub struct Envelope {
-    /// The claim that owns the items; ack or release it.
-    pub claim_id: String,
-    /// Who holds the claim.
-    pub consumer: String,
-    /// When the lease runs out (ms since the epoch).
-    pub lease_expires_at_ms: u64,
-    /// The items, by set, unit and task.
-    pub items: Vec<ReadyItem>,
-    /// What a model reads.
-    pub text: String,
-}
-
 /// The embedded engine. Cheap to share behind an `Arc`; shut it down with [`Brood::shutdown`]
 /// (dropping it does the same). Shutting down joins the engine's threads, so never drop the
 /// last handle from inside a wake callback or a runner.
 pub struct Brood {
     root: Addr<Supervisor>,
     owners: Owners,
+    ledger: Arc<dyn Ledger>,
     system: actix::System,
     thread: Option<std::thread::JoinHandle<()>>,
     data_dir: PathBuf,
@@ -304,13 +198,17 @@ impl std::fmt::Debug for Brood {
     }
 }
 
+type Started = (Addr<Supervisor>, Owners, Arc<dyn Ledger>, actix::System);
+
 impl Brood {
-    /// Opens the ledger in `config.data_dir`, recovers what an earlier process left (I6) and
-    /// starts the actors on a thread of their own.
+    /// Opens the ledger in the config's data folder, recovers what an earlier process left
+    /// (I6) and starts the actors on a thread of their own. Rows that cannot be read are
+    /// quarantined ([`Brood::quarantined`]); the rest opens and is served.
     pub fn open(config: BroodConfig) -> Result<Brood, BroodError> {
-        let (tx, rx) = std::sync::mpsc::channel();
+        let (tx, rx) = std::sync::mpsc::channel::<Result<Started, LedgerError>>();
         let dir = config.data_dir.clone();
         let runners = config.runners.clone();
+        let durability = config.durability;
         let thread = std::thread::Builder::new()
             .name("brood-actors".into())
             .spawn(move || {
@@ -319,12 +217,13 @@ impl Brood {
                 let children = sys.block_on(async { actix::Arbiter::new() });
                 let handle = children.handle();
                 let started = sys.block_on(async move {
-                    let ledger: Arc<dyn Ledger> = Arc::new(SledLedger::open(&dir)?);
-                    Supervisor::start(ledger, runners, handle)
+                    let ledger: Arc<dyn Ledger> = Arc::new(SledLedger::open_with(&dir, durability)?);
+                    let (root, owners) = Supervisor::start(ledger.clone(), runners, handle)?;
+                    Ok::<_, LedgerError>((root, owners, ledger))
                 });
                 match started {
-                    Ok(root) => {
-                        let _ = tx.send(Ok((root, actix::System::current())));
+                    Ok((root, owners, ledger)) => {
+                        let _ = tx.send(Ok((root, owners, ledger, actix::System::current())));
                         if let Err(e) = sys.run() {
                             tracing::error!("brood actor system ended with an error: {e}");
                         }
@@ -338,18 +237,19 @@ impl Brood {
                 children.stop();
                 let _ = children.join();
             })
-            .map_err(|e| BroodError::Ledger(format!("starting the actor thread: {e}")))?;
+            .map_err(|e| LedgerError::storage("starting the actor thread", e))?;
         match rx.recv() {
-            Ok(Ok(((root, owners), system))) => Ok(Brood {
+            Ok(Ok((root, owners, ledger, system))) => Ok(Brood {
                 root,
                 owners,
+                ledger,
                 system,
                 thread: Some(thread),
                 data_dir: config.data_dir,
             }),
             Ok(Err(e)) => {
                 let _ = thread.join();
-                Err(BroodError::Ledger(e.to_string()))
+                Err(e.into())
             }
             Err(_) => {
                 let _ = thread.join();
@@ -363,14 +263,31 @@ impl Brood {
         &self.data_dir
     }
 
+    /// The rows that could not be read back and were moved to the quarantine tree, with why.
+    pub fn quarantined(&self) -> Result<Vec<QuarantineRow>, BroodError> {
+        Ok(self.ledger.quarantined()?)
+    }
+
     async fn owner(&self, session_id: &str) -> Result<Addr<SessionOwner>, BroodError> {
         if let Some(addr) = self.owners.get(session_id) {
             return Ok(addr.clone());
         }
-        Ok(self.root.send(FindOwner(session_id.to_string())).await??)
+        self.root.send(FindOwner(session_id.to_string())).await?
     }
 
-    /// Sends `msg` to the session's owner; a lost answer means the owner died mid-request.
+    /// A lost answer means the owner died mid-request (or the engine stopped).
+    fn lost(&self, session_id: &str, call_id: Option<String>) -> BroodError {
+        if self.root.connected() {
+            BroodError::Interrupted {
+                session: session_id.to_string(),
+                call_id,
+            }
+        } else {
+            BroodError::Stopped
+        }
+    }
+
+    /// Sends `msg` to the session's owner.
     async fn ask<M>(&self, session_id: &str, msg: M) -> Result<M::Result, BroodError>
     where
         M: Message + Send + 'static,
@@ -378,13 +295,7 @@ impl Brood {
         SessionOwner: Handler<M>,
     {
         let owner = self.owner(session_id).await?;
-        owner.send(msg).await.map_err(|_| {
-            if self.root.connected() {
-                BroodError::Interrupted(session_id.to_string())
-            } else {
-                BroodError::Stopped
-            }
-        })
+        owner.send(msg).await.map_err(|_| self.lost(session_id, None))
     }
 
     /// Creates a session, or updates one (a session from an earlier process keeps its calls
@@ -401,10 +312,38 @@ impl Brood {
     }
 
     /// Delegates a call. A background call on a session that is not wake-capable runs
-    /// synchronously and says why.
-    pub async fn delegate(&self, session_id: &str, request: DelegateRequest) -> Result<DelegateReply, BroodError> {
+    /// synchronously and says why. A call that did not go through hands its request back.
+    pub async fn delegate(&self, session_id: &str, request: DelegateRequest) -> Result<DelegateReply, DelegateError> {
+        let request = Arc::new(request);
+        let accepted = Arc::new(Mutex::new(None));
+        let msg = owner::Delegate {
+            request: request.clone(),
+            accepted: accepted.clone(),
+        };
+        let answered = match self.owner(session_id).await {
+            Ok(owner) => match owner.send(msg).await {
+                Ok(answer) => answer,
+                Err(_) => Err(self.lost(session_id, accepted.lock().ok().and_then(|a| a.clone()))),
+            },
+            Err(e) => Err(e),
+        };
         let tasks = request.tasks.len();
-        Ok(match self.ask(session_id, owner::Delegate(request)).await?? {
+        match answered {
+            Ok(delegated) => Ok(self.reply(session_id, delegated, tasks).await),
+            Err(error) => {
+                let error = match error {
+                    BroodError::Interrupted { .. } if !self.root.connected() => BroodError::Stopped,
+                    e => e,
+                };
+                // The owner has let go of its share by now (it answered, or it is gone).
+                let request = Arc::try_unwrap(request).unwrap_or_else(|shared| (*shared).clone());
+                Err(DelegateError { request, error })
+            }
+        }
+    }
+
+    async fn reply(&self, session_id: &str, delegated: Delegated, tasks: usize) -> DelegateReply {
+        match delegated {
             Delegated::Background { call_id, set, units } => {
                 let note = render::background_note(set, tasks, units.len());
                 DelegateReply::Background {
@@ -421,11 +360,14 @@ impl Brood {
                 forced_sync_reason,
                 results,
             } => {
-                // The results are in hand: only now do they count as delivered.
+                // The results are in hand: only now do they count as delivered. Waiting for that
+                // to be durable means a caller that goes on is not handed them again.
                 if let Ok(owner) = self.owner(session_id).await {
-                    owner.do_send(owner::SyncReceived {
-                        call_id: call_id.clone(),
-                    });
+                    let _ = owner
+                        .send(owner::SyncReceived {
+                            call_id: call_id.clone(),
+                        })
+                        .await;
                 }
                 let note = render::sync_note(set, forced_sync_reason.as_deref());
                 let text = render::envelope_text(&results);
@@ -439,7 +381,7 @@ impl Brood {
                     text,
                 }
             }
-        })
+        }
     }
 
     /// A turn boundary: claims every item of the session ready right now, in one envelope, or
@@ -450,18 +392,15 @@ impl Brood {
         consumer: &str,
         lease: Duration,
     ) -> Result<Option<Envelope>, BroodError> {
-        let lease_ms = lease.as_millis() as u64;
+        let lease_ms = millis("lease_ms", lease)?;
         if !(MIN_LEASE_MS..=MAX_LEASE_MS).contains(&lease_ms) {
-            return Err(BroodError::Invalid {
-                field: "lease_ms".into(),
-                message: format!("is {lease_ms}; must be from {MIN_LEASE_MS} to {MAX_LEASE_MS}"),
-            });
+            return Err(BroodError::invalid(
+                "lease_ms",
+                format!("is {lease_ms}; must be from {MIN_LEASE_MS} to {MAX_LEASE_MS}"),
+            ));
         }
         if consumer.trim().is_empty() {
-            return Err(BroodError::Invalid {
-                field: "consumer".into(),
-                message: "must not be empty".into(),
-            });
+            return Err(BroodError::invalid("consumer", "must not be empty"));
         }
         let claimed = self
             .ask(
@@ -472,18 +411,10 @@ impl Brood {
                 },
             )
             .await??;
-        Ok(claimed.map(|c| Envelope {
-            text: render::envelope_text(&c.items),
-            claim_id: c.claim_id,
-            consumer: c.consumer,
-            lease_expires_at_ms: c.lease_expires_at_ms,
-            items: c.items,
+        Ok(claimed.map(|mut envelope| {
+            envelope.text = render::envelope_text(&envelope.items);
+            envelope
         }))
-    }
-
-    /// The session a claim id names, refusing ids that are not claims.
-    fn claim_session(claim_id: &str) -> Result<String, BroodError> {
-        claim_session(claim_id).ok_or_else(|| BroodError::UnknownClaim(claim_id.to_string()))
     }
 
     async fn ask_claim<M>(&self, claim_id: &str, msg: M) -> Result<M::Result, BroodError>
@@ -492,7 +423,7 @@ impl Brood {
         M::Result: Send,
         SessionOwner: Handler<M>,
     {
-        let session = Self::claim_session(claim_id)?;
+        let session = claim_session(claim_id).ok_or_else(|| BroodError::UnknownClaim(claim_id.to_string()))?;
         self.ask(&session, msg).await.map_err(|e| match e {
             BroodError::UnknownSession(_) => BroodError::UnknownClaim(claim_id.to_string()),
             e => e,
@@ -500,37 +431,36 @@ impl Brood {
     }
 
     /// Acknowledges a claim: its items are delivered, durably, and never delivered again.
-    /// Returns how many items the claim delivered (the same again for a repeated ack).
+    /// Returns how many items the claim delivered (the same again for a repeated ack, also
+    /// after a restart).
     pub async fn ack(&self, claim_id: &str) -> Result<usize, BroodError> {
-        Ok(self
-            .ask_claim(
-                claim_id,
-                owner::Ack {
-                    claim_id: claim_id.to_string(),
-                },
-            )
-            .await??)
+        self.ask_claim(
+            claim_id,
+            owner::Ack {
+                claim_id: claim_id.to_string(),
+            },
+        )
+        .await?
     }
 
     /// Hands a claim back: its items are ready again after `retry_after` (and, for
-    /// [`ReleaseReason::Failed`], after a backoff too).
+    /// [`ReleaseReason::Failed`], after a backoff too). A busy release is no delivery attempt.
     pub async fn release(
         &self,
         claim_id: &str,
         reason: ReleaseReason,
         retry_after: Duration,
     ) -> Result<(), BroodError> {
-        let retry_after_ms = retry_after.as_millis() as u64;
-        Ok(self
-            .ask_claim(
-                claim_id,
-                owner::Release {
-                    claim_id: claim_id.to_string(),
-                    reason,
-                    retry_after_ms,
-                },
-            )
-            .await??)
+        let retry_after_ms = millis("retry_after_ms", retry_after)?;
+        self.ask_claim(
+            claim_id,
+            owner::Release {
+                claim_id: claim_id.to_string(),
+                reason,
+                retry_after_ms,
+            },
+        )
+        .await?
     }
 
     /// Sets a session's turn state (a session is woken only while idle).
@@ -550,7 +480,7 @@ impl Brood {
 
     /// Items that ran out of delivery attempts.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, BroodError> {
-        Ok(self.root.send(DeadLetters).await??)
+        self.root.send(DeadLetters).await?
     }
 
     /// Stops the actors and closes the ledger (everything recorded stays recorded).

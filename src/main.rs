@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use brood::{
-    Brood, BroodConfig, DelegateReply, DelegateRequest, DelegateRequestExt, ItemKind, SessionOptions, TaskSpec, Turn,
-};
+use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, ItemKind, SessionOptions, TaskSpec, Turn};
 use clap::{Parser, Subcommand};
 use serde_json::json;
+
+mod chaos;
+mod workload;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -59,7 +60,7 @@ struct ChaosArgs {
     #[arg(long, default_value_t = 500)]
     children: usize,
     /// Mean time between SIGKILLs (e.g. 500ms, 2s).
-    #[arg(long, default_value = "1s", value_parser = brood::chaos::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = chaos::parse_duration)]
     kill_every: Duration,
     /// Faults to inject: kill, ledger_write, ledger_flush, coalescer_handoff, owner_handler,
     /// runner_hang, or all. Faults other than kill need a build with `--features failpoints`.
@@ -85,8 +86,8 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(demo(data_dir, turn_ms))
         }
         Command::Chaos(args) => {
-            let faults = brood::chaos::Fault::parse_list(&args.faults).map_err(anyhow::Error::msg)?;
-            let campaign = brood::chaos::Campaign {
+            let faults = chaos::Fault::parse_list(&args.faults).map_err(anyhow::Error::msg)?;
+            let campaign = chaos::Campaign {
                 seed: args.seed,
                 children: args.children,
                 kill_every: args.kill_every,
@@ -94,7 +95,7 @@ fn main() -> anyhow::Result<()> {
                 data_dir: args.data_dir,
             };
             let exe = std::env::current_exe().context("finding the brood executable")?;
-            let summary = brood::chaos::run(&campaign, &exe).map_err(anyhow::Error::msg)?;
+            let summary = chaos::run(&campaign, &exe).map_err(anyhow::Error::msg)?;
             if summary.acked_twice > 0 {
                 println!("chaos: {} items were acked twice (I2 broken)", summary.acked_twice);
             }
@@ -111,17 +112,11 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::ChaosWorker { args, life } => {
-            let faults = brood::chaos::Fault::parse_list(&args.faults).map_err(anyhow::Error::msg)?;
-            let plan = brood::chaos::Plan::new(args.seed, &faults, args.kill_every);
+            let faults = chaos::Fault::parse_list(&args.faults).map_err(anyhow::Error::msg)?;
+            let plan = chaos::Plan::new(args.seed, &faults, args.kill_every);
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            rt.block_on(brood::chaos::worker(
-                &args.data_dir,
-                args.seed,
-                args.children,
-                life,
-                plan,
-            ))
-            .map_err(anyhow::Error::msg)
+            rt.block_on(chaos::worker(&args.data_dir, args.seed, args.children, life, plan))
+                .map_err(anyhow::Error::msg)
         }
     }
 }
@@ -225,7 +220,7 @@ async fn demo(data_dir: PathBuf, turn_ms: u64) -> anyhow::Result<()> {
             continue;
         };
         boundaries += 1;
-        let now_ms = brood::model::now_ms();
+        let now_ms = brood_actors::model::now_ms();
         println!(
             "t={:>5} ms  boundary #{boundaries}: {} item(s) claimed",
             at(),

@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
-use brood::routing::{failure_backoff_ms, Capacity, ClaimError, ReleaseReason, Router, Turn, WakeState};
+use brood_actors::routing::{failure_backoff_ms, Capacity, ClaimError, ReleaseReason, Router, Turn, WakeState};
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -431,8 +431,9 @@ enum Op {
         lease: u64,
     },
     Ack(Target),
-    /// An ack whose durable write failed, undone at once: nothing changes.
-    AckUndone(Ix),
+    /// A live claim's ack, release and expiry are decided (and the claim held, then let go)
+    /// without being applied, as when their durable write fails: nothing changes.
+    DecidedOnly(Ix),
     Release(Target, ReleaseReason, u64),
     /// The clock moves on and the router ticks.
     Tick(u64),
@@ -470,7 +471,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u16>().prop_map(Ix).prop_map(Op::Republish),
         8 => prop_oneof![1..50u64, 50..5_000u64, 5_000..100_000u64].prop_map(|lease| Op::Claim { lease }),
         6 => target().prop_map(Op::Ack),
-        1 => any::<u16>().prop_map(Ix).prop_map(Op::AckUndone),
+        1 => any::<u16>().prop_map(Ix).prop_map(Op::DecidedOnly),
         6 => (target(), prop_oneof![Just(ReleaseReason::Busy), Just(ReleaseReason::Failed)], duration(3))
             .prop_map(|(t, r, after)| Op::Release(t, r, after)),
         7 => duration(1).prop_map(Op::Tick),
@@ -646,13 +647,18 @@ fn run(max: u32, ops: &[Op]) {
                     _ => panic!("ack {cid}: router {got:?}, model {want:?}"),
                 }
             }
-            Op::AckUndone(i) => {
+            Op::DecidedOnly(i) => {
                 if let Some(cid) = pick(&m.ids_with(|s| *s == Status::Live), i) {
                     let before = snapshot(&r, &m);
-                    let lease = r.lease_of(&cid).expect("a live claim has a lease");
-                    let acked = r.ack(&cid).expect("a live claim can be acked");
-                    r.undo_ack(&cid, acked.items, lease);
-                    assert_eq!(snapshot(&r, &m), before, "ack + undo_ack of {cid} changed something");
+                    r.hold(&cid);
+                    r.plan_ack(&cid).expect("a live claim can be acked");
+                    r.plan_release(m.now, &cid, ReleaseReason::Failed, 0)
+                        .expect("a live claim can be released");
+                    r.plan_release(m.now, &cid, ReleaseReason::Busy, 0)
+                        .expect("a live claim can be released");
+                    assert!(r.plan_expiry(m.now, &cid).is_some(), "a live claim can expire");
+                    r.unhold(&cid);
+                    assert_eq!(snapshot(&r, &m), before, "deciding about {cid} changed something");
                 }
             }
             Op::Release(t, reason, after) => {

@@ -19,9 +19,11 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use brood::chaos::{random_call, Rng};
-use brood::ledger::{Ledger, SledLedger};
+#[path = "../src/workload.rs"]
+mod workload;
 use brood::{Brood, BroodConfig, ChildStatus, ItemKind, ReleaseReason, SessionOptions};
+use brood_actors::ledger::{Ledger, SledLedger};
+use workload::{random_call, Rng};
 
 const SESSION: &str = "crash";
 const WORKER_ENV: &str = "BROOD_CRASH_WORKER_DIR";
@@ -257,8 +259,7 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
         );
     }
     let delivered_key = |key: &str| {
-        let (child, kind) =
-            brood::model::parse_dedup_key(key).unwrap_or_else(|| panic!("round {round}: bad dedup key {key}"));
+        let (child, kind) = brood::parse_dedup_key(key).unwrap_or_else(|| panic!("round {round}: bad dedup key {key}"));
         rows.get(child).is_some_and(|r| r.delivery(kind).delivered)
     };
     let mut acked_keys = BTreeSet::new();
@@ -274,7 +275,7 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
     for items in log.claims.values() {
         for (key, status) in items {
             let (child, _) =
-                brood::model::parse_dedup_key(key).unwrap_or_else(|| panic!("round {round}: bad dedup key {key}"));
+                brood::parse_dedup_key(key).unwrap_or_else(|| panic!("round {round}: bad dedup key {key}"));
             let row = rows
                 .get(child)
                 .unwrap_or_else(|| panic!("round {round}: handed-out {key} has no row"));
@@ -292,7 +293,7 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
             [ItemKind::Result, ItemKind::FailureNotice]
                 .into_iter()
                 .filter(|&k| c.delivery(k).delivered)
-                .map(|k| brood::model::dedup_key(&c.child_id, k))
+                .map(|k| brood::dedup_key(&c.child_id, k))
         })
         .collect();
     let were_running: BTreeSet<String> = before
@@ -346,7 +347,7 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
                     .counts(SESSION)
                     .await
                     .unwrap_or_else(|e| panic!("round {round}: status: {e}"));
-                if st.queued + st.running + st.ready + st.claimed == 0 {
+                if st.queued + st.running + st.ready + st.backing_off + st.claimed == 0 {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -372,7 +373,7 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
         ..Totals::default()
     };
     for c in &final_rows.children {
-        let key = brood::model::dedup_key(&c.child_id, ItemKind::Result);
+        let key = brood::dedup_key(&c.child_id, ItemKind::Result);
         let was_before = delivered_before.contains(&key);
         let was_after = after.contains_key(&key);
         let was_dead = dead.contains(&key);

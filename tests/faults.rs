@@ -16,8 +16,8 @@ mod common;
 
 use brood::failpoints;
 use brood::{
-    Brood, BroodConfig, BroodError, ChildStatus, DelegateReply, DelegateRequest, DelegateRequestExt, ItemKind,
-    RunContext, RunOutput, Runner, Runners, SessionOptions, TaskSpec,
+    Brood, BroodConfig, BroodError, ChildStatus, DelegateReply, DelegateRequest, ItemKind, RunContext, RunOutput,
+    Runner, Runners, SessionOptions, TaskSpec,
 };
 use futures::future::LocalBoxFuture;
 use serde_json::json;
@@ -66,10 +66,10 @@ async fn drain(brood: &Brood, session: &str, want: usize) -> BTreeMap<String, u3
                         *acked.entry(item.dedup_key).or_default() += 1;
                     }
                 }
-                Err(BroodError::Interrupted(_)) | Err(BroodError::ClaimLost(_)) => {}
+                Err(BroodError::Interrupted { .. }) | Err(BroodError::ClaimLost(_)) => {}
                 Err(e) => panic!("ack failed: {e}"),
             },
-            Ok(None) | Err(BroodError::Interrupted(_)) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Ok(None) | Err(BroodError::Interrupted { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
             Err(e) => panic!("boundary failed: {e}"),
         }
     }
@@ -217,7 +217,7 @@ async fn an_owner_that_keeps_panicking_escalates_instead_of_looping() {
     let mut failed = None;
     for _ in 0..20 {
         match brood.boundary("s", "c", LEASE).await {
-            Err(BroodError::Interrupted(_)) => interrupted += 1,
+            Err(BroodError::Interrupted { .. }) => interrupted += 1,
             Err(e @ BroodError::SessionFailed { .. }) => {
                 failed = Some(e);
                 break;
@@ -416,7 +416,7 @@ async fn a_unit_that_keeps_panicking_escalates_to_its_owner_and_then_gives_the_s
                 assert!(reason.contains("keeps panicking"), "{reason}");
                 break;
             }
-            Ok(_) | Err(BroodError::Interrupted(_)) => {}
+            Ok(_) | Err(BroodError::Interrupted { .. }) => {}
             Err(e) => panic!("unexpected: {e}"),
         }
         assert!(Instant::now() < deadline, "the failure never escalated: it loops");
@@ -446,7 +446,7 @@ async fn a_coalescer_that_keeps_panicking_stops_the_engine_and_nothing_is_lost()
     let deadline = Instant::now() + PATIENCE;
     loop {
         match brood.status("s").await {
-            Err(BroodError::Stopped) | Err(BroodError::Interrupted(_)) => break,
+            Err(BroodError::Stopped) | Err(BroodError::Interrupted { .. }) => break,
             Ok(st) => assert_eq!(st.ready, 0, "nothing can be published without the coalescer"),
             Err(e) => panic!("unexpected: {e}"),
         }
@@ -475,7 +475,7 @@ async fn a_call_whose_dispatch_cannot_be_flushed_is_refused_and_never_runs() {
         .delegate("s", DelegateRequest::background(vec![sim(0)]))
         .await
         .unwrap_err();
-    assert!(matches!(err, BroodError::Ledger(_)), "{err}");
+    assert!(matches!(err.error, BroodError::Ledger(_)), "{err}");
     let st = brood.status("s").await.unwrap();
     assert!(
         st.calls.is_empty() && st.queued + st.running == 0,

@@ -12,11 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brood::model::{child_id, dedup_key};
-use brood::{
-    BroodError, ChildStatus, DelegateReply, DelegateRequest, DelegateRequestExt, ItemKind, ReleaseReason,
-    SessionOptions, Turn,
-};
+use brood::{child_id, dedup_key};
+use brood::{BroodError, ChildStatus, DelegateReply, DelegateRequest, ItemKind, ReleaseReason, SessionOptions, Turn};
 use common::*;
 
 const SHORT_LEASE: Duration = Duration::from_millis(100);
@@ -1179,8 +1176,8 @@ async fn bad_input_is_refused_and_changes_nothing() {
     assert_eq!(first.set(), 1);
     status_until(b, "bad", "the first result to be ready", |st| st.ready == 1).await;
 
-    fn invalid<T: std::fmt::Debug>(r: Result<T, BroodError>, field: &str) {
-        match r {
+    fn invalid<T: std::fmt::Debug, E: Into<BroodError>>(r: Result<T, E>, field: &str) {
+        match r.map_err(Into::into) {
             Err(BroodError::Invalid { field: f, message }) => {
                 assert!(f.starts_with(field), "expected field {field}, got {f}: {message}");
                 assert!(!message.is_empty());
@@ -1229,7 +1226,8 @@ async fn bad_input_is_refused_and_changes_nothing() {
     invalid(b.boundary("bad", " ", LONG_LEASE).await, "consumer");
     assert!(matches!(
         b.delegate("nobody", DelegateRequest::background(vec![task("x", sim(0))]))
-            .await,
+            .await
+            .map_err(|e| e.error),
         Err(BroodError::UnknownSession(_))
     ));
 

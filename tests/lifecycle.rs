@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, DelegateRequestExt, SessionOptions, TaskSpec};
+use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
 use serde_json::json;
 use tempfile::TempDir;
 

@@ -29,9 +29,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use brood::chaos::{random_call, Rng};
-use brood::ledger::{Ledger, SledLedger};
-use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, DelegateRequestExt, SessionOptions};
+#[path = "../src/workload.rs"]
+mod workload;
+use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, SessionOptions};
+use brood_actors::ledger::{Ledger, SledLedger};
+use workload::{random_call, Rng};
 
 const SESSION: &str = "powerloss";
 const WORKER_DIR: &str = "BROOD_POWERLOSS_WORKER_DIR";
@@ -62,19 +64,11 @@ impl Level {
     }
 }
 
-// needs BroodConfig::durability from main: when it lands, set DURABILITY_API to true and make
-// `with_durability` say
-//     config.durability(match level {
-//         Level::Fsync => brood::Durability::Fsync,
-//         Level::Flush => brood::Durability::Flush,
-//     })
-// Until then both levels run at the default durability of this branch (which behaves like
-// `flush`), and the fsync rounds are measured and reported but not held to "no loss".
-const DURABILITY_API: bool = false;
-
 fn with_durability(config: BroodConfig, level: Level) -> BroodConfig {
-    let _ = level;
-    config
+    config.durability(match level {
+        Level::Fsync => brood::Durability::Fsync,
+        Level::Flush => brood::Durability::Flush,
+    })
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -117,7 +111,7 @@ fn main() {
             let t = rt.block_on(round_trip(seed.wrapping_add(round), round, level));
             if t.lost + t.acked_again + t.calls_lost > 0 {
                 totals.rounds_with_loss += 1;
-                if level == Level::Fsync && DURABILITY_API {
+                if level == Level::Fsync {
                     let shown: Vec<&str> = t.detail.iter().take(6).map(String::as_str).collect();
                     let more = t.detail.len().saturating_sub(shown.len());
                     failures.push(format!("round {round} (fsync): {} (and {more} more)", shown.join("; ")));
@@ -145,12 +139,6 @@ fn main() {
         rounds * 2,
         started.elapsed().as_secs_f64()
     );
-    if !DURABILITY_API {
-        println!(
-            "powerloss: the fsync rounds were measured, not checked: BroodConfig::durability is not on this \
-             branch yet, so they ran at the default durability"
-        );
-    }
     for (level, t) in &lines {
         if *level == Level::Flush {
             assert!(
@@ -299,7 +287,7 @@ impl WorkerLog {
                     let Some(id) = words.next() else { continue };
                     let mut keys = Vec::new();
                     for (key, status) in words.filter_map(|w| w.split_once('=')) {
-                        if brood::model::parse_dedup_key(key).is_some() && !status.is_empty() {
+                        if brood::parse_dedup_key(key).is_some() && !status.is_empty() {
                             log.handed.insert(key.to_string(), status.to_string());
                             keys.push(key.to_string());
                         }
@@ -445,8 +433,7 @@ async fn round_trip(seed: u64, round: u64, level: Level) -> Totals {
             .load()
             .unwrap_or_else(|e| panic!("{tag}: the ledger does not load after the power cut: {e}"))
     };
-    let rows: BTreeMap<&str, &brood::model::ChildRow> =
-        before.children.iter().map(|c| (c.child_id.as_str(), c)).collect();
+    let rows: BTreeMap<&str, &brood::ChildRow> = before.children.iter().map(|c| (c.child_id.as_str(), c)).collect();
     let calls: BTreeSet<&str> = before.calls.iter().map(|c| c.call_id.as_str()).collect();
     for call in log.calls.keys() {
         if !calls.contains(call.as_str()) {
@@ -455,7 +442,7 @@ async fn round_trip(seed: u64, round: u64, level: Level) -> Totals {
         }
     }
     for (key, status) in &log.handed {
-        let (child, _) = brood::model::parse_dedup_key(key).unwrap_or_else(|| panic!("{tag}: bad dedup key {key}"));
+        let (child, _) = brood::parse_dedup_key(key).unwrap_or_else(|| panic!("{tag}: bad dedup key {key}"));
         match rows.get(child) {
             Some(row) if row.status.as_str() == status => {}
             Some(row) => {

@@ -1,13 +1,31 @@
 //! The durable format: the one place that turns stored rows into bytes and back.
 //!
 //! Every value is one version byte followed by the row encoded with bincode 2 (serde, standard
-//! configuration). The actors and the ledger never touch bincode directly, so the format can
-//! change here alone: a new version byte, and a decoder for each version still on disk.
+//! configuration with a size limit of [`MAX_VALUE_BYTES`]). The actors and the ledger never touch
+//! bincode directly, so the format can change here alone: a new version byte, and a decoder for
+//! each version still on disk.
+//!
+//! Decoding never trusts a length it reads: bincode's standard configuration has no limit, so one
+//! damaged length prefix would make it try to allocate exabytes and abort the process. With the
+//! limit, such a value is refused with [`CodecError::Decode`] and the ledger quarantines it.
 
 use serde::{de::DeserializeOwned, Serialize};
 
 /// The version byte written in front of every value today.
 pub const FORMAT_VERSION: u8 = 1;
+
+/// The largest value brood writes or reads, in bytes (a call of many long goals stays far below).
+pub const MAX_VALUE_BYTES: usize = 32 << 20;
+
+type Config = bincode::config::Configuration<
+    bincode::config::LittleEndian,
+    bincode::config::Varint,
+    bincode::config::Limit<MAX_VALUE_BYTES>,
+>;
+
+fn config() -> Config {
+    bincode::config::standard().with_limit::<MAX_VALUE_BYTES>()
+}
 
 /// A stored value could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
@@ -30,23 +48,32 @@ pub enum CodecError {
     /// Bytes were left after the value.
     #[error("stored value has {0} trailing bytes")]
     Trailing(usize),
+    /// The value is larger than [`MAX_VALUE_BYTES`].
+    #[error("value of {0} bytes is over the limit of {MAX_VALUE_BYTES} bytes")]
+    TooLarge(usize),
 }
 
 /// Encodes a row: version byte, then bincode.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
     let mut out = Vec::with_capacity(128);
     out.push(FORMAT_VERSION);
-    bincode::serde::encode_into_std_write(value, &mut out, bincode::config::standard())?;
+    bincode::serde::encode_into_std_write(value, &mut out, config())?;
+    if out.len() > MAX_VALUE_BYTES {
+        return Err(CodecError::TooLarge(out.len()));
+    }
     Ok(out)
 }
 
 /// Decodes a row written by [`encode`].
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    if bytes.len() > MAX_VALUE_BYTES + 1 {
+        return Err(CodecError::TooLarge(bytes.len()));
+    }
     let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
     if version != FORMAT_VERSION {
         return Err(CodecError::UnknownVersion { found: version });
     }
-    let (value, read) = bincode::serde::decode_from_slice(body, bincode::config::standard())?;
+    let (value, read) = bincode::serde::decode_from_slice(body, config())?;
     if read != body.len() {
         return Err(CodecError::Trailing(body.len() - read));
     }
@@ -102,5 +129,128 @@ mod tests {
         let mut bytes = encode(&row()).unwrap();
         bytes.push(0);
         assert!(matches!(decode::<ChildRow>(&bytes), Err(CodecError::Trailing(1))));
+    }
+
+    #[test]
+    fn a_damaged_length_prefix_is_refused_not_allocated() {
+        // child_id's length prefix is the first byte after the version: make it u64::MAX
+        // (varint marker 253 + 8 bytes), which without a limit asks for an exabyte allocation.
+        let bytes = encode(&row()).unwrap();
+        let mut damaged = vec![FORMAT_VERSION, 253];
+        damaged.extend_from_slice(&u64::MAX.to_le_bytes());
+        damaged.extend_from_slice(&bytes[2..]);
+        assert!(matches!(decode::<ChildRow>(&damaged), Err(CodecError::Decode(_))));
+        // A length just over the limit is refused the same way.
+        let mut damaged = vec![FORMAT_VERSION, 252];
+        damaged.extend_from_slice(&((MAX_VALUE_BYTES as u32) + 1).to_le_bytes());
+        damaged.extend_from_slice(&bytes[2..]);
+        assert!(matches!(decode::<ChildRow>(&damaged), Err(CodecError::Decode(_))));
+    }
+
+    /// bincode numbers enum variants by position and has no field tags: these bytes pin the
+    /// stored layout, so reordering a variant or a field fails here first.
+    #[test]
+    fn stored_layouts_are_pinned() {
+        assert_eq!(
+            encode(&row()).unwrap(),
+            vec![
+                1, 9, 100, 101, 108, 101, 103, 95, 49, 46, 48, 7, 100, 101, 108, 101, 103, 95, 49, 9, 100, 101, 108,
+                101, 103, 95, 49, 45, 49, 1, 115, 0, 3, 1, 9, 104, 97, 108, 102, 32, 100, 111, 110, 101, 1, 4, 98, 111,
+                111, 109, 1, 1, 1, 2, 1, 0, 0, 0, 0, 1, 0, 3
+            ]
+        );
+        let statuses: Vec<u8> = [
+            ChildStatus::Queued,
+            ChildStatus::Running,
+            ChildStatus::Succeeded,
+            ChildStatus::Failed,
+            ChildStatus::TimedOut,
+            ChildStatus::Interrupted,
+            ChildStatus::Cancelled,
+            ChildStatus::Unknown,
+        ]
+        .iter()
+        .map(|s| encode(s).unwrap()[1])
+        .collect();
+        assert_eq!(statuses, vec![0, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(encode(&Mode::Sync).unwrap(), vec![1, 1]);
+        assert_eq!(encode(&ItemKind::FailureNotice).unwrap(), vec![1, 1]);
+        let ack = AckRow {
+            claim_id: "c".into(),
+            session_id: "s".into(),
+            items: vec!["x.0:result".into()],
+            acked_at_ms: 5,
+        };
+        assert_eq!(
+            encode(&ack).unwrap(),
+            vec![1, 1, 99, 1, 115, 1, 10, 120, 46, 48, 58, 114, 101, 115, 117, 108, 116, 5]
+        );
+        let session = SessionRow {
+            session_id: "s".into(),
+            max_concurrent_children: 8,
+            max_delivery_attempts: 3,
+            next_set: 2,
+            created_at_ms: 9,
+        };
+        assert_eq!(encode(&session).unwrap(), vec![1, 1, 115, 8, 3, 2, 9]);
+        let task = Task {
+            goal: "g".into(),
+            runner_json: "{}".into(),
+            group: Some("a".into()),
+            timeout_ms: Some(5),
+            stall_ms: 7,
+            rerun_on_recovery: true,
+        };
+        let call = CallRow {
+            call_id: "d".into(),
+            session_id: "s".into(),
+            set: 1,
+            mode: Mode::Background,
+            forced_sync_reason: None,
+            independent_completions: true,
+            tasks: vec![task],
+            created_at_ms: 4,
+        };
+        assert_eq!(
+            encode(&call).unwrap(),
+            vec![1, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 4]
+        );
+        let unit = UnitRow {
+            unit_id: "d-1".into(),
+            call_id: "d".into(),
+            group: None,
+            tasks: vec![0, 2],
+        };
+        assert_eq!(encode(&unit).unwrap(), vec![1, 3, 100, 45, 49, 1, 100, 0, 2, 0, 2]);
+        let claim = ClaimRow {
+            claim_id: "c".into(),
+            session_id: "s".into(),
+            consumer: "k".into(),
+            lease_expires_at_ms: 300,
+            items: 2,
+        };
+        assert_eq!(encode(&claim).unwrap(), vec![1, 1, 99, 1, 115, 1, 107, 251, 44, 1, 2]);
+        let dead = DeadLetterRow {
+            dedup_key: "d.0:result".into(),
+            child_id: "d.0".into(),
+            session_id: "s".into(),
+            call_id: "d".into(),
+            kind: ItemKind::Result,
+            reason: "r".into(),
+            attempts: 8,
+            dead_at_ms: 1,
+        };
+        assert_eq!(
+            encode(&dead).unwrap(),
+            vec![1, 10, 100, 46, 48, 58, 114, 101, 115, 117, 108, 116, 3, 100, 46, 48, 1, 115, 1, 100, 0, 1, 114, 8, 1]
+        );
+        let quarantined = QuarantineRow {
+            tree: "t".into(),
+            key: vec![1],
+            value: vec![2, 3],
+            reason: "r".into(),
+            quarantined_at_ms: 6,
+        };
+        assert_eq!(encode(&quarantined).unwrap(), vec![1, 1, 116, 1, 1, 2, 2, 3, 1, 114, 6]);
     }
 }

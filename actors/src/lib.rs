@@ -28,6 +28,7 @@
 
 pub mod actors;
 pub mod codec;
+pub mod error;
 pub mod failpoints;
 pub mod ledger;
 pub mod model;

@@ -51,62 +51,124 @@ pub struct SessionSnapshot {
     pub children: HashMap<String, Vec<ChildRow>>,
     /// Claims that were live.
     pub claims: Vec<ClaimRow>,
+    /// Children whose row was damaged and quarantined: their outcome is unknown.
+    pub damaged: HashSet<String>,
 }
 
-/// Rows whose call row is missing: a dispatch cut short by a crash before its reply (the call
-/// row is written last), to be removed.
+/// A row recovery cannot use because it contradicts the rows around it: it is quarantined
+/// (moved aside with its bytes), never silently dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject {
+    /// Its tree.
+    pub tree: &'static str,
+    /// Its key.
+    pub key: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// A ledger snapshot sorted by session.
 #[derive(Debug, Default)]
-pub struct Orphans {
-    /// Call id → (unit ids, child ids).
-    pub calls: HashMap<String, (Vec<String>, Vec<String>)>,
+pub struct Split {
+    /// Each session with its rows, by session id.
+    pub sessions: Vec<(SessionRow, SessionSnapshot)>,
+    /// Unit rows of a dispatch a crash cut short (its call row, written last, never landed):
+    /// call id → unit ids, to be removed.
+    pub orphan_units: Vec<(String, Vec<String>)>,
+    /// Rows to quarantine.
+    pub rejects: Vec<Reject>,
+    /// Sessions whose row was missing, rebuilt from their calls (to be written).
+    pub rebuilt_sessions: Vec<SessionRow>,
 }
 
-/// Splits a ledger snapshot by session, setting orphaned rows apart. Unit rows are not needed
-/// to rebuild: units are planned again from the call row, which is what planned them.
-pub fn split_snapshot(snapshot: Snapshot) -> (HashMap<String, SessionSnapshot>, Orphans) {
+/// Splits a ledger snapshot by session. Unit rows are not needed to rebuild: units are planned
+/// again from the call row, which is what planned them; unit rows without a call are the
+/// remains of a cut dispatch. A child row exists only once its call's dispatch was flushed, so
+/// a child without its call, or with a task index its call does not have, means damage: it is
+/// rejected (quarantined). A call whose session row is missing keeps its session, rebuilt
+/// with default settings and a next set past every stored one, so no set number is reused.
+pub fn split_snapshot(snapshot: Snapshot) -> Split {
     let mut out: HashMap<String, SessionSnapshot> = HashMap::new();
-    let mut orphans = Orphans::default();
-    let mut call_session: HashMap<String, String> = HashMap::new();
+    let mut split = Split::default();
+    let mut call_tasks: HashMap<String, (String, usize)> = HashMap::new();
     for call in snapshot.calls {
-        call_session.insert(call.call_id.clone(), call.session_id.clone());
+        call_tasks.insert(call.call_id.clone(), (call.session_id.clone(), call.tasks.len()));
         out.entry(call.session_id.clone()).or_default().calls.push(call);
     }
+    let mut orphan_units: HashMap<String, Vec<String>> = HashMap::new();
     for unit in snapshot.units {
-        if !call_session.contains_key(&unit.call_id) {
-            orphans
-                .calls
-                .entry(unit.call_id.clone())
-                .or_default()
-                .0
-                .push(unit.unit_id);
+        if !call_tasks.contains_key(&unit.call_id) {
+            orphan_units.entry(unit.call_id.clone()).or_default().push(unit.unit_id);
         }
     }
+    split.orphan_units = orphan_units.into_iter().collect();
+    split.orphan_units.sort();
     for child in snapshot.children {
-        match call_session.get(&child.call_id) {
-            Some(session) => out
-                .entry(session.clone())
+        let reason = match call_tasks.get(&child.call_id) {
+            None => Some(format!("its call `{}` has no (readable) row", child.call_id)),
+            Some((_, n)) if child.task_index as usize >= *n => Some(format!(
+                "task index {} is beyond its call's {n} tasks",
+                child.task_index
+            )),
+            Some((session, _)) if *session != child.session_id => Some(format!(
+                "its session `{}` is not its call's session `{session}`",
+                child.session_id
+            )),
+            Some(_) => None,
+        };
+        match reason {
+            Some(reason) => split.rejects.push(Reject {
+                tree: crate::ledger::trees::CHILDREN,
+                key: child.child_id,
+                reason,
+            }),
+            None => out
+                .entry(child.session_id.clone())
                 .or_default()
                 .children
                 .entry(child.call_id.clone())
                 .or_default()
                 .push(child),
-            None => orphans
-                .calls
-                .entry(child.call_id.clone())
-                .or_default()
-                .1
-                .push(child.child_id),
         }
     }
     for claim in snapshot.claims {
         out.entry(claim.session_id.clone()).or_default().claims.push(claim);
+    }
+    let damaged = snapshot
+        .damaged_children
+        .iter()
+        .chain(split.rejects.iter().map(|r| &r.key));
+    for id in damaged {
+        let call = id.rsplit_once('.').map(|(c, _)| c);
+        if let Some((session, _)) = call.and_then(|c| call_tasks.get(c)) {
+            out.entry(session.clone()).or_default().damaged.insert(id.clone());
+        }
     }
     for s in out.values_mut() {
         for children in s.children.values_mut() {
             children.sort_by_key(|c| c.task_index);
         }
     }
-    (out, orphans)
+    for session in snapshot.sessions {
+        let part = out.remove(&session.session_id).unwrap_or_default();
+        split.sessions.push((session, part));
+    }
+    let mut missing: Vec<(String, SessionSnapshot)> = out.into_iter().filter(|(_, p)| !p.calls.is_empty()).collect();
+    missing.sort_by(|a, b| a.0.cmp(&b.0));
+    for (id, part) in missing {
+        let last = part.calls.iter().map(|c| c.set).max().unwrap_or(0);
+        let row = SessionRow {
+            session_id: id,
+            max_concurrent_children: DEFAULT_MAX_CONCURRENT_CHILDREN,
+            max_delivery_attempts: DEFAULT_MAX_DELIVERY_ATTEMPTS,
+            next_set: last.saturating_add(1),
+            created_at_ms: part.calls.iter().map(|c| c.created_at_ms).min().unwrap_or(0),
+        };
+        split.rebuilt_sessions.push(row.clone());
+        split.sessions.push((row, part));
+    }
+    split.sessions.sort_by(|a, b| a.0.session_id.cmp(&b.0.session_id));
+    split
 }
 
 /// A unit as recovery leaves it.
@@ -177,7 +239,7 @@ pub fn plan(
     let mut calls: Vec<&CallRow> = snapshot.calls.iter().collect();
     calls.sort_by_key(|c| c.set);
     if let Some(last) = calls.last() {
-        plan.next_set = plan.next_set.max(last.set + 1);
+        plan.next_set = plan.next_set.max(last.set.saturating_add(1));
     }
     for call in calls {
         let units = plan_units(&call.call_id, &call.tasks, call.independent_completions);
@@ -187,17 +249,33 @@ pub fn plan(
             .map(|rows| rows.iter().map(|r| (r.task_index, r)).collect())
             .unwrap_or_default();
         // A child that never started has no row (the call's task is its row): it is queued.
-        let rows_of = |unit: &UnitRow| -> Vec<ChildRow> {
+        let mut damaged_rows = Vec::new();
+        let mut rows_of = |unit: &UnitRow| -> Vec<ChildRow> {
             unit.tasks
                 .iter()
-                .map(|&i| {
-                    stored
-                        .get(&i)
-                        .map_or_else(|| queued_child(call, unit, i), |row| (*row).clone())
+                .map(|&i| match stored.get(&i) {
+                    Some(row) => (*row).clone(),
+                    None if snapshot.damaged.contains(&child_id(&call.call_id, i)) => {
+                        // Its row was damaged: whatever it did is lost, so it is neither run
+                        // again blindly nor left queued: its outcome is unknown.
+                        let row = ChildRow {
+                            status: ChildStatus::Unknown,
+                            recovered: true,
+                            finished_at_ms: Some(now_ms),
+                            error: Some(
+                                "the child's ledger row was damaged and quarantined; its outcome is unknown".into(),
+                            ),
+                            ..queued_child(call, unit, i)
+                        };
+                        damaged_rows.push(row.clone());
+                        row
+                    }
+                    None => queued_child(call, unit, i),
                 })
                 .collect()
         };
-        let members: Vec<Vec<ChildRow>> = units.iter().map(rows_of).collect();
+        let members: Vec<Vec<ChildRow>> = units.iter().map(&mut rows_of).collect();
+        plan.changed.extend(damaged_rows);
         // A call whose every result was delivered (or dead-lettered) is done; an early failure
         // notice left undelivered is moot once the full result was delivered.
         let settled = members
@@ -213,9 +291,14 @@ pub fn plan(
             continue;
         }
         let mut recovered_units = Vec::with_capacity(units.len());
+        // Children to queue again, in task order across the call's units.
+        let mut queue: Vec<(u32, String)> = Vec::new();
         for (unit, rows) in units.into_iter().zip(members) {
             let recorded = rows.iter().filter(|c| c.status.is_terminal()).count();
-            let was_running = recorded < unit.tasks.len() && mode == Recovery::Process;
+            // A unit was running if any child of it had started; one none of whose children
+            // ever started is simply queued again, with nothing to report.
+            let started = rows.iter().any(|c| c.status != ChildStatus::Queued);
+            let was_running = started && recorded < unit.tasks.len() && mode == Recovery::Process;
             let mut terminal = 0;
             let mut resolved = Vec::with_capacity(rows.len());
             for mut row in rows {
@@ -225,7 +308,7 @@ pub fn plan(
                     row.status = ChildStatus::Running;
                 }
                 match row.status {
-                    ChildStatus::Queued => plan.queue.push(row.child_id.clone()),
+                    ChildStatus::Queued => queue.push((row.task_index, row.child_id.clone())),
                     ChildStatus::Running if mode == Recovery::Owner => {
                         if live.contains(&row.child_id) {
                             plan.running.push(row.child_id.clone());
@@ -233,7 +316,7 @@ pub fn plan(
                             // Admitted by the old owner but never started: queue it again.
                             row.status = ChildStatus::Queued;
                             row.started_at_ms = None;
-                            plan.queue.push(row.child_id.clone());
+                            queue.push((row.task_index, row.child_id.clone()));
                             plan.changed.push(row.clone());
                         }
                     }
@@ -241,9 +324,9 @@ pub fn plan(
                         row.recovered = true;
                         if call.tasks[row.task_index as usize].rerun_on_recovery {
                             row.status = ChildStatus::Queued;
-                            row.attempt += 1;
+                            row.attempt = row.attempt.saturating_add(1);
                             row.started_at_ms = None;
-                            plan.queue.push(row.child_id.clone());
+                            queue.push((row.task_index, row.child_id.clone()));
                         } else {
                             row.status = ChildStatus::Unknown;
                             row.finished_at_ms = Some(now_ms);
@@ -286,6 +369,8 @@ pub fn plan(
             plan.children.extend(resolved);
             recovered_units.push(recovered);
         }
+        queue.sort();
+        plan.queue.extend(queue.into_iter().map(|(_, id)| id));
         // Whoever waited for a sync call's inline answer is gone: its results go out at
         // boundaries instead, so nothing recorded is lost.
         let mut row = call.clone();
@@ -452,13 +537,14 @@ mod tests {
     }
 
     #[test]
-    fn orphans_of_a_cut_dispatch_are_set_apart() {
+    fn unit_rows_of_a_cut_dispatch_are_set_apart_and_damaged_children_rejected() {
         let c = call(&[false], None);
-        let orphan = ChildRow {
+        let no_call = ChildRow {
             call_id: "deleg_gone".into(),
             child_id: "deleg_gone.0".into(),
-            ..child(0, ChildStatus::Queued)
+            ..child(0, ChildStatus::Succeeded)
         };
+        let beyond = child(7, ChildStatus::Succeeded);
         let snap = Snapshot {
             sessions: vec![session()],
             calls: vec![c],
@@ -468,14 +554,72 @@ mod tests {
                 group: None,
                 tasks: vec![0],
             }],
-            children: vec![child(0, ChildStatus::Queued), orphan],
+            children: vec![child(0, ChildStatus::Queued), no_call, beyond],
             claims: vec![],
         };
-        let (parts, orphans) = split_snapshot(snap);
-        assert_eq!(parts["s"].children["deleg_c"].len(), 1);
+        let split = split_snapshot(snap);
+        assert_eq!(split.sessions.len(), 1);
+        assert_eq!(split.sessions[0].1.children["deleg_c"].len(), 1);
         assert_eq!(
-            orphans.calls["deleg_gone"],
-            (vec!["deleg_gone-1".to_string()], vec!["deleg_gone.0".to_string()])
+            split.orphan_units,
+            vec![("deleg_gone".to_string(), vec!["deleg_gone-1".to_string()])]
         );
+        let rejected: Vec<(&str, &str)> = split
+            .rejects
+            .iter()
+            .map(|r| (r.key.as_str(), r.reason.as_str()))
+            .collect();
+        assert_eq!(rejected.len(), 2, "{rejected:?}");
+        assert!(rejected
+            .iter()
+            .any(|(k, r)| *k == "deleg_gone.0" && r.contains("no (readable) row")));
+        assert!(rejected
+            .iter()
+            .any(|(k, r)| *k == "deleg_c.7" && r.contains("beyond its call's 1 tasks")));
+    }
+
+    #[test]
+    fn calls_whose_session_row_is_missing_keep_their_session_and_sets() {
+        let snap = Snapshot {
+            sessions: vec![],
+            calls: vec![call(&[false], None)],
+            ..Snapshot::default()
+        };
+        let split = split_snapshot(snap);
+        assert_eq!(split.rebuilt_sessions.len(), 1);
+        let (row, part) = &split.sessions[0];
+        assert_eq!(row.session_id, "s");
+        assert_eq!(row.next_set, 5, "past the stored call's set 4");
+        assert_eq!(part.calls.len(), 1);
+    }
+
+    #[test]
+    fn children_that_never_started_are_queued_again_in_task_order_across_units() {
+        // Tasks 0, 2 in group a, 1, 3 in group b: nothing started.
+        let mut c = call(&[false, false, false, false], None);
+        for (i, t) in c.tasks.iter_mut().enumerate() {
+            t.group = Some(if i % 2 == 0 { "a" } else { "b" }.into());
+        }
+        let snap = SessionSnapshot {
+            calls: vec![c],
+            ..SessionSnapshot::default()
+        };
+        let plan = plan(&session(), &snap, Recovery::Process, &HashSet::new(), 0);
+        assert_eq!(plan.queue, vec!["deleg_c.0", "deleg_c.1", "deleg_c.2", "deleg_c.3"]);
+    }
+
+    #[test]
+    fn a_unit_none_of_whose_children_started_is_queued_not_reported_as_recovered() {
+        let snap = SessionSnapshot {
+            calls: vec![call(&[false, false], None)],
+            ..SessionSnapshot::default()
+        };
+        let queued = plan(&session(), &snap, Recovery::Process, &HashSet::new(), 0);
+        assert_eq!(queued.calls[0].units[0].recorded_before_exit, None);
+        assert!(queued.changed.is_empty());
+        // One started child makes the unit one that was running: 0/2 were recorded.
+        let snap = snapshot(call(&[true, false], None), vec![child(0, ChildStatus::Running)]);
+        let started = plan(&session(), &snap, Recovery::Process, &HashSet::new(), 0);
+        assert_eq!(started.calls[0].units[0].recorded_before_exit, Some(0));
     }
 }

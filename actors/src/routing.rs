@@ -87,6 +87,17 @@ pub struct Returned<K> {
     pub requeued: Vec<(K, u32)>,
     /// Past `max_delivery_attempts`: to be dead-lettered, with their attempt counts.
     pub dead: Vec<(K, u32)>,
+    /// For each of `requeued`, in order: when it is ready again (0: at once).
+    pub ready_at: Vec<u64>,
+}
+
+/// What an ack would do, decided without changing anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AckPlan<K> {
+    /// The claim is live: these items become delivered once the ack is durable.
+    Deliver(Vec<K>),
+    /// The claim was acked before and delivered this many items: answer the same.
+    Acked(usize),
 }
 
 /// What an ack did.
@@ -113,6 +124,8 @@ pub struct Router<K: Clone + Eq + Hash + Ord + Debug> {
     leases: BTreeSet<(u64, String)>,
     ended: HashMap<String, Ended>,
     ended_order: VecDeque<String>,
+    /// Claims whose ack or hand-back is being made durable: not expired meanwhile.
+    held: HashSet<String>,
 }
 
 impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
@@ -127,6 +140,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
             leases: BTreeSet::new(),
             ended: HashMap::new(),
             ended_order: VecDeque::new(),
+            held: HashSet::new(),
         }
     }
 
@@ -186,16 +200,6 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
             .is_some_and(|e| !matches!(e.state, State::Delivered | State::Dead))
     }
 
-    /// Puts a dead item back in the ready set (its dead letter could not be recorded).
-    pub fn revive(&mut self, key: &K) {
-        if let Some(e) = self.items.get_mut(key) {
-            if e.state == State::Dead {
-                e.state = State::Ready;
-                self.ready.insert(key.clone());
-            }
-        }
-    }
-
     /// Changes the dead-letter limit; applies from the next attempt that ends.
     pub fn set_max_delivery_attempts(&mut self, max: u32) {
         self.max_delivery_attempts = max.max(1);
@@ -236,7 +240,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         for key in &keys {
             if let Some(e) = self.items.get_mut(key) {
                 e.state = State::Claimed;
-                items.push((key.clone(), e.failed_attempts + 1));
+                items.push((key.clone(), e.failed_attempts.saturating_add(1)));
             }
         }
         let lease_expires_at_ms = now_ms.saturating_add(lease_ms);
@@ -274,16 +278,26 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         }
     }
 
-    /// Acknowledges a live claim: its items are delivered, for good. Acking an acked claim
-    /// answers the same count and changes nothing.
-    pub fn ack(&mut self, claim_id: &str) -> Result<Acked<K>, ClaimError> {
+    /// Decides an ack without changing anything: the items the claim would deliver, or (for a
+    /// claim acked before) the count it delivered, or why it cannot be acked.
+    pub fn plan_ack(&self, claim_id: &str) -> Result<AckPlan<K>, ClaimError> {
         if let Some(Ended::Acked(n)) = self.ended.get(claim_id) {
-            return Ok(Acked {
-                items: Vec::new(),
-                delivered: *n,
-            });
+            return Ok(AckPlan::Acked(*n));
         }
-        let claim = self.claims.remove(claim_id).ok_or_else(|| self.refuse(claim_id))?;
+        let claim = self.claims.get(claim_id).ok_or_else(|| self.refuse(claim_id))?;
+        Ok(AckPlan::Deliver(claim.items.clone()))
+    }
+
+    /// Applies an ack decided by [`Router::plan_ack`] (its record is durable now): the claim's
+    /// items are delivered, for good. Returns how many.
+    pub fn apply_ack(&mut self, claim_id: &str) -> usize {
+        self.held.remove(claim_id);
+        let Some(claim) = self.claims.remove(claim_id) else {
+            return match self.ended.get(claim_id) {
+                Some(Ended::Acked(n)) => *n,
+                _ => 0,
+            };
+        };
         self.leases.remove(&(claim.expires_at_ms, claim_id.to_string()));
         for key in &claim.items {
             if let Some(e) = self.items.get_mut(key) {
@@ -292,29 +306,45 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         }
         let delivered = claim.items.len();
         self.end(claim_id.to_string(), Ended::Acked(delivered));
-        Ok(Acked {
-            items: claim.items,
-            delivered,
-        })
+        delivered
     }
 
-    /// Undoes an ack whose durable write failed: the claim is live again, as it was.
-    pub fn undo_ack(&mut self, claim_id: &str, items: Vec<K>, lease_expires_at_ms: u64) {
-        self.ended.remove(claim_id);
-        self.ended_order.retain(|c| c != claim_id);
-        for key in &items {
-            if let Some(e) = self.items.get_mut(key) {
-                e.state = State::Claimed;
+    /// Acknowledges a live claim at once ([`Router::plan_ack`] then [`Router::apply_ack`]).
+    /// Acking an acked claim answers the same count and changes nothing.
+    pub fn ack(&mut self, claim_id: &str) -> Result<Acked<K>, ClaimError> {
+        match self.plan_ack(claim_id)? {
+            AckPlan::Acked(delivered) => Ok(Acked {
+                items: Vec::new(),
+                delivered,
+            }),
+            AckPlan::Deliver(items) => {
+                let delivered = self.apply_ack(claim_id);
+                Ok(Acked { items, delivered })
             }
         }
-        self.leases.insert((lease_expires_at_ms, claim_id.to_string()));
-        self.claims.insert(
-            claim_id.to_string(),
-            LiveClaim {
-                items,
-                expires_at_ms: lease_expires_at_ms,
-            },
-        );
+    }
+
+    /// Remembers a claim that an earlier process acknowledged durably, so a retried ack of it
+    /// answers the same count.
+    pub fn remember_acked(&mut self, claim_id: String, delivered: usize) {
+        self.end(claim_id, Ended::Acked(delivered));
+    }
+
+    /// Keeps a live claim from expiring while its ack or hand-back is made durable.
+    pub fn hold(&mut self, claim_id: &str) {
+        if self.claims.contains_key(claim_id) {
+            self.held.insert(claim_id.to_string());
+        }
+    }
+
+    /// Lets a held claim expire again (its durable write failed; it is as it was).
+    pub fn unhold(&mut self, claim_id: &str) {
+        self.held.remove(claim_id);
+    }
+
+    /// Whether a claim is held.
+    pub fn is_held(&self, claim_id: &str) -> bool {
+        self.held.contains(claim_id)
     }
 
     /// When a live claim's lease runs out.
@@ -322,8 +352,63 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         self.claims.get(claim_id).map(|c| c.expires_at_ms)
     }
 
-    /// Hands a live claim back. `busy` is no delivery attempt; `failed` is one, and backs off.
-    /// `retry_after_ms` is the least time before the items are ready again.
+    /// Decides a release without changing anything. `busy` is no delivery attempt; `failed`
+    /// is one, and backs off. `retry_after_ms` is the least time before the items are ready
+    /// again.
+    pub fn plan_release(
+        &self,
+        now_ms: u64,
+        claim_id: &str,
+        reason: ReleaseReason,
+        retry_after_ms: u64,
+    ) -> Result<Returned<K>, ClaimError> {
+        let claim = self.claims.get(claim_id).ok_or_else(|| self.refuse(claim_id))?;
+        Ok(self.plan_hand_back(
+            now_ms,
+            &claim.items,
+            reason == ReleaseReason::Failed,
+            true,
+            retry_after_ms,
+        ))
+    }
+
+    /// Decides what the expiry of a live claim's lease hands back (each item a delivery
+    /// attempt, no backoff), without changing anything.
+    pub fn plan_expiry(&self, now_ms: u64, claim_id: &str) -> Option<Returned<K>> {
+        let claim = self.claims.get(claim_id)?;
+        Some(self.plan_hand_back(now_ms, &claim.items, true, false, 0))
+    }
+
+    /// Ends a live claim as lost and places its items as `returned` (from
+    /// [`Router::plan_release`] or [`Router::plan_expiry`]) decided.
+    pub fn apply_returned(&mut self, claim_id: &str, returned: &Returned<K>) {
+        self.held.remove(claim_id);
+        let Some(claim) = self.claims.remove(claim_id) else {
+            return;
+        };
+        self.leases.remove(&(claim.expires_at_ms, claim_id.to_string()));
+        self.end(claim_id.to_string(), Ended::Lost);
+        for ((key, attempts), &at) in returned.requeued.iter().zip(&returned.ready_at) {
+            let Some(e) = self.items.get_mut(key) else { continue };
+            e.failed_attempts = *attempts;
+            if at == 0 {
+                e.state = State::Ready;
+                self.ready.insert(key.clone());
+            } else {
+                e.state = State::Waiting(at);
+                self.waiting.insert((at, key.clone()));
+            }
+        }
+        for (key, attempts) in &returned.dead {
+            if let Some(e) = self.items.get_mut(key) {
+                e.failed_attempts = *attempts;
+                e.state = State::Dead;
+            }
+        }
+    }
+
+    /// Hands a live claim back at once ([`Router::plan_release`] then
+    /// [`Router::apply_returned`]).
     pub fn release(
         &mut self,
         now_ms: u64,
@@ -331,64 +416,66 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         reason: ReleaseReason,
         retry_after_ms: u64,
     ) -> Result<Returned<K>, ClaimError> {
-        let claim = self.claims.remove(claim_id).ok_or_else(|| self.refuse(claim_id))?;
-        self.leases.remove(&(claim.expires_at_ms, claim_id.to_string()));
-        self.end(claim_id.to_string(), Ended::Lost);
-        Ok(self.hand_back(
-            now_ms,
-            claim.items,
-            reason == ReleaseReason::Failed,
-            true,
-            retry_after_ms,
-        ))
+        let returned = self.plan_release(now_ms, claim_id, reason, retry_after_ms)?;
+        self.apply_returned(claim_id, &returned);
+        Ok(returned)
     }
 
-    fn hand_back(&mut self, now_ms: u64, keys: Vec<K>, failed: bool, backoff: bool, min_wait_ms: u64) -> Returned<K> {
+    fn plan_hand_back(&self, now_ms: u64, keys: &[K], failed: bool, backoff: bool, min_wait_ms: u64) -> Returned<K> {
         let mut out = Returned {
             requeued: Vec::new(),
             dead: Vec::new(),
+            ready_at: Vec::new(),
         };
         for key in keys {
-            let Some(e) = self.items.get_mut(&key) else { continue };
-            if failed {
-                e.failed_attempts += 1;
-            }
-            if e.failed_attempts >= self.max_delivery_attempts {
-                e.state = State::Dead;
-                out.dead.push((key, e.failed_attempts));
+            let Some(e) = self.items.get(key) else { continue };
+            let attempts = if failed {
+                e.failed_attempts.saturating_add(1)
+            } else {
+                e.failed_attempts
+            };
+            // Only an attempt can exhaust the attempts: a busy release never dead-letters,
+            // even when the limit was lowered below the item's count.
+            if failed && attempts >= self.max_delivery_attempts {
+                out.dead.push((key.clone(), attempts));
                 continue;
             }
             let mut wait = min_wait_ms;
             if failed && backoff {
-                wait = wait.max(failure_backoff_ms(e.failed_attempts));
+                wait = wait.max(failure_backoff_ms(attempts));
             }
-            if wait == 0 {
-                e.state = State::Ready;
-                self.ready.insert(key.clone());
+            out.requeued.push((key.clone(), attempts));
+            out.ready_at.push(if wait == 0 {
+                0
             } else {
-                let at = now_ms.saturating_add(wait);
-                e.state = State::Waiting(at);
-                self.waiting.insert((at, key.clone()));
-            }
-            out.requeued.push((key, e.failed_attempts));
+                now_ms.saturating_add(wait).max(1)
+            });
         }
         out
     }
 
+    /// Live claims whose lease ran out by `now_ms` and that are not held, earliest first.
+    pub fn due_claims(&self, now_ms: u64) -> Vec<String> {
+        self.leases
+            .iter()
+            .take_while(|(t, _)| *t <= now_ms)
+            .filter(|(_, c)| !self.held.contains(c))
+            .map(|(_, c)| c.clone())
+            .collect()
+    }
+
+    /// Moves backed-off items whose time came into the ready set.
+    pub fn promote(&mut self, now_ms: u64) {
+        self.promote_due(now_ms);
+    }
+
     /// Ends every claim whose lease ran out by `now_ms` (each a delivery attempt, no backoff)
-    /// and moves backed-off items whose time came into the ready set.
+    /// and moves backed-off items whose time came into the ready set, at once.
     pub fn tick(&mut self, now_ms: u64) -> Vec<(String, Returned<K>)> {
         let mut out = Vec::new();
-        while let Some((t, _)) = self.leases.first() {
-            if *t > now_ms {
-                break;
-            }
-            let Some((_, claim_id)) = self.leases.pop_first() else {
-                break;
-            };
-            if let Some(claim) = self.claims.remove(&claim_id) {
-                self.end(claim_id.clone(), Ended::Lost);
-                let returned = self.hand_back(now_ms, claim.items, true, false, 0);
+        for claim_id in self.due_claims(now_ms) {
+            if let Some(returned) = self.plan_expiry(now_ms, &claim_id) {
+                self.apply_returned(&claim_id, &returned);
                 out.push((claim_id, returned));
             }
         }
@@ -398,7 +485,11 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
 
     /// The next moment [`Router::tick`] has something to do: a lease end or a backoff end.
     pub fn next_deadline(&self) -> Option<u64> {
-        let lease = self.leases.first().map(|(t, _)| *t);
+        let lease = self
+            .leases
+            .iter()
+            .find(|(_, c)| !self.held.contains(c))
+            .map(|(t, _)| *t);
         let wait = self.waiting.first().map(|(t, _)| *t);
         match (lease, wait) {
             (Some(a), Some(b)) => Some(a.min(b)),

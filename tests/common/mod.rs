@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use brood::model::{child_id, dedup_key};
+use brood::{child_id, dedup_key};
 use brood::{
     Brood, BroodConfig, ChildStatus, Envelope, ItemKind, ReadyItem, RunContext, RunOutput, Runner, Runners,
     SessionOptions, SessionStatus, TaskSpec, WakeEvent,

@@ -14,7 +14,7 @@ use tokio::task::AbortHandle;
 use super::coalescer::{Completion, HandOffError};
 use super::unit::{ChildStopped, Unit};
 use super::Engine;
-use crate::model::{now_ms, ChildRow, ChildStatus, Task};
+use crate::model::{now_ms, panic_message, ChildRow, ChildStatus, Task};
 use crate::runner::{Progress, RunContext, RunOutput};
 
 /// First hand-off retry delay; doubles up to [`HANDOFF_BACKOFF_MAX`].
@@ -112,17 +112,6 @@ impl Child {
             let left = self.task.stall_ms - silent_for;
             ctx.run_later(Duration::from_millis(left), |act, ctx| act.check_stall(ctx));
         }
-    }
-}
-
-/// The message of a panic payload, as text.
-pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "runner panicked with a non-text payload".to_string()
     }
 }
 

@@ -23,9 +23,9 @@ const MAX_BATCH: usize = 8192;
 /// Why a hand-off failed. The child keeps its result and retries.
 #[derive(Debug, thiserror::Error)]
 pub enum HandOffError {
-    /// The row could not be written or flushed.
+    /// The row could not be written or flushed (what the ledger said).
     #[error("recording the result failed: {0}")]
-    Ledger(#[from] LedgerError),
+    Ledger(std::sync::Arc<String>),
     /// The session owner did not take the batch.
     #[error("the session owner did not take the result: {0}")]
     Owner(String),
@@ -123,11 +123,9 @@ impl Coalescer {
 /// Answers every child of a batch that could not be recorded: each keeps its result and retries.
 fn fail_all(batch: Vec<Pending>, what: &str, e: &LedgerError) {
     tracing::warn!(rows = batch.len(), "{what} completions failed: {e}");
-    let msg = e.to_string();
+    let e = std::sync::Arc::new(e.to_string());
     for p in batch {
-        let _ = p
-            .reply
-            .send(Err(HandOffError::Ledger(LedgerError::Storage(msg.clone()))));
+        let _ = p.reply.send(Err(HandOffError::Ledger(e.clone())));
     }
 }
 

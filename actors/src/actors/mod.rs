@@ -123,6 +123,6 @@ pub(crate) fn running<A: actix::Actor<Context = actix::Context<A>>>(ctx: &actix:
 pub(crate) async fn flush(ledger: Arc<dyn Ledger>) -> Result<usize, LedgerError> {
     match tokio::task::spawn_blocking(move || ledger.flush()).await {
         Ok(res) => res,
-        Err(e) => Err(LedgerError::Storage(format!("flush task failed: {e}"))),
+        Err(e) => Err(LedgerError::storage("the flush task failed", e)),
     }
 }

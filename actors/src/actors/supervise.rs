@@ -125,7 +125,7 @@ where
     let exit = Box::pin(async move {
         match task.await {
             Ok(()) => Exit::Stopped,
-            Err(e) if e.is_panic() => Exit::Panicked(super::child::panic_message(e.into_panic())),
+            Err(e) if e.is_panic() => Exit::Panicked(crate::model::panic_message(e.into_panic())),
             Err(_) => Exit::Stopped,
         }
     });
@@ -146,7 +146,7 @@ where
         actix::spawn(async move {
             let exit = match task.await {
                 Ok(()) => Exit::Stopped,
-                Err(e) if e.is_panic() => Exit::Panicked(super::child::panic_message(e.into_panic())),
+                Err(e) if e.is_panic() => Exit::Panicked(crate::model::panic_message(e.into_panic())),
                 Err(_) => Exit::Stopped,
             };
             let _ = exit_tx.send(exit);

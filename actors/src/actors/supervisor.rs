@@ -5,7 +5,7 @@
 //! panics, the supervisor applies its [`RestartPolicy`]: a restarted owner is rebuilt from the
 //! ledger (its claims returned, its running children adopted), a restarted coalescer simply
 //! takes over (children retry their hand-off). Past the budget, the failure escalates: a
-//! session owner is given up and its session answers [`OwnerError::SessionFailed`]; the
+//! session owner is given up and its session answers [`BroodError::SessionFailed`]; the
 //! coalescer, without which nothing can be recorded, stops the whole engine.
 //! It does not route anything itself.
 
@@ -17,21 +17,22 @@ use actix::prelude::*;
 use actix_rt::ArbiterHandle;
 
 use super::coalescer::Coalescer;
-use super::owner::{Configure, OwnerError, SessionInfo, SessionOwner, SessionSettings};
+use super::owner::{Configure, SessionInfo, SessionOwner};
 use super::supervise::{self, Decision, Exit, RestartBudget, RestartBudgets, RestartPolicy};
 use super::{Engine, Owners};
-use crate::ledger::{Ledger, LedgerError};
-use crate::model::{now_ms, DeadLetterRow, SessionRow, DEFAULT_MAX_CONCURRENT_CHILDREN, DEFAULT_MAX_DELIVERY_ATTEMPTS};
-use crate::recovery::{split_snapshot, Recovery, SessionSnapshot};
+use crate::error::BroodError;
+use crate::ledger::{Ledger, LedgerError, Writes};
+use crate::model::{
+    now_ms, validate_session_id, DeadLetterRow, SessionRow, SessionSettings, DEFAULT_MAX_CONCURRENT_CHILDREN,
+    DEFAULT_MAX_DELIVERY_ATTEMPTS,
+};
+use crate::recovery::{split_snapshot, Recovery};
 use crate::runner::RunnerFactory;
 use crate::wake::Wake;
 
-/// Longest session id accepted, in bytes.
-pub const MAX_SESSION_ID_BYTES: usize = 256;
-
 /// Create a session, or update one.
 #[derive(Debug, Message)]
-#[rtype(result = "Result<(Addr<SessionOwner>, SessionInfo), OwnerError>")]
+#[rtype(result = "Result<(Addr<SessionOwner>, SessionInfo), BroodError>")]
 pub struct OpenSession {
     /// The session id (1 to 256 bytes, no control characters).
     pub session_id: String,
@@ -41,12 +42,12 @@ pub struct OpenSession {
 
 /// Where a session's owner is.
 #[derive(Debug, Message)]
-#[rtype(result = "Result<Addr<SessionOwner>, OwnerError>")]
+#[rtype(result = "Result<Addr<SessionOwner>, BroodError>")]
 pub struct FindOwner(pub String);
 
 /// Every dead letter.
 #[derive(Debug, Message)]
-#[rtype(result = "Result<Vec<DeadLetterRow>, OwnerError>")]
+#[rtype(result = "Result<Vec<DeadLetterRow>, BroodError>")]
 pub struct DeadLetters;
 
 /// The root of the actor tree.
@@ -88,30 +89,42 @@ impl Supervisor {
         policy: RestartPolicy,
     ) -> Result<(Addr<Supervisor>, Owners), LedgerError> {
         let engine = Engine::new(ledger.clone(), factory, children_arbiter);
-        let mut snapshot = ledger.load()?;
-        let sessions = std::mem::take(&mut snapshot.sessions);
+        let snapshot = ledger.load()?;
         let claim_ids: Vec<String> = snapshot.claims.iter().map(|c| c.claim_id.clone()).collect();
-        let (mut parts, orphans) = split_snapshot(snapshot);
-        for (call_id, (unit_ids, child_ids)) in &orphans.calls {
-            tracing::info!(call = %call_id, "removing the rows of a call whose dispatch a crash cut short");
-            ledger.remove_dispatch(call_id, unit_ids, child_ids)?;
+        let split = split_snapshot(snapshot);
+        for reject in &split.rejects {
+            ledger.quarantine(reject.tree, &reject.key, &reject.reason)?;
+        }
+        for (call_id, _) in &split.orphan_units {
+            tracing::info!(call = %call_id, "removing the unit rows of a call whose dispatch a crash cut short");
+        }
+        for row in &split.rebuilt_sessions {
+            tracing::warn!(
+                session = %row.session_id,
+                next_set = row.next_set,
+                "a session's row was missing; rebuilt from its calls with default settings"
+            );
         }
         let mut recovered = Vec::new();
-        let mut changed = Vec::new();
-        for session in sessions {
-            let part = parts.remove(&session.session_id).unwrap_or_default();
+        let mut writes = Writes {
+            sessions: split.rebuilt_sessions,
+            remove_calls: split.orphan_units.iter().map(|(c, u)| (c.clone(), u.clone())).collect(),
+            remove_claims: claim_ids,
+            ..Writes::default()
+        };
+        for (session, part) in split.sessions {
             let (owner, rows) = SessionOwner::recover(engine.clone(), session, &part, Recovery::Process);
-            changed.extend(rows);
+            writes.children.extend(rows);
             recovered.push(owner);
         }
-        if !changed.is_empty() || !claim_ids.is_empty() || !orphans.calls.is_empty() {
+        if !writes.is_empty() || !split.rejects.is_empty() {
             tracing::info!(
-                children = changed.len(),
-                claims = claim_ids.len(),
+                children = writes.children.len(),
+                claims = writes.remove_claims.len(),
+                quarantined = split.rejects.len(),
                 "recovery resolved rows from an earlier process"
             );
-            ledger.put_children(&changed)?;
-            ledger.remove_claims(&claim_ids)?;
+            ledger.write(&writes)?;
             ledger.flush()?;
         }
         let owners = engine.owners.clone();
@@ -181,17 +194,19 @@ impl Supervisor {
     /// flushed first, so the rebuilt owner publishes nothing that is not durable (I1).
     fn rebuild_owner(&self, id: &str) -> Result<SessionOwner, LedgerError> {
         self.engine.ledger.flush()?;
-        let mut snapshot = self.engine.ledger.load()?;
-        let session = snapshot
+        let split = split_snapshot(self.engine.ledger.load()?);
+        let (session, part) = split
             .sessions
-            .drain(..)
-            .find(|s| s.session_id == id)
-            .ok_or_else(|| LedgerError::Storage(format!("session `{id}` has no row")))?;
-        let part: SessionSnapshot = split_snapshot(snapshot).0.remove(id).unwrap_or_default();
+            .into_iter()
+            .find(|(s, _)| s.session_id == id)
+            .ok_or_else(|| LedgerError::storage_msg(format!("session `{id}` has no row")))?;
         let claim_ids: Vec<String> = part.claims.iter().map(|c| c.claim_id.clone()).collect();
         let (mut owner, changed) = SessionOwner::recover(self.engine.clone(), session, &part, Recovery::Owner);
-        self.engine.ledger.put_children(&changed)?;
-        self.engine.ledger.remove_claims(&claim_ids)?;
+        self.engine.ledger.write(&Writes {
+            children: changed,
+            remove_claims: claim_ids,
+            ..Writes::default()
+        })?;
         if let Some(wake) = self.wakes.get(id) {
             owner.bind_wake(wake.clone());
         }
@@ -220,26 +235,6 @@ impl Supervisor {
     }
 }
 
-/// Checks a session id: 1 to 256 bytes, no control characters.
-pub fn validate_session_id(id: &str) -> Result<(), OwnerError> {
-    let bad = |m: &str| {
-        Err(OwnerError::Invalid {
-            field: "session_id".into(),
-            message: m.into(),
-        })
-    };
-    if id.is_empty() {
-        return bad("must not be empty");
-    }
-    if id.len() > MAX_SESSION_ID_BYTES {
-        return bad("must be at most 256 bytes");
-    }
-    if id.chars().any(char::is_control) {
-        return bad("must not contain control characters");
-    }
-    Ok(())
-}
-
 impl Actor for Supervisor {
     type Context = Context<Self>;
 
@@ -252,7 +247,7 @@ impl Actor for Supervisor {
 }
 
 impl Handler<OpenSession> for Supervisor {
-    type Result = ResponseFuture<Result<(Addr<SessionOwner>, SessionInfo), OwnerError>>;
+    type Result = ResponseFuture<Result<(Addr<SessionOwner>, SessionInfo), BroodError>>;
 
     fn handle(&mut self, msg: OpenSession, ctx: &mut Context<Self>) -> Self::Result {
         if let Err(e) = validate_session_id(&msg.session_id) {
@@ -262,7 +257,7 @@ impl Handler<OpenSession> for Supervisor {
             return Box::pin(async { Err(e) });
         }
         if let Some(reason) = self.failed.get(&msg.session_id) {
-            let e = OwnerError::SessionFailed {
+            let e = BroodError::SessionFailed {
                 session: msg.session_id.clone(),
                 reason: reason.clone(),
             };
@@ -285,7 +280,17 @@ impl Handler<OpenSession> for Supervisor {
                     created_at_ms: now_ms(),
                 };
                 let ledger = &self.engine.ledger;
-                if let Err(e) = ledger.put_session(&row).and_then(|_| ledger.flush().map(|_| ())) {
+                let session = Writes {
+                    sessions: vec![row.clone()],
+                    ..Writes::default()
+                };
+                if let Err(e) = ledger.write(&session).and_then(|_| ledger.flush().map(|_| ())) {
+                    // Not durable, so not opened: take the row back (a later flush must not
+                    // make it real), and answer the failure.
+                    let _ = ledger.write(&Writes {
+                        remove_sessions: vec![row.session_id.clone()],
+                        ..Writes::default()
+                    });
                     return Box::pin(async move { Err(e.into()) });
                 }
                 self.spawn_owner(SessionOwner::new(self.engine.clone(), row), ctx)
@@ -296,7 +301,7 @@ impl Handler<OpenSession> for Supervisor {
         }
         let configure = Configure(msg.settings);
         Box::pin(async move {
-            let info = addr.send(configure).await.map_err(|_| OwnerError::Stopped)??;
+            let info = addr.send(configure).await.map_err(|_| BroodError::Stopped)??;
             Ok((addr, info))
         })
     }
@@ -324,21 +329,21 @@ impl Handler<OwnerExited> for Supervisor {
 }
 
 impl Handler<FindOwner> for Supervisor {
-    type Result = Result<Addr<SessionOwner>, OwnerError>;
+    type Result = Result<Addr<SessionOwner>, BroodError>;
 
     fn handle(&mut self, FindOwner(id): FindOwner, _: &mut Context<Self>) -> Self::Result {
         if let Some(reason) = self.failed.get(&id) {
-            return Err(OwnerError::SessionFailed {
+            return Err(BroodError::SessionFailed {
                 session: id,
                 reason: reason.clone(),
             });
         }
-        self.engine.owner(&id).ok_or(OwnerError::UnknownSession(id))
+        self.engine.owner(&id).ok_or(BroodError::UnknownSession(id))
     }
 }
 
 impl Handler<DeadLetters> for Supervisor {
-    type Result = Result<Vec<DeadLetterRow>, OwnerError>;
+    type Result = Result<Vec<DeadLetterRow>, BroodError>;
 
     fn handle(&mut self, _: DeadLetters, _: &mut Context<Self>) -> Self::Result {
         Ok(self.engine.ledger.dead_letters()?)

@@ -11,11 +11,18 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+mod check;
+mod request;
+
+pub use check::CheckRow;
+pub(crate) use request::panic_message;
+pub use request::{validate, validate_session_id, DelegateRequest, SessionSettings, TaskSpec, MAX_SESSION_ID_BYTES};
+
 /// Milliseconds since the Unix epoch, the one clock stored rows use.
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
 }
 
@@ -286,6 +293,41 @@ pub struct DeadLetterRow {
     pub dead_at_ms: u64,
 }
 
+/// An acknowledged claim, or the confirmed receipt of a sync call's results: the durable record
+/// that its items are delivered. One row per claim (an ack never rewrites its children's rows);
+/// the children's own `delivered` flags are a later, unflushed copy of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckRow {
+    /// The claim id (for a sync call: [`sync_receipt_id`] of the call).
+    pub claim_id: String,
+    /// The owning session.
+    pub session_id: String,
+    /// The dedup keys the ack delivered.
+    pub items: Vec<String>,
+    /// When the ack was recorded.
+    pub acked_at_ms: u64,
+}
+
+/// The id under which a sync call's confirmed receipt is recorded among the acks.
+pub fn sync_receipt_id(call_id: &str) -> String {
+    format!("sync_{call_id}")
+}
+
+/// A stored row that could not be read back, moved aside with its raw bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuarantineRow {
+    /// The tree it was found in.
+    pub tree: String,
+    /// Its key, as stored.
+    pub key: Vec<u8>,
+    /// Its value, as stored.
+    pub value: Vec<u8>,
+    /// Why it could not be used.
+    pub reason: String,
+    /// When it was moved aside.
+    pub quarantined_at_ms: u64,
+}
+
 /// One ready item as a consumer receives it in an envelope.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReadyItem {
@@ -326,6 +368,22 @@ pub struct ReadyItem {
     /// For recovered units: how many of the unit's children were recorded before the owner
     /// exited (k of "k/n child results were recorded before the owner exited").
     pub recorded_before_exit: Option<u32>,
+}
+
+/// Everything ready at one boundary, owned by one claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    /// The claim that owns the items; ack or release it.
+    pub claim_id: String,
+    /// Who holds the claim.
+    pub consumer: String,
+    /// When the lease runs out (ms since the epoch).
+    pub lease_expires_at_ms: u64,
+    /// The items, by set, unit, task and kind.
+    pub items: Vec<ReadyItem>,
+    /// What a model reads. The session owner leaves it empty; the embedding API renders it
+    /// off the routing thread.
+    pub text: String,
 }
 
 /// The dedup key of an item: stable for the life of the item.

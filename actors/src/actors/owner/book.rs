@@ -1,0 +1,228 @@
+//! The owner's book: the calls, units and children of one session that still owe their parent
+//! something, and the views built from them (a consumer's item, a session's counts and calls).
+//!
+//! It holds state and answers questions about it; it decides nothing about routing (that is
+//! [`crate::routing`]) and writes nothing (that is the owner's persist step).
+
+use std::collections::HashMap;
+
+use actix::Addr;
+
+use super::messages::CallStatus;
+use super::sync::SyncWaiter;
+use crate::actors::unit::Unit;
+use crate::model::*;
+
+/// A call still owed to its parent.
+pub(super) struct CallState {
+    pub(super) row: CallRow,
+    pub(super) units: Vec<String>,
+    pub(super) incomplete_units: usize,
+    /// The caller of a sync call, until its results are handed over.
+    pub(super) sync_reply: Option<SyncWaiter>,
+    /// Sync results were handed over and await the caller's receipt (then they are delivered).
+    pub(super) awaiting_receipt: bool,
+    /// The receipt is being made durable.
+    pub(super) receipt_pending: bool,
+}
+
+/// A completion unit of a call in the book.
+pub(super) struct UnitState {
+    pub(super) row: UnitRow,
+    pub(super) terminal: usize,
+    pub(super) complete: bool,
+    pub(super) addr: Option<Addr<Unit>>,
+    pub(super) recorded_before_exit: Option<u32>,
+}
+
+/// The calls, units and children in memory.
+#[derive(Default)]
+pub(super) struct Book {
+    pub(super) calls: HashMap<String, CallState>,
+    pub(super) units: HashMap<String, UnitState>,
+    pub(super) children: HashMap<String, ChildRow>,
+    /// Items delivered of calls already dropped from memory.
+    pub(super) delivered_done: u64,
+}
+
+/// The k of a unit id `<call>-<k>` (0 when it has none).
+fn unit_ordinal(unit_id: &str) -> u64 {
+    unit_id.rsplit_once('-').and_then(|(_, k)| k.parse().ok()).unwrap_or(0)
+}
+
+impl Book {
+    /// Adds an accepted (or recovered) call with its units; `children` are its rows.
+    pub(super) fn insert_call(
+        &mut self,
+        row: CallRow,
+        units: Vec<(UnitRow, usize, Option<u32>)>,
+        children: Vec<ChildRow>,
+    ) {
+        let unit_ids: Vec<String> = units.iter().map(|(u, _, _)| u.unit_id.clone()).collect();
+        let mut incomplete = 0;
+        for (unit, terminal, recorded_before_exit) in units {
+            let complete = terminal >= unit.tasks.len();
+            incomplete += usize::from(!complete);
+            self.units.insert(
+                unit.unit_id.clone(),
+                UnitState {
+                    row: unit,
+                    terminal,
+                    complete,
+                    addr: None,
+                    recorded_before_exit,
+                },
+            );
+        }
+        for child in children {
+            self.children.insert(child.child_id.clone(), child);
+        }
+        self.calls.insert(
+            row.call_id.clone(),
+            CallState {
+                row,
+                units: unit_ids,
+                incomplete_units: incomplete,
+                sync_reply: None,
+                awaiting_receipt: false,
+                receipt_pending: false,
+            },
+        );
+    }
+
+    /// The children ids of a call, by task index.
+    pub(super) fn child_ids(call: &CallRow) -> impl Iterator<Item = String> + '_ {
+        (0..call.tasks.len() as u32).map(move |i| child_id(&call.call_id, i))
+    }
+
+    /// The task of a child.
+    pub(super) fn task_of(&self, row: &ChildRow) -> Option<&Task> {
+        self.calls.get(&row.call_id)?.row.tasks.get(row.task_index as usize)
+    }
+
+    /// Builds the consumer's view of an item.
+    pub(super) fn item(&self, key: &str, delivery_attempt: u32) -> Option<ReadyItem> {
+        let (child, kind) = parse_dedup_key(key)?;
+        let row = self.children.get(child)?;
+        let call = self.calls.get(&row.call_id)?;
+        let unit = self.units.get(&row.unit_id)?;
+        let task = call.row.tasks.get(row.task_index as usize)?;
+        Some(ReadyItem {
+            kind,
+            dedup_key: key.to_string(),
+            delivery_attempt,
+            call_id: row.call_id.clone(),
+            set: call.row.set,
+            unit_id: row.unit_id.clone(),
+            group: unit.row.group.clone(),
+            child_id: row.child_id.clone(),
+            task_index: row.task_index,
+            of: u32::try_from(call.row.tasks.len()).unwrap_or(u32::MAX),
+            unit_size: u32::try_from(unit.row.tasks.len()).unwrap_or(u32::MAX),
+            status: row.status,
+            goal: task.goal.clone(),
+            summary: row.summary.clone(),
+            error: row.error.clone(),
+            recovered: row.recovered,
+            finished_at_ms: row.finished_at_ms,
+            recorded_before_exit: unit.recorded_before_exit,
+        })
+    }
+
+    /// The items of `keys` in envelope order: by set, unit, task, kind.
+    pub(super) fn items(&self, keys: &[(String, u32)]) -> Vec<ReadyItem> {
+        let mut items: Vec<ReadyItem> = keys.iter().filter_map(|(k, a)| self.item(k, *a)).collect();
+        items.sort_by_cached_key(|i| (i.set, unit_ordinal(&i.unit_id), i.task_index, i.kind));
+        items
+    }
+
+    /// Sets the delivery state of the items `keys` names, returning the child rows changed.
+    pub(super) fn mark<'a>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'a String>,
+        f: impl Fn(&mut DeliveryRow),
+    ) -> Vec<ChildRow> {
+        let mut touched: Vec<String> = Vec::new();
+        for key in keys {
+            if let Some((child, kind)) = parse_dedup_key(key) {
+                if let Some(row) = self.children.get_mut(child) {
+                    f(row.delivery_mut(kind));
+                    touched.push(child.to_string());
+                }
+            }
+        }
+        touched.sort();
+        touched.dedup();
+        touched.iter().filter_map(|id| self.children.get(id).cloned()).collect()
+    }
+
+    /// Whether every item of a complete call is delivered or dead, so it can leave memory.
+    pub(super) fn settled(&self, call_id: &str, open: impl Fn(&str) -> bool) -> bool {
+        let Some(call) = self.calls.get(call_id) else {
+            return false;
+        };
+        call.incomplete_units == 0
+            && !call.awaiting_receipt
+            && !call.receipt_pending
+            && Self::child_ids(&call.row).all(|id| {
+                !open(&dedup_key(&id, ItemKind::Result))
+                    && !open(&dedup_key(&id, ItemKind::FailureNotice))
+                    && self
+                        .children
+                        .get(&id)
+                        .map_or(true, |r| r.result.delivered || r.result.dead)
+            })
+    }
+
+    /// Drops a settled call from memory; returns its item keys for the router to forget.
+    pub(super) fn drop_call(&mut self, call_id: &str) -> Vec<String> {
+        let Some(call) = self.calls.remove(call_id) else {
+            return Vec::new();
+        };
+        let mut keys = Vec::new();
+        for id in Self::child_ids(&call.row) {
+            if let Some(row) = self.children.remove(&id) {
+                self.delivered_done = self
+                    .delivered_done
+                    .saturating_add(u64::from(row.result.delivered) + u64::from(row.notice.delivered));
+            }
+            keys.push(dedup_key(&id, ItemKind::Result));
+            keys.push(dedup_key(&id, ItemKind::FailureNotice));
+        }
+        for u in call.units {
+            self.units.remove(&u);
+        }
+        keys
+    }
+
+    /// Items delivered, of calls in memory and dropped.
+    pub(super) fn delivered(&self) -> u64 {
+        let live: u64 = self
+            .children
+            .values()
+            .map(|r| u64::from(r.result.delivered) + u64::from(r.notice.delivered))
+            .sum();
+        self.delivered_done.saturating_add(live)
+    }
+
+    /// The calls in memory with their units and children, by set.
+    pub(super) fn call_statuses(&self) -> Vec<CallStatus> {
+        let mut calls: Vec<CallStatus> = self
+            .calls
+            .values()
+            .map(|c| CallStatus {
+                call: c.row.clone(),
+                units: c
+                    .units
+                    .iter()
+                    .filter_map(|u| self.units.get(u).map(|s| s.row.clone()))
+                    .collect(),
+                children: Self::child_ids(&c.row)
+                    .filter_map(|id| self.children.get(&id).cloned())
+                    .collect(),
+            })
+            .collect();
+        calls.sort_by_key(|c| c.call.set);
+        calls
+    }
+}

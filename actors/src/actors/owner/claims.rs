@@ -1,0 +1,302 @@
+//! Boundaries, acks, releases, lease expiries and dead letters: the claim side of the owner.
+//!
+//! A boundary claims at once (claims are not flushed by design: a crash returns them anyway).
+//! An ack is durable as one ack row for its claim, written and flushed before the router marks
+//! its items delivered. A release or an expiry that dead-letters items writes their dead letters
+//! and flushes before anything moves; one that does not is applied at once (attempt counts are
+//! advisory and written without a flush). Meanwhile the claim is held: it cannot expire.
+
+use std::time::Duration;
+
+use actix::AsyncContext as _;
+use tokio::sync::oneshot;
+
+use super::persist::{BatchView, Decided, Step};
+use super::{answer, new_claim_id, Durable, Release, SessionOwner};
+use crate::error::BroodError;
+use crate::ledger::Writes;
+use crate::model::*;
+use crate::routing::{AckPlan, ReleaseReason, Returned};
+
+/// How long an expiry whose dead letters could not be flushed waits before it is tried again.
+const EXPIRY_RETRY: Duration = Duration::from_millis(200);
+
+impl SessionOwner {
+    /// A boundary: every item ready now goes into one new claim, or nothing does.
+    pub(super) fn claim(&mut self, consumer: String, lease_ms: u64) -> Option<Envelope> {
+        let now = now_ms();
+        self.wake_state.boundary();
+        let claim = self
+            .router
+            .claim(now, new_claim_id(&self.session.session_id), lease_ms)?;
+        let items = self.book.items(&claim.items);
+        let row = ClaimRow {
+            claim_id: claim.claim_id.clone(),
+            session_id: self.session.session_id.clone(),
+            consumer: consumer.clone(),
+            lease_expires_at_ms: claim.lease_expires_at_ms,
+            items: u32::try_from(claim.items.len()).unwrap_or(u32::MAX - 1),
+        };
+        // Cheap by design: a claim is returned at a crash anyway, so its row is not flushed.
+        if let Err(e) = self.engine.ledger.put_claim(&row) {
+            tracing::warn!(claim = %row.claim_id, "writing the claim row failed: {e}");
+        }
+        Some(Envelope {
+            claim_id: claim.claim_id,
+            consumer,
+            lease_expires_at_ms: claim.lease_expires_at_ms,
+            items,
+            text: String::new(),
+        })
+    }
+
+    /// Ends the claims whose lease ran out: those that dead-letter nothing at once; the others
+    /// are held and returned as requests, to be made durable first.
+    pub(super) fn expire_due(&mut self) -> Vec<Durable> {
+        let now = now_ms();
+        let mut dying = Vec::new();
+        for claim_id in self.router.due_claims(now) {
+            let Some(returned) = self.router.plan_expiry(now, &claim_id) else {
+                continue;
+            };
+            tracing::debug!(claim = %claim_id, "lease expired");
+            if returned.dead.is_empty() {
+                self.apply_returned(&claim_id, &returned, "");
+            } else {
+                self.router.hold(&claim_id);
+                dying.push(Durable::Expire(claim_id));
+            }
+        }
+        self.router.promote(now);
+        dying
+    }
+
+    /// Whether a live claim's lease ran out (its expiry may still be on its way to the disk):
+    /// an ack or release of it comes too late.
+    fn lease_ran_out(&self, claim_id: &str) -> bool {
+        self.router.lease_of(claim_id).is_some_and(|t| t <= now_ms())
+    }
+
+    /// A claim acknowledged durably before (by an earlier owner or process), if it was.
+    fn durably_acked(&self, claim_id: &str) -> Result<Option<usize>, BroodError> {
+        Ok(self.engine.ledger.ack(claim_id)?.map(|row| row.items.len()))
+    }
+
+    /// Decides an ack: an ack row for the claim, flushed; then its items are delivered.
+    pub(super) fn decide_ack(
+        &mut self,
+        claim_id: String,
+        reply: oneshot::Sender<Result<usize, BroodError>>,
+        view: &mut BatchView,
+    ) -> Decided<Durable> {
+        if view.claims.contains(&claim_id) {
+            return Decided::Later(Durable::Ack(claim_id, reply));
+        }
+        if self.lease_ran_out(&claim_id) {
+            answer(reply, Err(BroodError::ClaimLost(claim_id)));
+            return Decided::Done;
+        }
+        let items = match self.router.plan_ack(&claim_id) {
+            Ok(AckPlan::Acked(n)) => {
+                answer(reply, Ok(n));
+                return Decided::Done;
+            }
+            Ok(AckPlan::Deliver(items)) => items,
+            Err(refused) => {
+                // Retried after an owner restart: the ack row says it took effect.
+                let answered = match self.durably_acked(&claim_id) {
+                    Ok(Some(n)) => Ok(n),
+                    Ok(None) => Err(refused.into()),
+                    Err(e) => Err(e),
+                };
+                answer(reply, answered);
+                return Decided::Done;
+            }
+        };
+        view.claim_taken(&claim_id);
+        self.router.hold(&claim_id);
+        let row = AckRow {
+            claim_id: claim_id.clone(),
+            session_id: self.session.session_id.clone(),
+            items: items.clone(),
+            acked_at_ms: now_ms(),
+        };
+        let restore = Writes {
+            remove_acks: vec![claim_id.clone()],
+            ..Writes::default()
+        };
+        Decided::Step(Step {
+            writes: Writes {
+                acks: vec![row],
+                ..Writes::default()
+            },
+            restore,
+            then: Box::new(move |act, _, res| match res {
+                Ok(()) => {
+                    let delivered = act.router.apply_ack(&claim_id);
+                    let rows = act.book.mark(&items, |d| d.delivered = true);
+                    let calls: Vec<String> = rows.iter().map(|r| r.call_id.clone()).collect();
+                    // The ack row is the durable record; the children get a copy of it, and
+                    // the claim row goes, without a flush of their own.
+                    act.write_unflushed(Writes {
+                        children: rows,
+                        remove_claims: vec![claim_id],
+                        ..Writes::default()
+                    });
+                    act.collect(calls);
+                    answer(reply, Ok(delivered));
+                }
+                Err(e) => {
+                    act.router.unhold(&claim_id);
+                    answer(reply, Err(e));
+                }
+            }),
+        })
+    }
+
+    /// Decides a release: applied at once unless it dead-letters items, which are made durable
+    /// first.
+    pub(super) fn decide_release(
+        &mut self,
+        msg: Release,
+        reply: oneshot::Sender<Result<(), BroodError>>,
+        view: &mut BatchView,
+    ) -> Decided<Durable> {
+        if view.claims.contains(&msg.claim_id) {
+            return Decided::Later(Durable::Release(msg, reply));
+        }
+        if self.lease_ran_out(&msg.claim_id) {
+            answer(reply, Err(BroodError::ClaimLost(msg.claim_id)));
+            return Decided::Done;
+        }
+        let returned = match self
+            .router
+            .plan_release(now_ms(), &msg.claim_id, msg.reason, msg.retry_after_ms)
+        {
+            Ok(r) => r,
+            Err(refused) => {
+                let answered = match self.durably_acked(&msg.claim_id) {
+                    Ok(Some(_)) => Err(BroodError::ClaimAcked(msg.claim_id)),
+                    Ok(None) => Err(refused.into()),
+                    Err(e) => Err(e),
+                };
+                answer(reply, answered);
+                return Decided::Done;
+            }
+        };
+        let why = match msg.reason {
+            ReleaseReason::Busy => "released busy",
+            ReleaseReason::Failed => "delivery failed on the last attempt",
+        };
+        if returned.dead.is_empty() {
+            self.apply_returned(&msg.claim_id, &returned, why);
+            answer(reply, Ok(()));
+            return Decided::Done;
+        }
+        view.claim_taken(&msg.claim_id);
+        self.router.hold(&msg.claim_id);
+        let claim_id = msg.claim_id;
+        self.dead_letter_step(claim_id.clone(), returned, why, move |act, _, res| {
+            if res.is_err() {
+                act.router.unhold(&claim_id);
+            }
+            answer(reply, res);
+        })
+    }
+
+    /// Decides an expiry that dead-letters items (held since its lease ran out).
+    pub(super) fn decide_expiry(&mut self, claim_id: String, view: &mut BatchView) -> Decided<Durable> {
+        let Some(returned) = self.router.plan_expiry(now_ms(), &claim_id) else {
+            return Decided::Done;
+        };
+        let why = "lease expired on the last delivery attempt";
+        if returned.dead.is_empty() {
+            self.apply_returned(&claim_id, &returned, why);
+            return Decided::Done;
+        }
+        view.claim_taken(&claim_id);
+        let id = claim_id.clone();
+        self.dead_letter_step(claim_id, returned, why, move |_, ctx, res| {
+            if res.is_err() {
+                // Still held: try again a little later, not in a loop against a failing disk.
+                ctx.run_later(EXPIRY_RETRY, move |act, ctx| act.submit(Durable::Expire(id), ctx));
+            }
+        })
+    }
+
+    /// A step writing the dead letters of a hand-back; applied (the claim ended, its items
+    /// placed) once they are durable. `done` answers the request either way.
+    fn dead_letter_step(
+        &mut self,
+        claim_id: String,
+        returned: Returned<String>,
+        why: &'static str,
+        done: impl FnOnce(&mut SessionOwner, &mut actix::Context<SessionOwner>, Result<(), BroodError>) + 'static,
+    ) -> Decided<Durable> {
+        let now = now_ms();
+        let dead: Vec<DeadLetterRow> = returned
+            .dead
+            .iter()
+            .filter_map(|(key, attempts)| {
+                let (child, kind) = parse_dedup_key(key)?;
+                let row = self.book.children.get(child)?;
+                Some(DeadLetterRow {
+                    dedup_key: key.clone(),
+                    child_id: child.to_string(),
+                    session_id: row.session_id.clone(),
+                    call_id: row.call_id.clone(),
+                    kind,
+                    reason: why.to_string(),
+                    attempts: *attempts,
+                    dead_at_ms: now,
+                })
+            })
+            .collect();
+        let restore = Writes {
+            remove_dead_letters: dead.iter().map(|d| d.dedup_key.clone()).collect(),
+            ..Writes::default()
+        };
+        Decided::Step(Step {
+            writes: Writes {
+                dead_letters: dead,
+                ..Writes::default()
+            },
+            restore,
+            then: Box::new(move |act, ctx, res| {
+                if res.is_ok() {
+                    tracing::warn!(session = %act.session.session_id, items = returned.dead.len(), "items moved to the dead-letter tree: {why}");
+                    act.apply_returned(&claim_id, &returned, why);
+                }
+                done(act, ctx, res);
+            }),
+        })
+    }
+
+    /// Applies a hand-back: the claim ends, its items are placed as decided, attempt counts and
+    /// dead marks are copied to the children's rows (without a flush: the dead letters, already
+    /// durable, are the record), the claim row goes.
+    pub(super) fn apply_returned(&mut self, claim_id: &str, returned: &Returned<String>, _why: &str) {
+        self.router.apply_returned(claim_id, returned);
+        let mut rows = Vec::new();
+        for (key, attempts) in &returned.requeued {
+            let attempts = *attempts;
+            rows.extend(self.book.mark(std::iter::once(key), |d| d.failed_attempts = attempts));
+        }
+        for (key, attempts) in &returned.dead {
+            let attempts = *attempts;
+            rows.extend(self.book.mark(std::iter::once(key), |d| {
+                d.failed_attempts = attempts;
+                d.dead = true;
+            }));
+        }
+        let calls: Vec<String> = rows.iter().map(|r| r.call_id.clone()).collect();
+        self.write_unflushed(Writes {
+            children: rows,
+            remove_claims: vec![claim_id.to_string()],
+            ..Writes::default()
+        });
+        if !returned.dead.is_empty() {
+            self.collect(calls);
+        }
+    }
+}

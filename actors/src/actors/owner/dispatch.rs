@@ -1,0 +1,352 @@
+//! Accepting calls and running their children: the dispatch decision (set number, call, unit
+//! and session rows), session settings, capacity admission, handing admitted children to their
+//! unit actors, and a lost start queued again. Each durable decision is a [`Step`] that applies
+//! only once its rows are flushed.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+
+use super::persist::{BatchView, Decided, Step};
+use super::{answer, Delegate, Delegated, Durable, SessionInfo, SessionOwner, StartLost, UnitExited};
+use crate::actors::supervise::{self, Decision, Exit};
+use crate::actors::unit::{StartChild, Unit};
+use crate::error::BroodError;
+use crate::ledger::Writes;
+use crate::model::*;
+use crate::recovery::queued_child;
+
+/// How long admission waits before trying again after running marks could not be flushed.
+const ADMIT_RETRY: Duration = Duration::from_millis(100);
+
+impl SessionOwner {
+    /// Decides a delegate: validates it, gives it the batch's next set, and writes session,
+    /// units and call (in that order: a crash may skip a set, never reuse one). Applied — the
+    /// set taken, the call booked, its children queued — only once that is durable.
+    pub(super) fn decide_delegate(
+        &mut self,
+        msg: Delegate,
+        reply: oneshot::Sender<Result<Delegated, BroodError>>,
+        view: &mut BatchView,
+    ) -> Decided<Durable> {
+        let tasks = match validate(&msg.request, &*self.engine.factory) {
+            Ok(t) => t,
+            Err(e) => {
+                answer(reply, Err(e));
+                return Decided::Done;
+            }
+        };
+        let (mode, forced_sync_reason) = match msg.request.mode {
+            Mode::Background if self.wake.is_none() => (
+                Mode::Sync,
+                Some(format!(
+                    "session `{}` is not wake-capable (no wake target is bound), so a background result could never wake the parent; the call ran synchronously",
+                    self.session.session_id
+                )),
+            ),
+            m => (m, None),
+        };
+        let set = view.session.next_set;
+        let call_id = new_call_id();
+        let call = CallRow {
+            call_id: call_id.clone(),
+            session_id: self.session.session_id.clone(),
+            set,
+            mode,
+            forced_sync_reason: forced_sync_reason.clone(),
+            independent_completions: msg.request.independent_completions,
+            tasks,
+            created_at_ms: now_ms(),
+        };
+        let units = plan_units(&call_id, &call.tasks, call.independent_completions);
+        view.session.next_set = set.saturating_add(1);
+        let writes = Writes {
+            sessions: vec![view.session.clone()],
+            units: units.clone(),
+            calls: vec![call.clone()],
+            ..Writes::default()
+        };
+        let restore = Writes {
+            sessions: vec![self.session.clone()],
+            remove_calls: vec![(call_id.clone(), units.iter().map(|u| u.unit_id.clone()).collect())],
+            ..Writes::default()
+        };
+        let accepted = msg.accepted;
+        let then = move |act: &mut SessionOwner, ctx: &mut Context<SessionOwner>, res: Result<(), BroodError>| {
+            if let Err(e) = res {
+                return answer(reply, Err(e));
+            }
+            act.session.next_set = act.session.next_set.max(set.saturating_add(1));
+            if let Ok(mut a) = accepted.lock() {
+                *a = Some(call_id.clone());
+            }
+            let mut children: Vec<ChildRow> = units
+                .iter()
+                .flat_map(|u| u.tasks.iter().map(|&i| queued_child(&call, u, i)))
+                .collect();
+            children.sort_by_key(|c| c.task_index);
+            for c in &children {
+                act.capacity.enqueue(c.child_id.clone());
+            }
+            let booked: Vec<(UnitRow, usize, Option<u32>)> = units.iter().map(|u| (u.clone(), 0, None)).collect();
+            act.book.insert_call(call, booked, children);
+            match mode {
+                Mode::Sync => act.wait_sync(&call_id, reply, units, forced_sync_reason),
+                Mode::Background => answer(reply, Ok(Delegated::Background { call_id, set, units })),
+            }
+            act.admit(ctx);
+        };
+        Decided::Step(Step {
+            writes,
+            restore,
+            then: Box::new(then),
+        })
+    }
+
+    /// Decides a change of settings; a change of limits is made durable first, a wake target
+    /// is bound once it applies.
+    pub(super) fn decide_configure(
+        &mut self,
+        settings: SessionSettings,
+        reply: oneshot::Sender<Result<SessionInfo, BroodError>>,
+        view: &mut BatchView,
+        ctx: &mut Context<Self>,
+    ) -> Decided<Durable> {
+        if let Err(e) = settings.validate() {
+            answer(reply, Err(e));
+            return Decided::Done;
+        }
+        if view.session != self.session {
+            // A step of this batch changes the session row: decide against its outcome.
+            return Decided::Later(Durable::Configure(settings, reply));
+        }
+        let mut session = self.session.clone();
+        if let Some(n) = settings.max_concurrent_children {
+            session.max_concurrent_children = n;
+        }
+        if let Some(n) = settings.max_delivery_attempts {
+            session.max_delivery_attempts = n;
+        }
+        let (capacity, attempts) = (session.max_concurrent_children, session.max_delivery_attempts);
+        let apply = move |act: &mut SessionOwner,
+                          ctx: &mut Context<SessionOwner>,
+                          reply: oneshot::Sender<Result<SessionInfo, BroodError>>| {
+            act.session.max_concurrent_children = capacity;
+            act.session.max_delivery_attempts = attempts;
+            act.capacity.set_max(capacity as usize);
+            act.router.set_max_delivery_attempts(attempts);
+            if let Some(w) = settings.wake {
+                act.bind_wake(w);
+            }
+            act.admit(ctx);
+            answer(reply, Ok(act.info()));
+        };
+        if session == self.session {
+            apply(self, ctx, reply);
+            return Decided::Done;
+        }
+        view.session = session.clone();
+        let writes = Writes {
+            sessions: vec![session.clone()],
+            ..Writes::default()
+        };
+        let restore = Writes {
+            sessions: vec![self.session.clone()],
+            ..Writes::default()
+        };
+        Decided::Step(Step {
+            writes,
+            restore,
+            then: Box::new(move |act, ctx, res| match res {
+                Ok(()) => apply(act, ctx, reply),
+                Err(e) => answer(reply, Err(e)),
+            }),
+        })
+    }
+
+    /// Starts the queued children capacity allows. A re-runnable task needs no durable running
+    /// mark (queued or running, recovery runs it again), so it starts at once; one that is not
+    /// starts only once its mark is durable, or a crash could run it twice.
+    pub(super) fn admit(&mut self, ctx: &mut Context<Self>) {
+        if !crate::actors::running(ctx) {
+            return;
+        }
+        let ids = self.capacity.admit();
+        if ids.is_empty() {
+            return;
+        }
+        let (now, mut durable, mut rows) = (now_ms(), Vec::new(), Vec::new());
+        for id in ids {
+            let rerun = self
+                .book
+                .children
+                .get(&id)
+                .and_then(|r| self.book.task_of(r))
+                .is_some_and(|t| t.rerun_on_recovery);
+            if !rerun {
+                durable.push(id);
+            } else if let Some(row) = self.book.children.get_mut(&id) {
+                row.status = ChildStatus::Running;
+                row.started_at_ms = Some(now);
+                rows.push(row.clone());
+            }
+        }
+        if !rows.is_empty() {
+            self.write_unflushed(Writes {
+                children: rows.clone(),
+                ..Writes::default()
+            });
+            self.start_children(rows, ctx);
+        }
+        if !durable.is_empty() {
+            self.submit(Durable::Start(durable), ctx);
+        }
+    }
+
+    /// Decides the running marks of admitted children: applied (the children started) once
+    /// durable; on failure they go back to the head of the queue and admission tries again.
+    pub(super) fn decide_start(&mut self, ids: Vec<String>) -> Decided<Durable> {
+        let now = now_ms();
+        let current: Vec<ChildRow> = ids
+            .iter()
+            .filter_map(|id| self.book.children.get(id).cloned())
+            .collect();
+        let marked: Vec<ChildRow> = current
+            .iter()
+            .cloned()
+            .map(|mut r| {
+                r.status = ChildStatus::Running;
+                r.started_at_ms = Some(now);
+                r
+            })
+            .collect();
+        let writes = Writes {
+            children: marked.clone(),
+            ..Writes::default()
+        };
+        let restore = Writes {
+            children: current,
+            ..Writes::default()
+        };
+        Decided::Step(Step {
+            writes,
+            restore,
+            then: Box::new(move |act, ctx, res| match res {
+                Ok(()) => {
+                    for row in &marked {
+                        act.book.children.insert(row.child_id.clone(), row.clone());
+                    }
+                    act.start_children(marked, ctx);
+                }
+                Err(e) => {
+                    tracing::warn!(session = %act.session.session_id, "running marks not durable ({e}); the children wait");
+                    for id in ids.iter().rev() {
+                        act.capacity.requeue_front(id.clone());
+                    }
+                    ctx.run_later(ADMIT_RETRY, |act, ctx| act.admit(ctx));
+                }
+            }),
+        })
+    }
+
+    /// Decides putting a child whose start was lost back at the head of the queue, durably (its
+    /// running mark was flushed; a crash must not find it `running` and call it `unknown`).
+    pub(super) fn decide_requeue(&mut self, child_id: String) -> Decided<Durable> {
+        let Some(current) = self.book.children.get(&child_id).cloned() else {
+            return Decided::Done;
+        };
+        if current.status != ChildStatus::Running {
+            return Decided::Done;
+        }
+        let mut queued = current.clone();
+        queued.status = ChildStatus::Queued;
+        queued.started_at_ms = None;
+        let writes = Writes {
+            children: vec![queued.clone()],
+            ..Writes::default()
+        };
+        let restore = Writes {
+            children: vec![current],
+            ..Writes::default()
+        };
+        Decided::Step(Step {
+            writes,
+            restore,
+            then: Box::new(move |act, ctx, res| match res {
+                Ok(()) => {
+                    act.book.children.insert(child_id.clone(), queued);
+                    act.capacity.requeue_front(child_id);
+                    act.admit(ctx);
+                }
+                Err(_) => {
+                    ctx.run_later(ADMIT_RETRY, move |act, ctx| act.submit(Durable::Requeue(child_id), ctx));
+                }
+            }),
+        })
+    }
+
+    /// Hands started children to their unit actors (starting a unit actor where needed).
+    fn start_children(&mut self, rows: Vec<ChildRow>, ctx: &mut Context<Self>) {
+        let me = ctx.address();
+        for row in rows {
+            let Some(task) = self.book.task_of(&row).cloned() else {
+                continue;
+            };
+            let Some(unit) = self.book.units.get_mut(&row.unit_id) else {
+                continue;
+            };
+            let addr = match &unit.addr {
+                Some(addr) if addr.connected() => addr.clone(),
+                _ => {
+                    let (unit_row, engine, owner) = (unit.row.clone(), self.engine.clone(), me.clone());
+                    let (addr, exit) = supervise::spawn_in(&self.engine.children_arbiter, move || {
+                        Unit::new(unit_row, engine, owner)
+                    });
+                    // Watched from a task of its own, not from this context: an actix context
+                    // polls every future it holds on every message, so thousands of watchers
+                    // here would make each message cost O(units).
+                    let unit_id = unit.row.unit_id.clone();
+                    let owner = me.downgrade();
+                    actix::spawn(async move {
+                        if let exit @ Exit::Panicked(_) = exit.await {
+                            if let Some(owner) = owner.upgrade() {
+                                owner.do_send(UnitExited { unit_id, exit });
+                            }
+                        }
+                    });
+                    unit.addr = Some(addr.clone());
+                    addr
+                }
+            };
+            let child_id = row.child_id.clone();
+            let owner = me.downgrade();
+            actix::spawn(async move {
+                if addr.send(StartChild { row, task }).await.is_err() {
+                    // The unit died before starting the child: it never ran, so queue it again.
+                    if let Some(owner) = owner.upgrade() {
+                        owner.do_send(StartLost { child_id });
+                    }
+                }
+            });
+        }
+    }
+
+    /// A unit actor's task ended. A panic restarts it (lazily, at the next start of one of its
+    /// children) within the restart budget; past it, the failure escalates to this owner.
+    pub(super) fn unit_exited(&mut self, unit_id: &str, exit: Exit, ctx: &mut Context<Self>) {
+        let Exit::Panicked(msg) = exit else { return };
+        tracing::error!(unit = unit_id, "unit actor panicked: {msg}");
+        let decision = self.unit_budgets.on_failure(unit_id, std::time::Instant::now());
+        if decision == Decision::Escalate {
+            panic!("unit {unit_id} keeps panicking ({msg}); escalating to its session owner's supervisor");
+        }
+        if let Some(unit) = self.book.units.get_mut(unit_id) {
+            // Only forget the dead actor, not a replacement a requeue already started.
+            if unit.addr.as_ref().is_some_and(|a| !a.connected()) {
+                unit.addr = None;
+            }
+        }
+        self.admit(ctx);
+    }
+}

@@ -1,0 +1,162 @@
+//! What a session owner is asked, and what it answers. Each message is handled by a few lines
+//! in [`super`] that call the owner's parts; the types here carry no behaviour.
+
+use std::sync::{Arc, Mutex};
+
+use actix::prelude::*;
+
+use crate::error::BroodError;
+use crate::model::{CallRow, ChildRow, DelegateRequest, Envelope, ReadyItem, SessionSettings, UnitRow};
+use crate::routing::{ReleaseReason, Turn};
+
+/// Accept a call. The request is shared with the caller, who gets it back when the call is
+/// refused; `accepted` is filled with the call id once the dispatch is durable, so a caller
+/// whose owner dies while a sync call runs learns which call its results will come under.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Delegated, BroodError>")]
+pub struct Delegate {
+    /// The request.
+    pub request: Arc<DelegateRequest>,
+    /// The call id, once accepted.
+    pub accepted: Arc<Mutex<Option<String>>>,
+}
+
+/// What an accepted call answers.
+#[derive(Debug, Clone)]
+pub enum Delegated {
+    /// Running in the background; results come at boundaries.
+    Background {
+        /// The call id.
+        call_id: String,
+        /// Its set ordinal.
+        set: u64,
+        /// Its units.
+        units: Vec<UnitRow>,
+    },
+    /// Ran synchronously; the results are here and count as delivered once received.
+    Sync {
+        /// The call id.
+        call_id: String,
+        /// Its set ordinal.
+        set: u64,
+        /// Its units.
+        units: Vec<UnitRow>,
+        /// Why a background call was forced to sync, if it was.
+        forced_sync_reason: Option<String>,
+        /// Every child's result.
+        results: Vec<ReadyItem>,
+    },
+}
+
+/// Terminal rows, flushed by the coalescer, for the owner to record and publish.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Recorded {
+    /// The rows.
+    pub rows: Vec<ChildRow>,
+}
+
+/// A turn boundary: claim everything ready, or nothing. The envelope's `text` is left empty:
+/// rendering happens off the routing thread, in the embedding API.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Option<Envelope>, BroodError>")]
+pub struct Boundary {
+    /// Who claims.
+    pub consumer: String,
+    /// Lease length in ms.
+    pub lease_ms: u64,
+}
+
+/// Acknowledge a claim.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<usize, BroodError>")]
+pub struct Ack {
+    /// The claim.
+    pub claim_id: String,
+}
+
+/// Hand a claim back.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "Result<(), BroodError>")]
+pub struct Release {
+    /// The claim.
+    pub claim_id: String,
+    /// Busy or failed.
+    pub reason: ReleaseReason,
+    /// Least time before the items are ready again.
+    pub retry_after_ms: u64,
+}
+
+/// Change the session's turn state.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct SetTurn(pub Turn);
+
+/// Change a session's settings.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<SessionInfo, BroodError>")]
+pub struct Configure(pub SessionSettings);
+
+/// The caller of a sync call received its results: now they count as delivered. Answered once
+/// that is durable (or failed, and the results go out at boundaries instead).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct SyncReceived {
+    /// The sync call.
+    pub call_id: String,
+}
+
+/// A session's settings and turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The session id.
+    pub session_id: String,
+    /// Whether a wake target is bound.
+    pub wake_capable: bool,
+    /// Idle or busy.
+    pub turn: Turn,
+    /// Capacity.
+    pub max_concurrent_children: u32,
+    /// Dead-letter limit.
+    pub max_delivery_attempts: u32,
+}
+
+/// Ask for the session's state; with `calls: false` only the counts (cheap: no rows copied).
+#[derive(Debug, Message)]
+#[rtype(result = "SessionStatus")]
+pub struct Status {
+    /// Whether to list the calls in memory with their units and children.
+    pub calls: bool,
+}
+
+/// Counts and calls of a session.
+#[derive(Debug, Clone)]
+pub struct SessionStatus {
+    /// Settings and turn.
+    pub info: SessionInfo,
+    /// Children waiting for capacity.
+    pub queued: usize,
+    /// Children running.
+    pub running: usize,
+    /// Items claimable now (what a wake's `ready` counts too).
+    pub ready: usize,
+    /// Items waiting out a backoff before they are ready again.
+    pub backing_off: usize,
+    /// Items in live claims.
+    pub claimed: usize,
+    /// Items delivered (acked or returned inline).
+    pub delivered: u64,
+    /// Calls still in memory (not yet fully delivered), by set.
+    pub calls: Vec<CallStatus>,
+}
+
+/// One call of a session's status.
+#[derive(Debug, Clone)]
+pub struct CallStatus {
+    /// The call row.
+    pub call: CallRow,
+    /// Its units.
+    pub units: Vec<UnitRow>,
+    /// Its children, by task index.
+    pub children: Vec<ChildRow>,
+}

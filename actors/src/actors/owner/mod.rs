@@ -1,0 +1,506 @@
+//! The SessionOwner actor: the routing reservation of one session.
+//!
+//! Its mailbox serialises everything that decides who gets what: accepting calls (set ordinals,
+//! dispatch rows), capacity admission, recording completions handed over by the coalescer,
+//! boundaries (claims), acks, releases, lease expiries and wakes. Every mutating request goes
+//! decide → persist → apply ([`persist`]): decided by plain code from the current state, made
+//! durable when it must be, applied to memory only after its flush succeeded. Rendering, wake
+//! I/O and runner work happen elsewhere.
+//!
+//! The parts, one job each: [`messages`] (what it is asked and answers), `book` (the calls,
+//! units and children it holds), `persist` (the write → flush → apply step and its group
+//! commit), `dispatch` (accepting calls, admitting and starting children), `recording`
+//! (completions), `claims` (boundaries, acks, releases, expiries, dead letters), `sync` (sync
+//! calls), `rebuild` (an owner built from the ledger). Lease expiries and backoffs share one
+//! timer: the router keeps the deadlines ordered and the owner arms a single `run_later` for the
+//! earliest one.
+
+mod book;
+mod claims;
+mod dispatch;
+pub mod messages;
+mod persist;
+mod rebuild;
+mod recording;
+mod sync;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+
+use self::book::Book;
+use self::persist::{BatchView, Decided, Persist, Step};
+use super::supervise::{Exit, RestartBudgets, RestartPolicy};
+use super::Engine;
+use crate::error::BroodError;
+use crate::ledger::Writes;
+use crate::model::*;
+use crate::routing::{Capacity, Router, WakeState};
+use crate::wake::{Wake, WakeEvent, WakeTarget};
+
+pub use messages::*;
+
+/// A claim id that names its session: `clm_<session as hex>_<random>`.
+pub fn new_claim_id(session_id: &str) -> String {
+    let hex: String = session_id.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("clm_{hex}_{}", random_hex())
+}
+
+/// The session a claim id names, if it is one of ours.
+pub fn claim_session(claim_id: &str) -> Option<String> {
+    let rest = claim_id.strip_prefix("clm_")?;
+    let (hex, _) = rest.rsplit_once('_')?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
+/// A request that may need durable rows: decided when no flush is in flight (see [`persist`]).
+enum Durable {
+    Delegate(Delegate, oneshot::Sender<Result<Delegated, BroodError>>),
+    Ack(String, oneshot::Sender<Result<usize, BroodError>>),
+    Release(Release, oneshot::Sender<Result<(), BroodError>>),
+    /// A lease ran out and handing the claim back dead-letters some of its items.
+    Expire(String),
+    Configure(SessionSettings, oneshot::Sender<Result<SessionInfo, BroodError>>),
+    SyncReceived(String, oneshot::Sender<()>),
+    /// Admitted children (their slots taken) whose running marks must be durable before they
+    /// start: their tasks are not safe to re-run, so a crash must know they had started.
+    Start(Vec<String>),
+    /// A child whose start was lost goes back to the queue.
+    Requeue(String),
+}
+
+/// The routing reservation of one session.
+pub struct SessionOwner {
+    engine: Engine,
+    session: SessionRow,
+    wake: Option<WakeTarget>,
+    wake_state: WakeState,
+    book: Book,
+    capacity: Capacity<String>,
+    router: Router<String>,
+    timer: Option<(u64, SpawnHandle)>,
+    unit_budgets: RestartBudgets,
+    persist: Persist<Durable>,
+}
+
+impl std::fmt::Debug for SessionOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionOwner")
+            .field("session", &self.session.session_id)
+            .field("calls", &self.book.calls.len())
+            .field("running", &self.capacity.running())
+            .finish()
+    }
+}
+
+impl SessionOwner {
+    /// A fresh owner for a session with nothing in flight.
+    pub fn new(engine: Engine, session: SessionRow) -> Self {
+        let mut wake_state = WakeState::default();
+        if let Some(turn) = engine.turns.get(&session.session_id) {
+            wake_state.set_turn(*turn);
+        }
+        SessionOwner {
+            capacity: Capacity::new(session.max_concurrent_children as usize),
+            router: Router::new(session.max_delivery_attempts),
+            engine,
+            session,
+            wake: None,
+            wake_state,
+            book: Book::default(),
+            timer: None,
+            unit_budgets: RestartBudgets::new(RestartPolicy::default()),
+            persist: Persist::default(),
+        }
+    }
+
+    /// Binds a wake target (the session becomes wake-capable).
+    pub fn bind_wake(&mut self, wake: Arc<dyn Wake>) {
+        self.wake = Some(WakeTarget(wake));
+    }
+
+    /// The session this owner routes.
+    pub fn session_id(&self) -> &str {
+        &self.session.session_id
+    }
+
+    fn info(&self) -> SessionInfo {
+        SessionInfo {
+            session_id: self.session.session_id.clone(),
+            wake_capable: self.wake.is_some(),
+            turn: self.wake_state.turn(),
+            max_concurrent_children: self.session.max_concurrent_children,
+            max_delivery_attempts: self.session.max_delivery_attempts,
+        }
+    }
+
+    fn interrupted(&self) -> BroodError {
+        BroodError::Interrupted {
+            session: self.session.session_id.clone(),
+            call_id: None,
+        }
+    }
+
+    /// Takes a request that may need durable rows: decided now, or parked until the flush in
+    /// flight ended.
+    fn submit(&mut self, request: Durable, ctx: &mut Context<Self>) {
+        if self.persist.busy() {
+            self.persist.park(request);
+        } else {
+            self.run_batch(vec![request], ctx);
+        }
+    }
+
+    /// Decides `requests` in order (lease expiries first), then writes, flushes and applies
+    /// the steps they came to as one batch.
+    fn run_batch(&mut self, mut requests: Vec<Durable>, ctx: &mut Context<Self>) {
+        let expiring = self.expire_due();
+        requests.splice(0..0, expiring);
+        let mut view = BatchView {
+            session: self.session.clone(),
+            claims: HashSet::new(),
+        };
+        let mut steps: Vec<Step> = Vec::new();
+        for request in requests {
+            let decided = match request {
+                Durable::Delegate(msg, reply) => self.decide_delegate(msg, reply, &mut view),
+                Durable::Ack(claim_id, reply) => self.decide_ack(claim_id, reply, &mut view),
+                Durable::Release(msg, reply) => self.decide_release(msg, reply, &mut view),
+                Durable::Expire(claim_id) => self.decide_expiry(claim_id, &mut view),
+                Durable::Configure(settings, reply) => self.decide_configure(settings, reply, &mut view, ctx),
+                Durable::SyncReceived(call_id, done) => self.decide_receipt(call_id, done),
+                Durable::Start(ids) => self.decide_start(ids),
+                Durable::Requeue(child_id) => self.decide_requeue(child_id),
+            };
+            match decided {
+                Decided::Done => {}
+                Decided::Step(step) => steps.push(step),
+                Decided::Later(request) => self.persist.park(request),
+            }
+        }
+        if steps.is_empty() {
+            self.after_change(ctx);
+            return;
+        }
+        let (mut writes, mut restore, mut thens) = (Writes::default(), Writes::default(), Vec::new());
+        for step in steps {
+            writes.extend(step.writes);
+            restore.extend(step.restore);
+            thens.push(step.then);
+        }
+        let next_set = view.session.next_set;
+        self.persist.set_in_flight(true);
+        persist::write_and_flush(self.engine.ledger.clone(), writes, restore)
+            .into_actor(self)
+            .map(move |(res, unrestored), act, ctx| {
+                act.persist.set_in_flight(false);
+                let res = res.map_err(BroodError::from);
+                if res.is_err() && unrestored {
+                    // The refused rows may surface after a restart: never reuse what they took.
+                    act.session.next_set = act.session.next_set.max(next_set);
+                }
+                for then in thens {
+                    then(act, ctx, res.clone());
+                }
+                let parked = act.persist.take_parked();
+                if !parked.is_empty() && super::running(ctx) {
+                    act.run_batch(parked, ctx);
+                } else {
+                    act.after_change(ctx);
+                }
+            })
+            .spawn(ctx);
+    }
+
+    /// Writes rows that need no flush of their own (running marks of re-runnable tasks,
+    /// attempt counts, copies of delivery state made durable elsewhere).
+    fn write_unflushed(&self, writes: Writes) {
+        if writes.is_empty() {
+            return;
+        }
+        if let Err(e) = self.engine.ledger.write(&writes) {
+            tracing::warn!(session = %self.session.session_id, "writing rows that need no flush failed: {e}");
+        }
+    }
+
+    /// Drops the given calls from memory once every item of theirs is delivered or dead.
+    fn collect(&mut self, call_ids: impl IntoIterator<Item = String>) {
+        let mut ids: Vec<String> = call_ids.into_iter().collect();
+        ids.sort();
+        ids.dedup();
+        for call_id in ids {
+            if self.book.settled(&call_id, |k| self.router.is_open(&k.to_string())) {
+                for key in self.book.drop_call(&call_id) {
+                    self.router.forget(&key);
+                }
+            }
+        }
+    }
+
+    fn maybe_wake(&mut self) {
+        let ready = self.router.ready_count(now_ms());
+        if !self.wake_state.decide(self.wake.is_some(), ready) {
+            return;
+        }
+        if let Some(WakeTarget(w)) = &self.wake {
+            let w = w.clone();
+            let event = WakeEvent {
+                session_id: self.session.session_id.clone(),
+                ready,
+            };
+            tracing::debug!(session = %event.session_id, ready, "waking session");
+            actix::spawn(async move {
+                let session = event.session_id.clone();
+                // The embedder's callback: a panic in it is its own, never the owner's.
+                if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake(event))) {
+                    tracing::error!(
+                        session = %session,
+                        "the wake callback panicked: {}",
+                        crate::model::panic_message(panic)
+                    );
+                }
+            });
+        }
+    }
+
+    fn reschedule(&mut self, ctx: &mut Context<Self>) {
+        let next = self.router.next_deadline();
+        if self.timer.as_ref().map(|t| t.0) == next {
+            return;
+        }
+        if let Some((_, handle)) = self.timer.take() {
+            ctx.cancel_future(handle);
+        }
+        if let Some(at) = next {
+            let delay = Duration::from_millis(at.saturating_sub(now_ms()));
+            let handle = ctx.run_later(delay, |act, ctx| {
+                act.timer = None;
+                for dying in act.expire_due() {
+                    act.submit(dying, ctx);
+                }
+                act.after_change(ctx);
+            });
+            self.timer = Some((at, handle));
+        }
+    }
+
+    fn after_change(&mut self, ctx: &mut Context<Self>) {
+        if !super::running(ctx) {
+            return;
+        }
+        self.maybe_wake();
+        self.reschedule(ctx);
+    }
+
+    fn fault_point(&self) {
+        if crate::failpoints::fires("owner_handler") {
+            panic!("injected fault: owner_handler (session {})", self.session.session_id);
+        }
+    }
+}
+
+/// Answers a request's reply channel; the caller may have gone, which changes nothing.
+fn answer<T>(reply: oneshot::Sender<T>, value: T) {
+    let _ = reply.send(value);
+}
+
+impl Actor for SessionOwner {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        tracing::debug!(session = %self.session.session_id, calls = self.book.calls.len(), "session owner started");
+        self.admit(ctx);
+        self.after_change(ctx);
+    }
+}
+
+/// The reply future of a request submitted to the owner: a lost answer means the owner died.
+fn reply_future<T: Send + 'static>(
+    rx: oneshot::Receiver<Result<T, BroodError>>,
+    lost: BroodError,
+) -> ResponseFuture<Result<T, BroodError>> {
+    Box::pin(async move { rx.await.unwrap_or(Err(lost)) })
+}
+
+impl Handler<Delegate> for SessionOwner {
+    // Answered from outside this actor's context: a sync call waits for all its children, and
+    // a future parked in the context would be polled on every message meanwhile.
+    type Result = ResponseFuture<Result<Delegated, BroodError>>;
+
+    fn handle(&mut self, msg: Delegate, ctx: &mut Context<Self>) -> Self::Result {
+        self.fault_point();
+        let (tx, rx) = oneshot::channel();
+        let session = self.session.session_id.clone();
+        let accepted = msg.accepted.clone();
+        self.submit(Durable::Delegate(msg, tx), ctx);
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(BroodError::Interrupted {
+                    session,
+                    call_id: accepted.lock().ok().and_then(|a| a.clone()),
+                })
+            })
+        })
+    }
+}
+
+impl Handler<Ack> for SessionOwner {
+    type Result = ResponseFuture<Result<usize, BroodError>>;
+
+    fn handle(&mut self, Ack { claim_id }: Ack, ctx: &mut Context<Self>) -> Self::Result {
+        self.fault_point();
+        let (tx, rx) = oneshot::channel();
+        let lost = self.interrupted();
+        self.submit(Durable::Ack(claim_id, tx), ctx);
+        reply_future(rx, lost)
+    }
+}
+
+impl Handler<Release> for SessionOwner {
+    type Result = ResponseFuture<Result<(), BroodError>>;
+
+    fn handle(&mut self, msg: Release, ctx: &mut Context<Self>) -> Self::Result {
+        self.fault_point();
+        let (tx, rx) = oneshot::channel();
+        let lost = self.interrupted();
+        self.submit(Durable::Release(msg, tx), ctx);
+        reply_future(rx, lost)
+    }
+}
+
+impl Handler<Configure> for SessionOwner {
+    type Result = ResponseFuture<Result<SessionInfo, BroodError>>;
+
+    fn handle(&mut self, Configure(settings): Configure, ctx: &mut Context<Self>) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        let lost = self.interrupted();
+        self.submit(Durable::Configure(settings, tx), ctx);
+        reply_future(rx, lost)
+    }
+}
+
+impl Handler<SyncReceived> for SessionOwner {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, msg: SyncReceived, ctx: &mut Context<Self>) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.submit(Durable::SyncReceived(msg.call_id, tx), ctx);
+        Box::pin(async move {
+            let _ = rx.await;
+        })
+    }
+}
+
+impl Handler<Recorded> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, Recorded { rows }: Recorded, ctx: &mut Context<Self>) {
+        self.fault_point();
+        self.record(rows, ctx);
+        self.admit(ctx);
+        self.after_change(ctx);
+    }
+}
+
+impl Handler<Boundary> for SessionOwner {
+    type Result = Result<Option<Envelope>, BroodError>;
+
+    fn handle(&mut self, msg: Boundary, ctx: &mut Context<Self>) -> Self::Result {
+        self.fault_point();
+        for dying in self.expire_due() {
+            self.submit(dying, ctx);
+        }
+        let envelope = self.claim(msg.consumer, msg.lease_ms);
+        self.after_change(ctx);
+        Ok(envelope)
+    }
+}
+
+impl Handler<SetTurn> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, SetTurn(turn): SetTurn, ctx: &mut Context<Self>) {
+        self.wake_state.set_turn(turn);
+        // Kept outside the actor too, so an owner restarted in-process knows the turn.
+        self.engine.turns.insert(self.session.session_id.clone(), turn);
+        self.after_change(ctx);
+    }
+}
+
+impl Handler<Status> for SessionOwner {
+    type Result = MessageResult<Status>;
+
+    fn handle(&mut self, msg: Status, _: &mut Context<Self>) -> Self::Result {
+        let ready = self.router.ready_count(now_ms());
+        MessageResult(SessionStatus {
+            info: self.info(),
+            queued: self.capacity.queued(),
+            running: self.capacity.running(),
+            ready,
+            backing_off: self.router.pending_count().saturating_sub(ready),
+            claimed: self.router.claimed_count(),
+            delivered: self.book.delivered(),
+            calls: if msg.calls {
+                self.book.call_statuses()
+            } else {
+                Vec::new()
+            },
+        })
+    }
+}
+
+/// A unit actor of this owner panicked.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct UnitExited {
+    unit_id: String,
+    exit: Exit,
+}
+
+/// A child handed to a unit actor that died before starting it.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct StartLost {
+    child_id: String,
+}
+
+impl Handler<UnitExited> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, msg: UnitExited, ctx: &mut Context<Self>) {
+        self.unit_exited(&msg.unit_id, msg.exit, ctx);
+    }
+}
+
+impl Handler<StartLost> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, msg: StartLost, ctx: &mut Context<Self>) {
+        self.submit(Durable::Requeue(msg.child_id), ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_ids_name_their_session() {
+        for s in ["s1", "chat:42/üñï", ""] {
+            let id = new_claim_id(s);
+            assert_eq!(claim_session(&id).as_deref(), Some(s));
+        }
+        assert_eq!(claim_session("clm_zz_1"), None);
+        assert_eq!(claim_session("nope"), None);
+    }
+}

@@ -1,0 +1,126 @@
+//! Decide → persist → apply (DESIGN.md): the one place where an owner's durable decisions are
+//! written, flushed, and only then applied to memory.
+//!
+//! A mutating request is first *decided* from the current state by plain code (the owner's
+//! parts and [`crate::routing`]), without changing anything. A decision that needs durable rows
+//! becomes a [`Step`]: the rows to write, the rows that put the ledger back as memory has it
+//! (for a failed flush: sled's background flusher could otherwise make the refused rows durable
+//! later), and what to do once the flush succeeded or failed. [`Persist`] writes and flushes
+//! steps in batches (group commit): one flush in flight at a time; durable requests that arrive
+//! meanwhile are parked *undecided* and decided together when it ends, so every decision sees
+//! the applied outcome of the ones before it. A refused or failed request changed nothing — set
+//! numbers included, because the next set is only taken when its dispatch applies.
+//!
+//! While a step waits for its flush, what it touches is reserved, not changed: its claim is held
+//! (no lease expiry), its children keep their capacity slots.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use super::SessionOwner;
+use crate::error::BroodError;
+use crate::ledger::{Ledger, LedgerError, Writes};
+use crate::model::SessionRow;
+
+/// What to do with the owner once a step's flush ended.
+pub(super) type Then = Box<dyn FnOnce(&mut SessionOwner, &mut Context<SessionOwner>, Result<(), BroodError>)>;
+
+/// One durable decision.
+pub(super) struct Step {
+    /// The rows the decision needs durable.
+    pub(super) writes: Writes,
+    /// The rows that put the ledger back as memory has it, should the flush fail.
+    pub(super) restore: Writes,
+    /// Applies the decision (`Ok`), or answers its failure (`Err`: memory is as it was).
+    pub(super) then: Then,
+}
+
+/// What deciding a request came to.
+pub(super) enum Decided<R> {
+    /// Answered already: refused, or nothing to make durable (applied at once).
+    Done,
+    /// A step to persist.
+    Step(Step),
+    /// It touches something a step of this batch touches: decide it again after the batch.
+    Later(R),
+}
+
+/// What the steps of one batch decided so far, for the next decision in the same batch.
+pub(super) struct BatchView {
+    /// The session row as the batch leaves it (its next set, its settings).
+    pub(super) session: SessionRow,
+    /// Claims a step of the batch touches.
+    pub(super) claims: HashSet<String>,
+}
+
+impl BatchView {
+    /// Whether a step of this batch touches `claim_id` already (and reserves it if not).
+    pub(super) fn claim_taken(&mut self, claim_id: &str) -> bool {
+        !self.claims.insert(claim_id.to_string())
+    }
+}
+
+/// The owner's group commit: at most one flush in flight, requests parked meanwhile.
+pub(super) struct Persist<R> {
+    in_flight: bool,
+    parked: VecDeque<R>,
+}
+
+impl<R> Default for Persist<R> {
+    fn default() -> Self {
+        Persist {
+            in_flight: false,
+            parked: VecDeque::new(),
+        }
+    }
+}
+
+impl<R> Persist<R> {
+    /// Whether a flush is in flight (durable requests are parked).
+    pub(super) fn busy(&self) -> bool {
+        self.in_flight
+    }
+
+    /// Parks a request until the flush in flight ended.
+    pub(super) fn park(&mut self, request: R) {
+        self.parked.push_back(request);
+    }
+
+    /// Takes every parked request, in arrival order, and marks a batch as forming.
+    pub(super) fn take_parked(&mut self) -> Vec<R> {
+        self.parked.drain(..).collect()
+    }
+
+    pub(super) fn set_in_flight(&mut self, yes: bool) {
+        self.in_flight = yes;
+    }
+}
+
+/// Writes a batch's rows, flushes, and on failure puts the ledger back (and flushes that).
+/// Runs off the actor thread. Returns the batch's outcome, and whether putting back failed too
+/// (then the refused rows may surface later, and the owner must never reuse what they took).
+pub(super) async fn write_and_flush(
+    ledger: Arc<dyn Ledger>,
+    writes: Writes,
+    restore: Writes,
+) -> (Result<(), LedgerError>, bool) {
+    let job = move || {
+        let res = ledger.write(&writes).and_then(|_| ledger.flush().map(|_| ()));
+        match res {
+            Ok(()) => (Ok(()), false),
+            Err(e) => {
+                let restored = ledger.write(&restore).and_then(|_| ledger.flush().map(|_| ()));
+                if let Err(r) = &restored {
+                    tracing::error!("a refused write could not be taken back from the ledger ({r}); its rows may surface after a restart");
+                }
+                (Err(e), restored.is_err())
+            }
+        }
+    };
+    match tokio::task::spawn_blocking(job).await {
+        Ok(out) => out,
+        Err(e) => (Err(LedgerError::storage("the ledger flush task failed", e)), true),
+    }
+}

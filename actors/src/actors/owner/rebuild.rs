@@ -1,0 +1,56 @@
+//! An owner built from the ledger: after a process restart, or when its supervisor restarts a
+//! panicked owner in-process. [`crate::recovery::plan`] decides (I6); this applies the plan to a
+//! fresh owner's book, capacity and router.
+
+use super::SessionOwner;
+use crate::actors::Engine;
+use crate::model::*;
+use crate::recovery::{self, Recovery, SessionSnapshot};
+
+impl SessionOwner {
+    /// Rebuilds an owner from what an earlier process (or an earlier owner) left in the
+    /// ledger, following [`recovery::plan`] (I6). Returns the rows recovery changed, for the
+    /// caller to write.
+    pub fn recover(
+        engine: Engine,
+        session: SessionRow,
+        snapshot: &SessionSnapshot,
+        mode: Recovery,
+    ) -> (Self, Vec<ChildRow>) {
+        let live = if mode == Recovery::Owner {
+            engine.live_children()
+        } else {
+            Default::default()
+        };
+        let plan = recovery::plan(&session, snapshot, mode, &live, now_ms());
+        let mut owner = SessionOwner::new(engine, session);
+        owner.session.next_set = plan.next_set;
+        owner.book.delivered_done = plan.delivered_done;
+        for claim in plan.lost_claims {
+            owner.router.remember_lost(claim);
+        }
+        let mut by_call: std::collections::HashMap<String, Vec<ChildRow>> = std::collections::HashMap::new();
+        for row in plan.children {
+            by_call.entry(row.call_id.clone()).or_default().push(row);
+        }
+        for call in plan.calls {
+            let children = by_call.remove(&call.row.call_id).unwrap_or_default();
+            let units = call
+                .units
+                .into_iter()
+                .map(|u| (u.row, u.terminal, u.recorded_before_exit))
+                .collect();
+            owner.book.insert_call(call.row, units, children);
+        }
+        for id in plan.queue {
+            owner.capacity.enqueue(id);
+        }
+        for id in plan.running {
+            owner.capacity.mark_running(id);
+        }
+        for (key, attempts) in plan.ready {
+            owner.router.publish(key, attempts);
+        }
+        (owner, plan.changed)
+    }
+}

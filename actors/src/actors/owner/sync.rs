@@ -1,0 +1,153 @@
+//! Sync calls: the caller waits for every child and gets the results inline. They count as
+//! delivered only once the caller's receipt comes back and its ack row is durable; a caller that
+//! went away (or an owner that died first) leaves them undelivered, and they go out at
+//! boundaries with the same dedup keys instead (at-least-once, never lost).
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use tokio::sync::oneshot;
+
+use super::persist::{Decided, Step};
+use super::{Delegated, Durable, SessionOwner};
+use crate::error::BroodError;
+use crate::ledger::Writes;
+use crate::model::*;
+
+/// How long sync results wait for the caller's receipt before they go out at boundaries.
+const SYNC_RECEIPT_WAIT: Duration = Duration::from_secs(3);
+
+/// The caller of a sync call.
+pub(super) struct SyncWaiter {
+    tx: oneshot::Sender<Result<Delegated, BroodError>>,
+    units: Vec<UnitRow>,
+    forced_sync_reason: Option<String>,
+}
+
+impl SessionOwner {
+    /// Parks the caller of an accepted sync call until its last unit completes.
+    pub(super) fn wait_sync(
+        &mut self,
+        call_id: &str,
+        tx: oneshot::Sender<Result<Delegated, BroodError>>,
+        units: Vec<UnitRow>,
+        forced_sync_reason: Option<String>,
+    ) {
+        if let Some(c) = self.book.calls.get_mut(call_id) {
+            c.sync_reply = Some(SyncWaiter {
+                tx,
+                units,
+                forced_sync_reason,
+            });
+        }
+    }
+
+    /// Every unit of a sync call is complete: hand the results to the caller.
+    pub(super) fn finish_sync(&mut self, call_id: &str, ctx: &mut Context<Self>) {
+        let Some(call) = self.book.calls.get_mut(call_id) else {
+            return;
+        };
+        let set = call.row.set;
+        let waiter = call.sync_reply.take();
+        let keys: Vec<(String, u32)> = (0..call.row.tasks.len() as u32)
+            .map(|i| (dedup_key(&child_id(call_id, i), ItemKind::Result), 1))
+            .collect();
+        let results = self.book.items(&keys);
+        if let Some(w) = waiter {
+            let reply = Delegated::Sync {
+                call_id: call_id.to_string(),
+                set,
+                units: w.units,
+                forced_sync_reason: w.forced_sync_reason,
+                results,
+            };
+            if w.tx.send(Ok(reply)).is_ok() {
+                if let Some(c) = self.book.calls.get_mut(call_id) {
+                    c.awaiting_receipt = true;
+                }
+                let call_id = call_id.to_string();
+                ctx.run_later(SYNC_RECEIPT_WAIT, move |act, ctx| act.sync_unreceived(&call_id, ctx));
+                return;
+            }
+        }
+        self.sync_unreceived(call_id, ctx);
+    }
+
+    /// Sync results nobody confirmed: they go out at boundaries like a background call's.
+    fn sync_unreceived(&mut self, call_id: &str, ctx: &mut Context<Self>) {
+        let Some(call) = self.book.calls.get_mut(call_id) else {
+            return;
+        };
+        if call.row.mode == Mode::Background || call.receipt_pending {
+            return;
+        }
+        call.row.mode = Mode::Background;
+        call.awaiting_receipt = false;
+        let ids: Vec<String> = super::book::Book::child_ids(&call.row).collect();
+        for id in ids {
+            let Some(row) = self.book.children.get(&id) else {
+                continue;
+            };
+            if !row.result.delivered && !row.result.dead {
+                self.router
+                    .publish(dedup_key(&id, ItemKind::Result), row.result.failed_attempts);
+            }
+        }
+        self.after_change(ctx);
+    }
+
+    /// Decides a caller's receipt: one ack row for the call's results, flushed; then they are
+    /// delivered. Too late (they went out at boundaries already) changes nothing.
+    pub(super) fn decide_receipt(&mut self, call_id: String, done: oneshot::Sender<()>) -> Decided<Durable> {
+        let Some(call) = self.book.calls.get_mut(&call_id) else {
+            return Decided::Done;
+        };
+        if !call.awaiting_receipt || call.receipt_pending {
+            return Decided::Done;
+        }
+        call.receipt_pending = true;
+        let items: Vec<String> = super::book::Book::child_ids(&call.row)
+            .map(|id| dedup_key(&id, ItemKind::Result))
+            .collect();
+        let receipt = sync_receipt_id(&call_id);
+        let row = AckRow {
+            claim_id: receipt.clone(),
+            session_id: self.session.session_id.clone(),
+            items: items.clone(),
+            acked_at_ms: now_ms(),
+        };
+        Decided::Step(Step {
+            writes: Writes {
+                acks: vec![row],
+                ..Writes::default()
+            },
+            restore: Writes {
+                remove_acks: vec![receipt],
+                ..Writes::default()
+            },
+            then: Box::new(move |act, ctx, res| {
+                if let Some(c) = act.book.calls.get_mut(&call_id) {
+                    c.receipt_pending = false;
+                }
+                match res {
+                    Ok(()) => {
+                        if let Some(c) = act.book.calls.get_mut(&call_id) {
+                            c.awaiting_receipt = false;
+                        }
+                        let rows = act.book.mark(&items, |d| d.delivered = true);
+                        act.write_unflushed(Writes {
+                            children: rows,
+                            ..Writes::default()
+                        });
+                        act.collect([call_id]);
+                    }
+                    Err(e) => {
+                        tracing::warn!(call = %call_id, "sync results were received but recording that failed ({e}); they go out at boundaries");
+                        act.sync_unreceived(&call_id, ctx);
+                    }
+                }
+                let _ = done.send(());
+            }),
+        })
+    }
+}

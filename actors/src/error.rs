@@ -1,0 +1,141 @@
+//! The one error type of the embedding API, [`BroodError`], and [`DelegateError`], which hands a
+//! refused call's request back to its caller. Every variant says what went wrong; causes are
+//! kept as `#[source]` chains, so no caller needs to read an error's text to tell them apart.
+
+use std::sync::Arc;
+
+use crate::ledger::LedgerError;
+use crate::model::DelegateRequest;
+use crate::routing::ClaimError;
+
+/// What went wrong. A refused request changed nothing.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BroodError {
+    /// The request is malformed: `field` names what, `message` says how to fix it.
+    #[error("invalid `{field}`: {message}")]
+    Invalid {
+        /// The offending field, as a path (`tasks[2].runner.kind`).
+        field: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// A piece of the embedder's code (a runner factory's `validate`, a wake callback)
+    /// panicked while serving this request; the request was refused and nothing changed.
+    #[error("{hook} panicked: {message}; the request was refused and nothing changed")]
+    EmbedderPanicked {
+        /// Which hook: `RunnerFactory::validate`, …
+        hook: &'static str,
+        /// The panic message.
+        message: String,
+    },
+    /// No session with that id was opened.
+    #[error("unknown session `{0}`; open it first")]
+    UnknownSession(String),
+    /// No such claim was made.
+    #[error("unknown claim `{0}`")]
+    UnknownClaim(String),
+    /// The claim ended (lease expiry or release) before this ack or release; its items were
+    /// returned to the ready set and may be claimed by someone else.
+    #[error("claim `{0}` was lost: its lease expired or it was released, and its items went back to the ready set")]
+    ClaimLost(String),
+    /// The claim was acknowledged already and cannot be released.
+    #[error("claim `{0}` was already acknowledged")]
+    ClaimAcked(String),
+    /// The ledger failed; nothing was reported as done.
+    #[error("the ledger failed, so nothing was reported as done")]
+    Ledger(#[source] Arc<LedgerError>),
+    /// The session's owner failed while handling the request and was restarted from the
+    /// ledger; the request may or may not have taken effect. `call_id` names the call when a
+    /// delegate had been accepted (its results then come at boundaries under that id).
+    #[error("the owner of session `{session}` failed while handling the request and was restarted from the ledger{}; retry", accepted(.call_id))]
+    Interrupted {
+        /// The session.
+        session: String,
+        /// The call that had been accepted, if any.
+        call_id: Option<String>,
+    },
+    /// The session's owner kept failing and its supervisor gave it up.
+    #[error("session `{session}` failed and is no longer served: {reason}")]
+    SessionFailed {
+        /// The session.
+        session: String,
+        /// The last failure.
+        reason: String,
+    },
+    /// The engine is not running (shut down, or it failed to start).
+    #[error("the brood engine is not running")]
+    Stopped,
+}
+
+fn accepted(call_id: &Option<String>) -> String {
+    match call_id {
+        Some(c) => format!(" (call {c} had been accepted; its results come at boundaries)"),
+        None => String::new(),
+    }
+}
+
+impl BroodError {
+    /// The snake_case code API.md uses for this error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            BroodError::Invalid { .. } => "invalid_request",
+            BroodError::EmbedderPanicked { .. } => "embedder_panicked",
+            BroodError::UnknownSession(_) => "unknown_session",
+            BroodError::UnknownClaim(_) => "unknown_claim",
+            BroodError::ClaimLost(_) => "claim_lost",
+            BroodError::ClaimAcked(_) => "claim_acked",
+            BroodError::Ledger(_) => "ledger_error",
+            BroodError::Interrupted { .. } => "interrupted",
+            BroodError::SessionFailed { .. } => "session_failed",
+            BroodError::Stopped => "stopped",
+        }
+    }
+
+    /// An invalid request.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        BroodError::Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<LedgerError> for BroodError {
+    fn from(e: LedgerError) -> Self {
+        BroodError::Ledger(Arc::new(e))
+    }
+}
+
+impl From<ClaimError> for BroodError {
+    fn from(e: ClaimError) -> Self {
+        match e {
+            ClaimError::Lost(c) => BroodError::ClaimLost(c),
+            ClaimError::AlreadyAcked(c) => BroodError::ClaimAcked(c),
+            ClaimError::Unknown(c) => BroodError::UnknownClaim(c),
+        }
+    }
+}
+
+/// A delegate that did not go through, with the request handed back (as tokio's `SendError`
+/// does), so the caller can retry it or report it without having kept a copy.
+#[derive(Debug, thiserror::Error)]
+#[error("delegate refused: {error}")]
+pub struct DelegateError {
+    /// The request, as the caller gave it.
+    pub request: DelegateRequest,
+    /// Why it did not go through.
+    #[source]
+    pub error: BroodError,
+}
+
+impl From<DelegateError> for BroodError {
+    fn from(e: DelegateError) -> Self {
+        e.error
+    }
+}
+
+impl From<actix::MailboxError> for BroodError {
+    fn from(_: actix::MailboxError) -> Self {
+        BroodError::Stopped
+    }
+}

@@ -1,0 +1,253 @@
+//! Requests as the embedder hands them in, and their validation: a delegate request and its
+//! tasks, a session's settings, a session id. Validation turns a request into stored rows or
+//! says what is wrong; it changes nothing. Embedder code it calls (a runner factory's
+//! `validate`) is contained: a panic there refuses the request, it never reaches the owner.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use super::{Mode, Task, DEFAULT_STALL_MS};
+use crate::error::BroodError;
+use crate::runner::RunnerFactory;
+use crate::wake::Wake;
+
+/// Longest session id accepted, in bytes.
+pub const MAX_SESSION_ID_BYTES: usize = 256;
+
+/// A task as submitted, before validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskSpec {
+    /// What the child should do; not empty.
+    pub goal: String,
+    /// The runner spec: a JSON object with a `kind` the runner factory knows.
+    pub runner: serde_json::Value,
+    /// Tasks sharing a group form one completion unit.
+    pub group: Option<String>,
+    /// Per-task timeout in ms (> 0).
+    pub timeout_ms: Option<u64>,
+    /// Stall timeout in ms (> 0); default 450000.
+    pub stall_ms: Option<u64>,
+    /// Whether recovery may re-run the task when it was running at a crash.
+    pub rerun_on_recovery: bool,
+}
+
+impl TaskSpec {
+    /// A task with defaults for everything but the goal and runner.
+    pub fn new(goal: impl Into<String>, runner: serde_json::Value) -> Self {
+        TaskSpec {
+            goal: goal.into(),
+            runner,
+            group: None,
+            timeout_ms: None,
+            stall_ms: None,
+            rerun_on_recovery: false,
+        }
+    }
+
+    /// Puts the task in a completion group.
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    /// Sets the task's timeout.
+    pub fn timeout_ms(mut self, ms: u64) -> Self {
+        self.timeout_ms = Some(ms);
+        self
+    }
+
+    /// Sets the task's stall timeout.
+    pub fn stall_ms(mut self, ms: u64) -> Self {
+        self.stall_ms = Some(ms);
+        self
+    }
+
+    /// Lets recovery re-run the task when it was running at a crash.
+    pub fn rerun_on_recovery(mut self, yes: bool) -> Self {
+        self.rerun_on_recovery = yes;
+        self
+    }
+}
+
+/// One delegate request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DelegateRequest {
+    /// The tasks; not empty.
+    pub tasks: Vec<TaskSpec>,
+    /// Background (default) or sync.
+    pub mode: Mode,
+    /// Whether each ungrouped task is its own unit.
+    pub independent_completions: bool,
+}
+
+impl DelegateRequest {
+    /// A background call of `tasks` (one unit for all ungrouped tasks).
+    pub fn background(tasks: Vec<TaskSpec>) -> Self {
+        DelegateRequest {
+            tasks,
+            mode: Mode::Background,
+            independent_completions: false,
+        }
+    }
+
+    /// A sync call of `tasks`.
+    pub fn sync(tasks: Vec<TaskSpec>) -> Self {
+        DelegateRequest {
+            mode: Mode::Sync,
+            ..Self::background(tasks)
+        }
+    }
+
+    /// Makes each ungrouped task its own unit.
+    pub fn independent(mut self) -> Self {
+        self.independent_completions = true;
+        self
+    }
+}
+
+/// The message of a panic payload, as text.
+pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panicked with a non-text payload".to_string()
+    }
+}
+
+/// Checks a request and turns it into stored tasks. Changes nothing.
+pub fn validate(req: &DelegateRequest, factory: &dyn RunnerFactory) -> Result<Vec<Task>, BroodError> {
+    if req.tasks.is_empty() {
+        return Err(BroodError::invalid("tasks", "must hold at least one task"));
+    }
+    if req.tasks.len() >= u32::MAX as usize {
+        return Err(BroodError::invalid(
+            "tasks",
+            format!("holds {} tasks; at most {} are accepted", req.tasks.len(), u32::MAX - 1),
+        ));
+    }
+    let mut out = Vec::with_capacity(req.tasks.len());
+    for (i, t) in req.tasks.iter().enumerate() {
+        if t.goal.trim().is_empty() {
+            return Err(BroodError::invalid(format!("tasks[{i}].goal"), "must not be empty"));
+        }
+        if !t.runner.is_object() {
+            return Err(BroodError::invalid(
+                format!("tasks[{i}].runner"),
+                "must be an object with a `kind`",
+            ));
+        }
+        match catch_unwind(AssertUnwindSafe(|| factory.validate(&t.runner))) {
+            Ok(Ok(())) => {}
+            Ok(Err(m)) => return Err(BroodError::invalid(format!("tasks[{i}].runner"), m)),
+            Err(panic) => {
+                return Err(BroodError::EmbedderPanicked {
+                    hook: "RunnerFactory::validate",
+                    message: panic_message(panic),
+                })
+            }
+        }
+        if t.group.as_deref().is_some_and(|g| g.trim().is_empty()) {
+            return Err(BroodError::invalid(
+                format!("tasks[{i}].group"),
+                "must not be empty when given",
+            ));
+        }
+        if t.timeout_ms == Some(0) {
+            return Err(BroodError::invalid(
+                format!("tasks[{i}].timeout_ms"),
+                "must be greater than 0",
+            ));
+        }
+        if t.stall_ms == Some(0) {
+            return Err(BroodError::invalid(
+                format!("tasks[{i}].stall_ms"),
+                "must be greater than 0",
+            ));
+        }
+        out.push(Task {
+            goal: t.goal.clone(),
+            runner_json: t.runner.to_string(),
+            group: t.group.clone(),
+            timeout_ms: t.timeout_ms,
+            stall_ms: t.stall_ms.unwrap_or(DEFAULT_STALL_MS),
+            rerun_on_recovery: t.rerun_on_recovery,
+        });
+    }
+    Ok(out)
+}
+
+/// Checks a session id: 1 to 256 bytes, no control characters.
+pub fn validate_session_id(id: &str) -> Result<(), BroodError> {
+    let bad = |m: &str| Err(BroodError::invalid("session_id", m));
+    if id.is_empty() {
+        return bad("must not be empty");
+    }
+    if id.len() > MAX_SESSION_ID_BYTES {
+        return bad("must be at most 256 bytes");
+    }
+    if id.chars().any(char::is_control) {
+        return bad("must not contain control characters");
+    }
+    Ok(())
+}
+
+/// Settings of a session; unset fields keep their current (or default) value.
+#[derive(Clone, Default)]
+pub struct SessionSettings {
+    /// Running children at most (default 8).
+    pub max_concurrent_children: Option<u32>,
+    /// Delivery attempts before dead-lettering (default 8).
+    pub max_delivery_attempts: Option<u32>,
+    /// The wake target; binding one makes the session wake-capable.
+    pub wake: Option<Arc<dyn Wake>>,
+}
+
+impl std::fmt::Debug for SessionSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionSettings")
+            .field("max_concurrent_children", &self.max_concurrent_children)
+            .field("max_delivery_attempts", &self.max_delivery_attempts)
+            .field("wake", &self.wake.is_some())
+            .finish()
+    }
+}
+
+impl SessionSettings {
+    /// Sets the capacity.
+    pub fn max_concurrent_children(mut self, n: u32) -> Self {
+        self.max_concurrent_children = Some(n);
+        self
+    }
+
+    /// Sets the dead-letter limit.
+    pub fn max_delivery_attempts(mut self, n: u32) -> Self {
+        self.max_delivery_attempts = Some(n);
+        self
+    }
+
+    /// Binds a wake target (an embedded callback).
+    pub fn wake(mut self, wake: impl Wake) -> Self {
+        self.wake = Some(Arc::new(wake));
+        self
+    }
+
+    /// Refuses limits out of range (0, or the counts' maximum), naming the field.
+    pub fn validate(&self) -> Result<(), BroodError> {
+        for (field, value) in [
+            ("max_concurrent_children", self.max_concurrent_children),
+            ("max_delivery_attempts", self.max_delivery_attempts),
+        ] {
+            if let Some(v) = value {
+                if v == 0 || v == u32::MAX {
+                    return Err(BroodError::invalid(
+                        field,
+                        format!("is {v}; must be from 1 to {}", u32::MAX - 1),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,239 @@
+//! Decide → persist → apply (DESIGN.md): a request whose rows could not be made durable changed
+//! nothing — no set number taken, no item dead without its dead letter, no claim lost — and a
+//! request that was made durable is answered as such even when its owner died before it could
+//! answer (a retried ack, a sync caller).
+//!
+//! Fault points are process-wide, so the tests of this file run one at a time.
+#![cfg(feature = "failpoints")]
+#![allow(clippy::await_holding_lock)]
+
+mod common;
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use brood::{failpoints, BroodError, DelegateError, DelegateRequest, ReleaseReason, SessionOptions};
+use common::*;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    failpoints::disarm_all();
+    guard
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_whose_flush_failed_takes_no_set_number() {
+    let _g = serial();
+    let mut t = TestBrood::new();
+    open_wake(t.b(), "s").await;
+    failpoints::arm("ledger_flush", 1);
+    let refused = t
+        .b()
+        .delegate("s", DelegateRequest::background(vec![task("lost", sim(0))]))
+        .await
+        .unwrap_err();
+    assert!(matches!(refused.error, BroodError::Ledger(_)), "{refused}");
+    assert_eq!(refused.request.tasks[0].goal, "lost", "the request is handed back");
+    let next = t.b().delegate("s", refused.request).await.unwrap();
+    assert_eq!(next.set(), 1, "the refused call took no set number");
+    t.reopen();
+    open_wake(t.b(), "s").await;
+    let after = t
+        .b()
+        .delegate("s", DelegateRequest::background(vec![task("after", sim(0))]))
+        .await
+        .unwrap();
+    assert_eq!(after.set(), 2, "nor did it leave one behind in the ledger");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_whose_flush_failed_leaves_the_claim_as_it_was() {
+    let _g = serial();
+    let mut t = TestBrood::new();
+    t.b()
+        .open_session("s", SessionOptions::default().wake(|_| {}).max_delivery_attempts(1))
+        .await
+        .unwrap();
+    t.b()
+        .delegate("s", DelegateRequest::background(vec![task("a", sim(0))]))
+        .await
+        .unwrap();
+    let env = next_envelope(t.b(), "s", "c", LONG_LEASE).await;
+    failpoints::arm("ledger_flush", 1);
+    let err = t
+        .b()
+        .release(&env.claim_id, ReleaseReason::Failed, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BroodError::Ledger(_)), "{err}");
+    assert!(
+        t.b().dead_letters().await.unwrap().is_empty(),
+        "no dead letter was recorded"
+    );
+    let st = t.b().counts("s").await.unwrap();
+    assert_eq!((st.claimed, st.ready), (1, 0), "the claim is still live, as it was");
+    // Nothing was marked dead behind the failed flush: after a restart the item is ready.
+    t.reopen();
+    open_wake(t.b(), "s").await;
+    assert!(t.b().dead_letters().await.unwrap().is_empty());
+    let again = next_envelope(t.b(), "s", "c", LONG_LEASE).await;
+    assert_eq!(keys(&again), keys(&env));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_retried_after_a_restart_answers_what_it_delivered() {
+    let _g = serial();
+    let mut t = TestBrood::new();
+    open_wake(t.b(), "s").await;
+    t.b()
+        .delegate(
+            "s",
+            DelegateRequest::background(vec![task("a", sim(0)), task("b", sim(0))]),
+        )
+        .await
+        .unwrap();
+    let env = next_envelope(t.b(), "s", "c", LONG_LEASE).await;
+    assert_eq!(t.b().ack(&env.claim_id).await.unwrap(), 2);
+    t.reopen();
+    open_wake(t.b(), "s").await;
+    assert_eq!(
+        t.b().ack(&env.claim_id).await.unwrap(),
+        2,
+        "the retried ack took effect before"
+    );
+    assert!(matches!(
+        t.b().release(&env.claim_id, ReleaseReason::Busy, Duration::ZERO).await,
+        Err(BroodError::ClaimAcked(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_retried_after_an_owner_restart_answers_what_it_delivered() {
+    let _g = serial();
+    let t = TestBrood::new();
+    open_wake(t.b(), "s").await;
+    t.b()
+        .delegate("s", DelegateRequest::background(vec![task("a", sim(0))]))
+        .await
+        .unwrap();
+    let env = next_envelope(t.b(), "s", "c", LONG_LEASE).await;
+    assert_eq!(t.b().ack(&env.claim_id).await.unwrap(), 1);
+    // The owner panics at its next message and is rebuilt from the ledger, forgetting the
+    // claims it had in memory.
+    failpoints::arm("owner_handler", 1);
+    let _ = t.b().boundary("s", "c", LONG_LEASE).await;
+    let n = wait_for!("the restarted owner", t.b().ack(&env.claim_id).await.ok());
+    assert_eq!(n, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_caller_whose_owner_restarts_learns_its_call_id() {
+    let _g = serial();
+    let t = TestBrood::new();
+    open_wake(t.b(), "s").await;
+    let b = t.arc();
+    let waiting = tokio::spawn(async move {
+        b.delegate("s", DelegateRequest::sync(vec![task("gated", gate("g"))]))
+            .await
+    });
+    status_until(t.b(), "s", "the sync child to run", |st| st.running == 1).await;
+    failpoints::arm("owner_handler", 1);
+    let _ = t.b().boundary("s", "c", LONG_LEASE).await;
+    let err = waiting.await.unwrap().unwrap_err();
+    let DelegateError {
+        error: BroodError::Interrupted {
+            call_id: Some(call_id), ..
+        },
+        ..
+    } = err
+    else {
+        panic!("expected Interrupted with the accepted call's id, got {err:?}");
+    };
+    t.kit.gates.open("g");
+    let env = wait_for!(
+        "the result at a boundary of the restarted owner",
+        t.b().boundary("s", "c", LONG_LEASE).await.ok().flatten()
+    );
+    assert_eq!(
+        env.items[0].call_id, call_id,
+        "its result comes under the id it was told"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_release_never_dead_letters_even_below_a_lowered_limit() {
+    let _g = serial();
+    let t = TestBrood::new();
+    open_wake(t.b(), "s").await;
+    t.b()
+        .delegate("s", DelegateRequest::background(vec![task("a", sim(0))]))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let env = next_envelope(t.b(), "s", "c", LONG_LEASE).await;
+        t.b()
+            .release(&env.claim_id, ReleaseReason::Failed, Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    t.b()
+        .open_session("s", SessionOptions::default().max_delivery_attempts(1))
+        .await
+        .unwrap();
+    let env = next_envelope(t.b(), "s", "c", LONG_LEASE).await;
+    assert_eq!(env.items[0].delivery_attempt, 3);
+    t.b()
+        .release(&env.claim_id, ReleaseReason::Busy, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(t.b().dead_letters().await.unwrap().is_empty(), "busy is not an attempt");
+    let again = next_envelope(t.b(), "s", "c", LONG_LEASE).await;
+    assert_eq!(keys(&again), keys(&env));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durations_too_long_for_milliseconds_are_refused_not_wrapped() {
+    let _g = serial();
+    let t = TestBrood::new();
+    open_wake(t.b(), "s").await;
+    let huge = Duration::from_secs(1 << 61);
+    match t.b().boundary("s", "c", huge).await {
+        Err(BroodError::Invalid { field, .. }) => assert_eq!(field, "lease_ms"),
+        other => panic!("a lease of 2^61 s must be refused, got {other:?}"),
+    }
+    t.b()
+        .delegate("s", DelegateRequest::background(vec![task("a", sim(0))]))
+        .await
+        .unwrap();
+    let env = next_envelope(t.b(), "s", "c", LONG_LEASE).await;
+    match t.b().release(&env.claim_id, ReleaseReason::Busy, huge).await {
+        Err(BroodError::Invalid { field, .. }) => assert_eq!(field, "retry_after_ms"),
+        other => panic!("a retry_after of 2^61 s must be refused, got {other:?}"),
+    }
+    // A long one that fits is honoured: the item waits, it is not ready at once.
+    t.b()
+        .release(&env.claim_id, ReleaseReason::Busy, Duration::from_secs(86_400))
+        .await
+        .unwrap();
+    let st = t.b().counts("s").await.unwrap();
+    assert_eq!((st.ready, st.backing_off), (0, 1));
+    assert!(t.b().boundary("s", "c", LONG_LEASE).await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_configure_changes_no_setting() {
+    let _g = serial();
+    let t = TestBrood::new();
+    open_wake(t.b(), "s").await;
+    failpoints::arm("ledger_flush", 1);
+    let err = t
+        .b()
+        .open_session("s", SessionOptions::default().max_concurrent_children(2))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BroodError::Ledger(_)), "{err}");
+    let st = t.b().counts("s").await.unwrap();
+    assert_eq!(st.info.max_concurrent_children, 8);
+}
