@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 #[path = "../src/workload.rs"]
 mod workload;
-use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, SessionOptions};
+use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, Durability, SessionOptions};
 use brood_actors::ledger::{Ledger, SledLedger};
 use workload::{random_call, Rng};
 
@@ -41,34 +41,12 @@ const WORKER_LOG: &str = "BROOD_POWERLOSS_WORKER_LOG";
 const WORKER_SEED: &str = "BROOD_POWERLOSS_WORKER_SEED";
 const WORKER_LEVEL: &str = "BROOD_POWERLOSS_WORKER_LEVEL";
 
-/// A durability level of brood (DESIGN.md "Durability").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Level {
-    Fsync,
-    Flush,
-}
-
-impl Level {
-    fn name(self) -> &'static str {
-        match self {
-            Level::Fsync => "fsync",
-            Level::Flush => "flush",
-        }
+/// The name of a durability level, as `BroodConfig` and the CLI spell it.
+fn name(level: Durability) -> &'static str {
+    match level {
+        Durability::Fsync => "fsync",
+        Durability::Flush => "flush",
     }
-
-    fn parse(s: &str) -> Level {
-        match s {
-            "flush" => Level::Flush,
-            _ => Level::Fsync,
-        }
-    }
-}
-
-fn with_durability(config: BroodConfig, level: Level) -> BroodConfig {
-    config.durability(match level {
-        Level::Fsync => brood::Durability::Fsync,
-        Level::Flush => brood::Durability::Flush,
-    })
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -78,7 +56,10 @@ fn env_u64(name: &str, default: u64) -> u64 {
 fn main() {
     if let Ok(dir) = std::env::var(WORKER_DIR) {
         let log = std::env::var(WORKER_LOG).expect("the worker's log path");
-        let level = Level::parse(&std::env::var(WORKER_LEVEL).unwrap_or_default());
+        let level: Durability = std::env::var(WORKER_LEVEL)
+            .expect("the worker's durability")
+            .parse()
+            .expect("a durability level");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -105,13 +86,13 @@ fn main() {
     let started = Instant::now();
     let mut failures = Vec::new();
     let mut lines = Vec::new();
-    for level in [Level::Fsync, Level::Flush] {
+    for level in [Durability::Fsync, Durability::Flush] {
         let mut totals = Totals::default();
         for round in 0..rounds {
             let t = rt.block_on(round_trip(seed.wrapping_add(round), round, level));
             if t.lost + t.acked_again + t.calls_lost > 0 {
                 totals.rounds_with_loss += 1;
-                if level == Level::Fsync {
+                if level == Durability::Fsync {
                     let shown: Vec<&str> = t.detail.iter().take(6).map(String::as_str).collect();
                     let more = t.detail.len().saturating_sub(shown.len());
                     failures.push(format!("round {round} (fsync): {} (and {more} more)", shown.join("; ")));
@@ -122,7 +103,7 @@ fn main() {
         let line = format!(
             "powerloss [{}]: {rounds} rounds, {} items handed out, {} acked, {} lost, {} acked delivered again, \
              {} accepted calls lost; {} rounds lost something, {} lost the ledger's db file whole",
-            level.name(),
+            name(level),
             totals.handed,
             totals.acked,
             totals.lost,
@@ -140,7 +121,7 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     for (level, t) in &lines {
-        if *level == Level::Flush {
+        if *level == Durability::Flush {
             assert!(
                 t.lost + t.acked_again + t.calls_lost > 0,
                 "the flush rounds lost nothing: the power cut did not bite, so a clean fsync run would prove nothing"
@@ -202,10 +183,10 @@ fn items_text(items: &[brood::ReadyItem]) -> String {
 
 /// The worker: delegates (mostly background calls, some sync) and runs two consumers that ack
 /// most claims, until it is killed.
-async fn worker(dir: PathBuf, log: PathBuf, seed: u64, level: Level) {
+async fn worker(dir: PathBuf, log: PathBuf, seed: u64, level: Durability) {
     let file = OpenOptions::new().create(true).append(true).open(log).expect("log");
     let log = Log(Arc::new(Mutex::new(file)));
-    let config = with_durability(BroodConfig::new(&dir), level);
+    let config = BroodConfig::new(&dir).durability(level);
     let brood = Arc::new(Brood::open(config).expect("open the ledger on forgetfs"));
     brood
         .open_session(
@@ -346,8 +327,8 @@ fn count_lines(path: &Path, prefix: &str) -> usize {
         .count()
 }
 
-async fn round_trip(seed: u64, round: u64, level: Level) -> Totals {
-    let tag = format!("round {round} ({})", level.name());
+async fn round_trip(seed: u64, round: u64, level: Durability) -> Totals {
+    let tag = format!("round {round} ({})", name(level));
     let backing = tempfile::TempDir::new().unwrap_or_else(|e| panic!("{tag}: tempdir: {e}"));
     let mountpoint = tempfile::TempDir::new().unwrap_or_else(|e| panic!("{tag}: tempdir: {e}"));
     let logs = tempfile::TempDir::new().unwrap_or_else(|e| panic!("{tag}: tempdir: {e}"));
@@ -355,7 +336,10 @@ async fn round_trip(seed: u64, round: u64, level: Level) -> Totals {
     let ledger_in_mount = mount.path().join("ledger");
     let log_path = logs.path().join("worker.log");
     let err_path = logs.path().join("worker.stderr");
-    let mut rng = Rng::new(seed.wrapping_mul(0x2545_f491).wrapping_add(level as u64));
+    let mut rng = Rng::new(
+        seed.wrapping_mul(0x2545_f491)
+            .wrapping_add(u64::from(level == Durability::Flush)),
+    );
     let kill_at = match rng.below(3) {
         0 => KillAt::After(Duration::from_millis(100 + rng.below(600))),
         1 => KillAt::Ack(1 + rng.below(12) as usize),
@@ -368,7 +352,7 @@ async fn round_trip(seed: u64, round: u64, level: Level) -> Totals {
         .env(WORKER_DIR, &ledger_in_mount)
         .env(WORKER_LOG, &log_path)
         .env(WORKER_SEED, seed.to_string())
-        .env(WORKER_LEVEL, level.name())
+        .env(WORKER_LEVEL, name(level))
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
@@ -458,8 +442,8 @@ async fn round_trip(seed: u64, round: u64, level: Level) -> Totals {
     }
 
     // Recover and drain every boundary: an acked item must not come out again.
-    let brood = Brood::open(with_durability(BroodConfig::new(&ledger_dir), level))
-        .unwrap_or_else(|e| panic!("{tag}: recover: {e}"));
+    let brood =
+        Brood::open(BroodConfig::new(&ledger_dir).durability(level)).unwrap_or_else(|e| panic!("{tag}: recover: {e}"));
     brood
         .open_session(SESSION, SessionOptions::default().wake(|_| {}))
         .await
