@@ -29,8 +29,9 @@
 //! directory's rename first make their parent's pending entries durable, then happen in the
 //! backing folder); mode, owner and times go to the backing folder at once; only regular files
 //! and directories exist (no symlinks, devices or fifos); there is no torn write (a write is in
-//! memory whole or not at all); and the backing folder itself is written, not fsynced, because it
-//! plays the disk, and the test's power cut is simulated.
+//! memory whole or not at all). A file's fsync writes and fsyncs its backing file; a directory's
+//! fsync changes the backing folder's entries but does not fsync the backing folder, which plays
+//! the disk (only the test's power is cut, never the host's).
 //!
 //! It needs the FUSE device (`/dev/fuse`) and either root (the mount syscall) or `fusermount3`
 //! (Debian's `fuse3`); it links no libfuse. [`Mount::new`] says which is missing.
