@@ -2,12 +2,13 @@
 //! durable end-to-end children/s next to raw flushed sled inserts (the ratio is the target),
 //! and the time of one boundary claiming 10,000 ready items.
 //!
-//! Run: `cargo bench --bench engine` (compare `durable_end_to_end` with `raw_sled_flushed_inserts`:
-//! both report elements per second).
+//! Run: `cargo bench --bench engine` (compare `durable_end_to_end/fsync` with
+//! `raw_sled_flushed_inserts`: both report elements per second; `durable_end_to_end/flush` is the
+//! same workload with `durability = "flush"`, so the pair gives the cost of fsync).
 
 use std::time::{Duration, Instant};
 
-use brood::{Brood, BroodConfig, DelegateRequest, SessionOptions, TaskSpec};
+use brood::{Brood, BroodConfig, DelegateRequest, Durability, SessionOptions, TaskSpec};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use serde_json::json;
 
@@ -72,25 +73,25 @@ async fn delegate_and_drain(brood: &Brood, n: usize) {
 
 fn end_to_end(c: &mut Criterion) {
     let rt = runtime();
-    let dir = tempfile::TempDir::new().expect("tempdir");
-    let brood = Brood::open(BroodConfig::new(dir.path())).expect("open");
-    rt.block_on(
-        brood.open_session(
-            "bench",
-            SessionOptions::default()
-                .wake(|_| {})
-                .max_concurrent_children(CHILDREN as u32),
-        ),
-    )
-    .expect("session");
-    let mut g = c.benchmark_group("engine");
+    let mut g = c.benchmark_group("durable_end_to_end");
     g.throughput(Throughput::Elements(CHILDREN as u64));
     g.sample_size(10);
-    g.bench_function("durable_end_to_end", |b| {
-        b.iter(|| rt.block_on(delegate_and_drain(&brood, CHILDREN)))
-    });
+    for (name, durability) in [("fsync", Durability::Fsync), ("flush", Durability::Flush)] {
+        let dir = tempfile::TempDir::new().expect("tempdir");
+        let brood = Brood::open(BroodConfig::new(dir.path()).durability(durability)).expect("open");
+        rt.block_on(
+            brood.open_session(
+                "bench",
+                SessionOptions::default()
+                    .wake(|_| {})
+                    .max_concurrent_children(CHILDREN as u32),
+            ),
+        )
+        .expect("session");
+        g.bench_function(name, |b| b.iter(|| rt.block_on(delegate_and_drain(&brood, CHILDREN))));
+        brood.shutdown();
+    }
     g.finish();
-    brood.shutdown();
 }
 
 fn boundary_10k(c: &mut Criterion) {

@@ -98,14 +98,14 @@ async fn a_panicking_build_fails_only_its_child() {
     )
     .await
     .unwrap();
-    let env = next_envelope(&b, "s", "c", LONG_LEASE).await;
-    let statuses: Vec<ChildStatus> = env
-        .items
+    let items = collect_results(&b, "s", 2).await;
+    let mut statuses: Vec<(u32, ChildStatus)> = items
         .iter()
         .filter(|i| i.kind == brood::ItemKind::Result)
-        .map(|i| i.status)
+        .map(|i| (i.task_index, i.status))
         .collect();
-    assert_eq!(statuses, vec![ChildStatus::Failed, ChildStatus::Succeeded]);
+    statuses.sort_by_key(|(i, _)| *i);
+    assert_eq!(statuses, vec![(0, ChildStatus::Failed), (1, ChildStatus::Succeeded)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

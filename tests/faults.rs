@@ -89,13 +89,23 @@ async fn nothing_published_while(point: &'static str) {
     brood
         .delegate(
             "s",
-            DelegateRequest::background(vec![sim(10), sim(20), sim(30)]).independent(),
+            DelegateRequest::background(vec![sim(300), sim(350), sim(400)]).independent(),
         )
         .await
         .unwrap();
+    // Once they run (their running marks are durable), the fault is armed for good.
+    common::status_until(&brood, "s", "three started children", |st| {
+        st.calls
+            .iter()
+            .flat_map(|c| &c.children)
+            .filter(|c| c.status == ChildStatus::Running)
+            .count()
+            == 3
+    })
+    .await;
     failpoints::arm(point, u64::MAX);
-    // The children finish within ~30 ms; give them far longer, then check nothing was published.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The children finish within ~400 ms; give them far longer, then check nothing was published.
+    tokio::time::sleep(Duration::from_millis(900)).await;
     assert!(
         brood.boundary("s", "c", LEASE).await.unwrap().is_none(),
         "{point}: a result was published before it was recorded"

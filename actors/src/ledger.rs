@@ -741,6 +741,44 @@ mod tests {
     }
 
     #[test]
+    fn a_value_over_the_blob_threshold_is_fsynced_and_reads_back() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let goal = "x".repeat(300 * 1024); // over sled's blob threshold (segment size / 4)
+        let call = CallRow {
+            call_id: "deleg_big".into(),
+            session_id: "s".into(),
+            set: 1,
+            mode: Mode::Background,
+            forced_sync_reason: None,
+            independent_completions: false,
+            tasks: vec![Task {
+                goal: goal.clone(),
+                runner_json: "{}".into(),
+                group: None,
+                timeout_ms: None,
+                stall_ms: 1,
+                rerun_on_recovery: false,
+            }],
+            created_at_ms: 0,
+        };
+        {
+            let ledger = SledLedger::open_with(dir.path(), Durability::Fsync).unwrap();
+            ledger
+                .write(&Writes {
+                    calls: vec![call.clone()],
+                    ..Writes::default()
+                })
+                .unwrap();
+            ledger.flush().unwrap();
+            let synced = ledger.files.synced_blobs.lock().unwrap().len();
+            assert!(synced >= 1, "the blob file sled wrote was fsynced");
+        }
+        let ledger = SledLedger::open(dir.path()).unwrap();
+        let snapshot = ledger.load().unwrap();
+        assert_eq!(snapshot.calls, vec![call]);
+    }
+
+    #[test]
     fn durability_names_parse_and_unknown_ones_are_refused() {
         assert_eq!("fsync".parse::<Durability>(), Ok(Durability::Fsync));
         assert_eq!("flush".parse::<Durability>(), Ok(Durability::Flush));

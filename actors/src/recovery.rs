@@ -444,6 +444,7 @@ mod tests {
                 lease_expires_at_ms: 0,
                 items: 1,
             }],
+            damaged: HashSet::new(),
         }
     }
 
@@ -556,6 +557,7 @@ mod tests {
             }],
             children: vec![child(0, ChildStatus::Queued), no_call, beyond],
             claims: vec![],
+            damaged_children: vec![],
         };
         let split = split_snapshot(snap);
         assert_eq!(split.sessions.len(), 1);

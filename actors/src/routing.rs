@@ -71,7 +71,7 @@ enum Ended {
 
 /// Items granted by one boundary.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Granted<K> {
+pub struct Claim<K> {
     /// The claim id the caller supplied.
     pub claim_id: String,
     /// Every item that was ready, with its delivery attempt (1 for the first claim).
@@ -230,7 +230,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
     }
 
     /// A boundary: every item ready at `now_ms` goes into one new claim, or nothing does.
-    pub fn claim(&mut self, now_ms: u64, claim_id: String, lease_ms: u64) -> Option<Granted<K>> {
+    pub fn claim(&mut self, now_ms: u64, claim_id: String, lease_ms: u64) -> Option<Claim<K>> {
         self.promote_due(now_ms);
         if self.ready.is_empty() {
             return None;
@@ -252,7 +252,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
                 expires_at_ms: lease_expires_at_ms,
             },
         );
-        Some(Granted {
+        Some(Claim {
             claim_id,
             items,
             lease_expires_at_ms,

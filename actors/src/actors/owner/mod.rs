@@ -24,7 +24,6 @@ mod rebuild;
 mod recording;
 mod sync;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +31,7 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use self::book::Book;
-use self::persist::{BatchView, Decided, Persist, Step};
+use self::persist::Persist;
 use super::supervise::{Exit, RestartBudgets, RestartPolicy};
 use super::Engine;
 use crate::error::BroodError;
@@ -149,77 +148,6 @@ impl SessionOwner {
             session: self.session.session_id.clone(),
             call_id: None,
         }
-    }
-
-    /// Takes a request that may need durable rows: decided now, or parked until the flush in
-    /// flight ended.
-    fn submit(&mut self, request: Durable, ctx: &mut Context<Self>) {
-        if self.persist.busy() {
-            self.persist.park(request);
-        } else {
-            self.run_batch(vec![request], ctx);
-        }
-    }
-
-    /// Decides `requests` in order (lease expiries first), then writes, flushes and applies
-    /// the steps they came to as one batch.
-    fn run_batch(&mut self, mut requests: Vec<Durable>, ctx: &mut Context<Self>) {
-        let expiring = self.expire_due();
-        requests.splice(0..0, expiring);
-        let mut view = BatchView {
-            session: self.session.clone(),
-            claims: HashSet::new(),
-        };
-        let mut steps: Vec<Step> = Vec::new();
-        for request in requests {
-            let decided = match request {
-                Durable::Delegate(msg, reply) => self.decide_delegate(msg, reply, &mut view),
-                Durable::Ack(claim_id, reply) => self.decide_ack(claim_id, reply, &mut view),
-                Durable::Release(msg, reply) => self.decide_release(msg, reply, &mut view),
-                Durable::Expire(claim_id) => self.decide_expiry(claim_id, &mut view),
-                Durable::Configure(settings, reply) => self.decide_configure(settings, reply, &mut view, ctx),
-                Durable::SyncReceived(call_id, done) => self.decide_receipt(call_id, done),
-                Durable::Start(ids) => self.decide_start(ids),
-                Durable::Requeue(child_id) => self.decide_requeue(child_id),
-            };
-            match decided {
-                Decided::Done => {}
-                Decided::Step(step) => steps.push(step),
-                Decided::Later(request) => self.persist.park(request),
-            }
-        }
-        if steps.is_empty() {
-            self.after_change(ctx);
-            return;
-        }
-        let (mut writes, mut restore, mut thens) = (Writes::default(), Writes::default(), Vec::new());
-        for step in steps {
-            writes.extend(step.writes);
-            restore.extend(step.restore);
-            thens.push(step.then);
-        }
-        let next_set = view.session.next_set;
-        self.persist.set_in_flight(true);
-        persist::write_and_flush(self.engine.ledger.clone(), writes, restore)
-            .into_actor(self)
-            .map(move |(res, unrestored), act, ctx| {
-                act.persist.set_in_flight(false);
-                let res = res.map_err(BroodError::from);
-                if res.is_err() && unrestored {
-                    // The refused rows may surface after a restart: never reuse what they took.
-                    act.session.next_set = act.session.next_set.max(next_set);
-                }
-                for then in thens {
-                    then(act, ctx, res.clone());
-                }
-                let parked = act.persist.take_parked();
-                if !parked.is_empty() && super::running(ctx) {
-                    act.run_batch(parked, ctx);
-                } else {
-                    act.after_change(ctx);
-                }
-            })
-            .spawn(ctx);
     }
 
     /// Writes rows that need no flush of their own (running marks of re-runnable tasks,

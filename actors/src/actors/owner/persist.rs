@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::SessionOwner;
+use super::{Durable, SessionOwner};
 use crate::error::BroodError;
 use crate::ledger::{Ledger, LedgerError, Writes};
 use crate::model::SessionRow;
@@ -38,6 +38,8 @@ pub(super) struct Step {
 }
 
 /// What deciding a request came to.
+// A decision lives only while its batch forms; boxing the step would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Decided<R> {
     /// Answered already: refused, or nothing to make durable (applied at once).
     Done,
@@ -88,13 +90,88 @@ impl<R> Persist<R> {
         self.parked.push_back(request);
     }
 
-    /// Takes every parked request, in arrival order, and marks a batch as forming.
+    /// Takes every parked request, in arrival order.
     pub(super) fn take_parked(&mut self) -> Vec<R> {
         self.parked.drain(..).collect()
     }
 
     pub(super) fn set_in_flight(&mut self, yes: bool) {
         self.in_flight = yes;
+    }
+}
+
+impl SessionOwner {
+    /// Takes a request that may need durable rows: decided now, or parked until the flush in
+    /// flight ended.
+    pub(super) fn submit(&mut self, request: Durable, ctx: &mut Context<Self>) {
+        if self.persist.busy() {
+            self.persist.park(request);
+        } else {
+            self.run_batch(vec![request], ctx);
+        }
+    }
+
+    /// Decides `requests` in order (lease expiries first), then writes, flushes and applies
+    /// the steps they came to as one batch.
+    fn run_batch(&mut self, mut requests: Vec<Durable>, ctx: &mut Context<Self>) {
+        let expiring = self.expire_due();
+        requests.splice(0..0, expiring);
+        let mut view = BatchView {
+            session: self.session.clone(),
+            claims: HashSet::new(),
+        };
+        let mut steps: Vec<Step> = Vec::new();
+        for request in requests {
+            let decided = match request {
+                Durable::Delegate(msg, reply) => self.decide_delegate(msg, reply, &mut view),
+                Durable::Ack(claim_id, reply) => self.decide_ack(claim_id, reply, &mut view),
+                Durable::Release(msg, reply) => self.decide_release(msg, reply, &mut view),
+                Durable::Expire(claim_id) => self.decide_expiry(claim_id, &mut view),
+                Durable::Configure(settings, reply) => self.decide_configure(settings, reply, &mut view, ctx),
+                Durable::SyncReceived(call_id, done) => self.decide_receipt(call_id, done),
+                Durable::Start(ids) => self.decide_start(ids),
+                Durable::Requeue(child_id) => self.decide_requeue(child_id),
+            };
+            match decided {
+                Decided::Done => {}
+                Decided::Step(step) => steps.push(step),
+                Decided::Later(request) => self.persist.park(request),
+            }
+        }
+        if steps.is_empty() {
+            self.after_change(ctx);
+            return;
+        }
+        let (mut writes, mut restore, mut thens) = (Writes::default(), Writes::default(), Vec::new());
+        for step in steps {
+            writes.extend(step.writes);
+            restore.extend(step.restore);
+            thens.push(step.then);
+        }
+        let next_set = view.session.next_set;
+        self.persist.set_in_flight(true);
+        write_and_flush(self.engine.ledger.clone(), writes, restore)
+            .into_actor(self)
+            .map(move |(res, unrestored), act, ctx| {
+                // Still "in flight" while the steps apply: what they submit is parked and
+                // decided with the rest, after every step of this batch applied.
+                let res = res.map_err(BroodError::from);
+                if res.is_err() && unrestored {
+                    // The refused rows may surface after a restart: never reuse what they took.
+                    act.session.next_set = act.session.next_set.max(next_set);
+                }
+                for then in thens {
+                    then(act, ctx, res.clone());
+                }
+                act.persist.set_in_flight(false);
+                let parked = act.persist.take_parked();
+                if !parked.is_empty() && crate::actors::running(ctx) {
+                    act.run_batch(parked, ctx);
+                } else {
+                    act.after_change(ctx);
+                }
+            })
+            .spawn(ctx);
     }
 }
 
