@@ -237,3 +237,33 @@ async fn a_refused_configure_changes_no_setting() {
     let st = t.b().counts("s").await.unwrap();
     assert_eq!(st.info.max_concurrent_children, 8);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_that_arrived_inside_its_lease_waits_out_a_slow_flush_and_succeeds() {
+    let _g = serial();
+    let t = TestBrood::new();
+    open_wake(t.b(), "s").await;
+    t.b()
+        .delegate("s", DelegateRequest::background(vec![task("a", sim(0))]))
+        .await
+        .unwrap();
+    let env = next_envelope(t.b(), "s", "c", Duration::from_millis(200)).await;
+    // Another request's flush is slow: it outlasts the lease while the ack waits for it.
+    failpoints::arm("ledger_flush_stall", 1);
+    let b = t.arc();
+    let slow = tokio::spawn(async move {
+        b.open_session("s", SessionOptions::default().max_concurrent_children(7))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sent_at = brood_actors::model::now_ms();
+    let acked = t.b().ack(&env.claim_id).await;
+    slow.await.unwrap().unwrap();
+    if sent_at < env.lease_expires_at_ms {
+        assert_eq!(acked.unwrap(), 1, "the ack arrived inside the lease");
+        assert!(
+            t.b().boundary("s", "c", LONG_LEASE).await.unwrap().is_none(),
+            "nothing comes back"
+        );
+    }
+}

@@ -644,6 +644,10 @@ impl Ledger for SledLedger {
 
     fn flush(&self) -> Result<usize, LedgerError> {
         crate::failpoint!("ledger_flush");
+        if crate::failpoints::fires("ledger_flush_stall") {
+            // A slow disk: the flush succeeds, late.
+            std::thread::sleep(std::time::Duration::from_millis(400));
+        }
         let bytes = self.db.flush()?;
         if self.durability == Durability::Fsync {
             self.files.sync()?;

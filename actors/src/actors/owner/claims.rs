@@ -71,10 +71,10 @@ impl SessionOwner {
         dying
     }
 
-    /// Whether a live claim's lease ran out (its expiry may still be on its way to the disk):
-    /// an ack or release of it comes too late.
-    fn lease_ran_out(&self, claim_id: &str) -> bool {
-        self.router.lease_of(claim_id).is_some_and(|t| t <= now_ms())
+    /// Whether a live claim's lease had run out when a request of it arrived (its expiry may
+    /// still be on its way to the disk): the request comes too late.
+    fn lease_ran_out(&self, claim_id: &str, arrived: u64) -> bool {
+        self.router.lease_of(claim_id).is_some_and(|t| t <= arrived)
     }
 
     /// A claim acknowledged durably before (by an earlier owner or process), if it was.
@@ -87,12 +87,13 @@ impl SessionOwner {
         &mut self,
         claim_id: String,
         reply: oneshot::Sender<Result<usize, BroodError>>,
+        arrived: u64,
         view: &mut BatchView,
     ) -> Decided<Durable> {
         if view.claims.contains(&claim_id) {
-            return Decided::Later(Durable::Ack(claim_id, reply));
+            return Decided::Later(Durable::Ack(claim_id, reply, arrived));
         }
-        if self.lease_ran_out(&claim_id) {
+        if self.lease_ran_out(&claim_id, arrived) {
             answer(reply, Err(BroodError::ClaimLost(claim_id)));
             return Decided::Done;
         }
@@ -160,12 +161,13 @@ impl SessionOwner {
         &mut self,
         msg: Release,
         reply: oneshot::Sender<Result<(), BroodError>>,
+        arrived: u64,
         view: &mut BatchView,
     ) -> Decided<Durable> {
         if view.claims.contains(&msg.claim_id) {
-            return Decided::Later(Durable::Release(msg, reply));
+            return Decided::Later(Durable::Release(msg, reply, arrived));
         }
-        if self.lease_ran_out(&msg.claim_id) {
+        if self.lease_ran_out(&msg.claim_id, arrived) {
             answer(reply, Err(BroodError::ClaimLost(msg.claim_id)));
             return Decided::Done;
         }

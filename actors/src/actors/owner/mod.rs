@@ -65,8 +65,11 @@ pub fn claim_session(claim_id: &str) -> Option<String> {
 /// A request that may need durable rows: decided when no flush is in flight (see [`persist`]).
 enum Durable {
     Delegate(Delegate, oneshot::Sender<Result<Delegated, BroodError>>),
-    Ack(String, oneshot::Sender<Result<usize, BroodError>>),
-    Release(Release, oneshot::Sender<Result<(), BroodError>>),
+    /// An ack, with the moment it arrived (a lease that runs out while it waits is no reason
+    /// to refuse it).
+    Ack(String, oneshot::Sender<Result<usize, BroodError>>, u64),
+    /// A release, with the moment it arrived.
+    Release(Release, oneshot::Sender<Result<(), BroodError>>, u64),
     /// A lease ran out and handing the claim back dead-letters some of its items.
     Expire(String),
     Configure(SessionSettings, oneshot::Sender<Result<SessionInfo, BroodError>>),
@@ -289,7 +292,7 @@ impl Handler<Ack> for SessionOwner {
         self.fault_point();
         let (tx, rx) = oneshot::channel();
         let lost = self.interrupted();
-        self.submit(Durable::Ack(claim_id, tx), ctx);
+        self.submit(Durable::Ack(claim_id, tx, now_ms()), ctx);
         reply_future(rx, lost)
     }
 }
@@ -301,7 +304,7 @@ impl Handler<Release> for SessionOwner {
         self.fault_point();
         let (tx, rx) = oneshot::channel();
         let lost = self.interrupted();
-        self.submit(Durable::Release(msg, tx), ctx);
+        self.submit(Durable::Release(msg, tx, now_ms()), ctx);
         reply_future(rx, lost)
     }
 }

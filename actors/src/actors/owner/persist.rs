@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::{Durable, SessionOwner};
+use super::{Durable, Release, SessionOwner};
 use crate::error::BroodError;
 use crate::ledger::{Ledger, LedgerError, Writes};
 use crate::model::SessionRow;
@@ -104,16 +104,25 @@ impl SessionOwner {
     /// Takes a request that may need durable rows: decided now, or parked until the flush in
     /// flight ended.
     pub(super) fn submit(&mut self, request: Durable, ctx: &mut Context<Self>) {
-        if self.persist.busy() {
-            self.persist.park(request);
-        } else {
-            self.run_batch(vec![request], ctx);
+        if !self.persist.busy() {
+            return self.run_batch(vec![request], ctx);
         }
+        // An ack or release that arrived inside its claim's lease keeps the claim from expiring
+        // while it waits: it is decided as of its arrival.
+        if let Durable::Ack(claim_id, _, arrived) | Durable::Release(Release { claim_id, .. }, _, arrived) = &request {
+            if self.router.lease_of(claim_id).is_some_and(|t| t > *arrived) {
+                self.router.hold(claim_id);
+            }
+        }
+        self.persist.park(request);
     }
 
     /// Decides `requests` in order (lease expiries first), then writes, flushes and applies
     /// the steps they came to as one batch.
     fn run_batch(&mut self, mut requests: Vec<Durable>, ctx: &mut Context<Self>) {
+        // Deciding counts as busy: what a decision submits (an admission's running marks) is
+        // parked and decided after this batch, never in a batch of its own beside it.
+        self.persist.set_in_flight(true);
         let expiring = self.expire_due();
         requests.splice(0..0, expiring);
         let mut view = BatchView {
@@ -124,8 +133,8 @@ impl SessionOwner {
         for request in requests {
             let decided = match request {
                 Durable::Delegate(msg, reply) => self.decide_delegate(msg, reply, &mut view),
-                Durable::Ack(claim_id, reply) => self.decide_ack(claim_id, reply, &mut view),
-                Durable::Release(msg, reply) => self.decide_release(msg, reply, &mut view),
+                Durable::Ack(claim_id, reply, arrived) => self.decide_ack(claim_id, reply, arrived, &mut view),
+                Durable::Release(msg, reply, arrived) => self.decide_release(msg, reply, arrived, &mut view),
                 Durable::Expire(claim_id) => self.decide_expiry(claim_id, &mut view),
                 Durable::Configure(settings, reply) => self.decide_configure(settings, reply, &mut view, ctx),
                 Durable::SyncReceived(call_id, done) => self.decide_receipt(call_id, done),
@@ -139,7 +148,13 @@ impl SessionOwner {
             }
         }
         if steps.is_empty() {
-            self.after_change(ctx);
+            self.persist.set_in_flight(false);
+            let parked = self.persist.take_parked();
+            if parked.is_empty() || !crate::actors::running(ctx) {
+                self.after_change(ctx);
+            } else {
+                self.run_batch(parked, ctx);
+            }
             return;
         }
         let (mut writes, mut restore, mut thens) = (Writes::default(), Writes::default(), Vec::new());
@@ -149,7 +164,6 @@ impl SessionOwner {
             thens.push(step.then);
         }
         let next_set = view.session.next_set;
-        self.persist.set_in_flight(true);
         write_and_flush(self.engine.ledger.clone(), writes, restore)
             .into_actor(self)
             .map(move |(res, unrestored), act, ctx| {
