@@ -58,7 +58,7 @@ pub use brood_actors::failpoints;
 pub use brood_actors::ledger::{Durability, LedgerError};
 pub use brood_actors::model::{
     child_id, dedup_key, parse_dedup_key, CallRow, ChildRow, ChildStatus, DeadLetterRow, DelegateRequest, Envelope,
-    ItemKind, Mode, QuarantineRow, ReadyItem, TaskSpec, UnitRow,
+    ItemKind, Mode, QuarantineRow, Quarantined, ReadyItem, TaskSpec, UnitRow,
 };
 pub use brood_actors::routing::{ReleaseReason, Turn};
 pub use brood_actors::runner::{Progress, RunContext, RunOutput, Runner, RunnerFactory};
@@ -265,7 +265,7 @@ impl Brood {
     }
 
     /// The rows that could not be read back and were moved to the quarantine tree, with why.
-    pub fn quarantined(&self) -> Result<Vec<QuarantineRow>, BroodError> {
+    pub fn quarantined(&self) -> Result<Vec<Quarantined>, BroodError> {
         Ok(self.ledger.quarantined()?)
     }
 

@@ -57,23 +57,24 @@ fn child_row(dir: &Path, id: &str) -> ChildRow {
 }
 
 /// Reopens the folder and returns the engine and its quarantine.
-fn reopen(dir: &Path) -> (Brood, Vec<brood::QuarantineRow>) {
+fn reopen(dir: &Path) -> (Brood, Vec<brood::Quarantined>) {
     let b = Brood::open(BroodConfig::new(dir)).expect("a damaged ledger still opens");
     let q = b.quarantined().unwrap();
     (b, q)
 }
 
-fn assert_quarantined(q: &[brood::QuarantineRow], tree: &str, key: &str, reason: &str) {
-    let row = q
+fn assert_quarantined(q: &[brood::Quarantined], tree: &str, key: &str, reason: &str) {
+    let found = q
         .iter()
-        .find(|r| r.tree == tree && r.key == key.as_bytes())
+        .find(|r| r.row.tree == tree && r.row.key == key.as_bytes())
         .unwrap_or_else(|| panic!("`{tree}/{key}` is not quarantined: {q:?}"));
     assert!(
-        row.reason.contains(reason),
+        found.row.reason.contains(reason),
         "reason `{}` does not say `{reason}`",
-        row.reason
+        found.row.reason
     );
-    assert!(!row.value.is_empty(), "the raw bytes are kept");
+    assert!(!found.value.is_empty(), "the raw bytes are kept");
+    assert_eq!(found.value.len() as u64, found.row.value_len);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,4 +201,20 @@ async fn quarantine_survives_a_second_reopen_and_is_not_repeated() {
     b.shutdown();
     let (_b, q) = reopen(dir.path());
     assert_eq!(q.len(), 1, "the row was moved once, durably: {q:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_value_over_the_size_limit_is_quarantined_whole() {
+    let dir = TempDir::new().unwrap();
+    let call = ledger_with_a_call(dir.path()).await;
+    let victim = format!("{call}.0");
+    let huge = brood_actors::codec::MAX_VALUE_BYTES + 16;
+    damage(dir.path(), "children", &victim, |v| {
+        let mut out = v;
+        out.resize(huge, 0);
+        out
+    });
+    let (_b, q) = reopen(dir.path());
+    assert_quarantined(&q, "children", &victim, "over the limit");
+    assert_eq!(q[0].value.len(), huge, "kept whole");
 }

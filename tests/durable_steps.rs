@@ -267,3 +267,62 @@ async fn an_ack_that_arrived_inside_its_lease_waits_out_a_slow_flush_and_succeed
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_written_late_by_a_dead_owner_never_lands_beside_its_successor() {
+    let _g = serial();
+    let mut t = TestBrood::new();
+    open_wake(t.b(), "s").await;
+    // The owner's next write (a dispatch) stalls; meanwhile the owner dies and is rebuilt.
+    failpoints::arm("ledger_write_stall", 1);
+    let b = t.arc();
+    let stalled = tokio::spawn(async move {
+        b.delegate("s", DelegateRequest::background(vec![task("late", sim(0))]))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    failpoints::arm("owner_handler", 1);
+    let _ = t.b().boundary("s", "c", LONG_LEASE).await;
+    let first = stalled.await.unwrap();
+    let next = wait_for!(
+        "the restarted owner",
+        t.b()
+            .delegate("s", DelegateRequest::background(vec![task("next", sim(0))]))
+            .await
+            .ok()
+    );
+    match first {
+        // The dead owner's write landed before its successor read the ledger: its call is set 1.
+        Ok(reply) => assert_eq!((reply.set(), next.set()), (1, 2)),
+        // Or it never landed: nothing holds set 1 but the next call.
+        Err(e) => {
+            assert!(matches!(e.error, BroodError::Interrupted { .. }), "{e}");
+            let st = t.b().status("s").await.unwrap();
+            let sets: Vec<u64> = st.calls.iter().map(|c| c.call.set).collect();
+            assert!(
+                sets == vec![1, 2] || sets == vec![next.set()],
+                "no set is held twice: {sets:?}, next {}",
+                next.set()
+            );
+            let mut seen = sets.clone();
+            seen.dedup();
+            assert_eq!(seen, sets);
+        }
+    }
+    // What the ledger holds after a restart: no set number twice.
+    t.reopen();
+    open_wake(t.b(), "s").await;
+    let st = t.b().status("s").await.unwrap();
+    let mut sets: Vec<u64> = st.calls.iter().map(|c| c.call.set).collect();
+    let all = sets.len();
+    sets.dedup();
+    assert_eq!(
+        sets.len(),
+        all,
+        "a set number is held by two calls: {:?}",
+        st.calls
+            .iter()
+            .map(|c| (&c.call.call_id, c.call.set))
+            .collect::<Vec<_>>()
+    );
+}

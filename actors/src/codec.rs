@@ -247,10 +247,10 @@ mod tests {
         let quarantined = QuarantineRow {
             tree: "t".into(),
             key: vec![1],
-            value: vec![2, 3],
+            value_len: 2,
             reason: "r".into(),
             quarantined_at_ms: 6,
         };
-        assert_eq!(encode(&quarantined).unwrap(), vec![1, 1, 116, 1, 1, 2, 2, 3, 1, 114, 6]);
+        assert_eq!(encode(&quarantined).unwrap(), vec![1, 1, 116, 1, 1, 2, 1, 114, 6]);
     }
 }

@@ -1,7 +1,7 @@
 //! Fault injection points, compiled in only with the `failpoints` feature.
 //!
-//! A point is a name in the code (`ledger_write`, `ledger_flush`, `ledger_flush_stall` (a flush
-//! that succeeds 400 ms late), `coalescer_handoff`, `owner_handler`, `unit_handler`,
+//! A point is a name in the code (`ledger_write`, `ledger_flush`, `ledger_flush_stall` and
+//! `ledger_write_stall` (a flush or write that succeeds 400 ms late), `coalescer_handoff`, `owner_handler`, `unit_handler`,
 //! `coalescer_handler`, `runner_hang`). Tests arm a point with [`arm`] for a number of hits; while
 //! armed, the point fails (an error for I/O points, a panic for handler points). Without the
 //! feature, [`crate::failpoint!`] expands to nothing and this module has only inert stand-ins.

@@ -205,8 +205,8 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Moves one stored row aside, raw bytes kept, with the reason (recovery found it
     /// inconsistent with the rest).
     fn quarantine(&self, tree: &str, key: &str, reason: &str) -> Result<(), LedgerError>;
-    /// The rows moved aside so far.
-    fn quarantined(&self) -> Result<Vec<QuarantineRow>, LedgerError>;
+    /// The rows moved aside so far, with their raw values.
+    fn quarantined(&self) -> Result<Vec<Quarantined>, LedgerError>;
 }
 
 /// The tree names.
@@ -227,8 +227,10 @@ pub mod trees {
     pub const DEAD_LETTERS: &str = "dead_letters";
     /// The format version.
     pub const META: &str = "meta";
-    /// Rows that could not be read, by `<tree>/<key>`.
+    /// What is known of rows that could not be read, by `<tree>/<key>`.
     pub const QUARANTINE: &str = "quarantine";
+    /// Their raw values, unencoded, by the same key.
+    pub const QUARANTINE_RAW: &str = "quarantine_raw";
 }
 use trees::*;
 
@@ -248,6 +250,7 @@ pub struct SledLedger {
     acks: sled::Tree,
     dead_letters: sled::Tree,
     quarantine: sled::Tree,
+    quarantine_raw: sled::Tree,
     files: FileSync,
 }
 
@@ -298,24 +301,23 @@ impl FileSync {
         self.log
             .sync_data()
             .map_err(|e| LedgerError::storage("fsync of the ledger's log file", e))?;
-        if self.sync_blobs()? {
-            sync_path(&self.root.join("blobs"))?;
-        }
-        Ok(())
+        self.sync_blobs()
     }
 
-    /// fsyncs blob files not synced before; true when there were any.
-    fn sync_blobs(&self) -> Result<bool, LedgerError> {
+    /// fsyncs blob files not synced before and, when there were any, their folder — all under
+    /// one lock, so a flush that finds nothing new cannot return before another flush's folder
+    /// fsync of a blob it depends on.
+    fn sync_blobs(&self) -> Result<(), LedgerError> {
         let dir = self.root.join("blobs");
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(LedgerError::storage(format!("listing {}", dir.display()), e)),
-        };
         let mut synced = self
             .synced_blobs
             .lock()
             .map_err(|_| LedgerError::storage_msg("the blob sync list was poisoned by a panic"))?;
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(LedgerError::storage(format!("listing {}", dir.display()), e)),
+        };
         let mut present = HashSet::new();
         let mut new = false;
         for entry in entries {
@@ -335,7 +337,10 @@ impl FileSync {
             present.insert(name);
         }
         *synced = present;
-        Ok(new)
+        if new {
+            sync_path(&dir)?;
+        }
+        Ok(())
     }
 }
 
@@ -418,6 +423,7 @@ impl SledLedger {
             acks: db.open_tree(ACKS)?,
             dead_letters: db.open_tree(DEAD_LETTERS)?,
             quarantine: db.open_tree(QUARANTINE)?,
+            quarantine_raw: db.open_tree(QUARANTINE_RAW)?,
             files,
             durability,
             path,
@@ -443,8 +449,9 @@ impl SledLedger {
         })
     }
 
-    /// Moves a raw row aside: the quarantine copy first, so a crash between the two steps
-    /// leaves the row in both places (quarantined again at the next open), never in neither.
+    /// Moves a raw row aside: the quarantine copy first, so a crash between the steps leaves
+    /// the row in both places (quarantined again at the next open), never in neither. The raw
+    /// value is kept unencoded, so no size limit can refuse to keep it.
     fn move_aside(
         &self,
         tree: &sled::Tree,
@@ -456,13 +463,14 @@ impl SledLedger {
         let row = QuarantineRow {
             tree: name.to_string(),
             key: key.to_vec(),
-            value: value.to_vec(),
+            value_len: value.len() as u64,
             reason: reason.to_string(),
             quarantined_at_ms: now_ms(),
         };
         let qkey = [name.as_bytes(), b"/", key].concat();
+        self.quarantine_raw.insert(&qkey, value)?;
         self.quarantine
-            .insert(qkey, encode(QUARANTINE, &String::from_utf8_lossy(key), &row)?)?;
+            .insert(&qkey, encode(QUARANTINE, &String::from_utf8_lossy(key), &row)?)?;
         tree.remove(key)?;
         tracing::error!(
             tree = name,
@@ -478,7 +486,8 @@ impl SledLedger {
         tree: &sled::Tree,
         name: &'static str,
     ) -> Result<Vec<T>, LedgerError> {
-        let mut out = Vec::with_capacity(tree.len());
+        // Not `tree.len()`: in sled 0.34 that is a scan of its own.
+        let mut out = Vec::new();
         let mut bad = Vec::new();
         for kv in tree.iter() {
             let (k, v) = kv?;
@@ -565,6 +574,10 @@ fn fold_delivery(children: &mut [ChildRow], acks: &[AckRow], dead: &[DeadLetterR
 impl Ledger for SledLedger {
     fn write(&self, w: &Writes) -> Result<(), LedgerError> {
         crate::failpoint!("ledger_write");
+        if crate::failpoints::fires("ledger_write_stall") {
+            // A slow disk: the write goes through, late.
+            std::thread::sleep(std::time::Duration::from_millis(400));
+        }
         put_all(
             &self.sessions,
             SESSIONS,
@@ -701,18 +714,20 @@ impl Ledger for SledLedger {
         }
     }
 
-    fn quarantined(&self) -> Result<Vec<QuarantineRow>, LedgerError> {
+    fn quarantined(&self) -> Result<Vec<Quarantined>, LedgerError> {
         let mut out = Vec::new();
         for kv in self.quarantine.iter() {
-            let (_, v) = kv?;
+            let (k, v) = kv?;
+            let value = self.quarantine_raw.get(&k)?.map(|v| v.to_vec()).unwrap_or_default();
             // A quarantine row is brood's own; one that does not decode is reported as such.
-            out.push(codec::decode(&v).unwrap_or_else(|e| QuarantineRow {
+            let row = codec::decode(&v).unwrap_or_else(|e| QuarantineRow {
                 tree: QUARANTINE.into(),
-                key: Vec::new(),
-                value: v.to_vec(),
+                key: k.to_vec(),
+                value_len: value.len() as u64,
                 reason: format!("the quarantine row itself does not decode: {e}"),
                 quarantined_at_ms: 0,
-            }));
+            });
+            out.push(Quarantined { row, value });
         }
         Ok(out)
     }

@@ -91,8 +91,16 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
     let mut out: HashMap<String, SessionSnapshot> = HashMap::new();
     let mut split = Split::default();
     let mut call_tasks: HashMap<String, (String, usize)> = HashMap::new();
+    // The unit each task belongs to, as its call plans it: a child row naming another unit
+    // would be claimed but never shown.
+    let mut unit_of: HashMap<String, String> = HashMap::new();
     for call in snapshot.calls {
         call_tasks.insert(call.call_id.clone(), (call.session_id.clone(), call.tasks.len()));
+        for unit in plan_units(&call.call_id, &call.tasks, call.independent_completions) {
+            for i in unit.tasks {
+                unit_of.insert(child_id(&call.call_id, i), unit.unit_id.clone());
+            }
+        }
         out.entry(call.session_id.clone()).or_default().calls.push(call);
     }
     let mut orphan_units: HashMap<String, Vec<String>> = HashMap::new();
@@ -113,6 +121,10 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
             Some((session, _)) if *session != child.session_id => Some(format!(
                 "its session `{}` is not its call's session `{session}`",
                 child.session_id
+            )),
+            Some(_) if unit_of.get(&child.child_id) != Some(&child.unit_id) => Some(format!(
+                "its unit `{}` is not the one its call plans for task {}",
+                child.unit_id, child.task_index
             )),
             Some(_) => None,
         };

@@ -21,6 +21,9 @@ use dashmap::DashMap;
 use crate::ledger::{Ledger, LedgerError};
 use crate::runner::RunnerFactory;
 
+/// A session's owner epoch, read-locked by an owner's write for as long as the write lasts.
+pub(crate) type Fence = Arc<RwLock<u64>>;
+
 /// The live session owners by session id. A restarted owner replaces its entry, so whoever
 /// looks an owner up here (the coalescer, the embedding API) reaches the current one.
 pub type Owners = Arc<DashMap<String, Addr<owner::SessionOwner>>>;
@@ -41,6 +44,9 @@ pub struct Engine {
     pub children_arbiter: ArbiterHandle,
     /// The last turn state of each session, so a restarted owner keeps it.
     pub turns: Arc<DashMap<String, crate::routing::Turn>>,
+    /// Each session's owner epoch: an owner writes only while its epoch is current, so the
+    /// writes of an owner that died mid-flush never land after its successor read the ledger.
+    fences: Arc<DashMap<String, Fence>>,
     coalescer: Arc<RwLock<Option<Addr<coalescer::Coalescer>>>>,
 }
 
@@ -64,6 +70,7 @@ impl Engine {
             live_children: Arc::new(Mutex::new(HashSet::new())),
             children_arbiter,
             turns: Arc::new(DashMap::new()),
+            fences: Arc::new(DashMap::new()),
             coalescer: Arc::new(RwLock::new(None)),
         }
     }
@@ -103,6 +110,21 @@ impl Engine {
     /// The children whose actor is alive right now.
     pub(crate) fn live_children(&self) -> HashSet<String> {
         self.live_children.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// The fence of a session and its current epoch (a new owner writes under it).
+    pub(crate) fn fence(&self, session_id: &str) -> (Fence, u64) {
+        let fence = self.fences.entry(session_id.to_string()).or_default().clone();
+        let epoch = fence.read().map(|e| *e).unwrap_or(u64::MAX);
+        (fence, epoch)
+    }
+
+    /// Ends the current owner's epoch of a session: waits for a write of it in flight, and
+    /// refuses every later one. Called before the session is read back for a new owner.
+    pub(crate) fn supersede(&self, session_id: &str) {
+        let fence = self.fences.entry(session_id.to_string()).or_default().clone();
+        let mut guard = fence.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *guard = guard.saturating_add(1);
     }
 
     /// The current owner of a session.

@@ -192,6 +192,8 @@ impl Supervisor {
     /// Reads one session back from the ledger for an in-process owner restart. The ledger is
     /// flushed first, so the rebuilt owner publishes nothing that is not durable (I1).
     fn rebuild_owner(&self, id: &str) -> Result<SessionOwner, LedgerError> {
+        // The dead owner's write in flight lands before the read below, or never.
+        self.engine.supersede(id);
         self.engine.ledger.flush()?;
         let split = split_snapshot(self.engine.ledger.load()?);
         let (session, part) = split
@@ -206,6 +208,8 @@ impl Supervisor {
             remove_claims: claim_ids,
             ..Writes::default()
         })?;
+        // A child queued again must not read `running` after a crash (it would be `unknown`).
+        self.engine.ledger.flush()?;
         if let Some(wake) = self.wakes.get(id) {
             owner.bind_wake(wake.clone());
         }

@@ -11,6 +11,10 @@ pub trait CheckRow {
     fn check(&self) -> Result<(), String>;
 }
 
+/// Set numbers beyond this are damage: a session would need billions of calls a second for a
+/// century to reach it, and staying far below `u64::MAX` keeps every `+ 1` exact.
+pub(crate) const MAX_SET: u64 = 1 << 62;
+
 fn at_max_u32(field: &str, v: u32) -> Result<(), String> {
     if v == u32::MAX {
         Err(format!("`{field}` is {v}, a count brood never reaches"))
@@ -35,7 +39,7 @@ impl CheckRow for SessionRow {
         }
         at_max_u32("max_concurrent_children", self.max_concurrent_children)?;
         at_max_u32("max_delivery_attempts", self.max_delivery_attempts)?;
-        if self.next_set == 0 || self.next_set == u64::MAX {
+        if self.next_set == 0 || self.next_set > MAX_SET {
             return Err(format!("`next_set` is {}, out of range", self.next_set));
         }
         Ok(())
@@ -49,7 +53,7 @@ impl CheckRow for CallRow {
         if self.tasks.is_empty() || self.tasks.len() >= u32::MAX as usize {
             return Err(format!("the call has {} tasks", self.tasks.len()));
         }
-        if self.set == 0 || self.set == u64::MAX {
+        if self.set == 0 || self.set >= MAX_SET {
             return Err(format!("`set` is {}, out of range", self.set));
         }
         Ok(())

@@ -313,19 +313,30 @@ pub fn sync_receipt_id(call_id: &str) -> String {
     format!("sync_{call_id}")
 }
 
-/// A stored row that could not be read back, moved aside with its raw bytes.
+/// A stored row that could not be read back, moved aside: what is known of it. Its raw bytes
+/// are kept as they were, unencoded, beside this row (they may be as large as anything sled
+/// holds).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuarantineRow {
     /// The tree it was found in.
     pub tree: String,
     /// Its key, as stored.
     pub key: Vec<u8>,
-    /// Its value, as stored.
-    pub value: Vec<u8>,
+    /// How many bytes its value had.
+    pub value_len: u64,
     /// Why it could not be used.
     pub reason: String,
     /// When it was moved aside.
     pub quarantined_at_ms: u64,
+}
+
+/// A quarantined row with its raw value, as [`crate::ledger::Ledger::quarantined`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantined {
+    /// What is known of it.
+    pub row: QuarantineRow,
+    /// Its value, as stored.
+    pub value: Vec<u8>,
 }
 
 /// One ready item as a consumer receives it in an envelope.

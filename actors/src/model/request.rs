@@ -175,6 +175,21 @@ pub fn validate(req: &DelegateRequest, factory: &dyn RunnerFactory) -> Result<Ve
             rerun_on_recovery: t.rerun_on_recovery,
         });
     }
+    // The call is stored as one row: refuse what the ledger could not hold, naming the field,
+    // rather than failing the write of every other request in the same group commit.
+    let stored: usize = out
+        .iter()
+        .map(|t| t.goal.len() + t.runner_json.len() + t.group.as_ref().map_or(0, String::len) + 32)
+        .sum();
+    let limit = crate::codec::MAX_VALUE_BYTES - 64 * 1024;
+    if stored > limit {
+        return Err(BroodError::invalid(
+            "tasks",
+            format!(
+                "make a call of about {stored} bytes; at most {limit} bytes of goals and runner specs fit in one call"
+            ),
+        ));
+    }
     Ok(out)
 }
 

@@ -93,6 +93,8 @@ pub struct SessionOwner {
     timer: Option<(u64, SpawnHandle)>,
     unit_budgets: RestartBudgets,
     persist: Persist<Durable>,
+    /// The session's fence and this owner's epoch under it.
+    fence: (super::Fence, u64),
 }
 
 impl std::fmt::Debug for SessionOwner {
@@ -112,7 +114,9 @@ impl SessionOwner {
         if let Some(turn) = engine.turns.get(&session.session_id) {
             wake_state.set_turn(*turn);
         }
+        let fence = engine.fence(&session.session_id);
         SessionOwner {
+            fence,
             capacity: Capacity::new(session.max_concurrent_children as usize),
             router: Router::new(session.max_delivery_attempts),
             engine,

@@ -164,7 +164,7 @@ impl SessionOwner {
             thens.push(step.then);
         }
         let next_set = view.session.next_set;
-        write_and_flush(self.engine.ledger.clone(), writes, restore)
+        write_and_flush(self.engine.ledger.clone(), self.fence.clone(), writes, restore)
             .into_actor(self)
             .map(move |(res, unrestored), act, ctx| {
                 // Still "in flight" while the steps apply: what they submit is parked and
@@ -200,10 +200,22 @@ const RESTORE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 /// restart, and the owner must never reuse what they took).
 pub(super) async fn write_and_flush(
     ledger: Arc<dyn Ledger>,
+    (fence, epoch): (crate::actors::Fence, u64),
     writes: Writes,
     restore: Writes,
 ) -> (Result<(), LedgerError>, bool) {
     let job = move || {
+        // Held for the whole write, flush and restore: a successor's read of the ledger waits
+        // for it, and once a successor was made, nothing of this owner's is written any more.
+        let current = fence.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if *current != epoch {
+            return (
+                Err(LedgerError::storage_msg(
+                    "this session's owner was replaced; nothing was written",
+                )),
+                false,
+            );
+        }
         let res = ledger.write(&writes).and_then(|_| ledger.flush().map(|_| ()));
         let Err(e) = res else {
             return (Ok(()), false);
