@@ -62,7 +62,7 @@ pub use brood_actors::model::{
 };
 pub use brood_actors::routing::{ReleaseReason, Turn};
 pub use brood_actors::runner::{Progress, RunContext, RunOutput, Runner, RunnerFactory};
-pub use brood_actors::wake::{Wake, WakeEvent};
+pub use brood_actors::wake::{Wake, WakeEvent, WakeFactory};
 pub use runners::Runners;
 
 /// Settings of a session; unset fields keep their current (or default) value.
@@ -86,6 +86,7 @@ pub struct BroodConfig {
     data_dir: PathBuf,
     runners: Arc<dyn RunnerFactory>,
     durability: Durability,
+    wakes: Option<Arc<dyn WakeFactory>>,
 }
 
 impl std::fmt::Debug for BroodConfig {
@@ -104,6 +105,7 @@ impl BroodConfig {
             data_dir: data_dir.into(),
             runners: Arc::new(Runners::builtin()),
             durability: Durability::default(),
+            wakes: None,
         }
     }
 
@@ -116,6 +118,13 @@ impl BroodConfig {
     /// What a flush brood relies on guarantees (see [`Durability`]).
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
+        self
+    }
+
+    /// Makes webhook wake targets from `wake_url`s (stored with their sessions, and bound
+    /// again when the engine opens).
+    pub fn wake_factory(mut self, wakes: impl WakeFactory) -> Self {
+        self.wakes = Some(Arc::new(wakes));
         self
     }
 
@@ -210,6 +219,7 @@ impl Brood {
         let dir = config.data_dir.clone();
         let runners = config.runners.clone();
         let durability = config.durability;
+        let wakes = config.wakes.clone();
         let thread = std::thread::Builder::new()
             .name("brood-actors".into())
             .spawn(move || {
@@ -219,7 +229,7 @@ impl Brood {
                 let handle = children.handle();
                 let started = sys.block_on(async move {
                     let ledger: Arc<dyn Ledger> = Arc::new(SledLedger::open_with(&dir, durability)?);
-                    let (root, owners) = Supervisor::start(ledger.clone(), runners, handle)?;
+                    let (root, owners) = Supervisor::start(ledger.clone(), runners, wakes, handle)?;
                     Ok::<_, LedgerError>((root, owners, ledger))
                 });
                 match started {

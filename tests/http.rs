@@ -4,10 +4,11 @@
 //! API.md's error shape, changing nothing), kill -9 and a restart with the results intact, and a
 //! configuration refused at start.
 
-use std::io::Read as _;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -429,4 +430,110 @@ fn a_configuration_error_stops_the_start_and_names_the_key() {
         err.contains("max_delivery_attempts") && err.contains("brood.toml") && err.contains("from 1 to 1000"),
         "{err}"
     );
+}
+
+/// A wake receiver on loopback: records the body of every POST and answers 200.
+fn receiver() -> (String, Arc<Mutex<Vec<Value>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/wake", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_ok() {
+                if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+                    log.lock().unwrap().push(v);
+                }
+            }
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    (url, seen)
+}
+
+fn wait_wakes(seen: &Arc<Mutex<Vec<Value>>>, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = seen.lock().unwrap().clone();
+        if got.len() >= n {
+            return got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} wakes arrived: {got:?}",
+            got.len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_wake_url_is_posted_once_per_idle_period_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, seen) = receiver();
+    let s = Server::start(dir.path(), None);
+    let (status, body) = s.call("PUT", "/v1/sessions/w", Some(json!({"wake_url": url})));
+    assert_eq!((status, &body["wake_capable"]), (200, &json!(true)), "{body}");
+    let (status, reply) = s.call(
+        "POST",
+        "/v1/sessions/w/delegate",
+        Some(json!({"tasks": [{"goal": "a", "runner": sim(0)}, {"goal": "b", "runner": sim(30)}], "independent_completions": true})),
+    );
+    assert_eq!((status, reply["mode"].as_str()), (202, Some("background")), "{reply}");
+    let wakes = wait_wakes(&seen, 1);
+    assert_eq!(wakes[0]["session_id"], "w");
+    assert!(wakes[0]["ready"].as_u64().unwrap() >= 1);
+    // Both results ready: still one wake in this idle period.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.call("GET", "/v1/sessions/w", None).1["counts"]["ready"] != 2 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "one wake however many items land meanwhile"
+    );
+    let env = s.envelope("w", 30_000);
+    s.call(
+        "POST",
+        &format!("/v1/claims/{}/ack", env["claim_id"].as_str().unwrap()),
+        None,
+    );
+    s.kill9();
+    // The wake_url is stored with the session: a restarted server wakes it without a new PUT.
+    let s = Server::start(dir.path(), None);
+    let (_, view) = s.call("GET", "/v1/sessions/w", None);
+    assert_eq!(view["wake_capable"], true, "{view}");
+    s.call(
+        "POST",
+        "/v1/sessions/w/delegate",
+        Some(json!({"tasks": [{"goal": "c", "runner": sim(0)}]})),
+    );
+    let wakes = wait_wakes(&seen, 2);
+    assert_eq!(wakes[1]["session_id"], "w");
+    let (_, bad) = s.call(
+        "PUT",
+        "/v1/sessions/w",
+        Some(json!({"wake_url": "https://example.test/"})),
+    );
+    assert!(bad["error"]["message"].as_str().unwrap().contains("https"), "{bad}");
 }

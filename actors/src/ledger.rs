@@ -118,6 +118,8 @@ pub struct Snapshot {
     pub claims: Vec<ClaimRow>,
     /// Children whose row is in the quarantine tree.
     pub damaged_children: Vec<String>,
+    /// Sessions' webhook wake targets.
+    pub wakes: Vec<WakeRow>,
 }
 
 /// The rows one decision writes, in the order sled's log keeps them: sled recovers a prefix of
@@ -137,6 +139,10 @@ pub struct Writes {
     pub dead_letters: Vec<DeadLetterRow>,
     /// Ack rows to put.
     pub acks: Vec<AckRow>,
+    /// Webhook wake targets to put.
+    pub wakes: Vec<WakeRow>,
+    /// Webhook wake targets to remove, by session id.
+    pub remove_wakes: Vec<String>,
     /// Sessions to remove (one whose creation was not made durable).
     pub remove_sessions: Vec<String>,
     /// Calls to remove (a refused dispatch taken back): the call first, then its units.
@@ -158,6 +164,8 @@ impl Writes {
             && self.children.is_empty()
             && self.dead_letters.is_empty()
             && self.acks.is_empty()
+            && self.wakes.is_empty()
+            && self.remove_wakes.is_empty()
             && self.remove_sessions.is_empty()
             && self.remove_calls.is_empty()
             && self.remove_dead_letters.is_empty()
@@ -173,6 +181,8 @@ impl Writes {
         self.children.extend(other.children);
         self.dead_letters.extend(other.dead_letters);
         self.acks.extend(other.acks);
+        self.wakes.extend(other.wakes);
+        self.remove_wakes.extend(other.remove_wakes);
         self.remove_sessions.extend(other.remove_sessions);
         self.remove_calls.extend(other.remove_calls);
         self.remove_dead_letters.extend(other.remove_dead_letters);
@@ -223,6 +233,8 @@ pub mod trees {
     pub const CLAIMS: &str = "claims";
     /// Ack rows by claim id.
     pub const ACKS: &str = "acks";
+    /// Webhook wake targets by session id.
+    pub const WAKES: &str = "wakes";
     /// Dead letters by dedup key.
     pub const DEAD_LETTERS: &str = "dead_letters";
     /// The format version.
@@ -248,6 +260,7 @@ pub struct SledLedger {
     children: sled::Tree,
     claims: sled::Tree,
     acks: sled::Tree,
+    wakes: sled::Tree,
     dead_letters: sled::Tree,
     quarantine: sled::Tree,
     quarantine_raw: sled::Tree,
@@ -421,6 +434,7 @@ impl SledLedger {
             children: db.open_tree(CHILDREN)?,
             claims: db.open_tree(CLAIMS)?,
             acks: db.open_tree(ACKS)?,
+            wakes: db.open_tree(WAKES)?,
             dead_letters: db.open_tree(DEAD_LETTERS)?,
             quarantine: db.open_tree(QUARANTINE)?,
             quarantine_raw: db.open_tree(QUARANTINE_RAW)?,
@@ -444,6 +458,7 @@ impl SledLedger {
             CHILDREN => &self.children,
             CLAIMS => &self.claims,
             ACKS => &self.acks,
+            WAKES => &self.wakes,
             DEAD_LETTERS => &self.dead_letters,
             _ => return None,
         })
@@ -596,6 +611,8 @@ impl Ledger for SledLedger {
             w.dead_letters.iter().map(|r| (r.dedup_key.as_str(), r)),
         )?;
         put_all(&self.acks, ACKS, w.acks.iter().map(|r| (r.claim_id.as_str(), r)))?;
+        put_all(&self.wakes, WAKES, w.wakes.iter().map(|r| (r.session_id.as_str(), r)))?;
+        remove_all(&self.wakes, &w.remove_wakes)?;
         // The call first: without it the rest is ignored by recovery anyway.
         remove_all(&self.calls, w.remove_calls.iter().map(|(c, _)| c))?;
         remove_all(&self.units, w.remove_calls.iter().flat_map(|(_, u)| u))?;
@@ -696,6 +713,7 @@ impl Ledger for SledLedger {
             children,
             claims,
             damaged_children,
+            wakes: self.scan(&self.wakes, WAKES)?,
         };
         if !self.quarantine.is_empty() {
             // What was moved aside must not come back on its own: make the move durable.

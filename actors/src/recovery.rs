@@ -53,6 +53,8 @@ pub struct SessionSnapshot {
     pub claims: Vec<ClaimRow>,
     /// Children whose row was damaged and quarantined: their outcome is unknown.
     pub damaged: HashSet<String>,
+    /// The session's stored webhook wake target.
+    pub wake_url: Option<String>,
 }
 
 /// A row recovery cannot use because it contradicts the rows around it: it is quarantined
@@ -145,6 +147,9 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
     }
     for claim in snapshot.claims {
         out.entry(claim.session_id.clone()).or_default().claims.push(claim);
+    }
+    for wake in snapshot.wakes {
+        out.entry(wake.session_id.clone()).or_default().wake_url = Some(wake.url);
     }
     let damaged = snapshot
         .damaged_children
@@ -457,6 +462,7 @@ mod tests {
                 items: 1,
             }],
             damaged: HashSet::new(),
+            wake_url: None,
         }
     }
 
@@ -570,6 +576,7 @@ mod tests {
             children: vec![child(0, ChildStatus::Queued), no_call, beyond],
             claims: vec![],
             damaged_children: vec![],
+            wakes: vec![],
         };
         let split = split_snapshot(snap);
         assert_eq!(split.sessions.len(), 1);

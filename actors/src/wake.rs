@@ -27,6 +27,15 @@ impl<F: Fn(WakeEvent) + Send + Sync + 'static> Wake for F {
     }
 }
 
+/// Makes wake targets from stored webhook URLs: when a session binds a `wake_url`, and again
+/// for every stored one when the engine opens, so a restarted engine still wakes its sessions.
+pub trait WakeFactory: Send + Sync + 'static {
+    /// Checks a URL; the error says what is wrong with it.
+    fn validate(&self, url: &str) -> Result<(), String>;
+    /// The wake target of `session_id` for `url` (already validated).
+    fn wake_for(&self, session_id: &str, url: &str) -> std::sync::Arc<dyn Wake>;
+}
+
 /// A named wake target, for debug output.
 pub(crate) struct WakeTarget(pub(crate) std::sync::Arc<dyn Wake>);
 

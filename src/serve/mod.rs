@@ -6,12 +6,13 @@
 //! anything else, and a graceful stop on SIGINT/SIGTERM (requests in flight are given the drain
 //! timeout, then the engine flushes and closes).
 //!
-//! Not in this build yet (later parts of the `brood serve` issue): webhook wakes (`wake_url`),
-//! the event stream, external workers, `command` runners, metrics, the OpenAPI document.
+//! Not in this build yet (later parts of the `brood serve` issue): the event stream, external
+//! workers, `command` runners, metrics, the OpenAPI document.
 
 pub mod api;
 pub mod config;
 mod routes;
+pub mod wake;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,7 +70,11 @@ async fn require_key(
 
 /// The engine behind a server, from its configuration.
 pub fn open_engine(config: &ServeConfig) -> Result<Brood, BroodError> {
-    Brood::open(BroodConfig::new(&config.data_dir).durability(config.durability))
+    Brood::open(
+        BroodConfig::new(&config.data_dir)
+            .durability(config.durability)
+            .wake_factory(wake::Webhooks::default()),
+    )
 }
 
 /// Serves API.md until SIGINT or SIGTERM, then drains, closes the engine and returns.

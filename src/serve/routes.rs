@@ -50,16 +50,23 @@ fn session_json(info: &crate::SessionInfo) -> serde_json::Value {
 pub(super) async fn put_session(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
     let session_id = path.into_inner();
     let body: PutSession = api::parse(&body(&state, payload).await?)?;
-    if body.wake_url.is_some() {
-        return Err(ApiError::invalid(
-            "`wake_url`: webhook wakes are not available in this build yet; use `addressable: true` and poll boundaries",
-        ));
-    }
     let mut options = SessionOptions::default();
+    if let Some(url) = body.wake_url.clone() {
+        options = options.wake_url(url);
+    }
     if let Some(n) = body.max_concurrent_children {
         options = options.max_concurrent_children(n);
     }
-    if body.addressable == Some(true) {
+    let capable = match body.addressable {
+        Some(true) if body.wake_url.is_none() => state
+            .brood
+            .counts(&session_id)
+            .await
+            .map(|st| st.info.wake_capable)
+            .unwrap_or(false),
+        _ => true,
+    };
+    if !capable {
         // Default-deny: only an authenticated request (or a server without a key) grants it,
         // and every request that reaches a `/v1` handler passed the key check. The parent is
         // reached by polling its boundaries (the event stream comes later).

@@ -35,6 +35,8 @@ pub struct Engine {
     pub ledger: Arc<dyn Ledger>,
     /// Runner construction.
     pub factory: Arc<dyn RunnerFactory>,
+    /// Wake targets from stored webhook URLs, if the embedder gave a way to make them.
+    pub wake_factory: Option<Arc<dyn crate::wake::WakeFactory>>,
     /// The live owners.
     pub owners: Owners,
     /// Children whose actor is alive (started by a unit and not yet stopped).
@@ -66,6 +68,7 @@ impl Engine {
         Engine {
             ledger,
             factory,
+            wake_factory: None,
             owners: Arc::new(DashMap::new()),
             live_children: Arc::new(Mutex::new(HashSet::new())),
             children_arbiter,

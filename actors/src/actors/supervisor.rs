@@ -75,19 +75,28 @@ impl Supervisor {
     pub fn start(
         ledger: Arc<dyn Ledger>,
         factory: Arc<dyn RunnerFactory>,
+        wake_factory: Option<Arc<dyn crate::wake::WakeFactory>>,
         children_arbiter: ArbiterHandle,
     ) -> Result<(Addr<Supervisor>, Owners), LedgerError> {
-        Self::start_with(ledger, factory, children_arbiter, RestartPolicy::default())
+        Self::start_with(
+            ledger,
+            factory,
+            wake_factory,
+            children_arbiter,
+            RestartPolicy::default(),
+        )
     }
 
     /// As [`Supervisor::start`], with an explicit restart policy for owners and the coalescer.
     pub fn start_with(
         ledger: Arc<dyn Ledger>,
         factory: Arc<dyn RunnerFactory>,
+        wake_factory: Option<Arc<dyn crate::wake::WakeFactory>>,
         children_arbiter: ArbiterHandle,
         policy: RestartPolicy,
     ) -> Result<(Addr<Supervisor>, Owners), LedgerError> {
-        let engine = Engine::new(ledger.clone(), factory, children_arbiter);
+        let mut engine = Engine::new(ledger.clone(), factory, children_arbiter);
+        engine.wake_factory = wake_factory;
         let snapshot = ledger.load()?;
         let claim_ids: Vec<String> = snapshot.claims.iter().map(|c| c.claim_id.clone()).collect();
         let split = split_snapshot(snapshot);

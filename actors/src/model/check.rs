@@ -116,6 +116,13 @@ impl CheckRow for AckRow {
     }
 }
 
+impl CheckRow for WakeRow {
+    fn check(&self) -> Result<(), String> {
+        not_empty("session_id", &self.session_id)?;
+        not_empty("url", &self.url)
+    }
+}
+
 impl CheckRow for QuarantineRow {
     fn check(&self) -> Result<(), String> {
         Ok(())

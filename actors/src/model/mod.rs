@@ -308,6 +308,17 @@ pub struct AckRow {
     pub acked_at_ms: u64,
 }
 
+/// A session's webhook wake target, stored so that a restarted server still wakes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WakeRow {
+    /// The session.
+    pub session_id: String,
+    /// Where its wakes are POSTed.
+    pub url: String,
+    /// When it was bound.
+    pub bound_at_ms: u64,
+}
+
 /// The id under which a sync call's confirmed receipt is recorded among the acks.
 pub fn sync_receipt_id(call_id: &str) -> String {
     format!("sync_{call_id}")

@@ -217,6 +217,9 @@ pub struct SessionSettings {
     pub max_delivery_attempts: Option<u32>,
     /// The wake target; binding one makes the session wake-capable.
     pub wake: Option<Arc<dyn Wake>>,
+    /// A webhook to wake the session with, stored durably and bound again after a restart
+    /// (through the engine's [`crate::wake::WakeFactory`]); makes the session wake-capable.
+    pub wake_url: Option<String>,
 }
 
 impl std::fmt::Debug for SessionSettings {
@@ -225,6 +228,7 @@ impl std::fmt::Debug for SessionSettings {
             .field("max_concurrent_children", &self.max_concurrent_children)
             .field("max_delivery_attempts", &self.max_delivery_attempts)
             .field("wake", &self.wake.is_some())
+            .field("wake_url", &self.wake_url)
             .finish()
     }
 }
@@ -245,6 +249,12 @@ impl SessionSettings {
     /// Binds a wake target (an embedded callback).
     pub fn wake(mut self, wake: impl Wake) -> Self {
         self.wake = Some(Arc::new(wake));
+        self
+    }
+
+    /// Binds a webhook wake target, kept in the ledger (the engine needs a wake factory).
+    pub fn wake_url(mut self, url: impl Into<String>) -> Self {
+        self.wake_url = Some(url.into());
         self
     }
 

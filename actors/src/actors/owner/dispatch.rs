@@ -117,6 +117,16 @@ impl SessionOwner {
             answer(reply, Err(e));
             return Decided::Done;
         }
+        if let Some(url) = &settings.wake_url {
+            let checked = match &self.engine.wake_factory {
+                None => Err("this engine cannot make webhook wake targets (it has no wake factory)".to_string()),
+                Some(f) => f.validate(url),
+            };
+            if let Err(m) = checked {
+                answer(reply, Err(BroodError::invalid("wake_url", m)));
+                return Decided::Done;
+            }
+        }
         if view.session != self.session {
             // A step of this batch changes the session row: decide against its outcome.
             return Decided::Later(Durable::Configure(settings, reply));
@@ -128,6 +138,7 @@ impl SessionOwner {
         if let Some(n) = settings.max_delivery_attempts {
             session.max_delivery_attempts = n;
         }
+        let new_url = settings.wake_url.clone().filter(|u| Some(u) != self.wake_url.as_ref());
         let (capacity, attempts) = (session.max_concurrent_children, session.max_delivery_attempts);
         let apply = move |act: &mut SessionOwner,
                           ctx: &mut Context<SessionOwner>,
@@ -139,22 +150,38 @@ impl SessionOwner {
             if let Some(w) = settings.wake {
                 act.bind_wake(w);
             }
+            if let Some(url) = &settings.wake_url {
+                act.bind_wake_url(url);
+            }
             act.admit(ctx);
             answer(reply, Ok(act.info()));
         };
-        if session == self.session {
+        if session == self.session && new_url.is_none() {
             apply(self, ctx, reply);
             return Decided::Done;
         }
-        view.session = session.clone();
-        let writes = Writes {
-            sessions: vec![session.clone()],
-            ..Writes::default()
-        };
-        let restore = Writes {
-            sessions: vec![self.session.clone()],
-            ..Writes::default()
-        };
+        let mut writes = Writes::default();
+        let mut restore = Writes::default();
+        if session != self.session {
+            view.session = session.clone();
+            writes.sessions.push(session);
+            restore.sessions.push(self.session.clone());
+        }
+        if let Some(url) = new_url {
+            writes.wakes.push(WakeRow {
+                session_id: self.session.session_id.clone(),
+                url,
+                bound_at_ms: now_ms(),
+            });
+            match &self.wake_url {
+                Some(old) => restore.wakes.push(WakeRow {
+                    session_id: self.session.session_id.clone(),
+                    url: old.clone(),
+                    bound_at_ms: now_ms(),
+                }),
+                None => restore.remove_wakes.push(self.session.session_id.clone()),
+            }
+        }
         Decided::Step(Step {
             writes,
             restore,

@@ -95,6 +95,8 @@ pub struct SessionOwner {
     persist: Persist<Durable>,
     /// The session's fence and this owner's epoch under it.
     fence: (super::Fence, u64),
+    /// The stored webhook wake target, if one is bound.
+    wake_url: Option<String>,
 }
 
 impl std::fmt::Debug for SessionOwner {
@@ -117,6 +119,7 @@ impl SessionOwner {
         let fence = engine.fence(&session.session_id);
         SessionOwner {
             fence,
+            wake_url: None,
             capacity: Capacity::new(session.max_concurrent_children as usize),
             router: Router::new(session.max_delivery_attempts),
             engine,
@@ -133,6 +136,21 @@ impl SessionOwner {
     /// Binds a wake target (the session becomes wake-capable).
     pub fn bind_wake(&mut self, wake: Arc<dyn Wake>) {
         self.wake = Some(WakeTarget(wake));
+    }
+
+    /// Binds the wake target of a stored webhook URL, through the engine's wake factory.
+    pub(crate) fn bind_wake_url(&mut self, url: &str) {
+        match &self.engine.wake_factory {
+            Some(f) => {
+                let wake = f.wake_for(&self.session.session_id, url);
+                self.bind_wake(wake);
+                self.wake_url = Some(url.to_string());
+            }
+            None => tracing::warn!(
+                session = %self.session.session_id,
+                "the session has a stored wake URL but this engine has no wake factory; it is not wake-capable until a target is bound"
+            ),
+        }
     }
 
     /// The session this owner routes.

@@ -24,6 +24,9 @@ impl SessionOwner {
         };
         let plan = recovery::plan(&session, snapshot, mode, &live, now_ms());
         let mut owner = SessionOwner::new(engine, session);
+        if let Some(url) = &snapshot.wake_url {
+            owner.bind_wake_url(url);
+        }
         owner.session.next_set = plan.next_set;
         owner.book.delivered_done = plan.delivered_done;
         for claim in plan.lost_claims {
