@@ -1,0 +1,251 @@
+//! The durable ledger: what brood has promised survives a crash, and with
+//! [`Durability::Fsync`] a power cut too.
+//!
+//! [`Ledger`] is the trait the actors write through; [`SledLedger`] is the embedded default
+//! (sled 0.34.7 in a local folder). The trait owns storage and durability only: which rows to
+//! write and when is decided by the actors. Writes become durable at [`Ledger::flush`]; nothing
+//! may be reported as recorded before the flush that covers it returned (I1).
+//!
+//! Trees: `sessions`, `calls`, `units`, `children`, `claims`, `acks`, `wakes`, `dead_letters`,
+//! `meta`, `quarantine` (with the raw values in `quarantine_raw`). Keys are the ids as UTF-8; values are [`crate::codec`] rows. An item's durable
+//! delivery state is its child row's flag, *or* an ack row naming it, *or* a dead letter of it:
+//! an ack writes one row for its claim and never rewrites the children's rows (they get an
+//! unflushed copy of the flag later), so [`Ledger::load`] folds the three together.
+//!
+//! A row that cannot be read back (bad version byte, truncated, over the size limit, values
+//! brood never writes) is moved with its raw bytes to `quarantine` with the reason, logged and
+//! counted; the rest of the ledger opens and is served.
+//!
+//! The parts: this file (the trait, the rows one decision writes, the errors, the durability
+//! levels), `sled_ledger` (the sled implementation), `fsync` (what `Durability::Fsync` adds to
+//! sled's flush).
+
+mod fsync;
+mod sled_ledger;
+
+use std::fmt;
+
+use crate::codec::CodecError;
+use crate::model::*;
+
+pub use sled_ledger::{SledLedger, LOCK_WAIT};
+
+/// The ledger could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The storage engine failed (I/O, corruption, a lock held by another process).
+    #[error("ledger storage failed: {context}")]
+    Storage {
+        /// What brood was doing.
+        context: String,
+        /// What sled or the file system said.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// A stored value could not be encoded or decoded.
+    #[error("ledger value in tree `{tree}` at key `{key}`")]
+    Codec {
+        /// The tree.
+        tree: &'static str,
+        /// The key, lossily as text.
+        key: String,
+        /// What the codec said.
+        #[source]
+        source: CodecError,
+    },
+    /// A fault injected on purpose (the `failpoints` feature).
+    #[error("injected fault: {0}")]
+    Injected(&'static str),
+}
+
+impl LedgerError {
+    /// A storage failure with its cause.
+    pub fn storage(context: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        LedgerError::Storage {
+            context: context.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// A storage failure brood itself detected.
+    pub fn storage_msg(context: impl Into<String>) -> Self {
+        LedgerError::Storage {
+            context: context.into(),
+            source: None,
+        }
+    }
+}
+
+impl From<sled::Error> for LedgerError {
+    fn from(e: sled::Error) -> Self {
+        LedgerError::storage("sled", e)
+    }
+}
+
+/// What a flush that brood relies on guarantees (DESIGN.md "Durability").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// sled's flush, then an fsync of every file sled wrote (its log, new blobs, their
+    /// folders): what was reported as recorded survives power loss, not only `kill -9`.
+    #[default]
+    Fsync,
+    /// sled's own flush (`sync_file_range`): survives the process dying, but the device cache
+    /// and file metadata are not flushed, so a power cut may lose the last moments.
+    Flush,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fsync" => Ok(Durability::Fsync),
+            "flush" => Ok(Durability::Flush),
+            other => Err(format!("durability `{other}` is not one of: fsync, flush")),
+        }
+    }
+}
+
+/// Everything stored, as read when the ledger opens, with delivery state folded in.
+#[derive(Debug, Default, Clone)]
+pub struct Snapshot {
+    /// All sessions.
+    pub sessions: Vec<SessionRow>,
+    /// All calls.
+    pub calls: Vec<CallRow>,
+    /// All units.
+    pub units: Vec<UnitRow>,
+    /// All children; `result`/`notice` say delivered or dead when an ack row or a dead letter
+    /// says so.
+    pub children: Vec<ChildRow>,
+    /// Claims that were live when the last process stopped (acked ones are not among them).
+    pub claims: Vec<ClaimRow>,
+    /// Children whose row is in the quarantine tree.
+    pub damaged_children: Vec<String>,
+    /// Sessions' webhook wake targets.
+    pub wakes: Vec<WakeRow>,
+}
+
+/// The rows one decision writes, in the order sled's log keeps them: sled recovers a prefix of
+/// its log, so a crash in the middle leaves the earlier ones. A dispatch lists the session
+/// (its next set) before its units and its call: a crash may skip a set number, never reuse one.
+#[derive(Debug, Default, Clone)]
+pub struct Writes {
+    /// Session rows to put.
+    pub sessions: Vec<SessionRow>,
+    /// Unit rows to put.
+    pub units: Vec<UnitRow>,
+    /// Call rows to put.
+    pub calls: Vec<CallRow>,
+    /// Child rows to put.
+    pub children: Vec<ChildRow>,
+    /// Dead letters to put.
+    pub dead_letters: Vec<DeadLetterRow>,
+    /// Ack rows to put.
+    pub acks: Vec<AckRow>,
+    /// Webhook wake targets to put.
+    pub wakes: Vec<WakeRow>,
+    /// Webhook wake targets to remove, by session id.
+    pub remove_wakes: Vec<String>,
+    /// Sessions to remove (one whose creation was not made durable).
+    pub remove_sessions: Vec<String>,
+    /// Calls to remove (a refused dispatch taken back): the call first, then its units.
+    pub remove_calls: Vec<(String, Vec<String>)>,
+    /// Dead letters to remove, by dedup key.
+    pub remove_dead_letters: Vec<String>,
+    /// Ack rows to remove, by claim id.
+    pub remove_acks: Vec<String>,
+    /// Claim rows to remove.
+    pub remove_claims: Vec<String>,
+}
+
+impl Writes {
+    /// Whether nothing is to be written.
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+            && self.units.is_empty()
+            && self.calls.is_empty()
+            && self.children.is_empty()
+            && self.dead_letters.is_empty()
+            && self.acks.is_empty()
+            && self.wakes.is_empty()
+            && self.remove_wakes.is_empty()
+            && self.remove_sessions.is_empty()
+            && self.remove_calls.is_empty()
+            && self.remove_dead_letters.is_empty()
+            && self.remove_acks.is_empty()
+            && self.remove_claims.is_empty()
+    }
+
+    /// Appends `other` after these writes.
+    pub fn extend(&mut self, other: Writes) {
+        self.sessions.extend(other.sessions);
+        self.units.extend(other.units);
+        self.calls.extend(other.calls);
+        self.children.extend(other.children);
+        self.dead_letters.extend(other.dead_letters);
+        self.acks.extend(other.acks);
+        self.wakes.extend(other.wakes);
+        self.remove_wakes.extend(other.remove_wakes);
+        self.remove_sessions.extend(other.remove_sessions);
+        self.remove_calls.extend(other.remove_calls);
+        self.remove_dead_letters.extend(other.remove_dead_letters);
+        self.remove_acks.extend(other.remove_acks);
+        self.remove_claims.extend(other.remove_claims);
+    }
+}
+
+/// Durable storage for brood's rows. Implementations must be safe to share across threads.
+pub trait Ledger: Send + Sync + fmt::Debug + 'static {
+    /// Writes rows (not durable until [`Ledger::flush`]).
+    fn write(&self, writes: &Writes) -> Result<(), LedgerError>;
+    /// Records terminal child rows: a row already terminal in the ledger is left as it is (a
+    /// retried hand-off), and the ledger's delivery state is kept over the child's copy.
+    /// Returns the rows as stored.
+    fn record_terminals(&self, rows: &[ChildRow]) -> Result<Vec<ChildRow>, LedgerError>;
+    /// Records a claim (cheap: not flushed by the caller).
+    fn put_claim(&self, row: &ClaimRow) -> Result<(), LedgerError>;
+    /// The ack row of a claim, if it was acknowledged durably.
+    fn ack(&self, claim_id: &str) -> Result<Option<AckRow>, LedgerError>;
+    /// Every dead letter.
+    fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError>;
+    /// Makes every write so far durable, as [`Ledger::durability`] says; returns the bytes
+    /// flushed.
+    fn flush(&self) -> Result<usize, LedgerError>;
+    /// What [`Ledger::flush`] guarantees.
+    fn durability(&self) -> Durability;
+    /// Reads everything back (recovery), quarantining rows that cannot be read.
+    fn load(&self) -> Result<Snapshot, LedgerError>;
+    /// Moves one stored row aside, raw bytes kept, with the reason (recovery found it
+    /// inconsistent with the rest).
+    fn quarantine(&self, tree: &str, key: &str, reason: &str) -> Result<(), LedgerError>;
+    /// The rows moved aside so far, with their raw values.
+    fn quarantined(&self) -> Result<Vec<Quarantined>, LedgerError>;
+}
+
+/// The tree names.
+pub mod trees {
+    /// Sessions by id.
+    pub const SESSIONS: &str = "sessions";
+    /// Calls by id.
+    pub const CALLS: &str = "calls";
+    /// Units by id.
+    pub const UNITS: &str = "units";
+    /// Children by id.
+    pub const CHILDREN: &str = "children";
+    /// Claims by id (not flushed; recovery returns them).
+    pub const CLAIMS: &str = "claims";
+    /// Ack rows by claim id.
+    pub const ACKS: &str = "acks";
+    /// Webhook wake targets by session id.
+    pub const WAKES: &str = "wakes";
+    /// Dead letters by dedup key.
+    pub const DEAD_LETTERS: &str = "dead_letters";
+    /// The format version.
+    pub const META: &str = "meta";
+    /// What is known of rows that could not be read, by `<tree>/<key>`.
+    pub const QUARANTINE: &str = "quarantine";
+    /// Their raw values, unencoded, by the same key.
+    pub const QUARANTINE_RAW: &str = "quarantine_raw";
+}
