@@ -267,7 +267,7 @@ async fn a_stalled_child_is_interrupted_and_does_not_stay_running() {
     assert!(item.error.is_some());
     let st = b.status("st").await.unwrap();
     assert_eq!(st.running, 0, "no child stays running after its stall timeout");
-    assert!(child_status(&st, reply.call_id(), 0).map_or(true, |s| s == ChildStatus::Interrupted));
+    assert!(child_status(&st, reply.call_id(), 0).is_none_or(|s| s == ChildStatus::Interrupted));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

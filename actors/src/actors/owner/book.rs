@@ -170,7 +170,7 @@ impl Book {
                     && self
                         .children
                         .get(&id)
-                        .map_or(true, |r| r.result.delivered || r.result.dead)
+                        .is_none_or(|r| r.result.delivered || r.result.dead)
             })
     }
 
