@@ -66,6 +66,24 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM, then the exit status (within 30 s).
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
+        assert!(sent.success(), "kill -TERM {pid} failed");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "brood serve did not stop within 30 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// A request with an optional JSON body; returns the status and the parsed body (Null for
     /// an empty one).
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -536,4 +554,30 @@ fn a_wake_url_is_posted_once_per_idle_period_and_survives_a_restart() {
         Some(json!({"wake_url": "https://example.test/"})),
     );
     assert!(bad["error"]["message"].as_str().unwrap().contains("https"), "{bad}");
+}
+
+#[test]
+fn sigterm_stops_the_server_with_exit_0_and_keeps_what_was_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("g");
+    s.call(
+        "POST",
+        "/v1/sessions/g/delegate",
+        Some(json!({"tasks": [{"goal": "a", "runner": sim(0)}, {"goal": "b", "runner": sim(0)}]})),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.call("GET", "/v1/sessions/g", None).1["counts"]["ready"] != 2 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = s.terminate();
+    assert!(
+        status.success(),
+        "SIGTERM must end brood serve with exit 0, got {status}"
+    );
+    let s = Server::start(dir.path(), None);
+    s.open("g");
+    let env = s.envelope("g", 30_000);
+    assert_eq!(env["items"].as_array().unwrap().len(), 2);
 }
