@@ -342,11 +342,6 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         self.held.remove(claim_id);
     }
 
-    /// Whether a claim is held.
-    pub fn is_held(&self, claim_id: &str) -> bool {
-        self.held.contains(claim_id)
-    }
-
     /// When a live claim's lease runs out.
     pub fn lease_of(&self, claim_id: &str) -> Option<u64> {
         self.claims.get(claim_id).map(|c| c.expires_at_ms)

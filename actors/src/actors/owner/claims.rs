@@ -61,7 +61,7 @@ impl SessionOwner {
             };
             tracing::debug!(claim = %claim_id, "lease expired");
             if returned.dead.is_empty() {
-                self.apply_returned(&claim_id, &returned, "");
+                self.apply_returned(&claim_id, &returned);
             } else {
                 self.router.hold(&claim_id);
                 dying.push(Durable::Expire(claim_id));
@@ -114,7 +114,7 @@ impl SessionOwner {
                 return Decided::Done;
             }
         };
-        view.claim_taken(&claim_id);
+        view.take_claim(&claim_id);
         self.router.hold(&claim_id);
         let row = AckRow {
             claim_id: claim_id.clone(),
@@ -191,11 +191,11 @@ impl SessionOwner {
             ReleaseReason::Failed => "delivery failed on the last attempt",
         };
         if returned.dead.is_empty() {
-            self.apply_returned(&msg.claim_id, &returned, why);
+            self.apply_returned(&msg.claim_id, &returned);
             answer(reply, Ok(()));
             return Decided::Done;
         }
-        view.claim_taken(&msg.claim_id);
+        view.take_claim(&msg.claim_id);
         self.router.hold(&msg.claim_id);
         let claim_id = msg.claim_id;
         self.dead_letter_step(claim_id.clone(), returned, why, move |act, _, res| {
@@ -213,10 +213,10 @@ impl SessionOwner {
         };
         let why = "lease expired on the last delivery attempt";
         if returned.dead.is_empty() {
-            self.apply_returned(&claim_id, &returned, why);
+            self.apply_returned(&claim_id, &returned);
             return Decided::Done;
         }
-        view.claim_taken(&claim_id);
+        view.take_claim(&claim_id);
         let id = claim_id.clone();
         self.dead_letter_step(claim_id, returned, why, move |_, ctx, res| {
             if res.is_err() {
@@ -267,7 +267,7 @@ impl SessionOwner {
             then: Box::new(move |act, ctx, res| {
                 if res.is_ok() {
                     tracing::warn!(session = %act.session.session_id, items = returned.dead.len(), "items moved to the dead-letter tree: {why}");
-                    act.apply_returned(&claim_id, &returned, why);
+                    act.apply_returned(&claim_id, &returned);
                 }
                 done(act, ctx, res);
             }),
@@ -277,7 +277,7 @@ impl SessionOwner {
     /// Applies a hand-back: the claim ends, its items are placed as decided, attempt counts and
     /// dead marks are copied to the children's rows (without a flush: the dead letters, already
     /// durable, are the record), the claim row goes.
-    pub(super) fn apply_returned(&mut self, claim_id: &str, returned: &Returned<String>, _why: &str) {
+    pub(super) fn apply_returned(&mut self, claim_id: &str, returned: &Returned<String>) {
         self.router.apply_returned(claim_id, returned);
         let mut rows = Vec::new();
         for (key, attempts) in &returned.requeued {

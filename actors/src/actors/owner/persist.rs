@@ -58,9 +58,9 @@ pub(super) struct BatchView {
 }
 
 impl BatchView {
-    /// Whether a step of this batch touches `claim_id` already (and reserves it if not).
-    pub(super) fn claim_taken(&mut self, claim_id: &str) -> bool {
-        !self.claims.insert(claim_id.to_string())
+    /// Marks `claim_id` as touched by a step of this batch.
+    pub(super) fn take_claim(&mut self, claim_id: &str) {
+        self.claims.insert(claim_id.to_string());
     }
 }
 
