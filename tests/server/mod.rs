@@ -1,0 +1,192 @@
+//! The real `brood serve` as a test's child process: started on a free loopback port over a
+//! temporary data folder, driven over HTTP with ureq, killed when dropped. Shared by the HTTP
+//! test files (`mod server;`).
+#![allow(dead_code)]
+
+use std::io::Read as _;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// A running `brood serve`, killed when dropped.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    pub key: Option<String>,
+    pub agent: ureq::Agent,
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Server {
+    pub fn start(dir: &Path, key: Option<&str>) -> Server {
+        Server::start_with(dir, key, &[])
+    }
+
+    /// A server with extra flags (`--allow-command`, `--config f.toml`, …).
+    pub fn start_with(dir: &Path, key: Option<&str>, extra: &[&str]) -> Server {
+        let port = free_port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_brood"));
+        cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .arg(dir)
+            .env_remove("BROOD_API_KEY")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(k) = key {
+            cmd.args(["--api-key", k]);
+        }
+        cmd.args(extra);
+        let child = cmd.spawn().expect("start brood serve");
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .into();
+        let server = Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            key: key.map(str::to_string),
+            agent,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = server.agent.get(&format!("{}/healthz", server.base)).call() {
+                if r.status() == 200 {
+                    return server;
+                }
+            }
+            assert!(Instant::now() < deadline, "brood serve did not answer /healthz in 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then the exit status (within 30 s).
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
+        assert!(sent.success(), "kill -TERM {pid} failed");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "brood serve did not stop within 30 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A request with an optional JSON body; returns the status and the parsed body (Null for
+    /// an empty one).
+    pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.raw(
+            method,
+            path,
+            body.map(|b| b.to_string().into_bytes()),
+            self.key.as_deref(),
+        )
+    }
+
+    pub fn raw(&self, method: &str, path: &str, body: Option<Vec<u8>>, key: Option<&str>) -> (u16, Value) {
+        let url = format!("{}{path}", self.base);
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let response = match method {
+            "GET" => {
+                let mut r = self.agent.get(&url);
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.call()
+            }
+            m => {
+                let mut r = match m {
+                    "PUT" => self.agent.put(&url),
+                    _ => self.agent.post(&url),
+                };
+                r = r.header("Content-Type", "application/json");
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                match body {
+                    Some(b) => r.send(&b[..]),
+                    None => r.send_empty(),
+                }
+            }
+        };
+        let mut response = response.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = response.status().as_u16();
+        let mut text = String::new();
+        response.body_mut().as_reader().read_to_string(&mut text).unwrap();
+        let value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {text}"))
+        };
+        (status, value)
+    }
+
+    pub fn open(&self, session: &str) {
+        let (status, body) = self.call(
+            "PUT",
+            &format!("/v1/sessions/{session}"),
+            Some(json!({"addressable": true})),
+        );
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["wake_capable"], true);
+    }
+
+    /// Boundaries until one answers 200.
+    pub fn envelope(&self, session: &str, lease_ms: u64) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (status, body) = self.call(
+                "POST",
+                &format!("/v1/sessions/{session}/boundary"),
+                Some(json!({"consumer": "t", "lease_ms": lease_ms})),
+            );
+            match status {
+                200 => return body,
+                204 => {}
+                s => panic!("boundary answered {s}: {body}"),
+            }
+            assert!(Instant::now() < deadline, "no envelope in 20 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn sim(ms: u64) -> Value {
+    json!({"kind": "sim", "ms": ms})
+}
+
+pub fn assert_error(reply: (u16, Value), status: u16, code: &str) -> String {
+    let (got, body) = reply;
+    assert_eq!(got, status, "{body}");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    let message = body["error"]["message"]
+        .as_str()
+        .expect("an error has a message")
+        .to_string();
+    assert!(!message.is_empty());
+    message
+}
+
