@@ -508,6 +508,14 @@ impl Brood {
         self.ask(session_id, owner::Status { calls: false }).await
     }
 
+    /// The ids of the sessions this engine routes, in ascending order (a session given up after
+    /// its owner kept failing is not among them).
+    pub fn sessions(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.owners.iter().map(|e| e.key().clone()).collect();
+        ids.sort();
+        ids
+    }
+
     /// Items that ran out of delivery attempts.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, BroodError> {
         self.root.send(DeadLetters).await?
