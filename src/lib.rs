@@ -49,11 +49,13 @@ use std::time::Duration;
 use actix::{Addr, Handler, Message};
 use brood_actors::actors::owner::{self, claim_session, Delegated, SessionOwner};
 use brood_actors::actors::supervisor::{DeadLetters, FindOwner, OpenSession, Supervisor};
-use brood_actors::actors::Owners;
+use brood_actors::actors::{Engine, Owners};
+use brood_actors::events::Events;
 use brood_actors::ledger::{Ledger, SledLedger};
 
 pub use brood_actors::actors::owner::{CallStatus, SessionInfo, SessionStatus};
 pub use brood_actors::error::{BroodError, DelegateError};
+pub use brood_actors::events::{ClaimChange, Event, SessionEvent};
 pub use brood_actors::failpoints;
 pub use brood_actors::ledger::{Durability, LedgerError};
 pub use brood_actors::model::{
@@ -67,6 +69,9 @@ pub use runners::Runners;
 
 /// Settings of a session; unset fields keep their current (or default) value.
 pub use brood_actors::model::SessionSettings as SessionOptions;
+
+/// Unread events a subscriber may hold before it lags (see [`Brood::subscribe`]).
+pub const EVENTS_CAPACITY: usize = Events::CAPACITY;
 
 /// Shortest lease accepted, in ms (API.md).
 pub const MIN_LEASE_MS: u64 = 100;
@@ -87,6 +92,7 @@ pub struct BroodConfig {
     runners: Arc<dyn RunnerFactory>,
     durability: Durability,
     wakes: Option<Arc<dyn WakeFactory>>,
+    commit_window: Duration,
 }
 
 impl std::fmt::Debug for BroodConfig {
@@ -106,6 +112,7 @@ impl BroodConfig {
             runners: Arc::new(Runners::builtin()),
             durability: Durability::default(),
             wakes: None,
+            commit_window: Duration::ZERO,
         }
     }
 
@@ -118,6 +125,14 @@ impl BroodConfig {
     /// What a flush brood relies on guarantees (see [`Durability`]).
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
+        self
+    }
+
+    /// How long completions are gathered before they are written and flushed as one batch
+    /// (default zero: a batch starts as soon as the previous flush ended, which already groups
+    /// whatever arrived meanwhile). A longer window means fewer flushes and later results.
+    pub fn commit_window(mut self, window: Duration) -> Self {
+        self.commit_window = window;
         self
     }
 
@@ -196,6 +211,7 @@ impl DelegateReply {
 pub struct Brood {
     root: Addr<Supervisor>,
     owners: Owners,
+    events: Events,
     ledger: Arc<dyn Ledger>,
     system: actix::System,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -208,7 +224,7 @@ impl std::fmt::Debug for Brood {
     }
 }
 
-type Started = (Addr<Supervisor>, Owners, Arc<dyn Ledger>, actix::System);
+type Started = (Addr<Supervisor>, Engine, actix::System);
 
 impl Brood {
     /// Opens the ledger in the config's data folder, recovers what an earlier process left
@@ -220,6 +236,7 @@ impl Brood {
         let runners = config.runners.clone();
         let durability = config.durability;
         let wakes = config.wakes.clone();
+        let commit_window = config.commit_window;
         let thread = std::thread::Builder::new()
             .name("brood-actors".into())
             .spawn(move || {
@@ -229,12 +246,15 @@ impl Brood {
                 let handle = children.handle();
                 let started = sys.block_on(async move {
                     let ledger: Arc<dyn Ledger> = Arc::new(SledLedger::open_with(&dir, durability)?);
-                    let (root, owners) = Supervisor::start(ledger.clone(), runners, wakes, handle)?;
-                    Ok::<_, LedgerError>((root, owners, ledger))
+                    let mut engine = Engine::new(ledger, runners, handle);
+                    engine.wake_factory = wakes;
+                    engine.commit_window = commit_window;
+                    let root = Supervisor::start_engine(engine.clone(), Default::default())?;
+                    Ok::<_, LedgerError>((root, engine))
                 });
                 match started {
-                    Ok((root, owners, ledger)) => {
-                        let _ = tx.send(Ok((root, owners, ledger, actix::System::current())));
+                    Ok((root, engine)) => {
+                        let _ = tx.send(Ok((root, engine, actix::System::current())));
                         if let Err(e) = sys.run() {
                             tracing::error!("brood actor system ended with an error: {e}");
                         }
@@ -250,10 +270,11 @@ impl Brood {
             })
             .map_err(|e| LedgerError::storage("starting the actor thread", e))?;
         match rx.recv() {
-            Ok(Ok((root, owners, ledger, system))) => Ok(Brood {
+            Ok(Ok((root, engine, system))) => Ok(Brood {
                 root,
-                owners,
-                ledger,
+                owners: engine.owners.clone(),
+                events: engine.events.clone(),
+                ledger: engine.ledger.clone(),
                 system,
                 thread: Some(thread),
                 data_dir: config.data_dir,
@@ -514,6 +535,19 @@ impl Brood {
         let mut ids: Vec<String> = self.owners.iter().map(|e| e.key().clone()).collect();
         ids.sort();
         ids
+    }
+
+    /// Subscribes to what happens in a session from now on: children's status changes, the
+    /// ready count, wakes, failure notices and claims, each told once it is applied (durable
+    /// where it must be). The receiver holds at most [`brood_actors::events::Events::CAPACITY`]
+    /// unread events; a reader that falls further behind gets `Lagged` and has missed the
+    /// oldest. Nothing is replayed: what was before is in [`Brood::status`].
+    pub async fn subscribe(
+        &self,
+        session_id: &str,
+    ) -> Result<tokio::sync::broadcast::Receiver<Arc<SessionEvent>>, BroodError> {
+        self.owner(session_id).await?;
+        Ok(self.events.subscribe(session_id))
     }
 
     /// Items that ran out of delivery attempts.

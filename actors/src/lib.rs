@@ -29,6 +29,7 @@
 pub mod actors;
 pub mod codec;
 pub mod error;
+pub mod events;
 pub mod failpoints;
 pub mod ledger;
 pub mod model;

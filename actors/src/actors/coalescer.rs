@@ -5,6 +5,10 @@
 //! session owner its share and waits for the owner to record it. Only then does each child
 //! hear `Ok` and let go of its result (I1: nothing is published before its flush). A write,
 //! flush or owner failure answers the children of that batch with an error; they retry.
+//!
+//! With a commit window (`Engine::commit_window`, zero by default), a batch that could start
+//! waits that long first, gathering more completions into one flush: fewer flushes for more
+//! latency. A full batch ([`MAX_BATCH`] rows) never waits.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -53,6 +57,9 @@ pub struct Coalescer {
     owners: Owners,
     pending: Vec<Pending>,
     in_flight: bool,
+    /// The timer of a batch waiting out the commit window.
+    gathering: Option<SpawnHandle>,
+    window: std::time::Duration,
     batches: u64,
 }
 
@@ -66,18 +73,35 @@ impl std::fmt::Debug for Coalescer {
 }
 
 impl Coalescer {
-    /// A coalescer writing to `ledger`.
-    pub fn new(ledger: Arc<dyn Ledger>, owners: Owners) -> Self {
+    /// A coalescer writing to `ledger`, gathering each batch for `window` first.
+    pub fn new(ledger: Arc<dyn Ledger>, owners: Owners, window: std::time::Duration) -> Self {
         Coalescer {
             ledger,
             owners,
             pending: Vec::new(),
             in_flight: false,
+            gathering: None,
+            window,
             batches: 0,
         }
     }
 
+    /// Starts a batch now, or once the commit window has passed.
     fn start_batch(&mut self, ctx: &mut Context<Self>) {
+        if self.in_flight || self.gathering.is_some() || self.pending.is_empty() {
+            return;
+        }
+        if !self.window.is_zero() && self.pending.len() < MAX_BATCH {
+            self.gathering = Some(ctx.run_later(self.window, |act, ctx| {
+                act.gathering = None;
+                act.write_batch(ctx);
+            }));
+            return;
+        }
+        self.write_batch(ctx);
+    }
+
+    fn write_batch(&mut self, ctx: &mut Context<Self>) {
         if self.in_flight || self.pending.is_empty() {
             return;
         }
@@ -90,7 +114,7 @@ impl Coalescer {
             Ok(stored) => stored,
             Err(e) => {
                 fail_all(batch, "writing", &e);
-                return self.start_batch(ctx);
+                return self.write_batch(ctx);
             }
         };
         self.in_flight = true;
@@ -180,6 +204,13 @@ impl Handler<Completion> for Coalescer {
             row: msg.row,
             reply: tx,
         });
+        if self.pending.len() >= MAX_BATCH {
+            if let Some(timer) = self.gathering.take() {
+                // Full: no reason to wait out the window.
+                ctx.cancel_future(timer);
+                self.write_batch(ctx);
+            }
+        }
         self.start_batch(ctx);
         Box::pin(async move { rx.await.unwrap_or(Err(HandOffError::Stopped)) })
     }

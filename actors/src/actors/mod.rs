@@ -46,6 +46,11 @@ pub struct Engine {
     pub children_arbiter: ArbiterHandle,
     /// The last turn state of each session, so a restarted owner keeps it.
     pub turns: Arc<DashMap<String, crate::routing::Turn>>,
+    /// Where owners tell live observers what they applied.
+    pub events: crate::events::Events,
+    /// How long the coalescer gathers completions before it writes a batch (zero: a batch
+    /// starts as soon as the previous flush ended).
+    pub commit_window: std::time::Duration,
     /// Each session's owner epoch: an owner writes only while its epoch is current, so the
     /// writes of an owner that died mid-flush never land after its successor read the ledger.
     fences: Arc<DashMap<String, Fence>>,
@@ -73,6 +78,8 @@ impl Engine {
             live_children: Arc::new(Mutex::new(HashSet::new())),
             children_arbiter,
             turns: Arc::new(DashMap::new()),
+            events: crate::events::Events::default(),
+            commit_window: std::time::Duration::ZERO,
             fences: Arc::new(DashMap::new()),
             coalescer: Arc::new(RwLock::new(None)),
         }

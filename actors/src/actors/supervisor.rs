@@ -95,8 +95,16 @@ impl Supervisor {
         children_arbiter: ArbiterHandle,
         policy: RestartPolicy,
     ) -> Result<(Addr<Supervisor>, Owners), LedgerError> {
-        let mut engine = Engine::new(ledger.clone(), factory, children_arbiter);
+        let mut engine = Engine::new(ledger, factory, children_arbiter);
         engine.wake_factory = wake_factory;
+        let owners = engine.owners.clone();
+        Ok((Self::start_engine(engine, policy)?, owners))
+    }
+
+    /// As [`Supervisor::start_with`], on an engine the caller built (its wake factory, event
+    /// channels and commit window set); the caller keeps clones of what it needs of it.
+    pub fn start_engine(engine: Engine, policy: RestartPolicy) -> Result<Addr<Supervisor>, LedgerError> {
+        let ledger = engine.ledger.clone();
         let snapshot = ledger.load()?;
         let claim_ids: Vec<String> = snapshot.claims.iter().map(|c| c.claim_id.clone()).collect();
         let split = split_snapshot(snapshot);
@@ -135,7 +143,6 @@ impl Supervisor {
             ledger.write(&writes)?;
             ledger.flush()?;
         }
-        let owners = engine.owners.clone();
         let sup = Supervisor {
             engine,
             budgets: RestartBudgets::new(policy),
@@ -144,7 +151,7 @@ impl Supervisor {
             failed: HashMap::new(),
             recovered,
         };
-        Ok((sup.start(), owners))
+        Ok(sup.start())
     }
 
     fn spawn_owner(&mut self, owner: SessionOwner, ctx: &mut Context<Self>) -> Addr<SessionOwner> {
@@ -226,7 +233,11 @@ impl Supervisor {
     }
 
     fn spawn_coalescer(&mut self, ctx: &mut Context<Self>) {
-        let (addr, exit) = supervise::spawn(Coalescer::new(self.engine.ledger.clone(), self.engine.owners.clone()));
+        let (addr, exit) = supervise::spawn(Coalescer::new(
+            self.engine.ledger.clone(),
+            self.engine.owners.clone(),
+            self.engine.commit_window,
+        ));
         self.engine.set_coalescer(Some(addr));
         exit.into_actor(self)
             .map(|exit, act, ctx| {

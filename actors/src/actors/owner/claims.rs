@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 use super::persist::{BatchView, Decided, Step};
 use super::{answer, new_claim_id, Durable, Release, SessionOwner};
 use crate::error::BroodError;
+use crate::events::{ClaimChange, Event};
 use crate::ledger::Writes;
 use crate::model::*;
 use crate::routing::{AckPlan, ReleaseReason, Returned};
@@ -41,6 +42,7 @@ impl SessionOwner {
         if let Err(e) = self.engine.ledger.put_claim(&row) {
             tracing::warn!(claim = %row.claim_id, "writing the claim row failed: {e}");
         }
+        self.emit_claim(&claim.claim_id, ClaimChange::Claimed, items.len());
         Some(Envelope {
             claim_id: claim.claim_id,
             consumer,
@@ -48,6 +50,15 @@ impl SessionOwner {
             items,
             text: String::new(),
         })
+    }
+
+    /// Tells observers what happened to a claim.
+    fn emit_claim(&self, claim_id: &str, change: ClaimChange, items: usize) {
+        self.emit(|| Event::Claim {
+            claim_id: claim_id.to_string(),
+            change,
+            items,
+        });
     }
 
     /// Ends the claims whose lease ran out: those that dead-letter nothing at once; the others
@@ -61,7 +72,7 @@ impl SessionOwner {
             };
             tracing::debug!(claim = %claim_id, "lease expired");
             if returned.dead.is_empty() {
-                self.apply_returned(&claim_id, &returned);
+                self.apply_returned(&claim_id, &returned, ClaimChange::Expired);
             } else {
                 self.router.hold(&claim_id);
                 dying.push(Durable::Expire(claim_id));
@@ -135,6 +146,7 @@ impl SessionOwner {
             then: Box::new(move |act, _, res| match res {
                 Ok(()) => {
                     let delivered = act.router.apply_ack(&claim_id);
+                    act.emit_claim(&claim_id, ClaimChange::Acked, delivered);
                     let rows = act.book.mark(&items, |d| d.delivered = true);
                     let calls: Vec<String> = rows.iter().map(|r| r.call_id.clone()).collect();
                     // The ack row is the durable record; the children get a copy of it, and
@@ -191,14 +203,15 @@ impl SessionOwner {
             ReleaseReason::Failed => "delivery failed on the last attempt",
         };
         if returned.dead.is_empty() {
-            self.apply_returned(&msg.claim_id, &returned);
+            self.apply_returned(&msg.claim_id, &returned, ClaimChange::Released);
             answer(reply, Ok(()));
             return Decided::Done;
         }
         view.take_claim(&msg.claim_id);
         self.router.hold(&msg.claim_id);
         let claim_id = msg.claim_id;
-        self.dead_letter_step(claim_id.clone(), returned, why, move |act, _, res| {
+        let change = ClaimChange::Released;
+        self.dead_letter_step(claim_id.clone(), returned, why, change, move |act, _, res| {
             if res.is_err() {
                 act.router.unhold(&claim_id);
             }
@@ -213,12 +226,12 @@ impl SessionOwner {
         };
         let why = "lease expired on the last delivery attempt";
         if returned.dead.is_empty() {
-            self.apply_returned(&claim_id, &returned);
+            self.apply_returned(&claim_id, &returned, ClaimChange::Expired);
             return Decided::Done;
         }
         view.take_claim(&claim_id);
         let id = claim_id.clone();
-        self.dead_letter_step(claim_id, returned, why, move |_, ctx, res| {
+        self.dead_letter_step(claim_id, returned, why, ClaimChange::Expired, move |_, ctx, res| {
             if res.is_err() {
                 // Still held: try again a little later, not in a loop against a failing disk.
                 ctx.run_later(EXPIRY_RETRY, move |act, ctx| act.submit(Durable::Expire(id), ctx));
@@ -233,6 +246,7 @@ impl SessionOwner {
         claim_id: String,
         returned: Returned<String>,
         why: &'static str,
+        change: ClaimChange,
         done: impl FnOnce(&mut SessionOwner, &mut actix::Context<SessionOwner>, Result<(), BroodError>) + 'static,
     ) -> Decided<Durable> {
         let now = now_ms();
@@ -267,7 +281,7 @@ impl SessionOwner {
             then: Box::new(move |act, ctx, res| {
                 if res.is_ok() {
                     tracing::warn!(session = %act.session.session_id, items = returned.dead.len(), "items moved to the dead-letter tree: {why}");
-                    act.apply_returned(&claim_id, &returned);
+                    act.apply_returned(&claim_id, &returned, change);
                 }
                 done(act, ctx, res);
             }),
@@ -277,8 +291,9 @@ impl SessionOwner {
     /// Applies a hand-back: the claim ends, its items are placed as decided, attempt counts and
     /// dead marks are copied to the children's rows (without a flush: the dead letters, already
     /// durable, are the record), the claim row goes.
-    pub(super) fn apply_returned(&mut self, claim_id: &str, returned: &Returned<String>) {
+    pub(super) fn apply_returned(&mut self, claim_id: &str, returned: &Returned<String>, change: ClaimChange) {
         self.router.apply_returned(claim_id, returned);
+        self.emit_claim(claim_id, change, returned.requeued.len() + returned.dead.len());
         let mut rows = Vec::new();
         for (key, attempts) in &returned.requeued {
             let attempts = *attempts;

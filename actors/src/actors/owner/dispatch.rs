@@ -88,6 +88,7 @@ impl SessionOwner {
             children.sort_by_key(|c| c.task_index);
             for c in &children {
                 act.capacity.enqueue(c.child_id.clone());
+                act.emit_child(c);
             }
             let booked: Vec<(UnitRow, usize, Option<u32>)> = units.iter().map(|u| (u.clone(), 0, None)).collect();
             act.book.insert_call(call, booked, children);
@@ -302,6 +303,7 @@ impl SessionOwner {
             restore,
             then: Box::new(move |act, ctx, res| match res {
                 Ok(()) => {
+                    act.emit_child(&queued);
                     act.book.children.insert(child_id.clone(), queued);
                     act.capacity.requeue_front(child_id);
                     act.admit(ctx);
@@ -317,6 +319,7 @@ impl SessionOwner {
     fn start_children(&mut self, rows: Vec<ChildRow>, ctx: &mut Context<Self>) {
         let me = ctx.address();
         for row in rows {
+            self.emit_child(&row);
             let Some(task) = self.book.task_of(&row).cloned() else {
                 continue;
             };

@@ -35,6 +35,7 @@ use self::persist::Persist;
 use super::supervise::{Exit, RestartBudgets, RestartPolicy};
 use super::Engine;
 use crate::error::BroodError;
+use crate::events::Event;
 use crate::ledger::Writes;
 use crate::model::*;
 use crate::routing::{Capacity, Router, WakeState};
@@ -97,6 +98,8 @@ pub struct SessionOwner {
     fence: (super::Fence, u64),
     /// The stored webhook wake target, if one is bound.
     wake_url: Option<String>,
+    /// The ready count last told to observers.
+    told_ready: usize,
 }
 
 impl std::fmt::Debug for SessionOwner {
@@ -120,6 +123,7 @@ impl SessionOwner {
         SessionOwner {
             fence,
             wake_url: None,
+            told_ready: 0,
             capacity: Capacity::new(session.max_concurrent_children as usize),
             router: Router::new(session.max_delivery_attempts),
             engine,
@@ -200,11 +204,39 @@ impl SessionOwner {
         }
     }
 
+    /// Tells the session's observers what was applied (built only if someone watches).
+    fn emit(&self, event: impl FnOnce() -> Event) {
+        self.engine.events.emit(&self.session.session_id, event);
+    }
+
+    /// Tells observers a child's new status.
+    fn emit_child(&self, row: &ChildRow) {
+        self.emit(|| Event::Child {
+            child_id: row.child_id.clone(),
+            call_id: row.call_id.clone(),
+            task_index: row.task_index,
+            status: row.status,
+        });
+    }
+
+    /// Tells observers the ready count when it changed since they were last told.
+    fn emit_ready(&mut self) {
+        if !self.engine.events.watched(&self.session.session_id) {
+            return;
+        }
+        let ready = self.router.ready_count(now_ms());
+        if ready != self.told_ready {
+            self.told_ready = ready;
+            self.emit(|| Event::Ready { ready });
+        }
+    }
+
     fn maybe_wake(&mut self) {
         let ready = self.router.ready_count(now_ms());
         if !self.wake_state.decide(self.wake.is_some(), ready) {
             return;
         }
+        self.emit(|| Event::Wake { ready });
         if let Some(WakeTarget(w)) = &self.wake {
             let w = w.clone();
             let event = WakeEvent {
@@ -251,6 +283,7 @@ impl SessionOwner {
         if !super::running(ctx) {
             return;
         }
+        self.emit_ready();
         self.maybe_wake();
         self.reschedule(ctx);
     }

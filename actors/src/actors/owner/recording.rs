@@ -26,6 +26,8 @@ impl SessionOwner {
             row.notice = known.notice;
             let failed = row.status.is_failure();
             let (unit_id, child) = (row.unit_id.clone(), row.child_id.clone());
+            self.emit_child(&row);
+            let notice = (row.call_id.clone(), row.status, row.error.clone());
             self.book.children.insert(child.clone(), row);
             let Some(unit) = self.book.units.get_mut(&unit_id) else {
                 continue;
@@ -40,6 +42,13 @@ impl SessionOwner {
                 Publish::UnitComplete => self.complete_unit(&unit_id, ctx),
                 Publish::FailureNotice if !sync => {
                     self.router.publish(dedup_key(&child, ItemKind::FailureNotice), 0);
+                    let (call_id, status, error) = notice;
+                    self.emit(|| crate::events::Event::FailureNotice {
+                        child_id: child.clone(),
+                        call_id,
+                        status,
+                        error,
+                    });
                 }
                 Publish::FailureNotice | Publish::Nothing => {}
             }
