@@ -410,3 +410,92 @@ fn sigterm_stops_the_server_with_exit_0_and_keeps_what_was_recorded() {
     let env = s.envelope("g", 30_000);
     assert_eq!(env["items"].as_array().unwrap().len(), 2);
 }
+
+/// Reads a server-sent event stream on a thread of its own: each event as (name, data).
+fn sse_reader(s: &Server, session: &str) -> std::sync::mpsc::Receiver<(String, Value)> {
+    let mut response = s
+        .agent
+        .get(&format!("{}/v1/sessions/{session}/events", s.base))
+        .call()
+        .expect("open the event stream");
+    assert_eq!(response.status(), 200);
+    let content_type = response.headers().get("content-type").unwrap().to_str().unwrap().to_string();
+    assert!(content_type.starts_with("text/event-stream"), "{content_type}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let reader = BufReader::new(response.body_mut().as_reader());
+        let mut name = String::new();
+        for line in reader.lines() {
+            let Ok(line) = line else { return };
+            if let Some(n) = line.strip_prefix("event: ") {
+                name = n.to_string();
+            } else if let Some(d) = line.strip_prefix("data: ") {
+                let data: Value = serde_json::from_str(d).expect("event data is JSON");
+                if tx.send((name.clone(), data)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+#[test]
+fn the_event_stream_tells_a_child_from_queued_to_its_acked_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("sse");
+    assert_error(s.call("GET", "/v1/sessions/nobody/events", None), 404, "unknown_session");
+    let events = sse_reader(&s, "sse");
+    let (first, data) = events.recv_timeout(Duration::from_secs(20)).expect("the opening event");
+    assert_eq!((first.as_str(), &data["ready"], &data["seq"]), ("ready", &json!(0), &json!(0)));
+    let (status, reply) = s.call(
+        "POST",
+        "/v1/sessions/sse/delegate",
+        Some(json!({"tasks": [{"goal": "ok", "runner": sim(300)}, {"goal": "bad", "runner": {"kind": "sim", "outcome": "fail"}}]})),
+    );
+    assert_eq!(status, 202, "{reply}");
+    let call = reply["call_id"].as_str().unwrap().to_string();
+    let mut seen: Vec<(String, Value)> = Vec::new();
+    let until = |seen: &mut Vec<(String, Value)>, what: &str, done: &dyn Fn(&[(String, Value)]) -> bool| {
+        while !done(seen) {
+            match events.recv_timeout(Duration::from_secs(20)) {
+                Ok(ev) => seen.push(ev),
+                Err(_) => panic!("no {what} in 20 s; seen: {seen:?}"),
+            }
+        }
+    };
+    let ok_child = format!("{call}.0");
+    until(&mut seen, "the whole unit ready", &|ev| {
+        ev.iter()
+            .position(|(n, d)| n == "child" && d["child_id"] == ok_child.as_str() && d["status"] == "succeeded")
+            .is_some_and(|at| ev[at..].iter().any(|(n, _)| n == "ready"))
+    });
+    let statuses = |child: &str| -> Vec<String> {
+        seen.iter()
+            .filter(|(n, d)| n == "child" && d["child_id"] == child)
+            .map(|(_, d)| d["status"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(statuses(&format!("{call}.0")), ["queued", "running", "succeeded"]);
+    assert_eq!(statuses(&format!("{call}.1")), ["queued", "running", "failed"]);
+    let notice = seen.iter().find(|(n, _)| n == "failure_notice").expect("a failure notice event");
+    assert_eq!(notice.1["child_id"], format!("{call}.1"));
+    assert_eq!(notice.1["session_id"], "sse");
+    // A boundary and its ack are told as claim events.
+    let env = s.envelope("sse", 30_000);
+    let (status, _) = s.call("POST", &format!("/v1/claims/{}/ack", env["claim_id"].as_str().unwrap()), None);
+    assert_eq!(status, 200);
+    until(&mut seen, "an acked claim", &|ev| {
+        ev.iter().any(|(n, d)| n == "claim" && d["change"] == "acked")
+    });
+    let changes: Vec<&Value> = seen
+        .iter()
+        .filter(|(n, _)| n == "claim")
+        .map(|(_, d)| &d["change"])
+        .collect();
+    assert_eq!(changes, [&json!("claimed"), &json!("acked")]);
+    // Events are numbered in order, from 1 after the opening one.
+    let seqs: Vec<u64> = seen.iter().map(|(_, d)| d["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+}

@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod config;
+mod events;
 mod routes;
 pub mod wake;
 
@@ -97,6 +98,7 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
                     .route("/sessions/{session_id}/turn", web::post().to(routes::set_turn))
                     .route("/sessions/{session_id}/delegate", web::post().to(routes::delegate))
                     .route("/sessions/{session_id}/boundary", web::post().to(routes::boundary))
+                    .route("/sessions/{session_id}/events", web::get().to(events::stream))
                     .route("/claims/{claim_id}/ack", web::post().to(routes::ack))
                     .route("/claims/{claim_id}/release", web::post().to(routes::release))
                     .route("/dead-letters", web::get().to(routes::dead_letters))

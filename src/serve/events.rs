@@ -1,0 +1,165 @@
+//! `GET /v1/sessions/{session_id}/events`: a session's events as server-sent events.
+//!
+//! Each event is `id: <seq>`, `event: <name>` (`child`, `ready`, `wake`, `failure_notice`,
+//! `claim`) and one line of JSON `data` with `session_id`, `seq`, `at` and the event's fields.
+//! The stream opens with a `ready` event (seq 0) giving the count ready at that moment, so a
+//! client has a starting point without a second request; after that only changes come, each
+//! told once it was applied. Every 15 s without an event a comment line (`: keep-alive`) keeps
+//! proxies from closing the connection.
+//!
+//! A slow client is dropped, not buffered for: the engine keeps at most
+//! [`crate::EVENTS_CAPACITY`] unread events per subscriber, and a subscriber that falls further
+//! behind gets one last `dropped` event (`{"reason": "lagged", "missed": n}`) and the stream
+//! ends; the client reconnects and reads the session's state. The stream also ends when the
+//! server stops.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::web::Bytes;
+use actix_web::{web, HttpResponse};
+use futures::Stream;
+use serde_json::{json, Value};
+use tokio::sync::broadcast::{error::RecvError, Receiver};
+
+use super::api::ApiError;
+use super::routes::State;
+use crate::{Event, SessionEvent};
+
+/// How long a quiet stream waits before it sends a keep-alive comment.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// The JSON `data` of an event.
+fn data(ev: &SessionEvent) -> Value {
+    let mut v = match &ev.event {
+        Event::Child {
+            child_id,
+            call_id,
+            task_index,
+            status,
+        } => json!({"child_id": child_id, "call_id": call_id, "task_index": task_index, "status": status}),
+        Event::Ready { ready } | Event::Wake { ready } => json!({"ready": ready}),
+        Event::FailureNotice {
+            child_id,
+            call_id,
+            status,
+            error,
+        } => json!({"child_id": child_id, "call_id": call_id, "status": status, "error": error}),
+        Event::Claim {
+            claim_id,
+            change,
+            items,
+        } => json!({"claim_id": claim_id, "change": change.as_str(), "items": items}),
+    };
+    v["session_id"] = json!(ev.session_id);
+    v["seq"] = json!(ev.seq);
+    v["at"] = json!(ev.at_ms);
+    v
+}
+
+/// One event in SSE framing. JSON from serde_json has no raw newlines, so one `data:` line.
+fn frame(id: Option<u64>, name: &str, data: &Value) -> Bytes {
+    let mut out = String::new();
+    if let Some(id) = id {
+        out.push_str(&format!("id: {id}\n"));
+    }
+    out.push_str(&format!("event: {name}\ndata: {data}\n\n"));
+    Bytes::from(out)
+}
+
+enum Next {
+    Open(Receiver<Arc<SessionEvent>>),
+    Done,
+}
+
+/// The SSE body: `first`, then the receiver's events, keep-alives while it is quiet, and a
+/// last `dropped` event if the client fell too far behind.
+fn sse(first: Bytes, rx: Receiver<Arc<SessionEvent>>, keep_alive: Duration) -> impl Stream<Item = Result<Bytes, actix_web::Error>> {
+    let head = futures::stream::once(async move { Ok(first) });
+    let rest = futures::stream::unfold(Next::Open(rx), move |state| async move {
+        let Next::Open(mut rx) = state else {
+            return None;
+        };
+        let chunk = tokio::select! {
+            got = rx.recv() => match got {
+                Ok(ev) => frame(Some(ev.seq), ev.event.name(), &data(&ev)),
+                Err(RecvError::Lagged(missed)) => {
+                    tracing::info!(missed, "an event stream fell behind and was dropped");
+                    let last = frame(None, "dropped", &json!({"reason": "lagged", "missed": missed}));
+                    return Some((Ok(last), Next::Done));
+                }
+                Err(RecvError::Closed) => return None,
+            },
+            _ = tokio::time::sleep(keep_alive) => Bytes::from_static(b": keep-alive\n\n"),
+        };
+        Some((Ok(chunk), Next::Open(rx)))
+    });
+    futures::StreamExt::chain(head, rest)
+}
+
+pub(super) async fn stream(state: web::Data<State>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let session_id = path.into_inner();
+    // Subscribed before the count is read: a change in between is told, never missed.
+    let rx = state.brood.subscribe(&session_id).await?;
+    let counts = state.brood.counts(&session_id).await?;
+    let first = frame(
+        Some(0),
+        "ready",
+        &json!({"session_id": session_id, "seq": 0, "at": brood_actors::model::now_ms(), "ready": counts.ready}),
+    );
+    Ok(HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("Cache-Control", "no-cache"))
+        .insert_header(("X-Accel-Buffering", "no"))
+        .streaming(sse(first, rx, KEEP_ALIVE)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt as _;
+    use tokio::sync::broadcast;
+
+    fn event(seq: u64, event: Event) -> Arc<SessionEvent> {
+        Arc::new(SessionEvent {
+            session_id: "s".into(),
+            seq,
+            at_ms: 7,
+            event,
+        })
+    }
+
+    fn text(chunk: Option<Result<Bytes, actix_web::Error>>) -> String {
+        String::from_utf8(chunk.expect("a chunk").expect("no error").to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn events_are_framed_and_a_lagging_client_is_dropped() {
+        let (tx, rx) = broadcast::channel(2);
+        let mut body = Box::pin(sse(Bytes::from_static(b"first\n\n"), rx, Duration::from_secs(3600)));
+        assert_eq!(text(body.next().await), "first\n\n");
+        tx.send(event(1, Event::Ready { ready: 2 })).unwrap();
+        let one = text(body.next().await);
+        assert!(one.starts_with("id: 1\nevent: ready\ndata: {"), "{one}");
+        let data: Value = serde_json::from_str(one.lines().nth(2).unwrap().strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(data, json!({"ready": 2, "session_id": "s", "seq": 1, "at": 7}));
+        // Four events into a channel of two: the reader missed two and is dropped.
+        for seq in 2..6 {
+            tx.send(event(seq, Event::Wake { ready: 1 })).unwrap();
+        }
+        let last = text(body.next().await);
+        assert!(last.starts_with("event: dropped\n"), "{last}");
+        assert!(last.contains(r#""missed":2"#), "{last}");
+        assert!(body.next().await.is_none(), "the stream ends after it dropped the client");
+    }
+
+    #[tokio::test]
+    async fn a_quiet_stream_keeps_alive_and_ends_with_the_engine() {
+        let (tx, rx) = broadcast::channel(4);
+        let mut body = Box::pin(sse(Bytes::new(), rx, Duration::from_millis(1)));
+        let _ = body.next().await;
+        assert_eq!(text(body.next().await), ": keep-alive\n\n");
+        drop(tx);
+        assert!(body.next().await.is_none());
+    }
+}
