@@ -213,6 +213,7 @@ pub struct Brood {
     owners: Owners,
     events: Events,
     ledger: Arc<dyn Ledger>,
+    engine: Engine,
     system: actix::System,
     thread: Option<std::thread::JoinHandle<()>>,
     data_dir: PathBuf,
@@ -275,6 +276,7 @@ impl Brood {
                 owners: engine.owners.clone(),
                 events: engine.events.clone(),
                 ledger: engine.ledger.clone(),
+                engine,
                 system,
                 thread: Some(thread),
                 data_dir: config.data_dir,
@@ -553,6 +555,26 @@ impl Brood {
     /// Items that ran out of delivery attempts.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, BroodError> {
         self.root.send(DeadLetters).await?
+    }
+
+    /// Drains the engine before a stop: no queued child starts any more (they stay queued,
+    /// durably, and start after the next open), and this waits until no child runs or
+    /// `timeout` has passed. Calls are still accepted (queued) and results still recorded,
+    /// claimed and acked meanwhile. Returns how many children were still running at the end
+    /// (0: all ended and their results are recorded).
+    pub async fn drain(&self, timeout: Duration) -> usize {
+        self.engine.set_admitting(false);
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let mut running = 0;
+            for id in self.sessions() {
+                running += self.counts(&id).await.map_or(0, |st| st.running);
+            }
+            if running == 0 || tokio::time::Instant::now() >= deadline {
+                return running;
+            }
+            tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + Duration::from_millis(25))).await;
+        }
     }
 
     /// Stops the actors and closes the ledger (everything recorded stays recorded).

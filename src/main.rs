@@ -99,9 +99,12 @@ struct ServeArgs {
     /// The stall timeout of a task that names none, in ms (default 450000).
     #[arg(long)]
     default_stall_ms: Option<String>,
-    /// How long a shutdown waits for requests in flight, in ms (default 10000).
+    /// How long a shutdown lets running children finish, in ms (default 10000).
     #[arg(long)]
     drain_timeout_ms: Option<String>,
+    /// How long completions are gathered into one flush, in ms (default 0: no wait).
+    #[arg(long)]
+    commit_window_ms: Option<String>,
 }
 
 impl ServeArgs {
@@ -121,6 +124,7 @@ impl ServeArgs {
             ("default_lease_ms", &self.default_lease_ms),
             ("default_stall_ms", &self.default_stall_ms),
             ("drain_timeout_ms", &self.drain_timeout_ms),
+            ("commit_window_ms", &self.commit_window_ms),
         ];
         for (key, value) in pairs {
             if let Some(v) = value {

@@ -29,7 +29,11 @@ async fn results_gathered_in_a_window_are_all_delivered_and_survive_a_restart() 
     while acked.len() < n as usize / 2 {
         let env = next_envelope(&b, "w", "c", Duration::from_secs(30)).await;
         for item in &env.items {
-            assert!(acked.insert(item.dedup_key.clone()), "{} delivered twice", item.dedup_key);
+            assert!(
+                acked.insert(item.dedup_key.clone()),
+                "{} delivered twice",
+                item.dedup_key
+            );
         }
         b.ack(&env.claim_id).await.unwrap();
     }
@@ -42,7 +46,11 @@ async fn results_gathered_in_a_window_are_all_delivered_and_survive_a_restart() 
     for item in &rest {
         assert_eq!(item.call_id, reply.call_id());
         assert!(!item.recovered, "{} was recorded before the restart", item.dedup_key);
-        assert!(acked.insert(item.dedup_key.clone()), "{} delivered again after its ack", item.dedup_key);
+        assert!(
+            acked.insert(item.dedup_key.clone()),
+            "{} delivered again after its ack",
+            item.dedup_key
+        );
     }
     assert_eq!(acked.len(), n as usize);
     b.shutdown();

@@ -57,7 +57,11 @@ async fn a_call_is_told_from_queued_to_acked() {
     let reply = b
         .delegate(
             "ev",
-            DelegateRequest::background(vec![task("good", sim(0)), task("bad", sim_outcome(0, "fail")), task("slow", gate("g"))]),
+            DelegateRequest::background(vec![
+                task("good", sim(0)),
+                task("bad", sim_outcome(0, "fail")),
+                task("slow", gate("g")),
+            ]),
         )
         .await
         .unwrap();
@@ -74,24 +78,40 @@ async fn a_call_is_told_from_queued_to_acked() {
             && statuses_of(ev, &slow).contains(&ChildStatus::Running)
     })
     .await;
-    assert_eq!(statuses_of(&seen, &good), [ChildStatus::Queued, ChildStatus::Running, ChildStatus::Succeeded]);
-    assert_eq!(statuses_of(&seen, &bad), [ChildStatus::Queued, ChildStatus::Running, ChildStatus::Failed]);
+    assert_eq!(
+        statuses_of(&seen, &good),
+        [ChildStatus::Queued, ChildStatus::Running, ChildStatus::Succeeded]
+    );
+    assert_eq!(
+        statuses_of(&seen, &bad),
+        [ChildStatus::Queued, ChildStatus::Running, ChildStatus::Failed]
+    );
     let notice = seen
         .iter()
         .find_map(|e| match e {
-            Event::FailureNotice { child_id, call_id, status, error } => Some((child_id, call_id, *status, error)),
+            Event::FailureNotice {
+                child_id,
+                call_id,
+                status,
+                error,
+            } => Some((child_id, call_id, *status, error)),
             _ => None,
         })
         .unwrap();
     assert_eq!((notice.0, notice.1, notice.2), (&bad, &call, ChildStatus::Failed));
-    assert!(notice.3.as_deref().is_some_and(|e| e.contains("simulated failure")), "{notice:?}");
+    assert!(
+        notice.3.as_deref().is_some_and(|e| e.contains("simulated failure")),
+        "{notice:?}"
+    );
     // Every child's end was recorded before it was told: the status says so too.
     let st = b.status("ev").await.unwrap();
     assert_eq!(child_status(&st, &call, 0), Some(ChildStatus::Succeeded));
 
     // The notice is ready: a claim of it, released busy, claimed again and acked.
     let env = next_envelope(b, "ev", "c", Duration::from_secs(30)).await;
-    b.release(&env.claim_id, ReleaseReason::Busy, Duration::ZERO).await.unwrap();
+    b.release(&env.claim_id, ReleaseReason::Busy, Duration::ZERO)
+        .await
+        .unwrap();
     let env = next_envelope(b, "ev", "c", Duration::from_secs(30)).await;
     b.ack(&env.claim_id).await.unwrap();
     t.kit.gates.open("g");
@@ -101,7 +121,12 @@ async fn a_call_is_told_from_queued_to_acked() {
     .await;
     assert_eq!(
         claims(&seen)[..4],
-        [ClaimChange::Claimed, ClaimChange::Released, ClaimChange::Claimed, ClaimChange::Acked]
+        [
+            ClaimChange::Claimed,
+            ClaimChange::Released,
+            ClaimChange::Claimed,
+            ClaimChange::Acked
+        ]
     );
     // The whole unit is ready once its last child ended: three results.
     let ready: Vec<usize> = seen

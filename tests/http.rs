@@ -419,7 +419,13 @@ fn sse_reader(s: &Server, session: &str) -> std::sync::mpsc::Receiver<(String, V
         .call()
         .expect("open the event stream");
     assert_eq!(response.status(), 200);
-    let content_type = response.headers().get("content-type").unwrap().to_str().unwrap().to_string();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
     assert!(content_type.starts_with("text/event-stream"), "{content_type}");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -445,10 +451,17 @@ fn the_event_stream_tells_a_child_from_queued_to_its_acked_claim() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), None);
     s.open("sse");
-    assert_error(s.call("GET", "/v1/sessions/nobody/events", None), 404, "unknown_session");
+    assert_error(
+        s.call("GET", "/v1/sessions/nobody/events", None),
+        404,
+        "unknown_session",
+    );
     let events = sse_reader(&s, "sse");
     let (first, data) = events.recv_timeout(Duration::from_secs(20)).expect("the opening event");
-    assert_eq!((first.as_str(), &data["ready"], &data["seq"]), ("ready", &json!(0), &json!(0)));
+    assert_eq!(
+        (first.as_str(), &data["ready"], &data["seq"]),
+        ("ready", &json!(0), &json!(0))
+    );
     let (status, reply) = s.call(
         "POST",
         "/v1/sessions/sse/delegate",
@@ -479,12 +492,19 @@ fn the_event_stream_tells_a_child_from_queued_to_its_acked_claim() {
     };
     assert_eq!(statuses(&format!("{call}.0")), ["queued", "running", "succeeded"]);
     assert_eq!(statuses(&format!("{call}.1")), ["queued", "running", "failed"]);
-    let notice = seen.iter().find(|(n, _)| n == "failure_notice").expect("a failure notice event");
+    let notice = seen
+        .iter()
+        .find(|(n, _)| n == "failure_notice")
+        .expect("a failure notice event");
     assert_eq!(notice.1["child_id"], format!("{call}.1"));
     assert_eq!(notice.1["session_id"], "sse");
     // A boundary and its ack are told as claim events.
     let env = s.envelope("sse", 30_000);
-    let (status, _) = s.call("POST", &format!("/v1/claims/{}/ack", env["claim_id"].as_str().unwrap()), None);
+    let (status, _) = s.call(
+        "POST",
+        &format!("/v1/claims/{}/ack", env["claim_id"].as_str().unwrap()),
+        None,
+    );
     assert_eq!(status, 200);
     until(&mut seen, "an acked claim", &|ev| {
         ev.iter().any(|(n, d)| n == "claim" && d["change"] == "acked")
@@ -498,4 +518,65 @@ fn the_event_stream_tells_a_child_from_queued_to_its_acked_claim() {
     // Events are numbered in order, from 1 after the opening one.
     let seqs: Vec<u64> = seen.iter().map(|(_, d)| d["seq"].as_u64().unwrap()).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+}
+
+#[test]
+fn a_drain_lets_running_children_finish_refuses_new_calls_and_keeps_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_with(dir.path(), None, &["--drain-timeout-ms", "60000"]);
+    let (status, body) = s.call(
+        "PUT",
+        "/v1/sessions/d",
+        Some(json!({"addressable": true, "max_concurrent_children": 1})),
+    );
+    assert_eq!(status, 200, "{body}");
+    // One slot: the first child runs for a while, the second waits in the queue.
+    let (status, reply) = s.call(
+        "POST",
+        "/v1/sessions/d/delegate",
+        Some(json!({"tasks": [{"goal": "long", "runner": sim(3000)}, {"goal": "next", "runner": sim(0)}],
+                    "independent_completions": true})),
+    );
+    assert_eq!(status, 202, "{reply}");
+    let call = reply["call_id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.call("GET", "/v1/sessions/d", None).1["counts"]["running"] != 1 {
+        assert!(Instant::now() < deadline, "the first child never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s.sigterm();
+    // Draining: a new call is refused with 503, and the running child is still running.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = s.call(
+            "POST",
+            "/v1/sessions/d/delegate",
+            Some(json!({"tasks": [{"goal": "late", "runner": sim(0)}]})),
+        );
+        if reply.0 == 503 {
+            assert_error(reply, 503, "draining");
+            break;
+        }
+        assert_eq!(reply.0, 202, "before the drain began: {}", reply.1);
+        assert!(Instant::now() < deadline, "the server never began to drain");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let status = s.wait_exit();
+    assert!(status.success(), "a drained stop exits 0, got {status}");
+
+    // The running child finished during the drain and its result was recorded as it was; the
+    // queued one never started then, and runs after the restart.
+    let s = Server::start(dir.path(), None);
+    s.open("d");
+    let mut items = Vec::new();
+    while items.len() < 2 {
+        let env = s.envelope("d", 30_000);
+        items.extend(env["items"].as_array().unwrap().iter().filter(|i| i["call_id"] == call.as_str()).cloned());
+        s.call("POST", &format!("/v1/claims/{}/ack", env["claim_id"].as_str().unwrap()), None);
+    }
+    items.sort_by_key(|i| i["task_index"].as_u64());
+    assert_eq!(items[0]["status"], "succeeded", "{items:?}");
+    assert_eq!(items[0]["recovered"], false, "it ended before the stop: {items:?}");
+    assert_eq!(items[1]["status"], "succeeded", "{items:?}");
+    assert_eq!(items[1]["recovered"], false, "a child that never started is simply run: {items:?}");
 }

@@ -155,9 +155,7 @@ impl Events {
 
     /// Whether anyone watches the session.
     pub fn watched(&self, session_id: &str) -> bool {
-        self.channels
-            .get(session_id)
-            .is_some_and(|c| c.tx.receiver_count() > 0)
+        self.channels.get(session_id).is_some_and(|c| c.tx.receiver_count() > 0)
     }
 
     /// Emits an event to the session's subscribers; `event` is called only if there are any.
@@ -167,8 +165,7 @@ impl Events {
             return;
         };
         if channel.tx.receiver_count() == 0 {
-            self.channels
-                .remove_if(session_id, |_, c| c.tx.receiver_count() == 0);
+            self.channels.remove_if(session_id, |_, c| c.tx.receiver_count() == 0);
             return;
         }
         let seq = channel.seq.fetch_add(1, Ordering::Relaxed) + 1;

@@ -38,8 +38,10 @@ pub struct ServeConfig {
     pub default_lease_ms: u64,
     /// The stall timeout of a task that names none, in ms.
     pub default_stall_ms: u64,
-    /// How long a shutdown waits for requests in flight, in ms.
+    /// How long a shutdown lets running children finish, in ms.
     pub drain_timeout_ms: u64,
+    /// How long completions are gathered into one flush, in ms (0: no wait).
+    pub commit_window_ms: u64,
 }
 
 fn redacted<S: serde::Serializer>(_: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -62,6 +64,7 @@ impl Default for ServeConfig {
             default_lease_ms: 60_000,
             default_stall_ms: brood_actors::model::DEFAULT_STALL_MS,
             drain_timeout_ms: 10_000,
+            commit_window_ms: 0,
         }
     }
 }
@@ -111,6 +114,7 @@ const KEYS: &[(&str, &str)] = &[
     ("default_lease_ms", "from min_lease_ms to max_lease_ms"),
     ("default_stall_ms", "from 1 to 86400000"),
     ("drain_timeout_ms", "from 0 to 3600000"),
+    ("commit_window_ms", "from 0 to 1000"),
 ];
 
 /// One value as a layer gives it: TOML values keep their type; environment variables and flags
@@ -232,6 +236,7 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
         "default_lease_ms" => c.default_lease_ms = number(key, raw, 100, 3_600_000)?,
         "default_stall_ms" => c.default_stall_ms = number(key, raw, 1, 86_400_000)?,
         "drain_timeout_ms" => c.drain_timeout_ms = number(key, raw, 0, 3_600_000)?,
+        "commit_window_ms" => c.commit_window_ms = number(key, raw, 0, 1_000)?,
         _ => {
             let known: Vec<&str> = KEYS.iter().map(|(k, _)| *k).collect();
             return Err(format!(

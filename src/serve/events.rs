@@ -74,25 +74,37 @@ enum Next {
 
 /// The SSE body: `first`, then the receiver's events, keep-alives while it is quiet, and a
 /// last `dropped` event if the client fell too far behind.
-fn sse(first: Bytes, rx: Receiver<Arc<SessionEvent>>, keep_alive: Duration) -> impl Stream<Item = Result<Bytes, actix_web::Error>> {
+fn sse(
+    first: Bytes,
+    rx: Receiver<Arc<SessionEvent>>,
+    stopping: tokio::sync::watch::Receiver<bool>,
+    keep_alive: Duration,
+) -> impl Stream<Item = Result<Bytes, actix_web::Error>> {
     let head = futures::stream::once(async move { Ok(first) });
-    let rest = futures::stream::unfold(Next::Open(rx), move |state| async move {
-        let Next::Open(mut rx) = state else {
-            return None;
-        };
-        let chunk = tokio::select! {
-            got = rx.recv() => match got {
-                Ok(ev) => frame(Some(ev.seq), ev.event.name(), &data(&ev)),
-                Err(RecvError::Lagged(missed)) => {
-                    tracing::info!(missed, "an event stream fell behind and was dropped");
-                    let last = frame(None, "dropped", &json!({"reason": "lagged", "missed": missed}));
-                    return Some((Ok(last), Next::Done));
-                }
-                Err(RecvError::Closed) => return None,
-            },
-            _ = tokio::time::sleep(keep_alive) => Bytes::from_static(b": keep-alive\n\n"),
-        };
-        Some((Ok(chunk), Next::Open(rx)))
+    let rest = futures::stream::unfold(Next::Open(rx), move |state| {
+        let mut stopping = stopping.clone();
+        async move {
+            let Next::Open(mut rx) = state else {
+                return None;
+            };
+            if *stopping.borrow_and_update() {
+                return None;
+            }
+            let chunk = tokio::select! {
+                _ = stopping.changed() => return None,
+                got = rx.recv() => match got {
+                    Ok(ev) => frame(Some(ev.seq), ev.event.name(), &data(&ev)),
+                    Err(RecvError::Lagged(missed)) => {
+                        tracing::info!(missed, "an event stream fell behind and was dropped");
+                        let last = frame(None, "dropped", &json!({"reason": "lagged", "missed": missed}));
+                        return Some((Ok(last), Next::Done));
+                    }
+                    Err(RecvError::Closed) => return None,
+                },
+                _ = tokio::time::sleep(keep_alive) => Bytes::from_static(b": keep-alive\n\n"),
+            };
+            Some((Ok(chunk), Next::Open(rx)))
+        }
     });
     futures::StreamExt::chain(head, rest)
 }
@@ -111,7 +123,7 @@ pub(super) async fn stream(state: web::Data<State>, path: web::Path<String>) -> 
         .content_type("text/event-stream")
         .insert_header(("Cache-Control", "no-cache"))
         .insert_header(("X-Accel-Buffering", "no"))
-        .streaming(sse(first, rx, KEEP_ALIVE)))
+        .streaming(sse(first, rx, state.stopping.clone(), KEEP_ALIVE)))
 }
 
 #[cfg(test)]
@@ -136,7 +148,13 @@ mod tests {
     #[tokio::test]
     async fn events_are_framed_and_a_lagging_client_is_dropped() {
         let (tx, rx) = broadcast::channel(2);
-        let mut body = Box::pin(sse(Bytes::from_static(b"first\n\n"), rx, Duration::from_secs(3600)));
+        let (_stop, stopping) = tokio::sync::watch::channel(false);
+        let mut body = Box::pin(sse(
+            Bytes::from_static(b"first\n\n"),
+            rx,
+            stopping,
+            Duration::from_secs(3600),
+        ));
         assert_eq!(text(body.next().await), "first\n\n");
         tx.send(event(1, Event::Ready { ready: 2 })).unwrap();
         let one = text(body.next().await);
@@ -150,16 +168,30 @@ mod tests {
         let last = text(body.next().await);
         assert!(last.starts_with("event: dropped\n"), "{last}");
         assert!(last.contains(r#""missed":2"#), "{last}");
-        assert!(body.next().await.is_none(), "the stream ends after it dropped the client");
+        assert!(
+            body.next().await.is_none(),
+            "the stream ends after it dropped the client"
+        );
     }
 
     #[tokio::test]
     async fn a_quiet_stream_keeps_alive_and_ends_with_the_engine() {
         let (tx, rx) = broadcast::channel(4);
-        let mut body = Box::pin(sse(Bytes::new(), rx, Duration::from_millis(1)));
+        let (_stop, stopping) = tokio::sync::watch::channel(false);
+        let mut body = Box::pin(sse(Bytes::new(), rx, stopping, Duration::from_millis(1)));
         let _ = body.next().await;
         assert_eq!(text(body.next().await), ": keep-alive\n\n");
         drop(tx);
+        assert!(body.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stream_ends_when_the_server_drains() {
+        let (_tx, rx) = broadcast::channel::<Arc<SessionEvent>>(4);
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let mut body = Box::pin(sse(Bytes::new(), rx, stopping, Duration::from_secs(3600)));
+        let _ = body.next().await;
+        stop.send(true).unwrap();
         assert!(body.next().await.is_none());
     }
 }

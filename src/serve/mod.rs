@@ -3,11 +3,15 @@
 //! [`config`] resolves the configuration (defaults, file, environment, flags); `api` holds the
 //! JSON shapes and the error reply; `routes` the endpoints. This module builds the app: the
 //! key check on every `/v1` request (constant time), the routes, a 404 in API.md's shape for
-//! anything else, and a graceful stop on SIGINT/SIGTERM (requests in flight are given the drain
-//! timeout, then the engine flushes and closes).
+//! anything else, and a graceful stop on SIGINT/SIGTERM.
 //!
-//! Not in this build yet (later parts of the `brood serve` issue): the event stream, external
-//! workers, `command` runners, metrics, the OpenAPI document.
+//! The stop drains first: new calls are refused (503 `draining`), event streams end, no queued
+//! child starts (queued ones stay queued, durably, for the next start), and the children that
+//! are running are given up to `drain_timeout_ms` to end — their results recorded, and still
+//! claimable, ackable and (for external workers) completable over HTTP meanwhile. Then the
+//! server stops accepting connections, requests still in flight get a few seconds, and the
+//! engine flushes and closes. A child still running at the end is resolved by the next start
+//! as any interrupted child is (DESIGN.md, I6).
 
 pub mod api;
 pub mod config;
@@ -69,11 +73,30 @@ async fn require_key(
     Ok(next.call(req).await?.map_into_left_body())
 }
 
+/// Seconds a request still in flight when the server stops accepting is given to finish.
+const IN_FLIGHT_GRACE_S: u64 = 5;
+
+/// Waits for SIGTERM or SIGINT; names the one that came.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        },
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!("cannot listen for SIGTERM/SIGINT ({e}); stop the server with SIGKILL");
+            std::future::pending().await
+        }
+    }
+}
+
 /// The engine behind a server, from its configuration.
 pub fn open_engine(config: &ServeConfig) -> Result<Brood, BroodError> {
     Brood::open(
         BroodConfig::new(&config.data_dir)
             .durability(config.durability)
+            .commit_window(Duration::from_millis(config.commit_window_ms))
             .wake_factory(wake::Webhooks::default()),
     )
 }
@@ -82,10 +105,13 @@ pub fn open_engine(config: &ServeConfig) -> Result<Brood, BroodError> {
 pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
     let brood = open_engine(&config).map_err(std::io::Error::other)?;
     let brood = Arc::new(brood);
+    let (stop_tx, stopping) = tokio::sync::watch::channel(false);
     let state = web::Data::new(routes::State {
         brood: brood.clone(),
         config: config.clone(),
+        stopping,
     });
+    let drained = state.clone();
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
@@ -107,7 +133,8 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
             .default_service(web::to(routes::not_found))
     })
     .workers(2)
-    .shutdown_timeout(Duration::from_millis(config.drain_timeout_ms).as_secs().max(1))
+    .disable_signals()
+    .shutdown_timeout(IN_FLIGHT_GRACE_S)
     .bind(config.listen)?;
     tracing::info!(
         listen = %config.listen,
@@ -127,7 +154,26 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
         },
         config.data_dir.display()
     );
-    server.run().await?;
+    let server = server.run();
+    let handle = server.handle();
+    let drain = Duration::from_millis(config.drain_timeout_ms);
+    actix_web::rt::spawn(async move {
+        let signal = stop_signal().await;
+        eprintln!(
+            "brood serve: {signal}: draining (running children get up to {} ms)",
+            drain.as_millis()
+        );
+        let _ = stop_tx.send(true);
+        let left = drained.brood.drain(drain).await;
+        if left > 0 {
+            tracing::warn!(
+                running = left,
+                "the drain timeout passed with children still running; the next start resolves them"
+            );
+        }
+        handle.stop(true).await;
+    });
+    server.await?;
     // Every worker is gone with the server: the engine is ours alone again.
     match Arc::try_unwrap(brood) {
         Ok(b) => b.shutdown(),

@@ -17,6 +17,22 @@ use crate::{Brood, BroodError, DelegateReply, DelegateRequest, SessionOptions, T
 pub(super) struct State {
     pub(super) brood: Arc<Brood>,
     pub(super) config: ServeConfig,
+    /// Turns true when the server starts to drain (SIGTERM/SIGINT).
+    pub(super) stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+impl State {
+    /// Refuses new work once the server drains.
+    pub(super) fn accepting(&self) -> Result<(), ApiError> {
+        if *self.stopping.borrow() {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "draining",
+                "the server is shutting down and takes no new calls; retry against it once it is back",
+            ));
+        }
+        Ok(())
+    }
 }
 
 type Reply = Result<HttpResponse, ApiError>;
@@ -164,6 +180,7 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
 
 pub(super) async fn delegate(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
     let session_id = path.into_inner();
+    state.accepting()?;
     let body: DelegateBody = api::parse(&body(&state, payload).await?)?;
     let request = tasks(&state, body)?;
     let reply = state

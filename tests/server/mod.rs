@@ -70,11 +70,21 @@ impl Server {
         let _ = self.child.wait();
     }
 
-    /// SIGTERM, then the exit status (within 30 s).
-    pub fn terminate(mut self) -> std::process::ExitStatus {
+    /// Sends SIGTERM and returns at once.
+    pub fn sigterm(&self) {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
         assert!(sent.success(), "kill -TERM {pid} failed");
+    }
+
+    /// SIGTERM, then the exit status (within 30 s).
+    pub fn terminate(self) -> std::process::ExitStatus {
+        self.sigterm();
+        self.wait_exit()
+    }
+
+    /// The exit status, within 30 s.
+    pub fn wait_exit(mut self) -> std::process::ExitStatus {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
@@ -189,4 +199,3 @@ pub fn assert_error(reply: (u16, Value), status: u16, code: &str) -> String {
     assert!(!message.is_empty());
     message
 }
-

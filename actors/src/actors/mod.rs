@@ -51,6 +51,8 @@ pub struct Engine {
     /// How long the coalescer gathers completions before it writes a batch (zero: a batch
     /// starts as soon as the previous flush ended).
     pub commit_window: std::time::Duration,
+    /// Whether owners start queued children; cleared while the engine drains.
+    admitting: Arc<std::sync::atomic::AtomicBool>,
     /// Each session's owner epoch: an owner writes only while its epoch is current, so the
     /// writes of an owner that died mid-flush never land after its successor read the ledger.
     fences: Arc<DashMap<String, Fence>>,
@@ -80,9 +82,21 @@ impl Engine {
             turns: Arc::new(DashMap::new()),
             events: crate::events::Events::default(),
             commit_window: std::time::Duration::ZERO,
+            admitting: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             fences: Arc::new(DashMap::new()),
             coalescer: Arc::new(RwLock::new(None)),
         }
+    }
+
+    /// Stops (or resumes) starting queued children in every session: a drain lets the running
+    /// ones end without new ones taking their slots. Queued children stay queued, durably.
+    pub fn set_admitting(&self, on: bool) {
+        self.admitting.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether owners start queued children.
+    pub fn admitting(&self) -> bool {
+        self.admitting.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The current coalescer (a restarted one replaces the old).

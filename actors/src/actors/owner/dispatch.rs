@@ -197,7 +197,7 @@ impl SessionOwner {
     /// mark (queued or running, recovery runs it again), so it starts at once; one that is not
     /// starts only once its mark is durable, or a crash could run it twice.
     pub(super) fn admit(&mut self, ctx: &mut Context<Self>) {
-        if !crate::actors::running(ctx) {
+        if !crate::actors::running(ctx) || !self.engine.admitting() {
             return;
         }
         let ids = self.capacity.admit();
