@@ -86,10 +86,14 @@ class ErrorShapes(ServerTest):
             self.client.ack("clm_nope")
         self.assertError(caught.exception, 404, "unknown_claim")
 
-    def test_an_endpoint_not_served_yet_raises_404_not_found(self) -> None:
-        session_id = self.open()
+    def test_events_of_an_unknown_session_are_404_unknown_session(self) -> None:
         with self.assertRaises(BroodError) as caught:
-            next(self.client.events(session_id, timeout=5))
+            next(self.client.events("py-nobody-" + session_name(self), timeout=5))
+        self.assertError(caught.exception, 404, "unknown_session")
+
+    def test_an_endpoint_the_server_lacks_raises_404_not_found(self) -> None:
+        with self.assertRaises(BroodError) as caught:
+            self.client._json("GET", "/v1/no-such-endpoint")
         self.assertError(caught.exception, 404, "not_found")
 
     def test_no_server_raises_connection_failed(self) -> None:
@@ -116,6 +120,26 @@ class Claims(ServerTest):
         self.assertEqual(self.client.ack(env["claim_id"])["delivered"], 2, "acking again answers the same")
         self.assertIsNone(self.client.boundary(session_id, consumer="py-test"))
         self.assertEqual(self.client.get_session(session_id)["counts"]["delivered"], 2)
+
+    def test_the_event_stream_tells_the_children_and_the_claim(self) -> None:
+        session_id = self.open()
+        stream = self.client.events(session_id, timeout=20)
+        first = next(stream)
+        self.assertEqual((first.event, first.json()["ready"]), ("ready", 0))
+        reply = self.client.delegate(session_id, [{"goal": "a", "runner": sim(ms=0)}])
+        child = f"{reply['call_id']}.0"
+        statuses = []
+        for event in stream:
+            data = event.json()
+            if event.event == "child" and data["child_id"] == child:
+                statuses.append(data["status"])
+            if event.event == "ready" and data["ready"] == 1:
+                break
+        self.assertEqual(statuses, ["queued", "running", "succeeded"])
+        env = envelope(self.client, session_id)
+        claimed = next(e for e in stream if e.event == "claim")
+        self.assertEqual(claimed.json()["claim_id"], env["claim_id"])
+        self.assertEqual(claimed.json()["change"], "claimed")
 
     def test_a_busy_release_makes_the_items_ready_again_without_an_attempt(self) -> None:
         session_id = self.open()
