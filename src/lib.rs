@@ -48,7 +48,8 @@ use std::time::Duration;
 
 use actix::{Addr, Handler, Message};
 use brood_actors::actors::owner::{self, claim_session, Delegated, SessionOwner};
-use brood_actors::actors::supervisor::{DeadLetters, FindOwner, OpenSession, Supervisor};
+use brood_actors::actors::supervisor::{CheckHealth, DeadLetters, FindOwner, OpenSession, Supervisor};
+pub use brood_actors::actors::supervisor::Health;
 use brood_actors::actors::{Engine, Owners};
 use brood_actors::events::Events;
 use brood_actors::ledger::{Ledger, SledLedger};
@@ -550,6 +551,12 @@ impl Brood {
     ) -> Result<tokio::sync::broadcast::Receiver<Arc<SessionEvent>>, BroodError> {
         self.owner(session_id).await?;
         Ok(self.events.subscribe(session_id))
+    }
+
+    /// Whether the engine can take work (its actors answer and it can record results), without
+    /// reading the ledger: cheap enough for a health probe.
+    pub async fn health(&self) -> Result<Health, BroodError> {
+        self.root.send(CheckHealth).await?
     }
 
     /// Items that ran out of delivery attempts.

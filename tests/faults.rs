@@ -308,6 +308,7 @@ async fn a_coalescer_that_keeps_panicking_stops_the_engine_and_nothing_is_lost()
     let _g = serial();
     let dir = TempDir::new().unwrap();
     let brood = open(&dir, "s").await;
+    assert_eq!(brood.health().await.unwrap().sessions, 1);
     failpoints::arm("coalescer_handler", u64::MAX);
     let mut task = sim(0);
     task.rerun_on_recovery = true;
@@ -329,6 +330,10 @@ async fn a_coalescer_that_keeps_panicking_stops_the_engine_and_nothing_is_lost()
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     failpoints::disarm_all();
+    match brood.health().await {
+        Err(BroodError::Stopped) => {}
+        other => panic!("a stopped engine is unhealthy, got {other:?}"),
+    }
     brood.shutdown();
     // Reopened, recovery re-runs the child (its result was never recorded) and delivers it.
     let brood = open(&dir, "s").await;

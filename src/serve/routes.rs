@@ -281,9 +281,12 @@ pub(super) async fn dead_letters(state: web::Data<State>) -> Reply {
 }
 
 pub(super) async fn healthz(state: web::Data<State>) -> Reply {
-    // The ledger answers and the actors do: the supervisor lists the dead letters.
-    match state.brood.dead_letters().await {
-        Ok(_) => Ok(HttpResponse::Ok().json(json!({"status": "ok"}))),
+    match state.brood.health().await {
+        Ok(h) => Ok(HttpResponse::Ok().json(json!({
+            "status": "ok",
+            "sessions": h.sessions,
+            "failed_sessions": h.failed_sessions,
+        }))),
         Err(e @ BroodError::Stopped) | Err(e @ BroodError::Ledger(_)) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unhealthy",

@@ -49,6 +49,21 @@ pub struct FindOwner(pub String);
 #[rtype(result = "Result<Vec<DeadLetterRow>, BroodError>")]
 pub struct DeadLetters;
 
+/// Whether the engine can take work: the supervisor answers, and the coalescer (without which
+/// nothing can be recorded) is alive. Reads nothing from the ledger.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Health, BroodError>")]
+pub struct CheckHealth;
+
+/// What [`CheckHealth`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    /// Sessions routed.
+    pub sessions: usize,
+    /// Sessions given up after their owner kept failing.
+    pub failed_sessions: usize,
+}
+
 /// The root of the actor tree.
 pub struct Supervisor {
     engine: Engine,
@@ -356,6 +371,20 @@ impl Handler<FindOwner> for Supervisor {
             });
         }
         self.engine.owner(&id).ok_or(BroodError::UnknownSession(id))
+    }
+}
+
+impl Handler<CheckHealth> for Supervisor {
+    type Result = Result<Health, BroodError>;
+
+    fn handle(&mut self, _: CheckHealth, _: &mut Context<Self>) -> Self::Result {
+        match self.engine.coalescer() {
+            Some(c) if c.connected() => Ok(Health {
+                sessions: self.engine.owners.len(),
+                failed_sessions: self.failed.len(),
+            }),
+            _ => Err(BroodError::Stopped),
+        }
     }
 }
 
