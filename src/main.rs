@@ -10,6 +10,7 @@ use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, ItemKind, Sessio
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
+mod bench;
 mod chaos;
 mod workload;
 
@@ -42,6 +43,8 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Run a seeded fault campaign (faults and SIGKILLs) and check the invariants.
     Chaos(ChaosArgs),
+    /// Measure brood's paths beside raw baselines, in one run, and print each ratio.
+    Bench(BenchArgs),
     /// One life of a chaos campaign's worker (started by `brood chaos`).
     #[command(hide = true)]
     ChaosWorker {
@@ -51,6 +54,29 @@ enum Command {
         #[arg(long)]
         life: usize,
     },
+}
+
+/// Flags of `brood bench`.
+#[derive(clap::Args, Debug, Clone)]
+struct BenchArgs {
+    /// Sizes for CI (well under 2 minutes on 2 cores in a release build).
+    #[arg(long)]
+    quick: bool,
+    /// Where the scratch ledgers go (a fresh folder inside it, removed at the end).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// `fsync` (default) or `flush`.
+    #[arg(long, default_value = "fsync")]
+    durability: String,
+    /// Print one JSON object: {"figures": [{"name", "value", "unit", "baseline", "ratio"}], "machine": {…}}.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG of the latency distribution and the throughput over time.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Only these groups (durable, latency, claim, recovery, rss, sessions, http), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 /// Flags of `brood serve`; each is also `BROOD_<KEY>` and a key of the `--config` file, and
@@ -206,6 +232,25 @@ fn main() -> anyhow::Result<()> {
             println!("{}", summary.line());
             if summary.broken() {
                 std::process::exit(1);
+            }
+            Ok(())
+        }
+        Command::Bench(args) => {
+            let opts = bench::Options {
+                quick: args.quick,
+                data_dir: args.data_dir,
+                durability: args.durability.parse().map_err(anyhow::Error::msg)?,
+                only: args.only,
+                plot: args.plot,
+            };
+            let (figures, machine) = bench::run(&opts)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&bench::to_json(&figures, machine))?);
+            } else {
+                print!("{}", bench::table(&figures));
+                if let Some(p) = &opts.plot {
+                    println!("plot written to {}", p.display());
+                }
             }
             Ok(())
         }

@@ -137,3 +137,45 @@ fn chaos_refuses_bad_settings_with_a_reason() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a duration"));
 }
+
+#[test]
+fn bench_prints_each_figure_beside_its_baseline_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_brood"))
+        .args(["bench", "--quick", "--json", "--only", "durable,claim", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .expect("run brood bench");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let figures = report["figures"].as_array().expect("figures");
+    let named = |name: &str| {
+        figures
+            .iter()
+            .find(|f| f["name"] == name)
+            .unwrap_or_else(|| panic!("no figure {name} in {report}"))
+    };
+    let durable = named("durable_children_per_s");
+    let (value, baseline) = (durable["value"].as_f64().unwrap(), durable["baseline"].as_f64().unwrap());
+    assert!(value > 0.0 && baseline > 0.0, "{durable}");
+    let ratio = durable["ratio"].as_f64().unwrap();
+    assert!((ratio - value / baseline).abs() < 1e-9 * ratio.max(1.0), "{durable}");
+    for name in ["claim_1k_ms", "ack_1k_ms", "claim_10k_ms", "ack_10k_ms"] {
+        let f = named(name);
+        assert_eq!(f["unit"], "ms");
+        assert!(f["value"].as_f64().unwrap() > 0.0, "{f}");
+        assert!(f["baseline"].is_null() && f["ratio"].is_null(), "{f}");
+    }
+    assert!(report["machine"]["cpus"].as_u64().unwrap() >= 1);
+    assert_eq!(report["machine"]["durability"], "fsync");
+    // The scratch ledgers are gone; only the folder given stays.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_brood"))
+        .args(["bench", "--quick", "--only", "speed"])
+        .output()
+        .expect("run brood bench");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown group `speed`") && err.contains("durable"), "{err}");
+}

@@ -95,6 +95,15 @@ pub enum Durability {
     Flush,
 }
 
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Durability::Fsync => "fsync",
+            Durability::Flush => "flush",
+        })
+    }
+}
+
 impl std::str::FromStr for Durability {
     type Err = String;
 
