@@ -226,3 +226,34 @@ impl<'a> From<&'a ReadyItem> for ItemJson<'a> {
 pub fn items(items: &[ReadyItem]) -> Vec<ItemJson<'_>> {
     items.iter().map(ItemJson::from).collect()
 }
+
+/// The `counts` object of a session (`GET /v1/sessions/{id}`, `GET /v1/sessions`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// Children waiting for capacity.
+    pub queued: u64,
+    /// Children running.
+    pub running: u64,
+    /// Items claimable now.
+    pub ready: u64,
+    /// Items waiting out a backoff before they are ready again.
+    #[serde(default)]
+    pub backing_off: u64,
+    /// Items in live claims.
+    pub claimed: u64,
+    /// Items delivered (acked or returned inline).
+    pub delivered: u64,
+}
+
+impl From<&crate::SessionStatus> for Counts {
+    fn from(st: &crate::SessionStatus) -> Self {
+        Counts {
+            queued: st.queued as u64,
+            running: st.running as u64,
+            ready: st.ready as u64,
+            backing_off: st.backing_off as u64,
+            claimed: st.claimed as u64,
+            delivered: st.delivered,
+        }
+    }
+}

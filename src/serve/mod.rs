@@ -16,6 +16,7 @@
 pub mod api;
 pub mod config;
 mod events;
+mod listing;
 mod routes;
 pub mod wake;
 
@@ -119,6 +120,7 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
             .service(
                 web::scope("/v1")
                     .wrap(actix_web::middleware::from_fn(require_key))
+                    .route("/sessions", web::get().to(listing::list_sessions))
                     .route("/sessions/{session_id}", web::put().to(routes::put_session))
                     .route("/sessions/{session_id}", web::get().to(routes::get_session))
                     .route("/sessions/{session_id}/turn", web::post().to(routes::set_turn))

@@ -126,16 +126,14 @@ pub(super) async fn get_session(state: web::Data<State>, path: web::Path<String>
         "turn": st.info.turn,
         "wake_capable": st.info.wake_capable,
         "max_concurrent_children": st.info.max_concurrent_children,
-        "counts": {
-            "queued": st.queued,
-            "running": st.running,
-            "ready": st.ready,
-            "backing_off": st.backing_off,
-            "claimed": st.claimed,
-            "delivered": st.delivered,
-        },
+        "counts": counts_json(&st),
         "calls": calls,
     })))
+}
+
+/// A session's `counts` object, as `GET /v1/sessions/{id}` and `GET /v1/sessions` answer it.
+pub(super) fn counts_json(st: &crate::SessionStatus) -> serde_json::Value {
+    json!(api::Counts::from(st))
 }
 
 pub(super) async fn set_turn(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {

@@ -1,0 +1,107 @@
+//! `GET /v1/sessions`: the sessions the engine routes, a page at a time, in ascending id order,
+//! each with its turn, wake capability and counts (API.md "Lifecycle"). Paging is by id: a page
+//! starts after the `after` id (exclusive) and `next` names the last id of a page that has more
+//! behind it. This file owns the query's bounds and the page's shape; the counts come from
+//! [`Brood::counts`](crate::Brood::counts), shaped as `GET /v1/sessions/{id}` shapes them.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::api::ApiError;
+use super::routes::{counts_json, State};
+use crate::BroodError;
+
+/// The page size when the query names none.
+pub(super) const DEFAULT_LIMIT: usize = 100;
+/// The largest page.
+pub(super) const MAX_LIMIT: usize = 1000;
+
+/// The query, as text: `limit` is checked here so a bad one is a 400 in API.md's shape.
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    limit: Option<String>,
+    after: Option<String>,
+}
+
+/// `limit` as given, checked against 1..=[`MAX_LIMIT`].
+fn limit(given: Option<&str>) -> Result<usize, ApiError> {
+    let Some(text) = given else {
+        return Ok(DEFAULT_LIMIT);
+    };
+    match text.parse::<usize>() {
+        Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+        _ => Err(ApiError::invalid(format!(
+            "`limit` is `{text}`; it must be a whole number from 1 to {MAX_LIMIT}"
+        ))),
+    }
+}
+
+/// The ids of one page of `ids` (ascending): those after `after`, at most `limit`, and whether
+/// more follow.
+fn page<'a>(ids: &'a [String], after: Option<&str>, limit: usize) -> (&'a [String], bool) {
+    let start = match after {
+        Some(a) => ids.partition_point(|id| id.as_str() <= a),
+        None => 0,
+    };
+    let end = start.saturating_add(limit).min(ids.len());
+    (&ids[start..end], end < ids.len())
+}
+
+pub(super) async fn list_sessions(state: web::Data<State>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let query = web::Query::<ListQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::invalid(format!("the query string does not parse: {e}")))?
+        .into_inner();
+    let limit = limit(query.limit.as_deref())?;
+    let ids = state.brood.sessions();
+    let (ids, more) = page(&ids, query.after.as_deref(), limit);
+    let mut sessions = Vec::with_capacity(ids.len());
+    for id in ids {
+        let st = match state.brood.counts(id).await {
+            Ok(st) => st,
+            // Given up between the listing and now: it is no longer routed, so not listed.
+            Err(BroodError::UnknownSession(_)) | Err(BroodError::SessionFailed { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        sessions.push(json!({
+            "session_id": st.info.session_id,
+            "turn": st.info.turn,
+            "wake_capable": st.info.wake_capable,
+            "counts": counts_json(&st),
+            // Nested sessions do not exist yet: every session is a top-level one.
+            "parent_child_id": null,
+        }));
+    }
+    let next = if more { ids.last() } else { None };
+    Ok(HttpResponse::Ok().json(json!({"sessions": sessions, "next": next})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("s{i:02}")).collect()
+    }
+
+    #[test]
+    fn a_limit_outside_1_to_1000_or_not_a_number_is_refused() {
+        assert_eq!(limit(None).unwrap(), DEFAULT_LIMIT);
+        assert_eq!(limit(Some("1")).unwrap(), 1);
+        assert_eq!(limit(Some("1000")).unwrap(), 1000);
+        for bad in ["0", "1001", "-1", "ten", ""] {
+            assert_eq!(limit(Some(bad)).unwrap_err().code, "invalid_request", "{bad}");
+        }
+    }
+
+    #[test]
+    fn pages_start_after_the_given_id_and_say_whether_more_follow() {
+        let all = ids(5);
+        assert_eq!(page(&all, None, 2), (&all[0..2], true));
+        assert_eq!(page(&all, Some("s01"), 2), (&all[2..4], true));
+        assert_eq!(page(&all, Some("s03"), 2), (&all[4..5], false));
+        // `after` need not be a listed id.
+        assert_eq!(page(&all, Some("s015"), 10), (&all[2..5], false));
+        assert_eq!(page(&all, Some("zzz"), 10).0.len(), 0);
+    }
+}
