@@ -38,6 +38,7 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms, unreachable_pub)]
 #![deny(unused_must_use)]
 
+pub mod inspect;
 pub mod render;
 pub mod runners;
 pub mod serve;

@@ -41,6 +41,9 @@ enum Command {
     },
     /// Serve API.md over HTTP on the embedded engine.
     Serve(Box<ServeArgs>),
+    /// Show sessions, calls, units, children and dead letters, of a running server
+    /// (`--server`) or of a data dir no process holds (`--data-dir`, read without changing it).
+    Inspect(InspectArgs),
     /// Run a seeded fault campaign (faults and SIGKILLs) and check the invariants.
     Chaos(ChaosArgs),
     /// Measure brood's paths beside raw baselines, in one run, and print each ratio.
@@ -164,6 +167,26 @@ impl ServeArgs {
     }
 }
 
+/// Flags of `brood inspect`.
+#[derive(clap::Args, Debug, Clone)]
+struct InspectArgs {
+    /// A running server's URL (http://host:port); without it, a data dir is read.
+    #[arg(long, conflicts_with = "data_dir")]
+    server: Option<String>,
+    /// The server's key (also BROOD_API_KEY).
+    #[arg(long, requires = "server")]
+    api_key: Option<String>,
+    /// A data dir no process holds (default ./brood-data); it is read, never changed.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Show this session only.
+    #[arg(long)]
+    session: Option<String>,
+    /// Print one JSON document instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(clap::Args, Debug, Clone)]
 struct ChaosArgs {
     /// The seed: the same seed gives the same fault plan.
@@ -209,6 +232,7 @@ fn main() -> anyhow::Result<()> {
                 .context("serving")?;
             Ok(())
         }
+        Command::Inspect(args) => inspect(args),
         Command::Chaos(args) => {
             let faults = chaos::Fault::parse_list(&args.faults).map_err(anyhow::Error::msg)?;
             let campaign = chaos::Campaign {
@@ -262,6 +286,30 @@ fn main() -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)
         }
     }
+}
+
+fn inspect(args: InspectArgs) -> anyhow::Result<()> {
+    use brood::inspect;
+    let session = args.session.as_deref();
+    let found = match &args.server {
+        Some(url) => {
+            let mut source = inspect::ServerSource::new(url);
+            if let Some(key) = args.api_key.or_else(|| std::env::var("BROOD_API_KEY").ok()) {
+                source = source.api_key(key);
+            }
+            inspect::from_server(&source, session).with_context(|| format!("inspecting the server at {url}"))?
+        }
+        None => {
+            let dir = args.data_dir.unwrap_or_else(|| PathBuf::from("./brood-data"));
+            inspect::from_data_dir(&dir, session).with_context(|| format!("inspecting {}", dir.display()))?
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&found)?);
+    } else {
+        print!("{}", inspect::table::render(&found));
+    }
+    Ok(())
 }
 
 /// The demo's call: 12 sim children, 50 ms to 3 s, one failure inside a group of 3.

@@ -1,0 +1,210 @@
+//! An [`Inspection`] as text for people: a block per session (its counts on one line, then each
+//! call's units and children as aligned columns), then the dead letters and the quarantined
+//! rows. Times are UTC; a value a source does not know is `-`.
+
+use std::fmt::Write as _;
+
+use super::{CallView, Inspection, SessionView, Source};
+
+/// Renders an inspection as aligned tables.
+pub fn render(inspection: &Inspection) -> String {
+    let mut out = String::new();
+    let source = match inspection.source {
+        Source::Server => "server",
+        Source::DataDir => "data dir (turn, wake_capable and counts as a server opening it would start)",
+    };
+    let _ = writeln!(out, "source: {source}");
+    if inspection.sessions.is_empty() {
+        out.push_str("no sessions\n");
+    }
+    for session in &inspection.sessions {
+        out.push('\n');
+        render_session(&mut out, session);
+    }
+    out.push('\n');
+    if inspection.dead_letters.is_empty() {
+        out.push_str("dead letters: none\n");
+    } else {
+        out.push_str("dead letters:\n");
+        let rows = inspection
+            .dead_letters
+            .iter()
+            .map(|d| {
+                vec![
+                    d.child_id.clone(),
+                    d.session_id.clone(),
+                    d.kind.as_str().to_string(),
+                    d.attempts.to_string(),
+                    time(Some(d.dead_at)),
+                    d.reason.clone(),
+                ]
+            })
+            .collect();
+        columns(
+            &mut out,
+            "  ",
+            &["CHILD", "SESSION", "KIND", "ATTEMPTS", "DEAD AT", "REASON"],
+            rows,
+        );
+    }
+    match &inspection.quarantined {
+        None => {}
+        Some(rows) if rows.is_empty() => out.push_str("quarantined rows: none\n"),
+        Some(rows) => {
+            out.push_str("quarantined rows:\n");
+            let rows = rows
+                .iter()
+                .map(|q| {
+                    let at = q
+                        .quarantined_at
+                        .map_or("at the next open".to_string(), |t| time(Some(t)));
+                    vec![q.tree.clone(), q.key.clone(), at, q.reason.clone()]
+                })
+                .collect();
+            columns(&mut out, "  ", &["TREE", "KEY", "QUARANTINED", "REASON"], rows);
+        }
+    }
+    out
+}
+
+fn render_session(out: &mut String, s: &SessionView) {
+    let c = &s.counts;
+    let _ = writeln!(
+        out,
+        "session {}  turn {}  wake_capable {}",
+        s.session_id,
+        match s.turn {
+            crate::Turn::Idle => "idle",
+            crate::Turn::Busy => "busy",
+        },
+        s.wake_capable
+    );
+    let _ = writeln!(
+        out,
+        "  queued {}  running {}  ready {}  backing_off {}  claimed {}  delivered {}",
+        c.queued, c.running, c.ready, c.backing_off, c.claimed, c.delivered
+    );
+    if s.calls.is_empty() {
+        out.push_str("  no calls\n");
+    }
+    for call in &s.calls {
+        render_call(out, call);
+    }
+}
+
+fn render_call(out: &mut String, call: &CallView) {
+    let _ = writeln!(out, "  call {}  set {}  mode {}", call.call_id, call.set, call.mode);
+    let units = call
+        .units
+        .iter()
+        .map(|u| {
+            let tasks: Vec<String> = u.tasks.iter().map(u32::to_string).collect();
+            vec![
+                u.unit_id.clone(),
+                u.group.clone().unwrap_or_else(|| "-".into()),
+                tasks.join(","),
+            ]
+        })
+        .collect();
+    columns(out, "    ", &["UNIT", "GROUP", "TASKS"], units);
+    let children = call
+        .children
+        .iter()
+        .map(|c| {
+            vec![
+                c.child_id.clone(),
+                c.task_index.to_string(),
+                c.status.as_str().to_string(),
+                time(c.started_at),
+                time(c.finished_at),
+                c.delivery.map_or("-", |d| d.as_str()).to_string(),
+            ]
+        })
+        .collect();
+    columns(
+        out,
+        "    ",
+        &["CHILD", "TASK", "STATUS", "STARTED", "FINISHED", "DELIVERY"],
+        children,
+    );
+}
+
+/// Writes `rows` under `headers`, each column as wide as its widest cell, the last one unpadded.
+fn columns(out: &mut String, indent: &str, headers: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let header: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header).chain(&rows) {
+        let mut line = String::from(indent);
+        for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<w$}  ");
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+}
+
+/// A time in ms since the epoch as `YYYY-MM-DD hh:mm:ss.mmm` UTC; `-` for none.
+fn time(ms: Option<u64>) -> String {
+    let Some(ms) = ms else {
+        return "-".into();
+    };
+    let (secs, milli) = (ms / 1000, ms % 1000);
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{milli:03}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// The proleptic Gregorian date of a count of days since 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`, for days on or after the epoch).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_read_as_utc_dates() {
+        assert_eq!(time(None), "-");
+        assert_eq!(time(Some(0)), "1970-01-01 00:00:00.000");
+        // 2000-02-29 is a leap day; 2024-12-31 23:59:59.999 the last moment of a year.
+        assert_eq!(time(Some(951_782_400_000)), "2000-02-29 00:00:00.000");
+        assert_eq!(time(Some(1_735_689_599_999)), "2024-12-31 23:59:59.999");
+    }
+
+    #[test]
+    fn columns_are_as_wide_as_their_widest_cell() {
+        let mut out = String::new();
+        columns(
+            &mut out,
+            "  ",
+            &["A", "BB", "C"],
+            vec![vec!["long-cell".into(), "x".into(), "last".into()]],
+        );
+        assert_eq!(out, "  A          BB  C\n  long-cell  x   last\n");
+    }
+}
