@@ -351,7 +351,9 @@ fn mean_row_len(dir: &Path, tree: &str) -> anyhow::Result<usize> {
         n += 1;
         bytes += v.len();
     }
-    Ok(if n == 0 { 256 } else { bytes / n })
+    bytes
+        .checked_div(n)
+        .with_context(|| format!("the ledger in {} holds no rows in `{tree}` to size", dir.display()))
 }
 
 /// Raw sled: `n` inserts of `row`-byte values, flushed every 100 (and the data file synced, for
