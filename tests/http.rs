@@ -471,7 +471,7 @@ fn the_event_stream_tells_a_child_from_queued_to_its_acked_claim() {
     let call = reply["call_id"].as_str().unwrap().to_string();
     let mut seen: Vec<(String, Value)> = Vec::new();
     type Seen = Vec<(String, Value)>;
-    let until = |seen: &mut Seen, what: &str, done: &dyn Fn(&[(String, Value)]) -> bool| {
+    let until = |seen: &mut Seen, what: &str, done: &dyn Fn(&Seen) -> bool| {
         while !done(seen) {
             match events.recv_timeout(Duration::from_secs(20)) {
                 Ok(ev) => seen.push(ev),
