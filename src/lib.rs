@@ -95,6 +95,7 @@ pub struct BroodConfig {
     durability: Durability,
     wakes: Option<Arc<dyn WakeFactory>>,
     commit_window: Duration,
+    routing_threads: usize,
 }
 
 impl std::fmt::Debug for BroodConfig {
@@ -115,6 +116,7 @@ impl BroodConfig {
             durability: Durability::default(),
             wakes: None,
             commit_window: Duration::ZERO,
+            routing_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
 
@@ -127,6 +129,14 @@ impl BroodConfig {
     /// What a flush brood relies on guarantees (see [`Durability`]).
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
+        self
+    }
+
+    /// How many threads session owners are spread over (default: one per core; 0 runs them
+    /// on the thread of the supervisor and the coalescer). Each session stays on one thread;
+    /// a session's work never waits behind another's on a different thread.
+    pub fn routing_threads(mut self, threads: usize) -> Self {
+        self.routing_threads = threads;
         self
     }
 
@@ -240,6 +250,7 @@ impl Brood {
         let durability = config.durability;
         let wakes = config.wakes.clone();
         let commit_window = config.commit_window;
+        let routing_threads = config.routing_threads;
         let thread = std::thread::Builder::new()
             .name("brood-actors".into())
             .spawn(move || {
@@ -247,11 +258,15 @@ impl Brood {
                 // Units, children and runners get a thread of their own; routing keeps this one.
                 let children = sys.block_on(async { actix::Arbiter::new() });
                 let handle = children.handle();
+                let routing: Vec<actix::Arbiter> =
+                    sys.block_on(async { (0..routing_threads).map(|_| actix::Arbiter::new()).collect() });
+                let routing_handles: Vec<_> = routing.iter().map(|a| a.handle()).collect();
                 let started = sys.block_on(async move {
                     let ledger: Arc<dyn Ledger> = Arc::new(SledLedger::open_with(&dir, durability)?);
                     let mut engine = Engine::new(ledger, runners, handle);
                     engine.wake_factory = wakes;
                     engine.commit_window = commit_window;
+                    engine.routing_arbiters = routing_handles;
                     let root = Supervisor::start_engine(engine.clone(), Default::default())?;
                     Ok::<_, LedgerError>((root, engine))
                 });
@@ -268,6 +283,10 @@ impl Brood {
                 }
                 // Everything that holds the ledger is gone once both threads are: only then
                 // may the folder be opened again.
+                for r in routing {
+                    r.stop();
+                    let _ = r.join();
+                }
                 children.stop();
                 let _ = children.join();
             })

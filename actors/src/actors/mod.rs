@@ -41,9 +41,12 @@ pub struct Engine {
     pub owners: Owners,
     /// Children whose actor is alive (started by a unit and not yet stopped).
     live_children: Arc<Mutex<HashSet<String>>>,
-    /// The arbiter (thread) units, children and runners live on; owners, the coalescer and
-    /// the supervisor live on the system arbiter, so child churn never delays routing.
+    /// The arbiter (thread) units, children and runners live on; the coalescer and the
+    /// supervisor live on the system arbiter, so child churn never delays routing.
     pub children_arbiter: ArbiterHandle,
+    /// The routing threads session owners are spread over (by a hash of the session id, so a
+    /// rebuilt owner lands where its predecessor was); none: owners run on the system arbiter.
+    pub routing_arbiters: Vec<ArbiterHandle>,
     /// The last turn state of each session, so a restarted owner keeps it.
     pub turns: Arc<DashMap<String, crate::routing::Turn>>,
     /// Where owners tell live observers what they applied.
@@ -79,6 +82,7 @@ impl Engine {
             owners: Arc::new(DashMap::new()),
             live_children: Arc::new(Mutex::new(HashSet::new())),
             children_arbiter,
+            routing_arbiters: Vec::new(),
             turns: Arc::new(DashMap::new()),
             events: crate::events::Events::default(),
             commit_window: std::time::Duration::ZERO,
@@ -149,6 +153,18 @@ impl Engine {
         let fence = self.fences.entry(session_id.to_string()).or_default().clone();
         let mut guard = fence.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         *guard = guard.saturating_add(1);
+    }
+
+    /// The routing thread of a session, if the engine has routing threads.
+    pub(crate) fn routing_arbiter(&self, session_id: &str) -> Option<&ArbiterHandle> {
+        use std::hash::{Hash as _, Hasher as _};
+        if self.routing_arbiters.is_empty() {
+            return None;
+        }
+        let mut h = std::hash::DefaultHasher::new();
+        session_id.hash(&mut h);
+        let i = (h.finish() % self.routing_arbiters.len() as u64) as usize;
+        self.routing_arbiters.get(i)
     }
 
     /// The current owner of a session.

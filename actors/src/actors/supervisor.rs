@@ -171,7 +171,13 @@ impl Supervisor {
 
     fn spawn_owner(&mut self, owner: SessionOwner, ctx: &mut Context<Self>) -> Addr<SessionOwner> {
         let id = owner.session_id().to_string();
-        let (addr, exit) = supervise::spawn(owner);
+        let (addr, exit): (_, futures::future::LocalBoxFuture<'static, Exit>) = match self.engine.routing_arbiter(&id) {
+            Some(arbiter) => {
+                let (addr, exit) = supervise::spawn_in(arbiter, move || owner);
+                (addr, exit)
+            }
+            None => supervise::spawn(owner),
+        };
         self.engine.owners.insert(id.clone(), addr.clone());
         // Watched from a task of its own: a future per session parked in this context would
         // be polled on every message the supervisor handles.
