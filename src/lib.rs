@@ -95,6 +95,7 @@ pub struct BroodConfig {
     durability: Durability,
     wakes: Option<Arc<dyn WakeFactory>>,
     commit_window: Duration,
+    on_flush: Option<brood_actors::ledger::FlushObserver>,
 }
 
 impl std::fmt::Debug for BroodConfig {
@@ -115,6 +116,7 @@ impl BroodConfig {
             durability: Durability::default(),
             wakes: None,
             commit_window: Duration::ZERO,
+            on_flush: None,
         }
     }
 
@@ -142,6 +144,14 @@ impl BroodConfig {
     /// again when the engine opens).
     pub fn wake_factory(mut self, wakes: impl WakeFactory) -> Self {
         self.wakes = Some(Arc::new(wakes));
+        self
+    }
+
+    /// Tells `observer` how long each successful ledger flush took, fsync included (for
+    /// metrics). It runs on the flushing thread, in the path of every durable write: keep it
+    /// quick.
+    pub fn on_flush(mut self, observer: impl Fn(Duration) + Send + Sync + 'static) -> Self {
+        self.on_flush = Some(Arc::new(observer));
         self
     }
 
@@ -240,6 +250,7 @@ impl Brood {
         let durability = config.durability;
         let wakes = config.wakes.clone();
         let commit_window = config.commit_window;
+        let on_flush = config.on_flush.clone();
         let thread = std::thread::Builder::new()
             .name("brood-actors".into())
             .spawn(move || {
@@ -248,7 +259,11 @@ impl Brood {
                 let children = sys.block_on(async { actix::Arbiter::new() });
                 let handle = children.handle();
                 let started = sys.block_on(async move {
-                    let ledger: Arc<dyn Ledger> = Arc::new(SledLedger::open_with(&dir, durability)?);
+                    let mut sled = SledLedger::open_with(&dir, durability)?;
+                    if let Some(observer) = on_flush {
+                        sled = sled.on_flush(observer);
+                    }
+                    let ledger: Arc<dyn Ledger> = Arc::new(sled);
                     let mut engine = Engine::new(ledger, runners, handle);
                     engine.wake_factory = wakes;
                     engine.commit_window = commit_window;
