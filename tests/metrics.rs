@@ -49,6 +49,16 @@ fn scrape_until(s: &Server, series: &str, at_least: f64) -> String {
     }
 }
 
+/// A background call of one sim task.
+fn delegate_one(s: &Server, session: &str) {
+    let (status, reply) = s.call(
+        "POST",
+        &format!("/v1/sessions/{session}/delegate"),
+        Some(json!({"tasks": [{"goal": "a", "runner": sim(0)}]})),
+    );
+    assert_eq!(status, 202, "{reply}");
+}
+
 #[test]
 fn ended_children_ready_and_claimed_items_are_gauged_from_the_engine() {
     let dir = tempfile::tempdir().unwrap();
@@ -61,8 +71,11 @@ fn ended_children_ready_and_claimed_items_are_gauged_from_the_engine() {
     ]);
     let (status, _) = s.call("POST", "/v1/sessions/m/delegate", Some(json!({"tasks": tasks})));
     assert_eq!(status, 202);
-    // a and b form one unit, ready once both ended; c's unit hangs.
-    let text = scrape_until(&s, "brood_ready_items", 2.0);
+    // a and b form one unit, ready once both ended (with b's failure notice, if b ended first);
+    // c's unit hangs.
+    scrape_until(&s, "brood_ready_items", 2.0);
+    // c's runner starts on the engine's own time too.
+    let text = scrape_until(&s, r#"brood_children{status="running"}"#, 1.0);
     assert_eq!(value(&text, "brood_sessions"), 1.0);
     assert_eq!(value(&text, r#"brood_children{status="succeeded"}"#), 1.0);
     assert_eq!(value(&text, r#"brood_children{status="failed"}"#), 1.0);
@@ -83,11 +96,7 @@ fn a_dead_letter_is_gauged() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start_with(dir.path(), None, &["--max-delivery-attempts", "1"]);
     s.open("d");
-    s.call(
-        "POST",
-        "/v1/sessions/d/delegate",
-        Some(json!({"tasks": [{"goal": "a", "runner": sim(0)}]})),
-    );
+    delegate_one(&s, "d");
     let env = s.envelope("d", 30_000);
     let claim = env["claim_id"].as_str().unwrap();
     let (status, _) = s.call(
@@ -104,14 +113,8 @@ fn http_requests_are_counted_by_route_pattern_method_and_status() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), None);
     s.open("h");
-    for _ in 0..2 {
-        let (status, _) = s.call(
-            "POST",
-            "/v1/sessions/h/delegate",
-            Some(json!({"tasks": [{"goal": "a", "runner": sim(0)}]})),
-        );
-        assert_eq!(status, 202);
-    }
+    delegate_one(&s, "h");
+    delegate_one(&s, "h");
     let (status, _) = s.call("POST", "/v1/sessions/h/delegate", Some(json!({"tasks": []})));
     assert_eq!(status, 400);
     let (status, _) = s.call("GET", "/v1/no-such-endpoint-7f3a", None);
@@ -149,11 +152,7 @@ fn ledger_flushes_are_timed() {
     let s = Server::start(dir.path(), None);
     s.open("f");
     let before = value(&scrape(&s), "brood_ledger_flush_seconds_count");
-    s.call(
-        "POST",
-        "/v1/sessions/f/delegate",
-        Some(json!({"tasks": [{"goal": "a", "runner": sim(0)}]})),
-    );
+    delegate_one(&s, "f");
     s.envelope("f", 30_000);
     let text = scrape(&s);
     assert!(value(&text, "brood_ledger_flush_seconds_count") > before, "{text}");
@@ -172,11 +171,7 @@ fn webhook_wakes_delivered_and_failed_tries_are_counted() {
     let (url, seen) = wake_receiver(1);
     let (status, body) = s.call("PUT", "/v1/sessions/w", Some(json!({"wake_url": url})));
     assert_eq!(status, 200, "{body}");
-    s.call(
-        "POST",
-        "/v1/sessions/w/delegate",
-        Some(json!({"tasks": [{"goal": "a", "runner": sim(0)}]})),
-    );
+    delegate_one(&s, "w");
     let text = scrape_until(&s, "brood_wakes_delivered_total", 1.0);
     assert_eq!(value(&text, "brood_wakes_delivered_total"), 1.0);
     assert_eq!(value(&text, "brood_wake_tries_failed_total"), 1.0);

@@ -367,21 +367,9 @@ impl Checked<'_> {
         (reply.status, value)
     }
 
-    /// Boundaries until one answers with an envelope.
+    /// Boundaries until one answers with an envelope, each checked.
     fn envelope(&self, session: &str, lease_ms: u64) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let (status, body) = self.call(
-                "POST",
-                &format!("/v1/sessions/{session}/boundary"),
-                Some(json!({"consumer": "t", "lease_ms": lease_ms})),
-            );
-            if status == 200 {
-                return body;
-            }
-            assert!(Instant::now() < deadline, "no envelope in 20 s");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        until_envelope(session, lease_ms, |m, p, b| self.call(m, p, b))
     }
 }
 

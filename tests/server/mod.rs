@@ -184,21 +184,31 @@ impl Server {
 
     /// Boundaries until one answers 200.
     pub fn envelope(&self, session: &str, lease_ms: u64) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let (status, body) = self.call(
-                "POST",
-                &format!("/v1/sessions/{session}/boundary"),
-                Some(json!({"consumer": "t", "lease_ms": lease_ms})),
-            );
-            match status {
-                200 => return body,
-                204 => {}
-                s => panic!("boundary answered {s}: {body}"),
-            }
-            assert!(Instant::now() < deadline, "no envelope in 20 s");
-            std::thread::sleep(Duration::from_millis(20));
+        until_envelope(session, lease_ms, |m, p, b| self.call(m, p, b))
+    }
+}
+
+/// Boundaries of `session`, sent with `call` (method, path, body), until one answers 200
+/// (within 20 s); returns that envelope. A status other than 200 or 204 fails.
+pub fn until_envelope(
+    session: &str,
+    lease_ms: u64,
+    mut call: impl FnMut(&str, &str, Option<Value>) -> (u16, Value),
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = call(
+            "POST",
+            &format!("/v1/sessions/{session}/boundary"),
+            Some(json!({"consumer": "t", "lease_ms": lease_ms})),
+        );
+        match status {
+            200 => return body,
+            204 => {}
+            s => panic!("boundary answered {s}: {body}"),
         }
+        assert!(Instant::now() < deadline, "no envelope in 20 s");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
