@@ -77,6 +77,7 @@ fn ended_children_ready_and_claimed_items_are_gauged_from_the_engine() {
     // c's runner starts on the engine's own time too.
     let text = scrape_until(&s, r#"brood_children{status="running"}"#, 1.0);
     assert_eq!(value(&text, "brood_sessions"), 1.0);
+    assert_eq!(value(&text, "brood_failed_sessions"), 0.0);
     assert_eq!(value(&text, r#"brood_children{status="succeeded"}"#), 1.0);
     assert_eq!(value(&text, r#"brood_children{status="failed"}"#), 1.0);
     assert_eq!(value(&text, r#"brood_children{status="running"}"#), 1.0);

@@ -7,8 +7,9 @@
 //!   so a client cannot grow the label set); webhook wakes delivered, tries failed and wakes
 //!   given up (counted by [`Webhooks`](super::wake::Webhooks)); the ledger flush latency,
 //!   fsync included (`brood_ledger_flush_seconds`, from [`BroodConfig::on_flush`]).
-//! - gathered from the engine at each scrape: sessions, children by status, ready, backing-off
-//!   and claimed items, items delivered, dead letters and quarantined rows. These are gauges of
+//! - gathered from the engine at each scrape: sessions (and those given up after their owner
+//!   kept failing), children by status, ready, backing-off and claimed items, items delivered,
+//!   dead letters and quarantined rows. These are gauges of
 //!   what the engine holds right now. In particular `brood_children{status="succeeded"}` (and
 //!   every other terminal status) counts the children of the calls still in memory — those not
 //!   yet delivered whole — not every child that ever ended: the engine keeps no running total,
@@ -136,6 +137,7 @@ impl Metrics {
 #[derive(Debug, Default)]
 struct Engine {
     sessions: i64,
+    failed_sessions: i64,
     children: HashMap<ChildStatus, i64>,
     ready: i64,
     backing_off: i64,
@@ -181,6 +183,7 @@ impl Engine {
                 .delivered
                 .saturating_add(i64::try_from(st.delivered).unwrap_or(i64::MAX));
         }
+        engine.failed_sessions = gauge(brood.health().await?.failed_sessions);
         engine.dead_letters = gauge(brood.dead_letters().await?.len());
         engine.quarantined = gauge(brood.quarantined()?.len());
         Ok(engine)
@@ -198,6 +201,12 @@ impl Engine {
             "brood_sessions",
             "Sessions the engine routes",
             self.sessions,
+        );
+        one(
+            &mut registry,
+            "brood_failed_sessions",
+            "Sessions given up after their owner kept failing",
+            self.failed_sessions,
         );
         let children = Family::<StatusLabel, Gauge>::default();
         for status in STATUSES {
