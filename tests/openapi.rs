@@ -543,6 +543,12 @@ fn real_replies_validate_against_the_document() {
     );
     assert_eq!((status, forced["mode"].as_str()), (200, Some("sync")));
     c.call("GET", "/v1/sessions/o", None);
+    let (_, page) = c.call("GET", "/v1/sessions?limit=1", None);
+    assert_eq!(page["next"], "o", "{page}");
+    let (_, page) = c.call("GET", "/v1/sessions?after=o", None);
+    assert_eq!(page["next"], Value::Null, "{page}");
+    let (status, _) = c.call("GET", "/v1/sessions?limit=0", None);
+    assert_eq!(status, 400);
 
     // A boundary with nothing ready, then envelopes: ack, ack again, a busy release.
     let (status, _) = c.call("POST", "/v1/sessions/plain/boundary", Some(json!({"consumer": "t"})));
@@ -655,6 +661,8 @@ fn real_replies_validate_against_the_document() {
         ("GET", "/metrics", 200),
         ("GET", "/v1/openapi.json", 200),
         ("GET", "/v1/openapi.json", 401),
+        ("GET", "/v1/sessions", 200),
+        ("GET", "/v1/sessions", 400),
         ("PUT", "/v1/sessions/{session_id}", 200),
         ("PUT", "/v1/sessions/{session_id}", 400),
         ("GET", "/v1/sessions/{session_id}", 200),
