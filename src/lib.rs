@@ -96,6 +96,7 @@ pub struct BroodConfig {
     wakes: Option<Arc<dyn WakeFactory>>,
     commit_window: Duration,
     routing_threads: usize,
+    on_flush: Option<brood_actors::ledger::FlushObserver>,
 }
 
 impl std::fmt::Debug for BroodConfig {
@@ -117,6 +118,7 @@ impl BroodConfig {
             wakes: None,
             commit_window: Duration::ZERO,
             routing_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            on_flush: None,
         }
     }
 
@@ -152,6 +154,14 @@ impl BroodConfig {
     /// again when the engine opens).
     pub fn wake_factory(mut self, wakes: impl WakeFactory) -> Self {
         self.wakes = Some(Arc::new(wakes));
+        self
+    }
+
+    /// Tells `observer` how long each successful ledger flush took, fsync included (for
+    /// metrics). It runs on the flushing thread, in the path of every durable write: keep it
+    /// quick.
+    pub fn on_flush(mut self, observer: impl Fn(Duration) + Send + Sync + 'static) -> Self {
+        self.on_flush = Some(Arc::new(observer));
         self
     }
 
@@ -251,18 +261,24 @@ impl Brood {
         let wakes = config.wakes.clone();
         let commit_window = config.commit_window;
         let routing_threads = config.routing_threads;
+        let on_flush = config.on_flush.clone();
         let thread = std::thread::Builder::new()
             .name("brood-actors".into())
             .spawn(move || {
                 let sys = actix::System::new();
-                // Units, children and runners get a thread of their own; routing keeps this one.
+                // Units, children and runners get a thread of their own, session owners the
+                // routing threads; the supervisor and the coalescer keep this one.
                 let children = sys.block_on(async { actix::Arbiter::new() });
                 let handle = children.handle();
                 let routing: Vec<actix::Arbiter> =
                     sys.block_on(async { (0..routing_threads).map(|_| actix::Arbiter::new()).collect() });
                 let routing_handles: Vec<_> = routing.iter().map(|a| a.handle()).collect();
                 let started = sys.block_on(async move {
-                    let ledger: Arc<dyn Ledger> = Arc::new(SledLedger::open_with(&dir, durability)?);
+                    let mut sled = SledLedger::open_with(&dir, durability)?;
+                    if let Some(observer) = on_flush {
+                        sled = sled.on_flush(observer);
+                    }
+                    let ledger: Arc<dyn Ledger> = Arc::new(sled);
                     let mut engine = Engine::new(ledger, runners, handle);
                     engine.wake_factory = wakes;
                     engine.commit_window = commit_window;

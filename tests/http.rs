@@ -4,8 +4,7 @@
 //! API.md's error shape, changing nothing), kill -9 and a restart with the results intact, and a
 //! configuration refused at start.
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::TcpListener;
+use std::io::{BufRead as _, BufReader};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -279,42 +278,6 @@ fn a_configuration_error_stops_the_start_and_names_the_key() {
     );
 }
 
-/// A wake receiver on loopback: records the body of every POST and answers 200.
-fn receiver() -> (String, Arc<Mutex<Vec<Value>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/wake", listener.local_addr().unwrap());
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let log = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut length = 0usize;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                    break;
-                }
-                let lower = line.to_ascii_lowercase();
-                if let Some(v) = lower.strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-                if line == "\r\n" {
-                    break;
-                }
-            }
-            let mut body = vec![0; length];
-            if reader.read_exact(&mut body).is_ok() {
-                if let Ok(v) = serde_json::from_slice::<Value>(&body) {
-                    log.lock().unwrap().push(v);
-                }
-            }
-            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-        }
-    });
-    (url, seen)
-}
-
 fn wait_wakes(seen: &Arc<Mutex<Vec<Value>>>, n: usize) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -334,7 +297,7 @@ fn wait_wakes(seen: &Arc<Mutex<Vec<Value>>>, n: usize) -> Vec<Value> {
 #[test]
 fn a_wake_url_is_posted_once_per_idle_period_and_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let (url, seen) = receiver();
+    let (url, seen) = wake_receiver(0);
     let s = Server::start(dir.path(), None);
     let (status, body) = s.call("PUT", "/v1/sessions/w", Some(json!({"wake_url": url})));
     assert_eq!((status, &body["wake_capable"]), (200, &json!(true)), "{body}");

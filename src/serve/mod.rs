@@ -1,7 +1,8 @@
 //! `brood serve`: API.md over HTTP (actix-web), on the embedded engine.
 //!
 //! [`config`] resolves the configuration (defaults, file, environment, flags); `api` holds the
-//! JSON shapes and the error reply; `routes` the endpoints. This module builds the app: the
+//! JSON shapes and the error reply; `routes` the endpoints; `metrics` `GET /metrics` and the
+//! request counts; `openapi` the OpenAPI document. This module builds the app: the
 //! key check on every `/v1` request (constant time), the routes, a 404 in API.md's shape for
 //! anything else, and a graceful stop on SIGINT/SIGTERM.
 //!
@@ -17,6 +18,8 @@ pub mod api;
 pub mod config;
 mod events;
 mod listing;
+mod metrics;
+mod openapi;
 mod routes;
 pub mod wake;
 
@@ -94,29 +97,36 @@ async fn stop_signal() -> &'static str {
 
 /// The engine behind a server, from its configuration.
 pub fn open_engine(config: &ServeConfig) -> Result<Brood, BroodError> {
-    Brood::open(
-        BroodConfig::new(&config.data_dir)
-            .durability(config.durability)
-            .commit_window(Duration::from_millis(config.commit_window_ms))
-            .wake_factory(wake::Webhooks::default()),
-    )
+    Brood::open(engine_config(config, wake::Webhooks::default()))
+}
+
+fn engine_config(config: &ServeConfig, wakes: wake::Webhooks) -> BroodConfig {
+    BroodConfig::new(&config.data_dir)
+        .durability(config.durability)
+        .commit_window(Duration::from_millis(config.commit_window_ms))
+        .wake_factory(wakes)
 }
 
 /// Serves API.md until SIGINT or SIGTERM, then drains, closes the engine and returns.
 pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
-    let brood = open_engine(&config).map_err(std::io::Error::other)?;
-    let brood = Arc::new(brood);
+    let metrics = metrics::Metrics::new();
+    let engine =
+        engine_config(&config, wake::Webhooks::default().counted(metrics.wakes())).on_flush(metrics.flush_observer());
+    let brood = Arc::new(Brood::open(engine).map_err(std::io::Error::other)?);
     let (stop_tx, stopping) = tokio::sync::watch::channel(false);
     let state = web::Data::new(routes::State {
         brood: brood.clone(),
         config: config.clone(),
         stopping,
+        metrics,
     });
     let drained = state.clone();
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
+            .wrap(actix_web::middleware::from_fn(metrics::count_requests))
             .route("/healthz", web::get().to(routes::healthz))
+            .route("/metrics", web::get().to(metrics::scrape))
             .service(
                 web::scope("/v1")
                     .wrap(actix_web::middleware::from_fn(require_key))
@@ -130,6 +140,7 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
                     .route("/claims/{claim_id}/ack", web::post().to(routes::ack))
                     .route("/claims/{claim_id}/release", web::post().to(routes::release))
                     .route("/dead-letters", web::get().to(routes::dead_letters))
+                    .route("/openapi.json", web::get().to(openapi::document))
                     .default_service(web::to(routes::not_found)),
             )
             .default_service(web::to(routes::not_found))

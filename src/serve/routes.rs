@@ -19,6 +19,8 @@ pub(super) struct State {
     pub(super) config: ServeConfig,
     /// Turns true when the server starts to drain (SIGTERM/SIGINT).
     pub(super) stopping: tokio::sync::watch::Receiver<bool>,
+    /// What `GET /metrics` reports, counted as things happen.
+    pub(super) metrics: super::metrics::Metrics,
 }
 
 impl State {

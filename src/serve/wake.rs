@@ -3,10 +3,13 @@
 //! Each wake is delivered from a thread of its own, so a slow or failing receiver never holds
 //! up routing or another session's wakes; a failure (no answer, or a status other than 2xx) is
 //! retried with backoff, a bounded number of times, then logged and given up — the items stay
-//! ready, and the next boundary finds them whatever became of the wake.
+//! ready, and the next boundary finds them whatever became of the wake. What became of each
+//! wake is counted in [`WakeCounts`], which `GET /metrics` reports.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
 
 use crate::{Wake, WakeEvent, WakeFactory};
 
@@ -18,10 +21,22 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// How long one POST may take.
 const TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What became of webhook wakes, counted since the server started. Clones share the counts.
+#[derive(Debug, Clone, Default)]
+pub struct WakeCounts {
+    /// Wakes a receiver accepted (a 2xx answer).
+    pub(super) delivered: Counter,
+    /// Tries that failed (no answer, or not 2xx); a wake may fail several before it is delivered.
+    pub(super) failed_tries: Counter,
+    /// Wakes given up after their last failed try.
+    pub(super) given_up: Counter,
+}
+
 /// Makes webhook wake targets: plain `http://` URLs (this build has no TLS client).
 #[derive(Debug, Clone)]
 pub struct Webhooks {
     agent: ureq::Agent,
+    counts: WakeCounts,
 }
 
 impl Default for Webhooks {
@@ -31,7 +46,18 @@ impl Default for Webhooks {
             .http_status_as_error(false)
             .build()
             .into();
-        Webhooks { agent }
+        Webhooks {
+            agent,
+            counts: WakeCounts::default(),
+        }
+    }
+}
+
+impl Webhooks {
+    /// Counts what becomes of the wakes in `counts` (instead of counts of their own).
+    pub fn counted(mut self, counts: WakeCounts) -> Self {
+        self.counts = counts;
+        self
     }
 }
 
@@ -53,6 +79,7 @@ impl WakeFactory for Webhooks {
     fn wake_for(&self, session_id: &str, url: &str) -> Arc<dyn Wake> {
         Arc::new(Webhook {
             agent: self.agent.clone(),
+            counts: self.counts.clone(),
             url: url.to_string(),
             session_id: session_id.to_string(),
         })
@@ -62,6 +89,7 @@ impl WakeFactory for Webhooks {
 /// One session's webhook.
 struct Webhook {
     agent: ureq::Agent,
+    counts: WakeCounts,
     url: String,
     session_id: String,
 }
@@ -69,17 +97,18 @@ struct Webhook {
 impl Wake for Webhook {
     fn wake(&self, event: WakeEvent) {
         let (agent, url, session) = (self.agent.clone(), self.url.clone(), self.session_id.clone());
+        let counts = self.counts.clone();
         let body = serde_json::json!({"session_id": event.session_id, "ready": event.ready}).to_string();
         let spawned = std::thread::Builder::new()
             .name("brood-wake".into())
-            .spawn(move || deliver(&agent, &url, &session, &body));
+            .spawn(move || deliver(&agent, &counts, &url, &session, &body));
         if let Err(e) = spawned {
             tracing::error!(session = %self.session_id, "could not start delivering a wake: {e}");
         }
     }
 }
 
-fn deliver(agent: &ureq::Agent, url: &str, session: &str, body: &str) {
+fn deliver(agent: &ureq::Agent, counts: &WakeCounts, url: &str, session: &str, body: &str) {
     let mut pause = FIRST_BACKOFF;
     for attempt in 1..=ATTEMPTS {
         let outcome = agent
@@ -87,7 +116,10 @@ fn deliver(agent: &ureq::Agent, url: &str, session: &str, body: &str) {
             .header("Content-Type", "application/json")
             .send(body.as_bytes());
         match outcome {
-            Ok(r) if r.status().is_success() => return,
+            Ok(r) if r.status().is_success() => {
+                counts.delivered.inc();
+                return;
+            }
             Ok(r) => tracing::warn!(
                 session,
                 attempt,
@@ -96,9 +128,13 @@ fn deliver(agent: &ureq::Agent, url: &str, session: &str, body: &str) {
             ),
             Err(e) => tracing::warn!(session, attempt, "the wake could not be delivered: {e}"),
         }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(MAX_BACKOFF);
+        counts.failed_tries.inc();
+        if attempt < ATTEMPTS {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(MAX_BACKOFF);
+        }
     }
+    counts.given_up.inc();
     tracing::error!(
         session,
         url,

@@ -3,10 +3,11 @@
 //! test files (`mod server;`).
 #![allow(dead_code)]
 
-use std::io::Read as _;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -17,6 +18,13 @@ pub struct Server {
     pub base: String,
     pub key: Option<String>,
     pub agent: ureq::Agent,
+}
+
+/// A reply as it came: status, Content-Type and body text.
+pub struct Reply {
+    pub status: u16,
+    pub content_type: String,
+    pub text: String,
 }
 
 pub fn free_port() -> u16 {
@@ -110,6 +118,18 @@ impl Server {
     }
 
     pub fn raw(&self, method: &str, path: &str, body: Option<Vec<u8>>, key: Option<&str>) -> (u16, Value) {
+        let reply = self.send(method, path, body, key);
+        let value = if reply.text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&reply.text)
+                .unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {}", reply.text))
+        };
+        (reply.status, value)
+    }
+
+    /// A request as [`Server::raw`] sends it, answered as it came (not parsed).
+    pub fn send(&self, method: &str, path: &str, body: Option<Vec<u8>>, key: Option<&str>) -> Reply {
         let url = format!("{}{path}", self.base);
         let auth = key.map(|k| format!("Bearer {k}"));
         let response = match method {
@@ -137,14 +157,19 @@ impl Server {
         };
         let mut response = response.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
         let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
         let mut text = String::new();
         response.body_mut().as_reader().read_to_string(&mut text).unwrap();
-        let value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {text}"))
-        };
-        (status, value)
+        Reply {
+            status,
+            content_type,
+            text,
+        }
     }
 
     pub fn open(&self, session: &str) {
@@ -159,21 +184,31 @@ impl Server {
 
     /// Boundaries until one answers 200.
     pub fn envelope(&self, session: &str, lease_ms: u64) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let (status, body) = self.call(
-                "POST",
-                &format!("/v1/sessions/{session}/boundary"),
-                Some(json!({"consumer": "t", "lease_ms": lease_ms})),
-            );
-            match status {
-                200 => return body,
-                204 => {}
-                s => panic!("boundary answered {s}: {body}"),
-            }
-            assert!(Instant::now() < deadline, "no envelope in 20 s");
-            std::thread::sleep(Duration::from_millis(20));
+        until_envelope(session, lease_ms, |m, p, b| self.call(m, p, b))
+    }
+}
+
+/// Boundaries of `session`, sent with `call` (method, path, body), until one answers 200
+/// (within 20 s); returns that envelope. A status other than 200 or 204 fails.
+pub fn until_envelope(
+    session: &str,
+    lease_ms: u64,
+    mut call: impl FnMut(&str, &str, Option<Value>) -> (u16, Value),
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = call(
+            "POST",
+            &format!("/v1/sessions/{session}/boundary"),
+            Some(json!({"consumer": "t", "lease_ms": lease_ms})),
+        );
+        match status {
+            200 => return body,
+            204 => {}
+            s => panic!("boundary answered {s}: {body}"),
         }
+        assert!(Instant::now() < deadline, "no envelope in 20 s");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -198,4 +233,47 @@ pub fn assert_error(reply: (u16, Value), status: u16, code: &str) -> String {
         .to_string();
     assert!(!message.is_empty());
     message
+}
+
+/// A wake receiver on loopback: answers 500 to the first `refuse` POSTs and 200 to the rest,
+/// and records the body of every POST it accepted.
+pub fn wake_receiver(refuse: usize) -> (String, Arc<Mutex<Vec<Value>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/wake", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for (n, stream) in listener.incoming().enumerate() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let mut body = vec![0; length];
+            let read = reader.read_exact(&mut body).is_ok();
+            let answer: &[u8] = if n < refuse {
+                b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            } else {
+                if read {
+                    if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+                        log.lock().unwrap().push(v);
+                    }
+                }
+                b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            };
+            let _ = stream.write_all(answer);
+        }
+    });
+    (url, seen)
 }

@@ -28,7 +28,7 @@ use std::fmt;
 use crate::codec::CodecError;
 use crate::model::*;
 
-pub use sled_ledger::{SledLedger, LOCK_WAIT};
+pub use sled_ledger::{FlushObserver, SledLedger, LOCK_WAIT};
 
 /// The ledger could not do what was asked.
 #[derive(Debug, thiserror::Error)]

@@ -15,6 +15,10 @@ use crate::model::*;
 /// How long [`SledLedger::open`] waits for a lock left by an earlier open to be released.
 pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// Told how long each successful [`Ledger::flush`] took (its fsync included): a hook for an
+/// embedder's metrics, called on the flushing thread, so it should be quick.
+pub type FlushObserver = std::sync::Arc<dyn Fn(std::time::Duration) + Send + Sync>;
+
 /// The embedded default ledger: sled in a local folder.
 pub struct SledLedger {
     path: PathBuf,
@@ -31,6 +35,7 @@ pub struct SledLedger {
     quarantine: sled::Tree,
     quarantine_raw: sled::Tree,
     files: FileSync,
+    on_flush: Option<FlushObserver>,
 }
 
 impl fmt::Debug for SledLedger {
@@ -111,10 +116,17 @@ impl SledLedger {
             quarantine: db.open_tree(QUARANTINE)?,
             quarantine_raw: db.open_tree(QUARANTINE_RAW)?,
             files,
+            on_flush: None,
             durability,
             path,
             db,
         })
+    }
+
+    /// Tells `observer` the duration of every successful flush from now on.
+    pub fn on_flush(mut self, observer: FlushObserver) -> Self {
+        self.on_flush = Some(observer);
+        self
     }
 
     /// The folder the ledger lives in.
@@ -346,6 +358,7 @@ impl Ledger for SledLedger {
 
     fn flush(&self) -> Result<usize, LedgerError> {
         crate::failpoint!("ledger_flush");
+        let started = std::time::Instant::now();
         if crate::failpoints::fires("ledger_flush_stall") {
             // A slow disk: the flush succeeds, late.
             std::thread::sleep(std::time::Duration::from_millis(400));
@@ -353,6 +366,9 @@ impl Ledger for SledLedger {
         let bytes = self.db.flush()?;
         if self.durability == Durability::Fsync {
             self.files.sync()?;
+        }
+        if let Some(observe) = &self.on_flush {
+            observe(started.elapsed());
         }
         Ok(bytes)
     }
@@ -439,6 +455,19 @@ mod tests {
         let second = SledLedger::open(dir.path());
         holder.join().unwrap();
         assert!(second.is_ok(), "{:?}", second.err());
+    }
+
+    #[test]
+    fn a_flush_observer_is_told_of_every_successful_flush() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let ledger = SledLedger::open(dir.path())
+            .unwrap()
+            .on_flush(std::sync::Arc::new(move |d| record.lock().unwrap().push(d)));
+        ledger.flush().unwrap();
+        ledger.flush().unwrap();
+        assert_eq!(seen.lock().unwrap().len(), 2);
     }
 
     #[test]

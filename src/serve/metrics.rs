@@ -1,0 +1,327 @@
+//! `GET /metrics`: the server's metrics in the OpenMetrics text format (`prometheus-client`),
+//! and the middleware that counts every HTTP request.
+//!
+//! Two kinds of metric:
+//! - counted as things happen, in [`Metrics`]: HTTP requests by matched route pattern, method
+//!   and status (`brood_http_requests_total`; a path no route matches is `route="unmatched"`,
+//!   so a client cannot grow the label set); webhook wakes delivered, tries failed and wakes
+//!   given up (counted by [`Webhooks`](super::wake::Webhooks)); the ledger flush latency,
+//!   fsync included (`brood_ledger_flush_seconds`, from [`BroodConfig::on_flush`]).
+//! - gathered from the engine at each scrape: sessions (and those given up after their owner
+//!   kept failing), children by status, ready, backing-off and claimed items, items delivered,
+//!   dead letters and quarantined rows. These are gauges of
+//!   what the engine holds right now. In particular `brood_children{status="succeeded"}` (and
+//!   every other terminal status) counts the children of the calls still in memory — those not
+//!   yet delivered whole — not every child that ever ended: the engine keeps no running total,
+//!   and a delivered call leaves memory. `brood_claimed_items` counts items in live claims (the
+//!   engine counts claimed items, not claims).
+//!
+//! This module owns no engine state and changes none: a scrape only reads.
+//!
+//! [`BroodConfig::on_flush`]: crate::BroodConfig::on_flush
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::{Method, StatusCode};
+use actix_web::middleware::Next;
+use actix_web::{web, HttpResponse};
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+use super::api::ApiError;
+use super::routes::State;
+use super::wake::WakeCounts;
+use crate::{Brood, BroodError, ChildStatus};
+
+/// The Content-Type of the OpenMetrics text format.
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The `route` label of a request no route matched.
+const UNMATCHED: &str = "unmatched";
+
+/// Every child status, in lifecycle order: each is reported, 0 when no child has it.
+const STATUSES: [ChildStatus; 8] = [
+    ChildStatus::Queued,
+    ChildStatus::Running,
+    ChildStatus::Succeeded,
+    ChildStatus::Failed,
+    ChildStatus::TimedOut,
+    ChildStatus::Interrupted,
+    ChildStatus::Cancelled,
+    ChildStatus::Unknown,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    route: String,
+    method: &'static str,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabel {
+    status: &'static str,
+}
+
+/// The metrics counted as things happen, registered once.
+#[derive(Debug)]
+pub(super) struct Metrics {
+    registry: Registry,
+    http: Family<HttpLabels, Counter>,
+    wakes: WakeCounts,
+    flush: Histogram,
+}
+
+impl Metrics {
+    pub(super) fn new() -> Self {
+        let mut registry = Registry::default();
+        let http = Family::<HttpLabels, Counter>::default();
+        registry.register(
+            "brood_http_requests",
+            "HTTP requests answered, by matched route pattern, method and status",
+            http.clone(),
+        );
+        let wakes = WakeCounts::default();
+        registry.register(
+            "brood_wakes_delivered",
+            "Webhook wakes a receiver accepted",
+            wakes.delivered.clone(),
+        );
+        registry.register(
+            "brood_wake_tries_failed",
+            "Webhook wake tries that failed (no answer, or not 2xx); each is retried until the last",
+            wakes.failed_tries.clone(),
+        );
+        registry.register(
+            "brood_wakes_given_up",
+            "Webhook wakes given up after their last try (the items stay ready)",
+            wakes.given_up.clone(),
+        );
+        // 100 µs to about 3.3 s.
+        let flush = Histogram::new(exponential_buckets(0.000_1, 2.0, 16));
+        registry.register_with_unit(
+            "brood_ledger_flush",
+            "Latency of successful ledger flushes, fsync included",
+            Unit::Seconds,
+            flush.clone(),
+        );
+        Metrics {
+            registry,
+            http,
+            wakes,
+            flush,
+        }
+    }
+
+    /// The counts the server's webhooks add to.
+    pub(super) fn wakes(&self) -> WakeCounts {
+        self.wakes.clone()
+    }
+
+    /// What the engine calls after each successful ledger flush.
+    pub(super) fn flush_observer(&self) -> impl Fn(Duration) + Send + Sync + 'static {
+        let flush = self.flush.clone();
+        move |took| flush.observe(took.as_secs_f64())
+    }
+}
+
+/// What the engine holds, gathered for one scrape.
+#[derive(Debug, Default)]
+struct Engine {
+    sessions: i64,
+    failed_sessions: i64,
+    children: HashMap<ChildStatus, i64>,
+    ready: i64,
+    backing_off: i64,
+    claimed: i64,
+    delivered: i64,
+    dead_letters: i64,
+    quarantined: i64,
+}
+
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Engine {
+    /// Reads every session's status. A session that stops answering between being listed and
+    /// being asked is left out; an engine that stopped or a ledger that fails is an error.
+    async fn gather(brood: &Brood) -> Result<Engine, BroodError> {
+        let mut engine = Engine::default();
+        for session_id in brood.sessions() {
+            let st = match brood.status(&session_id).await {
+                Ok(st) => st,
+                Err(e @ (BroodError::Stopped | BroodError::Ledger(_))) => return Err(e),
+                Err(e) => {
+                    tracing::debug!(session = %session_id, "left out of the metrics: {e}");
+                    continue;
+                }
+            };
+            engine.sessions += 1;
+            *engine.children.entry(ChildStatus::Queued).or_default() += gauge(st.queued);
+            *engine.children.entry(ChildStatus::Running).or_default() += gauge(st.running);
+            let ended = st
+                .calls
+                .iter()
+                .flat_map(|c| &c.children)
+                .filter(|c| c.status.is_terminal());
+            for child in ended {
+                *engine.children.entry(child.status).or_default() += 1;
+            }
+            engine.ready += gauge(st.ready);
+            engine.backing_off += gauge(st.backing_off);
+            engine.claimed += gauge(st.claimed);
+            engine.delivered = engine
+                .delivered
+                .saturating_add(i64::try_from(st.delivered).unwrap_or(i64::MAX));
+        }
+        engine.failed_sessions = gauge(brood.health().await?.failed_sessions);
+        engine.dead_letters = gauge(brood.dead_letters().await?.len());
+        engine.quarantined = gauge(brood.quarantined()?.len());
+        Ok(engine)
+    }
+
+    fn registry(&self) -> Registry {
+        let mut registry = Registry::default();
+        let one = |registry: &mut Registry, name: &str, help: &str, value: i64| {
+            let g = Gauge::<i64>::default();
+            g.set(value);
+            registry.register(name, help, g);
+        };
+        one(
+            &mut registry,
+            "brood_sessions",
+            "Sessions the engine routes",
+            self.sessions,
+        );
+        one(
+            &mut registry,
+            "brood_failed_sessions",
+            "Sessions given up after their owner kept failing",
+            self.failed_sessions,
+        );
+        let children = Family::<StatusLabel, Gauge>::default();
+        for status in STATUSES {
+            let n = self.children.get(&status).copied().unwrap_or(0);
+            children
+                .get_or_create(&StatusLabel {
+                    status: status.as_str(),
+                })
+                .set(n);
+        }
+        registry.register(
+            "brood_children",
+            "Children by status: queued and running ones, and the ended children of calls not yet delivered whole",
+            children,
+        );
+        one(&mut registry, "brood_ready_items", "Items claimable now", self.ready);
+        one(
+            &mut registry,
+            "brood_backing_off_items",
+            "Items waiting out a backoff before they are ready again",
+            self.backing_off,
+        );
+        one(
+            &mut registry,
+            "brood_claimed_items",
+            "Items in live claims",
+            self.claimed,
+        );
+        one(
+            &mut registry,
+            "brood_delivered_items",
+            "Items delivered in the sessions the engine routes",
+            self.delivered,
+        );
+        one(
+            &mut registry,
+            "brood_dead_letters",
+            "Items that ran out of delivery attempts",
+            self.dead_letters,
+        );
+        one(
+            &mut registry,
+            "brood_quarantined_rows",
+            "Ledger rows that could not be read back and were quarantined",
+            self.quarantined,
+        );
+        registry
+    }
+}
+
+/// `GET /metrics`.
+pub(super) async fn scrape(state: web::Data<State>) -> Result<HttpResponse, ApiError> {
+    let engine = Engine::gather(&state.brood).await?;
+    let mut text = String::new();
+    encode_registry(&mut text, &state.metrics.registry)
+        .and_then(|_| encode_registry(&mut text, &engine.registry()))
+        .and_then(|_| encode_eof(&mut text))
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "metrics_unencodable",
+                format!("the metrics could not be encoded: {e}"),
+            )
+        })?;
+    Ok(HttpResponse::Ok().content_type(CONTENT_TYPE).body(text))
+}
+
+/// A method as a label: the standard ones by name, anything else as `other`.
+fn method_label(method: &Method) -> &'static str {
+    const KNOWN: [(Method, &str); 7] = [
+        (Method::GET, "GET"),
+        (Method::PUT, "PUT"),
+        (Method::POST, "POST"),
+        (Method::DELETE, "DELETE"),
+        (Method::HEAD, "HEAD"),
+        (Method::OPTIONS, "OPTIONS"),
+        (Method::PATCH, "PATCH"),
+    ];
+    KNOWN
+        .iter()
+        .find(|(m, _)| m == method)
+        .map_or("other", |(_, name)| name)
+}
+
+/// Counts every request by its matched route pattern (never its raw path), method and status.
+pub(super) async fn count_requests(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let state = req.app_data::<web::Data<State>>().cloned();
+    let route = req.match_pattern().unwrap_or_else(|| UNMATCHED.to_string());
+    let method = method_label(req.method());
+    let answered = next.call(req).await;
+    if let Some(state) = state {
+        let status = match &answered {
+            Ok(res) => res.status(),
+            Err(e) => e.as_response_error().status_code(),
+        };
+        let labels = HttpLabels {
+            route,
+            method,
+            status: status.as_u16(),
+        };
+        state.metrics.http.get_or_create(&labels).inc();
+    }
+    answered
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unusual_methods_share_one_label() {
+        assert_eq!(method_label(&Method::POST), "POST");
+        assert_eq!(method_label(&Method::from_bytes(b"BREW").unwrap()), "other");
+    }
+}
