@@ -86,6 +86,8 @@ pub struct Options {
     pub only: Vec<String>,
     /// Write an SVG of the latency distribution and the throughput over time here.
     pub plot: Option<PathBuf>,
+    /// Routing threads of every engine measured (None: the engine's default).
+    pub routing_threads: Option<usize>,
 }
 
 /// The groups of figures, in the order they run.
@@ -179,6 +181,7 @@ pub fn run(opts: &Options) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
         None => tempfile::TempDir::new(),
     }
     .context("creating the bench folder")?;
+    let _ = ROUTING_THREADS.set(opts.routing_threads);
     let sizes = if opts.quick { &QUICK } else { &FULL };
     let wanted = |g: &str| opts.only.is_empty() || opts.only.iter().any(|o| o == g);
     let groups: Vec<&str> = GROUPS.iter().copied().filter(|g| wanted(g)).collect();
@@ -240,12 +243,20 @@ fn machine(opts: &Options) -> serde_json::Value {
         "durability": opts.durability.to_string(),
         "quick": opts.quick,
         "debug_build": cfg!(debug_assertions),
+        "routing_threads": opts.routing_threads,
     })
 }
 
 fn open(dir: &Path, durability: Durability) -> anyhow::Result<Brood> {
-    Ok(Brood::open(BroodConfig::new(dir).durability(durability))?)
+    let mut config = BroodConfig::new(dir).durability(durability);
+    if let Some(n) = ROUTING_THREADS.get().copied().flatten() {
+        config = config.routing_threads(n);
+    }
+    Ok(Brood::open(config)?)
 }
+
+/// `--routing-threads`, set once at the start of a run.
+static ROUTING_THREADS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
 
 /// Opens a wake-capable session whose wakes are sent down `tx`.
 async fn woken_session(

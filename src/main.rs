@@ -80,6 +80,9 @@ struct BenchArgs {
     /// Only these groups (durable, latency, claim, recovery, rss, sessions, http), comma-separated.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Routing threads of the engines measured (default: one per core; 0: none).
+    #[arg(long)]
+    routing_threads: Option<usize>,
 }
 
 /// Flags of `brood serve`; each is also `BROOD_<KEY>` and a key of the `--config` file, and
@@ -266,6 +269,7 @@ fn main() -> anyhow::Result<()> {
                 durability: args.durability.parse().map_err(anyhow::Error::msg)?,
                 only: args.only,
                 plot: args.plot,
+                routing_threads: args.routing_threads,
             };
             let (figures, machine) = bench::run(&opts)?;
             if args.json {
