@@ -75,18 +75,20 @@ fn leaves_a_grandchild(pidfile: &Path) -> Value {
     command(&["sh", "-c", &script])
 }
 
-#[test]
-fn a_command_succeeds_with_the_tail_of_its_output_as_summary() {
+/// Runs one command child on a server that allows commands: its delegation reply and its
+/// result.
+fn run_command(runner: Value) -> (Value, Value) {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start_with(dir.path(), None, &["--allow-command"]);
     s.open("c");
+    let reply = delegate(&s, "c", json!({"goal": "run", "runner": runner}));
+    (reply, only_result(&s, "c"))
+}
+
+#[test]
+fn a_command_succeeds_with_the_tail_of_its_output_as_summary() {
     let script = "i=0; while [ $i -lt 3000 ]; do echo \"line $i\"; i=$((i+1)); done";
-    delegate(
-        &s,
-        "c",
-        json!({"goal": "count", "runner": command(&["sh", "-c", script])}),
-    );
-    let item = only_result(&s, "c");
+    let (_, item) = run_command(command(&["sh", "-c", script]));
     assert_eq!(item["status"], "succeeded", "{item}");
     let summary = item["summary"].as_str().unwrap();
     assert!(summary.len() <= 4096, "the tail is at most 4 KiB: {}", summary.len());
@@ -97,38 +99,22 @@ fn a_command_succeeds_with_the_tail_of_its_output_as_summary() {
 
 #[test]
 fn a_command_gets_its_env_and_cwd() {
-    let dir = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
-    let s = Server::start_with(dir.path(), None, &["--allow-command"]);
-    s.open("e");
-    let runner = json!({
+    let (reply, item) = run_command(json!({
         "kind": "command",
         "argv": ["sh", "-c", "echo \"$GREETING from $(pwd) as $BROOD_CHILD_ID\" >&2"],
         "env": {"GREETING": "hello"},
         "cwd": work.path(),
-    });
-    let reply = delegate(&s, "e", json!({"goal": "greet", "runner": runner}));
-    let item = only_result(&s, "e");
+    }));
     let cwd = work.path().canonicalize().unwrap();
     let child_id = format!("{}.0", reply["call_id"].as_str().unwrap());
-    assert_eq!(
-        item["summary"],
-        format!("hello from {} as {child_id}", cwd.display()),
-        "{item}"
-    );
+    let expected = format!("hello from {} as {child_id}", cwd.display());
+    assert_eq!(item["summary"], expected, "{item}");
 }
 
 #[test]
 fn a_nonzero_exit_fails_naming_the_code_with_the_output_as_summary() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Server::start_with(dir.path(), None, &["--allow-command"]);
-    s.open("f");
-    delegate(
-        &s,
-        "f",
-        json!({"goal": "fail", "runner": command(&["sh", "-c", "echo oops; exit 3"])}),
-    );
-    let item = only_result(&s, "f");
+    let (_, item) = run_command(command(&["sh", "-c", "echo oops; exit 3"]));
     assert_eq!(item["status"], "failed", "{item}");
     assert!(item["error"].as_str().unwrap().contains("exited with code 3"), "{item}");
     assert_eq!(item["summary"], "oops");
@@ -136,38 +122,23 @@ fn a_nonzero_exit_fails_naming_the_code_with_the_output_as_summary() {
 
 #[test]
 fn a_command_killed_by_a_signal_fails_naming_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Server::start_with(dir.path(), None, &["--allow-command"]);
-    s.open("k");
-    delegate(
-        &s,
-        "k",
-        json!({"goal": "die", "runner": command(&["sh", "-c", "kill -TERM $$"])}),
-    );
-    let item = only_result(&s, "k");
+    let (_, item) = run_command(command(&["sh", "-c", "kill -TERM $$"]));
     assert_eq!(item["status"], "failed", "{item}");
-    assert!(
-        item["error"].as_str().unwrap().contains("signal 15 (SIGTERM)"),
-        "{item}"
-    );
+    let error = item["error"].as_str().unwrap();
+    assert!(error.contains("signal 15 (SIGTERM)"), "{error}");
 }
 
 #[test]
 fn a_program_that_cannot_start_fails_saying_why() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Server::start_with(dir.path(), None, &["--allow-command"]);
-    s.open("n");
-    delegate(&s, "n", json!({"goal": "x", "runner": command(&["/no/such/program"])}));
-    let item = only_result(&s, "n");
+    let (_, item) = run_command(command(&["/no/such/program"]));
     assert_eq!(item["status"], "failed", "{item}");
     let error = item["error"].as_str().unwrap();
     assert!(
         error.contains("/no/such/program") && error.contains("could not be started"),
         "{error}"
     );
-    let runner = json!({"kind": "command", "argv": ["true"], "cwd": "/no/such/folder"});
-    delegate(&s, "n", json!({"goal": "y", "runner": runner}));
-    let item = only_result(&s, "n");
+    let (_, item) = run_command(json!({"kind": "command", "argv": ["true"], "cwd": "/no/such/folder"}));
+    assert_eq!(item["status"], "failed", "{item}");
     assert!(item["error"].as_str().unwrap().contains("/no/such/folder"), "{item}");
 }
 

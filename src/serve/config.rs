@@ -365,6 +365,14 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
+    /// The configuration of a file `brood.toml` holding `text`, and nothing else.
+    fn resolve_file(text: &str) -> Result<ServeConfig, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("brood.toml");
+        std::fs::write(&file, text).unwrap();
+        resolve(Some(&file), vec![], BTreeMap::new())
+    }
+
     #[test]
     fn flags_win_over_the_environment_over_the_file_over_defaults() {
         let dir = tempfile::tempdir().unwrap();
@@ -388,10 +396,7 @@ mod tests {
 
     #[test]
     fn an_unknown_key_names_itself_and_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("brood.toml");
-        std::fs::write(&file, "max_children = 3\n").unwrap();
-        let e = resolve(Some(&file), vec![], BTreeMap::new()).unwrap_err();
+        let e = resolve_file("max_children = 3\n").unwrap_err();
         assert_eq!(e.key, "max_children");
         assert!(e.source_name.contains("brood.toml"), "{e}");
         assert!(e.problem.contains("max_concurrent_children"), "lists the keys: {e}");
@@ -399,10 +404,7 @@ mod tests {
 
     #[test]
     fn a_wrong_type_or_a_value_out_of_range_says_what_is_accepted() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("brood.toml");
-        std::fs::write(&file, "max_delivery_attempts = \"many\"\n").unwrap();
-        let e = resolve(Some(&file), vec![], BTreeMap::new()).unwrap_err();
+        let e = resolve_file("max_delivery_attempts = \"many\"\n").unwrap_err();
         assert!(e.problem.contains("from 1 to 1000"), "{e}");
         let e = resolve(
             None,
@@ -448,21 +450,16 @@ mod tests {
 
     #[test]
     fn allowed_runners_from_a_file_are_an_array_of_known_kinds() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("brood.toml");
-        std::fs::write(&file, "allowed_runners = [\"external\"]\n").unwrap();
-        let c = resolve(Some(&file), vec![], BTreeMap::new()).unwrap();
+        let c = resolve_file("allowed_runners = [\"external\"]\n").unwrap();
         assert_eq!(c.allowed_runners, ["external"]);
         assert!(c.refuses_runner("sim").is_some());
-        std::fs::write(&file, "allowed_runners = [\"sim\", \"shell\"]\n").unwrap();
-        let e = resolve(Some(&file), vec![], BTreeMap::new()).unwrap_err();
+        let e = resolve_file("allowed_runners = [\"sim\", \"shell\"]\n").unwrap_err();
         assert_eq!(e.key, "allowed_runners");
         assert!(
             e.problem.contains("\"shell\"") && e.problem.contains("sim, command, external"),
             "{e}"
         );
-        std::fs::write(&file, "allowed_runners = [1]\n").unwrap();
-        let e = resolve(Some(&file), vec![], BTreeMap::new()).unwrap_err();
+        let e = resolve_file("allowed_runners = [1]\n").unwrap_err();
         assert!(e.problem.contains("runner kinds from"), "{e}");
     }
 

@@ -141,14 +141,23 @@ pub(super) async fn poll(state: web::Data<State>, queues: web::Data<WorkQueues>,
     })
 }
 
+/// The child id of the path and the parsed body of a heartbeat or completion.
+async fn child_request<T: serde::de::DeserializeOwned>(
+    state: &State,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<(String, T), ApiError> {
+    let body = api::parse(&body(state, payload).await?)?;
+    Ok((path.into_inner(), body))
+}
+
 pub(super) async fn heartbeat(
     state: web::Data<State>,
     queues: web::Data<WorkQueues>,
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
-    let child_id = path.into_inner();
-    let body: HeartbeatBody = api::parse(&body(&state, payload).await?)?;
+    let (child_id, body): (String, HeartbeatBody) = child_request(&state, path, payload).await?;
     let lease = queues.heartbeat(&child_id, &body.token, body.progress)?;
     Ok(HttpResponse::Ok().json(json!({"child_id": child_id, "lease_ms": lease.as_millis() as u64})))
 }
@@ -159,8 +168,7 @@ pub(super) async fn complete(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
-    let child_id = path.into_inner();
-    let body: CompleteBody = api::parse(&body(&state, payload).await?)?;
+    let (child_id, body): (String, CompleteBody) = child_request(&state, path, payload).await?;
     let (token, status) = (body.token.clone(), body.status);
     queues.complete(&child_id, &token, body.output())?;
     Ok(HttpResponse::Ok().json(json!({"child_id": child_id, "status": status})))
