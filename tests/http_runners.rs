@@ -231,7 +231,8 @@ fn stopping_the_server_kills_a_running_commands_process_group() {
     let dir = tempfile::tempdir().unwrap();
     let files = tempfile::tempdir().unwrap();
     let pidfile = files.path().join("grandchild.pid");
-    let s = Server::start_with(dir.path(), None, &["--allow-command"]);
+    // The drain gives running children this long to end; this one never would.
+    let s = Server::start_with(dir.path(), None, &["--allow-command", "--drain-timeout-ms", "500"]);
     s.open("s");
     delegate(
         &s,

@@ -213,7 +213,14 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
         handle.stop(true).await;
     });
     server.await?;
-    // Every worker is gone with the server: the engine is ours alone again.
+    // The workers' apps (and the stop task) let go of the engine a moment after the server
+    // ends. Wait for that, bounded: an engine still shared here is never shut down, because the
+    // process exits before the last holder drops it — its runners with it, never dropped, so
+    // the process groups of `command` children would outlive the server.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(IN_FLIGHT_GRACE_S);
+    while Arc::strong_count(&brood) > 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     match Arc::try_unwrap(brood) {
         Ok(b) => b.shutdown(),
         Err(_) => tracing::warn!("the engine was still shared after the server stopped; it closes when dropped"),
