@@ -107,6 +107,10 @@ struct ServeArgs {
     /// Allow `command` runners.
     #[arg(long)]
     allow_command: bool,
+    /// The runner kinds a delegation may use, comma-separated (default sim,external; plus
+    /// command with --allow-command).
+    #[arg(long)]
+    allowed_runners: Option<String>,
     /// `fsync` (default) or `flush`.
     #[arg(long)]
     durability: Option<String>,
@@ -147,6 +151,7 @@ impl ServeArgs {
             ("listen", &self.listen),
             ("data_dir", &self.data_dir),
             ("api_key", &self.api_key),
+            ("allowed_runners", &self.allowed_runners),
             ("durability", &self.durability),
             ("body_limit", &self.body_limit),
             ("max_concurrent_children", &self.max_concurrent_children),

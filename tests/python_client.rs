@@ -1,7 +1,8 @@
 //! The Python client against the real `brood serve`: the binary on a free loopback port with a
 //! temporary data folder, then `examples/python/parent_loop.py` (a parent woken by webhook that
 //! must collect every child's result exactly once) and `clients/python/test_brood_client.py`
-//! (error shapes, 401 on a keyed server, delegate → boundary → ack, a busy release).
+//! (error shapes, 401 on a keyed server, delegate → boundary → ack, a busy release, an external
+//! worker polling, heartbeating and completing a child).
 //!
 //! Both need `python3` (3.8 or later, standard library only). Where it is missing these tests
 //! fail and say so: a client that was never run is not a client that works.

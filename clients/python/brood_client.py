@@ -18,9 +18,9 @@ Example::
         print(envelope["text"])
         brood.ack(envelope["claim_id"])
 
-Endpoints the server does not serve yet (the event stream, workers, cancel, metrics, the
-OpenAPI document, listing, redrive, the web view) answer 404 ``not_found``, which is raised
-like any other error.
+Endpoints the server does not serve yet (the event stream, cancel, metrics, the OpenAPI
+document, listing, redrive, the web view) answer 404 ``not_found``, which is raised like any
+other error.
 """
 
 from __future__ import annotations

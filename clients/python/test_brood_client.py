@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from brood_client import BroodClient, BroodError, Envelope, parse_events, sim  # noqa: E402
+from brood_client import BroodClient, BroodError, Envelope, external, parse_events, sim  # noqa: E402
 
 URL = os.environ.get("BROOD_URL")
 KEYED_URL = os.environ.get("BROOD_KEYED_URL")
@@ -161,6 +161,30 @@ class Claims(ServerTest):
         self.assertEqual(reply["mode"], "sync")
         self.assertTrue(reply["forced_sync_reason"])
         self.assertEqual(reply["results"][0]["status"], "succeeded")
+
+
+class Workers(ServerTest):
+    def test_a_worker_polls_heartbeats_and_completes_an_external_child(self) -> None:
+        session_id = self.open()
+        queue = f"py-{session_id}"
+        reply = self.client.delegate(session_id, [{"goal": "render", "runner": external(queue=queue)}])
+        work = self.client.poll_work("py-worker", queue=queue, wait_ms=20_000, lease_ms=5_000)
+        assert work is not None, "the child was queued, so the poll hands it out"
+        self.assertEqual((work["child_id"], work["goal"], work["lease_ms"]), (f"{reply['call_id']}.0", "render", 5_000))
+        self.assertEqual(self.client.heartbeat(work["child_id"], work["token"], progress="half")["lease_ms"], 5_000)
+        with self.assertRaises(BroodError) as caught:
+            self.client.heartbeat(work["child_id"], "wtk_not-the-token")
+        self.assertError(caught.exception, 409, "stale_token")
+        self.client.complete(work["child_id"], work["token"], "succeeded", summary="rendered")
+        env = envelope(self.client, session_id)
+        self.assertEqual([(i["status"], i["summary"]) for i in env["items"]], [("succeeded", "rendered")])
+        self.client.ack(env["claim_id"])
+        self.assertIsNone(self.client.poll_work("py-worker", queue=queue), "nothing left: 204 is None")
+
+    def test_an_unknown_child_is_404_unknown_child(self) -> None:
+        with self.assertRaises(BroodError) as caught:
+            self.client.complete("deleg_nope.0", "wtk_x", "failed", error="e")
+        self.assertError(caught.exception, 404, "unknown_child")
 
 
 class Auth(unittest.TestCase):

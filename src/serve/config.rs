@@ -20,8 +20,10 @@ pub struct ServeConfig {
     /// The API key every `/v1` request must carry (`Authorization: Bearer <key>`).
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "redacted")]
     pub api_key: Option<String>,
-    /// Whether `command` runners may run.
+    /// Whether `command` runners may run (the same as listing `command` in `allowed_runners`).
     pub allow_command: bool,
+    /// The runner kinds a delegation may use; the others are refused with 403.
+    pub allowed_runners: Vec<String>,
     /// What a flush brood relies on guarantees.
     pub durability: Durability,
     /// The largest request body, in bytes.
@@ -55,6 +57,7 @@ impl Default for ServeConfig {
             data_dir: PathBuf::from("./brood-data"),
             api_key: None,
             allow_command: false,
+            allowed_runners: vec!["sim".into(), "external".into()],
             durability: Durability::Fsync,
             body_limit: 8 << 20,
             max_concurrent_children: brood_actors::model::DEFAULT_MAX_CONCURRENT_CHILDREN,
@@ -105,6 +108,10 @@ const KEYS: &[(&str, &str)] = &[
     ("data_dir", "a folder path"),
     ("api_key", "a non-empty string"),
     ("allow_command", "true or false"),
+    (
+        "allowed_runners",
+        "runner kinds from sim, command, external (a TOML array, or comma-separated text)",
+    ),
     ("durability", "\"fsync\" or \"flush\""),
     ("body_limit", "bytes, from 1024 to 1073741824"),
     ("max_concurrent_children", "from 1 to 100000"),
@@ -183,8 +190,18 @@ pub fn resolve(
             })?;
         }
     }
+    allow_command_either_way(&mut config);
     check(&config)?;
     Ok(config)
+}
+
+/// `allow_command` and `command` in `allowed_runners` say the same: either one sets both.
+fn allow_command_either_way(c: &mut ServeConfig) {
+    let listed = c.allowed_runners.iter().any(|k| k == "command");
+    if c.allow_command && !listed {
+        c.allowed_runners.push("command".into());
+    }
+    c.allow_command |= listed;
 }
 
 fn accepted(key: &str) -> &'static str {
@@ -220,6 +237,33 @@ fn flag(key: &str, raw: &Raw) -> Result<bool, String> {
     }
 }
 
+/// A list of runner kinds: a TOML array of strings, or text separated by commas.
+fn kinds(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
+    let bad = || format!("{raw} is not accepted; {}", accepted(key));
+    let given: Vec<String> = match raw {
+        Raw::Toml(toml::Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string).ok_or_else(bad))
+            .collect::<Result<_, _>>()?,
+        _ => text(raw)
+            .ok_or_else(bad)?
+            .split(',')
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty())
+            .collect(),
+    };
+    let mut out: Vec<String> = Vec::new();
+    for kind in given {
+        if !crate::runners::KINDS.contains(&kind.as_str()) {
+            return Err(format!("{kind:?} is not a runner kind; {}", accepted(key)));
+        }
+        if !out.contains(&kind) {
+            out.push(kind);
+        }
+    }
+    Ok(out)
+}
+
 fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
     let bad = || format!("{raw} is not accepted; {}", accepted(key));
     match key {
@@ -227,6 +271,7 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
         "data_dir" => c.data_dir = text(raw).filter(|s| !s.is_empty()).map(PathBuf::from).ok_or_else(bad)?,
         "api_key" => c.api_key = Some(text(raw).filter(|s| !s.is_empty()).ok_or_else(bad)?),
         "allow_command" => c.allow_command = flag(key, raw)?,
+        "allowed_runners" => c.allowed_runners = kinds(key, raw)?,
         "durability" => c.durability = text(raw).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
         "body_limit" => c.body_limit = number(key, raw, 1024, 1 << 30)? as usize,
         "max_concurrent_children" => c.max_concurrent_children = number(key, raw, 1, 100_000)? as u32,
@@ -284,6 +329,28 @@ fn check(c: &ServeConfig) -> Result<(), ConfigError> {
 }
 
 impl ServeConfig {
+    /// Why a delegation may not use runner `kind` here, or `None` when it may. Kinds brood
+    /// does not know are not this decision's: the runner registry refuses them (400).
+    pub fn refuses_runner(&self, kind: &str) -> Option<String> {
+        let allowed = self.allowed_runners.iter().any(|k| k == kind) || (kind == "command" && self.allow_command);
+        if allowed || !crate::runners::KINDS.contains(&kind) {
+            return None;
+        }
+        let hint = if kind == "command" {
+            "start it with --allow-command, or list `command` in allowed_runners"
+        } else {
+            "list it in allowed_runners"
+        };
+        Some(format!(
+            "`{kind}` runners are not allowed on this server (allowed: {}); {hint}",
+            if self.allowed_runners.is_empty() {
+                "none".to_string()
+            } else {
+                self.allowed_runners.join(", ")
+            }
+        ))
+    }
+
     /// The configuration as TOML (the key shown as `(set)`), for `--print-config`.
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the configuration: {e}\n"))
@@ -296,6 +363,14 @@ mod tests {
 
     fn flags(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// The configuration of a file `brood.toml` holding `text`, and nothing else.
+    fn resolve_file(text: &str) -> Result<ServeConfig, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("brood.toml");
+        std::fs::write(&file, text).unwrap();
+        resolve(Some(&file), vec![], BTreeMap::new())
     }
 
     #[test]
@@ -321,10 +396,7 @@ mod tests {
 
     #[test]
     fn an_unknown_key_names_itself_and_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("brood.toml");
-        std::fs::write(&file, "max_children = 3\n").unwrap();
-        let e = resolve(Some(&file), vec![], BTreeMap::new()).unwrap_err();
+        let e = resolve_file("max_children = 3\n").unwrap_err();
         assert_eq!(e.key, "max_children");
         assert!(e.source_name.contains("brood.toml"), "{e}");
         assert!(e.problem.contains("max_concurrent_children"), "lists the keys: {e}");
@@ -332,10 +404,7 @@ mod tests {
 
     #[test]
     fn a_wrong_type_or_a_value_out_of_range_says_what_is_accepted() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("brood.toml");
-        std::fs::write(&file, "max_delivery_attempts = \"many\"\n").unwrap();
-        let e = resolve(Some(&file), vec![], BTreeMap::new()).unwrap_err();
+        let e = resolve_file("max_delivery_attempts = \"many\"\n").unwrap_err();
         assert!(e.problem.contains("from 1 to 1000"), "{e}");
         let e = resolve(
             None,
@@ -347,6 +416,51 @@ mod tests {
         assert!(e.problem.contains("\"fsync\" or \"flush\""), "{e}");
         let e = resolve(None, vec![], flags(&[("min_lease_ms", "5")])).unwrap_err();
         assert_eq!(e.source_name, "flag --min-lease-ms");
+    }
+
+    #[test]
+    fn allowed_runners_default_to_sim_and_external_and_grow_with_allow_command() {
+        let c = resolve(None, vec![], BTreeMap::new()).unwrap();
+        assert_eq!(c.allowed_runners, ["sim", "external"]);
+        assert!(c.refuses_runner("command").unwrap().contains("--allow-command"));
+        assert_eq!(c.refuses_runner("external"), None);
+        assert_eq!(
+            c.refuses_runner("no-such-kind"),
+            None,
+            "the registry refuses unknown kinds"
+        );
+        let c = resolve(None, vec![], flags(&[("allow_command", "true")])).unwrap();
+        assert_eq!(c.allowed_runners, ["sim", "external", "command"]);
+        assert_eq!(c.refuses_runner("command"), None);
+        let c = resolve(
+            None,
+            vec![("BROOD_ALLOWED_RUNNERS".into(), "command, sim,command".into())],
+            BTreeMap::new(),
+        )
+        .unwrap();
+        assert_eq!(c.allowed_runners, ["command", "sim"]);
+        assert!(c.allow_command, "listing command allows it");
+        assert!(c.refuses_runner("external").unwrap().contains("allowed: command, sim"));
+        assert!(
+            c.to_toml().contains("allowed_runners = [\"command\", \"sim\"]"),
+            "{}",
+            c.to_toml()
+        );
+    }
+
+    #[test]
+    fn allowed_runners_from_a_file_are_an_array_of_known_kinds() {
+        let c = resolve_file("allowed_runners = [\"external\"]\n").unwrap();
+        assert_eq!(c.allowed_runners, ["external"]);
+        assert!(c.refuses_runner("sim").is_some());
+        let e = resolve_file("allowed_runners = [\"sim\", \"shell\"]\n").unwrap_err();
+        assert_eq!(e.key, "allowed_runners");
+        assert!(
+            e.problem.contains("\"shell\"") && e.problem.contains("sim, command, external"),
+            "{e}"
+        );
+        let e = resolve_file("allowed_runners = [1]\n").unwrap_err();
+        assert!(e.problem.contains("runner kinds from"), "{e}");
     }
 
     #[test]

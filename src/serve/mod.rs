@@ -1,10 +1,10 @@
 //! `brood serve`: API.md over HTTP (actix-web), on the embedded engine.
 //!
 //! [`config`] resolves the configuration (defaults, file, environment, flags); `api` holds the
-//! JSON shapes and the error reply; `routes` the endpoints; `metrics` `GET /metrics` and the
-//! request counts; `openapi` the OpenAPI document. This module builds the app: the
-//! key check on every `/v1` request (constant time), the routes, a 404 in API.md's shape for
-//! anything else, and a graceful stop on SIGINT/SIGTERM.
+//! JSON shapes and the error reply; `routes` the endpoints; `workers` those of outside workers;
+//! `metrics` `GET /metrics` and the request counts; `openapi` the OpenAPI document. This module
+//! builds the app: the key check on every `/v1` request (constant time), the routes, a 404 in
+//! API.md's shape for anything else, and a graceful stop on SIGINT/SIGTERM.
 //!
 //! The stop drains first: new calls are refused (503 `draining`), event streams end, no queued
 //! child starts (queued ones stay queued, durably, for the next start), and the children that
@@ -13,6 +13,9 @@
 //! server stops accepting connections, requests still in flight get a few seconds, and the
 //! engine flushes and closes. A child still running at the end is resolved by the next start
 //! as any interrupted child is (DESIGN.md, I6).
+//!
+//! The engine runs the runner kinds the configuration allows (`allowed_runners`): `sim`,
+//! `command`, and `external`, whose work queues the worker endpoints share.
 
 pub mod api;
 pub mod config;
@@ -22,6 +25,7 @@ mod metrics;
 mod openapi;
 mod routes;
 pub mod wake;
+mod workers;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +38,8 @@ use actix_web::{web, App, HttpServer};
 
 use self::api::ApiError;
 use self::config::ServeConfig;
-use crate::{Brood, BroodConfig, BroodError};
+use crate::runners::WorkQueues;
+use crate::{Brood, BroodConfig, BroodError, Runners};
 
 /// Compares two byte strings in time that depends on their lengths only.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -95,13 +100,28 @@ async fn stop_signal() -> &'static str {
     }
 }
 
-/// The engine behind a server, from its configuration.
-pub fn open_engine(config: &ServeConfig) -> Result<Brood, BroodError> {
-    Brood::open(engine_config(config, wake::Webhooks::default()))
+/// The engine behind a server, from its configuration: `sim`, and `command` and `external`
+/// when allowed, the latter on `queues`.
+pub fn open_engine(config: &ServeConfig, queues: &Arc<WorkQueues>) -> Result<Brood, BroodError> {
+    Brood::open(engine_config(config, wake::Webhooks::default(), queues))
 }
 
-fn engine_config(config: &ServeConfig, wakes: wake::Webhooks) -> BroodConfig {
+/// The runner kinds the configuration allows: `sim` always registered (the routes refuse it
+/// when not allowed), `command` and `external` only when allowed.
+fn runners(config: &ServeConfig, queues: &Arc<WorkQueues>) -> Runners {
+    let mut runners = Runners::builtin();
+    if config.refuses_runner("command").is_none() {
+        runners.register_command();
+    }
+    if config.refuses_runner("external").is_none() {
+        runners.register_external(queues.clone());
+    }
+    runners
+}
+
+fn engine_config(config: &ServeConfig, wakes: wake::Webhooks, queues: &Arc<WorkQueues>) -> BroodConfig {
     BroodConfig::new(&config.data_dir)
+        .runners(runners(config, queues))
         .durability(config.durability)
         .commit_window(Duration::from_millis(config.commit_window_ms))
         .wake_factory(wakes)
@@ -110,10 +130,12 @@ fn engine_config(config: &ServeConfig, wakes: wake::Webhooks) -> BroodConfig {
 /// Serves API.md until SIGINT or SIGTERM, then drains, closes the engine and returns.
 pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
     let metrics = metrics::Metrics::new();
-    let engine =
-        engine_config(&config, wake::Webhooks::default().counted(metrics.wakes())).on_flush(metrics.flush_observer());
+    let queues = Arc::new(WorkQueues::new());
+    let engine = engine_config(&config, wake::Webhooks::default().counted(metrics.wakes()), &queues)
+        .on_flush(metrics.flush_observer());
     let brood = Arc::new(Brood::open(engine).map_err(std::io::Error::other)?);
     let (stop_tx, stopping) = tokio::sync::watch::channel(false);
+    let queues = web::Data::from(queues);
     let state = web::Data::new(routes::State {
         brood: brood.clone(),
         config: config.clone(),
@@ -124,6 +146,7 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
+            .app_data(queues.clone())
             .wrap(actix_web::middleware::from_fn(metrics::count_requests))
             .route("/healthz", web::get().to(routes::healthz))
             .route("/metrics", web::get().to(metrics::scrape))
@@ -141,6 +164,9 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
                     .route("/claims/{claim_id}/release", web::post().to(routes::release))
                     .route("/dead-letters", web::get().to(routes::dead_letters))
                     .route("/openapi.json", web::get().to(openapi::document))
+                    .route("/workers/poll", web::post().to(workers::poll))
+                    .route("/children/{child_id}/heartbeat", web::post().to(workers::heartbeat))
+                    .route("/children/{child_id}/complete", web::post().to(workers::complete))
                     .default_service(web::to(routes::not_found)),
             )
             .default_service(web::to(routes::not_found))
@@ -187,7 +213,14 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
         handle.stop(true).await;
     });
     server.await?;
-    // Every worker is gone with the server: the engine is ours alone again.
+    // The workers' apps (and the stop task) let go of the engine a moment after the server
+    // ends. Wait for that, bounded: an engine still shared here is never shut down, because the
+    // process exits before the last holder drops it — its runners with it, never dropped, so
+    // the process groups of `command` children would outlive the server.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(IN_FLIGHT_GRACE_S);
+    while Arc::strong_count(&brood) > 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     match Arc::try_unwrap(brood) {
         Ok(b) => b.shutdown(),
         Err(_) => tracing::warn!("the engine was still shared after the server stopped; it closes when dropped"),

@@ -40,7 +40,7 @@ impl State {
 type Reply = Result<HttpResponse, ApiError>;
 
 /// Reads a body up to the configured limit: over it is a 413 in API.md's shape.
-async fn body(state: &State, mut payload: web::Payload) -> Result<web::BytesMut, ApiError> {
+pub(super) async fn body(state: &State, mut payload: web::Payload) -> Result<web::BytesMut, ApiError> {
     let mut out = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|e| ApiError::invalid(format!("the body could not be read: {e}")))?;
@@ -154,11 +154,11 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
     let mut out = Vec::with_capacity(body.tasks.len());
     for (i, t) in body.tasks.into_iter().enumerate() {
         let kind = t.runner.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
-        if kind == "command" && !state.config.allow_command {
+        if let Some(why) = state.config.refuses_runner(kind) {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "runner_not_allowed",
-                format!("`tasks[{i}].runner.kind`: `command` runners are not allowed on this server (start it with --allow-command)"),
+                format!("`tasks[{i}].runner.kind`: {why}"),
             ));
         }
         let mut task = TaskSpec::new(t.goal, t.runner);

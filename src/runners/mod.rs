@@ -2,8 +2,15 @@
 //!
 //! [`Runners`] is the [`RunnerFactory`] brood uses by default. It knows the `sim` kind, a
 //! simulated child for demos, tests and fault drills, and any kind an embedder registers with
-//! [`Runners::register`]. Specs are checked strictly when a call is accepted: an unknown kind, an
+//! [`Runners::register`]. Two more built-in kinds are registered on request, because each gives
+//! callers power the embedder must choose to grant: [`command`] (a local process, with
+//! [`Runners::register_command`]) and [`external`] (a child run by an outside worker through
+//! shared [`WorkQueues`], with [`Runners::register_external`]); `brood serve` registers those its
+//! configuration allows. Specs are checked strictly when a call is accepted: an unknown kind, an
 //! unknown field or a mistyped value is refused with a message that names it.
+
+pub mod command;
+pub mod external;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -13,6 +20,12 @@ use std::time::Duration;
 use brood_actors::runner::{RunContext, RunOutput, Runner, RunnerFactory};
 use futures::future::LocalBoxFuture;
 use serde::Deserialize;
+
+pub use self::command::{CommandRunner, CommandSpec};
+pub use self::external::{ExternalRunner, ExternalSpec, Handout, WorkError, WorkQueues};
+
+/// The runner kinds brood itself provides.
+pub const KINDS: &[&str] = &["sim", "command", "external"];
 
 /// How a simulated child ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -46,12 +59,25 @@ pub struct SimSpec {
     pub summary: Option<String>,
 }
 
+/// Reads a runner spec of `kind` strictly, naming the path of what is wrong (`env.A: invalid
+/// type …`).
+fn parse_spec<T: serde::de::DeserializeOwned>(kind: &str, spec: &serde_json::Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(spec).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            format!("bad `{kind}` runner spec: {}", e.into_inner())
+        } else {
+            format!("bad `{kind}` runner spec: `{path}`: {}", e.into_inner())
+        }
+    })
+}
+
 /// Longest simulated work accepted: one day.
 pub const SIM_MAX_MS: u64 = 86_400_000;
 
 impl SimSpec {
     fn parse(spec: &serde_json::Value) -> Result<Self, String> {
-        let sim = SimSpec::deserialize(spec).map_err(|e| format!("bad `sim` runner spec: {e}"))?;
+        let sim: SimSpec = parse_spec("sim", spec)?;
         if sim.ms > SIM_MAX_MS {
             return Err(format!("`ms` is {}, at most {SIM_MAX_MS} (one day) is allowed", sim.ms));
         }
@@ -145,6 +171,21 @@ impl Runners {
     ) -> &mut Self {
         self.kinds.insert(kind.to_string(), Arc::new(build));
         self
+    }
+
+    /// Adds the `command` kind: children that run a local program ([`command`]).
+    pub fn register_command(&mut self) -> &mut Self {
+        self.register("command", |spec| {
+            Ok(Box::new(CommandRunner::new(CommandSpec::parse(spec)?)) as Box<dyn Runner>)
+        })
+    }
+
+    /// Adds the `external` kind: children put on `queues` for outside workers ([`external`]).
+    pub fn register_external(&mut self, queues: Arc<WorkQueues>) -> &mut Self {
+        self.register("external", move |spec| {
+            let spec = ExternalSpec::parse(spec)?;
+            Ok(Box::new(ExternalRunner::new(spec, queues.clone())) as Box<dyn Runner>)
+        })
     }
 
     fn builder(&self, spec: &serde_json::Value) -> Result<&Arc<BuildFn>, String> {

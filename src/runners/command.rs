@@ -1,0 +1,367 @@
+//! The `command` runner: a child that is a local process.
+//!
+//! `{"kind": "command", "argv": ["prog", "arg", …], "env": {"K": "V"}, "cwd": "/path"}` runs
+//! `argv` (no shell) in a process group of its own, with stdin from `/dev/null` and stdout and
+//! stderr captured together. Every chunk of output beats the child's stall clock. The summary is
+//! the tail of the output (the last [`TAIL_BYTES`] bytes, cut on a character boundary): exit
+//! code 0 is `succeeded`; a nonzero code or a signal is `failed`, with an error naming it and the
+//! tail as the partial summary. A program that cannot be started (not found, a bad `cwd`) is
+//! `failed` with an error that says so.
+//!
+//! The process group does not outlive the runner. When the command exits, whatever it left
+//! running in its group is killed (so nothing holds the output pipes open); when the runner is
+//! dropped — task timeout, stall, cancel, shutdown of the engine — the whole group is killed
+//! with SIGKILL and the process is reaped. A program that leaves its group on purpose (`setsid`,
+//! a daemon) escapes this, as it would escape a terminal's job control.
+//!
+//! The environment is the server's minus `BROOD_API_KEY`, plus `BROOD_CHILD_ID` and the spec's
+//! `env`. Whether `command` may run at all is the server's decision (`allowed_runners`), not
+//! this module's.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt as _;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use brood_actors::runner::{RunContext, RunOutput, Runner};
+use futures::future::LocalBoxFuture;
+use serde::Deserialize;
+use tokio::io::{AsyncRead, AsyncReadExt as _};
+
+/// How much of the output's end is kept as the summary, in bytes.
+pub const TAIL_BYTES: usize = 4096;
+
+/// How long the output is still read once the command exited and its group was killed (only a
+/// process that left the group can hold the pipes open longer).
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// The `command` runner spec.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandSpec {
+    /// Always `command`.
+    pub kind: String,
+    /// The program and its arguments; not empty.
+    pub argv: Vec<String>,
+    /// Variables set for the program, over the server's environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The folder it runs in (default: the server's).
+    #[serde(default)]
+    pub cwd: Option<String>,
+}
+
+impl CommandSpec {
+    /// Checks a spec; the error names the field that is wrong.
+    pub fn parse(spec: &serde_json::Value) -> Result<Self, String> {
+        let c: CommandSpec = super::parse_spec("command", spec)?;
+        match c.argv.first() {
+            None => return Err("`argv` must hold at least the program to run".into()),
+            Some(p) if p.is_empty() => return Err("`argv[0]` (the program) must not be empty".into()),
+            Some(_) => {}
+        }
+        if let Some(i) = c.argv.iter().position(|a| a.contains('\0')) {
+            return Err(format!("`argv[{i}]` contains a NUL byte"));
+        }
+        for (k, v) in &c.env {
+            if k.is_empty() || k.contains(['=', '\0']) {
+                return Err(format!("`env` key {k:?} must be non-empty, without `=` or NUL"));
+            }
+            if v.contains('\0') {
+                return Err(format!("`env.{k}` contains a NUL byte"));
+            }
+        }
+        match &c.cwd {
+            Some(d) if d.is_empty() || d.contains('\0') => {
+                Err("`cwd` must be a non-empty path without NUL bytes".into())
+            }
+            _ => Ok(c),
+        }
+    }
+}
+
+/// A child that runs a local program.
+#[derive(Debug, Clone)]
+pub struct CommandRunner {
+    spec: CommandSpec,
+}
+
+impl CommandRunner {
+    /// A command runner for a checked spec.
+    pub fn new(spec: CommandSpec) -> Self {
+        CommandRunner { spec }
+    }
+}
+
+impl Runner for CommandRunner {
+    fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
+        Box::pin(run(self.spec, ctx))
+    }
+}
+
+/// A process group that is killed with SIGKILL when this is dropped, unless it already was.
+#[derive(Debug)]
+struct Group {
+    pgid: libc::pid_t,
+    killed: bool,
+}
+
+impl Group {
+    fn kill(&mut self) {
+        if !self.killed {
+            self.killed = true;
+            // SAFETY: killpg only sends a signal; the group is the one this runner created.
+            // ESRCH (nothing left in the group) is the expected answer once everything exited.
+            unsafe {
+                libc::killpg(self.pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn run(spec: CommandSpec, ctx: RunContext) -> RunOutput {
+    let program = spec.argv[0].clone();
+    let mut cmd = tokio::process::Command::new(&program);
+    cmd.args(&spec.argv[1..])
+        .env_remove("BROOD_API_KEY")
+        .env("BROOD_CHILD_ID", &ctx.child_id)
+        .envs(&spec.env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        // The group kill below covers the leader too; this makes tokio reap it when dropped.
+        .kill_on_drop(true);
+    if let Some(dir) = &spec.cwd {
+        cmd.current_dir(dir);
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let place = spec.cwd.as_deref().map(|d| format!(" in `{d}`")).unwrap_or_default();
+            return RunOutput::Failed {
+                error: format!("`{program}` could not be started{place}: {e}"),
+                summary: None,
+            };
+        }
+    };
+    let Some(pid) = child.id() else {
+        return RunOutput::Failed {
+            error: format!("`{program}` exited before its process group was known"),
+            summary: None,
+        };
+    };
+    // process_group(0): the group's id is the leader's pid.
+    let mut group = Group {
+        pgid: pid as libc::pid_t,
+        killed: false,
+    };
+    let mut output = Tail::default();
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let (mut out_buf, mut err_buf) = ([0u8; 4096], [0u8; 4096]);
+    let status = loop {
+        tokio::select! {
+            n = read_some(&mut stdout, &mut out_buf) => if let Some(n) = n {
+                output.push(&out_buf[..n]);
+                ctx.progress.beat();
+            },
+            n = read_some(&mut stderr, &mut err_buf) => if let Some(n) = n {
+                output.push(&err_buf[..n]);
+                ctx.progress.beat();
+            },
+            status = child.wait() => break status,
+        }
+    };
+    // The leader is gone: what it left in its group goes too, which closes the pipes they held.
+    // (The group id stays allocated while any member lives, so this cannot reach a stranger
+    // unless every member exited and the number was reused in between, a window of microseconds
+    // against a pid space that cycles.)
+    group.kill();
+    let _ = tokio::time::timeout(DRAIN_GRACE, async {
+        while let Some(n) = read_some(&mut stdout, &mut out_buf).await {
+            output.push(&out_buf[..n]);
+        }
+        while let Some(n) = read_some(&mut stderr, &mut err_buf).await {
+            output.push(&err_buf[..n]);
+        }
+    })
+    .await;
+    let summary = output.summary();
+    match status {
+        Ok(status) if status.success() => RunOutput::Succeeded { summary },
+        Ok(status) => RunOutput::Failed {
+            error: format!("`{program}` {}", how_it_ended(status)),
+            summary: (!summary.is_empty()).then_some(summary),
+        },
+        Err(e) => RunOutput::Failed {
+            error: format!("`{program}` could not be waited for: {e}"),
+            summary: (!summary.is_empty()).then_some(summary),
+        },
+    }
+}
+
+/// Reads one chunk from a pipe; `None` at its end (closing it) or when it is closed already.
+/// A pipe that is closed never answers, so `select!` waits on the others.
+async fn read_some<R: AsyncRead + Unpin>(pipe: &mut Option<R>, buf: &mut [u8]) -> Option<usize> {
+    let Some(p) = pipe.as_mut() else {
+        return futures::future::pending().await;
+    };
+    match p.read(buf).await {
+        Ok(n) if n > 0 => Some(n),
+        _ => {
+            *pipe = None;
+            None
+        }
+    }
+}
+
+/// "exited with code 3", "was killed by signal 9 (SIGKILL)".
+fn how_it_ended(status: ExitStatus) -> String {
+    if let Some(code) = status.code() {
+        return format!("exited with code {code}");
+    }
+    match status.signal() {
+        Some(sig) => match signal_name(sig) {
+            Some(name) => format!("was killed by signal {sig} ({name})"),
+            None => format!("was killed by signal {sig}"),
+        },
+        None => format!("ended as {status}"),
+    }
+}
+
+fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        _ => return None,
+    })
+}
+
+/// The end of a stream of bytes: keeps at most twice [`TAIL_BYTES`], and remembers whether
+/// anything was cut.
+#[derive(Debug, Default)]
+struct Tail {
+    bytes: Vec<u8>,
+    cut: bool,
+}
+
+impl Tail {
+    fn push(&mut self, chunk: &[u8]) {
+        self.bytes.extend_from_slice(chunk);
+        if self.bytes.len() > 2 * TAIL_BYTES {
+            let excess = self.bytes.len() - TAIL_BYTES;
+            self.bytes.drain(..excess);
+            self.cut = true;
+        }
+    }
+
+    /// The summary: the output's last [`TAIL_BYTES`] bytes at most, trailing whitespace
+    /// trimmed, with a leading `…` when earlier output was cut.
+    fn summary(&self) -> String {
+        let cut = self.cut || self.bytes.len() > TAIL_BYTES;
+        if !cut {
+            return String::from_utf8_lossy(&self.bytes).trim_end().to_string();
+        }
+        let mark = "…";
+        format!("{mark}{}", tail(&self.bytes, TAIL_BYTES - mark.len()).trim_end())
+    }
+}
+
+/// The last `max` bytes at most of `bytes` as text, starting on a character boundary (bytes
+/// that are not UTF-8 become U+FFFD, and the result still fits in `max`).
+fn tail(bytes: &[u8], max: usize) -> String {
+    let mut start = bytes.len().saturating_sub(max);
+    // Skip the rest of a character cut in two (at most 3 continuation bytes).
+    for _ in 0..3 {
+        if start > 0 && start < bytes.len() && bytes[start] & 0xC0 == 0x80 {
+            start += 1;
+        }
+    }
+    let text = String::from_utf8_lossy(&bytes[start..]);
+    let mut from = text.len().saturating_sub(max);
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    text[from..].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn specs_are_checked_naming_the_field() {
+        let ok =
+            CommandSpec::parse(&json!({"kind": "command", "argv": ["echo", "hi"], "env": {"A": "1"}, "cwd": "/tmp"}));
+        assert_eq!(ok.unwrap().argv, ["echo", "hi"]);
+        let err = CommandSpec::parse(&json!({"kind": "command"})).unwrap_err();
+        assert!(err.contains("argv"), "{err}");
+        let err = CommandSpec::parse(&json!({"kind": "command", "argv": []})).unwrap_err();
+        assert!(err.contains("argv"), "{err}");
+        let err = CommandSpec::parse(&json!({"kind": "command", "argv": [""]})).unwrap_err();
+        assert!(err.contains("argv[0]"), "{err}");
+        let err = CommandSpec::parse(&json!({"kind": "command", "argv": ["x"], "shell": true})).unwrap_err();
+        assert!(err.contains("shell"), "{err}");
+        let err = CommandSpec::parse(&json!({"kind": "command", "argv": ["x"], "env": {"A=B": "1"}})).unwrap_err();
+        assert!(err.contains("env"), "{err}");
+        let err = CommandSpec::parse(&json!({"kind": "command", "argv": ["x"], "env": {"A": 1}})).unwrap_err();
+        assert!(err.contains("env"), "{err}");
+        let err = CommandSpec::parse(&json!({"kind": "command", "argv": ["x"], "cwd": ""})).unwrap_err();
+        assert!(err.contains("cwd"), "{err}");
+    }
+
+    #[test]
+    fn the_tail_starts_on_a_character_boundary_and_fits() {
+        // "é" is two bytes: the last 3 bytes of "aéé" cut the first "é" in two.
+        assert_eq!(tail("aéé".as_bytes(), 3), "é");
+        assert_eq!(tail("aéé".as_bytes(), 4), "éé");
+        assert_eq!(tail(b"abc", 10), "abc");
+        assert_eq!(tail("€".as_bytes(), 2), "", "a 3-byte character does not fit in 2");
+        // Invalid bytes become U+FFFD (3 bytes each) and the text is cut again to fit.
+        let t = tail(&[0xFF, 0xFF, b'x'], 3);
+        assert!(t.len() <= 3 && t.ends_with('x'), "{t:?}");
+    }
+
+    #[test]
+    fn the_summary_keeps_the_end_of_long_output_and_marks_the_cut() {
+        let mut t = Tail::default();
+        t.push(b"hello\n");
+        assert_eq!(t.summary(), "hello");
+        let mut t = Tail::default();
+        for i in 0..2000 {
+            t.push(format!("line {i} ü\n").as_bytes());
+        }
+        let s = t.summary();
+        assert!(s.len() <= TAIL_BYTES, "{}", s.len());
+        assert!(s.starts_with('…'), "{s:.20}");
+        assert!(s.ends_with("line 1999 ü"), "{s}");
+        assert!(t.bytes.len() <= 2 * TAIL_BYTES);
+    }
+
+    #[test]
+    fn how_a_process_ended_is_named() {
+        assert_eq!(how_it_ended(ExitStatus::from_raw(3 << 8)), "exited with code 3");
+        assert_eq!(
+            how_it_ended(ExitStatus::from_raw(9)),
+            "was killed by signal 9 (SIGKILL)"
+        );
+    }
+}

@@ -1,0 +1,622 @@
+//! The `external` runner and the work queues outside workers poll (API.md, "External workers").
+//!
+//! `{"kind": "external", "queue": "default"}` puts its child on a named queue of
+//! [`WorkQueues`] and waits. A worker takes it with [`WorkQueues::poll`] and gets a lease and a
+//! token; it renews the lease with [`WorkQueues::heartbeat`] and ends the child with
+//! [`WorkQueues::complete`], whose output is what the runner returns.
+//!
+//! - **Leases.** A worker that stops heartbeating loses the child when its lease runs out: the
+//!   child goes back to the front of its queue, a later poll gets it with a new token, and the
+//!   old token is stale (every call with it is refused). The runner's own timer takes the lease
+//!   back at its expiry, so that happens even when nobody polls; a heartbeat or completion that
+//!   arrives after the expiry is refused the same way, whoever looks first.
+//! - **Stall clock.** A child waiting for a worker is not stalled: the runner beats the child's
+//!   stall clock every second while it is queued. Once a worker holds the lease, only that
+//!   worker beats it (the poll that hands it out, then each heartbeat), so a worker silent for
+//!   longer than the task's `stall_ms` gets the child interrupted even within its lease. The
+//!   task's `timeout_ms` bounds the whole wait, queued or leased.
+//! - **End of the runner.** When the runner is dropped (timeout, stall, cancel, shutdown) or
+//!   returns, its child leaves the queues: a worker that still holds its token then gets
+//!   [`WorkError::UnknownChild`] (404), the same as for an id that was never queued. The queues
+//!   keep nothing of children that ended, so they cannot tell those apart.
+//!
+//! The queues are shared between the engine's runner thread (runners are `!Send` futures) and
+//! the HTTP workers: one `std` mutex over the `Book` (pure bookkeeping, every decision takes
+//! the time as an argument), a `tokio` [`Notify`] that wakes long polls, and a oneshot per child
+//! that carries the worker's output to its runner. Nothing is durable here: after a restart,
+//! recovery decides what becomes of a child that was queued or leased (DESIGN.md I6).
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use brood_actors::runner::{Progress, RunContext, RunOutput, Runner};
+use futures::future::LocalBoxFuture;
+use serde::Deserialize;
+use tokio::sync::{oneshot, Notify};
+use tokio::time::Instant;
+
+/// The queue of a spec that names none.
+pub const DEFAULT_QUEUE: &str = "default";
+/// The longest queue name, in bytes.
+pub const MAX_QUEUE_BYTES: usize = 128;
+/// How often the runner beats the stall clock while its child waits for a worker.
+const QUEUED_BEAT: Duration = Duration::from_secs(1);
+
+/// Checks a queue name: non-empty, at most [`MAX_QUEUE_BYTES`], no control characters.
+pub fn check_queue(queue: &str) -> Result<(), String> {
+    if queue.is_empty() {
+        return Err("`queue` must not be empty".into());
+    }
+    if queue.len() > MAX_QUEUE_BYTES {
+        return Err(format!(
+            "`queue` is {} bytes long; at most {MAX_QUEUE_BYTES} are allowed",
+            queue.len()
+        ));
+    }
+    if queue.chars().any(char::is_control) {
+        return Err("`queue` must not contain control characters".into());
+    }
+    Ok(())
+}
+
+/// The `external` runner spec: `{"kind": "external", "queue": "default"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalSpec {
+    /// Always `external`.
+    pub kind: String,
+    /// The queue workers poll for it (default `default`).
+    #[serde(default = "default_queue")]
+    pub queue: String,
+}
+
+fn default_queue() -> String {
+    DEFAULT_QUEUE.to_string()
+}
+
+impl ExternalSpec {
+    /// Checks a spec; the error names the field that is wrong.
+    pub fn parse(spec: &serde_json::Value) -> Result<Self, String> {
+        let e: ExternalSpec = super::parse_spec("external", spec)?;
+        check_queue(&e.queue)?;
+        Ok(e)
+    }
+}
+
+/// What a poll hands a worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handout {
+    /// The child to run.
+    pub child_id: String,
+    /// Its goal.
+    pub goal: String,
+    /// The token every heartbeat and the completion must carry.
+    pub token: String,
+    /// The lease, in ms: heartbeat within it.
+    pub lease_ms: u64,
+}
+
+/// Why a worker's heartbeat or completion was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkError {
+    /// No queue holds the child: the id is wrong, or its runner ended (completed, timed out,
+    /// stalled, cancelled, or the server stopped).
+    #[error("no worker queue holds child `{0}`: the id is wrong, or the child ended (completed, timed out, stalled or cancelled)")]
+    UnknownChild(String),
+    /// The token is not the child's current lease: it ran out (the child went back to its
+    /// queue) or the token is wrong. The worker should stop working on the child.
+    #[error("the token is not the current lease of child `{0}`: the lease ran out and the child went back to its queue, or the token is wrong; stop working on it")]
+    StaleToken(String),
+}
+
+/// A worker's lease on a child.
+#[derive(Debug, Clone)]
+struct Lease {
+    token: String,
+    worker: String,
+    lease: Duration,
+    expires_at: Instant,
+}
+
+/// One queued or leased child; `P` is its stall-clock handle ([`Progress`] outside tests).
+struct Entry<P> {
+    /// Which run of the child this is (a re-run replaces the entry; only its own ticket may
+    /// remove it).
+    ticket: u64,
+    queue: String,
+    goal: String,
+    progress: P,
+    lease: Option<Lease>,
+    done: oneshot::Sender<RunOutput>,
+}
+
+/// Where a child stands, as its runner sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    /// Waiting in its queue for a worker.
+    Queued,
+    /// Held by a worker until then.
+    Leased {
+        /// When the lease runs out.
+        expires_at: Instant,
+    },
+    /// Not in the queues any more.
+    Gone,
+}
+
+/// The queues' bookkeeping: which children wait in which queue, in order, and who holds the
+/// rest. Pure: the caller passes the time and the new tokens, and beats the stall clocks `P`
+/// it is handed back.
+///
+/// Invariant: a child is in `waiting` exactly when it has an entry without a lease.
+struct Book<P> {
+    entries: HashMap<String, Entry<P>>,
+    waiting: HashMap<String, VecDeque<String>>,
+    next_ticket: u64,
+}
+
+impl<P> Default for Book<P> {
+    fn default() -> Self {
+        Book {
+            entries: HashMap::new(),
+            waiting: HashMap::new(),
+            next_ticket: 0,
+        }
+    }
+}
+
+impl<P> fmt::Debug for Book<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Book")
+            .field("children", &self.entries.len())
+            .field("queues", &self.waiting.len())
+            .finish()
+    }
+}
+
+impl<P: Clone> Book<P> {
+    /// Queues a child at the back of `queue`; answers its ticket.
+    fn enqueue(
+        &mut self,
+        child_id: &str,
+        queue: &str,
+        goal: &str,
+        progress: P,
+        done: oneshot::Sender<RunOutput>,
+    ) -> u64 {
+        self.next_ticket += 1;
+        let ticket = self.next_ticket;
+        if let Some(old) = self.entries.remove(child_id) {
+            // An earlier run of the same child that was not removed yet: this run replaces it.
+            self.unwait(child_id, &old.queue);
+        }
+        self.entries.insert(
+            child_id.to_string(),
+            Entry {
+                ticket,
+                queue: queue.to_string(),
+                goal: goal.to_string(),
+                progress,
+                lease: None,
+                done,
+            },
+        );
+        self.waiting
+            .entry(queue.to_string())
+            .or_default()
+            .push_back(child_id.to_string());
+        ticket
+    }
+
+    fn unwait(&mut self, child_id: &str, queue: &str) {
+        if let Some(q) = self.waiting.get_mut(queue) {
+            q.retain(|c| c != child_id);
+            if q.is_empty() {
+                self.waiting.remove(queue);
+            }
+        }
+    }
+
+    /// Removes the run `ticket` of a child (its runner ended).
+    fn remove(&mut self, child_id: &str, ticket: u64) {
+        if self.entries.get(child_id).is_some_and(|e| e.ticket == ticket) {
+            if let Some(e) = self.entries.remove(child_id) {
+                self.unwait(child_id, &e.queue);
+            }
+        }
+    }
+
+    /// Leases the child at the front of `queue` to `worker`; answers it with its stall clock.
+    fn hand_out(
+        &mut self,
+        queue: &str,
+        worker: &str,
+        lease: Duration,
+        token: String,
+        now: Instant,
+    ) -> Option<(Handout, P)> {
+        let q = self.waiting.get_mut(queue)?;
+        let child_id = q.pop_front()?;
+        if q.is_empty() {
+            self.waiting.remove(queue);
+        }
+        let entry = self.entries.get_mut(&child_id);
+        debug_assert!(
+            entry.as_ref().is_some_and(|e| e.lease.is_none()),
+            "a waiting child has an entry without a lease"
+        );
+        let entry = entry?;
+        entry.lease = Some(Lease {
+            token: token.clone(),
+            worker: worker.to_string(),
+            lease,
+            expires_at: now + lease,
+        });
+        let handout = Handout {
+            child_id,
+            goal: entry.goal.clone(),
+            token,
+            lease_ms: lease.as_millis() as u64,
+        };
+        Some((handout, entry.progress.clone()))
+    }
+
+    /// Takes a lapsed lease back: the child goes to the front of its queue. Answers where the
+    /// child stands afterwards, and whether it went back.
+    fn expire(&mut self, child_id: &str, now: Instant) -> (Standing, bool) {
+        let Some(entry) = self.entries.get_mut(child_id) else {
+            return (Standing::Gone, false);
+        };
+        match &entry.lease {
+            None => (Standing::Queued, false),
+            Some(l) if l.expires_at > now => (
+                Standing::Leased {
+                    expires_at: l.expires_at,
+                },
+                false,
+            ),
+            Some(l) => {
+                tracing::debug!(child = %child_id, worker = %l.worker, "worker lease ran out; the child is queued again");
+                entry.lease = None;
+                self.waiting
+                    .entry(entry.queue.clone())
+                    .or_default()
+                    .push_front(child_id.to_string());
+                (Standing::Queued, true)
+            }
+        }
+    }
+
+    /// The entry of a child whose current lease `token` is, after taking back a lapsed lease.
+    fn leased(&mut self, child_id: &str, token: &str, now: Instant) -> Result<&mut Entry<P>, WorkError> {
+        self.expire(child_id, now);
+        let entry = self
+            .entries
+            .get_mut(child_id)
+            .ok_or_else(|| WorkError::UnknownChild(child_id.to_string()))?;
+        match &entry.lease {
+            Some(l) if l.token == token => Ok(entry),
+            _ => Err(WorkError::StaleToken(child_id.to_string())),
+        }
+    }
+
+    /// Renews a lease for another lease period from `now`; answers that period and the
+    /// child's stall clock.
+    fn renew(&mut self, child_id: &str, token: &str, now: Instant) -> Result<(Duration, P), WorkError> {
+        let entry = self.leased(child_id, token, now)?;
+        let lease = entry.lease.as_mut().expect("leased() answers a leased entry");
+        lease.expires_at = now + lease.lease;
+        Ok((lease.lease, entry.progress.clone()))
+    }
+
+    /// Ends a leased child: removes it and answers where its output goes.
+    fn finish(&mut self, child_id: &str, token: &str, now: Instant) -> Result<oneshot::Sender<RunOutput>, WorkError> {
+        self.leased(child_id, token, now)?;
+        let entry = self
+            .entries
+            .remove(child_id)
+            .ok_or_else(|| WorkError::UnknownChild(child_id.to_string()))?;
+        Ok(entry.done)
+    }
+}
+
+/// The work queues of `external` children, shared by their runners and the worker endpoints.
+#[derive(Debug, Default)]
+pub struct WorkQueues {
+    book: Mutex<Book<Progress>>,
+    /// Wakes long polls when a child is queued (or queued again).
+    queued: Notify,
+}
+
+impl WorkQueues {
+    /// Empty queues.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn book(&self) -> MutexGuard<'_, Book<Progress>> {
+        // The book's methods do not panic between changes; a poisoned lock holds a whole book.
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a child; the ticket removes it when dropped, the receiver gets its output.
+    fn enqueue(self: &Arc<Self>, ctx: &RunContext, queue: &str) -> (Ticket, oneshot::Receiver<RunOutput>) {
+        let (tx, rx) = oneshot::channel();
+        let ticket = self
+            .book()
+            .enqueue(&ctx.child_id, queue, &ctx.goal, ctx.progress.clone(), tx);
+        self.queued.notify_waiters();
+        let ticket = Ticket {
+            queues: self.clone(),
+            child_id: ctx.child_id.clone(),
+            ticket,
+        };
+        (ticket, rx)
+    }
+
+    /// Takes back the child's lease if it ran out; answers where the child stands.
+    fn expire(&self, child_id: &str) -> Standing {
+        let (standing, requeued) = self.book().expire(child_id, Instant::now());
+        if requeued {
+            self.queued.notify_waiters();
+        }
+        standing
+    }
+
+    /// A child of `queue` leased to `worker` for `lease`, waiting up to `wait` for one to be
+    /// queued; `None` when none came. Waiting holds no thread.
+    pub async fn poll(&self, queue: &str, worker: &str, wait: Duration, lease: Duration) -> Option<Handout> {
+        let deadline = Instant::now() + wait;
+        loop {
+            // Registered before the book is read, so a child queued after the read wakes it.
+            let queued = self.queued.notified();
+            tokio::pin!(queued);
+            queued.as_mut().enable();
+            let token = format!(
+                "wtk_{}{}",
+                brood_actors::model::random_hex(),
+                brood_actors::model::random_hex()
+            );
+            let handed = self.book().hand_out(queue, worker, lease, token, Instant::now());
+            if let Some((h, progress)) = handed {
+                // Taken by a worker: from now on its heartbeats beat the stall clock.
+                progress.beat();
+                tracing::debug!(child = %h.child_id, %worker, %queue, "child handed to a worker");
+                return Some(h);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::select! {
+                _ = &mut queued => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// Renews the lease of the worker holding `token`, and beats the child's stall clock (with
+    /// `progress` as its partial result, if given); answers the lease period.
+    pub fn heartbeat(&self, child_id: &str, token: &str, progress: Option<String>) -> Result<Duration, WorkError> {
+        let (lease, beat) = self.book().renew(child_id, token, Instant::now())?;
+        match progress {
+            Some(p) => beat.partial(p),
+            None => beat.beat(),
+        }
+        Ok(lease)
+    }
+
+    /// Ends the child leased with `token` with the worker's output.
+    pub fn complete(&self, child_id: &str, token: &str, output: RunOutput) -> Result<(), WorkError> {
+        let done = self.book().finish(child_id, token, Instant::now())?;
+        // The runner removes its entry before its receiver goes, so it is still listening; if
+        // it went in between, the child ended anyway.
+        done.send(output)
+            .map_err(|_| WorkError::UnknownChild(child_id.to_string()))
+    }
+}
+
+/// A queued child's place: dropping it takes the child out of the queues.
+#[derive(Debug)]
+struct Ticket {
+    queues: Arc<WorkQueues>,
+    child_id: String,
+    ticket: u64,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.queues.book().remove(&self.child_id, self.ticket);
+    }
+}
+
+/// A child run by an outside worker.
+#[derive(Debug, Clone)]
+pub struct ExternalRunner {
+    spec: ExternalSpec,
+    queues: Arc<WorkQueues>,
+}
+
+impl ExternalRunner {
+    /// An external runner for a checked spec, on `queues`.
+    pub fn new(spec: ExternalSpec, queues: Arc<WorkQueues>) -> Self {
+        ExternalRunner { spec, queues }
+    }
+}
+
+impl Runner for ExternalRunner {
+    fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
+        Box::pin(async move {
+            let (ticket, mut done) = self.queues.enqueue(&ctx, &self.spec.queue);
+            loop {
+                let wake = match self.queues.expire(&ticket.child_id) {
+                    Standing::Queued => {
+                        ctx.progress.beat();
+                        Instant::now() + QUEUED_BEAT
+                    }
+                    Standing::Leased { expires_at } => expires_at,
+                    Standing::Gone => Instant::now() + QUEUED_BEAT,
+                };
+                tokio::select! {
+                    output = &mut done => {
+                        drop(ticket);
+                        return output.unwrap_or_else(|_| RunOutput::Failed {
+                            error: "the work queue let go of the child without an output".into(),
+                            summary: None,
+                        });
+                    }
+                    _ = tokio::time::sleep_until(wake) => {}
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A book whose stall clocks are nothing (the queues beat them, not the book).
+    fn book_with(children: &[(&str, &str)]) -> (Book<()>, Vec<oneshot::Receiver<RunOutput>>) {
+        let mut book = Book::default();
+        let mut rxs = Vec::new();
+        for (child, queue) in children {
+            let (tx, rx) = oneshot::channel();
+            book.enqueue(child, queue, &format!("goal of {child}"), (), tx);
+            rxs.push(rx);
+        }
+        (book, rxs)
+    }
+
+    const LEASE: Duration = Duration::from_millis(1000);
+
+    #[test]
+    fn children_are_handed_out_in_order_per_queue() {
+        let (mut book, _rx) = book_with(&[("a", "q"), ("b", "other"), ("c", "q")]);
+        let now = Instant::now();
+        let (h, ()) = book.hand_out("q", "w", LEASE, "t1".into(), now).unwrap();
+        assert_eq!(
+            (h.child_id.as_str(), h.goal.as_str(), h.lease_ms),
+            ("a", "goal of a", 1000)
+        );
+        assert_eq!(
+            book.hand_out("q", "w", LEASE, "t2".into(), now).unwrap().0.child_id,
+            "c"
+        );
+        assert_eq!(book.hand_out("q", "w", LEASE, "t3".into(), now), None);
+        assert_eq!(
+            book.hand_out("other", "w", LEASE, "t4".into(), now).unwrap().0.child_id,
+            "b"
+        );
+        assert_eq!(book.hand_out("nowhere", "w", LEASE, "t5".into(), now), None);
+    }
+
+    #[test]
+    fn a_lapsed_lease_puts_the_child_first_in_line_and_stales_its_token() {
+        let (mut book, _rx) = book_with(&[("a", "q"), ("b", "q")]);
+        let t0 = Instant::now();
+        book.hand_out("q", "w1", LEASE, "old".into(), t0).unwrap();
+        assert_eq!(
+            book.expire("a", t0 + LEASE / 2),
+            (Standing::Leased { expires_at: t0 + LEASE }, false)
+        );
+        assert_eq!(
+            book.expire("a", t0 + LEASE),
+            (Standing::Queued, true),
+            "expired at its deadline"
+        );
+        assert_eq!(
+            book.renew("a", "old", t0 + LEASE).unwrap_err(),
+            WorkError::StaleToken("a".into())
+        );
+        let (h, ()) = book.hand_out("q", "w2", LEASE, "new".into(), t0 + LEASE).unwrap();
+        assert_eq!(h.child_id, "a", "before b, which waited less");
+        assert!(book.finish("a", "old", t0 + LEASE).is_err());
+        assert!(book.finish("a", "new", t0 + LEASE).is_ok());
+        assert_eq!(
+            book.renew("a", "new", t0 + LEASE).unwrap_err(),
+            WorkError::UnknownChild("a".into())
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_after_the_deadline_is_stale_even_if_nobody_looked() {
+        let (mut book, _rx) = book_with(&[("a", "q")]);
+        let t0 = Instant::now();
+        book.hand_out("q", "w", LEASE, "tok".into(), t0).unwrap();
+        let (lease, _) = book.renew("a", "tok", t0 + LEASE / 2).unwrap();
+        assert_eq!(lease, LEASE);
+        // Renewed at 0.5 s: good until 1.5 s.
+        assert!(book.renew("a", "tok", t0 + LEASE * 14 / 10).is_ok());
+        assert_eq!(
+            book.renew("a", "tok", t0 + LEASE * 3).unwrap_err(),
+            WorkError::StaleToken("a".into())
+        );
+        assert_eq!(
+            book.expire("a", t0 + LEASE * 3).0,
+            Standing::Queued,
+            "and the child is queued again"
+        );
+    }
+
+    #[test]
+    fn wrong_tokens_and_unknown_children_are_refused() {
+        let (mut book, _rx) = book_with(&[("a", "q")]);
+        let now = Instant::now();
+        assert_eq!(
+            book.renew("a", "any", now).unwrap_err(),
+            WorkError::StaleToken("a".into()),
+            "not leased yet"
+        );
+        book.hand_out("q", "w", LEASE, "tok".into(), now).unwrap();
+        assert_eq!(
+            book.finish("a", "tak", now).unwrap_err(),
+            WorkError::StaleToken("a".into())
+        );
+        assert_eq!(
+            book.finish("zz", "tok", now).unwrap_err(),
+            WorkError::UnknownChild("zz".into())
+        );
+    }
+
+    #[test]
+    fn only_its_own_run_removes_a_child() {
+        let (mut book, _rx) = book_with(&[("a", "q")]);
+        let (tx, _rx2) = oneshot::channel();
+        let second = book.enqueue("a", "q", "again", (), tx);
+        book.remove("a", second - 1);
+        assert_eq!(
+            book.expire("a", Instant::now()).0,
+            Standing::Queued,
+            "the first run's ticket is spent"
+        );
+        assert_eq!(book.waiting["q"].len(), 1, "queued once, not twice");
+        book.remove("a", second);
+        assert_eq!(book.expire("a", Instant::now()).0, Standing::Gone);
+        assert!(book.waiting.is_empty());
+    }
+
+    #[test]
+    fn specs_and_queue_names_are_checked() {
+        assert_eq!(
+            ExternalSpec::parse(&json!({"kind": "external"})).unwrap().queue,
+            "default"
+        );
+        assert_eq!(
+            ExternalSpec::parse(&json!({"kind": "external", "queue": "gpu"}))
+                .unwrap()
+                .queue,
+            "gpu"
+        );
+        let err = ExternalSpec::parse(&json!({"kind": "external", "queue": ""})).unwrap_err();
+        assert!(err.contains("queue"), "{err}");
+        let err = ExternalSpec::parse(&json!({"kind": "external", "queue": "x".repeat(129)})).unwrap_err();
+        assert!(err.contains("128"), "{err}");
+        let err = ExternalSpec::parse(&json!({"kind": "external", "queue": 3})).unwrap_err();
+        assert!(err.contains("queue") || err.contains("string"), "{err}");
+        let err = ExternalSpec::parse(&json!({"kind": "external", "worker": "w"})).unwrap_err();
+        assert!(err.contains("worker"), "{err}");
+    }
+}
