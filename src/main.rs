@@ -141,6 +141,9 @@ struct ServeArgs {
     /// How long completions are gathered into one flush, in ms (default 0: no wait).
     #[arg(long)]
     commit_window_ms: Option<String>,
+    /// Threads session owners are spread over (default: one per core).
+    #[arg(long)]
+    routing_threads: Option<String>,
 }
 
 impl ServeArgs {
@@ -162,6 +165,7 @@ impl ServeArgs {
             ("default_stall_ms", &self.default_stall_ms),
             ("drain_timeout_ms", &self.drain_timeout_ms),
             ("commit_window_ms", &self.commit_window_ms),
+            ("routing_threads", &self.routing_threads),
         ];
         for (key, value) in pairs {
             if let Some(v) = value {

@@ -44,6 +44,8 @@ pub struct ServeConfig {
     pub drain_timeout_ms: u64,
     /// How long completions are gathered into one flush, in ms (0: no wait).
     pub commit_window_ms: u64,
+    /// Threads session owners are spread over (0: on the supervisor's thread).
+    pub routing_threads: usize,
 }
 
 fn redacted<S: serde::Serializer>(_: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -68,6 +70,7 @@ impl Default for ServeConfig {
             default_stall_ms: brood_actors::model::DEFAULT_STALL_MS,
             drain_timeout_ms: 10_000,
             commit_window_ms: 0,
+            routing_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
 }
@@ -122,6 +125,7 @@ const KEYS: &[(&str, &str)] = &[
     ("default_stall_ms", "from 1 to 86400000"),
     ("drain_timeout_ms", "from 0 to 3600000"),
     ("commit_window_ms", "from 0 to 1000"),
+    ("routing_threads", "from 0 to 256 (default: one per core)"),
 ];
 
 /// One value as a layer gives it: TOML values keep their type; environment variables and flags
@@ -282,6 +286,7 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
         "default_stall_ms" => c.default_stall_ms = number(key, raw, 1, 86_400_000)?,
         "drain_timeout_ms" => c.drain_timeout_ms = number(key, raw, 0, 3_600_000)?,
         "commit_window_ms" => c.commit_window_ms = number(key, raw, 0, 1_000)?,
+        "routing_threads" => c.routing_threads = number(key, raw, 0, 256)? as usize,
         _ => {
             let known: Vec<&str> = KEYS.iter().map(|(k, _)| *k).collect();
             return Err(format!(

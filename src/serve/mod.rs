@@ -124,6 +124,7 @@ fn engine_config(config: &ServeConfig, wakes: wake::Webhooks, queues: &Arc<WorkQ
         .runners(runners(config, queues))
         .durability(config.durability)
         .commit_window(Duration::from_millis(config.commit_window_ms))
+        .routing_threads(config.routing_threads)
         .wake_factory(wakes)
 }
 
