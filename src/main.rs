@@ -135,6 +135,9 @@ struct ServeArgs {
     /// The stall timeout of a task that names none, in ms (default 450000).
     #[arg(long)]
     default_stall_ms: Option<String>,
+    /// The timeout of a task that names none, in ms (default 0: none).
+    #[arg(long)]
+    default_timeout_ms: Option<String>,
     /// How long a shutdown lets running children finish, in ms (default 10000).
     #[arg(long)]
     drain_timeout_ms: Option<String>,
@@ -163,6 +166,7 @@ impl ServeArgs {
             ("max_lease_ms", &self.max_lease_ms),
             ("default_lease_ms", &self.default_lease_ms),
             ("default_stall_ms", &self.default_stall_ms),
+            ("default_timeout_ms", &self.default_timeout_ms),
             ("drain_timeout_ms", &self.drain_timeout_ms),
             ("commit_window_ms", &self.commit_window_ms),
             ("routing_threads", &self.routing_threads),

@@ -544,3 +544,80 @@ fn a_drain_lets_running_children_finish_refuses_new_calls_and_keeps_the_queue() 
     assert_eq!(items[1]["status"], "succeeded", "{items:?}");
     assert_eq!(items[1]["recovered"], false, "a child that never started is simply run: {items:?}");
 }
+
+#[test]
+fn a_task_without_a_timeout_gets_the_configured_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_with(dir.path(), None, &["--default-timeout-ms", "300"]);
+    s.open("t");
+    let (status, reply) = s.call(
+        "POST",
+        "/v1/sessions/t/delegate",
+        Some(json!({"tasks": [
+            {"goal": "silent", "runner": {"kind": "sim", "outcome": "hang"}},
+            {"goal": "quick", "runner": sim(0), "timeout_ms": 600000}
+        ], "independent_completions": true})),
+    );
+    assert_eq!(status, 202, "{reply}");
+    let mut statuses = std::collections::BTreeMap::new();
+    while statuses.len() < 2 {
+        let env = s.envelope("t", 30_000);
+        for item in env["items"].as_array().unwrap() {
+            statuses.insert(item["task_index"].as_u64().unwrap(), item["status"].as_str().unwrap().to_string());
+        }
+        s.call("POST", &format!("/v1/claims/{}/ack", env["claim_id"].as_str().unwrap()), None);
+    }
+    assert_eq!(statuses[&0], "timed_out", "the default timeout ended the silent child");
+    assert_eq!(statuses[&1], "succeeded");
+}
+
+#[test]
+fn competing_consumers_each_get_an_item_at_most_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("race");
+    let n = 60;
+    let tasks: Vec<Value> = (0..n)
+        .map(|i| json!({"goal": format!("t{i}"), "runner": sim(i % 5 * 10)}))
+        .collect();
+    let (status, reply) = s.call(
+        "POST",
+        "/v1/sessions/race/delegate",
+        Some(json!({"tasks": tasks, "independent_completions": true})),
+    );
+    assert_eq!(status, 202, "{reply}");
+    let taken: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for consumer in ["cli", "gateway", "tui"] {
+            let (s, taken) = (&s, &taken);
+            scope.spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while taken.lock().unwrap().len() < n as usize {
+                    assert!(Instant::now() < deadline, "{consumer}: not every item came in 30 s");
+                    let (status, env) = s.call(
+                        "POST",
+                        "/v1/sessions/race/boundary",
+                        Some(json!({"consumer": consumer, "lease_ms": 30000})),
+                    );
+                    match status {
+                        204 => std::thread::sleep(Duration::from_millis(5)),
+                        200 => {
+                            let (status, acked) =
+                                s.call("POST", &format!("/v1/claims/{}/ack", env["claim_id"].as_str().unwrap()), None);
+                            assert_eq!(status, 200, "{acked}");
+                            let keys = env["items"].as_array().unwrap().iter().map(|i| i["dedup_key"].as_str().unwrap().to_string());
+                            taken.lock().unwrap().extend(keys);
+                        }
+                        s => panic!("{consumer}: boundary answered {s}: {env}"),
+                    }
+                }
+            });
+        }
+    });
+    let mut keys = taken.into_inner().unwrap();
+    let total = keys.len();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), total, "an item was handed to two consumers");
+    assert_eq!(total, n as usize);
+}

@@ -655,8 +655,49 @@ fn real_replies_validate_against_the_document() {
     assert!(errors.is_empty(), "{errors:?}");
 
     // The sequence reached what it set out to check.
+    // An external worker's round trip, and its refusals.
+    let (status, _) = c.call(
+        "POST",
+        "/v1/sessions/o/delegate",
+        Some(json!({"tasks": [{"goal": "outside", "runner": {"kind": "external", "queue": "oa"}}]})),
+    );
+    assert_eq!(status, 202);
+    let (status, work) = c.call(
+        "POST",
+        "/v1/workers/poll",
+        Some(json!({"worker": "w", "queue": "oa", "wait_ms": 20000})),
+    );
+    assert_eq!(status, 200, "{work}");
+    let (child, token) = (work["child_id"].as_str().unwrap(), work["token"].as_str().unwrap());
+    let (status, _) = c.call("POST", "/v1/workers/poll", Some(json!({"worker": "w", "queue": "oa"})));
+    assert_eq!(status, 204);
+    c.call("POST", "/v1/workers/poll", Some(json!({"queue": "oa"})));
+    let heartbeat = format!("/v1/children/{child}/heartbeat");
+    let (status, _) = c.call("POST", &heartbeat, Some(json!({"token": token, "progress": "half"})));
+    assert_eq!(status, 200);
+    let (status, _) = c.call("POST", &heartbeat, Some(json!({"token": "not-the-token"})));
+    assert_eq!(status, 409);
+    let (status, _) = c.call("POST", "/v1/children/deleg_00.0/heartbeat", Some(json!({"token": token})));
+    assert_eq!(status, 404);
+    let complete = format!("/v1/children/{child}/complete");
+    c.call("POST", &complete, Some(json!({"token": token, "status": "maybe"})));
+    let (status, _) = c.call(
+        "POST",
+        &complete,
+        Some(json!({"token": token, "status": "succeeded", "summary": "done outside"})),
+    );
+    assert_eq!(status, 200);
+
     let seen = c.seen.borrow();
     let expected: &[(&str, &str, u16)] = &[
+        ("POST", "/v1/workers/poll", 200),
+        ("POST", "/v1/workers/poll", 204),
+        ("POST", "/v1/workers/poll", 400),
+        ("POST", "/v1/children/{child_id}/heartbeat", 200),
+        ("POST", "/v1/children/{child_id}/heartbeat", 404),
+        ("POST", "/v1/children/{child_id}/heartbeat", 409),
+        ("POST", "/v1/children/{child_id}/complete", 200),
+        ("POST", "/v1/children/{child_id}/complete", 400),
         ("GET", "/healthz", 200),
         ("GET", "/metrics", 200),
         ("GET", "/v1/openapi.json", 200),

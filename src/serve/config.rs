@@ -40,6 +40,8 @@ pub struct ServeConfig {
     pub default_lease_ms: u64,
     /// The stall timeout of a task that names none, in ms.
     pub default_stall_ms: u64,
+    /// The timeout of a task that names none, in ms (0: no timeout).
+    pub default_timeout_ms: u64,
     /// How long a shutdown lets running children finish, in ms.
     pub drain_timeout_ms: u64,
     /// How long completions are gathered into one flush, in ms (0: no wait).
@@ -68,6 +70,7 @@ impl Default for ServeConfig {
             max_lease_ms: crate::MAX_LEASE_MS,
             default_lease_ms: 60_000,
             default_stall_ms: brood_actors::model::DEFAULT_STALL_MS,
+            default_timeout_ms: 0,
             drain_timeout_ms: 10_000,
             commit_window_ms: 0,
             routing_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -123,6 +126,7 @@ const KEYS: &[(&str, &str)] = &[
     ("max_lease_ms", "from 100 to 3600000, at least min_lease_ms"),
     ("default_lease_ms", "from min_lease_ms to max_lease_ms"),
     ("default_stall_ms", "from 1 to 86400000"),
+    ("default_timeout_ms", "from 0 (no timeout) to 604800000"),
     ("drain_timeout_ms", "from 0 to 3600000"),
     ("commit_window_ms", "from 0 to 1000"),
     ("routing_threads", "from 0 to 256 (default: one per core)"),
@@ -284,6 +288,7 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
         "max_lease_ms" => c.max_lease_ms = number(key, raw, 100, 3_600_000)?,
         "default_lease_ms" => c.default_lease_ms = number(key, raw, 100, 3_600_000)?,
         "default_stall_ms" => c.default_stall_ms = number(key, raw, 1, 86_400_000)?,
+        "default_timeout_ms" => c.default_timeout_ms = number(key, raw, 0, 604_800_000)?,
         "drain_timeout_ms" => c.drain_timeout_ms = number(key, raw, 0, 3_600_000)?,
         "commit_window_ms" => c.commit_window_ms = number(key, raw, 0, 1_000)?,
         "routing_threads" => c.routing_threads = number(key, raw, 0, 256)? as usize,

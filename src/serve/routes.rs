@@ -165,6 +165,9 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
         task.group = t.group;
         task.timeout_ms = t.timeout_ms;
         task.stall_ms = Some(t.stall_ms.unwrap_or(state.config.default_stall_ms));
+        if task.timeout_ms.is_none() && state.config.default_timeout_ms > 0 {
+            task.timeout_ms = Some(state.config.default_timeout_ms);
+        }
         task.rerun_on_recovery = t.rerun_on_recovery;
         out.push(task);
     }
