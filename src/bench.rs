@@ -234,8 +234,10 @@ fn machine(opts: &Options) -> serde_json::Value {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
     });
     let cpu = read("/proc/cpuinfo").and_then(|c| {
-        c.lines()
-            .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string()))
+        c.lines().find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
     });
     json!({
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
@@ -457,7 +459,11 @@ async fn latency(dir: &Path, durability: Durability, secs: u64, traces: &mut Tra
     let figures = vec![
         Figure::new("claimable_latency_p50_ms", percentile(&latencies, 0.5), "ms"),
         Figure::new("claimable_latency_p99_ms", percentile(&latencies, 0.99), "ms").target("≤ 5"),
-        Figure::new("claimable_latency_max_ms", latencies.last().copied().unwrap_or(f64::NAN), "ms"),
+        Figure::new(
+            "claimable_latency_max_ms",
+            latencies.last().copied().unwrap_or(f64::NAN),
+            "ms",
+        ),
         Figure::new("latency_run_children_per_s", n as f64 / took, "children/s").against(10_000.0),
     ];
     traces.latencies = latencies;
@@ -468,12 +474,17 @@ async fn latency(dir: &Path, durability: Durability, secs: u64, traces: &mut Tra
 /// One boundary claiming `n` ready items, and its ack, for each size.
 async fn claims(dir: &Path, durability: Durability, sizes: &[usize]) -> anyhow::Result<Vec<Figure>> {
     let b = open(&dir.join("ledger"), durability)?;
-    b.open_session("claims", SessionOptions::default().wake(|_| {}).max_concurrent_children(10_000))
-        .await?;
+    b.open_session(
+        "claims",
+        SessionOptions::default().wake(|_| {}).max_concurrent_children(10_000),
+    )
+    .await?;
     let mut out = Vec::new();
     for &n in sizes {
         for _ in 0..n.div_ceil(CALL) {
-            b.delegate("claims", zero_time_call(CALL.min(n))).await.map_err(|e| e.error)?;
+            b.delegate("claims", zero_time_call(CALL.min(n)))
+                .await
+                .map_err(|e| e.error)?;
         }
         let want = n.div_ceil(CALL) * CALL.min(n);
         while b.counts("claims").await?.ready < want {
@@ -511,8 +522,11 @@ async fn recovery(dir: &Path, durability: Durability, n: usize) -> anyhow::Resul
     let ledger = dir.join("ledger");
     {
         let b = open(&ledger, durability)?;
-        b.open_session("rec", SessionOptions::default().wake(|_| {}).max_concurrent_children(10_000))
-            .await?;
+        b.open_session(
+            "rec",
+            SessionOptions::default().wake(|_| {}).max_concurrent_children(10_000),
+        )
+        .await?;
         for _ in 0..n.div_ceil(CALL) {
             b.delegate("rec", zero_time_call(CALL)).await.map_err(|e| e.error)?;
         }
@@ -589,8 +603,11 @@ fn rss_bytes() -> anyhow::Result<u64> {
 async fn rss(dir: &Path, durability: Durability, n: usize) -> anyhow::Result<Figure> {
     let b = open(&dir.join("ledger"), durability)?;
     let cap = u32::try_from(n).unwrap_or(100_000).min(100_000);
-    b.open_session("live", SessionOptions::default().wake(|_| {}).max_concurrent_children(cap))
-        .await?;
+    b.open_session(
+        "live",
+        SessionOptions::default().wake(|_| {}).max_concurrent_children(cap),
+    )
+    .await?;
     // Warm the engine's paths first, so their one-time allocations are not counted.
     b.delegate("live", zero_time_call(100)).await.map_err(|e| e.error)?;
     while b.counts("live").await?.ready < 100 {
@@ -626,7 +643,12 @@ async fn rss(dir: &Path, durability: Durability, n: usize) -> anyhow::Result<Fig
         after = now;
     }
     b.shutdown();
-    Ok(Figure::new("rss_per_live_child_bytes", after.saturating_sub(before) as f64 / n as f64, "bytes").target("≤ 2048"))
+    Ok(Figure::new(
+        "rss_per_live_child_bytes",
+        after.saturating_sub(before) as f64 / n as f64,
+        "bytes",
+    )
+    .target("≤ 2048"))
 }
 
 /// The same children in 1,000 sessions and in one (same calls, same consumer).
@@ -683,13 +705,21 @@ fn http(dir: &Path, durability: Durability, n: usize, embedded: Option<f64>) -> 
             .send(body.to_string().as_bytes())?;
         let status = r.status().as_u16();
         let text = r.body_mut().read_to_string()?;
-        let value = if text.is_empty() { serde_json::Value::Null } else { serde_json::from_str(&text)? };
+        let value = if text.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_str(&text)?
+        };
         Ok((status, value))
     };
     let mut r = agent
         .put(&format!("{base}/v1/sessions/http"))
         .header("Content-Type", "application/json")
-        .send(json!({"addressable": true, "max_concurrent_children": 4 * CALL}).to_string().as_bytes())?;
+        .send(
+            json!({"addressable": true, "max_concurrent_children": 4 * CALL})
+                .to_string()
+                .as_bytes(),
+        )?;
     anyhow::ensure!(r.status() == 200, "PUT session: {}", r.body_mut().read_to_string()?);
     let calls = n.div_ceil(CALL);
     let tasks: Vec<serde_json::Value> = (0..CALL)
@@ -708,7 +738,10 @@ fn http(dir: &Path, durability: Durability, n: usize, embedded: Option<f64>) -> 
         });
         let mut delivered = 0usize;
         while delivered < total {
-            let (status, env) = post("/v1/sessions/http/boundary", json!({"consumer": "bench", "lease_ms": 300_000}))?;
+            let (status, env) = post(
+                "/v1/sessions/http/boundary",
+                json!({"consumer": "bench", "lease_ms": 300_000}),
+            )?;
             match status {
                 200 => {
                     let claim = env["claim_id"].as_str().context("an envelope has a claim id")?;
@@ -720,7 +753,9 @@ fn http(dir: &Path, durability: Durability, n: usize, embedded: Option<f64>) -> 
                 s => bail!("boundary answered {s}: {env}"),
             }
         }
-        producer.join().map_err(|_| anyhow::anyhow!("the producer thread panicked"))??;
+        producer
+            .join()
+            .map_err(|_| anyhow::anyhow!("the producer thread panicked"))??;
         Ok(())
     })?;
     let per_s = total as f64 / start.elapsed().as_secs_f64();
@@ -826,7 +861,13 @@ pub fn to_json(figures: &[Figure], machine: serde_json::Value) -> serde_json::Va
     let figures: Vec<serde_json::Value> = figures
         .iter()
         .map(|f| {
-            let num = |v: f64| if v.is_finite() { json!(v) } else { serde_json::Value::Null };
+            let num = |v: f64| {
+                if v.is_finite() {
+                    json!(v)
+                } else {
+                    serde_json::Value::Null
+                }
+            };
             json!({
                 "name": f.name,
                 "value": num(f.value),

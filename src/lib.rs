@@ -49,8 +49,8 @@ use std::time::Duration;
 
 use actix::{Addr, Handler, Message};
 use brood_actors::actors::owner::{self, claim_session, Delegated, SessionOwner};
-use brood_actors::actors::supervisor::{CheckHealth, DeadLetters, FindOwner, OpenSession, Supervisor};
 pub use brood_actors::actors::supervisor::Health;
+use brood_actors::actors::supervisor::{CheckHealth, DeadLetters, FindOwner, OpenSession, Supervisor};
 use brood_actors::actors::{Engine, Owners};
 use brood_actors::events::Events;
 use brood_actors::ledger::{Ledger, SledLedger};

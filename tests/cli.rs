@@ -156,7 +156,10 @@ fn bench_prints_each_figure_beside_its_baseline_as_json() {
             .unwrap_or_else(|| panic!("no figure {name} in {report}"))
     };
     let durable = named("durable_children_per_s");
-    let (value, baseline) = (durable["value"].as_f64().unwrap(), durable["baseline"].as_f64().unwrap());
+    let (value, baseline) = (
+        durable["value"].as_f64().unwrap(),
+        durable["baseline"].as_f64().unwrap(),
+    );
     assert!(value > 0.0 && baseline > 0.0, "{durable}");
     let ratio = durable["ratio"].as_f64().unwrap();
     assert!((ratio - value / baseline).abs() < 1e-9 * ratio.max(1.0), "{durable}");
@@ -177,5 +180,8 @@ fn bench_prints_each_figure_beside_its_baseline_as_json() {
         .expect("run brood bench");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("unknown group `speed`") && err.contains("durable"), "{err}");
+    assert!(
+        err.contains("unknown group `speed`") && err.contains("durable"),
+        "{err}"
+    );
 }

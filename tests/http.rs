@@ -498,8 +498,10 @@ fn a_drain_lets_running_children_finish_refuses_new_calls_and_keeps_the_queue() 
     let (status, reply) = s.call(
         "POST",
         "/v1/sessions/d/delegate",
-        Some(json!({"tasks": [{"goal": "long", "runner": sim(3000)}, {"goal": "next", "runner": sim(0)}],
-                    "independent_completions": true})),
+        Some(
+            json!({"tasks": [{"goal": "long", "runner": sim(3000)}, {"goal": "next", "runner": sim(0)}],
+                    "independent_completions": true}),
+        ),
     );
     assert_eq!(status, 202, "{reply}");
     let call = reply["call_id"].as_str().unwrap().to_string();
@@ -535,14 +537,28 @@ fn a_drain_lets_running_children_finish_refuses_new_calls_and_keeps_the_queue() 
     let mut items = Vec::new();
     while items.len() < 2 {
         let env = s.envelope("d", 30_000);
-        items.extend(env["items"].as_array().unwrap().iter().filter(|i| i["call_id"] == call.as_str()).cloned());
-        s.call("POST", &format!("/v1/claims/{}/ack", env["claim_id"].as_str().unwrap()), None);
+        items.extend(
+            env["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|i| i["call_id"] == call.as_str())
+                .cloned(),
+        );
+        s.call(
+            "POST",
+            &format!("/v1/claims/{}/ack", env["claim_id"].as_str().unwrap()),
+            None,
+        );
     }
     items.sort_by_key(|i| i["task_index"].as_u64());
     assert_eq!(items[0]["status"], "succeeded", "{items:?}");
     assert_eq!(items[0]["recovered"], false, "it ended before the stop: {items:?}");
     assert_eq!(items[1]["status"], "succeeded", "{items:?}");
-    assert_eq!(items[1]["recovered"], false, "a child that never started is simply run: {items:?}");
+    assert_eq!(
+        items[1]["recovered"], false,
+        "a child that never started is simply run: {items:?}"
+    );
 }
 
 #[test]
@@ -563,9 +579,16 @@ fn a_task_without_a_timeout_gets_the_configured_default() {
     while statuses.len() < 2 {
         let env = s.envelope("t", 30_000);
         for item in env["items"].as_array().unwrap() {
-            statuses.insert(item["task_index"].as_u64().unwrap(), item["status"].as_str().unwrap().to_string());
+            statuses.insert(
+                item["task_index"].as_u64().unwrap(),
+                item["status"].as_str().unwrap().to_string(),
+            );
         }
-        s.call("POST", &format!("/v1/claims/{}/ack", env["claim_id"].as_str().unwrap()), None);
+        s.call(
+            "POST",
+            &format!("/v1/claims/{}/ack", env["claim_id"].as_str().unwrap()),
+            None,
+        );
     }
     assert_eq!(statuses[&0], "timed_out", "the default timeout ended the silent child");
     assert_eq!(statuses[&1], "succeeded");
@@ -602,10 +625,17 @@ fn competing_consumers_each_get_an_item_at_most_once() {
                     match status {
                         204 => std::thread::sleep(Duration::from_millis(5)),
                         200 => {
-                            let (status, acked) =
-                                s.call("POST", &format!("/v1/claims/{}/ack", env["claim_id"].as_str().unwrap()), None);
+                            let (status, acked) = s.call(
+                                "POST",
+                                &format!("/v1/claims/{}/ack", env["claim_id"].as_str().unwrap()),
+                                None,
+                            );
                             assert_eq!(status, 200, "{acked}");
-                            let keys = env["items"].as_array().unwrap().iter().map(|i| i["dedup_key"].as_str().unwrap().to_string());
+                            let keys = env["items"]
+                                .as_array()
+                                .unwrap()
+                                .iter()
+                                .map(|i| i["dedup_key"].as_str().unwrap().to_string());
                             taken.lock().unwrap().extend(keys);
                         }
                         s => panic!("{consumer}: boundary answered {s}: {env}"),

@@ -677,7 +677,11 @@ fn real_replies_validate_against_the_document() {
     assert_eq!(status, 200);
     let (status, _) = c.call("POST", &heartbeat, Some(json!({"token": "not-the-token"})));
     assert_eq!(status, 409);
-    let (status, _) = c.call("POST", "/v1/children/deleg_00.0/heartbeat", Some(json!({"token": token})));
+    let (status, _) = c.call(
+        "POST",
+        "/v1/children/deleg_00.0/heartbeat",
+        Some(json!({"token": token})),
+    );
     assert_eq!(status, 404);
     let complete = format!("/v1/children/{child}/complete");
     c.call("POST", &complete, Some(json!({"token": token, "status": "maybe"})));
