@@ -8,60 +8,15 @@
 //! fail and say so: a client that was never run is not a client that works.
 
 use std::io::Read as _;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long one Python program may run before it is killed and the test fails.
 const PYTHON_TIMEOUT: Duration = Duration::from_secs(25);
 
-/// A running `brood serve`, killed when dropped.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    fn start(dir: &Path, key: Option<&str>) -> Server {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_brood"));
-        cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-            .arg(dir)
-            .env_remove("BROOD_API_KEY")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        if let Some(k) = key {
-            cmd.args(["--api-key", k]);
-        }
-        let server = Server {
-            child: cmd.spawn().expect("start brood serve"),
-            base: format!("http://127.0.0.1:{port}"),
-        };
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(5)))
-            .build()
-            .into();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = agent.get(&format!("{}/healthz", server.base)).call() {
-                if r.status() == 200 {
-                    return server;
-                }
-            }
-            assert!(Instant::now() < deadline, "brood serve did not answer /healthz in 30 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod server;
+use server::Server;
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
