@@ -250,7 +250,9 @@ fn machine(opts: &Options) -> serde_json::Value {
         "durability": opts.durability.to_string(),
         "quick": opts.quick,
         "debug_build": cfg!(debug_assertions),
-        "routing_threads": opts.routing_threads,
+        "routing_threads": opts
+            .routing_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
     })
 }
 
