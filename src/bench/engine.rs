@@ -1,0 +1,428 @@
+//! The engine's figures: each opens its own engine over a scratch folder, drives one workload
+//! and returns what it measured.
+
+use std::io::Read as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use brood::{Brood, BroodConfig, DelegateRequest, Durability, SessionOptions, TaskSpec};
+use serde_json::json;
+
+use super::{Figure, Options, Traces, CALL};
+
+fn open(dir: &Path, durability: Durability) -> anyhow::Result<Brood> {
+    let mut config = BroodConfig::new(dir).durability(durability);
+    if let Some(n) = ROUTING_THREADS.get().copied().flatten() {
+        config = config.routing_threads(n);
+    }
+    Ok(Brood::open(config)?)
+}
+
+/// `--routing-threads`, set once at the start of a run.
+pub(super) static ROUTING_THREADS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+
+/// Opens a wake-capable session whose wakes are sent down `tx`.
+async fn woken_session(
+    b: &Brood,
+    session: &str,
+    capacity: u32,
+    tx: tokio::sync::mpsc::UnboundedSender<String>,
+) -> anyhow::Result<()> {
+    b.open_session(
+        session,
+        SessionOptions::default()
+            .max_concurrent_children(capacity)
+            .wake(move |ev: brood::WakeEvent| {
+                let _ = tx.send(ev.session_id);
+            }),
+    )
+    .await?;
+    Ok(())
+}
+
+fn zero_time_call(n: usize) -> DelegateRequest {
+    let tasks = (0..n)
+        .map(|i| TaskSpec::new(format!("t{i}"), json!({"kind": "sim"})))
+        .collect();
+    DelegateRequest::background(tasks).independent()
+}
+
+/// Claims and acks in the sessions it is woken for until `n` items were delivered; a quiet
+/// spell of 50 ms sweeps every session (a wake is never lost, but this costs nothing). Each
+/// envelope is handed to `seen`.
+async fn consume(
+    b: &Brood,
+    sessions: &[String],
+    mut wakes: tokio::sync::mpsc::UnboundedReceiver<String>,
+    n: usize,
+    mut seen: impl FnMut(&brood::Envelope),
+) -> anyhow::Result<()> {
+    let mut delivered = 0;
+    let lease = Duration::from_secs(300);
+    while delivered < n {
+        let due: Vec<String> = match tokio::time::timeout(Duration::from_millis(50), wakes.recv()).await {
+            Ok(Some(s)) => vec![s],
+            Ok(None) => bail!("the wake channel closed"),
+            Err(_) => sessions.to_vec(),
+        };
+        for s in due {
+            if let Some(env) = b.boundary(&s, "bench", lease).await? {
+                seen(&env);
+                delivered += b.ack(&env.claim_id).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `calls` calls of `per_call` zero-time children over `sessions` (round-robin), delegated
+/// while a woken consumer claims and acks; the children per second from the first delegate to
+/// the last ack.
+async fn throughput(b: &Brood, sessions: &[String], calls: usize, per_call: usize) -> anyhow::Result<f64> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let capacity = u32::try_from(per_call.max(CALL) * 4).unwrap_or(100_000).min(100_000);
+    for s in sessions {
+        woken_session(b, s, capacity, tx.clone()).await?;
+    }
+    let n = calls * per_call;
+    let start = Instant::now();
+    let produce = async {
+        for i in 0..calls {
+            b.delegate(&sessions[i % sessions.len()], zero_time_call(per_call))
+                .await
+                .map_err(|e| e.error)?;
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    let (p, c) = tokio::join!(produce, consume(b, sessions, rx, n, |_| {}));
+    p?;
+    c?;
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+pub(super) async fn durable(dir: &Path, durability: Durability, n: usize) -> anyhow::Result<(Figure, Figure)> {
+    let ledger = dir.join("ledger");
+    let b = open(&ledger, durability)?;
+    let per_s = throughput(&b, &["bench".to_string()], n.div_ceil(CALL), CALL).await?;
+    b.shutdown();
+    let row = mean_row_len(&ledger, "children")?;
+    let raw = raw_sled_inserts(&dir.join("raw"), n, row, durability)?;
+    Ok((
+        Figure::new("durable_children_per_s", per_s, "children/s")
+            .against(raw)
+            .target("ratio ≥ 0.5"),
+        Figure::new("durable_row_bytes", row as f64, "bytes"),
+    ))
+}
+
+/// The mean length of the values of a tree in a closed ledger folder.
+fn mean_row_len(dir: &Path, tree: &str) -> anyhow::Result<usize> {
+    let db = sled::open(dir).context("opening the ledger to size its rows")?;
+    let t = db.open_tree(tree)?;
+    let (mut n, mut bytes) = (0usize, 0usize);
+    for kv in t.iter() {
+        let (_, v) = kv?;
+        n += 1;
+        bytes += v.len();
+    }
+    bytes
+        .checked_div(n)
+        .with_context(|| format!("the ledger in {} holds no rows in `{tree}` to size", dir.display()))
+}
+
+/// Raw sled: `n` inserts of `row`-byte values, flushed every 100 (and the data file synced, for
+/// `fsync`); rows per second.
+fn raw_sled_inserts(dir: &Path, n: usize, row: usize, durability: Durability) -> anyhow::Result<f64> {
+    let db = sled::open(dir)?;
+    let value = vec![7u8; row];
+    let data = std::fs::File::open(dir.join("db")).ok();
+    let sync = |db: &sled::Db| -> anyhow::Result<()> {
+        db.flush()?;
+        if durability == Durability::Fsync {
+            if let Some(f) = &data {
+                f.sync_data()?;
+            }
+        }
+        Ok(())
+    };
+    let start = Instant::now();
+    for i in 0..n {
+        db.insert(format!("deleg_0123456789abcdef.{i}"), value.clone())?;
+        if i % 100 == 99 {
+            sync(&db)?;
+        }
+    }
+    sync(&db)?;
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+pub(super) fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn now_ms_f64() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
+}
+
+/// Calls of 100 zero-time children every 10 ms (10,000/s offered) for `secs`; a woken consumer
+/// claims at once. Latency: the claim's moment minus each item's `finished_at`.
+pub(super) async fn latency(
+    dir: &Path,
+    durability: Durability,
+    secs: u64,
+    traces: &mut Traces,
+) -> anyhow::Result<Vec<Figure>> {
+    const PER_TICK: usize = 100;
+    let b = open(&dir.join("ledger"), durability)?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    woken_session(&b, "lat", 100_000, tx).await?;
+    let ticks = (secs * 100) as usize;
+    let n = ticks * PER_TICK;
+    let start = Instant::now();
+    let produce = async {
+        let mut every = tokio::time::interval(Duration::from_millis(10));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        for _ in 0..ticks {
+            every.tick().await;
+            b.delegate("lat", zero_time_call(PER_TICK)).await.map_err(|e| e.error)?;
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    let mut latencies = Vec::with_capacity(n);
+    let mut buckets: Vec<u32> = Vec::new();
+    let sessions = ["lat".to_string()];
+    let consumer = consume(&b, &sessions, rx, n, |env| {
+        let now = now_ms_f64();
+        let bucket = (start.elapsed().as_millis() / 100) as usize;
+        if buckets.len() <= bucket {
+            buckets.resize(bucket + 1, 0);
+        }
+        buckets[bucket] += env.items.len() as u32;
+        for item in &env.items {
+            if let Some(f) = item.finished_at_ms {
+                latencies.push((now - f as f64).max(0.0));
+            }
+        }
+    });
+    let (p, c) = tokio::join!(produce, consumer);
+    p?;
+    c?;
+    let took = start.elapsed().as_secs_f64();
+    b.shutdown();
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let figures = vec![
+        Figure::new("claimable_latency_p50_ms", percentile(&latencies, 0.5), "ms"),
+        Figure::new("claimable_latency_p99_ms", percentile(&latencies, 0.99), "ms").target("≤ 5"),
+        Figure::new(
+            "claimable_latency_max_ms",
+            latencies.last().copied().unwrap_or(f64::NAN),
+            "ms",
+        ),
+        Figure::new("latency_run_children_per_s", n as f64 / took, "children/s").against(10_000.0),
+    ];
+    traces.latencies = latencies;
+    traces.throughput = buckets;
+    Ok(figures)
+}
+
+/// One boundary claiming `n` ready items, and its ack, for each size.
+pub(super) async fn claims(dir: &Path, durability: Durability, sizes: &[usize]) -> anyhow::Result<Vec<Figure>> {
+    let b = open(&dir.join("ledger"), durability)?;
+    b.open_session(
+        "claims",
+        SessionOptions::default().wake(|_| {}).max_concurrent_children(10_000),
+    )
+    .await?;
+    let mut out = Vec::new();
+    for &n in sizes {
+        for _ in 0..n.div_ceil(CALL) {
+            b.delegate("claims", zero_time_call(CALL.min(n)))
+                .await
+                .map_err(|e| e.error)?;
+        }
+        let want = n.div_ceil(CALL) * CALL.min(n);
+        while b.counts("claims").await?.ready < want {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let start = Instant::now();
+        let env = b
+            .boundary("claims", "bench", Duration::from_secs(600))
+            .await?
+            .context("items were ready")?;
+        let claim = start.elapsed();
+        let start = Instant::now();
+        b.ack(&env.claim_id).await?;
+        let ack = start.elapsed();
+        let (claim_name, ack_name, target) = match n {
+            1_000 => ("claim_1k_ms", "ack_1k_ms", None),
+            10_000 => ("claim_10k_ms", "ack_10k_ms", Some("≤ 20")),
+            _ => ("claim_100k_ms", "ack_100k_ms", None),
+        };
+        let mut c = Figure::new(claim_name, claim.as_secs_f64() * 1000.0, "ms");
+        if let Some(t) = target {
+            c = c.target(t);
+        }
+        out.push(c);
+        out.push(Figure::new(ack_name, ack.as_secs_f64() * 1000.0, "ms"));
+    }
+    b.shutdown();
+    Ok(out)
+}
+
+/// A ledger of `n` recorded, undelivered children written by the engine; then the time to open
+/// and recover it until its session answers with every item ready, against raw sled opening
+/// the same folder and reading every tree.
+pub(super) async fn recovery(dir: &Path, durability: Durability, n: usize) -> anyhow::Result<Figure> {
+    let ledger = dir.join("ledger");
+    {
+        let b = open(&ledger, durability)?;
+        b.open_session(
+            "rec",
+            SessionOptions::default().wake(|_| {}).max_concurrent_children(10_000),
+        )
+        .await?;
+        for _ in 0..n.div_ceil(CALL) {
+            b.delegate("rec", zero_time_call(CALL)).await.map_err(|e| e.error)?;
+        }
+        while b.counts("rec").await?.ready < n.div_ceil(CALL) * CALL {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        b.shutdown();
+    }
+    let start = Instant::now();
+    let b = open(&ledger, durability)?;
+    b.open_session("rec", SessionOptions::default().wake(|_| {})).await?;
+    let ready = b.counts("rec").await?.ready;
+    let took = start.elapsed().as_secs_f64();
+    b.shutdown();
+    anyhow::ensure!(ready >= n, "recovery found {ready} ready items of {n}");
+    let start = Instant::now();
+    let db = sled::open(&ledger)?;
+    let mut rows = 0usize;
+    for name in db.tree_names() {
+        for kv in db.open_tree(name)?.iter() {
+            let (k, v) = kv?;
+            rows += usize::from(!k.is_empty() || !v.is_empty());
+        }
+    }
+    let raw = start.elapsed().as_secs_f64();
+    drop(db);
+    anyhow::ensure!(rows >= n, "the raw scan read {rows} rows, fewer than the {n} children");
+    Ok(Figure::new("recovery_s", took, "s").against(raw).target("ratio ≤ 2"))
+}
+
+/// Set in the environment of the process `rss_in_child` starts.
+pub(super) const RSS_CHILD: &str = "BROOD_BENCH_RSS_CHILD";
+
+/// Runs the `rss` group in a fresh `brood bench` process and takes its figure.
+pub(super) fn rss_in_child(dir: &Path, opts: &Options) -> anyhow::Result<Figure> {
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args(["bench", "--json", "--only", "rss", "--durability"])
+        .arg(opts.durability.to_string())
+        .arg("--data-dir")
+        .arg(dir)
+        .env(RSS_CHILD, "1")
+        .stderr(std::process::Stdio::inherit());
+    if opts.quick {
+        cmd.arg("--quick");
+    }
+    if let Some(n) = opts.routing_threads {
+        cmd.arg("--routing-threads").arg(n.to_string());
+    }
+    let out = cmd.output().context("starting the rss measurement")?;
+    anyhow::ensure!(out.status.success(), "the rss measurement failed ({})", out.status);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).context("reading the rss measurement")?;
+    let value = report["figures"]
+        .as_array()
+        .and_then(|f| f.iter().find(|f| f["name"] == "rss_per_live_child_bytes"))
+        .and_then(|f| f["value"].as_f64())
+        .context("the rss measurement printed no figure")?;
+    Ok(Figure::new("rss_per_live_child_bytes", value, "bytes").target("≤ 2048"))
+}
+
+/// This process's resident set, in bytes.
+fn rss_bytes() -> anyhow::Result<u64> {
+    let mut s = String::new();
+    std::fs::File::open("/proc/self/statm")?.read_to_string(&mut s)?;
+    let pages: u64 = s
+        .split_whitespace()
+        .nth(1)
+        .context("/proc/self/statm has no resident field")?
+        .parse()?;
+    Ok(pages * 4096)
+}
+
+/// RSS growth per running child with `n` children live (hanging sim children, which only the
+/// shutdown ends).
+pub(super) async fn rss(dir: &Path, durability: Durability, n: usize) -> anyhow::Result<Figure> {
+    let b = open(&dir.join("ledger"), durability)?;
+    let cap = u32::try_from(n).unwrap_or(100_000).min(100_000);
+    b.open_session(
+        "live",
+        SessionOptions::default().wake(|_| {}).max_concurrent_children(cap),
+    )
+    .await?;
+    // Warm the engine's paths first, so their one-time allocations are not counted.
+    b.delegate("live", zero_time_call(100)).await.map_err(|e| e.error)?;
+    while b.counts("live").await?.ready < 100 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before = rss_bytes()?;
+    for start in (0..n).step_by(CALL) {
+        let tasks = (start..(start + CALL).min(n))
+            .map(|i| {
+                let mut t = TaskSpec::new(format!("live {i}"), json!({"kind": "sim", "outcome": "hang"}));
+                t.stall_ms = Some(86_400_000);
+                t.rerun_on_recovery = true;
+                t
+            })
+            .collect();
+        b.delegate("live", DelegateRequest::background(tasks).independent())
+            .await
+            .map_err(|e| e.error)?;
+    }
+    while b.counts("live").await?.running < n {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Admitted is not yet started: the child actors and runner tasks come up on their own
+    // thread. Wait until the resident set stops growing (within 1% over 300 ms).
+    let mut after = rss_bytes()?;
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = rss_bytes()?;
+        if now <= after + after / 100 {
+            after = after.max(now);
+            break;
+        }
+        after = now;
+    }
+    b.shutdown();
+    Ok(Figure::new(
+        "rss_per_live_child_bytes",
+        after.saturating_sub(before) as f64 / n as f64,
+        "bytes",
+    )
+    .target("≤ 2048"))
+}
+
+/// The same children in 1,000 sessions and in one (same calls, same consumer).
+pub(super) async fn sessions(dir: &Path, durability: Durability, n: usize) -> anyhow::Result<Figure> {
+    const SESSIONS: usize = 1_000;
+    let per_call = (n / SESSIONS).max(1);
+    let b = open(&dir.join("one"), durability)?;
+    let one = throughput(&b, &["one".to_string()], SESSIONS, per_call).await?;
+    b.shutdown();
+    let b = open(&dir.join("many"), durability)?;
+    let ids: Vec<String> = (0..SESSIONS).map(|i| format!("s{i:04}")).collect();
+    let many = throughput(&b, &ids, SESSIONS, per_call).await?;
+    b.shutdown();
+    Ok(Figure::new("sessions_1000_ratio", many / one, "ratio").target("≥ 0.8"))
+}

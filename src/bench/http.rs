@@ -1,0 +1,122 @@
+//! The HTTP figure: the durable workload through this binary's `brood serve`.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use brood::Durability;
+use serde_json::json;
+
+use super::{Figure, CALL};
+
+/// The durable workload over HTTP: this binary's `brood serve` on a free loopback port.
+pub(super) fn http(dir: &Path, durability: Durability, n: usize, embedded: Option<f64>) -> anyhow::Result<Figure> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut server = ServerProcess(
+        std::process::Command::new(std::env::current_exe()?)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--durability"])
+            .arg(durability.to_string())
+            .arg("--data-dir")
+            .arg(dir)
+            .env_remove("BROOD_API_KEY")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting brood serve")?,
+    );
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !agent
+        .get(&format!("{base}/healthz"))
+        .call()
+        .is_ok_and(|r| r.status() == 200)
+    {
+        if let Some(status) = server.0.try_wait()? {
+            bail!("brood serve exited with {status} before it answered");
+        }
+        anyhow::ensure!(Instant::now() < deadline, "brood serve did not answer in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let post = |path: &str, body: serde_json::Value| -> anyhow::Result<(u16, serde_json::Value)> {
+        let mut r = agent
+            .post(&format!("{base}{path}"))
+            .header("Content-Type", "application/json")
+            .send(body.to_string().as_bytes())?;
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string()?;
+        let value = if text.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_str(&text)?
+        };
+        Ok((status, value))
+    };
+    let mut r = agent
+        .put(&format!("{base}/v1/sessions/http"))
+        .header("Content-Type", "application/json")
+        .send(
+            json!({"addressable": true, "max_concurrent_children": 4 * CALL})
+                .to_string()
+                .as_bytes(),
+        )?;
+    anyhow::ensure!(r.status() == 200, "PUT session: {}", r.body_mut().read_to_string()?);
+    let calls = n.div_ceil(CALL);
+    let tasks: Vec<serde_json::Value> = (0..CALL)
+        .map(|i| json!({"goal": format!("t{i}"), "runner": {"kind": "sim"}}))
+        .collect();
+    let body = json!({"tasks": tasks, "independent_completions": true});
+    let start = Instant::now();
+    let total = calls * CALL;
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let producer = scope.spawn(|| -> anyhow::Result<()> {
+            for _ in 0..calls {
+                let (status, reply) = post("/v1/sessions/http/delegate", body.clone())?;
+                anyhow::ensure!(status == 202, "delegate answered {status}: {reply}");
+            }
+            Ok(())
+        });
+        let mut delivered = 0usize;
+        while delivered < total {
+            let (status, env) = post(
+                "/v1/sessions/http/boundary",
+                json!({"consumer": "bench", "lease_ms": 300_000}),
+            )?;
+            match status {
+                200 => {
+                    let claim = env["claim_id"].as_str().context("an envelope has a claim id")?;
+                    let (status, acked) = post(&format!("/v1/claims/{claim}/ack"), json!({}))?;
+                    anyhow::ensure!(status == 200, "ack answered {status}: {acked}");
+                    delivered += acked["delivered"].as_u64().unwrap_or(0) as usize;
+                }
+                204 => std::thread::sleep(Duration::from_millis(1)),
+                s => bail!("boundary answered {s}: {env}"),
+            }
+        }
+        producer
+            .join()
+            .map_err(|_| anyhow::anyhow!("the producer thread panicked"))??;
+        Ok(())
+    })?;
+    let per_s = total as f64 / start.elapsed().as_secs_f64();
+    drop(server);
+    let fig = Figure::new("http_children_per_s", per_s, "children/s").target("ratio ≥ 0.5");
+    Ok(match embedded {
+        Some(e) => fig.against(e),
+        None => fig,
+    })
+}
+
+/// A child `brood serve`, killed when dropped.
+struct ServerProcess(std::process::Child);
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

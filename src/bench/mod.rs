@@ -1,0 +1,341 @@
+//! `brood bench`: brood's paths and the raw baselines under them, measured in one process and
+//! one run, each figure printed beside its baseline and their ratio.
+//!
+//! Figures (sizes in brackets are `--quick`'s, for CI; the others the full run's):
+//! - `durable_children_per_s`: zero-time sim children from delegate to ack in one session
+//!   (calls of 1,000, a consumer woken by the session's wakes claiming and acking), at the
+//!   chosen durability. Baseline: raw sled inserts of rows of the size brood's child rows have
+//!   in the same run, flushed (and, for `fsync`, the data file synced) every 100 rows.
+//! - `claimable_latency_p50_ms` / `_p99_ms` / `_max_ms`: a child's end (its `finished_at`) →
+//!   its item in a claim, under a steady offered load of 10,000 children/s; `latency_run_children_per_s`
+//!   says what the engine really took of it.
+//! - `claim_1k_ms`, `claim_10k_ms`, `claim_100k_ms` (full run only) and `ack_…`: one boundary
+//!   claiming that many ready items, and its ack.
+//! - `recovery_s`: open and recover a ledger of 1M (100k) child rows written by the engine
+//!   itself. Baseline: raw sled open plus a full scan of every tree of the same folder.
+//! - `rss_per_live_child_bytes`: RSS growth per running child, 100k (10k) children live.
+//! - `sessions_1000_ratio`: the durable workload spread over 1,000 sessions, as a ratio to the
+//!   same children in one session (same calls, same consumer), both measured here.
+//! - `http_children_per_s`: the durable workload, the same number of children, through
+//!   `brood serve` on loopback (this same binary as a child process, a polling consumer).
+//!   Baseline: `durable_children_per_s`.
+//!
+//! Not measured yet: `rebuild_stall_ms` (the engine has no way to rebuild an owner on purpose
+//! outside fault injection; the speed issue tracks it). Nothing here is a pass/fail test: the
+//! targets are printed beside the figures, and judged by whoever reads them.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context as _};
+use brood::Durability;
+use serde_json::json;
+
+mod engine;
+mod http;
+mod plot;
+
+use engine::{claims, durable, latency, recovery, rss, rss_in_child, sessions, ROUTING_THREADS, RSS_CHILD};
+
+/// One measured figure.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Figure {
+    /// Its name (stable: scripts read it).
+    pub name: &'static str,
+    /// The measured value.
+    pub value: f64,
+    /// Its unit.
+    pub unit: &'static str,
+    /// The baseline measured in the same run, if the figure has one.
+    pub baseline: Option<f64>,
+    /// `value / baseline`.
+    pub ratio: Option<f64>,
+    /// The target the speed issue sets, as text (not judged here).
+    #[serde(skip)]
+    pub target: Option<&'static str>,
+}
+
+impl Figure {
+    fn new(name: &'static str, value: f64, unit: &'static str) -> Self {
+        Figure {
+            name,
+            value,
+            unit,
+            baseline: None,
+            ratio: None,
+            target: None,
+        }
+    }
+
+    fn against(mut self, baseline: f64) -> Self {
+        self.baseline = Some(baseline);
+        self.ratio = (baseline > 0.0).then(|| self.value / baseline);
+        self
+    }
+
+    fn target(mut self, target: &'static str) -> Self {
+        self.target = Some(target);
+        self
+    }
+}
+
+/// What `brood bench` was asked for.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// CI sizes.
+    pub quick: bool,
+    /// Where the ledgers go (a fresh folder inside it, removed at the end).
+    pub data_dir: Option<PathBuf>,
+    /// The durability of every engine measured.
+    pub durability: Durability,
+    /// Only these groups of figures (empty: all).
+    pub only: Vec<String>,
+    /// Write an SVG of the latency distribution and the throughput over time here.
+    pub plot: Option<PathBuf>,
+    /// Routing threads of every engine measured (None: the engine's default).
+    pub routing_threads: Option<usize>,
+}
+
+/// The groups of figures, in the order they run.
+pub const GROUPS: &[&str] = &["durable", "latency", "claim", "recovery", "rss", "sessions", "http"];
+
+struct Sizes {
+    durable: usize,
+    latency_s: u64,
+    claims: &'static [usize],
+    recovery: usize,
+    live: usize,
+    sessions_children: usize,
+}
+
+const QUICK: Sizes = Sizes {
+    durable: 20_000,
+    latency_s: 3,
+    claims: &[1_000, 10_000],
+    recovery: 100_000,
+    live: 10_000,
+    sessions_children: 20_000,
+};
+
+const FULL: Sizes = Sizes {
+    durable: 200_000,
+    latency_s: 10,
+    claims: &[1_000, 10_000, 100_000],
+    recovery: 1_000_000,
+    live: 100_000,
+    sessions_children: 100_000,
+};
+
+/// Children per call in every throughput workload.
+const CALL: usize = 1_000;
+
+/// A progress line on stderr when it is a terminal.
+struct Progress {
+    on: bool,
+    total: usize,
+    done: usize,
+}
+
+impl Progress {
+    fn step(&mut self, what: &str) {
+        if self.on {
+            let width = 24;
+            let filled = width * self.done / self.total.max(1);
+            eprint!(
+                "\r[{}{}] {}/{} {what:<40}",
+                "#".repeat(filled),
+                "-".repeat(width - filled),
+                self.done,
+                self.total
+            );
+            let _ = std::io::stderr().flush();
+        }
+        self.done += 1;
+    }
+
+    fn finish(&self) {
+        if self.on {
+            eprintln!("\r{:<80}", "");
+        }
+    }
+}
+
+/// What the run gathered for the plot.
+#[derive(Default)]
+struct Traces {
+    /// Claimable latencies of the latency run, in ms.
+    latencies: Vec<f64>,
+    /// Children delivered per 100 ms of the latency run.
+    throughput: Vec<u32>,
+}
+
+/// Runs the benchmark; returns the figures and the machine they were measured on.
+pub fn run(opts: &Options) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
+    for g in &opts.only {
+        if !GROUPS.contains(&g.as_str()) {
+            bail!("--only: unknown group `{g}`; the groups are {}", GROUPS.join(", "));
+        }
+    }
+    let root = match &opts.data_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            tempfile::TempDir::new_in(d)
+        }
+        None => tempfile::TempDir::new(),
+    }
+    .context("creating the bench folder")?;
+    let _ = ROUTING_THREADS.set(opts.routing_threads);
+    let sizes = if opts.quick { &QUICK } else { &FULL };
+    let wanted = |g: &str| opts.only.is_empty() || opts.only.iter().any(|o| o == g);
+    let groups: Vec<&str> = GROUPS.iter().copied().filter(|g| wanted(g)).collect();
+    let mut progress = Progress {
+        on: std::io::stderr().is_terminal(),
+        total: groups.len(),
+        done: 0,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut figures = Vec::new();
+    let mut traces = Traces::default();
+    let mut embedded = None;
+    for group in groups {
+        progress.step(group);
+        let dir = root.path().join(group);
+        match group {
+            "durable" => {
+                let (fig, base) = rt.block_on(durable(&dir, opts.durability, sizes.durable))?;
+                embedded = Some(fig.value);
+                figures.push(fig);
+                figures.push(base);
+            }
+            "latency" => figures.extend(rt.block_on(latency(&dir, opts.durability, sizes.latency_s, &mut traces))?),
+            "claim" => figures.extend(rt.block_on(claims(&dir, opts.durability, sizes.claims))?),
+            "recovery" => figures.push(rt.block_on(recovery(&dir, opts.durability, sizes.recovery))?),
+            // In a process of its own: memory the groups before it freed stays with this
+            // process's allocator and would be reused, hiding the children's growth.
+            "rss" if std::env::var_os(RSS_CHILD).is_some() => {
+                figures.push(rt.block_on(rss(&dir, opts.durability, sizes.live))?)
+            }
+            "rss" => figures.push(rss_in_child(&dir, opts)?),
+            "sessions" => figures.push(rt.block_on(sessions(&dir, opts.durability, sizes.sessions_children))?),
+            // As many children as the embedded figure had: throughput falls as a session's
+            // history grows, so only the same size compares.
+            "http" => figures.push(http::http(&dir, opts.durability, sizes.durable, embedded)?),
+            _ => unreachable!("checked against GROUPS"),
+        }
+    }
+    progress.finish();
+    if let Some(path) = &opts.plot {
+        plot::plot(path, &traces)?;
+    }
+    Ok((figures, machine(opts)))
+}
+
+/// What the figures were measured on.
+fn machine(opts: &Options) -> serde_json::Value {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).ok();
+    let mem_total_kib = read("/proc/meminfo").and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    });
+    let cpu = read("/proc/cpuinfo").and_then(|c| {
+        c.lines().find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+    });
+    json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "cpu": cpu,
+        "memory_bytes": mem_total_kib.map(|k| k * 1024),
+        "os": std::env::consts::OS,
+        "arch": std::env::consts::ARCH,
+        "kernel": read("/proc/sys/kernel/osrelease"),
+        "brood": env!("CARGO_PKG_VERSION"),
+        "durability": opts.durability.to_string(),
+        "quick": opts.quick,
+        "debug_build": cfg!(debug_assertions),
+        "routing_threads": opts
+            .routing_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+    })
+}
+
+/// The figures as a table: value, baseline, ratio, target.
+pub fn table(figures: &[Figure]) -> String {
+    let fmt = |v: f64| {
+        if v.is_nan() {
+            "-".to_string()
+        } else if v.abs() >= 100.0 {
+            format!("{v:.0}")
+        } else {
+            format!("{v:.3}")
+        }
+    };
+    let mut out = format!(
+        "{:<30} {:>14} {:<11} {:>14} {:>9}  {}\n",
+        "figure", "value", "unit", "baseline", "ratio", "target"
+    );
+    for f in figures {
+        out.push_str(&format!(
+            "{:<30} {:>14} {:<11} {:>14} {:>9}  {}\n",
+            f.name,
+            fmt(f.value),
+            f.unit,
+            f.baseline.map(fmt).unwrap_or_else(|| "-".into()),
+            f.ratio.map(|r| format!("{r:.3}×")).unwrap_or_else(|| "-".into()),
+            f.target.unwrap_or("")
+        ));
+    }
+    out
+}
+
+/// The figures as `{"figures": [...], "machine": {...}}`.
+pub fn to_json(figures: &[Figure], machine: serde_json::Value) -> serde_json::Value {
+    let figures: Vec<serde_json::Value> = figures
+        .iter()
+        .map(|f| {
+            let num = |v: f64| {
+                if v.is_finite() {
+                    json!(v)
+                } else {
+                    serde_json::Value::Null
+                }
+            };
+            json!({
+                "name": f.name,
+                "value": num(f.value),
+                "unit": f.unit,
+                "baseline": f.baseline.map(num),
+                "ratio": f.ratio.map(num),
+            })
+        })
+        .collect();
+    json!({"figures": figures, "machine": machine})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::engine::percentile;
+    use super::*;
+
+    #[test]
+    fn a_ratio_is_the_value_over_its_baseline() {
+        let f = Figure::new("x", 5.0, "u").against(20.0);
+        assert_eq!(f.ratio, Some(0.25));
+        assert_eq!(Figure::new("x", 5.0, "u").against(0.0).ratio, None);
+        let j = to_json(&[f, Figure::new("y", f64::NAN, "ms")], json!({}));
+        assert_eq!(j["figures"][0]["ratio"], 0.25);
+        assert_eq!(j["figures"][1]["baseline"], serde_json::Value::Null);
+        assert_eq!(j["figures"][1]["value"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn percentiles_pick_from_the_sorted_values() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), 51.0);
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert_eq!(percentile(&v, 1.0), 100.0);
+        assert!(percentile(&[], 0.5).is_nan());
+    }
+}
