@@ -487,3 +487,6 @@ async fn demo(data_dir: PathBuf, turn_ms: u64) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
