@@ -72,6 +72,11 @@ pub use runners::Runners;
 /// Settings of a session; unset fields keep their current (or default) value.
 pub use brood_actors::model::SessionSettings as SessionOptions;
 
+/// Routing threads an engine gets unless told otherwise: one per core.
+pub fn default_routing_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Unread events a subscriber may hold before it lags (see [`Brood::subscribe`]).
 pub const EVENTS_CAPACITY: usize = Events::CAPACITY;
 
@@ -117,7 +122,7 @@ impl BroodConfig {
             durability: Durability::default(),
             wakes: None,
             commit_window: Duration::ZERO,
-            routing_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            routing_threads: default_routing_threads(),
             on_flush: None,
         }
     }

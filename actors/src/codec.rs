@@ -159,19 +159,7 @@ mod tests {
                 111, 109, 1, 1, 1, 2, 1, 0, 0, 0, 0, 1, 0, 3
             ]
         );
-        let statuses: Vec<u8> = [
-            ChildStatus::Queued,
-            ChildStatus::Running,
-            ChildStatus::Succeeded,
-            ChildStatus::Failed,
-            ChildStatus::TimedOut,
-            ChildStatus::Interrupted,
-            ChildStatus::Cancelled,
-            ChildStatus::Unknown,
-        ]
-        .iter()
-        .map(|s| encode(s).unwrap()[1])
-        .collect();
+        let statuses: Vec<u8> = ChildStatus::ALL.iter().map(|s| encode(s).unwrap()[1]).collect();
         assert_eq!(statuses, vec![0, 1, 2, 3, 4, 5, 6, 7]);
         assert_eq!(encode(&Mode::Sync).unwrap(), vec![1, 1]);
         assert_eq!(encode(&ItemKind::FailureNotice).unwrap(), vec![1, 1]);

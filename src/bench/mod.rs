@@ -257,7 +257,7 @@ fn machine(opts: &Options) -> serde_json::Value {
         "debug_build": cfg!(debug_assertions),
         "routing_threads": opts
             .routing_threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            .unwrap_or_else(brood::default_routing_threads),
     })
 }
 

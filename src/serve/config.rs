@@ -73,7 +73,7 @@ impl Default for ServeConfig {
             default_timeout_ms: 0,
             drain_timeout_ms: 10_000,
             commit_window_ms: 0,
-            routing_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            routing_threads: crate::default_routing_threads(),
         }
     }
 }

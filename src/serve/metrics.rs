@@ -47,18 +47,6 @@ const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 /// The `route` label of a request no route matched.
 const UNMATCHED: &str = "unmatched";
 
-/// Every child status, in lifecycle order: each is reported, 0 when no child has it.
-const STATUSES: [ChildStatus; 8] = [
-    ChildStatus::Queued,
-    ChildStatus::Running,
-    ChildStatus::Succeeded,
-    ChildStatus::Failed,
-    ChildStatus::TimedOut,
-    ChildStatus::Interrupted,
-    ChildStatus::Cancelled,
-    ChildStatus::Unknown,
-];
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpLabels {
     route: String,
@@ -209,7 +197,7 @@ impl Engine {
             self.failed_sessions,
         );
         let children = Family::<StatusLabel, Gauge>::default();
-        for status in STATUSES {
+        for status in ChildStatus::ALL {
             let n = self.children.get(&status).copied().unwrap_or(0);
             children
                 .get_or_create(&StatusLabel {

@@ -75,6 +75,18 @@ pub enum ChildStatus {
 }
 
 impl ChildStatus {
+    /// Every status, in declaration (and stored-tag) order.
+    pub const ALL: [ChildStatus; 8] = [
+        ChildStatus::Queued,
+        ChildStatus::Running,
+        ChildStatus::Succeeded,
+        ChildStatus::Failed,
+        ChildStatus::TimedOut,
+        ChildStatus::Interrupted,
+        ChildStatus::Cancelled,
+        ChildStatus::Unknown,
+    ];
+
     /// Whether the child has ended.
     pub fn is_terminal(self) -> bool {
         !matches!(self, ChildStatus::Queued | ChildStatus::Running)
