@@ -272,12 +272,16 @@ impl Brood {
             .spawn(move || {
                 let sys = actix::System::new();
                 // Units, children and runners get a thread of their own, session owners the
-                // routing threads; the supervisor and the coalescer keep this one.
+                // routing threads and (with them) the coalescer one more; the supervisor keeps
+                // this one.
                 let children = sys.block_on(async { actix::Arbiter::new() });
                 let handle = children.handle();
-                let routing: Vec<actix::Arbiter> =
+                let mut routing: Vec<actix::Arbiter> =
                     sys.block_on(async { (0..routing_threads).map(|_| actix::Arbiter::new()).collect() });
                 let routing_handles: Vec<_> = routing.iter().map(|a| a.handle()).collect();
+                let commit = (routing_threads > 0).then(|| sys.block_on(async { actix::Arbiter::new() }));
+                let commit_handle = commit.as_ref().map(|a| a.handle());
+                routing.extend(commit);
                 let started = sys.block_on(async move {
                     let mut sled = SledLedger::open_with(&dir, durability)?;
                     if let Some(observer) = on_flush {
@@ -288,6 +292,7 @@ impl Brood {
                     engine.wake_factory = wakes;
                     engine.commit_window = commit_window;
                     engine.routing_arbiters = routing_handles;
+                    engine.commit_arbiter = commit_handle;
                     let root = Supervisor::start_engine(engine.clone(), Default::default())?;
                     Ok::<_, LedgerError>((root, engine))
                 });
@@ -622,6 +627,26 @@ impl Brood {
                 return running;
             }
             tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + Duration::from_millis(25))).await;
+        }
+    }
+
+    /// Restarts a session's owner as a panic in it would: its supervisor rebuilds it from the
+    /// session's own rows in the ledger (its live claims returned, its running children
+    /// adopted, nothing recorded lost), under the restart policy, whose budget it counts
+    /// against. For supervision-tree fault testing. Returns once the rebuilt owner answers.
+    pub async fn restart_owner(&self, session_id: &str) -> Result<(), BroodError> {
+        let old = self.owner(session_id).await?;
+        old.do_send(owner::Restart);
+        loop {
+            if let Some(addr) = self.owners.get(session_id).map(|a| a.clone()) {
+                if addr != old && addr.send(owner::Status { calls: false }).await.is_ok() {
+                    return Ok(());
+                }
+            } else {
+                // Given up (past its restart budget), or the engine stopped.
+                self.root.send(FindOwner(session_id.to_string())).await??;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 

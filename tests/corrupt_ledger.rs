@@ -13,6 +13,7 @@ use std::path::Path;
 
 use brood::{Brood, BroodConfig, ChildStatus, DelegateReply, DelegateRequest};
 use brood_actors::codec;
+use brood_actors::ledger::row_key;
 use brood_actors::model::ChildRow;
 use common::*;
 use tempfile::TempDir;
@@ -37,22 +38,37 @@ async fn ledger_with_a_call(dir: &Path) -> String {
     call_id
 }
 
+/// The stored key of row `id` of session `s` in `tree` (sessions and wakes are keyed by the
+/// session id itself).
+fn stored_key(tree: &str, id: &str) -> Vec<u8> {
+    match tree {
+        "sessions" | "wakes" => id.as_bytes().to_vec(),
+        _ => row_key("s", id),
+    }
+}
+
 /// Overwrites one raw value of a tree with `damage(old)`.
 fn damage(dir: &Path, tree: &str, key: &str, damage: impl FnOnce(Vec<u8>) -> Vec<u8>) {
     let db = sled::open(dir).unwrap();
     let t = db.open_tree(tree).unwrap();
+    let key = stored_key(tree, key);
     let old = t
-        .get(key)
+        .get(&key)
         .unwrap()
-        .unwrap_or_else(|| panic!("no `{key}` in `{tree}`"))
+        .unwrap_or_else(|| panic!("no `{}` in `{tree}`", String::from_utf8_lossy(&key)))
         .to_vec();
-    t.insert(key, damage(old)).unwrap();
+    t.insert(&key, damage(old)).unwrap();
     db.flush().unwrap();
 }
 
 fn child_row(dir: &Path, id: &str) -> ChildRow {
     let db = sled::open(dir).unwrap();
-    let v = db.open_tree("children").unwrap().get(id).unwrap().unwrap();
+    let v = db
+        .open_tree("children")
+        .unwrap()
+        .get(stored_key("children", id))
+        .unwrap()
+        .unwrap();
     codec::decode(&v).unwrap()
 }
 
@@ -66,7 +82,7 @@ fn reopen(dir: &Path) -> (Brood, Vec<brood::Quarantined>) {
 fn assert_quarantined(q: &[brood::Quarantined], tree: &str, key: &str, reason: &str) {
     let found = q
         .iter()
-        .find(|r| r.row.tree == tree && r.row.key == key.as_bytes())
+        .find(|r| r.row.tree == tree && r.row.key == stored_key(tree, key))
         .unwrap_or_else(|| panic!("`{tree}/{key}` is not quarantined: {q:?}"));
     assert!(
         found.row.reason.contains(reason),
@@ -148,7 +164,7 @@ async fn a_task_index_beyond_its_calls_tasks_is_quarantined() {
         let db = sled::open(dir.path()).unwrap();
         db.open_tree("children")
             .unwrap()
-            .insert(row.child_id.as_bytes(), codec::encode(&row).unwrap())
+            .insert(row_key(&row.session_id, &row.child_id), codec::encode(&row).unwrap())
             .unwrap();
         db.flush().unwrap();
     }

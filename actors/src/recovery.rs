@@ -63,7 +63,9 @@ pub struct SessionSnapshot {
 pub struct Reject {
     /// Its tree.
     pub tree: &'static str,
-    /// Its key.
+    /// The session it belongs to.
+    pub session_id: String,
+    /// Its id.
     pub key: String,
     /// Why.
     pub reason: String,
@@ -74,18 +76,14 @@ pub struct Reject {
 pub struct Split {
     /// Each session with its rows, by session id.
     pub sessions: Vec<(SessionRow, SessionSnapshot)>,
-    /// Unit rows of a dispatch a crash cut short (its call row, written last, never landed):
-    /// call id → unit ids, to be removed.
-    pub orphan_units: Vec<(String, Vec<String>)>,
     /// Rows to quarantine.
     pub rejects: Vec<Reject>,
     /// Sessions whose row was missing, rebuilt from their calls (to be written).
     pub rebuilt_sessions: Vec<SessionRow>,
 }
 
-/// Splits a ledger snapshot by session. Unit rows are not needed to rebuild: units are planned
-/// again from the call row, which is what planned them; unit rows without a call are the
-/// remains of a cut dispatch. A child row exists only once its call's dispatch was flushed, so
+/// Splits a ledger snapshot by session. Units are not stored: they are planned again from the
+/// call row, which is what planned them. A child row exists only once its call's dispatch was flushed, so
 /// a child without its call, or with a task index its call does not have, means damage: it is
 /// rejected (quarantined). A call whose session row is missing keeps its session, rebuilt
 /// with default settings and a next set past every stored one, so no set number is reused.
@@ -105,14 +103,6 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
         }
         out.entry(call.session_id.clone()).or_default().calls.push(call);
     }
-    let mut orphan_units: HashMap<String, Vec<String>> = HashMap::new();
-    for unit in snapshot.units {
-        if !call_tasks.contains_key(&unit.call_id) {
-            orphan_units.entry(unit.call_id.clone()).or_default().push(unit.unit_id);
-        }
-    }
-    split.orphan_units = orphan_units.into_iter().collect();
-    split.orphan_units.sort();
     for child in snapshot.children {
         let reason = match call_tasks.get(&child.call_id) {
             None => Some(format!("its call `{}` has no (readable) row", child.call_id)),
@@ -133,6 +123,7 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
         match reason {
             Some(reason) => split.rejects.push(Reject {
                 tree: crate::ledger::trees::CHILDREN,
+                session_id: child.session_id,
                 key: child.child_id,
                 reason,
             }),
@@ -556,7 +547,7 @@ mod tests {
     }
 
     #[test]
-    fn unit_rows_of_a_cut_dispatch_are_set_apart_and_damaged_children_rejected() {
+    fn children_without_their_call_or_beyond_its_tasks_are_rejected() {
         let c = call(&[false], None);
         let no_call = ChildRow {
             call_id: "deleg_gone".into(),
@@ -567,12 +558,6 @@ mod tests {
         let snap = Snapshot {
             sessions: vec![session()],
             calls: vec![c],
-            units: vec![UnitRow {
-                unit_id: "deleg_gone-1".into(),
-                call_id: "deleg_gone".into(),
-                group: None,
-                tasks: vec![0],
-            }],
             children: vec![child(0, ChildStatus::Queued), no_call, beyond],
             claims: vec![],
             damaged_children: vec![],
@@ -581,10 +566,6 @@ mod tests {
         let split = split_snapshot(snap);
         assert_eq!(split.sessions.len(), 1);
         assert_eq!(split.sessions[0].1.children["deleg_c"].len(), 1);
-        assert_eq!(
-            split.orphan_units,
-            vec![("deleg_gone".to_string(), vec!["deleg_gone-1".to_string()])]
-        );
         let rejected: Vec<(&str, &str)> = split
             .rejects
             .iter()

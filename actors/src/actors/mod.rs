@@ -41,9 +41,12 @@ pub struct Engine {
     pub owners: Owners,
     /// Children whose actor is alive (started by a unit and not yet stopped).
     live_children: Arc<Mutex<HashSet<String>>>,
-    /// The arbiter (thread) units, children and runners live on; the coalescer and the
-    /// supervisor live on the system arbiter, so child churn never delays routing.
+    /// The arbiter (thread) units, children and runners live on; the supervisor lives on the
+    /// system arbiter, so child churn never delays routing.
     pub children_arbiter: ArbiterHandle,
+    /// The coalescer's own thread, when the engine has routing threads: an owner rebuilt on the
+    /// supervisor's thread then delays no other session's recording.
+    pub commit_arbiter: Option<ArbiterHandle>,
     /// The routing threads session owners are spread over (by a hash of the session id, so a
     /// rebuilt owner lands where its predecessor was); none: owners run on the system arbiter.
     pub routing_arbiters: Vec<ArbiterHandle>,
@@ -83,6 +86,7 @@ impl Engine {
             live_children: Arc::new(Mutex::new(HashSet::new())),
             children_arbiter,
             routing_arbiters: Vec::new(),
+            commit_arbiter: None,
             turns: Arc::new(DashMap::new()),
             events: crate::events::Events::default(),
             commit_window: std::time::Duration::ZERO,

@@ -21,8 +21,8 @@ use super::owner::{Configure, SessionInfo, SessionOwner};
 use super::supervise::{self, Decision, Exit, RestartBudget, RestartBudgets, RestartPolicy};
 use super::{Engine, Owners};
 use crate::error::BroodError;
-use crate::ledger::{Ledger, LedgerError, Writes};
-use crate::model::{now_ms, validate_session_id, DeadLetterRow, SessionRow, SessionSettings};
+use crate::ledger::{Ledger, LedgerError, RowKey, Writes};
+use crate::model::{now_ms, validate_session_id, ClaimRow, DeadLetterRow, SessionRow, SessionSettings};
 use crate::recovery::{split_snapshot, Recovery};
 use crate::runner::RunnerFactory;
 use crate::wake::Wake;
@@ -121,13 +121,10 @@ impl Supervisor {
     pub fn start_engine(engine: Engine, policy: RestartPolicy) -> Result<Addr<Supervisor>, LedgerError> {
         let ledger = engine.ledger.clone();
         let snapshot = ledger.load()?;
-        let claim_ids: Vec<String> = snapshot.claims.iter().map(|c| c.claim_id.clone()).collect();
+        let claim_ids = claim_keys(&snapshot.claims);
         let split = split_snapshot(snapshot);
         for reject in &split.rejects {
-            ledger.quarantine(reject.tree, &reject.key, &reject.reason)?;
-        }
-        for (call_id, _) in &split.orphan_units {
-            tracing::info!(call = %call_id, "removing the unit rows of a call whose dispatch a crash cut short");
+            ledger.quarantine(reject.tree, &reject.session_id, &reject.key, &reject.reason)?;
         }
         for row in &split.rebuilt_sessions {
             tracing::warn!(
@@ -139,7 +136,6 @@ impl Supervisor {
         let mut recovered = Vec::new();
         let mut writes = Writes {
             sessions: split.rebuilt_sessions,
-            remove_calls: split.orphan_units.iter().map(|(c, u)| (c.clone(), u.clone())).collect(),
             remove_claims: claim_ids,
             ..Writes::default()
         };
@@ -226,19 +222,26 @@ impl Supervisor {
         }
     }
 
-    /// Reads one session back from the ledger for an in-process owner restart. The ledger is
-    /// flushed first, so the rebuilt owner publishes nothing that is not durable (I1).
+    /// Reads one session back from the ledger for an in-process owner restart: its own rows
+    /// only (they are one key range), so the rebuild costs what the session holds, whatever
+    /// the rest of the ledger holds. The ledger is flushed first, so the rebuilt owner
+    /// publishes nothing that is not durable (I1).
     fn rebuild_owner(&self, id: &str) -> Result<SessionOwner, LedgerError> {
         // The dead owner's write in flight lands before the read below, or never.
         self.engine.supersede(id);
         self.engine.ledger.flush()?;
-        let split = split_snapshot(self.engine.ledger.load()?);
+        let split = split_snapshot(self.engine.ledger.load_session(id)?);
+        for reject in &split.rejects {
+            self.engine
+                .ledger
+                .quarantine(reject.tree, &reject.session_id, &reject.key, &reject.reason)?;
+        }
         let (session, part) = split
             .sessions
             .into_iter()
             .find(|(s, _)| s.session_id == id)
             .ok_or_else(|| LedgerError::storage_msg(format!("session `{id}` has no row")))?;
-        let claim_ids: Vec<String> = part.claims.iter().map(|c| c.claim_id.clone()).collect();
+        let claim_ids = claim_keys(&part.claims);
         let (mut owner, changed) = SessionOwner::recover(self.engine.clone(), session, &part, Recovery::Owner);
         self.engine.ledger.write(&Writes {
             children: changed,
@@ -254,11 +257,19 @@ impl Supervisor {
     }
 
     fn spawn_coalescer(&mut self, ctx: &mut Context<Self>) {
-        let (addr, exit) = supervise::spawn(Coalescer::new(
+        let (ledger, owners, window) = (
             self.engine.ledger.clone(),
             self.engine.owners.clone(),
             self.engine.commit_window,
-        ));
+        );
+        let make = move || Coalescer::new(ledger, owners, window);
+        let (addr, exit): (_, futures::future::LocalBoxFuture<'static, Exit>) = match &self.engine.commit_arbiter {
+            Some(arbiter) => {
+                let (addr, exit) = supervise::spawn_in(arbiter, make);
+                (addr, exit)
+            }
+            None => supervise::spawn(make()),
+        };
         self.engine.set_coalescer(Some(addr));
         exit.into_actor(self)
             .map(|exit, act, ctx| {
@@ -277,6 +288,14 @@ impl Supervisor {
             })
             .spawn(ctx);
     }
+}
+
+/// The keys of claim rows, to remove them.
+fn claim_keys(claims: &[ClaimRow]) -> Vec<RowKey> {
+    claims
+        .iter()
+        .map(|c| RowKey::new(c.session_id.clone(), c.claim_id.clone()))
+        .collect()
 }
 
 impl Actor for Supervisor {

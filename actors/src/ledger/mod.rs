@@ -6,21 +6,29 @@
 //! write and when is decided by the actors. Writes become durable at [`Ledger::flush`]; nothing
 //! may be reported as recorded before the flush that covers it returned (I1).
 //!
-//! Trees: `sessions`, `calls`, `units`, `children`, `claims`, `acks`, `wakes`, `dead_letters`,
-//! `meta`, `quarantine` (with the raw values in `quarantine_raw`). Keys are the ids as UTF-8; values are [`crate::codec`] rows. An item's durable
-//! delivery state is its child row's flag, *or* an ack row naming it, *or* a dead letter of it:
-//! an ack writes one row for its claim and never rewrites the children's rows (they get an
-//! unflushed copy of the flag later), so [`Ledger::load`] folds the three together.
+//! Trees: `sessions`, `calls`, `children`, `claims`, `acks`, `wakes`, `dead_letters`, `meta`,
+//! `quarantine` (with the raw values in `quarantine_raw`). Values are [`crate::codec`] rows.
+//! Sessions and wakes are keyed by session id; every other row by [`row_key`] (its session id,
+//! a NUL, its own id), so one session's rows are one contiguous range and
+//! [`Ledger::load_session`] reads only them: nothing an owner rebuild reads grows with the
+//! ledger's other sessions.
+//!
+//! About one row is written per child: a dispatch writes its call row (the tasks are the
+//! children's queued rows) and its session row; each child's terminal row is group-committed
+//! by the coalescer; an ack writes one row for its whole claim and never rewrites the children's
+//! rows. An item's durable delivery state is therefore its child row's flag, *or* an ack row
+//! naming it, *or* a dead letter of it, and [`Ledger::load`] folds the three together.
 //!
 //! A row that cannot be read back (bad version byte, truncated, over the size limit, values
 //! brood never writes) is moved with its raw bytes to `quarantine` with the reason, logged and
 //! counted; the rest of the ledger opens and is served.
 //!
 //! The parts: this file (the trait, the rows one decision writes, the errors, the durability
-//! levels), `sled_ledger` (the sled implementation), `fsync` (what `Durability::Fsync` adds to
-//! sled's flush).
+//! levels), `sled_ledger` (the sled implementation), `migrate` (an older key layout brought to
+//! this one), `fsync` (what `Durability::Fsync` adds to sled's flush).
 
 mod fsync;
+mod migrate;
 mod sled_ledger;
 
 use std::fmt;
@@ -28,7 +36,7 @@ use std::fmt;
 use crate::codec::CodecError;
 use crate::model::*;
 
-pub use sled_ledger::{FlushObserver, SledLedger, LOCK_WAIT};
+pub use sled_ledger::{row_key, FlushObserver, SledLedger, LAYOUT, LOCK_WAIT};
 
 /// The ledger could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +124,25 @@ impl std::str::FromStr for Durability {
     }
 }
 
+/// A row of a session-scoped tree, by its session and its own id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RowKey {
+    /// The session it belongs to.
+    pub session_id: String,
+    /// Its id (call id, claim id, dead letter's dedup key).
+    pub id: String,
+}
+
+impl RowKey {
+    /// The row `id` of `session_id`.
+    pub fn new(session_id: impl Into<String>, id: impl Into<String>) -> Self {
+        RowKey {
+            session_id: session_id.into(),
+            id: id.into(),
+        }
+    }
+}
+
 /// Everything stored, as read when the ledger opens, with delivery state folded in.
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
@@ -123,8 +150,6 @@ pub struct Snapshot {
     pub sessions: Vec<SessionRow>,
     /// All calls.
     pub calls: Vec<CallRow>,
-    /// All units.
-    pub units: Vec<UnitRow>,
     /// All children; `result`/`notice` say delivered or dead when an ack row or a dead letter
     /// says so.
     pub children: Vec<ChildRow>,
@@ -138,13 +163,12 @@ pub struct Snapshot {
 
 /// The rows one decision writes, in the order sled's log keeps them: sled recovers a prefix of
 /// its log, so a crash in the middle leaves the earlier ones. A dispatch lists the session
-/// (its next set) before its units and its call: a crash may skip a set number, never reuse one.
+/// (its next set) before its call: a crash may skip a set number, never reuse one. Units are
+/// not stored: they are planned again from the call row, which is what planned them.
 #[derive(Debug, Default, Clone)]
 pub struct Writes {
     /// Session rows to put.
     pub sessions: Vec<SessionRow>,
-    /// Unit rows to put.
-    pub units: Vec<UnitRow>,
     /// Call rows to put.
     pub calls: Vec<CallRow>,
     /// Child rows to put.
@@ -159,21 +183,20 @@ pub struct Writes {
     pub remove_wakes: Vec<String>,
     /// Sessions to remove (one whose creation was not made durable).
     pub remove_sessions: Vec<String>,
-    /// Calls to remove (a refused dispatch taken back): the call first, then its units.
-    pub remove_calls: Vec<(String, Vec<String>)>,
+    /// Calls to remove (a refused dispatch taken back).
+    pub remove_calls: Vec<RowKey>,
     /// Dead letters to remove, by dedup key.
-    pub remove_dead_letters: Vec<String>,
+    pub remove_dead_letters: Vec<RowKey>,
     /// Ack rows to remove, by claim id.
-    pub remove_acks: Vec<String>,
+    pub remove_acks: Vec<RowKey>,
     /// Claim rows to remove.
-    pub remove_claims: Vec<String>,
+    pub remove_claims: Vec<RowKey>,
 }
 
 impl Writes {
     /// Whether nothing is to be written.
     pub fn is_empty(&self) -> bool {
         self.sessions.is_empty()
-            && self.units.is_empty()
             && self.calls.is_empty()
             && self.children.is_empty()
             && self.dead_letters.is_empty()
@@ -190,7 +213,6 @@ impl Writes {
     /// Appends `other` after these writes.
     pub fn extend(&mut self, other: Writes) {
         self.sessions.extend(other.sessions);
-        self.units.extend(other.units);
         self.calls.extend(other.calls);
         self.children.extend(other.children);
         self.dead_letters.extend(other.dead_letters);
@@ -215,8 +237,8 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     fn record_terminals(&self, rows: &[ChildRow]) -> Result<Vec<ChildRow>, LedgerError>;
     /// Records a claim (cheap: not flushed by the caller).
     fn put_claim(&self, row: &ClaimRow) -> Result<(), LedgerError>;
-    /// The ack row of a claim, if it was acknowledged durably.
-    fn ack(&self, claim_id: &str) -> Result<Option<AckRow>, LedgerError>;
+    /// The ack row of a claim of `session_id`, if it was acknowledged durably.
+    fn ack(&self, session_id: &str, claim_id: &str) -> Result<Option<AckRow>, LedgerError>;
     /// Every dead letter.
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError>;
     /// Makes every write so far durable, as [`Ledger::durability`] says; returns the bytes
@@ -226,9 +248,13 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     fn durability(&self) -> Durability;
     /// Reads everything back (recovery), quarantining rows that cannot be read.
     fn load(&self) -> Result<Snapshot, LedgerError>;
-    /// Moves one stored row aside, raw bytes kept, with the reason (recovery found it
-    /// inconsistent with the rest).
-    fn quarantine(&self, tree: &str, key: &str, reason: &str) -> Result<(), LedgerError>;
+    /// Reads one session's rows back (an owner rebuilt in-process), as [`Ledger::load`] does;
+    /// it reads nothing of the other sessions.
+    fn load_session(&self, session_id: &str) -> Result<Snapshot, LedgerError>;
+    /// Moves one stored row of `session_id` aside, raw bytes kept, with the reason (recovery
+    /// found it inconsistent with the rest). For the trees keyed by session id, `id` is the
+    /// session id.
+    fn quarantine(&self, tree: &str, session_id: &str, id: &str, reason: &str) -> Result<(), LedgerError>;
     /// The rows moved aside so far, with their raw values.
     fn quarantined(&self) -> Result<Vec<Quarantined>, LedgerError>;
 }
@@ -239,7 +265,7 @@ pub mod trees {
     pub const SESSIONS: &str = "sessions";
     /// Calls by id.
     pub const CALLS: &str = "calls";
-    /// Units by id.
+    /// Units by id: layout 1 only (units are planned again from their call).
     pub const UNITS: &str = "units";
     /// Children by id.
     pub const CHILDREN: &str = "children";

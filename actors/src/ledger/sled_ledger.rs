@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::fsync::FileSync;
 use super::trees::*;
-use super::{Durability, Ledger, LedgerError, Snapshot, Writes};
+use super::{Durability, Ledger, LedgerError, RowKey, Snapshot, Writes};
 use crate::codec;
 use crate::model::*;
 
@@ -26,7 +26,6 @@ pub struct SledLedger {
     db: sled::Db,
     sessions: sled::Tree,
     calls: sled::Tree,
-    units: sled::Tree,
     children: sled::Tree,
     claims: sled::Tree,
     acks: sled::Tree,
@@ -36,6 +35,8 @@ pub struct SledLedger {
     quarantine_raw: sled::Tree,
     files: FileSync,
     on_flush: Option<FlushObserver>,
+    /// Whether a row was moved aside since the last load ended.
+    moved_aside: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for SledLedger {
@@ -100,14 +101,38 @@ impl SledLedger {
             }
             None => {
                 meta.insert("format", encode(META, "format", &codec::FORMAT_VERSION)?)?;
+                meta.insert(LAYOUT_KEY, encode(META, LAYOUT_KEY, &LAYOUT)?)?;
                 db.flush()?;
+            }
+        }
+        let layout: u8 = match meta.get(LAYOUT_KEY)? {
+            // Written before layouts were numbered: keys were the bare ids.
+            None => 1,
+            Some(v) => codec::decode(&v).map_err(|source| LedgerError::Codec {
+                tree: META,
+                key: LAYOUT_KEY.into(),
+                source,
+            })?,
+        };
+        match layout {
+            LAYOUT => {}
+            1 => {
+                super::migrate::session_keys(&db)?;
+                meta.insert(LAYOUT_KEY, encode(META, LAYOUT_KEY, &LAYOUT)?)?;
+                db.flush()?;
+                FileSync::open(&path)?.sync()?;
+            }
+            newer => {
+                return Err(LedgerError::storage_msg(format!(
+                    "{} holds ledger layout {newer}; this build reads layouts up to {LAYOUT}",
+                    path.display()
+                )))
             }
         }
         let files = FileSync::open(&path)?;
         Ok(SledLedger {
             sessions: db.open_tree(SESSIONS)?,
             calls: db.open_tree(CALLS)?,
-            units: db.open_tree(UNITS)?,
             children: db.open_tree(CHILDREN)?,
             claims: db.open_tree(CLAIMS)?,
             acks: db.open_tree(ACKS)?,
@@ -117,6 +142,7 @@ impl SledLedger {
             quarantine_raw: db.open_tree(QUARANTINE_RAW)?,
             files,
             on_flush: None,
+            moved_aside: Default::default(),
             durability,
             path,
             db,
@@ -138,7 +164,6 @@ impl SledLedger {
         Some(match name {
             SESSIONS => &self.sessions,
             CALLS => &self.calls,
-            UNITS => &self.units,
             CHILDREN => &self.children,
             CLAIMS => &self.claims,
             ACKS => &self.acks,
@@ -171,6 +196,7 @@ impl SledLedger {
         self.quarantine
             .insert(&qkey, encode(QUARANTINE, &String::from_utf8_lossy(key), &row)?)?;
         tree.remove(key)?;
+        self.moved_aside.store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::error!(
             tree = name,
             key = %String::from_utf8_lossy(key),
@@ -185,10 +211,29 @@ impl SledLedger {
         tree: &sled::Tree,
         name: &'static str,
     ) -> Result<Vec<T>, LedgerError> {
+        self.scan_rows(tree, name, tree.iter())
+    }
+
+    /// Reads one session's rows of a session-scoped tree back, as [`SledLedger::scan`] does.
+    fn scan_session<T: serde::de::DeserializeOwned + CheckRow>(
+        &self,
+        tree: &sled::Tree,
+        name: &'static str,
+        session_id: &str,
+    ) -> Result<Vec<T>, LedgerError> {
+        self.scan_rows(tree, name, tree.scan_prefix(session_prefix(session_id)))
+    }
+
+    fn scan_rows<T: serde::de::DeserializeOwned + CheckRow>(
+        &self,
+        tree: &sled::Tree,
+        name: &'static str,
+        rows: sled::Iter,
+    ) -> Result<Vec<T>, LedgerError> {
         // Not `tree.len()`: in sled 0.34 that is a scan of its own.
         let mut out = Vec::new();
         let mut bad = Vec::new();
-        for kv in tree.iter() {
+        for kv in rows {
             let (k, v) = kv?;
             match codec::decode::<T>(&v)
                 .map_err(|e| e.to_string())
@@ -203,6 +248,63 @@ impl SledLedger {
         }
         Ok(out)
     }
+
+    /// The children of `prefix` (a quarantine key prefix) whose rows are in quarantine.
+    fn damaged_children(&self, prefix: &[u8]) -> Result<Vec<String>, LedgerError> {
+        let mut out = Vec::new();
+        for kv in self.quarantine.scan_prefix(prefix) {
+            let (k, _) = kv?;
+            let key = &k[CHILDREN.len() + 1..];
+            // A key of the session-keyed layout names its session first.
+            let id = key.iter().position(|&b| b == 0).map_or(key, |nul| &key[nul + 1..]);
+            out.push(String::from_utf8_lossy(id).into_owned());
+        }
+        Ok(out)
+    }
+
+    /// Makes what a load moved aside durable: it must not come back on its own.
+    fn settle_quarantine(&self) -> Result<(), LedgerError> {
+        if self.moved_aside.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// The stored key of `id` in `tree`: session-scoped, or the session id itself.
+    fn key_of(name: &str, session_id: &str, id: &str) -> Vec<u8> {
+        if is_scoped(name) {
+            row_key(session_id, id)
+        } else {
+            id.as_bytes().to_vec()
+        }
+    }
+}
+
+/// The ledger's key layout this build writes: 2, every session-scoped row keyed by
+/// [`row_key`]. Layout 1 (bare ids, and unit rows) is migrated when opened.
+pub const LAYOUT: u8 = 2;
+const LAYOUT_KEY: &str = "layout";
+
+/// The stored key of a row of `session_id` in a session-scoped tree (calls, children, claims,
+/// acks, dead letters): the session id, a NUL, the row's id. A session id holds no control
+/// characters, so the NUL ends it unambiguously and one session's rows are one contiguous
+/// range, read by a prefix scan: rebuilding one session reads only its own rows.
+pub fn row_key(session_id: &str, id: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(session_id.len() + 1 + id.len());
+    key.extend_from_slice(session_id.as_bytes());
+    key.push(0);
+    key.extend_from_slice(id.as_bytes());
+    key
+}
+
+/// The prefix every key of `session_id` in a session-scoped tree starts with.
+fn session_prefix(session_id: &str) -> Vec<u8> {
+    row_key(session_id, "")
+}
+
+/// Whether a tree's keys are [`row_key`]s (the others are keyed by session id).
+pub(super) fn is_scoped(tree: &str) -> bool {
+    matches!(tree, CALLS | CHILDREN | CLAIMS | ACKS | DEAD_LETTERS)
 }
 
 fn encode<T: serde::Serialize>(tree: &'static str, key: &str, row: &T) -> Result<Vec<u8>, LedgerError> {
@@ -216,12 +318,13 @@ fn encode<T: serde::Serialize>(tree: &'static str, key: &str, row: &T) -> Result
 fn put_all<'a, T: serde::Serialize + 'a>(
     tree: &sled::Tree,
     name: &'static str,
-    rows: impl IntoIterator<Item = (&'a str, &'a T)>,
+    rows: impl IntoIterator<Item = (Vec<u8>, &'a T)>,
 ) -> Result<(), LedgerError> {
     let mut batch = sled::Batch::default();
     let mut any = false;
     for (key, row) in rows {
-        batch.insert(key.as_bytes(), encode(name, key, row)?);
+        let value = encode(name, &String::from_utf8_lossy(&key), row)?;
+        batch.insert(key, value);
         any = true;
     }
     if any {
@@ -230,17 +333,37 @@ fn put_all<'a, T: serde::Serialize + 'a>(
     Ok(())
 }
 
-fn remove_all<'a>(tree: &sled::Tree, keys: impl IntoIterator<Item = &'a String>) -> Result<(), LedgerError> {
+fn remove_all(tree: &sled::Tree, keys: impl IntoIterator<Item = Vec<u8>>) -> Result<(), LedgerError> {
     let mut batch = sled::Batch::default();
     let mut any = false;
     for key in keys {
-        batch.remove(key.as_bytes());
+        batch.remove(key);
         any = true;
     }
     if any {
         tree.apply_batch(batch)?;
     }
     Ok(())
+}
+
+fn scoped_keys(keys: &[RowKey]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    keys.iter().map(|k| row_key(&k.session_id, &k.id))
+}
+
+fn id_keys(ids: &[String]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    ids.iter().map(|id| id.as_bytes().to_vec())
+}
+
+/// The claims no ack row names: live when the last process stopped.
+fn live_claims(mut claims: Vec<ClaimRow>, acks: &[AckRow]) -> Vec<ClaimRow> {
+    let acked: HashSet<&str> = acks.iter().map(|a| a.claim_id.as_str()).collect();
+    claims.retain(|c| !acked.contains(c.claim_id.as_str()));
+    claims
+}
+
+/// The row of exactly `key` in a tree keyed by session id, as an iterator.
+fn exactly(tree: &sled::Tree, key: &str) -> sled::Iter {
+    tree.range(key.as_bytes()..=key.as_bytes())
 }
 
 /// Folds the durable delivery state of ack rows and dead letters into the children's rows.
@@ -280,30 +403,39 @@ impl Ledger for SledLedger {
         put_all(
             &self.sessions,
             SESSIONS,
-            w.sessions.iter().map(|r| (r.session_id.as_str(), r)),
+            w.sessions.iter().map(|r| (r.session_id.as_bytes().to_vec(), r)),
         )?;
-        put_all(&self.units, UNITS, w.units.iter().map(|r| (r.unit_id.as_str(), r)))?;
-        put_all(&self.calls, CALLS, w.calls.iter().map(|r| (r.call_id.as_str(), r)))?;
+        put_all(
+            &self.calls,
+            CALLS,
+            w.calls.iter().map(|r| (row_key(&r.session_id, &r.call_id), r)),
+        )?;
         put_all(
             &self.children,
             CHILDREN,
-            w.children.iter().map(|r| (r.child_id.as_str(), r)),
+            w.children.iter().map(|r| (row_key(&r.session_id, &r.child_id), r)),
         )?;
         put_all(
             &self.dead_letters,
             DEAD_LETTERS,
-            w.dead_letters.iter().map(|r| (r.dedup_key.as_str(), r)),
+            w.dead_letters.iter().map(|r| (row_key(&r.session_id, &r.dedup_key), r)),
         )?;
-        put_all(&self.acks, ACKS, w.acks.iter().map(|r| (r.claim_id.as_str(), r)))?;
-        put_all(&self.wakes, WAKES, w.wakes.iter().map(|r| (r.session_id.as_str(), r)))?;
-        remove_all(&self.wakes, &w.remove_wakes)?;
-        // The call first: without it the rest is ignored by recovery anyway.
-        remove_all(&self.calls, w.remove_calls.iter().map(|(c, _)| c))?;
-        remove_all(&self.units, w.remove_calls.iter().flat_map(|(_, u)| u))?;
-        remove_all(&self.dead_letters, &w.remove_dead_letters)?;
-        remove_all(&self.sessions, &w.remove_sessions)?;
-        remove_all(&self.acks, &w.remove_acks)?;
-        remove_all(&self.claims, &w.remove_claims)?;
+        put_all(
+            &self.acks,
+            ACKS,
+            w.acks.iter().map(|r| (row_key(&r.session_id, &r.claim_id), r)),
+        )?;
+        put_all(
+            &self.wakes,
+            WAKES,
+            w.wakes.iter().map(|r| (r.session_id.as_bytes().to_vec(), r)),
+        )?;
+        remove_all(&self.wakes, id_keys(&w.remove_wakes))?;
+        remove_all(&self.calls, scoped_keys(&w.remove_calls))?;
+        remove_all(&self.dead_letters, scoped_keys(&w.remove_dead_letters))?;
+        remove_all(&self.sessions, id_keys(&w.remove_sessions))?;
+        remove_all(&self.acks, scoped_keys(&w.remove_acks))?;
+        remove_all(&self.claims, scoped_keys(&w.remove_claims))?;
         Ok(())
     }
 
@@ -314,7 +446,8 @@ impl Ledger for SledLedger {
         for row in rows {
             // A stored row that does not decode is overwritten by the child's own, which is
             // complete; the damaged one was quarantined when the ledger opened.
-            let current: Option<ChildRow> = match self.children.get(row.child_id.as_bytes())? {
+            let key = row_key(&row.session_id, &row.child_id);
+            let current: Option<ChildRow> = match self.children.get(&key)? {
                 Some(v) => codec::decode(&v).ok(),
                 None => None,
             };
@@ -326,7 +459,7 @@ impl Ledger for SledLedger {
                         row.result = current.result;
                         row.notice = current.notice;
                     }
-                    batch.insert(row.child_id.as_bytes(), encode(CHILDREN, &row.child_id, &row)?);
+                    batch.insert(key, encode(CHILDREN, &row.child_id, &row)?);
                     stored.push(row);
                 }
             }
@@ -336,13 +469,15 @@ impl Ledger for SledLedger {
     }
 
     fn put_claim(&self, row: &ClaimRow) -> Result<(), LedgerError> {
-        self.claims
-            .insert(row.claim_id.as_bytes(), encode(CLAIMS, &row.claim_id, row)?)?;
+        self.claims.insert(
+            row_key(&row.session_id, &row.claim_id),
+            encode(CLAIMS, &row.claim_id, row)?,
+        )?;
         Ok(())
     }
 
-    fn ack(&self, claim_id: &str) -> Result<Option<AckRow>, LedgerError> {
-        match self.acks.get(claim_id.as_bytes())? {
+    fn ack(&self, session_id: &str, claim_id: &str) -> Result<Option<AckRow>, LedgerError> {
+        match self.acks.get(row_key(session_id, claim_id))? {
             None => Ok(None),
             Some(v) => codec::decode(&v).map(Some).map_err(|source| LedgerError::Codec {
                 tree: ACKS,
@@ -382,40 +517,46 @@ impl Ledger for SledLedger {
         let dead: Vec<DeadLetterRow> = self.scan(&self.dead_letters, DEAD_LETTERS)?;
         let mut children: Vec<ChildRow> = self.scan(&self.children, CHILDREN)?;
         fold_delivery(&mut children, &acks, &dead);
-        let acked: HashSet<&str> = acks.iter().map(|a| a.claim_id.as_str()).collect();
-        let mut claims: Vec<ClaimRow> = self.scan(&self.claims, CLAIMS)?;
-        claims.retain(|c| !acked.contains(c.claim_id.as_str()));
-        let sessions = self.scan(&self.sessions, SESSIONS)?;
-        let calls = self.scan(&self.calls, CALLS)?;
-        let units = self.scan(&self.units, UNITS)?;
-        let prefix = format!("{CHILDREN}/");
-        let mut damaged_children = Vec::new();
-        for kv in self.quarantine.scan_prefix(prefix.as_bytes()) {
-            let (k, _) = kv?;
-            damaged_children.push(String::from_utf8_lossy(&k[prefix.len()..]).into_owned());
-        }
+        let claims = live_claims(self.scan(&self.claims, CLAIMS)?, &acks);
         let snapshot = Snapshot {
-            sessions,
-            calls,
-            units,
+            sessions: self.scan(&self.sessions, SESSIONS)?,
+            calls: self.scan(&self.calls, CALLS)?,
             children,
             claims,
-            damaged_children,
+            damaged_children: self.damaged_children(format!("{CHILDREN}/").as_bytes())?,
             wakes: self.scan(&self.wakes, WAKES)?,
         };
-        if !self.quarantine.is_empty() {
-            // What was moved aside must not come back on its own: make the move durable.
-            self.flush()?;
-        }
+        self.settle_quarantine()?;
         Ok(snapshot)
     }
 
-    fn quarantine(&self, tree: &str, key: &str, reason: &str) -> Result<(), LedgerError> {
+    fn load_session(&self, session_id: &str) -> Result<Snapshot, LedgerError> {
+        let acks: Vec<AckRow> = self.scan_session(&self.acks, ACKS, session_id)?;
+        let dead: Vec<DeadLetterRow> = self.scan_session(&self.dead_letters, DEAD_LETTERS, session_id)?;
+        let mut children: Vec<ChildRow> = self.scan_session(&self.children, CHILDREN, session_id)?;
+        fold_delivery(&mut children, &acks, &dead);
+        let claims = live_claims(self.scan_session(&self.claims, CLAIMS, session_id)?, &acks);
+        let mut quarantine_prefix = format!("{CHILDREN}/").into_bytes();
+        quarantine_prefix.extend_from_slice(&session_prefix(session_id));
+        let snapshot = Snapshot {
+            sessions: self.scan_rows(&self.sessions, SESSIONS, exactly(&self.sessions, session_id))?,
+            calls: self.scan_session(&self.calls, CALLS, session_id)?,
+            children,
+            claims,
+            damaged_children: self.damaged_children(&quarantine_prefix)?,
+            wakes: self.scan_rows(&self.wakes, WAKES, exactly(&self.wakes, session_id))?,
+        };
+        self.settle_quarantine()?;
+        Ok(snapshot)
+    }
+
+    fn quarantine(&self, tree: &str, session_id: &str, id: &str, reason: &str) -> Result<(), LedgerError> {
         let Some(t) = self.tree(tree) else {
             return Err(LedgerError::storage_msg(format!("no tree `{tree}` to quarantine from")));
         };
-        match t.get(key.as_bytes())? {
-            Some(v) => self.move_aside(t, tree, key.as_bytes(), &v, reason),
+        let key = Self::key_of(tree, session_id, id);
+        match t.get(&key)? {
+            Some(v) => self.move_aside(t, tree, &key, &v, reason),
             None => Ok(()),
         }
     }

@@ -90,7 +90,11 @@ impl SessionOwner {
 
     /// A claim acknowledged durably before (by an earlier owner or process), if it was.
     fn durably_acked(&self, claim_id: &str) -> Result<Option<usize>, BroodError> {
-        Ok(self.engine.ledger.ack(claim_id)?.map(|row| row.items.len()))
+        Ok(self
+            .engine
+            .ledger
+            .ack(&self.session.session_id, claim_id)?
+            .map(|row| row.items.len()))
     }
 
     /// Decides an ack: an ack row for the claim, flushed; then its items are delivered.
@@ -134,7 +138,7 @@ impl SessionOwner {
             acked_at_ms: now_ms(),
         };
         let restore = Writes {
-            remove_acks: vec![claim_id.clone()],
+            remove_acks: vec![self.row_key(&claim_id)],
             ..Writes::default()
         };
         Decided::Step(Step {
@@ -149,11 +153,11 @@ impl SessionOwner {
                     act.emit_claim(&claim_id, ClaimChange::Acked, delivered);
                     let rows = act.book.mark(&items, |d| d.delivered = true);
                     let calls: Vec<String> = rows.iter().map(|r| r.call_id.clone()).collect();
-                    // The ack row is the durable record; the children get a copy of it, and
-                    // the claim row goes, without a flush of their own.
+                    // The ack row is the durable record, folded into the children's rows when
+                    // they are read back: they are not rewritten. The claim row goes, without
+                    // a flush of its own.
                     act.write_unflushed(Writes {
-                        children: rows,
-                        remove_claims: vec![claim_id],
+                        remove_claims: vec![act.row_key(&claim_id)],
                         ..Writes::default()
                     });
                     act.collect(calls);
@@ -269,7 +273,7 @@ impl SessionOwner {
             })
             .collect();
         let restore = Writes {
-            remove_dead_letters: dead.iter().map(|d| d.dedup_key.clone()).collect(),
+            remove_dead_letters: dead.iter().map(|d| self.row_key(&d.dedup_key)).collect(),
             ..Writes::default()
         };
         Decided::Step(Step {
@@ -309,7 +313,7 @@ impl SessionOwner {
         let calls: Vec<String> = rows.iter().map(|r| r.call_id.clone()).collect();
         self.write_unflushed(Writes {
             children: rows,
-            remove_claims: vec![claim_id.to_string()],
+            remove_claims: vec![self.row_key(claim_id)],
             ..Writes::default()
         });
         if !returned.dead.is_empty() {

@@ -21,8 +21,8 @@ use crate::recovery::queued_child;
 const ADMIT_RETRY: Duration = Duration::from_millis(100);
 
 impl SessionOwner {
-    /// Decides a delegate: validates it, gives it the batch's next set, and writes session,
-    /// units and call (in that order: a crash may skip a set, never reuse one). Applied — the
+    /// Decides a delegate: validates it, gives it the batch's next set, and writes session and
+    /// call (in that order: a crash may skip a set, never reuse one). Applied — the
     /// set taken, the call booked, its children queued — only once that is durable.
     pub(super) fn decide_delegate(
         &mut self,
@@ -63,13 +63,12 @@ impl SessionOwner {
         view.session.next_set = set.saturating_add(1);
         let writes = Writes {
             sessions: vec![view.session.clone()],
-            units: units.clone(),
             calls: vec![call.clone()],
             ..Writes::default()
         };
         let restore = Writes {
             sessions: vec![self.session.clone()],
-            remove_calls: vec![(call_id.clone(), units.iter().map(|u| u.unit_id.clone()).collect())],
+            remove_calls: vec![self.row_key(&call_id)],
             ..Writes::default()
         };
         let accepted = msg.accepted;

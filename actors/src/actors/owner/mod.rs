@@ -36,7 +36,7 @@ use super::supervise::{Exit, RestartBudgets, RestartPolicy};
 use super::Engine;
 use crate::error::BroodError;
 use crate::events::Event;
-use crate::ledger::Writes;
+use crate::ledger::{RowKey, Writes};
 use crate::model::*;
 use crate::routing::{Capacity, Router, WakeState};
 use crate::wake::{Wake, WakeEvent, WakeTarget};
@@ -179,8 +179,13 @@ impl SessionOwner {
         }
     }
 
+    /// The key of this session's row `id` in a session-scoped tree.
+    fn row_key(&self, id: &str) -> RowKey {
+        RowKey::new(self.session.session_id.clone(), id)
+    }
+
     /// Writes rows that need no flush of their own (running marks of re-runnable tasks,
-    /// attempt counts, copies of delivery state made durable elsewhere).
+    /// attempt counts, dead marks whose dead letters are durable).
     fn write_unflushed(&self, writes: Writes) {
         if writes.is_empty() {
             return;
@@ -442,6 +447,14 @@ impl Handler<Status> for SessionOwner {
                 Vec::new()
             },
         })
+    }
+}
+
+impl Handler<Restart> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, _: Restart, _: &mut Context<Self>) {
+        panic!("restart requested for session {}", self.session.session_id);
     }
 }
 

@@ -122,7 +122,7 @@ impl SessionOwner {
                 ..Writes::default()
             },
             restore: Writes {
-                remove_acks: vec![receipt],
+                remove_acks: vec![self.row_key(&receipt)],
                 ..Writes::default()
             },
             then: Box::new(move |act, ctx, res| {
