@@ -50,7 +50,7 @@ use std::time::Duration;
 use actix::{Addr, Handler, Message};
 use brood_actors::actors::owner::{self, claim_session, Delegated, SessionOwner};
 pub use brood_actors::actors::supervisor::Health;
-use brood_actors::actors::supervisor::{CheckHealth, DeadLetters, FindOwner, OpenSession, Supervisor};
+use brood_actors::actors::supervisor::{CheckHealth, DeadLetters, FindOwner, OpenSession, RestartOwner, Supervisor};
 use brood_actors::actors::{Engine, Owners};
 use brood_actors::events::Events;
 use brood_actors::ledger::{Ledger, SledLedger};
@@ -630,13 +630,14 @@ impl Brood {
         }
     }
 
-    /// Restarts a session's owner as a panic in it would: its supervisor rebuilds it from the
-    /// session's own rows in the ledger (its live claims returned, its running children
-    /// adopted, nothing recorded lost), under the restart policy, whose budget it counts
-    /// against. For supervision-tree fault testing. Returns once the rebuilt owner answers.
+    /// Restarts a session's owner as its supervisor restarts one that panicked, without the
+    /// panic and outside the restart budget: the owner stops and is rebuilt from the session's
+    /// own rows in the ledger (its live claims returned, its running children adopted, nothing
+    /// recorded lost); requests it had not answered get [`BroodError::Interrupted`]. For
+    /// supervision-tree fault testing. Returns once the rebuilt owner answers.
     pub async fn restart_owner(&self, session_id: &str) -> Result<(), BroodError> {
         let old = self.owner(session_id).await?;
-        old.do_send(owner::Restart);
+        self.root.send(RestartOwner(session_id.to_string())).await??;
         loop {
             if let Some(addr) = self.owners.get(session_id).map(|a| a.clone()) {
                 if addr != old && addr.send(owner::Status { calls: false }).await.is_ok() {

@@ -282,21 +282,7 @@ pub(super) async fn claims(dir: &Path, durability: Durability, sizes: &[usize]) 
 /// the same folder and reading every tree.
 pub(super) async fn recovery(dir: &Path, durability: Durability, n: usize) -> anyhow::Result<Figure> {
     let ledger = dir.join("ledger");
-    {
-        let b = open(&ledger, durability)?;
-        b.open_session(
-            "rec",
-            SessionOptions::default().wake(|_| {}).max_concurrent_children(10_000),
-        )
-        .await?;
-        for _ in 0..n.div_ceil(CALL) {
-            b.delegate("rec", zero_time_call(CALL)).await.map_err(|e| e.error)?;
-        }
-        while b.counts("rec").await?.ready < n.div_ceil(CALL) * CALL {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        b.shutdown();
-    }
+    fill_ledger(&ledger, durability, "rec", n).await?;
     let start = Instant::now();
     let b = open(&ledger, durability)?;
     b.open_session("rec", SessionOptions::default().wake(|_| {})).await?;
@@ -317,6 +303,132 @@ pub(super) async fn recovery(dir: &Path, durability: Durability, n: usize) -> an
     drop(db);
     anyhow::ensure!(rows >= n, "the raw scan read {rows} rows, fewer than the {n} children");
     Ok(Figure::new("recovery_s", took, "s").against(raw).target("ratio ≤ 2"))
+}
+
+/// Children of the session whose owner the `rebuild` group restarts.
+const REBUILT: usize = 10_000;
+/// Sessions probing, each with its own loop, while it is rebuilt.
+const PROBES: usize = 4;
+
+/// The longest extra delay other sessions see while one owner is rebuilt in a ledger of `n`
+/// child rows. The ledger: the recovery group's (`n` ready children in one session), or one
+/// built alike; a session of [`REBUILT`] ready children is added and its owner restarted
+/// ([`Brood::restart_owner`]: rebuilt from its own rows). Meanwhile [`PROBES`] other sessions
+/// each loop: delegate one zero-time child, claim its result, ack. The figure is the longest
+/// probe cycle that overlapped the rebuild minus the median cycle of the quiet second before.
+pub(super) async fn rebuild(
+    dir: &Path,
+    durability: Durability,
+    n: usize,
+    built: Option<&Path>,
+) -> anyhow::Result<Vec<Figure>> {
+    let ledger = match built {
+        Some(path) => path.to_path_buf(),
+        None => {
+            let path = dir.join("ledger");
+            fill_ledger(&path, durability, "rec", n).await?;
+            path
+        }
+    };
+    let b = open(&ledger, durability)?;
+    b.open_session("rec", SessionOptions::default().wake(|_| {})).await?;
+    fill(&b, "rebuilt", REBUILT).await?;
+    let probes: Vec<String> = (0..PROBES).map(|i| format!("probe-{i}")).collect();
+    for p in &probes {
+        b.open_session(p, SessionOptions::default().wake(|_| {})).await?;
+    }
+    let stop = std::cell::Cell::new(false);
+    let cycles: std::cell::RefCell<Vec<(Instant, Duration)>> = Default::default();
+    let probe = |session: &str| {
+        let (stop, cycles, b) = (&stop, &cycles, &b);
+        let session = session.to_string();
+        async move {
+            while !stop.get() {
+                let start = Instant::now();
+                b.delegate(&session, zero_time_call(1)).await.map_err(|e| e.error)?;
+                let env = loop {
+                    if let Some(env) = b.boundary(&session, "probe", Duration::from_secs(60)).await? {
+                        break env;
+                    }
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                };
+                b.ack(&env.claim_id).await?;
+                cycles.borrow_mut().push((start, start.elapsed()));
+            }
+            Ok::<_, anyhow::Error>(())
+        }
+    };
+    let quiet_from = Instant::now();
+    let mut window = (quiet_from, quiet_from);
+    let drive = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let from = Instant::now();
+        b.restart_owner("rebuilt").await?;
+        window = (from, Instant::now());
+        // The probe cycles that began during the rebuild end on their own.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stop.set(true);
+        Ok::<_, anyhow::Error>(())
+    };
+    let runs = futures::future::join_all(probes.iter().map(|p| probe(p)));
+    let (d, results) = tokio::join!(drive, runs);
+    d?;
+    for r in results {
+        r?;
+    }
+    let ready = b.counts("rebuilt").await?.ready;
+    anyhow::ensure!(
+        ready == REBUILT,
+        "the rebuilt owner holds {ready} of {REBUILT} ready items"
+    );
+    b.shutdown();
+    let cycles = cycles.into_inner();
+    let (from, to) = window;
+    let mut quiet: Vec<f64> = cycles
+        .iter()
+        .filter(|(start, took)| *start + *took < from && *start >= quiet_from)
+        .map(|(_, took)| took.as_secs_f64() * 1000.0)
+        .collect();
+    quiet.sort_by(|a, b| a.total_cmp(b));
+    let during = cycles
+        .iter()
+        .filter(|(start, took)| *start < to && *start + *took > from)
+        .map(|(_, took)| took.as_secs_f64() * 1000.0)
+        .fold(f64::NAN, f64::max);
+    anyhow::ensure!(
+        !quiet.is_empty() && during.is_finite(),
+        "no probe cycle overlapped the rebuild"
+    );
+    let median = percentile(&quiet, 0.5);
+    Ok(vec![
+        Figure::new("rebuild_stall_ms", (during - median).max(0.0), "ms").target("≤ 10"),
+        Figure::new("rebuild_ms", (to - from).as_secs_f64() * 1000.0, "ms"),
+        Figure::new("rebuild_probe_cycle_p50_ms", median, "ms"),
+    ])
+}
+
+/// Delegates `n` zero-time children to a new session and waits until all are ready.
+async fn fill(b: &Brood, session: &str, n: usize) -> anyhow::Result<()> {
+    b.open_session(
+        session,
+        SessionOptions::default().wake(|_| {}).max_concurrent_children(10_000),
+    )
+    .await?;
+    for _ in 0..n.div_ceil(CALL) {
+        b.delegate(session, zero_time_call(CALL)).await.map_err(|e| e.error)?;
+    }
+    while b.counts(session).await?.ready < n.div_ceil(CALL) * CALL {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// A closed ledger of `n` recorded, undelivered children in `session`.
+async fn fill_ledger(path: &Path, durability: Durability, session: &str, n: usize) -> anyhow::Result<()> {
+    let b = open(path, durability)?;
+    fill(&b, session, n).await?;
+    b.shutdown();
+    Ok(())
 }
 
 /// Set in the environment of the process `rss_in_child` starts.

@@ -35,7 +35,7 @@ mod engine;
 mod http;
 mod plot;
 
-use engine::{claims, durable, latency, recovery, rss, rss_in_child, sessions, ROUTING_THREADS, RSS_CHILD};
+use engine::{claims, durable, latency, rebuild, recovery, rss, rss_in_child, sessions, ROUTING_THREADS, RSS_CHILD};
 
 /// One measured figure.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -97,7 +97,9 @@ pub struct Options {
 }
 
 /// The groups of figures, in the order they run.
-pub const GROUPS: &[&str] = &["durable", "latency", "claim", "recovery", "rss", "sessions", "http"];
+pub const GROUPS: &[&str] = &[
+    "durable", "latency", "claim", "recovery", "rebuild", "rss", "sessions", "http",
+];
 
 struct Sizes {
     durable: usize,
@@ -197,6 +199,8 @@ pub fn run(opts: &Options) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
     let mut figures = Vec::new();
     let mut traces = Traces::default();
     let mut embedded = None;
+    // The recovery group's ledger of `sizes.recovery` rows, which the rebuild group reuses.
+    let mut recovered: Option<std::path::PathBuf> = None;
     for group in groups {
         progress.step(group);
         let dir = root.path().join(group);
@@ -209,7 +213,13 @@ pub fn run(opts: &Options) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
             }
             "latency" => figures.extend(rt.block_on(latency(&dir, opts.durability, sizes.latency_s, &mut traces))?),
             "claim" => figures.extend(rt.block_on(claims(&dir, opts.durability, sizes.claims))?),
-            "recovery" => figures.push(rt.block_on(recovery(&dir, opts.durability, sizes.recovery))?),
+            "recovery" => {
+                figures.push(rt.block_on(recovery(&dir, opts.durability, sizes.recovery))?);
+                recovered = Some(dir.join("ledger"));
+            }
+            "rebuild" => {
+                figures.extend(rt.block_on(rebuild(&dir, opts.durability, sizes.recovery, recovered.as_deref()))?)
+            }
             // In a process of its own: memory the groups before it freed stays with this
             // process's allocator and would be reused, hiding the children's growth.
             "rss" if std::env::var_os(RSS_CHILD).is_some() => {

@@ -49,6 +49,13 @@ pub struct FindOwner(pub String);
 #[rtype(result = "Result<Vec<DeadLetterRow>, BroodError>")]
 pub struct DeadLetters;
 
+/// Rebuilds a session's owner from the ledger as a restart after a panic would (its live claims
+/// returned, its running children adopted), without a panic and outside the restart budget:
+/// the owner is stopped and, once it has stopped, rebuilt from its session's rows.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<(), BroodError>")]
+pub struct RestartOwner(pub String);
+
 /// Whether the engine can take work: the supervisor answers, and the coalescer (without which
 /// nothing can be recorded) is alive. Reads nothing from the ledger.
 #[derive(Debug, Message)]
@@ -72,6 +79,8 @@ pub struct Supervisor {
     wakes: HashMap<String, Arc<dyn Wake>>,
     failed: HashMap<String, String>,
     recovered: Vec<SessionOwner>,
+    /// Sessions whose owner was asked to stop so it is rebuilt ([`RestartOwner`]).
+    restarting: std::collections::HashSet<String>,
 }
 
 impl std::fmt::Debug for Supervisor {
@@ -161,6 +170,7 @@ impl Supervisor {
             wakes: HashMap::new(),
             failed: HashMap::new(),
             recovered,
+            restarting: Default::default(),
         };
         Ok(sup.start())
     }
@@ -193,21 +203,28 @@ impl Supervisor {
     }
 
     fn owner_exited(&mut self, id: String, exit: Exit, ctx: &mut Context<Self>) {
-        let Exit::Panicked(msg) = exit else {
-            self.engine.owners.remove(&id);
-            return;
+        let asked = self.restarting.remove(&id);
+        let msg = match exit {
+            Exit::Panicked(msg) => {
+                tracing::error!(session = %id, "session owner panicked: {msg}");
+                if !super::running(ctx) {
+                    return; // the engine is stopping: nothing to restart
+                }
+                let decision = self.budgets.on_failure(&id, Instant::now());
+                if decision == Decision::Escalate {
+                    tracing::error!(session = %id, "session owner keeps failing; the session is given up");
+                    self.engine.owners.remove(&id);
+                    self.failed.insert(id, msg);
+                    return;
+                }
+                msg
+            }
+            Exit::Stopped if asked && super::running(ctx) => "a restart was asked for".to_string(),
+            Exit::Stopped => {
+                self.engine.owners.remove(&id);
+                return;
+            }
         };
-        tracing::error!(session = %id, "session owner panicked: {msg}");
-        if !super::running(ctx) {
-            return; // the engine is stopping: nothing to restart
-        }
-        let decision = self.budgets.on_failure(&id, Instant::now());
-        if decision == Decision::Escalate {
-            tracing::error!(session = %id, "session owner keeps failing; the session is given up");
-            self.engine.owners.remove(&id);
-            self.failed.insert(id, msg);
-            return;
-        }
         match self.rebuild_owner(&id) {
             Ok(owner) => {
                 self.spawn_owner(owner, ctx);
@@ -396,6 +413,27 @@ impl Handler<FindOwner> for Supervisor {
             });
         }
         self.engine.owner(&id).ok_or(BroodError::UnknownSession(id))
+    }
+}
+
+impl Handler<RestartOwner> for Supervisor {
+    type Result = Result<(), BroodError>;
+
+    fn handle(&mut self, RestartOwner(id): RestartOwner, _: &mut Context<Self>) -> Self::Result {
+        if let Some(reason) = self.failed.get(&id) {
+            return Err(BroodError::SessionFailed {
+                session: id,
+                reason: reason.clone(),
+            });
+        }
+        let owner = self
+            .engine
+            .owner(&id)
+            .ok_or_else(|| BroodError::UnknownSession(id.clone()))?;
+        if self.restarting.insert(id) {
+            owner.do_send(super::owner::Retire);
+        }
+        Ok(())
     }
 }
 

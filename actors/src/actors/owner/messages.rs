@@ -121,12 +121,11 @@ pub struct SessionInfo {
     pub max_delivery_attempts: u32,
 }
 
-/// Fails the owner as a panic in it would, so its supervisor rebuilds it from the ledger (its
-/// claims returned, its running children adopted) under its restart policy: for
-/// supervision-tree fault testing, and the bench's rebuild figure.
+/// Stops the owner; its supervisor, which asked, rebuilds it from the ledger (see
+/// [`crate::actors::supervisor::RestartOwner`]).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct Restart;
+pub struct Retire;
 
 /// Ask for the session's state; with `calls: false` only the counts (cheap: no rows copied).
 #[derive(Debug, Message)]

@@ -450,11 +450,12 @@ impl Handler<Status> for SessionOwner {
     }
 }
 
-impl Handler<Restart> for SessionOwner {
+impl Handler<Retire> for SessionOwner {
     type Result = ();
 
-    fn handle(&mut self, _: Restart, _: &mut Context<Self>) {
-        panic!("restart requested for session {}", self.session.session_id);
+    fn handle(&mut self, _: Retire, ctx: &mut Context<Self>) {
+        tracing::info!(session = %self.session.session_id, "session owner retiring, to be rebuilt from the ledger");
+        ctx.stop();
     }
 }
 
