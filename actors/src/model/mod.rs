@@ -306,8 +306,8 @@ pub struct DeadLetterRow {
 }
 
 /// An acknowledged claim, or the confirmed receipt of a sync call's results: the durable record
-/// that its items are delivered. One row per claim (an ack never rewrites its children's rows);
-/// the children's own `delivered` flags are a later, unflushed copy of it.
+/// that its items are delivered. One row per claim: the children's rows are never rewritten for
+/// it; a load folds it into them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AckRow {
     /// The claim id (for a sync call: [`sync_receipt_id`] of the call).

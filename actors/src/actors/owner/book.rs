@@ -43,6 +43,9 @@ pub(super) struct Book {
     pub(super) children: HashMap<String, ChildRow>,
     /// Items delivered of calls already dropped from memory.
     pub(super) delivered_done: u64,
+    /// Items delivered of the children in memory (kept by [`Book::put_child`], [`Book::mark`]
+    /// and [`Book::drop_call`], so counts are O(1)).
+    delivered_live: u64,
 }
 
 /// The k of a unit id `<call>-<k>` (0 when it has none).
@@ -75,7 +78,7 @@ impl Book {
             );
         }
         for child in children {
-            self.children.insert(child.child_id.clone(), child);
+            self.put_child(child);
         }
         self.calls.insert(
             row.call_id.clone(),
@@ -146,7 +149,9 @@ impl Book {
         for key in keys {
             if let Some((child, kind)) = parse_dedup_key(key) {
                 if let Some(row) = self.children.get_mut(child) {
+                    let before = delivered_items(row);
                     f(row.delivery_mut(kind));
+                    self.delivered_live = self.delivered_live - before + delivered_items(row);
                     touched.push(child.to_string());
                 }
             }
@@ -182,9 +187,8 @@ impl Book {
         let mut keys = Vec::new();
         for id in Self::child_ids(&call.row) {
             if let Some(row) = self.children.remove(&id) {
-                self.delivered_done = self
-                    .delivered_done
-                    .saturating_add(u64::from(row.result.delivered) + u64::from(row.notice.delivered));
+                self.delivered_live -= delivered_items(&row);
+                self.delivered_done = self.delivered_done.saturating_add(delivered_items(&row));
             }
             keys.push(dedup_key(&id, ItemKind::Result));
             keys.push(dedup_key(&id, ItemKind::FailureNotice));
@@ -197,12 +201,16 @@ impl Book {
 
     /// Items delivered, of calls in memory and dropped.
     pub(super) fn delivered(&self) -> u64 {
-        let live: u64 = self
-            .children
-            .values()
-            .map(|r| u64::from(r.result.delivered) + u64::from(r.notice.delivered))
-            .sum();
-        self.delivered_done.saturating_add(live)
+        self.delivered_done.saturating_add(self.delivered_live)
+    }
+
+    /// Puts a child's row in the book, in place of its earlier one: every change of a row
+    /// goes through here or [`Book::mark`], so the delivered count stays exact in O(1).
+    pub(super) fn put_child(&mut self, row: ChildRow) {
+        self.delivered_live += delivered_items(&row);
+        if let Some(old) = self.children.insert(row.child_id.clone(), row) {
+            self.delivered_live -= delivered_items(&old);
+        }
     }
 
     /// The calls in memory with their units and children, by set.
@@ -225,4 +233,9 @@ impl Book {
         calls.sort_by_key(|c| c.call.set);
         calls
     }
+}
+
+/// The items of a child that are delivered (its result, its failure notice).
+fn delivered_items(row: &ChildRow) -> u64 {
+    u64::from(row.result.delivered) + u64::from(row.notice.delivered)
 }

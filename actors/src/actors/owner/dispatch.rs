@@ -262,7 +262,7 @@ impl SessionOwner {
             then: Box::new(move |act, ctx, res| match res {
                 Ok(()) => {
                     for row in &marked {
-                        act.book.children.insert(row.child_id.clone(), row.clone());
+                        act.book.put_child(row.clone());
                     }
                     act.start_children(marked, ctx);
                 }
@@ -303,7 +303,7 @@ impl SessionOwner {
             then: Box::new(move |act, ctx, res| match res {
                 Ok(()) => {
                     act.emit_child(&queued);
-                    act.book.children.insert(child_id.clone(), queued);
+                    act.book.put_child(queued);
                     act.capacity.requeue_front(child_id);
                     act.admit(ctx);
                 }

@@ -28,7 +28,7 @@ impl SessionOwner {
             let (unit_id, child) = (row.unit_id.clone(), row.child_id.clone());
             self.emit_child(&row);
             let notice = (row.call_id.clone(), row.status, row.error.clone());
-            self.book.children.insert(child.clone(), row);
+            self.book.put_child(row);
             let Some(unit) = self.book.units.get_mut(&unit_id) else {
                 continue;
             };
