@@ -101,6 +101,7 @@ pub struct BroodConfig {
     wakes: Option<Arc<dyn WakeFactory>>,
     commit_window: Duration,
     routing_threads: usize,
+    cache_bytes: u64,
     on_flush: Option<brood_actors::ledger::FlushObserver>,
 }
 
@@ -123,8 +124,17 @@ impl BroodConfig {
             wakes: None,
             commit_window: Duration::ZERO,
             routing_threads: default_routing_threads(),
+            cache_bytes: brood_actors::ledger::DEFAULT_CACHE_BYTES,
             on_flush: None,
         }
+    }
+
+    /// Bounds the ledger's page cache (default
+    /// [`brood_actors::ledger::DEFAULT_CACHE_BYTES`], 64 MiB): the process does not grow with
+    /// its ledger's size past it.
+    pub fn cache_bytes(mut self, bytes: u64) -> Self {
+        self.cache_bytes = bytes;
+        self
     }
 
     /// Uses another runner registry.
@@ -266,6 +276,7 @@ impl Brood {
         let wakes = config.wakes.clone();
         let commit_window = config.commit_window;
         let routing_threads = config.routing_threads;
+        let cache_bytes = config.cache_bytes;
         let on_flush = config.on_flush.clone();
         let thread = std::thread::Builder::new()
             .name("brood-actors".into())
@@ -283,7 +294,7 @@ impl Brood {
                 let commit_handle = commit.as_ref().map(|a| a.handle());
                 routing.extend(commit);
                 let started = sys.block_on(async move {
-                    let mut sled = SledLedger::open_with(&dir, durability)?;
+                    let mut sled = SledLedger::open_with_cache(&dir, durability, cache_bytes)?;
                     if let Some(observer) = on_flush {
                         sled = sled.on_flush(observer);
                     }

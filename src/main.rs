@@ -77,7 +77,8 @@ struct BenchArgs {
     /// Write an SVG of the latency distribution and the throughput over time.
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// Only these groups (durable, latency, claim, recovery, rss, sessions, http), comma-separated.
+    /// Only these groups (durable, latency, claim, recovery, rebuild, rss, sessions, http; and
+    /// growth, which runs only when named), comma-separated.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Routing threads of the engines measured (default: one per core; 0: none).

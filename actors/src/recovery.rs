@@ -90,17 +90,21 @@ pub struct Split {
 pub fn split_snapshot(snapshot: Snapshot) -> Split {
     let mut out: HashMap<String, SessionSnapshot> = HashMap::new();
     let mut split = Split::default();
-    let mut call_tasks: HashMap<String, (String, usize)> = HashMap::new();
-    // The unit each task belongs to, as its call plans it: a child row naming another unit
-    // would be claimed but never shown.
-    let mut unit_of: HashMap<String, String> = HashMap::new();
+    let mut call_tasks: HashMap<String, (String, usize)> = HashMap::with_capacity(snapshot.calls.len());
+    // The unit each task belongs to, as its call plans it (by task index): a child row naming
+    // another unit would be claimed but never shown.
+    let mut unit_of: HashMap<String, Vec<String>> = HashMap::with_capacity(snapshot.calls.len());
     for call in snapshot.calls {
         call_tasks.insert(call.call_id.clone(), (call.session_id.clone(), call.tasks.len()));
+        let mut by_task = vec![String::new(); call.tasks.len()];
         for unit in plan_units(&call.call_id, &call.tasks, call.independent_completions) {
             for i in unit.tasks {
-                unit_of.insert(child_id(&call.call_id, i), unit.unit_id.clone());
+                if let Some(slot) = by_task.get_mut(i as usize) {
+                    slot.clone_from(&unit.unit_id);
+                }
             }
         }
+        unit_of.insert(call.call_id.clone(), by_task);
         out.entry(call.session_id.clone()).or_default().calls.push(call);
     }
     for child in snapshot.children {
@@ -114,10 +118,17 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
                 "its session `{}` is not its call's session `{session}`",
                 child.session_id
             )),
-            Some(_) if unit_of.get(&child.child_id) != Some(&child.unit_id) => Some(format!(
-                "its unit `{}` is not the one its call plans for task {}",
-                child.unit_id, child.task_index
-            )),
+            Some(_)
+                if unit_of
+                    .get(&child.call_id)
+                    .and_then(|units| units.get(child.task_index as usize))
+                    != Some(&child.unit_id) =>
+            {
+                Some(format!(
+                    "its unit `{}` is not the one its call plans for task {}",
+                    child.unit_id, child.task_index
+                ))
+            }
             Some(_) => None,
         };
         match reason {

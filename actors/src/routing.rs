@@ -6,7 +6,9 @@
 //! ledger writes and replies. That is what lets the claim state machine be tested (and
 //! property-tested against a plain model) without a running system.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
+
+use foldhash::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 
@@ -136,15 +138,20 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
     pub fn new(max_delivery_attempts: u32) -> Self {
         Router {
             max_delivery_attempts: max_delivery_attempts.max(1),
-            items: HashMap::new(),
+            items: HashMap::default(),
             ready: BTreeSet::new(),
             waiting: BTreeSet::new(),
-            claims: HashMap::new(),
+            claims: HashMap::default(),
             leases: BTreeSet::new(),
-            ended: HashMap::new(),
+            ended: HashMap::default(),
             ended_order: VecDeque::new(),
-            held: HashSet::new(),
+            held: HashSet::default(),
         }
+    }
+
+    /// Makes room for `n` more items.
+    pub fn reserve(&mut self, n: usize) {
+        self.items.reserve(n);
     }
 
     /// Publishes an item as ready. `failed_attempts` carries its history (recovery). An item
@@ -197,7 +204,11 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
     }
 
     /// Whether the item is known and not yet delivered or dead.
-    pub fn is_open(&self, key: &K) -> bool {
+    pub fn is_open<Q>(&self, key: &Q) -> bool
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.items
             .get(key)
             .is_some_and(|e| !matches!(e.state, State::Delivered | State::Dead))
@@ -566,7 +577,7 @@ impl<K: Clone + Eq + Hash> Capacity<K> {
     pub fn new(max: usize) -> Self {
         Capacity {
             max: max.max(1),
-            running: HashSet::new(),
+            running: HashSet::default(),
             queue: VecDeque::new(),
         }
     }
@@ -660,8 +671,14 @@ mod tests {
         }
         assert_eq!(r.ended.len(), ENDED_MEMORY);
         assert_eq!(r.ended_order.len(), ENDED_MEMORY);
-        assert!(matches!(r.plan_ack("claim-00000"), Err(ClaimError::Unknown(_))), "the oldest is forgotten");
-        assert!(matches!(r.plan_ack("claim-00001"), Ok(AckPlan::Acked(1))), "the rest is remembered");
+        assert!(
+            matches!(r.plan_ack("claim-00000"), Err(ClaimError::Unknown(_))),
+            "the oldest is forgotten"
+        );
+        assert!(
+            matches!(r.plan_ack("claim-00001"), Ok(AckPlan::Acked(1))),
+            "the rest is remembered"
+        );
     }
 
     #[test]

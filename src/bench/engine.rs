@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::{Figure, Options, Traces, CALL};
 
-fn open(dir: &Path, durability: Durability) -> anyhow::Result<Brood> {
+pub(super) fn open(dir: &Path, durability: Durability) -> anyhow::Result<Brood> {
     let mut config = BroodConfig::new(dir).durability(durability);
     if let Some(n) = ROUTING_THREADS.get().copied().flatten() {
         config = config.routing_threads(n);
@@ -41,7 +41,7 @@ async fn woken_session(
     Ok(())
 }
 
-fn zero_time_call(n: usize) -> DelegateRequest {
+pub(super) fn zero_time_call(n: usize) -> DelegateRequest {
     let tasks = (0..n)
         .map(|i| TaskSpec::new(format!("t{i}"), json!({"kind": "sim"})))
         .collect();
@@ -79,7 +79,7 @@ async fn consume(
 /// `calls` calls of `per_call` zero-time children over `sessions` (round-robin), delegated
 /// while a woken consumer claims and acks; the children per second from the first delegate to
 /// the last ack.
-async fn throughput(b: &Brood, sessions: &[String], calls: usize, per_call: usize) -> anyhow::Result<f64> {
+pub(super) async fn throughput(b: &Brood, sessions: &[String], calls: usize, per_call: usize) -> anyhow::Result<f64> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let capacity = u32::try_from(per_call.max(CALL) * 4).unwrap_or(100_000).min(100_000);
     for s in sessions {
@@ -408,7 +408,7 @@ pub(super) async fn rebuild(
 }
 
 /// Delegates `n` zero-time children to a new session and waits until all are ready.
-async fn fill(b: &Brood, session: &str, n: usize) -> anyhow::Result<()> {
+pub(super) async fn fill(b: &Brood, session: &str, n: usize) -> anyhow::Result<()> {
     b.open_session(
         session,
         SessionOptions::default().wake(|_| {}).max_concurrent_children(10_000),
@@ -461,7 +461,7 @@ pub(super) fn rss_in_child(dir: &Path, opts: &Options) -> anyhow::Result<Figure>
 }
 
 /// This process's resident set, in bytes.
-fn rss_bytes() -> anyhow::Result<u64> {
+pub(super) fn rss_bytes() -> anyhow::Result<u64> {
     let mut s = String::new();
     std::fs::File::open("/proc/self/statm")?.read_to_string(&mut s)?;
     let pages: u64 = s

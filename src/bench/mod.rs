@@ -36,6 +36,7 @@ use brood::Durability;
 use serde_json::json;
 
 mod engine;
+mod growth;
 mod http;
 mod plot;
 
@@ -104,6 +105,9 @@ pub struct Options {
 pub const GROUPS: &[&str] = &[
     "durable", "latency", "claim", "recovery", "rebuild", "rss", "sessions", "http",
 ];
+
+/// Groups run only when `--only` names them (they take minutes).
+pub const OPTIONAL_GROUPS: &[&str] = &["growth"];
 
 struct Sizes {
     durable: usize,
@@ -178,8 +182,12 @@ struct Traces {
 /// Runs the benchmark; returns the figures and the machine they were measured on.
 pub fn run(opts: &Options) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
     for g in &opts.only {
-        if !GROUPS.contains(&g.as_str()) {
-            bail!("--only: unknown group `{g}`; the groups are {}", GROUPS.join(", "));
+        if !GROUPS.contains(&g.as_str()) && !OPTIONAL_GROUPS.contains(&g.as_str()) {
+            bail!(
+                "--only: unknown group `{g}`; the groups are {} (and, only when named, {})",
+                GROUPS.join(", "),
+                OPTIONAL_GROUPS.join(", ")
+            );
         }
     }
     let root = match &opts.data_dir {
@@ -193,7 +201,13 @@ pub fn run(opts: &Options) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
     let _ = ROUTING_THREADS.set(opts.routing_threads);
     let sizes = if opts.quick { &QUICK } else { &FULL };
     let wanted = |g: &str| opts.only.is_empty() || opts.only.iter().any(|o| o == g);
-    let groups: Vec<&str> = GROUPS.iter().copied().filter(|g| wanted(g)).collect();
+    let optional = |g: &str| opts.only.iter().any(|o| o == g);
+    let groups: Vec<&str> = GROUPS
+        .iter()
+        .copied()
+        .filter(|g| wanted(g))
+        .chain(OPTIONAL_GROUPS.iter().copied().filter(|g| optional(g)))
+        .collect();
     let mut progress = Progress {
         on: std::io::stderr().is_terminal(),
         total: groups.len(),
@@ -234,6 +248,7 @@ pub fn run(opts: &Options) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
             // As many children as the embedded figure had: throughput falls as a session's
             // history grows, so only the same size compares.
             "http" => figures.push(http::http(&dir, opts.durability, sizes.durable, embedded)?),
+            "growth" => figures.extend(rt.block_on(growth::growth(&dir, opts.durability, opts.quick))?),
             _ => unreachable!("checked against GROUPS"),
         }
     }

@@ -48,6 +48,8 @@ pub struct ServeConfig {
     pub commit_window_ms: u64,
     /// Threads session owners are spread over (0: on the supervisor's thread).
     pub routing_threads: usize,
+    /// The bound of the ledger's page cache, in bytes.
+    pub cache_bytes: u64,
 }
 
 fn redacted<S: serde::Serializer>(_: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -74,6 +76,7 @@ impl Default for ServeConfig {
             drain_timeout_ms: 10_000,
             commit_window_ms: 0,
             routing_threads: crate::default_routing_threads(),
+            cache_bytes: brood_actors::ledger::DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -130,6 +133,7 @@ const KEYS: &[(&str, &str)] = &[
     ("drain_timeout_ms", "from 0 to 3600000"),
     ("commit_window_ms", "from 0 to 1000"),
     ("routing_threads", "from 0 to 256 (default: one per core)"),
+    ("cache_bytes", "bytes, from 1048576 to 1099511627776 (default 67108864)"),
 ];
 
 /// One value as a layer gives it: TOML values keep their type; environment variables and flags
@@ -292,6 +296,7 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
         "drain_timeout_ms" => c.drain_timeout_ms = number(key, raw, 0, 3_600_000)?,
         "commit_window_ms" => c.commit_window_ms = number(key, raw, 0, 1_000)?,
         "routing_threads" => c.routing_threads = number(key, raw, 0, 256)? as usize,
+        "cache_bytes" => c.cache_bytes = number(key, raw, 1 << 20, 1 << 40)?,
         _ => {
             let known: Vec<&str> = KEYS.iter().map(|(k, _)| *k).collect();
             return Err(format!(

@@ -125,6 +125,7 @@ fn engine_config(config: &ServeConfig, wakes: wake::Webhooks, queues: &Arc<WorkQ
         .durability(config.durability)
         .commit_window(Duration::from_millis(config.commit_window_ms))
         .routing_threads(config.routing_threads)
+        .cache_bytes(config.cache_bytes)
         .wake_factory(wakes)
 }
 

@@ -70,6 +70,22 @@ mod tests {
     use super::super::{Ledger, SledLedger};
     use super::*;
 
+    /// Opens the folder with raw sled, waiting out the lock an earlier handle's background
+    /// thread releases moments after it was dropped.
+    fn raw(dir: &std::path::Path) -> sled::Db {
+        let start = std::time::Instant::now();
+        loop {
+            match sled::open(dir) {
+                Ok(db) => return db,
+                Err(e) if start.elapsed() < super::super::LOCK_WAIT => {
+                    let _ = e;
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => panic!("opening {}: {e}", dir.display()),
+            }
+        }
+    }
+
     fn child(session: &str, call: &str, i: u32) -> ChildRow {
         ChildRow {
             child_id: child_id(call, i),
@@ -91,7 +107,7 @@ mod tests {
 
     /// A ledger as layout 1 wrote it: bare-id keys, unit rows, no layout in `meta`.
     fn layout_1(dir: &std::path::Path, children: usize) {
-        let db = sled::open(dir).unwrap();
+        let db = raw(dir);
         db.open_tree(META)
             .unwrap()
             .insert("format", codec::encode(&codec::FORMAT_VERSION).unwrap())
@@ -131,7 +147,7 @@ mod tests {
         assert!(first.result.delivered, "the ack row still folds into its child");
         assert_eq!(ledger.ack("a", "claim_a1").unwrap().map(|r| r.items.len()), Some(1));
         drop(ledger);
-        let db = sled::open(dir.path()).unwrap();
+        let db = raw(dir.path());
         assert!(
             !db.tree_names().iter().any(|n| &n[..] == UNITS.as_bytes()),
             "unit rows dropped"
@@ -156,7 +172,7 @@ mod tests {
         layout_1(dir.path(), 40);
         {
             // Half of it done, then "a crash": no layout recorded.
-            let db = sled::open(dir.path()).unwrap();
+            let db = raw(dir.path());
             let kids = db.open_tree(CHILDREN).unwrap();
             for k in kids.iter().keys().take(20) {
                 let k = k.unwrap();
@@ -178,7 +194,7 @@ mod tests {
         let dir = tempfile::TempDir::new().unwrap();
         drop(SledLedger::open(dir.path()).unwrap());
         {
-            let db = sled::open(dir.path()).unwrap();
+            let db = raw(dir.path());
             db.open_tree(META)
                 .unwrap()
                 .insert("layout", codec::encode(&(super::super::LAYOUT + 1)).unwrap())

@@ -36,7 +36,7 @@ use std::fmt;
 use crate::codec::CodecError;
 use crate::model::*;
 
-pub use sled_ledger::{row_key, FlushObserver, SledLedger, LAYOUT, LOCK_WAIT};
+pub use sled_ledger::{row_key, FlushObserver, SledLedger, DEFAULT_CACHE_BYTES, LAYOUT, LOCK_WAIT};
 
 /// The ledger could not do what was asked.
 #[derive(Debug, thiserror::Error)]

@@ -12,6 +12,11 @@ use super::{Durability, Ledger, LedgerError, RowKey, Snapshot, Writes};
 use crate::codec;
 use crate::model::*;
 
+/// The default bound of sled's page cache: 64 MiB. sled's own default, 1 GiB, let a process
+/// grow with its ledger's size (measured: 0.23 GB of RSS at 10k delivered rows, 0.69 GB at 1M,
+/// even at a 256 MiB bound, as sled's count of a cached page is below its real size).
+pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
+
 /// How long [`SledLedger::open`] waits for a lock left by an earlier open to be released.
 pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
@@ -60,11 +65,20 @@ impl SledLedger {
     /// of an earlier open is dropped, so a lock held by this process's own past is waited out
     /// (up to [`LOCK_WAIT`]); a lock held elsewhere is reported once that time is up.
     pub fn open_with(path: impl AsRef<Path>, durability: Durability) -> Result<Self, LedgerError> {
+        Self::open_with_cache(path, durability, DEFAULT_CACHE_BYTES)
+    }
+
+    /// As [`SledLedger::open_with`], with sled's page cache bounded at `cache_bytes`.
+    pub fn open_with_cache(
+        path: impl AsRef<Path>,
+        durability: Durability,
+        cache_bytes: u64,
+    ) -> Result<Self, LedgerError> {
         let path = path.as_ref().to_path_buf();
         let started = std::time::Instant::now();
         let mut pause = std::time::Duration::from_millis(5);
         let db = loop {
-            match sled::Config::new().path(&path).open() {
+            match sled::Config::new().path(&path).cache_capacity(cache_bytes).open() {
                 Ok(db) => break db,
                 // sled reports the lock as an I/O error whose kind it does not keep.
                 Err(e) if e.to_string().contains("could not acquire lock") && started.elapsed() < LOCK_WAIT => {

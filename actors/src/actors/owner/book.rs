@@ -4,7 +4,7 @@
 //! It holds state and answers questions about it; it decides nothing about routing (that is
 //! [`crate::routing`]) and writes nothing (that is the owner's persist step).
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use actix::Addr;
 
@@ -62,6 +62,7 @@ impl Book {
         children: Vec<ChildRow>,
     ) {
         let unit_ids: Vec<String> = units.iter().map(|(u, _, _)| u.unit_id.clone()).collect();
+        self.units.reserve(units.len());
         let mut incomplete = 0;
         for (unit, terminal, recorded_before_exit) in units {
             let complete = terminal >= unit.tasks.len();
@@ -77,6 +78,7 @@ impl Book {
                 },
             );
         }
+        self.children.reserve(children.len());
         for child in children {
             self.put_child(child);
         }
@@ -132,11 +134,24 @@ impl Book {
         })
     }
 
-    /// The items of `keys` in envelope order: by set, unit, task, kind.
+    /// The items of `keys` in envelope order: by set, unit, task, kind. The order is decided
+    /// on small keys first, so the items themselves are built in place, never moved by a sort.
     pub(super) fn items(&self, keys: &[(String, u32)]) -> Vec<ReadyItem> {
-        let mut items: Vec<ReadyItem> = keys.iter().filter_map(|(k, a)| self.item(k, *a)).collect();
-        items.sort_by_cached_key(|i| (i.set, unit_ordinal(&i.unit_id), i.task_index, i.kind));
-        items
+        let mut order: Vec<((u64, u64, u32, ItemKind), usize)> = keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (key, _))| {
+                let (child, kind) = parse_dedup_key(key)?;
+                let row = self.children.get(child)?;
+                let set = self.calls.get(&row.call_id)?.row.set;
+                Some(((set, unit_ordinal(&row.unit_id), row.task_index, kind), i))
+            })
+            .collect();
+        order.sort_unstable_by_key(|(k, _)| *k);
+        order
+            .into_iter()
+            .filter_map(|(_, i)| self.item(&keys[i].0, keys[i].1))
+            .collect()
     }
 
     /// Sets the delivery state of the items `keys` names, returning the child rows changed.
@@ -146,19 +161,46 @@ impl Book {
         f: impl Fn(&mut DeliveryRow),
     ) -> Vec<ChildRow> {
         let mut touched: Vec<String> = Vec::new();
+        self.mark_each(keys, f, |row| touched.push(row.child_id.clone()));
+        touched.sort();
+        touched.dedup();
+        touched.iter().filter_map(|id| self.children.get(id).cloned()).collect()
+    }
+
+    /// As [`Book::mark`], returning only the calls touched, each once (an ack rewrites no row,
+    /// so it needs no copies of them).
+    pub(super) fn mark_calls<'a>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'a String>,
+        f: impl Fn(&mut DeliveryRow),
+    ) -> Vec<String> {
+        let mut calls: Vec<String> = Vec::new();
+        self.mark_each(keys, f, |row| {
+            if calls.last() != Some(&row.call_id) {
+                calls.push(row.call_id.clone());
+            }
+        });
+        calls.sort();
+        calls.dedup();
+        calls
+    }
+
+    fn mark_each<'a>(
+        &mut self,
+        keys: impl IntoIterator<Item = &'a String>,
+        f: impl Fn(&mut DeliveryRow),
+        mut touched: impl FnMut(&ChildRow),
+    ) {
         for key in keys {
             if let Some((child, kind)) = parse_dedup_key(key) {
                 if let Some(row) = self.children.get_mut(child) {
                     let before = delivered_items(row);
                     f(row.delivery_mut(kind));
                     self.delivered_live = self.delivered_live - before + delivered_items(row);
-                    touched.push(child.to_string());
+                    touched(row);
                 }
             }
         }
-        touched.sort();
-        touched.dedup();
-        touched.iter().filter_map(|id| self.children.get(id).cloned()).collect()
     }
 
     /// Whether every item of a complete call is delivered or dead, so it can leave memory.

@@ -151,8 +151,7 @@ impl SessionOwner {
                 Ok(()) => {
                     let delivered = act.router.apply_ack(&claim_id);
                     act.emit_claim(&claim_id, ClaimChange::Acked, delivered);
-                    let rows = act.book.mark(&items, |d| d.delivered = true);
-                    let calls: Vec<String> = rows.iter().map(|r| r.call_id.clone()).collect();
+                    let calls = act.book.mark_calls(&items, |d| d.delivered = true);
                     // The ack row is the durable record, folded into the children's rows when
                     // they are read back: they are not rewritten. The claim row goes, without
                     // a flush of its own.

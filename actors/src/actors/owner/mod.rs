@@ -43,10 +43,11 @@ use crate::wake::{Wake, WakeEvent, WakeTarget};
 
 pub use messages::*;
 
-/// A claim id that names its session: `clm_<session as hex>_<random>`.
+/// A claim id that names its session: `clm_<session as hex>_<hex>`, in the order claims were
+/// made ([`ordered_hex`]: their ack rows are written next to each other).
 pub fn new_claim_id(session_id: &str) -> String {
     let hex: String = session_id.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("clm_{hex}_{}", random_hex())
+    format!("clm_{hex}_{}", ordered_hex())
 }
 
 /// The session a claim id names, if it is one of ours.
@@ -201,7 +202,7 @@ impl SessionOwner {
         ids.sort();
         ids.dedup();
         for call_id in ids {
-            if self.book.settled(&call_id, |k| self.router.is_open(&k.to_string())) {
+            if self.book.settled(&call_id, |k| self.router.is_open(k)) {
                 for key in self.book.drop_call(&call_id) {
                     self.router.forget(&key);
                 }

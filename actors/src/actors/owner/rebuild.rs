@@ -32,7 +32,10 @@ impl SessionOwner {
         for claim in plan.lost_claims {
             owner.router.remember_lost(claim);
         }
-        let mut by_call: std::collections::HashMap<String, Vec<ChildRow>> = std::collections::HashMap::new();
+        owner.book.children.reserve(plan.children.len());
+        owner.router.reserve(plan.ready.len());
+        let mut by_call: std::collections::HashMap<String, Vec<ChildRow>> =
+            std::collections::HashMap::with_capacity(plan.calls.len());
         for row in plan.children {
             by_call.entry(row.call_id.clone()).or_default().push(row);
         }
