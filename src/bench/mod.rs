@@ -24,6 +24,9 @@
 //!   each loop delegate → claim → ack of one child; the longest probe cycle that overlapped the
 //!   rebuild minus the median cycle of the quiet second before. `rebuild_ms` is how long the
 //!   rebuild took, `rebuild_probe_cycle_p50_ms` that median.
+//! - `growth` (only when named: `--only growth`): throughput and claim time against children per
+//!   call (10 → 100k) and sessions (1 → 10k), and throughput, claim time and RSS against the
+//!   ledger's size (10k → 1M delivered rows); each series' ratio is to its first size.
 //!
 //! Nothing here is a pass/fail test: the targets are printed beside the figures, and judged by
 //! whoever reads them.
