@@ -196,7 +196,7 @@ impl Book {
                 if let Some(row) = self.children.get_mut(child) {
                     let before = delivered_items(row);
                     f(row.delivery_mut(kind));
-                    self.delivered_live = self.delivered_live - before + delivered_items(row);
+                    self.delivered_live = self.delivered_live.saturating_sub(before) + delivered_items(row);
                     touched(row);
                 }
             }
@@ -229,7 +229,7 @@ impl Book {
         let mut keys = Vec::new();
         for id in Self::child_ids(&call.row) {
             if let Some(row) = self.children.remove(&id) {
-                self.delivered_live -= delivered_items(&row);
+                self.delivered_live = self.delivered_live.saturating_sub(delivered_items(&row));
                 self.delivered_done = self.delivered_done.saturating_add(delivered_items(&row));
             }
             keys.push(dedup_key(&id, ItemKind::Result));
@@ -251,7 +251,7 @@ impl Book {
     pub(super) fn put_child(&mut self, row: ChildRow) {
         self.delivered_live += delivered_items(&row);
         if let Some(old) = self.children.insert(row.child_id.clone(), row) {
-            self.delivered_live -= delivered_items(&old);
+            self.delivered_live = self.delivered_live.saturating_sub(delivered_items(&old));
         }
     }
 

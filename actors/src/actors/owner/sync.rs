@@ -134,11 +134,9 @@ impl SessionOwner {
                         if let Some(c) = act.book.calls.get_mut(&call_id) {
                             c.awaiting_receipt = false;
                         }
-                        let rows = act.book.mark(&items, |d| d.delivered = true);
-                        act.write_unflushed(Writes {
-                            children: rows,
-                            ..Writes::default()
-                        });
+                        // The receipt's ack row is the durable record, folded into the
+                        // children's rows when they are read back: they are not rewritten.
+                        act.book.mark_calls(&items, |d| d.delivered = true);
                         act.collect([call_id]);
                     }
                     Err(e) => {
