@@ -43,7 +43,7 @@ pub fn queued_child(call: &CallRow, unit: &UnitRow, i: u32) -> ChildRow {
 }
 
 /// The rows of one session in a ledger snapshot, grouped by call.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct SessionSnapshot {
     /// Its calls.
     pub calls: Vec<CallRow>,
@@ -245,36 +245,42 @@ pub struct RecoveryPlan {
 /// actor is alive (empty after a process restart); `now_ms` stamps children resolved `unknown`.
 pub fn plan(
     session: &SessionRow,
-    snapshot: &SessionSnapshot,
+    snapshot: SessionSnapshot,
     mode: Recovery,
     live: &HashSet<String>,
     now_ms: u64,
 ) -> RecoveryPlan {
+    let SessionSnapshot {
+        mut calls,
+        mut children,
+        claims,
+        damaged,
+        wake_url: _,
+    } = snapshot;
     let mut plan = RecoveryPlan {
-        lost_claims: snapshot.claims.iter().map(|c| c.claim_id.clone()).collect(),
+        lost_claims: claims.into_iter().map(|c| c.claim_id).collect(),
         next_set: session.next_set,
         ..RecoveryPlan::default()
     };
-    let mut calls: Vec<&CallRow> = snapshot.calls.iter().collect();
     calls.sort_by_key(|c| c.set);
     if let Some(last) = calls.last() {
         plan.next_set = plan.next_set.max(last.set.saturating_add(1));
     }
-    for call in calls {
+    for call in &calls {
         let units = plan_units(&call.call_id, &call.tasks, call.independent_completions);
-        let stored: HashMap<u32, &ChildRow> = snapshot
-            .children
-            .get(&call.call_id)
-            .map(|rows| rows.iter().map(|r| (r.task_index, r)).collect())
+        // The stored rows are moved into the plan, not copied.
+        let mut stored: HashMap<u32, ChildRow> = children
+            .remove(&call.call_id)
+            .map(|rows| rows.into_iter().map(|r| (r.task_index, r)).collect())
             .unwrap_or_default();
         // A child that never started has no row (the call's task is its row): it is queued.
         let mut damaged_rows = Vec::new();
         let mut rows_of = |unit: &UnitRow| -> Vec<ChildRow> {
             unit.tasks
                 .iter()
-                .map(|&i| match stored.get(&i) {
-                    Some(row) => (*row).clone(),
-                    None if snapshot.damaged.contains(&child_id(&call.call_id, i)) => {
+                .map(|&i| match stored.remove(&i) {
+                    Some(row) => row,
+                    None if damaged.contains(&child_id(&call.call_id, i)) => {
                         // Its row was damaged: whatever it did is lost, so it is neither run
                         // again blindly nor left queued: its outcome is unknown.
                         let row = ChildRow {
@@ -480,7 +486,7 @@ mod tests {
             child(3, ChildStatus::Running),
         ];
         let snap = snapshot(call(&[false, false, true, false], None), rows);
-        let plan = plan(&session(), &snap, Recovery::Process, &HashSet::new(), 99);
+        let plan = plan(&session(), snap, Recovery::Process, &HashSet::new(), 99);
         assert_eq!(plan.next_set, 5, "never reuse a stored call's set");
         assert_eq!(plan.lost_claims, vec!["clm_x".to_string()]);
         assert_eq!(plan.calls.len(), 1);
@@ -520,7 +526,7 @@ mod tests {
         let snap = snapshot(call(&[false, false, false], None), rows);
         // deleg_c.2's row still says queued, but its actor started: adopted, not run twice.
         let live = HashSet::from(["deleg_c.0".to_string(), "deleg_c.2".to_string()]);
-        let plan = plan(&session(), &snap, Recovery::Owner, &live, 0);
+        let plan = plan(&session(), snap, Recovery::Owner, &live, 0);
         assert_eq!(plan.running, vec!["deleg_c.0".to_string(), "deleg_c.2".to_string()]);
         assert_eq!(plan.queue, vec!["deleg_c.1".to_string()]);
         assert_eq!(plan.calls[0].units[0].recorded_before_exit, None);
@@ -536,7 +542,7 @@ mod tests {
         b.notice.delivered = true;
         let settled = plan(
             &session(),
-            &snapshot(call(&[false, false], None), vec![a.clone(), b]),
+            snapshot(call(&[false, false], None), vec![a.clone(), b]),
             Recovery::Process,
             &HashSet::new(),
             0,
@@ -546,7 +552,7 @@ mod tests {
         // A child that never started has no row: it is queued (its row needs no write).
         let partial = plan(
             &session(),
-            &snapshot(call(&[false, false], None), vec![a]),
+            snapshot(call(&[false, false], None), vec![a]),
             Recovery::Process,
             &HashSet::new(),
             0,
@@ -617,7 +623,7 @@ mod tests {
             calls: vec![c],
             ..SessionSnapshot::default()
         };
-        let plan = plan(&session(), &snap, Recovery::Process, &HashSet::new(), 0);
+        let plan = plan(&session(), snap, Recovery::Process, &HashSet::new(), 0);
         assert_eq!(plan.queue, vec!["deleg_c.0", "deleg_c.1", "deleg_c.2", "deleg_c.3"]);
     }
 
@@ -627,12 +633,12 @@ mod tests {
             calls: vec![call(&[false, false], None)],
             ..SessionSnapshot::default()
         };
-        let queued = plan(&session(), &snap, Recovery::Process, &HashSet::new(), 0);
+        let queued = plan(&session(), snap, Recovery::Process, &HashSet::new(), 0);
         assert_eq!(queued.calls[0].units[0].recorded_before_exit, None);
         assert!(queued.changed.is_empty());
         // One started child makes the unit one that was running: 0/2 were recorded.
         let snap = snapshot(call(&[true, false], None), vec![child(0, ChildStatus::Running)]);
-        let started = plan(&session(), &snap, Recovery::Process, &HashSet::new(), 0);
+        let started = plan(&session(), snap, Recovery::Process, &HashSet::new(), 0);
         assert_eq!(started.calls[0].units[0].recorded_before_exit, Some(0));
     }
 }

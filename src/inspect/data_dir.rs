@@ -105,7 +105,8 @@ fn inspection(
         .iter()
         .map(|q| QuarantinedView {
             tree: q.row.tree.clone(),
-            key: String::from_utf8_lossy(&q.row.key).into_owned(),
+            // A session-scoped key is `session NUL id`: shown as `session/id`.
+            key: String::from_utf8_lossy(&q.row.key).replace('\0', "/"),
             reason: q.row.reason.clone(),
             quarantined_at: Some(q.row.quarantined_at_ms),
         })
@@ -123,7 +124,7 @@ fn inspection(
 /// One session: the header as a server opening the folder would answer it, every stored call
 /// with its children as recorded.
 fn session(row: &SessionRow, part: &SessionSnapshot) -> SessionView {
-    let plan = recovery::plan(row, part, Recovery::Process, &HashSet::new(), now_ms());
+    let plan = recovery::plan(row, part.clone(), Recovery::Process, &HashSet::new(), now_ms());
     // The rows as recorded first; recovery's for children without a readable row of their own.
     let rows: HashMap<&str, &ChildRow> = plan
         .children

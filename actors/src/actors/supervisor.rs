@@ -149,7 +149,7 @@ impl Supervisor {
             ..Writes::default()
         };
         for (session, part) in split.sessions {
-            let (owner, rows) = SessionOwner::recover(engine.clone(), session, &part, Recovery::Process);
+            let (owner, rows) = SessionOwner::recover(engine.clone(), session, part, Recovery::Process);
             writes.children.extend(rows);
             recovered.push(owner);
         }
@@ -259,7 +259,7 @@ impl Supervisor {
             .find(|(s, _)| s.session_id == id)
             .ok_or_else(|| LedgerError::storage_msg(format!("session `{id}` has no row")))?;
         let claim_ids = claim_keys(&part.claims);
-        let (mut owner, changed) = SessionOwner::recover(self.engine.clone(), session, &part, Recovery::Owner);
+        let (mut owner, changed) = SessionOwner::recover(self.engine.clone(), session, part, Recovery::Owner);
         self.engine.ledger.write(&Writes {
             children: changed,
             remove_claims: claim_ids,

@@ -14,7 +14,7 @@ impl SessionOwner {
     pub fn recover(
         engine: Engine,
         session: SessionRow,
-        snapshot: &SessionSnapshot,
+        snapshot: SessionSnapshot,
         mode: Recovery,
     ) -> (Self, Vec<ChildRow>) {
         let live = if mode == Recovery::Owner {
@@ -22,9 +22,10 @@ impl SessionOwner {
         } else {
             Default::default()
         };
+        let wake_url = snapshot.wake_url.clone();
         let plan = recovery::plan(&session, snapshot, mode, &live, now_ms());
         let mut owner = SessionOwner::new(engine, session);
-        if let Some(url) = &snapshot.wake_url {
+        if let Some(url) = &wake_url {
             owner.bind_wake_url(url);
         }
         owner.session.next_set = plan.next_set;
