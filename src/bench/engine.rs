@@ -252,29 +252,35 @@ pub(super) async fn claims(dir: &Path, durability: Durability, sizes: &[usize]) 
         while b.counts("claims").await?.ready < want {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let start = Instant::now();
-        let env = b
-            .boundary("claims", "bench", Duration::from_secs(600))
-            .await?
-            .context("items were ready")?;
-        let claim = start.elapsed();
-        let start = Instant::now();
-        b.ack(&env.claim_id).await?;
-        let ack = start.elapsed();
+        let (claim, ack, _) = claim_all(&b, "claims").await?;
         let (claim_name, ack_name, target) = match n {
             1_000 => ("claim_1k_ms", "ack_1k_ms", None),
             10_000 => ("claim_10k_ms", "ack_10k_ms", Some("≤ 20")),
             _ => ("claim_100k_ms", "ack_100k_ms", None),
         };
-        let mut c = Figure::new(claim_name, claim.as_secs_f64() * 1000.0, "ms");
+        let mut c = Figure::new(claim_name, claim, "ms");
         if let Some(t) = target {
             c = c.target(t);
         }
         out.push(c);
-        out.push(Figure::new(ack_name, ack.as_secs_f64() * 1000.0, "ms"));
+        out.push(Figure::new(ack_name, ack, "ms"));
     }
     b.shutdown();
     Ok(out)
+}
+
+/// One boundary claiming every item ready in `session`, then its ack: the claim's and the
+/// ack's times in ms, and the items claimed.
+pub(super) async fn claim_all(b: &Brood, session: &str) -> anyhow::Result<(f64, f64, usize)> {
+    let start = Instant::now();
+    let env = b
+        .boundary(session, "bench", Duration::from_secs(600))
+        .await?
+        .context("items were ready")?;
+    let claim = start.elapsed().as_secs_f64() * 1000.0;
+    let start = Instant::now();
+    b.ack(&env.claim_id).await?;
+    Ok((claim, start.elapsed().as_secs_f64() * 1000.0, env.items.len()))
 }
 
 /// A ledger of `n` recorded, undelivered children written by the engine; then the time to open

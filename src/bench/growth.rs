@@ -5,11 +5,11 @@
 //! ledger's total size.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use brood::{Brood, Durability, SessionOptions};
 
-use super::engine::{fill, open, rss_bytes, throughput, zero_time_call};
+use super::engine::{claim_all, fill, open, rss_bytes, throughput, zero_time_call};
 use super::Figure;
 
 /// Children per call, with the names of its figures: throughput, one boundary claiming one
@@ -134,14 +134,9 @@ pub(super) async fn growth(dir: &Path, durability: Durability, quick: bool) -> a
             throughput(&b, std::slice::from_ref(&session), run / 1_000, 1_000).await?,
             "children/s",
         ));
-        fill(&b, &format!("{session}-claim"), 1_000).await?;
-        let start = Instant::now();
-        let env = b
-            .boundary(&format!("{session}-claim"), "bench", Duration::from_secs(600))
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("no ready items to claim"))?;
-        claim.push((claim_name, start.elapsed().as_secs_f64() * 1000.0, "ms"));
-        b.ack(&env.claim_id).await?;
+        let ready = format!("{session}-claim");
+        fill(&b, &ready, 1_000).await?;
+        claim.push((claim_name, claim_all(&b, &ready).await?.0, "ms"));
         mem.push((mem_name, rss_bytes()? as f64, "bytes"));
     }
     b.shutdown();
@@ -166,13 +161,7 @@ async fn claim_one_call(b: &Brood, k: usize) -> anyhow::Result<f64> {
     while b.counts(session).await?.ready < k {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let start = Instant::now();
-    let env = b
-        .boundary(session, "bench", Duration::from_secs(600))
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("no ready items to claim"))?;
-    let ms = start.elapsed().as_secs_f64() * 1000.0;
-    anyhow::ensure!(env.items.len() == k, "claimed {} of {k} items", env.items.len());
-    b.ack(&env.claim_id).await?;
+    let (ms, _, items) = claim_all(b, session).await?;
+    anyhow::ensure!(items == k, "claimed {items} of {k} items");
     Ok(ms)
 }

@@ -23,7 +23,7 @@ use super::{Engine, Owners};
 use crate::error::BroodError;
 use crate::ledger::{Ledger, LedgerError, RowKey, Writes};
 use crate::model::{now_ms, validate_session_id, ClaimRow, DeadLetterRow, SessionRow, SessionSettings};
-use crate::recovery::{split_snapshot, Recovery};
+use crate::recovery::{split_snapshot, Recovery, Reject};
 use crate::runner::RunnerFactory;
 use crate::wake::Wake;
 
@@ -132,9 +132,7 @@ impl Supervisor {
         let snapshot = ledger.load()?;
         let claim_ids = claim_keys(&snapshot.claims);
         let split = split_snapshot(snapshot);
-        for reject in &split.rejects {
-            ledger.quarantine(reject.tree, &reject.session_id, &reject.key, &reject.reason)?;
-        }
+        quarantine_rejects(&*ledger, &split.rejects)?;
         for row in &split.rebuilt_sessions {
             tracing::warn!(
                 session = %row.session_id,
@@ -248,11 +246,7 @@ impl Supervisor {
         self.engine.supersede(id);
         self.engine.ledger.flush()?;
         let split = split_snapshot(self.engine.ledger.load_session(id)?);
-        for reject in &split.rejects {
-            self.engine
-                .ledger
-                .quarantine(reject.tree, &reject.session_id, &reject.key, &reject.reason)?;
-        }
+        quarantine_rejects(&*self.engine.ledger, &split.rejects)?;
         let (session, part) = split
             .sessions
             .into_iter()
@@ -305,6 +299,14 @@ impl Supervisor {
             })
             .spawn(ctx);
     }
+}
+
+/// Moves aside the rows recovery found inconsistent with the rest.
+fn quarantine_rejects(ledger: &dyn Ledger, rejects: &[Reject]) -> Result<(), LedgerError> {
+    for r in rejects {
+        ledger.quarantine(r.tree, &r.session_id, &r.key, &r.reason)?;
+    }
+    Ok(())
 }
 
 /// The keys of claim rows, to remove them.

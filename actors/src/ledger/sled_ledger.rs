@@ -207,8 +207,7 @@ impl SledLedger {
         };
         let qkey = [name.as_bytes(), b"/", key].concat();
         self.quarantine_raw.insert(&qkey, value)?;
-        self.quarantine
-            .insert(&qkey, encode(QUARANTINE, &String::from_utf8_lossy(key), &row)?)?;
+        self.quarantine.insert(&qkey, encode(QUARANTINE, key, &row)?)?;
         tree.remove(key)?;
         self.moved_aside.store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::error!(
@@ -219,31 +218,20 @@ impl SledLedger {
         Ok(())
     }
 
-    /// Reads a tree back; rows that do not decode or fail their check are quarantined.
+    /// Reads a tree back, all of it or one session's rows (a key range of a session-scoped
+    /// tree, the one row of a tree keyed by session id); rows that do not decode or fail their
+    /// check are quarantined.
     fn scan<T: serde::de::DeserializeOwned + CheckRow>(
         &self,
         tree: &sled::Tree,
         name: &'static str,
+        session: Option<&str>,
     ) -> Result<Vec<T>, LedgerError> {
-        self.scan_rows(tree, name, tree.iter())
-    }
-
-    /// Reads one session's rows of a session-scoped tree back, as [`SledLedger::scan`] does.
-    fn scan_session<T: serde::de::DeserializeOwned + CheckRow>(
-        &self,
-        tree: &sled::Tree,
-        name: &'static str,
-        session_id: &str,
-    ) -> Result<Vec<T>, LedgerError> {
-        self.scan_rows(tree, name, tree.scan_prefix(session_prefix(session_id)))
-    }
-
-    fn scan_rows<T: serde::de::DeserializeOwned + CheckRow>(
-        &self,
-        tree: &sled::Tree,
-        name: &'static str,
-        rows: sled::Iter,
-    ) -> Result<Vec<T>, LedgerError> {
+        let rows = match session {
+            None => tree.iter(),
+            Some(s) if is_scoped(name) => tree.scan_prefix(session_prefix(s)),
+            Some(s) => tree.range(s.as_bytes()..=s.as_bytes()),
+        };
         // Not `tree.len()`: in sled 0.34 that is a scan of its own.
         let mut out = Vec::new();
         let mut bad = Vec::new();
@@ -263,8 +251,12 @@ impl SledLedger {
         Ok(out)
     }
 
-    /// The children of `prefix` (a quarantine key prefix) whose rows are in quarantine.
-    fn damaged_children(&self, prefix: &[u8]) -> Result<Vec<String>, LedgerError> {
+    /// The children (of one session, or all) whose rows are in quarantine.
+    fn damaged_children(&self, session: Option<&str>) -> Result<Vec<String>, LedgerError> {
+        let mut prefix = format!("{CHILDREN}/").into_bytes();
+        if let Some(s) = session {
+            prefix.extend_from_slice(&session_prefix(s));
+        }
         let mut out = Vec::new();
         for kv in self.quarantine.scan_prefix(prefix) {
             let (k, _) = kv?;
@@ -274,6 +266,25 @@ impl SledLedger {
             out.push(String::from_utf8_lossy(id).into_owned());
         }
         Ok(out)
+    }
+
+    /// Reads everything back, or one session's rows, with delivery state folded in.
+    fn read(&self, session: Option<&str>) -> Result<Snapshot, LedgerError> {
+        let acks: Vec<AckRow> = self.scan(&self.acks, ACKS, session)?;
+        let dead: Vec<DeadLetterRow> = self.scan(&self.dead_letters, DEAD_LETTERS, session)?;
+        let mut children: Vec<ChildRow> = self.scan(&self.children, CHILDREN, session)?;
+        fold_delivery(&mut children, &acks, &dead);
+        let claims = live_claims(self.scan(&self.claims, CLAIMS, session)?, &acks);
+        let snapshot = Snapshot {
+            sessions: self.scan(&self.sessions, SESSIONS, session)?,
+            calls: self.scan(&self.calls, CALLS, session)?,
+            children,
+            claims,
+            damaged_children: self.damaged_children(session)?,
+            wakes: self.scan(&self.wakes, WAKES, session)?,
+        };
+        self.settle_quarantine()?;
+        Ok(snapshot)
     }
 
     /// Makes what a load moved aside durable: it must not come back on its own.
@@ -321,10 +332,12 @@ pub(super) fn is_scoped(tree: &str) -> bool {
     matches!(tree, CALLS | CHILDREN | CLAIMS | ACKS | DEAD_LETTERS)
 }
 
-fn encode<T: serde::Serialize>(tree: &'static str, key: &str, row: &T) -> Result<Vec<u8>, LedgerError> {
+/// Encodes a row; its key (an id, or a stored key's bytes) is turned into text only for the
+/// error, as this runs for every row written.
+fn encode<T: serde::Serialize>(tree: &'static str, key: impl AsRef<[u8]>, row: &T) -> Result<Vec<u8>, LedgerError> {
     codec::encode(row).map_err(|source| LedgerError::Codec {
         tree,
-        key: key.to_string(),
+        key: String::from_utf8_lossy(key.as_ref()).into_owned(),
         source,
     })
 }
@@ -337,7 +350,7 @@ fn put_all<'a, T: serde::Serialize + 'a>(
     let mut batch = sled::Batch::default();
     let mut any = false;
     for (key, row) in rows {
-        let value = encode(name, &String::from_utf8_lossy(&key), row)?;
+        let value = encode(name, &key, row)?;
         batch.insert(key, value);
         any = true;
     }
@@ -373,11 +386,6 @@ fn live_claims(mut claims: Vec<ClaimRow>, acks: &[AckRow]) -> Vec<ClaimRow> {
     let acked: HashSet<&str> = acks.iter().map(|a| a.claim_id.as_str()).collect();
     claims.retain(|c| !acked.contains(c.claim_id.as_str()));
     claims
-}
-
-/// The row of exactly `key` in a tree keyed by session id, as an iterator.
-fn exactly(tree: &sled::Tree, key: &str) -> sled::Iter {
-    tree.range(key.as_bytes()..=key.as_bytes())
 }
 
 /// Folds the durable delivery state of ack rows and dead letters into the children's rows.
@@ -502,7 +510,7 @@ impl Ledger for SledLedger {
     }
 
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError> {
-        self.scan(&self.dead_letters, DEAD_LETTERS)
+        self.scan(&self.dead_letters, DEAD_LETTERS, None)
     }
 
     fn flush(&self) -> Result<usize, LedgerError> {
@@ -527,41 +535,11 @@ impl Ledger for SledLedger {
     }
 
     fn load(&self) -> Result<Snapshot, LedgerError> {
-        let acks: Vec<AckRow> = self.scan(&self.acks, ACKS)?;
-        let dead: Vec<DeadLetterRow> = self.scan(&self.dead_letters, DEAD_LETTERS)?;
-        let mut children: Vec<ChildRow> = self.scan(&self.children, CHILDREN)?;
-        fold_delivery(&mut children, &acks, &dead);
-        let claims = live_claims(self.scan(&self.claims, CLAIMS)?, &acks);
-        let snapshot = Snapshot {
-            sessions: self.scan(&self.sessions, SESSIONS)?,
-            calls: self.scan(&self.calls, CALLS)?,
-            children,
-            claims,
-            damaged_children: self.damaged_children(format!("{CHILDREN}/").as_bytes())?,
-            wakes: self.scan(&self.wakes, WAKES)?,
-        };
-        self.settle_quarantine()?;
-        Ok(snapshot)
+        self.read(None)
     }
 
     fn load_session(&self, session_id: &str) -> Result<Snapshot, LedgerError> {
-        let acks: Vec<AckRow> = self.scan_session(&self.acks, ACKS, session_id)?;
-        let dead: Vec<DeadLetterRow> = self.scan_session(&self.dead_letters, DEAD_LETTERS, session_id)?;
-        let mut children: Vec<ChildRow> = self.scan_session(&self.children, CHILDREN, session_id)?;
-        fold_delivery(&mut children, &acks, &dead);
-        let claims = live_claims(self.scan_session(&self.claims, CLAIMS, session_id)?, &acks);
-        let mut quarantine_prefix = format!("{CHILDREN}/").into_bytes();
-        quarantine_prefix.extend_from_slice(&session_prefix(session_id));
-        let snapshot = Snapshot {
-            sessions: self.scan_rows(&self.sessions, SESSIONS, exactly(&self.sessions, session_id))?,
-            calls: self.scan_session(&self.calls, CALLS, session_id)?,
-            children,
-            claims,
-            damaged_children: self.damaged_children(&quarantine_prefix)?,
-            wakes: self.scan_rows(&self.wakes, WAKES, exactly(&self.wakes, session_id))?,
-        };
-        self.settle_quarantine()?;
-        Ok(snapshot)
+        self.read(Some(session_id))
     }
 
     fn quarantine(&self, tree: &str, session_id: &str, id: &str, reason: &str) -> Result<(), LedgerError> {
