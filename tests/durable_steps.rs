@@ -49,6 +49,108 @@ async fn a_dispatch_whose_flush_failed_takes_no_set_number() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_marks_the_children_it_starts_in_one_start_row_flushed_with_its_call() {
+    let _g = serial();
+    let mut t = TestBrood::new();
+    t.b()
+        .open_session("s", SessionOptions::default().wake(|_| {}).max_concurrent_children(2))
+        .await
+        .unwrap();
+    // A refused dispatch leaves no start row behind.
+    failpoints::arm("ledger_flush", 1);
+    let refused = t
+        .b()
+        .delegate("s", DelegateRequest::background(vec![task("lost", gate("never"))]))
+        .await
+        .unwrap_err();
+    assert!(matches!(refused.error, BroodError::Ledger(_)), "{refused}");
+    // Two of three start at once (capacity 2): neither is safe to re-run.
+    let reply = t
+        .b()
+        .delegate(
+            "s",
+            DelegateRequest::background(vec![
+                task("a", gate("never")),
+                task("b", gate("never")),
+                task("c", sim(0)),
+            ]),
+        )
+        .await
+        .unwrap();
+    let call = reply.call_id().to_string();
+    let st = status_until(t.b(), "s", "two children running", |st| st.running == 2).await;
+    assert_eq!(st.queued, 1);
+    t.shut_down();
+    {
+        let ledger = brood_actors::ledger::SledLedger::open(t.ledger_dir()).unwrap();
+        let rows = brood_actors::ledger::Ledger::load(&ledger).unwrap();
+        assert_eq!(rows.calls.len(), 1, "only the accepted call is stored");
+        assert_eq!(rows.starts.len(), 1, "{:?}", rows.starts);
+        assert_eq!(
+            (rows.starts[0].call_id.as_str(), &rows.starts[0].tasks[..]),
+            (call.as_str(), &[0, 1][..])
+        );
+        assert!(
+            rows.children.is_empty(),
+            "no child wrote a row of its own: {:?}",
+            rows.children
+        );
+    }
+    // A restart finds the two started (running at the crash, not safe to re-run): unknown; the
+    // queued one runs.
+    t.open_again();
+    open_wake(t.b(), "s").await;
+    let results = collect_results(t.b(), "s", 3).await;
+    let by_index: std::collections::BTreeMap<u32, brood::ChildStatus> = results
+        .iter()
+        .filter(|i| i.kind == brood::ItemKind::Result)
+        .map(|i| (i.task_index, i.status))
+        .collect();
+    assert_eq!(
+        by_index.into_iter().collect::<Vec<_>>(),
+        vec![
+            (0, brood::ChildStatus::Unknown),
+            (1, brood::ChildStatus::Unknown),
+            (2, brood::ChildStatus::Succeeded)
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_started_again_after_its_start_was_lost_is_still_known_started_after_a_restart() {
+    let _g = serial();
+    let mut t = TestBrood::new();
+    open_wake(t.b(), "s").await;
+    // Its unit panics at the first start: the start is lost, the child requeued (a row of its
+    // own, queued), and started again, so its running mark must now go into that row: a start
+    // row would be hidden behind the queued row, and a restart would run it a second time.
+    failpoints::arm("unit_handler", 1);
+    t.b()
+        .delegate("s", DelegateRequest::background(vec![task("long", probe(600_000))]))
+        .await
+        .unwrap();
+    let probe = t.kit.probe.clone();
+    wait_for!(
+        "the child's runner to start",
+        (probe.starts.lock().unwrap().len() == 1).then_some(())
+    );
+    assert!(!failpoints::fires("unit_handler"), "the unit never panicked");
+    t.shut_down();
+    {
+        let ledger = brood_actors::ledger::SledLedger::open(t.ledger_dir()).unwrap();
+        let rows = brood_actors::ledger::Ledger::load(&ledger).unwrap();
+        let statuses: Vec<brood::ChildStatus> = rows.children.iter().map(|c| c.status).collect();
+        assert_eq!(statuses, vec![brood::ChildStatus::Running], "its own row says running");
+    }
+    t.open_again();
+    open_wake(t.b(), "s").await;
+    let results = collect_results(t.b(), "s", 1).await;
+    let result = results.iter().find(|i| i.kind == brood::ItemKind::Result).unwrap();
+    assert_eq!(result.status, brood::ChildStatus::Unknown);
+    assert_eq!(probe.starts.lock().unwrap().len(), 1, "never run a second time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_whose_flush_failed_leaves_the_claim_as_it_was() {
     let _g = serial();
     let mut t = TestBrood::new();

@@ -163,6 +163,7 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
             out.entry(session.clone()).or_default().damaged.insert(id.clone());
         }
     }
+    fold_starts(snapshot.starts, &call_tasks, &unit_of, &mut out, &mut split.rejects);
     for s in out.values_mut() {
         for children in s.children.values_mut() {
             children.sort_by_key(|c| c.task_index);
@@ -188,6 +189,80 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
     }
     split.sessions.sort_by(|a, b| a.0.session_id.cmp(&b.0.session_id));
     split
+}
+
+/// Folds start rows into the children they name: a child without a row of its own (and not
+/// damaged) that a start row names was running when that row was written, so it gets a running
+/// row, started at the latest such start. A start row whose call is missing, of another session,
+/// or naming a task the call does not have is rejected (quarantined).
+fn fold_starts(
+    starts: Vec<StartRow>,
+    call_tasks: &HashMap<String, (String, usize)>,
+    unit_of: &HashMap<String, Vec<String>>,
+    out: &mut HashMap<String, SessionSnapshot>,
+    rejects: &mut Vec<Reject>,
+) {
+    // The latest start of each task, by call.
+    let mut started: HashMap<String, HashMap<u32, u64>> = HashMap::new();
+    for start in starts {
+        let reason = match call_tasks.get(&start.call_id) {
+            None => Some(format!("its call `{}` has no (readable) row", start.call_id)),
+            Some((session, _)) if *session != start.session_id => Some(format!(
+                "its session `{}` is not its call's session `{session}`",
+                start.session_id
+            )),
+            Some((_, n)) if start.tasks.iter().any(|&i| i as usize >= *n) => {
+                Some(format!("it names a task beyond its call's {n} tasks"))
+            }
+            Some(_) => None,
+        };
+        if let Some(reason) = reason {
+            rejects.push(Reject {
+                tree: crate::ledger::trees::STARTS,
+                session_id: start.session_id,
+                key: start.start_id,
+                reason,
+            });
+            continue;
+        }
+        let by_task = started.entry(start.call_id).or_default();
+        for i in start.tasks {
+            let at = by_task.entry(i).or_insert(start.started_at_ms);
+            *at = (*at).max(start.started_at_ms);
+        }
+    }
+    for (call_id, by_task) in started {
+        let (Some((session, _)), Some(units)) = (call_tasks.get(&call_id), unit_of.get(&call_id)) else {
+            continue;
+        };
+        let part = out.entry(session.clone()).or_default();
+        let rows = part.children.entry(call_id.clone()).or_default();
+        let has_row: HashSet<u32> = rows.iter().map(|r| r.task_index).collect();
+        let mut tasks: Vec<(u32, u64)> = by_task.into_iter().filter(|(i, _)| !has_row.contains(i)).collect();
+        tasks.sort_unstable();
+        for (i, at) in tasks {
+            let id = child_id(&call_id, i);
+            if part.damaged.contains(&id) {
+                continue; // its own row was damaged: its outcome is unknown, whatever started
+            }
+            rows.push(ChildRow {
+                child_id: id,
+                call_id: call_id.clone(),
+                unit_id: units[i as usize].clone(),
+                session_id: session.clone(),
+                task_index: i,
+                status: ChildStatus::Running,
+                summary: None,
+                error: None,
+                started_at_ms: Some(at),
+                finished_at_ms: None,
+                attempt: 1,
+                recovered: false,
+                result: DeliveryRow::default(),
+                notice: DeliveryRow::default(),
+            });
+        }
+    }
 }
 
 /// A unit as recovery leaves it.
@@ -229,6 +304,10 @@ pub struct RecoveryPlan {
     pub queue: Vec<String>,
     /// Children whose actor lives on (owner restart only), counted as running.
     pub running: Vec<String>,
+    /// Unfinished children that have (or, once `changed` is written, will have) a child row of
+    /// their own: a later start of one is marked in its row, not in a start row, which the
+    /// row would hide at the next load.
+    pub rowed: Vec<String>,
     /// Items ready again, with their failed delivery attempts.
     pub ready: Vec<(String, u32)>,
     /// Claims that were live: lost now, so a late ack of one is refused as lost.
@@ -275,6 +354,7 @@ pub fn plan(
             .unwrap_or_default();
         // A child that never started has no row (the call's task is its row): it is queued.
         let mut damaged_rows = Vec::new();
+        let mut fresh = vec![false; call.tasks.len()];
         let mut rows_of = |unit: &UnitRow| -> Vec<ChildRow> {
             unit.tasks
                 .iter()
@@ -295,7 +375,12 @@ pub fn plan(
                         damaged_rows.push(row.clone());
                         row
                     }
-                    None => queued_child(call, unit, i),
+                    None => {
+                        if let Some(f) = fresh.get_mut(i as usize) {
+                            *f = true;
+                        }
+                        queued_child(call, unit, i)
+                    }
                 })
                 .collect()
         };
@@ -373,6 +458,12 @@ pub fn plan(
                 }
                 resolved.push(row);
             }
+            plan.rowed.extend(
+                resolved
+                    .iter()
+                    .filter(|r| !r.status.is_terminal() && !fresh.get(r.task_index as usize).copied().unwrap_or(false))
+                    .map(|r| r.child_id.clone()),
+            );
             let recovered = RecoveredUnit {
                 row: unit,
                 terminal,
@@ -577,6 +668,7 @@ mod tests {
             calls: vec![c],
             children: vec![child(0, ChildStatus::Queued), no_call, beyond],
             claims: vec![],
+            starts: vec![],
             damaged_children: vec![],
             wakes: vec![],
         };
@@ -640,5 +732,99 @@ mod tests {
         let snap = snapshot(call(&[true, false], None), vec![child(0, ChildStatus::Running)]);
         let started = plan(&session(), snap, Recovery::Process, &HashSet::new(), 0);
         assert_eq!(started.calls[0].units[0].recorded_before_exit, Some(0));
+    }
+
+    fn start(tasks: &[u32], at: u64) -> StartRow {
+        StartRow::new("s", "deleg_c", tasks.to_vec(), at)
+    }
+
+    #[test]
+    fn a_start_row_marks_running_the_children_without_a_row_of_their_own() {
+        // Four tasks: 0 finished (its own row), 1 requeued after a lost start (its own row
+        // says queued), 2 and 3 only named by start rows; task 3 started twice.
+        let snap = Snapshot {
+            sessions: vec![session()],
+            calls: vec![call(&[false, false, false, true], None)],
+            children: vec![child(0, ChildStatus::Succeeded), child(1, ChildStatus::Queued)],
+            starts: vec![start(&[0, 1, 2, 3], 10), start(&[3], 20)],
+            ..Snapshot::default()
+        };
+        let split = split_snapshot(snap);
+        assert!(split.rejects.is_empty(), "{:?}", split.rejects);
+        let part = &split.sessions[0].1;
+        let rows: Vec<(u32, ChildStatus, Option<u64>)> = part.children["deleg_c"]
+            .iter()
+            .map(|c| (c.task_index, c.status, c.started_at_ms))
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                (0, ChildStatus::Succeeded, None),
+                (1, ChildStatus::Queued, None),
+                (2, ChildStatus::Running, Some(10)),
+                (3, ChildStatus::Running, Some(20)),
+            ],
+            "a child's own row wins over a start row; the latest start counts"
+        );
+        // After a process restart: 2 (not safe to re-run) is unknown, 3 is re-run; 1 and 3
+        // now have rows of their own, so their next starts go into those rows.
+        let (row, part) = split.sessions.into_iter().next().unwrap();
+        let plan = plan(&row, part, Recovery::Process, &HashSet::new(), 99);
+        let by_id: HashMap<&str, &ChildRow> = plan.children.iter().map(|c| (c.child_id.as_str(), c)).collect();
+        assert_eq!(by_id["deleg_c.2"].status, ChildStatus::Unknown);
+        assert_eq!(
+            (by_id["deleg_c.3"].status, by_id["deleg_c.3"].attempt),
+            (ChildStatus::Queued, 2)
+        );
+        assert_eq!(plan.queue, vec!["deleg_c.1", "deleg_c.3"]);
+        let mut rowed = plan.rowed.clone();
+        rowed.sort();
+        assert_eq!(rowed, vec!["deleg_c.1", "deleg_c.3"]);
+    }
+
+    #[test]
+    fn children_that_never_started_have_no_row_and_are_not_counted_as_rowed() {
+        let snap = SessionSnapshot {
+            calls: vec![call(&[false, false], None)],
+            ..SessionSnapshot::default()
+        };
+        let plan = plan(&session(), snap, Recovery::Process, &HashSet::new(), 0);
+        assert_eq!(plan.queue.len(), 2);
+        assert!(plan.rowed.is_empty());
+    }
+
+    #[test]
+    fn a_start_row_of_a_damaged_child_leaves_its_outcome_unknown() {
+        let snap = Snapshot {
+            sessions: vec![session()],
+            calls: vec![call(&[true], None)],
+            starts: vec![start(&[0], 10)],
+            damaged_children: vec!["deleg_c.0".into()],
+            ..Snapshot::default()
+        };
+        let (row, part) = split_snapshot(snap).sessions.into_iter().next().unwrap();
+        assert!(part.children.get("deleg_c").is_none_or(|rows| rows.is_empty()));
+        let plan = plan(&row, part, Recovery::Process, &HashSet::new(), 5);
+        assert_eq!(plan.children[0].status, ChildStatus::Unknown, "never re-run blindly");
+    }
+
+    #[test]
+    fn start_rows_without_their_call_or_beyond_its_tasks_or_of_another_session_are_rejected() {
+        let gone = StartRow::new("s", "deleg_gone", vec![0], 1);
+        let other = StartRow::new("t", "deleg_c", vec![0], 1);
+        let snap = Snapshot {
+            sessions: vec![session()],
+            calls: vec![call(&[false], None)],
+            starts: vec![gone.clone(), start(&[0, 5], 1), other.clone()],
+            ..Snapshot::default()
+        };
+        let split = split_snapshot(snap);
+        let reasons: Vec<(&str, &str)> = split.rejects.iter().map(|r| (r.tree, r.reason.as_str())).collect();
+        assert_eq!(reasons.len(), 3, "{reasons:?}");
+        assert!(reasons.iter().all(|(t, _)| *t == crate::ledger::trees::STARTS));
+        assert!(reasons[0].1.contains("no (readable) row"));
+        assert!(reasons[1].1.contains("beyond its call's 1 tasks"));
+        assert!(reasons[2].1.contains("not its call's session"));
+        assert!(split.sessions[0].1.children.values().flatten().next().is_none());
     }
 }

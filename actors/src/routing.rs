@@ -605,6 +605,17 @@ impl<K: Clone + Eq + Hash> Capacity<K> {
         }
     }
 
+    /// Free slots: how many more children may run now.
+    pub fn room(&self) -> usize {
+        self.max.saturating_sub(self.running.len())
+    }
+
+    /// Counts a child as running that never was queued (one its dispatch started at once, in
+    /// a slot [`Capacity::room`] showed free).
+    pub fn start_now(&mut self, key: K) {
+        self.running.insert(key);
+    }
+
     /// Counts a child as running without queueing it (one adopted after an owner restart).
     pub fn mark_running(&mut self, key: K) {
         self.queue.retain(|k| k != &key);

@@ -264,11 +264,28 @@ impl TestBrood {
 
     /// `shutdown()` and `Brood::open` the same folder again (what a restart does).
     pub fn reopen(&mut self) {
+        self.shut_down();
+        self.open_again();
+    }
+
+    /// `shutdown()` the engine, leaving its ledger closed (for a test to read it), until
+    /// [`Self::open_again`].
+    pub fn shut_down(&mut self) {
         let brood = self.brood.take().expect("brood is open");
         match Arc::try_unwrap(brood) {
             Ok(b) => b.shutdown(),
             Err(_) => panic!("the brood is still shared by a task; cannot shut it down"),
         }
+    }
+
+    /// The ledger's folder.
+    pub fn ledger_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("ledger")
+    }
+
+    /// `Brood::open` the folder again after [`Self::shut_down`].
+    pub fn open_again(&mut self) {
+        assert!(self.brood.is_none(), "brood is still open");
         let brood = Brood::open(BroodConfig::new(self.dir.path().join("ledger")).runners(self.kit.runners()))
             .expect("reopen brood on the same folder");
         self.brood = Some(Arc::new(brood));

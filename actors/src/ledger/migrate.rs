@@ -7,6 +7,9 @@
 //! a control character), one without is moved, in batches each applied atomically (the new key
 //! and the removal of the old one together). The caller records the new layout, durably, only
 //! once every tree is done.
+//!
+//! Layout 3 adds start rows (a tree of their own, empty in an older ledger), so layout 2 is
+//! brought to it by its number alone.
 
 use super::trees::*;
 use super::{row_key, LedgerError};
@@ -190,6 +193,38 @@ mod tests {
     }
 
     #[test]
+    fn a_layout_2_ledger_opens_as_layout_3_with_its_rows_untouched() {
+        let dir = tempfile::TempDir::new().unwrap();
+        {
+            let ledger = SledLedger::open(dir.path()).unwrap();
+            ledger
+                .write(&crate::ledger::Writes {
+                    children: vec![child("a", "deleg_a", 0)],
+                    ..Default::default()
+                })
+                .unwrap();
+            ledger.flush().unwrap();
+        }
+        {
+            let db = raw(dir.path());
+            db.open_tree(META)
+                .unwrap()
+                .insert("layout", codec::encode(&2u8).unwrap())
+                .unwrap();
+            db.drop_tree(STARTS).unwrap();
+            db.flush().unwrap();
+        }
+        let ledger = SledLedger::open(dir.path()).unwrap();
+        let all = ledger.load().unwrap();
+        assert_eq!(all.children, vec![child("a", "deleg_a", 0)]);
+        assert!(all.starts.is_empty());
+        drop(ledger);
+        let layout: u8 =
+            codec::decode(&raw(dir.path()).open_tree(META).unwrap().get("layout").unwrap().unwrap()).unwrap();
+        assert_eq!(layout, super::super::LAYOUT);
+    }
+
+    #[test]
     fn a_newer_layout_is_refused_with_a_clear_error() {
         let dir = tempfile::TempDir::new().unwrap();
         drop(SledLedger::open(dir.path()).unwrap());
@@ -202,6 +237,6 @@ mod tests {
             db.flush().unwrap();
         }
         let err = SledLedger::open(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("layout 3") && err.contains("up to 2"), "{err}");
+        assert!(err.contains("layout 4") && err.contains("up to 3"), "{err}");
     }
 }

@@ -6,7 +6,7 @@
 //! write and when is decided by the actors. Writes become durable at [`Ledger::flush`]; nothing
 //! may be reported as recorded before the flush that covers it returned (I1).
 //!
-//! Trees: `sessions`, `calls`, `children`, `claims`, `acks`, `wakes`, `dead_letters`, `meta`,
+//! Trees: `sessions`, `calls`, `children`, `starts`, `claims`, `acks`, `wakes`, `dead_letters`, `meta`,
 //! `quarantine` (with the raw values in `quarantine_raw`). Values are [`crate::codec`] rows.
 //! Sessions and wakes are keyed by session id; every other row by [`row_key`] (its session id,
 //! a NUL, its own id), so one session's rows are one contiguous range and
@@ -14,9 +14,11 @@
 //! ledger's other sessions.
 //!
 //! About one row is written per child: a dispatch writes its call row (the tasks are the
-//! children's queued rows) and its session row; each child's terminal row is group-committed
-//! by the coalescer; an ack writes one row for its whole claim and never rewrites the children's
-//! rows. An item's durable delivery state is therefore its child row's flag, *or* an ack row
+//! children's queued rows), its session row, and one start row for the children it admits at
+//! once; a later admission writes one start row per call it admits from; each child's terminal
+//! row is group-committed by the coalescer; an ack writes one row for its whole claim and never
+//! rewrites the children's rows. A child's durable status is its own row if it has one, else
+//! running if a start row names it, else queued. An item's durable delivery state is therefore its child row's flag, *or* an ack row
 //! naming it, *or* a dead letter of it, and [`Ledger::load`] folds the three together.
 //!
 //! A row that cannot be read back (bad version byte, truncated, over the size limit, values
@@ -155,6 +157,9 @@ pub struct Snapshot {
     pub children: Vec<ChildRow>,
     /// Claims that were live when the last process stopped (acked ones are not among them).
     pub claims: Vec<ClaimRow>,
+    /// Start rows: the running marks of admission batches, for children without a row of
+    /// their own (recovery folds them in).
+    pub starts: Vec<StartRow>,
     /// Children whose row is in the quarantine tree.
     pub damaged_children: Vec<String>,
     /// Sessions' webhook wake targets.
@@ -177,6 +182,8 @@ pub struct Writes {
     pub dead_letters: Vec<DeadLetterRow>,
     /// Ack rows to put.
     pub acks: Vec<AckRow>,
+    /// Start rows to put (the running marks of an admission batch, one row per call).
+    pub starts: Vec<StartRow>,
     /// Webhook wake targets to put.
     pub wakes: Vec<WakeRow>,
     /// Webhook wake targets to remove, by session id.
@@ -191,6 +198,8 @@ pub struct Writes {
     pub remove_acks: Vec<RowKey>,
     /// Claim rows to remove.
     pub remove_claims: Vec<RowKey>,
+    /// Start rows to remove, by start id.
+    pub remove_starts: Vec<RowKey>,
 }
 
 impl Writes {
@@ -201,6 +210,7 @@ impl Writes {
             && self.children.is_empty()
             && self.dead_letters.is_empty()
             && self.acks.is_empty()
+            && self.starts.is_empty()
             && self.wakes.is_empty()
             && self.remove_wakes.is_empty()
             && self.remove_sessions.is_empty()
@@ -208,6 +218,7 @@ impl Writes {
             && self.remove_dead_letters.is_empty()
             && self.remove_acks.is_empty()
             && self.remove_claims.is_empty()
+            && self.remove_starts.is_empty()
     }
 
     /// Appends `other` after these writes.
@@ -217,6 +228,7 @@ impl Writes {
         self.children.extend(other.children);
         self.dead_letters.extend(other.dead_letters);
         self.acks.extend(other.acks);
+        self.starts.extend(other.starts);
         self.wakes.extend(other.wakes);
         self.remove_wakes.extend(other.remove_wakes);
         self.remove_sessions.extend(other.remove_sessions);
@@ -224,6 +236,7 @@ impl Writes {
         self.remove_dead_letters.extend(other.remove_dead_letters);
         self.remove_acks.extend(other.remove_acks);
         self.remove_claims.extend(other.remove_claims);
+        self.remove_starts.extend(other.remove_starts);
     }
 }
 
@@ -273,6 +286,8 @@ pub mod trees {
     pub const CLAIMS: &str = "claims";
     /// Ack rows by claim id.
     pub const ACKS: &str = "acks";
+    /// Start rows (an admission batch's running marks) by start id.
+    pub const STARTS: &str = "starts";
     /// Webhook wake targets by session id.
     pub const WAKES: &str = "wakes";
     /// Dead letters by dedup key.

@@ -34,6 +34,7 @@ pub struct SledLedger {
     children: sled::Tree,
     claims: sled::Tree,
     acks: sled::Tree,
+    starts: sled::Tree,
     wakes: sled::Tree,
     dead_letters: sled::Tree,
     quarantine: sled::Tree,
@@ -130,8 +131,13 @@ impl SledLedger {
         };
         match layout {
             LAYOUT => {}
-            1 => {
-                super::migrate::session_keys(&db)?;
+            1 | 2 => {
+                if layout == 1 {
+                    super::migrate::session_keys(&db)?;
+                }
+                // Layout 2 is layout 3 without start rows: only the number changes, so that a
+                // build that does not fold start rows refuses this ledger rather than take
+                // its started children for queued ones and run them a second time.
                 meta.insert(LAYOUT_KEY, encode(META, LAYOUT_KEY, &LAYOUT)?)?;
                 db.flush()?;
                 FileSync::open(&path)?.sync()?;
@@ -150,6 +156,7 @@ impl SledLedger {
             children: db.open_tree(CHILDREN)?,
             claims: db.open_tree(CLAIMS)?,
             acks: db.open_tree(ACKS)?,
+            starts: db.open_tree(STARTS)?,
             wakes: db.open_tree(WAKES)?,
             dead_letters: db.open_tree(DEAD_LETTERS)?,
             quarantine: db.open_tree(QUARANTINE)?,
@@ -181,6 +188,7 @@ impl SledLedger {
             CHILDREN => &self.children,
             CLAIMS => &self.claims,
             ACKS => &self.acks,
+            STARTS => &self.starts,
             WAKES => &self.wakes,
             DEAD_LETTERS => &self.dead_letters,
             _ => return None,
@@ -280,6 +288,7 @@ impl SledLedger {
             calls: self.scan(&self.calls, CALLS, session)?,
             children,
             claims,
+            starts: self.scan(&self.starts, STARTS, session)?,
             damaged_children: self.damaged_children(session)?,
             wakes: self.scan(&self.wakes, WAKES, session)?,
         };
@@ -305,9 +314,10 @@ impl SledLedger {
     }
 }
 
-/// The ledger's key layout this build writes: 2, every session-scoped row keyed by
-/// [`row_key`]. Layout 1 (bare ids, and unit rows) is migrated when opened.
-pub const LAYOUT: u8 = 2;
+/// The ledger's layout this build writes: 3, every session-scoped row keyed by [`row_key`],
+/// and children's running marks in start rows. Layout 1 (bare ids, and unit rows) is migrated
+/// when opened; layout 2 (no start rows) needs nothing but its number changed.
+pub const LAYOUT: u8 = 3;
 const LAYOUT_KEY: &str = "layout";
 
 /// The stored key of a row of `session_id` in a session-scoped tree (calls, children, claims,
@@ -329,7 +339,7 @@ fn session_prefix(session_id: &str) -> Vec<u8> {
 
 /// Whether a tree's keys are [`row_key`]s (the others are keyed by session id).
 pub(super) fn is_scoped(tree: &str) -> bool {
-    matches!(tree, CALLS | CHILDREN | CLAIMS | ACKS | DEAD_LETTERS)
+    matches!(tree, CALLS | CHILDREN | STARTS | CLAIMS | ACKS | DEAD_LETTERS)
 }
 
 /// Encodes a row; its key (an id, or a stored key's bytes) is turned into text only for the
@@ -438,6 +448,11 @@ impl Ledger for SledLedger {
             w.children.iter().map(|r| (row_key(&r.session_id, &r.child_id), r)),
         )?;
         put_all(
+            &self.starts,
+            STARTS,
+            w.starts.iter().map(|r| (row_key(&r.session_id, &r.start_id), r)),
+        )?;
+        put_all(
             &self.dead_letters,
             DEAD_LETTERS,
             w.dead_letters.iter().map(|r| (row_key(&r.session_id, &r.dedup_key), r)),
@@ -458,6 +473,7 @@ impl Ledger for SledLedger {
         remove_all(&self.sessions, id_keys(&w.remove_sessions))?;
         remove_all(&self.acks, scoped_keys(&w.remove_acks))?;
         remove_all(&self.claims, scoped_keys(&w.remove_claims))?;
+        remove_all(&self.starts, scoped_keys(&w.remove_starts))?;
         Ok(())
     }
 

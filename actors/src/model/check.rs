@@ -116,6 +116,26 @@ impl CheckRow for AckRow {
     }
 }
 
+impl CheckRow for StartRow {
+    fn check(&self) -> Result<(), String> {
+        not_empty("session_id", &self.session_id)?;
+        not_empty("call_id", &self.call_id)?;
+        if self.start_id.rsplit_once('/').map(|(c, _)| c) != Some(self.call_id.as_str()) {
+            return Err(format!(
+                "start id `{}` does not name its call `{}`",
+                self.start_id, self.call_id
+            ));
+        }
+        if self.tasks.is_empty() {
+            return Err("the start names no task".into());
+        }
+        if self.tasks.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("the start's task indices are not strictly ascending".into());
+        }
+        Ok(())
+    }
+}
+
 impl CheckRow for WakeRow {
     fn check(&self) -> Result<(), String> {
         not_empty("session_id", &self.session_id)?;

@@ -320,6 +320,39 @@ pub struct AckRow {
     pub acked_at_ms: u64,
 }
 
+/// The durable start of children of one call admitted together (an admission batch): one row
+/// for them all, instead of a running mark in each child's row. A load folds it in: a child
+/// this row names and no child row of its own was running when the row was written. A child
+/// that has a row of its own (requeued, or recovered) is marked in that row instead, so the
+/// two never disagree about which is newer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartRow {
+    /// `<call_id>/<ordered hex>`: sorts by call, then in the order the starts were made.
+    pub start_id: String,
+    /// The owning session.
+    pub session_id: String,
+    /// The call whose children started.
+    pub call_id: String,
+    /// Their task indices, ascending.
+    pub tasks: Vec<u32>,
+    /// When they started.
+    pub started_at_ms: u64,
+}
+
+impl StartRow {
+    /// A start row for `tasks` of `call_id`, started at `started_at_ms`.
+    pub fn new(session_id: &str, call_id: &str, mut tasks: Vec<u32>, started_at_ms: u64) -> Self {
+        tasks.sort_unstable();
+        StartRow {
+            start_id: format!("{call_id}/{}", crate::model::ordered_hex()),
+            session_id: session_id.to_string(),
+            call_id: call_id.to_string(),
+            tasks,
+            started_at_ms,
+        }
+    }
+}
+
 /// A session's webhook wake target, stored so that a restarted server still wakes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WakeRow {

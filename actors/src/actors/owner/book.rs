@@ -4,7 +4,7 @@
 //! It holds state and answers questions about it; it decides nothing about routing (that is
 //! [`crate::routing`]) and writes nothing (that is the owner's persist step).
 
-use foldhash::HashMap;
+use foldhash::{HashMap, HashSet};
 
 use actix::Addr;
 
@@ -41,6 +41,10 @@ pub(super) struct Book {
     pub(super) calls: HashMap<String, CallState>,
     pub(super) units: HashMap<String, UnitState>,
     pub(super) children: HashMap<String, ChildRow>,
+    /// Unfinished children with a child row of their own in the ledger (requeued, recovered):
+    /// their starts are marked in that row, never in a start row (their row would hide it).
+    /// Everything else unfinished has no row yet. Usually empty.
+    pub(super) rowed: HashSet<String>,
     /// Items delivered of calls already dropped from memory.
     pub(super) delivered_done: u64,
     /// Items delivered of the children in memory (kept by [`Book::put_child`], [`Book::mark`]
@@ -228,6 +232,9 @@ impl Book {
         };
         let mut keys = Vec::new();
         for id in Self::child_ids(&call.row) {
+            if !self.rowed.is_empty() {
+                self.rowed.remove(&id);
+            }
             if let Some(row) = self.children.remove(&id) {
                 self.delivered_live = self.delivered_live.saturating_sub(delivered_items(&row));
                 self.delivered_done = self.delivered_done.saturating_add(delivered_items(&row));

@@ -61,16 +61,44 @@ impl SessionOwner {
         };
         let units = plan_units(&call_id, &call.tasks, call.independent_completions);
         view.session.next_set = set.saturating_add(1);
-        let writes = Writes {
+        let mut children: Vec<ChildRow> = units
+            .iter()
+            .flat_map(|u| u.tasks.iter().map(|&i| queued_child(&call, u, i)))
+            .collect();
+        children.sort_by_key(|c| c.task_index);
+        // The children capacity has room for start at once, their running marks one start row
+        // flushed with the call: a dispatch costs one flush, not one for the call and another
+        // for its starts. Only when nothing is queued before them (queued children go first).
+        let room = if self.capacity.queued() == 0 && !view.queued && self.engine.admitting() {
+            let max = (view.session.max_concurrent_children as usize).max(1);
+            max.saturating_sub(self.capacity.running().saturating_add(view.admitted))
+        } else {
+            0
+        };
+        let started = room.min(children.len());
+        view.admitted += started;
+        view.queued |= started < children.len();
+        let mut writes = Writes {
             sessions: vec![view.session.clone()],
             calls: vec![call.clone()],
             ..Writes::default()
         };
-        let restore = Writes {
+        let mut restore = Writes {
             sessions: vec![self.session.clone()],
             remove_calls: vec![self.row_key(&call_id)],
             ..Writes::default()
         };
+        if started > 0 {
+            let now = now_ms();
+            for c in &mut children[..started] {
+                c.status = ChildStatus::Running;
+                c.started_at_ms = Some(now);
+            }
+            let tasks = children[..started].iter().map(|c| c.task_index).collect();
+            let start = StartRow::new(&self.session.session_id, &call_id, tasks, now);
+            restore.remove_starts.push(self.row_key(&start.start_id));
+            writes.starts.push(start);
+        }
         let accepted = msg.accepted;
         let then = move |act: &mut SessionOwner, ctx: &mut Context<SessionOwner>, res: Result<(), BroodError>| {
             if let Err(e) = res {
@@ -80,12 +108,12 @@ impl SessionOwner {
             if let Ok(mut a) = accepted.lock() {
                 *a = Some(call_id.clone());
             }
-            let mut children: Vec<ChildRow> = units
-                .iter()
-                .flat_map(|u| u.tasks.iter().map(|&i| queued_child(&call, u, i)))
-                .collect();
-            children.sort_by_key(|c| c.task_index);
-            for c in &children {
+            let running: Vec<ChildRow> = children[..started].to_vec();
+            for c in &running {
+                act.capacity.start_now(c.child_id.clone());
+                act.emit_status(c, ChildStatus::Queued);
+            }
+            for c in &children[started..] {
                 act.capacity.enqueue(c.child_id.clone());
                 act.emit_child(c);
             }
@@ -95,6 +123,7 @@ impl SessionOwner {
                 Mode::Sync => act.wait_sync(&call_id, reply, units, forced_sync_reason),
                 Mode::Background => answer(reply, Ok(Delegated::Background { call_id, set, units })),
             }
+            act.start_children(running, ctx);
             act.admit(ctx);
         };
         Decided::Step(Step {
@@ -220,10 +249,7 @@ impl SessionOwner {
             }
         }
         if !rows.is_empty() {
-            self.write_unflushed(Writes {
-                children: rows.clone(),
-                ..Writes::default()
-            });
+            self.write_unflushed(self.start_marks(&rows, now).0);
             self.start_children(rows, ctx);
         }
         if !durable.is_empty() {
@@ -235,27 +261,16 @@ impl SessionOwner {
     /// durable; on failure they go back to the head of the queue and admission tries again.
     pub(super) fn decide_start(&mut self, ids: Vec<String>) -> Decided<Durable> {
         let now = now_ms();
-        let current: Vec<ChildRow> = ids
+        let marked: Vec<ChildRow> = ids
             .iter()
             .filter_map(|id| self.book.children.get(id).cloned())
-            .collect();
-        let marked: Vec<ChildRow> = current
-            .iter()
-            .cloned()
             .map(|mut r| {
                 r.status = ChildStatus::Running;
                 r.started_at_ms = Some(now);
                 r
             })
             .collect();
-        let writes = Writes {
-            children: marked.clone(),
-            ..Writes::default()
-        };
-        let restore = Writes {
-            children: current,
-            ..Writes::default()
-        };
+        let (writes, restore) = self.start_marks(&marked, now);
         Decided::Step(Step {
             writes,
             restore,
@@ -275,6 +290,34 @@ impl SessionOwner {
                 }
             }),
         })
+    }
+
+    /// The running marks of `marked` (rows set running at `now`), and the writes that take them
+    /// back: one start row per call for the children without a row of their own, their own
+    /// row (back to queued, to take back) for those with one.
+    fn start_marks(&self, marked: &[ChildRow], now: u64) -> (Writes, Writes) {
+        let (mut writes, mut restore) = (Writes::default(), Writes::default());
+        let mut fresh: Vec<(&str, u32)> = Vec::new();
+        for row in marked {
+            if self.book.rowed.contains(&row.child_id) {
+                writes.children.push(row.clone());
+                restore.children.push(ChildRow {
+                    status: ChildStatus::Queued,
+                    started_at_ms: None,
+                    ..row.clone()
+                });
+            } else {
+                fresh.push((&row.call_id, row.task_index));
+            }
+        }
+        fresh.sort_unstable();
+        for run in fresh.chunk_by(|a, b| a.0 == b.0) {
+            let tasks = run.iter().map(|&(_, i)| i).collect();
+            let start = StartRow::new(&self.session.session_id, run[0].0, tasks, now);
+            restore.remove_starts.push(self.row_key(&start.start_id));
+            writes.starts.push(start);
+        }
+        (writes, restore)
     }
 
     /// Decides putting a child whose start was lost back at the head of the queue, durably (its
@@ -303,6 +346,7 @@ impl SessionOwner {
             then: Box::new(move |act, ctx, res| match res {
                 Ok(()) => {
                     act.emit_child(&queued);
+                    act.book.rowed.insert(queued.child_id.clone());
                     act.book.put_child(queued);
                     act.capacity.requeue_front(child_id);
                     act.admit(ctx);

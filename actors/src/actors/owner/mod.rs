@@ -217,11 +217,17 @@ impl SessionOwner {
 
     /// Tells observers a child's new status.
     fn emit_child(&self, row: &ChildRow) {
+        self.emit_status(row, row.status);
+    }
+
+    /// Tells observers a child is in `status` (a child its dispatch started at once was queued
+    /// first all the same).
+    fn emit_status(&self, row: &ChildRow, status: ChildStatus) {
         self.emit(|| Event::Child {
             child_id: row.child_id.clone(),
             call_id: row.call_id.clone(),
             task_index: row.task_index,
-            status: row.status,
+            status,
         });
     }
 

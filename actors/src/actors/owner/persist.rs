@@ -55,6 +55,11 @@ pub(super) struct BatchView {
     pub(super) session: SessionRow,
     /// Claims a step of the batch touches.
     pub(super) claims: HashSet<String>,
+    /// Capacity slots the batch's dispatches take for children they start at once.
+    pub(super) admitted: usize,
+    /// Whether a dispatch of the batch leaves children queued (a later one then starts none
+    /// of its own at once: queued children go first).
+    pub(super) queued: bool,
 }
 
 impl BatchView {
@@ -128,6 +133,8 @@ impl SessionOwner {
         let mut view = BatchView {
             session: self.session.clone(),
             claims: HashSet::new(),
+            admitted: 0,
+            queued: false,
         };
         let mut steps: Vec<Step> = Vec::new();
         for request in requests {

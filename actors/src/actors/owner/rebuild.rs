@@ -52,6 +52,7 @@ impl SessionOwner {
         for id in plan.queue {
             owner.capacity.enqueue(id);
         }
+        owner.book.rowed.extend(plan.rowed);
         for id in plan.running {
             owner.capacity.mark_running(id);
         }

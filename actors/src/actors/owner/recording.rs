@@ -21,6 +21,9 @@ impl SessionOwner {
                 continue; // a retried hand-off of a result already recorded
             }
             self.capacity.finish(&row.child_id);
+            if !self.book.rowed.is_empty() {
+                self.book.rowed.remove(&row.child_id);
+            }
             // Delivery state is the owner's; the child's copy of it may be stale.
             row.result = known.result;
             row.notice = known.notice;
