@@ -123,7 +123,9 @@ pub const ENDED_MEMORY: usize = 1 << 12;
 pub struct Router<K: Clone + Eq + Hash + Ord + Debug> {
     max_delivery_attempts: u32,
     items: HashMap<K, Entry>,
-    ready: BTreeSet<K>,
+    /// The items in state ready, in the order they became so (each once: an item enters only
+    /// on its way into that state). A boundary takes them all; its envelope orders them.
+    ready: Vec<K>,
     waiting: BTreeSet<(u64, K)>,
     claims: HashMap<String, LiveClaim<K>>,
     leases: BTreeSet<(u64, String)>,
@@ -139,7 +141,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         Router {
             max_delivery_attempts: max_delivery_attempts.max(1),
             items: HashMap::default(),
-            ready: BTreeSet::new(),
+            ready: Vec::new(),
             waiting: BTreeSet::new(),
             claims: HashMap::default(),
             leases: BTreeSet::new(),
@@ -167,7 +169,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
                 failed_attempts,
             },
         );
-        self.ready.insert(key);
+        self.ready.push(key);
         true
     }
 
@@ -236,9 +238,13 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
             let Some((_, key)) = self.waiting.pop_first() else {
                 break;
             };
-            if let Some(e) = self.items.get_mut(&key) {
+            if let Some(e) = self
+                .items
+                .get_mut(&key)
+                .filter(|e| matches!(e.state, State::Waiting(_)))
+            {
                 e.state = State::Ready;
-                self.ready.insert(key);
+                self.ready.push(key);
             }
         }
     }
@@ -249,13 +255,18 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         if self.ready.is_empty() {
             return None;
         }
-        let keys: Vec<K> = std::mem::take(&mut self.ready).into_iter().collect();
+        let mut keys: Vec<K> = std::mem::take(&mut self.ready);
         let mut items = Vec::with_capacity(keys.len());
-        for key in &keys {
-            if let Some(e) = self.items.get_mut(key) {
+        keys.retain(|key| match self.items.get_mut(key) {
+            Some(e) if e.state == State::Ready => {
                 e.state = State::Claimed;
                 items.push((key.clone(), e.failed_attempts.saturating_add(1)));
+                true
             }
+            _ => false,
+        });
+        if keys.is_empty() {
+            return None;
         }
         let lease_expires_at_ms = now_ms.saturating_add(lease_ms);
         self.leases.insert((lease_expires_at_ms, claim_id.clone()));
@@ -402,7 +413,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
             e.failed_attempts = *attempts;
             if at == 0 {
                 e.state = State::Ready;
-                self.ready.insert(key.clone());
+                self.ready.push(key.clone());
             } else {
                 e.state = State::Waiting(at);
                 self.waiting.insert((at, key.clone()));

@@ -1,7 +1,8 @@
 //! The Child actor: one execution of one task.
 //!
-//! It builds its runner, runs it as a task of its own (so a panic ends only this child, as
-//! `failed`), arms the task timeout and the stall clock when the runner starts, and when the
+//! It builds its runner and runs it inside its own context, with the runner's future wrapped
+//! in `catch_unwind` (so a panic ends only this child, as `failed`, and no task of its own is
+//! spawned per child), arms the task timeout and the stall clock when the runner starts, and when the
 //! child is terminal hands its row to the [`Coalescer`]. It keeps the row until the coalescer
 //! answers that the owner recorded it; a failed hand-off is retried with backoff, never dropped.
 //! It does not decide readiness or capacity: that is the session owner's.
@@ -9,7 +10,7 @@
 use std::time::Duration;
 
 use actix::prelude::*;
-use tokio::task::AbortHandle;
+use futures::FutureExt;
 
 use super::coalescer::{Completion, HandOffError};
 use super::unit::{ChildStopped, Unit};
@@ -28,7 +29,8 @@ pub struct Child {
     engine: Engine,
     unit: Addr<Unit>,
     progress: Progress,
-    abort: Option<AbortHandle>,
+    /// The runner's future in this context, until the child ends (then it is dropped).
+    runner: Option<SpawnHandle>,
     ended: bool,
     backoff: Duration,
 }
@@ -51,7 +53,7 @@ impl Child {
             engine,
             unit,
             progress: Progress::new(),
-            abort: None,
+            runner: None,
             ended: false,
             backoff: HANDOFF_BACKOFF_START,
         }
@@ -62,8 +64,10 @@ impl Child {
             return;
         }
         self.ended = true;
-        if let Some(handle) = self.abort.take() {
-            handle.abort();
+        if let Some(handle) = self.runner.take() {
+            // Dropped, as an aborted task's future would be (a command runner kills its
+            // process group when dropped).
+            ctx.cancel_future(handle);
         }
         self.row.status = status;
         self.row.summary = summary;
@@ -137,9 +141,9 @@ impl Actor for Child {
         let factory = self.engine.factory.clone();
         let runner_json = self.task.runner_json.clone();
         let hang = crate::failpoints::fires("runner_hang");
-        // Building and starting the runner happen inside its task too, so a panic anywhere in
-        // the embedder's code ends this child as `failed` and nothing else.
-        let handle = actix::spawn(async move {
+        // Building and starting the runner happen inside the guarded future too, so a panic
+        // anywhere in the embedder's code ends this child as `failed` and nothing else.
+        let run = async move {
             if hang {
                 futures::future::pending::<()>().await;
             }
@@ -159,23 +163,25 @@ impl Actor for Child {
                     summary: None,
                 },
             }
-        });
-        let abort = handle.abort_handle();
-        ctx.spawn(handle.into_actor(self).map(|res, act, ctx| match res {
-            Ok(RunOutput::Succeeded { summary }) => act.end(ctx, ChildStatus::Succeeded, Some(summary), None),
-            Ok(RunOutput::Failed { error, summary }) => act.end(ctx, ChildStatus::Failed, summary, Some(error)),
-            Err(e) if e.is_panic() => {
-                let msg = panic_message(e.into_panic());
-                act.end(
-                    ctx,
-                    ChildStatus::Failed,
-                    act.progress.take_partial(),
-                    Some(format!("runner panicked: {msg}")),
-                )
+        };
+        let guarded = std::panic::AssertUnwindSafe(run).catch_unwind();
+        let handle = ctx.spawn(guarded.into_actor(self).map(|res, act, ctx| {
+            act.runner = None;
+            match res {
+                Ok(RunOutput::Succeeded { summary }) => act.end(ctx, ChildStatus::Succeeded, Some(summary), None),
+                Ok(RunOutput::Failed { error, summary }) => act.end(ctx, ChildStatus::Failed, summary, Some(error)),
+                Err(panic) => {
+                    let msg = panic_message(panic);
+                    act.end(
+                        ctx,
+                        ChildStatus::Failed,
+                        act.progress.take_partial(),
+                        Some(format!("runner panicked: {msg}")),
+                    )
+                }
             }
-            Err(_) => {} // aborted by end(): the child already ended
         }));
-        self.abort = Some(abort);
+        self.runner = Some(handle);
         if let Some(ms) = self.task.timeout_ms {
             ctx.run_later(Duration::from_millis(ms), move |act, ctx| {
                 let partial = act.progress.take_partial();

@@ -138,27 +138,49 @@ where
     A: Actor<Context = Context<A>>,
     F: FnOnce() -> A + Send + 'static,
 {
-    let (tx, rx) = actix::dev::channel::channel(16);
+    let (addr, mailbox) = self::mailbox();
     let (exit_tx, exit_rx) = oneshot::channel();
     let started = arbiter.spawn_fn(move || {
-        let ctx = Context::with_receiver(rx);
-        let task: JoinHandle<()> = actix::spawn(ctx.into_future(make()));
-        actix::spawn(async move {
-            let exit = match task.await {
-                Ok(()) => Exit::Stopped,
-                Err(e) if e.is_panic() => Exit::Panicked(crate::model::panic_message(e.into_panic())),
-                Err(_) => Exit::Stopped,
-            };
+        run_here(mailbox, make(), move |exit| {
             let _ = exit_tx.send(exit);
-        });
+        })
     });
     if !started {
         tracing::warn!("the arbiter is gone; the actor was not started");
     }
-    (
-        Addr::new(tx),
-        Box::pin(async move { exit_rx.await.unwrap_or(Exit::Stopped) }),
-    )
+    (addr, Box::pin(async move { exit_rx.await.unwrap_or(Exit::Stopped) }))
+}
+
+/// The receiving end of an actor's mailbox, for [`run_here`] to start the actor on.
+pub type Mailbox<A> = actix::dev::channel::AddressReceiver<A>;
+
+/// A mailbox and its address, for an actor that another thread starts later ([`run_here`]):
+/// messages sent meanwhile wait in it.
+pub fn mailbox<A>() -> (Addr<A>, Mailbox<A>)
+where
+    A: Actor<Context = Context<A>>,
+{
+    let (tx, rx) = actix::dev::channel::channel(16);
+    (Addr::new(tx), rx)
+}
+
+/// Starts `actor` on this thread's arbiter as a task of its own, reading `mailbox`; `on_exit`
+/// is told, on this thread, how the task ended. Used to start many actors made elsewhere in
+/// one hop (their parent's thread only makes the mailboxes).
+pub fn run_here<A>(mailbox: Mailbox<A>, actor: A, on_exit: impl FnOnce(Exit) + 'static)
+where
+    A: Actor<Context = Context<A>>,
+{
+    let ctx = Context::with_receiver(mailbox);
+    let task: JoinHandle<()> = actix::spawn(ctx.into_future(actor));
+    actix::spawn(async move {
+        let exit = match task.await {
+            Ok(()) => Exit::Stopped,
+            Err(e) if e.is_panic() => Exit::Panicked(crate::model::panic_message(e.into_panic())),
+            Err(_) => Exit::Stopped,
+        };
+        on_exit(exit);
+    });
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! restarted and made a new unit actor) and its last child stopped. It holds no results: those travel child → coalescer → owner.
 //!
 //! The owner runs each unit under a restart policy: a unit whose handler panicked is replaced,
-//! and a `StartChild` it never acknowledged is queued again, so no child is lost or run twice.
+//! and a `StartChildren` it never acknowledged is queued again, so no child is lost or run twice.
 
 use std::collections::HashMap;
 
@@ -16,14 +16,13 @@ use super::owner::SessionOwner;
 use super::Engine;
 use crate::model::{ChildRow, Task, UnitRow};
 
-/// Start one member child (its row already marked running). Answered once the child started.
+/// Start member children (their rows already marked running). Answered once they started;
+/// a unit that dies first drops the message, and its sender queues them again.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct StartChild {
-    /// The child's row.
-    pub row: ChildRow,
-    /// Its task.
-    pub task: Task,
+pub struct StartChildren {
+    /// Each child's row and task.
+    pub children: Vec<(ChildRow, Task)>,
 }
 
 /// The unit is complete: every member is recorded; the unit actor stops.
@@ -73,21 +72,24 @@ impl Actor for Unit {
     type Context = Context<Self>;
 }
 
-impl Handler<StartChild> for Unit {
+impl Handler<StartChildren> for Unit {
     type Result = ();
 
-    fn handle(&mut self, msg: StartChild, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: StartChildren, ctx: &mut Context<Self>) {
         if crate::failpoints::fires("unit_handler") {
             panic!("injected fault: unit_handler (unit {})", self.row.unit_id);
         }
-        let id = msg.row.child_id.clone();
-        if !self.engine.child_starting(&id, || self.owner.connected()) {
-            // The owner that admitted this child died; its successor queues the child again
-            // (it is not among the live children), so starting it here would run it twice.
-            return;
+        for (row, task) in msg.children {
+            let id = row.child_id.clone();
+            if !self.engine.child_starting(&id, || self.owner.connected()) {
+                // The owner that admitted this child died; its successor queues the child
+                // again (it is not among the live children), so starting it here would run
+                // it twice.
+                continue;
+            }
+            let child = Child::new(row, task, self.engine.clone(), ctx.address());
+            self.children.insert(id, child.start());
         }
-        let child = Child::new(msg.row, msg.task, self.engine.clone(), ctx.address());
-        self.children.insert(id, child.start());
     }
 }
 

@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use super::persist::{BatchView, Decided, Step};
 use super::{answer, Delegate, Delegated, Durable, SessionInfo, SessionOwner, StartLost, UnitExited};
 use crate::actors::supervise::{self, Decision, Exit};
-use crate::actors::unit::{StartChild, Unit};
+use crate::actors::unit::{StartChildren, Unit};
 use crate::error::BroodError;
 use crate::ledger::Writes;
 use crate::model::*;
@@ -358,9 +358,16 @@ impl SessionOwner {
         })
     }
 
-    /// Hands started children to their unit actors (starting a unit actor where needed).
+    /// Hands started children to their unit actors (starting a unit actor where needed), in
+    /// one hop to the children's thread: this thread only makes the new units' mailboxes and
+    /// groups the children by unit; the units are started, and each handed its children in
+    /// one message, over there. A unit that dies before starting its children has them queued
+    /// again (they never ran).
     fn start_children(&mut self, rows: Vec<ChildRow>, ctx: &mut Context<Self>) {
         let me = ctx.address();
+        let mut new_units: Vec<(supervise::Mailbox<Unit>, UnitRow)> = Vec::new();
+        let mut batches: Vec<(Addr<Unit>, Vec<(ChildRow, Task)>)> = Vec::new();
+        let mut batch_of: foldhash::HashMap<String, usize> = foldhash::HashMap::default();
         for row in rows {
             self.emit_child(&row);
             let Some(task) = self.book.task_of(&row).cloned() else {
@@ -369,39 +376,67 @@ impl SessionOwner {
             let Some(unit) = self.book.units.get_mut(&row.unit_id) else {
                 continue;
             };
-            let addr = match &unit.addr {
-                Some(addr) if addr.connected() => addr.clone(),
-                _ => {
-                    let (unit_row, engine, owner) = (unit.row.clone(), self.engine.clone(), me.clone());
-                    let (addr, exit) = supervise::spawn_in(&self.engine.children_arbiter, move || {
-                        Unit::new(unit_row, engine, owner)
-                    });
-                    // Watched from a task of its own, not from this context: an actix context
-                    // polls every future it holds on every message, so thousands of watchers
-                    // here would make each message cost O(units).
-                    let unit_id = unit.row.unit_id.clone();
-                    let owner = me.downgrade();
-                    actix::spawn(async move {
-                        if let exit @ Exit::Panicked(_) = exit.await {
-                            if let Some(owner) = owner.upgrade() {
-                                owner.do_send(UnitExited { unit_id, exit });
-                            }
+            let slot = match batch_of.get(&row.unit_id) {
+                Some(&i) => i,
+                None => {
+                    let addr = match &unit.addr {
+                        Some(addr) if addr.connected() => addr.clone(),
+                        _ => {
+                            let (addr, mailbox) = supervise::mailbox();
+                            new_units.push((mailbox, unit.row.clone()));
+                            unit.addr = Some(addr.clone());
+                            addr
                         }
-                    });
-                    unit.addr = Some(addr.clone());
-                    addr
+                    };
+                    batches.push((addr, Vec::new()));
+                    batch_of.insert(row.unit_id.clone(), batches.len() - 1);
+                    batches.len() - 1
                 }
             };
-            let child_id = row.child_id.clone();
-            let owner = me.downgrade();
+            batches[slot].1.push((row, task));
+        }
+        if batches.is_empty() {
+            return;
+        }
+        let engine = self.engine.clone();
+        let owner = me.downgrade();
+        let mut pending = Unhanded {
+            batches,
+            owner: owner.clone(),
+        };
+        let started = self.engine.children_arbiter.spawn_fn(move || {
+            let batches = std::mem::take(&mut pending.batches);
+            for (mailbox, row) in new_units {
+                let unit_id = row.unit_id.clone();
+                let watcher = owner.clone();
+                supervise::run_here(mailbox, Unit::new(row, engine.clone(), me.clone()), move |exit| {
+                    if let exit @ Exit::Panicked(_) = exit {
+                        if let Some(owner) = watcher.upgrade() {
+                            owner.do_send(UnitExited { unit_id, exit });
+                        }
+                    }
+                });
+            }
+            drop(me);
             actix::spawn(async move {
-                if addr.send(StartChild { row, task }).await.is_err() {
-                    // The unit died before starting the child: it never ran, so queue it again.
-                    if let Some(owner) = owner.upgrade() {
+                let sends = batches.into_iter().map(|(addr, children)| async move {
+                    let ids: Vec<String> = children.iter().map(|(r, _)| r.child_id.clone()).collect();
+                    match addr.send(StartChildren { children }).await {
+                        Ok(()) => Vec::new(),
+                        Err(_) => ids,
+                    }
+                });
+                let lost: Vec<String> = futures::future::join_all(sends).await.into_iter().flatten().collect();
+                if let Some(owner) = owner.upgrade() {
+                    for child_id in lost {
+                        // Its unit died before starting it: it never ran, so queue it again.
                         owner.do_send(StartLost { child_id });
                     }
                 }
             });
+        });
+        if !started {
+            tracing::warn!("the children's arbiter is gone; the admitted children are queued again");
         }
     }
 
@@ -421,5 +456,23 @@ impl SessionOwner {
             }
         }
         self.admit(ctx);
+    }
+}
+
+/// Children on their way to their units' thread: if they never get there (the arbiter is gone,
+/// so the closure carrying them is dropped), each is reported lost, and queued again.
+struct Unhanded {
+    batches: Vec<(Addr<Unit>, Vec<(ChildRow, Task)>)>,
+    owner: actix::WeakAddr<SessionOwner>,
+}
+
+impl Drop for Unhanded {
+    fn drop(&mut self) {
+        let Some(owner) = self.owner.upgrade() else { return };
+        for (_, children) in self.batches.drain(..) {
+            for (row, _) in children {
+                owner.do_send(StartLost { child_id: row.child_id });
+            }
+        }
     }
 }

@@ -6,13 +6,14 @@
 use actix::prelude::*;
 
 use super::SessionOwner;
-use crate::actors::unit::UnitComplete;
+use crate::actors::unit::{Unit, UnitComplete};
 use crate::model::*;
 use crate::routing::{on_child_end, Publish};
 
 impl SessionOwner {
     /// Records terminal rows and publishes what they make ready.
     pub(super) fn record(&mut self, rows: Vec<ChildRow>, ctx: &mut Context<Self>) {
+        let mut completed = Vec::new();
         for mut row in rows {
             let Some(known) = self.book.children.get(&row.child_id) else {
                 continue;
@@ -30,7 +31,8 @@ impl SessionOwner {
             let failed = row.status.is_failure();
             let (unit_id, child) = (row.unit_id.clone(), row.child_id.clone());
             self.emit_child(&row);
-            let notice = (row.call_id.clone(), row.status, row.error.clone());
+            // Only a failure can need its notice's details.
+            let notice = failed.then(|| (row.call_id.clone(), row.status, row.error.clone()));
             self.book.put_child(row);
             let Some(unit) = self.book.units.get_mut(&unit_id) else {
                 continue;
@@ -42,23 +44,33 @@ impl SessionOwner {
                 .get(&unit.row.call_id)
                 .is_some_and(|c| c.row.mode == Mode::Sync);
             match on_child_end(unit.terminal, unit.row.tasks.len(), failed) {
-                Publish::UnitComplete => self.complete_unit(&unit_id, ctx),
+                Publish::UnitComplete => self.complete_unit(&unit_id, &mut completed, ctx),
                 Publish::FailureNotice if !sync => {
                     self.router.publish(dedup_key(&child, ItemKind::FailureNotice), 0);
-                    let (call_id, status, error) = notice;
-                    self.emit(|| crate::events::Event::FailureNotice {
-                        child_id: child.clone(),
-                        call_id,
-                        status,
-                        error,
-                    });
+                    if let Some((call_id, status, error)) = notice {
+                        self.emit(|| crate::events::Event::FailureNotice {
+                            child_id: child.clone(),
+                            call_id,
+                            status,
+                            error,
+                        });
+                    }
                 }
                 Publish::FailureNotice | Publish::Nothing => {}
             }
         }
+        if !completed.is_empty() {
+            // One hop to the units' thread for all of them (not a wake-up of it per unit); the
+            // addresses are dropped there too.
+            let _ = self.engine.children_arbiter.spawn_fn(move || {
+                for addr in completed {
+                    addr.do_send(UnitComplete);
+                }
+            });
+        }
     }
 
-    fn complete_unit(&mut self, unit_id: &str, ctx: &mut Context<Self>) {
+    fn complete_unit(&mut self, unit_id: &str, completed: &mut Vec<Addr<Unit>>, ctx: &mut Context<Self>) {
         let Some(unit) = self.book.units.get_mut(unit_id) else {
             return;
         };
@@ -66,9 +78,7 @@ impl SessionOwner {
             return;
         }
         unit.complete = true;
-        if let Some(addr) = unit.addr.take() {
-            addr.do_send(UnitComplete);
-        }
+        completed.extend(unit.addr.take());
         let call_id = unit.row.call_id.clone();
         let members: Vec<String> = unit.row.tasks.iter().map(|&i| child_id(&call_id, i)).collect();
         let Some(call) = self.book.calls.get_mut(&call_id) else {
