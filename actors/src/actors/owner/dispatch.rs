@@ -366,7 +366,7 @@ impl SessionOwner {
     fn start_children(&mut self, rows: Vec<ChildRow>, ctx: &mut Context<Self>) {
         let me = ctx.address();
         let mut new_units: Vec<(supervise::Mailbox<Unit>, UnitRow)> = Vec::new();
-        let mut batches: Vec<(Addr<Unit>, Vec<(ChildRow, Task)>)> = Vec::new();
+        let mut batches: Vec<UnitBatch> = Vec::new();
         let mut batch_of: foldhash::HashMap<String, usize> = foldhash::HashMap::default();
         for row in rows {
             self.emit_child(&row);
@@ -459,10 +459,13 @@ impl SessionOwner {
     }
 }
 
+/// A unit's address and the children (rows and tasks) it is to start.
+type UnitBatch = (Addr<Unit>, Vec<(ChildRow, Task)>);
+
 /// Children on their way to their units' thread: if they never get there (the arbiter is gone,
 /// so the closure carrying them is dropped), each is reported lost, and queued again.
 struct Unhanded {
-    batches: Vec<(Addr<Unit>, Vec<(ChildRow, Task)>)>,
+    batches: Vec<UnitBatch>,
     owner: actix::WeakAddr<SessionOwner>,
 }
 
