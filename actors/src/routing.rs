@@ -222,7 +222,11 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
     }
 
     /// Forgets a delivered or dead item (memory reclaim once its call is done).
-    pub fn forget(&mut self, key: &K) {
+    pub fn forget<Q>(&mut self, key: &Q)
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         if let Some(e) = self.items.get(key) {
             if matches!(e.state, State::Delivered | State::Dead) {
                 self.items.remove(key);

@@ -7,6 +7,7 @@
 //! answers that the owner recorded it; a failed hand-off is retried with backoff, never dropped.
 //! It does not decide readiness or capacity: that is the session owner's.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -26,7 +27,7 @@ const HANDOFF_BACKOFF_MAX: Duration = Duration::from_secs(5);
 pub struct Child {
     row: ChildRow,
     task: Task,
-    engine: Engine,
+    engine: Arc<Engine>,
     unit: Addr<Unit>,
     progress: Progress,
     /// The runner's future in this context, until the child ends (then it is dropped).
@@ -46,7 +47,7 @@ impl std::fmt::Debug for Child {
 
 impl Child {
     /// A child for `row` (already marked running by its owner), supervised by `unit`.
-    pub fn new(row: ChildRow, task: Task, engine: Engine, unit: Addr<Unit>) -> Self {
+    pub fn new(row: ChildRow, task: Task, engine: Arc<Engine>, unit: Addr<Unit>) -> Self {
         Child {
             row,
             task,
@@ -125,7 +126,7 @@ impl Actor for Child {
     fn stopped(&mut self, _: &mut Context<Self>) {
         self.engine.child_stopped(&self.row.child_id);
         self.unit.do_send(ChildStopped {
-            child_id: self.row.child_id.clone(),
+            task_index: self.row.task_index,
         });
     }
 
@@ -134,12 +135,13 @@ impl Actor for Child {
         self.progress = Progress::new();
         let run_ctx = RunContext {
             child_id: self.row.child_id.clone(),
-            goal: self.task.goal.clone(),
+            goal: std::mem::take(&mut self.task.goal),
             attempt: self.row.attempt,
             progress: self.progress.clone(),
         };
         let factory = self.engine.factory.clone();
-        let runner_json = self.task.runner_json.clone();
+        // Taken, not copied: once its runner started, a child keeps only its clocks' settings.
+        let runner_json = std::mem::take(&mut self.task.runner_json);
         let hang = crate::failpoints::fires("runner_hang");
         // Building and starting the runner happen inside the guarded future too, so a panic
         // anywhere in the embedder's code ends this child as `failed` and nothing else.
@@ -147,21 +149,19 @@ impl Actor for Child {
             if hang {
                 futures::future::pending::<()>().await;
             }
-            let spec: serde_json::Value = match serde_json::from_str(&runner_json) {
-                Ok(v) => v,
-                Err(e) => {
-                    return RunOutput::Failed {
-                        error: format!("runner spec is not JSON: {e}"),
-                        summary: None,
-                    }
-                }
+            // The spec is parsed and the runner built before the run is awaited, and the
+            // parsed spec, its text and the factory are dropped first: a running child keeps
+            // only its runner.
+            let built = match serde_json::from_str::<serde_json::Value>(&runner_json) {
+                Err(e) => Err(format!("runner spec is not JSON: {e}")),
+                Ok(spec) => factory
+                    .build(&spec)
+                    .map_err(|e| format!("runner could not be built: {e}")),
             };
-            match factory.build(&spec) {
+            drop((runner_json, factory));
+            match built {
                 Ok(runner) => runner.run(run_ctx).await,
-                Err(e) => RunOutput::Failed {
-                    error: format!("runner could not be built: {e}"),
-                    summary: None,
-                },
+                Err(error) => RunOutput::Failed { error, summary: None },
             }
         };
         let guarded = std::panic::AssertUnwindSafe(run).catch_unwind();

@@ -171,16 +171,22 @@ pub fn run_here<A>(mailbox: Mailbox<A>, actor: A, on_exit: impl FnOnce(Exit) + '
 where
     A: Actor<Context = Context<A>>,
 {
+    use futures::FutureExt;
     let ctx = Context::with_receiver(mailbox);
-    let task: JoinHandle<()> = actix::spawn(ctx.into_future(actor));
-    actix::spawn(async move {
-        let exit = match task.await {
-            Ok(()) => Exit::Stopped,
-            Err(e) if e.is_panic() => Exit::Panicked(crate::model::panic_message(e.into_panic())),
-            Err(_) => Exit::Stopped,
-        };
-        on_exit(exit);
-    });
+    // One task, not the actor's and a watcher's: a panic in a handler unwinds out of the
+    // actor's future into `catch_unwind`, which drops the actor (its mailbox closes) and tells
+    // `on_exit`.
+    // A combinator, not an async block: an async block awaiting the actor it captured would
+    // hold room for it twice.
+    let task = std::panic::AssertUnwindSafe(ctx.into_future(actor))
+        .catch_unwind()
+        .map(move |ended| {
+            on_exit(match ended {
+                Ok(()) => Exit::Stopped,
+                Err(panic) => Exit::Panicked(crate::model::panic_message(panic)),
+            })
+        });
+    actix::spawn(task);
 }
 
 #[cfg(test)]

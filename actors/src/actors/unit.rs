@@ -7,7 +7,7 @@
 //! The owner runs each unit under a restart policy: a unit whose handler panicked is replaced,
 //! and a `StartChildren` it never acknowledged is queued again, so no child is lost or run twice.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 
 use actix::prelude::*;
 
@@ -34,17 +34,18 @@ pub struct UnitComplete;
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct ChildStopped {
-    /// The child.
-    pub child_id: String,
+    /// The child's task index in its call.
+    pub task_index: u32,
 }
 
 /// One completion unit.
 pub struct Unit {
     row: UnitRow,
-    engine: Engine,
+    engine: Arc<Engine>,
     owner: Addr<SessionOwner>,
-    /// Children started here and not yet stopped (their addresses keep their mailboxes open).
-    children: HashMap<String, Addr<Child>>,
+    /// Children started here and not yet stopped, by task index (their addresses keep their
+    /// mailboxes open).
+    children: foldhash::HashMap<u32, Addr<Child>>,
 }
 
 impl std::fmt::Debug for Unit {
@@ -58,12 +59,12 @@ impl std::fmt::Debug for Unit {
 
 impl Unit {
     /// A unit actor for `row`, owned by `owner`.
-    pub fn new(row: UnitRow, engine: Engine, owner: Addr<SessionOwner>) -> Self {
+    pub fn new(row: UnitRow, engine: Arc<Engine>, owner: Addr<SessionOwner>) -> Self {
         Unit {
             row,
             engine,
             owner,
-            children: HashMap::new(),
+            children: foldhash::HashMap::default(),
         }
     }
 }
@@ -80,15 +81,15 @@ impl Handler<StartChildren> for Unit {
             panic!("injected fault: unit_handler (unit {})", self.row.unit_id);
         }
         for (row, task) in msg.children {
-            let id = row.child_id.clone();
-            if !self.engine.child_starting(&id, || self.owner.connected()) {
+            let index = row.task_index;
+            if !self.engine.child_starting(&row.child_id, || self.owner.connected()) {
                 // The owner that admitted this child died; its successor queues the child
                 // again (it is not among the live children), so starting it here would run
                 // it twice.
                 continue;
             }
             let child = Child::new(row, task, self.engine.clone(), ctx.address());
-            self.children.insert(id, child.start());
+            self.children.insert(index, child.start());
         }
     }
 }
@@ -97,7 +98,7 @@ impl Handler<ChildStopped> for Unit {
     type Result = ();
 
     fn handle(&mut self, msg: ChildStopped, ctx: &mut Context<Self>) {
-        self.children.remove(&msg.child_id);
+        self.children.remove(&msg.task_index);
         if self.children.is_empty() && !self.owner.connected() {
             ctx.stop(); // orphaned: the restarted owner runs this unit through a new actor
         }

@@ -109,53 +109,39 @@ impl Book {
         self.calls.get(&row.call_id)?.row.tasks.get(row.task_index as usize)
     }
 
-    /// Builds the consumer's view of an item.
-    pub(super) fn item(&self, key: &str, delivery_attempt: u32) -> Option<ReadyItem> {
-        let (child, kind) = parse_dedup_key(key)?;
-        let row = self.children.get(child)?;
-        let call = self.calls.get(&row.call_id)?;
-        let unit = self.units.get(&row.unit_id)?;
-        let task = call.row.tasks.get(row.task_index as usize)?;
-        Some(ReadyItem {
-            kind,
-            dedup_key: key.to_string(),
-            delivery_attempt,
-            call_id: row.call_id.clone(),
-            set: call.row.set,
-            unit_id: row.unit_id.clone(),
-            group: unit.row.group.clone(),
-            child_id: row.child_id.clone(),
-            task_index: row.task_index,
-            of: u32::try_from(call.row.tasks.len()).unwrap_or(u32::MAX),
-            unit_size: u32::try_from(unit.row.tasks.len()).unwrap_or(u32::MAX),
-            status: row.status,
-            goal: task.goal.clone(),
-            summary: row.summary.clone(),
-            error: row.error.clone(),
-            recovered: row.recovered,
-            finished_at_ms: row.finished_at_ms,
-            recorded_before_exit: unit.recorded_before_exit,
-        })
-    }
-
     /// The items of `keys` in envelope order: by set, unit, task, kind. The order is decided
-    /// on small keys first, so the items themselves are built in place, never moved by a sort.
+    /// on small keys first (each item's rows looked up once), and the items are then built in
+    /// place into a vector of their final size, never moved by a sort or a regrowth.
     pub(super) fn items(&self, keys: &[(String, u32)]) -> Vec<ReadyItem> {
-        let mut order: Vec<((u64, u64, u32, ItemKind), usize)> = keys
-            .iter()
-            .enumerate()
-            .filter_map(|(i, (key, _))| {
-                let (child, kind) = parse_dedup_key(key)?;
-                let row = self.children.get(child)?;
-                let set = self.calls.get(&row.call_id)?.row.set;
-                Some(((set, unit_ordinal(&row.unit_id), row.task_index, kind), i))
-            })
-            .collect();
-        order.sort_unstable_by_key(|(k, _)| *k);
-        order
-            .into_iter()
-            .filter_map(|(_, i)| self.item(&keys[i].0, keys[i].1))
-            .collect()
+        type Found<'a> = (
+            (u64, u64, u32, ItemKind),
+            usize,
+            &'a ChildRow,
+            &'a CallState,
+            &'a UnitState,
+        );
+        let mut order: Vec<Found<'_>> = Vec::with_capacity(keys.len());
+        for (i, (key, _)) in keys.iter().enumerate() {
+            let Some((child, kind)) = parse_dedup_key(key) else {
+                continue;
+            };
+            let Some(row) = self.children.get(child) else { continue };
+            let Some(call) = self.calls.get(&row.call_id) else {
+                continue;
+            };
+            let Some(unit) = self.units.get(&row.unit_id) else {
+                continue;
+            };
+            let sort = (call.row.set, unit_ordinal(&row.unit_id), row.task_index, kind);
+            order.push((sort, i, row, call, unit));
+        }
+        order.sort_unstable_by_key(|f| f.0);
+        let mut items = Vec::with_capacity(order.len());
+        for ((.., kind), i, row, call, unit) in order {
+            let (key, attempt) = &keys[i];
+            items.extend(item_of(key, kind, *attempt, row, call, unit));
+        }
+        items
     }
 
     /// Sets the delivery state of the items `keys` names, returning the child rows changed.
@@ -212,40 +198,42 @@ impl Book {
         let Some(call) = self.calls.get(call_id) else {
             return false;
         };
-        call.incomplete_units == 0
-            && !call.awaiting_receipt
-            && !call.receipt_pending
-            && Self::child_ids(&call.row).all(|id| {
-                !open(&dedup_key(&id, ItemKind::Result))
-                    && !open(&dedup_key(&id, ItemKind::FailureNotice))
-                    && self
-                        .children
-                        .get(&id)
-                        .is_none_or(|r| r.result.delivered || r.result.dead)
-            })
+        if call.incomplete_units != 0 || call.awaiting_receipt || call.receipt_pending {
+            return false;
+        }
+        // One buffer for every id and key: this runs for each call an ack touched.
+        let mut key = KeyBuf::new(call_id);
+        (0..call.row.tasks.len() as u32).all(|i| {
+            self.children
+                .get(key.child(i))
+                .is_none_or(|r| r.result.delivered || r.result.dead)
+                && !open(key.item(ItemKind::Result))
+                && !open(key.item(ItemKind::FailureNotice))
+        })
     }
 
-    /// Drops a settled call from memory; returns its item keys for the router to forget.
-    pub(super) fn drop_call(&mut self, call_id: &str) -> Vec<String> {
+    /// Drops a settled call from memory, telling `forget` each of its item keys (for the
+    /// router to forget).
+    pub(super) fn drop_call(&mut self, call_id: &str, mut forget: impl FnMut(&str)) {
         let Some(call) = self.calls.remove(call_id) else {
-            return Vec::new();
+            return;
         };
-        let mut keys = Vec::new();
-        for id in Self::child_ids(&call.row) {
+        let mut key = KeyBuf::new(call_id);
+        for i in 0..call.row.tasks.len() as u32 {
+            let id = key.child(i);
             if !self.rowed.is_empty() {
-                self.rowed.remove(&id);
+                self.rowed.remove(id);
             }
-            if let Some(row) = self.children.remove(&id) {
+            if let Some(row) = self.children.remove(id) {
                 self.delivered_live = self.delivered_live.saturating_sub(delivered_items(&row));
                 self.delivered_done = self.delivered_done.saturating_add(delivered_items(&row));
             }
-            keys.push(dedup_key(&id, ItemKind::Result));
-            keys.push(dedup_key(&id, ItemKind::FailureNotice));
+            forget(key.item(ItemKind::Result));
+            forget(key.item(ItemKind::FailureNotice));
         }
         for u in call.units {
             self.units.remove(&u);
         }
-        keys
     }
 
     /// Items delivered, of calls in memory and dropped.
@@ -287,4 +275,90 @@ impl Book {
 /// The items of a child that are delivered (its result, its failure notice).
 fn delivered_items(row: &ChildRow) -> u64 {
     u64::from(row.result.delivered) + u64::from(row.notice.delivered)
+}
+
+/// The consumer's view of the item `key` (of `kind`) of the child `row` in `call` and `unit`.
+fn item_of(
+    key: &str,
+    kind: ItemKind,
+    delivery_attempt: u32,
+    row: &ChildRow,
+    call: &CallState,
+    unit: &UnitState,
+) -> Option<ReadyItem> {
+    let task = call.row.tasks.get(row.task_index as usize)?;
+    Some(ReadyItem {
+        kind,
+        dedup_key: key.to_string(),
+        delivery_attempt,
+        call_id: row.call_id.clone(),
+        set: call.row.set,
+        unit_id: row.unit_id.clone(),
+        group: unit.row.group.clone(),
+        child_id: row.child_id.clone(),
+        task_index: row.task_index,
+        of: u32::try_from(call.row.tasks.len()).unwrap_or(u32::MAX),
+        unit_size: u32::try_from(unit.row.tasks.len()).unwrap_or(u32::MAX),
+        status: row.status,
+        goal: task.goal.clone(),
+        summary: row.summary.clone(),
+        error: row.error.clone(),
+        recovered: row.recovered,
+        finished_at_ms: row.finished_at_ms,
+        recorded_before_exit: unit.recorded_before_exit,
+    })
+}
+
+/// Child ids and item keys of one call, written into one reused buffer (the same text as
+/// [`child_id`] and [`dedup_key`], without an allocation for each).
+struct KeyBuf {
+    buf: String,
+    call: usize,
+    child: usize,
+}
+
+impl KeyBuf {
+    fn new(call_id: &str) -> Self {
+        let mut buf = String::with_capacity(call_id.len() + 32);
+        buf.push_str(call_id);
+        buf.push('.');
+        KeyBuf {
+            call: buf.len(),
+            child: buf.len(),
+            buf,
+        }
+    }
+
+    /// The id of task `i`'s child.
+    fn child(&mut self, i: u32) -> &str {
+        use std::fmt::Write;
+        self.buf.truncate(self.call);
+        let _ = write!(self.buf, "{i}");
+        self.child = self.buf.len();
+        &self.buf
+    }
+
+    /// The key of the last child's item of `kind`.
+    fn item(&mut self, kind: ItemKind) -> &str {
+        self.buf.truncate(self.child);
+        self.buf.push(':');
+        self.buf.push_str(kind.as_str());
+        &self.buf
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_buffer_writes_the_same_ids_and_keys_as_the_model() {
+        let mut key = KeyBuf::new("deleg_00ab");
+        for i in [0u32, 7, 10, 12345, u32::MAX] {
+            assert_eq!(key.child(i), child_id("deleg_00ab", i));
+            for kind in [ItemKind::Result, ItemKind::FailureNotice, ItemKind::Result] {
+                assert_eq!(key.item(kind), dedup_key(&child_id("deleg_00ab", i), kind));
+            }
+        }
+    }
 }

@@ -398,7 +398,7 @@ impl SessionOwner {
         if batches.is_empty() {
             return;
         }
-        let engine = self.engine.clone();
+        let engine = self.shared.clone();
         let owner = me.downgrade();
         let mut pending = Unhanded {
             batches,

@@ -86,6 +86,8 @@ enum Durable {
 /// The routing reservation of one session.
 pub struct SessionOwner {
     engine: Engine,
+    /// The engine as its units and children share it (one pointer each, not a copy).
+    shared: Arc<Engine>,
     session: SessionRow,
     wake: Option<WakeTarget>,
     wake_state: WakeState,
@@ -127,6 +129,7 @@ impl SessionOwner {
             told_ready: 0,
             capacity: Capacity::new(session.max_concurrent_children as usize),
             router: Router::new(session.max_delivery_attempts),
+            shared: Arc::new(engine.clone()),
             engine,
             session,
             wake: None,
@@ -203,9 +206,8 @@ impl SessionOwner {
         ids.dedup();
         for call_id in ids {
             if self.book.settled(&call_id, |k| self.router.is_open(k)) {
-                for key in self.book.drop_call(&call_id) {
-                    self.router.forget(&key);
-                }
+                let router = &mut self.router;
+                self.book.drop_call(&call_id, |key| router.forget(key));
             }
         }
     }
