@@ -223,48 +223,42 @@ impl Supervisor {
                 return;
             }
         };
-        match self.rebuild_owner(&id) {
-            Ok(owner) => {
-                self.spawn_owner(owner, ctx);
-                tracing::info!(session = %id, "session owner restarted from the ledger");
-            }
-            Err(e) => {
-                tracing::error!(session = %id, "session owner could not be rebuilt: {e}");
-                self.engine.owners.remove(&id);
-                self.failed
-                    .insert(id, format!("{msg}; rebuilding from the ledger failed: {e}"));
-            }
+        // Rebuilt on a thread of its own at a lower priority: its reads, flushes and planning
+        // block neither this actor's thread nor, on a machine with few cores, the threads that
+        // route the other sessions. Requests to the session meanwhile are answered as
+        // interrupted (its old owner is gone), as they are while any owner restarts.
+        let (engine, wake, session) = (self.engine.clone(), self.wakes.get(&id).cloned(), id.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("brood-rebuild".into())
+            .spawn(move || {
+                lower_this_threads_priority();
+                let _ = tx.send(rebuild_owner(&engine, &session, wake));
+            });
+        if let Err(e) = spawned {
+            tracing::error!(session = %id, "no thread to rebuild the session owner on: {e}");
+            self.engine.owners.remove(&id);
+            self.failed.insert(id, format!("{msg}; no thread to rebuild its owner on: {e}"));
+            return;
         }
-    }
-
-    /// Reads one session back from the ledger for an in-process owner restart: its own rows
-    /// only (they are one key range), so the rebuild costs what the session holds, whatever
-    /// the rest of the ledger holds. The ledger is flushed first, so the rebuilt owner
-    /// publishes nothing that is not durable (I1).
-    fn rebuild_owner(&self, id: &str) -> Result<SessionOwner, LedgerError> {
-        // The dead owner's write in flight lands before the read below, or never.
-        self.engine.supersede(id);
-        self.engine.ledger.flush()?;
-        let split = split_snapshot(self.engine.ledger.load_session(id)?);
-        quarantine_rejects(&*self.engine.ledger, &split.rejects)?;
-        let (session, part) = split
-            .sessions
-            .into_iter()
-            .find(|(s, _)| s.session_id == id)
-            .ok_or_else(|| LedgerError::storage_msg(format!("session `{id}` has no row")))?;
-        let claim_ids = claim_keys(&part.claims);
-        let (mut owner, changed) = SessionOwner::recover(self.engine.clone(), session, part, Recovery::Owner);
-        self.engine.ledger.write(&Writes {
-            children: changed,
-            remove_claims: claim_ids,
-            ..Writes::default()
-        })?;
-        // A child queued again must not read `running` after a crash (it would be `unknown`).
-        self.engine.ledger.flush()?;
-        if let Some(wake) = self.wakes.get(id) {
-            owner.bind_wake(wake.clone());
-        }
-        Ok(owner)
+        rx.into_actor(self)
+            .map(move |rebuilt, act, ctx| {
+                let rebuilt = rebuilt.unwrap_or_else(|_| Err(LedgerError::storage_msg("the rebuild panicked")));
+                match rebuilt {
+                    Ok(_) if !super::running(ctx) => {} // the engine is stopping
+                    Ok(owner) => {
+                        act.spawn_owner(owner, ctx);
+                        tracing::info!(session = %id, "session owner restarted from the ledger");
+                    }
+                    Err(e) => {
+                        tracing::error!(session = %id, "session owner could not be rebuilt: {e}");
+                        act.engine.owners.remove(&id);
+                        act.failed
+                            .insert(id, format!("{msg}; rebuilding from the ledger failed: {e}"));
+                    }
+                }
+            })
+            .spawn(ctx);
     }
 
     fn spawn_coalescer(&mut self, ctx: &mut Context<Self>) {
@@ -460,3 +454,51 @@ impl Handler<DeadLetters> for Supervisor {
         Ok(self.engine.ledger.dead_letters()?)
     }
 }
+
+/// Reads one session back from the ledger for an in-process owner restart: its own rows
+/// only (they are one key range), so the rebuild costs what the session holds, whatever
+/// the rest of the ledger holds. The ledger is flushed first, so the rebuilt owner
+/// publishes nothing that is not durable (I1).
+fn rebuild_owner(engine: &Engine, id: &str, wake: Option<Arc<dyn Wake>>) -> Result<SessionOwner, LedgerError> {
+    // The dead owner's write in flight lands before the read below, or never.
+    engine.supersede(id);
+    engine.ledger.flush()?;
+    let split = split_snapshot(engine.ledger.load_session(id)?);
+    quarantine_rejects(&*engine.ledger, &split.rejects)?;
+    let (session, part) = split
+        .sessions
+        .into_iter()
+        .find(|(s, _)| s.session_id == id)
+        .ok_or_else(|| LedgerError::storage_msg(format!("session `{id}` has no row")))?;
+    let claim_ids = claim_keys(&part.claims);
+    let (mut owner, changed) = SessionOwner::recover(engine.clone(), session, part, Recovery::Owner);
+    engine.ledger.write(&Writes {
+        children: changed,
+        remove_claims: claim_ids,
+        ..Writes::default()
+    })?;
+    // A child queued again must not read `running` after a crash (it would be `unknown`).
+    engine.ledger.flush()?;
+    if let Some(wake) = wake {
+        owner.bind_wake(wake);
+    }
+    Ok(owner)
+}
+
+/// Lowers the calling thread's scheduling priority (nice 10): background work yields the CPU
+/// to routing. Linux applies `setpriority` to the one thread named by its id; elsewhere, or if
+/// refused, the thread keeps its priority.
+fn lower_this_threads_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid has no arguments and cannot fail; setpriority only reads its arguments.
+        let refused = unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, 10) != 0
+        };
+        if refused {
+            tracing::debug!("could not lower the rebuild thread's priority");
+        }
+    }
+}
+
