@@ -142,7 +142,14 @@ fn chaos_refuses_bad_settings_with_a_reason() {
 fn bench_prints_each_figure_beside_its_baseline_as_json() {
     let dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_brood"))
-        .args(["bench", "--quick", "--json", "--only", "durable,claim", "--data-dir"])
+        .args([
+            "bench",
+            "--quick",
+            "--json",
+            "--only",
+            "durable,claim,latency",
+            "--data-dir",
+        ])
         .arg(dir.path())
         .output()
         .expect("run brood bench");
@@ -169,6 +176,13 @@ fn bench_prints_each_figure_beside_its_baseline_as_json() {
         assert!(f["value"].as_f64().unwrap() > 0.0, "{f}");
         assert!(f["baseline"].is_null() && f["ratio"].is_null(), "{f}");
     }
+    // Completion → claimable is read from the owner's own stamps, completion → claimed by the
+    // woken consumer; both are there, and each distribution is ordered.
+    let ms = |name: &str| named(name)["value"].as_f64().unwrap();
+    assert!(ms("claimable_latency_p50_ms") >= 0.0);
+    assert!(ms("claimable_latency_p50_ms") <= ms("claimable_latency_p99_ms"));
+    assert!(ms("claimable_latency_p99_ms") <= ms("claimable_latency_max_ms"));
+    assert!(ms("claimed_latency_p50_ms") <= ms("claimed_latency_p99_ms"));
     assert!(report["machine"]["cpus"].as_u64().unwrap() >= 1);
     assert_eq!(report["machine"]["durability"], "fsync");
     // The scratch ledgers are gone; only the folder given stays.

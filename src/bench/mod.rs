@@ -7,8 +7,12 @@
 //!   chosen durability. Baseline: raw sled inserts of rows of the size brood's child rows have
 //!   in the same run, flushed (and, for `fsync`, the data file synced) every 100 rows.
 //! - `claimable_latency_p50_ms` / `_p99_ms` / `_max_ms`: a child's end (its `finished_at`) →
-//!   its item in a claim, under a steady offered load of 10,000 children/s; `latency_run_children_per_s`
-//!   says what the engine really took of it.
+//!   its item claimable (the owner's stamp on the event it emits as it applies the recorded row
+//!   and publishes the item, read from `Brood::subscribe`; 1 ms resolution), under a steady
+//!   offered load of 10,000 children/s. `claimed_latency_p50_ms` / `_p99_ms`: the same
+//!   children's end → their item in a claim of the woken consumer, which claims and acks one
+//!   envelope at a time (so an item that becomes ready during an ack waits for it).
+//!   `latency_run_children_per_s` says what the engine really took of the offered load.
 //! - `claim_1k_ms`, `claim_10k_ms`, `claim_100k_ms` (full run only) and `ack_…`: one boundary
 //!   claiming that many ready items, and its ack.
 //! - `recovery_s`: open and recover a ledger of 1M (100k) child rows written by the engine

@@ -229,16 +229,15 @@ impl Supervisor {
         // interrupted (its old owner is gone), as they are while any owner restarts.
         let (engine, wake, session) = (self.engine.clone(), self.wakes.get(&id).cloned(), id.clone());
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let spawned = std::thread::Builder::new()
-            .name("brood-rebuild".into())
-            .spawn(move || {
-                lower_this_threads_priority();
-                let _ = tx.send(rebuild_owner(&engine, &session, wake));
-            });
+        let spawned = std::thread::Builder::new().name("brood-rebuild".into()).spawn(move || {
+            lower_this_threads_priority();
+            let _ = tx.send(rebuild_owner(&engine, &session, wake));
+        });
         if let Err(e) = spawned {
             tracing::error!(session = %id, "no thread to rebuild the session owner on: {e}");
             self.engine.owners.remove(&id);
-            self.failed.insert(id, format!("{msg}; no thread to rebuild its owner on: {e}"));
+            self.failed
+                .insert(id, format!("{msg}; no thread to rebuild its owner on: {e}"));
             return;
         }
         rx.into_actor(self)
@@ -501,4 +500,3 @@ fn lower_this_threads_priority() {
         }
     }
 }
-
