@@ -291,15 +291,15 @@ pub struct RecoveredCall {
     pub row: CallRow,
     /// Its units, in order.
     pub units: Vec<RecoveredUnit>,
+    /// Its children, as resolved (unit by unit).
+    pub children: Vec<ChildRow>,
 }
 
 /// What an owner rebuilt from the ledger holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecoveryPlan {
-    /// Calls with something still to run or deliver, by set.
+    /// Calls with something still to run or deliver, by set, each with its children.
     pub calls: Vec<RecoveredCall>,
-    /// Their children, as resolved.
-    pub children: Vec<ChildRow>,
     /// Children to queue, in order.
     pub queue: Vec<String>,
     /// Children whose actor lives on (owner restart only), counted as running.
@@ -318,6 +318,13 @@ pub struct RecoveryPlan {
     pub delivered_done: u64,
     /// The set the session's next call gets (never one a stored call has).
     pub next_set: u64,
+}
+
+impl RecoveryPlan {
+    /// Every resolved child, call by call.
+    pub fn children(&self) -> impl Iterator<Item = &ChildRow> {
+        self.calls.iter().flat_map(|c| &c.children)
+    }
 }
 
 /// Decides what the owner of `session` holds after a restart. `live` names the children whose
@@ -401,6 +408,7 @@ pub fn plan(
             continue;
         }
         let mut recovered_units = Vec::with_capacity(units.len());
+        let mut call_children = Vec::with_capacity(call.tasks.len());
         // Children to queue again, in task order across the call's units.
         let mut queue: Vec<(u32, String)> = Vec::new();
         for (unit, rows) in units.into_iter().zip(members) {
@@ -482,7 +490,7 @@ pub fn plan(
                     ));
                 }
             }
-            plan.children.extend(resolved);
+            call_children.extend(resolved);
             recovered_units.push(recovered);
         }
         queue.sort();
@@ -494,6 +502,7 @@ pub fn plan(
         plan.calls.push(RecoveredCall {
             row,
             units: recovered_units,
+            children: call_children,
         });
     }
     plan
@@ -591,7 +600,7 @@ mod tests {
         assert_eq!(unit.terminal, 3);
         assert!(!unit.complete());
         assert_eq!(plan.queue, vec!["deleg_c.2".to_string()]);
-        let by_id: HashMap<&str, &ChildRow> = plan.children.iter().map(|c| (c.child_id.as_str(), c)).collect();
+        let by_id: HashMap<&str, &ChildRow> = plan.children().map(|c| (c.child_id.as_str(), c)).collect();
         assert_eq!(by_id["deleg_c.0"].summary.as_deref(), Some("found it"));
         assert!(by_id["deleg_c.0"].recovered);
         assert_eq!(
@@ -621,7 +630,7 @@ mod tests {
         assert_eq!(plan.running, vec!["deleg_c.0".to_string(), "deleg_c.2".to_string()]);
         assert_eq!(plan.queue, vec!["deleg_c.1".to_string()]);
         assert_eq!(plan.calls[0].units[0].recorded_before_exit, None);
-        assert!(plan.children.iter().all(|c| c.status != ChildStatus::Unknown));
+        assert!(plan.children().all(|c| c.status != ChildStatus::Unknown));
     }
 
     #[test]
@@ -770,7 +779,7 @@ mod tests {
         // now have rows of their own, so their next starts go into those rows.
         let (row, part) = split.sessions.into_iter().next().unwrap();
         let plan = plan(&row, part, Recovery::Process, &HashSet::new(), 99);
-        let by_id: HashMap<&str, &ChildRow> = plan.children.iter().map(|c| (c.child_id.as_str(), c)).collect();
+        let by_id: HashMap<&str, &ChildRow> = plan.children().map(|c| (c.child_id.as_str(), c)).collect();
         assert_eq!(by_id["deleg_c.2"].status, ChildStatus::Unknown);
         assert_eq!(
             (by_id["deleg_c.3"].status, by_id["deleg_c.3"].attempt),
@@ -805,7 +814,11 @@ mod tests {
         let (row, part) = split_snapshot(snap).sessions.into_iter().next().unwrap();
         assert!(part.children.get("deleg_c").is_none_or(|rows| rows.is_empty()));
         let plan = plan(&row, part, Recovery::Process, &HashSet::new(), 5);
-        assert_eq!(plan.children[0].status, ChildStatus::Unknown, "never re-run blindly");
+        assert_eq!(
+            plan.children().next().unwrap().status,
+            ChildStatus::Unknown,
+            "never re-run blindly"
+        );
     }
 
     #[test]

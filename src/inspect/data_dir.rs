@@ -127,8 +127,7 @@ fn session(row: &SessionRow, part: &SessionSnapshot) -> SessionView {
     let plan = recovery::plan(row, part.clone(), Recovery::Process, &HashSet::new(), now_ms());
     // The rows as recorded first; recovery's for children without a readable row of their own.
     let rows: HashMap<&str, &ChildRow> = plan
-        .children
-        .iter()
+        .children()
         .chain(part.children.values().flatten())
         .map(|c| (c.child_id.as_str(), c))
         .collect();
@@ -179,8 +178,7 @@ fn session(row: &SessionRow, part: &SessionSnapshot) -> SessionView {
 /// The counts a rebuilt owner starts with (see `SessionOwner::recover`).
 fn counts(plan: &RecoveryPlan) -> Counts {
     let live: u64 = plan
-        .children
-        .iter()
+        .children()
         .map(|c| u64::from(c.result.delivered) + u64::from(c.notice.delivered))
         .sum();
     Counts {

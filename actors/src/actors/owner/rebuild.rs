@@ -33,21 +33,21 @@ impl SessionOwner {
         for claim in plan.lost_claims {
             owner.router.remember_lost(claim);
         }
-        owner.book.children.reserve(plan.children.len());
+        // Every map sized once for what it will hold: growing them call by call rehashed (and
+        // moved) the whole book again and again.
+        let children: usize = plan.calls.iter().map(|c| c.children.len()).sum();
+        let units: usize = plan.calls.iter().map(|c| c.units.len()).sum();
+        owner.book.children.reserve(children);
+        owner.book.units.reserve(units);
+        owner.book.calls.reserve(plan.calls.len());
         owner.router.reserve(plan.ready.len());
-        let mut by_call: std::collections::HashMap<String, Vec<ChildRow>> =
-            std::collections::HashMap::with_capacity(plan.calls.len());
-        for row in plan.children {
-            by_call.entry(row.call_id.clone()).or_default().push(row);
-        }
         for call in plan.calls {
-            let children = by_call.remove(&call.row.call_id).unwrap_or_default();
             let units = call
                 .units
                 .into_iter()
                 .map(|u| (u.row, u.terminal, u.recorded_before_exit))
                 .collect();
-            owner.book.insert_call(call.row, units, children);
+            owner.book.insert_call(call.row, units, call.children);
         }
         for id in plan.queue {
             owner.capacity.enqueue(id);
