@@ -1,0 +1,332 @@
+//! Recovery's decisions, tested as plain code.
+
+use super::*;
+
+fn session() -> SessionRow {
+    SessionRow {
+        session_id: "s".into(),
+        max_concurrent_children: 8,
+        max_delivery_attempts: 8,
+        next_set: 2,
+        created_at_ms: 0,
+    }
+}
+
+fn call(rerun: &[bool], group: Option<&str>) -> CallRow {
+    CallRow {
+        call_id: "deleg_c".into(),
+        session_id: "s".into(),
+        set: 4,
+        mode: Mode::Sync,
+        forced_sync_reason: None,
+        independent_completions: false,
+        tasks: rerun
+            .iter()
+            .map(|&r| Task {
+                goal: "g".into(),
+                runner_json: "{}".into(),
+                group: group.map(str::to_string),
+                timeout_ms: None,
+                stall_ms: DEFAULT_STALL_MS,
+                rerun_on_recovery: r,
+            })
+            .collect(),
+        created_at_ms: 0,
+    }
+}
+
+fn child(i: u32, status: ChildStatus) -> ChildRow {
+    let unit = UnitRow {
+        unit_id: "deleg_c-1".into(),
+        call_id: "deleg_c".into(),
+        group: None,
+        tasks: vec![],
+    };
+    ChildRow {
+        status,
+        ..queued_child(&call(&[false], None), &unit, i)
+    }
+}
+
+fn snapshot(call: CallRow, children: Vec<ChildRow>) -> SessionSnapshot {
+    SessionSnapshot {
+        children: HashMap::from([(call.call_id.clone(), children)]),
+        calls: vec![call],
+        claims: vec![ClaimRow {
+            claim_id: "clm_x".into(),
+            session_id: "s".into(),
+            consumer: "c".into(),
+            lease_expires_at_ms: 0,
+            items: 1,
+        }],
+        damaged: HashSet::new(),
+        wake_url: None,
+    }
+}
+
+#[test]
+fn a_running_unit_is_resolved_after_a_process_restart() {
+    // Four children of one unit: two recorded, one running re-runnable, one running not.
+    let mut done = child(0, ChildStatus::Succeeded);
+    done.summary = Some("found it".into());
+    let rows = vec![
+        done,
+        child(1, ChildStatus::Failed),
+        child(2, ChildStatus::Running),
+        child(3, ChildStatus::Running),
+    ];
+    let snap = snapshot(call(&[false, false, true, false], None), rows);
+    let plan = plan(&session(), snap, Recovery::Process, &HashSet::new(), 99);
+    assert_eq!(plan.next_set, 5, "never reuse a stored call's set");
+    assert_eq!(plan.lost_claims, vec!["clm_x".to_string()]);
+    assert_eq!(plan.calls.len(), 1);
+    assert_eq!(
+        plan.calls[0].row.mode,
+        Mode::Background,
+        "a sync caller is gone after a restart"
+    );
+    let unit = &plan.calls[0].units[0];
+    assert_eq!(unit.recorded_before_exit, Some(2));
+    assert_eq!(unit.terminal, 3);
+    assert!(!unit.complete());
+    assert_eq!(plan.queue, vec!["deleg_c.2".to_string()]);
+    let by_id: HashMap<&str, &ChildRow> = plan.children().map(|c| (c.child_id.as_str(), c)).collect();
+    assert_eq!(by_id["deleg_c.0"].summary.as_deref(), Some("found it"));
+    assert!(by_id["deleg_c.0"].recovered);
+    assert_eq!(
+        (by_id["deleg_c.2"].status, by_id["deleg_c.2"].attempt),
+        (ChildStatus::Queued, 2)
+    );
+    assert_eq!(
+        (by_id["deleg_c.3"].status, by_id["deleg_c.3"].finished_at_ms),
+        (ChildStatus::Unknown, Some(99))
+    );
+    // The unit is not complete: only the failed child's early notice is ready.
+    assert_eq!(plan.ready, vec![("deleg_c.1:failure_notice".to_string(), 0)]);
+    assert_eq!(plan.changed.len(), 4);
+}
+
+#[test]
+fn an_owner_restart_adopts_live_children_and_requeues_the_rest() {
+    let rows = vec![
+        child(0, ChildStatus::Running),
+        child(1, ChildStatus::Running),
+        child(2, ChildStatus::Queued),
+    ];
+    let snap = snapshot(call(&[false, false, false], None), rows);
+    // deleg_c.2's row still says queued, but its actor started: adopted, not run twice.
+    let live = HashSet::from(["deleg_c.0".to_string(), "deleg_c.2".to_string()]);
+    let plan = plan(&session(), snap, Recovery::Owner, &live, 0);
+    assert_eq!(plan.running, vec!["deleg_c.0".to_string(), "deleg_c.2".to_string()]);
+    assert_eq!(plan.queue, vec!["deleg_c.1".to_string()]);
+    assert_eq!(plan.calls[0].units[0].recorded_before_exit, None);
+    assert!(plan.children().all(|c| c.status != ChildStatus::Unknown));
+}
+
+#[test]
+fn delivered_calls_are_left_in_the_ledger_and_children_without_rows_are_queued() {
+    let mut a = child(0, ChildStatus::Succeeded);
+    a.result.delivered = true;
+    let mut b = child(1, ChildStatus::Failed);
+    b.result.delivered = true;
+    b.notice.delivered = true;
+    let settled = plan(
+        &session(),
+        snapshot(call(&[false, false], None), vec![a.clone(), b]),
+        Recovery::Process,
+        &HashSet::new(),
+        0,
+    );
+    assert!(settled.calls.is_empty() && settled.ready.is_empty());
+    assert_eq!(settled.delivered_done, 3);
+    // A child that never started has no row: it is queued (its row needs no write).
+    let partial = plan(
+        &session(),
+        snapshot(call(&[false, false], None), vec![a]),
+        Recovery::Process,
+        &HashSet::new(),
+        0,
+    );
+    assert_eq!(partial.queue, vec!["deleg_c.1".to_string()]);
+    // Only the recorded sibling changed: it is replayed as recovered.
+    assert_eq!(partial.changed.len(), 1);
+    assert!(partial.changed[0].child_id == "deleg_c.0" && partial.changed[0].recovered);
+}
+
+#[test]
+fn children_without_their_call_or_beyond_its_tasks_are_rejected() {
+    let c = call(&[false], None);
+    let no_call = ChildRow {
+        call_id: "deleg_gone".into(),
+        child_id: "deleg_gone.0".into(),
+        ..child(0, ChildStatus::Succeeded)
+    };
+    let beyond = child(7, ChildStatus::Succeeded);
+    let snap = Snapshot {
+        sessions: vec![session()],
+        calls: vec![c],
+        children: vec![child(0, ChildStatus::Queued), no_call, beyond],
+        claims: vec![],
+        starts: vec![],
+        damaged_children: vec![],
+        wakes: vec![],
+    };
+    let split = split_snapshot(snap);
+    assert_eq!(split.sessions.len(), 1);
+    assert_eq!(split.sessions[0].1.children["deleg_c"].len(), 1);
+    let rejected: Vec<(&str, &str)> = split
+        .rejects
+        .iter()
+        .map(|r| (r.key.as_str(), r.reason.as_str()))
+        .collect();
+    assert_eq!(rejected.len(), 2, "{rejected:?}");
+    assert!(rejected
+        .iter()
+        .any(|(k, r)| *k == "deleg_gone.0" && r.contains("no (readable) row")));
+    assert!(rejected
+        .iter()
+        .any(|(k, r)| *k == "deleg_c.7" && r.contains("beyond its call's 1 tasks")));
+}
+
+#[test]
+fn calls_whose_session_row_is_missing_keep_their_session_and_sets() {
+    let snap = Snapshot {
+        sessions: vec![],
+        calls: vec![call(&[false], None)],
+        ..Snapshot::default()
+    };
+    let split = split_snapshot(snap);
+    assert_eq!(split.rebuilt_sessions.len(), 1);
+    let (row, part) = &split.sessions[0];
+    assert_eq!(row.session_id, "s");
+    assert_eq!(row.next_set, 5, "past the stored call's set 4");
+    assert_eq!(part.calls.len(), 1);
+}
+
+#[test]
+fn children_that_never_started_are_queued_again_in_task_order_across_units() {
+    // Tasks 0, 2 in group a, 1, 3 in group b: nothing started.
+    let mut c = call(&[false, false, false, false], None);
+    for (i, t) in c.tasks.iter_mut().enumerate() {
+        t.group = Some(if i % 2 == 0 { "a" } else { "b" }.into());
+    }
+    let snap = SessionSnapshot {
+        calls: vec![c],
+        ..SessionSnapshot::default()
+    };
+    let plan = plan(&session(), snap, Recovery::Process, &HashSet::new(), 0);
+    assert_eq!(plan.queue, vec!["deleg_c.0", "deleg_c.1", "deleg_c.2", "deleg_c.3"]);
+}
+
+#[test]
+fn a_unit_none_of_whose_children_started_is_queued_not_reported_as_recovered() {
+    let snap = SessionSnapshot {
+        calls: vec![call(&[false, false], None)],
+        ..SessionSnapshot::default()
+    };
+    let queued = plan(&session(), snap, Recovery::Process, &HashSet::new(), 0);
+    assert_eq!(queued.calls[0].units[0].recorded_before_exit, None);
+    assert!(queued.changed.is_empty());
+    // One started child makes the unit one that was running: 0/2 were recorded.
+    let snap = snapshot(call(&[true, false], None), vec![child(0, ChildStatus::Running)]);
+    let started = plan(&session(), snap, Recovery::Process, &HashSet::new(), 0);
+    assert_eq!(started.calls[0].units[0].recorded_before_exit, Some(0));
+}
+
+fn start(tasks: &[u32], at: u64) -> StartRow {
+    StartRow::new("s", "deleg_c", tasks.to_vec(), at)
+}
+
+#[test]
+fn a_start_row_marks_running_the_children_without_a_row_of_their_own() {
+    // Four tasks: 0 finished (its own row), 1 requeued after a lost start (its own row
+    // says queued), 2 and 3 only named by start rows; task 3 started twice.
+    let snap = Snapshot {
+        sessions: vec![session()],
+        calls: vec![call(&[false, false, false, true], None)],
+        children: vec![child(0, ChildStatus::Succeeded), child(1, ChildStatus::Queued)],
+        starts: vec![start(&[0, 1, 2, 3], 10), start(&[3], 20)],
+        ..Snapshot::default()
+    };
+    let split = split_snapshot(snap);
+    assert!(split.rejects.is_empty(), "{:?}", split.rejects);
+    let part = &split.sessions[0].1;
+    let rows: Vec<(u32, ChildStatus, Option<u64>)> = part.children["deleg_c"]
+        .iter()
+        .map(|c| (c.task_index, c.status, c.started_at_ms))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            (0, ChildStatus::Succeeded, None),
+            (1, ChildStatus::Queued, None),
+            (2, ChildStatus::Running, Some(10)),
+            (3, ChildStatus::Running, Some(20)),
+        ],
+        "a child's own row wins over a start row; the latest start counts"
+    );
+    // After a process restart: 2 (not safe to re-run) is unknown, 3 is re-run; 1 and 3
+    // now have rows of their own, so their next starts go into those rows.
+    let (row, part) = split.sessions.into_iter().next().unwrap();
+    let plan = plan(&row, part, Recovery::Process, &HashSet::new(), 99);
+    let by_id: HashMap<&str, &ChildRow> = plan.children().map(|c| (c.child_id.as_str(), c)).collect();
+    assert_eq!(by_id["deleg_c.2"].status, ChildStatus::Unknown);
+    assert_eq!(
+        (by_id["deleg_c.3"].status, by_id["deleg_c.3"].attempt),
+        (ChildStatus::Queued, 2)
+    );
+    assert_eq!(plan.queue, vec!["deleg_c.1", "deleg_c.3"]);
+    let mut rowed = plan.rowed.clone();
+    rowed.sort();
+    assert_eq!(rowed, vec!["deleg_c.1", "deleg_c.3"]);
+}
+
+#[test]
+fn children_that_never_started_have_no_row_and_are_not_counted_as_rowed() {
+    let snap = SessionSnapshot {
+        calls: vec![call(&[false, false], None)],
+        ..SessionSnapshot::default()
+    };
+    let plan = plan(&session(), snap, Recovery::Process, &HashSet::new(), 0);
+    assert_eq!(plan.queue.len(), 2);
+    assert!(plan.rowed.is_empty());
+}
+
+#[test]
+fn a_start_row_of_a_damaged_child_leaves_its_outcome_unknown() {
+    let snap = Snapshot {
+        sessions: vec![session()],
+        calls: vec![call(&[true], None)],
+        starts: vec![start(&[0], 10)],
+        damaged_children: vec!["deleg_c.0".into()],
+        ..Snapshot::default()
+    };
+    let (row, part) = split_snapshot(snap).sessions.into_iter().next().unwrap();
+    assert!(part.children.get("deleg_c").is_none_or(|rows| rows.is_empty()));
+    let plan = plan(&row, part, Recovery::Process, &HashSet::new(), 5);
+    assert_eq!(
+        plan.children().next().unwrap().status,
+        ChildStatus::Unknown,
+        "never re-run blindly"
+    );
+}
+
+#[test]
+fn start_rows_without_their_call_or_beyond_its_tasks_or_of_another_session_are_rejected() {
+    let gone = StartRow::new("s", "deleg_gone", vec![0], 1);
+    let other = StartRow::new("t", "deleg_c", vec![0], 1);
+    let snap = Snapshot {
+        sessions: vec![session()],
+        calls: vec![call(&[false], None)],
+        starts: vec![gone.clone(), start(&[0, 5], 1), other.clone()],
+        ..Snapshot::default()
+    };
+    let split = split_snapshot(snap);
+    let reasons: Vec<(&str, &str)> = split.rejects.iter().map(|r| (r.tree, r.reason.as_str())).collect();
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    assert!(reasons.iter().all(|(t, _)| *t == crate::ledger::trees::STARTS));
+    assert!(reasons[0].1.contains("no (readable) row"));
+    assert!(reasons[1].1.contains("beyond its call's 1 tasks"));
+    assert!(reasons[2].1.contains("not its call's session"));
+    assert!(split.sessions[0].1.children.values().flatten().next().is_none());
+}

@@ -1,0 +1,111 @@
+//! Capacity (I8) and what a child's end publishes for its unit.
+
+use std::collections::VecDeque;
+use std::hash::Hash;
+
+use foldhash::HashSet;
+
+/// Capacity (I8): at most `max` running children; the rest wait in arrival order. A queued
+/// child's stall clock does not run because it has not started.
+#[derive(Debug)]
+pub struct Capacity<K: Clone + Eq + Hash> {
+    max: usize,
+    running: HashSet<K>,
+    queue: VecDeque<K>,
+}
+
+impl<K: Clone + Eq + Hash> Capacity<K> {
+    /// Room for `max` (at least 1) running children.
+    pub fn new(max: usize) -> Self {
+        Capacity {
+            max: max.max(1),
+            running: HashSet::default(),
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// Queues a child.
+    pub fn enqueue(&mut self, key: K) {
+        self.queue.push_back(key);
+    }
+
+    /// The queued children that may start now, in order; they count as running.
+    pub fn admit(&mut self) -> Vec<K> {
+        let mut out = Vec::new();
+        while self.running.len() < self.max {
+            let Some(k) = self.queue.pop_front() else { break };
+            self.running.insert(k.clone());
+            out.push(k);
+        }
+        out
+    }
+
+    /// A running child ended (or a queued one was withdrawn); frees its slot.
+    pub fn finish(&mut self, key: &K) {
+        if !self.running.remove(key) {
+            self.queue.retain(|k| k != key);
+        }
+    }
+
+    /// Free slots: how many more children may run now.
+    pub fn room(&self) -> usize {
+        self.max.saturating_sub(self.running.len())
+    }
+
+    /// Counts a child as running that never was queued (one its dispatch started at once, in
+    /// a slot [`Capacity::room`] showed free).
+    pub fn start_now(&mut self, key: K) {
+        self.running.insert(key);
+    }
+
+    /// Counts a child as running without queueing it (one adopted after an owner restart).
+    pub fn mark_running(&mut self, key: K) {
+        self.queue.retain(|k| k != &key);
+        self.running.insert(key);
+    }
+
+    /// Puts a child that was admitted but never started back at the head of the queue.
+    pub fn requeue_front(&mut self, key: K) {
+        self.running.remove(&key);
+        self.queue.retain(|k| k != &key);
+        self.queue.push_front(key);
+    }
+
+    /// Running children.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Queued children.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Changes the limit (a session update); takes effect at the next admit.
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max.max(1);
+    }
+}
+
+/// What a child's end publishes for its unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Publish {
+    /// The unit is complete: every member's result is ready.
+    UnitComplete,
+    /// The child failed and its unit is not complete: an early failure notice is ready.
+    FailureNotice,
+    /// Nothing yet.
+    Nothing,
+}
+
+/// Decides what a child's end publishes: `terminal` members of `size` are now terminal,
+/// counting this one.
+pub fn on_child_end(terminal: usize, size: usize, failed: bool) -> Publish {
+    if terminal >= size {
+        Publish::UnitComplete
+    } else if failed {
+        Publish::FailureNotice
+    } else {
+        Publish::Nothing
+    }
+}
