@@ -483,14 +483,15 @@ async fn fill_ledger(path: &Path, durability: Durability, session: &str, n: usiz
 /// Set in the environment of the process `rss_in_child` starts.
 pub(super) const RSS_CHILD: &str = "BROOD_BENCH_RSS_CHILD";
 
-/// Runs the `rss` group in a fresh `brood bench` process and takes its figure.
-pub(super) fn rss_in_child(dir: &Path, opts: &Options) -> anyhow::Result<Figure> {
+/// Runs the `rss` group in a fresh `brood bench` process and takes its figure, for calls of
+/// one unit per child or (`grouped`) one unit per call.
+pub(super) fn rss_in_child(dir: &Path, opts: &Options, grouped: bool) -> anyhow::Result<Figure> {
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
     cmd.args(["bench", "--json", "--only", "rss", "--durability"])
         .arg(opts.durability.to_string())
         .arg("--data-dir")
         .arg(dir)
-        .env(RSS_CHILD, "1")
+        .env(RSS_CHILD, if grouped { "grouped" } else { "independent" })
         .stderr(std::process::Stdio::inherit());
     if opts.quick {
         cmd.arg("--quick");
@@ -501,12 +502,22 @@ pub(super) fn rss_in_child(dir: &Path, opts: &Options) -> anyhow::Result<Figure>
     let out = cmd.output().context("starting the rss measurement")?;
     anyhow::ensure!(out.status.success(), "the rss measurement failed ({})", out.status);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).context("reading the rss measurement")?;
+    let name = rss_figure_name(grouped);
     let value = report["figures"]
         .as_array()
-        .and_then(|f| f.iter().find(|f| f["name"] == "rss_per_live_child_bytes"))
+        .and_then(|f| f.iter().find(|f| f["name"] == name))
         .and_then(|f| f["value"].as_f64())
         .context("the rss measurement printed no figure")?;
-    Ok(Figure::new("rss_per_live_child_bytes", value, "bytes").target("≤ 2048"))
+    let figure = Figure::new(name, value, "bytes");
+    Ok(if grouped { figure } else { figure.target("≤ 2048") })
+}
+
+fn rss_figure_name(grouped: bool) -> &'static str {
+    if grouped {
+        "rss_per_live_child_grouped_bytes"
+    } else {
+        "rss_per_live_child_bytes"
+    }
 }
 
 /// This process's resident set, in bytes.
@@ -523,7 +534,7 @@ pub(super) fn rss_bytes() -> anyhow::Result<u64> {
 
 /// RSS growth per running child with `n` children live (hanging sim children, which only the
 /// shutdown ends).
-pub(super) async fn rss(dir: &Path, durability: Durability, n: usize) -> anyhow::Result<Figure> {
+pub(super) async fn rss(dir: &Path, durability: Durability, n: usize, grouped: bool) -> anyhow::Result<Figure> {
     let b = open(&dir.join("ledger"), durability)?;
     let cap = u32::try_from(n).unwrap_or(100_000).min(100_000);
     b.open_session(
@@ -546,7 +557,8 @@ pub(super) async fn rss(dir: &Path, durability: Durability, n: usize) -> anyhow:
                 t
             })
             .collect();
-        b.delegate("live", DelegateRequest::background(tasks).independent())
+        let call = DelegateRequest::background(tasks);
+        b.delegate("live", if grouped { call } else { call.independent() })
             .await
             .map_err(|e| e.error)?;
     }
@@ -567,7 +579,7 @@ pub(super) async fn rss(dir: &Path, durability: Durability, n: usize) -> anyhow:
     }
     b.shutdown();
     Ok(Figure::new(
-        "rss_per_live_child_bytes",
+        rss_figure_name(grouped),
         after.saturating_sub(before) as f64 / n as f64,
         "bytes",
     )

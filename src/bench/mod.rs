@@ -17,7 +17,10 @@
 //!   claiming that many ready items, and its ack.
 //! - `recovery_s`: open and recover a ledger of 1M (100k) child rows written by the engine
 //!   itself. Baseline: raw sled open plus a full scan of every tree of the same folder.
-//! - `rss_per_live_child_bytes`: RSS growth per running child, 100k (10k) children live.
+//! - `rss_per_live_child_bytes`: RSS growth per running child, 100k (10k) children live, each
+//!   its own unit (independent calls: a unit actor and a child actor per child).
+//!   `rss_per_live_child_grouped_bytes`: the same with the calls' children sharing one unit per
+//!   call (the default call shape). Each in a process of its own.
 //! - `sessions_1000_ratio`: the durable workload spread over 1,000 sessions, as a ratio to the
 //!   same children in one session (same calls, same consumer), both measured here.
 //! - `http_children_per_s`: the durable workload, the same number of children, through
@@ -247,10 +250,13 @@ pub fn run(opts: &Options) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
             }
             // In a process of its own: memory the groups before it freed stays with this
             // process's allocator and would be reused, hiding the children's growth.
-            "rss" if std::env::var_os(RSS_CHILD).is_some() => {
-                figures.push(rt.block_on(rss(&dir, opts.durability, sizes.live))?)
-            }
-            "rss" => figures.push(rss_in_child(&dir, opts)?),
+            "rss" => match std::env::var(RSS_CHILD).ok().as_deref() {
+                Some(shape) => figures.push(rt.block_on(rss(&dir, opts.durability, sizes.live, shape == "grouped"))?),
+                None => {
+                    figures.push(rss_in_child(&dir, opts, false)?);
+                    figures.push(rss_in_child(&dir, opts, true)?);
+                }
+            },
             "sessions" => figures.push(rt.block_on(sessions(&dir, opts.durability, sizes.sessions_children))?),
             // As many children as the embedded figure had: throughput falls as a session's
             // history grows, so only the same size compares.
