@@ -111,8 +111,9 @@ impl Book {
 
     /// The items of `keys` in envelope order: by set, unit, task, kind. The order is decided
     /// on small keys first (each item's rows looked up once), and the items are then built in
-    /// place into a vector of their final size, never moved by a sort or a regrowth.
-    pub(super) fn items(&self, keys: &[(String, u32)]) -> Vec<ReadyItem> {
+    /// place into a vector of their final size, never moved by a sort or a regrowth; each key
+    /// moves into its item.
+    pub(super) fn items(&self, mut keys: Vec<(String, u32)>) -> Vec<ReadyItem> {
         type Found<'a> = (
             (u64, u64, u32, ItemKind),
             usize,
@@ -138,8 +139,8 @@ impl Book {
         order.sort_unstable_by_key(|f| f.0);
         let mut items = Vec::with_capacity(order.len());
         for ((.., kind), i, row, call, unit) in order {
-            let (key, attempt) = &keys[i];
-            items.extend(item_of(key, kind, *attempt, row, call, unit));
+            let (key, attempt) = std::mem::take(&mut keys[i]);
+            items.extend(item_of(key, kind, attempt, row, call, unit));
         }
         items
     }
@@ -279,7 +280,7 @@ fn delivered_items(row: &ChildRow) -> u64 {
 
 /// The consumer's view of the item `key` (of `kind`) of the child `row` in `call` and `unit`.
 fn item_of(
-    key: &str,
+    key: String,
     kind: ItemKind,
     delivery_attempt: u32,
     row: &ChildRow,
@@ -289,7 +290,7 @@ fn item_of(
     let task = call.row.tasks.get(row.task_index as usize)?;
     Some(ReadyItem {
         kind,
-        dedup_key: key.to_string(),
+        dedup_key: key,
         delivery_attempt,
         call_id: row.call_id.clone(),
         set: call.row.set,

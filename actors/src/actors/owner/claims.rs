@@ -30,13 +30,14 @@ impl SessionOwner {
         let claim = self
             .router
             .claim(now, new_claim_id(&self.session.session_id), lease_ms)?;
-        let items = self.book.items(&claim.items);
+        let claimed = claim.items.len();
+        let items = self.book.items(claim.items);
         let row = ClaimRow {
             claim_id: claim.claim_id.clone(),
             session_id: self.session.session_id.clone(),
             consumer: consumer.clone(),
             lease_expires_at_ms: claim.lease_expires_at_ms,
-            items: u32::try_from(claim.items.len()).unwrap_or(u32::MAX - 1),
+            items: u32::try_from(claimed).unwrap_or(u32::MAX - 1),
         };
         // Cheap by design: a claim is returned at a crash anyway, so its row is not flushed.
         if let Err(e) = self.engine.ledger.put_claim(&row) {

@@ -52,7 +52,7 @@ impl SessionOwner {
         let keys: Vec<(String, u32)> = (0..call.row.tasks.len() as u32)
             .map(|i| (dedup_key(&child_id(call_id, i), ItemKind::Result), 1))
             .collect();
-        let results = self.book.items(&keys);
+        let results = self.book.items(keys);
         if let Some(w) = waiter {
             let reply = Delegated::Sync {
                 call_id: call_id.to_string(),
