@@ -14,7 +14,6 @@ use actix::prelude::*;
 use actix_rt::ArbiterHandle;
 use futures::future::{BoxFuture, LocalBoxFuture};
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 /// At most `max_restarts` restarts within `within`; one more failure escalates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,17 +118,12 @@ pub fn spawn<A>(actor: A) -> (Addr<A>, LocalBoxFuture<'static, Exit>)
 where
     A: Actor<Context = Context<A>>,
 {
-    let ctx = Context::new();
-    let addr = ctx.address();
-    let task: JoinHandle<()> = actix::spawn(ctx.into_future(actor));
-    let exit = Box::pin(async move {
-        match task.await {
-            Ok(()) => Exit::Stopped,
-            Err(e) if e.is_panic() => Exit::Panicked(crate::model::panic_message(e.into_panic())),
-            Err(_) => Exit::Stopped,
-        }
+    let (addr, mailbox) = self::mailbox();
+    let (exit_tx, exit_rx) = oneshot::channel();
+    run_here(mailbox, actor, move |exit| {
+        let _ = exit_tx.send(exit);
     });
-    (addr, exit)
+    (addr, Box::pin(async move { exit_rx.await.unwrap_or(Exit::Stopped) }))
 }
 
 /// As [`spawn`], on another arbiter (thread): the actor is made there by `make`.

@@ -344,7 +344,7 @@ impl StartRow {
     pub fn new(session_id: &str, call_id: &str, mut tasks: Vec<u32>, started_at_ms: u64) -> Self {
         tasks.sort_unstable();
         StartRow {
-            start_id: format!("{call_id}/{}", crate::model::ordered_hex()),
+            start_id: format!("{call_id}/{}", ordered_hex()),
             session_id: session_id.to_string(),
             call_id: call_id.to_string(),
             tasks,

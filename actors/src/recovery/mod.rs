@@ -24,11 +24,16 @@ pub enum Recovery {
 
 /// A fresh queued child row for task `i` of `call` in `unit`.
 pub fn queued_child(call: &CallRow, unit: &UnitRow, i: u32) -> ChildRow {
+    fresh_child(&call.call_id, &unit.unit_id, &call.session_id, i)
+}
+
+/// A fresh queued child row for task `i` of call `call_id`, in unit `unit_id` of `session_id`.
+fn fresh_child(call_id: &str, unit_id: &str, session_id: &str, i: u32) -> ChildRow {
     ChildRow {
-        child_id: child_id(&call.call_id, i),
-        call_id: call.call_id.clone(),
-        unit_id: unit.unit_id.clone(),
-        session_id: call.session_id.clone(),
+        child_id: child_id(call_id, i),
+        call_id: call_id.to_string(),
+        unit_id: unit_id.to_string(),
+        session_id: session_id.to_string(),
         task_index: i,
         status: ChildStatus::Queued,
         summary: None,
@@ -238,29 +243,17 @@ fn fold_starts(
         let part = out.entry(session.clone()).or_default();
         let rows = part.children.entry(call_id.clone()).or_default();
         let has_row: HashSet<u32> = rows.iter().map(|r| r.task_index).collect();
-        let mut tasks: Vec<(u32, u64)> = by_task.into_iter().filter(|(i, _)| !has_row.contains(i)).collect();
-        tasks.sort_unstable();
-        for (i, at) in tasks {
-            let id = child_id(&call_id, i);
-            if part.damaged.contains(&id) {
-                continue; // its own row was damaged: its outcome is unknown, whatever started
-            }
-            rows.push(ChildRow {
-                child_id: id,
-                call_id: call_id.clone(),
-                unit_id: units[i as usize].clone(),
-                session_id: session.clone(),
-                task_index: i,
+        // In no order: the caller sorts each call's rows by task.
+        for (i, at) in by_task.into_iter().filter(|(i, _)| !has_row.contains(i)) {
+            let row = ChildRow {
                 status: ChildStatus::Running,
-                summary: None,
-                error: None,
                 started_at_ms: Some(at),
-                finished_at_ms: None,
-                attempt: 1,
-                recovered: false,
-                result: DeliveryRow::default(),
-                notice: DeliveryRow::default(),
-            });
+                ..fresh_child(&call_id, &units[i as usize], session, i)
+            };
+            // Its own row was damaged: its outcome is unknown, whatever started.
+            if !part.damaged.contains(&row.child_id) {
+                rows.push(row);
+            }
         }
     }
 }

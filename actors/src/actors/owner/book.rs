@@ -43,7 +43,8 @@ pub(super) struct Book {
     pub(super) children: HashMap<String, ChildRow>,
     /// Unfinished children with a child row of their own in the ledger (requeued, recovered):
     /// their starts are marked in that row, never in a start row (their row would hide it).
-    /// Everything else unfinished has no row yet. Usually empty.
+    /// Everything else unfinished has no row yet. A child leaves it when its end is recorded.
+    /// Usually empty.
     pub(super) rowed: HashSet<String>,
     /// Items delivered of calls already dropped from memory.
     pub(super) delivered_done: u64,
@@ -221,11 +222,7 @@ impl Book {
         };
         let mut key = KeyBuf::new(call_id);
         for i in 0..call.row.tasks.len() as u32 {
-            let id = key.child(i);
-            if !self.rowed.is_empty() {
-                self.rowed.remove(id);
-            }
-            if let Some(row) = self.children.remove(id) {
+            if let Some(row) = self.children.remove(key.child(i)) {
                 self.delivered_live = self.delivered_live.saturating_sub(delivered_items(&row));
                 self.delivered_done = self.delivered_done.saturating_add(delivered_items(&row));
             }
