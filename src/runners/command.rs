@@ -184,15 +184,7 @@ async fn run(spec: CommandSpec, ctx: RunContext) -> RunOutput {
     // unless every member exited and the number was reused in between, a window of microseconds
     // against a pid space that cycles.)
     group.kill();
-    let _ = tokio::time::timeout(DRAIN_GRACE, async {
-        while let Some(n) = read_some(&mut stdout, &mut out_buf).await {
-            output.push(&out_buf[..n]);
-        }
-        while let Some(n) = read_some(&mut stderr, &mut err_buf).await {
-            output.push(&err_buf[..n]);
-        }
-    })
-    .await;
+    let _ = tokio::time::timeout(DRAIN_GRACE, drain(&mut stdout, &mut stderr, &mut output)).await;
     let summary = output.summary();
     match status {
         Ok(status) if status.success() => RunOutput::Succeeded { summary },
@@ -204,6 +196,27 @@ async fn run(spec: CommandSpec, ctx: RunContext) -> RunOutput {
             error: format!("`{program}` could not be waited for: {e}"),
             summary: (!summary.is_empty()).then_some(summary),
         },
+    }
+}
+
+/// Reads what is left in the pipes still open into `output`, both at once, until each is at
+/// its end. A pipe that reached its end before is not waited for (it never answers again), and
+/// one held open elsewhere does not keep the other from being read.
+async fn drain<O: AsyncRead + Unpin, E: AsyncRead + Unpin>(
+    stdout: &mut Option<O>,
+    stderr: &mut Option<E>,
+    output: &mut Tail,
+) {
+    let (mut out_buf, mut err_buf) = ([0u8; 4096], [0u8; 4096]);
+    while stdout.is_some() || stderr.is_some() {
+        tokio::select! {
+            n = read_some(stdout, &mut out_buf) => if let Some(n) = n {
+                output.push(&out_buf[..n]);
+            },
+            n = read_some(stderr, &mut err_buf) => if let Some(n) = n {
+                output.push(&err_buf[..n]);
+            },
+        }
     }
 }
 
@@ -326,6 +339,27 @@ mod tests {
         assert!(err.contains("env"), "{err}");
         let err = CommandSpec::parse(&json!({"kind": "command", "argv": ["x"], "cwd": ""})).unwrap_err();
         assert!(err.contains("cwd"), "{err}");
+    }
+
+    /// A pipe at its end before the command exited, beside one with output still in it: the
+    /// drain reads the output and returns (it once waited on the closed pipe until its grace
+    /// ran out, losing the other's output and holding every command child 2 s).
+    #[tokio::test]
+    async fn a_drain_reads_what_is_left_without_waiting_on_a_closed_pipe() {
+        let (mut writer, reader) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(&mut writer, b"late words")
+            .await
+            .unwrap();
+        drop(writer);
+        let (mut closed, mut open): (Option<tokio::io::DuplexStream>, _) = (None, Some(reader));
+        let mut output = Tail::default();
+        let drained = tokio::time::timeout(Duration::from_secs(30), drain(&mut closed, &mut open, &mut output)).await;
+        assert!(drained.is_ok(), "the drain waited on the closed pipe");
+        assert_eq!(output.summary(), "late words");
+        assert!(open.is_none(), "the pipe at its end is closed");
+        let mut output = Tail::default();
+        let drained = tokio::time::timeout(Duration::from_secs(30), drain(&mut open, &mut closed, &mut output)).await;
+        assert!(drained.is_ok(), "with both pipes closed there is nothing to wait for");
     }
 
     #[test]
