@@ -3,6 +3,11 @@
 //!
 //! It holds state and answers questions about it; it decides nothing about routing (that is
 //! [`crate::routing`]) and writes nothing (that is the owner's persist step).
+//!
+//! Units and children live inside their call, by position: a unit `<call>-<k>` at k - 1, a
+//! child `<call>.<i>` at i. One map, of calls, is keyed by text; finding a child or a unit is
+//! that one lookup (in a map as small as the calls in memory) and an index, not a lookup in a
+//! map as big as every child of the session, with its id's text hashed and compared.
 
 use foldhash::{HashMap, HashSet};
 
@@ -16,7 +21,12 @@ use crate::model::*;
 /// A call still owed to its parent.
 pub(super) struct CallState {
     pub(super) row: CallRow,
-    pub(super) units: Vec<String>,
+    /// Its units, by ordinal: unit `<call>-<k>` at k - 1.
+    pub(super) units: Vec<UnitState>,
+    /// Its children's rows, by task index (none for a child recovery found damaged).
+    children: Vec<Option<ChildRow>>,
+    /// The position in `units` of each task's unit, by task index.
+    unit_of: Vec<u32>,
     pub(super) incomplete_units: usize,
     /// The caller of a sync call, until its results are handed over.
     pub(super) sync_reply: Option<SyncWaiter>,
@@ -24,6 +34,28 @@ pub(super) struct CallState {
     pub(super) awaiting_receipt: bool,
     /// The receipt is being made durable.
     pub(super) receipt_pending: bool,
+}
+
+impl CallState {
+    /// The rows of its children in the book, by task index.
+    pub(super) fn children(&self) -> impl Iterator<Item = &ChildRow> {
+        self.children.iter().flatten()
+    }
+
+    /// The row of its task `i`'s child.
+    pub(super) fn child(&self, i: u32) -> Option<&ChildRow> {
+        self.children.get(i as usize)?.as_ref()
+    }
+
+    /// The unit of its task `i`.
+    pub(super) fn unit_of(&self, i: u32) -> Option<&UnitState> {
+        self.units.get(*self.unit_of.get(i as usize)? as usize)
+    }
+
+    /// The unit of its task `i`, to change.
+    pub(super) fn unit_of_mut(&mut self, i: u32) -> Option<&mut UnitState> {
+        self.units.get_mut(*self.unit_of.get(i as usize)? as usize)
+    }
 }
 
 /// A completion unit of a call in the book.
@@ -35,12 +67,10 @@ pub(super) struct UnitState {
     pub(super) recorded_before_exit: Option<u32>,
 }
 
-/// The calls, units and children in memory.
+/// The calls, with their units and children, in memory.
 #[derive(Default)]
 pub(super) struct Book {
     pub(super) calls: HashMap<String, CallState>,
-    pub(super) units: HashMap<String, UnitState>,
-    pub(super) children: HashMap<String, ChildRow>,
     /// Unfinished children with a child row of their own in the ledger (requeued, recovered):
     /// their starts are marked in that row, never in a start row (their row would hide it).
     /// Everything else unfinished has no row yet. A child leaves it when its end is recorded.
@@ -53,9 +83,16 @@ pub(super) struct Book {
     delivered_live: u64,
 }
 
-/// The k of a unit id `<call>-<k>` (0 when it has none).
-fn unit_ordinal(unit_id: &str) -> u64 {
-    unit_id.rsplit_once('-').and_then(|(_, k)| k.parse().ok()).unwrap_or(0)
+/// Splits an id `<call><sep><n>` into its call and number. The number must be written as
+/// [`child_id`] and [`unit_id`] write it (decimal digits, no sign, no leading zero), so one id
+/// never names another's place.
+fn split_id(id: &str, sep: char) -> Option<(&str, u32)> {
+    let (call, n) = id.rsplit_once(sep)?;
+    let canonical = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
+    if !canonical {
+        return None;
+    }
+    Some((call, n.parse().ok()?))
 }
 
 impl Book {
@@ -63,35 +100,51 @@ impl Book {
     pub(super) fn insert_call(
         &mut self,
         row: CallRow,
-        units: Vec<(UnitRow, usize, Option<u32>)>,
+        mut units: Vec<(UnitRow, usize, Option<u32>)>,
         children: Vec<ChildRow>,
     ) {
-        let unit_ids: Vec<String> = units.iter().map(|(u, _, _)| u.unit_id.clone()).collect();
-        self.units.reserve(units.len());
+        let tasks = row.tasks.len();
+        // Units are made from their call, numbered from 1 in order: sorting only guards that.
+        units.sort_by_key(|(u, _, _)| split_id(&u.unit_id, '-').map_or(u32::MAX, |(_, k)| k));
+        let mut unit_of = vec![u32::MAX; tasks];
         let mut incomplete = 0;
-        for (unit, terminal, recorded_before_exit) in units {
-            let complete = terminal >= unit.tasks.len();
-            incomplete += usize::from(!complete);
-            self.units.insert(
-                unit.unit_id.clone(),
+        let units: Vec<UnitState> = units
+            .into_iter()
+            .enumerate()
+            .map(|(pos, (unit, terminal, recorded_before_exit))| {
+                debug_assert_eq!(unit.unit_id, unit_id(&row.call_id, pos + 1));
+                for &i in &unit.tasks {
+                    if let Some(slot) = unit_of.get_mut(i as usize) {
+                        *slot = pos as u32;
+                    }
+                }
+                let complete = terminal >= unit.tasks.len();
+                incomplete += usize::from(!complete);
                 UnitState {
                     row: unit,
                     terminal,
                     complete,
                     addr: None,
                     recorded_before_exit,
-                },
-            );
-        }
-        self.children.reserve(children.len());
+                }
+            })
+            .collect();
+        let mut slots: Vec<Option<ChildRow>> = Vec::with_capacity(tasks);
+        slots.resize_with(tasks, || None);
         for child in children {
-            self.put_child(child);
+            let Some(slot) = slots.get_mut(child.task_index as usize) else {
+                continue;
+            };
+            self.delivered_live += delivered_items(&child);
+            *slot = Some(child);
         }
         self.calls.insert(
             row.call_id.clone(),
             CallState {
                 row,
-                units: unit_ids,
+                units,
+                children: slots,
+                unit_of,
                 incomplete_units: incomplete,
                 sync_reply: None,
                 awaiting_receipt: false,
@@ -105,6 +158,25 @@ impl Book {
         (0..call.tasks.len() as u32).map(move |i| child_id(&call.call_id, i))
     }
 
+    /// The row of the child `child_id`.
+    pub(super) fn child(&self, child_id: &str) -> Option<&ChildRow> {
+        let (call, i) = split_id(child_id, '.')?;
+        self.calls.get(call)?.child(i)
+    }
+
+    /// The row of the child `child_id`, to change anything but its delivery state (that goes
+    /// through [`Book::mark`] or [`Book::put_child`], which keep the delivered count).
+    pub(super) fn child_mut(&mut self, child_id: &str) -> Option<&mut ChildRow> {
+        let (call, i) = split_id(child_id, '.')?;
+        self.calls.get_mut(call)?.children.get_mut(i as usize)?.as_mut()
+    }
+
+    /// The unit `unit_id`.
+    pub(super) fn unit_mut(&mut self, unit_id: &str) -> Option<&mut UnitState> {
+        let (call, k) = split_id(unit_id, '-')?;
+        self.calls.get_mut(call)?.units.get_mut(k.checked_sub(1)? as usize)
+    }
+
     /// The task of a child.
     pub(super) fn task_of(&self, row: &ChildRow) -> Option<&Task> {
         self.calls.get(&row.call_id)?.row.tasks.get(row.task_index as usize)
@@ -116,25 +188,36 @@ impl Book {
     /// moves into its item.
     pub(super) fn items(&self, mut keys: Vec<(String, u32)>) -> Vec<ReadyItem> {
         type Found<'a> = (
-            (u64, u64, u32, ItemKind),
+            (u64, u32, u32, ItemKind),
             usize,
             &'a ChildRow,
             &'a CallState,
             &'a UnitState,
         );
         let mut order: Vec<Found<'_>> = Vec::with_capacity(keys.len());
+        // Keys of one call come in runs: its state is looked up once per run.
+        let mut last: Option<(&str, &CallState)> = None;
         for (i, (key, _)) in keys.iter().enumerate() {
             let Some((child, kind)) = parse_dedup_key(key) else {
                 continue;
             };
-            let Some(row) = self.children.get(child) else { continue };
-            let Some(call) = self.calls.get(&row.call_id) else {
+            let Some((call_id, task)) = split_id(child, '.') else {
                 continue;
             };
-            let Some(unit) = self.units.get(&row.unit_id) else {
+            let call = match last {
+                Some((id, call)) if id == call_id => call,
+                _ => {
+                    let Some(call) = self.calls.get(call_id) else {
+                        continue;
+                    };
+                    last = Some((call_id, call));
+                    call
+                }
+            };
+            let (Some(row), Some(unit)) = (call.child(task), call.unit_of(task)) else {
                 continue;
             };
-            let sort = (call.row.set, unit_ordinal(&row.unit_id), row.task_index, kind);
+            let sort = (call.row.set, call.unit_of[task as usize], task, kind);
             order.push((sort, i, row, call, unit));
         }
         order.sort_unstable_by_key(|f| f.0);
@@ -156,7 +239,7 @@ impl Book {
         self.mark_each(keys, f, |row| touched.push(row.child_id.clone()));
         touched.sort();
         touched.dedup();
-        touched.iter().filter_map(|id| self.children.get(id).cloned()).collect()
+        touched.iter().filter_map(|id| self.child(id).cloned()).collect()
     }
 
     /// As [`Book::mark`], returning only the calls touched, each once (an ack rewrites no row,
@@ -184,14 +267,17 @@ impl Book {
         mut touched: impl FnMut(&ChildRow),
     ) {
         for key in keys {
-            if let Some((child, kind)) = parse_dedup_key(key) {
-                if let Some(row) = self.children.get_mut(child) {
-                    let before = delivered_items(row);
-                    f(row.delivery_mut(kind));
-                    self.delivered_live = self.delivered_live.saturating_sub(before) + delivered_items(row);
-                    touched(row);
-                }
-            }
+            let Some((child, kind)) = parse_dedup_key(key) else {
+                continue;
+            };
+            let Some(row) = self.child_mut(child) else {
+                continue;
+            };
+            let before = delivered_items(row);
+            f(row.delivery_mut(kind));
+            let after = delivered_items(row);
+            touched(row);
+            self.delivered_live = self.delivered_live.saturating_sub(before) + after;
         }
     }
 
@@ -203,14 +289,13 @@ impl Book {
         if call.incomplete_units != 0 || call.awaiting_receipt || call.receipt_pending {
             return false;
         }
-        // One buffer for every id and key: this runs for each call an ack touched.
+        // One buffer for every key: this runs for each call an ack touched.
         let mut key = KeyBuf::new(call_id);
         (0..call.row.tasks.len() as u32).all(|i| {
-            self.children
-                .get(key.child(i))
-                .is_none_or(|r| r.result.delivered || r.result.dead)
-                && !open(key.item(ItemKind::Result))
-                && !open(key.item(ItemKind::FailureNotice))
+            call.child(i).is_none_or(|r| r.result.delivered || r.result.dead) && {
+                key.child(i);
+                !open(key.item(ItemKind::Result)) && !open(key.item(ItemKind::FailureNotice))
+            }
         })
     }
 
@@ -221,16 +306,14 @@ impl Book {
             return;
         };
         let mut key = KeyBuf::new(call_id);
-        for i in 0..call.row.tasks.len() as u32 {
-            if let Some(row) = self.children.remove(key.child(i)) {
-                self.delivered_live = self.delivered_live.saturating_sub(delivered_items(&row));
-                self.delivered_done = self.delivered_done.saturating_add(delivered_items(&row));
+        for (i, row) in call.children.iter().enumerate() {
+            if let Some(row) = row {
+                self.delivered_live = self.delivered_live.saturating_sub(delivered_items(row));
+                self.delivered_done = self.delivered_done.saturating_add(delivered_items(row));
             }
+            key.child(i as u32);
             forget(key.item(ItemKind::Result));
             forget(key.item(ItemKind::FailureNotice));
-        }
-        for u in call.units {
-            self.units.remove(&u);
         }
     }
 
@@ -239,11 +322,19 @@ impl Book {
         self.delivered_done.saturating_add(self.delivered_live)
     }
 
-    /// Puts a child's row in the book, in place of its earlier one: every change of a row
-    /// goes through here or [`Book::mark`], so the delivered count stays exact in O(1).
+    /// Puts a child's row in the book, in place of its earlier one: every change of a row's
+    /// delivery state goes through here or [`Book::mark`], so the delivered count stays exact
+    /// in O(1). A row of a call not in the book is not kept.
     pub(super) fn put_child(&mut self, row: ChildRow) {
+        let Some(slot) = self
+            .calls
+            .get_mut(&row.call_id)
+            .and_then(|c| c.children.get_mut(row.task_index as usize))
+        else {
+            return;
+        };
         self.delivered_live += delivered_items(&row);
-        if let Some(old) = self.children.insert(row.child_id.clone(), row) {
+        if let Some(old) = slot.replace(row) {
             self.delivered_live = self.delivered_live.saturating_sub(delivered_items(&old));
         }
     }
@@ -255,14 +346,8 @@ impl Book {
             .values()
             .map(|c| CallStatus {
                 call: c.row.clone(),
-                units: c
-                    .units
-                    .iter()
-                    .filter_map(|u| self.units.get(u).map(|s| s.row.clone()))
-                    .collect(),
-                children: Self::child_ids(&c.row)
-                    .filter_map(|id| self.children.get(&id).cloned())
-                    .collect(),
+                units: c.units.iter().map(|u| u.row.clone()).collect(),
+                children: c.children().cloned().collect(),
             })
             .collect();
         calls.sort_by_key(|c| c.call.set);
@@ -348,6 +433,16 @@ impl KeyBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_names_its_place_only_as_the_model_writes_it() {
+        assert_eq!(split_id(&child_id("deleg_0a.b-c", 12), '.'), Some(("deleg_0a.b-c", 12)));
+        assert_eq!(split_id(&unit_id("deleg_0a.b-c", 3), '-'), Some(("deleg_0a.b-c", 3)));
+        assert_eq!(split_id("c.0", '.'), Some(("c", 0)));
+        for bad in ["c.", "c.01", "c.+1", "c.-1", "c.1a", "c. 1", "c1", "c.99999999999"] {
+            assert_eq!(split_id(bad, '.'), None, "{bad}");
+        }
+    }
 
     #[test]
     fn a_key_buffer_writes_the_same_ids_and_keys_as_the_model() {

@@ -259,7 +259,7 @@ impl SessionOwner {
             .iter()
             .filter_map(|(key, attempts)| {
                 let (child, kind) = parse_dedup_key(key)?;
-                let row = self.book.children.get(child)?;
+                let row = self.book.child(child)?;
                 Some(DeadLetterRow {
                     dedup_key: key.clone(),
                     child_id: child.to_string(),

@@ -236,13 +236,12 @@ impl SessionOwner {
         for id in ids {
             let rerun = self
                 .book
-                .children
-                .get(&id)
+                .child(&id)
                 .and_then(|r| self.book.task_of(r))
                 .is_some_and(|t| t.rerun_on_recovery);
             if !rerun {
                 durable.push(id);
-            } else if let Some(row) = self.book.children.get_mut(&id) {
+            } else if let Some(row) = self.book.child_mut(&id) {
                 row.status = ChildStatus::Running;
                 row.started_at_ms = Some(now);
                 rows.push(row.clone());
@@ -263,7 +262,7 @@ impl SessionOwner {
         let now = now_ms();
         let marked: Vec<ChildRow> = ids
             .iter()
-            .filter_map(|id| self.book.children.get(id).cloned())
+            .filter_map(|id| self.book.child(id).cloned())
             .map(|mut r| {
                 r.status = ChildStatus::Running;
                 r.started_at_ms = Some(now);
@@ -323,7 +322,7 @@ impl SessionOwner {
     /// Decides putting a child whose start was lost back at the head of the queue, durably (its
     /// running mark was flushed; a crash must not find it `running` and call it `unknown`).
     pub(super) fn decide_requeue(&mut self, child_id: String) -> Decided<Durable> {
-        let Some(current) = self.book.children.get(&child_id).cloned() else {
+        let Some(current) = self.book.child(&child_id).cloned() else {
             return Decided::Done;
         };
         if current.status != ChildStatus::Running {
@@ -373,7 +372,7 @@ impl SessionOwner {
             let Some(task) = self.book.task_of(&row).cloned() else {
                 continue;
             };
-            let Some(unit) = self.book.units.get_mut(&row.unit_id) else {
+            let Some(unit) = self.book.unit_mut(&row.unit_id) else {
                 continue;
             };
             let slot = match batch_of.get(&row.unit_id) {
@@ -449,7 +448,7 @@ impl SessionOwner {
         if decision == Decision::Escalate {
             panic!("unit {unit_id} keeps panicking ({msg}); escalating to its session owner's supervisor");
         }
-        if let Some(unit) = self.book.units.get_mut(unit_id) {
+        if let Some(unit) = self.book.unit_mut(unit_id) {
             // Only forget the dead actor, not a replacement a requeue already started.
             if unit.addr.as_ref().is_some_and(|a| !a.connected()) {
                 unit.addr = None;

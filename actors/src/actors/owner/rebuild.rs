@@ -33,12 +33,8 @@ impl SessionOwner {
         for claim in plan.lost_claims {
             owner.router.remember_lost(claim);
         }
-        // Every map sized once for what it will hold: growing them call by call rehashed (and
-        // moved) the whole book again and again.
-        let children: usize = plan.calls.iter().map(|c| c.children.len()).sum();
-        let units: usize = plan.calls.iter().map(|c| c.units.len()).sum();
-        owner.book.children.reserve(children);
-        owner.book.units.reserve(units);
+        // Maps sized once for what they will hold: growing them call by call rehashed (and
+        // moved) them again and again.
         owner.book.calls.reserve(plan.calls.len());
         owner.router.reserve(plan.ready.len());
         for call in plan.calls {

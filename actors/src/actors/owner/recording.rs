@@ -15,39 +15,37 @@ impl SessionOwner {
     pub(super) fn record(&mut self, rows: Vec<ChildRow>, ctx: &mut Context<Self>) {
         let mut completed = Vec::new();
         for mut row in rows {
-            let Some(known) = self.book.children.get(&row.child_id) else {
+            let Some(known) = self.book.child(&row.child_id) else {
                 continue;
             };
             if known.status.is_terminal() {
                 continue; // a retried hand-off of a result already recorded
             }
+            // Delivery state is the owner's; the child's copy of it may be stale.
+            (row.result, row.notice) = (known.result, known.notice);
             self.capacity.finish(&row.child_id);
             if !self.book.rowed.is_empty() {
                 self.book.rowed.remove(&row.child_id);
             }
-            // Delivery state is the owner's; the child's copy of it may be stale.
-            row.result = known.result;
-            row.notice = known.notice;
             let failed = row.status.is_failure();
-            let (unit_id, child) = (row.unit_id.clone(), row.child_id.clone());
+            let (call_id, task, child) = (row.call_id.clone(), row.task_index, row.child_id.clone());
             self.emit_child(&row);
             // Only a failure can need its notice's details.
-            let notice = failed.then(|| (row.call_id.clone(), row.status, row.error.clone()));
+            let notice = failed.then(|| (row.status, row.error.clone()));
             self.book.put_child(row);
-            let Some(unit) = self.book.units.get_mut(&unit_id) else {
+            let Some(call) = self.book.calls.get_mut(&call_id) else {
+                continue;
+            };
+            let sync = call.row.mode == Mode::Sync;
+            let Some(unit) = call.unit_of_mut(task) else {
                 continue;
             };
             unit.terminal = unit.terminal.saturating_add(1);
-            let sync = self
-                .book
-                .calls
-                .get(&unit.row.call_id)
-                .is_some_and(|c| c.row.mode == Mode::Sync);
             match on_child_end(unit.terminal, unit.row.tasks.len(), failed) {
-                Publish::UnitComplete => self.complete_unit(&unit_id, &mut completed, ctx),
+                Publish::UnitComplete => self.complete_unit(&call_id, task, &mut completed, ctx),
                 Publish::FailureNotice if !sync => {
                     self.router.publish(dedup_key(&child, ItemKind::FailureNotice), 0);
-                    if let Some((call_id, status, error)) = notice {
+                    if let Some((status, error)) = notice {
                         self.emit(|| crate::events::Event::FailureNotice {
                             child_id: child.clone(),
                             call_id,
@@ -70,8 +68,12 @@ impl SessionOwner {
         }
     }
 
-    fn complete_unit(&mut self, unit_id: &str, completed: &mut Vec<Addr<Unit>>, ctx: &mut Context<Self>) {
-        let Some(unit) = self.book.units.get_mut(unit_id) else {
+    /// The unit of `call_id`'s task `task` is complete: it goes out whole.
+    fn complete_unit(&mut self, call_id: &str, task: u32, completed: &mut Vec<Addr<Unit>>, ctx: &mut Context<Self>) {
+        let Some(call) = self.book.calls.get_mut(call_id) else {
+            return;
+        };
+        let Some(unit) = call.unit_of_mut(task) else {
             return;
         };
         if unit.complete {
@@ -79,20 +81,16 @@ impl SessionOwner {
         }
         unit.complete = true;
         completed.extend(unit.addr.take());
-        let call_id = unit.row.call_id.clone();
-        let members: Vec<String> = unit.row.tasks.iter().map(|&i| child_id(&call_id, i)).collect();
-        let Some(call) = self.book.calls.get_mut(&call_id) else {
-            return;
-        };
         call.incomplete_units = call.incomplete_units.saturating_sub(1);
         match call.row.mode {
             Mode::Background => {
-                for id in members {
-                    let attempts = self.book.children.get(&id).map_or(0, |r| r.result.failed_attempts);
-                    self.router.publish(dedup_key(&id, ItemKind::Result), attempts);
+                for &i in call.unit_of(task).map_or(&[][..], |u| &u.row.tasks) {
+                    let attempts = call.child(i).map_or(0, |r| r.result.failed_attempts);
+                    self.router
+                        .publish(dedup_key(&child_id(call_id, i), ItemKind::Result), attempts);
                 }
             }
-            Mode::Sync if call.incomplete_units == 0 => self.finish_sync(&call_id, ctx),
+            Mode::Sync if call.incomplete_units == 0 => self.finish_sync(call_id, ctx),
             Mode::Sync => {}
         }
     }

@@ -83,14 +83,10 @@ impl SessionOwner {
         }
         call.row.mode = Mode::Background;
         call.awaiting_receipt = false;
-        let ids: Vec<String> = super::book::Book::child_ids(&call.row).collect();
-        for id in ids {
-            let Some(row) = self.book.children.get(&id) else {
-                continue;
-            };
+        for row in call.children() {
             if !row.result.delivered && !row.result.dead {
                 self.router
-                    .publish(dedup_key(&id, ItemKind::Result), row.result.failed_attempts);
+                    .publish(dedup_key(&row.child_id, ItemKind::Result), row.result.failed_attempts);
             }
         }
         self.after_change(ctx);
