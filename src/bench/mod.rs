@@ -5,7 +5,9 @@
 //! - `durable_children_per_s`: zero-time sim children from delegate to ack in one session
 //!   (calls of 1,000, a consumer woken by the session's wakes claiming and acking), at the
 //!   chosen durability. Baseline: raw sled inserts of rows of the size brood's child rows have
-//!   in the same run, flushed (and, for `fsync`, the data file synced) every 100 rows.
+//!   in the same run, flushed (and, for `fsync`, the data file synced) every 100 rows. The
+//!   engine and the baseline take turns over three rounds of a third each; both figures are
+//!   the medians of their rounds (a spell of noise then lands on both, not on one).
 //! - `claimable_latency_p50_ms` / `_p99_ms` / `_max_ms`: a child's end (its `finished_at`) →
 //!   its item claimable (the owner's stamp on the event it emits as it applies the recorded row
 //!   and publishes the item, read from `Brood::subscribe`; 1 ms resolution), under a steady

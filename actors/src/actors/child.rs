@@ -124,7 +124,7 @@ impl Actor for Child {
     type Context = Context<Self>;
 
     fn stopped(&mut self, _: &mut Context<Self>) {
-        self.engine.child_stopped(&self.row.child_id);
+        self.engine.child_stopped(&self.row.call_id, self.row.task_index);
         self.unit.do_send(ChildStopped {
             task_index: self.row.task_index,
         });

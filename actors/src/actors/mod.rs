@@ -39,8 +39,9 @@ pub struct Engine {
     pub wake_factory: Option<Arc<dyn crate::wake::WakeFactory>>,
     /// The live owners.
     pub owners: Owners,
-    /// Children whose actor is alive (started by a unit and not yet stopped).
-    live_children: Arc<Mutex<HashSet<String>>>,
+    /// Children whose actor is alive (started by a unit and not yet stopped): by call, their
+    /// task indexes (one id's text per call, not per child).
+    live_children: Arc<Mutex<foldhash::HashMap<String, foldhash::HashSet<u32>>>>,
     /// The arbiter (thread) units, children and runners live on; the supervisor lives on the
     /// system arbiter, so child churn never delays routing.
     pub children_arbiter: ArbiterHandle,
@@ -83,7 +84,7 @@ impl Engine {
             factory,
             wake_factory: None,
             owners: Arc::new(DashMap::new()),
-            live_children: Arc::new(Mutex::new(HashSet::new())),
+            live_children: Arc::default(),
             children_arbiter,
             routing_arbiters: Vec::new(),
             commit_arbiter: None,
@@ -121,27 +122,44 @@ impl Engine {
     /// Registers a child as alive and returns true, unless `owner_alive` says its owner died
     /// (then its successor queues the child again, and it must not start). One lock orders
     /// this against [`Engine::live_children`], so a child is either adopted or re-queued.
-    pub(crate) fn child_starting(&self, child_id: &str, owner_alive: impl FnOnce() -> bool) -> bool {
+    pub(crate) fn child_starting(&self, call_id: &str, task: u32, owner_alive: impl FnOnce() -> bool) -> bool {
         let Ok(mut live) = self.live_children.lock() else {
             return false;
         };
         if !owner_alive() {
             return false;
         }
-        live.insert(child_id.to_string());
+        match live.get_mut(call_id) {
+            Some(tasks) => {
+                tasks.insert(task);
+            }
+            None => {
+                live.insert(call_id.to_string(), std::iter::once(task).collect());
+            }
+        }
         true
     }
 
     /// A child's actor stopped.
-    pub(crate) fn child_stopped(&self, child_id: &str) {
+    pub(crate) fn child_stopped(&self, call_id: &str, task: u32) {
         if let Ok(mut live) = self.live_children.lock() {
-            live.remove(child_id);
+            if let Some(tasks) = live.get_mut(call_id) {
+                tasks.remove(&task);
+                if tasks.is_empty() {
+                    live.remove(call_id);
+                }
+            }
         }
     }
 
-    /// The children whose actor is alive right now.
+    /// The ids of the children whose actor is alive right now.
     pub(crate) fn live_children(&self) -> HashSet<String> {
-        self.live_children.lock().map(|l| l.clone()).unwrap_or_default()
+        let Ok(live) = self.live_children.lock() else {
+            return HashSet::new();
+        };
+        live.iter()
+            .flat_map(|(call, tasks)| tasks.iter().map(|&i| crate::model::child_id(call, i)))
+            .collect()
     }
 
     /// The fence of a session and its current epoch (a new owner writes under it).

@@ -43,16 +43,18 @@ pub struct Unit {
     row: UnitRow,
     engine: Arc<Engine>,
     owner: Addr<SessionOwner>,
-    /// Children started here and not yet stopped, by task index (their addresses keep their
-    /// mailboxes open).
-    children: foldhash::HashMap<u32, Addr<Child>>,
+    /// Children started here and not yet stopped, by their place in `row.tasks` (their
+    /// addresses keep their mailboxes open): one slot per member, allocated once.
+    children: Vec<Option<Addr<Child>>>,
+    /// How many of `children` are set.
+    live: usize,
 }
 
 impl std::fmt::Debug for Unit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Unit")
             .field("unit_id", &self.row.unit_id)
-            .field("children", &self.children.len())
+            .field("children", &self.live)
             .finish()
     }
 }
@@ -61,11 +63,21 @@ impl Unit {
     /// A unit actor for `row`, owned by `owner`.
     pub fn new(row: UnitRow, engine: Arc<Engine>, owner: Addr<SessionOwner>) -> Self {
         Unit {
+            children: Vec::new(),
+            live: 0,
             row,
             engine,
             owner,
-            children: foldhash::HashMap::default(),
         }
+    }
+
+    /// The slot of the member with task index `task` (members are ascending).
+    fn slot(&mut self, task: u32) -> Option<&mut Option<Addr<Child>>> {
+        let at = self.row.tasks.binary_search(&task).ok()?;
+        if self.children.is_empty() {
+            self.children.resize_with(self.row.tasks.len(), || None);
+        }
+        self.children.get_mut(at)
     }
 }
 
@@ -82,14 +94,26 @@ impl Handler<StartChildren> for Unit {
         }
         for (row, task) in msg.children {
             let index = row.task_index;
-            if !self.engine.child_starting(&row.child_id, || self.owner.connected()) {
+            if !self
+                .engine
+                .child_starting(&row.call_id, index, || self.owner.connected())
+            {
                 // The owner that admitted this child died; its successor queues the child
                 // again (it is not among the live children), so starting it here would run
                 // it twice.
                 continue;
             }
             let child = Child::new(row, task, self.engine.clone(), ctx.address());
-            self.children.insert(index, child.start());
+            let addr = child.start();
+            match self.slot(index) {
+                Some(slot) => {
+                    self.live += usize::from(slot.replace(addr).is_none());
+                }
+                // Not a member (an owner never sends one): it runs, unsupervised by this unit.
+                None => {
+                    tracing::warn!(unit = %self.row.unit_id, task = index, "a child not of this unit was started here")
+                }
+            }
         }
     }
 }
@@ -98,8 +122,10 @@ impl Handler<ChildStopped> for Unit {
     type Result = ();
 
     fn handle(&mut self, msg: ChildStopped, ctx: &mut Context<Self>) {
-        self.children.remove(&msg.task_index);
-        if self.children.is_empty() && !self.owner.connected() {
+        if let Some(slot) = self.slot(msg.task_index) {
+            self.live -= usize::from(slot.take().is_some());
+        }
+        if self.live == 0 && !self.owner.connected() {
             ctx.stop(); // orphaned: the restarted owner runs this unit through a new actor
         }
     }
