@@ -61,13 +61,16 @@ pub use brood_actors::events::{ClaimChange, Event, SessionEvent};
 pub use brood_actors::failpoints;
 pub use brood_actors::ledger::{Durability, LedgerError};
 pub use brood_actors::model::{
-    child_id, dedup_key, parse_dedup_key, CallRow, ChildRow, ChildStatus, DeadLetterRow, DelegateRequest, Envelope,
-    ItemKind, Mode, QuarantineRow, Quarantined, ReadyItem, TaskSpec, UnitRow,
+    child_id, dedup_key, parse_dedup_key, unit_id, CallRow, CancelTarget, Cancelled, ChildRow, ChildStatus,
+    DeadLetterRow, DelegateRequest, Envelope, ItemKind, Mode, QuarantineRow, Quarantined, ReadyItem, TaskSpec, UnitRow,
 };
 pub use brood_actors::routing::{ReleaseReason, Turn};
 pub use brood_actors::runner::{Progress, RunContext, RunOutput, Runner, RunnerFactory};
 pub use brood_actors::wake::{Wake, WakeEvent, WakeFactory};
 pub use runners::Runners;
+
+/// The longest cancel reason kept, in characters.
+pub const MAX_CANCEL_REASON: usize = 1000;
 
 /// Settings of a session; unset fields keep their current (or default) value.
 pub use brood_actors::model::SessionSettings as SessionOptions;
@@ -619,6 +622,65 @@ impl Brood {
     /// Items that ran out of delivery attempts.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, BroodError> {
         self.root.send(DeadLetters).await?
+    }
+
+    /// Cancels a call, one of its units, or one child: every unfinished child under it ends
+    /// `cancelled` (a running one's runner is dropped, so a command's process group is killed
+    /// and an external worker's next heartbeat or completion is refused; a queued one never
+    /// starts), recorded durably before this answers, and its slot goes to the next queued
+    /// child. Children that had ended are left as they are and still delivered. A cancelled
+    /// child is an ordinary result of its unit, which goes out whole; its error says who
+    /// cancelled it (`by`), what, and why. Cancelling again, or something finished, changes
+    /// nothing and says so.
+    pub async fn cancel(&self, target: CancelTarget, by: &str, reason: Option<&str>) -> Result<Cancelled, BroodError> {
+        let unknown = || BroodError::UnknownTarget {
+            kind: target.kind(),
+            id: target.id().to_string(),
+        };
+        if let Some(r) = reason {
+            if r.chars().count() > MAX_CANCEL_REASON {
+                return Err(BroodError::invalid(
+                    "reason",
+                    format!(
+                        "is {} characters long; at most {MAX_CANCEL_REASON} are kept",
+                        r.chars().count()
+                    ),
+                ));
+            }
+        }
+        let call_id = target.call_id().ok_or_else(unknown)?.to_string();
+        let mut text = format!("cancelled by {by} ({} {})", target.kind(), target.id());
+        if let Some(r) = reason.map(str::trim).filter(|r| !r.is_empty()) {
+            text = format!("{text}: {r}");
+        }
+        let live = self.engine.calls.get(&call_id).map(|s| s.value().clone());
+        if let Some(session) = live {
+            let msg = owner::Cancel {
+                target: target.clone(),
+                reason: text.clone(),
+                stored: None,
+            };
+            match self.ask(&session, msg).await? {
+                // Its call left memory meanwhile: it is over, and the ledger says how.
+                Err(BroodError::UnknownTarget { .. }) => {}
+                done => return done,
+            }
+        }
+        let stored = self
+            .ledger
+            .find_call(&call_id)
+            .map_err(|e| BroodError::Ledger(Arc::new(e)))?;
+        let stored = stored.ok_or_else(unknown)?;
+        let session = stored.session_id.clone();
+        self.ask(
+            &session,
+            owner::Cancel {
+                target,
+                reason: text,
+                stored: Some(stored),
+            },
+        )
+        .await?
     }
 
     /// Drains the engine before a stop: no queued child starts any more (they stay queued,

@@ -377,8 +377,8 @@ fn a_timed_out_external_child_leaves_the_queue() {
             &format!("/v1/children/{child}/heartbeat"),
             Some(json!({"token": work["token"]})),
         ),
-        404,
-        "unknown_child",
+        409,
+        "child_ended",
     );
     assert_error(
         s.call(
@@ -386,8 +386,8 @@ fn a_timed_out_external_child_leaves_the_queue() {
             &format!("/v1/children/{child}/complete"),
             Some(json!({"token": work["token"], "status": "succeeded"})),
         ),
-        404,
-        "unknown_child",
+        409,
+        "child_ended",
     );
 }
 
@@ -459,4 +459,82 @@ fn bad_worker_input_gets_the_error_shape() {
     // None of that took the child from its worker.
     let (status, _) = s.call("POST", &heartbeat, Some(json!({"token": work["token"]})));
     assert_eq!(status, 200);
+}
+
+#[test]
+fn cancelling_a_command_kills_its_process_group_and_twice_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let pidfile = files.path().join("grandchild.pid");
+    let s = Server::start_with(dir.path(), None, &["--allow-command"]);
+    s.open("k");
+    let reply = delegate(
+        &s,
+        "k",
+        json!({"goal": "hang", "runner": leaves_a_grandchild(&pidfile)}),
+    );
+    let child = format!("{}.0", reply["call_id"].as_str().unwrap());
+    let grandchild = pid_in(&pidfile);
+    let path = format!("/v1/children/{child}/cancel");
+    let (status, done) = s.call("POST", &path, Some(json!({"reason": "no longer wanted"})));
+    assert_eq!(
+        (status, done.clone()),
+        (200, json!({"cancelled": [child.clone()], "already_finished": 0}))
+    );
+    let item = only_result(&s, "k");
+    assert_eq!(item["status"], "cancelled", "{item}");
+    let error = item["error"].as_str().unwrap();
+    assert!(error.contains("no longer wanted") && error.contains(&child), "{error}");
+    wait_until("the grandchild is killed with its group", || gone(grandchild));
+    let (status, again) = s.call("POST", &path, None);
+    assert_eq!((status, again), (200, json!({"cancelled": [], "already_finished": 1})));
+    let (status, err) = s.call("POST", &format!("/v1/children/{child}9/cancel"), None);
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (404, Some("unknown_child")),
+        "{err}"
+    );
+    let (status, err) = s.call("POST", "/v1/units/nothing-1/cancel", None);
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (404, Some("unknown_unit")),
+        "{err}"
+    );
+    let (status, err) = s.call("POST", &path, Some(json!({"why": "typo"})));
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_cancelled_external_child_answers_its_worker_409() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("x");
+    let reply = delegate(&s, "x", json!({"goal": "render", "runner": {"kind": "external"}}));
+    let call = reply["call_id"].as_str().unwrap();
+    let (status, work) = poll(&s, json!({"worker": "w1", "wait_ms": 10_000}));
+    assert_eq!(status, 200, "{work}");
+    let (child, token) = (work["child_id"].as_str().unwrap(), work["token"].as_str().unwrap());
+    let (status, done) = s.call("POST", &format!("/v1/calls/{call}/cancel"), None);
+    assert_eq!(
+        (status, done),
+        (200, json!({"cancelled": [child], "already_finished": 0}))
+    );
+    let (status, beat) = s.call(
+        "POST",
+        &format!("/v1/children/{child}/heartbeat"),
+        Some(json!({"token": token, "progress": "still here"})),
+    );
+    assert_eq!(status, 409, "{beat}");
+    let (status, late) = s.call(
+        "POST",
+        &format!("/v1/children/{child}/complete"),
+        Some(json!({"token": token, "status": "succeeded", "summary": "done anyway", "error": null})),
+    );
+    assert_eq!(status, 409, "{late}");
+    let item = only_result(&s, "x");
+    assert_eq!(item["status"], "cancelled", "{item}");
 }

@@ -31,6 +31,14 @@ pub enum BroodError {
     /// No session with that id was opened.
     #[error("unknown session `{0}`; open it first")]
     UnknownSession(String),
+    /// No call, unit or child with that id is known (in memory or in the ledger).
+    #[error("unknown {kind} `{id}`")]
+    UnknownTarget {
+        /// `call`, `unit` or `child`.
+        kind: &'static str,
+        /// The id asked for.
+        id: String,
+    },
     /// No such claim was made.
     #[error("unknown claim `{0}`")]
     UnknownClaim(String),
@@ -82,6 +90,9 @@ impl BroodError {
             BroodError::EmbedderPanicked { .. } => "embedder_panicked",
             BroodError::UnknownSession(_) => "unknown_session",
             BroodError::UnknownClaim(_) => "unknown_claim",
+            BroodError::UnknownTarget { kind: "call", .. } => "unknown_call",
+            BroodError::UnknownTarget { kind: "unit", .. } => "unknown_unit",
+            BroodError::UnknownTarget { .. } => "unknown_child",
             BroodError::ClaimLost(_) => "claim_lost",
             BroodError::ClaimAcked(_) => "claim_acked",
             BroodError::Ledger(_) => "ledger_error",

@@ -79,6 +79,17 @@ pub enum Event {
         /// What went wrong.
         error: Option<String>,
     },
+    /// A cancel request was applied: the children it cancelled are recorded `cancelled`.
+    Cancel {
+        /// What was cancelled: `call`, `unit` or `child`.
+        kind: &'static str,
+        /// Its id.
+        id: String,
+        /// The children this request cancelled.
+        cancelled: Vec<String>,
+        /// Who asked, and why.
+        reason: String,
+    },
     /// A claim was made or ended.
     Claim {
         /// The claim.
@@ -91,7 +102,8 @@ pub enum Event {
 }
 
 impl Event {
-    /// The event's name on the stream: `child`, `ready`, `wake`, `failure_notice`, `claim`.
+    /// The event's name on the stream: `child`, `ready`, `wake`, `failure_notice`, `claim`,
+    /// `cancel`.
     pub fn name(&self) -> &'static str {
         match self {
             Event::Child { .. } => "child",
@@ -99,6 +111,7 @@ impl Event {
             Event::Wake { .. } => "wake",
             Event::FailureNotice { .. } => "failure_notice",
             Event::Claim { .. } => "claim",
+            Event::Cancel { .. } => "cancel",
         }
     }
 }

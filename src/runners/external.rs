@@ -16,9 +16,9 @@
 //!   longer than the task's `stall_ms` gets the child interrupted even within its lease. The
 //!   task's `timeout_ms` bounds the whole wait, queued or leased.
 //! - **End of the runner.** When the runner is dropped (timeout, stall, cancel, shutdown) or
-//!   returns, its child leaves the queues: a worker that still holds its token then gets
-//!   [`WorkError::UnknownChild`] (404), the same as for an id that was never queued. The queues
-//!   keep nothing of children that ended, so they cannot tell those apart.
+//!   returns, its child leaves the queues. A worker that still held it (brood ended it: a
+//!   cancel, a timeout, a stall) then gets [`WorkError::Ended`] (409): the queues remember the
+//!   last [`ENDED_KEPT`] such children. Any other id gets [`WorkError::UnknownChild`] (404).
 //!
 //! The queues are shared between the engine's runner thread (runners are `!Send` futures) and
 //! the HTTP workers: one `std` mutex over the `Book` (pure bookkeeping, every decision takes
@@ -26,7 +26,7 @@
 //! that carries the worker's output to its runner. Nothing is durable here: after a restart,
 //! recovery decides what becomes of a child that was queued or leased (DESIGN.md I6).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -105,6 +105,12 @@ pub enum WorkError {
     /// stalled, cancelled, or the server stopped).
     #[error("no worker queue holds child `{0}`: the id is wrong, or the child ended (completed, timed out, stalled or cancelled)")]
     UnknownChild(String),
+    /// Brood ended the child while this worker held it (it was cancelled, or it timed out or
+    /// stalled): the worker should stop working on it; what it reports is not taken.
+    #[error(
+        "child `{0}` was ended by brood (cancelled, timed out or stalled) while a worker held it; stop working on it"
+    )]
+    Ended(String),
     /// The token is not the child's current lease: it ran out (the child went back to its
     /// queue) or the token is wrong. The worker should stop working on the child.
     #[error("the token is not the current lease of child `{0}`: the lease ran out and the child went back to its queue, or the token is wrong; stop working on it")]
@@ -155,7 +161,14 @@ struct Book<P> {
     entries: HashMap<String, Entry<P>>,
     waiting: HashMap<String, VecDeque<String>>,
     next_ticket: u64,
+    /// Children brood ended while a worker held them (cancelled, timed out, stalled), newest
+    /// last, at most [`ENDED_KEPT`]: their worker's next call is answered 409, not 404.
+    ended: VecDeque<String>,
+    ended_set: HashSet<String>,
 }
+
+/// How many children brood took from their workers are remembered as such.
+const ENDED_KEPT: usize = 10_000;
 
 impl<P> Default for Book<P> {
     fn default() -> Self {
@@ -163,6 +176,8 @@ impl<P> Default for Book<P> {
             entries: HashMap::new(),
             waiting: HashMap::new(),
             next_ticket: 0,
+            ended: VecDeque::new(),
+            ended_set: HashSet::new(),
         }
     }
 }
@@ -219,11 +234,20 @@ impl<P: Clone> Book<P> {
         }
     }
 
-    /// Removes the run `ticket` of a child (its runner ended).
+    /// Removes the run `ticket` of a child (its runner ended). One a worker held and did not
+    /// complete was ended by brood: it is remembered, so that worker hears 409.
     fn remove(&mut self, child_id: &str, ticket: u64) {
         if self.entries.get(child_id).is_some_and(|e| e.ticket == ticket) {
             if let Some(e) = self.entries.remove(child_id) {
                 self.unwait(child_id, &e.queue);
+                if e.lease.is_some() && self.ended_set.insert(child_id.to_string()) {
+                    self.ended.push_back(child_id.to_string());
+                    if self.ended.len() > ENDED_KEPT {
+                        if let Some(old) = self.ended.pop_front() {
+                            self.ended_set.remove(&old);
+                        }
+                    }
+                }
             }
         }
     }
@@ -292,10 +316,11 @@ impl<P: Clone> Book<P> {
     /// The entry of a child whose current lease `token` is, after taking back a lapsed lease.
     fn leased(&mut self, child_id: &str, token: &str, now: Instant) -> Result<&mut Entry<P>, WorkError> {
         self.expire(child_id, now);
-        let entry = self
-            .entries
-            .get_mut(child_id)
-            .ok_or_else(|| WorkError::UnknownChild(child_id.to_string()))?;
+        let ended = self.ended_set.contains(child_id);
+        let entry = self.entries.get_mut(child_id).ok_or_else(|| match ended {
+            true => WorkError::Ended(child_id.to_string()),
+            false => WorkError::UnknownChild(child_id.to_string()),
+        })?;
         match &entry.lease {
             Some(l) if l.token == token => Ok(entry),
             _ => Err(WorkError::StaleToken(child_id.to_string())),

@@ -67,6 +67,7 @@ impl From<BroodError> for ApiError {
             }
             BroodError::UnknownSession(_) => (StatusCode::NOT_FOUND, "unknown_session"),
             BroodError::UnknownClaim(_) => (StatusCode::NOT_FOUND, "unknown_claim"),
+            BroodError::UnknownTarget { .. } => (StatusCode::NOT_FOUND, e.code()),
             BroodError::ClaimLost(_) => (StatusCode::CONFLICT, "claim_lost"),
             BroodError::ClaimAcked(_) => (StatusCode::CONFLICT, "claim_acked"),
             BroodError::EmbedderPanicked { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "runner_factory_panicked"),
@@ -180,6 +181,15 @@ pub struct ReleaseBody {
     /// Least time before the items are ready again.
     #[serde(default)]
     pub retry_after_ms: u64,
+}
+
+/// `POST /v1/{calls,units,children}/{id}/cancel` (the body is optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    /// Why: kept in each cancelled child's error.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// An item as an envelope (or a sync reply) carries it.

@@ -45,6 +45,12 @@ fn data(ev: &SessionEvent) -> Value {
             status,
             error,
         } => json!({"child_id": child_id, "call_id": call_id, "status": status, "error": error}),
+        Event::Cancel {
+            kind,
+            id,
+            cancelled,
+            reason,
+        } => json!({"kind": kind, "id": id, "cancelled": cancelled, "reason": reason}),
         Event::Claim {
             claim_id,
             change,

@@ -167,6 +167,9 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
                     .route("/dead-letters", web::get().to(routes::dead_letters))
                     .route("/openapi.json", web::get().to(openapi::document))
                     .route("/workers/poll", web::post().to(workers::poll))
+                    .route("/calls/{call_id}/cancel", web::post().to(routes::cancel_call))
+                    .route("/units/{unit_id}/cancel", web::post().to(routes::cancel_unit))
+                    .route("/children/{child_id}/cancel", web::post().to(routes::cancel_child))
                     .route("/children/{child_id}/heartbeat", web::post().to(workers::heartbeat))
                     .route("/children/{child_id}/complete", web::post().to(workers::complete))
                     .default_service(web::to(routes::not_found)),

@@ -264,6 +264,30 @@ pub(super) async fn release(state: web::Data<State>, path: web::Path<String>, pa
     Ok(HttpResponse::Ok().json(json!({"claim_id": claim_id, "released": true})))
 }
 
+/// `POST /v1/calls/{id}/cancel`.
+pub(super) async fn cancel_call(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+    cancel(state, crate::CancelTarget::Call(path.into_inner()), payload).await
+}
+
+/// `POST /v1/units/{id}/cancel`.
+pub(super) async fn cancel_unit(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+    cancel(state, crate::CancelTarget::Unit(path.into_inner()), payload).await
+}
+
+/// `POST /v1/children/{id}/cancel`.
+pub(super) async fn cancel_child(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+    cancel(state, crate::CancelTarget::Child(path.into_inner()), payload).await
+}
+
+async fn cancel(state: web::Data<State>, target: crate::CancelTarget, payload: web::Payload) -> Reply {
+    let body: api::CancelBody = api::parse(&body(&state, payload).await?)?;
+    let done = state
+        .brood
+        .cancel(target, "an API request", body.reason.as_deref())
+        .await?;
+    Ok(HttpResponse::Ok().json(done))
+}
+
 pub(super) async fn dead_letters(state: web::Data<State>) -> Reply {
     let rows = state.brood.dead_letters().await?;
     let items: Vec<serde_json::Value> = rows

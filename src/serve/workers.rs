@@ -4,8 +4,9 @@
 //! checks their bounds and shapes the replies.
 //!
 //! A token that is not the child's current lease (the lease ran out, or the token is wrong)
-//! answers 409 `stale_token`; a child no queue holds — an id that was never queued, or a child
-//! that ended (completed, timed out, stalled, cancelled) — answers 404 `unknown_child`.
+//! answers 409 `stale_token`; a child brood ended while a worker held it (cancelled, timed out,
+//! stalled) answers 409 `child_ended`; a child no queue holds otherwise — an id that was never
+//! queued, or one its worker completed — answers 404 `unknown_child`.
 
 use std::time::Duration;
 
@@ -91,6 +92,7 @@ impl From<WorkError> for ApiError {
         let (status, code) = match &e {
             WorkError::UnknownChild(_) => (StatusCode::NOT_FOUND, "unknown_child"),
             WorkError::StaleToken(_) => (StatusCode::CONFLICT, "stale_token"),
+            WorkError::Ended(_) => (StatusCode::CONFLICT, "child_ended"),
         };
         ApiError::new(status, code, e.to_string())
     }

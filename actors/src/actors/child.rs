@@ -23,6 +23,14 @@ use crate::runner::{Progress, RunContext, RunOutput};
 const HANDOFF_BACKOFF_START: Duration = Duration::from_millis(10);
 const HANDOFF_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
+/// Stop the child's runner and end it `cancelled` (its owner recorded it so already).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Cancel {
+    /// Who cancelled it, and why (its error text).
+    pub reason: String,
+}
+
 /// One task execution.
 pub struct Child {
     row: ChildRow,
@@ -34,6 +42,8 @@ pub struct Child {
     runner: Option<SpawnHandle>,
     ended: bool,
     backoff: Duration,
+    /// Cancelled before it started: it ends at once, its runner never built.
+    cancelled: Option<String>,
 }
 
 impl std::fmt::Debug for Child {
@@ -49,6 +59,7 @@ impl Child {
     /// A child for `row` (already marked running by its owner), supervised by `unit`.
     pub fn new(row: ChildRow, task: Task, engine: Arc<Engine>, unit: Addr<Unit>) -> Self {
         Child {
+            cancelled: None,
             row,
             task,
             engine,
@@ -58,6 +69,19 @@ impl Child {
             ended: false,
             backoff: HANDOFF_BACKOFF_START,
         }
+    }
+
+    /// A child cancelled before it started: it ends `cancelled` as it starts (`reason` is its
+    /// error text).
+    pub fn cancelled(mut self, reason: Option<String>) -> Self {
+        self.cancelled = reason;
+        self
+    }
+
+    /// Ends the child `cancelled`, its runner dropped (a command's process group is killed).
+    fn cancel(&mut self, ctx: &mut Context<Self>, reason: String) {
+        let partial = self.progress.take_partial();
+        self.end(ctx, ChildStatus::Cancelled, partial, Some(reason));
     }
 
     fn end(&mut self, ctx: &mut Context<Self>, status: ChildStatus, summary: Option<String>, error: Option<String>) {
@@ -89,7 +113,7 @@ impl Child {
         }
         .into_actor(self)
         .map(|res, act, ctx| match res {
-            Ok(()) => ctx.stop(),
+            Ok(_) => ctx.stop(),
             Err(_) if !super::running(ctx) => {} // shutting down: the ledger recovers the rest
             Err(e) => {
                 tracing::warn!(child = %act.row.child_id, retry_in = ?act.backoff, "hand-off failed: {e}");
@@ -133,6 +157,9 @@ impl Actor for Child {
     fn started(&mut self, ctx: &mut Context<Self>) {
         // The runner starts now, and so do its clocks (a queued child's stall clock never runs).
         self.progress = Progress::new();
+        if let Some(reason) = self.cancelled.take() {
+            return self.cancel(ctx, reason);
+        }
         let run_ctx = RunContext {
             child_id: self.row.child_id.clone(),
             goal: std::mem::take(&mut self.task.goal),
@@ -196,5 +223,13 @@ impl Actor for Child {
         ctx.run_later(Duration::from_millis(self.task.stall_ms), |act, ctx| {
             act.check_stall(ctx)
         });
+    }
+}
+
+impl Handler<Cancel> for Child {
+    type Result = ();
+
+    fn handle(&mut self, msg: Cancel, ctx: &mut Context<Self>) {
+        self.cancel(ctx, msg.reason);
     }
 }

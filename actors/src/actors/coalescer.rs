@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use super::owner::Recorded;
 use super::Owners;
 use crate::ledger::{Ledger, LedgerError};
-use crate::model::ChildRow;
+use crate::model::{ChildRow, ChildStatus};
 
 /// Rows written per batch at most; more wait for the next batch.
 const MAX_BATCH: usize = 8192;
@@ -38,9 +38,11 @@ pub enum HandOffError {
     Stopped,
 }
 
-/// A terminal child row to record and publish.
+/// A terminal child row to record and publish. Answered, once its owner recorded it, with
+/// the status stored: the row's own, or that of a terminal row recorded before it (a retried
+/// hand-off, or a child cancelled while it ended).
 #[derive(Debug, Message)]
-#[rtype(result = "Result<(), HandOffError>")]
+#[rtype(result = "Result<ChildStatus, HandOffError>")]
 pub struct Completion {
     /// The terminal row.
     pub row: ChildRow,
@@ -48,7 +50,7 @@ pub struct Completion {
 
 struct Pending {
     row: ChildRow,
-    reply: oneshot::Sender<Result<(), HandOffError>>,
+    reply: oneshot::Sender<Result<ChildStatus, HandOffError>>,
 }
 
 /// Group commit of completions.
@@ -153,17 +155,20 @@ fn fail_all(batch: Vec<Pending>, what: &str, e: &LedgerError) {
     }
 }
 
+/// A session's share of a batch: its rows as stored, and each child with its stored status.
+type SessionShare = (Vec<ChildRow>, Vec<(Pending, ChildStatus)>);
+
 /// One future per session: give its owner the recorded rows, then answer their children.
 fn hand_offs(
     owners: &Owners,
     stored: Vec<ChildRow>,
     batch: Vec<Pending>,
 ) -> Vec<impl std::future::Future<Output = ()> + 'static> {
-    let mut by_session: HashMap<String, (Vec<ChildRow>, Vec<Pending>)> = HashMap::new();
+    let mut by_session: HashMap<String, SessionShare> = HashMap::new();
     for (row, pending) in stored.into_iter().zip(batch) {
         let entry = by_session.entry(row.session_id.clone()).or_default();
+        entry.1.push((pending, row.status));
         entry.0.push(row);
-        entry.1.push(pending);
     }
     by_session
         .into_iter()
@@ -180,8 +185,8 @@ fn hand_offs(
                     tracing::warn!(session = %session, "recorded results of a session no owner serves");
                     Ok(())
                 };
-                for p in pending {
-                    let _ = p.reply.send(res.clone().map_err(HandOffError::Owner));
+                for (p, status) in pending {
+                    let _ = p.reply.send(res.clone().map(|()| status).map_err(HandOffError::Owner));
                 }
             }
         })
@@ -193,7 +198,7 @@ impl Actor for Coalescer {
 }
 
 impl Handler<Completion> for Coalescer {
-    type Result = ResponseFuture<Result<(), HandOffError>>;
+    type Result = ResponseFuture<Result<ChildStatus, HandOffError>>;
 
     fn handle(&mut self, msg: Completion, ctx: &mut Context<Self>) -> Self::Result {
         if crate::failpoints::fires("coalescer_handler") {

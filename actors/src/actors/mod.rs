@@ -51,6 +51,8 @@ pub struct Engine {
     /// The routing threads session owners are spread over (by a hash of the session id, so a
     /// rebuilt owner lands where its predecessor was); none: owners run on the system arbiter.
     pub routing_arbiters: Vec<ArbiterHandle>,
+    /// The session of each call an owner holds in memory (a cancel names only its call).
+    pub calls: Arc<DashMap<String, String>>,
     /// The last turn state of each session, so a restarted owner keeps it.
     pub turns: Arc<DashMap<String, crate::routing::Turn>>,
     /// Where owners tell live observers what they applied.
@@ -89,6 +91,7 @@ impl Engine {
             routing_arbiters: Vec::new(),
             commit_arbiter: None,
             turns: Arc::new(DashMap::new()),
+            calls: Arc::new(DashMap::new()),
             events: crate::events::Events::default(),
             commit_window: std::time::Duration::ZERO,
             admitting: Arc::new(std::sync::atomic::AtomicBool::new(true)),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::child::Child;
+use super::child::{Cancel, Child};
 use super::owner::SessionOwner;
 use super::Engine;
 use crate::model::{ChildRow, Task, UnitRow};
@@ -23,6 +23,17 @@ use crate::model::{ChildRow, Task, UnitRow};
 pub struct StartChildren {
     /// Each child's row and task.
     pub children: Vec<(ChildRow, Task)>,
+}
+
+/// Cancel members: a running one is told to end `cancelled`; one not started here yet ends so
+/// as it starts (the owner recorded them cancelled already).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct CancelChildren {
+    /// Their task indexes.
+    pub tasks: Vec<u32>,
+    /// Who cancelled them, and why.
+    pub reason: String,
 }
 
 /// The unit is complete: every member is recorded; the unit actor stops.
@@ -48,6 +59,8 @@ pub struct Unit {
     children: Vec<Option<Addr<Child>>>,
     /// How many of `children` are set.
     live: usize,
+    /// Members cancelled before they started here, with why: they end as they start.
+    cancelled: Vec<(u32, String)>,
 }
 
 impl std::fmt::Debug for Unit {
@@ -65,6 +78,7 @@ impl Unit {
         Unit {
             children: Vec::new(),
             live: 0,
+            cancelled: Vec::new(),
             row,
             engine,
             owner,
@@ -103,7 +117,12 @@ impl Handler<StartChildren> for Unit {
                 // it twice.
                 continue;
             }
-            let child = Child::new(row, task, self.engine.clone(), ctx.address());
+            let cancelled = self
+                .cancelled
+                .iter()
+                .position(|(t, _)| *t == index)
+                .map(|at| self.cancelled.swap_remove(at).1);
+            let child = Child::new(row, task, self.engine.clone(), ctx.address()).cancelled(cancelled);
             let addr = child.start();
             match self.slot(index) {
                 Some(slot) => {
@@ -136,5 +155,21 @@ impl Handler<UnitComplete> for Unit {
 
     fn handle(&mut self, _: UnitComplete, ctx: &mut Context<Self>) {
         ctx.stop();
+    }
+}
+
+impl Handler<CancelChildren> for Unit {
+    type Result = ();
+
+    fn handle(&mut self, msg: CancelChildren, _: &mut Context<Self>) {
+        for task in msg.tasks {
+            match self.slot(task) {
+                Some(Some(child)) => child.do_send(Cancel {
+                    reason: msg.reason.clone(),
+                }),
+                Some(None) => self.cancelled.push((task, msg.reason.clone())),
+                None => {}
+            }
+        }
     }
 }

@@ -252,6 +252,9 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     fn put_claim(&self, row: &ClaimRow) -> Result<(), LedgerError>;
     /// The ack row of a claim of `session_id`, if it was acknowledged durably.
     fn ack(&self, session_id: &str, claim_id: &str) -> Result<Option<AckRow>, LedgerError>;
+    /// The stored row of the call `call_id`, whatever its session (a lookup for a call no owner
+    /// holds in memory any more: off every hot path, it may read every call's key).
+    fn find_call(&self, call_id: &str) -> Result<Option<CallRow>, LedgerError>;
     /// Every dead letter.
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError>;
     /// Makes every write so far durable, as [`Ledger::durability`] says; returns the bytes

@@ -525,6 +525,26 @@ impl Ledger for SledLedger {
         }
     }
 
+    fn find_call(&self, call_id: &str) -> Result<Option<CallRow>, LedgerError> {
+        let mut suffix = Vec::with_capacity(call_id.len() + 1);
+        suffix.push(0);
+        suffix.extend_from_slice(call_id.as_bytes());
+        for kv in self.calls.iter() {
+            let (k, v) = kv?;
+            if k.ends_with(&suffix) {
+                let row: CallRow = codec::decode(&v).map_err(|source| LedgerError::Codec {
+                    tree: CALLS,
+                    key: call_id.to_string(),
+                    source,
+                })?;
+                if row.call_id == call_id {
+                    return Ok(Some(row));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError> {
         self.scan(&self.dead_letters, DEAD_LETTERS, None)
     }

@@ -474,6 +474,91 @@ pub fn unit_id(call_id: &str, k: usize) -> String {
     format!("{call_id}-{k}")
 }
 
+/// Splits an id `<call><sep><n>` into its call and number. The number must be written as
+/// [`child_id`] and [`unit_id`] write it (decimal digits, no sign, no leading zero), so one id
+/// never names another's place.
+fn split_id(id: &str, sep: char) -> Option<(&str, u32)> {
+    let (call, n) = id.rsplit_once(sep)?;
+    let canonical = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
+    if !canonical || call.is_empty() {
+        return None;
+    }
+    Some((call, n.parse().ok()?))
+}
+
+/// A child id's call and task index, if it is one.
+pub fn parse_child_id(id: &str) -> Option<(&str, u32)> {
+    split_id(id, '.')
+}
+
+/// A unit id's call and ordinal k (from 1), if it is one.
+pub fn parse_unit_id(id: &str) -> Option<(&str, u32)> {
+    split_id(id, '-').filter(|&(_, k)| k >= 1)
+}
+
+/// What a cancel request names: a call, one of its units, or one child.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelTarget {
+    /// Every child of the call.
+    Call(String),
+    /// Every member of the unit.
+    Unit(String),
+    /// One child.
+    Child(String),
+}
+
+impl CancelTarget {
+    /// `call`, `unit` or `child`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CancelTarget::Call(_) => "call",
+            CancelTarget::Unit(_) => "unit",
+            CancelTarget::Child(_) => "child",
+        }
+    }
+
+    /// The id it names.
+    pub fn id(&self) -> &str {
+        match self {
+            CancelTarget::Call(id) | CancelTarget::Unit(id) | CancelTarget::Child(id) => id,
+        }
+    }
+
+    /// The call it is in; none when the id is not one brood makes.
+    pub fn call_id(&self) -> Option<&str> {
+        match self {
+            CancelTarget::Call(id) => Some(id),
+            CancelTarget::Unit(id) => parse_unit_id(id).map(|(c, _)| c),
+            CancelTarget::Child(id) => parse_child_id(id).map(|(c, _)| c),
+        }
+    }
+
+    /// The task indexes of `call` it covers; none when it names nothing in that call.
+    pub fn tasks(&self, call: &CallRow) -> Option<Vec<u32>> {
+        let n = u32::try_from(call.tasks.len()).unwrap_or(u32::MAX);
+        match self {
+            CancelTarget::Call(_) => Some((0..n).collect()),
+            CancelTarget::Child(id) => parse_child_id(id).map(|(_, i)| i).filter(|&i| i < n).map(|i| vec![i]),
+            CancelTarget::Unit(id) => {
+                let (_, k) = parse_unit_id(id)?;
+                plan_units(&call.call_id, &call.tasks, call.independent_completions)
+                    .into_iter()
+                    .nth(k as usize - 1)
+                    .map(|u| u.tasks)
+            }
+        }
+    }
+}
+
+/// What a cancel request did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cancelled {
+    /// The children this request cancelled (they are recorded `cancelled`), by task index.
+    pub cancelled: Vec<String>,
+    /// Children under the target that had already ended when the request came.
+    pub already_finished: usize,
+}
+
 /// A child id from its call and 0-based task index.
 pub fn child_id(call_id: &str, index: u32) -> String {
     format!("{call_id}.{index}")

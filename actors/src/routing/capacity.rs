@@ -47,6 +47,16 @@ impl<K: Clone + Eq + Hash> Capacity<K> {
         }
     }
 
+    /// Withdraws children, running or queued (cancelled), in one pass over the queue.
+    pub fn withdraw(&mut self, keys: &HashSet<K>) {
+        for k in keys {
+            self.running.remove(k);
+        }
+        if !keys.is_empty() {
+            self.queue.retain(|k| !keys.contains(k));
+        }
+    }
+
     /// Free slots: how many more children may run now.
     pub fn room(&self) -> usize {
         self.max.saturating_sub(self.running.len())

@@ -27,6 +27,8 @@ pub(super) struct CallState {
     children: Vec<Option<ChildRow>>,
     /// The position in `units` of each task's unit, by task index.
     unit_of: Vec<u32>,
+    /// Tasks whose cancel is being recorded (or was): nothing starts or requeues them.
+    pub(super) cancelling: foldhash::HashSet<u32>,
     pub(super) incomplete_units: usize,
     /// The caller of a sync call, until its results are handed over.
     pub(super) sync_reply: Option<SyncWaiter>,
@@ -45,6 +47,11 @@ impl CallState {
     /// The row of its task `i`'s child.
     pub(super) fn child(&self, i: u32) -> Option<&ChildRow> {
         self.children.get(i as usize)?.as_ref()
+    }
+
+    /// The position in `units` of its task `i`'s unit.
+    pub(super) fn unit_pos(&self, i: u32) -> Option<usize> {
+        self.unit_of.get(i as usize).map(|&u| u as usize)
     }
 
     /// The unit of its task `i`.
@@ -83,16 +90,12 @@ pub(super) struct Book {
     delivered_live: u64,
 }
 
-/// Splits an id `<call><sep><n>` into its call and number. The number must be written as
-/// [`child_id`] and [`unit_id`] write it (decimal digits, no sign, no leading zero), so one id
-/// never names another's place.
+/// A child's or a unit's call and number (see [`parse_child_id`], [`parse_unit_id`]).
 fn split_id(id: &str, sep: char) -> Option<(&str, u32)> {
-    let (call, n) = id.rsplit_once(sep)?;
-    let canonical = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
-    if !canonical {
-        return None;
+    match sep {
+        '-' => parse_unit_id(id),
+        _ => parse_child_id(id),
     }
-    Some((call, n.parse().ok()?))
 }
 
 impl Book {
@@ -145,6 +148,7 @@ impl Book {
                 units,
                 children: slots,
                 unit_of,
+                cancelling: Default::default(),
                 incomplete_units: incomplete,
                 sync_reply: None,
                 awaiting_receipt: false,
@@ -175,6 +179,13 @@ impl Book {
     pub(super) fn unit_mut(&mut self, unit_id: &str) -> Option<&mut UnitState> {
         let (call, k) = split_id(unit_id, '-')?;
         self.calls.get_mut(call)?.units.get_mut(k.checked_sub(1)? as usize)
+    }
+
+    /// Whether a cancel of the child `row` is being recorded (or was).
+    pub(super) fn cancelling(&self, row: &ChildRow) -> bool {
+        self.calls
+            .get(&row.call_id)
+            .is_some_and(|c| c.cancelling.contains(&row.task_index))
     }
 
     /// The task of a child.

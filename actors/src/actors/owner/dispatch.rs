@@ -118,6 +118,7 @@ impl SessionOwner {
                 act.emit_child(c);
             }
             let booked: Vec<(UnitRow, usize, Option<u32>)> = units.iter().map(|u| (u.clone(), 0, None)).collect();
+            act.engine.calls.insert(call_id.clone(), act.session.session_id.clone());
             act.book.insert_call(call, booked, children);
             match mode {
                 Mode::Sync => act.wait_sync(&call_id, reply, units, forced_sync_reason),
@@ -275,6 +276,8 @@ impl SessionOwner {
             restore,
             then: Box::new(move |act, ctx, res| match res {
                 Ok(()) => {
+                    // One cancelled meanwhile stays as its cancel left it, and does not start.
+                    let marked: Vec<ChildRow> = marked.into_iter().filter(|r| !act.book.cancelling(r)).collect();
                     for row in &marked {
                         act.book.put_child(row.clone());
                     }
@@ -325,7 +328,7 @@ impl SessionOwner {
         let Some(current) = self.book.child(&child_id).cloned() else {
             return Decided::Done;
         };
-        if current.status != ChildStatus::Running {
+        if current.status != ChildStatus::Running || self.book.cancelling(&current) {
             return Decided::Done;
         }
         let mut queued = current.clone();
@@ -368,6 +371,9 @@ impl SessionOwner {
         let mut batches: Vec<UnitBatch> = Vec::new();
         let mut batch_of: foldhash::HashMap<String, usize> = foldhash::HashMap::default();
         for row in rows {
+            if self.book.cancelling(&row) {
+                continue; // its cancel is recorded instead
+            }
             self.emit_child(&row);
             let Some(task) = self.book.task_of(&row).cloned() else {
                 continue;

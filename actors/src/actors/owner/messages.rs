@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use actix::prelude::*;
 
 use crate::error::BroodError;
-use crate::model::{CallRow, ChildRow, DelegateRequest, Envelope, ReadyItem, SessionSettings, UnitRow};
+use crate::model::{
+    CallRow, CancelTarget, Cancelled, ChildRow, DelegateRequest, Envelope, ReadyItem, SessionSettings, UnitRow,
+};
 use crate::routing::{ReleaseReason, Turn};
 
 /// Accept a call. The request is shared with the caller, who gets it back when the call is
@@ -119,6 +121,18 @@ pub struct SessionInfo {
     pub max_concurrent_children: u32,
     /// Dead-letter limit.
     pub max_delivery_attempts: u32,
+}
+
+/// Cancel a call, a unit or a child: every unfinished child under it is recorded `cancelled`.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Cancelled, BroodError>")]
+pub struct Cancel {
+    /// What to cancel.
+    pub target: CancelTarget,
+    /// Who cancelled, and why: the cancelled children's error text.
+    pub reason: String,
+    /// The call's stored row, when no owner holds the call in memory (it is over).
+    pub stored: Option<CallRow>,
 }
 
 /// Stops the owner; its supervisor, which asked, rebuilds it from the ledger (see

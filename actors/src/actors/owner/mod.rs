@@ -16,6 +16,7 @@
 //! earliest one.
 
 mod book;
+mod cancel;
 mod claims;
 mod dispatch;
 pub mod messages;
@@ -208,6 +209,7 @@ impl SessionOwner {
             if self.book.settled(&call_id, |k| self.router.is_open(k)) {
                 let router = &mut self.router;
                 self.book.drop_call(&call_id, |key| router.forget(key));
+                self.engine.calls.remove(&call_id);
             }
         }
     }
@@ -398,6 +400,15 @@ impl Handler<SyncReceived> for SessionOwner {
         Box::pin(async move {
             let _ = rx.await;
         })
+    }
+}
+
+impl Handler<Cancel> for SessionOwner {
+    type Result = ResponseFuture<Result<Cancelled, BroodError>>;
+
+    fn handle(&mut self, msg: Cancel, _: &mut Context<Self>) -> Self::Result {
+        self.fault_point();
+        self.cancel(msg.target, msg.reason, msg.stored)
     }
 }
 

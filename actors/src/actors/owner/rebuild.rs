@@ -43,6 +43,10 @@ impl SessionOwner {
                 .into_iter()
                 .map(|u| (u.row, u.terminal, u.recorded_before_exit))
                 .collect();
+            owner
+                .engine
+                .calls
+                .insert(call.row.call_id.clone(), owner.session.session_id.clone());
             owner.book.insert_call(call.row, units, call.children);
         }
         for id in plan.queue {

@@ -23,7 +23,9 @@ impl SessionOwner {
             }
             // Delivery state is the owner's; the child's copy of it may be stale.
             (row.result, row.notice) = (known.result, known.notice);
-            self.capacity.finish(&row.child_id);
+            if !self.book.cancelling(&row) {
+                self.capacity.finish(&row.child_id); // a cancelled child left capacity as it was cancelled
+            }
             if !self.book.rowed.is_empty() {
                 self.book.rowed.remove(&row.child_id);
             }

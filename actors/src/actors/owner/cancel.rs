@@ -1,0 +1,157 @@
+//! Cancelling a call, a unit or one child.
+//!
+//! Every unfinished child under the target is recorded `cancelled` through the coalescer, as
+//! any child's end is (so the first terminal row wins: a child that really ended first keeps
+//! its own end, and is not counted as cancelled). Queued children leave the queue at once and
+//! never start; running ones are told to stop (their runner is dropped, a command's process
+//! group killed). The request is answered once the rows are recorded: the slots they held are
+//! free, and a cancelled child's unit goes out whole like any other (a cancel raises no failure
+//! notice).
+
+use actix::prelude::*;
+use futures::future::join_all;
+
+use super::SessionOwner;
+use crate::actors::coalescer::Completion;
+use crate::actors::unit::CancelChildren;
+use crate::error::BroodError;
+use crate::events::Event;
+use crate::model::*;
+
+/// What cancelling a target decided: the rows to record, and the units to tell.
+struct Decision {
+    rows: Vec<ChildRow>,
+    already_finished: usize,
+}
+
+impl SessionOwner {
+    /// Cancels what `target` names; `stored` is its call's row when no owner holds the call
+    /// in memory (it ended, so nothing under it can be cancelled).
+    pub(super) fn cancel(
+        &mut self,
+        target: CancelTarget,
+        reason: String,
+        stored: Option<CallRow>,
+    ) -> ResponseFuture<Result<Cancelled, BroodError>> {
+        let unknown = || BroodError::UnknownTarget {
+            kind: target.kind(),
+            id: target.id().to_string(),
+        };
+        let decided = match target.call_id().filter(|c| self.book.calls.contains_key(*c)) {
+            Some(_) => self.decide_cancel(&target, &reason).ok_or_else(unknown),
+            None => match stored.as_ref().and_then(|row| target.tasks(row)) {
+                Some(tasks) => Ok(Decision {
+                    rows: Vec::new(),
+                    already_finished: tasks.len(),
+                }),
+                None => Err(unknown()),
+            },
+        };
+        let decision = match decided {
+            Ok(d) => d,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        let coalescer = self.engine.coalescer();
+        let events = self.engine.events.clone();
+        let session = self.session.session_id.clone();
+        Box::pin(async move {
+            let Decision { rows, already_finished } = decision;
+            if rows.is_empty() {
+                return Ok(Cancelled {
+                    cancelled: Vec::new(),
+                    already_finished,
+                });
+            }
+            let coalescer = coalescer.ok_or(BroodError::Stopped)?;
+            let cancelled = record_all(&coalescer, rows).await?;
+            events.emit(&session, || Event::Cancel {
+                kind: target.kind(),
+                id: target.id().to_string(),
+                cancelled: cancelled.clone(),
+                reason,
+            });
+            Ok(Cancelled {
+                cancelled,
+                already_finished,
+            })
+        })
+    }
+
+    /// Marks the unfinished children under `target` cancelled in the book (so nothing starts
+    /// them), takes them out of capacity, tells the units of those that run to stop them, and
+    /// returns their cancelled rows to record. None: the target names nothing in its call.
+    fn decide_cancel(&mut self, target: &CancelTarget, reason: &str) -> Option<Decision> {
+        let call = self.book.calls.get_mut(target.call_id()?)?;
+        let tasks = target.tasks(&call.row)?;
+        let now = now_ms();
+        let mut decision = Decision {
+            rows: Vec::new(),
+            already_finished: 0,
+        };
+        let mut stop: Vec<(usize, u32)> = Vec::new();
+        for task in tasks {
+            let Some(row) = call.child(task) else {
+                // Recovery found this child's row damaged and resolved it: it is over.
+                decision.already_finished += 1;
+                continue;
+            };
+            if row.status.is_terminal() {
+                decision.already_finished += 1;
+                continue;
+            }
+            let mut row = row.clone();
+            if !call.cancelling.insert(task) {
+                continue; // an earlier cancel of it is being recorded
+            }
+            if row.status == ChildStatus::Running {
+                stop.extend(call.unit_pos(task).map(|u| (u, task)));
+            }
+            row.status = ChildStatus::Cancelled;
+            row.finished_at_ms = Some(now);
+            row.summary = None;
+            row.error = Some(reason.to_string());
+            decision.rows.push(row);
+        }
+        stop.sort_unstable();
+        for run in stop.chunk_by(|a, b| a.0 == b.0) {
+            if let Some(addr) = call.units.get(run[0].0).and_then(|u| u.addr.as_ref()) {
+                // A unit that has not started them yet ends them as they start.
+                addr.do_send(CancelChildren {
+                    tasks: run.iter().map(|&(_, t)| t).collect(),
+                    reason: reason.to_string(),
+                });
+            }
+        }
+        let keys: foldhash::HashSet<String> = decision.rows.iter().map(|r| r.child_id.clone()).collect();
+        self.capacity.withdraw(&keys);
+        Some(decision)
+    }
+}
+
+/// Hands the cancelled rows to the coalescer, each as a child's end is handed over (a failed
+/// hand-off is tried again, as a child tries again); the ids of those it stored `cancelled`.
+async fn record_all(
+    coalescer: &Addr<crate::actors::coalescer::Coalescer>,
+    rows: Vec<ChildRow>,
+) -> Result<Vec<String>, BroodError> {
+    let sends = rows.into_iter().map(|row| async move {
+        let mut backoff = std::time::Duration::from_millis(10);
+        loop {
+            match coalescer.send(Completion { row: row.clone() }).await {
+                Ok(Ok(status)) => return Ok((row.child_id, status)),
+                Ok(Err(e)) => {
+                    tracing::warn!(child = %row.child_id, retry_in = ?backoff, "recording a cancel failed: {e}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+                }
+                Err(_) => return Err(BroodError::Stopped),
+            }
+        }
+    });
+    let stored = join_all(sends).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+    Ok(stored
+        .into_iter()
+        .filter(|(_, status)| *status == ChildStatus::Cancelled)
+        .map(|(id, _)| id)
+        .collect())
+}

@@ -1,0 +1,349 @@
+//! Cancelling a call, a unit or a child through the embedding API: a running child's runner
+//! really stops (its future is dropped) while its siblings go on, a queued child never starts
+//! and its slot goes to the next, finished children are still delivered, a unit with a
+//! cancelled member still goes out whole (without a failure notice), a cancel outlives a
+//! restart, cancelling twice or something finished changes nothing, and unknown ids are refused.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use brood::*;
+use futures::future::LocalBoxFuture;
+
+mod common;
+use common::*;
+
+/// What `hold` runners did: which started, and how many were stopped before they ended.
+#[derive(Default)]
+struct Holds {
+    started: Mutex<Vec<String>>,
+    stopped: AtomicUsize,
+}
+
+/// A runner that never ends on its own; dropping it (a cancel) counts as stopped.
+struct Hold(Arc<Holds>);
+
+struct Stopped(Arc<Holds>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.stopped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Runner for Hold {
+    fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
+        self.0.started.lock().unwrap().push(ctx.child_id.clone());
+        let guard = Stopped(self.0.clone());
+        Box::pin(async move {
+            let _guard = guard;
+            futures::future::pending::<RunOutput>().await
+        })
+    }
+}
+
+fn hold() -> serde_json::Value {
+    serde_json::json!({"kind": "hold"})
+}
+
+struct Engine {
+    b: Option<Brood>,
+    holds: Arc<Holds>,
+    dir: tempfile::TempDir,
+}
+
+impl Engine {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let holds = Arc::new(Holds::default());
+        let b = Some(Self::open(dir.path(), &holds));
+        Engine { b, holds, dir }
+    }
+
+    fn open(dir: &std::path::Path, holds: &Arc<Holds>) -> Brood {
+        let mut runners = Runners::builtin();
+        let h = holds.clone();
+        runners.register("hold", move |_| Ok(Box::new(Hold(h.clone())) as Box<dyn Runner>));
+        Brood::open(BroodConfig::new(dir.join("ledger")).runners(runners)).unwrap()
+    }
+
+    fn b(&self) -> &Brood {
+        self.b.as_ref().unwrap()
+    }
+
+    fn reopen(&mut self) {
+        self.b.take().unwrap().shutdown();
+        self.b = Some(Self::open(self.dir.path(), &self.holds));
+    }
+
+    fn started(&self) -> Vec<String> {
+        self.holds.started.lock().unwrap().clone()
+    }
+}
+
+async fn session(b: &Brood, capacity: u32) {
+    b.open_session(
+        "s",
+        SessionOptions::default().wake(|_| {}).max_concurrent_children(capacity),
+    )
+    .await
+    .unwrap();
+}
+
+async fn delegate(b: &Brood, request: DelegateRequest) -> String {
+    b.delegate("s", request)
+        .await
+        .map_err(|e| e.error)
+        .unwrap()
+        .call_id()
+        .to_string()
+}
+
+async fn running(b: &Brood) -> usize {
+    b.counts("s").await.unwrap().running
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_child_stops_its_runner_while_its_siblings_go_on() {
+    let e = Engine::new();
+    let b = e.b();
+    session(b, 8).await;
+    let call = delegate(
+        b,
+        DelegateRequest::background(vec![task("a", hold()), task("b", hold()), task("c", sim(0))]).independent(),
+    )
+    .await;
+    let done = collect_results(b, "s", 1).await;
+    assert_eq!(done[0].child_id, child_id(&call, 2), "the sim child ended first");
+    wait_for!(
+        "both holds running",
+        (e.started().len() == 2 && running(b).await == 2).then_some(())
+    );
+
+    let first = child_id(&call, 0);
+    let reply = b
+        .cancel(CancelTarget::Child(first.clone()), "the test", Some("not needed"))
+        .await
+        .unwrap();
+    assert_eq!(
+        reply,
+        Cancelled {
+            cancelled: vec![first.clone()],
+            already_finished: 0
+        }
+    );
+    wait_for!(
+        "the runner dropped",
+        (e.holds.stopped.load(Ordering::SeqCst) == 1).then_some(())
+    );
+    let env = next_envelope(b, "s", "t", LONG_LEASE).await;
+    assert_eq!(env.items.len(), 1, "{:?}", env.items);
+    let item = &env.items[0];
+    assert_eq!(
+        (item.child_id.as_str(), item.status, item.kind),
+        (first.as_str(), ChildStatus::Cancelled, ItemKind::Result)
+    );
+    let error = item.error.as_deref().unwrap();
+    assert!(
+        error.contains("the test") && error.contains("not needed") && error.contains(&first),
+        "{error}"
+    );
+    b.ack(&env.claim_id).await.unwrap();
+    assert_eq!(running(b).await, 1, "the sibling runs on");
+    assert_eq!(
+        e.holds.stopped.load(Ordering::SeqCst),
+        1,
+        "only the cancelled runner stopped"
+    );
+
+    // The call: the one left is cancelled, the two that ended are not touched.
+    let reply = b
+        .cancel(CancelTarget::Call(call.clone()), "the test", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        reply,
+        Cancelled {
+            cancelled: vec![child_id(&call, 1)],
+            already_finished: 2
+        }
+    );
+    let again = b
+        .cancel(CancelTarget::Call(call.clone()), "the test", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Cancelled {
+            cancelled: vec![],
+            already_finished: 3
+        },
+        "cancelling twice changes nothing"
+    );
+    let rest = collect_results(b, "s", 1).await;
+    assert_eq!(
+        (rest[0].child_id.clone(), rest[0].status),
+        (child_id(&call, 1), ChildStatus::Cancelled)
+    );
+    wait_for!(
+        "both runners dropped",
+        (e.holds.stopped.load(Ordering::SeqCst) == 2).then_some(())
+    );
+
+    // Everything delivered: the call left memory, and the ledger answers for it.
+    wait_for!(
+        "the call settled",
+        b.status("s").await.unwrap().calls.is_empty().then_some(())
+    );
+    let late = b
+        .cancel(CancelTarget::Unit(unit_id(&call, 3)), "the test", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        late,
+        Cancelled {
+            cancelled: vec![],
+            already_finished: 1
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_child_never_starts_and_a_cancel_frees_a_slot_for_the_next() {
+    let e = Engine::new();
+    let b = e.b();
+    session(b, 1).await;
+    let call = delegate(
+        b,
+        DelegateRequest::background(vec![task("a", hold()), task("b", hold()), task("c", hold())]).independent(),
+    )
+    .await;
+    wait_for!("the first running", (e.started().len() == 1).then_some(()));
+    let queued = child_id(&call, 1);
+    let reply = b
+        .cancel(CancelTarget::Child(queued.clone()), "the test", None)
+        .await
+        .unwrap();
+    assert_eq!(reply.cancelled, vec![queued.clone()]);
+    let st = b.counts("s").await.unwrap();
+    assert_eq!((st.running, st.queued), (1, 1), "the cancelled one left the queue");
+
+    let reply = b
+        .cancel(CancelTarget::Child(child_id(&call, 0)), "the test", None)
+        .await
+        .unwrap();
+    assert_eq!(reply.cancelled, vec![child_id(&call, 0)]);
+    wait_for!(
+        "the last one started in the freed slot",
+        (e.started().len() == 2).then_some(())
+    );
+    assert_eq!(
+        e.started(),
+        vec![child_id(&call, 0), child_id(&call, 2)],
+        "the cancelled queued child never started"
+    );
+    let items = collect_results(b, "s", 2).await;
+    assert!(items.iter().all(|i| i.status == ChildStatus::Cancelled), "{items:?}");
+    b.cancel(CancelTarget::Child(child_id(&call, 2)), "the test", None)
+        .await
+        .unwrap();
+    collect_results(b, "s", 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_with_a_cancelled_member_goes_out_whole_and_the_cancel_outlives_a_restart() {
+    let mut e = Engine::new();
+    session(e.b(), 8).await;
+    let call = delegate(
+        e.b(),
+        DelegateRequest::background(vec![
+            task("a", hold()).group("g"),
+            task("b", sim(0)).group("g"),
+            task("c", hold()),
+        ]),
+    )
+    .await;
+    wait_for!("both holds running", (e.started().len() == 2).then_some(()));
+    status_until(e.b(), "s", "the group's sim child ended", |st| {
+        child_status(st, &call, 1) == Some(ChildStatus::Succeeded)
+    })
+    .await;
+    let unit = unit_id(&call, 1);
+    let reply = e
+        .b()
+        .cancel(CancelTarget::Unit(unit.clone()), "the test", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        reply,
+        Cancelled {
+            cancelled: vec![child_id(&call, 0)],
+            already_finished: 1
+        }
+    );
+    let env = next_envelope(e.b(), "s", "t", LONG_LEASE).await;
+    let got: Vec<(String, ChildStatus, ItemKind)> = env
+        .items
+        .iter()
+        .map(|i| (i.child_id.clone(), i.status, i.kind))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (child_id(&call, 0), ChildStatus::Cancelled, ItemKind::Result),
+            (child_id(&call, 1), ChildStatus::Succeeded, ItemKind::Result),
+        ],
+        "the unit went out whole, with no failure notice"
+    );
+    b_ack(e.b(), &env).await;
+
+    // The other unit's child: cancelled, not delivered, then a restart.
+    let last = child_id(&call, 2);
+    e.b()
+        .cancel(CancelTarget::Child(last.clone()), "the test", None)
+        .await
+        .unwrap();
+    e.reopen();
+    session(e.b(), 8).await;
+    let items = collect_results(e.b(), "s", 1).await;
+    assert_eq!(
+        (items[0].child_id.clone(), items[0].status),
+        (last, ChildStatus::Cancelled)
+    );
+    assert_eq!(e.started().len(), 2, "nothing ran again after the restart");
+}
+
+async fn b_ack(b: &Brood, env: &Envelope) {
+    b.ack(&env.claim_id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_targets_are_refused_and_change_nothing() {
+    let e = Engine::new();
+    let b = e.b();
+    session(b, 8).await;
+    let call = delegate(b, DelegateRequest::background(vec![task("a", sim(0))])).await;
+    for target in [
+        CancelTarget::Call("deleg_nothing".into()),
+        CancelTarget::Child(format!("{call}.1")),
+        CancelTarget::Child(format!("{call}.00")),
+        CancelTarget::Child("no dot".into()),
+        CancelTarget::Unit(format!("{call}-0")),
+        CancelTarget::Unit(format!("{call}-2")),
+    ] {
+        let err = b.cancel(target.clone(), "the test", None).await.unwrap_err();
+        assert!(matches!(err, BroodError::UnknownTarget { .. }), "{target:?}: {err}");
+        assert!(err.to_string().contains(target.id()), "{err}");
+    }
+    let long = "x".repeat(MAX_CANCEL_REASON + 1);
+    let err = b
+        .cancel(CancelTarget::Call(call.clone()), "the test", Some(&long))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BroodError::Invalid { ref field, .. } if field == "reason"),
+        "{err}"
+    );
+    let items = collect_results(b, "s", 1).await;
+    assert_eq!(items[0].status, ChildStatus::Succeeded, "nothing was cancelled");
+}
