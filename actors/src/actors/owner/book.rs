@@ -90,14 +90,6 @@ pub(super) struct Book {
     delivered_live: u64,
 }
 
-/// A child's or a unit's call and number (see [`parse_child_id`], [`parse_unit_id`]).
-fn split_id(id: &str, sep: char) -> Option<(&str, u32)> {
-    match sep {
-        '-' => parse_unit_id(id),
-        _ => parse_child_id(id),
-    }
-}
-
 impl Book {
     /// Adds an accepted (or recovered) call with its units; `children` are its rows.
     pub(super) fn insert_call(
@@ -108,7 +100,7 @@ impl Book {
     ) {
         let tasks = row.tasks.len();
         // Units are made from their call, numbered from 1 in order: sorting only guards that.
-        units.sort_by_key(|(u, _, _)| split_id(&u.unit_id, '-').map_or(u32::MAX, |(_, k)| k));
+        units.sort_by_key(|(u, _, _)| parse_unit_id(&u.unit_id).map_or(u32::MAX, |(_, k)| k));
         let mut unit_of = vec![u32::MAX; tasks];
         let mut incomplete = 0;
         let units: Vec<UnitState> = units
@@ -164,20 +156,20 @@ impl Book {
 
     /// The row of the child `child_id`.
     pub(super) fn child(&self, child_id: &str) -> Option<&ChildRow> {
-        let (call, i) = split_id(child_id, '.')?;
+        let (call, i) = parse_child_id(child_id)?;
         self.calls.get(call)?.child(i)
     }
 
     /// The row of the child `child_id`, to change anything but its delivery state (that goes
     /// through [`Book::mark`] or [`Book::put_child`], which keep the delivered count).
     pub(super) fn child_mut(&mut self, child_id: &str) -> Option<&mut ChildRow> {
-        let (call, i) = split_id(child_id, '.')?;
+        let (call, i) = parse_child_id(child_id)?;
         self.calls.get_mut(call)?.children.get_mut(i as usize)?.as_mut()
     }
 
     /// The unit `unit_id`.
     pub(super) fn unit_mut(&mut self, unit_id: &str) -> Option<&mut UnitState> {
-        let (call, k) = split_id(unit_id, '-')?;
+        let (call, k) = parse_unit_id(unit_id)?;
         self.calls.get_mut(call)?.units.get_mut(k.checked_sub(1)? as usize)
     }
 
@@ -212,7 +204,7 @@ impl Book {
             let Some((child, kind)) = parse_dedup_key(key) else {
                 continue;
             };
-            let Some((call_id, task)) = split_id(child, '.') else {
+            let Some((call_id, task)) = parse_child_id(child) else {
                 continue;
             };
             let call = match last {
@@ -447,11 +439,15 @@ mod tests {
 
     #[test]
     fn an_id_names_its_place_only_as_the_model_writes_it() {
-        assert_eq!(split_id(&child_id("deleg_0a.b-c", 12), '.'), Some(("deleg_0a.b-c", 12)));
-        assert_eq!(split_id(&unit_id("deleg_0a.b-c", 3), '-'), Some(("deleg_0a.b-c", 3)));
-        assert_eq!(split_id("c.0", '.'), Some(("c", 0)));
+        assert_eq!(
+            parse_child_id(&child_id("deleg_0a.b-c", 12)),
+            Some(("deleg_0a.b-c", 12))
+        );
+        assert_eq!(parse_unit_id(&unit_id("deleg_0a.b-c", 3)), Some(("deleg_0a.b-c", 3)));
+        assert_eq!(parse_child_id("c.0"), Some(("c", 0)));
+        assert_eq!(parse_unit_id("c-0"), None, "units count from 1");
         for bad in ["c.", "c.01", "c.+1", "c.-1", "c.1a", "c. 1", "c1", "c.99999999999"] {
-            assert_eq!(split_id(bad, '.'), None, "{bad}");
+            assert_eq!(parse_child_id(bad), None, "{bad}");
         }
     }
 

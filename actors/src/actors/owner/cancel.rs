@@ -18,7 +18,8 @@ use crate::error::BroodError;
 use crate::events::Event;
 use crate::model::*;
 
-/// What cancelling a target decided: the rows to record, and the units to tell.
+/// What cancelling a target decided: the cancelled rows to record, and how many children
+/// under it had ended already.
 struct Decision {
     rows: Vec<ChildRow>,
     already_finished: usize,
