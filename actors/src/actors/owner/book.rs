@@ -56,12 +56,13 @@ impl CallState {
 
     /// The unit of its task `i`.
     pub(super) fn unit_of(&self, i: u32) -> Option<&UnitState> {
-        self.units.get(*self.unit_of.get(i as usize)? as usize)
+        self.units.get(self.unit_pos(i)?)
     }
 
     /// The unit of its task `i`, to change.
     pub(super) fn unit_of_mut(&mut self, i: u32) -> Option<&mut UnitState> {
-        self.units.get_mut(*self.unit_of.get(i as usize)? as usize)
+        let pos = self.unit_pos(i)?;
+        self.units.get_mut(pos)
     }
 }
 

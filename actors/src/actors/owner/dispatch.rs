@@ -371,14 +371,17 @@ impl SessionOwner {
         let mut batches: Vec<UnitBatch> = Vec::new();
         let mut batch_of: foldhash::HashMap<String, usize> = foldhash::HashMap::default();
         for row in rows {
-            if self.book.cancelling(&row) {
-                continue; // its cancel is recorded instead
-            }
-            self.emit_child(&row);
-            let Some(task) = self.book.task_of(&row).cloned() else {
+            // One lookup of the call for the child's task and unit.
+            let Some(call) = self.book.calls.get_mut(&row.call_id) else {
                 continue;
             };
-            let Some(unit) = self.book.unit_mut(&row.unit_id) else {
+            if call.cancelling.contains(&row.task_index) {
+                continue; // its cancel is recorded instead
+            }
+            let Some(task) = call.row.tasks.get(row.task_index as usize).cloned() else {
+                continue;
+            };
+            let Some(unit) = call.unit_of_mut(row.task_index) else {
                 continue;
             };
             let slot = match batch_of.get(&row.unit_id) {
@@ -402,6 +405,9 @@ impl SessionOwner {
         }
         if batches.is_empty() {
             return;
+        }
+        for (row, _) in batches.iter().flat_map(|(_, children)| children) {
+            self.emit_child(row);
         }
         let engine = self.shared.clone();
         let owner = me.downgrade();

@@ -15,7 +15,11 @@ impl SessionOwner {
     pub(super) fn record(&mut self, rows: Vec<ChildRow>, ctx: &mut Context<Self>) {
         let mut completed = Vec::new();
         for mut row in rows {
-            let Some(known) = self.book.child(&row.child_id) else {
+            // One lookup of the call for what the book knows of the child.
+            let Some(call) = self.book.calls.get(&row.call_id) else {
+                continue;
+            };
+            let Some(known) = call.child(row.task_index) else {
                 continue;
             };
             if known.status.is_terminal() {
@@ -23,7 +27,7 @@ impl SessionOwner {
             }
             // Delivery state is the owner's; the child's copy of it may be stale.
             (row.result, row.notice) = (known.result, known.notice);
-            if !self.book.cancelling(&row) {
+            if !call.cancelling.contains(&row.task_index) {
                 self.capacity.finish(&row.child_id); // a cancelled child left capacity as it was cancelled
             }
             if !self.book.rowed.is_empty() {
