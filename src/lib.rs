@@ -55,15 +55,17 @@ use brood_actors::actors::{Engine, Owners};
 use brood_actors::events::Events;
 use brood_actors::ledger::{Ledger, SledLedger};
 
-pub use brood_actors::actors::owner::{CallStatus, SessionInfo, SessionStatus};
+pub use brood_actors::actors::owner::{CallStatus, LiveClaim, SessionInfo, SessionStatus};
 pub use brood_actors::error::{BroodError, DelegateError};
 pub use brood_actors::events::{ClaimChange, Event, SessionEvent};
 pub use brood_actors::failpoints;
 pub use brood_actors::ledger::{Durability, LedgerError};
 pub use brood_actors::model::{
     child_id, dedup_key, parse_dedup_key, unit_id, CallRow, CancelTarget, Cancelled, ChildRow, ChildStatus,
-    DeadLetterRow, DelegateRequest, Envelope, ItemKind, Mode, QuarantineRow, Quarantined, ReadyItem, TaskSpec, UnitRow,
+    DeadLetterRow, DelegateRequest, Envelope, ItemKind, Mode, NestRow, QuarantineRow, Quarantined, ReadyItem,
+    RedriveRow, RedriveSelect, Redriven, TaskSpec, UnitRow,
 };
+pub use brood_actors::retention::{Retention, Swept};
 pub use brood_actors::routing::{ReleaseReason, Turn};
 pub use brood_actors::runner::{Progress, RunContext, RunOutput, Runner, RunnerFactory};
 pub use brood_actors::wake::{Wake, WakeEvent, WakeFactory};
@@ -105,6 +107,9 @@ pub struct BroodConfig {
     commit_window: Duration,
     routing_threads: usize,
     cache_bytes: u64,
+    max_depth: u32,
+    max_running_children: Option<u32>,
+    retention: brood_actors::retention::Retention,
     on_flush: Option<brood_actors::ledger::FlushObserver>,
 }
 
@@ -128,8 +133,36 @@ impl BroodConfig {
             commit_window: Duration::ZERO,
             routing_threads: default_routing_threads(),
             cache_bytes: brood_actors::ledger::DEFAULT_CACHE_BYTES,
+            max_depth: brood_actors::model::DEFAULT_MAX_DEPTH,
+            max_running_children: None,
+            retention: brood_actors::retention::Retention::default(),
             on_flush: None,
         }
+    }
+
+    /// The deepest call accepted (default 2): a call in a top-level session is depth 1, one in
+    /// the nested session of one of its children depth 2, and so on; a deeper one is refused
+    /// with [`BroodError::MaxDepthExceeded`]. At least 1.
+    pub fn max_depth(mut self, depth: u32) -> Self {
+        self.max_depth = depth.max(1);
+        self
+    }
+
+    /// Bounds the children running at once over every session (default: unbounded), on top of
+    /// each session's own `max_concurrent_children`. When it binds, the sessions that want more
+    /// are given the freed slots round-robin, one at a time, so a session with many queued
+    /// children cannot starve one with few. (Under a bound, a call's children start through
+    /// admission, one flush after the call's own.)
+    pub fn max_running_children(mut self, limit: Option<u32>) -> Self {
+        self.max_running_children = limit.map(|n| n.max(1));
+        self
+    }
+
+    /// How long what is over is kept, and how often the background sweep runs (default: calls
+    /// delivered 7 days, dead letters 30 days, idle sessions 30 days, a sweep a minute).
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
     }
 
     /// Bounds the ledger's page cache (default
@@ -247,21 +280,45 @@ impl DelegateReply {
 
 /// The embedded engine. Cheap to share behind an `Arc`; shut it down with [`Brood::shutdown`]
 /// (dropping it does the same). Shutting down joins the engine's threads, so never drop the
-/// last handle from inside a wake callback or a runner.
+/// last handle from inside a wake callback or a runner. Every request method is
+/// [`BroodHandle`]'s, which a `Brood` dereferences to.
 pub struct Brood {
+    handle: Arc<BroodHandle>,
+    system: actix::System,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Brood {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Brood")
+            .field("data_dir", &self.handle.data_dir)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for Brood {
+    type Target = BroodHandle;
+
+    fn deref(&self) -> &BroodHandle {
+        &self.handle
+    }
+}
+
+/// The requests of an open engine: what a [`Brood`] answers, and what a runner reaches through
+/// [`BroodHandle::of`] to delegate in its own right (nested delegation). It does not keep the
+/// engine open: once its `Brood` shut down, every request answers [`BroodError::Stopped`].
+pub struct BroodHandle {
     root: Addr<Supervisor>,
     owners: Owners,
     events: Events,
     ledger: Arc<dyn Ledger>,
     engine: Engine,
-    system: actix::System,
-    thread: Option<std::thread::JoinHandle<()>>,
     data_dir: PathBuf,
 }
 
-impl std::fmt::Debug for Brood {
+impl std::fmt::Debug for BroodHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Brood").field("data_dir", &self.data_dir).finish()
+        f.debug_struct("BroodHandle").field("data_dir", &self.data_dir).finish()
     }
 }
 
@@ -280,6 +337,9 @@ impl Brood {
         let commit_window = config.commit_window;
         let routing_threads = config.routing_threads;
         let cache_bytes = config.cache_bytes;
+        let max_depth = config.max_depth;
+        let max_running = config.max_running_children;
+        let retention = config.retention.clone();
         let on_flush = config.on_flush.clone();
         let thread = std::thread::Builder::new()
             .name("brood-actors".into())
@@ -305,6 +365,9 @@ impl Brood {
                     let mut engine = Engine::new(ledger, runners, handle);
                     engine.wake_factory = wakes;
                     engine.commit_window = commit_window;
+                    engine.max_depth = max_depth;
+                    engine.retention = retention;
+                    engine.shares = max_running.map(|n| Arc::new(brood_actors::routing::Shares::new(n as usize)));
                     engine.routing_arbiters = routing_handles;
                     engine.commit_arbiter = commit_handle;
                     let root = Supervisor::start_engine(engine.clone(), Default::default())?;
@@ -332,16 +395,23 @@ impl Brood {
             })
             .map_err(|e| LedgerError::storage("starting the actor thread", e))?;
         match rx.recv() {
-            Ok(Ok((root, engine, system))) => Ok(Brood {
-                root,
-                owners: engine.owners.clone(),
-                events: engine.events.clone(),
-                ledger: engine.ledger.clone(),
-                engine,
-                system,
-                thread: Some(thread),
-                data_dir: config.data_dir,
-            }),
+            Ok(Ok((root, engine, system))) => {
+                let handle = Arc::new(BroodHandle {
+                    root,
+                    owners: engine.owners.clone(),
+                    events: engine.events.clone(),
+                    ledger: engine.ledger.clone(),
+                    engine,
+                    data_dir: config.data_dir,
+                });
+                let weak: std::sync::Weak<dyn std::any::Any + Send + Sync> = Arc::downgrade(&handle) as _;
+                let _ = handle.engine.embedder.set(weak);
+                Ok(Brood {
+                    handle,
+                    system,
+                    thread: Some(thread),
+                })
+            }
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e.into())
@@ -351,6 +421,30 @@ impl Brood {
                 Err(BroodError::Stopped)
             }
         }
+    }
+
+    /// Stops the actors and closes the ledger (everything recorded stays recorded).
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.system.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl BroodHandle {
+    /// The engine a runner runs under, to delegate in its own right: a child's calls go to its
+    /// own nested session, whose id is its child id ([`RunContext::session_id`]); open it with
+    /// [`BroodHandle::open_session`] first, like any session. Refused with
+    /// [`BroodError::Stopped`] when the engine is shut down.
+    pub fn of(ctx: &RunContext) -> Result<Arc<BroodHandle>, BroodError> {
+        ctx.embedder()
+            .and_then(|any| any.downcast::<BroodHandle>().ok())
+            .ok_or(BroodError::Stopped)
     }
 
     /// The ledger folder.
@@ -428,6 +522,9 @@ impl Brood {
     /// Delegates a call. A background call on a session that is not wake-capable runs
     /// synchronously and says why. A call that did not go through hands its request back.
     pub async fn delegate(&self, session_id: &str, request: DelegateRequest) -> Result<DelegateReply, DelegateError> {
+        if let Err(error) = self.parent_running(session_id).await {
+            return Err(DelegateError { request, error });
+        }
         let request = Arc::new(request);
         let accepted = Arc::new(Mutex::new(None));
         let msg = owner::Delegate {
@@ -453,6 +550,29 @@ impl Brood {
                 let request = Arc::try_unwrap(request).unwrap_or_else(|shared| (*shared).clone());
                 Err(DelegateError { request, error })
             }
+        }
+    }
+
+    /// A nested session takes calls only while its child has not ended. (Its owner refuses them
+    /// too once told of the end; this covers an owner rebuilt since.)
+    async fn parent_running(&self, session_id: &str) -> Result<(), BroodError> {
+        let Some(nest) = self.engine.nest(session_id) else {
+            return Ok(());
+        };
+        let Some((call_id, task)) = brood_actors::model::nest_parent(session_id) else {
+            return Ok(());
+        };
+        let ended = || BroodError::ParentEnded {
+            session: session_id.to_string(),
+        };
+        let msg = owner::ChildState {
+            call_id: call_id.to_string(),
+            task,
+        };
+        match self.ask(&nest.parent_session_id, msg).await {
+            Ok(Some(status)) if !status.is_terminal() => Ok(()),
+            Ok(_) | Err(BroodError::UnknownSession(_) | BroodError::SessionFailed { .. }) => Err(ended()),
+            Err(e) => Err(e),
         }
     }
 
@@ -592,6 +712,12 @@ impl Brood {
         self.ask(session_id, owner::Status { calls: false }).await
     }
 
+    /// A nested session's row (its child, its parent session, its depth); none for a
+    /// top-level session.
+    pub fn nest(&self, session_id: &str) -> Option<NestRow> {
+        self.engine.nest(session_id)
+    }
+
     /// The ids of the sessions this engine routes, in ascending order (a session given up after
     /// its owner kept failing is not among them).
     pub fn sessions(&self) -> Vec<String> {
@@ -622,6 +748,111 @@ impl Brood {
     /// Items that ran out of delivery attempts.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, BroodError> {
         self.root.send(DeadLetters).await?
+    }
+
+    /// One call, with its units and children: from its owner while any of it is out, else from
+    /// the ledger (once everything in it was delivered, until retention removes it).
+    pub async fn call(&self, call_id: &str) -> Result<CallStatus, BroodError> {
+        let unknown = || BroodError::UnknownTarget {
+            kind: "call",
+            id: call_id.to_string(),
+        };
+        let live = self.engine.calls.get(call_id).map(|s| s.value().clone());
+        if let Some(session) = live {
+            if let Some(status) = self.ask(&session, owner::CallView(call_id.to_string())).await? {
+                return Ok(status);
+            }
+        }
+        let ledger = self.ledger.clone();
+        let id = call_id.to_string();
+        // A scan of the call keys (off every hot path), on a thread of its own: it blocks
+        // neither an actor nor the caller's executor.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("brood-find-call".into())
+            .spawn(move || {
+                let found = (|| -> Result<Option<CallStatus>, LedgerError> {
+                    let Some(call) = ledger.find_call(&id)? else {
+                        return Ok(None);
+                    };
+                    let children = ledger.call_children(&call.session_id, &id)?;
+                    let units = brood_actors::model::plan_units(&id, &call.tasks, call.independent_completions);
+                    Ok(Some(CallStatus { call, units, children }))
+                })();
+                let _ = tx.send(found);
+            })
+            .map_err(|e| LedgerError::storage("starting a thread to read the call", e))?;
+        let stored = rx
+            .await
+            .unwrap_or_else(|_| Err(LedgerError::storage_msg("reading the call from the ledger failed")))?;
+        stored.ok_or_else(unknown)
+    }
+
+    /// Sweeps now what retention would remove (as the background sweep does every
+    /// [`Retention::interval`]): calls delivered or dead long enough ago, ack rows of calls that
+    /// are gone, idle sessions. Nothing live is removed.
+    pub async fn sweep(&self) -> Result<Swept, BroodError> {
+        brood_actors::retention::sweep(&self.engine, &self.engine.retention, brood_actors::model::now_ms()).await
+    }
+
+    /// How many rows the ledger holds, by tree (a scan: for inspection).
+    pub fn stored_rows(&self) -> Result<Vec<(&'static str, usize)>, BroodError> {
+        Ok(self.ledger.row_counts()?)
+    }
+
+    /// The dead letters of one session.
+    pub async fn dead_letters_of(&self, session_id: &str) -> Result<Vec<DeadLetterRow>, BroodError> {
+        let mut rows = self.dead_letters().await?;
+        rows.retain(|d| d.session_id == session_id);
+        Ok(rows)
+    }
+
+    /// Puts dead-lettered items back in their sessions' ready sets, with their delivery
+    /// attempts counted afresh: those of the children named, of one session, or all; at most
+    /// `limit` of them (the oldest dead first). Each redrive is recorded with its item
+    /// ([`BroodHandle::redrive_record`]). Items that are not dead letters are skipped, not
+    /// counted. Returns how many were put back.
+    pub async fn redrive(&self, select: RedriveSelect, limit: Option<usize>) -> Result<usize, BroodError> {
+        match &select {
+            RedriveSelect::Children(ids) if ids.is_empty() => {
+                return Err(BroodError::invalid("child_ids", "must name at least one child"))
+            }
+            RedriveSelect::Session(s) if s.is_empty() => {
+                return Err(BroodError::invalid("session_id", "must not be empty"))
+            }
+            _ => {}
+        }
+        if limit == Some(0) {
+            return Err(BroodError::invalid("limit", "must be at least 1 when given"));
+        }
+        let mut all = self.dead_letters().await?;
+        all.sort_by(|a, b| (a.dead_at_ms, &a.dedup_key).cmp(&(b.dead_at_ms, &b.dedup_key)));
+        let mut by_session: std::collections::BTreeMap<
+            String,
+            (Vec<DeadLetterRow>, std::collections::HashSet<String>),
+        > = Default::default();
+        let mut left = limit.unwrap_or(usize::MAX);
+        for d in all {
+            let entry = by_session.entry(d.session_id.clone()).or_default();
+            entry.1.insert(d.dedup_key.clone());
+            if left > 0 && select.selects(&d) {
+                left -= 1;
+                entry.0.push(d);
+            }
+        }
+        let mut redriven = 0;
+        for (session, (selected, dead_keys)) in by_session {
+            if selected.is_empty() {
+                continue;
+            }
+            redriven += self.ask(&session, owner::Redrive { selected, dead_keys }).await??;
+        }
+        Ok(redriven)
+    }
+
+    /// The redrive record of an item (by its dedup key), if it was ever redriven.
+    pub fn redrive_record(&self, session_id: &str, dedup_key: &str) -> Result<Option<RedriveRow>, BroodError> {
+        Ok(self.ledger.redrive(session_id, dedup_key)?)
     }
 
     /// Cancels a call, one of its units, or one child: every unfinished child under it ends
@@ -721,18 +952,6 @@ impl Brood {
                 self.root.send(FindOwner(session_id.to_string())).await??;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-
-    /// Stops the actors and closes the ledger (everything recorded stays recorded).
-    pub fn shutdown(mut self) {
-        self.stop();
-    }
-
-    fn stop(&mut self) {
-        self.system.stop();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
         }
     }
 }

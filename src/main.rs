@@ -124,6 +124,29 @@ struct ServeArgs {
     /// Delivery attempts of a new session's items before they are dead-lettered (default 8).
     #[arg(long)]
     max_delivery_attempts: Option<String>,
+    /// The deepest call accepted: a call in a top-level session is depth 1, one in a child's
+    /// nested session depth 2 (default 2).
+    #[arg(long)]
+    max_depth: Option<String>,
+    /// The most children running at once over every session; when it binds, sessions are
+    /// admitted round-robin (default: unlimited).
+    #[arg(long)]
+    max_running_children: Option<String>,
+    /// How long a call whose items were all delivered is kept after its last child finished, in
+    /// ms (default 7 days).
+    #[arg(long)]
+    retain_delivered_ms: Option<String>,
+    /// How long a call with dead letters is kept after the last of them died, in ms (default
+    /// 30 days).
+    #[arg(long)]
+    retain_dead_ms: Option<String>,
+    /// How long a session with nothing left and nothing live is kept, in ms (0: for good;
+    /// default 30 days).
+    #[arg(long)]
+    drop_idle_sessions_ms: Option<String>,
+    /// How often retention sweeps, in ms (0: never in the background; default 60000).
+    #[arg(long)]
+    retention_interval_ms: Option<String>,
     /// The shortest lease a boundary may ask for, in ms (default 100).
     #[arg(long)]
     min_lease_ms: Option<String>,
@@ -163,6 +186,12 @@ impl ServeArgs {
             ("body_limit", &self.body_limit),
             ("max_concurrent_children", &self.max_concurrent_children),
             ("max_delivery_attempts", &self.max_delivery_attempts),
+            ("max_depth", &self.max_depth),
+            ("max_running_children", &self.max_running_children),
+            ("retain_delivered_ms", &self.retain_delivered_ms),
+            ("retain_dead_ms", &self.retain_dead_ms),
+            ("drop_idle_sessions_ms", &self.drop_idle_sessions_ms),
+            ("retention_interval_ms", &self.retention_interval_ms),
             ("min_lease_ms", &self.min_lease_ms),
             ("max_lease_ms", &self.max_lease_ms),
             ("default_lease_ms", &self.default_lease_ms),

@@ -4,67 +4,27 @@
 //! cancelled member still goes out whole (without a failure notice), a cancel outlives a
 //! restart, cancelling twice or something finished changes nothing, and unknown ids are refused.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-
 use brood::*;
-use futures::future::LocalBoxFuture;
 
 mod common;
 use common::*;
 
-/// What `hold` runners did: which started, and how many were stopped before they ended.
-#[derive(Default)]
-struct Holds {
-    started: Mutex<Vec<String>>,
-    stopped: AtomicUsize,
-}
-
-/// A runner that never ends on its own; dropping it (a cancel) counts as stopped.
-struct Hold(Arc<Holds>);
-
-struct Stopped(Arc<Holds>);
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        self.0.stopped.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-impl Runner for Hold {
-    fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
-        self.0.started.lock().unwrap().push(ctx.child_id.clone());
-        let guard = Stopped(self.0.clone());
-        Box::pin(async move {
-            let _guard = guard;
-            futures::future::pending::<RunOutput>().await
-        })
-    }
-}
-
-fn hold() -> serde_json::Value {
-    serde_json::json!({"kind": "hold"})
-}
-
 struct Engine {
     b: Option<Brood>,
-    holds: Arc<Holds>,
+    kit: Kit,
     dir: tempfile::TempDir,
 }
 
 impl Engine {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let holds = Arc::new(Holds::default());
-        let b = Some(Self::open(dir.path(), &holds));
-        Engine { b, holds, dir }
+        let kit = Kit::default();
+        let b = Some(Self::open(dir.path(), &kit));
+        Engine { b, kit, dir }
     }
 
-    fn open(dir: &std::path::Path, holds: &Arc<Holds>) -> Brood {
-        let mut runners = Runners::builtin();
-        let h = holds.clone();
-        runners.register("hold", move |_| Ok(Box::new(Hold(h.clone())) as Box<dyn Runner>));
-        Brood::open(BroodConfig::new(dir.join("ledger")).runners(runners)).unwrap()
+    fn open(dir: &std::path::Path, kit: &Kit) -> Brood {
+        Brood::open(BroodConfig::new(dir.join("ledger")).runners(kit.runners())).unwrap()
     }
 
     fn b(&self) -> &Brood {
@@ -73,11 +33,11 @@ impl Engine {
 
     fn reopen(&mut self) {
         self.b.take().unwrap().shutdown();
-        self.b = Some(Self::open(self.dir.path(), &self.holds));
+        self.b = Some(Self::open(self.dir.path(), &self.kit));
     }
 
     fn started(&self) -> Vec<String> {
-        self.holds.started.lock().unwrap().clone()
+        self.kit.holds.started()
     }
 }
 
@@ -132,10 +92,7 @@ async fn a_cancelled_child_stops_its_runner_while_its_siblings_go_on() {
             already_finished: 0
         }
     );
-    wait_for!(
-        "the runner dropped",
-        (e.holds.stopped.load(Ordering::SeqCst) == 1).then_some(())
-    );
+    wait_for!("the runner dropped", (e.kit.holds.stopped() == 1).then_some(()));
     let env = next_envelope(b, "s", "t", LONG_LEASE).await;
     assert_eq!(env.items.len(), 1, "{:?}", env.items);
     let item = &env.items[0];
@@ -150,11 +107,7 @@ async fn a_cancelled_child_stops_its_runner_while_its_siblings_go_on() {
     );
     b.ack(&env.claim_id).await.unwrap();
     assert_eq!(running(b).await, 1, "the sibling runs on");
-    assert_eq!(
-        e.holds.stopped.load(Ordering::SeqCst),
-        1,
-        "only the cancelled runner stopped"
-    );
+    assert_eq!(e.kit.holds.stopped(), 1, "only the cancelled runner stopped");
 
     // The call: the one left is cancelled, the two that ended are not touched.
     let reply = b
@@ -185,10 +138,7 @@ async fn a_cancelled_child_stops_its_runner_while_its_siblings_go_on() {
         (rest[0].child_id.clone(), rest[0].status),
         (child_id(&call, 1), ChildStatus::Cancelled)
     );
-    wait_for!(
-        "both runners dropped",
-        (e.holds.stopped.load(Ordering::SeqCst) == 2).then_some(())
-    );
+    wait_for!("both runners dropped", (e.kit.holds.stopped() == 2).then_some(()));
 
     // Everything delivered: the call left memory, and the ledger answers for it.
     wait_for!(

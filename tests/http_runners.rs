@@ -538,3 +538,100 @@ fn a_cancelled_external_child_answers_its_worker_409() {
     let item = only_result(&s, "x");
     assert_eq!(item["status"], "cancelled", "{item}");
 }
+
+/// The child id of the first child of `call_id`, once it runs.
+fn running_child(s: &Server, session: &str, call_id: &str) -> String {
+    let child = format!("{call_id}.0");
+    wait_until("the child runs", || {
+        let (_, st) = s.call("GET", &format!("/v1/sessions/{session}"), None);
+        st["calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["children"].as_array().cloned().unwrap_or_default())
+            .any(|ch| ch["child_id"] == child.as_str() && ch["status"] == "running")
+    });
+    child
+}
+
+#[test]
+fn a_running_child_delegates_through_its_own_session_within_max_depth() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    let hang = json!({"goal": "wait", "runner": {"kind": "sim", "outcome": "hang"}});
+    s.open("p");
+    let call = delegate(&s, "p", hang.clone())["call_id"].as_str().unwrap().to_string();
+    let child = running_child(&s, "p", &call);
+
+    s.open(&child);
+    let (status, st) = s.call("GET", &format!("/v1/sessions/{child}"), None);
+    assert_eq!(
+        (status, st["parent_child_id"].as_str()),
+        (200, Some(child.as_str())),
+        "{st}"
+    );
+    let inner = delegate(&s, &child, hang.clone())["call_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        s.call("GET", &format!("/v1/sessions/{child}"), None).1["calls"][0]["set"],
+        1
+    );
+    let grandchild = running_child(&s, &child, &inner);
+    s.open(&grandchild);
+    let message = assert_error(
+        s.call(
+            "POST",
+            &format!("/v1/sessions/{grandchild}/delegate"),
+            Some(json!({"tasks": [{"goal": "too deep", "runner": sim(0)}]})),
+        ),
+        400,
+        "max_depth_exceeded",
+    );
+    assert!(message.contains("depth 3"), "{message}");
+    let (_, st) = s.call("GET", &format!("/v1/sessions/{grandchild}"), None);
+    assert_eq!(st["calls"].as_array().map(Vec::len), Some(0), "nothing changed: {st}");
+
+    let (_, listed) = s.call("GET", "/v1/sessions", None);
+    let parent_of = |id: &str| {
+        listed["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["session_id"] == id)
+            .map(|e| e["parent_child_id"].clone())
+    };
+    assert_eq!(parent_of("p"), Some(Value::Null), "{listed}");
+    assert_eq!(parent_of(&child), Some(json!(child)), "{listed}");
+    assert_eq!(parent_of(&grandchild), Some(json!(grandchild)), "{listed}");
+
+    // Cancelling the top call cancels its descendants, and the child's session takes no more.
+    let (status, reply) = s.call("POST", &format!("/v1/calls/{call}/cancel"), None);
+    assert_eq!(status, 200, "{reply}");
+    let mut cancelled: Vec<&str> = reply["cancelled"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    cancelled.sort();
+    let mut expected = vec![child.as_str(), grandchild.as_str()];
+    expected.sort();
+    assert_eq!(cancelled, expected, "{reply}");
+    assert_error(
+        s.call(
+            "POST",
+            &format!("/v1/sessions/{child}/delegate"),
+            Some(json!({"tasks": [{"goal": "late", "runner": sim(0)}]})),
+        ),
+        409,
+        "parent_ended",
+    );
+    // A session named after a child no call has is refused.
+    assert_error(
+        s.call("PUT", "/v1/sessions/deleg_00000000000000ff.0", Some(json!({}))),
+        404,
+        "unknown_child",
+    );
+}

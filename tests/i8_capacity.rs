@@ -143,3 +143,56 @@ async fn children_over_capacity_start_in_queue_order() {
         );
     }
 }
+
+/// A server-wide `max_running_children` holds over every session, and once it binds the freed
+/// slots go round-robin: a session with one child queued behind another's twelve gets the next
+/// free slot, not the thirteenth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_wide_bound_holds_and_is_shared_round_robin() {
+    let dir = tempfile::tempdir().unwrap();
+    let kit = Kit::default();
+    let config = brood::BroodConfig::new(dir.path().join("ledger"))
+        .runners(kit.runners())
+        .max_running_children(Some(2));
+    let b = brood::Brood::open(config).unwrap();
+    for s in ["big", "small"] {
+        b.open_session(s, SessionOptions::default().wake(|_| {}).max_concurrent_children(8))
+            .await
+            .unwrap();
+    }
+    let tasks = (0..12).map(|i| task(format!("big {i}"), probe(100))).collect();
+    let big = b
+        .delegate("big", DelegateRequest::background(tasks).independent())
+        .await
+        .unwrap();
+    wait_for!(
+        "two of big's children run",
+        (kit.probe.current.load(Ordering::SeqCst) == 2).then_some(())
+    );
+    assert_eq!(
+        b.counts("big").await.unwrap().queued,
+        10,
+        "the bound, not big's capacity of 8"
+    );
+    let small = b
+        .delegate("small", DelegateRequest::background(vec![task("small", probe(100))]))
+        .await
+        .unwrap();
+    assert_eq!(collect_results(&b, "big", 12).await.len(), 12);
+    assert_eq!(collect_results(&b, "small", 1).await.len(), 1);
+    assert!(
+        kit.probe.max.load(Ordering::SeqCst) <= 2,
+        "never more than the bound at once"
+    );
+    let starts = kit.probe.starts.lock().unwrap().clone();
+    let at = starts
+        .iter()
+        .position(|id| *id == child_id(small.call_id(), 0))
+        .expect("small's child ran");
+    assert!(
+        at <= 3,
+        "small got one of the first freed slots, not the last: {at} in {starts:?}"
+    );
+    assert_eq!(starts.len(), 13, "{:?}", big.call_id());
+    b.shutdown();
+}

@@ -192,6 +192,38 @@ fn inspect_of_a_server_shows_its_sessions_calls_children_and_dead_letters() {
     ] {
         assert!(table.contains(id), "the table lacks {id}:\n{table}");
     }
+    let first = &call_b["children"][0];
+    assert_eq!(first["delivery_attempt"], 1, "{first}");
+    assert!(
+        first["summary"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty() && !t.contains('\n')),
+        "{first}"
+    );
+    assert!(call_b["created_at"].as_u64().is_some(), "{call_b}");
+    assert!(
+        table.contains("ATTEMPT") && table.contains("SUMMARY") && table.contains("age "),
+        "{table}"
+    );
+
+    // A live claim is shown with its consumer and lease.
+    let (status, env) = s.call(
+        "POST",
+        "/v1/sessions/alpha/boundary",
+        Some(json!({"consumer": "tui-7", "lease_ms": 60000})),
+    );
+    assert_eq!(status, 200, "{env}");
+    let found = json_of(&inspect(&["--server", &s.base, "--json"], Some(KEY)));
+    let claims = session(&found, "alpha")["claims"].as_array().unwrap().clone();
+    assert_eq!(claims.len(), 1, "{found}");
+    assert_eq!(
+        (claims[0]["consumer"].as_str(), claims[0]["items"].as_u64()),
+        (Some("tui-7"), Some(2))
+    );
+    assert_eq!(claims[0]["claim_id"], env["claim_id"]);
+    let out = inspect(&["--server", &s.base, "--api-key", KEY], None);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("live claims") && table.contains("tui-7"), "{table}");
 }
 
 #[test]

@@ -597,6 +597,54 @@ fn real_replies_validate_against_the_document() {
         assert!(Instant::now() < deadline, "no dead letter in 20 s");
         std::thread::sleep(Duration::from_millis(20));
     }
+    let (status, mine) = c.call("GET", "/v1/dead-letters?session_id=o", None);
+    assert_eq!(
+        (status, mine["items"].as_array().map(Vec::len)),
+        (200, Some(1)),
+        "{mine}"
+    );
+    let (status, _) = c.call("GET", "/v1/dead-letters?session=o", None);
+    assert_eq!(status, 400, "an unknown query key is refused");
+    for bad in [
+        json!({}),
+        json!({"all": false}),
+        json!({"child_ids": []}),
+        json!({"all": true, "session_id": "o"}),
+        json!({"all": true, "limit": 0}),
+        json!({"all": true, "every": true}),
+    ] {
+        let (status, body) = c.call("POST", "/v1/dead-letters/redrive", Some(bad.clone()));
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("invalid_request")),
+            "{bad}: {body}"
+        );
+    }
+    let (status, none) = c.call(
+        "POST",
+        "/v1/dead-letters/redrive",
+        Some(json!({"child_ids": ["deleg_00000000000000ff.0"]})),
+    );
+    assert_eq!((status, none["redriven"].as_u64()), (200, Some(0)), "{none}");
+    let (status, redriven) = c.call(
+        "POST",
+        "/v1/dead-letters/redrive",
+        Some(json!({"session_id": "o", "limit": 5})),
+    );
+    assert_eq!((status, redriven["redriven"].as_u64()), (200, Some(1)), "{redriven}");
+    let env = c.envelope("o", 30_000);
+    assert_eq!(env["items"][0]["delivery_attempt"], 1, "{env}");
+    let call = env["items"][0]["call_id"].as_str().unwrap().to_string();
+    let (status, view) = c.call("GET", &format!("/v1/calls/{call}"), None);
+    assert_eq!((status, view["session_id"].as_str()), (200, Some("o")), "{view}");
+    let (status, _) = c.call("GET", "/v1/calls/deleg_00000000000000ff", None);
+    assert_eq!(status, 404);
+    let claim = env["claim_id"].as_str().unwrap().to_string();
+    c.call(
+        "POST",
+        &format!("/v1/claims/{claim}/release"),
+        Some(json!({"reason": "failed"})),
+    );
 
     // Refusals, each in the error shape of its status.
     let bad: [(&str, &str, Value); 6] = [
@@ -732,6 +780,11 @@ fn real_replies_validate_against_the_document() {
         ("POST", "/v1/claims/{claim_id}/release", 400),
         ("POST", "/v1/claims/{claim_id}/release", 409),
         ("GET", "/v1/dead-letters", 200),
+        ("GET", "/v1/dead-letters", 400),
+        ("POST", "/v1/dead-letters/redrive", 200),
+        ("GET", "/v1/calls/{call_id}", 200),
+        ("GET", "/v1/calls/{call_id}", 404),
+        ("POST", "/v1/dead-letters/redrive", 400),
     ];
     for (method, template, status) in expected {
         assert!(

@@ -39,6 +39,25 @@ pub enum BroodError {
         /// The id asked for.
         id: String,
     },
+    /// A call in this session would be nested deeper than the engine allows.
+    #[error("a call in session `{session}` would be at depth {depth}, deeper than max_depth {max}; delegate from a shallower session, or raise max_depth")]
+    MaxDepthExceeded {
+        /// The (nested) session.
+        session: String,
+        /// The depth the call would have.
+        depth: u32,
+        /// The engine's `max_depth`.
+        max: u32,
+    },
+    /// A nested session's child ended: it delegates no more (its calls were cancelled as it
+    /// ended; what they had finished stays claimable).
+    #[error(
+        "session `{session}` is the session of child `{session}`, which has ended; an ended child delegates no more"
+    )]
+    ParentEnded {
+        /// The nested session (the child's id).
+        session: String,
+    },
     /// No such claim was made.
     #[error("unknown claim `{0}`")]
     UnknownClaim(String),
@@ -93,6 +112,8 @@ impl BroodError {
             BroodError::UnknownTarget { kind: "call", .. } => "unknown_call",
             BroodError::UnknownTarget { kind: "unit", .. } => "unknown_unit",
             BroodError::UnknownTarget { .. } => "unknown_child",
+            BroodError::MaxDepthExceeded { .. } => "max_depth_exceeded",
+            BroodError::ParentEnded { .. } => "parent_ended",
             BroodError::ClaimLost(_) => "claim_lost",
             BroodError::ClaimAcked(_) => "claim_acked",
             BroodError::Ledger(_) => "ledger_error",

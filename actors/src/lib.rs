@@ -34,6 +34,7 @@ pub mod failpoints;
 pub mod ledger;
 pub mod model;
 pub mod recovery;
+pub mod retention;
 pub mod routing;
 pub mod runner;
 pub mod wake;

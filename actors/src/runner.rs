@@ -103,6 +103,20 @@ pub struct RunContext {
     pub attempt: u32,
     /// The heartbeat handle.
     pub progress: Progress,
+    /// The embedder's handle of the engine, for nested delegation (see `brood::BroodHandle::of`).
+    pub(crate) embedder: Option<std::sync::Weak<dyn std::any::Any + Send + Sync>>,
+}
+
+impl RunContext {
+    /// The id of the session this child delegates through in its own right: its child id.
+    pub fn session_id(&self) -> &str {
+        &self.child_id
+    }
+
+    /// The embedder's handle of the engine this child runs under, while the engine is open.
+    pub fn embedder(&self) -> Option<std::sync::Arc<dyn std::any::Any + Send + Sync>> {
+        self.embedder.as_ref()?.upgrade()
+    }
 }
 
 /// A task execution. Dropping the returned future cancels the runner.

@@ -61,7 +61,8 @@ pub fn from_data_dir(dir: &Path, session: Option<&str>) -> Result<Inspection, In
     let dead = ledger.dead_letters()?;
     let quarantined = ledger.quarantined()?;
     drop(ledger);
-    inspection(recovery::split_snapshot(snapshot), dead, &quarantined, session)
+    let nests: HashSet<String> = snapshot.nests.iter().map(|n| n.session_id.clone()).collect();
+    inspection(recovery::split_snapshot(snapshot), &nests, dead, &quarantined, session)
 }
 
 /// Copies every file and folder under `from` to `to` (created).
@@ -84,11 +85,20 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), InspectError> {
 /// The inspection of a split snapshot: each session as recovery would rebuild it.
 fn inspection(
     split: recovery::Split,
+    nests: &HashSet<String>,
     dead: Vec<DeadLetterRow>,
     quarantined: &[Quarantined],
     only: Option<&str>,
 ) -> Result<Inspection, InspectError> {
-    let sessions = split.sessions.iter().map(|(row, part)| session(row, part)).collect();
+    let sessions = split
+        .sessions
+        .iter()
+        .map(|(row, part)| {
+            let mut view = session(row, part);
+            view.parent_child_id = nests.contains(&row.session_id).then(|| row.session_id.clone());
+            view
+        })
+        .collect();
     let dead_letters = dead
         .into_iter()
         .map(|d| DeadLetterView {
@@ -152,6 +162,7 @@ fn session(row: &SessionRow, part: &SessionSnapshot) -> SessionView {
                 call_id: call.call_id.clone(),
                 set: call.set,
                 mode: call.mode,
+                created_at: Some(call.created_at_ms),
                 units: units
                     .into_iter()
                     .map(|u| UnitView {
@@ -172,6 +183,7 @@ fn session(row: &SessionRow, part: &SessionSnapshot) -> SessionView {
         counts: counts(&plan),
         parent_child_id: None,
         calls,
+        claims: Vec::new(),
     }
 }
 
@@ -208,5 +220,10 @@ fn child(row: &ChildRow) -> ChildView {
         started_at: row.started_at_ms,
         finished_at: row.finished_at_ms,
         delivery,
+        delivery_attempt: row
+            .status
+            .is_terminal()
+            .then(|| row.result.failed_attempts.saturating_add(1)),
+        summary: super::summary_line(row.summary.as_deref(), row.error.as_deref()),
     }
 }

@@ -64,11 +64,27 @@ pub struct SessionView {
     pub wake_capable: bool,
     /// Its counts.
     pub counts: Counts,
-    /// The child whose nested session this is (always `null`: nesting does not exist yet).
+    /// The child whose nested session this is; `null` for a top-level session.
     #[serde(default)]
     pub parent_child_id: Option<String>,
     /// Its calls, by set.
     pub calls: Vec<CallView>,
+    /// Its live claims (a data folder has none: a server opening it returns them).
+    #[serde(default)]
+    pub claims: Vec<ClaimView>,
+}
+
+/// A live claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimView {
+    /// Its id.
+    pub claim_id: String,
+    /// Who made it.
+    pub consumer: String,
+    /// How many items it holds.
+    pub items: usize,
+    /// When its lease runs out.
+    pub lease_expires_at: u64,
 }
 
 /// A call of a session.
@@ -80,6 +96,9 @@ pub struct CallView {
     pub set: u64,
     /// The mode it runs in.
     pub mode: Mode,
+    /// When it was made.
+    #[serde(default)]
+    pub created_at: Option<u64>,
     /// Its completion units.
     pub units: Vec<UnitView>,
     /// Its children, by task index.
@@ -110,9 +129,27 @@ pub struct ChildView {
     pub started_at: Option<u64>,
     /// When it ended.
     pub finished_at: Option<u64>,
-    /// Where its result is on its way to the parent (data folder only).
+    /// Where its result is on its way to the parent.
     #[serde(default)]
     pub delivery: Option<Delivery>,
+    /// The delivery attempt its result is at (1 before any failed one).
+    #[serde(default)]
+    pub delivery_attempt: Option<u32>,
+    /// The first line of its summary (or, without one, of its error), cut at 120 characters.
+    #[serde(default)]
+    pub summary: Option<String>,
+}
+
+/// The first line of a child's summary, or of its error when it has none, cut at 120
+/// characters: what a tree of many children can show of each.
+pub fn summary_line(summary: Option<&str>, error: Option<&str>) -> Option<String> {
+    let text = summary.filter(|s| !s.trim().is_empty()).or(error)?;
+    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    let mut out: String = line.chars().take(120).collect();
+    if line.chars().count() > 120 {
+        out.push('…');
+    }
+    Some(out)
 }
 
 /// Where a child's result is on its way to the parent.

@@ -84,16 +84,54 @@ fn render_session(out: &mut String, s: &SessionView) {
         "  queued {}  running {}  ready {}  backing_off {}  claimed {}  delivered {}",
         c.queued, c.running, c.ready, c.backing_off, c.claimed, c.delivered
     );
+    if let Some(parent) = &s.parent_child_id {
+        let _ = writeln!(out, "  nested: the session of child {parent}");
+    }
     if s.calls.is_empty() {
         out.push_str("  no calls\n");
     }
     for call in &s.calls {
         render_call(out, call);
     }
+    if !s.claims.is_empty() {
+        out.push_str("  live claims:\n");
+        let rows = s
+            .claims
+            .iter()
+            .map(|c| {
+                vec![
+                    c.claim_id.clone(),
+                    c.consumer.clone(),
+                    c.items.to_string(),
+                    time(Some(c.lease_expires_at)),
+                ]
+            })
+            .collect();
+        columns(out, "    ", &["CLAIM", "CONSUMER", "ITEMS", "LEASE EXPIRES"], rows);
+    }
+}
+
+/// How long ago `ms` was, coarsely (`42s`, `5m`, `3h`, `2d`).
+fn age(ms: Option<u64>) -> String {
+    let Some(ms) = ms else { return "-".into() };
+    let secs = brood_actors::model::now_ms().saturating_sub(ms) / 1000;
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 2 * 3600 => format!("{}m", s / 60),
+        s if s < 2 * 86_400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
 }
 
 fn render_call(out: &mut String, call: &CallView) {
-    let _ = writeln!(out, "  call {}  set {}  mode {}", call.call_id, call.set, call.mode);
+    let _ = writeln!(
+        out,
+        "  call {}  set {}  mode {}  age {}",
+        call.call_id,
+        call.set,
+        call.mode,
+        age(call.created_at)
+    );
     let units = call
         .units
         .iter()
@@ -118,13 +156,17 @@ fn render_call(out: &mut String, call: &CallView) {
                 time(c.started_at),
                 time(c.finished_at),
                 c.delivery.map_or("-", |d| d.as_str()).to_string(),
+                c.delivery_attempt.map_or("-".to_string(), |a| a.to_string()),
+                c.summary.clone().unwrap_or_else(|| "-".into()),
             ]
         })
         .collect();
     columns(
         out,
         "    ",
-        &["CHILD", "TASK", "STATUS", "STARTED", "FINISHED", "DELIVERY"],
+        &[
+            "CHILD", "TASK", "STATUS", "STARTED", "FINISHED", "DELIVERY", "ATTEMPT", "SUMMARY",
+        ],
         children,
     );
 }

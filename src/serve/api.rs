@@ -68,6 +68,8 @@ impl From<BroodError> for ApiError {
             BroodError::UnknownSession(_) => (StatusCode::NOT_FOUND, "unknown_session"),
             BroodError::UnknownClaim(_) => (StatusCode::NOT_FOUND, "unknown_claim"),
             BroodError::UnknownTarget { .. } => (StatusCode::NOT_FOUND, e.code()),
+            BroodError::MaxDepthExceeded { .. } => (StatusCode::BAD_REQUEST, e.code()),
+            BroodError::ParentEnded { .. } => (StatusCode::CONFLICT, e.code()),
             BroodError::ClaimLost(_) => (StatusCode::CONFLICT, "claim_lost"),
             BroodError::ClaimAcked(_) => (StatusCode::CONFLICT, "claim_acked"),
             BroodError::EmbedderPanicked { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "runner_factory_panicked"),
@@ -190,6 +192,46 @@ pub struct CancelBody {
     /// Why: kept in each cancelled child's error.
     #[serde(default)]
     pub reason: Option<String>,
+}
+
+/// `POST /v1/dead-letters/redrive`: exactly one of `child_ids`, `session_id`, `all`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedriveBody {
+    /// The children whose dead items to put back.
+    #[serde(default)]
+    pub child_ids: Option<Vec<String>>,
+    /// The session whose dead items to put back.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Every dead item.
+    #[serde(default)]
+    pub all: Option<bool>,
+    /// At most this many (the oldest dead first).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+impl RedriveBody {
+    /// Which dead letters it names; refused unless exactly one selector is given.
+    pub fn select(self) -> Result<crate::RedriveSelect, ApiError> {
+        use crate::RedriveSelect;
+        match (self.child_ids, self.session_id, self.all) {
+            (Some(ids), None, None) if ids.is_empty() => {
+                Err(ApiError::invalid("`child_ids` must name at least one child"))
+            }
+            (Some(ids), None, None) => Ok(RedriveSelect::Children(ids)),
+            (None, Some(s), None) if s.is_empty() => Err(ApiError::invalid("`session_id` must not be empty")),
+            (None, Some(s), None) => Ok(RedriveSelect::Session(s)),
+            (None, None, Some(true)) => Ok(RedriveSelect::All),
+            (None, None, Some(false)) => Err(ApiError::invalid(
+                "`all` is false; to redrive everything send `\"all\": true`, or name `child_ids` or a `session_id`",
+            )),
+            _ => Err(ApiError::invalid(
+                "give exactly one of `child_ids` (a list), `session_id`, or `\"all\": true`",
+            )),
+        }
+    }
 }
 
 /// An item as an envelope (or a sync reply) carries it.

@@ -32,6 +32,20 @@ pub struct ServeConfig {
     pub max_concurrent_children: u32,
     /// Delivery attempts of a new session's items before they are dead-lettered.
     pub max_delivery_attempts: u32,
+    /// The deepest call accepted (a call in a top-level session is depth 1).
+    pub max_depth: u32,
+    /// The most children running at once over every session, shared round-robin by the
+    /// sessions that want more (none: unlimited).
+    pub max_running_children: Option<u32>,
+    /// How long a call whose items were all delivered is kept after its last child finished, in
+    /// ms.
+    pub retain_delivered_ms: u64,
+    /// How long a call with dead letters is kept after the last of them died, in ms.
+    pub retain_dead_ms: u64,
+    /// How long a session with nothing left and nothing live is kept, in ms (0: for good).
+    pub drop_idle_sessions_ms: u64,
+    /// How often retention sweeps, in ms (0: never in the background).
+    pub retention_interval_ms: u64,
     /// The shortest lease a boundary may ask for, in ms.
     pub min_lease_ms: u64,
     /// The longest lease a boundary may ask for, in ms.
@@ -52,6 +66,23 @@ pub struct ServeConfig {
     pub cache_bytes: u64,
 }
 
+const DAY_MS: u64 = 24 * 60 * 60 * 1000;
+
+impl ServeConfig {
+    /// The retention these settings give.
+    pub fn retention(&self) -> crate::Retention {
+        use std::time::Duration;
+        let some = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
+        crate::Retention {
+            delivered: Duration::from_millis(self.retain_delivered_ms),
+            dead: Duration::from_millis(self.retain_dead_ms),
+            idle_session: some(self.drop_idle_sessions_ms),
+            interval: some(self.retention_interval_ms),
+            ..crate::Retention::default()
+        }
+    }
+}
+
 fn redacted<S: serde::Serializer>(_: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str("(set)")
 }
@@ -68,6 +99,12 @@ impl Default for ServeConfig {
             body_limit: 8 << 20,
             max_concurrent_children: brood_actors::model::DEFAULT_MAX_CONCURRENT_CHILDREN,
             max_delivery_attempts: brood_actors::model::DEFAULT_MAX_DELIVERY_ATTEMPTS,
+            max_depth: brood_actors::model::DEFAULT_MAX_DEPTH,
+            max_running_children: None,
+            retain_delivered_ms: 7 * DAY_MS,
+            retain_dead_ms: 30 * DAY_MS,
+            drop_idle_sessions_ms: 30 * DAY_MS,
+            retention_interval_ms: 60_000,
             min_lease_ms: crate::MIN_LEASE_MS,
             max_lease_ms: crate::MAX_LEASE_MS,
             default_lease_ms: 60_000,
@@ -125,6 +162,24 @@ const KEYS: &[(&str, &str)] = &[
     ("body_limit", "bytes, from 1024 to 1073741824"),
     ("max_concurrent_children", "from 1 to 100000"),
     ("max_delivery_attempts", "from 1 to 1000"),
+    ("max_depth", "from 1 to 64 (default 2)"),
+    (
+        "max_running_children",
+        "from 1 to 1000000, over every session (default: unlimited)",
+    ),
+    (
+        "retain_delivered_ms",
+        "from 0 to 315360000000 (default 604800000: 7 days)",
+    ),
+    ("retain_dead_ms", "from 0 to 315360000000 (default 2592000000: 30 days)"),
+    (
+        "drop_idle_sessions_ms",
+        "from 0 (never) to 315360000000 (default 2592000000: 30 days)",
+    ),
+    (
+        "retention_interval_ms",
+        "from 0 (no background sweep) to 86400000 (default 60000)",
+    ),
     ("min_lease_ms", "from 100 to 3600000"),
     ("max_lease_ms", "from 100 to 3600000, at least min_lease_ms"),
     ("default_lease_ms", "from min_lease_ms to max_lease_ms"),
@@ -288,6 +343,12 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
         "body_limit" => c.body_limit = number(key, raw, 1024, 1 << 30)? as usize,
         "max_concurrent_children" => c.max_concurrent_children = number(key, raw, 1, 100_000)? as u32,
         "max_delivery_attempts" => c.max_delivery_attempts = number(key, raw, 1, 1_000)? as u32,
+        "max_depth" => c.max_depth = number(key, raw, 1, 64)? as u32,
+        "max_running_children" => c.max_running_children = Some(number(key, raw, 1, 1_000_000)? as u32),
+        "retain_delivered_ms" => c.retain_delivered_ms = number(key, raw, 0, 10 * 365 * DAY_MS)?,
+        "retain_dead_ms" => c.retain_dead_ms = number(key, raw, 0, 10 * 365 * DAY_MS)?,
+        "drop_idle_sessions_ms" => c.drop_idle_sessions_ms = number(key, raw, 0, 10 * 365 * DAY_MS)?,
+        "retention_interval_ms" => c.retention_interval_ms = number(key, raw, 0, DAY_MS)?,
         "min_lease_ms" => c.min_lease_ms = number(key, raw, 100, 3_600_000)?,
         "max_lease_ms" => c.max_lease_ms = number(key, raw, 100, 3_600_000)?,
         "default_lease_ms" => c.default_lease_ms = number(key, raw, 100, 3_600_000)?,

@@ -68,8 +68,7 @@ pub(super) async fn list_sessions(state: web::Data<State>, req: HttpRequest) -> 
             "turn": st.info.turn,
             "wake_capable": st.info.wake_capable,
             "counts": counts_json(&st),
-            // Nested sessions do not exist yet: every session is a top-level one.
-            "parent_child_id": null,
+            "parent_child_id": state.brood.nest(id).map(|n| n.session_id),
         }));
     }
     let next = if more { ids.last() } else { None };

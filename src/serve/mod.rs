@@ -126,6 +126,9 @@ fn engine_config(config: &ServeConfig, wakes: wake::Webhooks, queues: &Arc<WorkQ
         .commit_window(Duration::from_millis(config.commit_window_ms))
         .routing_threads(config.routing_threads)
         .cache_bytes(config.cache_bytes)
+        .max_depth(config.max_depth)
+        .max_running_children(config.max_running_children)
+        .retention(config.retention())
         .wake_factory(wakes)
 }
 
@@ -152,6 +155,7 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
             .wrap(actix_web::middleware::from_fn(metrics::count_requests))
             .route("/healthz", web::get().to(routes::healthz))
             .route("/metrics", web::get().to(metrics::scrape))
+            .route("/ui", web::get().to(ui))
             .service(
                 web::scope("/v1")
                     .wrap(actix_web::middleware::from_fn(require_key))
@@ -165,8 +169,10 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
                     .route("/claims/{claim_id}/ack", web::post().to(routes::ack))
                     .route("/claims/{claim_id}/release", web::post().to(routes::release))
                     .route("/dead-letters", web::get().to(routes::dead_letters))
+                    .route("/dead-letters/redrive", web::post().to(routes::redrive))
                     .route("/openapi.json", web::get().to(openapi::document))
                     .route("/workers/poll", web::post().to(workers::poll))
+                    .route("/calls/{call_id}", web::get().to(routes::get_call))
                     .route("/calls/{call_id}/cancel", web::post().to(routes::cancel_call))
                     .route("/units/{unit_id}/cancel", web::post().to(routes::cancel_unit))
                     .route("/children/{child_id}/cancel", web::post().to(routes::cancel_child))
@@ -231,6 +237,18 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
         Err(_) => tracing::warn!("the engine was still shared after the server stopped; it closes when dropped"),
     }
     Ok(())
+}
+
+/// The live web view (`GET /ui`): one page of plain HTML and JavaScript, no build step, no CDN.
+/// It holds no data of its own: it reads the API, with the key the user gives it when the
+/// server has one.
+const UI_PAGE: &str = include_str!("ui.html");
+
+async fn ui() -> actix_web::HttpResponse {
+    actix_web::HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .insert_header(("Cache-Control", "no-store"))
+        .body(UI_PAGE)
 }
 
 #[cfg(test)]

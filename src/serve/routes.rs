@@ -104,33 +104,68 @@ pub(super) async fn put_session(state: web::Data<State>, path: web::Path<String>
 
 pub(super) async fn get_session(state: web::Data<State>, path: web::Path<String>) -> Reply {
     let st = state.brood.status(&path.into_inner()).await?;
-    let calls: Vec<serde_json::Value> = st
-        .calls
-        .iter()
-        .map(|c| {
-            json!({
-                "call_id": c.call.call_id,
-                "set": c.call.set,
-                "mode": c.call.mode,
-                "units": c.units.iter().map(|u| json!({"unit_id": u.unit_id, "group": u.group, "tasks": u.tasks})).collect::<Vec<_>>(),
-                "children": c.children.iter().map(|r| json!({
-                    "child_id": r.child_id,
-                    "task_index": r.task_index,
-                    "status": r.status,
-                    "started_at": r.started_at_ms,
-                    "finished_at": r.finished_at_ms,
-                })).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
+    let calls: Vec<serde_json::Value> = st.calls.iter().map(call_json).collect();
     Ok(HttpResponse::Ok().json(json!({
         "session_id": st.info.session_id,
         "turn": st.info.turn,
         "wake_capable": st.info.wake_capable,
         "max_concurrent_children": st.info.max_concurrent_children,
         "counts": counts_json(&st),
+        "parent_child_id": state.brood.nest(&st.info.session_id).map(|n| n.session_id),
         "calls": calls,
+        "claims": st.claims.iter().map(|c| json!({
+            "claim_id": c.claim_id,
+            "consumer": c.consumer,
+            "items": c.items,
+            "lease_expires_at": c.lease_expires_at_ms,
+        })).collect::<Vec<_>>(),
     })))
+}
+
+/// A call as a session's `calls[]` shows it.
+fn call_json(c: &crate::CallStatus) -> serde_json::Value {
+    json!({
+        "call_id": c.call.call_id,
+        "set": c.call.set,
+        "mode": c.call.mode,
+        "created_at": c.call.created_at_ms,
+        "units": c.units.iter().map(|u| json!({"unit_id": u.unit_id, "group": u.group, "tasks": u.tasks})).collect::<Vec<_>>(),
+        "children": c.children.iter().map(|r| json!({
+            "child_id": r.child_id,
+            "task_index": r.task_index,
+            "status": r.status,
+            "started_at": r.started_at_ms,
+            "finished_at": r.finished_at_ms,
+            "delivery": delivery(r),
+            "delivery_attempt": r.status.is_terminal().then(|| r.result.failed_attempts.saturating_add(1)),
+            "summary": crate::inspect::summary_line(r.summary.as_deref(), r.error.as_deref()),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Where a child's result is on its way: `null` until it has one.
+fn delivery(r: &crate::ChildRow) -> Option<&'static str> {
+    if r.result.delivered {
+        Some("delivered")
+    } else if r.result.dead {
+        Some("dead_letter")
+    } else if r.status.is_terminal() {
+        Some("undelivered")
+    } else {
+        None
+    }
+}
+
+/// `GET /v1/calls/{call_id}`: the call as a session shows it, with its session, the mode it
+/// ran in and why it was forced to sync, and when it was made; from the ledger once it was
+/// delivered.
+pub(super) async fn get_call(state: web::Data<State>, path: web::Path<String>) -> Reply {
+    let c = state.brood.call(&path.into_inner()).await?;
+    let mut out = call_json(&c);
+    out["session_id"] = json!(c.call.session_id);
+    out["forced_sync_reason"] = json!(c.call.forced_sync_reason);
+    out["created_at"] = json!(c.call.created_at_ms);
+    Ok(HttpResponse::Ok().json(out))
 }
 
 /// A session's `counts` object, as `GET /v1/sessions/{id}` and `GET /v1/sessions` answer it.
@@ -288,8 +323,21 @@ async fn cancel(state: web::Data<State>, target: crate::CancelTarget, payload: w
     Ok(HttpResponse::Ok().json(done))
 }
 
-pub(super) async fn dead_letters(state: web::Data<State>) -> Reply {
-    let rows = state.brood.dead_letters().await?;
+/// The query of `GET /v1/dead-letters`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeadLetterQuery {
+    session_id: Option<String>,
+}
+
+pub(super) async fn dead_letters(state: web::Data<State>, req: HttpRequest) -> Reply {
+    let query = web::Query::<DeadLetterQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::invalid(format!("the query string does not parse: {e}")))?
+        .into_inner();
+    let rows = match &query.session_id {
+        Some(s) => state.brood.dead_letters_of(s).await?,
+        None => state.brood.dead_letters().await?,
+    };
     let items: Vec<serde_json::Value> = rows
         .iter()
         .map(|d| {
@@ -305,6 +353,18 @@ pub(super) async fn dead_letters(state: web::Data<State>) -> Reply {
         })
         .collect();
     Ok(HttpResponse::Ok().json(json!({"items": items})))
+}
+
+pub(super) async fn redrive(state: web::Data<State>, payload: web::Payload) -> Reply {
+    let raw = body(&state, payload).await?;
+    let body: api::RedriveBody = api::parse(&raw)?;
+    let limit = body.limit;
+    if limit == Some(0) {
+        return Err(ApiError::invalid("`limit` must be at least 1 when given"));
+    }
+    let select = body.select()?;
+    let redriven = state.brood.redrive(select, limit).await?;
+    Ok(HttpResponse::Ok().json(json!({"redriven": redriven})))
 }
 
 pub(super) async fn healthz(state: web::Data<State>) -> Reply {

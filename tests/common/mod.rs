@@ -121,6 +121,55 @@ impl Runner for GateRunner {
     }
 }
 
+/// What `hold` runners did: which started, and how many were stopped (dropped) before they
+/// ended.
+#[derive(Default)]
+pub struct Holds {
+    /// Child ids of the hold runners started, in order.
+    pub started: Mutex<Vec<String>>,
+    /// Hold runners dropped (a cancel drops its runner).
+    pub stopped: AtomicUsize,
+}
+
+impl Holds {
+    /// The child ids started so far.
+    pub fn started(&self) -> Vec<String> {
+        self.started.lock().unwrap().clone()
+    }
+
+    /// How many were stopped so far.
+    pub fn stopped(&self) -> usize {
+        self.stopped.load(Ordering::SeqCst)
+    }
+}
+
+/// A runner that never ends on its own; dropping it counts as stopped.
+struct HoldRunner(Arc<Holds>);
+
+struct Stopped(Arc<Holds>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.stopped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Runner for HoldRunner {
+    fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
+        self.0.started.lock().unwrap().push(ctx.child_id.clone());
+        let guard = Stopped(self.0.clone());
+        Box::pin(async move {
+            let _guard = guard;
+            futures::future::pending::<RunOutput>().await
+        })
+    }
+}
+
+/// A child that runs until it is cancelled.
+pub fn hold() -> Value {
+    json!({"kind": "hold"})
+}
+
 /// Real concurrency of probe children, measured inside the runners themselves.
 #[derive(Default)]
 pub struct Probe {
@@ -167,12 +216,18 @@ pub struct Kit {
     pub gates: Arc<Gates>,
     /// The probe of `probe` children.
     pub probe: Arc<Probe>,
+    /// What `hold` children did.
+    pub holds: Arc<Holds>,
 }
 
 impl Kit {
-    /// `sim` plus `gate` and `probe`.
+    /// `sim` plus `gate`, `probe` and `hold`.
     pub fn runners(&self) -> Runners {
         let mut r = Runners::builtin();
+        let holds = self.holds.clone();
+        r.register("hold", move |_| {
+            Ok(Box::new(HoldRunner(holds.clone())) as Box<dyn Runner>)
+        });
         let gates = self.gates.clone();
         r.register("gate", move |spec| {
             let name = spec

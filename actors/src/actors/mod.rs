@@ -53,6 +53,19 @@ pub struct Engine {
     pub routing_arbiters: Vec<ArbiterHandle>,
     /// The session of each call an owner holds in memory (a cancel names only its call).
     pub calls: Arc<DashMap<String, String>>,
+    /// The nested sessions (a child's session, by its id), as stored.
+    nests: Arc<DashMap<String, crate::model::NestRow>>,
+    /// Whether any session is nested: until one is, a child's end looks nothing up.
+    any_nest: Arc<std::sync::atomic::AtomicBool>,
+    /// The deepest call accepted (a call in a top-level session is depth 1).
+    pub max_depth: u32,
+    /// The embedder's handle of the engine, given to runners (nested delegation); weak, so it
+    /// never keeps the engine open.
+    pub embedder: Arc<std::sync::OnceLock<std::sync::Weak<dyn std::any::Any + Send + Sync>>>,
+    /// How long what is over is kept, and how often retention sweeps.
+    pub retention: crate::retention::Retention,
+    /// The server-wide bound on running children, shared round-robin (none: unlimited).
+    pub shares: Option<Arc<crate::routing::Shares>>,
     /// The last turn state of each session, so a restarted owner keeps it.
     pub turns: Arc<DashMap<String, crate::routing::Turn>>,
     /// Where owners tell live observers what they applied.
@@ -92,6 +105,12 @@ impl Engine {
             commit_arbiter: None,
             turns: Arc::new(DashMap::new()),
             calls: Arc::new(DashMap::new()),
+            nests: Arc::new(DashMap::new()),
+            any_nest: Arc::default(),
+            embedder: Arc::default(),
+            shares: None,
+            retention: crate::retention::Retention::default(),
+            max_depth: crate::model::DEFAULT_MAX_DEPTH,
             events: crate::events::Events::default(),
             commit_window: std::time::Duration::ZERO,
             admitting: Arc::new(std::sync::atomic::AtomicBool::new(true)),
@@ -190,6 +209,54 @@ impl Engine {
         session_id.hash(&mut h);
         let i = (h.finish() % self.routing_arbiters.len() as u64) as usize;
         self.routing_arbiters.get(i)
+    }
+
+    /// A nested session's row; none for a top-level session.
+    pub fn nest(&self, session_id: &str) -> Option<crate::model::NestRow> {
+        if !self.any_nest.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        self.nests.get(session_id).map(|n| n.clone())
+    }
+
+    /// Whether `session_id` is a nested session.
+    pub(crate) fn is_nested(&self, session_id: &str) -> bool {
+        self.any_nest.load(std::sync::atomic::Ordering::Acquire) && self.nests.contains_key(session_id)
+    }
+
+    /// How deep a session is: 0 for a top-level one.
+    pub fn depth(&self, session_id: &str) -> u32 {
+        self.nest(session_id).map_or(0, |n| n.depth)
+    }
+
+    /// Every nested session.
+    pub fn nests(&self) -> Vec<crate::model::NestRow> {
+        self.nests.iter().map(|n| n.value().clone()).collect()
+    }
+
+    /// Knows `row` from now on (stored, or read back).
+    pub(crate) fn add_nest(&self, row: crate::model::NestRow) {
+        self.nests.insert(row.session_id.clone(), row);
+        self.any_nest.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Forgets a session retention removed: its owner, its nest, its turn, its share.
+    pub(crate) fn forget_session(&self, session_id: &str) {
+        self.owners.remove(session_id);
+        self.nests.remove(session_id);
+        self.turns.remove(session_id);
+        if let Some(shares) = &self.shares {
+            self.poke(shares.forget(session_id));
+        }
+    }
+
+    /// Tells the owners of `sessions` to admit (a server-wide slot was reserved for them).
+    pub(crate) fn poke(&self, sessions: Vec<String>) {
+        for s in sessions {
+            if let Some(owner) = self.owner(&s) {
+                owner.do_send(owner::Admit);
+            }
+        }
     }
 
     /// The current owner of a session.

@@ -22,7 +22,9 @@ use super::supervise::{self, Decision, Exit, RestartBudget, RestartBudgets, Rest
 use super::{Engine, Owners};
 use crate::error::BroodError;
 use crate::ledger::{Ledger, LedgerError, RowKey, Writes};
-use crate::model::{now_ms, validate_session_id, ClaimRow, DeadLetterRow, SessionRow, SessionSettings};
+use crate::model::{
+    nest_parent, now_ms, validate_session_id, ClaimRow, DeadLetterRow, NestRow, SessionRow, SessionSettings,
+};
 use crate::recovery::{split_snapshot, Recovery, Reject};
 use crate::runner::RunnerFactory;
 use crate::wake::Wake;
@@ -129,7 +131,10 @@ impl Supervisor {
     /// channels and commit window set); the caller keeps clones of what it needs of it.
     pub fn start_engine(engine: Engine, policy: RestartPolicy) -> Result<Addr<Supervisor>, LedgerError> {
         let ledger = engine.ledger.clone();
-        let snapshot = ledger.load()?;
+        let mut snapshot = ledger.load()?;
+        for nest in std::mem::take(&mut snapshot.nests) {
+            engine.add_nest(nest);
+        }
         let claim_ids = claim_keys(&snapshot.claims);
         let split = split_snapshot(snapshot);
         quarantine_rejects(&*ledger, &split.rejects)?;
@@ -161,6 +166,7 @@ impl Supervisor {
             ledger.write(&writes)?;
             ledger.flush()?;
         }
+        end_orphaned_nests(&engine, &mut recovered);
         let sup = Supervisor {
             engine,
             budgets: RestartBudgets::new(policy),
@@ -212,6 +218,9 @@ impl Supervisor {
                 if decision == Decision::Escalate {
                     tracing::error!(session = %id, "session owner keeps failing; the session is given up");
                     self.engine.owners.remove(&id);
+                    if let Some(shares) = &self.engine.shares {
+                        self.engine.poke(shares.forget(&id));
+                    }
                     self.failed.insert(id, msg);
                     return;
                 }
@@ -318,6 +327,11 @@ impl Actor for Supervisor {
         for owner in std::mem::take(&mut self.recovered) {
             self.spawn_owner(owner, ctx);
         }
+        // Retention reads off every actor's thread and removes through the owners.
+        actix::spawn(crate::retention::run(
+            self.engine.clone(),
+            self.engine.retention.clone(),
+        ));
     }
 }
 
@@ -348,9 +362,14 @@ impl Handler<OpenSession> for Supervisor {
                     next_set: 1,
                     created_at_ms: now_ms(),
                 };
+                let nest = match nest_of(&self.engine, &msg.session_id) {
+                    Ok(nest) => nest,
+                    Err(e) => return Box::pin(async move { Err(e) }),
+                };
                 let ledger = &self.engine.ledger;
                 let session = Writes {
                     sessions: vec![row.clone()],
+                    nests: nest.iter().cloned().collect(),
                     ..Writes::default()
                 };
                 if let Err(e) = ledger.write(&session).and_then(|_| ledger.flush().map(|_| ())) {
@@ -361,6 +380,9 @@ impl Handler<OpenSession> for Supervisor {
                         ..Writes::default()
                     });
                     return Box::pin(async move { Err(e.into()) });
+                }
+                if let Some(nest) = nest {
+                    self.engine.add_nest(nest);
                 }
                 self.spawn_owner(SessionOwner::new(self.engine.clone(), row), ctx)
             }
@@ -373,6 +395,62 @@ impl Handler<OpenSession> for Supervisor {
             let info = addr.send(configure).await.map_err(|_| BroodError::Stopped)??;
             Ok((addr, info))
         })
+    }
+}
+
+/// The nest row of a new session whose id names a child (`deleg_<hex>.<index>`): its parent's
+/// session and its depth. A child id no call has is refused; any other id is a top-level
+/// session.
+fn nest_of(engine: &Engine, session_id: &str) -> Result<Option<NestRow>, BroodError> {
+    let Some((call_id, task)) = nest_parent(session_id) else {
+        return Ok(None);
+    };
+    let live = engine.calls.get(call_id).map(|s| s.value().clone());
+    let call = match live {
+        Some(session) => engine.ledger.call(&session, call_id)?,
+        None => engine.ledger.find_call(call_id)?,
+    };
+    let Some(call) = call.filter(|c| (task as usize) < c.tasks.len()) else {
+        return Err(BroodError::UnknownTarget {
+            kind: "child",
+            id: session_id.to_string(),
+        });
+    };
+    Ok(Some(NestRow {
+        session_id: session_id.to_string(),
+        depth: engine.depth(&call.session_id).saturating_add(1),
+        parent_session_id: call.session_id,
+        created_at_ms: now_ms(),
+    }))
+}
+
+/// Marks the recovered owners of nested sessions whose child has ended (while no process ran,
+/// or before its end reached them: a crash in between): each cancels its unfinished calls as it
+/// starts, before it admits anything, and takes no more.
+fn end_orphaned_nests(engine: &Engine, owners: &mut [SessionOwner]) {
+    let index: HashMap<String, usize> = owners
+        .iter()
+        .enumerate()
+        .map(|(i, o)| (o.session_id().to_string(), i))
+        .collect();
+    let mut ended = Vec::new();
+    for nest in engine.nests() {
+        let Some(&me) = index.get(&nest.session_id) else {
+            continue;
+        };
+        let Some((call_id, task)) = nest_parent(&nest.session_id) else {
+            continue;
+        };
+        let state = index
+            .get(&nest.parent_session_id)
+            .and_then(|&p| owners[p].child_status(call_id, task));
+        if state.is_none_or(|s| s.is_terminal()) {
+            ended.push(me);
+        }
+    }
+    for i in ended {
+        let reason = format!("its parent child `{}` ended", owners[i].session_id());
+        owners[i].end_nested_when_started(reason);
     }
 }
 

@@ -6,9 +6,9 @@
 //! write and when is decided by the actors. Writes become durable at [`Ledger::flush`]; nothing
 //! may be reported as recorded before the flush that covers it returned (I1).
 //!
-//! Trees: `sessions`, `calls`, `children`, `starts`, `claims`, `acks`, `wakes`, `dead_letters`, `meta`,
+//! Trees: `sessions`, `calls`, `children`, `starts`, `claims`, `acks`, `wakes`, `nests`, `dead_letters`, `redrives`, `meta`,
 //! `quarantine` (with the raw values in `quarantine_raw`). Values are [`crate::codec`] rows.
-//! Sessions and wakes are keyed by session id; every other row by [`row_key`] (its session id,
+//! Sessions, wakes and nests are keyed by session id; every other row by [`row_key`] (its session id,
 //! a NUL, its own id), so one session's rows are one contiguous range and
 //! [`Ledger::load_session`] reads only them: nothing an owner rebuild reads grows with the
 //! ledger's other sessions.
@@ -164,6 +164,21 @@ pub struct Snapshot {
     pub damaged_children: Vec<String>,
     /// Sessions' webhook wake targets.
     pub wakes: Vec<WakeRow>,
+    /// Nested sessions (read by [`Ledger::load`] only: an owner rebuild has them in memory).
+    pub nests: Vec<NestRow>,
+}
+
+/// The rows of one call besides its own (what retention removes with it).
+#[derive(Debug, Default, Clone)]
+pub struct CallParts {
+    /// Its children's rows, by task index.
+    pub children: Vec<ChildRow>,
+    /// Its items' dead letters.
+    pub dead_letters: Vec<DeadLetterRow>,
+    /// The dedup keys of its items' redrive records.
+    pub redrives: Vec<String>,
+    /// The ids of its start rows.
+    pub starts: Vec<String>,
 }
 
 /// The rows one decision writes, in the order sled's log keeps them: sled recovers a prefix of
@@ -188,12 +203,22 @@ pub struct Writes {
     pub wakes: Vec<WakeRow>,
     /// Webhook wake targets to remove, by session id.
     pub remove_wakes: Vec<String>,
+    /// Nested sessions to put (with their session row, when first opened).
+    pub nests: Vec<NestRow>,
     /// Sessions to remove (one whose creation was not made durable).
     pub remove_sessions: Vec<String>,
     /// Calls to remove (a refused dispatch taken back).
     pub remove_calls: Vec<RowKey>,
     /// Dead letters to remove, by dedup key.
     pub remove_dead_letters: Vec<RowKey>,
+    /// Redrive records to put.
+    pub redrives: Vec<RedriveRow>,
+    /// Redrive records to remove, by dedup key.
+    pub remove_redrives: Vec<RowKey>,
+    /// Child rows to remove (retention), by child id.
+    pub remove_children: Vec<RowKey>,
+    /// Nested sessions' rows to remove, by session id.
+    pub remove_nests: Vec<String>,
     /// Ack rows to remove, by claim id.
     pub remove_acks: Vec<RowKey>,
     /// Claim rows to remove.
@@ -213,6 +238,11 @@ impl Writes {
             && self.starts.is_empty()
             && self.wakes.is_empty()
             && self.remove_wakes.is_empty()
+            && self.nests.is_empty()
+            && self.redrives.is_empty()
+            && self.remove_redrives.is_empty()
+            && self.remove_children.is_empty()
+            && self.remove_nests.is_empty()
             && self.remove_sessions.is_empty()
             && self.remove_calls.is_empty()
             && self.remove_dead_letters.is_empty()
@@ -231,6 +261,11 @@ impl Writes {
         self.starts.extend(other.starts);
         self.wakes.extend(other.wakes);
         self.remove_wakes.extend(other.remove_wakes);
+        self.nests.extend(other.nests);
+        self.redrives.extend(other.redrives);
+        self.remove_redrives.extend(other.remove_redrives);
+        self.remove_children.extend(other.remove_children);
+        self.remove_nests.extend(other.remove_nests);
         self.remove_sessions.extend(other.remove_sessions);
         self.remove_calls.extend(other.remove_calls);
         self.remove_dead_letters.extend(other.remove_dead_letters);
@@ -255,8 +290,25 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// The stored row of the call `call_id`, whatever its session (a lookup for a call no owner
     /// holds in memory any more: off every hot path, it may read every call's key).
     fn find_call(&self, call_id: &str) -> Result<Option<CallRow>, LedgerError>;
+    /// The stored row of the call `call_id` of `session_id` (one key's read).
+    fn call(&self, session_id: &str, call_id: &str) -> Result<Option<CallRow>, LedgerError>;
     /// Every dead letter.
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError>;
+    /// The stored rows of a call's children (those that have one), by task index.
+    fn call_children(&self, session_id: &str, call_id: &str) -> Result<Vec<ChildRow>, LedgerError>;
+    /// Up to `limit` calls of a session in id order (the order they were made), after the
+    /// call id `after` (exclusive) when given.
+    fn calls_page(&self, session_id: &str, after: Option<&str>, limit: usize) -> Result<Vec<CallRow>, LedgerError>;
+    /// Every stored row of one call but the call's own: its children's rows, its items' dead
+    /// letters and redrive records, its start rows.
+    fn call_parts(&self, session_id: &str, call_id: &str) -> Result<CallParts, LedgerError>;
+    /// Up to `limit` ack rows of a session in claim id order (the order claims were made), after
+    /// `after` (exclusive) when given.
+    fn acks_page(&self, session_id: &str, after: Option<&str>, limit: usize) -> Result<Vec<AckRow>, LedgerError>;
+    /// How many rows each tree holds (a scan: for inspection and tests, not hot paths).
+    fn row_counts(&self) -> Result<Vec<(&'static str, usize)>, LedgerError>;
+    /// The redrive record of an item, if it was ever redriven.
+    fn redrive(&self, session_id: &str, dedup_key: &str) -> Result<Option<RedriveRow>, LedgerError>;
     /// Makes every write so far durable, as [`Ledger::durability`] says; returns the bytes
     /// flushed.
     fn flush(&self) -> Result<usize, LedgerError>;
@@ -293,6 +345,10 @@ pub mod trees {
     pub const STARTS: &str = "starts";
     /// Webhook wake targets by session id.
     pub const WAKES: &str = "wakes";
+    /// Nested sessions by session id.
+    pub const NESTS: &str = "nests";
+    /// Redrive records by dedup key.
+    pub const REDRIVES: &str = "redrives";
     /// Dead letters by dedup key.
     pub const DEAD_LETTERS: &str = "dead_letters";
     /// The format version.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::fsync::FileSync;
 use super::trees::*;
-use super::{Durability, Ledger, LedgerError, RowKey, Snapshot, Writes};
+use super::{CallParts, Durability, Ledger, LedgerError, RowKey, Snapshot, Writes};
 use crate::codec;
 use crate::model::*;
 
@@ -36,6 +36,8 @@ pub struct SledLedger {
     acks: sled::Tree,
     starts: sled::Tree,
     wakes: sled::Tree,
+    nests: sled::Tree,
+    redrives: sled::Tree,
     dead_letters: sled::Tree,
     quarantine: sled::Tree,
     quarantine_raw: sled::Tree,
@@ -158,6 +160,8 @@ impl SledLedger {
             acks: db.open_tree(ACKS)?,
             starts: db.open_tree(STARTS)?,
             wakes: db.open_tree(WAKES)?,
+            nests: db.open_tree(NESTS)?,
+            redrives: db.open_tree(REDRIVES)?,
             dead_letters: db.open_tree(DEAD_LETTERS)?,
             quarantine: db.open_tree(QUARANTINE)?,
             quarantine_raw: db.open_tree(QUARANTINE_RAW)?,
@@ -190,6 +194,8 @@ impl SledLedger {
             ACKS => &self.acks,
             STARTS => &self.starts,
             WAKES => &self.wakes,
+            NESTS => &self.nests,
+            REDRIVES => &self.redrives,
             DEAD_LETTERS => &self.dead_letters,
             _ => return None,
         })
@@ -291,6 +297,10 @@ impl SledLedger {
             starts: self.scan(&self.starts, STARTS, session)?,
             damaged_children: self.damaged_children(session)?,
             wakes: self.scan(&self.wakes, WAKES, session)?,
+            nests: match session {
+                None => self.scan(&self.nests, NESTS, None)?,
+                Some(_) => Vec::new(),
+            },
         };
         self.settle_quarantine()?;
         Ok(snapshot)
@@ -302,6 +312,58 @@ impl SledLedger {
             self.flush()?;
         }
         Ok(())
+    }
+
+    /// Up to `limit` rows of `session_id` in a session-scoped tree, in key order, after `after`.
+    fn page<T: serde::de::DeserializeOwned>(
+        &self,
+        tree: &sled::Tree,
+        name: &'static str,
+        session_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<T>, LedgerError> {
+        let prefix = session_prefix(session_id);
+        let start = match after {
+            // The next key after `after`: the smallest key greater than it.
+            Some(a) => {
+                let mut k = row_key(session_id, a);
+                k.push(0);
+                k
+            }
+            None => prefix.clone(),
+        };
+        let mut out = Vec::new();
+        for kv in tree.range(start..) {
+            let (k, v) = kv?;
+            if !k.starts_with(&prefix) || out.len() >= limit {
+                break;
+            }
+            out.push(codec::decode(&v).map_err(|source| LedgerError::Codec {
+                tree: name,
+                key: String::from_utf8_lossy(&k).into_owned(),
+                source,
+            })?);
+        }
+        Ok(out)
+    }
+
+    /// The row `id` of `session_id` in a session-scoped tree, if there is one.
+    fn get_row<T: serde::de::DeserializeOwned>(
+        &self,
+        tree: &sled::Tree,
+        name: &'static str,
+        session_id: &str,
+        id: &str,
+    ) -> Result<Option<T>, LedgerError> {
+        match tree.get(row_key(session_id, id))? {
+            None => Ok(None),
+            Some(v) => codec::decode(&v).map(Some).map_err(|source| LedgerError::Codec {
+                tree: name,
+                key: id.to_string(),
+                source,
+            }),
+        }
     }
 
     /// The stored key of `id` in `tree`: session-scoped, or the session id itself.
@@ -339,7 +401,10 @@ fn session_prefix(session_id: &str) -> Vec<u8> {
 
 /// Whether a tree's keys are [`row_key`]s (the others are keyed by session id).
 pub(super) fn is_scoped(tree: &str) -> bool {
-    matches!(tree, CALLS | CHILDREN | STARTS | CLAIMS | ACKS | DEAD_LETTERS)
+    matches!(
+        tree,
+        CALLS | CHILDREN | STARTS | CLAIMS | ACKS | DEAD_LETTERS | REDRIVES
+    )
 }
 
 /// Encodes a row; its key (an id, or a stored key's bytes) is turned into text only for the
@@ -432,6 +497,13 @@ impl Ledger for SledLedger {
             // A slow disk: the write goes through, late.
             std::thread::sleep(std::time::Duration::from_millis(400));
         }
+        // A nest before its session: a crash between them leaves a nest row that the next open
+        // writes again, never a nested session that looks top-level.
+        put_all(
+            &self.nests,
+            NESTS,
+            w.nests.iter().map(|r| (r.session_id.as_bytes().to_vec(), r)),
+        )?;
         put_all(
             &self.sessions,
             SESSIONS,
@@ -470,7 +542,15 @@ impl Ledger for SledLedger {
         remove_all(&self.wakes, id_keys(&w.remove_wakes))?;
         remove_all(&self.calls, scoped_keys(&w.remove_calls))?;
         remove_all(&self.dead_letters, scoped_keys(&w.remove_dead_letters))?;
+        put_all(
+            &self.redrives,
+            REDRIVES,
+            w.redrives.iter().map(|r| (row_key(&r.session_id, &r.dedup_key), r)),
+        )?;
+        remove_all(&self.redrives, scoped_keys(&w.remove_redrives))?;
+        remove_all(&self.children, scoped_keys(&w.remove_children))?;
         remove_all(&self.sessions, id_keys(&w.remove_sessions))?;
+        remove_all(&self.nests, id_keys(&w.remove_nests))?;
         remove_all(&self.acks, scoped_keys(&w.remove_acks))?;
         remove_all(&self.claims, scoped_keys(&w.remove_claims))?;
         remove_all(&self.starts, scoped_keys(&w.remove_starts))?;
@@ -515,14 +595,7 @@ impl Ledger for SledLedger {
     }
 
     fn ack(&self, session_id: &str, claim_id: &str) -> Result<Option<AckRow>, LedgerError> {
-        match self.acks.get(row_key(session_id, claim_id))? {
-            None => Ok(None),
-            Some(v) => codec::decode(&v).map(Some).map_err(|source| LedgerError::Codec {
-                tree: ACKS,
-                key: claim_id.to_string(),
-                source,
-            }),
-        }
+        self.get_row(&self.acks, ACKS, session_id, claim_id)
     }
 
     fn find_call(&self, call_id: &str) -> Result<Option<CallRow>, LedgerError> {
@@ -545,8 +618,92 @@ impl Ledger for SledLedger {
         Ok(None)
     }
 
+    fn call(&self, session_id: &str, call_id: &str) -> Result<Option<CallRow>, LedgerError> {
+        self.get_row(&self.calls, CALLS, session_id, call_id)
+    }
+
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError> {
         self.scan(&self.dead_letters, DEAD_LETTERS, None)
+    }
+
+    fn call_children(&self, session_id: &str, call_id: &str) -> Result<Vec<ChildRow>, LedgerError> {
+        let prefix = row_key(session_id, &format!("{call_id}."));
+        let mut out = Vec::new();
+        for kv in self.children.scan_prefix(prefix) {
+            let (k, v) = kv?;
+            let row: ChildRow = codec::decode(&v).map_err(|source| LedgerError::Codec {
+                tree: CHILDREN,
+                key: String::from_utf8_lossy(&k).into_owned(),
+                source,
+            })?;
+            if row.call_id == call_id {
+                out.push(row);
+            }
+        }
+        out.sort_by_key(|r| r.task_index);
+        Ok(out)
+    }
+
+    fn row_counts(&self) -> Result<Vec<(&'static str, usize)>, LedgerError> {
+        let trees = [
+            SESSIONS,
+            CALLS,
+            CHILDREN,
+            STARTS,
+            CLAIMS,
+            ACKS,
+            WAKES,
+            NESTS,
+            DEAD_LETTERS,
+            REDRIVES,
+        ];
+        let mut out = Vec::with_capacity(trees.len());
+        for name in trees {
+            if let Some(tree) = self.tree(name) {
+                out.push((name, tree.len()));
+            }
+        }
+        Ok(out)
+    }
+
+    fn calls_page(&self, session_id: &str, after: Option<&str>, limit: usize) -> Result<Vec<CallRow>, LedgerError> {
+        self.page(&self.calls, CALLS, session_id, after, limit)
+    }
+
+    fn acks_page(&self, session_id: &str, after: Option<&str>, limit: usize) -> Result<Vec<AckRow>, LedgerError> {
+        self.page(&self.acks, ACKS, session_id, after, limit)
+    }
+
+    fn call_parts(&self, session_id: &str, call_id: &str) -> Result<CallParts, LedgerError> {
+        let mut parts = CallParts {
+            children: self.call_children(session_id, call_id)?,
+            ..CallParts::default()
+        };
+        let items = row_key(session_id, &format!("{call_id}."));
+        for kv in self.dead_letters.scan_prefix(&items) {
+            let (k, v) = kv?;
+            let row: DeadLetterRow = codec::decode(&v).map_err(|source| LedgerError::Codec {
+                tree: DEAD_LETTERS,
+                key: String::from_utf8_lossy(&k).into_owned(),
+                source,
+            })?;
+            if row.call_id == call_id {
+                parts.dead_letters.push(row);
+            }
+        }
+        let id_of = |k: &[u8], prefix_len: usize| String::from_utf8_lossy(&k[prefix_len..]).into_owned();
+        let scope = session_prefix(session_id).len();
+        for kv in self.redrives.scan_prefix(&items) {
+            parts.redrives.push(id_of(&kv?.0, scope));
+        }
+        for kv in self.starts.scan_prefix(row_key(session_id, &format!("{call_id}/"))) {
+            parts.starts.push(id_of(&kv?.0, scope));
+        }
+        Ok(parts)
+    }
+
+    fn redrive(&self, session_id: &str, dedup_key: &str) -> Result<Option<RedriveRow>, LedgerError> {
+        self.get_row(&self.redrives, REDRIVES, session_id, dedup_key)
     }
 
     fn flush(&self) -> Result<usize, LedgerError> {

@@ -136,6 +136,29 @@ impl CheckRow for StartRow {
     }
 }
 
+impl CheckRow for NestRow {
+    fn check(&self) -> Result<(), String> {
+        not_empty("parent_session_id", &self.parent_session_id)?;
+        if nest_parent(&self.session_id).is_none() {
+            return Err(format!("`session_id` {:?} names no child", self.session_id));
+        }
+        if self.depth == 0 || self.depth == u32::MAX {
+            return Err(format!("`depth` is {}, out of range", self.depth));
+        }
+        Ok(())
+    }
+}
+
+impl CheckRow for RedriveRow {
+    fn check(&self) -> Result<(), String> {
+        not_empty("session_id", &self.session_id)?;
+        if parse_dedup_key(&self.dedup_key).is_none() {
+            return Err(format!("`dedup_key` {:?} names no item", self.dedup_key));
+        }
+        at_max_u32("count", self.count)
+    }
+}
+
 impl CheckRow for WakeRow {
     fn check(&self) -> Result<(), String> {
         not_empty("session_id", &self.session_id)?;

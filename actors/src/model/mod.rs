@@ -305,6 +305,80 @@ pub struct DeadLetterRow {
     pub dead_at_ms: u64,
 }
 
+/// The redrives of one item: each time it was put back from the dead-letter list, with what
+/// its dead letter said then (the newest last; at most [`MAX_REDRIVE_HISTORY`] kept).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RedriveRow {
+    /// The item's dedup key.
+    pub dedup_key: String,
+    /// Its session.
+    pub session_id: String,
+    /// Redrives made, all told.
+    pub count: u32,
+    /// The latest ones.
+    pub history: Vec<Redriven>,
+}
+
+/// One redrive of an item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Redriven {
+    /// When it was redriven.
+    pub at_ms: u64,
+    /// Why it had been given up (its dead letter's reason).
+    pub dead_reason: String,
+    /// The delivery attempts it had made.
+    pub attempts: u32,
+    /// When it had been given up.
+    pub dead_at_ms: u64,
+}
+
+/// The most redrives of one item whose details are kept.
+pub const MAX_REDRIVE_HISTORY: usize = 32;
+
+impl RedriveRow {
+    /// This row with one more redrive of `dead` at `now` (a fresh row when there was none).
+    pub fn after(previous: Option<RedriveRow>, dead: &DeadLetterRow, now: u64) -> RedriveRow {
+        let mut row = previous.unwrap_or_else(|| RedriveRow {
+            dedup_key: dead.dedup_key.clone(),
+            session_id: dead.session_id.clone(),
+            count: 0,
+            history: Vec::new(),
+        });
+        row.count = row.count.saturating_add(1);
+        row.history.push(Redriven {
+            at_ms: now,
+            dead_reason: dead.reason.clone(),
+            attempts: dead.attempts,
+            dead_at_ms: dead.dead_at_ms,
+        });
+        let over = row.history.len().saturating_sub(MAX_REDRIVE_HISTORY);
+        row.history.drain(..over);
+        row
+    }
+}
+
+/// Which dead letters a redrive puts back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedriveSelect {
+    /// The items of these children.
+    Children(Vec<String>),
+    /// Every dead letter of one session.
+    Session(String),
+    /// Every dead letter.
+    All,
+}
+
+impl RedriveSelect {
+    /// Whether `dead` is among those selected.
+    pub fn selects(&self, dead: &DeadLetterRow) -> bool {
+        match self {
+            RedriveSelect::Children(ids) => ids.contains(&dead.child_id),
+            RedriveSelect::Session(s) => *s == dead.session_id,
+            RedriveSelect::All => true,
+        }
+    }
+}
+
 /// An acknowledged claim, or the confirmed receipt of a sync call's results: the durable record
 /// that its items are delivered. One row per claim: the children's rows are never rewritten for
 /// it; a load folds it into them.
@@ -362,6 +436,38 @@ pub struct WakeRow {
     pub url: String,
     /// When it was bound.
     pub bound_at_ms: u64,
+}
+
+/// A nested session: the session of a child that delegates in its own right (its id is the
+/// child's id). Stored when the session is first opened, keyed by its id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NestRow {
+    /// The nested session (the child's id).
+    pub session_id: String,
+    /// The session the child's call is in.
+    pub parent_session_id: String,
+    /// How deep the session is: 1 for the session of a child of a top-level call, one more for
+    /// each level below. A call in it is one level deeper still.
+    pub depth: u32,
+    /// When it was opened.
+    pub created_at_ms: u64,
+}
+
+impl NestRow {
+    /// The child whose session this is (its id is the session's).
+    pub fn parent_child_id(&self) -> &str {
+        &self.session_id
+    }
+}
+
+/// Default `max_depth`: a call in a top-level session is depth 1, a call in the session of one
+/// of its children depth 2; deeper calls are refused.
+pub const DEFAULT_MAX_DEPTH: u32 = 2;
+
+/// The call and task of the child a session id names, when the session is nested: the id is a
+/// child id brood makes (`deleg_<hex>.<index>`).
+pub fn nest_parent(session_id: &str) -> Option<(&str, u32)> {
+    parse_child_id(session_id).filter(|(call, _)| call.starts_with("deleg_") && call.len() > "deleg_".len())
 }
 
 /// The id under which a sync call's confirmed receipt is recorded among the acks.

@@ -170,6 +170,7 @@ fn children_without_their_call_or_beyond_its_tasks_are_rejected() {
         starts: vec![],
         damaged_children: vec![],
         wakes: vec![],
+        nests: vec![],
     };
     let split = split_snapshot(snap);
     assert_eq!(split.sessions.len(), 1);

@@ -40,6 +40,22 @@ impl<K: Clone + Eq + Hash> Capacity<K> {
         out
     }
 
+    /// As [`Capacity::admit`], at most `n` of them.
+    pub fn admit_up_to(&mut self, n: usize) -> Vec<K> {
+        let mut out = Vec::new();
+        while self.running.len() < self.max && out.len() < n {
+            let Some(k) = self.queue.pop_front() else { break };
+            self.running.insert(k.clone());
+            out.push(k);
+        }
+        out
+    }
+
+    /// How many queued children could start now (free slots with children queued for them).
+    pub fn startable(&self) -> usize {
+        self.room().min(self.queue.len())
+    }
+
     /// A running child ended (or a queued one was withdrawn); frees its slot.
     pub fn finish(&mut self, key: &K) {
         if !self.running.remove(key) {

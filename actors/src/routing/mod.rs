@@ -7,6 +7,7 @@
 //! property-tested against a plain model) without a running system.
 
 mod capacity;
+mod shares;
 mod wake;
 
 use std::collections::{BTreeSet, VecDeque};
@@ -16,6 +17,7 @@ use std::fmt::Debug;
 use std::hash::Hash;
 
 pub use capacity::{on_child_end, Capacity, Publish};
+pub use shares::Shares;
 pub use wake::{Turn, WakeState};
 
 /// Why a claim is handed back.
@@ -177,6 +179,22 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         );
         self.ready.push(key);
         true
+    }
+
+    /// Puts a dead item back in the ready set with its delivery attempts counted afresh (a
+    /// redrive); an item the router does not hold (its call had left memory) is published anew.
+    /// False when the item is not dead.
+    pub fn revive(&mut self, key: K) -> bool {
+        match self.items.get_mut(&key) {
+            Some(e) if matches!(e.state, State::Dead) => {
+                e.state = State::Ready;
+                e.failed_attempts = 0;
+                self.ready.push(key);
+                true
+            }
+            Some(_) => false,
+            None => self.publish(key, 0),
+        }
     }
 
     /// Remembers a claim id from an earlier process as lost, so a late ack of it is refused as
@@ -375,6 +393,13 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
     /// Lets a held claim expire again (its durable write failed; it is as it was).
     pub fn unhold(&mut self, claim_id: &str) {
         self.held.remove(claim_id);
+    }
+
+    /// The live claims: id, how many items, when the lease runs out.
+    pub fn live_claims(&self) -> impl Iterator<Item = (&str, usize, u64)> + '_ {
+        self.claims
+            .iter()
+            .map(|(id, c)| (id.as_str(), c.items.len(), c.expires_at_ms))
     }
 
     /// When a live claim's lease runs out.
@@ -606,6 +631,23 @@ mod tests {
             }
         }
         assert!(r.claim(now + 1_000_000, "last".into(), 1000).is_none());
+    }
+
+    #[test]
+    fn a_revived_dead_item_is_ready_with_its_attempts_afresh_and_nothing_else_revives() {
+        let mut r: Router<u32> = Router::new(1);
+        r.publish(7, 0);
+        r.claim(0, "c1".into(), 1000).unwrap();
+        let back = r.release(0, "c1", ReleaseReason::Failed, 0).unwrap();
+        assert_eq!(back.dead, vec![(7, 1)]);
+        assert!(r.revive(7));
+        assert!(!r.revive(7), "ready already");
+        let g = r.claim(0, "c2".into(), 1000).unwrap();
+        assert_eq!(g.items, vec![(7, 1)], "the first attempt again");
+        r.apply_ack("c2");
+        assert!(!r.revive(7), "a delivered item is not revived");
+        assert!(r.revive(9), "an item the router does not hold is published");
+        assert_eq!(r.ready_count(0), 1);
     }
 
     #[test]

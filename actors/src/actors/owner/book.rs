@@ -40,6 +40,15 @@ pub(super) struct CallState {
 
 impl CallState {
     /// The rows of its children in the book, by task index.
+    /// The call with its units and children, as a status.
+    pub(super) fn status(&self) -> CallStatus {
+        CallStatus {
+            call: self.row.clone(),
+            units: self.units.iter().map(|u| u.row.clone()).collect(),
+            children: self.children().cloned().collect(),
+        }
+    }
+
     pub(super) fn children(&self) -> impl Iterator<Item = &ChildRow> {
         self.children.iter().flatten()
     }
@@ -148,6 +157,19 @@ impl Book {
                 receipt_pending: false,
             },
         );
+    }
+
+    /// Brings back a call that left memory settled (its delivered items were counted as
+    /// delivered of dropped calls: they move back among the live ones).
+    pub(super) fn bring_back(
+        &mut self,
+        row: CallRow,
+        units: Vec<(UnitRow, usize, Option<u32>)>,
+        children: Vec<ChildRow>,
+    ) {
+        let delivered: u64 = children.iter().map(delivered_items).sum();
+        self.delivered_done = self.delivered_done.saturating_sub(delivered);
+        self.insert_call(row, units, children);
     }
 
     /// The children ids of a call, by task index.
@@ -345,15 +367,7 @@ impl Book {
 
     /// The calls in memory with their units and children, by set.
     pub(super) fn call_statuses(&self) -> Vec<CallStatus> {
-        let mut calls: Vec<CallStatus> = self
-            .calls
-            .values()
-            .map(|c| CallStatus {
-                call: c.row.clone(),
-                units: c.units.iter().map(|u| u.row.clone()).collect(),
-                children: c.children().cloned().collect(),
-            })
-            .collect();
+        let mut calls: Vec<CallStatus> = self.calls.values().map(CallState::status).collect();
         calls.sort_by_key(|c| c.call.set);
         calls
     }

@@ -11,7 +11,8 @@
 use actix::prelude::*;
 use futures::future::join_all;
 
-use super::SessionOwner;
+use super::persist::{BatchView, Decided};
+use super::{Durable, EndNested, SessionOwner};
 use crate::actors::coalescer::Completion;
 use crate::actors::unit::CancelChildren;
 use crate::error::BroodError;
@@ -52,8 +53,7 @@ impl SessionOwner {
             Ok(d) => d,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
-        let coalescer = self.engine.coalescer();
-        let events = self.engine.events.clone();
+        let engine = self.shared.clone();
         let session = self.session.session_id.clone();
         Box::pin(async move {
             let Decision { rows, already_finished } = decision;
@@ -63,19 +63,64 @@ impl SessionOwner {
                     already_finished,
                 });
             }
-            let coalescer = coalescer.ok_or(BroodError::Stopped)?;
-            let cancelled = record_all(&coalescer, rows).await?;
-            events.emit(&session, || Event::Cancel {
+            let coalescer = engine.coalescer().ok_or(BroodError::Stopped)?;
+            let mut cancelled = record_all(&coalescer, rows).await?;
+            engine.events.emit(&session, || Event::Cancel {
                 kind: target.kind(),
                 id: target.id().to_string(),
                 cancelled: cancelled.clone(),
-                reason,
+                reason: reason.clone(),
             });
+            let nested = end_nested(&engine, &cancelled, |child| {
+                format!("its parent child `{child}` was cancelled ({reason})")
+            })
+            .await;
+            cancelled.extend(nested.cancelled);
             Ok(Cancelled {
                 cancelled,
                 already_finished,
             })
         })
+    }
+
+    /// Ends this nested session, its child having ended: every call's unfinished children are
+    /// cancelled (descendants too) and no call is accepted any more. Waits for the dispatches
+    /// in the batch before it, so a call accepted just before is cancelled too.
+    pub(super) fn decide_end_nested(
+        &mut self,
+        reason: String,
+        reply: tokio::sync::oneshot::Sender<Result<Cancelled, BroodError>>,
+        view: &BatchView,
+        ctx: &mut Context<Self>,
+    ) -> Decided<Durable> {
+        if view.session.next_set != self.session.next_set {
+            return Decided::Later(Durable::EndNested(reason, reply));
+        }
+        self.parent_ended = Some(reason.clone());
+        let calls: Vec<String> = self.book.calls.keys().cloned().collect();
+        let cancels: Vec<_> = calls
+            .into_iter()
+            .map(|call| self.cancel(CancelTarget::Call(call), reason.clone(), None))
+            .collect();
+        let all = async move {
+            let mut out = Cancelled::default();
+            for done in join_all(cancels).await {
+                match done {
+                    Ok(c) => {
+                        out.cancelled.extend(c.cancelled);
+                        out.already_finished += c.already_finished;
+                    }
+                    // A call that settled meanwhile has nothing left to cancel.
+                    Err(BroodError::UnknownTarget { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(out)
+        };
+        ctx.spawn(actix::fut::wrap_future(async move {
+            let _ = reply.send(all.await);
+        }));
+        Decided::Done
     }
 
     /// Marks the unfinished children under `target` cancelled in the book (so nothing starts
@@ -127,6 +172,31 @@ impl SessionOwner {
         self.capacity.withdraw(&keys);
         Some(decision)
     }
+}
+
+/// Ends the nested sessions of those of `children` that have one (their calls' unfinished
+/// children cancelled with `why(child)` as the reason, their descendants too), and what that
+/// cancelled. A nested session that cannot be reached now is ended when the engine next opens.
+pub(crate) async fn end_nested(
+    engine: &crate::actors::Engine,
+    children: &[String],
+    why: impl Fn(&str) -> String,
+) -> Cancelled {
+    let mut out = Cancelled::default();
+    for child in children.iter().filter(|c| engine.is_nested(c)) {
+        let Some(owner) = engine.owner(child) else {
+            continue;
+        };
+        match owner.send(EndNested { reason: why(child) }).await {
+            Ok(Ok(c)) => {
+                out.cancelled.extend(c.cancelled);
+                out.already_finished += c.already_finished;
+            }
+            Ok(Err(e)) => tracing::warn!(session = %child, "ending a nested session failed: {e}"),
+            Err(_) => tracing::warn!(session = %child, "a nested session's owner stopped before it was ended"),
+        }
+    }
+    out
 }
 
 /// Hands the cancelled rows to the coalescer, each as a child's end is handed over (a failed

@@ -44,6 +44,10 @@ impl SessionOwner {
             tracing::warn!(claim = %row.claim_id, "writing the claim row failed: {e}");
         }
         self.emit_claim(&claim.claim_id, ClaimChange::Claimed, items.len());
+        // Consumers of claims that ended are forgotten here, so the map holds live claims only.
+        let router = &self.router;
+        self.consumers.retain(|id, _| router.lease_of(id).is_some());
+        self.consumers.insert(claim.claim_id.clone(), consumer.clone());
         Some(Envelope {
             claim_id: claim.claim_id,
             consumer,

@@ -21,6 +21,26 @@ use crate::recovery::queued_child;
 const ADMIT_RETRY: Duration = Duration::from_millis(100);
 
 impl SessionOwner {
+    /// Whether this session may take a call: a nested session's child must not have ended,
+    /// and the call must not be deeper than the engine's `max_depth`.
+    fn may_delegate(&self) -> Result<(), BroodError> {
+        let session = &self.session.session_id;
+        if self.parent_ended.is_some() {
+            return Err(BroodError::ParentEnded {
+                session: session.clone(),
+            });
+        }
+        let depth = self.engine.depth(session).saturating_add(1);
+        if depth > self.engine.max_depth {
+            return Err(BroodError::MaxDepthExceeded {
+                session: session.clone(),
+                depth,
+                max: self.engine.max_depth,
+            });
+        }
+        Ok(())
+    }
+
     /// Decides a delegate: validates it, gives it the batch's next set, and writes session and
     /// call (in that order: a crash may skip a set, never reuse one). Applied — the
     /// set taken, the call booked, its children queued — only once that is durable.
@@ -37,6 +57,10 @@ impl SessionOwner {
                 return Decided::Done;
             }
         };
+        if let Err(e) = self.may_delegate() {
+            answer(reply, Err(e));
+            return Decided::Done;
+        }
         let (mode, forced_sync_reason) = match msg.request.mode {
             Mode::Background if self.wake.is_none() => (
                 Mode::Sync,
@@ -69,12 +93,14 @@ impl SessionOwner {
         // The children capacity has room for start at once, their running marks one start row
         // flushed with the call: a dispatch costs one flush, not one for the call and another
         // for its starts. Only when nothing is queued before them (queued children go first).
-        let room = if self.capacity.queued() == 0 && !view.queued && self.engine.admitting() {
-            let max = (view.session.max_concurrent_children as usize).max(1);
-            max.saturating_sub(self.capacity.running().saturating_add(view.admitted))
-        } else {
-            0
-        };
+        // Under a server-wide bound every start goes through admission, which shares it out.
+        let room =
+            if self.capacity.queued() == 0 && !view.queued && self.engine.admitting() && self.engine.shares.is_none() {
+                let max = (view.session.max_concurrent_children as usize).max(1);
+                max.saturating_sub(self.capacity.running().saturating_add(view.admitted))
+            } else {
+                0
+            };
         let started = room.min(children.len());
         view.admitted += started;
         view.queued |= started < children.len();
@@ -226,10 +252,18 @@ impl SessionOwner {
     /// mark (queued or running, recovery runs it again), so it starts at once; one that is not
     /// starts only once its mark is durable, or a crash could run it twice.
     pub(super) fn admit(&mut self, ctx: &mut Context<Self>) {
-        if !crate::actors::running(ctx) || !self.engine.admitting() {
-            return;
-        }
-        let ids = self.capacity.admit();
+        let open = crate::actors::running(ctx) && self.engine.admitting();
+        let ids = match &self.engine.shares {
+            None if open => self.capacity.admit(),
+            None => return,
+            Some(shares) => {
+                // Told even when it wants nothing, so the slots its ended children held go on.
+                let wants = if open { self.capacity.startable() } else { 0 };
+                let (allowed, poked) = shares.update(&self.session.session_id, self.capacity.running(), wants);
+                self.engine.poke(poked);
+                self.capacity.admit_up_to(allowed)
+            }
+        };
         if ids.is_empty() {
             return;
         }

@@ -135,6 +135,37 @@ pub struct Cancel {
     pub stored: Option<CallRow>,
 }
 
+/// The child whose session this is ended (or was cancelled): every unfinished child of the
+/// session's calls is cancelled, nested descendants included, and the session accepts no more
+/// calls. What had finished stays claimable.
+#[derive(Debug, Message)]
+#[rtype(result = "Result<Cancelled, BroodError>")]
+pub struct EndNested {
+    /// The cancelled children's error text.
+    pub reason: String,
+}
+
+/// The status of one child of a call this owner holds; none when it holds no such call (a
+/// settled call left memory: every child of it had ended).
+#[derive(Debug, Message)]
+#[rtype(result = "Option<crate::model::ChildStatus>")]
+pub struct ChildState {
+    /// The call.
+    pub call_id: String,
+    /// The child's task index.
+    pub task: u32,
+}
+
+/// One call this owner holds, with its units and children; none when it holds no such call.
+#[derive(Debug, Message)]
+#[rtype(result = "Option<CallStatus>")]
+pub struct CallView(pub String);
+
+/// Start what capacity allows now (a server-wide slot was reserved for this session).
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Admit;
+
 /// Stops the owner; its supervisor, which asked, rebuilds it from the ledger (see
 /// [`crate::actors::supervisor::RestartOwner`]).
 #[derive(Debug, Message)]
@@ -168,6 +199,21 @@ pub struct SessionStatus {
     pub delivered: u64,
     /// Calls still in memory (not yet fully delivered), by set.
     pub calls: Vec<CallStatus>,
+    /// The live claims, oldest first (with `calls` only).
+    pub claims: Vec<LiveClaim>,
+}
+
+/// A live claim of a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveClaim {
+    /// Its id.
+    pub claim_id: String,
+    /// Who made it (the boundary's `consumer`).
+    pub consumer: String,
+    /// How many items it holds.
+    pub items: usize,
+    /// When its lease runs out.
+    pub lease_expires_at_ms: u64,
 }
 
 /// One call of a session's status.

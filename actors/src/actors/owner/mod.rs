@@ -21,8 +21,10 @@ mod claims;
 mod dispatch;
 pub mod messages;
 mod persist;
+mod prune;
 mod rebuild;
 mod recording;
+mod redrive;
 mod sync;
 
 use std::sync::Arc;
@@ -43,6 +45,8 @@ use crate::routing::{Capacity, Router, WakeState};
 use crate::wake::{Wake, WakeEvent, WakeTarget};
 
 pub use messages::*;
+pub use prune::{DropIfIdle, OldCall, Prune};
+pub use redrive::Redrive;
 
 /// A claim id that names its session: `clm_<session as hex>_<hex>`, in the order claims were
 /// made ([`ordered_hex`]: their ack rows are written next to each other).
@@ -82,6 +86,15 @@ enum Durable {
     Start(Vec<String>),
     /// A child whose start was lost goes back to the queue.
     Requeue(String),
+    /// The nested session's child ended: cancel every call, accept no more (decided after the
+    /// dispatches before it applied, so none of them escapes it).
+    EndNested(String, oneshot::Sender<Result<Cancelled, BroodError>>),
+    /// Dead letters to put back in the ready set, with what was read for them.
+    Redrive(redrive::Loaded, oneshot::Sender<Result<usize, BroodError>>),
+    /// Old calls and ack rows retention removes.
+    Prune(Prune, oneshot::Sender<Result<usize, BroodError>>),
+    /// Retention removes the session if nothing of it is live.
+    Drop(DropIfIdle, oneshot::Sender<Result<bool, BroodError>>),
 }
 
 /// The routing reservation of one session.
@@ -104,6 +117,10 @@ pub struct SessionOwner {
     wake_url: Option<String>,
     /// The ready count last told to observers.
     told_ready: usize,
+    /// Why this nested session accepts no more calls: its child ended.
+    parent_ended: Option<String>,
+    /// Who made each live claim (its boundary's consumer), for the session's view.
+    consumers: std::collections::HashMap<String, String>,
 }
 
 impl std::fmt::Debug for SessionOwner {
@@ -128,6 +145,8 @@ impl SessionOwner {
             fence,
             wake_url: None,
             told_ready: 0,
+            parent_ended: None,
+            consumers: Default::default(),
             capacity: Capacity::new(session.max_concurrent_children as usize),
             router: Router::new(session.max_delivery_attempts),
             shared: Arc::new(engine.clone()),
@@ -160,6 +179,33 @@ impl SessionOwner {
                 "the session has a stored wake URL but this engine has no wake factory; it is not wake-capable until a target is bound"
             ),
         }
+    }
+
+    /// The live claims with their consumers, oldest first.
+    fn live_claims(&self) -> Vec<LiveClaim> {
+        let mut claims: Vec<LiveClaim> = self
+            .router
+            .live_claims()
+            .map(|(id, items, lease)| LiveClaim {
+                claim_id: id.to_string(),
+                consumer: self.consumers.get(id).cloned().unwrap_or_default(),
+                items,
+                lease_expires_at_ms: lease,
+            })
+            .collect();
+        claims.sort_by(|a, b| a.claim_id.cmp(&b.claim_id));
+        claims
+    }
+
+    /// The status of a child of a call this owner holds.
+    pub(crate) fn child_status(&self, call_id: &str, task: u32) -> Option<ChildStatus> {
+        self.book.calls.get(call_id)?.child(task).map(|row| row.status)
+    }
+
+    /// This nested session's child ended: as it starts, the owner cancels its unfinished calls
+    /// (before it admits anything) and takes no more.
+    pub(crate) fn end_nested_when_started(&mut self, reason: String) {
+        self.parent_ended = Some(reason);
     }
 
     /// The session this owner routes.
@@ -321,6 +367,11 @@ impl Actor for SessionOwner {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         tracing::debug!(session = %self.session.session_id, calls = self.book.calls.len(), "session owner started");
+        if let Some(reason) = self.parent_ended.clone() {
+            // Before anything is admitted: none of its queued children may start.
+            let (tx, _) = oneshot::channel();
+            self.submit(Durable::EndNested(reason, tx), ctx);
+        }
         self.admit(ctx);
         self.after_change(ctx);
     }
@@ -412,6 +463,76 @@ impl Handler<Cancel> for SessionOwner {
     }
 }
 
+impl Handler<EndNested> for SessionOwner {
+    type Result = ResponseFuture<Result<Cancelled, BroodError>>;
+
+    fn handle(&mut self, msg: EndNested, ctx: &mut Context<Self>) -> Self::Result {
+        self.fault_point();
+        let (tx, rx) = oneshot::channel();
+        let lost = self.interrupted();
+        self.submit(Durable::EndNested(msg.reason, tx), ctx);
+        reply_future(rx, lost)
+    }
+}
+
+impl Handler<Redrive> for SessionOwner {
+    type Result = ResponseFuture<Result<usize, BroodError>>;
+
+    fn handle(&mut self, msg: Redrive, ctx: &mut Context<Self>) -> Self::Result {
+        self.fault_point();
+        let lost = self.interrupted();
+        let rx = self.redrive(msg, ctx);
+        reply_future(rx, lost)
+    }
+}
+
+impl Handler<Admit> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, _: Admit, ctx: &mut Context<Self>) {
+        self.admit(ctx);
+        self.after_change(ctx);
+    }
+}
+
+impl Handler<CallView> for SessionOwner {
+    type Result = Option<CallStatus>;
+
+    fn handle(&mut self, CallView(call_id): CallView, _: &mut Context<Self>) -> Self::Result {
+        self.book.calls.get(&call_id).map(|c| c.status())
+    }
+}
+
+impl Handler<Prune> for SessionOwner {
+    type Result = ResponseFuture<Result<usize, BroodError>>;
+
+    fn handle(&mut self, msg: Prune, ctx: &mut Context<Self>) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        let lost = self.interrupted();
+        self.submit(Durable::Prune(msg, tx), ctx);
+        reply_future(rx, lost)
+    }
+}
+
+impl Handler<DropIfIdle> for SessionOwner {
+    type Result = ResponseFuture<Result<bool, BroodError>>;
+
+    fn handle(&mut self, msg: DropIfIdle, ctx: &mut Context<Self>) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        let lost = self.interrupted();
+        self.submit(Durable::Drop(msg, tx), ctx);
+        reply_future(rx, lost)
+    }
+}
+
+impl Handler<ChildState> for SessionOwner {
+    type Result = Option<ChildStatus>;
+
+    fn handle(&mut self, msg: ChildState, _: &mut Context<Self>) -> Self::Result {
+        self.child_status(&msg.call_id, msg.task)
+    }
+}
+
 impl Handler<Recorded> for SessionOwner {
     type Result = ();
 
@@ -466,6 +587,7 @@ impl Handler<Status> for SessionOwner {
             } else {
                 Vec::new()
             },
+            claims: if msg.calls { self.live_claims() } else { Vec::new() },
         })
     }
 }

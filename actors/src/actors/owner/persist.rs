@@ -57,6 +57,12 @@ pub(super) struct BatchView {
     pub(super) claims: HashSet<String>,
     /// Capacity slots the batch's dispatches take for children they start at once.
     pub(super) admitted: usize,
+    /// Dead items a redrive of the batch puts back (a second redrive of one waits for it).
+    pub(super) redriven: HashSet<String>,
+    /// Calls out of memory a redrive of the batch brings back (retention keeps them).
+    pub(super) revived: HashSet<String>,
+    /// Calls retention removes in this batch (a redrive skips them).
+    pub(super) pruned: HashSet<String>,
     /// Whether a dispatch of the batch leaves children queued (a later one then starts none
     /// of its own at once: queued children go first).
     pub(super) queued: bool,
@@ -135,6 +141,9 @@ impl SessionOwner {
             claims: HashSet::new(),
             admitted: 0,
             queued: false,
+            redriven: HashSet::new(),
+            revived: HashSet::new(),
+            pruned: HashSet::new(),
         };
         let mut steps: Vec<Step> = Vec::new();
         for request in requests {
@@ -147,6 +156,10 @@ impl SessionOwner {
                 Durable::SyncReceived(call_id, done) => self.decide_receipt(call_id, done),
                 Durable::Start(ids) => self.decide_start(ids),
                 Durable::Requeue(child_id) => self.decide_requeue(child_id),
+                Durable::EndNested(reason, reply) => self.decide_end_nested(reason, reply, &view, ctx),
+                Durable::Redrive(loaded, reply) => self.decide_redrive(loaded, reply, &mut view),
+                Durable::Prune(prune, reply) => self.decide_prune(prune, reply, &mut view),
+                Durable::Drop(msg, reply) => self.decide_drop(msg, reply, &view),
             };
             match decided {
                 Decided::Done => {}

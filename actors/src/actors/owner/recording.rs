@@ -14,6 +14,7 @@ impl SessionOwner {
     /// Records terminal rows and publishes what they make ready.
     pub(super) fn record(&mut self, rows: Vec<ChildRow>, ctx: &mut Context<Self>) {
         let mut completed = Vec::new();
+        let mut nests_ended = Vec::new();
         for mut row in rows {
             // One lookup of the call for what the book knows of the child.
             let Some(call) = self.book.calls.get(&row.call_id) else {
@@ -36,6 +37,10 @@ impl SessionOwner {
             let failed = row.status.is_failure();
             let (call_id, task, child) = (row.call_id.clone(), row.task_index, row.child_id.clone());
             self.emit_child(&row);
+            // A cancel ends the nested sessions of what it cancelled itself (and reports them).
+            if row.status != ChildStatus::Cancelled && self.engine.is_nested(&child) {
+                nests_ended.push(child.clone());
+            }
             // Only a failure can need its notice's details.
             let notice = failed.then(|| (row.status, row.error.clone()));
             self.book.put_child(row);
@@ -62,6 +67,12 @@ impl SessionOwner {
                 }
                 Publish::FailureNotice | Publish::Nothing => {}
             }
+        }
+        if !nests_ended.is_empty() {
+            let engine = self.shared.clone();
+            actix::spawn(async move {
+                super::cancel::end_nested(&engine, &nests_ended, |c| format!("its parent child `{c}` ended")).await;
+            });
         }
         if !completed.is_empty() {
             // One hop to the units' thread for all of them (not a wake-up of it per unit); the

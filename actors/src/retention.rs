@@ -1,0 +1,270 @@
+//! Retention: the ledger does not grow forever. Calls whose items were all delivered are kept
+//! for [`Retention::delivered`] (default 7 days) after their last child finished, calls with
+//! dead letters for [`Retention::dead`] (default 30 days) after their last item died, and a
+//! session with nothing left and nothing live can be removed after [`Retention::idle_session`].
+//!
+//! A sweep reads the ledger a session at a time, in bounded pages, off every actor's thread;
+//! what is old enough is decided here by plain code ([`old_call`], [`old_ack`]), and removed
+//! by the session's own owner ([`crate::actors::owner::Prune`]), which keeps what it still holds
+//! in memory: nothing live is ever removed, and routing never waits for a sweep.
+
+use std::time::Duration;
+
+use crate::actors::owner::{DropIfIdle, OldCall, Prune};
+use crate::actors::Engine;
+use crate::error::BroodError;
+use crate::ledger::CallParts;
+use crate::model::*;
+
+/// How long what is over is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retention {
+    /// A call whose every item was delivered, after its last child finished.
+    pub delivered: Duration,
+    /// A call with dead letters, after the last of them died (and `delivered` after its last
+    /// child finished).
+    pub dead: Duration,
+    /// A session with no call left and nothing live, after its last activity; none: kept.
+    pub idle_session: Option<Duration>,
+    /// How often the background sweep runs; none: only when asked ([`sweep`]).
+    pub interval: Option<Duration>,
+    /// Calls decided per page (and removed per owner step).
+    pub batch: usize,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        const DAY: u64 = 24 * 60 * 60;
+        Retention {
+            delivered: Duration::from_secs(7 * DAY),
+            dead: Duration::from_secs(30 * DAY),
+            idle_session: Some(Duration::from_secs(30 * DAY)),
+            interval: Some(Duration::from_secs(60)),
+            batch: 256,
+        }
+    }
+}
+
+/// What a sweep removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Calls, with their children, dead letters and start rows.
+    pub calls: usize,
+    /// Ack rows.
+    pub acks: usize,
+    /// Idle sessions.
+    pub sessions: usize,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Whether a call is old enough to go, from its stored rows: every child has ended (a stored
+/// row, terminal), the last finished before `now - delivered`, and every dead letter of it
+/// died before `now - dead`. (Whether everything in it was delivered or dead is its owner's to
+/// say: it holds every call that is not.)
+pub fn old_call(call: &CallRow, parts: &CallParts, now: u64, policy: &Retention) -> bool {
+    if parts.children.len() != call.tasks.len() || !parts.children.iter().all(|c| c.status.is_terminal()) {
+        return false;
+    }
+    let finished = parts
+        .children
+        .iter()
+        .map(|c| c.finished_at_ms.unwrap_or(u64::MAX))
+        .max()
+        .unwrap_or(call.created_at_ms);
+    let died = parts.dead_letters.iter().map(|d| d.dead_at_ms).max();
+    finished.saturating_add(ms(policy.delivered)) <= now
+        && died.is_none_or(|d| d.saturating_add(ms(policy.dead)) <= now)
+}
+
+/// Whether an ack row is old enough to go: acked before `now - delivered`, and `stored(call)`
+/// is false for the call of every item it names (an ack row is the record that its items were
+/// delivered: it goes only after them).
+pub fn old_ack(ack: &AckRow, now: u64, policy: &Retention, mut stored: impl FnMut(&str) -> bool) -> bool {
+    ack.acked_at_ms.saturating_add(ms(policy.delivered)) <= now
+        && ack.items.iter().all(|key| {
+            parse_dedup_key(key)
+                .and_then(|(child, _)| parse_child_id(child))
+                .is_none_or(|(call, _)| !stored(call))
+        })
+}
+
+/// Sweeps every session once: removes what is old enough, a page at a time.
+pub async fn sweep(engine: &Engine, policy: &Retention, now: u64) -> Result<Swept, BroodError> {
+    let mut sessions: Vec<String> = engine.owners.iter().map(|e| e.key().clone()).collect();
+    sessions.sort();
+    let mut swept = Swept::default();
+    for session in sessions {
+        let s = sweep_session(engine, policy, &session, now).await?;
+        swept.calls += s.calls;
+        swept.acks += s.acks;
+        swept.sessions += s.sessions;
+    }
+    Ok(swept)
+}
+
+/// Runs `job` where blocking reads delay nobody: tokio's blocking pool when there is a tokio
+/// runtime (the actors' threads have one), else right here.
+async fn off_thread<T: Send + 'static>(
+    job: impl FnOnce() -> Result<T, crate::ledger::LedgerError> + Send + 'static,
+) -> Result<T, BroodError> {
+    let done = match tokio::runtime::Handle::try_current() {
+        Ok(rt) => rt
+            .spawn_blocking(job)
+            .await
+            .map_err(|e| crate::ledger::LedgerError::storage("a retention read failed", e))?,
+        Err(_) => job(),
+    };
+    done.map_err(BroodError::from)
+}
+
+async fn sweep_session(engine: &Engine, policy: &Retention, session: &str, now: u64) -> Result<Swept, BroodError> {
+    let mut swept = Swept::default();
+    let batch = policy.batch.max(1);
+    let cutoff = now.saturating_sub(ms(policy.delivered).min(ms(policy.dead)));
+    // Calls, oldest first: none made after the cutoff can be old enough, so the pages stop there.
+    let mut after: Option<String> = None;
+    loop {
+        let (ledger, id, from, p) = (
+            engine.ledger.clone(),
+            session.to_string(),
+            after.clone(),
+            policy.clone(),
+        );
+        let (old, last, more, young) = off_thread(move || {
+            let page = ledger.calls_page(&id, from.as_deref(), batch)?;
+            let more = page.len() == batch;
+            let last = page.last().map(|c| c.call_id.clone());
+            let mut old = Vec::new();
+            let mut young = false;
+            for call in page {
+                if call.created_at_ms > cutoff {
+                    young = true;
+                    break;
+                }
+                let parts = ledger.call_parts(&id, &call.call_id)?;
+                if old_call(&call, &parts, now, &p) {
+                    old.push(old_of(&call, parts));
+                }
+            }
+            Ok((old, last, more, young))
+        })
+        .await?;
+        if !old.is_empty() {
+            swept.calls += ask(
+                engine,
+                session,
+                Prune {
+                    calls: old,
+                    acks: Vec::new(),
+                },
+            )
+            .await?;
+        }
+        if young || !more {
+            break;
+        }
+        after = last;
+    }
+    // Ack rows, oldest first, whose items' calls are all gone.
+    let mut after: Option<String> = None;
+    let mut last_ack: Option<u64> = None;
+    loop {
+        let (ledger, id, from, p) = (
+            engine.ledger.clone(),
+            session.to_string(),
+            after.clone(),
+            policy.clone(),
+        );
+        let (old, last, more, newest) = off_thread(move || {
+            let page = ledger.acks_page(&id, from.as_deref(), batch)?;
+            let more = page.len() == batch;
+            let last = page.last().map(|a| a.claim_id.clone());
+            let newest = page.iter().map(|a| a.acked_at_ms).max();
+            let mut old = Vec::new();
+            for ack in &page {
+                let mut stored = |call: &str| ledger.call(&id, call).map(|c| c.is_some()).unwrap_or(true);
+                if old_ack(ack, now, &p, &mut stored) {
+                    old.push(ack.claim_id.clone());
+                }
+            }
+            Ok((old, last, more, newest))
+        })
+        .await?;
+        last_ack = last_ack.max(newest);
+        if !old.is_empty() {
+            let n = old.len();
+            ask(
+                engine,
+                session,
+                Prune {
+                    calls: Vec::new(),
+                    acks: old,
+                },
+            )
+            .await?;
+            swept.acks += n;
+        }
+        if !more {
+            break;
+        }
+        after = last;
+    }
+    if let Some(idle) = policy.idle_session {
+        let (ledger, id) = (engine.ledger.clone(), session.to_string());
+        let any_call = off_thread(move || Ok(!ledger.calls_page(&id, None, 1)?.is_empty())).await?;
+        let msg = DropIfIdle {
+            last_activity_ms: last_ack.unwrap_or(0),
+            cutoff_ms: now.saturating_sub(ms(idle)),
+        };
+        if !any_call && ask(engine, session, msg).await? {
+            swept.sessions += 1;
+        }
+    }
+    Ok(swept)
+}
+
+/// The ids of a call's rows, for its owner to remove.
+fn old_of(call: &CallRow, parts: CallParts) -> OldCall {
+    OldCall {
+        call_id: call.call_id.clone(),
+        children: parts.children.into_iter().map(|c| c.child_id).collect(),
+        dead_letters: parts.dead_letters.into_iter().map(|d| d.dedup_key).collect(),
+        redrives: parts.redrives,
+        starts: parts.starts,
+    }
+}
+
+/// Asks a session's owner; a session that is gone meanwhile has nothing to remove.
+async fn ask<M, T>(engine: &Engine, session: &str, msg: M) -> Result<T, BroodError>
+where
+    M: actix::Message<Result = Result<T, BroodError>> + Send + 'static,
+    T: Default + Send + 'static,
+    crate::actors::owner::SessionOwner: actix::Handler<M>,
+{
+    match engine.owner(session) {
+        Some(owner) => owner.send(msg).await.map_err(|_| BroodError::Stopped)?,
+        None => Ok(T::default()),
+    }
+}
+
+/// Sweeps every [`Retention::interval`] until the engine stops.
+pub async fn run(engine: Engine, policy: Retention) {
+    let Some(every) = policy.interval else { return };
+    loop {
+        tokio::time::sleep(every).await;
+        match sweep(&engine, &policy, now_ms()).await {
+            Ok(s) if s != Swept::default() => tracing::info!(
+                calls = s.calls,
+                acks = s.acks,
+                sessions = s.sessions,
+                "retention removed what was old"
+            ),
+            Ok(_) => {}
+            Err(BroodError::Stopped) => return,
+            Err(e) => tracing::warn!("a retention sweep failed (it runs again later): {e}"),
+        }
+    }
+}
