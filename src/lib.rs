@@ -77,6 +77,33 @@ pub const MAX_CANCEL_REASON: usize = 1000;
 /// Settings of a session; unset fields keep their current (or default) value.
 pub use brood_actors::model::SessionSettings as SessionOptions;
 
+/// Runs a blocking ledger read on a thread of its own: it blocks neither an actor nor the
+/// caller's executor.
+async fn blocking<T: Send + 'static>(
+    job: impl FnOnce() -> Result<T, LedgerError> + Send + 'static,
+) -> Result<T, BroodError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("brood-read".into())
+        .spawn(move || {
+            let _ = tx.send(job());
+        })
+        .map_err(|e| LedgerError::storage("starting a thread to read the ledger", e))?;
+    Ok(rx
+        .await
+        .unwrap_or_else(|_| Err(LedgerError::storage_msg("reading the ledger failed")))?)
+}
+
+/// A call no owner holds any more, from the ledger: everything in it was delivered or dead.
+fn stored_call(ledger: &dyn Ledger, call: CallRow) -> Result<CallStatus, LedgerError> {
+    let parts = ledger.call_parts(&call.session_id, &call.call_id)?;
+    let dead: std::collections::HashSet<String> = parts.dead_letters.into_iter().map(|d| d.dedup_key).collect();
+    let mut children = parts.children;
+    brood_actors::model::fold_settled(&mut children, &dead);
+    let units = brood_actors::model::plan_units(&call.call_id, &call.tasks, call.independent_completions);
+    Ok(CallStatus { call, units, children })
+}
+
 /// Routing threads an engine gets unless told otherwise: one per core.
 pub fn default_routing_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -371,6 +398,9 @@ impl Brood {
                     engine.routing_arbiters = routing_handles;
                     engine.commit_arbiter = commit_handle;
                     let root = Supervisor::start_engine(engine.clone(), Default::default())?;
+                    // Answered once the supervisor started: every recovered session's owner is
+                    // registered by then, so what `open` returns knows them all.
+                    let _ = root.send(CheckHealth).await;
                     Ok::<_, LedgerError>((root, engine))
                 });
                 match started {
@@ -765,27 +795,47 @@ impl BroodHandle {
         }
         let ledger = self.ledger.clone();
         let id = call_id.to_string();
-        // A scan of the call keys (off every hot path), on a thread of its own: it blocks
-        // neither an actor nor the caller's executor.
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name("brood-find-call".into())
-            .spawn(move || {
-                let found = (|| -> Result<Option<CallStatus>, LedgerError> {
-                    let Some(call) = ledger.find_call(&id)? else {
-                        return Ok(None);
-                    };
-                    let children = ledger.call_children(&call.session_id, &id)?;
-                    let units = brood_actors::model::plan_units(&id, &call.tasks, call.independent_completions);
-                    Ok(Some(CallStatus { call, units, children }))
-                })();
-                let _ = tx.send(found);
-            })
-            .map_err(|e| LedgerError::storage("starting a thread to read the call", e))?;
-        let stored = rx
-            .await
-            .unwrap_or_else(|_| Err(LedgerError::storage_msg("reading the call from the ledger failed")))?;
+        // A scan of the call keys (off every hot path).
+        let stored = blocking(move || match ledger.find_call(&id)? {
+            Some(call) => stored_call(&*ledger, call).map(Some),
+            None => Ok(None),
+        })
+        .await?;
         stored.ok_or_else(unknown)
+    }
+
+    /// Up to `limit` calls of a session in the order they were made (after the call id `after`,
+    /// when given), delivered ones included (from the ledger, until retention removes them);
+    /// and the last call id of the page when more follow.
+    pub async fn session_calls(
+        &self,
+        session_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<CallStatus>, Option<String>), BroodError> {
+        self.owner(session_id).await?;
+        let (ledger, id, from) = (self.ledger.clone(), session_id.to_string(), after.map(str::to_string));
+        let limit = limit.max(1);
+        let mut page = blocking(move || ledger.calls_page(&id, from.as_deref(), limit + 1)).await?;
+        let more = page.len() > limit;
+        page.truncate(limit);
+        let next = more.then(|| page.last().map(|c| c.call_id.clone())).flatten();
+        let mut out = Vec::with_capacity(page.len());
+        for call in page {
+            let live = match self.engine.calls.contains_key(&call.call_id) {
+                true => self.ask(session_id, owner::CallView(call.call_id.clone())).await?,
+                false => None,
+            };
+            let status = match live {
+                Some(status) => status,
+                None => {
+                    let ledger = self.ledger.clone();
+                    blocking(move || stored_call(&*ledger, call)).await?
+                }
+            };
+            out.push(status);
+        }
+        Ok((out, next))
     }
 
     /// Sweeps now what retention would remove (as the background sweep does every

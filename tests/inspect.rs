@@ -154,9 +154,13 @@ fn children(call: &Value) -> Vec<Value> {
 #[test]
 fn inspect_of_a_server_shows_its_sessions_calls_children_and_dead_letters() {
     let dir = tempfile::tempdir().unwrap();
-    let (s, [_, b, c]) = populated(dir.path());
+    let (s, [a, b, c]) = populated(dir.path());
     let found = json_of(&inspect(&["--server", &s.base, "--json"], Some(KEY)));
     assert_eq!(found["source"], "server");
+    // The whole tree: the delivered call too, with where each result is.
+    assert_eq!(call(&found, "alpha", &a)["children"][0]["delivery"], "delivered");
+    assert_eq!(call(&found, "alpha", &b)["children"][1]["delivery"], "undelivered");
+    assert_eq!(call(&found, "beta", &c)["children"][0]["delivery"], "dead_letter");
     assert_eq!(ids(&found), ["alpha", "beta"]);
     let alpha = session(&found, "alpha");
     assert_eq!(alpha["counts"]["ready"], 2, "{alpha}");

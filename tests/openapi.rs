@@ -635,6 +635,10 @@ fn real_replies_validate_against_the_document() {
     let env = c.envelope("o", 30_000);
     assert_eq!(env["items"][0]["delivery_attempt"], 1, "{env}");
     let call = env["items"][0]["call_id"].as_str().unwrap().to_string();
+    let (status, all) = c.call("GET", "/v1/sessions/o?delivered=true&limit=1", None);
+    assert_eq!((status, all["calls"].as_array().map(Vec::len)), (200, Some(1)), "{all}");
+    let (status, _) = c.call("GET", "/v1/sessions/o?delivered=maybe", None);
+    assert_eq!(status, 400);
     let (status, view) = c.call("GET", &format!("/v1/calls/{call}"), None);
     assert_eq!((status, view["session_id"].as_str()), (200, Some("o")), "{view}");
     let (status, _) = c.call("GET", "/v1/calls/deleg_00000000000000ff", None);
@@ -783,6 +787,7 @@ fn real_replies_validate_against_the_document() {
         ("GET", "/v1/dead-letters", 400),
         ("POST", "/v1/dead-letters/redrive", 200),
         ("GET", "/v1/calls/{call_id}", 200),
+        ("GET", "/v1/sessions/{session_id}", 400),
         ("GET", "/v1/calls/{call_id}", 404),
         ("POST", "/v1/dead-letters/redrive", 400),
     ];

@@ -168,9 +168,13 @@ async fn sweep_session(engine: &Engine, policy: &Retention, session: &str, now: 
         }
         after = last;
     }
-    // Ack rows, oldest first, whose items' calls are all gone.
+    // Ack rows, oldest first, whose items' calls are all gone. Claim ids are made in time
+    // order, so the pages stop at the first ack too young to go: the rest is younger still (or
+    // goes at a later sweep).
     let mut after: Option<String> = None;
     let mut last_ack: Option<u64> = None;
+    let mut stopped_young = false;
+    let young_after = now.saturating_sub(ms(policy.delivered));
     loop {
         let (ledger, id, from, p) = (
             engine.ledger.clone(),
@@ -178,21 +182,27 @@ async fn sweep_session(engine: &Engine, policy: &Retention, session: &str, now: 
             after.clone(),
             policy.clone(),
         );
-        let (old, last, more, newest) = off_thread(move || {
+        let (old, last, more, newest, young) = off_thread(move || {
             let page = ledger.acks_page(&id, from.as_deref(), batch)?;
             let more = page.len() == batch;
             let last = page.last().map(|a| a.claim_id.clone());
             let newest = page.iter().map(|a| a.acked_at_ms).max();
             let mut old = Vec::new();
+            let mut young = false;
             for ack in &page {
+                if ack.acked_at_ms > young_after {
+                    young = true;
+                    break;
+                }
                 let mut stored = |call: &str| ledger.call(&id, call).map(|c| c.is_some()).unwrap_or(true);
                 if old_ack(ack, now, &p, &mut stored) {
                     old.push(ack.claim_id.clone());
                 }
             }
-            Ok((old, last, more, newest))
+            Ok((old, last, more, newest, young))
         })
         .await?;
+        stopped_young |= young;
         last_ack = last_ack.max(newest);
         if !old.is_empty() {
             let n = old.len();
@@ -207,12 +217,13 @@ async fn sweep_session(engine: &Engine, policy: &Retention, session: &str, now: 
             .await?;
             swept.acks += n;
         }
-        if !more {
+        if young || !more {
             break;
         }
         after = last;
     }
-    if let Some(idle) = policy.idle_session {
+    // A session with a recent ack was not idle long enough (its newest ack was not read).
+    if let Some(idle) = policy.idle_session.filter(|_| !stopped_young) {
         let (ledger, id) = (engine.ledger.clone(), session.to_string());
         let any_call = off_thread(move || Ok(!ledger.calls_page(&id, None, 1)?.is_empty())).await?;
         let msg = DropIfIdle {

@@ -103,8 +103,9 @@ pub struct RunContext {
     pub attempt: u32,
     /// The heartbeat handle.
     pub progress: Progress,
-    /// The embedder's handle of the engine, for nested delegation (see `brood::BroodHandle::of`).
-    pub(crate) embedder: Option<std::sync::Weak<dyn std::any::Any + Send + Sync>>,
+    /// The embedder's handle of the engine, for nested delegation (see `brood::BroodHandle::of`):
+    /// read when asked, so a child started while the engine opened finds it too.
+    pub(crate) embedder: crate::actors::Embedder,
 }
 
 impl RunContext {
@@ -115,7 +116,7 @@ impl RunContext {
 
     /// The embedder's handle of the engine this child runs under, while the engine is open.
     pub fn embedder(&self) -> Option<std::sync::Arc<dyn std::any::Any + Send + Sync>> {
-        self.embedder.as_ref()?.upgrade()
+        self.embedder.get()?.upgrade()
     }
 }
 

@@ -184,6 +184,7 @@ fn session(row: &SessionRow, part: &SessionSnapshot) -> SessionView {
         parent_child_id: None,
         calls,
         claims: Vec::new(),
+        calls_next: None,
     }
 }
 

@@ -8,14 +8,13 @@
 //! ledger's own [`load`](brood_actors::ledger::Ledger::load) and recovery's own
 //! [`plan`](brood_actors::recovery::plan).
 //!
-//! Where the two sources differ (both are what the source knows):
-//! - A server lists the calls it still routes (not yet fully delivered); a data folder lists
-//!   every call it stores.
+//! Both list every call stored (delivered ones too, until retention removes them). Where the
+//! two sources differ (both are what the source knows):
 //! - A data folder's `turn`, `wake_capable` and `counts` are what a server opening the folder
 //!   would answer at its start (idle; wake-capable only with a stored `wake_url`; claims that
 //!   were live are returned), while its children's statuses are as recorded.
-//! - A child's `delivery` and the `quarantined` rows are known from a data folder only; a
-//!   server answers `null` for them.
+//! - The `quarantined` rows are known from a data folder only; a server answers `null`.
+//! - Live claims are known from a server only: a server opening a data folder returns them.
 
 mod data_dir;
 mod server;
@@ -72,6 +71,9 @@ pub struct SessionView {
     /// Its live claims (a data folder has none: a server opening it returns them).
     #[serde(default)]
     pub claims: Vec<ClaimView>,
+    /// A server's cursor to the next page of calls (read while paging, never shown).
+    #[serde(default, skip_serializing)]
+    pub calls_next: Option<String>,
 }
 
 /// A live claim.

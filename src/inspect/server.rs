@@ -126,6 +126,19 @@ fn component(text: &str) -> String {
     utf8_percent_encode(text, COMPONENT).to_string()
 }
 
+/// One session with every call the server stores (delivered ones too), read a page at a time.
+fn whole_session(client: &Client<'_>, id: &str) -> Result<SessionView, InspectError> {
+    let base = format!("/v1/sessions/{}?delivered=true&limit={PAGE}", component(id));
+    let mut view: SessionView = client.get(&base)?;
+    let mut next = view.calls_next.take();
+    while let Some(after) = next {
+        let mut page: SessionView = client.get(&format!("{base}&after={}", component(&after)))?;
+        view.calls.append(&mut page.calls);
+        next = page.calls_next.take();
+    }
+    Ok(view)
+}
+
 /// Reads every session of the server (or only `session`), their calls and the dead letters.
 pub fn from_server(source: &ServerSource, session: Option<&str>) -> Result<Inspection, InspectError> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -156,7 +169,7 @@ pub fn from_server(source: &ServerSource, session: Option<&str>) -> Result<Inspe
     };
     let mut sessions = Vec::with_capacity(ids.len());
     for id in &ids {
-        match client.get::<SessionView>(&format!("/v1/sessions/{}", component(id))) {
+        match whole_session(&client, id) {
             Ok(s) => sessions.push(s),
             Err(InspectError::Server { status: 404, .. }) if session.is_some() => {
                 return Err(InspectError::UnknownSession(id.clone()))

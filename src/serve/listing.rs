@@ -25,7 +25,7 @@ struct ListQuery {
 }
 
 /// `limit` as given, checked against 1..=[`MAX_LIMIT`].
-fn limit(given: Option<&str>) -> Result<usize, ApiError> {
+pub(super) fn limit(given: Option<&str>) -> Result<usize, ApiError> {
     let Some(text) = given else {
         return Ok(DEFAULT_LIMIT);
     };

@@ -102,9 +102,43 @@ pub(super) async fn put_session(state: web::Data<State>, path: web::Path<String>
     Ok(HttpResponse::Ok().json(session_json(&info)))
 }
 
-pub(super) async fn get_session(state: web::Data<State>, path: web::Path<String>) -> Reply {
-    let st = state.brood.status(&path.into_inner()).await?;
-    let calls: Vec<serde_json::Value> = st.calls.iter().map(call_json).collect();
+/// The query of `GET /v1/sessions/{id}`: `delivered=true` lists every stored call (delivered
+/// ones too), a page at a time.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionQuery {
+    delivered: Option<String>,
+    after: Option<String>,
+    limit: Option<String>,
+}
+
+pub(super) async fn get_session(state: web::Data<State>, path: web::Path<String>, req: HttpRequest) -> Reply {
+    let query = web::Query::<SessionQuery>::from_query(req.query_string())
+        .map_err(|e| ApiError::invalid(format!("the query string does not parse: {e}")))?
+        .into_inner();
+    let delivered = match query.delivered.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "`delivered` is `{other}`; it must be true or false"
+            )))
+        }
+    };
+    if !delivered && (query.after.is_some() || query.limit.is_some()) {
+        return Err(ApiError::invalid(
+            "`after` and `limit` page the calls of `delivered=true` only",
+        ));
+    }
+    let id = path.into_inner();
+    let st = state.brood.status(&id).await?;
+    let (calls, next): (Vec<serde_json::Value>, Option<String>) = if delivered {
+        let limit = super::listing::limit(query.limit.as_deref())?;
+        let (calls, next) = state.brood.session_calls(&id, query.after.as_deref(), limit).await?;
+        (calls.iter().map(call_json).collect(), next)
+    } else {
+        (st.calls.iter().map(call_json).collect(), None)
+    };
     Ok(HttpResponse::Ok().json(json!({
         "session_id": st.info.session_id,
         "turn": st.info.turn,
@@ -113,6 +147,7 @@ pub(super) async fn get_session(state: web::Data<State>, path: web::Path<String>
         "counts": counts_json(&st),
         "parent_child_id": state.brood.nest(&st.info.session_id).map(|n| n.session_id),
         "calls": calls,
+        "calls_next": next,
         "claims": st.claims.iter().map(|c| json!({
             "claim_id": c.claim_id,
             "consumer": c.consumer,

@@ -165,7 +165,7 @@ impl Actor for Child {
             goal: std::mem::take(&mut self.task.goal),
             attempt: self.row.attempt,
             progress: self.progress.clone(),
-            embedder: self.engine.embedder.get().cloned(),
+            embedder: self.engine.embedder.clone(),
         };
         let factory = self.engine.factory.clone();
         // Taken, not copied: once its runner started, a child keeps only its clocks' settings.

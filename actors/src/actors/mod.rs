@@ -28,6 +28,10 @@ pub(crate) type Fence = Arc<RwLock<u64>>;
 /// looks an owner up here (the coalescer, the embedding API) reaches the current one.
 pub type Owners = Arc<DashMap<String, Addr<owner::SessionOwner>>>;
 
+/// Where the embedder's handle of the engine will be (set once it is made; weak, so it never
+/// keeps the engine open).
+pub type Embedder = Arc<std::sync::OnceLock<std::sync::Weak<dyn std::any::Any + Send + Sync>>>;
+
 /// What every actor of one engine shares.
 #[derive(Clone)]
 pub struct Engine {
@@ -61,7 +65,7 @@ pub struct Engine {
     pub max_depth: u32,
     /// The embedder's handle of the engine, given to runners (nested delegation); weak, so it
     /// never keeps the engine open.
-    pub embedder: Arc<std::sync::OnceLock<std::sync::Weak<dyn std::any::Any + Send + Sync>>>,
+    pub embedder: Embedder,
     /// How long what is over is kept, and how often retention sweeps.
     pub retention: crate::retention::Retention,
     /// The server-wide bound on running children, shared round-robin (none: unlimited).

@@ -357,6 +357,22 @@ impl RedriveRow {
     }
 }
 
+/// The children of a call that left memory settled, with their delivery state as it was then:
+/// every result delivered unless it is dead (its dedup key in `dead_keys`), a failure notice
+/// dead if its dead letter says so (else as its row has it). (Acks are rows of their own, not
+/// folded into a child's row: a settled call's results are delivered by definition.)
+pub fn fold_settled(children: &mut [ChildRow], dead_keys: &std::collections::HashSet<String>) {
+    for row in children {
+        let result_dead = dead_keys.contains(&dedup_key(&row.child_id, ItemKind::Result));
+        row.result.dead = result_dead;
+        row.result.delivered = !result_dead;
+        if dead_keys.contains(&dedup_key(&row.child_id, ItemKind::FailureNotice)) {
+            row.notice.dead = true;
+            row.notice.delivered = false;
+        }
+    }
+}
+
 /// Which dead letters a redrive puts back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RedriveSelect {

@@ -238,21 +238,9 @@ impl SessionOwner {
     }
 }
 
-/// A settled call's children as they were when it left memory: every result delivered unless
-/// it is dead, a failure notice dead if its dead letter says so (else as its row has it).
+/// A settled call's children as they were when it left memory (see [`fold_settled`]).
 fn as_settled(children: &[ChildRow], dead_keys: &HashSet<String>) -> Vec<ChildRow> {
-    children
-        .iter()
-        .map(|row| {
-            let mut row = row.clone();
-            let result_dead = dead_keys.contains(&dedup_key(&row.child_id, ItemKind::Result));
-            row.result.dead = result_dead;
-            row.result.delivered = !result_dead;
-            if dead_keys.contains(&dedup_key(&row.child_id, ItemKind::FailureNotice)) {
-                row.notice.dead = true;
-                row.notice.delivered = false;
-            }
-            row
-        })
-        .collect()
+    let mut rows = children.to_vec();
+    fold_settled(&mut rows, dead_keys);
+    rows
 }
