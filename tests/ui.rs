@@ -2,7 +2,8 @@
 //! which `.ci/run` installs): the page is opened on a session first, a call is delegated over
 //! HTTP afterwards, and the page is watched (through the DevTools protocol) while its child
 //! appears and turns `succeeded` — which only the session's event stream can tell it, as the
-//! page renders a session's tree again only when an event comes. A screenshot is saved.
+//! page renders a session's tree again only when an event comes — and while a failure inside an
+//! unfinished unit is marked with its early failure notice. A screenshot is saved.
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;
@@ -298,6 +299,22 @@ fn the_page_shows_a_delegated_child_appear_and_succeed_live() {
     tab.until(&finished, &json!("finished"));
     let logged = tab.eval("document.getElementById('log').textContent");
     assert!(logged.as_str().is_some_and(|t| t.contains("succeeded")), "{logged}");
+
+    // A failure inside an unfinished unit: its early failure notice is marked on the page.
+    let (status, reply) = s.call(
+        "POST",
+        "/v1/sessions/web/delegate",
+        Some(json!({"tasks": [
+            {"goal": "fails at once", "runner": {"kind": "sim", "outcome": "fail"}, "group": "pair"},
+            {"goal": "keeps the unit open", "runner": {"kind": "sim", "ms": 3000}, "group": "pair"}
+        ]})),
+    );
+    assert_eq!(status, 202, "{reply}");
+    let failed = format!("{}.0", reply["call_id"].as_str().unwrap());
+    let marked = format!(
+        "document.querySelector('tr[data-child=\"{failed}\"]')?.textContent.includes('failure notice') ? 'marked' : null"
+    );
+    tab.until(&marked, &json!("marked"));
 
     let shot = tab.call("Page.captureScreenshot", json!({"format": "png"}));
     let png = base64_decode(shot["data"].as_str().expect("screenshot data"));
