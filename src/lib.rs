@@ -39,7 +39,9 @@
 #![deny(unused_must_use)]
 
 pub mod inspect;
+mod lifecycle;
 pub mod render;
+mod reply;
 pub mod runners;
 pub mod serve;
 
@@ -69,6 +71,7 @@ pub use brood_actors::retention::{Retention, Swept};
 pub use brood_actors::routing::{ReleaseReason, Turn};
 pub use brood_actors::runner::{Progress, RunContext, RunOutput, Runner, RunnerFactory};
 pub use brood_actors::wake::{Wake, WakeEvent, WakeFactory};
+pub use reply::DelegateReply;
 pub use runners::Runners;
 
 /// The longest cancel reason kept, in characters.
@@ -76,33 +79,6 @@ pub const MAX_CANCEL_REASON: usize = 1000;
 
 /// Settings of a session; unset fields keep their current (or default) value.
 pub use brood_actors::model::SessionSettings as SessionOptions;
-
-/// Runs a blocking ledger read on a thread of its own: it blocks neither an actor nor the
-/// caller's executor.
-async fn blocking<T: Send + 'static>(
-    job: impl FnOnce() -> Result<T, LedgerError> + Send + 'static,
-) -> Result<T, BroodError> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("brood-read".into())
-        .spawn(move || {
-            let _ = tx.send(job());
-        })
-        .map_err(|e| LedgerError::storage("starting a thread to read the ledger", e))?;
-    Ok(rx
-        .await
-        .unwrap_or_else(|_| Err(LedgerError::storage_msg("reading the ledger failed")))?)
-}
-
-/// A call no owner holds any more, from the ledger: everything in it was delivered or dead.
-fn stored_call(ledger: &dyn Ledger, call: CallRow) -> Result<CallStatus, LedgerError> {
-    let parts = ledger.call_parts(&call.session_id, &call.call_id)?;
-    let dead: std::collections::HashSet<String> = parts.dead_letters.into_iter().map(|d| d.dedup_key).collect();
-    let mut children = parts.children;
-    brood_actors::model::fold_settled(&mut children, &dead);
-    let units = brood_actors::model::plan_units(&call.call_id, &call.tasks, call.independent_completions);
-    Ok(CallStatus { call, units, children })
-}
 
 /// Routing threads an engine gets unless told otherwise: one per core.
 pub fn default_routing_threads() -> usize {
@@ -246,62 +222,6 @@ impl BroodConfig {
     /// The ledger folder.
     pub fn data_dir(&self) -> &std::path::Path {
         &self.data_dir
-    }
-}
-
-/// What a delegate call answers.
-#[derive(Debug, Clone)]
-pub enum DelegateReply {
-    /// Accepted in the background: results come at turn boundaries.
-    Background {
-        /// `deleg_<hex>`.
-        call_id: String,
-        /// The call's set ordinal in its session.
-        set: u64,
-        /// Its completion units.
-        units: Vec<UnitRow>,
-        /// What the model should do now (finish independent work, end the turn).
-        note: String,
-    },
-    /// Ran synchronously: the results are here and count as delivered.
-    Sync {
-        /// `deleg_<hex>`.
-        call_id: String,
-        /// The call's set ordinal in its session.
-        set: u64,
-        /// Its completion units.
-        units: Vec<UnitRow>,
-        /// Why a background call was forced to sync, if it was.
-        forced_sync_reason: Option<String>,
-        /// Every child's result.
-        results: Vec<ReadyItem>,
-        /// The note, then the rendered results.
-        note: String,
-        /// The results rendered as an envelope's text.
-        text: String,
-    },
-}
-
-impl DelegateReply {
-    /// The call id.
-    pub fn call_id(&self) -> &str {
-        match self {
-            DelegateReply::Background { call_id, .. } | DelegateReply::Sync { call_id, .. } => call_id,
-        }
-    }
-
-    /// The set ordinal.
-    pub fn set(&self) -> u64 {
-        match self {
-            DelegateReply::Background { set, .. } | DelegateReply::Sync { set, .. } => *set,
-        }
-    }
-
-    /// The note for the model.
-    pub fn note(&self) -> &str {
-        match self {
-            DelegateReply::Background { note, .. } | DelegateReply::Sync { note, .. } => note,
-        }
     }
 }
 
@@ -778,190 +698,6 @@ impl BroodHandle {
     /// Items that ran out of delivery attempts.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, BroodError> {
         self.root.send(DeadLetters).await?
-    }
-
-    /// One call, with its units and children: from its owner while any of it is out, else from
-    /// the ledger (once everything in it was delivered, until retention removes it).
-    pub async fn call(&self, call_id: &str) -> Result<CallStatus, BroodError> {
-        let unknown = || BroodError::UnknownTarget {
-            kind: "call",
-            id: call_id.to_string(),
-        };
-        let live = self.engine.calls.get(call_id).map(|s| s.value().clone());
-        if let Some(session) = live {
-            if let Some(status) = self.ask(&session, owner::CallView(call_id.to_string())).await? {
-                return Ok(status);
-            }
-        }
-        let ledger = self.ledger.clone();
-        let id = call_id.to_string();
-        // A scan of the call keys (off every hot path).
-        let stored = blocking(move || match ledger.find_call(&id)? {
-            Some(call) => stored_call(&*ledger, call).map(Some),
-            None => Ok(None),
-        })
-        .await?;
-        stored.ok_or_else(unknown)
-    }
-
-    /// Up to `limit` calls of a session in the order they were made (after the call id `after`,
-    /// when given), delivered ones included (from the ledger, until retention removes them);
-    /// and the last call id of the page when more follow.
-    pub async fn session_calls(
-        &self,
-        session_id: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<(Vec<CallStatus>, Option<String>), BroodError> {
-        self.owner(session_id).await?;
-        let (ledger, id, from) = (self.ledger.clone(), session_id.to_string(), after.map(str::to_string));
-        let limit = limit.max(1);
-        let mut page = blocking(move || ledger.calls_page(&id, from.as_deref(), limit + 1)).await?;
-        let more = page.len() > limit;
-        page.truncate(limit);
-        let next = more.then(|| page.last().map(|c| c.call_id.clone())).flatten();
-        let mut out = Vec::with_capacity(page.len());
-        for call in page {
-            let live = match self.engine.calls.contains_key(&call.call_id) {
-                true => self.ask(session_id, owner::CallView(call.call_id.clone())).await?,
-                false => None,
-            };
-            let status = match live {
-                Some(status) => status,
-                None => {
-                    let ledger = self.ledger.clone();
-                    blocking(move || stored_call(&*ledger, call)).await?
-                }
-            };
-            out.push(status);
-        }
-        Ok((out, next))
-    }
-
-    /// Sweeps now what retention would remove (as the background sweep does every
-    /// [`Retention::interval`]): calls delivered or dead long enough ago, ack rows of calls that
-    /// are gone, idle sessions. Nothing live is removed.
-    pub async fn sweep(&self) -> Result<Swept, BroodError> {
-        brood_actors::retention::sweep(&self.engine, &self.engine.retention, brood_actors::model::now_ms()).await
-    }
-
-    /// How many rows the ledger holds, by tree (a scan: for inspection).
-    pub fn stored_rows(&self) -> Result<Vec<(&'static str, usize)>, BroodError> {
-        Ok(self.ledger.row_counts()?)
-    }
-
-    /// The dead letters of one session.
-    pub async fn dead_letters_of(&self, session_id: &str) -> Result<Vec<DeadLetterRow>, BroodError> {
-        let mut rows = self.dead_letters().await?;
-        rows.retain(|d| d.session_id == session_id);
-        Ok(rows)
-    }
-
-    /// Puts dead-lettered items back in their sessions' ready sets, with their delivery
-    /// attempts counted afresh: those of the children named, of one session, or all; at most
-    /// `limit` of them (the oldest dead first). Each redrive is recorded with its item
-    /// ([`BroodHandle::redrive_record`]). Items that are not dead letters are skipped, not
-    /// counted. Returns how many were put back.
-    pub async fn redrive(&self, select: RedriveSelect, limit: Option<usize>) -> Result<usize, BroodError> {
-        match &select {
-            RedriveSelect::Children(ids) if ids.is_empty() => {
-                return Err(BroodError::invalid("child_ids", "must name at least one child"))
-            }
-            RedriveSelect::Session(s) if s.is_empty() => {
-                return Err(BroodError::invalid("session_id", "must not be empty"))
-            }
-            _ => {}
-        }
-        if limit == Some(0) {
-            return Err(BroodError::invalid("limit", "must be at least 1 when given"));
-        }
-        let mut all = self.dead_letters().await?;
-        all.sort_by(|a, b| (a.dead_at_ms, &a.dedup_key).cmp(&(b.dead_at_ms, &b.dedup_key)));
-        let mut by_session: std::collections::BTreeMap<
-            String,
-            (Vec<DeadLetterRow>, std::collections::HashSet<String>),
-        > = Default::default();
-        let mut left = limit.unwrap_or(usize::MAX);
-        for d in all {
-            let entry = by_session.entry(d.session_id.clone()).or_default();
-            entry.1.insert(d.dedup_key.clone());
-            if left > 0 && select.selects(&d) {
-                left -= 1;
-                entry.0.push(d);
-            }
-        }
-        let mut redriven = 0;
-        for (session, (selected, dead_keys)) in by_session {
-            if selected.is_empty() {
-                continue;
-            }
-            redriven += self.ask(&session, owner::Redrive { selected, dead_keys }).await??;
-        }
-        Ok(redriven)
-    }
-
-    /// The redrive record of an item (by its dedup key), if it was ever redriven.
-    pub fn redrive_record(&self, session_id: &str, dedup_key: &str) -> Result<Option<RedriveRow>, BroodError> {
-        Ok(self.ledger.redrive(session_id, dedup_key)?)
-    }
-
-    /// Cancels a call, one of its units, or one child: every unfinished child under it ends
-    /// `cancelled` (a running one's runner is dropped, so a command's process group is killed
-    /// and an external worker's next heartbeat or completion is refused; a queued one never
-    /// starts), recorded durably before this answers, and its slot goes to the next queued
-    /// child. Children that had ended are left as they are and still delivered. A cancelled
-    /// child is an ordinary result of its unit, which goes out whole; its error says who
-    /// cancelled it (`by`), what, and why. Cancelling again, or something finished, changes
-    /// nothing and says so.
-    pub async fn cancel(&self, target: CancelTarget, by: &str, reason: Option<&str>) -> Result<Cancelled, BroodError> {
-        let unknown = || BroodError::UnknownTarget {
-            kind: target.kind(),
-            id: target.id().to_string(),
-        };
-        if let Some(r) = reason {
-            if r.chars().count() > MAX_CANCEL_REASON {
-                return Err(BroodError::invalid(
-                    "reason",
-                    format!(
-                        "is {} characters long; at most {MAX_CANCEL_REASON} are kept",
-                        r.chars().count()
-                    ),
-                ));
-            }
-        }
-        let call_id = target.call_id().ok_or_else(unknown)?.to_string();
-        let mut text = format!("cancelled by {by} ({} {})", target.kind(), target.id());
-        if let Some(r) = reason.map(str::trim).filter(|r| !r.is_empty()) {
-            text = format!("{text}: {r}");
-        }
-        let live = self.engine.calls.get(&call_id).map(|s| s.value().clone());
-        if let Some(session) = live {
-            let msg = owner::Cancel {
-                target: target.clone(),
-                reason: text.clone(),
-                stored: None,
-            };
-            match self.ask(&session, msg).await? {
-                // Its call left memory meanwhile: it is over, and the ledger says how.
-                Err(BroodError::UnknownTarget { .. }) => {}
-                done => return done,
-            }
-        }
-        let stored = self
-            .ledger
-            .find_call(&call_id)
-            .map_err(|e| BroodError::Ledger(Arc::new(e)))?;
-        let stored = stored.ok_or_else(unknown)?;
-        let session = stored.session_id.clone();
-        self.ask(
-            &session,
-            owner::Cancel {
-                target,
-                reason: text,
-                stored: Some(stored),
-            },
-        )
-        .await?
     }
 
     /// Drains the engine before a stop: no queued child starts any more (they stay queued,

@@ -1,0 +1,122 @@
+//! Tests of the sled ledger: its lock, its keys, and reading rows back.
+
+use super::*;
+use std::time::Duration;
+
+#[test]
+fn a_lock_released_moments_later_is_waited_out() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let first = SledLedger::open(dir.path()).unwrap();
+    let holder = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        drop(first);
+    });
+    let second = SledLedger::open(dir.path());
+    holder.join().unwrap();
+    assert!(second.is_ok(), "{:?}", second.err());
+}
+
+#[test]
+fn a_flush_observer_is_told_of_every_successful_flush() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let ledger = SledLedger::open(dir.path())
+        .unwrap()
+        .on_flush(std::sync::Arc::new(move |d| record.lock().unwrap().push(d)));
+    ledger.flush().unwrap();
+    ledger.flush().unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 2);
+}
+
+#[test]
+fn a_lock_held_for_good_is_reported() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let _first = SledLedger::open(dir.path()).unwrap();
+    let err = SledLedger::open(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("another brood process"), "{err}");
+}
+
+#[test]
+fn a_value_over_the_blob_threshold_is_fsynced_and_reads_back() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let goal = "x".repeat(300 * 1024); // over sled's blob threshold (segment size / 4)
+    let call = CallRow {
+        call_id: "deleg_big".into(),
+        session_id: "s".into(),
+        set: 1,
+        mode: Mode::Background,
+        forced_sync_reason: None,
+        independent_completions: false,
+        tasks: vec![Task {
+            goal: goal.clone(),
+            runner_json: "{}".into(),
+            group: None,
+            timeout_ms: None,
+            stall_ms: 1,
+            rerun_on_recovery: false,
+        }],
+        created_at_ms: 0,
+    };
+    {
+        let ledger = SledLedger::open_with(dir.path(), Durability::Fsync).unwrap();
+        ledger
+            .write(&Writes {
+                calls: vec![call.clone()],
+                ..Writes::default()
+            })
+            .unwrap();
+        ledger.flush().unwrap();
+        let synced = ledger.files.synced_blobs.lock().unwrap().len();
+        assert!(synced >= 1, "the blob file sled wrote was fsynced");
+    }
+    let ledger = SledLedger::open(dir.path()).unwrap();
+    let snapshot = ledger.load().unwrap();
+    assert_eq!(snapshot.calls, vec![call]);
+}
+
+#[test]
+fn durability_names_parse_and_unknown_ones_are_refused() {
+    assert_eq!("fsync".parse::<Durability>(), Ok(Durability::Fsync));
+    assert_eq!("flush".parse::<Durability>(), Ok(Durability::Flush));
+    assert!("sometimes".parse::<Durability>().unwrap_err().contains("fsync, flush"));
+}
+
+#[test]
+fn acks_and_dead_letters_fold_into_the_children_they_name() {
+    let mut children = vec![ChildRow {
+        child_id: "deleg_a.0".into(),
+        call_id: "deleg_a".into(),
+        unit_id: "deleg_a-1".into(),
+        session_id: "s".into(),
+        task_index: 0,
+        status: ChildStatus::Failed,
+        summary: None,
+        error: None,
+        started_at_ms: None,
+        finished_at_ms: None,
+        attempt: 1,
+        recovered: false,
+        result: DeliveryRow::default(),
+        notice: DeliveryRow::default(),
+    }];
+    let acks = vec![AckRow {
+        claim_id: "c".into(),
+        session_id: "s".into(),
+        items: vec!["deleg_a.0:result".into(), "deleg_gone.0:result".into()],
+        acked_at_ms: 0,
+    }];
+    let dead = vec![DeadLetterRow {
+        dedup_key: "deleg_a.0:failure_notice".into(),
+        child_id: "deleg_a.0".into(),
+        session_id: "s".into(),
+        call_id: "deleg_a".into(),
+        kind: ItemKind::FailureNotice,
+        reason: "r".into(),
+        attempts: 8,
+        dead_at_ms: 0,
+    }];
+    fold_delivery(&mut children, &acks, &dead);
+    assert!(children[0].result.delivered && !children[0].result.dead);
+    assert!(children[0].notice.dead && children[0].notice.failed_attempts == 8);
+}
