@@ -495,6 +495,35 @@ mod tests {
     }
 
     #[test]
+    fn lifecycle_settings_parse_into_the_engine_they_configure() {
+        let c = resolve_file(
+            "max_depth = 3\nmax_running_children = 64\nretain_delivered_ms = 1000\nretain_dead_ms = 2000\n\
+             drop_idle_sessions_ms = 0\nretention_interval_ms = 0\n",
+        )
+        .unwrap();
+        assert_eq!((c.max_depth, c.max_running_children), (3, Some(64)));
+        let r = c.retention();
+        assert_eq!(r.delivered, std::time::Duration::from_secs(1));
+        assert_eq!(r.dead, std::time::Duration::from_secs(2));
+        assert_eq!((r.idle_session, r.interval), (None, None), "0 turns them off");
+        let d = resolve(None, vec![], BTreeMap::new()).unwrap();
+        assert_eq!(
+            (d.max_depth, d.max_running_children),
+            (2, None),
+            "defaults: depth 2, unlimited"
+        );
+        assert_eq!(d.retention().delivered, std::time::Duration::from_secs(7 * 86_400));
+        for bad in [
+            "max_depth = 0\n",
+            "max_running_children = 0\n",
+            "retention_interval_ms = -1\n",
+        ] {
+            let e = resolve_file(bad).unwrap_err();
+            assert!(e.problem.contains("from "), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn allowed_runners_default_to_sim_and_external_and_grow_with_allow_command() {
         let c = resolve(None, vec![], BTreeMap::new()).unwrap();
         assert_eq!(c.allowed_runners, ["sim", "external"]);
