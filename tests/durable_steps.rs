@@ -69,17 +69,16 @@ async fn a_dispatch_marks_the_children_it_starts_in_one_start_row_flushed_with_i
         .b()
         .delegate(
             "s",
-            DelegateRequest::background(vec![
-                task("a", gate("never")),
-                task("b", gate("never")),
-                task("c", sim(0)),
-            ]),
+            DelegateRequest::background(vec![task("a", hold()), task("b", hold()), task("c", sim(0))]),
         )
         .await
         .unwrap();
     let call = reply.call_id().to_string();
     let st = status_until(t.b(), "s", "two children running", |st| st.running == 2).await;
     assert_eq!(st.queued, 1);
+    // Their runners really started: a stop before that would hand them back to the queue
+    // (a row of their own), which is another test's case.
+    wait_for!("both runners started", (t.kit.holds.started().len() == 2).then_some(()));
     t.shut_down();
     {
         let ledger = brood_actors::ledger::SledLedger::open(t.ledger_dir()).unwrap();
