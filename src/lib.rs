@@ -162,7 +162,7 @@ impl BroodConfig {
     }
 
     /// How long what is over is kept, and how often the background sweep runs (default: calls
-    /// delivered 7 days, dead letters 30 days, idle sessions 30 days, a sweep a minute).
+    /// delivered 7 days, dead letters 30 days, idle sessions kept, a sweep a minute).
     pub fn retention(mut self, retention: Retention) -> Self {
         self.retention = retention;
         self

@@ -140,8 +140,8 @@ struct ServeArgs {
     /// 30 days).
     #[arg(long)]
     retain_dead_ms: Option<String>,
-    /// How long a session with nothing left and nothing live is kept, in ms (0: for good;
-    /// default 30 days).
+    /// How long a session with nothing left and nothing live is kept, in ms (0, the default:
+    /// for good).
     #[arg(long)]
     drop_idle_sessions_ms: Option<String>,
     /// How often retention sweeps, in ms (0: never in the background; default 60000).

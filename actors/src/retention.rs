@@ -1,7 +1,8 @@
 //! Retention: the ledger does not grow forever. Calls whose items were all delivered are kept
 //! for [`Retention::delivered`] (default 7 days) after their last child finished, calls with
 //! dead letters for [`Retention::dead`] (default 30 days) after their last item died, and a
-//! session with nothing left and nothing live can be removed after [`Retention::idle_session`].
+//! session with nothing left and nothing live can be removed after [`Retention::idle_session`]
+//! (off by default).
 //!
 //! A sweep reads the ledger a session at a time, in bounded pages, off every actor's thread;
 //! what is old enough is decided here by plain code ([`old_call`], [`old_ack`]), and removed
@@ -38,7 +39,9 @@ impl Default for Retention {
         Retention {
             delivered: Duration::from_secs(7 * DAY),
             dead: Duration::from_secs(30 * DAY),
-            idle_session: Some(Duration::from_secs(30 * DAY)),
+            // Off unless asked for: a removed session loses its stored wake target and starts
+            // its sets afresh, which a long-lived parent would not expect.
+            idle_session: None,
             interval: Some(Duration::from_secs(60)),
             batch: 256,
         }

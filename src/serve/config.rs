@@ -103,7 +103,7 @@ impl Default for ServeConfig {
             max_running_children: None,
             retain_delivered_ms: 7 * DAY_MS,
             retain_dead_ms: 30 * DAY_MS,
-            drop_idle_sessions_ms: 30 * DAY_MS,
+            drop_idle_sessions_ms: 0,
             retention_interval_ms: 60_000,
             min_lease_ms: crate::MIN_LEASE_MS,
             max_lease_ms: crate::MAX_LEASE_MS,
@@ -172,10 +172,7 @@ const KEYS: &[(&str, &str)] = &[
         "from 0 to 315360000000 (default 604800000: 7 days)",
     ),
     ("retain_dead_ms", "from 0 to 315360000000 (default 2592000000: 30 days)"),
-    (
-        "drop_idle_sessions_ms",
-        "from 0 (never) to 315360000000 (default 2592000000: 30 days)",
-    ),
+    ("drop_idle_sessions_ms", "from 0 (never, the default) to 315360000000"),
     (
         "retention_interval_ms",
         "from 0 (no background sweep) to 86400000 (default 60000)",
@@ -513,6 +510,7 @@ mod tests {
             "defaults: depth 2, unlimited"
         );
         assert_eq!(d.retention().delivered, std::time::Duration::from_secs(7 * 86_400));
+        assert_eq!(d.retention().idle_session, None, "idle sessions are kept unless asked");
         for bad in [
             "max_depth = 0\n",
             "max_running_children = 0\n",
