@@ -1,8 +1,6 @@
 //! The lifecycle requests of [`BroodHandle`]: one call's view and a session's stored calls,
 //! retention's sweep, dead letters and their redrive, cancel (with the descendants it reaches).
 
-use std::sync::Arc;
-
 use brood_actors::actors::owner;
 use brood_actors::ledger::Ledger;
 
@@ -179,11 +177,10 @@ impl BroodHandle {
                 done => return done,
             }
         }
-        let stored = self
-            .ledger
-            .find_call(&call_id)
-            .map_err(|e| BroodError::Ledger(Arc::new(e)))?;
-        let stored = stored.ok_or_else(unknown)?;
+        let ledger = self.ledger.clone();
+        let id = call_id.clone();
+        // A scan of the call keys (off every hot path).
+        let stored = blocking(move || ledger.find_call(&id)).await?.ok_or_else(unknown)?;
         let session = stored.session_id.clone();
         self.ask(
             &session,
@@ -197,21 +194,11 @@ impl BroodHandle {
     }
 }
 
-/// Runs a blocking ledger read on a thread of its own: it blocks neither an actor nor the
-/// caller's executor.
+/// A blocking ledger read, off the caller's executor and every actor's thread.
 async fn blocking<T: Send + 'static>(
     job: impl FnOnce() -> Result<T, LedgerError> + Send + 'static,
 ) -> Result<T, BroodError> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("brood-read".into())
-        .spawn(move || {
-            let _ = tx.send(job());
-        })
-        .map_err(|e| LedgerError::storage("starting a thread to read the ledger", e))?;
-    Ok(rx
-        .await
-        .unwrap_or_else(|_| Err(LedgerError::storage_msg("reading the ledger failed")))?)
+    Ok(brood_actors::ledger::off_thread("reading the ledger", job).await?)
 }
 
 /// A call no owner holds any more, from the ledger: everything in it was delivered or dead.

@@ -108,19 +108,11 @@ pub async fn sweep(engine: &Engine, policy: &Retention, now: u64) -> Result<Swep
     Ok(swept)
 }
 
-/// Runs `job` where blocking reads delay nobody: tokio's blocking pool when there is a tokio
-/// runtime (the actors' threads have one), else right here.
-async fn off_thread<T: Send + 'static>(
+/// A retention read, off every actor's thread.
+async fn read<T: Send + 'static>(
     job: impl FnOnce() -> Result<T, crate::ledger::LedgerError> + Send + 'static,
 ) -> Result<T, BroodError> {
-    let done = match tokio::runtime::Handle::try_current() {
-        Ok(rt) => rt
-            .spawn_blocking(job)
-            .await
-            .map_err(|e| crate::ledger::LedgerError::storage("a retention read failed", e))?,
-        Err(_) => job(),
-    };
-    done.map_err(BroodError::from)
+    Ok(crate::ledger::off_thread("a retention read", job).await?)
 }
 
 async fn sweep_session(engine: &Engine, policy: &Retention, session: &str, now: u64) -> Result<Swept, BroodError> {
@@ -136,7 +128,7 @@ async fn sweep_session(engine: &Engine, policy: &Retention, session: &str, now: 
             after.clone(),
             policy.clone(),
         );
-        let (old, last, more, young) = off_thread(move || {
+        let (old, last, more, young) = read(move || {
             let page = ledger.calls_page(&id, from.as_deref(), batch)?;
             let more = page.len() == batch;
             let last = page.last().map(|c| c.call_id.clone());
@@ -185,7 +177,7 @@ async fn sweep_session(engine: &Engine, policy: &Retention, session: &str, now: 
             after.clone(),
             policy.clone(),
         );
-        let (old, last, more, newest, young) = off_thread(move || {
+        let (old, last, more, newest, young) = read(move || {
             let page = ledger.acks_page(&id, from.as_deref(), batch)?;
             let more = page.len() == batch;
             let last = page.last().map(|a| a.claim_id.clone());
@@ -228,7 +220,7 @@ async fn sweep_session(engine: &Engine, policy: &Retention, session: &str, now: 
     // A session with a recent ack was not idle long enough (its newest ack was not read).
     if let Some(idle) = policy.idle_session.filter(|_| !stopped_young) {
         let (ledger, id) = (engine.ledger.clone(), session.to_string());
-        let any_call = off_thread(move || Ok(!ledger.calls_page(&id, None, 1)?.is_empty())).await?;
+        let any_call = read(move || Ok(!ledger.calls_page(&id, None, 1)?.is_empty())).await?;
         let msg = DropIfIdle {
             last_activity_ms: last_ack.unwrap_or(0),
             cutoff_ms: now.saturating_sub(ms(idle)),

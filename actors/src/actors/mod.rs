@@ -279,8 +279,5 @@ pub(crate) fn running<A: actix::Actor<Context = actix::Context<A>>>(ctx: &actix:
 
 /// Flushes the ledger off the actor thread.
 pub(crate) async fn flush(ledger: Arc<dyn Ledger>) -> Result<usize, LedgerError> {
-    match tokio::task::spawn_blocking(move || ledger.flush()).await {
-        Ok(res) => res,
-        Err(e) => Err(LedgerError::storage("the flush task failed", e)),
-    }
+    crate::ledger::off_thread("the flush task", move || ledger.flush()).await
 }

@@ -275,6 +275,32 @@ impl Writes {
     }
 }
 
+/// Runs a blocking ledger job where it delays nobody: tokio's blocking pool when the caller runs
+/// on a tokio runtime (the actors' threads do), else a thread of its own, so an embedder's
+/// executor is not blocked either. `what` names the job in its error.
+pub async fn off_thread<T: Send + 'static>(
+    what: &'static str,
+    job: impl FnOnce() -> Result<T, LedgerError> + Send + 'static,
+) -> Result<T, LedgerError> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => rt
+            .spawn_blocking(job)
+            .await
+            .unwrap_or_else(|e| Err(LedgerError::storage(format!("{what} failed"), e))),
+        Err(_) => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            std::thread::Builder::new()
+                .name("brood-ledger".into())
+                .spawn(move || {
+                    let _ = tx.send(job());
+                })
+                .map_err(|e| LedgerError::storage(format!("starting a thread for {what}"), e))?;
+            rx.await
+                .unwrap_or_else(|_| Err(LedgerError::storage_msg(format!("{what} ended without an answer"))))
+        }
+    }
+}
+
 /// Durable storage for brood's rows. Implementations must be safe to share across threads.
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Writes rows (not durable until [`Ledger::flush`]).

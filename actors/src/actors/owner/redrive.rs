@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use super::persist::{BatchView, Decided, Step};
 use super::{answer, Durable, SessionOwner};
 use crate::error::BroodError;
-use crate::ledger::{Ledger, LedgerError, Writes};
+use crate::ledger::{off_thread, Ledger, LedgerError, Writes};
 use crate::model::*;
 
 /// Put these dead letters of the session back in its ready set. Answers how many were.
@@ -88,13 +88,9 @@ impl SessionOwner {
         absent.dedup();
         let ledger = self.engine.ledger.clone();
         let session = self.session.session_id.clone();
-        let read = async move {
-            let job = move || load(&*ledger, &session, msg.selected, msg.dead_keys, absent);
-            match tokio::task::spawn_blocking(job).await {
-                Ok(res) => res,
-                Err(e) => Err(LedgerError::storage("the redrive's read failed", e)),
-            }
-        };
+        let read = off_thread("the redrive's read", move || {
+            load(&*ledger, &session, msg.selected, msg.dead_keys, absent)
+        });
         ctx.spawn(read.into_actor(self).map(move |loaded, act, ctx| match loaded {
             Ok(loaded) => act.submit(Durable::Redrive(loaded, tx), ctx),
             Err(e) => answer(tx, Err(e.into())),
