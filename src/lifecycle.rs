@@ -107,25 +107,14 @@ impl BroodHandle {
         }
         let mut all = self.dead_letters().await?;
         all.sort_by(|a, b| (a.dead_at_ms, &a.dedup_key).cmp(&(b.dead_at_ms, &b.dedup_key)));
-        let mut by_session: std::collections::BTreeMap<
-            String,
-            (Vec<DeadLetterRow>, std::collections::HashSet<String>),
-        > = Default::default();
-        let mut left = limit.unwrap_or(usize::MAX);
-        for d in all {
-            let entry = by_session.entry(d.session_id.clone()).or_default();
-            entry.1.insert(d.dedup_key.clone());
-            if left > 0 && select.selects(&d) {
-                left -= 1;
-                entry.0.push(d);
-            }
+        let mut by_session: std::collections::BTreeMap<String, Vec<DeadLetterRow>> = Default::default();
+        let chosen = all.into_iter().filter(|d| select.selects(d));
+        for d in chosen.take(limit.unwrap_or(usize::MAX)) {
+            by_session.entry(d.session_id.clone()).or_default().push(d);
         }
         let mut redriven = 0;
-        for (session, (selected, dead_keys)) in by_session {
-            if selected.is_empty() {
-                continue;
-            }
-            redriven += self.ask(&session, owner::Redrive { selected, dead_keys }).await??;
+        for (session, selected) in by_session {
+            redriven += self.ask(&session, owner::Redrive { selected }).await??;
         }
         Ok(redriven)
     }
@@ -203,10 +192,7 @@ async fn blocking<T: Send + 'static>(
 
 /// A call no owner holds any more, from the ledger: everything in it was delivered or dead.
 fn stored_call(ledger: &dyn Ledger, call: CallRow) -> Result<CallStatus, LedgerError> {
-    let parts = ledger.call_parts(&call.session_id, &call.call_id)?;
-    let dead: std::collections::HashSet<String> = parts.dead_letters.into_iter().map(|d| d.dedup_key).collect();
-    let mut children = parts.children;
-    brood_actors::model::fold_settled(&mut children, &dead);
+    let children = brood_actors::ledger::settled_children(ledger, &call.session_id, &call.call_id)?;
     let units = brood_actors::model::plan_units(&call.call_id, &call.tasks, call.independent_completions);
     Ok(CallStatus { call, units, children })
 }

@@ -301,6 +301,16 @@ pub async fn off_thread<T: Send + 'static>(
     }
 }
 
+/// The children of a call that left memory settled, with the delivery state they had then: its
+/// stored rows with its dead letters folded in ([`fold_settled`]).
+pub fn settled_children(ledger: &dyn Ledger, session_id: &str, call_id: &str) -> Result<Vec<ChildRow>, LedgerError> {
+    let parts = ledger.call_parts(session_id, call_id)?;
+    let dead: std::collections::HashSet<String> = parts.dead_letters.into_iter().map(|d| d.dedup_key).collect();
+    let mut children = parts.children;
+    fold_settled(&mut children, &dead);
+    Ok(children)
+}
+
 /// Durable storage for brood's rows. Implementations must be safe to share across threads.
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Writes rows (not durable until [`Ledger::flush`]).

@@ -9,7 +9,7 @@
 //! ready (a call that had left memory comes back into it, complete, for as long as its items
 //! are out).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use actix::prelude::*;
 use tokio::sync::oneshot;
@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use super::persist::{BatchView, Decided, Step};
 use super::{answer, Durable, SessionOwner};
 use crate::error::BroodError;
-use crate::ledger::{off_thread, Ledger, LedgerError, Writes};
+use crate::ledger::{off_thread, settled_children, Ledger, LedgerError, Writes};
 use crate::model::*;
 
 /// Put these dead letters of the session back in its ready set. Answers how many were.
@@ -26,18 +26,15 @@ use crate::model::*;
 pub struct Redrive {
     /// The dead letters to redrive (of this session).
     pub selected: Vec<DeadLetterRow>,
-    /// Every dead item of the session, by dedup key: a call brought back into memory marks
-    /// the ones not redriven as still dead.
-    pub dead_keys: HashSet<String>,
 }
 
 /// What a redrive read from the ledger before it is decided.
 pub(super) struct Loaded {
     selected: Vec<DeadLetterRow>,
-    dead_keys: HashSet<String>,
     /// Redrive records, by dedup key.
     records: HashMap<String, RedriveRow>,
-    /// Calls no longer in memory, with their children's rows.
+    /// Calls no longer in memory, with their children's rows as they were when the call left
+    /// memory.
     calls: HashMap<String, (CallRow, Vec<ChildRow>)>,
 }
 
@@ -46,7 +43,6 @@ fn load(
     ledger: &dyn Ledger,
     session: &str,
     selected: Vec<DeadLetterRow>,
-    dead_keys: HashSet<String>,
     absent: Vec<String>,
 ) -> Result<Loaded, LedgerError> {
     let mut records = HashMap::new();
@@ -58,13 +54,12 @@ fn load(
     let mut calls = HashMap::new();
     for call_id in absent {
         if let Some(row) = ledger.call(session, &call_id)? {
-            let children = ledger.call_children(session, &call_id)?;
+            let children = settled_children(ledger, session, &call_id)?;
             calls.insert(call_id, (row, children));
         }
     }
     Ok(Loaded {
         selected,
-        dead_keys,
         records,
         calls,
     })
@@ -89,7 +84,7 @@ impl SessionOwner {
         let ledger = self.engine.ledger.clone();
         let session = self.session.session_id.clone();
         let read = off_thread("the redrive's read", move || {
-            load(&*ledger, &session, msg.selected, msg.dead_keys, absent)
+            load(&*ledger, &session, msg.selected, absent)
         });
         ctx.spawn(read.into_actor(self).map(move |loaded, act, ctx| match loaded {
             Ok(loaded) => act.submit(Durable::Redrive(loaded, tx), ctx),
@@ -112,7 +107,6 @@ impl SessionOwner {
         }
         let Loaded {
             selected,
-            dead_keys,
             records,
             calls,
         } = loaded;
@@ -153,7 +147,7 @@ impl SessionOwner {
                         }
                         let returned = back
                             .entry(dead.call_id.clone())
-                            .or_insert_with(|| (call.clone(), as_settled(children, &dead_keys)));
+                            .or_insert_with(|| (call.clone(), children.clone()));
                         match returned.1.iter().find(|r| r.child_id == child) {
                             Some(row) => row.clone(),
                             None => continue,
@@ -161,8 +155,7 @@ impl SessionOwner {
                     }
                 },
             };
-            let after = rows.get(child).map_or_else(|| before.clone(), |(_, a)| a.clone());
-            let mut after = after;
+            let mut after = rows.get(child).map_or_else(|| before.clone(), |(_, a)| a.clone());
             let d = after.delivery_mut(kind);
             if !d.dead {
                 continue;
@@ -232,11 +225,4 @@ impl SessionOwner {
             .insert(call.call_id.clone(), self.session.session_id.clone());
         self.book.bring_back(call, units, children);
     }
-}
-
-/// A settled call's children as they were when it left memory (see [`fold_settled`]).
-fn as_settled(children: &[ChildRow], dead_keys: &HashSet<String>) -> Vec<ChildRow> {
-    let mut rows = children.to_vec();
-    fold_settled(&mut rows, dead_keys);
-    rows
 }
