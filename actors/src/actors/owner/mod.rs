@@ -385,6 +385,21 @@ fn reply_future<T: Send + 'static>(
     Box::pin(async move { rx.await.unwrap_or(Err(lost)) })
 }
 
+impl SessionOwner {
+    /// Submits the durable request `request` makes of its reply channel, and answers with what
+    /// it is decided to (interrupted, when the owner dies first).
+    fn submit_for<T: Send + 'static>(
+        &mut self,
+        request: impl FnOnce(oneshot::Sender<Result<T, BroodError>>) -> Durable,
+        ctx: &mut Context<Self>,
+    ) -> ResponseFuture<Result<T, BroodError>> {
+        let (tx, rx) = oneshot::channel();
+        let lost = self.interrupted();
+        self.submit(request(tx), ctx);
+        reply_future(rx, lost)
+    }
+}
+
 impl Handler<Delegate> for SessionOwner {
     // Answered from outside this actor's context: a sync call waits for all its children, and
     // a future parked in the context would be polled on every message meanwhile.
@@ -412,10 +427,8 @@ impl Handler<Ack> for SessionOwner {
 
     fn handle(&mut self, Ack { claim_id }: Ack, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
-        let (tx, rx) = oneshot::channel();
-        let lost = self.interrupted();
-        self.submit(Durable::Ack(claim_id, tx, now_ms()), ctx);
-        reply_future(rx, lost)
+        let arrived = now_ms();
+        self.submit_for(|tx| Durable::Ack(claim_id, tx, arrived), ctx)
     }
 }
 
@@ -424,10 +437,8 @@ impl Handler<Release> for SessionOwner {
 
     fn handle(&mut self, msg: Release, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
-        let (tx, rx) = oneshot::channel();
-        let lost = self.interrupted();
-        self.submit(Durable::Release(msg, tx, now_ms()), ctx);
-        reply_future(rx, lost)
+        let arrived = now_ms();
+        self.submit_for(|tx| Durable::Release(msg, tx, arrived), ctx)
     }
 }
 
@@ -435,10 +446,7 @@ impl Handler<Configure> for SessionOwner {
     type Result = ResponseFuture<Result<SessionInfo, BroodError>>;
 
     fn handle(&mut self, Configure(settings): Configure, ctx: &mut Context<Self>) -> Self::Result {
-        let (tx, rx) = oneshot::channel();
-        let lost = self.interrupted();
-        self.submit(Durable::Configure(settings, tx), ctx);
-        reply_future(rx, lost)
+        self.submit_for(|tx| Durable::Configure(settings, tx), ctx)
     }
 }
 
@@ -468,10 +476,7 @@ impl Handler<EndNested> for SessionOwner {
 
     fn handle(&mut self, msg: EndNested, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
-        let (tx, rx) = oneshot::channel();
-        let lost = self.interrupted();
-        self.submit(Durable::EndNested(msg.reason, tx), ctx);
-        reply_future(rx, lost)
+        self.submit_for(|tx| Durable::EndNested(msg.reason, tx), ctx)
     }
 }
 
@@ -507,10 +512,7 @@ impl Handler<Prune> for SessionOwner {
     type Result = ResponseFuture<Result<usize, BroodError>>;
 
     fn handle(&mut self, msg: Prune, ctx: &mut Context<Self>) -> Self::Result {
-        let (tx, rx) = oneshot::channel();
-        let lost = self.interrupted();
-        self.submit(Durable::Prune(msg, tx), ctx);
-        reply_future(rx, lost)
+        self.submit_for(|tx| Durable::Prune(msg, tx), ctx)
     }
 }
 
@@ -518,10 +520,7 @@ impl Handler<DropIfIdle> for SessionOwner {
     type Result = ResponseFuture<Result<bool, BroodError>>;
 
     fn handle(&mut self, msg: DropIfIdle, ctx: &mut Context<Self>) -> Self::Result {
-        let (tx, rx) = oneshot::channel();
-        let lost = self.interrupted();
-        self.submit(Durable::Drop(msg, tx), ctx);
-        reply_future(rx, lost)
+        self.submit_for(|tx| Durable::Drop(msg, tx), ctx)
     }
 }
 
