@@ -72,7 +72,7 @@ impl BroodHandle {
     /// [`Retention::interval`]): calls delivered or dead long enough ago, ack rows of calls that
     /// are gone, idle sessions. Nothing live is removed.
     pub async fn sweep(&self) -> Result<Swept, BroodError> {
-        brood_actors::retention::sweep(&self.engine, &self.engine.retention, brood_actors::model::now_ms()).await
+        brood_actors::retention::sweep(&self.engine, brood_actors::model::now_ms()).await
     }
 
     /// How many rows the ledger holds, by tree (a scan: for inspection).

@@ -94,8 +94,10 @@ pub fn old_ack(ack: &AckRow, now: u64, policy: &Retention, mut stored: impl FnMu
         })
 }
 
-/// Sweeps every session once: removes what is old enough, a page at a time.
-pub async fn sweep(engine: &Engine, policy: &Retention, now: u64) -> Result<Swept, BroodError> {
+/// Sweeps every session once, under the engine's [`Retention`]: removes what is old enough, a
+/// page at a time.
+pub async fn sweep(engine: &Engine, now: u64) -> Result<Swept, BroodError> {
+    let policy = &engine.retention;
     let mut sessions: Vec<String> = engine.owners.iter().map(|e| e.key().clone()).collect();
     sessions.sort();
     let mut swept = Swept::default();
@@ -257,11 +259,11 @@ where
 }
 
 /// Sweeps every [`Retention::interval`] until the engine stops.
-pub async fn run(engine: Engine, policy: Retention) {
-    let Some(every) = policy.interval else { return };
+pub async fn run(engine: Engine) {
+    let Some(every) = engine.retention.interval else { return };
     loop {
         tokio::time::sleep(every).await;
-        match sweep(&engine, &policy, now_ms()).await {
+        match sweep(&engine, now_ms()).await {
             Ok(s) if s != Swept::default() => tracing::info!(
                 calls = s.calls,
                 acks = s.acks,

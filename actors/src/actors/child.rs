@@ -20,8 +20,8 @@ use crate::model::{now_ms, panic_message, ChildRow, ChildStatus, Task};
 use crate::runner::{Progress, RunContext, RunOutput};
 
 /// First hand-off retry delay; doubles up to [`HANDOFF_BACKOFF_MAX`].
-const HANDOFF_BACKOFF_START: Duration = Duration::from_millis(10);
-const HANDOFF_BACKOFF_MAX: Duration = Duration::from_secs(5);
+pub(crate) const HANDOFF_BACKOFF_START: Duration = Duration::from_millis(10);
+pub(crate) const HANDOFF_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Stop the child's runner and end it `cancelled` (its owner recorded it so already).
 #[derive(Debug, Message)]

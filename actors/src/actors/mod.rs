@@ -249,6 +249,11 @@ impl Engine {
         self.owners.remove(session_id);
         self.nests.remove(session_id);
         self.turns.remove(session_id);
+        self.forget_share(session_id);
+    }
+
+    /// A session no longer served gives its server-wide slots to the sessions waiting for one.
+    pub(crate) fn forget_share(&self, session_id: &str) {
         if let Some(shares) = &self.shares {
             self.poke(shares.forget(session_id));
         }

@@ -218,9 +218,7 @@ impl Supervisor {
                 if decision == Decision::Escalate {
                     tracing::error!(session = %id, "session owner keeps failing; the session is given up");
                     self.engine.owners.remove(&id);
-                    if let Some(shares) = &self.engine.shares {
-                        self.engine.poke(shares.forget(&id));
-                    }
+                    self.engine.forget_share(&id);
                     self.failed.insert(id, msg);
                     return;
                 }
@@ -328,10 +326,7 @@ impl Actor for Supervisor {
             self.spawn_owner(owner, ctx);
         }
         // Retention reads off every actor's thread and removes through the owners.
-        actix::spawn(crate::retention::run(
-            self.engine.clone(),
-            self.engine.retention.clone(),
-        ));
+        actix::spawn(crate::retention::run(self.engine.clone()));
     }
 }
 

@@ -68,6 +68,14 @@ pub struct Cancelled {
     pub already_finished: usize,
 }
 
+impl Cancelled {
+    /// Adds what another cancel (of a call, or of a nested session) did to this one's.
+    pub fn absorb(&mut self, other: Cancelled) {
+        self.cancelled.extend(other.cancelled);
+        self.already_finished += other.already_finished;
+    }
+}
+
 /// A nested session: the session of a child that delegates in its own right (its id is the
 /// child's id). Stored when the session is first opened, keyed by its id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

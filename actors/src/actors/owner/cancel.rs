@@ -13,6 +13,7 @@ use futures::future::join_all;
 
 use super::persist::{BatchView, Decided};
 use super::{Durable, EndNested, SessionOwner};
+use crate::actors::child::{HANDOFF_BACKOFF_MAX, HANDOFF_BACKOFF_START};
 use crate::actors::coalescer::Completion;
 use crate::actors::unit::CancelChildren;
 use crate::error::BroodError;
@@ -106,10 +107,7 @@ impl SessionOwner {
             let mut out = Cancelled::default();
             for done in join_all(cancels).await {
                 match done {
-                    Ok(c) => {
-                        out.cancelled.extend(c.cancelled);
-                        out.already_finished += c.already_finished;
-                    }
+                    Ok(c) => out.absorb(c),
                     // A call that settled meanwhile has nothing left to cancel.
                     Err(BroodError::UnknownTarget { .. }) => {}
                     Err(e) => return Err(e),
@@ -188,10 +186,7 @@ pub(crate) async fn end_nested(
             continue;
         };
         match owner.send(EndNested { reason: why(child) }).await {
-            Ok(Ok(c)) => {
-                out.cancelled.extend(c.cancelled);
-                out.already_finished += c.already_finished;
-            }
+            Ok(Ok(c)) => out.absorb(c),
             Ok(Err(e)) => tracing::warn!(session = %child, "ending a nested session failed: {e}"),
             Err(_) => tracing::warn!(session = %child, "a nested session's owner stopped before it was ended"),
         }
@@ -206,14 +201,14 @@ async fn record_all(
     rows: Vec<ChildRow>,
 ) -> Result<Vec<String>, BroodError> {
     let sends = rows.into_iter().map(|row| async move {
-        let mut backoff = std::time::Duration::from_millis(10);
+        let mut backoff = HANDOFF_BACKOFF_START;
         loop {
             match coalescer.send(Completion { row: row.clone() }).await {
                 Ok(Ok(status)) => return Ok((row.child_id, status)),
                 Ok(Err(e)) => {
                     tracing::warn!(child = %row.child_id, retry_in = ?backoff, "recording a cancel failed: {e}");
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+                    backoff = (backoff * 2).min(HANDOFF_BACKOFF_MAX);
                 }
                 Err(_) => return Err(BroodError::Stopped),
             }

@@ -9,7 +9,7 @@ use tokio::sync::oneshot;
 use super::persist::{BatchView, Decided, Step};
 use super::{answer, Durable, SessionOwner};
 use crate::error::BroodError;
-use crate::ledger::{RowKey, Writes};
+use crate::ledger::Writes;
 
 /// One call retention found old enough, with the ids of its other rows.
 #[derive(Debug, Clone)]
@@ -74,12 +74,7 @@ impl SessionOwner {
             view.pruned.insert(call.call_id);
             removed += 1;
         }
-        writes.remove_acks.extend(
-            prune
-                .acks
-                .iter()
-                .map(|c| RowKey::new(self.session.session_id.clone(), c.clone())),
-        );
+        writes.remove_acks.extend(prune.acks.iter().map(|c| self.row_key(c)));
         if writes.is_empty() {
             answer(reply, Ok(0));
             return Decided::Done;
