@@ -339,11 +339,7 @@ impl SledLedger {
             if !k.starts_with(&prefix) || out.len() >= limit {
                 break;
             }
-            out.push(codec::decode(&v).map_err(|source| LedgerError::Codec {
-                tree: name,
-                key: String::from_utf8_lossy(&k).into_owned(),
-                source,
-            })?);
+            out.push(decode_at(name, &k, &v)?);
         }
         Ok(out)
     }
@@ -358,11 +354,7 @@ impl SledLedger {
     ) -> Result<Option<T>, LedgerError> {
         match tree.get(row_key(session_id, id))? {
             None => Ok(None),
-            Some(v) => codec::decode(&v).map(Some).map_err(|source| LedgerError::Codec {
-                tree: name,
-                key: id.to_string(),
-                source,
-            }),
+            Some(v) => decode_at(name, id.as_bytes(), &v).map(Some),
         }
     }
 
@@ -405,6 +397,15 @@ pub(super) fn is_scoped(tree: &str) -> bool {
         tree,
         CALLS | CHILDREN | STARTS | CLAIMS | ACKS | DEAD_LETTERS | REDRIVES
     )
+}
+
+/// Decodes a stored row; the error names its tree and its key (lossily as text).
+fn decode_at<T: serde::de::DeserializeOwned>(tree: &'static str, key: &[u8], value: &[u8]) -> Result<T, LedgerError> {
+    codec::decode(value).map_err(|source| LedgerError::Codec {
+        tree,
+        key: String::from_utf8_lossy(key).into_owned(),
+        source,
+    })
 }
 
 /// Encodes a row; its key (an id, or a stored key's bytes) is turned into text only for the
@@ -605,11 +606,7 @@ impl Ledger for SledLedger {
         for kv in self.calls.iter() {
             let (k, v) = kv?;
             if k.ends_with(&suffix) {
-                let row: CallRow = codec::decode(&v).map_err(|source| LedgerError::Codec {
-                    tree: CALLS,
-                    key: call_id.to_string(),
-                    source,
-                })?;
+                let row: CallRow = decode_at(CALLS, call_id.as_bytes(), &v)?;
                 if row.call_id == call_id {
                     return Ok(Some(row));
                 }
@@ -631,11 +628,7 @@ impl Ledger for SledLedger {
         let mut out = Vec::new();
         for kv in self.children.scan_prefix(prefix) {
             let (k, v) = kv?;
-            let row: ChildRow = codec::decode(&v).map_err(|source| LedgerError::Codec {
-                tree: CHILDREN,
-                key: String::from_utf8_lossy(&k).into_owned(),
-                source,
-            })?;
+            let row: ChildRow = decode_at(CHILDREN, &k, &v)?;
             if row.call_id == call_id {
                 out.push(row);
             }
@@ -682,11 +675,7 @@ impl Ledger for SledLedger {
         let items = row_key(session_id, &format!("{call_id}."));
         for kv in self.dead_letters.scan_prefix(&items) {
             let (k, v) = kv?;
-            let row: DeadLetterRow = codec::decode(&v).map_err(|source| LedgerError::Codec {
-                tree: DEAD_LETTERS,
-                key: String::from_utf8_lossy(&k).into_owned(),
-                source,
-            })?;
+            let row: DeadLetterRow = decode_at(DEAD_LETTERS, &k, &v)?;
             if row.call_id == call_id {
                 parts.dead_letters.push(row);
             }
