@@ -248,20 +248,80 @@ impl SledLedger {
         };
         // Not `tree.len()`: in sled 0.34 that is a scan of its own.
         let mut out = Vec::new();
-        let mut bad = Vec::new();
-        for kv in rows {
-            let (k, v) = kv?;
-            match codec::decode::<T>(&v)
-                .map_err(|e| e.to_string())
-                .and_then(|row| row.check().map(|_| row))
-            {
-                Ok(row) => out.push(row),
-                Err(reason) => bad.push((k, v, reason)),
-            }
-        }
+        let bad = decode_rows(rows, &mut out)?;
+        self.move_all_aside(tree, name, bad)?;
+        Ok(out)
+    }
+
+    fn move_all_aside(&self, tree: &sled::Tree, name: &str, bad: Vec<BadRow>) -> Result<(), LedgerError> {
         for (k, v, reason) in bad {
             self.move_aside(tree, name, &k, &v, &reason)?;
         }
+        Ok(())
+    }
+
+    /// Reads the children's rows back, all or one session's, as [`SledLedger::scan`] does,
+    /// into a vector sized once from the calls' tasks. A large read is split into key ranges
+    /// at call boundaries, one per core, decoded on threads of their own (sled's reads are
+    /// safe to run at once); the rows come back in key order all the same.
+    fn scan_children(&self, session: Option<&str>, calls: &[CallRow]) -> Result<Vec<ChildRow>, LedgerError> {
+        use std::ops::Bound;
+        // A call's children are at most its tasks (a damaged extra row is quarantined).
+        let expected: usize = calls.iter().map(|c| c.tasks.len()).sum();
+        let (from, to) = match session {
+            None => (Bound::Unbounded, Bound::Unbounded),
+            Some(s) => {
+                let prefix = session_prefix(s);
+                // Every key of the session starts `<session>\0`, so is below `<session>\1`.
+                let mut end = prefix.clone();
+                *end.last_mut().expect("a prefix ends with its separator") = 1;
+                (Bound::Included(prefix), Bound::Excluded(end))
+            }
+        };
+        let parts = crate::recovery::threads_for(expected, calls.len());
+        // The split keys: the first key of the call at which each part's share of the tasks
+        // is reached (calls come in key order, as their children do).
+        let mut cuts = Vec::with_capacity(parts - 1);
+        let mut seen = 0;
+        for call in calls {
+            if cuts.len() + 1 < parts && seen >= expected * (cuts.len() + 1) / parts {
+                cuts.push(row_key(&call.session_id, &call.call_id));
+            }
+            seen += call.tasks.len();
+        }
+        let mut bounds = Vec::with_capacity(cuts.len() + 1);
+        let mut lower = from;
+        for cut in cuts {
+            bounds.push((lower, Bound::Excluded(cut.clone())));
+            lower = Bound::Included(cut);
+        }
+        bounds.push((lower, to));
+        let mut out: Vec<ChildRow> = Vec::with_capacity(expected);
+        let (first, rest) = bounds.split_first().expect("one range at least");
+        let (bad, more) = std::thread::scope(|scope| {
+            let others: Vec<_> = rest
+                .iter()
+                .map(|range| {
+                    let tree = &self.children;
+                    scope.spawn(move || {
+                        let mut rows = Vec::with_capacity(expected / parts);
+                        decode_rows(tree.range::<Vec<u8>, _>(range.clone()), &mut rows).map(|bad| (rows, bad))
+                    })
+                })
+                .collect();
+            let mut bad = decode_rows(self.children.range::<Vec<u8>, _>(first.clone()), &mut out)?;
+            let mut more = Vec::with_capacity(others.len());
+            for other in others {
+                let (rows, b) = other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+                more.push(rows);
+                bad.extend(b);
+            }
+            Ok::<_, LedgerError>((bad, more))
+        })?;
+        for mut rows in more {
+            out.append(&mut rows);
+        }
+        self.move_all_aside(&self.children, CHILDREN, bad)?;
         Ok(out)
     }
 
@@ -286,12 +346,15 @@ impl SledLedger {
     fn read(&self, session: Option<&str>) -> Result<Snapshot, LedgerError> {
         let acks: Vec<AckRow> = self.scan(&self.acks, ACKS, session)?;
         let dead: Vec<DeadLetterRow> = self.scan(&self.dead_letters, DEAD_LETTERS, session)?;
-        let mut children: Vec<ChildRow> = self.scan(&self.children, CHILDREN, session)?;
+        // The calls first: their tasks say how many child rows to expect and where to split
+        // the children's keys between threads.
+        let calls: Vec<CallRow> = self.scan(&self.calls, CALLS, session)?;
+        let mut children = self.scan_children(session, &calls)?;
         fold_delivery(&mut children, &acks, &dead);
         let claims = live_claims(self.scan(&self.claims, CLAIMS, session)?, &acks);
         let snapshot = Snapshot {
             sessions: self.scan(&self.sessions, SESSIONS, session)?,
-            calls: self.scan(&self.calls, CALLS, session)?,
+            calls,
             children,
             claims,
             starts: self.scan(&self.starts, STARTS, session)?,
@@ -466,29 +529,69 @@ fn live_claims(mut claims: Vec<ClaimRow>, acks: &[AckRow]) -> Vec<ClaimRow> {
 
 /// Folds the durable delivery state of ack rows and dead letters into the children's rows.
 fn fold_delivery(children: &mut [ChildRow], acks: &[AckRow], dead: &[DeadLetterRow]) {
-    let mut by_id: HashMap<String, usize> = HashMap::with_capacity(children.len());
-    for (i, c) in children.iter().enumerate() {
-        by_id.insert(c.child_id.clone(), i);
+    /// What the ack rows and dead letters say of one item.
+    #[derive(Default, Clone, Copy)]
+    struct Said {
+        delivered: bool,
+        dead: Option<u32>,
     }
-    let mut mark = |key: &str, f: &dyn Fn(&mut DeliveryRow)| {
-        if let Some((child, kind)) = parse_dedup_key(key) {
-            if let Some(&i) = by_id.get(child) {
-                f(children[i].delivery_mut(kind));
-            }
-        }
+    // Keyed by the ids the acks and dead letters name (borrowed): usually far fewer than the
+    // children, and none at all in a ledger nothing was delivered from.
+    let mut said: HashMap<&str, [Said; 2]> = HashMap::new();
+    let slot = |kind: ItemKind| match kind {
+        ItemKind::Result => 0,
+        ItemKind::FailureNotice => 1,
     };
-    for ack in acks {
-        for key in &ack.items {
-            mark(key, &|d| d.delivered = true);
+    for key in acks.iter().flat_map(|a| &a.items) {
+        if let Some((child, kind)) = parse_dedup_key(key) {
+            said.entry(child).or_default()[slot(kind)].delivered = true;
         }
     }
     for d in dead {
-        let attempts = d.attempts;
-        mark(&d.dedup_key, &|row| {
-            row.dead = true;
-            row.failed_attempts = row.failed_attempts.max(attempts);
-        });
+        if let Some((child, kind)) = parse_dedup_key(&d.dedup_key) {
+            let s = &mut said.entry(child).or_default()[slot(kind)];
+            s.dead = Some(s.dead.map_or(d.attempts, |a| a.max(d.attempts)));
+        }
     }
+    if said.is_empty() {
+        return;
+    }
+    for child in children.iter_mut() {
+        let Some(&items) = said.get(child.child_id.as_str()) else {
+            continue;
+        };
+        for kind in [ItemKind::Result, ItemKind::FailureNotice] {
+            let s = items[slot(kind)];
+            let row = child.delivery_mut(kind);
+            row.delivered |= s.delivered;
+            if let Some(attempts) = s.dead {
+                row.dead = true;
+                row.failed_attempts = row.failed_attempts.max(attempts);
+            }
+        }
+    }
+}
+
+/// A row that could not be used: its key, its value and why.
+type BadRow = (sled::IVec, sled::IVec, String);
+
+/// Decodes and checks rows into `out`, in their order; returns those that failed.
+fn decode_rows<T: serde::de::DeserializeOwned + CheckRow>(
+    rows: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>,
+    out: &mut Vec<T>,
+) -> Result<Vec<BadRow>, LedgerError> {
+    let mut bad = Vec::new();
+    for kv in rows {
+        let (k, v) = kv?;
+        match codec::decode::<T>(&v)
+            .map_err(|e| e.to_string())
+            .and_then(|row| row.check().map(|_| row))
+        {
+            Ok(row) => out.push(row),
+            Err(reason) => bad.push((k, v, reason)),
+        }
+    }
+    Ok(bad)
 }
 
 impl Ledger for SledLedger {

@@ -52,7 +52,7 @@ fn fresh_child(call_id: &str, unit_id: &str, session_id: &str, i: u32) -> ChildR
 pub struct SessionSnapshot {
     /// Its calls.
     pub calls: Vec<CallRow>,
-    /// Children by call id.
+    /// Children by call id (each call's in no particular order).
     pub children: HashMap<String, Vec<ChildRow>>,
     /// Claims that were live.
     pub claims: Vec<ClaimRow>,
@@ -95,39 +95,49 @@ pub struct Split {
 pub fn split_snapshot(snapshot: Snapshot) -> Split {
     let mut out: HashMap<String, SessionSnapshot> = HashMap::new();
     let mut split = Split::default();
-    let mut call_tasks: HashMap<String, (String, usize)> = HashMap::with_capacity(snapshot.calls.len());
-    // The unit each task belongs to, as its call plans it (by task index): a child row naming
-    // another unit would be claimed but never shown.
-    let mut unit_of: HashMap<String, Vec<String>> = HashMap::with_capacity(snapshot.calls.len());
+    let mut calls: HashMap<String, CallInfo> = HashMap::with_capacity(snapshot.calls.len());
     for call in snapshot.calls {
-        call_tasks.insert(call.call_id.clone(), (call.session_id.clone(), call.tasks.len()));
-        let mut by_task = vec![String::new(); call.tasks.len()];
-        for unit in plan_units(&call.call_id, &call.tasks, call.independent_completions) {
-            for i in unit.tasks {
-                if let Some(slot) = by_task.get_mut(i as usize) {
-                    slot.clone_from(&unit.unit_id);
-                }
-            }
-        }
-        unit_of.insert(call.call_id.clone(), by_task);
+        // The unit each task belongs to, as its call plans it: a child row naming another unit
+        // would be claimed but never shown.
+        let (unit_of, _) = unit_numbers(&call.tasks, call.independent_completions);
+        calls.insert(
+            call.call_id.clone(),
+            CallInfo {
+                session: call.session_id.clone(),
+                unit_of,
+            },
+        );
         out.entry(call.session_id.clone()).or_default().calls.push(call);
     }
+    // Rows come in key order, so one call's rows come together: they are gathered in `run`
+    // and filed by session and call once per call, not once per row.
+    let mut run: Vec<ChildRow> = Vec::new();
+    let mut last: Option<(&str, &CallInfo)> = None;
     for child in snapshot.children {
-        let reason = match call_tasks.get(&child.call_id) {
+        let info = match last {
+            Some((id, info)) if id == child.call_id => Some(info),
+            _ => {
+                let found = calls
+                    .get_key_value(&child.call_id)
+                    .map(|(id, info)| (id.as_str(), info));
+                last = found;
+                found.map(|(_, info)| info)
+            }
+        };
+        let reason = match info {
             None => Some(format!("its call `{}` has no (readable) row", child.call_id)),
-            Some((_, n)) if child.task_index as usize >= *n => Some(format!(
-                "task index {} is beyond its call's {n} tasks",
-                child.task_index
+            Some(info) if child.task_index as usize >= info.unit_of.len() => Some(format!(
+                "task index {} is beyond its call's {} tasks",
+                child.task_index,
+                info.unit_of.len()
             )),
-            Some((session, _)) if *session != child.session_id => Some(format!(
-                "its session `{}` is not its call's session `{session}`",
-                child.session_id
+            Some(info) if info.session != child.session_id => Some(format!(
+                "its session `{}` is not its call's session `{}`",
+                child.session_id, info.session
             )),
-            Some(_)
-                if unit_of
-                    .get(&child.call_id)
-                    .and_then(|units| units.get(child.task_index as usize))
-                    != Some(&child.unit_id) =>
+            Some(info)
+                if parse_unit_id(&child.unit_id)
+                    != Some((child.call_id.as_str(), info.unit_of[child.task_index as usize])) =>
             {
                 Some(format!(
                     "its unit `{}` is not the one its call plans for task {}",
@@ -143,15 +153,15 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
                 key: child.child_id,
                 reason,
             }),
-            None => out
-                .entry(child.session_id.clone())
-                .or_default()
-                .children
-                .entry(child.call_id.clone())
-                .or_default()
-                .push(child),
+            None => {
+                if run.last().is_some_and(|r| r.call_id != child.call_id) {
+                    file_run(&mut run, &mut out);
+                }
+                run.push(child);
+            }
         }
     }
+    file_run(&mut run, &mut out);
     for claim in snapshot.claims {
         out.entry(claim.session_id.clone()).or_default().claims.push(claim);
     }
@@ -164,16 +174,11 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
         .chain(split.rejects.iter().map(|r| &r.key));
     for id in damaged {
         let call = id.rsplit_once('.').map(|(c, _)| c);
-        if let Some((session, _)) = call.and_then(|c| call_tasks.get(c)) {
-            out.entry(session.clone()).or_default().damaged.insert(id.clone());
+        if let Some(info) = call.and_then(|c| calls.get(c)) {
+            out.entry(info.session.clone()).or_default().damaged.insert(id.clone());
         }
     }
-    fold_starts(snapshot.starts, &call_tasks, &unit_of, &mut out, &mut split.rejects);
-    for s in out.values_mut() {
-        for children in s.children.values_mut() {
-            children.sort_by_key(|c| c.task_index);
-        }
-    }
+    fold_starts(snapshot.starts, &calls, &mut out, &mut split.rejects);
     for session in snapshot.sessions {
         let part = out.remove(&session.session_id).unwrap_or_default();
         split.sessions.push((session, part));
@@ -202,23 +207,23 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
 /// or naming a task the call does not have is rejected (quarantined).
 fn fold_starts(
     starts: Vec<StartRow>,
-    call_tasks: &HashMap<String, (String, usize)>,
-    unit_of: &HashMap<String, Vec<String>>,
+    calls: &HashMap<String, CallInfo>,
     out: &mut HashMap<String, SessionSnapshot>,
     rejects: &mut Vec<Reject>,
 ) {
     // The latest start of each task, by call.
     let mut started: HashMap<String, HashMap<u32, u64>> = HashMap::new();
     for start in starts {
-        let reason = match call_tasks.get(&start.call_id) {
+        let reason = match calls.get(&start.call_id) {
             None => Some(format!("its call `{}` has no (readable) row", start.call_id)),
-            Some((session, _)) if *session != start.session_id => Some(format!(
-                "its session `{}` is not its call's session `{session}`",
-                start.session_id
+            Some(info) if info.session != start.session_id => Some(format!(
+                "its session `{}` is not its call's session `{}`",
+                start.session_id, info.session
             )),
-            Some((_, n)) if start.tasks.iter().any(|&i| i as usize >= *n) => {
-                Some(format!("it names a task beyond its call's {n} tasks"))
-            }
+            Some(info) if start.tasks.iter().any(|&i| i as usize >= info.unit_of.len()) => Some(format!(
+                "it names a task beyond its call's {} tasks",
+                info.unit_of.len()
+            )),
             Some(_) => None,
         };
         if let Some(reason) = reason {
@@ -237,24 +242,56 @@ fn fold_starts(
         }
     }
     for (call_id, by_task) in started {
-        let (Some((session, _)), Some(units)) = (call_tasks.get(&call_id), unit_of.get(&call_id)) else {
+        let Some(info) = calls.get(&call_id) else {
             continue;
         };
+        let session = &info.session;
         let part = out.entry(session.clone()).or_default();
         let rows = part.children.entry(call_id.clone()).or_default();
         let has_row: HashSet<u32> = rows.iter().map(|r| r.task_index).collect();
-        // In no order: the caller sorts each call's rows by task.
+        // In no order, as the rows are.
         for (i, at) in by_task.into_iter().filter(|(i, _)| !has_row.contains(i)) {
             let row = ChildRow {
                 status: ChildStatus::Running,
                 started_at_ms: Some(at),
-                ..fresh_child(&call_id, &units[i as usize], session, i)
+                ..fresh_child(
+                    &call_id,
+                    &unit_id(&call_id, info.unit_of[i as usize] as usize),
+                    session,
+                    i,
+                )
             };
             // Its own row was damaged: its outcome is unknown, whatever started.
             if !part.damaged.contains(&row.child_id) {
                 rows.push(row);
             }
         }
+    }
+}
+
+/// What splitting needs of a call to check its children's rows.
+struct CallInfo {
+    /// Its session.
+    session: String,
+    /// The unit of each task (by task index), numbered from 1.
+    unit_of: Vec<u32>,
+}
+
+/// Files the rows of one call gathered in `run` under their session and call, leaving `run`
+/// empty.
+fn file_run(run: &mut Vec<ChildRow>, out: &mut HashMap<String, SessionSnapshot>) {
+    use std::collections::hash_map::Entry;
+    let Some(first) = run.first() else {
+        return;
+    };
+    let children = &mut out.entry(first.session_id.clone()).or_default().children;
+    match children.entry(first.call_id.clone()) {
+        Entry::Vacant(v) => {
+            // The next call's rows likely number about as many.
+            let next = Vec::with_capacity(run.len());
+            v.insert(std::mem::replace(run, next));
+        }
+        Entry::Occupied(mut o) => o.get_mut().append(run),
     }
 }
 
@@ -284,7 +321,7 @@ pub struct RecoveredCall {
     pub row: CallRow,
     /// Its units, in order.
     pub units: Vec<RecoveredUnit>,
-    /// Its children, as resolved (unit by unit).
+    /// Its children, as resolved, by task index (one per task).
     pub children: Vec<ChildRow>,
 }
 
@@ -345,160 +382,253 @@ pub fn plan(
     if let Some(last) = calls.last() {
         plan.next_set = plan.next_set.max(last.set.saturating_add(1));
     }
-    for call in &calls {
-        let units = plan_units(&call.call_id, &call.tasks, call.independent_completions);
-        // The stored rows are moved into the plan, not copied.
-        let mut stored: HashMap<u32, ChildRow> = children
-            .remove(&call.call_id)
-            .map(|rows| rows.into_iter().map(|r| (r.task_index, r)).collect())
-            .unwrap_or_default();
-        // A child that never started has no row (the call's task is its row): it is queued.
-        let mut damaged_rows = Vec::new();
-        let mut fresh = vec![false; call.tasks.len()];
-        let mut rows_of = |unit: &UnitRow| -> Vec<ChildRow> {
-            unit.tasks
-                .iter()
-                .map(|&i| match stored.remove(&i) {
-                    Some(row) => row,
-                    None if damaged.contains(&child_id(&call.call_id, i)) => {
-                        // Its row was damaged: whatever it did is lost, so it is neither run
-                        // again blindly nor left queued: its outcome is unknown.
-                        let row = ChildRow {
-                            status: ChildStatus::Unknown,
-                            recovered: true,
-                            finished_at_ms: Some(now_ms),
-                            error: Some(
-                                "the child's ledger row was damaged and quarantined; its outcome is unknown".into(),
-                            ),
-                            ..queued_child(call, unit, i)
-                        };
-                        damaged_rows.push(row.clone());
-                        row
+    // Each call with its stored rows, in set order.
+    let work: Vec<(CallRow, Vec<ChildRow>)> = calls
+        .into_iter()
+        .map(|call| {
+            let rows = children.remove(&call.call_id).unwrap_or_default();
+            (call, rows)
+        })
+        .collect();
+    let rows: usize = work.iter().map(|(_, r)| r.len()).sum();
+    let ctx = CallContext {
+        mode,
+        live,
+        damaged: &damaged,
+        now_ms,
+    };
+    let parts = threads_for(rows, work.len());
+    if parts == 1 {
+        for (call, rows) in work {
+            plan_call(&ctx, call, rows, &mut plan);
+        }
+        return plan;
+    }
+    // Calls are planned on their own, so a large session's are planned a share per core and
+    // the shares joined in set order: the same plan as one pass makes.
+    let mut chunks: Vec<Vec<(CallRow, Vec<ChildRow>)>> = (0..parts).map(|_| Vec::new()).collect();
+    let mut seen = 0;
+    for item in work {
+        let at = (seen * parts / rows.max(1)).min(parts - 1);
+        seen += item.1.len();
+        chunks[at].push(item);
+    }
+    let shares: Vec<RecoveryPlan> = std::thread::scope(|scope| {
+        let ctx = &ctx;
+        let running: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| {
+                scope.spawn(move || {
+                    let mut share = RecoveryPlan::default();
+                    for (call, rows) in chunk {
+                        plan_call(ctx, call, rows, &mut share);
                     }
-                    None => {
-                        if let Some(f) = fresh.get_mut(i as usize) {
-                            *f = true;
-                        }
-                        queued_child(call, unit, i)
-                    }
+                    share
                 })
-                .collect()
-        };
-        let members: Vec<Vec<ChildRow>> = units.iter().map(&mut rows_of).collect();
-        plan.changed.extend(damaged_rows);
-        // A call whose every result was delivered (or dead-lettered) is done; an early failure
-        // notice left undelivered is moot once the full result was delivered.
-        let settled = members
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
+    });
+    for share in shares {
+        plan.calls.extend(share.calls);
+        plan.queue.extend(share.queue);
+        plan.running.extend(share.running);
+        plan.rowed.extend(share.rowed);
+        plan.ready.extend(share.ready);
+        plan.changed.extend(share.changed);
+        plan.delivered_done += share.delivered_done;
+    }
+    plan
+}
+
+/// How many threads a read or a plan of `rows` rows in `pieces` independent pieces is worth:
+/// one per core (at most [`PARALLEL_MAX`]), each with [`PARALLEL_ROWS`] rows at least.
+pub(crate) fn threads_for(rows: usize, pieces: usize) -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(PARALLEL_MAX)
+        .min(rows / PARALLEL_ROWS)
+        .min(pieces)
+        .max(1)
+}
+
+/// The most threads recovery uses at once.
+const PARALLEL_MAX: usize = 4;
+/// The fewest rows worth a thread of their own.
+const PARALLEL_ROWS: usize = 20_000;
+
+/// What planning one call reads besides the call and its rows.
+struct CallContext<'a> {
+    mode: Recovery,
+    live: &'a HashSet<String>,
+    damaged: &'a HashSet<String>,
+    now_ms: u64,
+}
+
+/// Plans one call (with its stored rows) into `plan`, as [`plan`] describes.
+fn plan_call(ctx: &CallContext<'_>, call: CallRow, stored: Vec<ChildRow>, plan: &mut RecoveryPlan) {
+    let CallContext {
+        mode,
+        live,
+        damaged,
+        now_ms,
+    } = *ctx;
+    // The stored rows, moved (not copied) into a slot per task.
+    let mut slots: Vec<Option<ChildRow>> = Vec::with_capacity(call.tasks.len());
+    slots.resize_with(call.tasks.len(), || None);
+    for row in stored {
+        if let Some(slot) = slots.get_mut(row.task_index as usize) {
+            *slot = Some(row);
+        }
+    }
+    // A call whose every result was delivered (or dead-lettered) is done; an early failure
+    // notice left undelivered is moot once the full result was delivered. A task without
+    // a row is queued (or damaged): not done.
+    let settled = slots.iter().all(|slot| {
+        slot.as_ref()
+            .is_some_and(|c| c.status.is_terminal() && (c.result.delivered || c.result.dead))
+    });
+    if settled {
+        plan.delivered_done += slots
             .iter()
             .flatten()
-            .all(|c| c.status.is_terminal() && (c.result.delivered || c.result.dead));
-        if settled {
-            plan.delivered_done += members
-                .iter()
-                .flatten()
-                .map(|c| c.result.delivered as u64 + c.notice.delivered as u64)
-                .sum::<u64>();
-            continue;
+            .map(|c| c.result.delivered as u64 + c.notice.delivered as u64)
+            .sum::<u64>();
+        return;
+    }
+    let units = plan_units(&call.call_id, &call.tasks, call.independent_completions);
+    let mut damaged_rows = Vec::new();
+    // A child that never started has no row (the call's task is its row): it is queued.
+    let mut fresh = vec![false; call.tasks.len()];
+    for unit in &units {
+        for &i in &unit.tasks {
+            let Some(slot) = slots.get_mut(i as usize).filter(|s| s.is_none()) else {
+                continue;
+            };
+            *slot = Some(if damaged.contains(&child_id(&call.call_id, i)) {
+                // Its row was damaged: whatever it did is lost, so it is neither run
+                // again blindly nor left queued: its outcome is unknown.
+                let row = ChildRow {
+                    status: ChildStatus::Unknown,
+                    recovered: true,
+                    finished_at_ms: Some(now_ms),
+                    error: Some("the child's ledger row was damaged and quarantined; its outcome is unknown".into()),
+                    ..queued_child(&call, unit, i)
+                };
+                damaged_rows.push(row.clone());
+                row
+            } else {
+                fresh[i as usize] = true;
+                queued_child(&call, unit, i)
+            });
         }
-        let mut recovered_units = Vec::with_capacity(units.len());
-        let mut call_children = Vec::with_capacity(call.tasks.len());
-        // Children to queue again, in task order across the call's units.
-        let mut queue: Vec<(u32, String)> = Vec::new();
-        for (unit, rows) in units.into_iter().zip(members) {
-            let recorded = rows.iter().filter(|c| c.status.is_terminal()).count();
-            // A unit was running if any child of it had started; one none of whose children
-            // ever started is simply queued again, with nothing to report.
-            let started = rows.iter().any(|c| c.status != ChildStatus::Queued);
-            let was_running = started && recorded < unit.tasks.len() && mode == Recovery::Process;
-            let mut terminal = 0;
-            let mut resolved = Vec::with_capacity(rows.len());
-            for mut row in rows {
-                if !row.status.is_terminal() && live.contains(&row.child_id) {
-                    // Its actor lives on (whatever its unflushed row says) and will hand its
-                    // result to this owner: adopt it, never start it a second time.
-                    row.status = ChildStatus::Running;
-                }
-                match row.status {
-                    ChildStatus::Queued => queue.push((row.task_index, row.child_id.clone())),
-                    ChildStatus::Running if mode == Recovery::Owner => {
-                        if live.contains(&row.child_id) {
-                            plan.running.push(row.child_id.clone());
-                        } else {
-                            // Admitted by the old owner but never started: queue it again.
-                            row.status = ChildStatus::Queued;
-                            row.started_at_ms = None;
-                            queue.push((row.task_index, row.child_id.clone()));
-                            plan.changed.push(row.clone());
-                        }
+    }
+    // Every task is in a unit, so every slot is filled now; by task index (the same
+    // buffer: an `Option<ChildRow>` is as big as a row).
+    let mut call_children: Vec<ChildRow> = slots
+        .into_iter()
+        .map(|slot| slot.expect("every task is in a unit"))
+        .collect();
+    plan.changed.extend(damaged_rows);
+    let mut recovered_units = Vec::with_capacity(units.len());
+    // Children to queue again, in task order across the call's units.
+    let mut queue: Vec<(u32, String)> = Vec::new();
+    let is_live = |id: &str| !live.is_empty() && live.contains(id);
+    for unit in units {
+        let rows = || unit.tasks.iter().map(|&i| &call_children[i as usize]);
+        let recorded = rows().filter(|c| c.status.is_terminal()).count();
+        // A unit was running if any child of it had started; one none of whose children
+        // ever started is simply queued again, with nothing to report.
+        let started = rows().any(|c| c.status != ChildStatus::Queued);
+        let was_running = started && recorded < unit.tasks.len() && mode == Recovery::Process;
+        let mut terminal = 0;
+        for &i in &unit.tasks {
+            let row = &mut call_children[i as usize];
+            if !row.status.is_terminal() && is_live(&row.child_id) {
+                // Its actor lives on (whatever its unflushed row says) and will hand its
+                // result to this owner: adopt it, never start it a second time.
+                row.status = ChildStatus::Running;
+            }
+            match row.status {
+                ChildStatus::Queued => queue.push((row.task_index, row.child_id.clone())),
+                ChildStatus::Running if mode == Recovery::Owner => {
+                    if is_live(&row.child_id) {
+                        plan.running.push(row.child_id.clone());
+                    } else {
+                        // Admitted by the old owner but never started: queue it again.
+                        row.status = ChildStatus::Queued;
+                        row.started_at_ms = None;
+                        queue.push((row.task_index, row.child_id.clone()));
+                        plan.changed.push(row.clone());
                     }
-                    ChildStatus::Running => {
-                        row.recovered = true;
-                        if call.tasks[row.task_index as usize].rerun_on_recovery {
-                            row.status = ChildStatus::Queued;
-                            row.attempt = row.attempt.saturating_add(1);
-                            row.started_at_ms = None;
-                            queue.push((row.task_index, row.child_id.clone()));
-                        } else {
-                            row.status = ChildStatus::Unknown;
-                            row.finished_at_ms = Some(now_ms);
-                            row.error = Some(
+                }
+                ChildStatus::Running => {
+                    row.recovered = true;
+                    if call.tasks[row.task_index as usize].rerun_on_recovery {
+                        row.status = ChildStatus::Queued;
+                        row.attempt = row.attempt.saturating_add(1);
+                        row.started_at_ms = None;
+                        queue.push((row.task_index, row.child_id.clone()));
+                    } else {
+                        row.status = ChildStatus::Unknown;
+                        row.finished_at_ms = Some(now_ms);
+                        row.error = Some(
                                 "the child was running when its owner exited and its task is not safe to re-run; its outcome is unknown"
                                     .into(),
                             );
-                            terminal += 1;
-                        }
-                        plan.changed.push(row.clone());
-                    }
-                    _ => {
-                        if was_running && !row.recovered {
-                            row.recovered = true;
-                            plan.changed.push(row.clone());
-                        }
                         terminal += 1;
                     }
+                    plan.changed.push(row.clone());
                 }
-                resolved.push(row);
-            }
-            plan.rowed.extend(
-                resolved
-                    .iter()
-                    .filter(|r| !r.status.is_terminal() && !fresh.get(r.task_index as usize).copied().unwrap_or(false))
-                    .map(|r| r.child_id.clone()),
-            );
-            let recovered = RecoveredUnit {
-                row: unit,
-                terminal,
-                recorded_before_exit: was_running.then_some(recorded as u32),
-            };
-            for row in &resolved {
-                if recovered.complete() {
-                    if !row.result.delivered && !row.result.dead {
-                        plan.ready
-                            .push((dedup_key(&row.child_id, ItemKind::Result), row.result.failed_attempts));
+                _ => {
+                    if was_running && !row.recovered {
+                        row.recovered = true;
+                        plan.changed.push(row.clone());
                     }
-                } else if row.status.is_failure() && !row.notice.delivered && !row.notice.dead {
-                    plan.ready.push((
-                        dedup_key(&row.child_id, ItemKind::FailureNotice),
-                        row.notice.failed_attempts,
-                    ));
+                    terminal += 1;
                 }
             }
-            call_children.extend(resolved);
-            recovered_units.push(recovered);
         }
-        queue.sort();
-        plan.queue.extend(queue.into_iter().map(|(_, id)| id));
-        // Whoever waited for a sync call's inline answer is gone: its results go out at
-        // boundaries instead, so nothing recorded is lost.
-        let mut row = call.clone();
-        row.mode = Mode::Background;
-        plan.calls.push(RecoveredCall {
-            row,
-            units: recovered_units,
-            children: call_children,
+        let rows = || unit.tasks.iter().map(|&i| &call_children[i as usize]);
+        plan.rowed.extend(
+            rows()
+                .filter(|r| !r.status.is_terminal() && !fresh[r.task_index as usize])
+                .map(|r| r.child_id.clone()),
+        );
+        let complete = terminal >= unit.tasks.len();
+        for row in rows() {
+            if complete {
+                if !row.result.delivered && !row.result.dead {
+                    plan.ready
+                        .push((dedup_key(&row.child_id, ItemKind::Result), row.result.failed_attempts));
+                }
+            } else if row.status.is_failure() && !row.notice.delivered && !row.notice.dead {
+                plan.ready.push((
+                    dedup_key(&row.child_id, ItemKind::FailureNotice),
+                    row.notice.failed_attempts,
+                ));
+            }
+        }
+        recovered_units.push(RecoveredUnit {
+            row: unit,
+            terminal,
+            recorded_before_exit: was_running.then_some(recorded as u32),
         });
     }
-    plan
+    queue.sort();
+    plan.queue.extend(queue.into_iter().map(|(_, id)| id));
+    // Whoever waited for a sync call's inline answer is gone: its results go out at
+    // boundaries instead, so nothing recorded is lost.
+    let mut row = call;
+    row.mode = Mode::Background;
+    plan.calls.push(RecoveredCall {
+        row,
+        units: recovered_units,
+        children: call_children,
+    });
 }
 
 #[cfg(test)]

@@ -252,10 +252,12 @@ fn a_start_row_marks_running_the_children_without_a_row_of_their_own() {
     let split = split_snapshot(snap);
     assert!(split.rejects.is_empty(), "{:?}", split.rejects);
     let part = &split.sessions[0].1;
-    let rows: Vec<(u32, ChildStatus, Option<u64>)> = part.children["deleg_c"]
+    // A call's rows come in no particular order.
+    let mut rows: Vec<(u32, ChildStatus, Option<u64>)> = part.children["deleg_c"]
         .iter()
         .map(|c| (c.task_index, c.status, c.started_at_ms))
         .collect();
+    rows.sort_by_key(|r| r.0);
     assert_eq!(
         rows,
         vec![

@@ -162,23 +162,23 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
     /// Makes room for `n` more items.
     pub fn reserve(&mut self, n: usize) {
         self.items.reserve(n);
+        self.ready.reserve(n);
     }
 
     /// Publishes an item as ready. `failed_attempts` carries its history (recovery). An item
     /// already known is left as it is.
     pub fn publish(&mut self, key: K, failed_attempts: u32) -> bool {
-        if self.items.contains_key(&key) {
-            return false;
+        match self.items.entry(key) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                self.ready.push(slot.key().clone());
+                slot.insert(Entry {
+                    state: State::Ready,
+                    failed_attempts,
+                });
+                true
+            }
         }
-        self.items.insert(
-            key.clone(),
-            Entry {
-                state: State::Ready,
-                failed_attempts,
-            },
-        );
-        self.ready.push(key);
-        true
     }
 
     /// Puts a dead item back in the ready set with its delivery attempts counted afresh (a
