@@ -349,10 +349,14 @@ pub(super) async fn claim_all(b: &Brood, session: &str) -> anyhow::Result<(f64, 
 
 /// A ledger of `n` recorded, undelivered children written by the engine; then the time to open
 /// and recover it until its session answers with every item ready, against raw sled opening
-/// the same folder and reading every tree.
+/// a copy of the same folder and reading every tree. Each opens the folder as the writer left
+/// it: the first open of a folder replays sled's log (a later one finds the snapshot the first
+/// wrote), so one folder opened twice would favour whichever came second.
 pub(super) async fn recovery(dir: &Path, durability: Durability, n: usize) -> anyhow::Result<Figure> {
     let ledger = dir.join("ledger");
     fill_ledger(&ledger, durability, "rec", n).await?;
+    let copy = dir.join("ledger-raw");
+    brood::inspect::copy_tree(&ledger, &copy)?;
     let start = Instant::now();
     let b = open(&ledger, durability)?;
     b.open_session("rec", SessionOptions::default().wake(|_| {})).await?;
@@ -361,7 +365,7 @@ pub(super) async fn recovery(dir: &Path, durability: Durability, n: usize) -> an
     b.shutdown();
     anyhow::ensure!(ready >= n, "recovery found {ready} ready items of {n}");
     let start = Instant::now();
-    let db = sled::open(&ledger)?;
+    let db = sled::open(&copy)?;
     let mut rows = 0usize;
     for name in db.tree_names() {
         for kv in db.open_tree(name)?.iter() {
@@ -371,6 +375,7 @@ pub(super) async fn recovery(dir: &Path, durability: Durability, n: usize) -> an
     }
     let raw = start.elapsed().as_secs_f64();
     drop(db);
+    std::fs::remove_dir_all(&copy)?;
     anyhow::ensure!(rows >= n, "the raw scan read {rows} rows, fewer than the {n} children");
     Ok(Figure::new("recovery_s", took, "s").against(raw).target("ratio ≤ 2"))
 }

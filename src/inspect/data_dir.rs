@@ -65,8 +65,9 @@ pub fn from_data_dir(dir: &Path, session: Option<&str>) -> Result<Inspection, In
     inspection(recovery::split_snapshot(snapshot), &nests, dead, &quarantined, session)
 }
 
-/// Copies every file and folder under `from` to `to` (created).
-fn copy_tree(from: &Path, to: &Path) -> Result<(), InspectError> {
+/// Copies every file and folder under `from` to `to` (created): a ledger folder no process
+/// holds, to read it (or open it) without changing the original.
+pub fn copy_tree(from: &Path, to: &Path) -> Result<(), InspectError> {
     fs::create_dir_all(to).map_err(io(format!("creating {}", to.display())))?;
     let entries = fs::read_dir(from).map_err(io(format!("listing {}", from.display())))?;
     for entry in entries {

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use self::data_dir::from_data_dir;
+pub use self::data_dir::{copy_tree, from_data_dir};
 pub use self::server::{from_server, ServerSource};
 use crate::serve::api::Counts;
 use crate::{ChildStatus, LedgerError, Mode, Turn};
