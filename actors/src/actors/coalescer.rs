@@ -110,39 +110,39 @@ impl Coalescer {
         let take = self.pending.len().min(MAX_BATCH);
         let batch: Vec<Pending> = self.pending.drain(..take).collect();
         let rows: Vec<ChildRow> = batch.iter().map(|p| p.row.clone()).collect();
-        // A retried hand-off of a row already recorded is not written again, and the ledger's
-        // delivery state wins over the child's stale copy (an ack may have happened meanwhile).
-        let stored = match self.ledger.record_terminals(&rows) {
-            Ok(stored) => stored,
-            Err(e) => {
-                fail_all(batch, "writing", &e);
-                return self.write_batch(ctx);
-            }
-        };
         self.in_flight = true;
         self.batches += 1;
         let ledger = self.ledger.clone();
         let owners = self.owners.clone();
-        async move { crate::actors::flush(ledger).await }
-            .into_actor(self)
-            .map(move |flushed, act, ctx| {
-                act.in_flight = false;
-                match flushed {
-                    Err(e) => fail_all(batch, "flushing", &e),
-                    // Durable: hand each owner its share from a task of its own, so the next
-                    // batch is written and flushed meanwhile, and a slow owner delays only
-                    // its own session's children.
-                    // Shutting down: the children keep their results; the ledger has them.
-                    Ok(_) if !super::running(ctx) => {}
-                    Ok(_) => {
-                        for handoff in hand_offs(&owners, stored, batch) {
-                            actix::spawn(handoff);
-                        }
+        // Written and flushed off this thread (a ledger write may be a network round trip), one
+        // batch at a time, so batches reach the ledger in the order they were taken. A retried
+        // hand-off of a row already recorded is not written again, and the ledger's delivery
+        // state wins over the child's stale copy (an ack may have happened meanwhile).
+        crate::ledger::off_thread("recording completions", move || {
+            Ok(ledger
+                .record_terminals(&rows)
+                .map_err(|e| ("writing", e))
+                .and_then(|stored| ledger.flush().map(|_| stored).map_err(|e| ("flushing", e))))
+        })
+        .into_actor(self)
+        .map(move |recorded, act, ctx| {
+            act.in_flight = false;
+            match recorded.unwrap_or_else(|e| Err(("recording", e))) {
+                Err((what, e)) => fail_all(batch, what, &e),
+                // Durable: hand each owner its share from a task of its own, so the next
+                // batch is written and flushed meanwhile, and a slow owner delays only
+                // its own session's children.
+                // Shutting down: the children keep their results; the ledger has them.
+                Ok(_) if !super::running(ctx) => {}
+                Ok(stored) => {
+                    for handoff in hand_offs(&owners, stored, batch) {
+                        actix::spawn(handoff);
                     }
                 }
-                act.start_batch(ctx);
-            })
-            .spawn(ctx);
+            }
+            act.start_batch(ctx);
+        })
+        .spawn(ctx);
     }
 }
 

@@ -18,7 +18,7 @@ use actix::Addr;
 use actix_rt::ArbiterHandle;
 use dashmap::DashMap;
 
-use crate::ledger::{Ledger, LedgerError};
+use crate::ledger::Ledger;
 use crate::runner::RunnerFactory;
 
 /// A session's owner epoch, read-locked by an owner's write for as long as the write lasts.
@@ -280,9 +280,4 @@ impl Engine {
 pub(crate) fn running<A: actix::Actor<Context = actix::Context<A>>>(ctx: &actix::Context<A>) -> bool {
     use actix::ActorContext as _;
     ctx.state() == actix::ActorState::Running
-}
-
-/// Flushes the ledger off the actor thread.
-pub(crate) async fn flush(ledger: Arc<dyn Ledger>) -> Result<usize, LedgerError> {
-    crate::ledger::off_thread("the flush task", move || ledger.flush()).await
 }
