@@ -265,9 +265,21 @@ impl SledLedger {
     /// at call boundaries, one per core, decoded on threads of their own (sled's reads are
     /// safe to run at once); the rows come back in key order all the same.
     fn scan_children(&self, session: Option<&str>, calls: &[CallRow]) -> Result<Vec<ChildRow>, LedgerError> {
+        let expected: usize = calls.iter().map(|c| c.tasks.len()).sum();
+        self.scan_children_in(session, calls, crate::recovery::threads_for(expected, calls.len()))
+    }
+
+    /// [`SledLedger::scan_children`] in `parts` ranges (at most one per call).
+    fn scan_children_in(
+        &self,
+        session: Option<&str>,
+        calls: &[CallRow],
+        parts: usize,
+    ) -> Result<Vec<ChildRow>, LedgerError> {
         use std::ops::Bound;
         // A call's children are at most its tasks (a damaged extra row is quarantined).
         let expected: usize = calls.iter().map(|c| c.tasks.len()).sum();
+        let parts = parts.clamp(1, calls.len().max(1));
         let (from, to) = match session {
             None => (Bound::Unbounded, Bound::Unbounded),
             Some(s) => {
@@ -278,7 +290,6 @@ impl SledLedger {
                 (Bound::Included(prefix), Bound::Excluded(end))
             }
         };
-        let parts = crate::recovery::threads_for(expected, calls.len());
         // The split keys: the first key of the call at which each part's share of the tasks
         // is reached (calls come in key order, as their children do).
         let mut cuts = Vec::with_capacity(parts - 1);

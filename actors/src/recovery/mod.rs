@@ -366,6 +366,19 @@ pub fn plan(
     live: &HashSet<String>,
     now_ms: u64,
 ) -> RecoveryPlan {
+    plan_in(session, snapshot, mode, live, now_ms, None)
+}
+
+/// [`plan`], on `threads` threads when given (else as many as the rows are worth): every
+/// number of threads gives the same plan.
+fn plan_in(
+    session: &SessionRow,
+    snapshot: SessionSnapshot,
+    mode: Recovery,
+    live: &HashSet<String>,
+    now_ms: u64,
+    threads: Option<usize>,
+) -> RecoveryPlan {
     let SessionSnapshot {
         mut calls,
         mut children,
@@ -397,7 +410,9 @@ pub fn plan(
         damaged: &damaged,
         now_ms,
     };
-    let parts = threads_for(rows, work.len());
+    let parts = threads
+        .unwrap_or_else(|| threads_for(rows, work.len()))
+        .clamp(1, work.len().max(1));
     if parts == 1 {
         for (call, rows) in work {
             plan_call(&ctx, call, rows, &mut plan);

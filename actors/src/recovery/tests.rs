@@ -333,3 +333,79 @@ fn start_rows_without_their_call_or_beyond_its_tasks_or_of_another_session_are_r
     assert!(reasons[2].1.contains("not its call's session"));
     assert!(split.sessions[0].1.children.values().flatten().next().is_none());
 }
+
+/// A session of three calls of many tasks, in every state a child can be left in.
+fn large_session() -> SessionSnapshot {
+    let statuses = [
+        ChildStatus::Succeeded,
+        ChildStatus::Failed,
+        ChildStatus::Running,
+        ChildStatus::Queued,
+    ];
+    let mut calls = Vec::new();
+    let mut children = HashMap::new();
+    for (k, tasks) in [(1u64, 900u32), (2, 50), (3, 1200)] {
+        let mut c = call(&vec![false; tasks as usize], None);
+        c.call_id = format!("deleg_{k}");
+        c.set = 10 - k;
+        c.independent_completions = k != 2;
+        let units = plan_units(&c.call_id, &c.tasks, c.independent_completions);
+        let mut rows = Vec::new();
+        for unit in &units {
+            for &i in &unit.tasks {
+                // Every seventh task has no row (never started); the rest vary.
+                if i % 7 != 3 {
+                    let mut row = ChildRow {
+                        status: statuses[(i as usize) % statuses.len()],
+                        ..queued_child(&c, unit, i)
+                    };
+                    row.result.delivered = i % 5 == 0;
+                    rows.push(row);
+                }
+            }
+        }
+        // In no particular order, as a split leaves them.
+        rows.reverse();
+        children.insert(c.call_id.clone(), rows);
+        calls.push(c);
+    }
+    SessionSnapshot {
+        calls,
+        children,
+        damaged: HashSet::from(["deleg_3.10".to_string()]),
+        ..SessionSnapshot::default()
+    }
+}
+
+#[test]
+fn a_plan_made_on_several_threads_is_the_plan_made_on_one() {
+    let one = plan_in(
+        &session(),
+        large_session(),
+        Recovery::Process,
+        &HashSet::new(),
+        7,
+        Some(1),
+    );
+    assert_eq!(one.calls.len(), 3, "every call has something left to do");
+    assert!(!one.queue.is_empty() && !one.ready.is_empty() && !one.changed.is_empty());
+    for threads in [2, 3, 8] {
+        let many = plan_in(
+            &session(),
+            large_session(),
+            Recovery::Process,
+            &HashSet::new(),
+            7,
+            Some(threads),
+        );
+        assert_eq!(many, one, "{threads} threads");
+    }
+    // The plan is in set order whatever the threads: deleg_3 (set 7) first.
+    let order: Vec<&str> = one.calls.iter().map(|c| c.row.call_id.as_str()).collect();
+    assert_eq!(order, ["deleg_3", "deleg_2", "deleg_1"]);
+    // Each call's children come back by task index, one per task.
+    for c in &one.calls {
+        assert!(c.children.iter().enumerate().all(|(i, r)| r.task_index as usize == i));
+        assert_eq!(c.children.len(), c.row.tasks.len());
+    }
+}

@@ -120,3 +120,97 @@ fn acks_and_dead_letters_fold_into_the_children_they_name() {
     assert!(children[0].result.delivered && !children[0].result.dead);
     assert!(children[0].notice.dead && children[0].notice.failed_attempts == 8);
 }
+
+/// A call of `tasks` independent tasks in `session`.
+fn call_of(session: &str, call_id: &str, tasks: usize) -> CallRow {
+    CallRow {
+        call_id: call_id.into(),
+        session_id: session.into(),
+        set: 1,
+        mode: Mode::Background,
+        forced_sync_reason: None,
+        independent_completions: true,
+        tasks: (0..tasks)
+            .map(|_| Task {
+                goal: "g".into(),
+                runner_json: "{}".into(),
+                group: None,
+                timeout_ms: None,
+                stall_ms: 1,
+                rerun_on_recovery: false,
+            })
+            .collect(),
+        created_at_ms: 0,
+    }
+}
+
+/// Sessions whose ids share prefixes, each with calls whose children mostly have rows.
+fn many_children(ledger: &SledLedger) {
+    let mut writes = Writes::default();
+    for (session, calls) in [("a", 3), ("ab", 2), ("b", 4)] {
+        for k in 0..calls {
+            let call = call_of(session, &format!("deleg_{session}{k}"), 40 + 7 * k);
+            for unit in plan_units(&call.call_id, &call.tasks, true) {
+                for &i in &unit.tasks {
+                    if i % 9 != 4 {
+                        writes.children.push(crate::recovery::queued_child(&call, &unit, i));
+                    }
+                }
+            }
+            writes.calls.push(call);
+        }
+    }
+    ledger.write(&writes).unwrap();
+    ledger.flush().unwrap();
+}
+
+#[test]
+fn children_read_in_several_ranges_are_the_rows_read_in_one() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let ledger = SledLedger::open(dir.path()).unwrap();
+    many_children(&ledger);
+    let calls: Vec<CallRow> = ledger.scan(&ledger.calls, CALLS, None).unwrap();
+    let all: Vec<ChildRow> = ledger.scan(&ledger.children, CHILDREN, None).unwrap();
+    assert!(all.len() > 300);
+    for parts in [1, 2, 3, 5, 9, 40] {
+        assert_eq!(
+            ledger.scan_children_in(None, &calls, parts).unwrap(),
+            all,
+            "{parts} ranges"
+        );
+    }
+    // One session's rows only, whichever other session's id it prefixes.
+    let a_calls: Vec<CallRow> = ledger.scan(&ledger.calls, CALLS, Some("a")).unwrap();
+    let a: Vec<ChildRow> = ledger.scan(&ledger.children, CHILDREN, Some("a")).unwrap();
+    assert!(!a.is_empty() && a.iter().all(|c| c.session_id == "a"));
+    for parts in [1, 2, 3] {
+        assert_eq!(
+            ledger.scan_children_in(Some("a"), &a_calls, parts).unwrap(),
+            a,
+            "{parts} ranges"
+        );
+    }
+}
+
+#[test]
+fn a_damaged_child_row_read_on_another_thread_is_quarantined() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let ledger = SledLedger::open(dir.path()).unwrap();
+    many_children(&ledger);
+    let calls: Vec<CallRow> = ledger.scan(&ledger.calls, CALLS, None).unwrap();
+    let before: Vec<ChildRow> = ledger.scan(&ledger.children, CHILDREN, None).unwrap();
+    // In the last session's last call (a task without a row of its own): in the last of three
+    // ranges, read on a spawned thread.
+    let key = row_key("b", "deleg_b3.4");
+    ledger.children.insert(key.clone(), &b"not a row"[..]).unwrap();
+    let read = ledger.scan_children_in(None, &calls, 3).unwrap();
+    assert!(read == before, "the damaged row is not read back, the others are");
+    assert!(
+        ledger.children.get(&key).unwrap().is_none(),
+        "moved out of the children"
+    );
+    let quarantined = ledger.quarantined().unwrap();
+    assert_eq!(quarantined.len(), 1);
+    assert_eq!(quarantined[0].row.tree, CHILDREN);
+    assert_eq!(quarantined[0].value, b"not a row".to_vec());
+}
