@@ -29,6 +29,8 @@
 //! levels), `sled_ledger` (the sled implementation), `migrate` (an older key layout brought to
 //! this one), `fsync` (what `Durability::Fsync` adds to sled's flush).
 
+#[cfg(test)]
+pub(crate) mod conformance;
 mod fsync;
 mod migrate;
 mod sled_ledger;

@@ -674,12 +674,21 @@ impl Ledger for SledLedger {
 
     fn record_terminals(&self, rows: &[ChildRow]) -> Result<Vec<ChildRow>, LedgerError> {
         crate::failpoint!("ledger_write");
-        let mut stored = Vec::with_capacity(rows.len());
+        let mut stored: Vec<ChildRow> = Vec::with_capacity(rows.len());
         let mut batch = sled::Batch::default();
+        // Where each child's row of this batch is in `stored`: a second terminal row of the
+        // same child in one batch (its cancel and its own end, both handed over at once) is
+        // one the first already made terminal, so it is left as the first stored it.
+        let mut in_batch: HashMap<Vec<u8>, usize> = HashMap::new();
         for row in rows {
+            let key = row_key(&row.session_id, &row.child_id);
+            if let Some(&first) = in_batch.get(&key) {
+                stored.push(stored[first].clone());
+                continue;
+            }
+            in_batch.insert(key.clone(), stored.len());
             // A stored row that does not decode is overwritten by the child's own, which is
             // complete; the damaged one was quarantined when the ledger opened.
-            let key = row_key(&row.session_id, &row.child_id);
             let current: Option<ChildRow> = match self.children.get(&key)? {
                 Some(v) => codec::decode(&v).ok(),
                 None => None,
