@@ -33,6 +33,10 @@
 pub(crate) mod conformance;
 mod fsync;
 mod migrate;
+mod pg;
+/// A PostgreSQL server for tests (brood's own and an embedder's): not part of the API.
+#[doc(hidden)]
+pub mod pg_testkit;
 mod sled_ledger;
 
 use std::fmt;
@@ -40,6 +44,7 @@ use std::fmt;
 use crate::codec::CodecError;
 use crate::model::*;
 
+pub use pg::{PgLedger, DEFAULT_SCHEMA};
 pub use sled_ledger::{row_key, FlushObserver, SledLedger, DEFAULT_CACHE_BYTES, LAYOUT, LOCK_WAIT};
 
 /// The ledger could not do what was asked.
@@ -364,6 +369,20 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// The rows moved aside so far, with their raw values.
     fn quarantined(&self) -> Result<Vec<Quarantined>, LedgerError>;
 }
+
+/// The trees of rows, in the order [`Ledger::row_counts`] reports them.
+pub const ROW_TREES: [&str; 10] = [
+    trees::SESSIONS,
+    trees::CALLS,
+    trees::CHILDREN,
+    trees::STARTS,
+    trees::CLAIMS,
+    trees::ACKS,
+    trees::WAKES,
+    trees::NESTS,
+    trees::DEAD_LETTERS,
+    trees::REDRIVES,
+];
 
 /// The tree names.
 pub mod trees {

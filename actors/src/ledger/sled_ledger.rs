@@ -212,14 +212,7 @@ impl SledLedger {
         value: &[u8],
         reason: &str,
     ) -> Result<(), LedgerError> {
-        let row = QuarantineRow {
-            tree: name.to_string(),
-            key: key.to_vec(),
-            value_len: value.len() as u64,
-            reason: reason.to_string(),
-            quarantined_at_ms: now_ms(),
-        };
-        let qkey = [name.as_bytes(), b"/", key].concat();
+        let (qkey, row) = quarantine_entry(name, key, value, reason);
         self.quarantine_raw.insert(&qkey, value)?;
         self.quarantine.insert(&qkey, encode(QUARANTINE, key, &row)?)?;
         tree.remove(key)?;
@@ -461,7 +454,7 @@ pub fn row_key(session_id: &str, id: &str) -> Vec<u8> {
 }
 
 /// The prefix every key of `session_id` in a session-scoped tree starts with.
-fn session_prefix(session_id: &str) -> Vec<u8> {
+pub(super) fn session_prefix(session_id: &str) -> Vec<u8> {
     row_key(session_id, "")
 }
 
@@ -474,7 +467,11 @@ pub(super) fn is_scoped(tree: &str) -> bool {
 }
 
 /// Decodes a stored row; the error names its tree and its key (lossily as text).
-fn decode_at<T: serde::de::DeserializeOwned>(tree: &'static str, key: &[u8], value: &[u8]) -> Result<T, LedgerError> {
+pub(super) fn decode_at<T: serde::de::DeserializeOwned>(
+    tree: &'static str,
+    key: &[u8],
+    value: &[u8],
+) -> Result<T, LedgerError> {
     codec::decode(value).map_err(|source| LedgerError::Codec {
         tree,
         key: String::from_utf8_lossy(key).into_owned(),
@@ -484,7 +481,11 @@ fn decode_at<T: serde::de::DeserializeOwned>(tree: &'static str, key: &[u8], val
 
 /// Encodes a row; its key (an id, or a stored key's bytes) is turned into text only for the
 /// error, as this runs for every row written.
-fn encode<T: serde::Serialize>(tree: &'static str, key: impl AsRef<[u8]>, row: &T) -> Result<Vec<u8>, LedgerError> {
+pub(super) fn encode<T: serde::Serialize>(
+    tree: &'static str,
+    key: impl AsRef<[u8]>,
+    row: &T,
+) -> Result<Vec<u8>, LedgerError> {
     codec::encode(row).map_err(|source| LedgerError::Codec {
         tree,
         key: String::from_utf8_lossy(key.as_ref()).into_owned(),
@@ -492,54 +493,104 @@ fn encode<T: serde::Serialize>(tree: &'static str, key: impl AsRef<[u8]>, row: &
     })
 }
 
-fn put_all<'a, T: serde::Serialize + 'a>(
-    tree: &sled::Tree,
-    name: &'static str,
-    rows: impl IntoIterator<Item = (Vec<u8>, &'a T)>,
-) -> Result<(), LedgerError> {
-    let mut batch = sled::Batch::default();
-    let mut any = false;
-    for (key, row) in rows {
-        let value = encode(name, &key, row)?;
-        batch.insert(key, value);
-        any = true;
+/// One change a [`Writes`] makes: its tree, its key, and the value to put (`None`: remove).
+pub(super) type Change = (&'static str, Vec<u8>, Option<Vec<u8>>);
+
+/// What `w` changes, encoded, in the order a ledger applies it (the same key changed twice
+/// ends as the later change says). A nest comes before its session: a crash between them (in
+/// a ledger without transactions) leaves a nest row that the next open writes again, never a
+/// nested session that looks top-level.
+pub(super) fn write_changes(w: &Writes) -> Result<Vec<Change>, LedgerError> {
+    fn puts<'a, T: serde::Serialize + 'a>(
+        out: &mut Vec<Change>,
+        tree: &'static str,
+        rows: impl IntoIterator<Item = (Vec<u8>, &'a T)>,
+    ) -> Result<(), LedgerError> {
+        for (key, row) in rows {
+            let value = encode(tree, &key, row)?;
+            out.push((tree, key, Some(value)));
+        }
+        Ok(())
     }
-    if any {
-        tree.apply_batch(batch)?;
+    fn removes(out: &mut Vec<Change>, tree: &'static str, keys: impl IntoIterator<Item = Vec<u8>>) {
+        out.extend(keys.into_iter().map(|key| (tree, key, None)));
     }
-    Ok(())
+    let by_id = |id: &String| id.as_bytes().to_vec();
+    let scoped = |k: &RowKey| row_key(&k.session_id, &k.id);
+    let mut out = Vec::new();
+    puts(&mut out, NESTS, w.nests.iter().map(|r| (by_id(&r.session_id), r)))?;
+    puts(&mut out, SESSIONS, w.sessions.iter().map(|r| (by_id(&r.session_id), r)))?;
+    puts(
+        &mut out,
+        CALLS,
+        w.calls.iter().map(|r| (row_key(&r.session_id, &r.call_id), r)),
+    )?;
+    puts(
+        &mut out,
+        CHILDREN,
+        w.children.iter().map(|r| (row_key(&r.session_id, &r.child_id), r)),
+    )?;
+    puts(
+        &mut out,
+        STARTS,
+        w.starts.iter().map(|r| (row_key(&r.session_id, &r.start_id), r)),
+    )?;
+    let dead = w.dead_letters.iter().map(|r| (row_key(&r.session_id, &r.dedup_key), r));
+    puts(&mut out, DEAD_LETTERS, dead)?;
+    puts(
+        &mut out,
+        ACKS,
+        w.acks.iter().map(|r| (row_key(&r.session_id, &r.claim_id), r)),
+    )?;
+    puts(&mut out, WAKES, w.wakes.iter().map(|r| (by_id(&r.session_id), r)))?;
+    removes(&mut out, WAKES, w.remove_wakes.iter().map(by_id));
+    removes(&mut out, CALLS, w.remove_calls.iter().map(scoped));
+    removes(&mut out, DEAD_LETTERS, w.remove_dead_letters.iter().map(scoped));
+    puts(
+        &mut out,
+        REDRIVES,
+        w.redrives.iter().map(|r| (row_key(&r.session_id, &r.dedup_key), r)),
+    )?;
+    removes(&mut out, REDRIVES, w.remove_redrives.iter().map(scoped));
+    removes(&mut out, CHILDREN, w.remove_children.iter().map(scoped));
+    removes(&mut out, SESSIONS, w.remove_sessions.iter().map(by_id));
+    removes(&mut out, NESTS, w.remove_nests.iter().map(by_id));
+    removes(&mut out, ACKS, w.remove_acks.iter().map(scoped));
+    removes(&mut out, CLAIMS, w.remove_claims.iter().map(scoped));
+    removes(&mut out, STARTS, w.remove_starts.iter().map(scoped));
+    Ok(out)
 }
 
-fn remove_all(tree: &sled::Tree, keys: impl IntoIterator<Item = Vec<u8>>) -> Result<(), LedgerError> {
-    let mut batch = sled::Batch::default();
-    let mut any = false;
-    for key in keys {
-        batch.remove(key);
-        any = true;
+/// The call `call_id` among `calls` (every stored call, key and value), whatever its session:
+/// every call's key ends with a NUL and its id.
+pub(super) fn find_call_in(
+    calls: impl IntoIterator<Item = Result<(impl AsRef<[u8]>, impl AsRef<[u8]>), LedgerError>>,
+    call_id: &str,
+) -> Result<Option<CallRow>, LedgerError> {
+    let mut suffix = Vec::with_capacity(call_id.len() + 1);
+    suffix.push(0);
+    suffix.extend_from_slice(call_id.as_bytes());
+    for kv in calls {
+        let (k, v) = kv?;
+        if k.as_ref().ends_with(&suffix) {
+            let row: CallRow = decode_at(CALLS, call_id.as_bytes(), v.as_ref())?;
+            if row.call_id == call_id {
+                return Ok(Some(row));
+            }
+        }
     }
-    if any {
-        tree.apply_batch(batch)?;
-    }
-    Ok(())
-}
-
-fn scoped_keys(keys: &[RowKey]) -> impl Iterator<Item = Vec<u8>> + '_ {
-    keys.iter().map(|k| row_key(&k.session_id, &k.id))
-}
-
-fn id_keys(ids: &[String]) -> impl Iterator<Item = Vec<u8>> + '_ {
-    ids.iter().map(|id| id.as_bytes().to_vec())
+    Ok(None)
 }
 
 /// The claims no ack row names: live when the last process stopped.
-fn live_claims(mut claims: Vec<ClaimRow>, acks: &[AckRow]) -> Vec<ClaimRow> {
+pub(super) fn live_claims(mut claims: Vec<ClaimRow>, acks: &[AckRow]) -> Vec<ClaimRow> {
     let acked: HashSet<&str> = acks.iter().map(|a| a.claim_id.as_str()).collect();
     claims.retain(|c| !acked.contains(c.claim_id.as_str()));
     claims
 }
 
 /// Folds the durable delivery state of ack rows and dead letters into the children's rows.
-fn fold_delivery(children: &mut [ChildRow], acks: &[AckRow], dead: &[DeadLetterRow]) {
+pub(super) fn fold_delivery(children: &mut [ChildRow], acks: &[AckRow], dead: &[DeadLetterRow]) {
     /// What the ack rows and dead letters say of one item.
     #[derive(Default, Clone, Copy)]
     struct Said {
@@ -583,6 +634,58 @@ fn fold_delivery(children: &mut [ChildRow], acks: &[AckRow], dead: &[DeadLetterR
     }
 }
 
+/// A quarantined row's key in the quarantine trees (`<tree>/<key>`) and what is recorded of it.
+pub(super) fn quarantine_entry(tree: &str, key: &[u8], value: &[u8], reason: &str) -> (Vec<u8>, QuarantineRow) {
+    let row = QuarantineRow {
+        tree: tree.to_string(),
+        key: key.to_vec(),
+        value_len: value.len() as u64,
+        reason: reason.to_string(),
+        quarantined_at_ms: now_ms(),
+    };
+    ([tree.as_bytes(), b"/", key].concat(), row)
+}
+
+/// The rows as stored, and the rows to write with their keys.
+pub(super) type Merged = (Vec<ChildRow>, Vec<(Vec<u8>, ChildRow)>);
+
+/// What recording terminal rows decides, whatever stores them ([`Ledger::record_terminals`]):
+/// each row as it is to be stored, and the rows to write with their keys. `current` reads a
+/// child's stored row by key (`None` when it has none, or none that decodes). A stored
+/// terminal row is left as it is; a stored non-terminal one is replaced, its delivery state
+/// kept; a second row of the same child in one batch (its cancel and its own end, handed over
+/// at once) is one the first already made terminal, so it is left as the first stored it.
+pub(super) fn merge_terminals(
+    rows: &[ChildRow],
+    mut current: impl FnMut(&[u8]) -> Result<Option<ChildRow>, LedgerError>,
+) -> Result<Merged, LedgerError> {
+    let mut stored: Vec<ChildRow> = Vec::with_capacity(rows.len());
+    let mut writes = Vec::with_capacity(rows.len());
+    // Where each child's row of this batch is in `stored`.
+    let mut in_batch: HashMap<Vec<u8>, usize> = HashMap::new();
+    for row in rows {
+        let key = row_key(&row.session_id, &row.child_id);
+        if let Some(&first) = in_batch.get(&key) {
+            stored.push(stored[first].clone());
+            continue;
+        }
+        in_batch.insert(key.clone(), stored.len());
+        match current(&key)? {
+            Some(current) if current.status.is_terminal() => stored.push(current),
+            current => {
+                let mut row = row.clone();
+                if let Some(current) = current {
+                    row.result = current.result;
+                    row.notice = current.notice;
+                }
+                stored.push(row.clone());
+                writes.push((key, row));
+            }
+        }
+    }
+    Ok((stored, writes))
+}
+
 /// A row that could not be used: its key, its value and why.
 type BadRow = (sled::IVec, sled::IVec, String);
 
@@ -612,99 +715,36 @@ impl Ledger for SledLedger {
             // A slow disk: the write goes through, late.
             std::thread::sleep(std::time::Duration::from_millis(400));
         }
-        // A nest before its session: a crash between them leaves a nest row that the next open
-        // writes again, never a nested session that looks top-level.
-        put_all(
-            &self.nests,
-            NESTS,
-            w.nests.iter().map(|r| (r.session_id.as_bytes().to_vec(), r)),
-        )?;
-        put_all(
-            &self.sessions,
-            SESSIONS,
-            w.sessions.iter().map(|r| (r.session_id.as_bytes().to_vec(), r)),
-        )?;
-        put_all(
-            &self.calls,
-            CALLS,
-            w.calls.iter().map(|r| (row_key(&r.session_id, &r.call_id), r)),
-        )?;
-        put_all(
-            &self.children,
-            CHILDREN,
-            w.children.iter().map(|r| (row_key(&r.session_id, &r.child_id), r)),
-        )?;
-        put_all(
-            &self.starts,
-            STARTS,
-            w.starts.iter().map(|r| (row_key(&r.session_id, &r.start_id), r)),
-        )?;
-        put_all(
-            &self.dead_letters,
-            DEAD_LETTERS,
-            w.dead_letters.iter().map(|r| (row_key(&r.session_id, &r.dedup_key), r)),
-        )?;
-        put_all(
-            &self.acks,
-            ACKS,
-            w.acks.iter().map(|r| (row_key(&r.session_id, &r.claim_id), r)),
-        )?;
-        put_all(
-            &self.wakes,
-            WAKES,
-            w.wakes.iter().map(|r| (r.session_id.as_bytes().to_vec(), r)),
-        )?;
-        remove_all(&self.wakes, id_keys(&w.remove_wakes))?;
-        remove_all(&self.calls, scoped_keys(&w.remove_calls))?;
-        remove_all(&self.dead_letters, scoped_keys(&w.remove_dead_letters))?;
-        put_all(
-            &self.redrives,
-            REDRIVES,
-            w.redrives.iter().map(|r| (row_key(&r.session_id, &r.dedup_key), r)),
-        )?;
-        remove_all(&self.redrives, scoped_keys(&w.remove_redrives))?;
-        remove_all(&self.children, scoped_keys(&w.remove_children))?;
-        remove_all(&self.sessions, id_keys(&w.remove_sessions))?;
-        remove_all(&self.nests, id_keys(&w.remove_nests))?;
-        remove_all(&self.acks, scoped_keys(&w.remove_acks))?;
-        remove_all(&self.claims, scoped_keys(&w.remove_claims))?;
-        remove_all(&self.starts, scoped_keys(&w.remove_starts))?;
+        // One batch per run of one tree's changes, in their order.
+        let mut changes = write_changes(w)?.into_iter().peekable();
+        while let Some((name, key, value)) = changes.next() {
+            let tree = self
+                .tree(name)
+                .ok_or_else(|| LedgerError::storage_msg(format!("no tree `{name}` to write to")))?;
+            let mut batch = sled::Batch::default();
+            let mut put = |key, value: Option<Vec<u8>>| match value {
+                Some(v) => batch.insert(key, v),
+                None => batch.remove(key),
+            };
+            put(key, value);
+            while let Some((key, value)) = changes.next_if(|c| c.0 == name).map(|c| (c.1, c.2)) {
+                put(key, value);
+            }
+            tree.apply_batch(batch)?;
+        }
         Ok(())
     }
 
     fn record_terminals(&self, rows: &[ChildRow]) -> Result<Vec<ChildRow>, LedgerError> {
         crate::failpoint!("ledger_write");
-        let mut stored: Vec<ChildRow> = Vec::with_capacity(rows.len());
-        let mut batch = sled::Batch::default();
-        // Where each child's row of this batch is in `stored`: a second terminal row of the
-        // same child in one batch (its cancel and its own end, both handed over at once) is
-        // one the first already made terminal, so it is left as the first stored it.
-        let mut in_batch: HashMap<Vec<u8>, usize> = HashMap::new();
-        for row in rows {
-            let key = row_key(&row.session_id, &row.child_id);
-            if let Some(&first) = in_batch.get(&key) {
-                stored.push(stored[first].clone());
-                continue;
-            }
-            in_batch.insert(key.clone(), stored.len());
+        let (stored, writes) = merge_terminals(rows, |key| {
             // A stored row that does not decode is overwritten by the child's own, which is
             // complete; the damaged one was quarantined when the ledger opened.
-            let current: Option<ChildRow> = match self.children.get(&key)? {
-                Some(v) => codec::decode(&v).ok(),
-                None => None,
-            };
-            match current {
-                Some(current) if current.status.is_terminal() => stored.push(current),
-                current => {
-                    let mut row = row.clone();
-                    if let Some(current) = current {
-                        row.result = current.result;
-                        row.notice = current.notice;
-                    }
-                    batch.insert(key, encode(CHILDREN, &row.child_id, &row)?);
-                    stored.push(row);
-                }
-            }
+            Ok(self.children.get(key)?.and_then(|v| codec::decode(&v).ok()))
+        })?;
+        let mut batch = sled::Batch::default();
+        for (key, row) in writes {
+            batch.insert(key, encode(CHILDREN, &row.child_id, &row)?);
         }
         self.children.apply_batch(batch)?;
         Ok(stored)
@@ -723,19 +763,7 @@ impl Ledger for SledLedger {
     }
 
     fn find_call(&self, call_id: &str) -> Result<Option<CallRow>, LedgerError> {
-        let mut suffix = Vec::with_capacity(call_id.len() + 1);
-        suffix.push(0);
-        suffix.extend_from_slice(call_id.as_bytes());
-        for kv in self.calls.iter() {
-            let (k, v) = kv?;
-            if k.ends_with(&suffix) {
-                let row: CallRow = decode_at(CALLS, call_id.as_bytes(), &v)?;
-                if row.call_id == call_id {
-                    return Ok(Some(row));
-                }
-            }
-        }
-        Ok(None)
+        find_call_in(self.calls.iter().map(|kv| kv.map_err(LedgerError::from)), call_id)
     }
 
     fn call(&self, session_id: &str, call_id: &str) -> Result<Option<CallRow>, LedgerError> {
@@ -761,18 +789,7 @@ impl Ledger for SledLedger {
     }
 
     fn row_counts(&self) -> Result<Vec<(&'static str, usize)>, LedgerError> {
-        let trees = [
-            SESSIONS,
-            CALLS,
-            CHILDREN,
-            STARTS,
-            CLAIMS,
-            ACKS,
-            WAKES,
-            NESTS,
-            DEAD_LETTERS,
-            REDRIVES,
-        ];
+        let trees = super::ROW_TREES;
         let mut out = Vec::with_capacity(trees.len());
         for name in trees {
             if let Some(tree) = self.tree(name) {

@@ -1,0 +1,962 @@
+//! [`PgLedger`]: the ledger on PostgreSQL (14 or later), behind the same [`Ledger`] trait as
+//! sled, with the same rows, keys and answers (the conformance suite runs on both).
+//!
+//! - **Tables.** One table per tree in a schema of the ledger's own (`brood` by default), each
+//!   `(key bytea PRIMARY KEY, value bytea)`: the keys are sled's keys ([`row_key`], or the
+//!   session id), so one session's rows are one key range here too, and a range or a page is
+//!   the same bytes in the same (bytewise) order; the values are the same codec rows.
+//! - **Schema versions.** Migrations are numbered and applied at open, in one transaction under
+//!   an advisory lock (processes starting together wait for each other). A database whose
+//!   schema is newer than this build is refused, with nothing changed.
+//! - **Writes.** [`Ledger::write`] and [`Ledger::put_claim`] only stage rows in memory (the
+//!   last write of a key wins, as in sled). [`Ledger::flush`] commits everything staged in one
+//!   transaction with `synchronous_commit = on`; flushes that arrive while one commits wait
+//!   and then commit together (group commit). A flush returns once every write made before it
+//!   is committed, by its own transaction or by the one before.
+//! - **Reads** commit what is staged first, so a read sees every write made before it, as in
+//!   sled.
+//! - **Threads.** The client is async (tokio-postgres, a deadpool pool): it runs on a runtime
+//!   of the ledger's own, on a thread of its own, and each trait method waits for its answer.
+//!   The trait's callers are the actors' threads and blocking jobs, none of them that runtime.
+//!
+//! Not here yet (issue 10): several processes sharing one database (session leases, epochs
+//! on every write, takeover).
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+use super::sled_ledger::{
+    decode_at, encode, find_call_in, fold_delivery, live_claims, merge_terminals, quarantine_entry, row_key,
+    session_prefix, write_changes,
+};
+use super::trees::*;
+use super::{CallParts, Durability, Ledger, LedgerError, Snapshot, Writes};
+use crate::codec;
+use crate::model::*;
+
+/// The schema a ledger opened without one named uses.
+pub const DEFAULT_SCHEMA: &str = "brood";
+
+/// The trees, each a table.
+const TABLES: [&str; 13] = [
+    SESSIONS,
+    CALLS,
+    CHILDREN,
+    STARTS,
+    CLAIMS,
+    ACKS,
+    WAKES,
+    NESTS,
+    REDRIVES,
+    DEAD_LETTERS,
+    META,
+    QUARANTINE,
+    QUARANTINE_RAW,
+];
+
+/// The schema's migrations, in order: (version, name, SQL with `{schema}` for the schema).
+const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "one table per tree", "")];
+
+/// A statement run inside a commit's transaction.
+type Job<'t, T> = std::pin::Pin<Box<dyn Future<Output = Result<T, LedgerError>> + Send + 't>>;
+
+/// Connections in the pool: the committer, and reads beside it.
+const POOL_SIZE: usize = 4;
+
+/// The ledger on PostgreSQL.
+pub struct PgLedger {
+    inner: Arc<Inner>,
+    /// Writes not yet committed, by tree and key: a value to put, or `None` to remove.
+    staged: Mutex<Staged>,
+    /// Held while a transaction of staged writes commits: flushes wait their turn, then commit
+    /// everything staged meanwhile together.
+    committing: Mutex<()>,
+    on_flush: Option<super::FlushObserver>,
+    runtime: Runtime,
+}
+
+/// A stored key: sled's bytes.
+type Key = Vec<u8>;
+
+/// Staged writes: by tree and key, a value to put or `None` to remove.
+type Staged = BTreeMap<(&'static str, Vec<u8>), Option<Vec<u8>>>;
+
+/// What the jobs on the ledger's runtime share.
+struct Inner {
+    schema: String,
+    pool: Pool,
+}
+
+impl Inner {
+    /// The schema's table of `tree`, quoted.
+    fn table(&self, tree: &str) -> String {
+        format!("\"{}\".\"{tree}\"", self.schema)
+    }
+}
+
+impl Drop for PgLedger {
+    /// A clean close commits what is staged (claims, marks), as sled's close flushes: a claim a
+    /// boundary made before a shutdown is known as lost after it, not unknown.
+    fn drop(&mut self) {
+        if let Err(e) = self.settle() {
+            tracing::warn!("committing the PostgreSQL ledger's last writes at close failed: {e}");
+        }
+    }
+}
+
+impl std::fmt::Debug for PgLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLedger").field("schema", &self.inner.schema).finish()
+    }
+}
+
+/// The ledger's own runtime, driven on a thread of its own until the ledger is dropped.
+struct Runtime {
+    handle: tokio::runtime::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Runtime {
+    fn start() -> Result<Self, LedgerError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| LedgerError::storage("starting the PostgreSQL ledger's runtime", e))?;
+        let handle = rt.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("brood-pg".into())
+            .spawn(move || {
+                let _ = rt.block_on(stopped);
+            })
+            .map_err(|e| LedgerError::storage("starting the PostgreSQL ledger's thread", e))?;
+        Ok(Runtime {
+            handle,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// Runs `job` on the ledger's runtime and waits for its answer (from any thread but the
+    /// runtime's own).
+    fn run<T: Send + 'static>(
+        &self,
+        job: impl Future<Output = Result<T, LedgerError>> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.handle.spawn(async move {
+            let _ = tx.send(job.await);
+        });
+        rx.recv()
+            .unwrap_or_else(|_| Err(LedgerError::storage_msg("the PostgreSQL ledger's runtime stopped")))
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Puts rows (`keys[i]` → `values[i]`) into `tree` in one statement.
+async fn upsert(
+    tx: &tokio_postgres::Transaction<'_>,
+    this: &Inner,
+    tree: &'static str,
+    keys: &[Key],
+    values: &[Vec<u8>],
+) -> Result<(), LedgerError> {
+    tx.execute(
+        &format!(
+            "INSERT INTO {} (key, value) SELECT * FROM unnest($1::bytea[], $2::bytea[])
+             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+            this.table(tree)
+        ),
+        &[&keys, &values],
+    )
+    .await
+    .map_err(pg_error(format!("writing rows to {tree}")))?;
+    Ok(())
+}
+
+fn pg_error(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> LedgerError {
+    let context = context.into();
+    move |e| LedgerError::storage(context, e)
+}
+
+fn pool_error(e: deadpool_postgres::PoolError) -> LedgerError {
+    LedgerError::storage("getting a PostgreSQL connection", e)
+}
+
+impl PgLedger {
+    /// Opens the ledger in the database `url` (`postgres://user@host:port/db`), in the schema
+    /// [`DEFAULT_SCHEMA`], creating or migrating its tables.
+    pub fn open(url: &str) -> Result<Self, LedgerError> {
+        Self::open_in(url, DEFAULT_SCHEMA)
+    }
+
+    /// As [`PgLedger::open`], in the schema `schema` (lower-case letters, digits and `_`,
+    /// starting with a letter): several ledgers can share one database.
+    pub fn open_in(url: &str, schema: &str) -> Result<Self, LedgerError> {
+        let valid = schema.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+            && schema
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            && schema.len() <= 48;
+        if !valid {
+            return Err(LedgerError::storage_msg(format!(
+                "the schema name `{schema}` is not lower-case letters, digits and `_`, starting with a letter (at most 48)"
+            )));
+        }
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+            LedgerError::storage(
+                "reading the PostgreSQL address (expected postgres://user@host:port/database)",
+                e,
+            )
+        })?;
+        // Nothing is reported as recorded before its commit is durable on the server (I1).
+        config.options("-c synchronous_commit=on");
+        config.application_name("brood");
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let runtime = Runtime::start()?;
+        // The pool's timers and connections belong to the ledger's runtime.
+        let _entered = runtime.handle.enter();
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| LedgerError::storage("making the PostgreSQL connection pool", e))?;
+        drop(_entered);
+        let ledger = PgLedger {
+            inner: Arc::new(Inner {
+                schema: schema.to_string(),
+                pool,
+            }),
+            staged: Mutex::new(BTreeMap::new()),
+            committing: Mutex::new(()),
+            on_flush: None,
+            runtime,
+        };
+        ledger.migrate()?;
+        Ok(ledger)
+    }
+
+    /// Tells `observer` how long each successful flush took (its commit included).
+    pub fn on_flush(mut self, observer: super::FlushObserver) -> Self {
+        self.on_flush = Some(observer);
+        self
+    }
+
+    fn table(&self, tree: &str) -> String {
+        self.inner.table(tree)
+    }
+
+    /// Creates the schema and applies the migrations it lacks; refuses a schema newer than
+    /// this build, or one whose applied migrations are not this build's.
+    fn migrate(&self) -> Result<(), LedgerError> {
+        let pool = self.inner.pool.clone();
+        let schema = self.inner.schema.clone();
+        let tables: Vec<String> = TABLES.iter().map(|t| self.table(t)).collect();
+        self.runtime.run(async move {
+            let mut client = pool.get().await.map_err(pool_error)?;
+            let tx = client.transaction().await.map_err(pg_error("starting the migration"))?;
+            // One process at a time, whichever schema: the lock is the transaction's.
+            tx.execute("SELECT pg_advisory_xact_lock(7420113)", &[])
+                .await
+                .map_err(pg_error("waiting for the migration lock"))?;
+            tx.batch_execute(&format!(
+                "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
+                 CREATE TABLE IF NOT EXISTS \"{schema}\".migrations (
+                     version integer PRIMARY KEY,
+                     name text NOT NULL,
+                     applied_at timestamptz NOT NULL DEFAULT now())"
+            ))
+            .await
+            .map_err(pg_error("creating the schema"))?;
+            let applied = tx
+                .query(&format!("SELECT version, name FROM \"{schema}\".migrations ORDER BY version"), &[])
+                .await
+                .map_err(pg_error("reading the applied migrations"))?;
+            let latest = MIGRATIONS.last().map_or(0, |m| m.0);
+            for row in &applied {
+                let (version, name): (i32, String) = (row.get(0), row.get(1));
+                match MIGRATIONS.iter().find(|m| m.0 == version) {
+                    None if version > latest => {
+                        return Err(LedgerError::storage_msg(format!(
+                            "the database's brood schema `{schema}` is at version {version}; this build knows versions up to {latest}: upgrade brood (nothing was changed)"
+                        )))
+                    }
+                    Some(m) if m.1 == name => {}
+                    _ => {
+                        return Err(LedgerError::storage_msg(format!(
+                            "the database's brood schema `{schema}` has a migration {version} `{name}` this build does not have (nothing was changed)"
+                        )))
+                    }
+                }
+            }
+            for &(version, name, sql) in MIGRATIONS {
+                if applied.iter().any(|r| r.get::<_, i32>(0) == version) {
+                    continue;
+                }
+                if version == 1 {
+                    for table in &tables {
+                        tx.batch_execute(&format!(
+                            "CREATE TABLE {table} (key bytea PRIMARY KEY, value bytea NOT NULL)"
+                        ))
+                        .await
+                        .map_err(pg_error(format!("creating {table}")))?;
+                    }
+                }
+                if !sql.is_empty() {
+                    tx.batch_execute(&sql.replace("{schema}", &schema))
+                        .await
+                        .map_err(pg_error(format!("applying migration {version}")))?;
+                }
+                tx.execute(
+                    &format!("INSERT INTO \"{schema}\".migrations (version, name) VALUES ($1, $2)"),
+                    &[&version, &name],
+                )
+                .await
+                .map_err(pg_error("recording a migration"))?;
+            }
+            // The rows' format, as sled's meta tree keeps it.
+            let meta = &tables[TABLES.iter().position(|t| *t == META).expect("meta is a table")];
+            let format = tx
+                .query_opt(&format!("SELECT value FROM {meta} WHERE key = $1"), &[&b"format".as_slice()])
+                .await
+                .map_err(pg_error("reading the ledger's format"))?;
+            match format {
+                Some(row) => {
+                    let version: u8 = decode_at(META, b"format", row.get::<_, &[u8]>(0))?;
+                    if version != codec::FORMAT_VERSION {
+                        return Err(LedgerError::storage_msg(format!(
+                            "the database's brood schema `{schema}` holds ledger format {version}; this build reads {}",
+                            codec::FORMAT_VERSION
+                        )));
+                    }
+                }
+                None => {
+                    let value = encode(META, "format", &codec::FORMAT_VERSION)?;
+                    tx.execute(
+                        &format!("INSERT INTO {meta} (key, value) VALUES ($1, $2)"),
+                        &[&b"format".as_slice(), &value],
+                    )
+                    .await
+                    .map_err(pg_error("writing the ledger's format"))?;
+                }
+            }
+            tx.commit().await.map_err(pg_error("committing the migration"))
+        })
+    }
+
+    /// Commits everything staged (and `then`'s statements, in the same transaction); returns
+    /// the bytes written and what `then` answered.
+    fn commit_staged<T: Send + 'static>(
+        &self,
+        then: impl for<'t> FnOnce(&'t tokio_postgres::Transaction<'t>, &'t Inner) -> Job<'t, T> + Send + 'static,
+    ) -> Result<(usize, T), LedgerError> {
+        let _turn = self.committing.lock().unwrap_or_else(|p| p.into_inner());
+        let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
+        let this = self.inner.clone();
+        self.runtime.run(async move {
+            let this = &*this;
+            let mut client = this.pool.get().await.map_err(pool_error)?;
+            let tx = client.transaction().await.map_err(pg_error("starting a commit"))?;
+            let mut bytes = 0;
+            let mut puts: HashMap<&'static str, (Vec<Key>, Vec<Vec<u8>>)> = HashMap::new();
+            let mut removes: HashMap<&'static str, Vec<Vec<u8>>> = HashMap::new();
+            for ((tree, key), value) in staged {
+                match value {
+                    Some(value) => {
+                        bytes += key.len() + value.len();
+                        let (keys, values) = puts.entry(tree).or_default();
+                        keys.push(key);
+                        values.push(value);
+                    }
+                    None => removes.entry(tree).or_default().push(key),
+                }
+            }
+            for (tree, keys) in removes {
+                tx.execute(
+                    &format!("DELETE FROM {} WHERE key = ANY($1)", this.table(tree)),
+                    &[&keys],
+                )
+                .await
+                .map_err(pg_error(format!("removing rows from {tree}")))?;
+            }
+            for (tree, (keys, values)) in puts {
+                upsert(&tx, this, tree, &keys, &values).await?;
+            }
+            let answer = then(&tx, this).await?;
+            tx.commit().await.map_err(pg_error("committing"))?;
+            Ok((bytes, answer))
+        })
+    }
+
+    /// Commits what is staged, if anything (before a read, so it sees every earlier write).
+    fn settle(&self) -> Result<(), LedgerError> {
+        let empty = self.staged.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+        if !empty {
+            self.commit_staged(|_, _| Box::pin(async { Ok(()) }))?;
+        }
+        Ok(())
+    }
+
+    /// The rows of `tree` whose keys start with `prefix` (all of them for an empty prefix),
+    /// in key order, after `after` (exclusive) and at most `limit` when given.
+    fn range(
+        &self,
+        tree: &'static str,
+        prefix: Vec<u8>,
+        after: Option<Vec<u8>>,
+        limit: Option<usize>,
+    ) -> Result<Vec<(Key, Vec<u8>)>, LedgerError> {
+        self.settle()?;
+        let table = self.table(tree);
+        let pool = self.inner.pool.clone();
+        self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            // The keys starting with `prefix` are those from it up to (not including) the
+            // first key past every such key: the prefix with its last byte below 0xff raised,
+            // the bytes after it dropped; none when every byte is 0xff.
+            let mut end = prefix.clone();
+            while end.last() == Some(&0xff) {
+                end.pop();
+            }
+            if let Some(last) = end.last_mut() {
+                *last += 1;
+            }
+            let lower = after.map_or(prefix.clone(), |mut a| {
+                a.push(0);
+                a.max(prefix.clone())
+            });
+            let limit = limit.map_or(i64::MAX, |l| l as i64);
+            let rows = if end.is_empty() {
+                client
+                    .query(
+                        &format!("SELECT key, value FROM {table} WHERE key >= $1 ORDER BY key LIMIT $2"),
+                        &[&lower, &limit],
+                    )
+                    .await
+            } else {
+                client
+                    .query(
+                        &format!("SELECT key, value FROM {table} WHERE key >= $1 AND key < $2 ORDER BY key LIMIT $3"),
+                        &[&lower, &end, &limit],
+                    )
+                    .await
+            }
+            .map_err(pg_error(format!("reading {tree}")))?;
+            Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+    }
+
+    /// One row of `tree` by key.
+    fn get(&self, tree: &'static str, key: Vec<u8>) -> Result<Option<Vec<u8>>, LedgerError> {
+        self.settle()?;
+        let table = self.table(tree);
+        let pool = self.inner.pool.clone();
+        self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let row = client
+                .query_opt(&format!("SELECT value FROM {table} WHERE key = $1"), &[&key])
+                .await
+                .map_err(pg_error(format!("reading {tree}")))?;
+            Ok(row.map(|r| r.get(0)))
+        })
+    }
+
+    fn get_row<T: serde::de::DeserializeOwned>(
+        &self,
+        tree: &'static str,
+        session_id: &str,
+        id: &str,
+    ) -> Result<Option<T>, LedgerError> {
+        match self.get(tree, row_key(session_id, id))? {
+            None => Ok(None),
+            Some(v) => decode_at(tree, id.as_bytes(), &v).map(Some),
+        }
+    }
+
+    /// Reads a tree back (all of it, or one session's rows), quarantining rows that do not
+    /// decode or fail their check, as sled's read does.
+    fn scan<T: serde::de::DeserializeOwned + CheckRow>(
+        &self,
+        tree: &'static str,
+        session: Option<&str>,
+    ) -> Result<Vec<T>, LedgerError> {
+        let rows = match session {
+            None => self.range(tree, Vec::new(), None, None)?,
+            Some(s) if super::sled_ledger::is_scoped(tree) => self.range(tree, session_prefix(s), None, None)?,
+            Some(s) => self
+                .get(tree, s.as_bytes().to_vec())?
+                .map(|v| (s.as_bytes().to_vec(), v))
+                .into_iter()
+                .collect(),
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        let mut bad: Vec<(Vec<u8>, Vec<u8>, String)> = Vec::new();
+        for (k, v) in rows {
+            match codec::decode::<T>(&v)
+                .map_err(|e| e.to_string())
+                .and_then(|row| row.check().map(|_| row))
+            {
+                Ok(row) => out.push(row),
+                Err(reason) => bad.push((k, v, reason)),
+            }
+        }
+        for (k, v, reason) in bad {
+            self.move_aside(tree, &k, &v, &reason)?;
+        }
+        Ok(out)
+    }
+
+    /// Moves a raw row aside to the quarantine tables, in one transaction.
+    fn move_aside(&self, tree: &'static str, key: &[u8], value: &[u8], reason: &str) -> Result<(), LedgerError> {
+        let (qkey, row) = quarantine_entry(tree, key, value, reason);
+        let encoded = encode(QUARANTINE, key, &row)?;
+        let (key, value) = (key.to_vec(), value.to_vec());
+        self.commit_staged(move |tx, this| {
+            Box::pin(async move {
+                for (t, v) in [(QUARANTINE_RAW, &value), (QUARANTINE, &encoded)] {
+                    tx.execute(
+                        &format!(
+                            "INSERT INTO {} (key, value) VALUES ($1, $2)
+                             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                            this.table(t)
+                        ),
+                        &[&qkey, v],
+                    )
+                    .await
+                    .map_err(pg_error("quarantining a row"))?;
+                }
+                tx.execute(&format!("DELETE FROM {} WHERE key = $1", this.table(tree)), &[&key])
+                    .await
+                    .map_err(pg_error("quarantining a row"))?;
+                Ok(())
+            })
+        })?;
+        tracing::error!(
+            tree,
+            key = %String::from_utf8_lossy(&row.key),
+            "a stored row could not be used and was moved to the quarantine table: {reason}"
+        );
+        Ok(())
+    }
+
+    /// The children (of one session, or all) whose rows are in quarantine.
+    fn damaged_children(&self, session: Option<&str>) -> Result<Vec<String>, LedgerError> {
+        let mut prefix = format!("{CHILDREN}/").into_bytes();
+        if let Some(s) = session {
+            prefix.extend_from_slice(&session_prefix(s));
+        }
+        Ok(self
+            .range(QUARANTINE, prefix, None, None)?
+            .into_iter()
+            .map(|(k, _)| {
+                let key = &k[CHILDREN.len() + 1..];
+                let id = key.iter().position(|&b| b == 0).map_or(key, |nul| &key[nul + 1..]);
+                String::from_utf8_lossy(id).into_owned()
+            })
+            .collect())
+    }
+
+    fn read(&self, session: Option<&str>) -> Result<Snapshot, LedgerError> {
+        let acks: Vec<AckRow> = self.scan(ACKS, session)?;
+        let dead: Vec<DeadLetterRow> = self.scan(DEAD_LETTERS, session)?;
+        let calls: Vec<CallRow> = self.scan(CALLS, session)?;
+        let mut children: Vec<ChildRow> = self.scan(CHILDREN, session)?;
+        fold_delivery(&mut children, &acks, &dead);
+        let claims = live_claims(self.scan(CLAIMS, session)?, &acks);
+        Ok(Snapshot {
+            sessions: self.scan(SESSIONS, session)?,
+            calls,
+            children,
+            claims,
+            starts: self.scan(STARTS, session)?,
+            damaged_children: self.damaged_children(session)?,
+            wakes: self.scan(WAKES, session)?,
+            nests: match session {
+                None => self.scan(NESTS, None)?,
+                Some(_) => Vec::new(),
+            },
+        })
+    }
+
+    /// Decoded rows of a key range, an undecodable one an error (as sled's point reads).
+    fn rows_in<T: serde::de::DeserializeOwned>(
+        &self,
+        tree: &'static str,
+        prefix: Vec<u8>,
+        after: Option<Vec<u8>>,
+        limit: Option<usize>,
+    ) -> Result<Vec<T>, LedgerError> {
+        self.range(tree, prefix, after, limit)?
+            .into_iter()
+            .map(|(k, v)| decode_at(tree, &k, &v))
+            .collect()
+    }
+}
+
+impl Ledger for PgLedger {
+    fn write(&self, w: &Writes) -> Result<(), LedgerError> {
+        crate::failpoint!("ledger_write");
+        let changes = write_changes(w)?;
+        let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        for (tree, key, value) in changes {
+            staged.insert((tree, key), value);
+        }
+        Ok(())
+    }
+
+    fn record_terminals(&self, rows: &[ChildRow]) -> Result<Vec<ChildRow>, LedgerError> {
+        crate::failpoint!("ledger_write");
+        let rows = rows.to_vec();
+        // In one transaction with what is staged: the stored rows are read under a row lock,
+        // decided as sled decides them, and written.
+        let (_, stored) = self.commit_staged(move |tx, this| {
+            Box::pin(async move {
+                let keys: Vec<Vec<u8>> = rows.iter().map(|r| row_key(&r.session_id, &r.child_id)).collect();
+                let found = tx
+                    .query(
+                        &format!(
+                            "SELECT key, value FROM {} WHERE key = ANY($1) FOR UPDATE",
+                            this.table(CHILDREN)
+                        ),
+                        &[&keys],
+                    )
+                    .await
+                    .map_err(pg_error("reading children's rows"))?;
+                let current: HashMap<Vec<u8>, Vec<u8>> = found.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+                // A stored row that does not decode is overwritten by the child's own, which
+                // is complete; the damaged one was quarantined when the ledger opened.
+                let (stored, writes) =
+                    merge_terminals(&rows, |key| Ok(current.get(key).and_then(|v| codec::decode(v).ok())))?;
+                let mut keys = Vec::with_capacity(writes.len());
+                let mut values = Vec::with_capacity(writes.len());
+                for (key, row) in writes {
+                    values.push(encode(CHILDREN, &row.child_id, &row)?);
+                    keys.push(key);
+                }
+                upsert(tx, this, CHILDREN, &keys, &values).await?;
+                Ok(stored)
+            })
+        })?;
+        Ok(stored)
+    }
+
+    fn put_claim(&self, row: &ClaimRow) -> Result<(), LedgerError> {
+        let key = row_key(&row.session_id, &row.claim_id);
+        let value = encode(CLAIMS, &key, row)?;
+        self.staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((CLAIMS, key), Some(value));
+        Ok(())
+    }
+
+    fn ack(&self, session_id: &str, claim_id: &str) -> Result<Option<AckRow>, LedgerError> {
+        self.get_row(ACKS, session_id, claim_id)
+    }
+
+    fn find_call(&self, call_id: &str) -> Result<Option<CallRow>, LedgerError> {
+        find_call_in(self.range(CALLS, Vec::new(), None, None)?.into_iter().map(Ok), call_id)
+    }
+
+    fn call(&self, session_id: &str, call_id: &str) -> Result<Option<CallRow>, LedgerError> {
+        self.get_row(CALLS, session_id, call_id)
+    }
+
+    fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError> {
+        self.scan(DEAD_LETTERS, None)
+    }
+
+    fn call_children(&self, session_id: &str, call_id: &str) -> Result<Vec<ChildRow>, LedgerError> {
+        let mut out: Vec<ChildRow> = self
+            .rows_in(CHILDREN, row_key(session_id, &format!("{call_id}.")), None, None)?
+            .into_iter()
+            .filter(|r: &ChildRow| r.call_id == call_id)
+            .collect();
+        out.sort_by_key(|r| r.task_index);
+        Ok(out)
+    }
+
+    fn calls_page(&self, session_id: &str, after: Option<&str>, limit: usize) -> Result<Vec<CallRow>, LedgerError> {
+        self.rows_in(
+            CALLS,
+            session_prefix(session_id),
+            after.map(|a| row_key(session_id, a)),
+            Some(limit),
+        )
+    }
+
+    fn call_parts(&self, session_id: &str, call_id: &str) -> Result<CallParts, LedgerError> {
+        let items = row_key(session_id, &format!("{call_id}."));
+        let scope = session_prefix(session_id).len();
+        let id_of = |k: &[u8]| String::from_utf8_lossy(&k[scope..]).into_owned();
+        Ok(CallParts {
+            children: self.call_children(session_id, call_id)?,
+            dead_letters: self
+                .rows_in(DEAD_LETTERS, items.clone(), None, None)?
+                .into_iter()
+                .filter(|d: &DeadLetterRow| d.call_id == call_id)
+                .collect(),
+            redrives: self
+                .range(REDRIVES, items, None, None)?
+                .iter()
+                .map(|(k, _)| id_of(k))
+                .collect(),
+            starts: self
+                .range(STARTS, row_key(session_id, &format!("{call_id}/")), None, None)?
+                .iter()
+                .map(|(k, _)| id_of(k))
+                .collect(),
+        })
+    }
+
+    fn acks_page(&self, session_id: &str, after: Option<&str>, limit: usize) -> Result<Vec<AckRow>, LedgerError> {
+        self.rows_in(
+            ACKS,
+            session_prefix(session_id),
+            after.map(|a| row_key(session_id, a)),
+            Some(limit),
+        )
+    }
+
+    fn row_counts(&self) -> Result<Vec<(&'static str, usize)>, LedgerError> {
+        self.settle()?;
+        let trees = super::ROW_TREES;
+        let tables: Vec<String> = trees.iter().map(|t| self.table(t)).collect();
+        let pool = self.inner.pool.clone();
+        let counts = self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let mut out = Vec::with_capacity(tables.len());
+            for table in &tables {
+                let row = client
+                    .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+                    .await
+                    .map_err(pg_error(format!("counting {table}")))?;
+                out.push(row.get::<_, i64>(0) as usize);
+            }
+            Ok(out)
+        })?;
+        Ok(trees.into_iter().zip(counts).collect())
+    }
+
+    fn redrive(&self, session_id: &str, dedup_key: &str) -> Result<Option<RedriveRow>, LedgerError> {
+        self.get_row(REDRIVES, session_id, dedup_key)
+    }
+
+    fn flush(&self) -> Result<usize, LedgerError> {
+        crate::failpoint!("ledger_flush");
+        let started = std::time::Instant::now();
+        let (bytes, ()) = self.commit_staged(|_, _| Box::pin(async { Ok(()) }))?;
+        if let Some(observe) = &self.on_flush {
+            observe(started.elapsed());
+        }
+        Ok(bytes)
+    }
+
+    fn durability(&self) -> Durability {
+        // A commit with synchronous_commit on is on the server's disk.
+        Durability::Fsync
+    }
+
+    fn load(&self) -> Result<Snapshot, LedgerError> {
+        self.read(None)
+    }
+
+    fn load_session(&self, session_id: &str) -> Result<Snapshot, LedgerError> {
+        self.read(Some(session_id))
+    }
+
+    fn quarantine(&self, tree: &str, session_id: &str, id: &str, reason: &str) -> Result<(), LedgerError> {
+        let Some(&tree) = TABLES[..10].iter().find(|t| **t == tree) else {
+            return Err(LedgerError::storage_msg(format!("no tree `{tree}` to quarantine from")));
+        };
+        let key = if super::sled_ledger::is_scoped(tree) {
+            row_key(session_id, id)
+        } else {
+            id.as_bytes().to_vec()
+        };
+        match self.get(tree, key.clone())? {
+            Some(v) => self.move_aside(tree, &key, &v, reason),
+            None => Ok(()),
+        }
+    }
+
+    fn quarantined(&self) -> Result<Vec<Quarantined>, LedgerError> {
+        let raw: HashMap<Vec<u8>, Vec<u8>> = self
+            .range(QUARANTINE_RAW, Vec::new(), None, None)?
+            .into_iter()
+            .collect();
+        Ok(self
+            .range(QUARANTINE, Vec::new(), None, None)?
+            .into_iter()
+            .map(|(k, v)| {
+                let value = raw.get(&k).cloned().unwrap_or_default();
+                // A quarantine row is brood's own; one that does not decode is reported as such.
+                let row = codec::decode(&v).unwrap_or_else(|e| QuarantineRow {
+                    tree: QUARANTINE.into(),
+                    key: k.clone(),
+                    value_len: value.len() as u64,
+                    reason: format!("the quarantine row itself does not decode: {e}"),
+                    quarantined_at_ms: 0,
+                });
+                Quarantined { row, value }
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod conformance {
+    use super::super::{pg_testkit, Ledger};
+
+    /// Fresh PostgreSQL ledgers, each in a schema of its own on the test server.
+    fn fresh_ledgers() -> impl Fn() -> Box<dyn Ledger> {
+        || Box::new(pg_testkit::fresh()) as Box<dyn Ledger>
+    }
+
+    crate::ledger::conformance::ledger_conformance_tests!(fresh_ledgers());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::pg_testkit;
+    use super::*;
+
+    fn session(id: &str) -> SessionRow {
+        SessionRow {
+            session_id: id.into(),
+            max_concurrent_children: 4,
+            max_delivery_attempts: 3,
+            next_set: 1,
+            created_at_ms: 0,
+        }
+    }
+
+    fn writes_of(id: &str) -> Writes {
+        Writes {
+            sessions: vec![session(id)],
+            ..Writes::default()
+        }
+    }
+
+    /// The same schema opened a second time: another process's view of the database.
+    fn second_view(ledger: &PgLedger) -> PgLedger {
+        PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema).unwrap()
+    }
+
+    #[test]
+    fn a_write_is_seen_elsewhere_only_once_flushed() {
+        let ledger = pg_testkit::fresh();
+        let other = second_view(&ledger);
+        ledger.write(&writes_of("s1")).unwrap();
+        assert!(other.load().unwrap().sessions.is_empty(), "staged, not committed");
+        assert!(ledger.flush().unwrap() > 0, "the flush wrote the row");
+        assert_eq!(other.load().unwrap().sessions, vec![session("s1")]);
+        assert_eq!(ledger.flush().unwrap(), 0, "nothing left to write");
+    }
+
+    #[test]
+    fn flushes_from_many_threads_each_return_once_their_writes_are_committed() {
+        let ledger = std::sync::Arc::new(pg_testkit::fresh());
+        let other = second_view(&ledger);
+        let threads: Vec<_> = (0..16)
+            .map(|t| {
+                let ledger = ledger.clone();
+                std::thread::spawn(move || {
+                    let mut last = String::new();
+                    for i in 0..10 {
+                        last = format!("s{t}_{i}");
+                        ledger.write(&writes_of(&last)).unwrap();
+                        ledger.flush().unwrap();
+                    }
+                    last
+                })
+            })
+            .collect();
+        for t in threads {
+            let last = t.join().unwrap();
+            // Committed before its flush returned: another connection reads it.
+            let seen = other.load().unwrap().sessions;
+            assert!(seen.iter().any(|s| s.session_id == last), "{last} committed");
+        }
+        assert_eq!(other.load().unwrap().sessions.len(), 160);
+    }
+
+    #[test]
+    fn a_schema_newer_than_this_build_is_refused_and_left_as_it_was() {
+        let ledger = pg_testkit::fresh();
+        let schema = ledger.inner.schema.clone();
+        let pool = ledger.inner.pool.clone();
+        ledger
+            .runtime
+            .run(async move {
+                let client = pool.get().await.map_err(pool_error)?;
+                client
+                    .execute(
+                        &format!("INSERT INTO \"{schema}\".migrations (version, name) VALUES (99, 'from the future')"),
+                        &[],
+                    )
+                    .await
+                    .map_err(pg_error("faking a newer schema"))?;
+                Ok(())
+            })
+            .unwrap();
+        let err = PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("version 99") && err.contains("upgrade brood"), "{err}");
+        // Still readable by this build's ledger that had it open, and still at 99.
+        assert!(ledger.load().is_ok());
+        let again = PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema)
+            .unwrap_err()
+            .to_string();
+        assert!(again.contains("version 99"), "{again}");
+    }
+
+    #[test]
+    fn reopening_a_schema_applies_nothing_twice() {
+        let ledger = pg_testkit::fresh();
+        ledger.write(&writes_of("kept")).unwrap();
+        ledger.flush().unwrap();
+        let again = second_view(&ledger);
+        assert_eq!(again.load().unwrap().sessions, vec![session("kept")]);
+    }
+
+    #[test]
+    fn bad_addresses_and_schema_names_are_refused_clearly() {
+        let err = PgLedger::open("mysql://nowhere").unwrap_err().to_string();
+        assert!(err.contains("postgres://"), "{err}");
+        let err = PgLedger::open_in(&pg_testkit::url(), "Bad-Name")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("schema name"), "{err}");
+        // Nobody listens there: the open fails, it does not hang or panic.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let err = PgLedger::open(&format!("postgres://brood@127.0.0.1:{port}/postgres")).unwrap_err();
+        assert!(format!("{err:?}").contains("onnect"), "{err:?}");
+    }
+}

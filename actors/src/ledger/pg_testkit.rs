@@ -1,0 +1,209 @@
+//! A PostgreSQL server for the tests: `BROOD_TEST_PG` when set, else a throwaway cluster this
+//! test process starts once (Debian's `postgresql` binaries; `.ci/run` installs them) and that
+//! dies with it. Each ledger a test opens gets a schema of its own.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use super::PgLedger;
+
+/// The address of the test server, starting it on first use.
+pub fn url() -> String {
+    static URL: OnceLock<Result<String, String>> = OnceLock::new();
+    URL.get_or_init(|| match std::env::var("BROOD_TEST_PG") {
+        Ok(url) => Ok(url),
+        // On a thread of its own: a caller may be inside a runtime, where the start's own
+        // runtime could not block.
+        Err(_) => std::thread::spawn(start)
+            .join()
+            .unwrap_or_else(|_| Err("starting the test PostgreSQL server panicked".into())),
+    })
+    .clone()
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A schema name no other test of this process uses.
+pub fn fresh_schema() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!("t{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The address of a new, empty database on the test server (for a `brood serve --ledger`,
+/// whose ledger takes the default schema).
+pub fn fresh_database() -> String {
+    let base = url();
+    let name = fresh_schema();
+    let admin = base.clone();
+    let create = name.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        rt.block_on(async {
+            let (client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            client.batch_execute(&format!("CREATE DATABASE {create}")).await
+        })
+        .map_err(std::io::Error::other)
+    })
+    .join()
+    .expect("creating a test database")
+    .unwrap_or_else(|e| panic!("creating a test database: {e}"));
+    // The address with its database replaced.
+    match base.rfind('/') {
+        Some(slash) => format!("{}/{name}", &base[..slash]),
+        None => panic!("the test server's address {base} names no database"),
+    }
+}
+
+/// A fresh, empty ledger in a schema no other test uses.
+pub fn fresh() -> PgLedger {
+    PgLedger::open_in(&url(), &fresh_schema()).unwrap_or_else(|e| panic!("opening a PostgreSQL ledger: {e:?}"))
+}
+
+/// The newest installed server's binaries.
+fn binaries() -> Result<PathBuf, String> {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin).ok_or_else(|| {
+        "PostgreSQL is needed for these tests: install Debian's `postgresql` (.ci/run does) or set BROOD_TEST_PG=postgres://…"
+            .to_string()
+    })
+}
+
+/// The uid and gid of the `postgres` user, to run the server as (it refuses root).
+fn postgres_user() -> Result<(u32, u32), String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").map_err(|e| format!("reading /etc/passwd: {e}"))?;
+    passwd
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.first() == Some(&"postgres")).then(|| Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?)))?
+        })
+        .ok_or_else(|| "running the tests as root needs the `postgres` user (Debian's postgresql makes it)".into())
+}
+
+/// A command run as `user` when given (from root), killed when the thread that started it
+/// ends when `tied`.
+fn command(program: &Path, user: Option<(u32, u32)>, tied: bool) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(program);
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some((uid, gid)) = user {
+                if libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // After the user change, which clears it.
+            if tied && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+fn start() -> Result<String, String> {
+    let bin = binaries()?;
+    let user = (unsafe { libc::geteuid() } == 0).then(postgres_user).transpose()?;
+    // Earlier test processes' clusters, whose servers died with them.
+    for entry in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let pid = name.to_str().and_then(|n| n.strip_prefix("brood-pg-"));
+        if pid.is_some_and(|pid| !Path::new("/proc").join(pid).exists()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("brood-pg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).map_err(|e| format!("chown {}: {e}", dir.display()))?;
+    }
+    let data = dir.join("data");
+    let out = command(&bin.join("initdb"), user, false)
+        .current_dir(&dir)
+        .args(["-U", "brood", "--auth=trust", "-E", "UTF8", "--no-locale", "-D"])
+        .arg(&data)
+        .output()
+        .map_err(|e| format!("running initdb: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("finding a free port: {e}"))?
+        .port();
+    // Started from a thread that lives as long as the process, so the server (tied to it)
+    // dies with the process and not with a test's thread.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (server, log) = (bin.join("postgres"), dir.join("server.log"));
+    let socket_dir = dir.clone();
+    std::thread::Builder::new()
+        .name("brood-test-pg".into())
+        .spawn(move || {
+            let log = std::fs::File::create(&log);
+            let started = log.and_then(|log| {
+                command(&server, user, true)
+                    .current_dir(&socket_dir)
+                    .arg("-D")
+                    .arg(&data)
+                    .args(["-c", "listen_addresses=127.0.0.1", "-c", &format!("port={port}")])
+                    .arg("-c")
+                    .arg(format!("unix_socket_directories={}", socket_dir.display()))
+                    .args([
+                        "-c",
+                        "fsync=on",
+                        "-c",
+                        "synchronous_commit=on",
+                        "-c",
+                        "max_connections=200",
+                    ])
+                    .stdout(log.try_clone()?)
+                    .stderr(log)
+                    .spawn()
+            });
+            let _ = tx.send(started.map(|_| ()).map_err(|e| format!("starting postgres: {e}")));
+            loop {
+                std::thread::park();
+            }
+        })
+        .map_err(|e| format!("starting the server's thread: {e}"))?;
+    rx.recv().map_err(|_| "the server's thread ended".to_string())??;
+    let url = format!("postgres://brood@127.0.0.1:{port}/postgres");
+    // Ready once it answers a query (it accepts connections while still starting up).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    loop {
+        let ready = rt.block_on(async {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            client.simple_query("SELECT 1").await.map(|_| ())
+        });
+        match ready {
+            Ok(()) => return Ok(url),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!(
+                    "the test PostgreSQL server did not answer within 60 s ({e}); see {}",
+                    dir.join("server.log").display()
+                ))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
