@@ -114,6 +114,8 @@ pub struct BroodConfig {
     max_running_children: Option<u32>,
     retention: brood_actors::retention::Retention,
     on_flush: Option<brood_actors::ledger::FlushObserver>,
+    /// PostgreSQL's address and schema, when the ledger is there rather than in `data_dir`.
+    postgres: Option<(String, String)>,
 }
 
 impl std::fmt::Debug for BroodConfig {
@@ -140,7 +142,32 @@ impl BroodConfig {
             max_running_children: None,
             retention: brood_actors::retention::Retention::default(),
             on_flush: None,
+            postgres: None,
         }
+    }
+
+    /// Keeps the ledger in the PostgreSQL database at `url` (`postgres://user@host:port/db`,
+    /// PostgreSQL 14 or later), in the schema [`brood_actors::ledger::DEFAULT_SCHEMA`], instead
+    /// of sled in the data folder. brood creates and migrates its tables itself; a commit is
+    /// durable on the server (`synchronous_commit = on`) before anything it holds is reported
+    /// as recorded. One process per database for now: several processes sharing one are not
+    /// supported yet.
+    pub fn postgres(mut self, url: impl Into<String>) -> Self {
+        let schema = self
+            .postgres
+            .take()
+            .map_or(brood_actors::ledger::DEFAULT_SCHEMA.to_string(), |p| p.1);
+        self.postgres = Some((url.into(), schema));
+        self
+    }
+
+    /// With [`BroodConfig::postgres`]: the schema its tables are in (lower-case letters,
+    /// digits and `_`), so several ledgers can share one database.
+    pub fn postgres_schema(mut self, schema: impl Into<String>) -> Self {
+        if let Some(p) = &mut self.postgres {
+            p.1 = schema.into();
+        }
+        self
     }
 
     /// The deepest call accepted (default 2): a call in a top-level session is depth 1, one in
@@ -288,6 +315,7 @@ impl Brood {
         let max_running = config.max_running_children;
         let retention = config.retention.clone();
         let on_flush = config.on_flush.clone();
+        let postgres = config.postgres.clone();
         let thread = std::thread::Builder::new()
             .name("brood-actors".into())
             .spawn(move || {
@@ -304,11 +332,22 @@ impl Brood {
                 let commit_handle = commit.as_ref().map(|a| a.handle());
                 routing.extend(commit);
                 let started = sys.block_on(async move {
-                    let mut sled = SledLedger::open_with_cache(&dir, durability, cache_bytes)?;
-                    if let Some(observer) = on_flush {
-                        sled = sled.on_flush(observer);
-                    }
-                    let ledger: Arc<dyn Ledger> = Arc::new(sled);
+                    let ledger: Arc<dyn Ledger> = match postgres {
+                        Some((url, schema)) => {
+                            let mut pg = brood_actors::ledger::PgLedger::open_in(&url, &schema)?;
+                            if let Some(observer) = on_flush {
+                                pg = pg.on_flush(observer);
+                            }
+                            Arc::new(pg)
+                        }
+                        None => {
+                            let mut sled = SledLedger::open_with_cache(&dir, durability, cache_bytes)?;
+                            if let Some(observer) = on_flush {
+                                sled = sled.on_flush(observer);
+                            }
+                            Arc::new(sled)
+                        }
+                    };
                     let mut engine = Engine::new(ledger, runners, handle);
                     engine.wake_factory = wakes;
                     engine.commit_window = commit_window;

@@ -102,6 +102,9 @@ struct ServeArgs {
     /// The ledger folder (default ./brood-data).
     #[arg(long)]
     data_dir: Option<String>,
+    /// Keep the ledger in PostgreSQL instead: postgres://user@host:port/database.
+    #[arg(long)]
+    ledger: Option<String>,
     /// The key every /v1 request must carry as `Authorization: Bearer <key>`.
     #[arg(long)]
     api_key: Option<String>,
@@ -180,6 +183,7 @@ impl ServeArgs {
         let pairs = [
             ("listen", &self.listen),
             ("data_dir", &self.data_dir),
+            ("ledger", &self.ledger),
             ("api_key", &self.api_key),
             ("allowed_runners", &self.allowed_runners),
             ("durability", &self.durability),

@@ -81,8 +81,8 @@ async fn a_dispatch_marks_the_children_it_starts_in_one_start_row_flushed_with_i
     wait_for!("both runners started", (t.kit.holds.started().len() == 2).then_some(()));
     t.shut_down();
     {
-        let ledger = brood_actors::ledger::SledLedger::open(t.ledger_dir()).unwrap();
-        let rows = brood_actors::ledger::Ledger::load(&ledger).unwrap();
+        let ledger = t.open_ledger();
+        let rows = ledger.load().unwrap();
         assert_eq!(rows.calls.len(), 1, "only the accepted call is stored");
         assert_eq!(rows.starts.len(), 1, "{:?}", rows.starts);
         assert_eq!(
@@ -136,8 +136,8 @@ async fn a_child_started_again_after_its_start_was_lost_is_still_known_started_a
     assert!(!failpoints::fires("unit_handler"), "the unit never panicked");
     t.shut_down();
     {
-        let ledger = brood_actors::ledger::SledLedger::open(t.ledger_dir()).unwrap();
-        let rows = brood_actors::ledger::Ledger::load(&ledger).unwrap();
+        let ledger = t.open_ledger();
+        let rows = ledger.load().unwrap();
         let statuses: Vec<brood::ChildStatus> = rows.children.iter().map(|c| c.status).collect();
         assert_eq!(statuses, vec![brood::ChildStatus::Running], "its own row says running");
     }

@@ -651,3 +651,56 @@ fn competing_consumers_each_get_an_item_at_most_once() {
     assert_eq!(keys.len(), total, "an item was handed to two consumers");
     assert_eq!(total, n as usize);
 }
+
+#[test]
+fn a_server_on_postgres_keeps_results_and_acks_across_kill9() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let s = Server::start_with(dir.path(), None, &["--ledger", &url]);
+    s.open("k");
+    let (_, reply) = s.call(
+        "POST",
+        "/v1/sessions/k/delegate",
+        Some(json!({"tasks": [{"goal": "a", "runner": sim(0)}, {"goal": "b", "runner": sim(0)}, {"goal": "c", "runner": sim(0)}], "independent_completions": true})),
+    );
+    assert!(reply["call_id"].is_string(), "{reply}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, view) = s.call("GET", "/v1/sessions/k", None);
+        if view["counts"]["ready"] == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{view}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let env = s.envelope("k", 30_000);
+    let claim = env["claim_id"].as_str().unwrap().to_string();
+    assert_eq!(env["items"].as_array().map(Vec::len), Some(3), "{env}");
+    assert_eq!(s.call("POST", &format!("/v1/claims/{claim}/ack"), None).0, 200);
+    s.kill9();
+    // Nothing was in the folder: everything came back from PostgreSQL.
+    assert!(!dir.path().join("db").exists() && !dir.path().join("conf").exists());
+    let s = Server::start_with(dir.path(), None, &["--ledger", &url]);
+    s.open("k");
+    let (status, acked) = s.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+    assert_eq!((status, acked["delivered"].as_u64()), (200, Some(3)), "{acked}");
+    let (status, _) = s.call("POST", "/v1/sessions/k/boundary", Some(json!({"consumer": "t"})));
+    assert_eq!(status, 204, "nothing acked is delivered again");
+    let (_, next) = s.call(
+        "POST",
+        "/v1/sessions/k/delegate",
+        Some(json!({"tasks": [{"goal": "d", "runner": sim(0)}]})),
+    );
+    assert_eq!(next["set"], 2);
+}
+
+#[test]
+fn a_ledger_address_that_is_not_postgres_is_refused_at_start() {
+    let out = Command::new(env!("CARGO_BIN_EXE_brood"))
+        .args(["serve", "--ledger", "mysql://somewhere/db", "--print-config"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ledger") && err.contains("postgres://"), "{err}");
+}

@@ -17,6 +17,10 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// The ledger folder.
     pub data_dir: PathBuf,
+    /// The PostgreSQL database the ledger is kept in instead (`postgres://…`), when set; its
+    /// password (if the address holds one) is not printed.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "without_password")]
+    pub ledger: Option<String>,
     /// The API key every `/v1` request must carry (`Authorization: Bearer <key>`).
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "redacted")]
     pub api_key: Option<String>,
@@ -83,6 +87,19 @@ impl ServeConfig {
     }
 }
 
+fn without_password<S: serde::Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    let url = url.as_deref().unwrap_or_default();
+    // postgres://user:password@host… → postgres://user:(set)@host…
+    let shown = match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => match url[scheme + 3..at].find(':') {
+            Some(colon) => format!("{}:(set){}", &url[..scheme + 3 + colon], &url[at..]),
+            None => url.to_string(),
+        },
+        _ => url.to_string(),
+    };
+    s.serialize_str(&shown)
+}
+
 fn redacted<S: serde::Serializer>(_: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str("(set)")
 }
@@ -92,6 +109,7 @@ impl Default for ServeConfig {
         ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             data_dir: PathBuf::from("./brood-data"),
+            ledger: None,
             api_key: None,
             allow_command: false,
             allowed_runners: vec!["sim".into(), "external".into()],
@@ -152,6 +170,10 @@ impl Source {
 const KEYS: &[(&str, &str)] = &[
     ("listen", "an address:port such as 127.0.0.1:7070"),
     ("data_dir", "a folder path"),
+    (
+        "ledger",
+        "a PostgreSQL address postgres://user@host:port/database (default: sled in data_dir)",
+    ),
     ("api_key", "a non-empty string"),
     ("allow_command", "true or false"),
     (
@@ -333,6 +355,13 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
     match key {
         "listen" => c.listen = text(raw).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
         "data_dir" => c.data_dir = text(raw).filter(|s| !s.is_empty()).map(PathBuf::from).ok_or_else(bad)?,
+        "ledger" => {
+            c.ledger = Some(
+                text(raw)
+                    .filter(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
+                    .ok_or_else(bad)?,
+            )
+        }
         "api_key" => c.api_key = Some(text(raw).filter(|s| !s.is_empty()).ok_or_else(bad)?),
         "allow_command" => c.allow_command = flag(key, raw)?,
         "allowed_runners" => c.allowed_runners = kinds(key, raw)?,

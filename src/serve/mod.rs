@@ -120,7 +120,11 @@ fn runners(config: &ServeConfig, queues: &Arc<WorkQueues>) -> Runners {
 }
 
 fn engine_config(config: &ServeConfig, wakes: wake::Webhooks, queues: &Arc<WorkQueues>) -> BroodConfig {
-    BroodConfig::new(&config.data_dir)
+    let mut engine = BroodConfig::new(&config.data_dir);
+    if let Some(url) = &config.ledger {
+        engine = engine.postgres(url);
+    }
+    engine
         .runners(runners(config, queues))
         .durability(config.durability)
         .commit_window(Duration::from_millis(config.commit_window_ms))
@@ -202,7 +206,10 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
         } else {
             "no API key, loopback only"
         },
-        config.data_dir.display()
+        match &config.ledger {
+            Some(_) => "PostgreSQL".to_string(),
+            None => config.data_dir.display().to_string(),
+        }
     );
     let server = server.run();
     let handle = server.handle();

@@ -279,26 +279,50 @@ impl WakeLog {
 // ---------------------------------------------------------------------------------------------
 // The engine under test
 
-/// A brood over a temporary sled folder, reopenable.
+/// A brood over a temporary sled folder, reopenable; on PostgreSQL instead, in a schema of
+/// its own on the test server, when `BROOD_TEST_LEDGER=postgres` (`.ci/run` runs the
+/// invariant tests a second time so).
 pub struct TestBrood {
     // Declared first so that it is dropped (and the ledger closed) before the folder goes.
     brood: Option<Arc<Brood>>,
     /// The test runners.
     pub kit: Kit,
     dir: TempDir,
+    /// The PostgreSQL schema of the ledger, when it is there.
+    schema: Option<String>,
+}
+
+/// Whether the tests' engines keep their ledger on PostgreSQL (`BROOD_TEST_LEDGER=postgres`).
+pub fn on_postgres() -> bool {
+    match std::env::var("BROOD_TEST_LEDGER").as_deref() {
+        Ok("postgres") => true,
+        Ok("sled") | Err(_) => false,
+        Ok(other) => panic!("BROOD_TEST_LEDGER={other:?}: expected postgres or sled"),
+    }
 }
 
 impl TestBrood {
     /// A fresh engine over an empty folder.
     pub fn new() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let kit = Kit::default();
-        let brood =
-            Brood::open(BroodConfig::new(dir.path().join("ledger")).runners(kit.runners())).expect("open brood");
-        TestBrood {
-            brood: Some(Arc::new(brood)),
-            kit,
+        let mut t = TestBrood {
+            brood: None,
+            kit: Kit::default(),
             dir,
+            schema: on_postgres().then(brood_actors::ledger::pg_testkit::fresh_schema),
+        };
+        t.open_again();
+        t
+    }
+
+    /// The engine's configuration: its folder (or its PostgreSQL schema) and the test runners.
+    fn config(&self) -> BroodConfig {
+        let config = BroodConfig::new(self.dir.path().join("ledger")).runners(self.kit.runners());
+        match &self.schema {
+            Some(schema) => config
+                .postgres(brood_actors::ledger::pg_testkit::url())
+                .postgres_schema(schema),
+            None => config,
         }
     }
 
@@ -333,6 +357,19 @@ impl TestBrood {
         }
     }
 
+    /// The engine's ledger opened directly (after [`Self::shut_down`]), whichever backend it
+    /// is on.
+    pub fn open_ledger(&self) -> Box<dyn brood_actors::ledger::Ledger> {
+        assert!(self.brood.is_none(), "shut the engine down first");
+        match &self.schema {
+            Some(schema) => Box::new(
+                brood_actors::ledger::PgLedger::open_in(&brood_actors::ledger::pg_testkit::url(), schema)
+                    .expect("open the PostgreSQL ledger"),
+            ),
+            None => Box::new(brood_actors::ledger::SledLedger::open(self.ledger_dir()).expect("open the sled ledger")),
+        }
+    }
+
     /// The ledger's folder.
     pub fn ledger_dir(&self) -> std::path::PathBuf {
         self.dir.path().join("ledger")
@@ -341,8 +378,7 @@ impl TestBrood {
     /// `Brood::open` the folder again after [`Self::shut_down`].
     pub fn open_again(&mut self) {
         assert!(self.brood.is_none(), "brood is still open");
-        let brood = Brood::open(BroodConfig::new(self.dir.path().join("ledger")).runners(self.kit.runners()))
-            .expect("reopen brood on the same folder");
+        let brood = Brood::open(self.config()).expect("open brood on its ledger");
         self.brood = Some(Arc::new(brood));
     }
 }
