@@ -374,7 +374,8 @@ impl PgLedger {
         let _turn = self.committing.lock().unwrap_or_else(|p| p.into_inner());
         let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
         let this = self.inner.clone();
-        self.runtime.run(async move {
+        let taken = staged.clone();
+        let committed = self.runtime.run(async move {
             let this = &*this;
             let mut client = this.pool.get().await.map_err(pool_error)?;
             let tx = client.transaction().await.map_err(pg_error("starting a commit"))?;
@@ -406,7 +407,17 @@ impl PgLedger {
             let answer = then(&tx, this).await?;
             tx.commit().await.map_err(pg_error("committing"))?;
             Ok((bytes, answer))
-        })
+        });
+        if committed.is_err() {
+            // Not known to be committed (the server may have gone mid-commit): staged again,
+            // under what was staged since, so the next flush writes them, as sled's next flush
+            // writes what a failed one left in memory. A later change of a key wins.
+            let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+            for (key, value) in taken {
+                staged.entry(key).or_insert(value);
+            }
+        }
+        committed
     }
 
     /// Commits what is staged, if anything (before a read, so it sees every earlier write).
@@ -940,6 +951,49 @@ mod tests {
         ledger.flush().unwrap();
         let again = second_view(&ledger);
         assert_eq!(again.load().unwrap().sessions, vec![session("kept")]);
+    }
+
+    #[test]
+    fn writes_whose_commit_failed_while_the_server_was_down_are_committed_once_it_is_back() {
+        let mut cluster = pg_testkit::Cluster::private();
+        let ledger = PgLedger::open_in(&cluster.url(), "brood").unwrap();
+        ledger.write(&writes_of("before")).unwrap();
+        ledger.flush().unwrap();
+        // A crash of the server, not a clean stop.
+        cluster.stop();
+        ledger.write(&writes_of("during")).unwrap();
+        ledger.write(&writes_of("only_then")).unwrap();
+        let err = ledger.flush().expect_err("nothing answers");
+        assert!(
+            format!("{err:?}").to_lowercase().contains("connect") || format!("{err:?}").contains("closed"),
+            "{err:?}"
+        );
+        // A later change of the same key wins over the failed one.
+        let mut later = session("during");
+        later.next_set = 7;
+        ledger
+            .write(&Writes {
+                sessions: vec![later.clone()],
+                ..Writes::default()
+            })
+            .unwrap();
+        cluster.start();
+        // The pool's broken connections are replaced: the first flush after may still meet one.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while let Err(e) = ledger.flush() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the ledger never recovered: {e:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let mut sessions = ledger.load().unwrap().sessions;
+        sessions.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        assert_eq!(
+            sessions,
+            vec![session("before"), later, session("only_then")],
+            "nothing lost, the later write kept"
+        );
     }
 
     #[test]

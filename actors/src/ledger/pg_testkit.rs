@@ -115,95 +115,177 @@ fn command(program: &Path, user: Option<(u32, u32)>, tied: bool) -> Command {
     cmd
 }
 
+/// A PostgreSQL cluster in a temporary folder, on a free loopback port.
+#[derive(Debug)]
+pub struct Cluster {
+    bin: PathBuf,
+    user: Option<(u32, u32)>,
+    dir: PathBuf,
+    port: u16,
+    server: Option<std::process::Child>,
+}
+
+impl Cluster {
+    /// A new cluster in `name` (a folder under the temporary directory), not started.
+    fn create(name: &str) -> Result<Cluster, String> {
+        let bin = binaries()?;
+        let user = (unsafe { libc::geteuid() } == 0).then(postgres_user).transpose()?;
+        let dir = std::env::temp_dir().join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
+                .map_err(|e| format!("chown {}: {e}", dir.display()))?;
+        }
+        let out = command(&bin.join("initdb"), user, false)
+            .current_dir(&dir)
+            .args(["-U", "brood", "--auth=trust", "-E", "UTF8", "--no-locale", "-D"])
+            .arg(dir.join("data"))
+            .output()
+            .map_err(|e| format!("running initdb: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("finding a free port: {e}"))?
+            .port();
+        Ok(Cluster {
+            bin,
+            user,
+            dir,
+            port,
+            server: None,
+        })
+    }
+
+    /// A cluster of a test's own, started: it dies when the thread that calls this ends (or
+    /// the cluster is dropped), and [`Cluster::stop`] and [`Cluster::start`] restart it.
+    pub fn private() -> Cluster {
+        let mut c = Cluster::create(&format!("brood-pg-{}-{}", std::process::id(), fresh_schema()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        c.start();
+        c
+    }
+
+    /// Its address (the `postgres` database).
+    pub fn url(&self) -> String {
+        format!("postgres://brood@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Starts the server and waits until it answers.
+    pub fn start(&mut self) {
+        self.spawn().unwrap_or_else(|e| panic!("{e}"));
+        self.wait_ready().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Stops the server at once (`SIGQUIT`: no shutdown checkpoint, as a crash), and waits.
+    pub fn stop(&mut self) {
+        if let Some(mut server) = self.server.take() {
+            unsafe { libc::kill(server.id() as i32, libc::SIGQUIT) };
+            let _ = server.wait();
+        }
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.log"))
+            .map_err(|e| format!("opening the server log: {e}"))?;
+        let server = command(&self.bin.join("postgres"), self.user, true)
+            .current_dir(&self.dir)
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-c", "listen_addresses=127.0.0.1", "-c", &format!("port={}", self.port)])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", self.dir.display()))
+            .args([
+                "-c",
+                "fsync=on",
+                "-c",
+                "synchronous_commit=on",
+                "-c",
+                "max_connections=200",
+            ])
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("starting postgres: {e}"))?;
+        self.server = Some(server);
+        Ok(())
+    }
+
+    /// Ready once it answers a query (it accepts connections while still starting up).
+    fn wait_ready(&self) -> Result<(), String> {
+        let url = self.url();
+        let log = self.dir.join("server.log");
+        // On a thread of its own: the caller may be inside a runtime.
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            loop {
+                let ready = rt.block_on(async {
+                    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+                    tokio::spawn(connection);
+                    client.simple_query("SELECT 1").await.map(|_| ())
+                });
+                match ready {
+                    Ok(()) => return Ok(()),
+                    Err(e) if Instant::now() > deadline => {
+                        return Err(format!(
+                            "the test PostgreSQL server did not answer within 60 s ({e}); see {}",
+                            log.display()
+                        ))
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(100)),
+                }
+            }
+        })
+        .join()
+        .unwrap_or_else(|_| Err("waiting for the test server panicked".into()))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The shared server: started from a thread that lives as long as the process, so the server
+/// (tied to it) dies with the process and not with a test's thread.
 fn start() -> Result<String, String> {
-    let bin = binaries()?;
-    let user = (unsafe { libc::geteuid() } == 0).then(postgres_user).transpose()?;
     // Earlier test processes' clusters, whose servers died with them.
     for entry in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
         let name = entry.file_name();
-        let pid = name.to_str().and_then(|n| n.strip_prefix("brood-pg-"));
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("brood-pg-"))
+            .map(|rest| rest.split('-').next().unwrap_or(rest).to_string());
         if pid.is_some_and(|pid| !Path::new("/proc").join(pid).exists()) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
-    let dir = std::env::temp_dir().join(format!("brood-pg-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    if let Some((uid, gid)) = user {
-        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).map_err(|e| format!("chown {}: {e}", dir.display()))?;
-    }
-    let data = dir.join("data");
-    let out = command(&bin.join("initdb"), user, false)
-        .current_dir(&dir)
-        .args(["-U", "brood", "--auth=trust", "-E", "UTF8", "--no-locale", "-D"])
-        .arg(&data)
-        .output()
-        .map_err(|e| format!("running initdb: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
-    }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("finding a free port: {e}"))?
-        .port();
-    // Started from a thread that lives as long as the process, so the server (tied to it)
-    // dies with the process and not with a test's thread.
+    let mut cluster = Cluster::create(&format!("brood-pg-{}", std::process::id()))?;
     let (tx, rx) = std::sync::mpsc::channel();
-    let (server, log) = (bin.join("postgres"), dir.join("server.log"));
-    let socket_dir = dir.clone();
     std::thread::Builder::new()
         .name("brood-test-pg".into())
         .spawn(move || {
-            let log = std::fs::File::create(&log);
-            let started = log.and_then(|log| {
-                command(&server, user, true)
-                    .current_dir(&socket_dir)
-                    .arg("-D")
-                    .arg(&data)
-                    .args(["-c", "listen_addresses=127.0.0.1", "-c", &format!("port={port}")])
-                    .arg("-c")
-                    .arg(format!("unix_socket_directories={}", socket_dir.display()))
-                    .args([
-                        "-c",
-                        "fsync=on",
-                        "-c",
-                        "synchronous_commit=on",
-                        "-c",
-                        "max_connections=200",
-                    ])
-                    .stdout(log.try_clone()?)
-                    .stderr(log)
-                    .spawn()
-            });
-            let _ = tx.send(started.map(|_| ()).map_err(|e| format!("starting postgres: {e}")));
+            let started = cluster
+                .spawn()
+                .and_then(|_| cluster.wait_ready())
+                .map(|_| cluster.url());
+            let _ = tx.send(started);
+            // Kept (not dropped) for as long as the process lives.
             loop {
                 std::thread::park();
             }
         })
         .map_err(|e| format!("starting the server's thread: {e}"))?;
-    rx.recv().map_err(|_| "the server's thread ended".to_string())??;
-    let url = format!("postgres://brood@127.0.0.1:{port}/postgres");
-    // Ready once it answers a query (it accepts connections while still starting up).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    loop {
-        let ready = rt.block_on(async {
-            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
-            tokio::spawn(connection);
-            client.simple_query("SELECT 1").await.map(|_| ())
-        });
-        match ready {
-            Ok(()) => return Ok(url),
-            Err(e) if Instant::now() > deadline => {
-                return Err(format!(
-                    "the test PostgreSQL server did not answer within 60 s ({e}); see {}",
-                    dir.join("server.log").display()
-                ))
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
+    rx.recv().map_err(|_| "the server's thread ended".to_string())?
 }
