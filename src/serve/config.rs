@@ -88,16 +88,30 @@ impl ServeConfig {
 }
 
 fn without_password<S: serde::Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
-    let url = url.as_deref().unwrap_or_default();
-    // postgres://user:password@host… → postgres://user:(set)@host…
-    let shown = match (url.find("://"), url.rfind('@')) {
+    s.serialize_str(&hide_password(url.as_deref().unwrap_or_default()))
+}
+
+/// A PostgreSQL address with its password shown as `(set)`, whether it is given as
+/// `user:password@` or as a `password=` parameter.
+fn hide_password(url: &str) -> String {
+    let mut shown = match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => match url[scheme + 3..at].find(':') {
             Some(colon) => format!("{}:(set){}", &url[..scheme + 3 + colon], &url[at..]),
             None => url.to_string(),
         },
         _ => url.to_string(),
     };
-    s.serialize_str(&shown)
+    if let Some(query) = shown.find('?') {
+        let params: Vec<String> = shown[query + 1..]
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some(("password", _)) => "password=(set)".to_string(),
+                _ => p.to_string(),
+            })
+            .collect();
+        shown = format!("{}?{}", &shown[..query], params.join("&"));
+    }
+    shown
 }
 
 fn redacted<S: serde::Serializer>(_: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -462,6 +476,19 @@ impl ServeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ledger_address_is_printed_without_its_password() {
+        assert_eq!(
+            hide_password("postgres://u:secret@h:5432/db"),
+            "postgres://u:(set)@h:5432/db"
+        );
+        assert_eq!(
+            hide_password("postgres://u@h/db?sslmode=disable&password=secret"),
+            "postgres://u@h/db?sslmode=disable&password=(set)"
+        );
+        assert_eq!(hide_password("postgres://u@h/db"), "postgres://u@h/db");
+    }
 
     fn flags(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()

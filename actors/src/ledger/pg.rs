@@ -25,13 +25,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 use super::sled_ledger::{
     decode_at, encode, find_call_in, fold_delivery, live_claims, merge_terminals, quarantine_entry, row_key,
-    session_prefix, write_changes,
+    session_prefix, write_changes, Change,
 };
 use super::trees::*;
 use super::{CallParts, Durability, Ledger, LedgerError, Snapshot, Writes};
@@ -61,8 +62,12 @@ const TABLES: [&str; 13] = [
 /// The schema's migrations, in order: (version, name, SQL with `{schema}` for the schema).
 const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "one table per tree", "")];
 
-/// A statement run inside a commit's transaction.
-type Job<'t, T> = std::pin::Pin<Box<dyn Future<Output = Result<T, LedgerError>> + Send + 't>>;
+/// Statements run inside a commit's transaction: their answer, and the rows they wrote (staged
+/// again should the commit fail).
+type Job<'t, T> = std::pin::Pin<Box<dyn Future<Output = Result<(T, Vec<Change>), LedgerError>> + Send + 't>>;
+
+/// How long connecting to the server may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections in the pool: the committer, and reads beside it.
 const POOL_SIZE: usize = 4;
@@ -76,6 +81,10 @@ pub struct PgLedger {
     /// everything staged meanwhile together.
     committing: Mutex<()>,
     on_flush: Option<super::FlushObserver>,
+    /// Tests: the next commit's answer is lost (it is rolled back and reported failed, as a
+    /// commit whose connection died).
+    #[cfg(test)]
+    lose_next_commit: std::sync::atomic::AtomicBool,
     runtime: Runtime,
 }
 
@@ -224,8 +233,17 @@ impl PgLedger {
                 e,
             )
         })?;
-        // Nothing is reported as recorded before its commit is durable on the server (I1).
-        config.options("-c synchronous_commit=on");
+        // Nothing is reported as recorded before its commit is durable on the server (I1);
+        // after whatever options the address gave.
+        let options = match config.get_options() {
+            Some(given) => format!("{given} -c synchronous_commit=on"),
+            None => "-c synchronous_commit=on".to_string(),
+        };
+        config.options(&options);
+        // A server that went away without a word (power, a partition) is noticed, not waited
+        // on for hours.
+        config.connect_timeout(CONNECT_TIMEOUT);
+        config.keepalives_idle(Duration::from_secs(10));
         config.application_name("brood");
         let manager = Manager::from_config(
             config,
@@ -239,6 +257,8 @@ impl PgLedger {
         let _entered = runtime.handle.enter();
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .recycle_timeout(Some(CONNECT_TIMEOUT))
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .build()
             .map_err(|e| LedgerError::storage("making the PostgreSQL connection pool", e))?;
@@ -251,6 +271,8 @@ impl PgLedger {
             staged: Mutex::new(BTreeMap::new()),
             committing: Mutex::new(()),
             on_flush: None,
+            #[cfg(test)]
+            lose_next_commit: Default::default(),
             runtime,
         };
         ledger.migrate()?;
@@ -375,7 +397,13 @@ impl PgLedger {
         let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
         let this = self.inner.clone();
         let taken = staged.clone();
-        let committed = self.runtime.run(async move {
+        #[cfg(test)]
+        let lose = self.lose_next_commit.swap(false, std::sync::atomic::Ordering::SeqCst);
+        #[cfg(not(test))]
+        let lose = false;
+        // The error, with what `then` wrote when it got as far as the commit.
+        type Failed = (LedgerError, Vec<Change>);
+        let committed: Result<Result<(usize, T), Failed>, LedgerError> = self.runtime.run(async move {
             let this = &*this;
             let mut client = this.pool.get().await.map_err(pool_error)?;
             let tx = client.transaction().await.map_err(pg_error("starting a commit"))?;
@@ -404,27 +432,47 @@ impl PgLedger {
             for (tree, (keys, values)) in puts {
                 upsert(&tx, this, tree, &keys, &values).await?;
             }
-            let answer = then(&tx, this).await?;
-            tx.commit().await.map_err(pg_error("committing"))?;
-            Ok((bytes, answer))
-        });
-        if committed.is_err() {
-            // Not known to be committed (the server may have gone mid-commit): staged again,
-            // under what was staged since, so the next flush writes them, as sled's next flush
-            // writes what a failed one left in memory. A later change of a key wins.
-            let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-            for (key, value) in taken {
-                staged.entry(key).or_insert(value);
+            let (answer, written) = then(&tx, this).await?;
+            if lose {
+                drop(tx);
+                return Ok(Err((
+                    LedgerError::storage_msg("the commit's answer was lost (test)"),
+                    written,
+                )));
             }
+            Ok(match tx.commit().await {
+                Ok(()) => Ok((bytes, answer)),
+                Err(e) => Err((pg_error("committing")(e), written)),
+            })
+        });
+        let (e, written) = match committed {
+            Ok(Ok(done)) => return Ok(done),
+            Ok(Err(failed)) => failed,
+            Err(e) => (e, Vec::new()),
+        };
+        // Not known to be committed (the server may have gone mid-commit): staged again, with
+        // what `then` wrote over it (it came later in the transaction), and under what was
+        // staged since, so the next flush writes them, as sled's next flush writes what a
+        // failed one left in memory. A later change of a key wins.
+        let mut back = taken;
+        for (tree, key, value) in written {
+            back.insert((tree, key), value);
         }
-        committed
+        let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, value) in back {
+            staged.entry(key).or_insert(value);
+        }
+        Err(e)
     }
 
     /// Commits what is staged, if anything (before a read, so it sees every earlier write).
     fn settle(&self) -> Result<(), LedgerError> {
+        // A commit in flight may hold writes made before this read: waited for first (a
+        // failed one puts them back in `staged`).
+        drop(self.committing.lock().unwrap_or_else(|p| p.into_inner()));
         let empty = self.staged.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
         if !empty {
-            self.commit_staged(|_, _| Box::pin(async { Ok(()) }))?;
+            self.commit_staged(|_, _| Box::pin(async { Ok(((), Vec::new())) }))?;
         }
         Ok(())
     }
@@ -457,7 +505,7 @@ impl PgLedger {
                 a.push(0);
                 a.max(prefix.clone())
             });
-            let limit = limit.map_or(i64::MAX, |l| l as i64);
+            let limit = limit.map_or(i64::MAX, |l| i64::try_from(l).unwrap_or(i64::MAX));
             let rows = if end.is_empty() {
                 client
                     .query(
@@ -560,7 +608,8 @@ impl PgLedger {
                 tx.execute(&format!("DELETE FROM {} WHERE key = $1", this.table(tree)), &[&key])
                     .await
                     .map_err(pg_error("quarantining a row"))?;
-                Ok(())
+                // Not staged again if the commit fails: the next load quarantines it again.
+                Ok(((), Vec::new()))
             })
         })?;
         tracing::error!(
@@ -628,6 +677,10 @@ impl PgLedger {
 impl Ledger for PgLedger {
     fn write(&self, w: &Writes) -> Result<(), LedgerError> {
         crate::failpoint!("ledger_write");
+        if crate::failpoints::fires("ledger_write_stall") {
+            // A slow server: the write goes through, late.
+            std::thread::sleep(Duration::from_millis(400));
+        }
         let changes = write_changes(w)?;
         let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
         for (tree, key, value) in changes {
@@ -666,7 +719,12 @@ impl Ledger for PgLedger {
                     keys.push(key);
                 }
                 upsert(tx, this, CHILDREN, &keys, &values).await?;
-                Ok(stored)
+                let written = keys
+                    .into_iter()
+                    .zip(values)
+                    .map(|(k, v)| (CHILDREN, k, Some(v)))
+                    .collect();
+                Ok((stored, written))
             })
         })?;
         Ok(stored)
@@ -777,7 +835,11 @@ impl Ledger for PgLedger {
     fn flush(&self) -> Result<usize, LedgerError> {
         crate::failpoint!("ledger_flush");
         let started = std::time::Instant::now();
-        let (bytes, ()) = self.commit_staged(|_, _| Box::pin(async { Ok(()) }))?;
+        if crate::failpoints::fires("ledger_flush_stall") {
+            // A slow server: the flush succeeds, late.
+            std::thread::sleep(Duration::from_millis(400));
+        }
+        let (bytes, ()) = self.commit_staged(|_, _| Box::pin(async { Ok(((), Vec::new())) }))?;
         if let Some(observe) = &self.on_flush {
             observe(started.elapsed());
         }
@@ -994,6 +1056,58 @@ mod tests {
             vec![session("before"), later, session("only_then")],
             "nothing lost, the later write kept"
         );
+    }
+
+    #[test]
+    fn terminal_rows_whose_commit_was_lost_win_over_the_rows_staged_before_them() {
+        let ledger = pg_testkit::fresh();
+        let call = CallRow {
+            call_id: "deleg_c".into(),
+            session_id: "s".into(),
+            set: 1,
+            mode: Mode::Background,
+            forced_sync_reason: None,
+            independent_completions: true,
+            tasks: vec![Task {
+                goal: "g".into(),
+                runner_json: "{}".into(),
+                group: None,
+                timeout_ms: None,
+                stall_ms: DEFAULT_STALL_MS,
+                rerun_on_recovery: true,
+            }],
+            created_at_ms: 0,
+        };
+        let unit = plan_units(&call.call_id, &call.tasks, true).remove(0);
+        let running = ChildRow {
+            status: ChildStatus::Running,
+            ..crate::recovery::queued_child(&call, &unit, 0)
+        };
+        let done = ChildRow {
+            status: ChildStatus::Succeeded,
+            summary: Some("done".into()),
+            ..running.clone()
+        };
+        ledger
+            .write(&Writes {
+                sessions: vec![session("s")],
+                calls: vec![call],
+                ..Writes::default()
+            })
+            .unwrap();
+        ledger.flush().unwrap();
+        // A running mark staged without a flush, then the child's end recorded in a commit
+        // whose answer is lost: both are staged again, the terminal row over the mark.
+        ledger
+            .write(&Writes {
+                children: vec![running],
+                ..Writes::default()
+            })
+            .unwrap();
+        ledger.lose_next_commit.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(ledger.record_terminals(std::slice::from_ref(&done)).is_err());
+        ledger.flush().unwrap();
+        assert_eq!(ledger.load().unwrap().children, vec![done]);
     }
 
     #[test]

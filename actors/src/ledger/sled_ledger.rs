@@ -45,6 +45,9 @@ pub struct SledLedger {
     on_flush: Option<FlushObserver>,
     /// Whether a row was moved aside since the last load ended.
     moved_aside: std::sync::atomic::AtomicBool,
+    /// Held while terminal rows are read and written: two batches at once (a coalescer's job
+    /// still running after it was restarted) would each decide on the same stored row.
+    terminals: std::sync::Mutex<()>,
 }
 
 impl fmt::Debug for SledLedger {
@@ -168,6 +171,7 @@ impl SledLedger {
             files,
             on_flush: None,
             moved_aside: Default::default(),
+            terminals: Default::default(),
             durability,
             path,
             db,
@@ -737,6 +741,7 @@ impl Ledger for SledLedger {
 
     fn record_terminals(&self, rows: &[ChildRow]) -> Result<Vec<ChildRow>, LedgerError> {
         crate::failpoint!("ledger_write");
+        let _one_batch_at_a_time = self.terminals.lock().unwrap_or_else(|p| p.into_inner());
         let (stored, writes) = merge_terminals(rows, |key| {
             // A stored row that does not decode is overwritten by the child's own, which is
             // complete; the damaged one was quarantined when the ledger opened.
