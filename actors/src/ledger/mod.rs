@@ -26,8 +26,11 @@
 //! counted; the rest of the ledger opens and is served.
 //!
 //! The parts: this file (the trait, the rows one decision writes, the errors, the durability
-//! levels), `sled_ledger` (the sled implementation), `migrate` (an older key layout brought to
-//! this one), `fsync` (what `Durability::Fsync` adds to sled's flush).
+//! levels), `rows` (keys, encoding, what a write changes, what recording terminal rows
+//! decides: shared by both backends), `sled_ledger` (the sled implementation), `migrate` (an
+//! older key layout brought to this one), `fsync` (what `Durability::Fsync` adds to sled's
+//! flush), `pg` (the PostgreSQL implementation), `conformance` (what every backend must do,
+//! tested on both) and `pg_testkit` (a PostgreSQL server for tests).
 
 #[cfg(test)]
 pub(crate) mod conformance;
@@ -37,6 +40,7 @@ mod pg;
 /// A PostgreSQL server for tests (brood's own and an embedder's): not part of the API.
 #[doc(hidden)]
 pub mod pg_testkit;
+mod rows;
 mod sled_ledger;
 
 use std::fmt;
@@ -45,7 +49,8 @@ use crate::codec::CodecError;
 use crate::model::*;
 
 pub use pg::{PgLedger, DEFAULT_SCHEMA};
-pub use sled_ledger::{row_key, FlushObserver, SledLedger, DEFAULT_CACHE_BYTES, LAYOUT, LOCK_WAIT};
+pub use rows::row_key;
+pub use sled_ledger::{FlushObserver, SledLedger, DEFAULT_CACHE_BYTES, LAYOUT, LOCK_WAIT};
 
 /// The ledger could not do what was asked.
 #[derive(Debug, thiserror::Error)]

@@ -30,7 +30,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
-use super::sled_ledger::{
+use super::rows::{
     decode_at, encode, find_call_in, fold_delivery, live_claims, merge_terminals, quarantine_entry, row_key,
     session_prefix, write_changes, Change,
 };
@@ -38,6 +38,11 @@ use super::trees::*;
 use super::{CallParts, Durability, Ledger, LedgerError, Snapshot, Writes};
 use crate::codec;
 use crate::model::*;
+
+mod migrate;
+mod runtime;
+
+use runtime::Runtime;
 
 /// The schema a ledger opened without one named uses.
 pub const DEFAULT_SCHEMA: &str = "brood";
@@ -120,60 +125,6 @@ impl Drop for PgLedger {
 impl std::fmt::Debug for PgLedger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgLedger").field("schema", &self.inner.schema).finish()
-    }
-}
-
-/// The ledger's own runtime, driven on a thread of its own until the ledger is dropped.
-struct Runtime {
-    handle: tokio::runtime::Handle,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Runtime {
-    fn start() -> Result<Self, LedgerError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| LedgerError::storage("starting the PostgreSQL ledger's runtime", e))?;
-        let handle = rt.handle().clone();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("brood-pg".into())
-            .spawn(move || {
-                let _ = rt.block_on(stopped);
-            })
-            .map_err(|e| LedgerError::storage("starting the PostgreSQL ledger's thread", e))?;
-        Ok(Runtime {
-            handle,
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-
-    /// Runs `job` on the ledger's runtime and waits for its answer (from any thread but the
-    /// runtime's own).
-    fn run<T: Send + 'static>(
-        &self,
-        job: impl Future<Output = Result<T, LedgerError>> + Send + 'static,
-    ) -> Result<T, LedgerError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.handle.spawn(async move {
-            let _ = tx.send(job.await);
-        });
-        rx.recv()
-            .unwrap_or_else(|_| Err(LedgerError::storage_msg("the PostgreSQL ledger's runtime stopped")))
-    }
-}
-
-impl Drop for Runtime {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
@@ -287,104 +238,6 @@ impl PgLedger {
 
     fn table(&self, tree: &str) -> String {
         self.inner.table(tree)
-    }
-
-    /// Creates the schema and applies the migrations it lacks; refuses a schema newer than
-    /// this build, or one whose applied migrations are not this build's.
-    fn migrate(&self) -> Result<(), LedgerError> {
-        let pool = self.inner.pool.clone();
-        let schema = self.inner.schema.clone();
-        let tables: Vec<String> = TABLES.iter().map(|t| self.table(t)).collect();
-        self.runtime.run(async move {
-            let mut client = pool.get().await.map_err(pool_error)?;
-            let tx = client.transaction().await.map_err(pg_error("starting the migration"))?;
-            // One process at a time, whichever schema: the lock is the transaction's.
-            tx.execute("SELECT pg_advisory_xact_lock(7420113)", &[])
-                .await
-                .map_err(pg_error("waiting for the migration lock"))?;
-            tx.batch_execute(&format!(
-                "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
-                 CREATE TABLE IF NOT EXISTS \"{schema}\".migrations (
-                     version integer PRIMARY KEY,
-                     name text NOT NULL,
-                     applied_at timestamptz NOT NULL DEFAULT now())"
-            ))
-            .await
-            .map_err(pg_error("creating the schema"))?;
-            let applied = tx
-                .query(&format!("SELECT version, name FROM \"{schema}\".migrations ORDER BY version"), &[])
-                .await
-                .map_err(pg_error("reading the applied migrations"))?;
-            let latest = MIGRATIONS.last().map_or(0, |m| m.0);
-            for row in &applied {
-                let (version, name): (i32, String) = (row.get(0), row.get(1));
-                match MIGRATIONS.iter().find(|m| m.0 == version) {
-                    None if version > latest => {
-                        return Err(LedgerError::storage_msg(format!(
-                            "the database's brood schema `{schema}` is at version {version}; this build knows versions up to {latest}: upgrade brood (nothing was changed)"
-                        )))
-                    }
-                    Some(m) if m.1 == name => {}
-                    _ => {
-                        return Err(LedgerError::storage_msg(format!(
-                            "the database's brood schema `{schema}` has a migration {version} `{name}` this build does not have (nothing was changed)"
-                        )))
-                    }
-                }
-            }
-            for &(version, name, sql) in MIGRATIONS {
-                if applied.iter().any(|r| r.get::<_, i32>(0) == version) {
-                    continue;
-                }
-                if version == 1 {
-                    for table in &tables {
-                        tx.batch_execute(&format!(
-                            "CREATE TABLE {table} (key bytea PRIMARY KEY, value bytea NOT NULL)"
-                        ))
-                        .await
-                        .map_err(pg_error(format!("creating {table}")))?;
-                    }
-                }
-                if !sql.is_empty() {
-                    tx.batch_execute(&sql.replace("{schema}", &schema))
-                        .await
-                        .map_err(pg_error(format!("applying migration {version}")))?;
-                }
-                tx.execute(
-                    &format!("INSERT INTO \"{schema}\".migrations (version, name) VALUES ($1, $2)"),
-                    &[&version, &name],
-                )
-                .await
-                .map_err(pg_error("recording a migration"))?;
-            }
-            // The rows' format, as sled's meta tree keeps it.
-            let meta = &tables[TABLES.iter().position(|t| *t == META).expect("meta is a table")];
-            let format = tx
-                .query_opt(&format!("SELECT value FROM {meta} WHERE key = $1"), &[&b"format".as_slice()])
-                .await
-                .map_err(pg_error("reading the ledger's format"))?;
-            match format {
-                Some(row) => {
-                    let version: u8 = decode_at(META, b"format", row.get::<_, &[u8]>(0))?;
-                    if version != codec::FORMAT_VERSION {
-                        return Err(LedgerError::storage_msg(format!(
-                            "the database's brood schema `{schema}` holds ledger format {version}; this build reads {}",
-                            codec::FORMAT_VERSION
-                        )));
-                    }
-                }
-                None => {
-                    let value = encode(META, "format", &codec::FORMAT_VERSION)?;
-                    tx.execute(
-                        &format!("INSERT INTO {meta} (key, value) VALUES ($1, $2)"),
-                        &[&b"format".as_slice(), &value],
-                    )
-                    .await
-                    .map_err(pg_error("writing the ledger's format"))?;
-                }
-            }
-            tx.commit().await.map_err(pg_error("committing the migration"))
-        })
     }
 
     /// Commits everything staged (and `then`'s statements, in the same transaction); returns
@@ -562,7 +415,7 @@ impl PgLedger {
     ) -> Result<Vec<T>, LedgerError> {
         let rows = match session {
             None => self.range(tree, Vec::new(), None, None)?,
-            Some(s) if super::sled_ledger::is_scoped(tree) => self.range(tree, session_prefix(s), None, None)?,
+            Some(s) if super::rows::is_scoped(tree) => self.range(tree, session_prefix(s), None, None)?,
             Some(s) => self
                 .get(tree, s.as_bytes().to_vec())?
                 .map(|v| (s.as_bytes().to_vec(), v))
@@ -863,7 +716,7 @@ impl Ledger for PgLedger {
         let Some(&tree) = TABLES[..10].iter().find(|t| **t == tree) else {
             return Err(LedgerError::storage_msg(format!("no tree `{tree}` to quarantine from")));
         };
-        let key = if super::sled_ledger::is_scoped(tree) {
+        let key = if super::rows::is_scoped(tree) {
             row_key(session_id, id)
         } else {
             id.as_bytes().to_vec()
@@ -899,232 +752,4 @@ impl Ledger for PgLedger {
 }
 
 #[cfg(test)]
-mod conformance {
-    use super::super::{pg_testkit, Ledger};
-
-    /// Fresh PostgreSQL ledgers, each in a schema of its own on the test server.
-    fn fresh_ledgers() -> impl Fn() -> Box<dyn Ledger> {
-        || Box::new(pg_testkit::fresh()) as Box<dyn Ledger>
-    }
-
-    crate::ledger::conformance::ledger_conformance_tests!(fresh_ledgers());
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::pg_testkit;
-    use super::*;
-
-    fn session(id: &str) -> SessionRow {
-        SessionRow {
-            session_id: id.into(),
-            max_concurrent_children: 4,
-            max_delivery_attempts: 3,
-            next_set: 1,
-            created_at_ms: 0,
-        }
-    }
-
-    fn writes_of(id: &str) -> Writes {
-        Writes {
-            sessions: vec![session(id)],
-            ..Writes::default()
-        }
-    }
-
-    /// The same schema opened a second time: another process's view of the database.
-    fn second_view(ledger: &PgLedger) -> PgLedger {
-        PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema).unwrap()
-    }
-
-    #[test]
-    fn a_write_is_seen_elsewhere_only_once_flushed() {
-        let ledger = pg_testkit::fresh();
-        let other = second_view(&ledger);
-        ledger.write(&writes_of("s1")).unwrap();
-        assert!(other.load().unwrap().sessions.is_empty(), "staged, not committed");
-        assert!(ledger.flush().unwrap() > 0, "the flush wrote the row");
-        assert_eq!(other.load().unwrap().sessions, vec![session("s1")]);
-        assert_eq!(ledger.flush().unwrap(), 0, "nothing left to write");
-    }
-
-    #[test]
-    fn flushes_from_many_threads_each_return_once_their_writes_are_committed() {
-        let ledger = std::sync::Arc::new(pg_testkit::fresh());
-        let other = second_view(&ledger);
-        let threads: Vec<_> = (0..16)
-            .map(|t| {
-                let ledger = ledger.clone();
-                std::thread::spawn(move || {
-                    let mut last = String::new();
-                    for i in 0..10 {
-                        last = format!("s{t}_{i}");
-                        ledger.write(&writes_of(&last)).unwrap();
-                        ledger.flush().unwrap();
-                    }
-                    last
-                })
-            })
-            .collect();
-        for t in threads {
-            let last = t.join().unwrap();
-            // Committed before its flush returned: another connection reads it.
-            let seen = other.load().unwrap().sessions;
-            assert!(seen.iter().any(|s| s.session_id == last), "{last} committed");
-        }
-        assert_eq!(other.load().unwrap().sessions.len(), 160);
-    }
-
-    #[test]
-    fn a_schema_newer_than_this_build_is_refused_and_left_as_it_was() {
-        let ledger = pg_testkit::fresh();
-        let schema = ledger.inner.schema.clone();
-        let pool = ledger.inner.pool.clone();
-        ledger
-            .runtime
-            .run(async move {
-                let client = pool.get().await.map_err(pool_error)?;
-                client
-                    .execute(
-                        &format!("INSERT INTO \"{schema}\".migrations (version, name) VALUES (99, 'from the future')"),
-                        &[],
-                    )
-                    .await
-                    .map_err(pg_error("faking a newer schema"))?;
-                Ok(())
-            })
-            .unwrap();
-        let err = PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("version 99") && err.contains("upgrade brood"), "{err}");
-        // Still readable by this build's ledger that had it open, and still at 99.
-        assert!(ledger.load().is_ok());
-        let again = PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema)
-            .unwrap_err()
-            .to_string();
-        assert!(again.contains("version 99"), "{again}");
-    }
-
-    #[test]
-    fn reopening_a_schema_applies_nothing_twice() {
-        let ledger = pg_testkit::fresh();
-        ledger.write(&writes_of("kept")).unwrap();
-        ledger.flush().unwrap();
-        let again = second_view(&ledger);
-        assert_eq!(again.load().unwrap().sessions, vec![session("kept")]);
-    }
-
-    #[test]
-    fn writes_whose_commit_failed_while_the_server_was_down_are_committed_once_it_is_back() {
-        let mut cluster = pg_testkit::Cluster::private();
-        let ledger = PgLedger::open_in(&cluster.url(), "brood").unwrap();
-        ledger.write(&writes_of("before")).unwrap();
-        ledger.flush().unwrap();
-        // A crash of the server, not a clean stop.
-        cluster.stop();
-        ledger.write(&writes_of("during")).unwrap();
-        ledger.write(&writes_of("only_then")).unwrap();
-        let err = ledger.flush().expect_err("nothing answers");
-        assert!(
-            format!("{err:?}").to_lowercase().contains("connect") || format!("{err:?}").contains("closed"),
-            "{err:?}"
-        );
-        // A later change of the same key wins over the failed one.
-        let mut later = session("during");
-        later.next_set = 7;
-        ledger
-            .write(&Writes {
-                sessions: vec![later.clone()],
-                ..Writes::default()
-            })
-            .unwrap();
-        cluster.start();
-        // The pool's broken connections are replaced: the first flush after may still meet one.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while let Err(e) = ledger.flush() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the ledger never recovered: {e:?}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        let mut sessions = ledger.load().unwrap().sessions;
-        sessions.sort_by(|a, b| a.session_id.cmp(&b.session_id));
-        assert_eq!(
-            sessions,
-            vec![session("before"), later, session("only_then")],
-            "nothing lost, the later write kept"
-        );
-    }
-
-    #[test]
-    fn terminal_rows_whose_commit_was_lost_win_over_the_rows_staged_before_them() {
-        let ledger = pg_testkit::fresh();
-        let call = CallRow {
-            call_id: "deleg_c".into(),
-            session_id: "s".into(),
-            set: 1,
-            mode: Mode::Background,
-            forced_sync_reason: None,
-            independent_completions: true,
-            tasks: vec![Task {
-                goal: "g".into(),
-                runner_json: "{}".into(),
-                group: None,
-                timeout_ms: None,
-                stall_ms: DEFAULT_STALL_MS,
-                rerun_on_recovery: true,
-            }],
-            created_at_ms: 0,
-        };
-        let unit = plan_units(&call.call_id, &call.tasks, true).remove(0);
-        let running = ChildRow {
-            status: ChildStatus::Running,
-            ..crate::recovery::queued_child(&call, &unit, 0)
-        };
-        let done = ChildRow {
-            status: ChildStatus::Succeeded,
-            summary: Some("done".into()),
-            ..running.clone()
-        };
-        ledger
-            .write(&Writes {
-                sessions: vec![session("s")],
-                calls: vec![call],
-                ..Writes::default()
-            })
-            .unwrap();
-        ledger.flush().unwrap();
-        // A running mark staged without a flush, then the child's end recorded in a commit
-        // whose answer is lost: both are staged again, the terminal row over the mark.
-        ledger
-            .write(&Writes {
-                children: vec![running],
-                ..Writes::default()
-            })
-            .unwrap();
-        ledger.lose_next_commit.store(true, std::sync::atomic::Ordering::SeqCst);
-        assert!(ledger.record_terminals(std::slice::from_ref(&done)).is_err());
-        ledger.flush().unwrap();
-        assert_eq!(ledger.load().unwrap().children, vec![done]);
-    }
-
-    #[test]
-    fn bad_addresses_and_schema_names_are_refused_clearly() {
-        let err = PgLedger::open("mysql://nowhere").unwrap_err().to_string();
-        assert!(err.contains("postgres://"), "{err}");
-        let err = PgLedger::open_in(&pg_testkit::url(), "Bad-Name")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("schema name"), "{err}");
-        // Nobody listens there: the open fails, it does not hang or panic.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let err = PgLedger::open(&format!("postgres://brood@127.0.0.1:{port}/postgres")).unwrap_err();
-        assert!(format!("{err:?}").contains("onnect"), "{err:?}");
-    }
-}
+mod tests;

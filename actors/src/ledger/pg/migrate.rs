@@ -1,0 +1,103 @@
+//! The PostgreSQL ledger's schema: created, migrated, and refused when newer than this build.
+
+use super::*;
+
+impl PgLedger {
+    /// Creates the schema and applies the migrations it lacks; refuses a schema newer than
+    /// this build, or one whose applied migrations are not this build's.
+    pub(super) fn migrate(&self) -> Result<(), LedgerError> {
+        let pool = self.inner.pool.clone();
+        let schema = self.inner.schema.clone();
+        let tables: Vec<String> = TABLES.iter().map(|t| self.table(t)).collect();
+        self.runtime.run(async move {
+            let mut client = pool.get().await.map_err(pool_error)?;
+            let tx = client.transaction().await.map_err(pg_error("starting the migration"))?;
+            // One process at a time, whichever schema: the lock is the transaction's.
+            tx.execute("SELECT pg_advisory_xact_lock(7420113)", &[])
+                .await
+                .map_err(pg_error("waiting for the migration lock"))?;
+            tx.batch_execute(&format!(
+                "CREATE SCHEMA IF NOT EXISTS \"{schema}\";
+                 CREATE TABLE IF NOT EXISTS \"{schema}\".migrations (
+                     version integer PRIMARY KEY,
+                     name text NOT NULL,
+                     applied_at timestamptz NOT NULL DEFAULT now())"
+            ))
+            .await
+            .map_err(pg_error("creating the schema"))?;
+            let applied = tx
+                .query(&format!("SELECT version, name FROM \"{schema}\".migrations ORDER BY version"), &[])
+                .await
+                .map_err(pg_error("reading the applied migrations"))?;
+            let latest = MIGRATIONS.last().map_or(0, |m| m.0);
+            for row in &applied {
+                let (version, name): (i32, String) = (row.get(0), row.get(1));
+                match MIGRATIONS.iter().find(|m| m.0 == version) {
+                    None if version > latest => {
+                        return Err(LedgerError::storage_msg(format!(
+                            "the database's brood schema `{schema}` is at version {version}; this build knows versions up to {latest}: upgrade brood (nothing was changed)"
+                        )))
+                    }
+                    Some(m) if m.1 == name => {}
+                    _ => {
+                        return Err(LedgerError::storage_msg(format!(
+                            "the database's brood schema `{schema}` has a migration {version} `{name}` this build does not have (nothing was changed)"
+                        )))
+                    }
+                }
+            }
+            for &(version, name, sql) in MIGRATIONS {
+                if applied.iter().any(|r| r.get::<_, i32>(0) == version) {
+                    continue;
+                }
+                if version == 1 {
+                    for table in &tables {
+                        tx.batch_execute(&format!(
+                            "CREATE TABLE {table} (key bytea PRIMARY KEY, value bytea NOT NULL)"
+                        ))
+                        .await
+                        .map_err(pg_error(format!("creating {table}")))?;
+                    }
+                }
+                if !sql.is_empty() {
+                    tx.batch_execute(&sql.replace("{schema}", &schema))
+                        .await
+                        .map_err(pg_error(format!("applying migration {version}")))?;
+                }
+                tx.execute(
+                    &format!("INSERT INTO \"{schema}\".migrations (version, name) VALUES ($1, $2)"),
+                    &[&version, &name],
+                )
+                .await
+                .map_err(pg_error("recording a migration"))?;
+            }
+            // The rows' format, as sled's meta tree keeps it.
+            let meta = &tables[TABLES.iter().position(|t| *t == META).expect("meta is a table")];
+            let format = tx
+                .query_opt(&format!("SELECT value FROM {meta} WHERE key = $1"), &[&b"format".as_slice()])
+                .await
+                .map_err(pg_error("reading the ledger's format"))?;
+            match format {
+                Some(row) => {
+                    let version: u8 = decode_at(META, b"format", row.get::<_, &[u8]>(0))?;
+                    if version != codec::FORMAT_VERSION {
+                        return Err(LedgerError::storage_msg(format!(
+                            "the database's brood schema `{schema}` holds ledger format {version}; this build reads {}",
+                            codec::FORMAT_VERSION
+                        )));
+                    }
+                }
+                None => {
+                    let value = encode(META, "format", &codec::FORMAT_VERSION)?;
+                    tx.execute(
+                        &format!("INSERT INTO {meta} (key, value) VALUES ($1, $2)"),
+                        &[&b"format".as_slice(), &value],
+                    )
+                    .await
+                    .map_err(pg_error("writing the ledger's format"))?;
+                }
+            }
+            tx.commit().await.map_err(pg_error("committing the migration"))
+        })
+    }
+}

@@ -1,0 +1,230 @@
+//! Tests of the PostgreSQL ledger: the conformance suite, and its own behaviours.
+
+mod conformance {
+    use super::super::super::{pg_testkit, Ledger};
+
+    /// Fresh PostgreSQL ledgers, each in a schema of its own on the test server.
+    fn fresh_ledgers() -> impl Fn() -> Box<dyn Ledger> {
+        || Box::new(pg_testkit::fresh()) as Box<dyn Ledger>
+    }
+
+    crate::ledger::conformance::ledger_conformance_tests!(fresh_ledgers());
+}
+
+mod own {
+    use super::super::super::pg_testkit;
+    use super::super::*;
+
+    fn session(id: &str) -> SessionRow {
+        SessionRow {
+            session_id: id.into(),
+            max_concurrent_children: 4,
+            max_delivery_attempts: 3,
+            next_set: 1,
+            created_at_ms: 0,
+        }
+    }
+
+    fn writes_of(id: &str) -> Writes {
+        Writes {
+            sessions: vec![session(id)],
+            ..Writes::default()
+        }
+    }
+
+    /// The same schema opened a second time: another process's view of the database.
+    fn second_view(ledger: &PgLedger) -> PgLedger {
+        PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema).unwrap()
+    }
+
+    #[test]
+    fn a_write_is_seen_elsewhere_only_once_flushed() {
+        let ledger = pg_testkit::fresh();
+        let other = second_view(&ledger);
+        ledger.write(&writes_of("s1")).unwrap();
+        assert!(other.load().unwrap().sessions.is_empty(), "staged, not committed");
+        assert!(ledger.flush().unwrap() > 0, "the flush wrote the row");
+        assert_eq!(other.load().unwrap().sessions, vec![session("s1")]);
+        assert_eq!(ledger.flush().unwrap(), 0, "nothing left to write");
+    }
+
+    #[test]
+    fn flushes_from_many_threads_each_return_once_their_writes_are_committed() {
+        let ledger = std::sync::Arc::new(pg_testkit::fresh());
+        let other = second_view(&ledger);
+        let threads: Vec<_> = (0..16)
+            .map(|t| {
+                let ledger = ledger.clone();
+                std::thread::spawn(move || {
+                    let mut last = String::new();
+                    for i in 0..10 {
+                        last = format!("s{t}_{i}");
+                        ledger.write(&writes_of(&last)).unwrap();
+                        ledger.flush().unwrap();
+                    }
+                    last
+                })
+            })
+            .collect();
+        for t in threads {
+            let last = t.join().unwrap();
+            // Committed before its flush returned: another connection reads it.
+            let seen = other.load().unwrap().sessions;
+            assert!(seen.iter().any(|s| s.session_id == last), "{last} committed");
+        }
+        assert_eq!(other.load().unwrap().sessions.len(), 160);
+    }
+
+    #[test]
+    fn a_schema_newer_than_this_build_is_refused_and_left_as_it_was() {
+        let ledger = pg_testkit::fresh();
+        let schema = ledger.inner.schema.clone();
+        let pool = ledger.inner.pool.clone();
+        ledger
+            .runtime
+            .run(async move {
+                let client = pool.get().await.map_err(pool_error)?;
+                client
+                    .execute(
+                        &format!("INSERT INTO \"{schema}\".migrations (version, name) VALUES (99, 'from the future')"),
+                        &[],
+                    )
+                    .await
+                    .map_err(pg_error("faking a newer schema"))?;
+                Ok(())
+            })
+            .unwrap();
+        let err = PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("version 99") && err.contains("upgrade brood"), "{err}");
+        // Still readable by this build's ledger that had it open, and still at 99.
+        assert!(ledger.load().is_ok());
+        let again = PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema)
+            .unwrap_err()
+            .to_string();
+        assert!(again.contains("version 99"), "{again}");
+    }
+
+    #[test]
+    fn reopening_a_schema_applies_nothing_twice() {
+        let ledger = pg_testkit::fresh();
+        ledger.write(&writes_of("kept")).unwrap();
+        ledger.flush().unwrap();
+        let again = second_view(&ledger);
+        assert_eq!(again.load().unwrap().sessions, vec![session("kept")]);
+    }
+
+    #[test]
+    fn writes_whose_commit_failed_while_the_server_was_down_are_committed_once_it_is_back() {
+        let mut cluster = pg_testkit::Cluster::private();
+        let ledger = PgLedger::open_in(&cluster.url(), "brood").unwrap();
+        ledger.write(&writes_of("before")).unwrap();
+        ledger.flush().unwrap();
+        // A crash of the server, not a clean stop.
+        cluster.stop();
+        ledger.write(&writes_of("during")).unwrap();
+        ledger.write(&writes_of("only_then")).unwrap();
+        let err = ledger.flush().expect_err("nothing answers");
+        assert!(
+            format!("{err:?}").to_lowercase().contains("connect") || format!("{err:?}").contains("closed"),
+            "{err:?}"
+        );
+        // A later change of the same key wins over the failed one.
+        let mut later = session("during");
+        later.next_set = 7;
+        ledger
+            .write(&Writes {
+                sessions: vec![later.clone()],
+                ..Writes::default()
+            })
+            .unwrap();
+        cluster.start();
+        // The pool's broken connections are replaced: the first flush after may still meet one.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while let Err(e) = ledger.flush() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the ledger never recovered: {e:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let mut sessions = ledger.load().unwrap().sessions;
+        sessions.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        assert_eq!(
+            sessions,
+            vec![session("before"), later, session("only_then")],
+            "nothing lost, the later write kept"
+        );
+    }
+
+    #[test]
+    fn terminal_rows_whose_commit_was_lost_win_over_the_rows_staged_before_them() {
+        let ledger = pg_testkit::fresh();
+        let call = CallRow {
+            call_id: "deleg_c".into(),
+            session_id: "s".into(),
+            set: 1,
+            mode: Mode::Background,
+            forced_sync_reason: None,
+            independent_completions: true,
+            tasks: vec![Task {
+                goal: "g".into(),
+                runner_json: "{}".into(),
+                group: None,
+                timeout_ms: None,
+                stall_ms: DEFAULT_STALL_MS,
+                rerun_on_recovery: true,
+            }],
+            created_at_ms: 0,
+        };
+        let unit = plan_units(&call.call_id, &call.tasks, true).remove(0);
+        let running = ChildRow {
+            status: ChildStatus::Running,
+            ..crate::recovery::queued_child(&call, &unit, 0)
+        };
+        let done = ChildRow {
+            status: ChildStatus::Succeeded,
+            summary: Some("done".into()),
+            ..running.clone()
+        };
+        ledger
+            .write(&Writes {
+                sessions: vec![session("s")],
+                calls: vec![call],
+                ..Writes::default()
+            })
+            .unwrap();
+        ledger.flush().unwrap();
+        // A running mark staged without a flush, then the child's end recorded in a commit
+        // whose answer is lost: both are staged again, the terminal row over the mark.
+        ledger
+            .write(&Writes {
+                children: vec![running],
+                ..Writes::default()
+            })
+            .unwrap();
+        ledger.lose_next_commit.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(ledger.record_terminals(std::slice::from_ref(&done)).is_err());
+        ledger.flush().unwrap();
+        assert_eq!(ledger.load().unwrap().children, vec![done]);
+    }
+
+    #[test]
+    fn bad_addresses_and_schema_names_are_refused_clearly() {
+        let err = PgLedger::open("mysql://nowhere").unwrap_err().to_string();
+        assert!(err.contains("postgres://"), "{err}");
+        let err = PgLedger::open_in(&pg_testkit::url(), "Bad-Name")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("schema name"), "{err}");
+        // Nobody listens there: the open fails, it does not hang or panic.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let err = PgLedger::open(&format!("postgres://brood@127.0.0.1:{port}/postgres")).unwrap_err();
+        assert!(format!("{err:?}").contains("onnect"), "{err:?}");
+    }
+}

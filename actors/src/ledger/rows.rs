@@ -1,0 +1,254 @@
+//! What both backends do alike with rows: their keys, their encoding, what a [`Writes`]
+//! changes, what recording terminal rows decides, and how delivery state is folded at a load.
+
+use std::collections::{HashMap, HashSet};
+
+use super::trees::*;
+use super::{LedgerError, RowKey, Writes};
+use crate::codec;
+use crate::model::*;
+
+/// The stored key of a row of `session_id` in a session-scoped tree (calls, children, claims,
+/// acks, dead letters): the session id, a NUL, the row's id. A session id holds no control
+/// characters, so the NUL ends it unambiguously and one session's rows are one contiguous
+/// range, read by a prefix scan: rebuilding one session reads only its own rows.
+pub fn row_key(session_id: &str, id: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(session_id.len() + 1 + id.len());
+    key.extend_from_slice(session_id.as_bytes());
+    key.push(0);
+    key.extend_from_slice(id.as_bytes());
+    key
+}
+
+/// The prefix every key of `session_id` in a session-scoped tree starts with.
+pub(super) fn session_prefix(session_id: &str) -> Vec<u8> {
+    row_key(session_id, "")
+}
+
+/// Whether a tree's keys are [`row_key`]s (the others are keyed by session id).
+pub(super) fn is_scoped(tree: &str) -> bool {
+    matches!(
+        tree,
+        CALLS | CHILDREN | STARTS | CLAIMS | ACKS | DEAD_LETTERS | REDRIVES
+    )
+}
+
+/// Decodes a stored row; the error names its tree and its key (lossily as text).
+pub(super) fn decode_at<T: serde::de::DeserializeOwned>(
+    tree: &'static str,
+    key: &[u8],
+    value: &[u8],
+) -> Result<T, LedgerError> {
+    codec::decode(value).map_err(|source| LedgerError::Codec {
+        tree,
+        key: String::from_utf8_lossy(key).into_owned(),
+        source,
+    })
+}
+
+/// Encodes a row; its key (an id, or a stored key's bytes) is turned into text only for the
+/// error, as this runs for every row written.
+pub(super) fn encode<T: serde::Serialize>(
+    tree: &'static str,
+    key: impl AsRef<[u8]>,
+    row: &T,
+) -> Result<Vec<u8>, LedgerError> {
+    codec::encode(row).map_err(|source| LedgerError::Codec {
+        tree,
+        key: String::from_utf8_lossy(key.as_ref()).into_owned(),
+        source,
+    })
+}
+
+/// One change a [`Writes`] makes: its tree, its key, and the value to put (`None`: remove).
+pub(super) type Change = (&'static str, Vec<u8>, Option<Vec<u8>>);
+
+/// What `w` changes, encoded, in the order a ledger applies it (the same key changed twice
+/// ends as the later change says). A nest comes before its session: a crash between them (in
+/// a ledger without transactions) leaves a nest row that the next open writes again, never a
+/// nested session that looks top-level.
+pub(super) fn write_changes(w: &Writes) -> Result<Vec<Change>, LedgerError> {
+    fn puts<'a, T: serde::Serialize + 'a>(
+        out: &mut Vec<Change>,
+        tree: &'static str,
+        rows: impl IntoIterator<Item = (Vec<u8>, &'a T)>,
+    ) -> Result<(), LedgerError> {
+        for (key, row) in rows {
+            let value = encode(tree, &key, row)?;
+            out.push((tree, key, Some(value)));
+        }
+        Ok(())
+    }
+    fn removes(out: &mut Vec<Change>, tree: &'static str, keys: impl IntoIterator<Item = Vec<u8>>) {
+        out.extend(keys.into_iter().map(|key| (tree, key, None)));
+    }
+    let by_id = |id: &String| id.as_bytes().to_vec();
+    let scoped = |k: &RowKey| row_key(&k.session_id, &k.id);
+    let mut out = Vec::new();
+    puts(&mut out, NESTS, w.nests.iter().map(|r| (by_id(&r.session_id), r)))?;
+    puts(&mut out, SESSIONS, w.sessions.iter().map(|r| (by_id(&r.session_id), r)))?;
+    puts(
+        &mut out,
+        CALLS,
+        w.calls.iter().map(|r| (row_key(&r.session_id, &r.call_id), r)),
+    )?;
+    puts(
+        &mut out,
+        CHILDREN,
+        w.children.iter().map(|r| (row_key(&r.session_id, &r.child_id), r)),
+    )?;
+    puts(
+        &mut out,
+        STARTS,
+        w.starts.iter().map(|r| (row_key(&r.session_id, &r.start_id), r)),
+    )?;
+    let dead = w.dead_letters.iter().map(|r| (row_key(&r.session_id, &r.dedup_key), r));
+    puts(&mut out, DEAD_LETTERS, dead)?;
+    puts(
+        &mut out,
+        ACKS,
+        w.acks.iter().map(|r| (row_key(&r.session_id, &r.claim_id), r)),
+    )?;
+    puts(&mut out, WAKES, w.wakes.iter().map(|r| (by_id(&r.session_id), r)))?;
+    removes(&mut out, WAKES, w.remove_wakes.iter().map(by_id));
+    removes(&mut out, CALLS, w.remove_calls.iter().map(scoped));
+    removes(&mut out, DEAD_LETTERS, w.remove_dead_letters.iter().map(scoped));
+    puts(
+        &mut out,
+        REDRIVES,
+        w.redrives.iter().map(|r| (row_key(&r.session_id, &r.dedup_key), r)),
+    )?;
+    removes(&mut out, REDRIVES, w.remove_redrives.iter().map(scoped));
+    removes(&mut out, CHILDREN, w.remove_children.iter().map(scoped));
+    removes(&mut out, SESSIONS, w.remove_sessions.iter().map(by_id));
+    removes(&mut out, NESTS, w.remove_nests.iter().map(by_id));
+    removes(&mut out, ACKS, w.remove_acks.iter().map(scoped));
+    removes(&mut out, CLAIMS, w.remove_claims.iter().map(scoped));
+    removes(&mut out, STARTS, w.remove_starts.iter().map(scoped));
+    Ok(out)
+}
+
+/// The call `call_id` among `calls` (every stored call, key and value), whatever its session:
+/// every call's key ends with a NUL and its id.
+pub(super) fn find_call_in(
+    calls: impl IntoIterator<Item = Result<(impl AsRef<[u8]>, impl AsRef<[u8]>), LedgerError>>,
+    call_id: &str,
+) -> Result<Option<CallRow>, LedgerError> {
+    let mut suffix = Vec::with_capacity(call_id.len() + 1);
+    suffix.push(0);
+    suffix.extend_from_slice(call_id.as_bytes());
+    for kv in calls {
+        let (k, v) = kv?;
+        if k.as_ref().ends_with(&suffix) {
+            let row: CallRow = decode_at(CALLS, call_id.as_bytes(), v.as_ref())?;
+            if row.call_id == call_id {
+                return Ok(Some(row));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The claims no ack row names: live when the last process stopped.
+pub(super) fn live_claims(mut claims: Vec<ClaimRow>, acks: &[AckRow]) -> Vec<ClaimRow> {
+    let acked: HashSet<&str> = acks.iter().map(|a| a.claim_id.as_str()).collect();
+    claims.retain(|c| !acked.contains(c.claim_id.as_str()));
+    claims
+}
+
+/// Folds the durable delivery state of ack rows and dead letters into the children's rows.
+pub(super) fn fold_delivery(children: &mut [ChildRow], acks: &[AckRow], dead: &[DeadLetterRow]) {
+    /// What the ack rows and dead letters say of one item.
+    #[derive(Default, Clone, Copy)]
+    struct Said {
+        delivered: bool,
+        dead: Option<u32>,
+    }
+    // Keyed by the ids the acks and dead letters name (borrowed): usually far fewer than the
+    // children, and none at all in a ledger nothing was delivered from.
+    let mut said: HashMap<&str, [Said; 2]> = HashMap::new();
+    let slot = |kind: ItemKind| match kind {
+        ItemKind::Result => 0,
+        ItemKind::FailureNotice => 1,
+    };
+    for key in acks.iter().flat_map(|a| &a.items) {
+        if let Some((child, kind)) = parse_dedup_key(key) {
+            said.entry(child).or_default()[slot(kind)].delivered = true;
+        }
+    }
+    for d in dead {
+        if let Some((child, kind)) = parse_dedup_key(&d.dedup_key) {
+            let s = &mut said.entry(child).or_default()[slot(kind)];
+            s.dead = Some(s.dead.map_or(d.attempts, |a| a.max(d.attempts)));
+        }
+    }
+    if said.is_empty() {
+        return;
+    }
+    for child in children.iter_mut() {
+        let Some(&items) = said.get(child.child_id.as_str()) else {
+            continue;
+        };
+        for kind in [ItemKind::Result, ItemKind::FailureNotice] {
+            let s = items[slot(kind)];
+            let row = child.delivery_mut(kind);
+            row.delivered |= s.delivered;
+            if let Some(attempts) = s.dead {
+                row.dead = true;
+                row.failed_attempts = row.failed_attempts.max(attempts);
+            }
+        }
+    }
+}
+
+/// A quarantined row's key in the quarantine trees (`<tree>/<key>`) and what is recorded of it.
+pub(super) fn quarantine_entry(tree: &str, key: &[u8], value: &[u8], reason: &str) -> (Vec<u8>, QuarantineRow) {
+    let row = QuarantineRow {
+        tree: tree.to_string(),
+        key: key.to_vec(),
+        value_len: value.len() as u64,
+        reason: reason.to_string(),
+        quarantined_at_ms: now_ms(),
+    };
+    ([tree.as_bytes(), b"/", key].concat(), row)
+}
+
+/// The rows as stored, and the rows to write with their keys.
+pub(super) type Merged = (Vec<ChildRow>, Vec<(Vec<u8>, ChildRow)>);
+
+/// What recording terminal rows decides, whatever stores them ([`Ledger::record_terminals`]):
+/// each row as it is to be stored, and the rows to write with their keys. `current` reads a
+/// child's stored row by key (`None` when it has none, or none that decodes). A stored
+/// terminal row is left as it is; a stored non-terminal one is replaced, its delivery state
+/// kept; a second row of the same child in one batch (its cancel and its own end, handed over
+/// at once) is one the first already made terminal, so it is left as the first stored it.
+pub(super) fn merge_terminals(
+    rows: &[ChildRow],
+    mut current: impl FnMut(&[u8]) -> Result<Option<ChildRow>, LedgerError>,
+) -> Result<Merged, LedgerError> {
+    let mut stored: Vec<ChildRow> = Vec::with_capacity(rows.len());
+    let mut writes = Vec::with_capacity(rows.len());
+    // Where each child's row of this batch is in `stored`.
+    let mut in_batch: HashMap<Vec<u8>, usize> = HashMap::new();
+    for row in rows {
+        let key = row_key(&row.session_id, &row.child_id);
+        if let Some(&first) = in_batch.get(&key) {
+            stored.push(stored[first].clone());
+            continue;
+        }
+        in_batch.insert(key.clone(), stored.len());
+        match current(&key)? {
+            Some(current) if current.status.is_terminal() => stored.push(current),
+            current => {
+                let mut row = row.clone();
+                if let Some(current) = current {
+                    row.result = current.result;
+                    row.notice = current.notice;
+                }
+                stored.push(row.clone());
+                writes.push((key, row));
+            }
+        }
+    }
+    Ok((stored, writes))
+}
