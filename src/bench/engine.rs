@@ -139,7 +139,20 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 /// The mean length of the values of a tree in a closed ledger folder.
 fn mean_row_len(dir: &Path, tree: &str) -> anyhow::Result<usize> {
-    let db = sled::open(dir).context("opening the ledger to size its rows")?;
+    // sled releases a closed folder's lock from a background thread moments later: waited
+    // out, as the ledger's own open does.
+    let started = Instant::now();
+    let db = loop {
+        match sled::open(dir) {
+            Err(e)
+                if e.to_string().contains("could not acquire lock")
+                    && started.elapsed() < brood_actors::ledger::LOCK_WAIT =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            opened => break opened.context("opening the ledger to size its rows")?,
+        }
+    };
     let t = db.open_tree(tree)?;
     let (mut n, mut bytes) = (0usize, 0usize);
     for kv in t.iter() {
