@@ -252,3 +252,42 @@ pub(super) fn merge_terminals(
     }
     Ok((stored, writes))
 }
+
+/// Decodes and checks rows (key, stored value) into `out`, in their order; returns those that
+/// failed, each with why, for the caller to quarantine.
+pub(super) fn decode_rows<T, K, V, E>(
+    rows: impl Iterator<Item = Result<(K, V), E>>,
+    out: &mut Vec<T>,
+) -> Result<Vec<(K, V, String)>, LedgerError>
+where
+    T: serde::de::DeserializeOwned + CheckRow,
+    V: AsRef<[u8]>,
+    LedgerError: From<E>,
+{
+    let mut bad = Vec::new();
+    for kv in rows {
+        let (k, v) = kv?;
+        match codec::decode::<T>(v.as_ref())
+            .map_err(|e| e.to_string())
+            .and_then(|row| row.check().map(|_| row))
+        {
+            Ok(row) => out.push(row),
+            Err(reason) => bad.push((k, v, reason)),
+        }
+    }
+    Ok(bad)
+}
+
+/// A quarantine entry as read back: its stored record (`encoded`, under `key`) and the raw
+/// value it kept. A quarantine record is brood's own; one that does not decode is reported as
+/// such.
+pub(super) fn read_quarantined(key: &[u8], encoded: &[u8], value: Vec<u8>) -> Quarantined {
+    let row = codec::decode(encoded).unwrap_or_else(|e| QuarantineRow {
+        tree: QUARANTINE.into(),
+        key: key.to_vec(),
+        value_len: value.len() as u64,
+        reason: format!("the quarantine row itself does not decode: {e}"),
+        quarantined_at_ms: 0,
+    });
+    Quarantined { row, value }
+}

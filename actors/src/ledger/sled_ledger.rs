@@ -448,25 +448,6 @@ const LAYOUT_KEY: &str = "layout";
 /// A row that could not be used: its key, its value and why.
 type BadRow = (sled::IVec, sled::IVec, String);
 
-/// Decodes and checks rows into `out`, in their order; returns those that failed.
-fn decode_rows<T: serde::de::DeserializeOwned + CheckRow>(
-    rows: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>,
-    out: &mut Vec<T>,
-) -> Result<Vec<BadRow>, LedgerError> {
-    let mut bad = Vec::new();
-    for kv in rows {
-        let (k, v) = kv?;
-        match codec::decode::<T>(&v)
-            .map_err(|e| e.to_string())
-            .and_then(|row| row.check().map(|_| row))
-        {
-            Ok(row) => out.push(row),
-            Err(reason) => bad.push((k, v, reason)),
-        }
-    }
-    Ok(bad)
-}
-
 impl Ledger for SledLedger {
     fn write(&self, w: &Writes) -> Result<(), LedgerError> {
         crate::failpoint!("ledger_write");
@@ -640,15 +621,7 @@ impl Ledger for SledLedger {
         for kv in self.quarantine.iter() {
             let (k, v) = kv?;
             let value = self.quarantine_raw.get(&k)?.map(|v| v.to_vec()).unwrap_or_default();
-            // A quarantine row is brood's own; one that does not decode is reported as such.
-            let row = codec::decode(&v).unwrap_or_else(|e| QuarantineRow {
-                tree: QUARANTINE.into(),
-                key: k.to_vec(),
-                value_len: value.len() as u64,
-                reason: format!("the quarantine row itself does not decode: {e}"),
-                quarantined_at_ms: 0,
-            });
-            out.push(Quarantined { row, value });
+            out.push(read_quarantined(&k, &v, value));
         }
         Ok(out)
     }

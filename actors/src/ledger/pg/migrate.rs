@@ -8,7 +8,8 @@ impl PgLedger {
     pub(super) fn migrate(&self) -> Result<(), LedgerError> {
         let pool = self.inner.pool.clone();
         let schema = self.inner.schema.clone();
-        let tables: Vec<String> = TABLES.iter().map(|t| self.table(t)).collect();
+        let tables: Vec<String> = tables().map(|t| self.table(t)).collect();
+        let meta = self.table(META);
         self.runtime.run(async move {
             let mut client = pool.get().await.map_err(pool_error)?;
             let tx = client.transaction().await.map_err(pg_error("starting the migration"))?;
@@ -72,7 +73,6 @@ impl PgLedger {
                 .map_err(pg_error("recording a migration"))?;
             }
             // The rows' format, as sled's meta tree keeps it.
-            let meta = &tables[TABLES.iter().position(|t| *t == META).expect("meta is a table")];
             let format = tx
                 .query_opt(&format!("SELECT value FROM {meta} WHERE key = $1"), &[&b"format".as_slice()])
                 .await

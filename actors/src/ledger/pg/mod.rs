@@ -31,8 +31,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 use super::rows::{
-    decode_at, encode, find_call_in, fold_delivery, live_claims, merge_terminals, quarantine_entry, row_key,
-    session_prefix, write_changes, Change,
+    decode_at, decode_rows, encode, find_call_in, fold_delivery, live_claims, merge_terminals, quarantine_entry,
+    read_quarantined, row_key, session_prefix, write_changes, Change,
 };
 use super::trees::*;
 use super::{CallParts, Durability, Ledger, LedgerError, Snapshot, Writes};
@@ -47,22 +47,10 @@ use runtime::Runtime;
 /// The schema a ledger opened without one named uses.
 pub const DEFAULT_SCHEMA: &str = "brood";
 
-/// The trees, each a table.
-const TABLES: [&str; 13] = [
-    SESSIONS,
-    CALLS,
-    CHILDREN,
-    STARTS,
-    CLAIMS,
-    ACKS,
-    WAKES,
-    NESTS,
-    REDRIVES,
-    DEAD_LETTERS,
-    META,
-    QUARANTINE,
-    QUARANTINE_RAW,
-];
+/// The schema's tables: one per tree of rows, then brood's own.
+fn tables() -> impl Iterator<Item = &'static str> {
+    super::ROW_TREES.into_iter().chain([META, QUARANTINE, QUARANTINE_RAW])
+}
 
 /// The schema's migrations, in order: (version, name, SQL with `{schema}` for the schema).
 const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "one table per tree", "")];
@@ -423,16 +411,7 @@ impl PgLedger {
                 .collect(),
         };
         let mut out = Vec::with_capacity(rows.len());
-        let mut bad: Vec<(Vec<u8>, Vec<u8>, String)> = Vec::new();
-        for (k, v) in rows {
-            match codec::decode::<T>(&v)
-                .map_err(|e| e.to_string())
-                .and_then(|row| row.check().map(|_| row))
-            {
-                Ok(row) => out.push(row),
-                Err(reason) => bad.push((k, v, reason)),
-            }
-        }
+        let bad = decode_rows(rows.into_iter().map(Ok::<_, LedgerError>), &mut out)?;
         for (k, v, reason) in bad {
             self.move_aside(tree, &k, &v, &reason)?;
         }
@@ -713,7 +692,7 @@ impl Ledger for PgLedger {
     }
 
     fn quarantine(&self, tree: &str, session_id: &str, id: &str, reason: &str) -> Result<(), LedgerError> {
-        let Some(&tree) = TABLES[..10].iter().find(|t| **t == tree) else {
+        let Some(tree) = super::ROW_TREES.into_iter().find(|t| *t == tree) else {
             return Err(LedgerError::storage_msg(format!("no tree `{tree}` to quarantine from")));
         };
         let key = if super::rows::is_scoped(tree) {
@@ -735,18 +714,7 @@ impl Ledger for PgLedger {
         Ok(self
             .range(QUARANTINE, Vec::new(), None, None)?
             .into_iter()
-            .map(|(k, v)| {
-                let value = raw.get(&k).cloned().unwrap_or_default();
-                // A quarantine row is brood's own; one that does not decode is reported as such.
-                let row = codec::decode(&v).unwrap_or_else(|e| QuarantineRow {
-                    tree: QUARANTINE.into(),
-                    key: k.clone(),
-                    value_len: value.len() as u64,
-                    reason: format!("the quarantine row itself does not decode: {e}"),
-                    quarantined_at_ms: 0,
-                });
-                Quarantined { row, value }
-            })
+            .map(|(k, v)| read_quarantined(&k, &v, raw.get(&k).cloned().unwrap_or_default()))
             .collect())
     }
 }
