@@ -137,7 +137,7 @@ fn session_row(session_id: &str) -> SessionRow {
     }
 }
 
-fn call_row(session_id: &str, call_id: &str, tasks: u32) -> CallRow {
+pub(crate) fn call_row(session_id: &str, call_id: &str, tasks: u32) -> CallRow {
     CallRow {
         call_id: call_id.into(),
         session_id: session_id.into(),

@@ -44,11 +44,12 @@ mod rows;
 mod sled_ledger;
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::codec::CodecError;
 use crate::model::*;
 
-pub use pg::{PgLedger, DEFAULT_SCHEMA};
+pub use pg::{LeaseConfig, PgLedger, DEFAULT_SCHEMA};
 pub use rows::row_key;
 pub use sled_ledger::{FlushObserver, SledLedger, DEFAULT_CACHE_BYTES, LAYOUT, LOCK_WAIT};
 
@@ -323,6 +324,51 @@ pub fn settled_children(ledger: &dyn Ledger, session_id: &str, call_id: &str) ->
     Ok(children)
 }
 
+/// Who serves a session, when several processes share one ledger ([`Leases`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseHolder {
+    /// This process: it holds the session's lease at this epoch.
+    Here(u64),
+    /// Another process holds the lease, and serves requests at `address`.
+    Elsewhere {
+        /// The holder's node id.
+        owner: String,
+        /// Where the holder takes requests.
+        address: String,
+    },
+}
+
+/// Session leases: when several processes share one ledger, each session is served by one of
+/// them at a time, the holder of its lease (owner, address, epoch, expiry), renewed in the
+/// background. Every write of a session's rows is checked against the holder's epoch in the
+/// transaction that writes it (fencing): once another process took the lease over, nothing of
+/// the old holder's lands. Expiry is judged by the database's clock; the holder also stops
+/// serving a session once its local deadline (a monotonic clock, which runs through a pause)
+/// passed without a renewal.
+pub trait Leases: Send + Sync + fmt::Debug {
+    /// This process's node id (stable across its restarts: a restarted node takes its leases
+    /// back at once).
+    fn node(&self) -> &str;
+    /// Takes the lease of `session_id` when it is free (none, expired, or this node's own from
+    /// before a restart), or answers who holds it.
+    fn acquire(&self, session_id: &str) -> Result<LeaseHolder, LedgerError>;
+    /// Takes the lease of every stored session whose lease is free (at start, and as a sweep:
+    /// the sessions of a process that died); returns those taken.
+    fn acquire_free(&self) -> Result<Vec<String>, LedgerError>;
+    /// Whether this process holds the lease of `session_id` (it has not been taken over).
+    fn holds(&self, session_id: &str) -> bool;
+    /// Whether this process may serve `session_id` now: it holds the lease and its local
+    /// deadline has not passed.
+    fn serving(&self, session_id: &str) -> bool;
+    /// Gives the lease of a session this process no longer serves back (retention removed it).
+    fn release(&self, session_id: &str);
+    /// Gives every lease back (a clean stop): other processes may take the sessions at once.
+    fn release_all(&self);
+    /// Calls `lost` with the sessions whose lease this process lost (taken over, or refused at
+    /// a write), as soon as it knows.
+    fn on_lost(&self, lost: Box<dyn Fn(&[String]) + Send + Sync>);
+}
+
 /// Durable storage for brood's rows. Implementations must be safe to share across threads.
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Writes rows (not durable until [`Ledger::flush`]).
@@ -373,6 +419,11 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     fn quarantine(&self, tree: &str, session_id: &str, id: &str, reason: &str) -> Result<(), LedgerError>;
     /// The rows moved aside so far, with their raw values.
     fn quarantined(&self) -> Result<Vec<Quarantined>, LedgerError>;
+    /// The session leases, when several processes may share this ledger; none when this
+    /// process serves every session in it (sled: its folder is locked to one process).
+    fn leases(&self) -> Option<Arc<dyn Leases>> {
+        None
+    }
 }
 
 /// The trees of rows, in the order [`Ledger::row_counts`] reports them.

@@ -19,10 +19,11 @@
 //!   of the ledger's own, on a thread of its own, and each trait method waits for its answer.
 //!   The trait's callers are the actors' threads and blocking jobs, none of them that runtime.
 //!
-//! Not here yet (issue 10): several processes sharing one database (session leases, epochs
-//! on every write, takeover).
+//! - **Sharing.** Opened [`PgLedger::shared`], several processes share the database: each
+//!   session is served by the holder of its lease, and every commit is fenced by the leases
+//!   (see `leases`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,8 +40,12 @@ use super::{CallParts, Durability, Ledger, LedgerError, Snapshot, Writes};
 use crate::codec;
 use crate::model::*;
 
+mod leases;
 mod migrate;
 mod runtime;
+
+pub use leases::LeaseConfig;
+use leases::{LeaseBook, PgLeases};
 
 use runtime::Runtime;
 
@@ -53,10 +58,24 @@ fn tables() -> impl Iterator<Item = &'static str> {
 }
 
 /// The schema's migrations, in order: (version, name, SQL with `{schema}` for the schema).
-const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "one table per tree", "")];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "one table per tree", ""),
+    (
+        2,
+        "session leases",
+        "CREATE TABLE \"{schema}\".session_leases (
+             session bytea PRIMARY KEY,
+             owner text NOT NULL,
+             address text NOT NULL,
+             epoch bigint NOT NULL,
+             expires_at timestamptz NOT NULL) WITH (fillfactor = 70);
+         CREATE INDEX ON \"{schema}\".session_leases (owner)",
+    ),
+];
 
-/// Statements run inside a commit's transaction: their answer, and the rows they wrote (staged
-/// again should the commit fail).
+/// Statements run inside a commit's transaction (given the sessions whose lease this process
+/// no longer holds, when it shares the database: their rows must not be written): their answer,
+/// and the rows they wrote (staged again should the commit fail).
 type Job<'t, T> = std::pin::Pin<Box<dyn Future<Output = Result<(T, Vec<Change>), LedgerError>> + Send + 't>>;
 
 /// How long connecting to the server may take.
@@ -91,6 +110,8 @@ type Staged = BTreeMap<(&'static str, Vec<u8>), Option<Vec<u8>>>;
 struct Inner {
     schema: String,
     pool: Pool,
+    /// The session leases, when several processes share the database.
+    leases: Option<Arc<LeaseBook>>,
 }
 
 impl Inner {
@@ -114,6 +135,29 @@ impl std::fmt::Debug for PgLedger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgLedger").field("schema", &self.inner.schema).finish()
     }
+}
+
+/// What a commit's fencing check found: the sessions it may write (all, when the process does
+/// not share the database).
+struct Fenced(Option<std::collections::HashSet<String>>);
+
+impl Fenced {
+    fn allows(&self, session_id: &str) -> bool {
+        self.0.as_ref().is_none_or(|ok| ok.contains(session_id))
+    }
+}
+
+/// The session a stored key of `tree` belongs to (none for brood's own tables).
+fn key_session(tree: &str, key: &[u8]) -> Option<String> {
+    if !super::ROW_TREES.contains(&tree) {
+        return None;
+    }
+    let id = if super::rows::is_scoped(tree) {
+        &key[..key.iter().position(|&b| b == 0).unwrap_or(key.len())]
+    } else {
+        key
+    };
+    Some(String::from_utf8_lossy(id).into_owned())
 }
 
 /// Puts rows (`keys[i]` → `values[i]`) into `tree` in one statement.
@@ -206,6 +250,7 @@ impl PgLedger {
             inner: Arc::new(Inner {
                 schema: schema.to_string(),
                 pool,
+                leases: None,
             }),
             staged: Mutex::new(BTreeMap::new()),
             committing: Mutex::new(()),
@@ -216,6 +261,33 @@ impl PgLedger {
         };
         ledger.migrate()?;
         Ok(ledger)
+    }
+
+    /// Shares the database with other brood processes: sessions are served under leases
+    /// ([`LeaseConfig`]), every commit is fenced by them, and they are renewed in the
+    /// background from now on.
+    pub fn shared(mut self, config: LeaseConfig) -> Result<Self, LedgerError> {
+        if config.ttl < Duration::from_millis(300) {
+            return Err(LedgerError::storage_msg(format!(
+                "a session lease of {:?} is too short to renew; give at least 300 ms",
+                config.ttl
+            )));
+        }
+        let book = LeaseBook::new(
+            config,
+            &self.inner.schema,
+            self.inner.table(SESSIONS),
+            self.inner.pool.clone(),
+            self.runtime.handle.clone(),
+        );
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            return Err(LedgerError::storage_msg(
+                "the ledger is in use already; share it before using it",
+            ));
+        };
+        inner.leases = Some(book.clone());
+        book.start_renewing();
+        Ok(self)
     }
 
     /// Tells `observer` how long each successful flush took (its commit included).
@@ -232,11 +304,16 @@ impl PgLedger {
     /// the bytes written and what `then` answered.
     fn commit_staged<T: Send + 'static>(
         &self,
-        then: impl for<'t> FnOnce(&'t tokio_postgres::Transaction<'t>, &'t Inner) -> Job<'t, T> + Send + 'static,
+        writes_to: BTreeSet<String>,
+        then: impl for<'t> FnOnce(&'t tokio_postgres::Transaction<'t>, &'t Inner, &'t Fenced) -> Job<'t, T> + Send + 'static,
     ) -> Result<(usize, T), LedgerError> {
         let _turn = self.committing.lock().unwrap_or_else(|p| p.into_inner());
-        let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
         let this = self.inner.clone();
+        let mut sessions = writes_to;
+        if this.leases.is_some() {
+            sessions.extend(staged.keys().filter_map(|(tree, key)| key_session(tree, key)));
+        }
         let taken = staged.clone();
         #[cfg(test)]
         let lose = self.lose_next_commit.swap(false, std::sync::atomic::Ordering::SeqCst);
@@ -248,6 +325,14 @@ impl PgLedger {
             let this = &*this;
             let mut client = this.pool.get().await.map_err(pool_error)?;
             let tx = client.transaction().await.map_err(pg_error("starting a commit"))?;
+            // Fenced first: the rows of a session this process no longer holds are not written.
+            let fenced = match &this.leases {
+                Some(book) => Fenced(Some(book.check(&tx, sessions).await?)),
+                None => Fenced(None),
+            };
+            if fenced.0.is_some() {
+                staged.retain(|(tree, key), _| key_session(tree, key).is_none_or(|s| fenced.allows(&s)));
+            }
             let mut bytes = 0;
             let mut puts: HashMap<&'static str, (Vec<Key>, Vec<Vec<u8>>)> = HashMap::new();
             let mut removes: HashMap<&'static str, Vec<Vec<u8>>> = HashMap::new();
@@ -273,7 +358,7 @@ impl PgLedger {
             for (tree, (keys, values)) in puts {
                 upsert(&tx, this, tree, &keys, &values).await?;
             }
-            let (answer, written) = then(&tx, this).await?;
+            let (answer, written) = then(&tx, this, &fenced).await?;
             if lose {
                 drop(tx);
                 return Ok(Err((
@@ -313,7 +398,7 @@ impl PgLedger {
         drop(self.committing.lock().unwrap_or_else(|p| p.into_inner()));
         let empty = self.staged.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
         if !empty {
-            self.commit_staged(|_, _| Box::pin(async { Ok(((), Vec::new())) }))?;
+            self.commit_staged(BTreeSet::new(), |_, _, _| Box::pin(async { Ok(((), Vec::new())) }))?;
         }
         Ok(())
     }
@@ -423,7 +508,7 @@ impl PgLedger {
         let (qkey, row) = quarantine_entry(tree, key, value, reason);
         let encoded = encode(QUARANTINE, key, &row)?;
         let (key, value) = (key.to_vec(), value.to_vec());
-        self.commit_staged(move |tx, this| {
+        self.commit_staged(BTreeSet::new(), move |tx, this, _| {
             Box::pin(async move {
                 for (t, v) in [(QUARANTINE_RAW, &value), (QUARANTINE, &encoded)] {
                     tx.execute(
@@ -524,10 +609,14 @@ impl Ledger for PgLedger {
     fn record_terminals(&self, rows: &[ChildRow]) -> Result<Vec<ChildRow>, LedgerError> {
         crate::failpoint!("ledger_write");
         let rows = rows.to_vec();
+        let sessions = rows.iter().map(|r| r.session_id.clone()).collect();
         // In one transaction with what is staged: the stored rows are read under a row lock,
-        // decided as sled decides them, and written.
-        let (_, stored) = self.commit_staged(move |tx, this| {
+        // decided as sled decides them, and written. The rows of a session whose lease this
+        // process lost are not written (its owner here publishes nothing more: it was told).
+        let (_, stored) = self.commit_staged(sessions, move |tx, this, fenced| {
             Box::pin(async move {
+                let all = rows;
+                let rows: Vec<ChildRow> = all.iter().filter(|r| fenced.allows(&r.session_id)).cloned().collect();
                 let keys: Vec<Vec<u8>> = rows.iter().map(|r| row_key(&r.session_id, &r.child_id)).collect();
                 let found = tx
                     .query(
@@ -555,6 +644,15 @@ impl Ledger for PgLedger {
                     .into_iter()
                     .zip(values)
                     .map(|(k, v)| (CHILDREN, k, Some(v)))
+                    .collect();
+                // In input order; a refused row answers as it came (nobody publishes it).
+                let mut stored = stored.into_iter();
+                let stored = all
+                    .into_iter()
+                    .map(|r| match fenced.allows(&r.session_id) {
+                        true => stored.next().unwrap_or(r),
+                        false => r,
+                    })
                     .collect();
                 Ok((stored, written))
             })
@@ -671,7 +769,7 @@ impl Ledger for PgLedger {
             // A slow server: the flush succeeds, late.
             std::thread::sleep(Duration::from_millis(400));
         }
-        let (bytes, ()) = self.commit_staged(|_, _| Box::pin(async { Ok(((), Vec::new())) }))?;
+        let (bytes, ()) = self.commit_staged(BTreeSet::new(), |_, _, _| Box::pin(async { Ok(((), Vec::new())) }))?;
         if let Some(observe) = &self.on_flush {
             observe(started.elapsed());
         }
@@ -704,6 +802,13 @@ impl Ledger for PgLedger {
             Some(v) => self.move_aside(tree, &key, &v, reason),
             None => Ok(()),
         }
+    }
+
+    fn leases(&self) -> Option<Arc<dyn super::Leases>> {
+        self.inner
+            .leases
+            .as_ref()
+            .map(|book| Arc::new(PgLeases(book.clone())) as Arc<dyn super::Leases>)
     }
 
     fn quarantined(&self) -> Result<Vec<Quarantined>, LedgerError> {

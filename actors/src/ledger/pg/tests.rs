@@ -228,3 +228,5 @@ mod own {
         assert!(format!("{err:?}").contains("onnect"), "{err:?}");
     }
 }
+
+mod leases;

@@ -1,0 +1,428 @@
+//! Session leases on PostgreSQL: several brood processes on one database, each session served
+//! by one of them at a time (issue 10).
+//!
+//! - **The table.** `session_leases(session, owner, address, epoch, expires_at)`, one row per
+//!   session that was ever served. `owner` is a node id, stable across a node's restarts;
+//!   `expires_at` is judged by the database's clock only.
+//! - **Taking a lease** is one upsert that succeeds only when the lease is free: no row, expired,
+//!   or this node's own from before a restart. Each take raises the epoch.
+//! - **Renewal.** A task on the ledger's runtime renews every held lease at a third of the lease
+//!   time, in one statement that matches each session's epoch: a session missing from its answer
+//!   was taken over, and is lost. Locally a lease is served until the moment the renewal was
+//!   *sent* plus the lease time less a margin, on the monotonic clock: it runs on through a
+//!   `SIGSTOP` or a long pause, so a process that wakes up late knows at once that it may not
+//!   hand anything out.
+//! - **Fencing.** Every commit begins by reading the lease rows of the sessions it writes `FOR
+//!   SHARE`, matched with the epochs this process holds. A takeover's update of a lease row
+//!   waits for every transaction holding it so; once the takeover committed, the old epoch
+//!   matches nothing. So the new holder, which reads the session after its takeover committed,
+//!   sees every write of the old one, and no write of the old one lands after that. The rows of
+//!   a session that fails the check are not written, and the session is lost.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::Pool;
+
+use super::{pg_error, pool_error, LedgerError};
+use crate::ledger::{LeaseHolder, Leases};
+
+/// Who this process is among those sharing the database, and how long its leases last.
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    /// The node id: stable across restarts of one node (its address will do).
+    pub node: String,
+    /// Where this process takes requests (another process forwards them here).
+    pub address: String,
+    /// How long a lease lasts without a renewal (renewed at a third of it).
+    pub ttl: Duration,
+}
+
+/// A lease this process holds.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    epoch: i64,
+    /// Served until then, by the monotonic clock.
+    deadline: Instant,
+}
+
+type LostHook = Box<dyn Fn(&[String]) + Send + Sync>;
+
+/// The leases of one process: what it holds, and the statements that take, renew and check
+/// them.
+pub(super) struct LeaseBook {
+    config: LeaseConfig,
+    table: String,
+    sessions_table: String,
+    pool: Pool,
+    held: Mutex<HashMap<String, Held>>,
+    on_lost: OnceLock<LostHook>,
+    runtime: tokio::runtime::Handle,
+    /// One take at a time in this process: two takes of one lease would each raise its epoch.
+    taking: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for LeaseBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseBook")
+            .field("node", &self.config.node)
+            .field("held", &self.held.lock().map(|h| h.len()).unwrap_or(0))
+            .finish()
+    }
+}
+
+impl LeaseBook {
+    pub(super) fn new(
+        config: LeaseConfig,
+        schema: &str,
+        sessions_table: String,
+        pool: Pool,
+        runtime: tokio::runtime::Handle,
+    ) -> Arc<Self> {
+        Arc::new(LeaseBook {
+            config,
+            table: format!("\"{schema}\".session_leases"),
+            sessions_table,
+            pool,
+            held: Mutex::new(HashMap::new()),
+            on_lost: OnceLock::new(),
+            runtime,
+            taking: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// How long a lease lasts, in milliseconds, for SQL.
+    fn ttl_ms(&self) -> i64 {
+        i64::try_from(self.config.ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// The local deadline of a lease taken or renewed by a statement sent at `sent`: the lease
+    /// time less a fifth of it, for the clocks' drift and the statement's own time.
+    fn deadline(&self, sent: Instant) -> Instant {
+        sent + self.config.ttl - self.config.ttl / 5
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forgets `sessions` as held, and tells the engine.
+    fn lose(&self, sessions: Vec<String>) {
+        if sessions.is_empty() {
+            return;
+        }
+        {
+            let mut held = self.held();
+            for s in &sessions {
+                held.remove(s);
+            }
+        }
+        tracing::warn!(sessions = ?sessions, "session leases lost to another process; their sessions are no longer served here");
+        if let Some(hook) = self.on_lost.get() {
+            hook(&sessions);
+        }
+    }
+
+    /// Runs `job` on the ledger's runtime and waits for it (from any other thread).
+    fn run<T: Send + 'static>(
+        &self,
+        job: impl std::future::Future<Output = Result<T, LedgerError>> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.runtime.spawn(async move {
+            let _ = tx.send(job.await);
+        });
+        rx.recv()
+            .unwrap_or_else(|_| Err(LedgerError::storage_msg("the PostgreSQL ledger's runtime stopped")))
+    }
+
+    /// The fencing check at the start of a commit: of `sessions` (those the commit writes),
+    /// the ones whose lease this process still holds at its epoch, their lease rows locked
+    /// `FOR SHARE` until the commit ends. The others are lost; their rows must not be written.
+    pub(super) async fn check(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        sessions: BTreeSet<String>,
+    ) -> Result<HashSet<String>, LedgerError> {
+        if sessions.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let (names, epochs): (Vec<Vec<u8>>, Vec<i64>) = {
+            let held = self.held();
+            sessions
+                .iter()
+                .filter_map(|s| held.get(s).map(|h| (s.as_bytes().to_vec(), h.epoch)))
+                .unzip()
+        };
+        let rows = tx
+            .query(
+                &format!(
+                    "SELECT l.session FROM {} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
+                     ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $3
+                     FOR SHARE OF l",
+                    self.table
+                ),
+                &[&names, &epochs, &self.config.node],
+            )
+            .await
+            .map_err(pg_error("checking the session leases of a commit"))?;
+        let ok: HashSet<String> = rows
+            .into_iter()
+            .map(|r| String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned())
+            .collect();
+        let lost: Vec<String> = sessions.into_iter().filter(|s| !ok.contains(s)).collect();
+        if !lost.is_empty() {
+            tracing::warn!(sessions = ?lost, "a commit held rows of sessions whose lease this process no longer holds; they were not written");
+            self.lose(lost);
+        }
+        Ok(ok)
+    }
+
+    /// Renews every held lease once; loses those taken over meanwhile.
+    async fn renew(self: &Arc<Self>) -> Result<(), LedgerError> {
+        let (names, epochs): (Vec<Vec<u8>>, Vec<i64>) = self
+            .held()
+            .iter()
+            .map(|(s, h)| (s.as_bytes().to_vec(), h.epoch))
+            .unzip();
+        if names.is_empty() {
+            return Ok(());
+        }
+        let sent = Instant::now();
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let rows = client
+            .query(
+                &format!(
+                    "UPDATE {t} l SET expires_at = now() + $3::int8 * interval '1 millisecond'
+                     FROM unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
+                     WHERE l.session = f.session AND l.epoch = f.epoch AND l.owner = $4
+                     RETURNING l.session, l.epoch",
+                    t = self.table
+                ),
+                &[&names, &epochs, &self.ttl_ms(), &self.config.node],
+            )
+            .await
+            .map_err(pg_error("renewing session leases"))?;
+        let renewed: HashMap<String, i64> = rows
+            .into_iter()
+            .map(|r| (String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned(), r.get(1)))
+            .collect();
+        let deadline = self.deadline(sent);
+        let mut lost = Vec::new();
+        {
+            let mut held = self.held();
+            for (name, epoch) in names.iter().zip(&epochs) {
+                let name = String::from_utf8_lossy(name).into_owned();
+                match renewed.get(&name) {
+                    Some(_) => {
+                        if let Some(h) = held.get_mut(&name) {
+                            if h.epoch == *epoch {
+                                h.deadline = h.deadline.max(deadline);
+                            }
+                        }
+                    }
+                    // Taken since it was read above (acquired again at a new epoch) or lost.
+                    None if held.get(&name).is_some_and(|h| h.epoch == *epoch) => lost.push(name),
+                    None => {}
+                }
+            }
+        }
+        self.lose(lost);
+        Ok(())
+    }
+
+    /// Starts the renewal task on the ledger's runtime; it ends when the book is dropped.
+    pub(super) fn start_renewing(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let every = self.config.ttl / 3;
+        self.runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(book) = weak.upgrade() else { return };
+                if let Err(e) = book.renew().await {
+                    tracing::warn!("renewing session leases failed (retried at the next turn): {e}");
+                }
+            }
+        });
+    }
+
+    /// Takes leases by one upsert: for `session` alone, or for every stored session whose lease
+    /// is free and which this process does not hold.
+    async fn take(self: Arc<Self>, session: Option<String>) -> Result<Vec<(String, i64)>, LedgerError> {
+        let _turn = self.taking.lock().await;
+        let sent = Instant::now();
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let held: Vec<Vec<u8>> = self.held().keys().map(|s| s.as_bytes().to_vec()).collect();
+        let source = match &session {
+            Some(_) => "SELECT $5::bytea".to_string(),
+            None => format!(
+                "SELECT s.key FROM {sessions} s LEFT JOIN {t} l ON l.session = s.key
+                 WHERE (l.session IS NULL OR l.expires_at < now() OR l.owner = $1) AND NOT (s.key = ANY($4))",
+                sessions = self.sessions_table,
+                t = self.table
+            ),
+        };
+        let sql = format!(
+            "INSERT INTO {t} AS l (session, owner, address, epoch, expires_at)
+             SELECT src.key, $1, $2, 1, now() + $3::int8 * interval '1 millisecond' FROM ({source}) AS src(key)
+             ON CONFLICT (session) DO UPDATE SET owner = EXCLUDED.owner, address = EXCLUDED.address,
+                 epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at
+               WHERE (l.expires_at < now() OR l.owner = $1) AND NOT (l.session = ANY($4))
+             RETURNING l.session, l.epoch",
+            t = self.table
+        );
+        let one = session.map(String::into_bytes);
+        let rows = match &one {
+            Some(name) => {
+                client
+                    .query(
+                        &sql,
+                        &[&self.config.node, &self.config.address, &self.ttl_ms(), &held, name],
+                    )
+                    .await
+            }
+            None => {
+                client
+                    .query(&sql, &[&self.config.node, &self.config.address, &self.ttl_ms(), &held])
+                    .await
+            }
+        }
+        .map_err(pg_error("taking session leases"))?;
+        let deadline = self.deadline(sent);
+        let taken: Vec<(String, i64)> = rows
+            .into_iter()
+            .map(|r| (String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned(), r.get(1)))
+            .collect();
+        let mut book = self.held();
+        for (s, epoch) in &taken {
+            book.insert(
+                s.clone(),
+                Held {
+                    epoch: *epoch,
+                    deadline,
+                },
+            );
+        }
+        Ok(taken)
+    }
+}
+
+/// The trait's face of a process's leases.
+#[derive(Debug, Clone)]
+pub(super) struct PgLeases(pub(super) Arc<LeaseBook>);
+
+impl Leases for PgLeases {
+    fn node(&self) -> &str {
+        &self.0.config.node
+    }
+
+    fn acquire(&self, session_id: &str) -> Result<LeaseHolder, LedgerError> {
+        if let Some(h) = self.0.held().get(session_id) {
+            return Ok(LeaseHolder::Here(h.epoch as u64));
+        }
+        let book = self.0.clone();
+        let name = session_id.to_string();
+        self.0.run(async move {
+            let taken = book.clone().take(Some(name.clone())).await?;
+            if let Some((_, epoch)) = taken.first() {
+                return Ok(LeaseHolder::Here(*epoch as u64));
+            }
+            let client = book.pool.get().await.map_err(pool_error)?;
+            let row = client
+                .query_opt(
+                    &format!("SELECT owner, address FROM {} WHERE session = $1", book.table),
+                    &[&name.as_bytes()],
+                )
+                .await
+                .map_err(pg_error("reading a session lease"))?;
+            match row {
+                Some(r) => Ok(LeaseHolder::Elsewhere {
+                    owner: r.get(0),
+                    address: r.get(1),
+                }),
+                // Given back between the two statements: free now; the caller asks again.
+                None => Err(LedgerError::storage_msg(format!(
+                    "the lease of session `{name}` changed hands while it was taken; retry"
+                ))),
+            }
+        })
+    }
+
+    fn acquire_free(&self) -> Result<Vec<String>, LedgerError> {
+        let book = self.0.clone();
+        let taken = self.0.run(async move { book.take(None).await })?;
+        Ok(taken.into_iter().map(|(s, _)| s).collect())
+    }
+
+    fn holds(&self, session_id: &str) -> bool {
+        self.0.held().contains_key(session_id)
+    }
+
+    fn serving(&self, session_id: &str) -> bool {
+        self.0
+            .held()
+            .get(session_id)
+            .is_some_and(|h| Instant::now() < h.deadline)
+    }
+
+    fn release(&self, session_id: &str) {
+        let Some(held) = self.0.held().remove(session_id) else {
+            return;
+        };
+        let book = self.0.clone();
+        let name = session_id.as_bytes().to_vec();
+        let res = self.0.run(async move {
+            let client = book.pool.get().await.map_err(pool_error)?;
+            client
+                .execute(
+                    &format!(
+                        "UPDATE {} SET expires_at = now() - interval '1 millisecond'
+                         WHERE session = $1 AND epoch = $2 AND owner = $3",
+                        book.table
+                    ),
+                    &[&name, &held.epoch, &book.config.node],
+                )
+                .await
+                .map_err(pg_error("giving a session lease back"))
+        });
+        if let Err(e) = res {
+            tracing::warn!(session = %session_id, "giving a session lease back failed (it runs out by itself): {e}");
+        }
+    }
+
+    fn release_all(&self) {
+        let held: Vec<(String, Held)> = self.0.held().drain().collect();
+        if held.is_empty() {
+            return;
+        }
+        let book = self.0.clone();
+        let (names, epochs): (Vec<Vec<u8>>, Vec<i64>) =
+            held.iter().map(|(s, h)| (s.as_bytes().to_vec(), h.epoch)).unzip();
+        let res = self.0.run(async move {
+            let client = book.pool.get().await.map_err(pool_error)?;
+            client
+                .execute(
+                    &format!(
+                        "UPDATE {} l SET expires_at = now() - interval '1 millisecond'
+                         FROM unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
+                         WHERE l.session = f.session AND l.epoch = f.epoch AND l.owner = $3",
+                        book.table
+                    ),
+                    &[&names, &epochs, &book.config.node],
+                )
+                .await
+                .map_err(pg_error("giving session leases back"))
+        });
+        match res {
+            Ok(n) => tracing::info!(leases = n, "session leases given back"),
+            Err(e) => tracing::warn!("giving session leases back failed (they run out by themselves): {e}"),
+        }
+    }
+
+    fn on_lost(&self, lost: Box<dyn Fn(&[String]) + Send + Sync>) {
+        if self.0.on_lost.set(lost).is_err() {
+            tracing::warn!("a second lost-lease hook was not set");
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! Session leases: two processes' views of one database, each its own node.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::super::super::pg_testkit;
+use super::super::*;
+use crate::ledger::{LeaseHolder, Leases};
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn session(id: &str) -> SessionRow {
+    SessionRow {
+        session_id: id.into(),
+        max_concurrent_children: 4,
+        max_delivery_attempts: 3,
+        next_set: 1,
+        created_at_ms: 0,
+    }
+}
+
+fn node(schema: &str, name: &str, ttl: Duration) -> PgLedger {
+    PgLedger::open_in(&pg_testkit::url(), schema)
+        .unwrap()
+        .shared(LeaseConfig {
+            node: name.into(),
+            address: format!("http://{name}"),
+            ttl,
+        })
+        .unwrap()
+}
+
+fn leases(l: &PgLedger) -> Arc<dyn Leases> {
+    l.leases().expect("a shared ledger has leases")
+}
+
+/// Runs SQL on the test server beside the ledgers (what a paused process cannot stop).
+fn sql(ledger: &PgLedger, statement: &str) {
+    let pool = ledger.inner.pool.clone();
+    let statement = statement.replace("{schema}", &ledger.inner.schema);
+    ledger
+        .runtime
+        .run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            client.batch_execute(&statement).await.map_err(pg_error("test SQL"))
+        })
+        .unwrap();
+}
+
+/// The lease of `s` runs out now, as it would had its holder been paused past it.
+fn expire(ledger: &PgLedger, s: &str) {
+    sql(
+        ledger,
+        &format!("UPDATE \"{{schema}}\".session_leases SET expires_at = now() - interval '1 second' WHERE session = '{s}'::bytea"),
+    );
+}
+
+fn child_of(s: &str, call: &str) -> ChildRow {
+    let call = crate::ledger::conformance::call_row(s, call, 1);
+    let unit = crate::model::plan_units(&call.call_id, &call.tasks, false).remove(0);
+    let mut row = crate::recovery::queued_child(&call, &unit, 0);
+    row.status = ChildStatus::Succeeded;
+    row
+}
+
+#[test]
+fn a_lease_is_held_by_one_node_at_a_time_and_named_to_the_others() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    assert_eq!(leases(&a).acquire("s1").unwrap(), LeaseHolder::Here(1));
+    assert_eq!(
+        leases(&a).acquire("s1").unwrap(),
+        LeaseHolder::Here(1),
+        "held: the same epoch"
+    );
+    assert_eq!(
+        leases(&b).acquire("s1").unwrap(),
+        LeaseHolder::Elsewhere {
+            owner: "a".into(),
+            address: "http://a".into()
+        }
+    );
+    assert!(leases(&a).serving("s1") && !leases(&b).holds("s1"));
+    // Given back: the other takes it at once, at the next epoch.
+    leases(&a).release("s1");
+    assert!(!leases(&a).holds("s1"));
+    assert_eq!(leases(&b).acquire("s1").unwrap(), LeaseHolder::Here(2));
+}
+
+#[test]
+fn a_restarted_node_takes_its_own_leases_back_at_once_at_a_new_epoch() {
+    let schema = pg_testkit::fresh_schema();
+    let a = node(&schema, "a", TTL);
+    a.write(&Writes {
+        sessions: vec![session("s1"), session("s2")],
+        ..Writes::default()
+    })
+    .unwrap();
+    assert_eq!(
+        leases(&a).acquire_free().unwrap().len(),
+        0,
+        "no session row is committed yet"
+    );
+    // Rows of sessions not held are not written.
+    a.flush().unwrap();
+    assert!(second_view(&a).load().unwrap().sessions.is_empty());
+    for s in ["s1", "s2"] {
+        assert_eq!(leases(&a).acquire(s).unwrap(), LeaseHolder::Here(1));
+    }
+    a.write(&Writes {
+        sessions: vec![session("s1"), session("s2")],
+        ..Writes::default()
+    })
+    .unwrap();
+    a.flush().unwrap();
+    drop(a); // killed: its leases stay until they run out
+    let again = node(&schema, "a", TTL);
+    let mut taken = leases(&again).acquire_free().unwrap();
+    taken.sort();
+    assert_eq!(taken, vec!["s1".to_string(), "s2".to_string()]);
+    assert_eq!(leases(&again).acquire("s1").unwrap(), LeaseHolder::Here(2));
+    let b = node(&schema, "b", TTL);
+    assert!(leases(&b).acquire_free().unwrap().is_empty(), "held by a");
+}
+
+fn second_view(ledger: &PgLedger) -> PgLedger {
+    PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema).unwrap()
+}
+
+#[test]
+fn a_node_whose_lease_was_taken_over_writes_nothing_more_and_is_told() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    let told = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = told.clone();
+    leases(&a).on_lost(Box::new(move |s| sink.lock().unwrap().extend_from_slice(s)));
+    for s in ["s1", "s2"] {
+        assert_eq!(leases(&a).acquire(s).unwrap(), LeaseHolder::Here(1));
+    }
+    a.write(&Writes {
+        sessions: vec![session("s1"), session("s2")],
+        ..Writes::default()
+    })
+    .unwrap();
+    a.flush().unwrap();
+    // a is paused past its lease of s1; b takes it over.
+    expire(&a, "s1");
+    assert_eq!(leases(&b).acquire_free().unwrap(), vec!["s1".to_string()]);
+    // a wakes and writes to both sessions in one commit: s2's rows land, s1's do not.
+    let call = crate::ledger::conformance::call_row("s1", "deleg_1", 1);
+    let call2 = crate::ledger::conformance::call_row("s2", "deleg_2", 1);
+    a.write(&Writes {
+        calls: vec![call.clone(), call2.clone()],
+        ..Writes::default()
+    })
+    .unwrap();
+    a.flush().unwrap();
+    assert!(
+        b.call("s1", "deleg_1").unwrap().is_none(),
+        "the fenced write did not land"
+    );
+    assert!(
+        b.call("s2", "deleg_2").unwrap().is_some(),
+        "the held session's write did"
+    );
+    assert!(!leases(&a).holds("s1") && leases(&a).holds("s2"));
+    assert_eq!(*told.lock().unwrap(), vec!["s1".to_string()]);
+    // Its completions are not recorded either, and come back in their order.
+    let rows = vec![child_of("s1", "deleg_1"), child_of("s2", "deleg_2")];
+    let stored = a.record_terminals(&rows).unwrap();
+    assert_eq!(stored.iter().map(|r| &r.session_id).collect::<Vec<_>>(), ["s1", "s2"]);
+    assert!(b.call_children("s1", "deleg_1").unwrap().is_empty());
+    assert_eq!(b.call_children("s2", "deleg_2").unwrap().len(), 1);
+}
+
+#[test]
+fn a_renewal_finds_a_lease_taken_over_and_loses_it() {
+    let schema = pg_testkit::fresh_schema();
+    let ttl = Duration::from_millis(900);
+    let (a, b) = (node(&schema, "a", ttl), node(&schema, "b", TTL));
+    assert_eq!(leases(&a).acquire("s1").unwrap(), LeaseHolder::Here(1));
+    // Renewed while held: still served well past its first lease time.
+    std::thread::sleep(ttl * 2);
+    assert!(leases(&a).serving("s1"), "renewed in the background");
+    expire(&a, "s1");
+    assert_eq!(leases(&b).acquire("s1").unwrap(), LeaseHolder::Here(2));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while leases(&a).holds("s1") {
+        assert!(std::time::Instant::now() < deadline, "the renewal never noticed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!leases(&a).serving("s1"));
+}
+
+#[test]
+fn a_takeover_waits_for_a_commit_in_flight_of_the_old_holder() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), Arc::new(node(&schema, "b", TTL)));
+    assert_eq!(leases(&a).acquire("s1").unwrap(), LeaseHolder::Here(1));
+    expire(&a, "s1");
+    // A commit of a's in flight: it checked its lease (the row held FOR SHARE) and has not
+    // committed yet.
+    let (checked_tx, checked) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+    let pool = a.inner.pool.clone();
+    let table = format!("\"{schema}\".session_leases");
+    let in_flight = a.runtime.handle.spawn(async move {
+        let mut client = pool.get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        tx.query(
+            &format!("SELECT 1 FROM {table} WHERE session = 's1'::bytea AND epoch = 1 FOR SHARE"),
+            &[],
+        )
+        .await
+        .unwrap();
+        checked_tx.send(()).unwrap();
+        let _ = go.await;
+        tx.commit().await.unwrap();
+    });
+    checked.recv().unwrap();
+    let taker = {
+        let b = b.clone();
+        std::thread::spawn(move || leases(&b).acquire("s1"))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !taker.is_finished(),
+        "the takeover did not wait for the commit in flight"
+    );
+    go_tx.send(()).unwrap();
+    assert_eq!(taker.join().unwrap().unwrap(), LeaseHolder::Here(2));
+    a.runtime
+        .run(async move { in_flight.await.map_err(|e| LedgerError::storage("test", e)) })
+        .unwrap();
+}
