@@ -116,6 +116,8 @@ pub struct BroodConfig {
     on_flush: Option<brood_actors::ledger::FlushObserver>,
     /// PostgreSQL's address and schema, when the ledger is there rather than in `data_dir`.
     postgres: Option<(String, String)>,
+    /// Who this process is among several sharing the PostgreSQL ledger.
+    share: Option<brood_actors::ledger::LeaseConfig>,
 }
 
 impl std::fmt::Debug for BroodConfig {
@@ -143,6 +145,7 @@ impl BroodConfig {
             retention: brood_actors::retention::Retention::default(),
             on_flush: None,
             postgres: None,
+            share: None,
         }
     }
 
@@ -150,8 +153,7 @@ impl BroodConfig {
     /// PostgreSQL 14 or later), in the schema [`brood_actors::ledger::DEFAULT_SCHEMA`], instead
     /// of sled in the data folder. brood creates and migrates its tables itself; a commit is
     /// durable on the server (`synchronous_commit = on`) before anything it holds is reported
-    /// as recorded. One process per database for now: several processes sharing one are not
-    /// supported yet.
+    /// as recorded. Several processes may share one database: see [`BroodConfig::share`].
     pub fn postgres(mut self, url: impl Into<String>) -> Self {
         let schema = self
             .postgres
@@ -167,6 +169,22 @@ impl BroodConfig {
         if let Some(p) = &mut self.postgres {
             p.1 = schema.into();
         }
+        self
+    }
+
+    /// With [`BroodConfig::postgres`]: shares the database with other brood processes. Each
+    /// session is served by one process at a time, the holder of its lease (`ttl` long,
+    /// renewed in the background); this one is `node` (stable across its restarts, so a
+    /// restarted node takes its sessions back at once) and takes requests at `address`, which
+    /// the others name in [`BroodError::Moved`]. Sessions whose holder died are taken over
+    /// within about `ttl`, recovered as a restart recovers them; a holder that was paused past
+    /// its lease is refused at its first write and stops serving the session.
+    pub fn share(mut self, node: impl Into<String>, address: impl Into<String>, ttl: Duration) -> Self {
+        self.share = Some(brood_actors::ledger::LeaseConfig {
+            node: node.into(),
+            address: address.into(),
+            ttl,
+        });
         self
     }
 
@@ -316,6 +334,13 @@ impl Brood {
         let retention = config.retention.clone();
         let on_flush = config.on_flush.clone();
         let postgres = config.postgres.clone();
+        let share = config.share.clone();
+        if share.is_some() && postgres.is_none() {
+            return Err(BroodError::invalid(
+                "share",
+                "sharing the ledger between processes needs a PostgreSQL ledger (a sled folder is one process's)",
+            ));
+        }
         let thread = std::thread::Builder::new()
             .name("brood-actors".into())
             .spawn(move || {
@@ -335,6 +360,9 @@ impl Brood {
                     let ledger: Arc<dyn Ledger> = match postgres {
                         Some((url, schema)) => {
                             let mut pg = brood_actors::ledger::PgLedger::open_in(&url, &schema)?;
+                            if let Some(share) = share {
+                                pg = pg.shared(share)?;
+                            }
                             if let Some(observer) = on_flush {
                                 pg = pg.on_flush(observer);
                             }
@@ -364,9 +392,18 @@ impl Brood {
                 });
                 match started {
                     Ok((root, engine)) => {
+                        let (ledger, leases) = (engine.ledger.clone(), engine.leases.clone());
                         let _ = tx.send(Ok((root, engine, actix::System::current())));
                         if let Err(e) = sys.run() {
                             tracing::error!("brood actor system ended with an error: {e}");
+                        }
+                        if let Some(leases) = leases {
+                            // What was decided is committed first; then the other processes
+                            // may take the sessions up at once.
+                            if let Err(e) = ledger.flush() {
+                                tracing::warn!("the last flush before giving the session leases back failed: {e}");
+                            }
+                            leases.release_all();
                         }
                     }
                     Err(e) => {
@@ -455,6 +492,12 @@ impl BroodHandle {
 
     /// A lost answer means the owner died mid-request (or the engine stopped).
     fn lost(&self, session_id: &str, call_id: Option<String>) -> BroodError {
+        if self.engine.leases.as_ref().is_some_and(|l| !l.holds(session_id)) {
+            // Its owner stopped because another process took the session over.
+            return BroodError::LeaseLapsed {
+                session: session_id.to_string(),
+            };
+        }
         if self.root.connected() {
             BroodError::Interrupted {
                 session: session_id.to_string(),

@@ -26,12 +26,17 @@ impl BroodHandle {
         let ledger = self.ledger.clone();
         let id = call_id.to_string();
         // A scan of the call keys (off every hot path).
-        let stored = blocking(move || match ledger.find_call(&id)? {
-            Some(call) => stored_call(&*ledger, call).map(Some),
-            None => Ok(None),
-        })
-        .await?;
-        stored.ok_or_else(unknown)
+        let found = blocking(move || ledger.find_call(&id)).await?.ok_or_else(unknown)?;
+        if self.engine.leases.is_some() {
+            // Shared: its session may be served here once taken up, or elsewhere (then the
+            // request goes there: its holder has the call in memory).
+            let view = owner::CallView(call_id.to_string());
+            if let Some(status) = self.ask(&found.session_id, view).await? {
+                return Ok(status);
+            }
+        }
+        let ledger = self.ledger.clone();
+        blocking(move || stored_call(&*ledger, found)).await
     }
 
     /// Up to `limit` calls of a session in the order they were made (after the call id `after`,

@@ -105,6 +105,17 @@ struct ServeArgs {
     /// Keep the ledger in PostgreSQL instead: postgres://user@host:port/database.
     #[arg(long)]
     ledger: Option<String>,
+    /// With --ledger: where the other processes on the database reach this one (default
+    /// http://<listen>).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// With --ledger: this process's node id, stable across restarts (default: the advertised
+    /// address).
+    #[arg(long)]
+    node: Option<String>,
+    /// With --ledger: how long a session lease lasts without a renewal, in ms (default 10000).
+    #[arg(long)]
+    session_lease_ms: Option<String>,
     /// The key every /v1 request must carry as `Authorization: Bearer <key>`.
     #[arg(long)]
     api_key: Option<String>,
@@ -184,6 +195,9 @@ impl ServeArgs {
             ("listen", &self.listen),
             ("data_dir", &self.data_dir),
             ("ledger", &self.ledger),
+            ("advertise", &self.advertise),
+            ("node", &self.node),
+            ("session_lease_ms", &self.session_lease_ms),
             ("api_key", &self.api_key),
             ("allowed_runners", &self.allowed_runners),
             ("durability", &self.durability),

@@ -656,7 +656,7 @@ fn competing_consumers_each_get_an_item_at_most_once() {
 fn a_server_on_postgres_keeps_results_and_acks_across_kill9() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
-    let s = Server::start_with(dir.path(), None, &["--ledger", &url]);
+    let s = Server::start_with(dir.path(), None, &["--ledger", &url, "--node", "n1"]);
     s.open("k");
     let (_, reply) = s.call(
         "POST",
@@ -680,7 +680,7 @@ fn a_server_on_postgres_keeps_results_and_acks_across_kill9() {
     s.kill9();
     // Nothing was in the folder: everything came back from PostgreSQL.
     assert!(!dir.path().join("db").exists() && !dir.path().join("conf").exists());
-    let s = Server::start_with(dir.path(), None, &["--ledger", &url]);
+    let s = Server::start_with(dir.path(), None, &["--ledger", &url, "--node", "n1"]);
     s.open("k");
     let (status, acked) = s.call("POST", &format!("/v1/claims/{claim}/ack"), None);
     assert_eq!((status, acked["delivered"].as_u64()), (200, Some(3)), "{acked}");

@@ -44,19 +44,6 @@ fn failure(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-fn delegate(s: &Server, session: &str, tasks: usize) -> String {
-    let tasks: Vec<Value> = (0..tasks)
-        .map(|i| json!({"goal": format!("t{i}"), "runner": sim(0)}))
-        .collect();
-    let (status, reply) = s.call(
-        "POST",
-        &format!("/v1/sessions/{session}/delegate"),
-        Some(json!({"tasks": tasks, "independent_completions": true})),
-    );
-    assert_eq!(status, 202, "{reply}");
-    reply["call_id"].as_str().unwrap().to_string()
-}
-
 fn wait_ready(s: &Server, session: &str, ready: u64) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -76,7 +63,7 @@ fn populated(dir: &Path) -> (Server, [String; 3]) {
     let s = Server::start_with(dir, Some(KEY), &["--max-delivery-attempts", "1"]);
     s.open("alpha");
     s.open("beta");
-    let a = delegate(&s, "alpha", 1);
+    let a = s.delegate_sims("alpha", 1);
     let env = s.envelope("alpha", 30_000);
     let (status, _) = s.call(
         "POST",
@@ -84,9 +71,9 @@ fn populated(dir: &Path) -> (Server, [String; 3]) {
         None,
     );
     assert_eq!(status, 200);
-    let b = delegate(&s, "alpha", 2);
+    let b = s.delegate_sims("alpha", 2);
     wait_ready(&s, "alpha", 2);
-    let c = delegate(&s, "beta", 1);
+    let c = s.delegate_sims("beta", 1);
     let env = s.envelope("beta", 30_000);
     let (status, body) = s.call(
         "POST",

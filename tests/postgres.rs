@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use brood::{Brood, BroodConfig, DelegateRequest};
+use brood::{Brood, BroodConfig, BroodError, DelegateRequest};
 use brood_actors::ledger::pg_testkit::Cluster;
 use common::*;
 
@@ -92,5 +92,70 @@ async fn a_database_crash_mid_run_loses_nothing_and_delivers_nothing_twice() {
     let b = Brood::open(config()).expect("reopen on PostgreSQL");
     open_wake(&b, "p").await;
     assert!(b.boundary("p", "c", Duration::from_secs(30)).await.unwrap().is_none());
+    b.shutdown();
+}
+
+/// An engine sharing the database as one of several processes would: node `node`, reached at
+/// `http://<node>`, with leases long enough that no renewal runs during a test.
+fn sharing(dir: &std::path::Path, kit: &Kit, url: &str, schema: &str, node: &str) -> Brood {
+    let config = BroodConfig::new(dir)
+        .runners(kit.runners())
+        .postgres(url)
+        .postgres_schema(schema)
+        .share(node, format!("http://{node}"), Duration::from_secs(60));
+    Brood::open(config).expect("open sharing PostgreSQL")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_lease_was_taken_over_is_refused_at_its_first_write_and_serves_no_more() {
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = brood_actors::ledger::pg_testkit::url();
+    let schema = brood_actors::ledger::pg_testkit::fresh_schema();
+    let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a");
+    let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b");
+    open_wake(&a, "f").await;
+    let tasks = (0..5).map(|i| task(format!("t{i}"), sim(0))).collect();
+    a.delegate("f", DelegateRequest::background(tasks).independent())
+        .await
+        .expect("delegate");
+    let mut claimed = Vec::new();
+    let mut claims = Vec::new();
+    while claimed.len() < 5 {
+        let env = next_envelope(&a, "f", "c", Duration::from_secs(60)).await;
+        claimed.extend(env.items.iter().map(|i| i.dedup_key.clone()));
+        claims.push(env.claim_id);
+    }
+    // a is paused past its lease (it renews nothing meanwhile), and b takes the session over.
+    brood_actors::ledger::pg_testkit::execute(
+        &url,
+        &format!("UPDATE {schema}.session_leases SET expires_at = now() - interval '1 second'"),
+    );
+    open_wake(&b, "f").await;
+    // a wakes up holding claims: its ack is refused at its write, and nothing of it lands.
+    match a.ack(&claims[0]).await {
+        Err(BroodError::LeaseLapsed { session }) => assert_eq!(session, "f"),
+        other => panic!("the old holder's ack was not refused: {other:?}"),
+    }
+    // From then on a names the holder instead of serving the session.
+    match a.boundary("f", "c", LEASE).await {
+        Err(BroodError::Moved { address, .. }) => assert_eq!(address, "http://b"),
+        other => panic!("the old holder still serves the session: {other:?}"),
+    }
+    let late = DelegateRequest::background(vec![task("late", sim(0))]);
+    let refused = a.delegate("f", late).await.expect_err("the old holder accepted a call");
+    assert!(matches!(refused.error, BroodError::Moved { .. }), "{:?}", refused.error);
+    // b recovered the session as a restart would: a's claims were returned, and every item is
+    // delivered through b, once.
+    let mut again = Vec::new();
+    while again.len() < 5 {
+        let env = next_envelope(&b, "f", "c", Duration::from_secs(60)).await;
+        again.extend(env.items.iter().map(|i| i.dedup_key.clone()));
+        b.ack(&env.claim_id).await.expect("b acks");
+    }
+    claimed.sort();
+    again.sort();
+    assert_eq!(again, claimed);
+    assert!(b.boundary("f", "c", LEASE).await.unwrap().is_none(), "nothing twice");
+    a.shutdown();
     b.shutdown();
 }

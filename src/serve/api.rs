@@ -18,6 +18,9 @@ pub struct ApiError {
     pub code: &'static str,
     /// What is wrong and how to fix it.
     pub message: String,
+    /// Another process sharing the ledger serves the session, here: the request is sent on
+    /// there (see `forward`).
+    pub moved_to: Option<String>,
 }
 
 impl ApiError {
@@ -27,6 +30,7 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             code: "invalid_request",
             message: message.into(),
+            moved_to: None,
         }
     }
 
@@ -36,6 +40,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            moved_to: None,
         }
     }
 }
@@ -52,9 +57,13 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status).json(serde_json::json!({
+        let mut reply = HttpResponse::build(self.status).json(serde_json::json!({
             "error": {"code": self.code, "message": self.message}
-        }))
+        }));
+        if let Some(address) = &self.moved_to {
+            reply.extensions_mut().insert(super::forward::MovedTo(address.clone()));
+        }
+        reply
     }
 }
 
@@ -77,6 +86,12 @@ impl From<BroodError> for ApiError {
                 (StatusCode::SERVICE_UNAVAILABLE, e.code())
             }
             BroodError::SessionFailed { .. } => (StatusCode::SERVICE_UNAVAILABLE, "session_failed"),
+            BroodError::LeaseLapsed { .. } => (StatusCode::SERVICE_UNAVAILABLE, e.code()),
+            BroodError::Moved { address, .. } => {
+                let mut moved = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.code(), message);
+                moved.moved_to = Some(address.clone());
+                return moved;
+            }
         };
         ApiError::new(status, code, message)
     }

@@ -21,6 +21,17 @@ pub struct ServeConfig {
     /// password (if the address holds one) is not printed.
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "without_password")]
     pub ledger: Option<String>,
+    /// With a PostgreSQL ledger (shared by every process on it): where the other processes send
+    /// this one the requests of sessions it serves (default `http://<listen>`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise: Option<String>,
+    /// With a PostgreSQL ledger: this process's node id, stable across its restarts (default:
+    /// the advertised address).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// With a PostgreSQL ledger: how long a session lease lasts without a renewal, in ms (a
+    /// dead process's sessions are taken over about this long after its death).
+    pub session_lease_ms: u64,
     /// The API key every `/v1` request must carry (`Authorization: Bearer <key>`).
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "redacted")]
     pub api_key: Option<String>,
@@ -73,6 +84,13 @@ pub struct ServeConfig {
 const DAY_MS: u64 = 24 * 60 * 60 * 1000;
 
 impl ServeConfig {
+    /// Where the other processes sharing the ledger reach this one.
+    pub fn advertised(&self) -> String {
+        self.advertise
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", self.listen))
+    }
+
     /// The retention these settings give.
     pub fn retention(&self) -> crate::Retention {
         use std::time::Duration;
@@ -124,6 +142,9 @@ impl Default for ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             data_dir: PathBuf::from("./brood-data"),
             ledger: None,
+            advertise: None,
+            node: None,
+            session_lease_ms: 10_000,
             api_key: None,
             allow_command: false,
             allowed_runners: vec!["sim".into(), "external".into()],
@@ -188,6 +209,15 @@ const KEYS: &[(&str, &str)] = &[
         "ledger",
         "a PostgreSQL address postgres://user@host:port/database (default: sled in data_dir)",
     ),
+    (
+        "advertise",
+        "an http:// address where the other processes reach this one (default http://<listen>)",
+    ),
+    (
+        "node",
+        "a non-empty node id, stable across restarts (default: the advertised address)",
+    ),
+    ("session_lease_ms", "from 1000 to 600000 (default 10000)"),
     ("api_key", "a non-empty string"),
     ("allow_command", "true or false"),
     (
@@ -376,6 +406,16 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
                     .ok_or_else(bad)?,
             )
         }
+        "advertise" => {
+            c.advertise = Some(
+                text(raw)
+                    .filter(|s| (s.starts_with("http://") || s.starts_with("https://")) && s.len() > 8)
+                    .map(|s| s.trim_end_matches('/').to_string())
+                    .ok_or_else(bad)?,
+            )
+        }
+        "node" => c.node = Some(text(raw).filter(|s| !s.trim().is_empty()).ok_or_else(bad)?),
+        "session_lease_ms" => c.session_lease_ms = number(key, raw, 1_000, 600_000)?,
         "api_key" => c.api_key = Some(text(raw).filter(|s| !s.is_empty()).ok_or_else(bad)?),
         "allow_command" => c.allow_command = flag(key, raw)?,
         "allowed_runners" => c.allowed_runners = kinds(key, raw)?,

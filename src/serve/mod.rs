@@ -20,6 +20,7 @@
 pub mod api;
 pub mod config;
 mod events;
+mod forward;
 mod listing;
 mod metrics;
 mod openapi;
@@ -122,7 +123,12 @@ fn runners(config: &ServeConfig, queues: &Arc<WorkQueues>) -> Runners {
 fn engine_config(config: &ServeConfig, wakes: wake::Webhooks, queues: &Arc<WorkQueues>) -> BroodConfig {
     let mut engine = BroodConfig::new(&config.data_dir);
     if let Some(url) = &config.ledger {
-        engine = engine.postgres(url);
+        // Every process on one database shares it: sessions are served under leases.
+        let address = config.advertised();
+        let node = config.node.clone().unwrap_or_else(|| address.clone());
+        engine = engine
+            .postgres(url)
+            .share(node, address, Duration::from_millis(config.session_lease_ms));
     }
     engine
         .runners(runners(config, queues))
@@ -162,6 +168,7 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
             .route("/ui", web::get().to(ui))
             .service(
                 web::scope("/v1")
+                    .wrap(actix_web::middleware::from_fn(forward::forward))
                     .wrap(actix_web::middleware::from_fn(require_key))
                     .route("/sessions", web::get().to(listing::list_sessions))
                     .route("/sessions/{session_id}", web::put().to(routes::put_session))

@@ -182,6 +182,21 @@ impl Server {
         assert_eq!(body["wake_capable"], true);
     }
 
+    /// Delegates `n` zero-time sim children with independent completions to `session` (opened
+    /// wake-capable, so the call runs in the background); returns the call id.
+    pub fn delegate_sims(&self, session: &str, n: usize) -> String {
+        let tasks: Vec<Value> = (0..n)
+            .map(|i| json!({"goal": format!("t{i}"), "runner": sim(0)}))
+            .collect();
+        let (status, reply) = self.call(
+            "POST",
+            &format!("/v1/sessions/{session}/delegate"),
+            Some(json!({"tasks": tasks, "independent_completions": true})),
+        );
+        assert_eq!(status, 202, "{reply}");
+        reply["call_id"].as_str().unwrap().to_string()
+    }
+
     /// Boundaries until one answers 200.
     pub fn envelope(&self, session: &str, lease_ms: u64) -> Value {
         until_envelope(session, lease_ms, |m, p, b| self.call(m, p, b))

@@ -18,7 +18,7 @@ use actix::Addr;
 use actix_rt::ArbiterHandle;
 use dashmap::DashMap;
 
-use crate::ledger::Ledger;
+use crate::ledger::{Leases, Ledger};
 use crate::runner::RunnerFactory;
 
 /// A session's owner epoch, read-locked by an owner's write for as long as the write lasts.
@@ -83,6 +83,9 @@ pub struct Engine {
     /// writes of an owner that died mid-flush never land after its successor read the ledger.
     fences: Arc<DashMap<String, Fence>>,
     coalescer: Arc<RwLock<Option<Addr<coalescer::Coalescer>>>>,
+    /// The session leases, when several processes share the ledger (see [`Leases`]): a
+    /// session is served here only while its lease is held here.
+    pub leases: Option<Arc<dyn Leases>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -99,6 +102,7 @@ impl Engine {
     /// `children_arbiter`.
     pub fn new(ledger: Arc<dyn Ledger>, factory: Arc<dyn RunnerFactory>, children_arbiter: ArbiterHandle) -> Self {
         Engine {
+            leases: ledger.leases(),
             ledger,
             factory,
             wake_factory: None,
@@ -203,6 +207,22 @@ impl Engine {
         *guard = guard.saturating_add(1);
     }
 
+    /// Whether this process holds the session's lease (always, when it shares the ledger with
+    /// nobody): an owner whose session was taken over publishes, acks and answers nothing more.
+    pub(crate) fn holds(&self, session_id: &str) -> bool {
+        self.leases.as_ref().is_none_or(|l| l.holds(session_id))
+    }
+
+    /// Refuses to hand anything of the session out when its lease could not be renewed in time.
+    pub(crate) fn check_serving(&self, session_id: &str) -> Result<(), crate::error::BroodError> {
+        match &self.leases {
+            Some(l) if !l.serving(session_id) => Err(crate::error::BroodError::LeaseLapsed {
+                session: session_id.to_string(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// The routing thread of a session, if the engine has routing threads.
     pub(crate) fn routing_arbiter(&self, session_id: &str) -> Option<&ArbiterHandle> {
         use std::hash::{Hash as _, Hasher as _};
@@ -250,6 +270,9 @@ impl Engine {
         self.nests.remove(session_id);
         self.turns.remove(session_id);
         self.forget_share(session_id);
+        if let Some(leases) = &self.leases {
+            leases.release(session_id);
+        }
     }
 
     /// A session no longer served gives its server-wide slots to the sessions waiting for one.

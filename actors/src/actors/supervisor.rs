@@ -73,6 +73,9 @@ pub struct Health {
     pub failed_sessions: usize,
 }
 
+/// Who waits for a session's owner to be taken up.
+type OwnerWaiter = tokio::sync::oneshot::Sender<Result<Addr<SessionOwner>, BroodError>>;
+
 /// The root of the actor tree.
 pub struct Supervisor {
     engine: Engine,
@@ -83,6 +86,10 @@ pub struct Supervisor {
     recovered: Vec<SessionOwner>,
     /// Sessions whose owner was asked to stop so it is rebuilt ([`RestartOwner`]).
     restarting: std::collections::HashSet<String>,
+    /// Sessions being taken up from a shared ledger, with who waits for their owner.
+    adopting: HashMap<String, Vec<OwnerWaiter>>,
+    /// Whether a sweep for free leases is under way.
+    sweeping: bool,
 }
 
 impl std::fmt::Debug for Supervisor {
@@ -132,6 +139,25 @@ impl Supervisor {
     pub fn start_engine(engine: Engine, policy: RestartPolicy) -> Result<Addr<Supervisor>, LedgerError> {
         let ledger = engine.ledger.clone();
         let mut snapshot = ledger.load()?;
+        if let Some(leases) = &engine.leases {
+            // Sharing the ledger: only the sessions whose lease this process took are served
+            // here (the others' holders serve them); told at once of every lease it loses.
+            let taken: std::collections::HashSet<String> = leases.acquire_free()?.into_iter().collect();
+            tracing::info!(
+                node = leases.node(),
+                sessions = taken.len(),
+                "session leases taken at start"
+            );
+            snapshot.retain_sessions(&taken);
+            let owners = engine.owners.clone();
+            leases.on_lost(Box::new(move |lost| {
+                for s in lost {
+                    if let Some(owner) = owners.get(s) {
+                        owner.do_send(super::owner::Moved);
+                    }
+                }
+            }));
+        }
         for nest in std::mem::take(&mut snapshot.nests) {
             engine.add_nest(nest);
         }
@@ -175,6 +201,8 @@ impl Supervisor {
             failed: HashMap::new(),
             recovered,
             restarting: Default::default(),
+            adopting: HashMap::new(),
+            sweeping: false,
         };
         Ok(sup.start())
     }
@@ -267,6 +295,88 @@ impl Supervisor {
             .spawn(ctx);
     }
 
+    /// Takes a session up from the shared ledger: its lease taken (or its holder named), then
+    /// recovered from its rows as a restart recovers it (I6), or created from `create` when it
+    /// has none. One adoption of a session at a time: later askers wait for the first.
+    fn adopt(
+        &mut self,
+        id: String,
+        create: Option<(SessionRow, Option<NestRow>)>,
+        ctx: &mut Context<Self>,
+    ) -> impl std::future::Future<Output = Result<Addr<SessionOwner>, BroodError>> + 'static {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let first = !self.adopting.contains_key(&id);
+        self.adopting.entry(id.clone()).or_default().push(tx);
+        if first {
+            let engine = self.engine.clone();
+            let session = id.clone();
+            let job = crate::ledger::off_thread("taking a session up", move || {
+                Ok(adopt_session(&engine, &session, create))
+            });
+            job.into_actor(self)
+                .map(move |adopted, act, ctx| {
+                    let answer = match adopted.map_err(BroodError::from).and_then(|a| a) {
+                        Ok(Adopted::Owner(owner, nest)) if super::running(ctx) => {
+                            if let Some(nest) = nest {
+                                act.engine.add_nest(nest);
+                            }
+                            let wake = act.wakes.get(&id).cloned();
+                            let mut owner = *owner;
+                            if let Some(wake) = wake {
+                                owner.bind_wake(wake);
+                            }
+                            Ok(act.spawn_owner(owner, ctx))
+                        }
+                        Ok(Adopted::Owner(..)) => Err(BroodError::Stopped),
+                        Ok(Adopted::Elsewhere(address)) => Err(BroodError::Moved {
+                            session: id.clone(),
+                            address,
+                        }),
+                        Ok(Adopted::Unknown) => Err(BroodError::UnknownSession(id.clone())),
+                        Err(e) => Err(e),
+                    };
+                    for waiter in act.adopting.remove(&id).unwrap_or_default() {
+                        let _ = waiter.send(answer.clone());
+                    }
+                })
+                .spawn(ctx);
+        }
+        async move { rx.await.unwrap_or(Err(BroodError::Stopped)) }
+    }
+
+    /// Takes up every session whose lease is free: those of a process that died, within about
+    /// a lease time of its death.
+    fn sweep(&mut self, ctx: &mut Context<Self>) {
+        let Some(leases) = self.engine.leases.clone() else {
+            return;
+        };
+        if self.sweeping {
+            return;
+        }
+        self.sweeping = true;
+        crate::ledger::off_thread("sweeping for free session leases", move || leases.acquire_free())
+            .into_actor(self)
+            .map(|taken, act, ctx| {
+                act.sweeping = false;
+                let taken = match taken {
+                    Ok(taken) => taken,
+                    Err(e) => return tracing::warn!("looking for free session leases failed (tried again soon): {e}"),
+                };
+                if !taken.is_empty() {
+                    tracing::info!(sessions = taken.len(), "taking over sessions whose lease ran out");
+                }
+                for id in taken {
+                    let adopted = act.adopt(id.clone(), None, ctx);
+                    actix::spawn(async move {
+                        if let Err(e) = adopted.await {
+                            tracing::warn!(session = %id, "taking a session over failed: {e}");
+                        }
+                    });
+                }
+            })
+            .spawn(ctx);
+    }
+
     fn spawn_coalescer(&mut self, ctx: &mut Context<Self>) {
         let (ledger, owners, window) = (
             self.engine.ledger.clone(),
@@ -327,11 +437,15 @@ impl Actor for Supervisor {
         }
         // Retention reads off every actor's thread and removes through the owners.
         actix::spawn(crate::retention::run(self.engine.clone()));
+        if let Some(leases) = &self.engine.leases {
+            let every = (leases.ttl() / 4).min(std::time::Duration::from_secs(1));
+            ctx.run_interval(every, |act, ctx| act.sweep(ctx));
+        }
     }
 }
 
 impl Handler<OpenSession> for Supervisor {
-    type Result = ResponseFuture<Result<(Addr<SessionOwner>, SessionInfo), BroodError>>;
+    type Result = futures::future::LocalBoxFuture<'static, Result<(Addr<SessionOwner>, SessionInfo), BroodError>>;
 
     fn handle(&mut self, msg: OpenSession, ctx: &mut Context<Self>) -> Self::Result {
         if let Err(e) = validate_session_id(&msg.session_id) {
@@ -347,8 +461,9 @@ impl Handler<OpenSession> for Supervisor {
             };
             return Box::pin(async move { Err(e) });
         }
-        let addr = match self.engine.owner(&msg.session_id) {
-            Some(addr) => addr,
+        type Found = futures::future::LocalBoxFuture<'static, Result<Addr<SessionOwner>, BroodError>>;
+        let addr: Found = match self.engine.owner(&msg.session_id) {
+            Some(addr) => Box::pin(futures::future::ready(Ok(addr))),
             None => {
                 let row = SessionRow {
                     session_id: msg.session_id.clone(),
@@ -361,25 +476,19 @@ impl Handler<OpenSession> for Supervisor {
                     Ok(nest) => nest,
                     Err(e) => return Box::pin(async move { Err(e) }),
                 };
-                let ledger = &self.engine.ledger;
-                let session = Writes {
-                    sessions: vec![row.clone()],
-                    nests: nest.iter().cloned().collect(),
-                    ..Writes::default()
-                };
-                if let Err(e) = ledger.write(&session).and_then(|_| ledger.flush().map(|_| ())) {
-                    // Not durable, so not opened: take the row back (a later flush must not
-                    // make it real), and answer the failure.
-                    let _ = ledger.write(&Writes {
-                        remove_sessions: vec![row.session_id.clone()],
-                        ..Writes::default()
-                    });
-                    return Box::pin(async move { Err(e.into()) });
+                if self.engine.leases.is_some() {
+                    // Shared: the session may be stored already, served elsewhere, or new.
+                    Box::pin(self.adopt(msg.session_id.clone(), Some((row, nest)), ctx))
+                } else {
+                    if let Err(e) = store_session(&*self.engine.ledger, &row, &nest) {
+                        return Box::pin(async move { Err(e.into()) });
+                    }
+                    if let Some(nest) = nest {
+                        self.engine.add_nest(nest);
+                    }
+                    let owner = self.spawn_owner(SessionOwner::new(self.engine.clone(), row), ctx);
+                    Box::pin(futures::future::ready(Ok(owner)))
                 }
-                if let Some(nest) = nest {
-                    self.engine.add_nest(nest);
-                }
-                self.spawn_owner(SessionOwner::new(self.engine.clone(), row), ctx)
             }
         };
         if let Some(w) = &msg.settings.wake {
@@ -387,10 +496,30 @@ impl Handler<OpenSession> for Supervisor {
         }
         let configure = Configure(msg.settings);
         Box::pin(async move {
+            let addr = addr.await?;
             let info = addr.send(configure).await.map_err(|_| BroodError::Stopped)??;
             Ok((addr, info))
         })
     }
+}
+
+/// Writes a new session's row (and its nest row) durably; on failure takes them back (a later
+/// flush must not make them real): not durable, so not opened.
+fn store_session(ledger: &dyn Ledger, row: &SessionRow, nest: &Option<NestRow>) -> Result<(), LedgerError> {
+    let writes = Writes {
+        sessions: vec![row.clone()],
+        nests: nest.iter().cloned().collect(),
+        ..Writes::default()
+    };
+    let stored = ledger.write(&writes).and_then(|_| ledger.flush().map(|_| ()));
+    if stored.is_err() {
+        let _ = ledger.write(&Writes {
+            remove_sessions: vec![row.session_id.clone()],
+            remove_nests: nest.iter().map(|n| n.session_id.clone()).collect(),
+            ..Writes::default()
+        });
+    }
+    stored
 }
 
 /// The nest row of a new session whose id names a child (`deleg_<hex>.<index>`): its parent's
@@ -471,16 +600,22 @@ impl Handler<OwnerExited> for Supervisor {
 }
 
 impl Handler<FindOwner> for Supervisor {
-    type Result = Result<Addr<SessionOwner>, BroodError>;
+    type Result = futures::future::LocalBoxFuture<'static, Result<Addr<SessionOwner>, BroodError>>;
 
-    fn handle(&mut self, FindOwner(id): FindOwner, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, FindOwner(id): FindOwner, ctx: &mut Context<Self>) -> Self::Result {
         if let Some(reason) = self.failed.get(&id) {
-            return Err(BroodError::SessionFailed {
+            let e = BroodError::SessionFailed {
                 session: id,
                 reason: reason.clone(),
-            });
+            };
+            return Box::pin(futures::future::ready(Err(e)));
         }
-        self.engine.owner(&id).ok_or(BroodError::UnknownSession(id))
+        match self.engine.owner(&id) {
+            Some(addr) => Box::pin(futures::future::ready(Ok(addr))),
+            // Shared: stored and served elsewhere, or free to take up here.
+            None if self.engine.leases.is_some() => Box::pin(self.adopt(id, None, ctx)),
+            None => Box::pin(futures::future::ready(Err(BroodError::UnknownSession(id)))),
+        }
     }
 }
 
@@ -555,6 +690,56 @@ fn rebuild_owner(engine: &Engine, id: &str, wake: Option<Arc<dyn Wake>>) -> Resu
         owner.bind_wake(wake);
     }
     Ok(owner)
+}
+
+/// What taking a session up from a shared ledger came to.
+enum Adopted {
+    /// Its lease is held here now, and this is its owner (with its nest row, when new).
+    Owner(Box<SessionOwner>, Option<NestRow>),
+    /// Another process holds its lease and takes requests at this address.
+    Elsewhere(String),
+    /// No such session is stored (and none was to be created).
+    Unknown,
+}
+
+/// Takes a session's lease and recovers it from its own rows as a restart of the process
+/// would (I6: its live claims returned, what was running re-run or resolved), or creates it
+/// from `create`. Runs off every actor's thread.
+fn adopt_session(
+    engine: &Engine,
+    id: &str,
+    create: Option<(SessionRow, Option<NestRow>)>,
+) -> Result<Adopted, BroodError> {
+    let Some(leases) = engine.leases.as_ref() else {
+        return Ok(Adopted::Unknown);
+    };
+    if let crate::ledger::LeaseHolder::Elsewhere { address, .. } = leases.acquire(id)? {
+        return Ok(Adopted::Elsewhere(address));
+    }
+    // An owner of an earlier epoch in this process (its lease lost, then taken back) writes
+    // nothing more: its writes in flight land before the read below, or never.
+    engine.supersede(id);
+    let ledger = &engine.ledger;
+    let split = split_snapshot(ledger.load_session(id)?);
+    quarantine_rejects(&**ledger, &split.rejects)?;
+    let Some((session, part)) = split.sessions.into_iter().find(|(s, _)| s.session_id == id) else {
+        let Some((row, nest)) = create else {
+            leases.release(id);
+            return Ok(Adopted::Unknown);
+        };
+        store_session(&**ledger, &row, &nest)?;
+        return Ok(Adopted::Owner(Box::new(SessionOwner::new(engine.clone(), row)), nest));
+    };
+    let claim_ids = claim_keys(&part.claims);
+    let (owner, changed) = SessionOwner::recover(engine.clone(), session, part, Recovery::Process);
+    ledger.write(&Writes {
+        children: changed,
+        remove_claims: claim_ids,
+        ..Writes::default()
+    })?;
+    ledger.flush()?;
+    tracing::info!(session = %id, node = leases.node(), "session taken up from the shared ledger");
+    Ok(Adopted::Owner(Box::new(owner), None))
 }
 
 /// Lowers the calling thread's scheduling priority (nice 10): background work yields the CPU

@@ -181,6 +181,19 @@ pub struct Snapshot {
     pub nests: Vec<NestRow>,
 }
 
+impl Snapshot {
+    /// Keeps only the rows of `sessions` (and every nest row: they are small, and say which
+    /// sessions are nested wherever they are served).
+    pub fn retain_sessions(&mut self, sessions: &std::collections::HashSet<String>) {
+        self.sessions.retain(|r| sessions.contains(&r.session_id));
+        self.calls.retain(|r| sessions.contains(&r.session_id));
+        self.children.retain(|r| sessions.contains(&r.session_id));
+        self.claims.retain(|r| sessions.contains(&r.session_id));
+        self.starts.retain(|r| sessions.contains(&r.session_id));
+        self.wakes.retain(|r| sessions.contains(&r.session_id));
+    }
+}
+
 /// The rows of one call besides its own (what retention removes with it).
 #[derive(Debug, Default, Clone)]
 pub struct CallParts {
@@ -338,6 +351,9 @@ pub enum LeaseHolder {
     },
 }
 
+/// What is told of the sessions whose lease a process lost.
+pub type LostLeases = Box<dyn Fn(&[String]) + Send + Sync>;
+
 /// Session leases: when several processes share one ledger, each session is served by one of
 /// them at a time, the holder of its lease (owner, address, epoch, expiry), renewed in the
 /// background. Every write of a session's rows is checked against the holder's epoch in the
@@ -349,6 +365,8 @@ pub trait Leases: Send + Sync + fmt::Debug {
     /// This process's node id (stable across its restarts: a restarted node takes its leases
     /// back at once).
     fn node(&self) -> &str;
+    /// How long a lease lasts without a renewal.
+    fn ttl(&self) -> std::time::Duration;
     /// Takes the lease of `session_id` when it is free (none, expired, or this node's own from
     /// before a restart), or answers who holds it.
     fn acquire(&self, session_id: &str) -> Result<LeaseHolder, LedgerError>;
@@ -366,7 +384,7 @@ pub trait Leases: Send + Sync + fmt::Debug {
     fn release_all(&self);
     /// Calls `lost` with the sessions whose lease this process lost (taken over, or refused at
     /// a write), as soon as it knows.
-    fn on_lost(&self, lost: Box<dyn Fn(&[String]) + Send + Sync>);
+    fn on_lost(&self, lost: LostLeases);
 }
 
 /// Durable storage for brood's rows. Implementations must be safe to share across threads.

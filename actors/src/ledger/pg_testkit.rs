@@ -31,25 +31,30 @@ pub fn fresh_schema() -> String {
     format!("t{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
+/// Runs `sql` on the database at `url`, beside whatever brood does there (what a paused
+/// process could not stop: its lease running out, a row changed under it).
+pub fn execute(url: &str, sql: &str) {
+    let (url, sql) = (url.to_string(), sql.to_string());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        rt.block_on(async {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            client.batch_execute(&sql).await
+        })
+        .map_err(std::io::Error::other)
+    })
+    .join()
+    .expect("running test SQL")
+    .unwrap_or_else(|e| panic!("running test SQL: {e}"));
+}
+
 /// The address of a new, empty database on the test server (for a `brood serve --ledger`,
 /// whose ledger takes the default schema).
 pub fn fresh_database() -> String {
     let base = url();
     let name = fresh_schema();
-    let admin = base.clone();
-    let create = name.clone();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        rt.block_on(async {
-            let (client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls).await?;
-            tokio::spawn(connection);
-            client.batch_execute(&format!("CREATE DATABASE {create}")).await
-        })
-        .map_err(std::io::Error::other)
-    })
-    .join()
-    .expect("creating a test database")
-    .unwrap_or_else(|e| panic!("creating a test database: {e}"));
+    execute(&base, &format!("CREATE DATABASE {name}"));
     // The address with its database replaced.
     match base.rfind('/') {
         Some(slash) => format!("{}/{name}", &base[..slash]),

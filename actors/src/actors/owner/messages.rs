@@ -172,6 +172,13 @@ pub struct Admit;
 #[rtype(result = "()")]
 pub struct Retire;
 
+/// This process lost the session's lease to another process (see [`crate::ledger::Leases`]):
+/// the owner stops its children without recording anything (the new holder recovers them as a
+/// restart would) and stops; its supervisor does not rebuild it.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Moved;
+
 /// Ask for the session's state; with `calls: false` only the counts (cheap: no rows copied).
 #[derive(Debug, Message)]
 #[rtype(result = "SessionStatus")]

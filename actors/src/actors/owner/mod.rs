@@ -121,6 +121,8 @@ pub struct SessionOwner {
     parent_ended: Option<String>,
     /// Who made each live claim (its boundary's consumer), for the session's view.
     consumers: std::collections::HashMap<String, String>,
+    /// The session's lease was lost: the owner stops once its batch in flight is answered.
+    moved: bool,
 }
 
 impl std::fmt::Debug for SessionOwner {
@@ -147,6 +149,7 @@ impl SessionOwner {
             told_ready: 0,
             parent_ended: None,
             consumers: Default::default(),
+            moved: false,
             capacity: Capacity::new(session.max_concurrent_children as usize),
             router: Router::new(session.max_delivery_attempts),
             shared: Arc::new(engine.clone()),
@@ -537,6 +540,10 @@ impl Handler<Recorded> for SessionOwner {
 
     fn handle(&mut self, Recorded { rows }: Recorded, ctx: &mut Context<Self>) {
         self.fault_point();
+        if !self.engine.holds(&self.session.session_id) {
+            // Taken over: the rows may not have been written, and are not published here.
+            return self.moved(ctx);
+        }
         self.record(rows, ctx);
         self.admit(ctx);
         self.after_change(ctx);
@@ -548,6 +555,8 @@ impl Handler<Boundary> for SessionOwner {
 
     fn handle(&mut self, msg: Boundary, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
+        // Claims are not fenced by a write: none is handed out once the lease may have run out.
+        self.engine.check_serving(&self.session.session_id)?;
         for dying in self.expire_due() {
             self.submit(dying, ctx);
         }
@@ -597,6 +606,46 @@ impl Handler<Retire> for SessionOwner {
     fn handle(&mut self, _: Retire, ctx: &mut Context<Self>) {
         tracing::info!(session = %self.session.session_id, "session owner retiring, to be rebuilt from the ledger");
         ctx.stop();
+    }
+}
+
+impl Handler<Moved> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, _: Moved, ctx: &mut Context<Self>) {
+        self.moved(ctx);
+    }
+}
+
+impl SessionOwner {
+    /// The session's lease was lost: its children are stopped (what they end with is not
+    /// recorded: the ledger refuses it), this owner's writes refused from now on, and it stops.
+    fn moved(&mut self, ctx: &mut Context<Self>) {
+        if !crate::actors::running(ctx) || self.moved {
+            return;
+        }
+        let id = self.session.session_id.clone();
+        tracing::warn!(session = %id, "the session's lease was taken over by another process; it is no longer served here");
+        for call in self.book.calls.values() {
+            for unit in &call.units {
+                if let Some(addr) = &unit.addr {
+                    addr.do_send(crate::actors::unit::CancelChildren {
+                        tasks: unit.row.tasks.clone(),
+                        reason: "the session moved to another process".to_string(),
+                    });
+                }
+            }
+        }
+        self.engine.forget_share(&id);
+        // Requests from now on look the session up again, and learn where it is served.
+        let me = ctx.address();
+        self.engine.owners.remove_if(&id, |_, a| *a == me);
+        self.moved = true;
+        if !self.persist.busy() {
+            self.engine.supersede(&id);
+            ctx.stop();
+        }
+        // Else once the batch in flight was answered (refused: its rows were fenced).
     }
 }
 

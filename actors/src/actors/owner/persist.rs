@@ -184,12 +184,23 @@ impl SessionOwner {
             thens.push(step.then);
         }
         let next_set = view.session.next_set;
-        write_and_flush(self.engine.ledger.clone(), self.fence.clone(), writes, restore)
+        let holds = {
+            let (engine, session) = (self.engine.clone(), self.session.session_id.clone());
+            move || engine.holds(&session)
+        };
+        write_and_flush(self.engine.ledger.clone(), self.fence.clone(), holds, writes, restore)
             .into_actor(self)
             .map(move |(res, unrestored), act, ctx| {
                 // Still "in flight" while the steps apply: what they submit is parked and
                 // decided with the rest, after every step of this batch applied.
-                let res = res.map_err(BroodError::from);
+                let res = match res {
+                    // Fenced: this process lost the session's lease, so the rows may not have
+                    // been written; the owner stops (it was told) and answers nothing more.
+                    _ if !act.engine.holds(&act.session.session_id) => Err(BroodError::LeaseLapsed {
+                        session: act.session.session_id.clone(),
+                    }),
+                    res => res.map_err(BroodError::from),
+                };
                 if res.is_err() && unrestored {
                     // The refused rows may surface after a restart: never reuse what they took.
                     act.session.next_set = act.session.next_set.max(next_set);
@@ -198,6 +209,11 @@ impl SessionOwner {
                     then(act, ctx, res.clone());
                 }
                 act.persist.set_in_flight(false);
+                if act.moved {
+                    // Taken over while this batch was written: answered, and nothing more.
+                    act.engine.supersede(&act.session.session_id);
+                    return ctx.stop();
+                }
                 let parked = act.persist.take_parked();
                 if !parked.is_empty() && crate::actors::running(ctx) {
                     act.run_batch(parked, ctx);
@@ -221,6 +237,7 @@ const RESTORE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 pub(super) async fn write_and_flush(
     ledger: Arc<dyn Ledger>,
     (fence, epoch): (crate::actors::Fence, u64),
+    holds: impl Fn() -> bool + Send + 'static,
     writes: Writes,
     restore: Writes,
 ) -> (Result<(), LedgerError>, bool) {
@@ -240,6 +257,10 @@ pub(super) async fn write_and_flush(
         let Err(e) = res else {
             return (Ok(()), false);
         };
+        if !holds() {
+            // Taken over: nothing of this owner's is written any more, a restore neither.
+            return (Err(e), false);
+        }
         let started = std::time::Instant::now();
         let mut pause = std::time::Duration::from_millis(10);
         loop {

@@ -47,7 +47,7 @@ struct Held {
     deadline: Instant,
 }
 
-type LostHook = Box<dyn Fn(&[String]) + Send + Sync>;
+type LostHook = crate::ledger::LostLeases;
 
 /// The leases of one process: what it holds, and the statements that take, renew and check
 /// them.
@@ -317,6 +317,10 @@ impl Leases for PgLeases {
         &self.0.config.node
     }
 
+    fn ttl(&self) -> Duration {
+        self.0.config.ttl
+    }
+
     fn acquire(&self, session_id: &str) -> Result<LeaseHolder, LedgerError> {
         if let Some(h) = self.0.held().get(session_id) {
             return Ok(LeaseHolder::Here(h.epoch as u64));
@@ -370,25 +374,29 @@ impl Leases for PgLeases {
         let Some(held) = self.0.held().remove(session_id) else {
             return;
         };
+        // Not waited for: a lease not given back runs out by itself.
         let book = self.0.clone();
-        let name = session_id.as_bytes().to_vec();
-        let res = self.0.run(async move {
-            let client = book.pool.get().await.map_err(pool_error)?;
-            client
-                .execute(
-                    &format!(
-                        "UPDATE {} SET expires_at = now() - interval '1 millisecond'
-                         WHERE session = $1 AND epoch = $2 AND owner = $3",
-                        book.table
-                    ),
-                    &[&name, &held.epoch, &book.config.node],
-                )
-                .await
-                .map_err(pg_error("giving a session lease back"))
+        let (name, shown) = (session_id.as_bytes().to_vec(), session_id.to_string());
+        self.0.runtime.spawn(async move {
+            let res = async {
+                let client = book.pool.get().await.map_err(pool_error)?;
+                client
+                    .execute(
+                        &format!(
+                            "UPDATE {} SET expires_at = now() - interval '1 millisecond'
+                             WHERE session = $1 AND epoch = $2 AND owner = $3",
+                            book.table
+                        ),
+                        &[&name, &held.epoch, &book.config.node],
+                    )
+                    .await
+                    .map_err(pg_error("giving a session lease back"))
+            }
+            .await;
+            if let Err(e) = res {
+                tracing::warn!(session = %shown, "giving a session lease back failed (it runs out by itself): {e}");
+            }
         });
-        if let Err(e) = res {
-            tracing::warn!(session = %session_id, "giving a session lease back failed (it runs out by itself): {e}");
-        }
     }
 
     fn release_all(&self) {
@@ -420,7 +428,7 @@ impl Leases for PgLeases {
         }
     }
 
-    fn on_lost(&self, lost: Box<dyn Fn(&[String]) + Send + Sync>) {
+    fn on_lost(&self, lost: crate::ledger::LostLeases) {
         if self.0.on_lost.set(lost).is_err() {
             tracing::warn!("a second lost-lease hook was not set");
         }

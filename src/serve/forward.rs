@@ -1,0 +1,158 @@
+//! Forwarding between processes sharing one PostgreSQL ledger (issue 10): a request for a
+//! session another process serves is sent on to that process, and its answer returned as it
+//! came, so a client may talk to any of them and never needs to know which serves what.
+//!
+//! The engine names the holder ([`crate::BroodError::Moved`], its address carried on the error
+//! reply as [`MovedTo`]); this middleware kept the request's body, and sends the request again
+//! there, once: a request that was forwarded already is answered here (503 `session_moved`, to
+//! retry) rather than sent on again, so two processes with stale views never bounce a request
+//! between them. An event stream is not relayed: it is redirected (307) to the holder.
+
+use actix_web::body::{BoxBody, EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::{header, StatusCode};
+use actix_web::middleware::Next;
+use actix_web::{web, HttpMessage as _, HttpResponse};
+use futures::StreamExt as _;
+
+use super::api::ApiError;
+use super::routes::State;
+
+/// Where the session of a refused request is served (on the error reply's extensions).
+#[derive(Debug, Clone)]
+pub(super) struct MovedTo(pub(super) String);
+
+/// The header a forwarded request carries: the address of the process that forwarded it.
+pub(super) const FORWARDED: &str = "x-brood-forwarded-by";
+
+/// How long a forwarded request may take at its holder.
+const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The request headers sent on (the others are the connection's own).
+const SENT_ON: [header::HeaderName; 3] = [header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT];
+
+pub(super) async fn forward(
+    mut req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody, BoxBody>>, actix_web::Error> {
+    let Some(state) = req.app_data::<web::Data<State>>().cloned() else {
+        return Ok(next.call(req).await?.map_into_left_body());
+    };
+    if state.config.ledger.is_none() {
+        // One process serves every session.
+        return Ok(next.call(req).await?.map_into_left_body());
+    }
+    // Kept, to send on should the session be served elsewhere (bodies are bounded anyway).
+    let mut payload = req.take_payload();
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk?;
+        if body.len() + chunk.len() > state.config.body_limit {
+            let e = ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("the body is over the limit of {} bytes", state.config.body_limit),
+            );
+            let reply = actix_web::ResponseError::error_response(&e).map_into_right_body();
+            return Ok(req.into_response(reply));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let body = body.freeze();
+    req.set_payload(actix_web::dev::Payload::from(body.clone()));
+    let method = req.method().clone();
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
+    let headers: Vec<(header::HeaderName, header::HeaderValue)> = SENT_ON
+        .iter()
+        .filter_map(|h| req.headers().get(h).map(|v| (h.clone(), v.clone())))
+        .collect();
+    let forwarded = req.headers().contains_key(FORWARDED);
+    let res = next.call(req).await?;
+    let Some(MovedTo(address)) = res.response().extensions().get::<MovedTo>().cloned() else {
+        return Ok(res.map_into_left_body());
+    };
+    if forwarded {
+        // Sent here by a process that thought this one served the session: answered, not
+        // bounced back (the client retries; the leases settle meanwhile).
+        return Ok(res.map_into_left_body());
+    }
+    let (request, _) = res.into_parts();
+    let url = format!("{address}{target}");
+    if target.ends_with("/events") {
+        let reply = HttpResponse::TemporaryRedirect()
+            .insert_header((header::LOCATION, url))
+            .finish();
+        return Ok(ServiceResponse::new(request, reply).map_into_right_body());
+    }
+    let me = state.config.advertised();
+    let sent = web::block(move || send_on(&url, method, headers, body, &me))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+    let reply = match sent {
+        Ok(Answer {
+            status,
+            content_type,
+            body,
+        }) => HttpResponse::build(status)
+            .insert_header((header::CONTENT_TYPE, content_type))
+            .body(body),
+        Err(e) => actix_web::ResponseError::error_response(&ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "session_moved",
+            format!(
+                "the session is served by the process at {address}, which did not answer ({e}); retry (a process that died has its sessions taken over once their leases run out)"
+            ),
+        )),
+    };
+    Ok(ServiceResponse::new(request, reply).map_into_right_body())
+}
+
+/// What the holder answered.
+struct Answer {
+    status: StatusCode,
+    content_type: String,
+    body: Vec<u8>,
+}
+
+/// Sends the request on to its session's holder and returns the holder's answer as it came.
+fn send_on(
+    url: &str,
+    method: actix_web::http::Method,
+    headers: Vec<(header::HeaderName, header::HeaderValue)>,
+    body: web::Bytes,
+    me: &str,
+) -> Result<Answer, String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(FORWARD_TIMEOUT))
+        .timeout_connect(Some(std::time::Duration::from_secs(5)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut request = ureq::http::Request::builder()
+        .method(method.as_str())
+        .uri(url)
+        .header(FORWARDED, me);
+    for (name, value) in &headers {
+        request = request.header(name.as_str(), value.as_bytes());
+    }
+    let request = request.body(body.to_vec()).map_err(|e| e.to_string())?;
+    let mut answer = agent.run(request).map_err(|e| e.to_string())?;
+    let status = StatusCode::from_u16(answer.status().as_u16()).map_err(|e| e.to_string())?;
+    let content_type = answer
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string();
+    let bytes = answer
+        .body_mut()
+        .with_config()
+        .limit(1 << 30)
+        .read_to_vec()
+        .map_err(|e| e.to_string())?;
+    Ok(Answer {
+        status,
+        content_type,
+        body: bytes,
+    })
+}

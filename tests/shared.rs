@@ -1,0 +1,228 @@
+//! Several `brood serve` processes on one PostgreSQL database (issue 10): each session served by
+//! the holder of its lease, requests forwarded to it from whichever process they reach, a dead
+//! holder's sessions taken over, and a paused one refused once it wakes up.
+
+mod server;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use server::{sim, Server};
+
+/// The lease time the tests run with: short, so takeovers come quickly.
+const LEASE_MS: &str = "2000";
+
+fn node(dir: &Path, url: &str, name: &str) -> Server {
+    let dir = dir.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    Server::start_with(
+        &dir,
+        None,
+        &["--ledger", url, "--node", name, "--session-lease-ms", LEASE_MS],
+    )
+}
+
+/// The child ids of an envelope's result items.
+fn children_of(env: &Value) -> Vec<String> {
+    env["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["child_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Boundaries and acks of `session` through `s` until `want` items were taken, or `within`
+/// passed; the child ids taken. A 503 (a session between holders) is retried.
+fn drain(s: &Server, session: &str, want: usize, within: Duration) -> Vec<String> {
+    let deadline = Instant::now() + within;
+    let mut taken = Vec::new();
+    while taken.len() < want && Instant::now() < deadline {
+        let (status, env) = s.call(
+            "POST",
+            &format!("/v1/sessions/{session}/boundary"),
+            Some(json!({"consumer": "drain", "lease_ms": 30000})),
+        );
+        match status {
+            200 => {
+                let claim = env["claim_id"].as_str().unwrap();
+                let (acked, body) = s.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+                if acked == 200 {
+                    taken.extend(children_of(&env));
+                } else {
+                    assert!(acked == 409 || acked == 503, "ack answered {acked}: {body}");
+                }
+            }
+            204 | 503 => std::thread::sleep(Duration::from_millis(25)),
+            s => panic!("boundary answered {s}: {env}"),
+        }
+    }
+    taken
+}
+
+#[test]
+fn three_processes_serve_every_session_wherever_a_request_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let nodes: Vec<Server> = ["a", "b", "c"].iter().map(|n| node(dir.path(), &url, n)).collect();
+    let sessions: Vec<String> = (0..6).map(|i| format!("s{i}")).collect();
+    // Each session opened through one process, its calls made through the next.
+    let per_call = 20;
+    let mut expected = Vec::new();
+    for (i, s) in sessions.iter().enumerate() {
+        nodes[i % 3].open(s);
+        for _ in 0..2 {
+            let call = nodes[(i + 1) % 3].delegate_sims(s, per_call);
+            expected.extend((0..per_call).map(|t| format!("{call}.{t}")));
+        }
+    }
+    // Consumers race each session's boundaries through all three processes at once.
+    let taken = std::sync::Mutex::new(Vec::<String>::new());
+    std::thread::scope(|scope| {
+        for s in &sessions {
+            for n in &nodes {
+                let taken = &taken;
+                scope.spawn(move || {
+                    let mine = drain(n, s, 2 * per_call, Duration::from_secs(3));
+                    taken.lock().unwrap().extend(mine);
+                });
+            }
+        }
+    });
+    let mut taken = taken.into_inner().unwrap();
+    let total = taken.len();
+    taken.sort();
+    taken.dedup();
+    assert_eq!(taken.len(), total, "an item was delivered twice");
+    let mut rest = Vec::new();
+    for (i, s) in sessions.iter().enumerate() {
+        rest.extend(drain(&nodes[i % 3], s, usize::MAX, Duration::from_millis(500)));
+    }
+    taken.extend(rest);
+    taken.sort();
+    expected.sort();
+    assert_eq!(taken, expected, "every result was delivered, once");
+    // Every process answers for every session, with the same view.
+    for s in &sessions {
+        let views: Vec<Value> = nodes
+            .iter()
+            .map(|n| {
+                let (status, view) = n.call("GET", &format!("/v1/sessions/{s}"), None);
+                assert_eq!(status, 200, "{view}");
+                view["counts"].clone()
+            })
+            .collect();
+        assert!(views.windows(2).all(|w| w[0] == w[1]), "{views:?}");
+        assert_eq!(views[0]["delivered"], 2 * per_call, "{s}: {views:?}");
+    }
+}
+
+#[test]
+fn a_killed_holders_sessions_are_taken_over_with_nothing_lost_and_nothing_acked_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let b = node(dir.path(), &url, "b");
+    a.open("k");
+    // One call delivered and acked, the next claimed and not acked when the holder dies.
+    let first = a.delegate_sims("k", 10);
+    let acked = drain(&a, "k", 10, Duration::from_secs(20));
+    assert_eq!(acked.len(), 10);
+    let second = a.delegate_sims("k", 20);
+    let mut held = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while held.len() < 20 && Instant::now() < deadline {
+        let (status, env) = a.call(
+            "POST",
+            "/v1/sessions/k/boundary",
+            Some(json!({"consumer": "dies", "lease_ms": 60000})),
+        );
+        match status {
+            200 => held.extend(children_of(&env)),
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    assert_eq!(held.len(), 20, "every result of the second call was claimed");
+    a.kill9();
+    let killed = Instant::now();
+    // b takes the session over once a's lease ran out, and recovers it as a restart would:
+    // the claims a held are returned, what was acked stays acked.
+    let rest = drain(&b, "k", 20, Duration::from_secs(30));
+    eprintln!(
+        "takeover: the dead holder's items all delivered through b {:?} after the kill (lease {LEASE_MS} ms)",
+        killed.elapsed()
+    );
+    let mut all: Vec<String> = acked.iter().chain(&rest).cloned().collect();
+    let total = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), total, "an acked item came back after the takeover");
+    let mut expected: Vec<String> = (0..10)
+        .map(|t| format!("{first}.{t}"))
+        .chain((0..20).map(|t| format!("{second}.{t}")))
+        .collect();
+    expected.sort();
+    assert_eq!(all, expected, "every result was delivered once");
+    // And b goes on serving it: a new call takes the next set.
+    let (_, next) = b.call(
+        "POST",
+        "/v1/sessions/k/delegate",
+        Some(json!({"tasks": [{"goal": "after", "runner": sim(0)}]})),
+    );
+    assert_eq!(next["set"], 3, "{next}");
+}
+
+fn signal(s: &Server, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &s.child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig}");
+}
+
+#[test]
+fn a_paused_holder_is_refused_once_taken_over_and_acks_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let b = node(dir.path(), &url, "b");
+    a.open("p");
+    let call = a.delegate_sims("p", 10);
+    let env = a.envelope("p", 60_000);
+    let claim = env["claim_id"].as_str().unwrap().to_string();
+    let claimed = children_of(&env);
+    // a is paused past its lease (a GC pause, SIGSTOP); b takes the session over meanwhile.
+    signal(&a, "-STOP");
+    // Past the lease: b's sweep takes the session up (a request meanwhile would be forwarded
+    // to a, which answers nothing while stopped).
+    std::thread::sleep(Duration::from_millis(LEASE_MS.parse::<u64>().unwrap() + 1000));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, view) = b.call("GET", "/v1/sessions/p", None);
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b never took the session over: {status} {view}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    signal(&a, "-CONT");
+    // a wakes up holding a claim of the session: its ack is refused, never applied.
+    let (status, body) = a.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+    assert_ne!(status, 200, "a paused holder acked after losing the session: {body}");
+    // Nothing a held was delivered: b hands every result out, once.
+    let mut taken = drain(&b, "p", 10, Duration::from_secs(15));
+    assert!(claimed.iter().all(|id| taken.contains(id)), "{claimed:?} {taken:?}");
+    taken.sort();
+    let mut expected: Vec<String> = (0..10).map(|t| format!("{call}.{t}")).collect();
+    expected.sort();
+    assert_eq!(taken, expected);
+    // a no longer serves it: what reaches a is answered by b.
+    let (status, view) = a.call("GET", "/v1/sessions/p", None);
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["counts"]["delivered"], 10, "{view}");
+}
