@@ -23,7 +23,7 @@ use crate::workload::{random_call, Rng};
 /// The session every campaign uses.
 pub const SESSION: &str = "chaos";
 const LOG: &str = "chaos.log";
-const LEDGER: &str = "ledger";
+pub const LEDGER: &str = "ledger";
 
 /// A fault the campaign can inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -173,8 +173,15 @@ pub struct Campaign {
     pub kill_every: Duration,
     /// Faults to inject.
     pub faults: Vec<Fault>,
-    /// The campaign's folder (must be empty or absent).
+    /// The campaign's folder (must be empty or absent): its consumers' log, and the sled
+    /// ledger unless `ledger` is set.
     pub data_dir: PathBuf,
+    /// The ledger on PostgreSQL instead: the database's address (the campaign takes a fresh
+    /// schema in it).
+    pub ledger: Option<String>,
+    /// Worker processes at once (with `ledger`: each a node sharing the database, killed and
+    /// restarted on its own schedule, the survivors taking the session over).
+    pub processes: usize,
 }
 
 /// What the campaign found.
@@ -198,6 +205,9 @@ pub struct Summary {
     pub acked_twice: usize,
     /// Results dead-lettered.
     pub dead: usize,
+    /// With a shared PostgreSQL ledger: how many times a worker took the session up (its
+    /// lease's epoch: the first take, then one per takeover).
+    pub takeups: Option<u64>,
 }
 
 impl Summary {
@@ -220,10 +230,45 @@ pub fn can_inject() -> bool {
     cfg!(feature = "failpoints")
 }
 
-/// Runs a campaign: the worker is `exe chaos-worker …`, restarted until done.
+/// How long a worker's session lease lasts when workers share a PostgreSQL ledger: short, so
+/// the survivors take the session over soon after a kill.
+const CHAOS_LEASE: Duration = Duration::from_millis(1000);
+
+/// Where a campaign's rows are: sled in its folder, or a schema of a PostgreSQL database.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// The sled folder.
+    Sled(PathBuf),
+    /// A database's address and the campaign's schema in it.
+    Postgres(String, String),
+}
+
+impl Store {
+    fn open(&self) -> Result<Box<dyn Ledger>, String> {
+        match self {
+            Store::Sled(dir) => Ok(Box::new(SledLedger::open(dir).map_err(|e| e.to_string())?)),
+            Store::Postgres(url, schema) => Ok(Box::new(
+                brood_actors::ledger::PgLedger::open_in(url, schema).map_err(|e| e.to_string())?,
+            )),
+        }
+    }
+}
+
+/// One worker slot of a campaign: its process, its current life and when that started.
+struct Slot {
+    child: Option<(std::process::Child, usize, Instant)>,
+}
+
+/// Runs a campaign: the workers are `exe chaos-worker …`, each restarted until one is done.
 pub fn run(campaign: &Campaign, exe: &Path) -> Result<Summary, String> {
     if campaign.children == 0 {
         return Err("--children must be at least 1".into());
+    }
+    if campaign.processes == 0 || campaign.processes > 8 {
+        return Err(format!("--processes is {}; give 1 to 8", campaign.processes));
+    }
+    if campaign.processes > 1 && campaign.ledger.is_none() {
+        return Err("several worker processes need a shared ledger: give --ledger postgres://…".into());
     }
     if campaign.faults.iter().any(|f| *f != Fault::Kill) && !can_inject() {
         return Err(
@@ -245,70 +290,100 @@ pub fn run(campaign: &Campaign, exe: &Path) -> Result<Summary, String> {
         ));
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let store = match &campaign.ledger {
+        None => Store::Sled(dir.join(LEDGER)),
+        Some(url) => {
+            // A schema of the campaign's own, named by its seed and start.
+            let started = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            let store = Store::Postgres(url.clone(), format!("chaos_{}_{started}", campaign.seed));
+            // Created (and found reachable) before any worker starts.
+            store.open()?;
+            store
+        }
+    };
     let plan = Plan::new(campaign.seed, &campaign.faults, campaign.kill_every);
     let faults_arg: Vec<&str> = campaign.faults.iter().map(|f| f.name()).collect();
     let progress = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut shown = Instant::now() - Duration::from_secs(1);
     let mut kills = 0;
-    let mut life = 0;
-    loop {
-        if life > PLANNED_LIVES + 50 {
-            return Err(format!("the workload did not finish after {life} worker lives"));
-        }
-        let plan_life = plan.life(life);
-        let mut child = std::process::Command::new(exe)
-            .arg("chaos-worker")
+    let mut next_life = 0;
+    let mut slots: Vec<Slot> = (0..campaign.processes).map(|_| Slot { child: None }).collect();
+    let start = |slot: usize, life: usize| -> Result<std::process::Child, String> {
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("chaos-worker")
             .args(["--data-dir", &dir.display().to_string()])
             .args(["--seed", &campaign.seed.to_string()])
             .args(["--children", &campaign.children.to_string()])
             .args(["--life", &life.to_string()])
+            .args(["--slot", &slot.to_string()])
             .args(["--kill-every", &format!("{}ms", campaign.kill_every.as_millis())])
-            .args(["--faults", &faults_arg.join(",")])
-            .stdin(std::process::Stdio::null())
+            .args(["--faults", &faults_arg.join(",")]);
+        if let Store::Postgres(url, schema) = &store {
+            cmd.args(["--ledger", url, "--schema", schema]);
+        }
+        cmd.stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .map_err(|e| format!("starting the worker {}: {e}", exe.display()))?;
-        let born = Instant::now();
-        let status = loop {
+            .map_err(|e| format!("starting the worker {}: {e}", exe.display()))
+    };
+    'campaign: loop {
+        for (i, slot) in slots.iter_mut().enumerate() {
+            let Some((child, life, born)) = &mut slot.child else {
+                if next_life > PLANNED_LIVES + 50 * campaign.processes {
+                    return Err(format!("the workload did not finish after {next_life} worker lives"));
+                }
+                slot.child = Some((start(i, next_life)?, next_life, Instant::now()));
+                next_life += 1;
+                continue;
+            };
             if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-                break Some(status);
+                slot.child = None;
+                if status.success() {
+                    break 'campaign;
+                }
+                continue;
             }
-            if plan_life.kill_after.is_some_and(|k| born.elapsed() >= k) {
+            if plan.life(*life).kill_after.is_some_and(|k| born.elapsed() >= k) {
                 child.kill().map_err(|e| format!("killing the worker: {e}"))?;
                 let _ = child.wait();
                 kills += 1;
-                break None;
+                slot.child = None;
             }
-            if progress && shown.elapsed() >= Duration::from_millis(250) {
-                shown = Instant::now();
-                let log = read_log(&dir.join(LOG));
-                eprint!(
-                    "\r[chaos] life {life}, kills {kills}, {:.0}s: delegated {}/{} children, {} items acked     ",
-                    started.elapsed().as_secs_f64(),
-                    log.calls.values().sum::<usize>().min(campaign.children),
-                    campaign.children,
-                    log.acked_keys().len()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        life += 1;
-        if status.is_some_and(|s| s.success()) {
-            break;
+        }
+        if progress && shown.elapsed() >= Duration::from_millis(250) {
+            shown = Instant::now();
+            let log = read_log(&dir.join(LOG));
+            eprint!(
+                "\r[chaos] life {next_life}, kills {kills}, {:.0}s: delegated {}/{} children, {} items acked     ",
+                started.elapsed().as_secs_f64(),
+                log.calls.values().sum::<usize>().min(campaign.children),
+                campaign.children,
+                log.acked_keys().len()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // One worker saw everything delivered: the others stop (not counted as kills).
+    for slot in &mut slots {
+        if let Some((child, ..)) = &mut slot.child {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
     if progress {
         eprintln!();
     }
-    check(dir, kills)
+    check(dir, &store, kills)
 }
 
 /// Checks the invariants over the ledger and the consumers' log.
-fn check(dir: &Path, kills: usize) -> Result<Summary, String> {
+fn check(dir: &Path, store: &Store, kills: usize) -> Result<Summary, String> {
     let log = read_log(&dir.join(LOG));
-    let ledger = SledLedger::open(dir.join(LEDGER)).map_err(|e| e.to_string())?;
+    let ledger = store.open()?;
     let snapshot = ledger.load().map_err(|e| e.to_string())?;
     let dead: BTreeSet<String> = ledger
         .dead_letters()
@@ -350,6 +425,10 @@ fn check(dir: &Path, kills: usize) -> Result<Summary, String> {
             None if c.result.delivered => s.delivered_once += 1,
             _ => {}
         }
+    }
+    if let Store::Postgres(url, schema) = store {
+        let pg = brood_actors::ledger::PgLedger::open_in(url, schema).map_err(|e| e.to_string())?;
+        s.takeups = pg.lease_of(SESSION).map_err(|e| e.to_string())?.map(|(_, epoch)| epoch);
     }
     s.acked_twice = acked_count.values().filter(|&&n| n > 1).count();
     s.duplicates = claimed_count.values().filter(|&&n| n > 1).count();
@@ -414,40 +493,76 @@ impl Log {
     }
 }
 
-/// Children already delegated in the session, read from the ledger before the engine opens.
-fn delegated_so_far(ledger_dir: &Path) -> Result<usize, String> {
-    if !ledger_dir.exists() {
-        return Ok(0);
-    }
-    let ledger = SledLedger::open(ledger_dir).map_err(|e| e.to_string())?;
-    let snapshot = ledger.load().map_err(|e| e.to_string())?;
-    Ok(snapshot
-        .calls
-        .iter()
-        .filter(|c| c.session_id == SESSION)
-        .map(|c| c.tasks.len())
-        .sum())
+/// Children already delegated in the session, read from the ledger (before the engine opens
+/// on sled; on PostgreSQL whenever this worker takes the session up).
+fn delegated_so_far(ledger: &dyn Ledger) -> Result<usize, String> {
+    let snapshot = ledger.load_session(SESSION).map_err(|e| e.to_string())?;
+    Ok(snapshot.calls.iter().map(|c| c.tasks.len()).sum())
+}
+
+/// Whether an error means only that another worker serves the session right now.
+fn elsewhere(e: &BroodError) -> bool {
+    matches!(
+        e,
+        BroodError::Moved { .. } | BroodError::LeaseLapsed { .. } | BroodError::Interrupted { .. }
+    )
 }
 
 /// One life of the worker: recover, then delegate the rest of the workload and consume until
 /// every child is delivered. Returns when done (exit 0); a kill ends it earlier.
-pub async fn worker(dir: &Path, seed: u64, children: usize, life: usize, plan: Plan) -> Result<(), String> {
+pub async fn worker(
+    dir: &Path,
+    store: &Store,
+    slot: usize,
+    seed: u64,
+    children: usize,
+    life: usize,
+    plan: Plan,
+) -> Result<(), String> {
     let file = OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join(LOG))
         .map_err(|e| e.to_string())?;
     let log = Log(Arc::new(Mutex::new(file)));
-    let ledger_dir = dir.join(LEDGER);
-    let mut delegated = delegated_so_far(&ledger_dir)?;
-    let brood = Arc::new(Brood::open(BroodConfig::new(&ledger_dir)).map_err(|e| e.to_string())?);
-    brood
-        .open_session(
-            SESSION,
-            SessionOptions::default().wake(|_| {}).max_concurrent_children(16),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+    let (config, reader) = match store {
+        Store::Sled(ledger_dir) => {
+            let delegated = match ledger_dir.exists() {
+                true => delegated_so_far(&*store.open()?)?,
+                false => 0,
+            };
+            (BroodConfig::new(ledger_dir), Err(delegated))
+        }
+        Store::Postgres(url, schema) => {
+            let node = format!("chaos-worker-{slot}");
+            let config = BroodConfig::new(dir)
+                .postgres(url)
+                .postgres_schema(schema)
+                .share(&node, &node, CHAOS_LEASE);
+            (config, Ok(store.open()?))
+        }
+    };
+    let brood = Arc::new(Brood::open(config).map_err(|e| e.to_string())?);
+    // Sharing: served by one worker at a time; the others wait to take it over.
+    loop {
+        let opened = brood
+            .open_session(
+                SESSION,
+                SessionOptions::default().wake(|_| {}).max_concurrent_children(16),
+            )
+            .await;
+        match opened {
+            Ok(_) => break,
+            Err(e) if elsewhere(&e) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    // Counted again whenever a delegation failed: another worker may have delegated meanwhile.
+    let recount = |reader: &Result<Box<dyn Ledger>, usize>| match reader {
+        Ok(ledger) => delegated_so_far(&**ledger),
+        Err(n) => Ok(*n),
+    };
+    let mut delegated = recount(&reader)?;
     // Faults of this life, armed on schedule.
     let this_life = plan.life(life);
     {
@@ -509,11 +624,15 @@ pub async fn worker(dir: &Path, seed: u64, children: usize, life: usize, plan: P
                     delegated += n;
                     log.line(format!("call {} {n}", reply.call_id()));
                 }
-                // Interrupted: it may have been accepted; the next life counts from the ledger.
-                Err(DelegateError {
-                    error: BroodError::Interrupted { .. },
-                    ..
-                }) => {}
+                // It may have been accepted, or another worker serves the session now (and
+                // delegates meanwhile): counted again from the ledger (on sled by the next
+                // life).
+                Err(DelegateError { error, .. }) if elsewhere(&error) => {
+                    if reader.is_ok() {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        delegated = recount(&reader)?;
+                    }
+                }
                 Err(e) => log.line(format!("error delegate {e}")),
             }
             tokio::time::sleep(Duration::from_millis(rng.below(40))).await;
@@ -525,7 +644,8 @@ pub async fn worker(dir: &Path, seed: u64, children: usize, life: usize, plan: P
                 log.line("done".into());
                 return Ok(());
             }
-            Ok(_) | Err(BroodError::Interrupted { .. }) => tokio::time::sleep(Duration::from_millis(25)).await,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(25)).await,
+            Err(e) if elsewhere(&e) => tokio::time::sleep(Duration::from_millis(25)).await,
             Err(e) => return Err(e.to_string()),
         }
     }

@@ -56,6 +56,9 @@ enum Command {
         /// Which life of the campaign this is.
         #[arg(long)]
         life: usize,
+        /// Which of the campaign's worker processes this is.
+        #[arg(long, default_value_t = 0)]
+        slot: usize,
     },
 }
 
@@ -269,6 +272,16 @@ struct ChaosArgs {
     /// The campaign's folder; must be empty or absent.
     #[arg(long, default_value = "./brood-chaos")]
     data_dir: PathBuf,
+    /// Keep the ledger in PostgreSQL (postgres://user@host:port/database; the campaign takes
+    /// a fresh schema in it), shared by several worker processes.
+    #[arg(long)]
+    ledger: Option<String>,
+    /// Worker processes at once, each killed on its own schedule (default 1; 3 with --ledger).
+    #[arg(long)]
+    processes: Option<usize>,
+    /// The campaign's schema (set by `brood chaos` for its workers).
+    #[arg(long, hide = true)]
+    schema: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -305,11 +318,16 @@ fn main() -> anyhow::Result<()> {
                 kill_every: args.kill_every,
                 faults,
                 data_dir: args.data_dir,
+                processes: args.processes.unwrap_or(if args.ledger.is_some() { 3 } else { 1 }),
+                ledger: args.ledger,
             };
             let exe = std::env::current_exe().context("finding the brood executable")?;
             let summary = chaos::run(&campaign, &exe).map_err(anyhow::Error::msg)?;
             if summary.acked_twice > 0 {
                 println!("chaos: {} items were acked twice (I2 broken)", summary.acked_twice);
+            }
+            if let Some(n) = summary.takeups {
+                println!("chaos: the session was taken up {n} times by the worker processes");
             }
             if summary.dead > 0 {
                 println!(
@@ -343,12 +361,24 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::ChaosWorker { args, life } => {
+        Command::ChaosWorker { args, life, slot } => {
             let faults = chaos::Fault::parse_list(&args.faults).map_err(anyhow::Error::msg)?;
             let plan = chaos::Plan::new(args.seed, &faults, args.kill_every);
+            let store = match (args.ledger, args.schema) {
+                (Some(url), Some(schema)) => chaos::Store::Postgres(url, schema),
+                _ => chaos::Store::Sled(args.data_dir.join(chaos::LEDGER)),
+            };
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            rt.block_on(chaos::worker(&args.data_dir, args.seed, args.children, life, plan))
-                .map_err(anyhow::Error::msg)
+            rt.block_on(chaos::worker(
+                &args.data_dir,
+                &store,
+                slot,
+                args.seed,
+                args.children,
+                life,
+                plan,
+            ))
+            .map_err(anyhow::Error::msg)
         }
     }
 }

@@ -46,27 +46,19 @@ fn parse_summary(line: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-#[test]
-fn chaos_survives_kills_and_faults_and_reports_one_line() {
+/// Runs a campaign of `children` with `extra` flags; its output, and its last line's fields.
+fn chaos(children: u64, extra: &[&str]) -> (String, Vec<(String, u64)>) {
     let dir = tempfile::TempDir::new().unwrap();
     let faults = if cfg!(feature = "failpoints") { "all" } else { "kill" };
     let out = brood()
-        .args([
-            "chaos",
-            "--seed",
-            "4",
-            "--children",
-            "120",
-            "--kill-every",
-            "300ms",
-            "--faults",
-            faults,
-        ])
+        .args(["chaos", "--seed", "4", "--kill-every", "300ms", "--faults", faults])
+        .args(["--children", &children.to_string()])
+        .args(extra)
         .arg("--data-dir")
         .arg(dir.path().join("campaign"))
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "chaos failed: {stdout}\n{}",
@@ -95,10 +87,29 @@ fn chaos_survives_kills_and_faults_and_reports_one_line() {
             .map(|(_, v)| *v)
             .unwrap_or(u64::MAX)
     };
-    assert_eq!(get("children"), 120, "{last}");
+    assert_eq!(get("children"), children, "{last}");
     assert_eq!(get("lost"), 0, "{last}");
-    assert_eq!(get("delivered-once"), 120, "{last}");
+    assert_eq!(get("delivered-once"), children, "{last}");
     assert!(get("kills") >= 1, "the campaign killed nothing: {last}");
+    (stdout, fields)
+}
+
+#[test]
+fn chaos_survives_kills_and_faults_and_reports_one_line() {
+    chaos(120, &[]);
+}
+
+#[test]
+fn chaos_on_a_shared_postgres_ledger_survives_kills_of_whole_processes() {
+    let url = brood_actors::ledger::pg_testkit::url();
+    let (stdout, _) = chaos(300, &["--ledger", &url, "--processes", "3"]);
+    let taken = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("chaos: the session was taken up "))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no take-up count: {stdout}"));
+    assert!(taken >= 2, "no worker ever took the session over: {stdout}");
 }
 
 #[test]

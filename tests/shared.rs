@@ -36,9 +36,15 @@ fn children_of(env: &Value) -> Vec<String> {
 /// Boundaries and acks of `session` through `s` until `want` items were taken, or `within`
 /// passed; the child ids taken. A 503 (a session between holders) is retried.
 fn drain(s: &Server, session: &str, want: usize, within: Duration) -> Vec<String> {
+    let taken = std::sync::Mutex::new(Vec::new());
+    drain_into(s, session, want, within, &taken);
+    taken.into_inner().unwrap()
+}
+
+/// As [`drain`], with several consumers sharing `taken`: each stops once `taken` holds `want`.
+fn drain_into(s: &Server, session: &str, want: usize, within: Duration, taken: &std::sync::Mutex<Vec<String>>) {
     let deadline = Instant::now() + within;
-    let mut taken = Vec::new();
-    while taken.len() < want && Instant::now() < deadline {
+    while taken.lock().unwrap().len() < want && Instant::now() < deadline {
         let (status, env) = s.call(
             "POST",
             &format!("/v1/sessions/{session}/boundary"),
@@ -49,7 +55,7 @@ fn drain(s: &Server, session: &str, want: usize, within: Duration) -> Vec<String
                 let claim = env["claim_id"].as_str().unwrap();
                 let (acked, body) = s.call("POST", &format!("/v1/claims/{claim}/ack"), None);
                 if acked == 200 {
-                    taken.extend(children_of(&env));
+                    taken.lock().unwrap().extend(children_of(&env));
                 } else {
                     assert!(acked == 409 || acked == 503, "ack answered {acked}: {body}");
                 }
@@ -58,7 +64,6 @@ fn drain(s: &Server, session: &str, want: usize, within: Duration) -> Vec<String
             s => panic!("boundary answered {s}: {env}"),
         }
     }
-    taken
 }
 
 #[test]
@@ -78,29 +83,19 @@ fn three_processes_serve_every_session_wherever_a_request_lands() {
         }
     }
     // Consumers race each session's boundaries through all three processes at once.
-    let taken = std::sync::Mutex::new(Vec::<String>::new());
+    let per_session: Vec<std::sync::Mutex<Vec<String>>> = sessions.iter().map(|_| Default::default()).collect();
     std::thread::scope(|scope| {
-        for s in &sessions {
+        for (s, taken) in sessions.iter().zip(&per_session) {
             for n in &nodes {
-                let taken = &taken;
-                scope.spawn(move || {
-                    let mine = drain(n, s, 2 * per_call, Duration::from_secs(3));
-                    taken.lock().unwrap().extend(mine);
-                });
+                scope.spawn(move || drain_into(n, s, 2 * per_call, Duration::from_secs(60), taken));
             }
         }
     });
-    let mut taken = taken.into_inner().unwrap();
+    let mut taken: Vec<String> = per_session.into_iter().flat_map(|t| t.into_inner().unwrap()).collect();
     let total = taken.len();
     taken.sort();
     taken.dedup();
     assert_eq!(taken.len(), total, "an item was delivered twice");
-    let mut rest = Vec::new();
-    for (i, s) in sessions.iter().enumerate() {
-        rest.extend(drain(&nodes[i % 3], s, usize::MAX, Duration::from_millis(500)));
-    }
-    taken.extend(rest);
-    taken.sort();
     expected.sort();
     assert_eq!(taken, expected, "every result was delivered, once");
     // Every process answers for every session, with the same view.
@@ -225,4 +220,43 @@ fn a_paused_holder_is_refused_once_taken_over_and_acks_nothing() {
     let (status, view) = a.call("GET", "/v1/sessions/p", None);
     assert_eq!(status, 200, "{view}");
     assert_eq!(view["counts"]["delivered"], 10, "{view}");
+}
+
+#[test]
+fn a_database_crash_while_two_processes_share_it_loses_nothing_and_delivers_nothing_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = brood_actors::ledger::pg_testkit::Cluster::private();
+    let url = cluster.url();
+    let a = node(dir.path(), &url, "a");
+    let b = node(dir.path(), &url, "b");
+    a.open("d");
+    b.open("e");
+    // Children finishing over four seconds: before, during and after the outage.
+    let ms: Vec<u64> = (0..40).map(|i| i * 100).collect();
+    let calls = [a.delegate_timed("d", &ms), b.delegate_timed("e", &ms)];
+    // Consumers through both processes, for both sessions (half of the requests forwarded),
+    // while the database crashes for longer than a lease and comes back.
+    let per_session: [std::sync::Mutex<Vec<String>>; 2] = Default::default();
+    std::thread::scope(|scope| {
+        for (s, taken) in ["d", "e"].into_iter().zip(&per_session) {
+            for n in [&a, &b] {
+                scope.spawn(move || drain_into(n, s, 40, Duration::from_secs(60), taken));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        cluster.stop();
+        std::thread::sleep(Duration::from_millis(LEASE_MS.parse::<u64>().unwrap() + 500));
+        cluster.start();
+    });
+    let mut taken: Vec<String> = per_session.into_iter().flat_map(|t| t.into_inner().unwrap()).collect();
+    let total = taken.len();
+    taken.sort();
+    taken.dedup();
+    assert_eq!(taken.len(), total, "an item was delivered twice");
+    let mut expected: Vec<String> = calls
+        .iter()
+        .flat_map(|c| (0..40).map(move |t| format!("{c}.{t}")))
+        .collect();
+    expected.sort();
+    assert_eq!(taken, expected, "every result was delivered, once");
 }

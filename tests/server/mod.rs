@@ -185,8 +185,15 @@ impl Server {
     /// Delegates `n` zero-time sim children with independent completions to `session` (opened
     /// wake-capable, so the call runs in the background); returns the call id.
     pub fn delegate_sims(&self, session: &str, n: usize) -> String {
-        let tasks: Vec<Value> = (0..n)
-            .map(|i| json!({"goal": format!("t{i}"), "runner": sim(0)}))
+        self.delegate_timed(session, &vec![0; n])
+    }
+
+    /// As [`Server::delegate_sims`], child `i` taking `ms[i]` milliseconds.
+    pub fn delegate_timed(&self, session: &str, ms: &[u64]) -> String {
+        let tasks: Vec<Value> = ms
+            .iter()
+            .enumerate()
+            .map(|(i, &ms)| json!({"goal": format!("t{i}"), "runner": sim(ms)}))
             .collect();
         let (status, reply) = self.call(
             "POST",

@@ -290,6 +290,27 @@ impl PgLedger {
         Ok(self)
     }
 
+    /// Who holds the lease of `session_id` and at which epoch (how many times the session was
+    /// taken up), when processes shared the database; none when it was never leased.
+    pub fn lease_of(&self, session_id: &str) -> Result<Option<(String, u64)>, LedgerError> {
+        let (pool, table) = (
+            self.inner.pool.clone(),
+            format!("\"{}\".session_leases", self.inner.schema),
+        );
+        let name = session_id.as_bytes().to_vec();
+        self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let row = client
+                .query_opt(
+                    &format!("SELECT owner, epoch FROM {table} WHERE session = $1"),
+                    &[&name],
+                )
+                .await
+                .map_err(pg_error("reading a session lease"))?;
+            Ok(row.map(|r| (r.get(0), r.get::<_, i64>(1) as u64)))
+        })
+    }
+
     /// Tells `observer` how long each successful flush took (its commit included).
     pub fn on_flush(mut self, observer: super::FlushObserver) -> Self {
         self.on_flush = Some(observer);
