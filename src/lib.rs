@@ -174,9 +174,8 @@ impl BroodConfig {
 
     /// With [`BroodConfig::postgres`]: shares the database with other brood processes. Each
     /// session is served by one process at a time, the holder of its lease (`ttl` long,
-    /// renewed in the background); this one is `node` (stable across its restarts, so a
-    /// restarted node takes its sessions back at once) and takes requests at `address`, which
-    /// the others name in [`BroodError::Moved`]. Sessions whose holder died are taken over
+    /// renewed in the background); this one is `node` (named in the lease rows) and takes
+    /// requests at `address`, which the others name in [`BroodError::Moved`]. Sessions whose holder died are taken over
     /// within about `ttl`, recovered as a restart recovers them; a holder that was paused past
     /// its lease is refused at its first write and stops serving the session.
     pub fn share(mut self, node: impl Into<String>, address: impl Into<String>, ttl: Duration) -> Self {
@@ -359,10 +358,10 @@ impl Brood {
                 let started = sys.block_on(async move {
                     let ledger: Arc<dyn Ledger> = match postgres {
                         Some((url, schema)) => {
-                            let mut pg = brood_actors::ledger::PgLedger::open_in(&url, &schema)?;
-                            if let Some(share) = share {
-                                pg = pg.shared(share)?;
-                            }
+                            let mut pg = match share {
+                                Some(share) => brood_actors::ledger::PgLedger::open_shared(&url, &schema, share)?,
+                                None => brood_actors::ledger::PgLedger::open_in(&url, &schema)?,
+                            };
                             if let Some(observer) = on_flush {
                                 pg = pg.on_flush(observer);
                             }
@@ -481,6 +480,12 @@ impl BroodHandle {
     /// The rows that could not be read back and were moved to the quarantine tree, with why.
     pub fn quarantined(&self) -> Result<Vec<Quarantined>, BroodError> {
         Ok(self.ledger.quarantined()?)
+    }
+
+    /// The shared list of children waiting for outside workers, when this engine shares its
+    /// PostgreSQL ledger with other processes ([`BroodConfig::share`]).
+    pub fn work_directory(&self) -> Option<Arc<dyn brood_actors::ledger::WorkDirectory>> {
+        self.ledger.work_directory()
     }
 
     async fn owner(&self, session_id: &str) -> Result<Addr<SessionOwner>, BroodError> {

@@ -656,7 +656,8 @@ fn competing_consumers_each_get_an_item_at_most_once() {
 fn a_server_on_postgres_keeps_results_and_acks_across_kill9() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
-    let s = Server::start_with(dir.path(), None, &["--ledger", &url, "--node", "n1"]);
+    let flags = ["--ledger", &url, "--node", "n1", "--session-lease-ms", "1000"];
+    let s = Server::start_with(dir.path(), None, &flags);
     s.open("k");
     let (_, reply) = s.call(
         "POST",
@@ -680,8 +681,19 @@ fn a_server_on_postgres_keeps_results_and_acks_across_kill9() {
     s.kill9();
     // Nothing was in the folder: everything came back from PostgreSQL.
     assert!(!dir.path().join("db").exists() && !dir.path().join("conf").exists());
-    let s = Server::start_with(dir.path(), None, &["--ledger", &url, "--node", "n1"]);
-    s.open("k");
+    let s = Server::start_with(dir.path(), None, &flags);
+    // The killed process's lease runs out first (its instance might have been alive still):
+    // until then the session is named as served at the old address, which answers nothing.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = s.call("PUT", "/v1/sessions/k", Some(json!({"addressable": true})));
+        if status == 200 {
+            break;
+        }
+        assert_eq!(body["error"]["code"], "session_moved", "{body}");
+        assert!(Instant::now() < deadline, "the session was never taken back: {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let (status, acked) = s.call("POST", &format!("/v1/claims/{claim}/ack"), None);
     assert_eq!((status, acked["delivered"].as_u64()), (200, Some(3)), "{acked}");
     let (status, _) = s.call("POST", "/v1/sessions/k/boundary", Some(json!({"consumer": "t"})));

@@ -260,3 +260,58 @@ fn a_database_crash_while_two_processes_share_it_loses_nothing_and_delivers_noth
     expected.sort();
     assert_eq!(taken, expected, "every result was delivered, once");
 }
+
+#[test]
+fn a_worker_polling_any_process_gets_the_external_children_of_every_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let nodes: Vec<Server> = ["a", "b", "c"].iter().map(|n| node(dir.path(), &url, n)).collect();
+    // Served by a; its external children queued there.
+    nodes[0].open("x");
+    let tasks: Vec<Value> = (0..6)
+        .map(|i| json!({"goal": format!("render {i}"), "runner": {"kind": "external", "queue": "gpu"}}))
+        .collect();
+    let (status, call) = nodes[1].call(
+        "POST",
+        "/v1/sessions/x/delegate",
+        Some(json!({"tasks": tasks, "independent_completions": true})),
+    );
+    assert_eq!(status, 202, "{call}");
+    let call = call["call_id"].as_str().unwrap().to_string();
+    // A worker that only knows c: it polls c, heartbeats through b, completes through c.
+    let mut done = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while done.len() < 6 {
+        assert!(Instant::now() < deadline, "the worker got {done:?} of 6");
+        let (status, work) = nodes[2].call(
+            "POST",
+            "/v1/workers/poll",
+            Some(json!({"worker": "w", "queue": "gpu", "wait_ms": 1000})),
+        );
+        if status == 204 {
+            continue;
+        }
+        assert_eq!(status, 200, "{work}");
+        let (child, token) = (work["child_id"].as_str().unwrap(), work["token"].as_str().unwrap());
+        let (status, beat) = nodes[1].call(
+            "POST",
+            &format!("/v1/children/{child}/heartbeat"),
+            Some(json!({"token": token, "progress": "half"})),
+        );
+        assert_eq!(status, 200, "{beat}");
+        let (status, end) = nodes[2].call(
+            "POST",
+            &format!("/v1/children/{child}/complete"),
+            Some(json!({"token": token, "status": "succeeded", "summary": format!("{child} done")})),
+        );
+        assert_eq!(status, 200, "{end}");
+        done.push(child.to_string());
+    }
+    done.sort();
+    let mut expected: Vec<String> = (0..6).map(|t| format!("{call}.{t}")).collect();
+    expected.sort();
+    assert_eq!(done, expected, "each child handed out once");
+    let mut taken = drain(&nodes[2], "x", 6, Duration::from_secs(20));
+    taken.sort();
+    assert_eq!(taken, expected, "every result delivered, through any process");
+}

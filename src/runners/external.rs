@@ -31,6 +31,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use brood_actors::ledger::WorkDirectory;
 use brood_actors::runner::{Progress, RunContext, RunOutput, Runner};
 use futures::future::LocalBoxFuture;
 use serde::Deserialize;
@@ -236,8 +237,9 @@ impl<P: Clone> Book<P> {
 
     /// Removes the run `ticket` of a child (its runner ended). One a worker held and did not
     /// complete was ended by brood: it is remembered, so that worker hears 409.
-    fn remove(&mut self, child_id: &str, ticket: u64) {
-        if self.entries.get(child_id).is_some_and(|e| e.ticket == ticket) {
+    fn remove(&mut self, child_id: &str, ticket: u64) -> bool {
+        let mine = self.entries.get(child_id).is_some_and(|e| e.ticket == ticket);
+        if mine {
             if let Some(e) = self.entries.remove(child_id) {
                 self.unwait(child_id, &e.queue);
                 if e.lease.is_some() && self.ended_set.insert(child_id.to_string()) {
@@ -250,6 +252,7 @@ impl<P: Clone> Book<P> {
                 }
             }
         }
+        mine
     }
 
     /// Leases the child at the front of `queue` to `worker`; answers it with its stall clock.
@@ -285,6 +288,25 @@ impl<P: Clone> Book<P> {
             lease_ms: lease.as_millis() as u64,
         };
         Some((handout, entry.progress.clone()))
+    }
+
+    /// Leases the waiting child `child_id` to `worker` (a worker polling another process was
+    /// handed it from the shared list); none when it is not waiting here.
+    fn hand_out_child(
+        &mut self,
+        child_id: &str,
+        worker: &str,
+        lease: Duration,
+        token: String,
+        now: Instant,
+    ) -> Option<(Handout, P)> {
+        let entry = self.entries.get(child_id).filter(|e| e.lease.is_none())?;
+        let queue = entry.queue.clone();
+        let q = self.waiting.get_mut(&queue)?;
+        let at = q.iter().position(|c| c == child_id)?;
+        q.remove(at);
+        q.push_front(child_id.to_string());
+        self.hand_out(&queue, worker, lease, token, now)
     }
 
     /// Takes a lapsed lease back: the child goes to the front of its queue. Answers where the
@@ -353,7 +375,13 @@ pub struct WorkQueues {
     book: Mutex<Book<Progress>>,
     /// Wakes long polls when a child is queued (or queued again).
     queued: Notify,
+    /// When several processes share the ledger: the shared list of waiting children, and where
+    /// this process takes requests (named in its tokens).
+    shared: std::sync::OnceLock<(Arc<dyn WorkDirectory>, String)>,
 }
+
+/// A token's holder mark: what follows it is the hex of the holder's address.
+const HOLDER_MARK: char = '~';
 
 impl WorkQueues {
     /// Empty queues.
@@ -366,12 +394,80 @@ impl WorkQueues {
         self.book.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Lists this process's waiting children in `directory` from now on, for workers polling
+    /// the other processes sharing the ledger; its tokens name `address`, so a heartbeat or
+    /// completion that reaches another process is sent on here.
+    pub fn share(&self, directory: Arc<dyn WorkDirectory>, address: String) {
+        if self.shared.set((directory, address)).is_err() {
+            tracing::warn!("the work queues were shared already");
+        }
+    }
+
+    /// The shared list, when the queues are shared.
+    pub fn directory(&self) -> Option<&Arc<dyn WorkDirectory>> {
+        self.shared.get().map(|(d, _)| d)
+    }
+
+    /// Where a token's child is queued, when it was handed out by another process sharing the
+    /// ledger (its heartbeats and completion go there); none for this process's own.
+    pub fn held_elsewhere(&self, token: &str) -> Option<String> {
+        let (_, me) = self.shared.get()?;
+        let (_, hex) = token.rsplit_once(HOLDER_MARK)?;
+        let bytes: Option<Vec<u8>> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect();
+        let address = String::from_utf8(bytes?).ok()?;
+        (address != *me).then_some(address)
+    }
+
+    /// A fresh lease token (naming this process, when shared).
+    fn new_token(&self) -> String {
+        let token = format!(
+            "wtk_{}{}",
+            brood_actors::model::random_hex(),
+            brood_actors::model::random_hex()
+        );
+        match self.shared.get() {
+            Some((_, me)) => {
+                let hex: String = me.bytes().map(|b| format!("{b:02x}")).collect();
+                format!("{token}{HOLDER_MARK}{hex}")
+            }
+            None => token,
+        }
+    }
+
+    fn post(&self, child_id: &str, queue: &str) {
+        if let Some(d) = self.directory() {
+            d.post(child_id, queue);
+        }
+    }
+
+    fn withdraw(&self, child_id: &str) {
+        if let Some(d) = self.directory() {
+            d.withdraw(child_id);
+        }
+    }
+
+    /// Hands the waiting child `child_id` to `worker` (who polled another process, which took
+    /// it from the shared list); none when it is not waiting here any more.
+    pub fn take(&self, child_id: &str, worker: &str, lease: Duration) -> Option<Handout> {
+        let token = self.new_token();
+        let (h, progress) = self
+            .book()
+            .hand_out_child(child_id, worker, lease, token, Instant::now())?;
+        progress.beat();
+        tracing::debug!(child = %h.child_id, %worker, "child handed to a worker polling another process");
+        Some(h)
+    }
+
     /// Queues a child; the ticket removes it when dropped, the receiver gets its output.
     fn enqueue(self: &Arc<Self>, ctx: &RunContext, queue: &str) -> (Ticket, oneshot::Receiver<RunOutput>) {
         let (tx, rx) = oneshot::channel();
         let ticket = self
             .book()
             .enqueue(&ctx.child_id, queue, &ctx.goal, ctx.progress.clone(), tx);
+        self.post(&ctx.child_id, queue);
         self.queued.notify_waiters();
         let ticket = Ticket {
             queues: self.clone(),
@@ -385,6 +481,9 @@ impl WorkQueues {
     fn expire(&self, child_id: &str) -> Standing {
         let (standing, requeued) = self.book().expire(child_id, Instant::now());
         if requeued {
+            if let Some(queue) = self.book().entries.get(child_id).map(|e| e.queue.clone()) {
+                self.post(child_id, &queue);
+            }
             self.queued.notify_waiters();
         }
         standing
@@ -399,13 +498,10 @@ impl WorkQueues {
             let queued = self.queued.notified();
             tokio::pin!(queued);
             queued.as_mut().enable();
-            let token = format!(
-                "wtk_{}{}",
-                brood_actors::model::random_hex(),
-                brood_actors::model::random_hex()
-            );
+            let token = self.new_token();
             let handed = self.book().hand_out(queue, worker, lease, token, Instant::now());
             if let Some((h, progress)) = handed {
+                self.withdraw(&h.child_id);
                 // Taken by a worker: from now on its heartbeats beat the stall clock.
                 progress.beat();
                 tracing::debug!(child = %h.child_id, %worker, %queue, "child handed to a worker");
@@ -452,7 +548,10 @@ struct Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.queues.book().remove(&self.child_id, self.ticket);
+        // Only this run's entry: a re-run of the child replaced it (and its listing) already.
+        if self.queues.book().remove(&self.child_id, self.ticket) {
+            self.queues.withdraw(&self.child_id);
+        }
     }
 }
 

@@ -472,6 +472,15 @@ fn check(c: &ServeConfig) -> Result<(), ConfigError> {
             ),
         ));
     }
+    if c.ledger.is_some() && c.advertise.is_none() && c.listen.ip().is_unspecified() {
+        return Err(err(
+            "advertise",
+            format!(
+                "is not set, and {} listens on every interface: the other processes sharing the ledger must reach this one at an address of its own (set --advertise http://<host>:<port>)",
+                c.listen
+            ),
+        ));
+    }
     if c.api_key.is_none() && !c.listen.ip().is_loopback() {
         return Err(err(
             "listen",

@@ -149,6 +149,10 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
     let engine = engine_config(&config, wake::Webhooks::default().counted(metrics.wakes()), &queues)
         .on_flush(metrics.flush_observer());
     let brood = Arc::new(Brood::open(engine).map_err(std::io::Error::other)?);
+    if let Some(directory) = brood.work_directory() {
+        // Sharing the ledger: workers polling any process may be handed this one's children.
+        queues.share(directory, config.advertised());
+    }
     let (stop_tx, stopping) = tokio::sync::watch::channel(false);
     let queues = web::Data::from(queues);
     let state = web::Data::new(routes::State {
@@ -183,6 +187,7 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
                     .route("/dead-letters/redrive", web::post().to(routes::redrive))
                     .route("/openapi.json", web::get().to(openapi::document))
                     .route("/workers/poll", web::post().to(workers::poll))
+                    .route("/workers/take", web::post().to(workers::take))
                     .route("/calls/{call_id}", web::get().to(routes::get_call))
                     .route("/calls/{call_id}/cancel", web::post().to(routes::cancel_call))
                     .route("/units/{unit_id}/cancel", web::post().to(routes::cancel_unit))

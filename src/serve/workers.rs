@@ -124,14 +124,11 @@ pub(super) async fn poll(state: web::Data<State>, queues: web::Data<WorkQueues>,
         MIN_WORKER_LEASE_MS,
         MAX_WORKER_LEASE_MS,
     )?;
-    let handed = queues
-        .poll(
-            &queue,
-            &body.worker,
-            Duration::from_millis(wait_ms),
-            Duration::from_millis(lease_ms),
-        )
-        .await;
+    let (wait, lease) = (Duration::from_millis(wait_ms), Duration::from_millis(lease_ms));
+    let handed = match queues.directory() {
+        None => queues.poll(&queue, &body.worker, wait, lease).await,
+        Some(_) => poll_shared(&state, &queues, &queue, &body.worker, wait, lease).await,
+    };
     Ok(match handed {
         None => HttpResponse::NoContent().finish(),
         Some(h) => HttpResponse::Ok().json(json!({
@@ -141,6 +138,160 @@ pub(super) async fn poll(state: web::Data<State>, queues: web::Data<WorkQueues>,
             "lease_ms": h.lease_ms,
         })),
     })
+}
+
+/// How long a poll of a shared ledger waits on this process's own queues before it looks at
+/// the shared list again.
+const SHARED_LOOK_EVERY: Duration = Duration::from_millis(200);
+
+/// A poll when several processes share the ledger: this process's own queues first, then the
+/// children the shared list says wait elsewhere (each asked of its process, which hands it out
+/// if it still waits there), until `wait` has passed.
+async fn poll_shared(
+    state: &State,
+    queues: &WorkQueues,
+    queue: &str,
+    worker: &str,
+    wait: Duration,
+    lease: Duration,
+) -> Option<crate::runners::external::Handout> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        if let Some(h) = queues.poll(queue, worker, Duration::ZERO, lease).await {
+            return Some(h);
+        }
+        if let Some(h) = take_elsewhere(state, queues, queue, worker, lease).await {
+            return Some(h);
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        let nap = (deadline - now).min(SHARED_LOOK_EVERY);
+        if let Some(h) = queues.poll(queue, worker, nap, lease).await {
+            return Some(h);
+        }
+    }
+}
+
+/// Takes children the shared list says wait in other processes, asking each process for its
+/// own, until one is handed out or the list has none for `queue`.
+async fn take_elsewhere(
+    state: &State,
+    queues: &WorkQueues,
+    queue: &str,
+    worker: &str,
+    lease: Duration,
+) -> Option<crate::runners::external::Handout> {
+    let directory = queues.directory()?.clone();
+    loop {
+        let list = directory.clone();
+        let q = queue.to_string();
+        let taken = brood_actors::ledger::off_thread("reading the shared work list", move || list.take_elsewhere(&q));
+        let (child_id, address) = match taken.await {
+            Ok(Some(found)) => found,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!("reading the shared work list failed: {e}");
+                return None;
+            }
+        };
+        let body = json!({"child_id": child_id, "worker": worker, "lease_ms": lease.as_millis() as u64});
+        let (key, me) = (state.config.api_key.clone(), state.config.advertised());
+        let url = format!("{address}/v1/workers/take");
+        let asked = web::block(move || ask_holder(&url, &body, key.as_deref(), &me)).await;
+        match asked {
+            Ok(Ok(Some(h))) => return Some(h),
+            // Handed out or ended meanwhile, or its process is gone (whoever takes its session
+            // over queues it again): the next one.
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => tracing::debug!(child = %child_id, %address, "a listed child's process did not answer: {e}"),
+            Err(e) => tracing::warn!("asking for a listed child failed: {e}"),
+        }
+    }
+}
+
+/// Asks the process at `url` to hand out the child of `body`; none when it does not wait there.
+fn ask_holder(
+    url: &str,
+    body: &serde_json::Value,
+    key: Option<&str>,
+    me: &str,
+) -> Result<Option<crate::runners::external::Handout>, String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut request = agent
+        .post(url)
+        .header("Content-Type", "application/json")
+        .header(super::forward::FORWARDED, me);
+    if let Some(k) = key {
+        request = request.header("Authorization", &format!("Bearer {k}"));
+    }
+    let mut answer = request.send(body.to_string().as_bytes()).map_err(|e| e.to_string())?;
+    if answer.status().as_u16() != 200 {
+        return Ok(None);
+    }
+    let text = answer.body_mut().read_to_string().map_err(|e| e.to_string())?;
+    let h: TakenBody = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
+    Ok(Some(crate::runners::external::Handout {
+        child_id: h.child_id,
+        goal: h.goal,
+        token: h.token,
+        lease_ms: h.lease_ms,
+    }))
+}
+
+/// A handout as `POST /v1/workers/take` answers it.
+#[derive(Debug, Deserialize)]
+struct TakenBody {
+    child_id: String,
+    goal: String,
+    token: String,
+    lease_ms: u64,
+}
+
+/// `POST /v1/workers/take`: between processes sharing a ledger.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TakeBody {
+    child_id: String,
+    worker: String,
+    lease_ms: u64,
+}
+
+/// `POST /v1/workers/take` (between processes sharing a ledger, not for workers): hands out the
+/// child a poll of another process took from the shared list, if it still waits here; 404 if not.
+pub(super) async fn take(state: web::Data<State>, queues: web::Data<WorkQueues>, payload: web::Payload) -> Reply {
+    let body: TakeBody = api::parse(&body(&state, payload).await?)?;
+    let lease_ms = within("lease_ms", body.lease_ms, MIN_WORKER_LEASE_MS, MAX_WORKER_LEASE_MS)?;
+    match queues.take(&body.child_id, &body.worker, Duration::from_millis(lease_ms)) {
+        Some(h) => Ok(HttpResponse::Ok().json(json!({
+            "child_id": h.child_id,
+            "goal": h.goal,
+            "token": h.token,
+            "lease_ms": h.lease_ms,
+        }))),
+        None => Err(WorkError::UnknownChild(body.child_id).into()),
+    }
+}
+
+/// A heartbeat or completion whose token another process handed out is sent on there.
+fn held_here(queues: &WorkQueues, token: &str) -> Result<(), ApiError> {
+    match queues.held_elsewhere(token) {
+        None => Ok(()),
+        Some(address) => {
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "session_moved",
+                format!("the child is queued in the process at {address}; send the request there"),
+            );
+            e.moved_to = Some(address);
+            Err(e)
+        }
+    }
 }
 
 /// The child id of the path and the parsed body of a heartbeat or completion.
@@ -160,6 +311,7 @@ pub(super) async fn heartbeat(
     payload: web::Payload,
 ) -> Reply {
     let (child_id, body): (String, HeartbeatBody) = child_request(&state, path, payload).await?;
+    held_here(&queues, &body.token)?;
     let lease = queues.heartbeat(&child_id, &body.token, body.progress)?;
     Ok(HttpResponse::Ok().json(json!({"child_id": child_id, "lease_ms": lease.as_millis() as u64})))
 }
@@ -171,6 +323,7 @@ pub(super) async fn complete(
     payload: web::Payload,
 ) -> Reply {
     let (child_id, body): (String, CompleteBody) = child_request(&state, path, payload).await?;
+    held_here(&queues, &body.token)?;
     let (token, status) = (body.token.clone(), body.status);
     queues.complete(&child_id, &token, body.output())?;
     Ok(HttpResponse::Ok().json(json!({"child_id": child_id, "status": status})))

@@ -115,6 +115,10 @@ impl Child {
         .map(|res, act, ctx| match res {
             Ok(_) => ctx.stop(),
             Err(_) if !super::running(ctx) => {} // shutting down: the ledger recovers the rest
+            Err(HandOffError::Moved) => {
+                tracing::info!(child = %act.row.child_id, "the child's session moved to another process; its result was not recorded here");
+                ctx.stop();
+            }
             Err(e) => {
                 tracing::warn!(child = %act.row.child_id, retry_in = ?act.backoff, "hand-off failed: {e}");
                 let delay = act.backoff;

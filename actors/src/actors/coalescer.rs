@@ -10,7 +10,7 @@
 //! waits that long first, gathering more completions into one flush: fewer flushes for more
 //! latency. A full batch ([`MAX_BATCH`] rows) never waits.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -36,6 +36,10 @@ pub enum HandOffError {
     /// The coalescer went away before answering.
     #[error("the coalescer stopped before the result was recorded")]
     Stopped,
+    /// Another process sharing the ledger took the child's session over: the row was not
+    /// written, and the child stops without retrying (its session's new holder recovers it).
+    #[error("the child's session is served by another process now; its result was not recorded here")]
+    Moved,
 }
 
 /// A terminal child row to record and publish. Answered, once its owner recorded it, with
@@ -119,10 +123,20 @@ impl Coalescer {
         // hand-off of a row already recorded is not written again, and the ledger's delivery
         // state wins over the child's stale copy (an ack may have happened meanwhile).
         crate::ledger::off_thread("recording completions", move || {
-            Ok(ledger
+            // The refusals of the batch's sessions before it is written: a session refused by
+            // the time the flush returned may not have had its rows written.
+            let sessions: HashSet<&str> = rows.iter().map(|r| r.session_id.as_str()).collect();
+            let before: HashMap<&str, u64> = sessions.iter().map(|s| (*s, ledger.refusals(s))).collect();
+            let recorded = ledger
                 .record_terminals(&rows)
                 .map_err(|e| ("writing", e))
-                .and_then(|stored| ledger.flush().map(|_| stored).map_err(|e| ("flushing", e))))
+                .and_then(|stored| ledger.flush().map(|_| stored).map_err(|e| ("flushing", e)));
+            let refused: HashSet<String> = before
+                .into_iter()
+                .filter(|(s, n)| ledger.refusals(s) != *n)
+                .map(|(s, _)| s.to_string())
+                .collect();
+            Ok(recorded.map(|stored| (stored, refused)))
         })
         .into_actor(self)
         .map(move |recorded, act, ctx| {
@@ -134,7 +148,19 @@ impl Coalescer {
                 // its own session's children.
                 // Shutting down: the children keep their results; the ledger has them.
                 Ok(_) if !super::running(ctx) => {}
-                Ok(stored) => {
+                Ok((stored, refused)) => {
+                    // Refused rows were not written: their children stop, unpublished.
+                    let (batch, stored): (Vec<_>, Vec<_>) = batch
+                        .into_iter()
+                        .zip(stored)
+                        .filter_map(|(p, row)| match refused.contains(&row.session_id) {
+                            true => {
+                                let _ = p.reply.send(Err(HandOffError::Moved));
+                                None
+                            }
+                            false => Some((p, row)),
+                        })
+                        .unzip();
                     for handoff in hand_offs(&owners, stored, batch) {
                         actix::spawn(handoff);
                     }

@@ -138,25 +138,32 @@ impl Supervisor {
     /// channels and commit window set); the caller keeps clones of what it needs of it.
     pub fn start_engine(engine: Engine, policy: RestartPolicy) -> Result<Addr<Supervisor>, LedgerError> {
         let ledger = engine.ledger.clone();
+        // Sharing the ledger: only the sessions whose lease this process took are served here
+        // (the others' holders serve them), read after their leases were taken, so that no
+        // write of their last holder is missed (it landed before the take, or never).
+        let taken: Option<std::collections::HashSet<String>> = match &engine.leases {
+            Some(leases) => {
+                // Told at once of every lease it loses.
+                let owners = engine.owners.clone();
+                leases.on_lost(Box::new(move |lost| {
+                    for s in lost {
+                        if let Some(owner) = owners.get(s) {
+                            owner.do_send(super::owner::Moved);
+                        }
+                    }
+                }));
+                Some(leases.acquire_free()?.into_iter().collect())
+            }
+            None => None,
+        };
         let mut snapshot = ledger.load()?;
-        if let Some(leases) = &engine.leases {
-            // Sharing the ledger: only the sessions whose lease this process took are served
-            // here (the others' holders serve them); told at once of every lease it loses.
-            let taken: std::collections::HashSet<String> = leases.acquire_free()?.into_iter().collect();
+        if let (Some(leases), Some(taken)) = (&engine.leases, &taken) {
             tracing::info!(
                 node = leases.node(),
                 sessions = taken.len(),
                 "session leases taken at start"
             );
-            snapshot.retain_sessions(&taken);
-            let owners = engine.owners.clone();
-            leases.on_lost(Box::new(move |lost| {
-                for s in lost {
-                    if let Some(owner) = owners.get(s) {
-                        owner.do_send(super::owner::Moved);
-                    }
-                }
-            }));
+            snapshot.retain_sessions(taken);
         }
         for nest in std::mem::take(&mut snapshot.nests) {
             engine.add_nest(nest);
@@ -713,18 +720,36 @@ fn adopt_session(
     let Some(leases) = engine.leases.as_ref() else {
         return Ok(Adopted::Unknown);
     };
-    if let crate::ledger::LeaseHolder::Elsewhere { address, .. } = leases.acquire(id)? {
+    if let crate::ledger::LeaseHolder::Elsewhere { address, owner } = leases.acquire(id)? {
+        tracing::debug!(session = %id, %owner, %address, "the session's lease is held by another process");
         return Ok(Adopted::Elsewhere(address));
     }
     // An owner of an earlier epoch in this process (its lease lost, then taken back) writes
     // nothing more: its writes in flight land before the read below, or never.
     engine.supersede(id);
     let ledger = &engine.ledger;
+    let refusals = ledger.refusals(id);
+    let adopted = take_up(engine, id, create);
+    if adopted.is_err() || ledger.refusals(id) != refusals {
+        // Not taken up after all: given back, so another process (or a later sweep) may.
+        leases.release(id);
+    }
+    if ledger.refusals(id) != refusals {
+        return Err(LedgerError::Fenced(id.to_string()).into());
+    }
+    adopted
+}
+
+/// Reads a session whose lease this process just took, and recovers it (or creates it).
+fn take_up(engine: &Engine, id: &str, create: Option<(SessionRow, Option<NestRow>)>) -> Result<Adopted, BroodError> {
+    let (ledger, leases) = (&engine.ledger, engine.leases.as_ref());
     let split = split_snapshot(ledger.load_session(id)?);
     quarantine_rejects(&**ledger, &split.rejects)?;
     let Some((session, part)) = split.sessions.into_iter().find(|(s, _)| s.session_id == id) else {
         let Some((row, nest)) = create else {
-            leases.release(id);
+            if let Some(leases) = leases {
+                leases.release(id);
+            }
             return Ok(Adopted::Unknown);
         };
         store_session(&**ledger, &row, &nest)?;
@@ -738,7 +763,7 @@ fn adopt_session(
         ..Writes::default()
     })?;
     ledger.flush()?;
-    tracing::info!(session = %id, node = leases.node(), "session taken up from the shared ledger");
+    tracing::info!(session = %id, "session taken up from the shared ledger");
     Ok(Adopted::Owner(Box::new(owner), None))
 }
 

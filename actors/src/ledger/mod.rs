@@ -79,6 +79,11 @@ pub enum LedgerError {
     /// A fault injected on purpose (the `failpoints` feature).
     #[error("injected fault: {0}")]
     Injected(&'static str),
+    /// The session's lease was lost to another process sharing the ledger before these rows
+    /// were durable: they may not have been written, and this process serves the session no
+    /// more.
+    #[error("session `{0}` is served by another process now; its rows were refused")]
+    Fenced(String),
 }
 
 impl LedgerError {
@@ -351,6 +356,23 @@ pub enum LeaseHolder {
     },
 }
 
+/// The children waiting for an outside worker, listed for every process sharing the ledger
+/// (the `external` runner's queues live in the memory of the process that serves the child's
+/// session): a worker polling any process can be handed any of them. The list is advisory: the
+/// holder's own queues decide; an entry whose child was handed out meanwhile, or whose process
+/// died, is simply taken off.
+pub trait WorkDirectory: Send + Sync + fmt::Debug {
+    /// Lists `child_id` as waiting on `queue` in this process. Done in the background, in the
+    /// order asked, with [`WorkDirectory::withdraw`].
+    fn post(&self, child_id: &str, queue: &str);
+    /// Takes `child_id` off the list (handed out here, or its runner ended). In the background.
+    fn withdraw(&self, child_id: &str);
+    /// Takes the child waiting longest on `queue` in another process off the list, if any
+    /// (`FOR UPDATE SKIP LOCKED`: pollers never take the same one): its id, and where its
+    /// process takes requests.
+    fn take_elsewhere(&self, queue: &str) -> Result<Option<(String, String)>, LedgerError>;
+}
+
 /// What is told of the sessions whose lease a process lost.
 pub type LostLeases = Box<dyn Fn(&[String]) + Send + Sync>;
 
@@ -362,13 +384,12 @@ pub type LostLeases = Box<dyn Fn(&[String]) + Send + Sync>;
 /// serving a session once its local deadline (a monotonic clock, which runs through a pause)
 /// passed without a renewal.
 pub trait Leases: Send + Sync + fmt::Debug {
-    /// This process's node id (stable across its restarts: a restarted node takes its leases
-    /// back at once).
+    /// This process's node id.
     fn node(&self) -> &str;
     /// How long a lease lasts without a renewal.
     fn ttl(&self) -> std::time::Duration;
-    /// Takes the lease of `session_id` when it is free (none, expired, or this node's own from
-    /// before a restart), or answers who holds it.
+    /// Takes the lease of `session_id` when it is free (none, or expired), or answers who holds
+    /// it.
     fn acquire(&self, session_id: &str) -> Result<LeaseHolder, LedgerError>;
     /// Takes the lease of every stored session whose lease is free (at start, and as a sweep:
     /// the sessions of a process that died); returns those taken.
@@ -440,6 +461,18 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// The session leases, when several processes may share this ledger; none when this
     /// process serves every session in it (sled: its folder is locked to one process).
     fn leases(&self) -> Option<Arc<dyn Leases>> {
+        None
+    }
+    /// How many times rows of `session_id` were refused (or its lease lost) so far: a write
+    /// made when this was `n`, whose flush returned when it was more, may not have landed.
+    /// Always 0 when nobody shares the ledger.
+    fn refusals(&self, session_id: &str) -> u64 {
+        let _ = session_id;
+        0
+    }
+    /// The shared list of children waiting for outside workers, when several processes share
+    /// this ledger.
+    fn work_directory(&self) -> Option<Arc<dyn WorkDirectory>> {
         None
     }
 }

@@ -184,11 +184,8 @@ impl SessionOwner {
             thens.push(step.then);
         }
         let next_set = view.session.next_set;
-        let holds = {
-            let (engine, session) = (self.engine.clone(), self.session.session_id.clone());
-            move || engine.holds(&session)
-        };
-        write_and_flush(self.engine.ledger.clone(), self.fence.clone(), holds, writes, restore)
+        let session = self.session.session_id.clone();
+        write_and_flush(self.engine.ledger.clone(), self.fence.clone(), session, writes, restore)
             .into_actor(self)
             .map(move |(res, unrestored), act, ctx| {
                 // Still "in flight" while the steps apply: what they submit is parked and
@@ -196,6 +193,9 @@ impl SessionOwner {
                 let res = match res {
                     // Fenced: this process lost the session's lease, so the rows may not have
                     // been written; the owner stops (it was told) and answers nothing more.
+                    Err(LedgerError::Fenced(_)) => Err(BroodError::LeaseLapsed {
+                        session: act.session.session_id.clone(),
+                    }),
                     _ if !act.engine.holds(&act.session.session_id) => Err(BroodError::LeaseLapsed {
                         session: act.session.session_id.clone(),
                     }),
@@ -237,7 +237,7 @@ const RESTORE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 pub(super) async fn write_and_flush(
     ledger: Arc<dyn Ledger>,
     (fence, epoch): (crate::actors::Fence, u64),
-    holds: impl Fn() -> bool + Send + 'static,
+    session: String,
     writes: Writes,
     restore: Writes,
 ) -> (Result<(), LedgerError>, bool) {
@@ -253,14 +253,17 @@ pub(super) async fn write_and_flush(
                 false,
             );
         }
+        // Another process took the session over if its refusals moved meanwhile: the rows may
+        // not have been written (even if this process took the session back since).
+        let refusals = ledger.refusals(&session);
         let res = ledger.write(&writes).and_then(|_| ledger.flush().map(|_| ()));
+        if ledger.refusals(&session) != refusals {
+            // Nothing of this owner's is written any more, a restore neither.
+            return (Err(LedgerError::Fenced(session)), false);
+        }
         let Err(e) = res else {
             return (Ok(()), false);
         };
-        if !holds() {
-            // Taken over: nothing of this owner's is written any more, a restore neither.
-            return (Err(e), false);
-        }
         let started = std::time::Instant::now();
         let mut pause = std::time::Duration::from_millis(10);
         loop {

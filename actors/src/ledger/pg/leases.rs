@@ -4,8 +4,9 @@
 //! - **The table.** `session_leases(session, owner, address, epoch, expires_at)`, one row per
 //!   session that was ever served. `owner` is a node id, stable across a node's restarts;
 //!   `expires_at` is judged by the database's clock only.
-//! - **Taking a lease** is one upsert that succeeds only when the lease is free: no row, expired,
-//!   or this node's own from before a restart. Each take raises the epoch.
+//! - **Taking a lease** is one upsert that succeeds only when the lease is free: no row, or
+//!   expired (also this node's own from before a restart: its old instance may still be alive,
+//!   paused, and within its local deadline). Each take raises the epoch.
 //! - **Renewal.** A task on the ledger's runtime renews every held lease at a third of the lease
 //!   time, in one statement that matches each session's epoch: a session missing from its answer
 //!   was taken over, and is lost. Locally a lease is served until the moment the renewal was
@@ -31,7 +32,7 @@ use crate::ledger::{LeaseHolder, Leases};
 /// Who this process is among those sharing the database, and how long its leases last.
 #[derive(Debug, Clone)]
 pub struct LeaseConfig {
-    /// The node id: stable across restarts of one node (its address will do).
+    /// The node id, naming the process in the lease rows (its address will do).
     pub node: String,
     /// Where this process takes requests (another process forwards them here).
     pub address: String,
@@ -61,6 +62,12 @@ pub(super) struct LeaseBook {
     runtime: tokio::runtime::Handle,
     /// One take at a time in this process: two takes of one lease would each raise its epoch.
     taking: tokio::sync::Mutex<()>,
+    /// How many times each session's lease was lost (its rows refused at a commit, or a renewal
+    /// found it taken over).
+    refusals: Mutex<HashMap<String, u64>>,
+    /// This process's own id (random at its start), on the leases it takes: a lease it gave
+    /// back is its to take again at once, unlike a live one of this node's earlier instance.
+    instance: String,
 }
 
 impl std::fmt::Debug for LeaseBook {
@@ -89,6 +96,8 @@ impl LeaseBook {
             on_lost: OnceLock::new(),
             runtime,
             taking: tokio::sync::Mutex::new(()),
+            refusals: Mutex::new(HashMap::new()),
+            instance: format!("{}{}", crate::model::random_hex(), crate::model::random_hex()),
         })
     }
 
@@ -113,15 +122,28 @@ impl LeaseBook {
             return;
         }
         {
+            // Counted before anyone is answered: a flush that returns after this sees it.
+            let mut refusals = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
             let mut held = self.held();
             for s in &sessions {
                 held.remove(s);
+                *refusals.entry(s.clone()).or_default() += 1;
             }
         }
         tracing::warn!(sessions = ?sessions, "session leases lost to another process; their sessions are no longer served here");
         if let Some(hook) = self.on_lost.get() {
             hook(&sessions);
         }
+    }
+
+    /// How many times `session`'s lease was lost so far.
+    pub(super) fn refusals(&self, session: &str) -> u64 {
+        self.refusals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Runs `job` on the ledger's runtime and waits for it (from any other thread).
@@ -160,7 +182,7 @@ impl LeaseBook {
                 &format!(
                     "SELECT l.session FROM {} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
                      ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $3
-                     FOR SHARE OF l",
+                     ORDER BY l.session FOR SHARE OF l",
                     self.table
                 ),
                 &[&names, &epochs, &self.config.node],
@@ -194,9 +216,14 @@ impl LeaseBook {
         let rows = client
             .query(
                 &format!(
-                    "UPDATE {t} l SET expires_at = now() + $3::int8 * interval '1 millisecond'
-                     FROM unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
-                     WHERE l.session = f.session AND l.epoch = f.epoch AND l.owner = $4
+                    // Rows locked in key order, as every statement here locks them: a
+                    // commit's check and a renewal never wait for each other in a cycle.
+                    "WITH mine AS (
+                         SELECT l.session FROM {t} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
+                         ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $4
+                         ORDER BY l.session FOR NO KEY UPDATE OF l)
+                     UPDATE {t} l SET expires_at = now() + $3::int8 * interval '1 millisecond'
+                     FROM mine WHERE l.session = mine.session
                      RETURNING l.session, l.epoch",
                     t = self.table
                 ),
@@ -255,40 +282,37 @@ impl LeaseBook {
         let client = self.pool.get().await.map_err(pool_error)?;
         let held: Vec<Vec<u8>> = self.held().keys().map(|s| s.as_bytes().to_vec()).collect();
         let source = match &session {
-            Some(_) => "SELECT $5::bytea".to_string(),
+            Some(_) => "SELECT $6::bytea".to_string(),
             None => format!(
                 "SELECT s.key FROM {sessions} s LEFT JOIN {t} l ON l.session = s.key
-                 WHERE (l.session IS NULL OR l.expires_at < now() OR l.owner = $1) AND NOT (s.key = ANY($4))",
+                 WHERE (l.session IS NULL OR l.expires_at < now() OR l.instance = $5) AND NOT (s.key = ANY($4))
+                 ORDER BY s.key",
                 sessions = self.sessions_table,
                 t = self.table
             ),
         };
+        // Free: expired, or given back (or left) by this very process, whose held leases are
+        // excluded. Not a live lease of this node's earlier instance: it may be paused, alive.
         let sql = format!(
-            "INSERT INTO {t} AS l (session, owner, address, epoch, expires_at)
-             SELECT src.key, $1, $2, 1, now() + $3::int8 * interval '1 millisecond' FROM ({source}) AS src(key)
+            "INSERT INTO {t} AS l (session, owner, address, epoch, expires_at, instance)
+             SELECT src.key, $1, $2, 1, now() + $3::int8 * interval '1 millisecond', $5 FROM ({source}) AS src(key)
              ON CONFLICT (session) DO UPDATE SET owner = EXCLUDED.owner, address = EXCLUDED.address,
-                 epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at
-               WHERE (l.expires_at < now() OR l.owner = $1) AND NOT (l.session = ANY($4))
+                 epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at, instance = EXCLUDED.instance
+               WHERE (l.expires_at < now() OR l.instance = $5) AND NOT (l.session = ANY($4))
              RETURNING l.session, l.epoch",
             t = self.table
         );
         let one = session.map(String::into_bytes);
-        let rows = match &one {
-            Some(name) => {
-                client
-                    .query(
-                        &sql,
-                        &[&self.config.node, &self.config.address, &self.ttl_ms(), &held, name],
-                    )
-                    .await
-            }
-            None => {
-                client
-                    .query(&sql, &[&self.config.node, &self.config.address, &self.ttl_ms(), &held])
-                    .await
-            }
+        let ttl = self.ttl_ms();
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            vec![&self.config.node, &self.config.address, &ttl, &held, &self.instance];
+        if let Some(name) = &one {
+            params.push(name);
         }
-        .map_err(pg_error("taking session leases"))?;
+        let rows = client
+            .query(&sql, &params)
+            .await
+            .map_err(pg_error("taking session leases"))?;
         let deadline = self.deadline(sent);
         let taken: Vec<(String, i64)> = rows
             .into_iter()
@@ -304,6 +328,7 @@ impl LeaseBook {
                 },
             );
         }
+        tracing::debug!(asked = ?one.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()), ?taken, "session leases taken");
         Ok(taken)
     }
 }
@@ -331,6 +356,10 @@ impl Leases for PgLeases {
             let taken = book.clone().take(Some(name.clone())).await?;
             if let Some((_, epoch)) = taken.first() {
                 return Ok(LeaseHolder::Here(*epoch as u64));
+            }
+            // A sweep of this process may have taken it just before.
+            if let Some(h) = book.held().get(&name) {
+                return Ok(LeaseHolder::Here(h.epoch as u64));
             }
             let client = book.pool.get().await.map_err(pool_error)?;
             let row = client
@@ -374,6 +403,7 @@ impl Leases for PgLeases {
         let Some(held) = self.0.held().remove(session_id) else {
             return;
         };
+        tracing::debug!(session = %session_id, epoch = held.epoch, "session lease given back");
         // Not waited for: a lease not given back runs out by itself.
         let book = self.0.clone();
         let (name, shown) = (session_id.as_bytes().to_vec(), session_id.to_string());

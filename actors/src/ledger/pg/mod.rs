@@ -40,6 +40,7 @@ use super::{CallParts, Durability, Ledger, LedgerError, Snapshot, Writes};
 use crate::codec;
 use crate::model::*;
 
+mod directory;
 mod leases;
 mod migrate;
 mod runtime;
@@ -70,6 +71,21 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
              epoch bigint NOT NULL,
              expires_at timestamptz NOT NULL) WITH (fillfactor = 70);
          CREATE INDEX ON \"{schema}\".session_leases (owner)",
+    ),
+    (
+        3,
+        "shared work list",
+        "CREATE TABLE \"{schema}\".work_directory (
+             child_id text PRIMARY KEY,
+             queue text NOT NULL,
+             address text NOT NULL,
+             posted_at timestamptz NOT NULL);
+         CREATE INDEX ON \"{schema}\".work_directory (queue, posted_at)",
+    ),
+    (
+        4,
+        "lease instances",
+        "ALTER TABLE \"{schema}\".session_leases ADD COLUMN instance text NOT NULL DEFAULT ''",
     ),
 ];
 
@@ -112,6 +128,8 @@ struct Inner {
     pool: Pool,
     /// The session leases, when several processes share the database.
     leases: Option<Arc<LeaseBook>>,
+    /// The shared list of children waiting for outside workers, then.
+    directory: Option<Arc<directory::PgDirectory>>,
 }
 
 impl Inner {
@@ -200,6 +218,27 @@ impl PgLedger {
     /// As [`PgLedger::open`], in the schema `schema` (lower-case letters, digits and `_`,
     /// starting with a letter): several ledgers can share one database.
     pub fn open_in(url: &str, schema: &str) -> Result<Self, LedgerError> {
+        Self::open_with(url, schema, None)
+    }
+
+    /// As [`PgLedger::open_in`], shared with other brood processes: sessions are served under
+    /// leases ([`LeaseConfig`]), every commit is fenced by them, and they are renewed in the
+    /// background from now on. The connections give up a lock wait after a lease time, and the
+    /// server ends a transaction of this process left idle for half a lease (the process was
+    /// paused mid-commit): its row locks would otherwise keep a takeover waiting as long as the
+    /// pause lasts.
+    pub fn open_shared(url: &str, schema: &str, config: LeaseConfig) -> Result<Self, LedgerError> {
+        if config.ttl < Duration::from_millis(300) {
+            return Err(LedgerError::storage_msg(format!(
+                "a session lease of {:?} is too short to renew; give at least 300 ms",
+                config.ttl
+            )));
+        }
+        let ledger = Self::open_with(url, schema, Some(config.ttl))?;
+        ledger.shared(config)
+    }
+
+    fn open_with(url: &str, schema: &str, lease: Option<Duration>) -> Result<Self, LedgerError> {
         let valid = schema.chars().next().is_some_and(|c| c.is_ascii_lowercase())
             && schema
                 .chars()
@@ -218,9 +257,17 @@ impl PgLedger {
         })?;
         // Nothing is reported as recorded before its commit is durable on the server (I1);
         // after whatever options the address gave.
+        let mut ours = "-c synchronous_commit=on".to_string();
+        if let Some(ttl) = lease {
+            ours = format!(
+                "{ours} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
+                ttl.as_millis(),
+                (ttl / 2).as_millis().max(100)
+            );
+        }
         let options = match config.get_options() {
-            Some(given) => format!("{given} -c synchronous_commit=on"),
-            None => "-c synchronous_commit=on".to_string(),
+            Some(given) => format!("{given} {ours}"),
+            None => ours,
         };
         config.options(&options);
         // A server that went away without a word (power, a partition) is noticed, not waited
@@ -251,6 +298,7 @@ impl PgLedger {
                 schema: schema.to_string(),
                 pool,
                 leases: None,
+                directory: None,
             }),
             staged: Mutex::new(BTreeMap::new()),
             committing: Mutex::new(()),
@@ -263,18 +311,10 @@ impl PgLedger {
         Ok(ledger)
     }
 
-    /// Shares the database with other brood processes: sessions are served under leases
-    /// ([`LeaseConfig`]), every commit is fenced by them, and they are renewed in the
-    /// background from now on.
-    pub fn shared(mut self, config: LeaseConfig) -> Result<Self, LedgerError> {
-        if config.ttl < Duration::from_millis(300) {
-            return Err(LedgerError::storage_msg(format!(
-                "a session lease of {:?} is too short to renew; give at least 300 ms",
-                config.ttl
-            )));
-        }
+    /// Shares the database with other brood processes (see [`PgLedger::open_shared`]).
+    fn shared(mut self, config: LeaseConfig) -> Result<Self, LedgerError> {
         let book = LeaseBook::new(
-            config,
+            config.clone(),
             &self.inner.schema,
             self.inner.table(SESSIONS),
             self.inner.pool.clone(),
@@ -285,6 +325,12 @@ impl PgLedger {
                 "the ledger is in use already; share it before using it",
             ));
         };
+        inner.directory = Some(directory::PgDirectory::start(
+            &inner.schema,
+            config.address.clone(),
+            inner.pool.clone(),
+            self.runtime.handle.clone(),
+        ));
         inner.leases = Some(book.clone());
         book.start_renewing();
         Ok(self)
@@ -830,6 +876,17 @@ impl Ledger for PgLedger {
             .leases
             .as_ref()
             .map(|book| Arc::new(PgLeases(book.clone())) as Arc<dyn super::Leases>)
+    }
+
+    fn refusals(&self, session_id: &str) -> u64 {
+        self.inner.leases.as_ref().map_or(0, |book| book.refusals(session_id))
+    }
+
+    fn work_directory(&self) -> Option<Arc<dyn super::WorkDirectory>> {
+        self.inner
+            .directory
+            .as_ref()
+            .map(|d| d.clone() as Arc<dyn super::WorkDirectory>)
     }
 
     fn quarantined(&self) -> Result<Vec<Quarantined>, LedgerError> {

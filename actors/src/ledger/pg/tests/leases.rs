@@ -20,14 +20,16 @@ fn session(id: &str) -> SessionRow {
 }
 
 fn node(schema: &str, name: &str, ttl: Duration) -> PgLedger {
-    PgLedger::open_in(&pg_testkit::url(), schema)
-        .unwrap()
-        .shared(LeaseConfig {
+    PgLedger::open_shared(
+        &pg_testkit::url(),
+        schema,
+        LeaseConfig {
             node: name.into(),
             address: format!("http://{name}"),
             ttl,
-        })
-        .unwrap()
+        },
+    )
+    .unwrap()
 }
 
 fn leases(l: &PgLedger) -> Arc<dyn Leases> {
@@ -96,7 +98,7 @@ fn a_lease_is_held_by_one_node_at_a_time_and_named_to_the_others() {
 }
 
 #[test]
-fn a_restarted_node_takes_its_own_leases_back_at_once_at_a_new_epoch() {
+fn a_restarted_node_waits_out_its_own_leases_and_takes_them_at_a_new_epoch() {
     let schema = pg_testkit::fresh_schema();
     let a = node(&schema, "a", TTL);
     a.write(&Writes {
@@ -122,7 +124,19 @@ fn a_restarted_node_takes_its_own_leases_back_at_once_at_a_new_epoch() {
     .unwrap();
     a.flush().unwrap();
     drop(a); // killed: its leases stay until they run out
+             // The same node again: its old instance might still be alive (paused), so it waits too.
     let again = node(&schema, "a", TTL);
+    assert!(
+        leases(&again).acquire_free().unwrap().is_empty(),
+        "taken from a live lease"
+    );
+    assert!(matches!(
+        leases(&again).acquire("s1").unwrap(),
+        LeaseHolder::Elsewhere { .. }
+    ));
+    for s in ["s1", "s2"] {
+        expire(&again, s);
+    }
     let mut taken = leases(&again).acquire_free().unwrap();
     taken.sort();
     assert_eq!(taken, vec!["s1".to_string(), "s2".to_string()]);
@@ -184,11 +198,11 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_more_and_is_told() {
 #[test]
 fn a_renewal_finds_a_lease_taken_over_and_loses_it() {
     let schema = pg_testkit::fresh_schema();
-    let ttl = Duration::from_millis(900);
+    let ttl = Duration::from_millis(3000);
     let (a, b) = (node(&schema, "a", ttl), node(&schema, "b", TTL));
     assert_eq!(leases(&a).acquire("s1").unwrap(), LeaseHolder::Here(1));
-    // Renewed while held: still served well past its first lease time.
-    std::thread::sleep(ttl * 2);
+    // Renewed while held: still served past its first lease time.
+    std::thread::sleep(ttl + ttl / 3);
     assert!(leases(&a).serving("s1"), "renewed in the background");
     expire(&a, "s1");
     assert_eq!(leases(&b).acquire("s1").unwrap(), LeaseHolder::Here(2));
@@ -211,16 +225,13 @@ fn a_takeover_waits_for_a_commit_in_flight_of_the_old_holder() {
     let (checked_tx, checked) = std::sync::mpsc::channel::<()>();
     let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
     let pool = a.inner.pool.clone();
-    let table = format!("\"{schema}\".session_leases");
+    let book = a.inner.leases.clone().expect("shared");
     let in_flight = a.runtime.handle.spawn(async move {
         let mut client = pool.get().await.unwrap();
         let tx = client.transaction().await.unwrap();
-        tx.query(
-            &format!("SELECT 1 FROM {table} WHERE session = 's1'::bytea AND epoch = 1 FOR SHARE"),
-            &[],
-        )
-        .await
-        .unwrap();
+        // The commit's own check, as `commit_staged` runs it.
+        let ok = book.check(&tx, ["s1".to_string()].into_iter().collect()).await.unwrap();
+        assert!(ok.contains("s1"), "still held at epoch 1");
         checked_tx.send(()).unwrap();
         let _ = go.await;
         tx.commit().await.unwrap();
