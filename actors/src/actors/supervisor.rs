@@ -572,9 +572,14 @@ fn end_orphaned_nests(engine: &Engine, owners: &mut [SessionOwner]) {
         let Some((call_id, task)) = nest_parent(&nest.session_id) else {
             continue;
         };
-        let state = index
-            .get(&nest.parent_session_id)
-            .and_then(|&p| owners[p].child_status(call_id, task));
+        let Some(&parent) = index.get(&nest.parent_session_id) else {
+            // Shared: the parent is served by another process, whose child may still run.
+            if engine.leases.is_none() {
+                ended.push(me);
+            }
+            continue;
+        };
+        let state = owners[parent].child_status(call_id, task);
         if state.is_none_or(|s| s.is_terminal()) {
             ended.push(me);
         }
@@ -720,6 +725,20 @@ fn adopt_session(
     let Some(leases) = engine.leases.as_ref() else {
         return Ok(Adopted::Unknown);
     };
+    // A nested session is served where its parent session is: the end of its child, and a
+    // cancel of it, reach it there.
+    if let Some(parent) = parent_session(engine, id, create.as_ref().and_then(|c| c.1.as_ref()))? {
+        if engine.owner(&parent).is_none() {
+            if let Some(crate::ledger::LeaseHolder::Elsewhere { address, .. }) = leases.holder(&parent)? {
+                tracing::debug!(session = %id, %parent, %address, "a nested session is served where its parent is");
+                // Taken by a sweep here: given back, for the parent's holder to take up.
+                if leases.holds(id) {
+                    leases.release(id);
+                }
+                return Ok(Adopted::Elsewhere(address));
+            }
+        }
+    }
     if let crate::ledger::LeaseHolder::Elsewhere { address, owner } = leases.acquire(id)? {
         tracing::debug!(session = %id, %owner, %address, "the session's lease is held by another process");
         return Ok(Adopted::Elsewhere(address));
@@ -740,10 +759,28 @@ fn adopt_session(
     adopted
 }
 
+/// The parent session of `id`, when it is a nested session: from its nest row (`nest`, when it
+/// is being created; else as known here, or as stored).
+fn parent_session(engine: &Engine, id: &str, nest: Option<&NestRow>) -> Result<Option<String>, LedgerError> {
+    if let Some(n) = nest.cloned().or_else(|| engine.nest(id)) {
+        return Ok(Some(n.parent_session_id));
+    }
+    let Some((call_id, _)) = nest_parent(id) else {
+        return Ok(None);
+    };
+    if let Some(session) = engine.calls.get(call_id) {
+        return Ok(Some(session.value().clone()));
+    }
+    Ok(engine.ledger.find_call(call_id)?.map(|c| c.session_id))
+}
+
 /// Reads a session whose lease this process just took, and recovers it (or creates it).
 fn take_up(engine: &Engine, id: &str, create: Option<(SessionRow, Option<NestRow>)>) -> Result<Adopted, BroodError> {
     let (ledger, leases) = (&engine.ledger, engine.leases.as_ref());
-    let split = split_snapshot(ledger.load_session(id)?);
+    let mut snapshot = ledger.load_session(id)?;
+    // Its own nest row, if it is nested: known here from now on (its depth, its parent).
+    let stored_nest = snapshot.nests.pop();
+    let split = split_snapshot(snapshot);
     quarantine_rejects(&**ledger, &split.rejects)?;
     let Some((session, part)) = split.sessions.into_iter().find(|(s, _)| s.session_id == id) else {
         let Some((row, nest)) = create else {
@@ -764,7 +801,7 @@ fn take_up(engine: &Engine, id: &str, create: Option<(SessionRow, Option<NestRow
     })?;
     ledger.flush()?;
     tracing::info!(session = %id, "session taken up from the shared ledger");
-    Ok(Adopted::Owner(Box::new(owner), None))
+    Ok(Adopted::Owner(Box::new(owner), stored_nest))
 }
 
 /// Lowers the calling thread's scheduling priority (nice 10): background work yields the CPU

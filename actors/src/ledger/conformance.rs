@@ -38,7 +38,7 @@ macro_rules! ledger_conformance_cases {
             a_second_put_of_a_key_replaces_its_row,
             every_removal_removes_exactly_the_rows_it_names,
             load_session_reads_only_its_own_sessions_rows,
-            load_session_returns_no_nests,
+            load_session_returns_only_the_sessions_own_nest,
             reads_of_one_session_or_call_do_not_reach_prefix_sharing_keys,
             record_terminals_stores_a_row_the_ledger_did_not_have,
             record_terminals_leaves_a_terminal_row_as_it_is,
@@ -613,7 +613,7 @@ pub(crate) fn load_session_reads_only_its_own_sessions_rows(make: &dyn Fn() -> B
     assert_snapshot(&load(&*ledger), &snapshot_of(&[&a, &ab, &b], true), "load");
 }
 
-pub(crate) fn load_session_returns_no_nests(make: &dyn Fn() -> Box<dyn Ledger>) {
+pub(crate) fn load_session_returns_only_the_sessions_own_nest(make: &dyn Fn() -> Box<dyn Ledger>) {
     let ledger = make();
     let nest = nest_row("a", "deleg_c", 0);
     let nested = session_row(&nest.session_id);
@@ -628,8 +628,16 @@ pub(crate) fn load_session_returns_no_nests(make: &dyn Fn() -> Box<dyn Ledger>) 
 
     let one = load_session(&*ledger, &nest.session_id);
     assert_eq!(one.sessions, vec![nested], "the nested session's own row");
-    assert_eq!(one.nests, vec![], "a load of one session reads no nest rows");
-    assert_eq!(load(&*ledger).nests, vec![nest], "a full load reads them");
+    assert_eq!(
+        one.nests,
+        vec![nest.clone()],
+        "and its own nest row (whoever takes it up knows its parent)"
+    );
+    assert!(
+        load_session(&*ledger, "a").nests.is_empty(),
+        "not the nests of other sessions"
+    );
+    assert_eq!(load(&*ledger).nests, vec![nest], "a full load reads them all");
 }
 
 pub(crate) fn reads_of_one_session_or_call_do_not_reach_prefix_sharing_keys(make: &dyn Fn() -> Box<dyn Ledger>) {

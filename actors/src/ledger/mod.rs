@@ -182,7 +182,8 @@ pub struct Snapshot {
     pub damaged_children: Vec<String>,
     /// Sessions' webhook wake targets.
     pub wakes: Vec<WakeRow>,
-    /// Nested sessions (read by [`Ledger::load`] only: an owner rebuild has them in memory).
+    /// Nested sessions: every one for [`Ledger::load`], the session's own (if it is nested) for
+    /// [`Ledger::load_session`].
     pub nests: Vec<NestRow>,
 }
 
@@ -391,6 +392,8 @@ pub trait Leases: Send + Sync + fmt::Debug {
     /// Takes the lease of `session_id` when it is free (none, or expired), or answers who holds
     /// it.
     fn acquire(&self, session_id: &str) -> Result<LeaseHolder, LedgerError>;
+    /// Who holds the lease of `session_id` right now, without taking it: none when it is free.
+    fn holder(&self, session_id: &str) -> Result<Option<LeaseHolder>, LedgerError>;
     /// Takes the lease of every stored session whose lease is free (at start, and as a sweep:
     /// the sessions of a process that died); returns those taken.
     fn acquire_free(&self) -> Result<Vec<String>, LedgerError>;

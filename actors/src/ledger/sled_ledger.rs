@@ -368,10 +368,7 @@ impl SledLedger {
             starts: self.scan(&self.starts, STARTS, session)?,
             damaged_children: self.damaged_children(session)?,
             wakes: self.scan(&self.wakes, WAKES, session)?,
-            nests: match session {
-                None => self.scan(&self.nests, NESTS, None)?,
-                Some(_) => Vec::new(),
-            },
+            nests: self.scan(&self.nests, NESTS, session)?,
         };
         self.settle_quarantine()?;
         Ok(snapshot)

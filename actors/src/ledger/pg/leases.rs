@@ -382,6 +382,31 @@ impl Leases for PgLeases {
         })
     }
 
+    fn holder(&self, session_id: &str) -> Result<Option<LeaseHolder>, LedgerError> {
+        if let Some(h) = self.0.held().get(session_id) {
+            return Ok(Some(LeaseHolder::Here(h.epoch as u64)));
+        }
+        let book = self.0.clone();
+        let name = session_id.as_bytes().to_vec();
+        self.0.run(async move {
+            let client = book.pool.get().await.map_err(pool_error)?;
+            let row = client
+                .query_opt(
+                    &format!(
+                        "SELECT owner, address FROM {} WHERE session = $1 AND expires_at >= now()",
+                        book.table
+                    ),
+                    &[&name],
+                )
+                .await
+                .map_err(pg_error("reading a session lease"))?;
+            Ok(row.map(|r| LeaseHolder::Elsewhere {
+                owner: r.get(0),
+                address: r.get(1),
+            }))
+        })
+    }
+
     fn acquire_free(&self) -> Result<Vec<String>, LedgerError> {
         let book = self.0.clone();
         let taken = self.0.run(async move { book.take(None).await })?;

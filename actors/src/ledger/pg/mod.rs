@@ -636,10 +636,7 @@ impl PgLedger {
             starts: self.scan(STARTS, session)?,
             damaged_children: self.damaged_children(session)?,
             wakes: self.scan(WAKES, session)?,
-            nests: match session {
-                None => self.scan(NESTS, None)?,
-                Some(_) => Vec::new(),
-            },
+            nests: self.scan(NESTS, session)?,
         })
     }
 

@@ -1,0 +1,219 @@
+//! Engines sharing one PostgreSQL ledger where a review found holes: a start that read the
+//! ledger before it took its leases, and nested sessions served apart from their parents.
+//! Each failed before its mend.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use brood::{Brood, BroodConfig, BroodError, DelegateRequest};
+use brood_actors::ledger::pg_testkit;
+use common::*;
+
+fn sharing(dir: &std::path::Path, kit: &Kit, url: &str, schema: &str, node: &str, depth: u32) -> Brood {
+    let config = BroodConfig::new(dir)
+        .runners(kit.runners())
+        .postgres(url)
+        .postgres_schema(schema)
+        .max_depth(depth)
+        .share(node, format!("http://{node}"), Duration::from_secs(60));
+    Brood::open(config).expect("open sharing PostgreSQL")
+}
+
+/// Whether a statement is waiting for a lock on `table` (a `DO` block that raises otherwise).
+fn waiting_on(url: &str, table: &str) -> bool {
+    let sql = format!(
+        "DO $$ BEGIN IF (SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE '%{table}%' AND pid <> pg_backend_pid()) = 0 THEN RAISE EXCEPTION 'no'; END IF; END $$"
+    );
+    let url = url.to_string();
+    std::panic::catch_unwind(move || pg_testkit::execute(&url, &sql)).is_ok()
+}
+
+/// Supervisor::start_engine reads the whole ledger (supervisor.rs:141) BEFORE it takes the free
+/// leases (:145). A holder that writes in between (here: b acks its claims, then stops
+/// cleanly and gives its leases back, as in a rolling restart) is missed: a recovers the
+/// session from the stale snapshot, returns the acked claims, and hands the acked items out
+/// again (I2). The load is held up between the tables it reads by a lock on `wakes` (read
+/// after acks/children/claims), standing in for a large ledger's long load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_process_must_not_recover_from_a_snapshot_read_before_its_leases() {
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = pg_testkit::url();
+    let schema = pg_testkit::fresh_schema();
+    let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
+    open_wake(&b, "s").await;
+    let tasks = (0..3).map(|i| task(format!("t{i}"), sim(0))).collect();
+    b.delegate("s", DelegateRequest::background(tasks).independent())
+        .await
+        .expect("delegate");
+    let mut claims = Vec::new();
+    let mut items = 0;
+    while items < 3 {
+        let env = next_envelope(&b, "s", "c", LONG_LEASE).await;
+        items += env.items.len();
+        claims.push(env.claim_id);
+    }
+    // A slow load: a's start reads acks, children and claims, then waits on `wakes`.
+    let (lock_url, lock_schema) = (url.clone(), schema.clone());
+    let lock = std::thread::spawn(move || {
+        pg_testkit::execute(
+            &lock_url,
+            &format!(
+                "BEGIN; LOCK TABLE \"{lock_schema}\".\"wakes\" IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(6); COMMIT;"
+            ),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let (a_dir, a_url, a_schema, a_kit) = (dir.path().join("a"), url.clone(), schema.clone(), Kit::default());
+    let starting = std::thread::spawn(move || sharing(&a_dir, &a_kit, &a_url, &a_schema, "a", 2));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !waiting_on(&url, "wakes") {
+        assert!(Instant::now() < deadline, "a's load never reached the wakes table");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Meanwhile b (still the holder) acks everything, then stops cleanly: its leases given back.
+    for claim in &claims {
+        b.ack(claim).await.expect("b acks while it holds the lease");
+    }
+    b.shutdown();
+    lock.join().unwrap();
+    let a = starting.join().unwrap();
+    // a took the session at start: nothing acked may be handed out again.
+    let again = a.boundary("s", "c", LONG_LEASE).await.expect("boundary at a");
+    assert!(
+        again.is_none(),
+        "acked items delivered again by the process that took the session over: {:?}",
+        again.map(|e| e.items.iter().map(|i| i.dedup_key.clone()).collect::<Vec<_>>())
+    );
+    a.shutdown();
+}
+
+/// A nested session is served where its parent session is: a sweep elsewhere that takes its
+/// lease gives it back, and the parent's holder takes it up again (the end of its child, a
+/// cancel of it, reach it there). It is never ended for want of its parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_session_goes_back_to_where_its_parent_is_served() {
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = pg_testkit::url();
+    let schema = pg_testkit::fresh_schema();
+    let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
+    let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
+    open_wake(&a, "p").await;
+    let call = a
+        .delegate("p", DelegateRequest::background(vec![task("parent", sim(600_000))]))
+        .await
+        .expect("delegate")
+        .call_id()
+        .to_string();
+    let child = brood::child_id(&call, 0);
+    open_wake(&a, &child).await;
+    let nested = a
+        .delegate(
+            &child,
+            DelegateRequest::background(vec![task("n1", sim(600_000)).rerun_on_recovery(true)]),
+        )
+        .await
+        .expect("a nested call while the parent child runs")
+        .call_id()
+        .to_string();
+    // Only the nested session's lease runs out (its holder paused past it, say): b's sweep
+    // may take it, and gives it back; a takes it up again.
+    pg_testkit::execute(
+        &url,
+        &format!("UPDATE \"{schema}\".session_leases SET expires_at = now() - interval '1 second' WHERE session = '{child}'::bytea"),
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(st) = a.status(&child).await {
+            assert!(!b.sessions().contains(&child), "served apart from its parent");
+            let status = child_status(&st, &nested, 0);
+            assert!(
+                !matches!(status, Some(brood::ChildStatus::Cancelled)),
+                "the nested session was ended although its parent child still runs: {status:?}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "nobody serves the nested session");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let st = a.status("p").await.expect("parent");
+    assert_eq!(child_status(&st, &call, 0), Some(brood::ChildStatus::Running));
+    a.shutdown();
+    b.shutdown();
+}
+
+/// A nested session is opened where its parent session is served: another process names
+/// that one (over HTTP the request is forwarded there), and there it takes calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_session_is_opened_where_its_parent_is_served() {
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = pg_testkit::url();
+    let schema = pg_testkit::fresh_schema();
+    let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
+    let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
+    open_wake(&a, "p").await;
+    let call = a
+        .delegate("p", DelegateRequest::background(vec![task("parent", sim(600_000))]))
+        .await
+        .expect("delegate")
+        .call_id()
+        .to_string();
+    let child = brood::child_id(&call, 0);
+    match b.open_session(&child, brood::SessionOptions::default()).await {
+        Err(BroodError::Moved { address, .. }) => assert_eq!(address, "http://a"),
+        other => panic!("the nested session was not sent to its parent's holder: {other:?}"),
+    }
+    open_wake(&a, &child).await;
+    a.delegate(&child, DelegateRequest::background(vec![task("n1", sim(0))]))
+        .await
+        .expect("a nested call where the parent is served");
+    a.shutdown();
+    b.shutdown();
+}
+
+/// Engine::nests is filled once at start (supervisor.rs:161) and by add_nest for sessions this
+/// process creates; adopt_session of an existing nested session returns no nest row
+/// (supervisor.rs:~736), so a process that takes a nested session up later thinks it is
+/// top-level: max_depth is bypassed there (dispatch.rs:33).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_depth_holds_in_a_process_that_took_a_nested_session_up() {
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = pg_testkit::url();
+    let schema = pg_testkit::fresh_schema();
+    // max_depth 1: a nested session takes no call at all.
+    let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 1);
+    let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 1);
+    open_wake(&a, "p").await;
+    let call = a
+        .delegate("p", DelegateRequest::background(vec![task("parent", sim(600_000))]))
+        .await
+        .expect("delegate")
+        .call_id()
+        .to_string();
+    let child = brood::child_id(&call, 0);
+    open_wake(&a, &child).await;
+    let refused = a
+        .delegate(&child, DelegateRequest::background(vec![task("deep", sim(0))]))
+        .await
+        .expect_err("depth 2 > max_depth 1");
+    assert!(
+        matches!(refused.error, BroodError::MaxDepthExceeded { .. }),
+        "{:?}",
+        refused.error
+    );
+    // a stops cleanly; b (started before the nested session existed) takes it up on request.
+    a.shutdown();
+    let res = b
+        .delegate(&child, DelegateRequest::background(vec![task("deep", sim(0))]))
+        .await;
+    match res {
+        Err(e) => assert!(matches!(e.error, BroodError::MaxDepthExceeded { .. }), "{:?}", e.error),
+        Ok(r) => panic!(
+            "max_depth bypassed in the process that took the nested session up: {}",
+            r.call_id()
+        ),
+    }
+    b.shutdown();
+}
