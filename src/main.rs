@@ -80,13 +80,17 @@ struct BenchArgs {
     /// Write an SVG of the latency distribution and the throughput over time.
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// Only these groups (durable, latency, claim, recovery, rebuild, rss, sessions, http; and
-    /// growth, which runs only when named), comma-separated.
+    /// Only these groups (durable, latency, claim, recovery, rebuild, rss, sessions, http,
+    /// takeover (with --ledger); and growth, which runs only when named), comma-separated.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Routing threads of the engines measured (default: one per core; 0: none).
     #[arg(long)]
     routing_threads: Option<usize>,
+    /// Keep the engines' ledgers on this PostgreSQL database (postgres://user@host:port/db), a
+    /// fresh schema each, and measure the baselines there too; adds the `takeover` group.
+    #[arg(long)]
+    ledger: Option<String>,
 }
 
 /// Flags of `brood serve`; each is also `BROOD_<KEY>` and a key of the `--config` file, and
@@ -349,6 +353,7 @@ fn main() -> anyhow::Result<()> {
                 only: args.only,
                 plot: args.plot,
                 routing_threads: args.routing_threads,
+                ledger: args.ledger,
             };
             let (figures, machine) = bench::run(&opts)?;
             if args.json {

@@ -9,14 +9,32 @@ use anyhow::{bail, Context as _};
 use brood::{Brood, BroodConfig, DelegateRequest, Durability, SessionOptions, TaskSpec};
 use serde_json::json;
 
-use super::{Figure, Options, Traces, CALL};
+use super::{pg, Figure, Options, Traces, CALL};
 
+/// The engine over the ledger "in" `dir`: the sled folder `dir`, or with `--ledger` the
+/// schema of its own that `dir` names on that database, shared as `brood serve --ledger`
+/// shares it.
 pub(super) fn open(dir: &Path, durability: Durability) -> anyhow::Result<Brood> {
     let mut config = BroodConfig::new(dir).durability(durability);
+    if let Some(url) = pg::url() {
+        config = config
+            .postgres(url)
+            .postgres_schema(pg::schema_for(dir))
+            .share(pg::node(), pg::ADDRESS, pg::LEASE);
+    }
     if let Some(n) = ROUTING_THREADS.get().copied().flatten() {
         config = config.routing_threads(n);
     }
     Ok(Brood::open(config)?)
+}
+
+/// The routing threads of the engines measured.
+pub(super) fn routing_threads() -> usize {
+    ROUTING_THREADS
+        .get()
+        .copied()
+        .flatten()
+        .unwrap_or_else(brood::default_routing_threads)
 }
 
 /// `--routing-threads`, set once at the start of a run.
@@ -105,8 +123,10 @@ pub(super) async fn throughput(b: &Brood, sessions: &[String], calls: usize, per
 /// noise on a shared machine lands on both rather than on one of them.
 const DURABLE_ROUNDS: usize = 3;
 
-/// `n` children through the engine against `n` raw inserts, in [`DURABLE_ROUNDS`] alternating
-/// rounds (each on folders of its own); the medians of the rounds.
+/// `n` children through the engine against `n` raw inserts (with `--ledger`: `n` jobs through
+/// a plain SKIP LOCKED queue on the same database, [`pg::queue`], with a worker per routing
+/// thread), in [`DURABLE_ROUNDS`] alternating rounds (each on folders or schemas of its own);
+/// the medians of the rounds.
 pub(super) async fn durable(dir: &Path, durability: Durability, n: usize) -> anyhow::Result<(Figure, Figure)> {
     let per_round = n.div_ceil(DURABLE_ROUNDS);
     let (mut engine, mut raw, mut row) = (Vec::new(), Vec::new(), 0);
@@ -115,18 +135,32 @@ pub(super) async fn durable(dir: &Path, durability: Durability, n: usize) -> any
         let b = open(&ledger, durability)?;
         engine.push(throughput(&b, &["bench".to_string()], per_round.div_ceil(CALL), CALL).await?);
         b.shutdown();
-        row = mean_row_len(&ledger, "children")?;
-        raw.push(raw_sled_inserts(
-            &dir.join(format!("raw-{round}")),
-            per_round,
-            row,
-            durability,
-        )?);
+        match pg::url() {
+            Some(url) => {
+                row = pg::mean_row_len(url, &pg::schema_for(&ledger), "children").await?;
+                let queue = pg::schema_for(&dir.join(format!("queue-{round}")));
+                raw.push(pg::queue(url, &queue, per_round, row, routing_threads().max(1)).await?);
+            }
+            None => {
+                row = mean_row_len(&ledger, "children")?;
+                raw.push(raw_sled_inserts(
+                    &dir.join(format!("raw-{round}")),
+                    per_round,
+                    row,
+                    durability,
+                )?);
+            }
+        }
     }
+    let target = if pg::url().is_some() {
+        "ratio ≥ 1"
+    } else {
+        "ratio ≥ 0.5"
+    };
     Ok((
         Figure::new("durable_children_per_s", median(engine), "children/s")
             .against(median(raw))
-            .target("ratio ≥ 0.5"),
+            .target(target),
         Figure::new("durable_row_bytes", row as f64, "bytes"),
     ))
 }
@@ -365,9 +399,24 @@ pub(super) async fn claim_all(b: &Brood, session: &str) -> anyhow::Result<(f64, 
 /// a copy of the same folder and reading every tree. Each opens the folder as the writer left
 /// it: the first open of a folder replays sled's log (a later one finds the snapshot the first
 /// wrote), so one folder opened twice would favour whichever came second.
+///
+/// With `--ledger`: the engine reopens its schema (the same node, so it takes its sessions
+/// back at once), against a fresh connection reading every row of every table of that schema.
 pub(super) async fn recovery(dir: &Path, durability: Durability, n: usize) -> anyhow::Result<Figure> {
     let ledger = dir.join("ledger");
     fill_ledger(&ledger, durability, "rec", n).await?;
+    if let Some(url) = pg::url() {
+        let start = Instant::now();
+        let b = open(&ledger, durability)?;
+        b.open_session("rec", SessionOptions::default().wake(|_| {})).await?;
+        let ready = b.counts("rec").await?.ready;
+        let took = start.elapsed().as_secs_f64();
+        b.shutdown();
+        anyhow::ensure!(ready >= n, "recovery found {ready} ready items of {n}");
+        let (rows, raw) = pg::scan(url, &pg::schema_for(&ledger)).await?;
+        anyhow::ensure!(rows >= n, "the raw scan read {rows} rows, fewer than the {n} children");
+        return Ok(Figure::new("recovery_s", took, "s").against(raw).target("ratio ≤ 2"));
+    }
     let copy = dir.join("ledger-raw");
     brood::inspect::copy_tree(&ledger, &copy)?;
     let start = Instant::now();
@@ -528,6 +577,7 @@ pub(super) fn rss_in_child(dir: &Path, opts: &Options, grouped: bool) -> anyhow:
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
     cmd.args(["bench", "--json", "--only", "rss", "--durability"])
         .arg(opts.durability.to_string())
+        .args(opts.ledger.iter().flat_map(|url| ["--ledger", url.as_str()]))
         .arg("--data-dir")
         .arg(dir)
         .env(RSS_CHILD, if grouped { "grouped" } else { "independent" })

@@ -1,4 +1,5 @@
-//! The HTTP figure: the durable workload through this binary's `brood serve`.
+//! The HTTP figure: the durable workload through this binary's `brood serve`; and the child
+//! `brood serve` processes the HTTP groups start.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -7,55 +8,24 @@ use anyhow::{bail, Context as _};
 use brood::Durability;
 use serde_json::json;
 
-use super::{Figure, CALL};
+use super::{pg, Figure, CALL};
 
-/// The durable workload over HTTP: this binary's `brood serve` on a free loopback port.
+/// The durable workload over HTTP: this binary's `brood serve` on a free loopback port (with
+/// `--ledger`, on a fresh database of that server, as a node of its own).
 pub(super) fn http(dir: &Path, durability: Durability, n: usize, embedded: Option<f64>) -> anyhow::Result<Figure> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let base = format!("http://127.0.0.1:{port}");
-    let mut server = ServerProcess(
-        std::process::Command::new(std::env::current_exe()?)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--durability"])
-            .arg(durability.to_string())
-            .arg("--data-dir")
-            .arg(dir)
-            .env_remove("BROOD_API_KEY")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .context("starting brood serve")?,
-    );
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !agent
-        .get(&format!("{base}/healthz"))
-        .call()
-        .is_ok_and(|r| r.status() == 200)
-    {
-        if let Some(status) = server.0.try_wait()? {
-            bail!("brood serve exited with {status} before it answered");
-        }
-        anyhow::ensure!(Instant::now() < deadline, "brood serve did not answer in 30 s");
-        std::thread::sleep(Duration::from_millis(20));
+    let mut extra = Vec::new();
+    if let Some(url) = pg::url() {
+        extra = vec![
+            "--ledger".to_string(),
+            pg::fresh_database(url)?,
+            "--node".into(),
+            "bench-http".into(),
+        ];
     }
-    let post = |path: &str, body: serde_json::Value| -> anyhow::Result<(u16, serde_json::Value)> {
-        let mut r = agent
-            .post(&format!("{base}{path}"))
-            .header("Content-Type", "application/json")
-            .send(body.to_string().as_bytes())?;
-        let status = r.status().as_u16();
-        let text = r.body_mut().read_to_string()?;
-        let value = if text.is_empty() {
-            serde_json::Value::Null
-        } else {
-            serde_json::from_str(&text)?
-        };
-        Ok((status, value))
-    };
+    let (mut server, base) = ServerProcess::start(dir, durability, &extra)?;
+    let agent = agent(Duration::from_secs(60));
+    server.wait_healthy(&agent, &base)?;
+    let post = |path: &str, body: serde_json::Value| send(&agent, "POST", &format!("{base}{path}"), &body);
     let mut r = agent
         .put(&format!("{base}/v1/sessions/http"))
         .header("Content-Type", "application/json")
@@ -111,8 +81,83 @@ pub(super) fn http(dir: &Path, durability: Durability, n: usize, embedded: Optio
     })
 }
 
+/// `method` (POST or PUT) of `body` to `url`: the status and the JSON answered (null when
+/// the body is empty).
+pub(super) fn send(
+    agent: &ureq::Agent,
+    method: &str,
+    url: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<(u16, serde_json::Value)> {
+    let bytes = body.to_string();
+    let mut r = match method {
+        "PUT" => agent
+            .put(url)
+            .header("Content-Type", "application/json")
+            .send(bytes.as_bytes())?,
+        _ => agent
+            .post(url)
+            .header("Content-Type", "application/json")
+            .send(bytes.as_bytes())?,
+    };
+    let status = r.status().as_u16();
+    let text = r.body_mut().read_to_string()?;
+    let value = if text.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
+    };
+    Ok((status, value))
+}
+
+/// An HTTP client that takes every status as an answer.
+pub(super) fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(timeout))
+        .build()
+        .into()
+}
+
 /// A child `brood serve`, killed when dropped.
-struct ServerProcess(std::process::Child);
+pub(super) struct ServerProcess(pub(super) std::process::Child);
+
+impl ServerProcess {
+    /// This binary's `brood serve` on a free loopback port, its ledger in `dir` (or where
+    /// `extra`, further flags, says); the process and its base address.
+    pub(super) fn start(dir: &Path, durability: Durability, extra: &[String]) -> anyhow::Result<(Self, String)> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = std::process::Command::new(std::env::current_exe()?)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--durability"])
+            .arg(durability.to_string())
+            .arg("--data-dir")
+            .arg(dir)
+            .args(extra)
+            .env_remove("BROOD_API_KEY")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting brood serve")?;
+        Ok((ServerProcess(child), format!("http://127.0.0.1:{port}")))
+    }
+
+    /// Waits until it answers `/healthz` with 200 (30 s at most).
+    pub(super) fn wait_healthy(&mut self, agent: &ureq::Agent, base: &str) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !agent
+            .get(&format!("{base}/healthz"))
+            .call()
+            .is_ok_and(|r| r.status() == 200)
+        {
+            if let Some(status) = self.0.try_wait()? {
+                bail!("brood serve exited with {status} before it answered");
+            }
+            anyhow::ensure!(Instant::now() < deadline, "brood serve did not answer in 30 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+}
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {

@@ -33,9 +33,21 @@
 //!   each loop delegate → claim → ack of one child; the longest probe cycle that overlapped the
 //!   rebuild minus the median cycle of the quiet second before. `rebuild_ms` is how long the
 //!   rebuild took, `rebuild_probe_cycle_p50_ms` that median.
+//! - `takeover_s` (with `--ledger` only): two `brood serve --ledger … --session-lease-ms 2000`
+//!   processes on a fresh database; a session opened and delegated to through one, which is
+//!   then killed with SIGKILL; the seconds until a boundary of that session through the other
+//!   answers 200 or 204. Baseline: the lease (2 s).
 //! - `growth` (only when named: `--only growth`): throughput and claim time against children per
 //!   call (10 → 100k) and sessions (1 → 10k), and throughput, claim time and RSS against the
 //!   ledger's size (10k → 1M delivered rows); each series' ratio is to its first size.
+//!
+//! With `--ledger postgres://…` every engine keeps its ledger on that database (a schema of
+//! its own, shared as `brood serve --ledger` shares it; a `brood serve` gets a database of its
+//! own), and the baselines that were raw sled are measured on that database instead:
+//! `durable_children_per_s` against a plain `FOR UPDATE SKIP LOCKED` queue doing the same job
+//! (see `pg::queue`), `recovery_s` against a fresh connection reading every row of the
+//! ledger's tables. `--durability` does not apply there: every commit is durable on the server
+//! (`synchronous_commit = on`). What the run made there is dropped at its end.
 //!
 //! Nothing here is a pass/fail test: the targets are printed beside the figures, and judged by
 //! whoever reads them.
@@ -50,7 +62,9 @@ use serde_json::json;
 mod engine;
 mod growth;
 mod http;
+mod pg;
 mod plot;
+mod takeover;
 
 use engine::{claims, durable, latency, rebuild, recovery, rss, rss_in_child, sessions, ROUTING_THREADS, RSS_CHILD};
 
@@ -111,11 +125,13 @@ pub struct Options {
     pub plot: Option<PathBuf>,
     /// Routing threads of every engine measured (None: the engine's default).
     pub routing_threads: Option<usize>,
+    /// Keep every engine's ledger on this PostgreSQL database (`postgres://…`) instead of sled.
+    pub ledger: Option<String>,
 }
 
 /// The groups of figures, in the order they run.
 pub const GROUPS: &[&str] = &[
-    "durable", "latency", "claim", "recovery", "rebuild", "rss", "sessions", "http",
+    "durable", "latency", "claim", "recovery", "rebuild", "rss", "sessions", "http", "takeover",
 ];
 
 /// Groups run only when `--only` names them (they take minutes).
@@ -211,6 +227,15 @@ pub fn run(opts: &Options) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
     }
     .context("creating the bench folder")?;
     let _ = ROUTING_THREADS.set(opts.routing_threads);
+    if let Some(url) = &opts.ledger {
+        anyhow::ensure!(
+            url.starts_with("postgres://") || url.starts_with("postgresql://"),
+            "--ledger: a PostgreSQL address postgres://user@host:port/database"
+        );
+    }
+    let _ = pg::LEDGER.set(opts.ledger.clone());
+    // Drops the schemas and databases the run made, however it ends.
+    let _cleanup = pg::Cleanup;
     let sizes = if opts.quick { &QUICK } else { &FULL };
     let wanted = |g: &str| opts.only.is_empty() || opts.only.iter().any(|o| o == g);
     let optional = |g: &str| opts.only.iter().any(|o| o == g);
@@ -263,6 +288,10 @@ pub fn run(opts: &Options) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
             // As many children as the embedded figure had: throughput falls as a session's
             // history grows, so only the same size compares.
             "http" => figures.push(http::http(&dir, opts.durability, sizes.durable, embedded)?),
+            "takeover" => match &opts.ledger {
+                Some(url) => figures.push(takeover::takeover(&dir, opts.durability, url)?),
+                None => note("takeover: skipped: it needs --ledger postgres://… (two processes sharing one database)"),
+            },
             "growth" => figures.extend(rt.block_on(growth::growth(&dir, opts.durability, opts.quick))?),
             _ => unreachable!("checked against GROUPS"),
         }
@@ -272,6 +301,11 @@ pub fn run(opts: &Options) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
         plot::plot(path, &traces)?;
     }
     Ok((figures, machine(opts)))
+}
+
+/// A note on stderr (stdout may be the JSON).
+fn note(what: &str) {
+    eprintln!("brood bench: note: {what}");
 }
 
 /// What the figures were measured on.
@@ -297,6 +331,7 @@ fn machine(opts: &Options) -> serde_json::Value {
         "kernel": read("/proc/sys/kernel/osrelease"),
         "brood": env!("CARGO_PKG_VERSION"),
         "durability": opts.durability.to_string(),
+        "ledger": if opts.ledger.is_some() { "postgres" } else { "sled" },
         "quick": opts.quick,
         "debug_build": cfg!(debug_assertions),
         "routing_threads": opts
