@@ -9,10 +9,11 @@
 //!   an advisory lock (processes starting together wait for each other). A database whose
 //!   schema is newer than this build is refused, with nothing changed.
 //! - **Writes.** [`Ledger::write`] and [`Ledger::put_claim`] only stage rows in memory (the
-//!   last write of a key wins, as in sled). [`Ledger::flush`] commits everything staged in one
-//!   transaction with `synchronous_commit = on`; flushes that arrive while one commits wait
-//!   and then commit together (group commit). A flush returns once every write made before it
-//!   is committed, by its own transaction or by the one before.
+//!   last write of a key wins, as in sled). [`Ledger::flush`] commits what is staged in one
+//!   transaction with `synchronous_commit = on`, everything that arrived meanwhile together
+//!   (group commit). Up to three commits are in flight at once, never two on one key (see
+//!   `staging`); a flush returns once every write made before it is committed, by whichever
+//!   transaction took it.
 //! - **Reads** commit what is staged first, so a read sees every write made before it, as in
 //!   sled.
 //! - **Threads.** The client is async (tokio-postgres, a deadpool pool): it runs on a runtime
@@ -23,7 +24,7 @@
 //!   session is served by the holder of its lease, and every commit is fenced by the leases
 //!   (see `leases`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,6 +45,7 @@ mod directory;
 mod leases;
 mod migrate;
 mod runtime;
+mod staging;
 
 pub use leases::LeaseConfig;
 use leases::{LeaseBook, PgLeases};
@@ -103,11 +105,10 @@ const POOL_SIZE: usize = 4;
 /// The ledger on PostgreSQL.
 pub struct PgLedger {
     inner: Arc<Inner>,
-    /// Writes not yet committed, by tree and key: a value to put, or `None` to remove.
-    staged: Mutex<Staged>,
-    /// Held while a transaction of staged writes commits: flushes wait their turn, then commit
-    /// everything staged meanwhile together.
-    committing: Mutex<()>,
+    /// Writes not yet committed, and the keys the commits in flight hold.
+    staging: Mutex<staging::Staging>,
+    /// Told whenever a commit ends (flushes and writers of held keys wait for it).
+    committed: std::sync::Condvar,
     on_flush: Option<super::FlushObserver>,
     /// Tests: the next commit's answer is lost (it is rolled back and reported failed, as a
     /// commit whose connection died).
@@ -119,8 +120,8 @@ pub struct PgLedger {
 /// A stored key: sled's bytes.
 type Key = Vec<u8>;
 
-/// Staged writes: by tree and key, a value to put or `None` to remove.
-type Staged = BTreeMap<(&'static str, Vec<u8>), Option<Vec<u8>>>;
+/// Commits in flight at once, at most: the pool keeps a connection for reads.
+const COMMITS_IN_FLIGHT: usize = POOL_SIZE - 1;
 
 /// What the jobs on the ledger's runtime share.
 struct Inner {
@@ -300,8 +301,8 @@ impl PgLedger {
                 leases: None,
                 directory: None,
             }),
-            staged: Mutex::new(BTreeMap::new()),
-            committing: Mutex::new(()),
+            staging: Mutex::new(staging::Staging::default()),
+            committed: std::sync::Condvar::new(),
             on_flush: None,
             #[cfg(test)]
             lose_next_commit: Default::default(),
@@ -367,21 +368,41 @@ impl PgLedger {
         self.inner.table(tree)
     }
 
-    /// Commits everything staged (and `then`'s statements, in the same transaction); returns
-    /// the bytes written and what `then` answered.
+    fn staging(&self) -> std::sync::MutexGuard<'_, staging::Staging> {
+        self.staging.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Commits what is staged that no commit in flight holds (and `then`'s statements, which
+    /// write the keys `extra`, in the same transaction); returns the bytes written and what
+    /// `then` answered. Up to [`COMMITS_IN_FLIGHT`] run at once, never two on one key.
     fn commit_staged<T: Send + 'static>(
         &self,
         writes_to: BTreeSet<String>,
+        extra: Vec<staging::Slot>,
         then: impl for<'t> FnOnce(&'t tokio_postgres::Transaction<'t>, &'t Inner, &'t Fenced) -> Job<'t, T> + Send + 'static,
     ) -> Result<(usize, T), LedgerError> {
-        let _turn = self.committing.lock().unwrap_or_else(|p| p.into_inner());
-        let mut staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
+        let taken = {
+            let mut st = self.staging();
+            while !st.can_start(&extra, COMMITS_IN_FLIGHT) {
+                st = self.committed.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            st.take(&extra)
+        };
         let this = self.inner.clone();
         let mut sessions = writes_to;
         if this.leases.is_some() {
-            sessions.extend(staged.keys().filter_map(|(tree, key)| key_session(tree, key)));
+            sessions.extend(
+                taken
+                    .rows
+                    .iter()
+                    .filter_map(|((tree, key), _, _)| key_session(tree, key)),
+            );
         }
-        let taken = staged.clone();
+        let mut rows: Vec<(staging::Slot, Option<Vec<u8>>)> = taken
+            .rows
+            .iter()
+            .map(|(slot, _, v)| (slot.clone(), v.clone()))
+            .collect();
         #[cfg(test)]
         let lose = self.lose_next_commit.swap(false, std::sync::atomic::Ordering::SeqCst);
         #[cfg(not(test))]
@@ -398,12 +419,12 @@ impl PgLedger {
                 None => Fenced(None),
             };
             if fenced.0.is_some() {
-                staged.retain(|(tree, key), _| key_session(tree, key).is_none_or(|s| fenced.allows(&s)));
+                rows.retain(|((tree, key), _)| key_session(tree, key).is_none_or(|s| fenced.allows(&s)));
             }
             let mut bytes = 0;
             let mut puts: HashMap<&'static str, (Vec<Key>, Vec<Vec<u8>>)> = HashMap::new();
             let mut removes: HashMap<&'static str, Vec<Vec<u8>>> = HashMap::new();
-            for ((tree, key), value) in staged {
+            for ((tree, key), value) in rows {
                 match value {
                     Some(value) => {
                         bytes += key.len() + value.len();
@@ -439,7 +460,11 @@ impl PgLedger {
             })
         });
         let (e, written) = match committed {
-            Ok(Ok(done)) => return Ok(done),
+            Ok(Ok(done)) => {
+                self.staging().finish(taken, None);
+                self.committed.notify_all();
+                return Ok(done);
+            }
             Ok(Err(failed)) => failed,
             Err(e) => (e, Vec::new()),
         };
@@ -447,27 +472,36 @@ impl PgLedger {
         // what `then` wrote over it (it came later in the transaction), and under what was
         // staged since, so the next flush writes them, as sled's next flush writes what a
         // failed one left in memory. A later change of a key wins.
-        let mut back = taken;
-        for (tree, key, value) in written {
-            back.insert((tree, key), value);
-        }
-        let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-        for (key, value) in back {
-            staged.entry(key).or_insert(value);
-        }
+        let written = written
+            .into_iter()
+            .map(|(tree, key, value)| ((tree, key), value))
+            .collect();
+        self.staging().finish(taken, Some(written));
+        self.committed.notify_all();
         Err(e)
     }
 
-    /// Commits what is staged, if anything (before a read, so it sees every earlier write).
-    fn settle(&self) -> Result<(), LedgerError> {
-        // A commit in flight may hold writes made before this read: waited for first (a
-        // failed one puts them back in `staged`).
-        drop(self.committing.lock().unwrap_or_else(|p| p.into_inner()));
-        let empty = self.staged.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
-        if !empty {
-            self.commit_staged(BTreeSet::new(), |_, _, _| Box::pin(async { Ok(((), Vec::new())) }))?;
+    /// Returns once every write made before it is committed (committing what it must itself,
+    /// or waiting for commits in flight that took it); the bytes its own commits wrote.
+    fn settle(&self) -> Result<usize, LedgerError> {
+        let mut bytes = 0;
+        let mut st = self.staging();
+        let mark = st.mark();
+        loop {
+            if st.settled(mark) {
+                return Ok(bytes);
+            }
+            if st.takeable_below(mark) && st.can_start(&[], COMMITS_IN_FLIGHT) {
+                drop(st);
+                let (b, ()) = self.commit_staged(BTreeSet::new(), Vec::new(), |_, _, _| {
+                    Box::pin(async { Ok(((), Vec::new())) })
+                })?;
+                bytes += b;
+                st = self.staging();
+            } else {
+                st = self.committed.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
         }
-        Ok(())
     }
 
     /// The rows of `tree` whose keys start with `prefix` (all of them for an empty prefix),
@@ -575,7 +609,12 @@ impl PgLedger {
         let (qkey, row) = quarantine_entry(tree, key, value, reason);
         let encoded = encode(QUARANTINE, key, &row)?;
         let (key, value) = (key.to_vec(), value.to_vec());
-        self.commit_staged(BTreeSet::new(), move |tx, this, _| {
+        let extra = vec![
+            (QUARANTINE_RAW, qkey.clone()),
+            (QUARANTINE, qkey.clone()),
+            (tree, key.to_vec()),
+        ];
+        self.commit_staged(BTreeSet::new(), extra, move |tx, this, _| {
             Box::pin(async move {
                 for (t, v) in [(QUARANTINE_RAW, &value), (QUARANTINE, &encoded)] {
                     tx.execute(
@@ -663,9 +702,9 @@ impl Ledger for PgLedger {
             std::thread::sleep(Duration::from_millis(400));
         }
         let changes = write_changes(w)?;
-        let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.staging();
         for (tree, key, value) in changes {
-            staged.insert((tree, key), value);
+            st.stage((tree, key), value);
         }
         Ok(())
     }
@@ -677,7 +716,11 @@ impl Ledger for PgLedger {
         // In one transaction with what is staged: the stored rows are read under a row lock,
         // decided as sled decides them, and written. The rows of a session whose lease this
         // process lost are not written (its owner here publishes nothing more: it was told).
-        let (_, stored) = self.commit_staged(sessions, move |tx, this, fenced| {
+        let extra = rows
+            .iter()
+            .map(|r| (CHILDREN, row_key(&r.session_id, &r.child_id)))
+            .collect();
+        let (_, stored) = self.commit_staged(sessions, extra, move |tx, this, fenced| {
             Box::pin(async move {
                 let all = rows;
                 let rows: Vec<ChildRow> = all.iter().filter(|r| fenced.allows(&r.session_id)).cloned().collect();
@@ -727,10 +770,7 @@ impl Ledger for PgLedger {
     fn put_claim(&self, row: &ClaimRow) -> Result<(), LedgerError> {
         let key = row_key(&row.session_id, &row.claim_id);
         let value = encode(CLAIMS, &key, row)?;
-        self.staged
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert((CLAIMS, key), Some(value));
+        self.staging().stage((CLAIMS, key), Some(value));
         Ok(())
     }
 
@@ -833,7 +873,7 @@ impl Ledger for PgLedger {
             // A slow server: the flush succeeds, late.
             std::thread::sleep(Duration::from_millis(400));
         }
-        let (bytes, ()) = self.commit_staged(BTreeSet::new(), |_, _, _| Box::pin(async { Ok(((), Vec::new())) }))?;
+        let bytes = self.settle()?;
         if let Some(observe) = &self.on_flush {
             observe(started.elapsed());
         }
