@@ -29,6 +29,8 @@ use crate::recovery::{split_snapshot, Recovery, Reject};
 use crate::runner::RunnerFactory;
 use crate::wake::Wake;
 
+mod adopt;
+
 /// Create a session, or update one.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<(Addr<SessionOwner>, SessionInfo), BroodError>")]
@@ -297,88 +299,6 @@ impl Supervisor {
                         act.failed
                             .insert(id, format!("{msg}; rebuilding from the ledger failed: {e}"));
                     }
-                }
-            })
-            .spawn(ctx);
-    }
-
-    /// Takes a session up from the shared ledger: its lease taken (or its holder named), then
-    /// recovered from its rows as a restart recovers it (I6), or created from `create` when it
-    /// has none. One adoption of a session at a time: later askers wait for the first.
-    fn adopt(
-        &mut self,
-        id: String,
-        create: Option<(SessionRow, Option<NestRow>)>,
-        ctx: &mut Context<Self>,
-    ) -> impl std::future::Future<Output = Result<Addr<SessionOwner>, BroodError>> + 'static {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let first = !self.adopting.contains_key(&id);
-        self.adopting.entry(id.clone()).or_default().push(tx);
-        if first {
-            let engine = self.engine.clone();
-            let session = id.clone();
-            let job = crate::ledger::off_thread("taking a session up", move || {
-                Ok(adopt_session(&engine, &session, create))
-            });
-            job.into_actor(self)
-                .map(move |adopted, act, ctx| {
-                    let answer = match adopted.map_err(BroodError::from).and_then(|a| a) {
-                        Ok(Adopted::Owner(owner, nest)) if super::running(ctx) => {
-                            if let Some(nest) = nest {
-                                act.engine.add_nest(nest);
-                            }
-                            let wake = act.wakes.get(&id).cloned();
-                            let mut owner = *owner;
-                            if let Some(wake) = wake {
-                                owner.bind_wake(wake);
-                            }
-                            Ok(act.spawn_owner(owner, ctx))
-                        }
-                        Ok(Adopted::Owner(..)) => Err(BroodError::Stopped),
-                        Ok(Adopted::Elsewhere(address)) => Err(BroodError::Moved {
-                            session: id.clone(),
-                            address,
-                        }),
-                        Ok(Adopted::Unknown) => Err(BroodError::UnknownSession(id.clone())),
-                        Err(e) => Err(e),
-                    };
-                    for waiter in act.adopting.remove(&id).unwrap_or_default() {
-                        let _ = waiter.send(answer.clone());
-                    }
-                })
-                .spawn(ctx);
-        }
-        async move { rx.await.unwrap_or(Err(BroodError::Stopped)) }
-    }
-
-    /// Takes up every session whose lease is free: those of a process that died, within about
-    /// a lease time of its death.
-    fn sweep(&mut self, ctx: &mut Context<Self>) {
-        let Some(leases) = self.engine.leases.clone() else {
-            return;
-        };
-        if self.sweeping {
-            return;
-        }
-        self.sweeping = true;
-        crate::ledger::off_thread("sweeping for free session leases", move || leases.acquire_free())
-            .into_actor(self)
-            .map(|taken, act, ctx| {
-                act.sweeping = false;
-                let taken = match taken {
-                    Ok(taken) => taken,
-                    Err(e) => return tracing::warn!("looking for free session leases failed (tried again soon): {e}"),
-                };
-                if !taken.is_empty() {
-                    tracing::info!(sessions = taken.len(), "taking over sessions whose lease ran out");
-                }
-                for id in taken {
-                    let adopted = act.adopt(id.clone(), None, ctx);
-                    actix::spawn(async move {
-                        if let Err(e) = adopted.await {
-                            tracing::warn!(session = %id, "taking a session over failed: {e}");
-                        }
-                    });
                 }
             })
             .spawn(ctx);
@@ -702,106 +622,6 @@ fn rebuild_owner(engine: &Engine, id: &str, wake: Option<Arc<dyn Wake>>) -> Resu
         owner.bind_wake(wake);
     }
     Ok(owner)
-}
-
-/// What taking a session up from a shared ledger came to.
-enum Adopted {
-    /// Its lease is held here now, and this is its owner (with its nest row, when new).
-    Owner(Box<SessionOwner>, Option<NestRow>),
-    /// Another process holds its lease and takes requests at this address.
-    Elsewhere(String),
-    /// No such session is stored (and none was to be created).
-    Unknown,
-}
-
-/// Takes a session's lease and recovers it from its own rows as a restart of the process
-/// would (I6: its live claims returned, what was running re-run or resolved), or creates it
-/// from `create`. Runs off every actor's thread.
-fn adopt_session(
-    engine: &Engine,
-    id: &str,
-    create: Option<(SessionRow, Option<NestRow>)>,
-) -> Result<Adopted, BroodError> {
-    let Some(leases) = engine.leases.as_ref() else {
-        return Ok(Adopted::Unknown);
-    };
-    // A nested session is served where its parent session is: the end of its child, and a
-    // cancel of it, reach it there.
-    if let Some(parent) = parent_session(engine, id, create.as_ref().and_then(|c| c.1.as_ref()))? {
-        if engine.owner(&parent).is_none() {
-            if let Some(crate::ledger::LeaseHolder::Elsewhere { address, .. }) = leases.holder(&parent)? {
-                tracing::debug!(session = %id, %parent, %address, "a nested session is served where its parent is");
-                // Taken by a sweep here: given back, for the parent's holder to take up.
-                if leases.holds(id) {
-                    leases.release(id);
-                }
-                return Ok(Adopted::Elsewhere(address));
-            }
-        }
-    }
-    if let crate::ledger::LeaseHolder::Elsewhere { address, owner } = leases.acquire(id)? {
-        tracing::debug!(session = %id, %owner, %address, "the session's lease is held by another process");
-        return Ok(Adopted::Elsewhere(address));
-    }
-    // An owner of an earlier epoch in this process (its lease lost, then taken back) writes
-    // nothing more: its writes in flight land before the read below, or never.
-    engine.supersede(id);
-    let ledger = &engine.ledger;
-    let refusals = ledger.refusals(id);
-    let adopted = take_up(engine, id, create);
-    if adopted.is_err() || ledger.refusals(id) != refusals {
-        // Not taken up after all: given back, so another process (or a later sweep) may.
-        leases.release(id);
-    }
-    if ledger.refusals(id) != refusals {
-        return Err(LedgerError::Fenced(id.to_string()).into());
-    }
-    adopted
-}
-
-/// The parent session of `id`, when it is a nested session: from its nest row (`nest`, when it
-/// is being created; else as known here, or as stored).
-fn parent_session(engine: &Engine, id: &str, nest: Option<&NestRow>) -> Result<Option<String>, LedgerError> {
-    if let Some(n) = nest.cloned().or_else(|| engine.nest(id)) {
-        return Ok(Some(n.parent_session_id));
-    }
-    let Some((call_id, _)) = nest_parent(id) else {
-        return Ok(None);
-    };
-    if let Some(session) = engine.calls.get(call_id) {
-        return Ok(Some(session.value().clone()));
-    }
-    Ok(engine.ledger.find_call(call_id)?.map(|c| c.session_id))
-}
-
-/// Reads a session whose lease this process just took, and recovers it (or creates it).
-fn take_up(engine: &Engine, id: &str, create: Option<(SessionRow, Option<NestRow>)>) -> Result<Adopted, BroodError> {
-    let (ledger, leases) = (&engine.ledger, engine.leases.as_ref());
-    let mut snapshot = ledger.load_session(id)?;
-    // Its own nest row, if it is nested: known here from now on (its depth, its parent).
-    let stored_nest = snapshot.nests.pop();
-    let split = split_snapshot(snapshot);
-    quarantine_rejects(&**ledger, &split.rejects)?;
-    let Some((session, part)) = split.sessions.into_iter().find(|(s, _)| s.session_id == id) else {
-        let Some((row, nest)) = create else {
-            if let Some(leases) = leases {
-                leases.release(id);
-            }
-            return Ok(Adopted::Unknown);
-        };
-        store_session(&**ledger, &row, &nest)?;
-        return Ok(Adopted::Owner(Box::new(SessionOwner::new(engine.clone(), row)), nest));
-    };
-    let claim_ids = claim_keys(&part.claims);
-    let (owner, changed) = SessionOwner::recover(engine.clone(), session, part, Recovery::Process);
-    ledger.write(&Writes {
-        children: changed,
-        remove_claims: claim_ids,
-        ..Writes::default()
-    })?;
-    ledger.flush()?;
-    tracing::info!(session = %id, "session taken up from the shared ledger");
-    Ok(Adopted::Owner(Box::new(owner), stored_nest))
 }
 
 /// Lowers the calling thread's scheduling priority (nice 10): background work yields the CPU

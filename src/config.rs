@@ -1,0 +1,181 @@
+//! [`BroodConfig`]: how an engine is opened (its ledger, runners, durability, threads, limits,
+//! and whether it shares a PostgreSQL ledger with other processes).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use brood_actors::ledger::Durability;
+use brood_actors::runner::RunnerFactory;
+use brood_actors::wake::WakeFactory;
+
+use crate::{default_routing_threads, Retention, Runners};
+
+/// How to open the engine.
+#[derive(Clone)]
+pub struct BroodConfig {
+    pub(crate) data_dir: PathBuf,
+    pub(crate) runners: Arc<dyn RunnerFactory>,
+    pub(crate) durability: Durability,
+    pub(crate) wakes: Option<Arc<dyn WakeFactory>>,
+    pub(crate) commit_window: Duration,
+    pub(crate) routing_threads: usize,
+    pub(crate) cache_bytes: u64,
+    pub(crate) max_depth: u32,
+    pub(crate) max_running_children: Option<u32>,
+    pub(crate) retention: brood_actors::retention::Retention,
+    pub(crate) on_flush: Option<brood_actors::ledger::FlushObserver>,
+    /// PostgreSQL's address and schema, when the ledger is there rather than in `data_dir`.
+    pub(crate) postgres: Option<(String, String)>,
+    /// Who this process is among several sharing the PostgreSQL ledger.
+    pub(crate) share: Option<brood_actors::ledger::LeaseConfig>,
+}
+
+impl std::fmt::Debug for BroodConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BroodConfig")
+            .field("data_dir", &self.data_dir)
+            .field("durability", &self.durability)
+            .finish()
+    }
+}
+
+impl BroodConfig {
+    /// The embedded default: sled in `data_dir`, built-in runners, [`Durability::Fsync`].
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        BroodConfig {
+            data_dir: data_dir.into(),
+            runners: Arc::new(Runners::builtin()),
+            durability: Durability::default(),
+            wakes: None,
+            commit_window: Duration::ZERO,
+            routing_threads: default_routing_threads(),
+            cache_bytes: brood_actors::ledger::DEFAULT_CACHE_BYTES,
+            max_depth: brood_actors::model::DEFAULT_MAX_DEPTH,
+            max_running_children: None,
+            retention: brood_actors::retention::Retention::default(),
+            on_flush: None,
+            postgres: None,
+            share: None,
+        }
+    }
+
+    /// Keeps the ledger in the PostgreSQL database at `url` (`postgres://user@host:port/db`,
+    /// PostgreSQL 14 or later), in the schema [`brood_actors::ledger::DEFAULT_SCHEMA`], instead
+    /// of sled in the data folder. brood creates and migrates its tables itself; a commit is
+    /// durable on the server (`synchronous_commit = on`) before anything it holds is reported
+    /// as recorded. Several processes may share one database: see [`BroodConfig::share`].
+    pub fn postgres(mut self, url: impl Into<String>) -> Self {
+        let schema = self
+            .postgres
+            .take()
+            .map_or(brood_actors::ledger::DEFAULT_SCHEMA.to_string(), |p| p.1);
+        self.postgres = Some((url.into(), schema));
+        self
+    }
+
+    /// With [`BroodConfig::postgres`]: the schema its tables are in (lower-case letters,
+    /// digits and `_`), so several ledgers can share one database.
+    pub fn postgres_schema(mut self, schema: impl Into<String>) -> Self {
+        if let Some(p) = &mut self.postgres {
+            p.1 = schema.into();
+        }
+        self
+    }
+
+    /// With [`BroodConfig::postgres`]: shares the database with other brood processes. Each
+    /// session is served by one process at a time, the holder of its lease (`ttl` long,
+    /// renewed in the background); this one is `node` (named in the lease rows) and takes
+    /// requests at `address`, which the others name in [`BroodError::Moved`](crate::BroodError::Moved). Sessions whose holder died are taken over
+    /// within about `ttl`, recovered as a restart recovers them; a holder that was paused past
+    /// its lease is refused at its first write and stops serving the session.
+    pub fn share(mut self, node: impl Into<String>, address: impl Into<String>, ttl: Duration) -> Self {
+        self.share = Some(brood_actors::ledger::LeaseConfig {
+            node: node.into(),
+            address: address.into(),
+            ttl,
+        });
+        self
+    }
+
+    /// The deepest call accepted (default 2): a call in a top-level session is depth 1, one in
+    /// the nested session of one of its children depth 2, and so on; a deeper one is refused
+    /// with [`BroodError::MaxDepthExceeded`](crate::BroodError::MaxDepthExceeded). At least 1.
+    pub fn max_depth(mut self, depth: u32) -> Self {
+        self.max_depth = depth.max(1);
+        self
+    }
+
+    /// Bounds the children running at once over every session (default: unbounded), on top of
+    /// each session's own `max_concurrent_children`. When it binds, the sessions that want more
+    /// are given the freed slots round-robin, one at a time, so a session with many queued
+    /// children cannot starve one with few. (Under a bound, a call's children start through
+    /// admission, one flush after the call's own.)
+    pub fn max_running_children(mut self, limit: Option<u32>) -> Self {
+        self.max_running_children = limit.map(|n| n.max(1));
+        self
+    }
+
+    /// How long what is over is kept, and how often the background sweep runs (default: calls
+    /// delivered 7 days, dead letters 30 days, idle sessions kept, a sweep a minute).
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Bounds the ledger's page cache (default
+    /// [`brood_actors::ledger::DEFAULT_CACHE_BYTES`], 64 MiB): the process does not grow with
+    /// its ledger's size past it.
+    pub fn cache_bytes(mut self, bytes: u64) -> Self {
+        self.cache_bytes = bytes;
+        self
+    }
+
+    /// Uses another runner registry.
+    pub fn runners(mut self, runners: impl RunnerFactory) -> Self {
+        self.runners = Arc::new(runners);
+        self
+    }
+
+    /// What a flush brood relies on guarantees (see [`Durability`]).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// How many threads session owners are spread over (default: one per core; 0 runs them
+    /// on the thread of the supervisor and the coalescer). Each session stays on one thread;
+    /// a session's work never waits behind another's on a different thread.
+    pub fn routing_threads(mut self, threads: usize) -> Self {
+        self.routing_threads = threads;
+        self
+    }
+
+    /// How long completions are gathered before they are written and flushed as one batch
+    /// (default zero: a batch starts as soon as the previous flush ended, which already groups
+    /// whatever arrived meanwhile). A longer window means fewer flushes and later results.
+    pub fn commit_window(mut self, window: Duration) -> Self {
+        self.commit_window = window;
+        self
+    }
+
+    /// Makes webhook wake targets from `wake_url`s (stored with their sessions, and bound
+    /// again when the engine opens).
+    pub fn wake_factory(mut self, wakes: impl WakeFactory) -> Self {
+        self.wakes = Some(Arc::new(wakes));
+        self
+    }
+
+    /// Tells `observer` how long each successful ledger flush took, fsync included (for
+    /// metrics). It runs on the flushing thread, in the path of every durable write: keep it
+    /// quick.
+    pub fn on_flush(mut self, observer: impl Fn(Duration) + Send + Sync + 'static) -> Self {
+        self.on_flush = Some(Arc::new(observer));
+        self
+    }
+
+    /// The ledger folder.
+    pub fn data_dir(&self) -> &std::path::Path {
+        &self.data_dir
+    }
+}
