@@ -158,15 +158,22 @@ impl Supervisor {
             }
             None => None,
         };
-        let mut snapshot = ledger.load()?;
-        if let (Some(leases), Some(taken)) = (&engine.leases, &taken) {
-            tracing::info!(
-                node = leases.node(),
-                sessions = taken.len(),
-                "session leases taken at start"
-            );
-            snapshot.retain_sessions(taken);
-        }
+        let mut snapshot = match (&engine.leases, &taken) {
+            (Some(leases), Some(taken)) => {
+                tracing::info!(
+                    node = leases.node(),
+                    sessions = taken.len(),
+                    "session leases taken at start"
+                );
+                // Only their rows: what the other processes serve is not read.
+                let mut snapshot = crate::ledger::Snapshot::default();
+                for session in taken {
+                    snapshot.absorb(ledger.load_session(session)?);
+                }
+                snapshot
+            }
+            _ => ledger.load()?,
+        };
         for nest in std::mem::take(&mut snapshot.nests) {
             engine.add_nest(nest);
         }

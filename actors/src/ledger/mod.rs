@@ -188,15 +188,16 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Keeps only the rows of `sessions` (and every nest row: they are small, and say which
-    /// sessions are nested wherever they are served).
-    pub fn retain_sessions(&mut self, sessions: &std::collections::HashSet<String>) {
-        self.sessions.retain(|r| sessions.contains(&r.session_id));
-        self.calls.retain(|r| sessions.contains(&r.session_id));
-        self.children.retain(|r| sessions.contains(&r.session_id));
-        self.claims.retain(|r| sessions.contains(&r.session_id));
-        self.starts.retain(|r| sessions.contains(&r.session_id));
-        self.wakes.retain(|r| sessions.contains(&r.session_id));
+    /// Adds the rows of `other` (a load of another session) to these.
+    pub fn absorb(&mut self, other: Snapshot) {
+        self.sessions.extend(other.sessions);
+        self.calls.extend(other.calls);
+        self.children.extend(other.children);
+        self.claims.extend(other.claims);
+        self.starts.extend(other.starts);
+        self.damaged_children.extend(other.damaged_children);
+        self.wakes.extend(other.wakes);
+        self.nests.extend(other.nests);
     }
 }
 

@@ -136,6 +136,11 @@ impl LeaseBook {
         }
     }
 
+    /// Whether this process holds `session`'s lease.
+    pub(super) fn holds(&self, session: &str) -> bool {
+        self.held().contains_key(session)
+    }
+
     /// How many times `session`'s lease was lost so far.
     pub(super) fn refusals(&self, session: &str) -> u64 {
         self.refusals

@@ -421,6 +421,19 @@ impl PgLedger {
         let mut out = Vec::with_capacity(rows.len());
         let bad = decode_rows(rows.into_iter().map(Ok::<_, LedgerError>), &mut out)?;
         for (k, v, reason) in bad {
+            // Shared: a row of a session another process serves is that one's to move aside
+            // (it may be of a newer build's format, during a rolling upgrade); skipped here.
+            let others = match (&self.inner.leases, commit::key_session(tree, &k)) {
+                (Some(book), Some(session)) => !book.holds(&session),
+                _ => false,
+            };
+            if others {
+                tracing::warn!(
+                    tree,
+                    "a row of a session served by another process could not be read here; left in place: {reason}"
+                );
+                continue;
+            }
             self.move_aside(tree, &k, &v, &reason)?;
         }
         Ok(out)

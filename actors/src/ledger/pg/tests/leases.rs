@@ -252,3 +252,35 @@ fn a_takeover_waits_for_a_commit_in_flight_of_the_old_holder() {
         .run(async move { in_flight.await.map_err(|e| LedgerError::storage("test", e)) })
         .unwrap();
 }
+
+#[test]
+fn a_row_that_cannot_be_read_is_moved_aside_only_by_its_sessions_holder() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    assert_eq!(leases(&a).acquire("s1").unwrap(), LeaseHolder::Here(1));
+    // A dead letter of s1 in a format this build cannot read (a newer build's, say).
+    sql(
+        &a,
+        "INSERT INTO \"{schema}\".dead_letters (key, value) VALUES ('\\x73310078'::bytea, '\\xff00'::bytea)",
+    );
+    let count = |l: &PgLedger| -> i64 {
+        let pool = l.inner.pool.clone();
+        let table = format!("\"{}\".dead_letters", l.inner.schema);
+        l.runtime
+            .run(async move {
+                let client = pool.get().await.map_err(pool_error)?;
+                let row = client
+                    .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+                    .await
+                    .map_err(pg_error("test count"))?;
+                Ok(row.get::<_, i64>(0))
+            })
+            .unwrap()
+    };
+    assert!(b.dead_letters().unwrap().is_empty());
+    assert_eq!(count(&b), 1, "not b's to move aside: s1 is a's");
+    assert!(b.quarantined().unwrap().is_empty());
+    assert!(a.dead_letters().unwrap().is_empty());
+    assert_eq!(count(&a), 0, "its holder moved it aside");
+    assert_eq!(a.quarantined().unwrap().len(), 1);
+}
