@@ -67,6 +67,8 @@ pub struct Coalescer {
     gathering: Option<SpawnHandle>,
     window: std::time::Duration,
     batches: u64,
+    /// Whether the ledger is shared with other processes (its rows may then be refused).
+    shared: bool,
 }
 
 impl std::fmt::Debug for Coalescer {
@@ -82,6 +84,7 @@ impl Coalescer {
     /// A coalescer writing to `ledger`, gathering each batch for `window` first.
     pub fn new(ledger: Arc<dyn Ledger>, owners: Owners, window: std::time::Duration) -> Self {
         Coalescer {
+            shared: ledger.leases().is_some(),
             ledger,
             owners,
             pending: Vec::new(),
@@ -122,11 +125,21 @@ impl Coalescer {
         // batch at a time, so batches reach the ledger in the order they were taken. A retried
         // hand-off of a row already recorded is not written again, and the ledger's delivery
         // state wins over the child's stale copy (an ack may have happened meanwhile).
+        let shared = self.shared;
         crate::ledger::off_thread("recording completions", move || {
-            // The refusals of the batch's sessions before it is written: a session refused by
-            // the time the flush returned may not have had its rows written.
-            let sessions: HashSet<&str> = rows.iter().map(|r| r.session_id.as_str()).collect();
-            let before: HashMap<&str, u64> = sessions.iter().map(|s| (*s, ledger.refusals(s))).collect();
+            // The refusals of the batch's sessions before it is written, when the ledger is
+            // shared: a session refused by the time the flush returned may not have had its
+            // rows written.
+            let before: HashMap<&str, u64> = match shared {
+                true => rows
+                    .iter()
+                    .map(|r| r.session_id.as_str())
+                    .collect::<HashSet<&str>>()
+                    .into_iter()
+                    .map(|s| (s, ledger.refusals(s)))
+                    .collect(),
+                false => HashMap::new(),
+            };
             let recorded = ledger
                 .record_terminals(&rows)
                 .map_err(|e| ("writing", e))
@@ -150,17 +163,20 @@ impl Coalescer {
                 Ok(_) if !super::running(ctx) => {}
                 Ok((stored, refused)) => {
                     // Refused rows were not written: their children stop, unpublished.
-                    let (batch, stored): (Vec<_>, Vec<_>) = batch
-                        .into_iter()
-                        .zip(stored)
-                        .filter_map(|(p, row)| match refused.contains(&row.session_id) {
-                            true => {
-                                let _ = p.reply.send(Err(HandOffError::Moved));
-                                None
-                            }
-                            false => Some((p, row)),
-                        })
-                        .unzip();
+                    let (batch, stored) = match refused.is_empty() {
+                        true => (batch, stored),
+                        false => batch
+                            .into_iter()
+                            .zip(stored)
+                            .filter_map(|(p, row)| match refused.contains(&row.session_id) {
+                                true => {
+                                    let _ = p.reply.send(Err(HandOffError::Moved));
+                                    None
+                                }
+                                false => Some((p, row)),
+                            })
+                            .unzip(),
+                    };
                     for handoff in hand_offs(&owners, stored, batch) {
                         actix::spawn(handoff);
                     }
