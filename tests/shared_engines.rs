@@ -20,6 +20,20 @@ fn sharing(dir: &std::path::Path, kit: &Kit, url: &str, schema: &str, node: &str
     Brood::open(config).expect("open sharing PostgreSQL")
 }
 
+/// Opens session `p` on `b` with one long-running child: its call id and the child's id (the
+/// id of its nested session).
+async fn parent_running(b: &Brood) -> (String, String) {
+    open_wake(b, "p").await;
+    let call = b
+        .delegate("p", DelegateRequest::background(vec![task("parent", sim(600_000))]))
+        .await
+        .expect("delegate")
+        .call_id()
+        .to_string();
+    let child = brood::child_id(&call, 0);
+    (call, child)
+}
+
 /// Whether a statement is waiting for a lock on `table` (a `DO` block that raises otherwise).
 fn waiting_on(url: &str, table: &str) -> bool {
     let sql = format!(
@@ -100,14 +114,7 @@ async fn a_nested_session_goes_back_to_where_its_parent_is_served() {
     let schema = pg_testkit::fresh_schema();
     let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
     let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
-    open_wake(&a, "p").await;
-    let call = a
-        .delegate("p", DelegateRequest::background(vec![task("parent", sim(600_000))]))
-        .await
-        .expect("delegate")
-        .call_id()
-        .to_string();
-    let child = brood::child_id(&call, 0);
+    let (call, child) = parent_running(&a).await;
     open_wake(&a, &child).await;
     let nested = a
         .delegate(
@@ -154,14 +161,7 @@ async fn a_nested_session_is_opened_where_its_parent_is_served() {
     let schema = pg_testkit::fresh_schema();
     let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
     let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
-    open_wake(&a, "p").await;
-    let call = a
-        .delegate("p", DelegateRequest::background(vec![task("parent", sim(600_000))]))
-        .await
-        .expect("delegate")
-        .call_id()
-        .to_string();
-    let child = brood::child_id(&call, 0);
+    let (_, child) = parent_running(&a).await;
     match b.open_session(&child, brood::SessionOptions::default()).await {
         Err(BroodError::Moved { address, .. }) => assert_eq!(address, "http://a"),
         other => panic!("the nested session was not sent to its parent's holder: {other:?}"),
@@ -186,14 +186,7 @@ async fn max_depth_holds_in_a_process_that_took_a_nested_session_up() {
     // max_depth 1: a nested session takes no call at all.
     let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 1);
     let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 1);
-    open_wake(&a, "p").await;
-    let call = a
-        .delegate("p", DelegateRequest::background(vec![task("parent", sim(600_000))]))
-        .await
-        .expect("delegate")
-        .call_id()
-        .to_string();
-    let child = brood::child_id(&call, 0);
+    let (_, child) = parent_running(&a).await;
     open_wake(&a, &child).await;
     let refused = a
         .delegate(&child, DelegateRequest::background(vec![task("deep", sim(0))]))

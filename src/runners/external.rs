@@ -413,11 +413,7 @@ impl WorkQueues {
     pub fn held_elsewhere(&self, token: &str) -> Option<String> {
         let (_, me) = self.shared.get()?;
         let (_, hex) = token.rsplit_once(HOLDER_MARK)?;
-        let bytes: Option<Vec<u8>> = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-            .collect();
-        let address = String::from_utf8(bytes?).ok()?;
+        let address = brood_actors::model::hex_text(hex)?;
         (address != *me).then_some(address)
     }
 
@@ -429,10 +425,7 @@ impl WorkQueues {
             brood_actors::model::random_hex()
         );
         match self.shared.get() {
-            Some((_, me)) => {
-                let hex: String = me.bytes().map(|b| format!("{b:02x}")).collect();
-                format!("{token}{HOLDER_MARK}{hex}")
-            }
+            Some((_, me)) => format!("{token}{HOLDER_MARK}{}", brood_actors::model::text_hex(me)),
             None => token,
         }
     }

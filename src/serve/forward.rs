@@ -107,6 +107,20 @@ pub(super) async fn forward(
     Ok(ServiceResponse::new(request, reply).map_into_right_body())
 }
 
+/// The client of requests between the processes sharing a ledger: one for the server, so its
+/// connections to the other processes are kept and reused. A status is an answer, not an error.
+pub(super) fn peers() -> &'static ureq::Agent {
+    static AGENT: std::sync::OnceLock<ureq::Agent> = std::sync::OnceLock::new();
+    AGENT.get_or_init(|| {
+        ureq::Agent::config_builder()
+            .timeout_global(Some(FORWARD_TIMEOUT))
+            .timeout_connect(Some(std::time::Duration::from_secs(5)))
+            .http_status_as_error(false)
+            .build()
+            .into()
+    })
+}
+
 /// What the holder answered.
 struct Answer {
     status: StatusCode,
@@ -122,12 +136,6 @@ fn send_on(
     body: web::Bytes,
     me: &str,
 ) -> Result<Answer, String> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(FORWARD_TIMEOUT))
-        .timeout_connect(Some(std::time::Duration::from_secs(5)))
-        .http_status_as_error(false)
-        .build()
-        .into();
     let mut request = ureq::http::Request::builder()
         .method(method.as_str())
         .uri(url)
@@ -136,7 +144,7 @@ fn send_on(
         request = request.header(name.as_str(), value.as_bytes());
     }
     let request = request.body(body.to_vec()).map_err(|e| e.to_string())?;
-    let mut answer = agent.run(request).map_err(|e| e.to_string())?;
+    let mut answer = peers().run(request).map_err(|e| e.to_string())?;
     let status = StatusCode::from_u16(answer.status().as_u16()).map_err(|e| e.to_string())?;
     let content_type = answer
         .headers()

@@ -218,13 +218,11 @@ fn ask_holder(
     key: Option<&str>,
     me: &str,
 ) -> Result<Option<crate::runners::external::Handout>, String> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(10)))
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut request = agent
+    let mut request = super::forward::peers()
         .post(url)
+        .config()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
         .header("Content-Type", "application/json")
         .header(super::forward::FORWARDED, me);
     if let Some(k) = key {

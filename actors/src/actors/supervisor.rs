@@ -609,15 +609,31 @@ fn rebuild_owner(engine: &Engine, id: &str, wake: Option<Arc<dyn Wake>>) -> Resu
     // The dead owner's write in flight lands before the read below, or never.
     engine.supersede(id);
     engine.ledger.flush()?;
-    let split = split_snapshot(engine.ledger.load_session(id)?);
-    quarantine_rejects(&*engine.ledger, &split.rejects)?;
-    let (session, part) = split
-        .sessions
-        .into_iter()
-        .find(|(s, _)| s.session_id == id)
+    let (mut owner, _) = recover_session(engine, id, Recovery::Owner)?
         .ok_or_else(|| LedgerError::storage_msg(format!("session `{id}` has no row")))?;
+    if let Some(wake) = wake {
+        owner.bind_wake(wake);
+    }
+    Ok(owner)
+}
+
+/// Reads one session's own rows back and recovers its owner from them as `mode` says (its live
+/// claims returned; what recovery resolved written and flushed), with its own nest row if it is
+/// nested; none when the session has no row.
+fn recover_session(
+    engine: &Engine,
+    id: &str,
+    mode: Recovery,
+) -> Result<Option<(SessionOwner, Option<NestRow>)>, LedgerError> {
+    let mut snapshot = engine.ledger.load_session(id)?;
+    let nest = snapshot.nests.pop();
+    let split = split_snapshot(snapshot);
+    quarantine_rejects(&*engine.ledger, &split.rejects)?;
+    let Some((session, part)) = split.sessions.into_iter().find(|(s, _)| s.session_id == id) else {
+        return Ok(None);
+    };
     let claim_ids = claim_keys(&part.claims);
-    let (mut owner, changed) = SessionOwner::recover(engine.clone(), session, part, Recovery::Owner);
+    let (owner, changed) = SessionOwner::recover(engine.clone(), session, part, mode);
     engine.ledger.write(&Writes {
         children: changed,
         remove_claims: claim_ids,
@@ -625,10 +641,7 @@ fn rebuild_owner(engine: &Engine, id: &str, wake: Option<Arc<dyn Wake>>) -> Resu
     })?;
     // A child queued again must not read `running` after a crash (it would be `unknown`).
     engine.ledger.flush()?;
-    if let Some(wake) = wake {
-        owner.bind_wake(wake);
-    }
-    Ok(owner)
+    Ok(Some((owner, nest)))
 }
 
 /// Lowers the calling thread's scheduling priority (nice 10): background work yields the CPU

@@ -530,6 +530,23 @@ pub fn child_id(call_id: &str, index: u32) -> String {
     numbered(call_id, '.', u64::from(index))
 }
 
+/// `text` as hex, two digits a byte: safe inside an id whatever the text holds.
+pub fn text_hex(text: &str) -> String {
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The text [`text_hex`] made `hex` of, if it is one.
+pub fn hex_text(hex: &str) -> Option<String> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
 /// A fresh random hex string of 16 digits.
 pub fn random_hex() -> String {
     use std::collections::hash_map::RandomState;

@@ -51,22 +51,14 @@ pub use redrive::Redrive;
 /// A claim id that names its session: `clm_<session as hex>_<hex>`, in the order claims were
 /// made ([`ordered_hex`]: their ack rows are written next to each other).
 pub fn new_claim_id(session_id: &str) -> String {
-    let hex: String = session_id.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("clm_{hex}_{}", ordered_hex())
+    format!("clm_{}_{}", text_hex(session_id), ordered_hex())
 }
 
 /// The session a claim id names, if it is one of ours.
 pub fn claim_session(claim_id: &str) -> Option<String> {
     let rest = claim_id.strip_prefix("clm_")?;
     let (hex, _) = rest.rsplit_once('_')?;
-    if hex.len() % 2 != 0 {
-        return None;
-    }
-    let bytes: Option<Vec<u8>> = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect();
-    String::from_utf8(bytes?).ok()
+    hex_text(hex)
 }
 
 /// A request that may need durable rows: decided when no flush is in flight (see [`persist`]).

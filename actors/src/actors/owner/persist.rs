@@ -193,12 +193,11 @@ impl SessionOwner {
                 let res = match res {
                     // Fenced: this process lost the session's lease, so the rows may not have
                     // been written; the owner stops (it was told) and answers nothing more.
-                    Err(LedgerError::Fenced(_)) => Err(BroodError::LeaseLapsed {
-                        session: act.session.session_id.clone(),
-                    }),
-                    _ if !act.engine.holds(&act.session.session_id) => Err(BroodError::LeaseLapsed {
-                        session: act.session.session_id.clone(),
-                    }),
+                    res if matches!(res, Err(LedgerError::Fenced(_))) || !act.engine.holds(&act.session.session_id) => {
+                        Err(BroodError::LeaseLapsed {
+                            session: act.session.session_id.clone(),
+                        })
+                    }
                     res => res.map_err(BroodError::from),
                 };
                 if res.is_err() && unrestored {

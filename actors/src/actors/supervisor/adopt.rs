@@ -3,13 +3,13 @@
 
 use actix::prelude::*;
 
-use super::{claim_keys, quarantine_rejects, store_session, Supervisor};
+use super::{recover_session, store_session, Supervisor};
 use crate::actors::owner::SessionOwner;
 use crate::actors::{running, Engine};
 use crate::error::BroodError;
-use crate::ledger::{LedgerError, Writes};
+use crate::ledger::LedgerError;
 use crate::model::{nest_parent, NestRow, SessionRow};
-use crate::recovery::{split_snapshot, Recovery};
+use crate::recovery::Recovery;
 
 impl Supervisor {
     /// Takes a session up from the shared ledger: its lease taken (or its holder named), then
@@ -167,30 +167,18 @@ fn parent_session(engine: &Engine, id: &str, nest: Option<&NestRow>) -> Result<O
 
 /// Reads a session whose lease this process just took, and recovers it (or creates it).
 fn take_up(engine: &Engine, id: &str, create: Option<(SessionRow, Option<NestRow>)>) -> Result<Adopted, BroodError> {
-    let (ledger, leases) = (&engine.ledger, engine.leases.as_ref());
-    let mut snapshot = ledger.load_session(id)?;
-    // Its own nest row, if it is nested: known here from now on (its depth, its parent).
-    let stored_nest = snapshot.nests.pop();
-    let split = split_snapshot(snapshot);
-    quarantine_rejects(&**ledger, &split.rejects)?;
-    let Some((session, part)) = split.sessions.into_iter().find(|(s, _)| s.session_id == id) else {
-        let Some((row, nest)) = create else {
-            if let Some(leases) = leases {
-                leases.release(id);
-            }
-            return Ok(Adopted::Unknown);
-        };
-        store_session(&**ledger, &row, &nest)?;
-        return Ok(Adopted::Owner(Box::new(SessionOwner::new(engine.clone(), row)), nest));
+    // Its own nest row, if it is nested, comes with it: known here from now on (its depth,
+    // its parent).
+    if let Some((owner, nest)) = recover_session(engine, id, Recovery::Process)? {
+        tracing::info!(session = %id, "session taken up from the shared ledger");
+        return Ok(Adopted::Owner(Box::new(owner), nest));
+    }
+    let Some((row, nest)) = create else {
+        if let Some(leases) = &engine.leases {
+            leases.release(id);
+        }
+        return Ok(Adopted::Unknown);
     };
-    let claim_ids = claim_keys(&part.claims);
-    let (owner, changed) = SessionOwner::recover(engine.clone(), session, part, Recovery::Process);
-    ledger.write(&Writes {
-        children: changed,
-        remove_claims: claim_ids,
-        ..Writes::default()
-    })?;
-    ledger.flush()?;
-    tracing::info!(session = %id, "session taken up from the shared ledger");
-    Ok(Adopted::Owner(Box::new(owner), stored_nest))
+    store_session(&*engine.ledger, &row, &nest)?;
+    Ok(Adopted::Owner(Box::new(SessionOwner::new(engine.clone(), row)), nest))
 }

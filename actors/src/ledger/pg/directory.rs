@@ -115,28 +115,21 @@ impl crate::ledger::WorkDirectory for PgDirectory {
             self.address.clone(),
             queue.to_string(),
         );
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.runtime.spawn(async move {
-            let taken = async {
-                let client = pool.get().await.map_err(pool_error)?;
-                let row = client
-                    .query_opt(
-                        &format!(
-                            "DELETE FROM {table} WHERE child_id = (
+        super::runtime::run_on(&self.runtime, async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let row = client
+                .query_opt(
+                    &format!(
+                        "DELETE FROM {table} WHERE child_id = (
                                  SELECT child_id FROM {table} WHERE queue = $1 AND address <> $2
                                  ORDER BY posted_at LIMIT 1 FOR UPDATE SKIP LOCKED)
                              RETURNING child_id, address"
-                        ),
-                        &[&queue, &address],
-                    )
-                    .await
-                    .map_err(pg_error("taking a child from the shared work list"))?;
-                Ok(row.map(|r| (r.get(0), r.get(1))))
-            }
-            .await;
-            let _ = tx.send(taken);
-        });
-        rx.recv()
-            .unwrap_or_else(|_| Err(LedgerError::storage_msg("the PostgreSQL ledger's runtime stopped")))
+                    ),
+                    &[&queue, &address],
+                )
+                .await
+                .map_err(pg_error("taking a child from the shared work list"))?;
+            Ok(row.map(|r| (r.get(0), r.get(1))))
+        })
     }
 }

@@ -156,12 +156,41 @@ impl LeaseBook {
         &self,
         job: impl std::future::Future<Output = Result<T, LedgerError>> + Send + 'static,
     ) -> Result<T, LedgerError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.runtime.spawn(async move {
-            let _ = tx.send(job.await);
-        });
-        rx.recv()
-            .unwrap_or_else(|_| Err(LedgerError::storage_msg("the PostgreSQL ledger's runtime stopped")))
+        super::runtime::run_on(&self.runtime, job)
+    }
+
+    /// Who holds `name`'s lease by its row (only a live one when `live`), as held elsewhere.
+    async fn holder_row(&self, name: Vec<u8>, live: bool) -> Result<Option<LeaseHolder>, LedgerError> {
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let alive = if live { " AND expires_at >= now()" } else { "" };
+        let row = client
+            .query_opt(
+                &format!("SELECT owner, address FROM {} WHERE session = $1{alive}", self.table),
+                &[&name],
+            )
+            .await
+            .map_err(pg_error("reading a session lease"))?;
+        Ok(row.map(|r| LeaseHolder::Elsewhere {
+            owner: r.get(0),
+            address: r.get(1),
+        }))
+    }
+
+    /// Gives leases back (each at the epoch this process held it): they run out now.
+    async fn give_back(&self, names: Vec<Vec<u8>>, epochs: Vec<i64>) -> Result<u64, LedgerError> {
+        let client = self.pool.get().await.map_err(pool_error)?;
+        client
+            .execute(
+                &format!(
+                    "UPDATE {} l SET expires_at = now() - interval '1 millisecond'
+                     FROM unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
+                     WHERE l.session = f.session AND l.epoch = f.epoch AND l.owner = $3",
+                    self.table
+                ),
+                &[&names, &epochs, &self.config.node],
+            )
+            .await
+            .map_err(pg_error("giving session leases back"))
     }
 
     /// The fencing check at the start of a commit: of `sessions` (those the commit writes),
@@ -366,19 +395,8 @@ impl Leases for PgLeases {
             if let Some(h) = book.held().get(&name) {
                 return Ok(LeaseHolder::Here(h.epoch as u64));
             }
-            let client = book.pool.get().await.map_err(pool_error)?;
-            let row = client
-                .query_opt(
-                    &format!("SELECT owner, address FROM {} WHERE session = $1", book.table),
-                    &[&name.as_bytes()],
-                )
-                .await
-                .map_err(pg_error("reading a session lease"))?;
-            match row {
-                Some(r) => Ok(LeaseHolder::Elsewhere {
-                    owner: r.get(0),
-                    address: r.get(1),
-                }),
+            match book.holder_row(name.as_bytes().to_vec(), false).await? {
+                Some(elsewhere) => Ok(elsewhere),
                 // Given back between the two statements: free now; the caller asks again.
                 None => Err(LedgerError::storage_msg(format!(
                     "the lease of session `{name}` changed hands while it was taken; retry"
@@ -393,23 +411,7 @@ impl Leases for PgLeases {
         }
         let book = self.0.clone();
         let name = session_id.as_bytes().to_vec();
-        self.0.run(async move {
-            let client = book.pool.get().await.map_err(pool_error)?;
-            let row = client
-                .query_opt(
-                    &format!(
-                        "SELECT owner, address FROM {} WHERE session = $1 AND expires_at >= now()",
-                        book.table
-                    ),
-                    &[&name],
-                )
-                .await
-                .map_err(pg_error("reading a session lease"))?;
-            Ok(row.map(|r| LeaseHolder::Elsewhere {
-                owner: r.get(0),
-                address: r.get(1),
-            }))
-        })
+        self.0.run(async move { book.holder_row(name, true).await })
     }
 
     fn acquire_free(&self) -> Result<Vec<String>, LedgerError> {
@@ -438,22 +440,7 @@ impl Leases for PgLeases {
         let book = self.0.clone();
         let (name, shown) = (session_id.as_bytes().to_vec(), session_id.to_string());
         self.0.runtime.spawn(async move {
-            let res = async {
-                let client = book.pool.get().await.map_err(pool_error)?;
-                client
-                    .execute(
-                        &format!(
-                            "UPDATE {} SET expires_at = now() - interval '1 millisecond'
-                             WHERE session = $1 AND epoch = $2 AND owner = $3",
-                            book.table
-                        ),
-                        &[&name, &held.epoch, &book.config.node],
-                    )
-                    .await
-                    .map_err(pg_error("giving a session lease back"))
-            }
-            .await;
-            if let Err(e) = res {
+            if let Err(e) = book.give_back(vec![name], vec![held.epoch]).await {
                 tracing::warn!(session = %shown, "giving a session lease back failed (it runs out by itself): {e}");
             }
         });
@@ -467,22 +454,7 @@ impl Leases for PgLeases {
         let book = self.0.clone();
         let (names, epochs): (Vec<Vec<u8>>, Vec<i64>) =
             held.iter().map(|(s, h)| (s.as_bytes().to_vec(), h.epoch)).unzip();
-        let res = self.0.run(async move {
-            let client = book.pool.get().await.map_err(pool_error)?;
-            client
-                .execute(
-                    &format!(
-                        "UPDATE {} l SET expires_at = now() - interval '1 millisecond'
-                         FROM unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
-                         WHERE l.session = f.session AND l.epoch = f.epoch AND l.owner = $3",
-                        book.table
-                    ),
-                    &[&names, &epochs, &book.config.node],
-                )
-                .await
-                .map_err(pg_error("giving session leases back"))
-        });
-        match res {
+        match self.0.run(async move { book.give_back(names, epochs).await }) {
             Ok(n) => tracing::info!(leases = n, "session leases given back"),
             Err(e) => tracing::warn!("giving session leases back failed (they run out by themselves): {e}"),
         }

@@ -39,13 +39,22 @@ impl Runtime {
         &self,
         job: impl Future<Output = Result<T, LedgerError>> + Send + 'static,
     ) -> Result<T, LedgerError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.handle.spawn(async move {
-            let _ = tx.send(job.await);
-        });
-        rx.recv()
-            .unwrap_or_else(|_| Err(LedgerError::storage_msg("the PostgreSQL ledger's runtime stopped")))
+        run_on(&self.handle, job)
     }
+}
+
+/// Runs `job` on the runtime of `handle` and waits for its answer on a channel (from any thread
+/// but that runtime's own: blocking inside it would stall it).
+pub(super) fn run_on<T: Send + 'static>(
+    handle: &tokio::runtime::Handle,
+    job: impl Future<Output = Result<T, LedgerError>> + Send + 'static,
+) -> Result<T, LedgerError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    handle.spawn(async move {
+        let _ = tx.send(job.await);
+    });
+    rx.recv()
+        .unwrap_or_else(|_| Err(LedgerError::storage_msg("the PostgreSQL ledger's runtime stopped")))
 }
 
 impl Drop for Runtime {

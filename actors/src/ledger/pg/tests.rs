@@ -15,7 +15,7 @@ mod own {
     use super::super::super::pg_testkit;
     use super::super::*;
 
-    fn session(id: &str) -> SessionRow {
+    pub(super) fn session(id: &str) -> SessionRow {
         SessionRow {
             session_id: id.into(),
             max_concurrent_children: 4,
@@ -33,7 +33,7 @@ mod own {
     }
 
     /// The same schema opened a second time: another process's view of the database.
-    fn second_view(ledger: &PgLedger) -> PgLedger {
+    pub(super) fn second_view(ledger: &PgLedger) -> PgLedger {
         PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema).unwrap()
     }
 

@@ -5,19 +5,10 @@ use std::time::Duration;
 
 use super::super::super::pg_testkit;
 use super::super::*;
+use super::own::{second_view, session};
 use crate::ledger::{LeaseHolder, Leases};
 
 const TTL: Duration = Duration::from_secs(30);
-
-fn session(id: &str) -> SessionRow {
-    SessionRow {
-        session_id: id.into(),
-        max_concurrent_children: 4,
-        max_delivery_attempts: 3,
-        next_set: 1,
-        created_at_ms: 0,
-    }
-}
 
 fn node(schema: &str, name: &str, ttl: Duration) -> PgLedger {
     PgLedger::open_shared(
@@ -30,6 +21,16 @@ fn node(schema: &str, name: &str, ttl: Duration) -> PgLedger {
         },
     )
     .unwrap()
+}
+
+/// Writes and flushes the rows of `sessions`.
+fn store_sessions(l: &PgLedger, sessions: &[&str]) {
+    l.write(&Writes {
+        sessions: sessions.iter().map(|s| session(s)).collect(),
+        ..Writes::default()
+    })
+    .unwrap();
+    l.flush().unwrap();
 }
 
 fn leases(l: &PgLedger) -> Arc<dyn Leases> {
@@ -117,12 +118,7 @@ fn a_restarted_node_waits_out_its_own_leases_and_takes_them_at_a_new_epoch() {
     for s in ["s1", "s2"] {
         assert_eq!(leases(&a).acquire(s).unwrap(), LeaseHolder::Here(1));
     }
-    a.write(&Writes {
-        sessions: vec![session("s1"), session("s2")],
-        ..Writes::default()
-    })
-    .unwrap();
-    a.flush().unwrap();
+    store_sessions(&a, &["s1", "s2"]);
     drop(a); // killed: its leases stay until they run out
              // The same node again: its old instance might still be alive (paused), so it waits too.
     let again = node(&schema, "a", TTL);
@@ -145,10 +141,6 @@ fn a_restarted_node_waits_out_its_own_leases_and_takes_them_at_a_new_epoch() {
     assert!(leases(&b).acquire_free().unwrap().is_empty(), "held by a");
 }
 
-fn second_view(ledger: &PgLedger) -> PgLedger {
-    PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema).unwrap()
-}
-
 #[test]
 fn a_node_whose_lease_was_taken_over_writes_nothing_more_and_is_told() {
     let schema = pg_testkit::fresh_schema();
@@ -159,12 +151,7 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_more_and_is_told() {
     for s in ["s1", "s2"] {
         assert_eq!(leases(&a).acquire(s).unwrap(), LeaseHolder::Here(1));
     }
-    a.write(&Writes {
-        sessions: vec![session("s1"), session("s2")],
-        ..Writes::default()
-    })
-    .unwrap();
-    a.flush().unwrap();
+    store_sessions(&a, &["s1", "s2"]);
     // a is paused past its lease of s1; b takes it over.
     expire(&a, "s1");
     assert_eq!(leases(&b).acquire_free().unwrap(), vec!["s1".to_string()]);
