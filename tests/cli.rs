@@ -194,10 +194,10 @@ fn bench_prints_each_figure_beside_its_baseline_as_json() {
     assert!(ms("claimable_latency_p50_ms") <= ms("claimable_latency_p99_ms"));
     assert!(ms("claimable_latency_p99_ms") <= ms("claimable_latency_max_ms"));
     assert!(ms("claimed_latency_p50_ms") <= ms("claimed_latency_p99_ms"));
-    // Live children's memory, each its own unit and sharing one unit per call, each measured
+    // Live children's memory, sharing one unit per call and each its own unit, each measured
     // in a process of its own.
     assert!(ms("rss_per_live_child_bytes") > 0.0);
-    assert!(ms("rss_per_live_child_grouped_bytes") > 0.0);
+    assert!(ms("rss_per_live_child_independent_bytes") > 0.0);
     assert!(report["machine"]["cpus"].as_u64().unwrap() >= 1);
     assert_eq!(report["machine"]["durability"], "fsync");
     // The scratch ledgers are gone; only the folder given stays.

@@ -1,6 +1,7 @@
 //! Embedder code cannot take a session down: a runner factory's `validate` that panics refuses
 //! that one request with `EmbedderPanicked`, however often; a wake callback that panics is
-//! logged and the session keeps routing; runners that panic in `build` fail only their child.
+//! logged and the session keeps routing; runners that panic in `build`, or in `run` before they
+//! return their future, fail only their child.
 
 mod common;
 
@@ -25,7 +26,7 @@ impl RunnerFactory for Bombs {
         if self.on == "validate" && spec.get("kind") == Some(&json!("bomb")) {
             panic!("validate blew up");
         }
-        if spec.get("kind") == Some(&json!("bomb")) {
+        if spec.get("kind") == Some(&json!("bomb")) || spec.get("kind") == Some(&json!("bomb_at_start")) {
             return Ok(());
         }
         self.inner.validate(spec)
@@ -35,7 +36,19 @@ impl RunnerFactory for Bombs {
         if spec.get("kind") == Some(&json!("bomb")) {
             panic!("build blew up");
         }
+        if spec.get("kind") == Some(&json!("bomb_at_start")) {
+            return Ok(Box::new(PanicsAsItStarts));
+        }
         self.inner.build(spec)
+    }
+}
+
+/// A runner whose `run` panics before it returns its future.
+struct PanicsAsItStarts;
+
+impl Runner for PanicsAsItStarts {
+    fn run(self: Box<Self>, _: brood::RunContext) -> futures::future::LocalBoxFuture<'static, brood::RunOutput> {
+        panic!("run blew up before its future")
     }
 }
 
@@ -106,6 +119,35 @@ async fn a_panicking_build_fails_only_its_child() {
         .collect();
     statuses.sort_by_key(|(i, _)| *i);
     assert_eq!(statuses, vec![(0, ChildStatus::Failed), (1, ChildStatus::Succeeded)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_panicking_as_it_starts_fails_only_its_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), "run");
+    open_wake(&b, "s").await;
+    b.delegate(
+        "s",
+        DelegateRequest::background(vec![
+            task("boom", json!({"kind": "bomb_at_start"})),
+            task("fine", sim(0)),
+        ]),
+    )
+    .await
+    .unwrap();
+    let mut items: Vec<brood::ReadyItem> = collect_results(&b, "s", 2)
+        .await
+        .into_iter()
+        .filter(|i| i.kind == brood::ItemKind::Result)
+        .collect();
+    items.sort_by_key(|i| i.task_index);
+    assert_eq!(items[0].status, ChildStatus::Failed);
+    let error = items[0].error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("runner panicked: run blew up before its future"),
+        "{error}"
+    );
+    assert_eq!(items[1].status, ChildStatus::Succeeded);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

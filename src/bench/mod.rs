@@ -19,10 +19,10 @@
 //!   claiming that many ready items, and its ack.
 //! - `recovery_s`: open and recover a ledger of 1M (100k) child rows written by the engine
 //!   itself. Baseline: raw sled open plus a full scan of every tree of the same folder.
-//! - `rss_per_live_child_bytes`: RSS growth per running child, 100k (10k) children live, each
-//!   its own unit (independent calls: a unit actor and a child actor per child).
-//!   `rss_per_live_child_grouped_bytes`: the same with the calls' children sharing one unit per
-//!   call (the default call shape). Each in a process of its own.
+//! - `rss_per_live_child_bytes`: RSS growth per running child, 100k (10k) children live
+//!   (hanging sim children), in calls of 1,000 of the default shape: one unit per call.
+//!   `rss_per_live_child_independent_bytes`: the same with independent completions, a unit
+//!   actor per child beside its child actor. Each in a process of its own.
 //! - `sessions_1000_ratio`: the durable workload spread over 1,000 sessions, as a ratio to the
 //!   same children in one session (same calls, same consumer), both measured here.
 //! - `http_children_per_s`: the durable workload, the same number of children, through

@@ -103,27 +103,43 @@ const SIM_BEAT: Duration = Duration::from_millis(500);
 
 impl Runner for SimRunner {
     fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
+        let SimSpec {
+            ms, outcome, summary, ..
+        } = self.spec;
+        if outcome == SimOutcome::Hang {
+            // Silent for good: no heartbeat, no end. Only a timeout or the stall clock ends it,
+            // so it keeps nothing of its spec or context (a live child is small).
+            return Box::pin(futures::future::pending());
+        }
+        // What the end needs, and nothing more, is kept while it works.
+        let RunContext {
+            child_id,
+            goal,
+            progress,
+            ..
+        } = ctx;
+        let summary = match (outcome, summary) {
+            (SimOutcome::Ok, Some(summary)) => summary,
+            (SimOutcome::Ok, None) => format!("done: {goal}"),
+            // A failing or panicking child names itself.
+            _ => child_id,
+        };
+        drop(goal);
         Box::pin(async move {
-            let spec = self.spec;
-            if spec.outcome == SimOutcome::Hang {
-                // Silent for good: no heartbeat, no end. Only a timeout or the stall clock ends it.
-                futures::future::pending::<()>().await;
-            }
-            let mut left = Duration::from_millis(spec.ms);
+            let mut left = Duration::from_millis(ms);
             while !left.is_zero() {
                 let step = left.min(SIM_BEAT);
                 tokio::time::sleep(step).await;
                 left -= step;
-                ctx.progress.beat();
+                progress.beat();
             }
-            let summary = spec.summary.unwrap_or_else(|| format!("done: {}", ctx.goal));
-            match spec.outcome {
+            match outcome {
                 SimOutcome::Ok | SimOutcome::Hang => RunOutput::Succeeded { summary },
                 SimOutcome::Fail => RunOutput::Failed {
-                    error: format!("simulated failure of {}", ctx.child_id),
+                    error: format!("simulated failure of {summary}"),
                     summary: None,
                 },
-                SimOutcome::Panic => panic!("simulated panic in {}", ctx.child_id),
+                SimOutcome::Panic => panic!("simulated panic in {summary}"),
             }
         })
     }

@@ -6,17 +6,22 @@
 //! child is terminal hands its row to the [`Coalescer`]. It keeps the row until the coalescer
 //! answers that the owner recorded it; a failed hand-off is retried with backoff, never dropped.
 //! It does not decide readiness or capacity: that is the session owner's.
+//!
+//! A live child is kept small (DESIGN.md: about an actix actor's own size): the ids its row
+//! repeats are one [`CallIds`] shared by every child of its call, what only starting needs is
+//! boxed and dropped once it started, and its row is built whole only when it ended.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use actix::WeakAddr;
 use futures::FutureExt;
 
 use super::coalescer::{Completion, HandOffError};
 use super::unit::{ChildStopped, Unit};
 use super::Engine;
-use crate::model::{now_ms, panic_message, ChildRow, ChildStatus, Task};
+use crate::model::{child_id, now_ms, panic_message, unit_id, ChildRow, ChildStatus, DeliveryRow, Task};
 use crate::runner::{Progress, RunContext, RunOutput};
 
 /// First hand-off retry delay; doubles up to [`HANDOFF_BACKOFF_MAX`].
@@ -31,51 +36,126 @@ pub struct Cancel {
     pub reason: String,
 }
 
+/// What every child of one call shares: the ids its row repeats and the engine. One
+/// allocation per call admitted (a child's own id and its unit's are made from them when it
+/// ends).
+pub struct CallIds {
+    /// The owning session.
+    pub session_id: String,
+    /// The call.
+    pub call_id: String,
+    /// The engine the children run in.
+    pub engine: Arc<Engine>,
+}
+
+impl std::fmt::Debug for CallIds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallIds")
+            .field("session_id", &self.session_id)
+            .field("call_id", &self.call_id)
+            .finish()
+    }
+}
+
 /// One task execution.
+///
+/// Kept to a few words (a test pins its size): what the child needs while it runs is inline,
+/// what it needs only before it starts or after it ended is boxed in `aside`.
 pub struct Child {
-    row: ChildRow,
-    task: Task,
-    engine: Arc<Engine>,
-    unit: Addr<Unit>,
+    ids: Arc<CallIds>,
+    /// Its unit, told when this child stops (a weak address: no sender of its own per child).
+    unit: WeakAddr<Unit>,
     progress: Progress,
+    /// Before it starts, and after it ended; `None` while it runs.
+    aside: Option<Box<Aside>>,
     /// The runner's future in this context, until the child ends (then it is dropped).
     runner: Option<SpawnHandle>,
-    ended: bool,
-    backoff: Duration,
-    /// Cancelled before it started: it ends at once, its runner never built.
-    cancelled: Option<String>,
+    /// When its runner started (the owner's mark); [`NOT_STARTED`] if the row had none.
+    started_at_ms: u64,
+    task_index: u32,
+    /// Its unit's ordinal in the call (`<call>-<k>`).
+    unit_k: u32,
+    attempt: u32,
+    recovered: bool,
+}
+
+/// `started_at_ms` of a row that had none.
+const NOT_STARTED: u64 = u64::MAX;
+
+/// What a child keeps aside from its running state.
+enum Aside {
+    /// Not started yet: what starting needs, dropped once it started.
+    Waiting {
+        task: Task,
+        /// Cancelled before it started: it ends at once, its runner never built.
+        cancelled: Option<String>,
+    },
+    /// Ended: its terminal row, kept until the owner recorded it, and the next hand-off
+    /// retry delay.
+    Ended { row: ChildRow, backoff: Duration },
 }
 
 impl std::fmt::Debug for Child {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let status = match self.aside.as_deref() {
+            Some(Aside::Waiting { .. }) => ChildStatus::Queued,
+            None => ChildStatus::Running,
+            Some(Aside::Ended { row, .. }) => row.status,
+        };
         f.debug_struct("Child")
-            .field("child_id", &self.row.child_id)
-            .field("status", &self.row.status)
+            .field("child_id", &self.child_id())
+            .field("status", &status)
             .finish()
     }
 }
 
 impl Child {
-    /// A child for `row` (already marked running by its owner), supervised by `unit`.
-    pub fn new(row: ChildRow, task: Task, engine: Arc<Engine>, unit: Addr<Unit>) -> Self {
+    /// A child for `row` (already marked running by its owner) of the call `ids` names,
+    /// supervised by `unit`. Of the row it keeps what its terminal row repeats; the delivery
+    /// state of a child that has not ended is empty, and the ledger keeps a stored one anyway.
+    pub fn new(ids: Arc<CallIds>, row: ChildRow, task: Task, unit: WeakAddr<Unit>) -> Self {
+        debug_assert_eq!(row.call_id, ids.call_id, "a child's call ids are its call's");
+        debug_assert_eq!(row.session_id, ids.session_id, "a child's session is its call's");
+        // Its unit's id is made again from the ordinal when it ends (unit ids are the engine's
+        // own, `<call>-<k>`).
+        let unit_k = match crate::model::parse_unit_id(&row.unit_id) {
+            Some((call, k)) if call == row.call_id => k,
+            _ => {
+                debug_assert!(false, "unit id {} is not of call {}", row.unit_id, row.call_id);
+                tracing::error!(unit = %row.unit_id, child = %row.child_id, "a child's unit id is not of its call");
+                0
+            }
+        };
         Child {
-            cancelled: None,
-            row,
-            task,
-            engine,
+            ids,
             unit,
             progress: Progress::new(),
+            aside: Some(Box::new(Aside::Waiting { task, cancelled: None })),
             runner: None,
-            ended: false,
-            backoff: HANDOFF_BACKOFF_START,
+            started_at_ms: row.started_at_ms.unwrap_or(NOT_STARTED),
+            task_index: row.task_index,
+            unit_k,
+            attempt: row.attempt,
+            recovered: row.recovered,
         }
     }
 
     /// A child cancelled before it started: it ends `cancelled` as it starts (`reason` is its
     /// error text).
     pub fn cancelled(mut self, reason: Option<String>) -> Self {
-        self.cancelled = reason;
+        if let Some(Aside::Waiting { cancelled, .. }) = self.aside.as_deref_mut() {
+            *cancelled = reason;
+        }
         self
+    }
+
+    /// Its id, `<call_id>.<index>`.
+    fn child_id(&self) -> String {
+        child_id(&self.ids.call_id, self.task_index)
+    }
+
+    fn ended(&self) -> bool {
+        matches!(self.aside.as_deref(), Some(Aside::Ended { .. }))
     }
 
     /// Ends the child `cancelled`, its runner dropped (a command's process group is killed).
@@ -85,26 +165,45 @@ impl Child {
     }
 
     fn end(&mut self, ctx: &mut Context<Self>, status: ChildStatus, summary: Option<String>, error: Option<String>) {
-        if self.ended {
+        if self.ended() {
             return;
         }
-        self.ended = true;
         if let Some(handle) = self.runner.take() {
             // Dropped, as an aborted task's future would be (a command runner kills its
             // process group when dropped).
             ctx.cancel_future(handle);
         }
-        self.row.status = status;
-        self.row.summary = summary;
-        self.row.error = error;
-        self.row.finished_at_ms = Some(now_ms());
-        tracing::debug!(child = %self.row.child_id, status = %status, "child ended");
+        let call_id = &self.ids.call_id;
+        let row = ChildRow {
+            child_id: child_id(call_id, self.task_index),
+            call_id: call_id.clone(),
+            unit_id: unit_id(call_id, self.unit_k as usize),
+            session_id: self.ids.session_id.clone(),
+            task_index: self.task_index,
+            status,
+            summary,
+            error,
+            started_at_ms: (self.started_at_ms != NOT_STARTED).then_some(self.started_at_ms),
+            finished_at_ms: Some(now_ms()),
+            attempt: self.attempt,
+            recovered: self.recovered,
+            result: DeliveryRow::default(),
+            notice: DeliveryRow::default(),
+        };
+        tracing::debug!(child = %row.child_id, status = %status, "child ended");
+        self.aside = Some(Box::new(Aside::Ended {
+            row,
+            backoff: HANDOFF_BACKOFF_START,
+        }));
         self.hand_off(ctx);
     }
 
     fn hand_off(&mut self, ctx: &mut Context<Self>) {
-        let msg = Completion { row: self.row.clone() };
-        let coalescer = self.engine.coalescer();
+        let Some(Aside::Ended { row, .. }) = self.aside.as_deref() else {
+            return;
+        };
+        let msg = Completion { row: row.clone() };
+        let coalescer = self.ids.engine.coalescer();
         async move {
             match coalescer {
                 Some(c) => c.send(msg).await.unwrap_or(Err(HandOffError::Stopped)),
@@ -116,85 +215,71 @@ impl Child {
             Ok(_) => ctx.stop(),
             Err(_) if !super::running(ctx) => {} // shutting down: the ledger recovers the rest
             Err(HandOffError::Moved) => {
-                tracing::info!(child = %act.row.child_id, "the child's session moved to another process; its result was not recorded here");
+                tracing::info!(child = %act.child_id(), "the child's session moved to another process; its result was not recorded here");
                 ctx.stop();
             }
             Err(e) => {
-                tracing::warn!(child = %act.row.child_id, retry_in = ?act.backoff, "hand-off failed: {e}");
-                let delay = act.backoff;
-                act.backoff = (act.backoff * 2).min(HANDOFF_BACKOFF_MAX);
+                let Some(Aside::Ended { backoff, .. }) = act.aside.as_deref_mut() else {
+                    return;
+                };
+                let delay = *backoff;
+                *backoff = (delay * 2).min(HANDOFF_BACKOFF_MAX);
+                tracing::warn!(child = %act.child_id(), retry_in = ?delay, "hand-off failed: {e}");
                 ctx.run_later(delay, |act, ctx| act.hand_off(ctx));
             }
         })
         .spawn(ctx);
     }
 
-    fn check_stall(&mut self, ctx: &mut Context<Self>) {
-        if self.ended || !super::running(ctx) {
+    /// The stall clock: ends the child `interrupted` once its runner was silent for
+    /// `stall_ms`, else looks again when it would be (the setting travels with the clock, not
+    /// in the child).
+    fn check_stall(&mut self, ctx: &mut Context<Self>, stall_ms: u64) {
+        if self.aside.is_some() || !super::running(ctx) {
             return;
         }
         let silent_for = self.progress.elapsed_ms().saturating_sub(self.progress.last_beat_ms());
-        if silent_for >= self.task.stall_ms {
+        if silent_for >= stall_ms {
             let partial = self.progress.take_partial();
-            let error = format!(
-                "no progress for {} ms (stall timeout {} ms)",
-                silent_for, self.task.stall_ms
-            );
+            let error = format!("no progress for {silent_for} ms (stall timeout {stall_ms} ms)");
             self.end(ctx, ChildStatus::Interrupted, partial, Some(error));
         } else {
-            let left = self.task.stall_ms - silent_for;
-            ctx.run_later(Duration::from_millis(left), |act, ctx| act.check_stall(ctx));
+            let left = stall_ms - silent_for;
+            ctx.run_later(Duration::from_millis(left), move |act, ctx| {
+                act.check_stall(ctx, stall_ms)
+            });
         }
     }
-}
 
-impl Actor for Child {
-    type Context = Context<Self>;
-
-    fn stopped(&mut self, _: &mut Context<Self>) {
-        self.engine.child_stopped(&self.row.call_id, self.row.task_index);
-        self.unit.do_send(ChildStopped {
-            task_index: self.row.task_index,
-        });
-    }
-
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        // The runner starts now, and so do its clocks (a queued child's stall clock never runs).
-        self.progress = Progress::new();
-        if let Some(reason) = self.cancelled.take() {
-            return self.cancel(ctx, reason);
-        }
+    /// Builds the runner from its spec and starts it, all of the embedder's code under
+    /// `catch_unwind`: a panic building or starting it is this child's failure. The runner's
+    /// future alone is kept (as one boxed future in this child's context).
+    fn start_runner(&mut self, ctx: &mut Context<Self>, goal: String, runner_json: String) {
+        let engine = &self.ids.engine;
         let run_ctx = RunContext {
-            child_id: self.row.child_id.clone(),
-            goal: std::mem::take(&mut self.task.goal),
-            attempt: self.row.attempt,
+            child_id: self.child_id(),
+            goal,
+            attempt: self.attempt,
             progress: self.progress.clone(),
-            embedder: self.engine.embedder.clone(),
+            embedder: engine.embedder.clone(),
         };
-        let factory = self.engine.factory.clone();
-        // Taken, not copied: once its runner started, a child keeps only its clocks' settings.
-        let runner_json = std::mem::take(&mut self.task.runner_json);
-        let hang = crate::failpoints::fires("runner_hang");
-        // Building and starting the runner happen inside the guarded future too, so a panic
-        // anywhere in the embedder's code ends this child as `failed` and nothing else.
-        let run = async move {
-            if hang {
-                futures::future::pending::<()>().await;
+        let factory = &engine.factory;
+        let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if crate::failpoints::fires("runner_hang") {
+                return Ok(Box::pin(futures::future::pending()) as futures::future::LocalBoxFuture<'static, RunOutput>);
             }
-            // The spec is parsed and the runner built before the run is awaited, and the
-            // parsed spec, its text and the factory are dropped first: a running child keeps
-            // only its runner.
-            let built = match serde_json::from_str::<serde_json::Value>(&runner_json) {
-                Err(e) => Err(format!("runner spec is not JSON: {e}")),
-                Ok(spec) => factory
-                    .build(&spec)
-                    .map_err(|e| format!("runner could not be built: {e}")),
-            };
-            drop((runner_json, factory));
-            match built {
-                Ok(runner) => runner.run(run_ctx).await,
-                Err(error) => RunOutput::Failed { error, summary: None },
-            }
+            let spec = serde_json::from_str::<serde_json::Value>(&runner_json)
+                .map_err(|e| format!("runner spec is not JSON: {e}"))?;
+            let runner = factory
+                .build(&spec)
+                .map_err(|e| format!("runner could not be built: {e}"))?;
+            Ok(runner.run(run_ctx))
+        }));
+        drop(runner_json);
+        let run = match started {
+            Ok(Ok(run)) => run,
+            Ok(Err(error)) => return self.end(ctx, ChildStatus::Failed, None, Some(error)),
+            Err(panic) => return self.panicked(ctx, panic),
         };
         let guarded = std::panic::AssertUnwindSafe(run).catch_unwind();
         let handle = ctx.spawn(guarded.into_actor(self).map(|res, act, ctx| {
@@ -202,19 +287,60 @@ impl Actor for Child {
             match res {
                 Ok(RunOutput::Succeeded { summary }) => act.end(ctx, ChildStatus::Succeeded, Some(summary), None),
                 Ok(RunOutput::Failed { error, summary }) => act.end(ctx, ChildStatus::Failed, summary, Some(error)),
-                Err(panic) => {
-                    let msg = panic_message(panic);
-                    act.end(
-                        ctx,
-                        ChildStatus::Failed,
-                        act.progress.take_partial(),
-                        Some(format!("runner panicked: {msg}")),
-                    )
-                }
+                Err(panic) => act.panicked(ctx, panic),
             }
         }));
         self.runner = Some(handle);
-        if let Some(ms) = self.task.timeout_ms {
+    }
+
+    /// Its runner panicked (building, starting or running): it ends `failed`, with the panic
+    /// message and whatever partial result the runner reported.
+    fn panicked(&mut self, ctx: &mut Context<Self>, panic: Box<dyn std::any::Any + Send>) {
+        let msg = panic_message(panic);
+        let partial = self.progress.take_partial();
+        self.end(
+            ctx,
+            ChildStatus::Failed,
+            partial,
+            Some(format!("runner panicked: {msg}")),
+        );
+    }
+}
+
+impl Actor for Child {
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        self.ids.engine.child_stopped(&self.ids.call_id, self.task_index);
+        if let Some(unit) = self.unit.upgrade() {
+            unit.do_send(ChildStopped {
+                task_index: self.task_index,
+            });
+        }
+    }
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // The runner starts now, and so do its clocks (a queued child's stall clock never runs).
+        self.progress = Progress::new();
+        let Some(Aside::Waiting { task, cancelled }) = self.aside.take().map(|b| *b) else {
+            return;
+        };
+        if let Some(reason) = cancelled {
+            return self.cancel(ctx, reason);
+        }
+        // Moved, not copied: once its runner started, a child keeps only its clocks.
+        let Task {
+            goal,
+            runner_json,
+            timeout_ms,
+            stall_ms,
+            ..
+        } = task;
+        self.start_runner(ctx, goal, runner_json);
+        if self.ended() {
+            return; // it could not be built or started
+        }
+        if let Some(ms) = timeout_ms {
             ctx.run_later(Duration::from_millis(ms), move |act, ctx| {
                 let partial = act.progress.take_partial();
                 act.end(
@@ -225,8 +351,8 @@ impl Actor for Child {
                 );
             });
         }
-        ctx.run_later(Duration::from_millis(self.task.stall_ms), |act, ctx| {
-            act.check_stall(ctx)
+        ctx.run_later(Duration::from_millis(stall_ms), move |act, ctx| {
+            act.check_stall(ctx, stall_ms)
         });
     }
 }
@@ -236,5 +362,19 @@ impl Handler<Cancel> for Child {
 
     fn handle(&mut self, msg: Cancel, ctx: &mut Context<Self>) {
         self.cancel(ctx, msg.reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A live child is a few words beside its actor's context: 72 bytes keep its actor's tokio
+    /// task in a 512-byte cell (rss_per_live_child_bytes). Growing it is a measured decision.
+    #[test]
+    fn a_live_child_is_a_few_words() {
+        assert!(
+            std::mem::size_of::<super::Child>() <= 72,
+            "Child is {} bytes",
+            std::mem::size_of::<super::Child>()
+        );
     }
 }

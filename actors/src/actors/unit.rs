@@ -10,8 +10,9 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
+use actix::WeakAddr;
 
-use super::child::{Cancel, Child};
+use super::child::{CallIds, Cancel, Child};
 use super::owner::SessionOwner;
 use super::Engine;
 use crate::model::{ChildRow, Task, UnitRow};
@@ -21,6 +22,8 @@ use crate::model::{ChildRow, Task, UnitRow};
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct StartChildren {
+    /// The ids the children's rows share (every child of one message is of one call).
+    pub ids: Arc<CallIds>,
     /// Each child's row and task.
     pub children: Vec<(ChildRow, Task)>,
 }
@@ -51,12 +54,14 @@ pub struct ChildStopped {
 
 /// One completion unit.
 pub struct Unit {
-    row: UnitRow,
+    unit_id: String,
+    /// Task indexes of its members, ascending.
+    tasks: Box<[u32]>,
     engine: Arc<Engine>,
     owner: Addr<SessionOwner>,
-    /// Children started here and not yet stopped, by their place in `row.tasks` (their
-    /// addresses keep their mailboxes open): one slot per member, allocated once.
-    children: Vec<Option<Addr<Child>>>,
+    /// Children started here and not yet stopped, by their place in `tasks`: one slot per
+    /// member, allocated once.
+    children: Vec<Option<WeakAddr<Child>>>,
     /// How many of `children` are set.
     live: usize,
     /// Members cancelled before they started here, with why: they end as they start.
@@ -66,7 +71,7 @@ pub struct Unit {
 impl std::fmt::Debug for Unit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Unit")
-            .field("unit_id", &self.row.unit_id)
+            .field("unit_id", &self.unit_id)
             .field("children", &self.live)
             .finish()
     }
@@ -79,17 +84,18 @@ impl Unit {
             children: Vec::new(),
             live: 0,
             cancelled: Vec::new(),
-            row,
+            unit_id: row.unit_id,
+            tasks: row.tasks.into_boxed_slice(),
             engine,
             owner,
         }
     }
 
     /// The slot of the member with task index `task` (members are ascending).
-    fn slot(&mut self, task: u32) -> Option<&mut Option<Addr<Child>>> {
-        let at = self.row.tasks.binary_search(&task).ok()?;
+    fn slot(&mut self, task: u32) -> Option<&mut Option<WeakAddr<Child>>> {
+        let at = self.tasks.binary_search(&task).ok()?;
         if self.children.is_empty() {
-            self.children.resize_with(self.row.tasks.len(), || None);
+            self.children.resize_with(self.tasks.len(), || None);
         }
         self.children.get_mut(at)
     }
@@ -104,8 +110,11 @@ impl Handler<StartChildren> for Unit {
 
     fn handle(&mut self, msg: StartChildren, ctx: &mut Context<Self>) {
         if crate::failpoints::fires("unit_handler") {
-            panic!("injected fault: unit_handler (unit {})", self.row.unit_id);
+            panic!("injected fault: unit_handler (unit {})", self.unit_id);
         }
+        // One weak address for every child: it tells this unit when it stops, and holds no
+        // sender (nor its allocation) of its own.
+        let me = ctx.address().downgrade();
         for (row, task) in msg.children {
             let index = row.task_index;
             if !self
@@ -122,15 +131,17 @@ impl Handler<StartChildren> for Unit {
                 .iter()
                 .position(|(t, _)| *t == index)
                 .map(|at| self.cancelled.swap_remove(at).1);
-            let child = Child::new(row, task, self.engine.clone(), ctx.address()).cancelled(cancelled);
-            let addr = child.start();
+            let child = Child::new(msg.ids.clone(), row, task, me.clone()).cancelled(cancelled);
+            // Kept weak: a child lives while its runner, clocks or hand-off do, and stops
+            // itself; a strong address per child would cost a sender of its own.
+            let addr = child.start().downgrade();
             match self.slot(index) {
                 Some(slot) => {
                     self.live += usize::from(slot.replace(addr).is_none());
                 }
                 // Not a member (an owner never sends one): it runs, unsupervised by this unit.
                 None => {
-                    tracing::warn!(unit = %self.row.unit_id, task = index, "a child not of this unit was started here")
+                    tracing::warn!(unit = %self.unit_id, task = index, "a child not of this unit was started here")
                 }
             }
         }
@@ -164,9 +175,14 @@ impl Handler<CancelChildren> for Unit {
     fn handle(&mut self, msg: CancelChildren, _: &mut Context<Self>) {
         for task in msg.tasks {
             match self.slot(task) {
-                Some(Some(child)) => child.do_send(Cancel {
-                    reason: msg.reason.clone(),
-                }),
+                Some(Some(child)) => {
+                    // Gone already: it stopped, and its ChildStopped is on its way.
+                    if let Some(child) = child.upgrade() {
+                        child.do_send(Cancel {
+                            reason: msg.reason.clone(),
+                        })
+                    }
+                }
                 Some(None) => self.cancelled.push((task, msg.reason.clone())),
                 None => {}
             }

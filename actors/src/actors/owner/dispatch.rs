@@ -3,6 +3,7 @@
 //! unit actors, and a lost start queued again. Each durable decision is a [`Step`] that applies
 //! only once its rows are flushed.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -10,6 +11,7 @@ use tokio::sync::oneshot;
 
 use super::persist::{BatchView, Decided, Step};
 use super::{answer, Delegate, Delegated, Durable, SessionInfo, SessionOwner, StartLost, UnitExited};
+use crate::actors::child::CallIds;
 use crate::actors::supervise::{self, Decision, Exit};
 use crate::actors::unit::{StartChildren, Unit};
 use crate::error::BroodError;
@@ -404,6 +406,8 @@ impl SessionOwner {
         let mut new_units: Vec<(supervise::Mailbox<Unit>, UnitRow)> = Vec::new();
         let mut batches: Vec<UnitBatch> = Vec::new();
         let mut batch_of: foldhash::HashMap<String, usize> = foldhash::HashMap::default();
+        // One allocation of the ids the children of a call share, for all its units.
+        let mut ids_of: foldhash::HashMap<String, Arc<CallIds>> = foldhash::HashMap::default();
         for row in rows {
             // One lookup of the call for the child's task and unit.
             let Some(call) = self.book.calls.get_mut(&row.call_id) else {
@@ -430,17 +434,29 @@ impl SessionOwner {
                             addr
                         }
                     };
-                    batches.push((addr, Vec::new()));
+                    let ids = match ids_of.get(&row.call_id) {
+                        Some(ids) => Arc::clone(ids),
+                        None => {
+                            let ids = Arc::new(CallIds {
+                                session_id: row.session_id.clone(),
+                                call_id: row.call_id.clone(),
+                                engine: self.shared.clone(),
+                            });
+                            ids_of.insert(row.call_id.clone(), Arc::clone(&ids));
+                            ids
+                        }
+                    };
+                    batches.push((addr, ids, Vec::new()));
                     batch_of.insert(row.unit_id.clone(), batches.len() - 1);
                     batches.len() - 1
                 }
             };
-            batches[slot].1.push((row, task));
+            batches[slot].2.push((row, task));
         }
         if batches.is_empty() {
             return;
         }
-        for (row, _) in batches.iter().flat_map(|(_, children)| children) {
+        for (row, _) in batches.iter().flat_map(|(_, _, children)| children) {
             self.emit_child(row);
         }
         let engine = self.shared.clone();
@@ -464,11 +480,11 @@ impl SessionOwner {
             }
             drop(me);
             actix::spawn(async move {
-                let sends = batches.into_iter().map(|(addr, children)| async move {
-                    let ids: Vec<String> = children.iter().map(|(r, _)| r.child_id.clone()).collect();
-                    match addr.send(StartChildren { children }).await {
+                let sends = batches.into_iter().map(|(addr, ids, children)| async move {
+                    let child_ids: Vec<String> = children.iter().map(|(r, _)| r.child_id.clone()).collect();
+                    match addr.send(StartChildren { ids, children }).await {
                         Ok(()) => Vec::new(),
-                        Err(_) => ids,
+                        Err(_) => child_ids,
                     }
                 });
                 let lost: Vec<String> = futures::future::join_all(sends).await.into_iter().flatten().collect();
@@ -504,8 +520,9 @@ impl SessionOwner {
     }
 }
 
-/// A unit's address and the children (rows and tasks) it is to start.
-type UnitBatch = (Addr<Unit>, Vec<(ChildRow, Task)>);
+/// A unit's address, the ids its call's children share, and the children (rows and tasks) it
+/// is to start.
+type UnitBatch = (Addr<Unit>, Arc<CallIds>, Vec<(ChildRow, Task)>);
 
 /// Children on their way to their units' thread: if they never get there (the arbiter is gone,
 /// so the closure carrying them is dropped), each is reported lost, and queued again.
@@ -517,7 +534,7 @@ struct Unhanded {
 impl Drop for Unhanded {
     fn drop(&mut self) {
         let Some(owner) = self.owner.upgrade() else { return };
-        for (_, children) in self.batches.drain(..) {
+        for (_, _, children) in self.batches.drain(..) {
             for (row, _) in children {
                 owner.do_send(StartLost { child_id: row.child_id });
             }
