@@ -97,14 +97,14 @@ enum Aside {
 
 impl std::fmt::Debug for Child {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let status = match self.aside.as_deref() {
-            Some(Aside::Waiting { .. }) => ChildStatus::Queued,
-            None => ChildStatus::Running,
-            Some(Aside::Ended { row, .. }) => row.status,
+        let stage = match self.aside.as_deref() {
+            Some(Aside::Waiting { .. }) => "starting".to_string(),
+            None => "running".to_string(),
+            Some(Aside::Ended { row, .. }) => format!("ended {}", row.status),
         };
         f.debug_struct("Child")
             .field("child_id", &self.child_id())
-            .field("status", &status)
+            .field("stage", &stage)
             .finish()
     }
 }

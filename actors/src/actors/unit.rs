@@ -2,7 +2,9 @@
 //!
 //! It starts a [`Child`] for each member its owner admits (capacity is the owner's decision),
 //! and stops when its owner reports the unit complete, or when it is orphaned (its owner was
-//! restarted and made a new unit actor) and its last child stopped. It holds no results: those travel child → coalescer → owner.
+//! restarted, retired or moved) and its last child stopped: while it has live children it
+//! holds its own address, since they hold only weak ones. It holds no results: those travel
+//! child → coalescer → owner.
 //!
 //! The owner runs each unit under a restart policy: a unit whose handler panicked is replaced,
 //! and a `StartChildren` it never acknowledged is queued again, so no child is lost or run twice.
@@ -64,6 +66,10 @@ pub struct Unit {
     children: Vec<Option<WeakAddr<Child>>>,
     /// How many of `children` are set.
     live: usize,
+    /// Its own address while it has live children: a unit whose owner is gone (restarted,
+    /// retired, moved) lives on until its last child stopped, and what its owner sent it last
+    /// (a cancel) is still read. One sender per unit; its children hold only weak addresses.
+    keep: Option<Addr<Unit>>,
     /// Members cancelled before they started here, with why: they end as they start.
     cancelled: Vec<(u32, String)>,
 }
@@ -83,6 +89,7 @@ impl Unit {
         Unit {
             children: Vec::new(),
             live: 0,
+            keep: None,
             cancelled: Vec::new(),
             unit_id: row.unit_id,
             tasks: row.tasks.into_boxed_slice(),
@@ -145,6 +152,9 @@ impl Handler<StartChildren> for Unit {
                 }
             }
         }
+        if self.live > 0 && self.keep.is_none() {
+            self.keep = Some(ctx.address());
+        }
     }
 }
 
@@ -154,6 +164,9 @@ impl Handler<ChildStopped> for Unit {
     fn handle(&mut self, msg: ChildStopped, ctx: &mut Context<Self>) {
         if let Some(slot) = self.slot(msg.task_index) {
             self.live -= usize::from(slot.take().is_some());
+        }
+        if self.live == 0 {
+            self.keep = None;
         }
         if self.live == 0 && !self.owner.connected() {
             ctx.stop(); // orphaned: the restarted owner runs this unit through a new actor
