@@ -100,38 +100,15 @@ async fn a_panicking_validate_refuses_only_its_request() {
     assert_eq!(next.set(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_build_fails_only_its_child() {
+/// Delegates a task of the runner `kind` beside a sim child, and returns their two results, in
+/// task order.
+async fn a_bomb_beside_a_fine_child(on: &'static str, kind: &str) -> Vec<brood::ReadyItem> {
     let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path(), "build");
+    let b = open(dir.path(), on);
     open_wake(&b, "s").await;
     b.delegate(
         "s",
-        DelegateRequest::background(vec![task("boom", json!({"kind": "bomb"})), task("fine", sim(0))]),
-    )
-    .await
-    .unwrap();
-    let items = collect_results(&b, "s", 2).await;
-    let mut statuses: Vec<(u32, ChildStatus)> = items
-        .iter()
-        .filter(|i| i.kind == brood::ItemKind::Result)
-        .map(|i| (i.task_index, i.status))
-        .collect();
-    statuses.sort_by_key(|(i, _)| *i);
-    assert_eq!(statuses, vec![(0, ChildStatus::Failed), (1, ChildStatus::Succeeded)]);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_runner_panicking_as_it_starts_fails_only_its_child() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = open(dir.path(), "run");
-    open_wake(&b, "s").await;
-    b.delegate(
-        "s",
-        DelegateRequest::background(vec![
-            task("boom", json!({"kind": "bomb_at_start"})),
-            task("fine", sim(0)),
-        ]),
+        DelegateRequest::background(vec![task("boom", json!({ "kind": kind })), task("fine", sim(0))]),
     )
     .await
     .unwrap();
@@ -141,6 +118,19 @@ async fn a_runner_panicking_as_it_starts_fails_only_its_child() {
         .filter(|i| i.kind == brood::ItemKind::Result)
         .collect();
     items.sort_by_key(|i| i.task_index);
+    items
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_build_fails_only_its_child() {
+    let items = a_bomb_beside_a_fine_child("build", "bomb").await;
+    let statuses: Vec<(u32, ChildStatus)> = items.iter().map(|i| (i.task_index, i.status)).collect();
+    assert_eq!(statuses, vec![(0, ChildStatus::Failed), (1, ChildStatus::Succeeded)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_panicking_as_it_starts_fails_only_its_child() {
+    let items = a_bomb_beside_a_fine_child("run", "bomb_at_start").await;
     assert_eq!(items[0].status, ChildStatus::Failed);
     let error = items[0].error.as_deref().unwrap_or_default();
     assert!(

@@ -110,22 +110,18 @@ impl std::fmt::Debug for Child {
 }
 
 impl Child {
-    /// A child for `row` (already marked running by its owner) of the call `ids` names,
-    /// supervised by `unit`. Of the row it keeps what its terminal row repeats; the delivery
+    /// A child for `row` (already marked running by its owner) of the call `ids` names, in
+    /// that call's unit `unit_k`, supervised by `unit`. Of the row it keeps what its terminal row repeats; the delivery
     /// state of a child that has not ended is empty, and the ledger keeps a stored one anyway.
-    pub fn new(ids: Arc<CallIds>, row: ChildRow, task: Task, unit: WeakAddr<Unit>) -> Self {
+    pub fn new(ids: Arc<CallIds>, unit_k: u32, row: ChildRow, task: Task, unit: WeakAddr<Unit>) -> Self {
         debug_assert_eq!(row.call_id, ids.call_id, "a child's call ids are its call's");
         debug_assert_eq!(row.session_id, ids.session_id, "a child's session is its call's");
-        // Its unit's id is made again from the ordinal when it ends (unit ids are the engine's
-        // own, `<call>-<k>`).
-        let unit_k = match crate::model::parse_unit_id(&row.unit_id) {
-            Some((call, k)) if call == row.call_id => k,
-            _ => {
-                debug_assert!(false, "unit id {} is not of call {}", row.unit_id, row.call_id);
-                tracing::error!(unit = %row.unit_id, child = %row.child_id, "a child's unit id is not of its call");
-                0
-            }
-        };
+        // Its unit's id is made again from the ordinal when it ends.
+        debug_assert_eq!(
+            row.unit_id,
+            unit_id(&row.call_id, unit_k as usize),
+            "a child's unit is `<call>-<k>`"
+        );
         Child {
             ids,
             unit,

@@ -26,6 +26,8 @@ use crate::model::{ChildRow, Task, UnitRow};
 pub struct StartChildren {
     /// The ids the children's rows share (every child of one message is of one call).
     pub ids: Arc<CallIds>,
+    /// The unit's ordinal k in its call (`<call>-<k>`).
+    pub unit_k: u32,
     /// Each child's row and task.
     pub children: Vec<(ChildRow, Task)>,
 }
@@ -138,7 +140,7 @@ impl Handler<StartChildren> for Unit {
                 .iter()
                 .position(|(t, _)| *t == index)
                 .map(|at| self.cancelled.swap_remove(at).1);
-            let child = Child::new(msg.ids.clone(), row, task, me.clone()).cancelled(cancelled);
+            let child = Child::new(msg.ids.clone(), msg.unit_k, row, task, me.clone()).cancelled(cancelled);
             // Kept weak: a child lives while its runner, clocks or hand-off do, and stops
             // itself; a strong address per child would cost a sender of its own.
             let addr = child.start().downgrade();

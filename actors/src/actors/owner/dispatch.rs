@@ -419,7 +419,10 @@ impl SessionOwner {
             let Some(task) = call.row.tasks.get(row.task_index as usize).cloned() else {
                 continue;
             };
-            let Some(unit) = call.unit_of_mut(row.task_index) else {
+            let Some(unit_pos) = call.unit_pos(row.task_index) else {
+                continue;
+            };
+            let Some(unit) = call.units.get_mut(unit_pos) else {
                 continue;
             };
             let slot = match batch_of.get(&row.unit_id) {
@@ -446,17 +449,19 @@ impl SessionOwner {
                             ids
                         }
                     };
-                    batches.push((addr, ids, Vec::new()));
+                    // Unit `<call>-<k>` is at k - 1.
+                    let unit_k = u32::try_from(unit_pos + 1).unwrap_or(u32::MAX);
+                    batches.push((addr, ids, unit_k, Vec::new()));
                     batch_of.insert(row.unit_id.clone(), batches.len() - 1);
                     batches.len() - 1
                 }
             };
-            batches[slot].2.push((row, task));
+            batches[slot].3.push((row, task));
         }
         if batches.is_empty() {
             return;
         }
-        for (row, _) in batches.iter().flat_map(|(_, _, children)| children) {
+        for (row, _) in batches.iter().flat_map(|(_, _, _, children)| children) {
             self.emit_child(row);
         }
         let engine = self.shared.clone();
@@ -480,9 +485,9 @@ impl SessionOwner {
             }
             drop(me);
             actix::spawn(async move {
-                let sends = batches.into_iter().map(|(addr, ids, children)| async move {
+                let sends = batches.into_iter().map(|(addr, ids, unit_k, children)| async move {
                     let child_ids: Vec<String> = children.iter().map(|(r, _)| r.child_id.clone()).collect();
-                    match addr.send(StartChildren { ids, children }).await {
+                    match addr.send(StartChildren { ids, unit_k, children }).await {
                         Ok(()) => Vec::new(),
                         Err(_) => child_ids,
                     }
@@ -520,9 +525,9 @@ impl SessionOwner {
     }
 }
 
-/// A unit's address, the ids its call's children share, and the children (rows and tasks) it
-/// is to start.
-type UnitBatch = (Addr<Unit>, Arc<CallIds>, Vec<(ChildRow, Task)>);
+/// A unit's address, the ids its call's children share, its ordinal k in the call, and the
+/// children (rows and tasks) it is to start.
+type UnitBatch = (Addr<Unit>, Arc<CallIds>, u32, Vec<(ChildRow, Task)>);
 
 /// Children on their way to their units' thread: if they never get there (the arbiter is gone,
 /// so the closure carrying them is dropped), each is reported lost, and queued again.
@@ -534,7 +539,7 @@ struct Unhanded {
 impl Drop for Unhanded {
     fn drop(&mut self) {
         let Some(owner) = self.owner.upgrade() else { return };
-        for (_, _, children) in self.batches.drain(..) {
+        for (_, _, _, children) in self.batches.drain(..) {
             for (row, _) in children {
                 owner.do_send(StartLost { child_id: row.child_id });
             }
