@@ -65,7 +65,7 @@ fn ledger_paths(c: &mut Criterion) {
                 (0..ROWS as u32).map(|i| terminal_row(&call, i)).collect::<Vec<_>>()
             },
             |rows| {
-                l.record_terminals(&rows).expect("record");
+                l.record_terminals(rows).expect("record");
                 l.flush().expect("flush");
             },
             BatchSize::LargeInput,

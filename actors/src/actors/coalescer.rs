@@ -52,9 +52,12 @@ pub struct Completion {
     pub row: ChildRow,
 }
 
+/// How a child hears what became of its completion.
+type Reply = oneshot::Sender<Result<ChildStatus, HandOffError>>;
+
 struct Pending {
     row: ChildRow,
-    reply: oneshot::Sender<Result<ChildStatus, HandOffError>>,
+    reply: Reply,
 }
 
 /// Group commit of completions.
@@ -115,8 +118,8 @@ impl Coalescer {
             return;
         }
         let take = self.pending.len().min(MAX_BATCH);
-        let batch: Vec<Pending> = self.pending.drain(..take).collect();
-        let rows: Vec<ChildRow> = batch.iter().map(|p| p.row.clone()).collect();
+        // The rows go to the ledger (the children keep their own copies until answered).
+        let (rows, batch): (Vec<ChildRow>, Vec<Reply>) = self.pending.drain(..take).map(|p| (p.row, p.reply)).unzip();
         self.in_flight = true;
         self.batches += 1;
         let ledger = self.ledger.clone();
@@ -130,24 +133,24 @@ impl Coalescer {
             // The refusals of the batch's sessions before it is written, when the ledger is
             // shared: a session refused by the time the flush returned may not have had its
             // rows written.
-            let before: HashMap<&str, u64> = match shared {
+            let before: HashMap<String, u64> = match shared {
                 true => rows
                     .iter()
                     .map(|r| r.session_id.as_str())
                     .collect::<HashSet<&str>>()
                     .into_iter()
-                    .map(|s| (s, ledger.refusals(s)))
+                    .map(|s| (s.to_string(), ledger.refusals(s)))
                     .collect(),
                 false => HashMap::new(),
             };
             let recorded = ledger
-                .record_terminals(&rows)
+                .record_terminals(rows)
                 .map_err(|e| ("writing", e))
                 .and_then(|stored| ledger.flush().map(|_| stored).map_err(|e| ("flushing", e)));
             let refused: HashSet<String> = before
                 .into_iter()
                 .filter(|(s, n)| ledger.refusals(s) != *n)
-                .map(|(s, _)| s.to_string())
+                .map(|(s, _)| s)
                 .collect();
             Ok(recorded.map(|stored| (stored, refused)))
         })
@@ -170,7 +173,7 @@ impl Coalescer {
                             .zip(stored)
                             .filter_map(|(p, row)| match refused.contains(&row.session_id) {
                                 true => {
-                                    let _ = p.reply.send(Err(HandOffError::Moved));
+                                    let _ = p.send(Err(HandOffError::Moved));
                                     None
                                 }
                                 false => Some((p, row)),
@@ -189,22 +192,22 @@ impl Coalescer {
 }
 
 /// Answers every child of a batch that could not be recorded: each keeps its result and retries.
-fn fail_all(batch: Vec<Pending>, what: &str, e: &LedgerError) {
+fn fail_all(batch: Vec<Reply>, what: &str, e: &LedgerError) {
     tracing::warn!(rows = batch.len(), "{what} completions failed: {e}");
     let e = std::sync::Arc::new(e.to_string());
     for p in batch {
-        let _ = p.reply.send(Err(HandOffError::Ledger(e.clone())));
+        let _ = p.send(Err(HandOffError::Ledger(e.clone())));
     }
 }
 
 /// A session's share of a batch: its rows as stored, and each child with its stored status.
-type SessionShare = (Vec<ChildRow>, Vec<(Pending, ChildStatus)>);
+type SessionShare = (Vec<ChildRow>, Vec<(Reply, ChildStatus)>);
 
 /// One future per session: give its owner the recorded rows, then answer their children.
 fn hand_offs(
     owners: &Owners,
     stored: Vec<ChildRow>,
-    batch: Vec<Pending>,
+    batch: Vec<Reply>,
 ) -> Vec<impl std::future::Future<Output = ()> + 'static> {
     let mut by_session: HashMap<String, SessionShare> = HashMap::new();
     for (row, pending) in stored.into_iter().zip(batch) {
@@ -228,7 +231,7 @@ fn hand_offs(
                     Ok(())
                 };
                 for (p, status) in pending {
-                    let _ = p.reply.send(res.clone().map(|()| status).map_err(HandOffError::Owner));
+                    let _ = p.send(res.clone().map(|()| status).map_err(HandOffError::Owner));
                 }
             }
         })

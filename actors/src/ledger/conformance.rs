@@ -393,7 +393,7 @@ fn load_session(ledger: &dyn Ledger, session_id: &str) -> Snapshot {
 }
 
 fn record(ledger: &dyn Ledger, rows: &[ChildRow]) -> Vec<ChildRow> {
-    let stored = ledger.record_terminals(rows).expect("record_terminals");
+    let stored = ledger.record_terminals(rows.to_vec()).expect("record_terminals");
     ledger.flush().expect("flush");
     stored
 }

@@ -418,8 +418,8 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     fn write(&self, writes: &Writes) -> Result<(), LedgerError>;
     /// Records terminal child rows: a row already terminal in the ledger is left as it is (a
     /// retried hand-off), and the ledger's delivery state is kept over the child's copy.
-    /// Returns the rows as stored.
-    fn record_terminals(&self, rows: &[ChildRow]) -> Result<Vec<ChildRow>, LedgerError>;
+    /// Returns the rows as stored, in the order given.
+    fn record_terminals(&self, rows: Vec<ChildRow>) -> Result<Vec<ChildRow>, LedgerError>;
     /// Records a claim (cheap: not flushed by the caller).
     fn put_claim(&self, row: &ClaimRow) -> Result<(), LedgerError>;
     /// The ack row of a claim of `session_id`, if it was acknowledged durably.

@@ -213,40 +213,53 @@ pub(super) fn quarantine_entry(tree: &str, key: &[u8], value: &[u8], reason: &st
     ([tree.as_bytes(), b"/", key].concat(), row)
 }
 
-/// The rows as stored, and the rows to write with their keys.
-pub(super) type Merged = (Vec<ChildRow>, Vec<(Vec<u8>, ChildRow)>);
+/// The rows as stored, and which of them to write: each with its key and its place among the
+/// stored rows.
+pub(super) type Merged = (Vec<ChildRow>, Vec<(Vec<u8>, usize)>);
 
 /// What recording terminal rows decides, whatever stores them ([`Ledger::record_terminals`]):
-/// each row as it is to be stored, and the rows to write with their keys. `current` reads a
-/// child's stored row by key (`None` when it has none, or none that decodes). A stored
+/// each row as it is to be stored (in the order given), and which of them to write. `current`
+/// reads a child's stored row by key (`None` when it has none, or none that decodes). A stored
 /// terminal row is left as it is; a stored non-terminal one is replaced, its delivery state
 /// kept; a second row of the same child in one batch (its cancel and its own end, handed over
 /// at once) is one the first already made terminal, so it is left as the first stored it.
+/// The rows are moved, not copied: a batch of completions is the hot path.
 pub(super) fn merge_terminals(
-    rows: &[ChildRow],
+    rows: Vec<ChildRow>,
     mut current: impl FnMut(&[u8]) -> Result<Option<ChildRow>, LedgerError>,
 ) -> Result<Merged, LedgerError> {
+    let mut keys: Vec<Vec<u8>> = rows.iter().map(|r| row_key(&r.session_id, &r.child_id)).collect();
+    // The place of the first row of the same child, for each row that repeats one.
+    let firsts: Vec<Option<usize>> = {
+        let mut seen: foldhash::HashMap<&[u8], usize> =
+            foldhash::HashMap::with_capacity_and_hasher(keys.len(), Default::default());
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| match seen.entry(k.as_slice()) {
+                std::collections::hash_map::Entry::Occupied(e) => Some(*e.get()),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(i);
+                    None
+                }
+            })
+            .collect()
+    };
     let mut stored: Vec<ChildRow> = Vec::with_capacity(rows.len());
     let mut writes = Vec::with_capacity(rows.len());
-    // Where each child's row of this batch is in `stored`.
-    let mut in_batch: HashMap<Vec<u8>, usize> = HashMap::new();
-    for row in rows {
-        let key = row_key(&row.session_id, &row.child_id);
-        if let Some(&first) = in_batch.get(&key) {
+    for ((mut row, first), key) in rows.into_iter().zip(firsts).zip(keys.iter_mut()) {
+        if let Some(first) = first {
             stored.push(stored[first].clone());
             continue;
         }
-        in_batch.insert(key.clone(), stored.len());
-        match current(&key)? {
+        match current(key)? {
             Some(current) if current.status.is_terminal() => stored.push(current),
             current => {
-                let mut row = row.clone();
                 if let Some(current) = current {
                     row.result = current.result;
                     row.notice = current.notice;
                 }
-                stored.push(row.clone());
-                writes.push((key, row));
+                writes.push((std::mem::take(key), stored.len()));
+                stored.push(row);
             }
         }
     }

@@ -472,7 +472,7 @@ impl Ledger for SledLedger {
         Ok(())
     }
 
-    fn record_terminals(&self, rows: &[ChildRow]) -> Result<Vec<ChildRow>, LedgerError> {
+    fn record_terminals(&self, rows: Vec<ChildRow>) -> Result<Vec<ChildRow>, LedgerError> {
         crate::failpoint!("ledger_write");
         let _one_batch_at_a_time = self.terminals.lock().unwrap_or_else(|p| p.into_inner());
         let (stored, writes) = merge_terminals(rows, |key| {
@@ -480,11 +480,13 @@ impl Ledger for SledLedger {
             // complete; the damaged one was quarantined when the ledger opened.
             Ok(self.children.get(key)?.and_then(|v| codec::decode(&v).ok()))
         })?;
-        let mut batch = sled::Batch::default();
-        for (key, row) in writes {
-            batch.insert(key, encode(CHILDREN, &row.child_id, &row)?);
+        // One insert per row rather than one sled batch: each row stands alone (a crash may
+        // keep some of an unflushed batch, whose children were not answered yet, and recovery
+        // publishes what it finds), and sled's batch costs a sixth more CPU than its inserts.
+        for (key, at) in writes {
+            let row = &stored[at];
+            self.children.insert(key, encode(CHILDREN, &row.child_id, row)?)?;
         }
-        self.children.apply_batch(batch)?;
         Ok(stored)
     }
 

@@ -544,9 +544,8 @@ impl Ledger for PgLedger {
         Ok(())
     }
 
-    fn record_terminals(&self, rows: &[ChildRow]) -> Result<Vec<ChildRow>, LedgerError> {
+    fn record_terminals(&self, rows: Vec<ChildRow>) -> Result<Vec<ChildRow>, LedgerError> {
         crate::failpoint!("ledger_write");
-        let rows = rows.to_vec();
         let sessions = rows.iter().map(|r| r.session_id.clone()).collect();
         // In one transaction with what is staged: the stored rows are read under a row lock,
         // decided as sled decides them, and written. The rows of a session whose lease this
@@ -574,11 +573,12 @@ impl Ledger for PgLedger {
                 // A stored row that does not decode is overwritten by the child's own, which
                 // is complete; the damaged one was quarantined when the ledger opened.
                 let (stored, writes) =
-                    merge_terminals(&rows, |key| Ok(current.get(key).and_then(|v| codec::decode(v).ok())))?;
+                    merge_terminals(rows, |key| Ok(current.get(key).and_then(|v| codec::decode(v).ok())))?;
                 let mut keys = Vec::with_capacity(writes.len());
                 let mut values = Vec::with_capacity(writes.len());
-                for (key, row) in writes {
-                    values.push(encode(CHILDREN, &row.child_id, &row)?);
+                for (key, at) in writes {
+                    let row = &stored[at];
+                    values.push(encode(CHILDREN, &row.child_id, row)?);
                     keys.push(key);
                 }
                 upsert(tx, this, CHILDREN, &keys, &values).await?;

@@ -205,7 +205,7 @@ mod own {
             })
             .unwrap();
         ledger.lose_next_commit.store(true, std::sync::atomic::Ordering::SeqCst);
-        assert!(ledger.record_terminals(std::slice::from_ref(&done)).is_err());
+        assert!(ledger.record_terminals(vec![done.clone()]).is_err());
         ledger.flush().unwrap();
         assert_eq!(ledger.load().unwrap().children, vec![done]);
     }

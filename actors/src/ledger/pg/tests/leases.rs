@@ -176,7 +176,7 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_more_and_is_told() {
     assert_eq!(*told.lock().unwrap(), vec!["s1".to_string()]);
     // Its completions are not recorded either, and come back in their order.
     let rows = vec![child_of("s1", "deleg_1"), child_of("s2", "deleg_2")];
-    let stored = a.record_terminals(&rows).unwrap();
+    let stored = a.record_terminals(rows.clone()).unwrap();
     assert_eq!(stored.iter().map(|r| &r.session_id).collect::<Vec<_>>(), ["s1", "s2"]);
     assert!(b.call_children("s1", "deleg_1").unwrap().is_empty());
     assert_eq!(b.call_children("s2", "deleg_2").unwrap().len(), 1);
