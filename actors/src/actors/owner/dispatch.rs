@@ -87,10 +87,8 @@ impl SessionOwner {
         };
         let units = plan_units(&call_id, &call.tasks, call.independent_completions);
         view.session.next_set = set.saturating_add(1);
-        let mut children: Vec<ChildRow> = units
-            .iter()
-            .flat_map(|u| u.tasks.iter().map(|&i| queued_child(&call, u, i)))
-            .collect();
+        let mut children: Vec<ChildRow> = Vec::with_capacity(call.tasks.len());
+        children.extend(units.iter().flat_map(|u| u.tasks.iter().map(|&i| queued_child(&call, u, i))));
         children.sort_by_key(|c| c.task_index);
         // The children capacity has room for start at once, their running marks one start row
         // flushed with the call: a dispatch costs one flush, not one for the call and another
@@ -403,12 +401,18 @@ impl SessionOwner {
     /// again (they never ran).
     fn start_children(&mut self, rows: Vec<ChildRow>, ctx: &mut Context<Self>) {
         let me = ctx.address();
-        let mut new_units: Vec<(supervise::Mailbox<Unit>, UnitRow)> = Vec::new();
-        let mut batches: Vec<UnitBatch> = Vec::new();
-        let mut batch_of: foldhash::HashMap<String, usize> = foldhash::HashMap::default();
+        // Sized once (a unit per child at most): a call of independent children has a thousand
+        // units, and growing these by doubling touched twice the memory.
+        let mut new_units: Vec<(supervise::Mailbox<Unit>, UnitRow)> = Vec::with_capacity(rows.len());
+        let mut batches: Vec<UnitBatch> = Vec::with_capacity(rows.len());
+        let mut batch_of: foldhash::HashMap<String, usize> =
+            foldhash::HashMap::with_capacity_and_hasher(rows.len(), Default::default());
         // One allocation of the ids the children of a call share, for all its units.
         let mut ids_of: foldhash::HashMap<String, Arc<CallIds>> = foldhash::HashMap::default();
+        // Rows after the one in hand.
+        let mut rows_left = rows.len();
         for row in rows {
+            rows_left -= 1;
             // One lookup of the call for the child's task and unit.
             let Some(call) = self.book.calls.get_mut(&row.call_id) else {
                 continue;
@@ -451,7 +455,9 @@ impl SessionOwner {
                     };
                     // Unit `<call>-<k>` is at k - 1.
                     let unit_k = u32::try_from(unit_pos + 1).unwrap_or(u32::MAX);
-                    batches.push((addr, ids, unit_k, Vec::new()));
+                    // Room for the unit's members (usually all start together).
+                    let room = unit.row.tasks.len().min(rows_left + 1);
+                    batches.push((addr, ids, unit_k, Vec::with_capacity(room)));
                     batch_of.insert(row.unit_id.clone(), batches.len() - 1);
                     batches.len() - 1
                 }
