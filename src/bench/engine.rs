@@ -597,8 +597,17 @@ pub(super) fn rss_in_child(dir: &Path, opts: &Options, grouped: bool) -> anyhow:
         .and_then(|f| f.iter().find(|f| f["name"] == name))
         .and_then(|f| f["value"].as_f64())
         .context("the rss measurement printed no figure")?;
-    let figure = Figure::new(name, value, "bytes");
-    Ok(if grouped { figure.target("≤ 2048") } else { figure })
+    Ok(rss_figure(grouped, value))
+}
+
+/// The memory figure for `bytes` per live child: the default call shape's carries the target.
+fn rss_figure(grouped: bool, bytes: f64) -> Figure {
+    let figure = Figure::new(rss_figure_name(grouped), bytes, "bytes");
+    if grouped {
+        figure.target("≤ 2048")
+    } else {
+        figure
+    }
 }
 
 /// `rss_per_live_child_bytes` for calls in the default shape (one unit per call), and
@@ -670,12 +679,7 @@ pub(super) async fn rss(dir: &Path, durability: Durability, n: usize, grouped: b
         after = now;
     }
     b.shutdown();
-    let figure = Figure::new(
-        rss_figure_name(grouped),
-        after.saturating_sub(before) as f64 / n as f64,
-        "bytes",
-    );
-    Ok(if grouped { figure.target("≤ 2048") } else { figure })
+    Ok(rss_figure(grouped, after.saturating_sub(before) as f64 / n as f64))
 }
 
 /// The same children in 1,000 sessions and in one (same calls, same consumer).

@@ -111,8 +111,9 @@ impl std::fmt::Debug for Child {
 
 impl Child {
     /// A child for `row` (already marked running by its owner) of the call `ids` names, in
-    /// that call's unit `unit_k`, supervised by `unit`. Of the row it keeps what its terminal row repeats; the delivery
-    /// state of a child that has not ended is empty, and the ledger keeps a stored one anyway.
+    /// that call's unit `unit_k`, supervised by `unit`. Of the row it keeps what its terminal
+    /// row repeats; the delivery state of a child that has not ended is empty, and the ledger
+    /// keeps a stored one anyway.
     pub fn new(ids: Arc<CallIds>, unit_k: u32, row: ChildRow, task: Task, unit: WeakAddr<Unit>) -> Self {
         debug_assert_eq!(row.call_id, ids.call_id, "a child's call ids are its call's");
         debug_assert_eq!(row.session_id, ids.session_id, "a child's session is its call's");
@@ -171,7 +172,7 @@ impl Child {
         }
         let call_id = &self.ids.call_id;
         let row = ChildRow {
-            child_id: child_id(call_id, self.task_index),
+            child_id: self.child_id(),
             call_id: call_id.clone(),
             unit_id: unit_id(call_id, self.unit_k as usize),
             session_id: self.ids.session_id.clone(),

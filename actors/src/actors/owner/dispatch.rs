@@ -88,7 +88,11 @@ impl SessionOwner {
         let units = plan_units(&call_id, &call.tasks, call.independent_completions);
         view.session.next_set = set.saturating_add(1);
         let mut children: Vec<ChildRow> = Vec::with_capacity(call.tasks.len());
-        children.extend(units.iter().flat_map(|u| u.tasks.iter().map(|&i| queued_child(&call, u, i))));
+        children.extend(
+            units
+                .iter()
+                .flat_map(|u| u.tasks.iter().map(|&i| queued_child(&call, u, i))),
+        );
         children.sort_by_key(|c| c.task_index);
         // The children capacity has room for start at once, their running marks one start row
         // flushed with the call: a dispatch costs one flush, not one for the call and another
