@@ -60,8 +60,13 @@ pub struct SimSpec {
 }
 
 /// Reads a runner spec of `kind` strictly, naming the path of what is wrong (`env.A: invalid
-/// type …`).
+/// type …`). A spec is read once when its call is accepted and once per child run, so a good
+/// one is read directly; the path is tracked only to word the error of a bad one (tracking it
+/// costs an allocation per field).
 fn parse_spec<T: serde::de::DeserializeOwned>(kind: &str, spec: &serde_json::Value) -> Result<T, String> {
+    if let Ok(parsed) = T::deserialize(spec) {
+        return Ok(parsed);
+    }
     serde_path_to_error::deserialize(spec).map_err(|e| {
         let path = e.path().to_string();
         if path == "." {

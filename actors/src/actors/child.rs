@@ -18,10 +18,10 @@ use actix::prelude::*;
 use actix::WeakAddr;
 use futures::FutureExt;
 
-use super::coalescer::{Completion, HandOffError};
-use super::unit::{ChildStopped, Unit};
+use super::coalescer::{Ended, HandOffError, Terminal};
+use super::unit::{ChildStopped, Starting, Unit};
 use super::Engine;
-use crate::model::{child_id, now_ms, panic_message, unit_id, ChildRow, ChildStatus, DeliveryRow, Task};
+use crate::model::{child_id, now_ms, panic_message, ChildStatus, Task};
 use crate::runner::{Progress, RunContext, RunOutput};
 
 /// First hand-off retry delay; doubles up to [`HANDOFF_BACKOFF_MAX`].
@@ -90,9 +90,8 @@ enum Aside {
         /// Cancelled before it started: it ends at once, its runner never built.
         cancelled: Option<String>,
     },
-    /// Ended: its terminal row, kept until the owner recorded it, and the next hand-off
-    /// retry delay.
-    Ended { row: ChildRow, backoff: Duration },
+    /// Ended: how, kept until the owner recorded it, and the next hand-off retry delay.
+    Ended { end: Ended, backoff: Duration },
 }
 
 impl std::fmt::Debug for Child {
@@ -100,7 +99,7 @@ impl std::fmt::Debug for Child {
         let stage = match self.aside.as_deref() {
             Some(Aside::Waiting { .. }) => "starting".to_string(),
             None => "running".to_string(),
-            Some(Aside::Ended { row, .. }) => format!("ended {}", row.status),
+            Some(Aside::Ended { end, .. }) => format!("ended {}", end.status),
         };
         f.debug_struct("Child")
             .field("child_id", &self.child_id())
@@ -110,30 +109,22 @@ impl std::fmt::Debug for Child {
 }
 
 impl Child {
-    /// A child for `row` (already marked running by its owner) of the call `ids` names, in
-    /// that call's unit `unit_k`, supervised by `unit`. Of the row it keeps what its terminal
-    /// row repeats; the delivery state of a child that has not ended is empty, and the ledger
+    /// A child (already marked running by its owner, as `start` says) of the call `ids` names,
+    /// in that call's unit `unit_k`, supervised by `unit`. Its terminal row is made from these
+    /// when it ends; the delivery state of a child that has not ended is empty, and the ledger
     /// keeps a stored one anyway.
-    pub fn new(ids: Arc<CallIds>, unit_k: u32, row: ChildRow, task: Task, unit: WeakAddr<Unit>) -> Self {
-        debug_assert_eq!(row.call_id, ids.call_id, "a child's call ids are its call's");
-        debug_assert_eq!(row.session_id, ids.session_id, "a child's session is its call's");
-        // Its unit's id is made again from the ordinal when it ends.
-        debug_assert_eq!(
-            row.unit_id,
-            unit_id(&row.call_id, unit_k as usize),
-            "a child's unit is `<call>-<k>`"
-        );
+    pub fn new(ids: Arc<CallIds>, unit_k: u32, start: Starting, task: Task, unit: WeakAddr<Unit>) -> Self {
         Child {
             ids,
             unit,
             progress: Progress::new(),
             aside: Some(Box::new(Aside::Waiting { task, cancelled: None })),
             runner: None,
-            started_at_ms: row.started_at_ms.unwrap_or(NOT_STARTED),
-            task_index: row.task_index,
+            started_at_ms: start.started_at_ms.unwrap_or(NOT_STARTED),
+            task_index: start.task_index,
             unit_k,
-            attempt: row.attempt,
-            recovered: row.recovered,
+            attempt: start.attempt,
+            recovered: start.recovered,
         }
     }
 
@@ -170,43 +161,32 @@ impl Child {
             // process group when dropped).
             ctx.cancel_future(handle);
         }
-        let call_id = &self.ids.call_id;
-        let row = ChildRow {
-            child_id: self.child_id(),
-            call_id: call_id.clone(),
-            unit_id: unit_id(call_id, self.unit_k as usize),
-            session_id: self.ids.session_id.clone(),
+        let end = Ended {
+            ids: self.ids.clone(),
+            unit_k: self.unit_k,
             task_index: self.task_index,
+            attempt: self.attempt,
+            recovered: self.recovered,
             status,
             summary,
             error,
             started_at_ms: (self.started_at_ms != NOT_STARTED).then_some(self.started_at_ms),
-            finished_at_ms: Some(now_ms()),
-            attempt: self.attempt,
-            recovered: self.recovered,
-            result: DeliveryRow::default(),
-            notice: DeliveryRow::default(),
+            finished_at_ms: now_ms(),
         };
-        tracing::debug!(child = %row.child_id, status = %status, "child ended");
+        tracing::debug!(child = %self.child_id(), status = %status, "child ended");
         self.aside = Some(Box::new(Aside::Ended {
-            row,
+            end,
             backoff: HANDOFF_BACKOFF_START,
         }));
         self.hand_off(ctx);
     }
 
     fn hand_off(&mut self, ctx: &mut Context<Self>) {
-        let Some(Aside::Ended { row, .. }) = self.aside.as_deref() else {
+        let Some(Aside::Ended { end, .. }) = self.aside.as_deref() else {
             return;
         };
-        let msg = Completion { row: row.clone() };
-        let coalescer = self.ids.engine.coalescer();
-        async move {
-            match coalescer {
-                Some(c) => c.send(msg).await.unwrap_or(Err(HandOffError::Stopped)),
-                None => Err(HandOffError::Stopped),
-            }
-        }
+        let answer = self.ids.engine.hand_off(Terminal::Ended(end.clone()));
+        async move { answer.await.unwrap_or(Err(HandOffError::Stopped)) }
         .into_actor(self)
         .map(|res, act, ctx| match res {
             Ok(_) => ctx.stop(),

@@ -16,10 +16,11 @@ use std::sync::Arc;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
+use super::child::CallIds;
 use super::owner::Recorded;
 use super::Owners;
 use crate::ledger::{Ledger, LedgerError};
-use crate::model::{ChildRow, ChildStatus};
+use crate::model::{child_id, unit_id, ChildRow, ChildStatus, DeliveryRow};
 
 /// Rows written per batch at most; more wait for the next batch.
 const MAX_BATCH: usize = 8192;
@@ -42,21 +43,97 @@ pub enum HandOffError {
     Moved,
 }
 
-/// A terminal child row to record and publish. Answered, once its owner recorded it, with
-/// the status stored: the row's own, or that of a terminal row recorded before it (a retried
-/// hand-off, or a child cancelled while it ended).
+/// A terminal child row to record and publish. Answered on `reply`, once its owner recorded
+/// it, with the status stored: the row's own, or that of a terminal row recorded before it (a
+/// retried hand-off, or a child cancelled while it ended); a coalescer that stops first drops
+/// `reply` unanswered.
+///
+/// Sent with `do_send` ([`Engine::hand_off`](super::Engine::hand_off)), past the mailbox's
+/// bound: what bounds the coalescer's queue is the live children, each of which hands off one
+/// row at a time and waits for its answer (and capacity bounds the live children).
 #[derive(Debug, Message)]
-#[rtype(result = "Result<ChildStatus, HandOffError>")]
+#[rtype(result = "()")]
 pub struct Completion {
-    /// The terminal row.
-    pub row: ChildRow,
+    /// The terminal row, or what it is made of.
+    pub terminal: Terminal,
+    /// Where the answer goes.
+    pub reply: Reply,
+}
+
+/// A terminal row to record: whole (a cancel the owner decided), or as a child ended.
+#[derive(Debug, Clone)]
+pub enum Terminal {
+    /// The row itself.
+    Row(ChildRow),
+    /// A child's end, its row made by the coalescer.
+    Ended(Ended),
+}
+
+impl Terminal {
+    /// The row to record.
+    fn into_row(self) -> ChildRow {
+        match self {
+            Terminal::Row(row) => row,
+            Terminal::Ended(end) => end.into_row(),
+        }
+    }
+}
+
+/// How a child ended, with what its terminal row repeats of its call: the row is made from
+/// these where it is written, so a child neither builds the four ids a row repeats nor copies
+/// them to keep them until it is answered.
+#[derive(Debug, Clone)]
+pub struct Ended {
+    /// Its call's ids.
+    pub ids: Arc<CallIds>,
+    /// Its unit's ordinal in the call (`<call>-<k>`).
+    pub unit_k: u32,
+    /// Its task's index in the call.
+    pub task_index: u32,
+    /// Its execution attempt.
+    pub attempt: u32,
+    /// Whether recovery replayed it.
+    pub recovered: bool,
+    /// How it ended.
+    pub status: ChildStatus,
+    /// Its summary (or the partial result it handed back).
+    pub summary: Option<String>,
+    /// What went wrong.
+    pub error: Option<String>,
+    /// When its runner started.
+    pub started_at_ms: Option<u64>,
+    /// When it ended.
+    pub finished_at_ms: u64,
+}
+
+impl Ended {
+    /// Its terminal row; its delivery state empty (the ledger keeps a stored one).
+    pub fn into_row(self) -> ChildRow {
+        let call_id = &self.ids.call_id;
+        ChildRow {
+            child_id: child_id(call_id, self.task_index),
+            call_id: call_id.clone(),
+            unit_id: unit_id(call_id, self.unit_k as usize),
+            session_id: self.ids.session_id.clone(),
+            task_index: self.task_index,
+            status: self.status,
+            summary: self.summary,
+            error: self.error,
+            started_at_ms: self.started_at_ms,
+            finished_at_ms: Some(self.finished_at_ms),
+            attempt: self.attempt,
+            recovered: self.recovered,
+            result: DeliveryRow::default(),
+            notice: DeliveryRow::default(),
+        }
+    }
 }
 
 /// How a child hears what became of its completion.
-type Reply = oneshot::Sender<Result<ChildStatus, HandOffError>>;
+pub type Reply = oneshot::Sender<Result<ChildStatus, HandOffError>>;
 
 struct Pending {
-    row: ChildRow,
+    terminal: Terminal,
     reply: Reply,
 }
 
@@ -119,7 +196,11 @@ impl Coalescer {
         }
         let take = self.pending.len().min(MAX_BATCH);
         // The rows go to the ledger (the children keep their own copies until answered).
-        let (rows, batch): (Vec<ChildRow>, Vec<Reply>) = self.pending.drain(..take).map(|p| (p.row, p.reply)).unzip();
+        let (rows, batch): (Vec<ChildRow>, Vec<Reply>) = self
+            .pending
+            .drain(..take)
+            .map(|p| (p.terminal.into_row(), p.reply))
+            .unzip();
         self.in_flight = true;
         self.batches += 1;
         let ledger = self.ledger.clone();
@@ -243,16 +324,15 @@ impl Actor for Coalescer {
 }
 
 impl Handler<Completion> for Coalescer {
-    type Result = ResponseFuture<Result<ChildStatus, HandOffError>>;
+    type Result = ();
 
-    fn handle(&mut self, msg: Completion, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: Completion, ctx: &mut Context<Self>) {
         if crate::failpoints::fires("coalescer_handler") {
             panic!("injected fault: coalescer_handler");
         }
-        let (tx, rx) = oneshot::channel();
         self.pending.push(Pending {
-            row: msg.row,
-            reply: tx,
+            terminal: msg.terminal,
+            reply: msg.reply,
         });
         if self.pending.len() >= MAX_BATCH {
             if let Some(timer) = self.gathering.take() {
@@ -262,6 +342,5 @@ impl Handler<Completion> for Coalescer {
             }
         }
         self.start_batch(ctx);
-        Box::pin(async move { rx.await.unwrap_or(Err(HandOffError::Stopped)) })
     }
 }

@@ -143,6 +143,22 @@ impl Engine {
         self.coalescer.read().ok().and_then(|c| c.clone())
     }
 
+    /// Hands a terminal row to the current coalescer (without a copy of its address: copying
+    /// an actix address allocates twice), and returns where its answer comes. With no
+    /// coalescer, or one that stops before answering, the answer is dropped unsent.
+    pub(crate) fn hand_off(
+        &self,
+        terminal: coalescer::Terminal,
+    ) -> tokio::sync::oneshot::Receiver<Result<crate::model::ChildStatus, coalescer::HandOffError>> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if let Ok(current) = self.coalescer.read() {
+            if let Some(c) = current.as_ref() {
+                c.do_send(coalescer::Completion { terminal, reply });
+            }
+        }
+        answer
+    }
+
     pub(crate) fn set_coalescer(&self, addr: Option<Addr<coalescer::Coalescer>>) {
         if let Ok(mut c) = self.coalescer.write() {
             *c = addr;

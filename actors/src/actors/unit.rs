@@ -7,7 +7,8 @@
 //! child → coalescer → owner.
 //!
 //! The owner runs each unit under a restart policy: a unit whose handler panicked is replaced,
-//! and a `StartChildren` it never acknowledged is queued again, so no child is lost or run twice.
+//! and the children a `StartChildren` held that the unit never started are queued again (the
+//! message reports them when it is dropped), so no child is lost or run twice.
 
 use std::sync::Arc;
 
@@ -15,21 +16,88 @@ use actix::prelude::*;
 use actix::WeakAddr;
 
 use super::child::{CallIds, Cancel, Child};
-use super::owner::SessionOwner;
+use super::owner::{SessionOwner, StartLost};
 use super::Engine;
-use crate::model::{ChildRow, Task, UnitRow};
+use crate::model::{child_id, ChildRow, Task, UnitRow};
 
-/// Start member children (their rows already marked running). Answered once they started;
-/// a unit that dies first drops the message, and its sender queues them again.
-#[derive(Debug, Message)]
+/// Start member children (their rows already marked running). Sent without an answer: the
+/// message itself reports to the owner each child it still holds when it is dropped (the unit
+/// died before starting it, or was gone when it was sent), and the owner queues those again.
+#[derive(Message)]
 #[rtype(result = "()")]
 pub struct StartChildren {
     /// The ids the children's rows share (every child of one message is of one call).
-    pub ids: Arc<CallIds>,
+    ids: Arc<CallIds>,
     /// The unit's ordinal k in its call (`<call>-<k>`).
-    pub unit_k: u32,
-    /// Each child's row and task.
-    pub children: Vec<(ChildRow, Task)>,
+    unit_k: u32,
+    /// The children not started yet, each with its task.
+    children: std::vec::IntoIter<(Starting, Task)>,
+    /// Told of the children never started.
+    owner: WeakAddr<SessionOwner>,
+}
+
+impl StartChildren {
+    /// `children` of the call `ids` names, for its unit `unit_k`, from `owner`.
+    pub fn new(ids: Arc<CallIds>, unit_k: u32, children: Vec<(Starting, Task)>, owner: WeakAddr<SessionOwner>) -> Self {
+        StartChildren {
+            ids,
+            unit_k,
+            children: children.into_iter(),
+            owner,
+        }
+    }
+}
+
+impl std::fmt::Debug for StartChildren {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StartChildren")
+            .field("call_id", &self.ids.call_id)
+            .field("unit_k", &self.unit_k)
+            .field("children", &self.children.len())
+            .finish()
+    }
+}
+
+impl Drop for StartChildren {
+    fn drop(&mut self) {
+        if self.children.len() == 0 {
+            return;
+        }
+        let Some(owner) = self.owner.upgrade() else {
+            return; // its successor queues them again: they are not among the live children
+        };
+        for (start, _) in self.children.by_ref() {
+            owner.do_send(StartLost {
+                child_id: child_id(&self.ids.call_id, start.task_index),
+            });
+        }
+    }
+}
+
+/// What a child needs of its row to start: the rest is its call's ([`CallIds`]) or made again
+/// when it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Starting {
+    /// Its task's index in the call.
+    pub task_index: u32,
+    /// Its execution attempt.
+    pub attempt: u32,
+    /// When its running mark was made.
+    pub started_at_ms: Option<u64>,
+    /// Whether recovery replayed it.
+    pub recovered: bool,
+}
+
+impl Starting {
+    /// What `row` holds of it.
+    pub fn of(row: &ChildRow) -> Self {
+        Starting {
+            task_index: row.task_index,
+            attempt: row.attempt,
+            started_at_ms: row.started_at_ms,
+            recovered: row.recovered,
+        }
+    }
 }
 
 /// Cancel members: a running one is told to end `cancelled`; one not started here yet ends so
@@ -117,18 +185,18 @@ impl Actor for Unit {
 impl Handler<StartChildren> for Unit {
     type Result = ();
 
-    fn handle(&mut self, msg: StartChildren, ctx: &mut Context<Self>) {
+    fn handle(&mut self, mut msg: StartChildren, ctx: &mut Context<Self>) {
         if crate::failpoints::fires("unit_handler") {
             panic!("injected fault: unit_handler (unit {})", self.unit_id);
         }
         // One weak address for every child: it tells this unit when it stops, and holds no
         // sender (nor its allocation) of its own.
         let me = ctx.address().downgrade();
-        for (row, task) in msg.children {
-            let index = row.task_index;
+        for (start, task) in msg.children.by_ref() {
+            let index = start.task_index;
             if !self
                 .engine
-                .child_starting(&row.call_id, index, || self.owner.connected())
+                .child_starting(&msg.ids.call_id, index, || self.owner.connected())
             {
                 // The owner that admitted this child died; its successor queues the child
                 // again (it is not among the live children), so starting it here would run
@@ -140,7 +208,7 @@ impl Handler<StartChildren> for Unit {
                 .iter()
                 .position(|(t, _)| *t == index)
                 .map(|at| self.cancelled.swap_remove(at).1);
-            let child = Child::new(msg.ids.clone(), msg.unit_k, row, task, me.clone()).cancelled(cancelled);
+            let child = Child::new(msg.ids.clone(), msg.unit_k, start, task, me.clone()).cancelled(cancelled);
             // Kept weak: a child lives while its runner, clocks or hand-off do, and stops
             // itself; a strong address per child would cost a sender of its own.
             let addr = child.start().downgrade();

@@ -204,6 +204,28 @@ impl Book {
         self.calls.get_mut(call)?.units.get_mut(k.checked_sub(1)? as usize)
     }
 
+    /// Marks the child `child_id` running from `now`, unless a cancel of it is being recorded
+    /// (or was: it stays as its cancel left it); whether it was marked.
+    pub(super) fn mark_running(&mut self, child_id: &str, now: u64) -> bool {
+        let Some((call, i)) = parse_child_id(child_id) else {
+            return false;
+        };
+        let Some(state) = self.calls.get_mut(call) else {
+            return false;
+        };
+        if state.cancelling.contains(&i) {
+            return false;
+        }
+        match state.children.get_mut(i as usize) {
+            Some(Some(row)) => {
+                row.status = ChildStatus::Running;
+                row.started_at_ms = Some(now);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Whether a cancel of the child `row` is being recorded (or was).
     pub(super) fn cancelling(&self, row: &ChildRow) -> bool {
         self.calls

@@ -14,8 +14,9 @@ use futures::future::join_all;
 use super::persist::{BatchView, Decided};
 use super::{Durable, EndNested, SessionOwner};
 use crate::actors::child::{HANDOFF_BACKOFF_MAX, HANDOFF_BACKOFF_START};
-use crate::actors::coalescer::Completion;
+use crate::actors::coalescer::Terminal;
 use crate::actors::unit::CancelChildren;
+use crate::actors::Engine;
 use crate::error::BroodError;
 use crate::events::Event;
 use crate::model::*;
@@ -64,8 +65,7 @@ impl SessionOwner {
                     already_finished,
                 });
             }
-            let coalescer = engine.coalescer().ok_or(BroodError::Stopped)?;
-            let mut cancelled = record_all(&coalescer, rows).await?;
+            let mut cancelled = record_all(&engine, rows).await?;
             engine.events.emit(&session, || Event::Cancel {
                 kind: target.kind(),
                 id: target.id().to_string(),
@@ -196,14 +196,11 @@ pub(crate) async fn end_nested(
 
 /// Hands the cancelled rows to the coalescer, each as a child's end is handed over (a failed
 /// hand-off is tried again, as a child tries again); the ids of those it stored `cancelled`.
-async fn record_all(
-    coalescer: &Addr<crate::actors::coalescer::Coalescer>,
-    rows: Vec<ChildRow>,
-) -> Result<Vec<String>, BroodError> {
+async fn record_all(engine: &Engine, rows: Vec<ChildRow>) -> Result<Vec<String>, BroodError> {
     let sends = rows.into_iter().map(|row| async move {
         let mut backoff = HANDOFF_BACKOFF_START;
         loop {
-            match coalescer.send(Completion { row: row.clone() }).await {
+            match engine.hand_off(Terminal::Row(row.clone())).await {
                 Ok(Ok(status)) => return Ok((row.child_id, status)),
                 Ok(Err(e)) => {
                     tracing::warn!(child = %row.child_id, retry_in = ?backoff, "recording a cancel failed: {e}");

@@ -10,11 +10,12 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use super::persist::{BatchView, Decided, Step};
-use super::{answer, Delegate, Delegated, Durable, SessionInfo, SessionOwner, StartLost, UnitExited};
+use super::{answer, Delegate, Delegated, Durable, SessionInfo, SessionOwner, UnitExited};
 use crate::actors::child::CallIds;
 use crate::actors::supervise::{self, Decision, Exit};
-use crate::actors::unit::{StartChildren, Unit};
+use crate::actors::unit::{StartChildren, Starting, Unit};
 use crate::error::BroodError;
+use crate::events::Event;
 use crate::ledger::Writes;
 use crate::model::*;
 use crate::recovery::queued_child;
@@ -138,8 +139,8 @@ impl SessionOwner {
             if let Ok(mut a) = accepted.lock() {
                 *a = Some(call_id.clone());
             }
-            let running: Vec<ChildRow> = children[..started].to_vec();
-            for c in &running {
+            let running: Vec<u32> = children[..started].iter().map(|c| c.task_index).collect();
+            for c in &children[..started] {
                 act.capacity.start_now(c.child_id.clone());
                 act.emit_status(c, ChildStatus::Queued);
             }
@@ -150,11 +151,13 @@ impl SessionOwner {
             let booked: Vec<(UnitRow, usize, Option<u32>)> = units.iter().map(|u| (u.clone(), 0, None)).collect();
             act.engine.calls.insert(call_id.clone(), act.session.session_id.clone());
             act.book.insert_call(call, booked, children);
+            let starts: Vec<(&str, u32)> = running.iter().map(|&i| (call_id.as_str(), i)).collect();
+            act.start_children(&starts, ctx);
+            drop(starts);
             match mode {
                 Mode::Sync => act.wait_sync(&call_id, reply, units, forced_sync_reason),
                 Mode::Background => answer(reply, Ok(Delegated::Background { call_id, set, units })),
             }
-            act.start_children(running, ctx);
             act.admit(ctx);
         };
         Decided::Step(Step {
@@ -271,24 +274,27 @@ impl SessionOwner {
         if ids.is_empty() {
             return;
         }
-        let (now, mut durable, mut rows) = (now_ms(), Vec::new(), Vec::new());
+        let (now, mut durable, mut rerun) = (now_ms(), Vec::new(), Vec::new());
         for id in ids {
-            let rerun = self
+            let may_rerun = self
                 .book
                 .child(&id)
                 .and_then(|r| self.book.task_of(r))
                 .is_some_and(|t| t.rerun_on_recovery);
-            if !rerun {
+            if !may_rerun {
                 durable.push(id);
             } else if let Some(row) = self.book.child_mut(&id) {
                 row.status = ChildStatus::Running;
                 row.started_at_ms = Some(now);
-                rows.push(row.clone());
+                rerun.push(id);
             }
         }
-        if !rows.is_empty() {
-            self.write_unflushed(self.start_marks(&rows, now).0);
-            self.start_children(rows, ctx);
+        if !rerun.is_empty() {
+            let rows: Vec<&ChildRow> = rerun.iter().filter_map(|id| self.book.child(id)).collect();
+            let marks = self.start_marks(&rows, now).0;
+            self.write_unflushed(marks);
+            let starts: Vec<(&str, u32)> = rerun.iter().filter_map(|id| parse_child_id(id)).collect();
+            self.start_children(&starts, ctx);
         }
         if !durable.is_empty() {
             self.submit(Durable::Start(durable), ctx);
@@ -299,27 +305,21 @@ impl SessionOwner {
     /// durable; on failure they go back to the head of the queue and admission tries again.
     pub(super) fn decide_start(&mut self, ids: Vec<String>) -> Decided<Durable> {
         let now = now_ms();
-        let marked: Vec<ChildRow> = ids
-            .iter()
-            .filter_map(|id| self.book.child(id).cloned())
-            .map(|mut r| {
-                r.status = ChildStatus::Running;
-                r.started_at_ms = Some(now);
-                r
-            })
-            .collect();
-        let (writes, restore) = self.start_marks(&marked, now);
+        let rows: Vec<&ChildRow> = ids.iter().filter_map(|id| self.book.child(id)).collect();
+        let (writes, restore) = self.start_marks(&rows, now);
+        drop(rows);
         Decided::Step(Step {
             writes,
             restore,
             then: Box::new(move |act, ctx, res| match res {
                 Ok(()) => {
                     // One cancelled meanwhile stays as its cancel left it, and does not start.
-                    let marked: Vec<ChildRow> = marked.into_iter().filter(|r| !act.book.cancelling(r)).collect();
-                    for row in &marked {
-                        act.book.put_child(row.clone());
-                    }
-                    act.start_children(marked, ctx);
+                    let starts: Vec<(&str, u32)> = ids
+                        .iter()
+                        .filter(|id| act.book.mark_running(id, now))
+                        .filter_map(|id| parse_child_id(id))
+                        .collect();
+                    act.start_children(&starts, ctx);
                 }
                 Err(e) => {
                     tracing::warn!(session = %act.session.session_id, "running marks not durable ({e}); the children wait");
@@ -332,15 +332,20 @@ impl SessionOwner {
         })
     }
 
-    /// The running marks of `marked` (rows set running at `now`), and the writes that take them
-    /// back: one start row per call for the children without a row of their own, their own
-    /// row (back to queued, to take back) for those with one.
-    fn start_marks(&self, marked: &[ChildRow], now: u64) -> (Writes, Writes) {
+    /// The running marks of the children `rows` (their rows, set running at `now` or about to
+    /// be), and the writes that take them back: one start row per call for the children
+    /// without a row of their own, their own row (running, and back to queued to take it
+    /// back) for those with one.
+    fn start_marks(&self, rows: &[&ChildRow], now: u64) -> (Writes, Writes) {
         let (mut writes, mut restore) = (Writes::default(), Writes::default());
         let mut fresh: Vec<(&str, u32)> = Vec::new();
-        for row in marked {
+        for &row in rows {
             if self.book.rowed.contains(&row.child_id) {
-                writes.children.push(row.clone());
+                writes.children.push(ChildRow {
+                    status: ChildStatus::Running,
+                    started_at_ms: Some(now),
+                    ..row.clone()
+                });
                 restore.children.push(ChildRow {
                     status: ChildStatus::Queued,
                     started_at_ms: None,
@@ -398,43 +403,49 @@ impl SessionOwner {
         })
     }
 
-    /// Hands started children to their unit actors (starting a unit actor where needed), in
-    /// one hop to the children's thread: this thread only makes the new units' mailboxes and
-    /// groups the children by unit; the units are started, and each handed its children in
-    /// one message, over there. A unit that dies before starting its children has them queued
-    /// again (they never ran).
-    fn start_children(&mut self, rows: Vec<ChildRow>, ctx: &mut Context<Self>) {
+    /// Hands started children (their rows marked running in the book), named by call and task
+    /// index, to their unit actors: each unit is sent its children in one message, and the
+    /// units not running yet are started in one hop to the children's thread (this thread only
+    /// makes their mailboxes, where the messages wait). Children a unit never starts are
+    /// reported back by their message and queued again (they never ran).
+    fn start_children(&mut self, starts: &[(&str, u32)], ctx: &mut Context<Self>) {
         let me = ctx.address();
+        let owner = me.downgrade();
+        let mut new_units: Vec<(supervise::Mailbox<Unit>, UnitRow)> = Vec::new();
         // Sized once (a unit per child at most): a call of independent children has a thousand
         // units, and growing these by doubling touched twice the memory.
-        let mut new_units: Vec<(supervise::Mailbox<Unit>, UnitRow)> = Vec::with_capacity(rows.len());
-        let mut batches: Vec<UnitBatch> = Vec::with_capacity(rows.len());
-        let mut batch_of: foldhash::HashMap<String, usize> =
-            foldhash::HashMap::with_capacity_and_hasher(rows.len(), Default::default());
+        let mut batches: Vec<UnitBatch> = Vec::with_capacity(starts.len());
+        let mut batch_of: foldhash::HashMap<(&str, usize), usize> =
+            foldhash::HashMap::with_capacity_and_hasher(starts.len(), Default::default());
         // One allocation of the ids the children of a call share, for all its units.
-        let mut ids_of: foldhash::HashMap<String, Arc<CallIds>> = foldhash::HashMap::default();
-        // Rows after the one in hand.
-        let mut rows_left = rows.len();
-        for row in rows {
-            rows_left -= 1;
-            // One lookup of the call for the child's task and unit.
-            let Some(call) = self.book.calls.get_mut(&row.call_id) else {
+        let mut ids_of: foldhash::HashMap<&str, Arc<CallIds>> = foldhash::HashMap::default();
+        let session_id = &self.session.session_id;
+        let events = &self.engine.events;
+        for (at, &(call_id, i)) in starts.iter().enumerate() {
+            // One lookup of the call for the child's row, task and unit.
+            let Some(call) = self.book.calls.get_mut(call_id) else {
                 continue;
             };
-            if call.cancelling.contains(&row.task_index) {
+            if call.cancelling.contains(&i) {
                 continue; // its cancel is recorded instead
             }
-            let Some(task) = call.row.tasks.get(row.task_index as usize).cloned() else {
+            let (Some(row), Some(task), Some(unit_pos)) =
+                (call.child(i), call.row.tasks.get(i as usize), call.unit_pos(i))
+            else {
                 continue;
             };
-            let Some(unit_pos) = call.unit_pos(row.task_index) else {
-                continue;
-            };
+            let (start, task) = (Starting::of(row), task.clone());
+            events.emit(session_id, || Event::Child {
+                child_id: row.child_id.clone(),
+                call_id: row.call_id.clone(),
+                task_index: i,
+                status: row.status,
+            });
             let Some(unit) = call.units.get_mut(unit_pos) else {
                 continue;
             };
-            let slot = match batch_of.get(&row.unit_id) {
-                Some(&i) => i,
+            let slot = match batch_of.get(&(call_id, unit_pos)) {
+                Some(&b) => b,
                 None => {
                     let addr = match &unit.addr {
                         Some(addr) if addr.connected() => addr.clone(),
@@ -445,43 +456,38 @@ impl SessionOwner {
                             addr
                         }
                     };
-                    let ids = match ids_of.get(&row.call_id) {
-                        Some(ids) => Arc::clone(ids),
-                        None => {
-                            let ids = Arc::new(CallIds {
-                                session_id: row.session_id.clone(),
-                                call_id: row.call_id.clone(),
+                    let ids = ids_of
+                        .entry(call_id)
+                        .or_insert_with(|| {
+                            Arc::new(CallIds {
+                                session_id: session_id.clone(),
+                                call_id: call_id.to_string(),
                                 engine: self.shared.clone(),
-                            });
-                            ids_of.insert(row.call_id.clone(), Arc::clone(&ids));
-                            ids
-                        }
-                    };
+                            })
+                        })
+                        .clone();
                     // Unit `<call>-<k>` is at k - 1.
                     let unit_k = u32::try_from(unit_pos + 1).unwrap_or(u32::MAX);
                     // Room for the unit's members (usually all start together).
-                    let room = unit.row.tasks.len().min(rows_left + 1);
+                    let room = unit.row.tasks.len().min(starts.len() - at);
                     batches.push((addr, ids, unit_k, Vec::with_capacity(room)));
-                    batch_of.insert(row.unit_id.clone(), batches.len() - 1);
+                    batch_of.insert((call_id, unit_pos), batches.len() - 1);
                     batches.len() - 1
                 }
             };
-            batches[slot].3.push((row, task));
+            batches[slot].3.push((start, task));
         }
-        if batches.is_empty() {
+        // Into the units' mailboxes now; a new unit reads its own once it started.
+        for (addr, ids, unit_k, children) in batches {
+            addr.do_send(StartChildren::new(ids, unit_k, children, owner.clone()));
+        }
+        if new_units.is_empty() {
             return;
         }
-        for (row, _) in batches.iter().flat_map(|(_, _, _, children)| children) {
-            self.emit_child(row);
-        }
         let engine = self.shared.clone();
-        let owner = me.downgrade();
-        let mut pending = Unhanded {
-            batches,
-            owner: owner.clone(),
-        };
+        // If this never runs (the arbiter is gone), the mailboxes are dropped with it, and so
+        // are the messages waiting in them: each reports its children lost.
         let started = self.engine.children_arbiter.spawn_fn(move || {
-            let batches = std::mem::take(&mut pending.batches);
             for (mailbox, row) in new_units {
                 let unit_id = row.unit_id.clone();
                 let watcher = owner.clone();
@@ -493,23 +499,6 @@ impl SessionOwner {
                     }
                 });
             }
-            drop(me);
-            actix::spawn(async move {
-                let sends = batches.into_iter().map(|(addr, ids, unit_k, children)| async move {
-                    let child_ids: Vec<String> = children.iter().map(|(r, _)| r.child_id.clone()).collect();
-                    match addr.send(StartChildren { ids, unit_k, children }).await {
-                        Ok(()) => Vec::new(),
-                        Err(_) => child_ids,
-                    }
-                });
-                let lost: Vec<String> = futures::future::join_all(sends).await.into_iter().flatten().collect();
-                if let Some(owner) = owner.upgrade() {
-                    for child_id in lost {
-                        // Its unit died before starting it: it never ran, so queue it again.
-                        owner.do_send(StartLost { child_id });
-                    }
-                }
-            });
         });
         if !started {
             tracing::warn!("the children's arbiter is gone; the admitted children are queued again");
@@ -536,23 +525,5 @@ impl SessionOwner {
 }
 
 /// A unit's address, the ids its call's children share, its ordinal k in the call, and the
-/// children (rows and tasks) it is to start.
-type UnitBatch = (Addr<Unit>, Arc<CallIds>, u32, Vec<(ChildRow, Task)>);
-
-/// Children on their way to their units' thread: if they never get there (the arbiter is gone,
-/// so the closure carrying them is dropped), each is reported lost, and queued again.
-struct Unhanded {
-    batches: Vec<UnitBatch>,
-    owner: actix::WeakAddr<SessionOwner>,
-}
-
-impl Drop for Unhanded {
-    fn drop(&mut self) {
-        let Some(owner) = self.owner.upgrade() else { return };
-        for (_, _, _, children) in self.batches.drain(..) {
-            for (row, _) in children {
-                owner.do_send(StartLost { child_id: row.child_id });
-            }
-        }
-    }
-}
+/// children it is to start.
+type UnitBatch = (Addr<Unit>, Arc<CallIds>, u32, Vec<(Starting, Task)>);

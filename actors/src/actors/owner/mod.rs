@@ -652,8 +652,8 @@ struct UnitExited {
 /// A child handed to a unit actor that died before starting it.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-struct StartLost {
-    child_id: String,
+pub(crate) struct StartLost {
+    pub(crate) child_id: String,
 }
 
 impl Handler<UnitExited> for SessionOwner {
