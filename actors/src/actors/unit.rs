@@ -18,7 +18,7 @@ use actix::WeakAddr;
 use super::child::{CallIds, Cancel, Child};
 use super::owner::{SessionOwner, StartLost};
 use super::Engine;
-use crate::model::{child_id, ChildRow, Task, UnitRow};
+use crate::model::{child_id, ChildRow, Task};
 
 /// Start member children (their rows already marked running). Sent without an answer: the
 /// message itself reports to the owner each child it still holds when it is dropped (the unit
@@ -130,7 +130,9 @@ pub struct Unit {
     /// Task indexes of its members, ascending.
     tasks: Box<[u32]>,
     engine: Arc<Engine>,
-    owner: Addr<SessionOwner>,
+    /// Its owner's address, one shared by every unit an admission started (copying an actix
+    /// address allocates twice).
+    owner: Arc<Addr<SessionOwner>>,
     /// Children started here and not yet stopped, by their place in `tasks`: one slot per
     /// member, allocated once.
     children: Vec<Option<WeakAddr<Child>>>,
@@ -154,15 +156,16 @@ impl std::fmt::Debug for Unit {
 }
 
 impl Unit {
-    /// A unit actor for `row`, owned by `owner`.
-    pub fn new(row: UnitRow, engine: Arc<Engine>, owner: Addr<SessionOwner>) -> Self {
+    /// A unit actor for the unit `unit_id` of the members `tasks` (task indexes, ascending),
+    /// owned by `owner`.
+    pub fn new(unit_id: String, tasks: Box<[u32]>, engine: Arc<Engine>, owner: Arc<Addr<SessionOwner>>) -> Self {
         Unit {
             children: Vec::new(),
             live: 0,
             keep: None,
             cancelled: Vec::new(),
-            unit_id: row.unit_id,
-            tasks: row.tasks.into_boxed_slice(),
+            unit_id,
+            tasks,
             engine,
             owner,
         }

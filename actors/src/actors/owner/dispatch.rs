@@ -409,12 +409,14 @@ impl SessionOwner {
     /// makes their mailboxes, where the messages wait). Children a unit never starts are
     /// reported back by their message and queued again (they never ran).
     fn start_children(&mut self, starts: &[(&str, u32)], ctx: &mut Context<Self>) {
-        let me = ctx.address();
+        // One address of this owner for every unit started here (copying an actix address
+        // allocates twice).
+        let me = Arc::new(ctx.address());
         let owner = me.downgrade();
-        let mut new_units: Vec<(supervise::Mailbox<Unit>, UnitRow)> = Vec::new();
+        let mut new_units: Vec<NewUnit> = Vec::new();
         // Sized once (a unit per child at most): a call of independent children has a thousand
         // units, and growing these by doubling touched twice the memory.
-        let mut batches: Vec<UnitBatch> = Vec::with_capacity(starts.len());
+        let mut batches: Vec<UnitBatch<'_>> = Vec::with_capacity(starts.len());
         let mut batch_of: foldhash::HashMap<(&str, usize), usize> =
             foldhash::HashMap::with_capacity_and_hasher(starts.len(), Default::default());
         // One allocation of the ids the children of a call share, for all its units.
@@ -447,15 +449,6 @@ impl SessionOwner {
             let slot = match batch_of.get(&(call_id, unit_pos)) {
                 Some(&b) => b,
                 None => {
-                    let addr = match &unit.addr {
-                        Some(addr) if addr.connected() => addr.clone(),
-                        _ => {
-                            let (addr, mailbox) = supervise::mailbox();
-                            new_units.push((mailbox, unit.row.clone()));
-                            unit.addr = Some(addr.clone());
-                            addr
-                        }
-                    };
                     let ids = ids_of
                         .entry(call_id)
                         .or_insert_with(|| {
@@ -468,18 +461,34 @@ impl SessionOwner {
                         .clone();
                     // Unit `<call>-<k>` is at k - 1.
                     let unit_k = u32::try_from(unit_pos + 1).unwrap_or(u32::MAX);
+                    if !unit.addr.as_ref().is_some_and(|a| a.connected()) {
+                        let (addr, mailbox) = supervise::mailbox();
+                        unit.addr = Some(addr);
+                        new_units.push(NewUnit {
+                            mailbox,
+                            unit_id: unit.row.unit_id.clone(),
+                            tasks: unit.row.tasks.as_slice().into(),
+                            ids: ids.clone(),
+                            unit_k,
+                        });
+                    }
                     // Room for the unit's members (usually all start together).
                     let room = unit.row.tasks.len().min(starts.len() - at);
-                    batches.push((addr, ids, unit_k, Vec::with_capacity(room)));
+                    batches.push((call_id, unit_pos, ids, unit_k, Vec::with_capacity(room)));
                     batch_of.insert((call_id, unit_pos), batches.len() - 1);
                     batches.len() - 1
                 }
             };
-            batches[slot].3.push((start, task));
+            batches[slot].4.push((start, task));
         }
-        // Into the units' mailboxes now; a new unit reads its own once it started.
-        for (addr, ids, unit_k, children) in batches {
-            addr.do_send(StartChildren::new(ids, unit_k, children, owner.clone()));
+        // Into the units' mailboxes now; a new unit reads its own once it started. A message
+        // with no unit to go to reports its children lost as it is dropped.
+        for (call_id, unit_pos, ids, unit_k, children) in batches {
+            let msg = StartChildren::new(ids, unit_k, children, owner.clone());
+            let unit = self.book.calls.get(call_id).and_then(|c| c.units.get(unit_pos));
+            if let Some(addr) = unit.and_then(|u| u.addr.as_ref()) {
+                addr.do_send(msg);
+            }
         }
         if new_units.is_empty() {
             return;
@@ -488,12 +497,14 @@ impl SessionOwner {
         // If this never runs (the arbiter is gone), the mailboxes are dropped with it, and so
         // are the messages waiting in them: each reports its children lost.
         let started = self.engine.children_arbiter.spawn_fn(move || {
-            for (mailbox, row) in new_units {
-                let unit_id = row.unit_id.clone();
+            for u in new_units {
                 let watcher = owner.clone();
-                supervise::run_here(mailbox, Unit::new(row, engine.clone(), me.clone()), move |exit| {
+                let unit = Unit::new(u.unit_id, u.tasks, engine.clone(), me.clone());
+                let (ids, unit_k) = (u.ids, u.unit_k);
+                supervise::run_here(u.mailbox, unit, move |exit| {
                     if let exit @ Exit::Panicked(_) = exit {
                         if let Some(owner) = watcher.upgrade() {
+                            let unit_id = unit_id(&ids.call_id, unit_k as usize);
                             owner.do_send(UnitExited { unit_id, exit });
                         }
                     }
@@ -524,6 +535,16 @@ impl SessionOwner {
     }
 }
 
-/// A unit's address, the ids its call's children share, its ordinal k in the call, and the
-/// children it is to start.
-type UnitBatch = (Addr<Unit>, Arc<CallIds>, u32, Vec<(Starting, Task)>);
+/// A unit (its call and its place in the call's units), the ids its call's children share,
+/// its ordinal k in the call, and the children it is to start.
+type UnitBatch<'a> = (&'a str, usize, Arc<CallIds>, u32, Vec<(Starting, Task)>);
+
+/// A unit actor to start on the children's thread: its mailbox (made here, where messages to
+/// it wait), its id and members, and what its exit is reported with.
+struct NewUnit {
+    mailbox: supervise::Mailbox<Unit>,
+    unit_id: String,
+    tasks: Box<[u32]>,
+    ids: Arc<CallIds>,
+    unit_k: u32,
+}
