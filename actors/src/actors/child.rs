@@ -253,21 +253,39 @@ impl Child {
             Ok(runner.run(run_ctx))
         }));
         drop(runner_json);
-        let run = match started {
+        let mut run = match started {
             Ok(Ok(run)) => run,
             Ok(Err(error)) => return self.end(ctx, ChildStatus::Failed, None, Some(error)),
             Err(panic) => return self.panicked(ctx, panic),
         };
+        // A runner done at its first poll (a zero-time sim, an answer at hand) ends the child
+        // here: no future in this context and no clocks. One that is not goes on in this
+        // context, which polls it again in this same turn (actix polls what `started` spawned
+        // before it returns), handing it the real waker in place of this one.
+        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+            run.as_mut().poll(&mut cx)
+        }));
+        match first {
+            Ok(std::task::Poll::Ready(out)) => return self.finish(ctx, Ok(out)),
+            Ok(std::task::Poll::Pending) => {}
+            Err(panic) => return self.finish(ctx, Err(panic)),
+        }
         let guarded = std::panic::AssertUnwindSafe(run).catch_unwind();
         let handle = ctx.spawn(guarded.into_actor(self).map(|res, act, ctx| {
             act.runner = None;
-            match res {
-                Ok(RunOutput::Succeeded { summary }) => act.end(ctx, ChildStatus::Succeeded, Some(summary), None),
-                Ok(RunOutput::Failed { error, summary }) => act.end(ctx, ChildStatus::Failed, summary, Some(error)),
-                Err(panic) => act.panicked(ctx, panic),
-            }
+            act.finish(ctx, res);
         }));
         self.runner = Some(handle);
+    }
+
+    /// Ends the child as its runner's end says: its output, or the panic that ended it.
+    fn finish(&mut self, ctx: &mut Context<Self>, res: Result<RunOutput, Box<dyn std::any::Any + Send>>) {
+        match res {
+            Ok(RunOutput::Succeeded { summary }) => self.end(ctx, ChildStatus::Succeeded, Some(summary), None),
+            Ok(RunOutput::Failed { error, summary }) => self.end(ctx, ChildStatus::Failed, summary, Some(error)),
+            Err(panic) => self.panicked(ctx, panic),
+        }
     }
 
     /// Its runner panicked (building, starting or running): it ends `failed`, with the panic
