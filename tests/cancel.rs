@@ -297,3 +297,71 @@ async fn unknown_targets_are_refused_and_change_nothing() {
     let items = collect_results(b, "s", 1).await;
     assert_eq!(items[0].status, ChildStatus::Succeeded, "nothing was cancelled");
 }
+
+/// A runner that holds the children's thread for a while: what the owner sends units meanwhile
+/// waits in their mailboxes.
+struct Block;
+
+impl Runner for Block {
+    fn run(self: Box<Self>, _ctx: RunContext) -> futures::future::LocalBoxFuture<'static, RunOutput> {
+        Box::pin(async move {
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            RunOutput::Succeeded {
+                summary: "blocked".into(),
+            }
+        })
+    }
+}
+
+/// A runner that records that its body ran (a command runner would spawn its process there).
+struct Mark(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Runner for Mark {
+    fn run(self: Box<Self>, ctx: RunContext) -> futures::future::LocalBoxFuture<'static, RunOutput> {
+        let ran = self.0.clone();
+        Box::pin(async move {
+            ran.lock().unwrap().push(ctx.child_id.clone());
+            RunOutput::Succeeded { summary: "ran".into() }
+        })
+    }
+}
+
+/// A child marked running whose cancel is decided before its unit read its start (the start
+/// is ahead of the cancel in the unit's mailbox) ends `cancelled` without its runner built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_cancelled_before_its_unit_started_it_never_runs_its_runner() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut runners = Runners::builtin();
+    runners.register("block", |_| Ok(Box::new(Block) as Box<dyn Runner>));
+    let marks = ran.clone();
+    runners.register("mark", move |_| Ok(Box::new(Mark(marks.clone())) as Box<dyn Runner>));
+    let b = Brood::open(BroodConfig::new(dir.path().join("ledger")).runners(runners)).unwrap();
+    session(&b, 8).await;
+    delegate(
+        &b,
+        DelegateRequest::background(vec![task("hold", serde_json::json!({"kind": "block"}))]),
+    )
+    .await;
+    // The children's thread is held: the next call's start waits in its unit's mailbox.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let call = delegate(
+        &b,
+        DelegateRequest::background(vec![task("b", serde_json::json!({"kind": "mark"}))]),
+    )
+    .await;
+    let cancelled = b
+        .cancel(CancelTarget::Call(call.clone()), "the test", None)
+        .await
+        .unwrap();
+    assert_eq!(cancelled.cancelled, vec![format!("{call}.0")]);
+    let items = collect_results(&b, "s", 2).await;
+    let marked = items.iter().find(|i| i.child_id == format!("{call}.0")).unwrap();
+    assert_eq!(marked.status, ChildStatus::Cancelled);
+    assert!(
+        ran.lock().unwrap().is_empty(),
+        "the cancelled child's runner ran: {:?}",
+        ran.lock().unwrap()
+    );
+    b.shutdown();
+}

@@ -43,9 +43,9 @@ pub struct Engine {
     pub wake_factory: Option<Arc<dyn crate::wake::WakeFactory>>,
     /// The live owners.
     pub owners: Owners,
-    /// Children whose actor is alive (started by a unit and not yet stopped): by call, their
-    /// task indexes (one id's text per call, not per child).
-    live_children: Arc<Mutex<foldhash::HashMap<String, foldhash::HashSet<u32>>>>,
+    /// Children whose actor is alive, and running children whose cancel was decided (one
+    /// lock orders both against a unit starting a child).
+    live_children: Arc<Mutex<LiveChildren>>,
     /// The arbiter (thread) units, children and runners live on; the supervisor lives on the
     /// system arbiter, so child churn never delays routing.
     pub children_arbiter: ArbiterHandle,
@@ -168,33 +168,63 @@ impl Engine {
     /// Registers a child as alive and returns true, unless `owner_alive` says its owner died
     /// (then its successor queues the child again, and it must not start). One lock orders
     /// this against [`Engine::live_children`], so a child is either adopted or re-queued.
-    pub(crate) fn child_starting(&self, call_id: &str, task: u32, owner_alive: impl FnOnce() -> bool) -> bool {
+    ///
+    /// A child whose cancel its owner decided before this (it was marked running, and its unit
+    /// had not started it yet) is registered all the same, and starts only to end `cancelled`
+    /// with the reason returned: its runner is never built.
+    pub(crate) fn child_starting(&self, call_id: &str, task: u32, owner_alive: impl FnOnce() -> bool) -> ChildStart {
         let Ok(mut live) = self.live_children.lock() else {
-            return false;
+            return ChildStart::Refused;
         };
         if !owner_alive() {
-            return false;
+            return ChildStart::Refused;
         }
-        match live.get_mut(call_id) {
+        match live.running.get_mut(call_id) {
             Some(tasks) => {
                 tasks.insert(task);
             }
             None => {
-                live.insert(call_id.to_string(), std::iter::once(task).collect());
+                live.running
+                    .insert(call_id.to_string(), std::iter::once(task).collect());
             }
         }
-        true
+        match live.take_cancel(call_id, task) {
+            Some(reason) => ChildStart::Cancelled(reason),
+            None => ChildStart::Go,
+        }
+    }
+
+    /// Running children of the call `call_id` whose cancel is decided (`reason` is its error
+    /// text): one that a unit starts after this ends `cancelled` as it starts, whatever order
+    /// its unit reads its start and the cancel in.
+    pub(crate) fn cancel_running(&self, call_id: &str, tasks: impl IntoIterator<Item = u32>, reason: &str) {
+        if let Ok(mut live) = self.live_children.lock() {
+            let cancels = live.cancelled.entry(call_id.to_string()).or_default();
+            for task in tasks {
+                cancels.insert(task, reason.to_string());
+            }
+        }
+    }
+
+    /// Forgets the decided cancel of a child no unit will start (its start was lost): a
+    /// child that starts or stops takes its own. One left behind (its owner died between the
+    /// cancel and the lost start) is a few bytes until the engine stops.
+    pub(crate) fn forget_cancel(&self, call_id: &str, task: u32) {
+        if let Ok(mut live) = self.live_children.lock() {
+            live.take_cancel(call_id, task);
+        }
     }
 
     /// A child's actor stopped.
     pub(crate) fn child_stopped(&self, call_id: &str, task: u32) {
         if let Ok(mut live) = self.live_children.lock() {
-            if let Some(tasks) = live.get_mut(call_id) {
+            if let Some(tasks) = live.running.get_mut(call_id) {
                 tasks.remove(&task);
                 if tasks.is_empty() {
-                    live.remove(call_id);
+                    live.running.remove(call_id);
                 }
             }
+            live.take_cancel(call_id, task);
         }
     }
 
@@ -203,7 +233,8 @@ impl Engine {
         let Ok(live) = self.live_children.lock() else {
             return HashSet::new();
         };
-        live.iter()
+        live.running
+            .iter()
             .flat_map(|(call, tasks)| tasks.iter().map(|&i| crate::model::child_id(call, i)))
             .collect()
     }
@@ -319,4 +350,42 @@ impl Engine {
 pub(crate) fn running<A: actix::Actor<Context = actix::Context<A>>>(ctx: &actix::Context<A>) -> bool {
     use actix::ActorContext as _;
     ctx.state() == actix::ActorState::Running
+}
+
+/// Children whose actor is alive, and cancels decided for running children.
+#[derive(Debug, Default)]
+struct LiveChildren {
+    /// By call, the task indexes of the children whose actor is alive (one id's text per call,
+    /// not per child).
+    running: foldhash::HashMap<String, foldhash::HashSet<u32>>,
+    /// By call, running children whose cancel was decided, with why, until they start or stop
+    /// (or their start was lost).
+    cancelled: foldhash::HashMap<String, foldhash::HashMap<u32, String>>,
+}
+
+impl LiveChildren {
+    /// Takes the decided cancel of a child, if there is one.
+    fn take_cancel(&mut self, call_id: &str, task: u32) -> Option<String> {
+        if self.cancelled.is_empty() {
+            return None; // the usual case: no key to hash
+        }
+        let cancels = self.cancelled.get_mut(call_id)?;
+        let reason = cancels.remove(&task);
+        if cancels.is_empty() {
+            self.cancelled.remove(call_id);
+        }
+        reason
+    }
+}
+
+/// Whether a unit may start a child ([`Engine::child_starting`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ChildStart {
+    /// Its owner died: its successor queues it again, so it must not start here.
+    Refused,
+    /// It starts.
+    Go,
+    /// Its cancel was decided: it starts only to end `cancelled` (the reason), its runner
+    /// never built.
+    Cancelled(String),
 }

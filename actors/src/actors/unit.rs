@@ -17,7 +17,7 @@ use actix::WeakAddr;
 
 use super::child::{CallIds, Cancel, Child};
 use super::owner::{SessionOwner, StartLost};
-use super::Engine;
+use super::{ChildStart, Engine};
 use crate::model::{child_id, ChildRow, Task};
 
 /// Start member children (their rows already marked running). Sent without an answer: the
@@ -197,20 +197,25 @@ impl Handler<StartChildren> for Unit {
         let me = ctx.address().downgrade();
         for (start, task) in msg.children.by_ref() {
             let index = start.task_index;
-            if !self
+            let decided = match self
                 .engine
                 .child_starting(&msg.ids.call_id, index, || self.owner.connected())
             {
                 // The owner that admitted this child died; its successor queues the child
                 // again (it is not among the live children), so starting it here would run
                 // it twice.
-                continue;
-            }
-            let cancelled = self
+                ChildStart::Refused => continue,
+                ChildStart::Go => None,
+                // Its cancel was decided before this start was read (its cancel message may
+                // still be behind it in this mailbox).
+                ChildStart::Cancelled(reason) => Some(reason),
+            };
+            let told = self
                 .cancelled
                 .iter()
                 .position(|(t, _)| *t == index)
                 .map(|at| self.cancelled.swap_remove(at).1);
+            let cancelled = told.or(decided);
             let child = Child::new(msg.ids.clone(), msg.unit_k, start, task, me.clone()).cancelled(cancelled);
             // Kept weak: a child lives while its runner, clocks or hand-off do, and stops
             // itself; a strong address per child would cost a sender of its own.

@@ -157,6 +157,13 @@ impl SessionOwner {
             decision.rows.push(row);
         }
         stop.sort_unstable();
+        // Marked where a unit reads it as it starts a child, before the units are told: a
+        // unit that reads the child's start first (it is ahead in its mailbox) still starts it
+        // only to end it `cancelled`, its runner never built.
+        if !stop.is_empty() {
+            self.engine
+                .cancel_running(&call.row.call_id, stop.iter().map(|&(_, t)| t), reason);
+        }
         for run in stop.chunk_by(|a, b| a.0 == b.0) {
             if let Some(addr) = call.units.get(run[0].0).and_then(|u| u.addr.as_ref()) {
                 // A unit that has not started them yet ends them as they start.

@@ -368,6 +368,11 @@ impl SessionOwner {
     /// Decides putting a child whose start was lost back at the head of the queue, durably (its
     /// running mark was flushed; a crash must not find it `running` and call it `unknown`).
     pub(super) fn decide_requeue(&mut self, child_id: String) -> Decided<Durable> {
+        // No unit starts this child now: a cancel decided for it while it was marked running
+        // needs no mark for one (a cancelled child is not queued again, below).
+        if let Some((call_id, task)) = parse_child_id(&child_id) {
+            self.engine.forget_cancel(call_id, task);
+        }
         let Some(current) = self.book.child(&child_id).cloned() else {
             return Decided::Done;
         };
