@@ -10,12 +10,11 @@ use actix::prelude::*;
 use tokio::sync::oneshot;
 
 use super::persist::{BatchView, Decided, Step};
-use super::{answer, Delegate, Delegated, Durable, SessionInfo, SessionOwner, UnitExited};
+use super::{answer, child_event, Delegate, Delegated, Durable, SessionInfo, SessionOwner, UnitExited};
 use crate::actors::child::CallIds;
 use crate::actors::supervise::{self, Decision, Exit};
 use crate::actors::unit::{StartChildren, Starting, Unit};
 use crate::error::BroodError;
-use crate::events::Event;
 use crate::ledger::Writes;
 use crate::model::*;
 use crate::recovery::queued_child;
@@ -151,9 +150,7 @@ impl SessionOwner {
             let booked: Vec<(UnitRow, usize, Option<u32>)> = units.iter().map(|u| (u.clone(), 0, None)).collect();
             act.engine.calls.insert(call_id.clone(), act.session.session_id.clone());
             act.book.insert_call(call, booked, children);
-            let starts: Vec<(&str, u32)> = running.iter().map(|&i| (call_id.as_str(), i)).collect();
-            act.start_children(&starts, ctx);
-            drop(starts);
+            act.start_children(&running.iter().map(|&i| (call_id.as_str(), i)).collect::<Vec<_>>(), ctx);
             match mode {
                 Mode::Sync => act.wait_sync(&call_id, reply, units, forced_sync_reason),
                 Mode::Background => answer(reply, Ok(Delegated::Background { call_id, set, units })),
@@ -283,9 +280,8 @@ impl SessionOwner {
                 .is_some_and(|t| t.rerun_on_recovery);
             if !may_rerun {
                 durable.push(id);
-            } else if let Some(row) = self.book.child_mut(&id) {
-                row.status = ChildStatus::Running;
-                row.started_at_ms = Some(now);
+            } else if self.book.mark_running(&id, now) {
+                // (Never one being cancelled: a cancel withdraws its children from capacity.)
                 rerun.push(id);
             }
         }
@@ -307,7 +303,6 @@ impl SessionOwner {
         let now = now_ms();
         let rows: Vec<&ChildRow> = ids.iter().filter_map(|id| self.book.child(id)).collect();
         let (writes, restore) = self.start_marks(&rows, now);
-        drop(rows);
         Decided::Step(Step {
             writes,
             restore,
@@ -442,12 +437,7 @@ impl SessionOwner {
                 continue;
             };
             let (start, task) = (Starting::of(row), task.clone());
-            events.emit(session_id, || Event::Child {
-                child_id: row.child_id.clone(),
-                call_id: row.call_id.clone(),
-                task_index: i,
-                status: row.status,
-            });
+            events.emit(session_id, || child_event(row, row.status));
             let Some(unit) = call.units.get_mut(unit_pos) else {
                 continue;
             };

@@ -268,12 +268,7 @@ impl SessionOwner {
     /// Tells observers a child is in `status` (a child its dispatch started at once was queued
     /// first all the same).
     fn emit_status(&self, row: &ChildRow, status: ChildStatus) {
-        self.emit(|| Event::Child {
-            child_id: row.child_id.clone(),
-            call_id: row.call_id.clone(),
-            task_index: row.task_index,
-            status,
-        });
+        self.emit(|| child_event(row, status));
     }
 
     /// Tells observers the ready count when it changed since they were last told.
@@ -647,6 +642,16 @@ impl SessionOwner {
 struct UnitExited {
     unit_id: String,
     exit: Exit,
+}
+
+/// What observers are told of a child now in `status`.
+fn child_event(row: &ChildRow, status: ChildStatus) -> Event {
+    Event::Child {
+        child_id: row.child_id.clone(),
+        call_id: row.call_id.clone(),
+        task_index: row.task_index,
+        status,
+    }
 }
 
 /// A child handed to a unit actor that died before starting it.
