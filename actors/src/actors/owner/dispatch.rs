@@ -150,11 +150,22 @@ impl SessionOwner {
             let booked: Vec<(UnitRow, usize, Option<u32>)> = units.iter().map(|u| (u.clone(), 0, None)).collect();
             act.engine.calls.insert(call_id.clone(), act.session.session_id.clone());
             act.book.insert_call(call, booked, children);
-            act.start_children(&running.iter().map(|&i| (call_id.as_str(), i)).collect::<Vec<_>>(), ctx);
+            let starts: Vec<(&str, u32)> = running.iter().map(|&i| (call_id.as_str(), i)).collect();
+            // Answered first: the caller's next request meets this call booked all the same
+            // (it waits in the mailbox until this handler returned), and does not wait for
+            // the units to be made.
             match mode {
                 Mode::Sync => act.wait_sync(&call_id, reply, units, forced_sync_reason),
-                Mode::Background => answer(reply, Ok(Delegated::Background { call_id, set, units })),
+                Mode::Background => answer(
+                    reply,
+                    Ok(Delegated::Background {
+                        call_id: call_id.clone(),
+                        set,
+                        units,
+                    }),
+                ),
             }
+            act.start_children(&starts, ctx);
             act.admit(ctx);
         };
         Decided::Step(Step {

@@ -2,6 +2,9 @@
 //! transactions at once (never two on one key, see `staging`), each fenced by the session
 //! leases first when the database is shared, and staged again when it failed.
 
+use futures::future::BoxFuture;
+use tokio_postgres::types::ToSql;
+
 use super::*;
 
 /// What a commit's fencing check found: the sessions it may write (all, when the process does
@@ -27,25 +30,72 @@ pub(super) fn key_session(tree: &str, key: &[u8]) -> Option<String> {
     Some(String::from_utf8_lossy(id).into_owned())
 }
 
-/// Puts rows (`keys[i]` → `values[i]`) into `tree` in one statement.
+/// The statement `sql`, prepared once per connection (`what` names it in an error).
+pub(super) async fn prepared(tx: &Tx<'_>, sql: &str, what: &str) -> Result<tokio_postgres::Statement, LedgerError> {
+    tx.prepare_cached(sql).await.map_err(pg_error(what))
+}
+
+/// Puts rows (`keys[i]` → `values[i]`, byte arrays) into `tree` in one statement (prepared
+/// once per connection).
 pub(super) async fn upsert(
-    tx: &tokio_postgres::Transaction<'_>,
+    tx: &Tx<'_>,
     this: &Inner,
     tree: &'static str,
-    keys: &[Key],
-    values: &[Vec<u8>],
+    keys: &(dyn ToSql + Sync),
+    values: &(dyn ToSql + Sync),
 ) -> Result<(), LedgerError> {
-    tx.execute(
-        &format!(
-            "INSERT INTO {} (key, value) SELECT * FROM unnest($1::bytea[], $2::bytea[])
-             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-            this.table(tree)
-        ),
-        &[&keys, &values],
-    )
-    .await
-    .map_err(pg_error(format!("writing rows to {tree}")))?;
+    let sql = format!(
+        "INSERT INTO {} (key, value) SELECT * FROM unnest($1::bytea[], $2::bytea[])
+         ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+        this.table(tree)
+    );
+    let what = format!("writing rows to {tree}");
+    let statement = prepared(tx, &sql, &what).await?;
+    tx.execute(&statement, &[keys, values]).await.map_err(pg_error(what))?;
     Ok(())
+}
+
+/// Keys and values of rows to put in one table.
+type Columns<'a> = (Vec<&'a [u8]>, Vec<&'a [u8]>);
+
+/// Writes a commit's rows (removals and puts, a statement per table), every statement sent at
+/// once: one round trip for them all. Staged rows hold one change per key, so their order does
+/// not matter. The bytes put.
+async fn write_rows(
+    tx: &Tx<'_>,
+    this: &Inner,
+    rows: &[&(staging::Slot, Option<Vec<u8>>)],
+) -> Result<usize, LedgerError> {
+    let mut bytes = 0;
+    let mut puts: HashMap<&'static str, Columns<'_>> = HashMap::new();
+    let mut removes: HashMap<&'static str, Vec<&[u8]>> = HashMap::new();
+    for ((tree, key), value) in rows {
+        match value {
+            Some(value) => {
+                bytes += key.len() + value.len();
+                let (keys, values) = puts.entry(*tree).or_default();
+                keys.push(key);
+                values.push(value);
+            }
+            None => removes.entry(*tree).or_default().push(key),
+        }
+    }
+    let removals = removes.into_iter().map(|(tree, keys)| async move {
+        let sql = format!("DELETE FROM {} WHERE key = ANY($1)", this.table(tree));
+        let what = format!("removing rows from {tree}");
+        let statement = prepared(tx, &sql, &what).await?;
+        tx.execute(&statement, &[&keys]).await.map_err(pg_error(what))?;
+        Ok::<(), LedgerError>(())
+    });
+    let puts = puts
+        .into_iter()
+        .map(|(tree, (keys, values))| async move { upsert(tx, this, tree, &keys, &values).await });
+    let statements: Vec<BoxFuture<'_, Result<(), LedgerError>>> = removals
+        .map(|f| Box::pin(f) as _)
+        .chain(puts.map(|f| Box::pin(f) as _))
+        .collect();
+    futures::future::try_join_all(statements).await?;
+    Ok(bytes)
 }
 
 impl PgLedger {
@@ -60,7 +110,7 @@ impl PgLedger {
         &self,
         writes_to: BTreeSet<String>,
         extra: Vec<staging::Slot>,
-        then: impl for<'t> FnOnce(&'t tokio_postgres::Transaction<'t>, &'t Inner, &'t Fenced) -> Job<'t, T> + Send + 'static,
+        then: impl for<'t> FnOnce(&'t Tx<'t>, &'t Inner, &'t Fenced) -> Job<'t, T> + Send + 'static,
     ) -> Result<(usize, T), LedgerError> {
         let taken = {
             let mut st = self.staging();
@@ -79,7 +129,7 @@ impl PgLedger {
                     .filter_map(|((tree, key), _, _)| key_session(tree, key)),
             );
         }
-        let mut rows: Vec<(staging::Slot, Option<Vec<u8>>)> = taken
+        let rows: Vec<(staging::Slot, Option<Vec<u8>>)> = taken
             .rows
             .iter()
             .map(|(slot, _, v)| (slot.clone(), v.clone()))
@@ -93,40 +143,40 @@ impl PgLedger {
         let committed: Result<Result<(usize, T), Failed>, LedgerError> = self.runtime.run(async move {
             let this = &*this;
             let mut client = this.pool.get().await.map_err(pool_error)?;
-            let tx = client.transaction().await.map_err(pg_error("starting a commit"))?;
-            // Fenced first: the rows of a session this process no longer holds are not written.
-            let fenced = match &this.leases {
-                Some(book) => Fenced(Some(book.check(&tx, sessions).await?)),
-                None => Fenced(None),
-            };
-            if fenced.0.is_some() {
-                rows.retain(|((tree, key), _)| key_session(tree, key).is_none_or(|s| fenced.allows(&s)));
-            }
-            let mut bytes = 0;
-            let mut puts: HashMap<&'static str, (Vec<Key>, Vec<Vec<u8>>)> = HashMap::new();
-            let mut removes: HashMap<&'static str, Vec<Vec<u8>>> = HashMap::new();
-            for ((tree, key), value) in rows {
-                match value {
-                    Some(value) => {
-                        bytes += key.len() + value.len();
-                        let (keys, values) = puts.entry(tree).or_default();
-                        keys.push(key);
-                        values.push(value);
+            // Sessions found lost by an earlier attempt of this commit: their rows are left out.
+            let mut lost: HashSet<String> = HashSet::new();
+            let (tx, fenced, bytes) = loop {
+                let tx = client.transaction().await.map_err(pg_error("starting a commit"))?;
+                let mine: Vec<&(staging::Slot, Option<Vec<u8>>)> = rows
+                    .iter()
+                    .filter(|((tree, key), _)| key_session(tree, key).is_none_or(|s| !lost.contains(&s)))
+                    .collect();
+                // The lease check and the rows go out together, in one round trip: the check
+                // holds the leases it found (FOR SHARE) until the commit ends, and the rows of
+                // a session it did not find are taken back (the transaction is rolled back and
+                // written again without them) before anything commits.
+                let check = async {
+                    match &this.leases {
+                        // (A session found lost is told once.)
+                        Some(book) => {
+                            let checked = sessions.iter().filter(|s| !lost.contains(*s)).cloned().collect();
+                            book.check(&tx, checked).await.map(|ok| Fenced(Some(ok)))
+                        }
+                        None => Ok(Fenced(None)),
                     }
-                    None => removes.entry(tree).or_default().push(key),
+                };
+                let (fenced, written) = futures::join!(check, write_rows(&tx, this, &mine));
+                let fenced = fenced?;
+                let refused: HashSet<String> = mine
+                    .iter()
+                    .filter_map(|((tree, key), _)| key_session(tree, key))
+                    .filter(|s| !fenced.allows(s))
+                    .collect();
+                if refused.is_empty() {
+                    break (tx, fenced, written?);
                 }
-            }
-            for (tree, keys) in removes {
-                tx.execute(
-                    &format!("DELETE FROM {} WHERE key = ANY($1)", this.table(tree)),
-                    &[&keys],
-                )
-                .await
-                .map_err(pg_error(format!("removing rows from {tree}")))?;
-            }
-            for (tree, (keys, values)) in puts {
-                upsert(&tx, this, tree, &keys, &values).await?;
-            }
+                lost.extend(refused);
+            };
             let (answer, written) = then(&tx, this, &fenced).await?;
             if lose {
                 drop(tx);

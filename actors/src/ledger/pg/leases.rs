@@ -198,7 +198,7 @@ impl LeaseBook {
     /// `FOR SHARE` until the commit ends. The others are lost; their rows must not be written.
     pub(super) async fn check(
         &self,
-        tx: &tokio_postgres::Transaction<'_>,
+        tx: &super::Tx<'_>,
         sessions: BTreeSet<String>,
     ) -> Result<HashSet<String>, LedgerError> {
         if sessions.is_empty() {
@@ -211,18 +211,18 @@ impl LeaseBook {
                 .filter_map(|s| held.get(s).map(|h| (s.as_bytes().to_vec(), h.epoch)))
                 .unzip()
         };
+        let what = "checking the session leases of a commit";
+        let sql = format!(
+            "SELECT l.session FROM {} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
+             ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $3
+             ORDER BY l.session FOR SHARE OF l",
+            self.table
+        );
+        let statement = super::commit::prepared(tx, &sql, what).await?;
         let rows = tx
-            .query(
-                &format!(
-                    "SELECT l.session FROM {} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
-                     ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $3
-                     ORDER BY l.session FOR SHARE OF l",
-                    self.table
-                ),
-                &[&names, &epochs, &self.config.node],
-            )
+            .query(&statement, &[&names, &epochs, &self.config.node])
             .await
-            .map_err(pg_error("checking the session leases of a commit"))?;
+            .map_err(pg_error(what))?;
         let ok: HashSet<String> = rows
             .into_iter()
             .map(|r| String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned())

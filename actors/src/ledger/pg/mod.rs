@@ -24,7 +24,7 @@
 //!   session is served by the holder of its lease, and every commit is fenced by the leases
 //!   (see `leases`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -92,6 +92,79 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "ALTER TABLE \"{schema}\".session_leases ADD COLUMN instance text NOT NULL DEFAULT ''",
     ),
 ];
+
+/// Records terminal rows in `tx` ([`Ledger::record_terminals`]): the rows as stored, in their
+/// order, and what was written.
+async fn record_rows(
+    tx: &Tx<'_>,
+    this: &Inner,
+    rows: Vec<ChildRow>,
+) -> Result<(Vec<ChildRow>, Vec<Change>), LedgerError> {
+    // Each child once (a second row of one in a batch is decided by the merge, below).
+    let mut seen: HashSet<Vec<u8>> = HashSet::with_capacity(rows.len());
+    let (mut keys, mut values) = (Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()));
+    for row in &rows {
+        let key = row_key(&row.session_id, &row.child_id);
+        if seen.insert(key.clone()) {
+            values.push(encode(CHILDREN, &row.child_id, row)?);
+            keys.push(key);
+        }
+    }
+    let what = "recording children's rows";
+    let sql = format!(
+        "INSERT INTO {} (key, value) SELECT * FROM unnest($1::bytea[], $2::bytea[]) ON CONFLICT (key) DO NOTHING",
+        this.table(CHILDREN)
+    );
+    let insert = commit::prepared(tx, &sql, what).await?;
+    let inserted = tx.execute(&insert, &[&keys, &values]).await.map_err(pg_error(what))?;
+    if inserted as usize == keys.len() && keys.len() == rows.len() {
+        let written = keys
+            .into_iter()
+            .zip(values)
+            .map(|(k, v)| (CHILDREN, k, Some(v)))
+            .collect();
+        return Ok((rows, written));
+    }
+    // Some child had a stored row (or came twice): every stored row is read under a row lock
+    // (those just inserted are this batch's own, terminal, and stay as they are) and decided
+    // as sled decides them. A stored row that does not decode is overwritten by the child's
+    // own, which is complete; the damaged one was quarantined when the ledger opened.
+    let what = "reading children's rows";
+    let sql = format!(
+        "SELECT key, value FROM {} WHERE key = ANY($1) FOR UPDATE",
+        this.table(CHILDREN)
+    );
+    let select = commit::prepared(tx, &sql, what).await?;
+    let found = tx.query(&select, &[&keys]).await.map_err(pg_error(what))?;
+    let current: HashMap<Vec<u8>, Vec<u8>> = found.into_iter().map(|r| (r.get(0), r.get(1))).collect();
+    let (stored, writes) = merge_terminals(rows, |key| Ok(current.get(key).and_then(|v| codec::decode(v).ok())))?;
+    let mut keys = Vec::with_capacity(writes.len());
+    let mut values = Vec::with_capacity(writes.len());
+    for (key, at) in writes {
+        let row = &stored[at];
+        values.push(encode(CHILDREN, &row.child_id, row)?);
+        keys.push(key);
+    }
+    upsert(tx, this, CHILDREN, &keys, &values).await?;
+    // What a failed commit stages again: every child's row as stored (those inserted above
+    // included; a terminal row staged again is written as it is).
+    let mut written: Vec<Change> = keys
+        .into_iter()
+        .zip(values)
+        .map(|(k, v)| (CHILDREN, k, Some(v)))
+        .collect();
+    let mut again: HashSet<Vec<u8>> = written.iter().map(|(_, k, _)| k.clone()).collect();
+    for row in &stored {
+        let key = row_key(&row.session_id, &row.child_id);
+        if again.insert(key.clone()) {
+            written.push((CHILDREN, key, Some(encode(CHILDREN, &row.child_id, row)?)));
+        }
+    }
+    Ok((stored, written))
+}
+
+/// A commit's transaction (its statements prepared once per connection).
+type Tx<'a> = deadpool_postgres::Transaction<'a>;
 
 /// Statements run inside a commit's transaction (given the sessions whose lease this process
 /// no longer holds, when it shares the database: their rows must not be written): their answer,
@@ -547,9 +620,11 @@ impl Ledger for PgLedger {
     fn record_terminals(&self, rows: Vec<ChildRow>) -> Result<Vec<ChildRow>, LedgerError> {
         crate::failpoint!("ledger_write");
         let sessions = rows.iter().map(|r| r.session_id.clone()).collect();
-        // In one transaction with what is staged: the stored rows are read under a row lock,
-        // decided as sled decides them, and written. The rows of a session whose lease this
-        // process lost are not written (its owner here publishes nothing more: it was told).
+        // In one transaction with what is staged. Rows are first inserted where the child has
+        // no stored row (the usual case: one statement, nothing read). Should any child have
+        // one, its stored rows are read under a row lock, decided as sled decides them, and
+        // written. The rows of a session whose lease this process lost are not written (its
+        // owner here publishes nothing more: it was told).
         let extra = rows
             .iter()
             .map(|r| (CHILDREN, row_key(&r.session_id, &r.child_id)))
@@ -557,36 +632,11 @@ impl Ledger for PgLedger {
         let (_, stored) = self.commit_staged(sessions, extra, move |tx, this, fenced| {
             Box::pin(async move {
                 let all = rows;
-                let rows: Vec<ChildRow> = all.iter().filter(|r| fenced.allows(&r.session_id)).cloned().collect();
-                let keys: Vec<Vec<u8>> = rows.iter().map(|r| row_key(&r.session_id, &r.child_id)).collect();
-                let found = tx
-                    .query(
-                        &format!(
-                            "SELECT key, value FROM {} WHERE key = ANY($1) FOR UPDATE",
-                            this.table(CHILDREN)
-                        ),
-                        &[&keys],
-                    )
-                    .await
-                    .map_err(pg_error("reading children's rows"))?;
-                let current: HashMap<Vec<u8>, Vec<u8>> = found.into_iter().map(|r| (r.get(0), r.get(1))).collect();
-                // A stored row that does not decode is overwritten by the child's own, which
-                // is complete; the damaged one was quarantined when the ledger opened.
-                let (stored, writes) =
-                    merge_terminals(rows, |key| Ok(current.get(key).and_then(|v| codec::decode(v).ok())))?;
-                let mut keys = Vec::with_capacity(writes.len());
-                let mut values = Vec::with_capacity(writes.len());
-                for (key, at) in writes {
-                    let row = &stored[at];
-                    values.push(encode(CHILDREN, &row.child_id, row)?);
-                    keys.push(key);
+                if all.iter().all(|r| fenced.allows(&r.session_id)) {
+                    return record_rows(tx, this, all).await;
                 }
-                upsert(tx, this, CHILDREN, &keys, &values).await?;
-                let written = keys
-                    .into_iter()
-                    .zip(values)
-                    .map(|(k, v)| (CHILDREN, k, Some(v)))
-                    .collect();
+                let rows = all.iter().filter(|r| fenced.allows(&r.session_id)).cloned().collect();
+                let (stored, written) = record_rows(tx, this, rows).await?;
                 // In input order; a refused row answers as it came (nobody publishes it).
                 let mut stored = stored.into_iter();
                 let stored = all
