@@ -138,6 +138,19 @@ impl SessionOwner {
             if let Ok(mut a) = accepted.lock() {
                 *a = Some(call_id.clone());
             }
+            let booked: Vec<(UnitRow, usize, Option<u32>)> = units.iter().map(|u| (u.clone(), 0, None)).collect();
+            act.engine.calls.insert(call_id.clone(), act.session.session_id.clone());
+            // A background call is answered before it is booked: the caller's next request to
+            // this owner waits in its mailbox until this step applied, and what is read beside
+            // the owner (which session a call is in) is in place.
+            let sync = match mode {
+                Mode::Sync => Some((reply, units)),
+                Mode::Background => {
+                    let call_id = call_id.clone();
+                    answer(reply, Ok(Delegated::Background { call_id, set, units }));
+                    None
+                }
+            };
             let running: Vec<u32> = children[..started].iter().map(|c| c.task_index).collect();
             for c in &children[..started] {
                 act.capacity.start_now(c.child_id.clone());
@@ -147,24 +160,11 @@ impl SessionOwner {
                 act.capacity.enqueue(c.child_id.clone());
                 act.emit_child(c);
             }
-            let booked: Vec<(UnitRow, usize, Option<u32>)> = units.iter().map(|u| (u.clone(), 0, None)).collect();
-            act.engine.calls.insert(call_id.clone(), act.session.session_id.clone());
             act.book.insert_call(call, booked, children);
-            let starts: Vec<(&str, u32)> = running.iter().map(|&i| (call_id.as_str(), i)).collect();
-            // Answered first: the caller's next request meets this call booked all the same
-            // (it waits in the mailbox until this handler returned), and does not wait for
-            // the units to be made.
-            match mode {
-                Mode::Sync => act.wait_sync(&call_id, reply, units, forced_sync_reason),
-                Mode::Background => answer(
-                    reply,
-                    Ok(Delegated::Background {
-                        call_id: call_id.clone(),
-                        set,
-                        units,
-                    }),
-                ),
+            if let Some((reply, units)) = sync {
+                act.wait_sync(&call_id, reply, units, forced_sync_reason);
             }
+            let starts: Vec<(&str, u32)> = running.iter().map(|&i| (call_id.as_str(), i)).collect();
             act.start_children(&starts, ctx);
             act.admit(ctx);
         };

@@ -107,6 +107,57 @@ mod own {
     }
 
     #[test]
+    fn row_values_are_compressed_with_lz4_where_the_server_has_it() {
+        let ledger = pg_testkit::fresh();
+        let schema = ledger.inner.schema.clone();
+        let pool = ledger.inner.pool.clone();
+        let (has_lz4, methods) = ledger
+            .runtime
+            .run(async move {
+                let client = pool.get().await.map_err(pool_error)?;
+                let has = client
+                    .query_one(
+                        "SELECT 'lz4' = ANY (enumvals) FROM pg_settings WHERE name = 'default_toast_compression'",
+                        &[],
+                    )
+                    .await
+                    .map_err(pg_error("reading the server's compressions"))?
+                    .get::<_, bool>(0);
+                let rows = client
+                    .query(
+                        "SELECT c.relname::text, a.attcompression::text FROM pg_attribute a
+                         JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                         WHERE n.nspname = $1 AND a.attname = 'value' AND c.relkind = 'r'",
+                        &[&schema],
+                    )
+                    .await
+                    .map_err(pg_error("reading the columns' compression"))?;
+                let methods: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+                Ok((has, methods))
+            })
+            .unwrap();
+        assert_eq!(
+            methods.len(),
+            tables().count(),
+            "every table has a value column: {methods:?}"
+        );
+        let expected = if has_lz4 { "l" } else { "" };
+        for (table, method) in &methods {
+            assert_eq!(method, expected, "{table}'s values (lz4 on the server: {has_lz4})");
+        }
+        // A large row round-trips.
+        let call = crate::ledger::conformance::call_row("s1", "deleg_big", 3000);
+        ledger
+            .write(&Writes {
+                calls: vec![call.clone()],
+                ..Writes::default()
+            })
+            .unwrap();
+        ledger.flush().unwrap();
+        assert_eq!(second_view(&ledger).call("s1", "deleg_big").unwrap(), Some(call));
+    }
+
+    #[test]
     fn reopening_a_schema_applies_nothing_twice() {
         let ledger = pg_testkit::fresh();
         ledger.write(&writes_of("kept")).unwrap();
