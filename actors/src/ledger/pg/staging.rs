@@ -4,10 +4,12 @@
 //!
 //! - A write stages a value (or a removal) per key, numbered in the order writes were made; the
 //!   last write of a key wins.
-//! - A commit takes every staged key that no commit in flight holds, and holds them (and the
-//!   keys its own statements will write) until it ends. So two commits never write one key at
-//!   once, and a later write of a key commits after an earlier one: it stays staged until the
-//!   commit holding the key ended.
+//! - A flush's commit takes every staged key that no commit in flight holds, and holds them
+//!   until it ends. A commit of statements (terminal rows, a quarantine) takes only the staged
+//!   writes of the keys its statements write, and holds those keys: it never makes a flush wait
+//!   for it with rows it did not need. So two commits never write one key at once, and a later
+//!   write of a key commits after an earlier one: it stays staged until the commit holding the
+//!   key ended.
 //! - A flush returns once every write numbered before it was committed (by any commit).
 //! - A commit that failed stages what it took again, under anything staged since.
 
@@ -83,14 +85,22 @@ impl Staging {
         self.oldest.len() < max && extra.iter().all(|s| !self.held.contains(s))
     }
 
-    /// Takes every staged write no commit in flight holds, and holds their keys and `extra`.
+    /// Takes the staged writes of `extra` (the keys a commit's statements write), or, when it
+    /// has none, every staged write no commit in flight holds; holds their keys and `extra`.
     pub(super) fn take(&mut self, extra: &[Slot]) -> Taken {
-        let free: Vec<Slot> = self
-            .staged
-            .keys()
-            .filter(|s| !self.held.contains(*s))
-            .cloned()
-            .collect();
+        let free: Vec<Slot> = match extra.is_empty() {
+            true => self
+                .staged
+                .keys()
+                .filter(|s| !self.held.contains(*s))
+                .cloned()
+                .collect(),
+            false => extra
+                .iter()
+                .filter(|s| self.staged.contains_key(*s) && !self.held.contains(*s))
+                .cloned()
+                .collect(),
+        };
         let mut rows = Vec::with_capacity(free.len());
         for slot in free {
             if let Some((n, value)) = self.staged.remove(&slot) {
@@ -172,6 +182,26 @@ mod tests {
     }
 
     #[test]
+    fn a_commit_of_statements_takes_only_the_staged_writes_of_its_own_keys() {
+        let mut st = Staging::default();
+        st.stage(slot("child"), v("running"));
+        st.stage(slot("call"), v("1"));
+        let mark = st.mark();
+        let terminals = st.take(&[slot("child"), slot("other child")]);
+        assert_eq!(terminals.rows, vec![(slot("child"), 0, v("running"))]);
+        assert!(st.takeable_below(mark), "the call row is left for a flush");
+        let flush = st.take(&[]);
+        assert_eq!(flush.rows, vec![(slot("call"), 1, v("1"))]);
+        st.finish(flush, None);
+        assert!(
+            !st.settled(mark),
+            "the running mark is committed with the terminal rows"
+        );
+        st.finish(terminals, None);
+        assert!(st.settled(mark) && st.is_empty());
+    }
+
+    #[test]
     fn a_commit_holds_the_keys_its_statements_write() {
         let mut st = Staging::default();
         let terminals = st.take(&[slot("child")]);
@@ -192,7 +222,8 @@ mod tests {
         st.stage(slot("a"), v("old"));
         st.stage(slot("b"), v("old"));
         let mark = st.mark();
-        let failed = st.take(&[slot("t")]);
+        let failed = st.take(&[slot("a"), slot("b"), slot("t")]);
+        assert_eq!(failed.rows.len(), 2, "a and b taken");
         st.stage(slot("b"), v("new"));
         st.finish(failed, Some(vec![(slot("t"), v("terminal"))]));
         assert!(!st.settled(mark), "a's write is staged again, not committed");
