@@ -365,3 +365,57 @@ async fn a_child_cancelled_before_its_unit_started_it_never_runs_its_runner() {
     );
     b.shutdown();
 }
+
+/// A cancel is answered once its rows are recorded; the children's thread may drop the runner
+/// later. An external worker must hear 409 from the answer on all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_workers_heartbeat_is_refused_from_the_moment_the_cancel_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let queues = std::sync::Arc::new(brood::runners::WorkQueues::new());
+    let mut runners = Runners::builtin();
+    runners.register("block", |_| Ok(Box::new(Block) as Box<dyn Runner>));
+    runners.register_external(queues.clone());
+    let b = Brood::open(BroodConfig::new(dir.path().join("ledger")).runners(runners)).unwrap();
+    session(&b, 8).await;
+    let call = delegate(
+        &b,
+        DelegateRequest::background(vec![task("out", serde_json::json!({"kind": "external"}))]),
+    )
+    .await;
+    let lease = std::time::Duration::from_secs(30);
+    let work = queues
+        .poll("default", "w1", std::time::Duration::from_secs(10), lease)
+        .await
+        .expect("the external child was handed out");
+    assert!(queues.heartbeat(&work.child_id, &work.token, None).is_ok());
+    delegate(
+        &b,
+        DelegateRequest::background(vec![task("hold", serde_json::json!({"kind": "block"}))]),
+    )
+    .await;
+    // The children's thread is held: the external child's runner cannot be dropped until it
+    // is free, but the cancel is answered meanwhile.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let cancelled = b
+        .cancel(CancelTarget::Call(call.clone()), "the test", None)
+        .await
+        .unwrap();
+    assert_eq!(cancelled.cancelled, vec![work.child_id.clone()]);
+    assert_eq!(
+        queues.heartbeat(&work.child_id, &work.token, None),
+        Err(brood::runners::WorkError::Ended(work.child_id.clone())),
+        "the worker still held a cancelled child"
+    );
+    assert_eq!(
+        queues.complete(
+            &work.child_id,
+            &work.token,
+            RunOutput::Succeeded { summary: "late".into() }
+        ),
+        Err(brood::runners::WorkError::Ended(work.child_id.clone()))
+    );
+    let items = collect_results(&b, "s", 2).await;
+    let out = items.iter().find(|i| i.child_id == work.child_id).unwrap();
+    assert_eq!(out.status, ChildStatus::Cancelled);
+    b.shutdown();
+}

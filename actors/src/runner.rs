@@ -133,4 +133,12 @@ pub trait RunnerFactory: Send + Sync + 'static {
     fn validate(&self, spec: &serde_json::Value) -> Result<(), String>;
     /// Builds the runner for one child.
     fn build(&self, spec: &serde_json::Value) -> Result<Box<dyn Runner>, String>;
+
+    /// A running child was cancelled. Called when the cancel is decided, before it is answered
+    /// (the child's runner is dropped soon after, on the children's thread): what the runner
+    /// handed out elsewhere is taken back here, so that from the answer on nobody outside
+    /// works on the child (an external worker hears 409). Nothing by default.
+    fn cancelled(&self, child_id: &str) {
+        let _ = child_id;
+    }
 }

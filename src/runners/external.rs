@@ -137,6 +137,10 @@ struct Entry<P> {
     progress: P,
     lease: Option<Lease>,
     done: oneshot::Sender<RunOutput>,
+    /// Brood cancelled the child: no worker gets it, and its worker is answered as if it had
+    /// ended. The entry stays (with `done`, so its runner does not end on its own) until the
+    /// runner is dropped.
+    cancelled: bool,
 }
 
 /// Where a child stands, as its runner sees it.
@@ -217,6 +221,7 @@ impl<P: Clone> Book<P> {
                 progress,
                 lease: None,
                 done,
+                cancelled: false,
             },
         );
         self.waiting
@@ -233,6 +238,18 @@ impl<P: Clone> Book<P> {
                 self.waiting.remove(queue);
             }
         }
+    }
+
+    /// Marks a child cancelled ([`Entry::cancelled`]) and takes it out of its queue; false when
+    /// no queue holds it (or it was marked already).
+    fn cancel(&mut self, child_id: &str) -> bool {
+        let Some(entry) = self.entries.get_mut(child_id).filter(|e| !e.cancelled) else {
+            return false;
+        };
+        entry.cancelled = true;
+        let queue = entry.queue.clone();
+        self.unwait(child_id, &queue);
+        true
     }
 
     /// Removes the run `ticket` of a child (its runner ended). One a worker held and did not
@@ -300,7 +317,10 @@ impl<P: Clone> Book<P> {
         token: String,
         now: Instant,
     ) -> Option<(Handout, P)> {
-        let entry = self.entries.get(child_id).filter(|e| e.lease.is_none())?;
+        let entry = self
+            .entries
+            .get(child_id)
+            .filter(|e| e.lease.is_none() && !e.cancelled)?;
         let queue = entry.queue.clone();
         let q = self.waiting.get_mut(&queue)?;
         let at = q.iter().position(|c| c == child_id)?;
@@ -312,7 +332,7 @@ impl<P: Clone> Book<P> {
     /// Takes a lapsed lease back: the child goes to the front of its queue. Answers where the
     /// child stands afterwards, and whether it went back.
     fn expire(&mut self, child_id: &str, now: Instant) -> (Standing, bool) {
-        let Some(entry) = self.entries.get_mut(child_id) else {
+        let Some(entry) = self.entries.get_mut(child_id).filter(|e| !e.cancelled) else {
             return (Standing::Gone, false);
         };
         match &entry.lease {
@@ -344,6 +364,7 @@ impl<P: Clone> Book<P> {
             false => WorkError::UnknownChild(child_id.to_string()),
         })?;
         match &entry.lease {
+            _ if entry.cancelled => Err(WorkError::Ended(child_id.to_string())),
             Some(l) if l.token == token => Ok(entry),
             _ => Err(WorkError::StaleToken(child_id.to_string())),
         }
@@ -510,6 +531,16 @@ impl WorkQueues {
         }
     }
 
+    /// Brood cancelled the child: it leaves its queue now, before its runner is dropped (on the
+    /// children's thread, maybe later), so that from the cancel's answer on its worker hears
+    /// [`WorkError::Ended`]. Nothing when no queue holds it.
+    pub fn cancelled(&self, child_id: &str) {
+        let marked = self.book().cancel(child_id);
+        if marked {
+            self.withdraw(child_id);
+        }
+    }
+
     /// Renews the lease of the worker holding `token`, and beats the child's stall clock (with
     /// `progress` as its partial result, if given); answers the lease period.
     pub fn heartbeat(&self, child_id: &str, token: &str, progress: Option<String>) -> Result<Duration, WorkError> {
@@ -608,6 +639,34 @@ mod tests {
     }
 
     const LEASE: Duration = Duration::from_millis(1000);
+
+    #[test]
+    fn a_cancelled_child_is_handed_to_nobody_and_its_worker_hears_it_ended_while_its_runner_waits() {
+        let (mut book, mut rx) = book_with(&[("held", "q"), ("waiting", "q")]);
+        let now = Instant::now();
+        let (h, ()) = book.hand_out("q", "w", LEASE, "t1".into(), now).unwrap();
+        assert_eq!(h.child_id, "held");
+        assert!(book.cancel("held") && book.cancel("waiting"));
+        assert!(!book.cancel("held"), "once");
+        assert!(!book.cancel("nobody"));
+        assert_eq!(book.renew("held", "t1", now), Err(WorkError::Ended("held".into())));
+        assert_eq!(
+            book.finish("held", "t1", now).err(),
+            Some(WorkError::Ended("held".into()))
+        );
+        assert!(
+            book.hand_out("q", "w", LEASE, "t2".into(), now).is_none(),
+            "not handed out"
+        );
+        assert!(book.hand_out_child("waiting", "w", LEASE, "t3".into(), now).is_none());
+        // A lapsed lease does not queue it again.
+        assert_eq!(book.expire("held", now + 2 * LEASE), (Standing::Gone, false));
+        assert!(book.hand_out("q", "w", LEASE, "t4".into(), now).is_none());
+        // Its runner is not woken: it ends when brood drops it.
+        assert!(matches!(rx[0].try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+        assert!(book.remove("held", 1), "the runner's own ticket removes it");
+        assert_eq!(book.renew("held", "t1", now), Err(WorkError::Ended("held".into())));
+    }
 
     #[test]
     fn children_are_handed_out_in_order_per_queue() {

@@ -157,7 +157,12 @@ pub type BuildFn = dyn Fn(&serde_json::Value) -> Result<Box<dyn Runner>, String>
 #[derive(Clone)]
 pub struct Runners {
     kinds: HashMap<String, Arc<BuildFn>>,
+    /// Told of each running child cancelled ([`RunnerFactory::cancelled`]).
+    on_cancel: Vec<Arc<CancelHook>>,
 }
+
+/// Told a cancelled child's id.
+type CancelHook = dyn Fn(&str) + Send + Sync;
 
 impl fmt::Debug for Runners {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -176,7 +181,10 @@ impl Default for Runners {
 impl Runners {
     /// The built-in kinds: `sim`.
     pub fn builtin() -> Self {
-        let mut r = Runners { kinds: HashMap::new() };
+        let mut r = Runners {
+            kinds: HashMap::new(),
+            on_cancel: Vec::new(),
+        };
         r.register("sim", |spec| {
             Ok(Box::new(SimRunner::new(SimSpec::parse(spec)?)) as Box<dyn Runner>)
         });
@@ -203,6 +211,8 @@ impl Runners {
 
     /// Adds the `external` kind: children put on `queues` for outside workers ([`external`]).
     pub fn register_external(&mut self, queues: Arc<WorkQueues>) -> &mut Self {
+        let told = queues.clone();
+        self.on_cancel.push(Arc::new(move |child_id| told.cancelled(child_id)));
         self.register("external", move |spec| {
             let spec = ExternalSpec::parse(spec)?;
             Ok(Box::new(ExternalRunner::new(spec, queues.clone())) as Box<dyn Runner>)
@@ -232,6 +242,12 @@ impl RunnerFactory for Runners {
     fn build(&self, spec: &serde_json::Value) -> Result<Box<dyn Runner>, String> {
         let build = self.builder(spec)?;
         build(spec)
+    }
+
+    fn cancelled(&self, child_id: &str) {
+        for told in &self.on_cancel {
+            told(child_id);
+        }
     }
 }
 

@@ -163,6 +163,9 @@ impl SessionOwner {
         if !stop.is_empty() {
             self.engine
                 .cancel_running(&call.row.call_id, stop.iter().map(|&(_, t)| t), reason);
+            for &(_, task) in &stop {
+                self.engine.factory.cancelled(&child_id(&call.row.call_id, task));
+            }
         }
         for run in stop.chunk_by(|a, b| a.0 == b.0) {
             if let Some(addr) = call.units.get(run[0].0).and_then(|u| u.addr.as_ref()) {
