@@ -16,7 +16,8 @@
 //!   longer than the task's `stall_ms` gets the child interrupted even within its lease. The
 //!   task's `timeout_ms` bounds the whole wait, queued or leased.
 //! - **End of the runner.** When the runner is dropped (timeout, stall, cancel, shutdown) or
-//!   returns, its child leaves the queues. A worker that still held it (brood ended it: a
+//!   returns, its child leaves the queues. A cancel takes it out of its queue already when it
+//!   is decided, and its worker is answered as below from then on. A worker that still held it (brood ended it: a
 //!   cancel, a timeout, a stall) then gets [`WorkError::Ended`] (409): the queues remember the
 //!   last [`ENDED_KEPT`] such children. Any other id gets [`WorkError::UnknownChild`] (404).
 //!
@@ -161,7 +162,8 @@ enum Standing {
 /// rest. Pure: the caller passes the time and the new tokens, and beats the stall clocks `P`
 /// it is handed back.
 ///
-/// Invariant: a child is in `waiting` exactly when it has an entry without a lease.
+/// Invariant: a child is in `waiting` exactly when it has an entry without a lease that is not
+/// cancelled.
 struct Book<P> {
     entries: HashMap<String, Entry<P>>,
     waiting: HashMap<String, VecDeque<String>>,
@@ -495,7 +497,14 @@ impl WorkQueues {
     fn expire(&self, child_id: &str) -> Standing {
         let (standing, requeued) = self.book().expire(child_id, Instant::now());
         if requeued {
-            if let Some(queue) = self.book().entries.get(child_id).map(|e| e.queue.clone()) {
+            // (Not one cancelled meanwhile: it waits for no worker.)
+            let queue = self
+                .book()
+                .entries
+                .get(child_id)
+                .filter(|e| !e.cancelled)
+                .map(|e| e.queue.clone());
+            if let Some(queue) = queue {
                 self.post(child_id, &queue);
             }
             self.queued.notify_waiters();

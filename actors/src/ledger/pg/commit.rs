@@ -143,7 +143,8 @@ impl PgLedger {
         let committed: Result<Result<(usize, T), Failed>, LedgerError> = self.runtime.run(async move {
             let this = &*this;
             let mut client = this.pool.get().await.map_err(pool_error)?;
-            // Sessions found lost by an earlier attempt of this commit: their rows are left out.
+            // Sessions found lost by an earlier attempt of this commit: their rows are left out,
+            // and they are not checked again (a session found lost is told once).
             let mut lost: HashSet<String> = HashSet::new();
             let (tx, fenced, bytes) = loop {
                 let tx = client.transaction().await.map_err(pg_error("starting a commit"))?;
@@ -155,27 +156,28 @@ impl PgLedger {
                 // holds the leases it found (FOR SHARE) until the commit ends, and the rows of
                 // a session it did not find are taken back (the transaction is rolled back and
                 // written again without them) before anything commits.
+                let checked: BTreeSet<String> = sessions.iter().filter(|s| !lost.contains(*s)).cloned().collect();
                 let check = async {
                     match &this.leases {
-                        // (A session found lost is told once.)
-                        Some(book) => {
-                            let checked = sessions.iter().filter(|s| !lost.contains(*s)).cloned().collect();
-                            book.check(&tx, checked).await.map(|ok| Fenced(Some(ok)))
-                        }
+                        Some(book) => book.check(&tx, checked.clone()).await.map(|ok| Fenced(Some(ok))),
                         None => Ok(Fenced(None)),
                     }
                 };
                 let (fenced, written) = futures::join!(check, write_rows(&tx, this, &mine));
-                let fenced = fenced?;
-                let refused: HashSet<String> = mine
+                let (fenced, written) = match (fenced, written) {
+                    // A failed write aborts the transaction, and a check sent after it fails
+                    // for that: the write's error is the one to report.
+                    (Err(_), Err(e)) => return Err(e),
+                    (fenced, written) => (fenced?, written),
+                };
+                let refused = mine
                     .iter()
                     .filter_map(|((tree, key), _)| key_session(tree, key))
-                    .filter(|s| !fenced.allows(s))
-                    .collect();
-                if refused.is_empty() {
+                    .any(|s| !fenced.allows(&s));
+                if !refused {
                     break (tx, fenced, written?);
                 }
-                lost.extend(refused);
+                lost.extend(checked.into_iter().filter(|s| !fenced.allows(s)));
             };
             let (answer, written) = then(&tx, this, &fenced).await?;
             if lose {

@@ -657,11 +657,12 @@ impl Ledger for PgLedger {
     fn record_terminals(&self, rows: Vec<ChildRow>) -> Result<Vec<ChildRow>, LedgerError> {
         crate::failpoint!("ledger_write");
         let sessions = rows.iter().map(|r| r.session_id.clone()).collect();
-        // In one transaction with what is staged. Rows are first inserted where the child has
-        // no stored row (the usual case: one statement, nothing read). Should any child have
-        // one, its stored rows are read under a row lock, decided as sled decides them, and
-        // written. The rows of a session whose lease this process lost are not written (its
-        // owner here publishes nothing more: it was told).
+        // In one transaction with the staged writes of the same children (a running mark), not
+        // with the rest of what is staged. The rows are inserted as they are (the usual case:
+        // no child has a stored row, one statement, nothing read); should any child have one,
+        // the insert is taken back whole, and the stored rows are read under a row lock,
+        // decided as sled decides them, and written. The rows of a session whose lease this
+        // process lost are not written (its owner here publishes nothing more: it was told).
         let extra = rows
             .iter()
             .map(|r| (CHILDREN, row_key(&r.session_id, &r.child_id)))

@@ -183,6 +183,48 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_more_and_is_told() {
 }
 
 #[test]
+fn sessions_lost_together_are_each_told_once_and_the_held_ones_rows_land() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    let told = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = told.clone();
+    leases(&a).on_lost(Box::new(move |s| sink.lock().unwrap().extend_from_slice(s)));
+    for s in ["s1", "s2", "s3"] {
+        assert_eq!(leases(&a).acquire(s).unwrap(), LeaseHolder::Here(1));
+    }
+    store_sessions(&a, &["s1", "s2", "s3"]);
+    for s in ["s1", "s2"] {
+        expire(&a, s);
+    }
+    let mut taken = leases(&b).acquire_free().unwrap();
+    taken.sort();
+    assert_eq!(taken, ["s1", "s2"]);
+    // A running mark of s1's child staged, unflushed: the terminal rows' commit takes it, finds
+    // s1 lost, and is written again without it; s2 (named only by its terminal row) is found
+    // lost in the same check and must not be told a second time by the retry.
+    let mut running = child_of("s1", "deleg_1");
+    running.status = ChildStatus::Running;
+    a.write(&Writes {
+        children: vec![running],
+        ..Writes::default()
+    })
+    .unwrap();
+    let rows = vec![
+        child_of("s1", "deleg_1"),
+        child_of("s2", "deleg_2"),
+        child_of("s3", "deleg_3"),
+    ];
+    a.record_terminals(rows).unwrap();
+    let mut lost = told.lock().unwrap().clone();
+    lost.sort();
+    assert_eq!(lost, ["s1", "s2"], "each lost session told once");
+    assert_eq!(a.refusals("s2"), 1);
+    assert!(b.call_children("s1", "deleg_1").unwrap().is_empty());
+    assert!(b.call_children("s2", "deleg_2").unwrap().is_empty());
+    assert_eq!(b.call_children("s3", "deleg_3").unwrap().len(), 1);
+}
+
+#[test]
 fn a_renewal_finds_a_lease_taken_over_and_loses_it() {
     let schema = pg_testkit::fresh_schema();
     let ttl = Duration::from_millis(3000);
