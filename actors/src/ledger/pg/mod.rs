@@ -211,8 +211,11 @@ type Job<'t, T> = std::pin::Pin<Box<dyn Future<Output = Result<(T, Vec<Change>),
 /// How long connecting to the server may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connections in the pool: the committer, and reads beside it.
-const POOL_SIZE: usize = 4;
+/// Connections in the pool: the commits in flight (owners' flushes, the coalescer's terminal
+/// rows and its flush), and reads beside them. With four (three commits in flight),
+/// `durable_children_per_s` measured 0.99× the SKIP LOCKED queue against 1.035× with seven
+/// (medians of 14 runs taking turns).
+const POOL_SIZE: usize = 7;
 
 /// The ledger on PostgreSQL.
 pub struct PgLedger {
