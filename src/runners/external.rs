@@ -17,9 +17,10 @@
 //!   task's `timeout_ms` bounds the whole wait, queued or leased.
 //! - **End of the runner.** When the runner is dropped (timeout, stall, cancel, shutdown) or
 //!   returns, its child leaves the queues. A cancel takes it out of its queue already when it
-//!   is decided, and its worker is answered as below from then on. A worker that still held it (brood ended it: a
-//!   cancel, a timeout, a stall) then gets [`WorkError::Ended`] (409): the queues remember the
-//!   last [`ENDED_KEPT`] such children. Any other id gets [`WorkError::UnknownChild`] (404).
+//!   is decided, and its worker is answered as below from then on. A worker that still held it
+//!   (brood ended it: a cancel, a timeout, a stall) then gets [`WorkError::Ended`] (409): the
+//!   queues remember the last [`ENDED_KEPT`] such children. Any other id gets
+//!   [`WorkError::UnknownChild`] (404).
 //!
 //! The queues are shared between the engine's runner thread (runners are `!Send` futures) and
 //! the HTTP workers: one `std` mutex over the `Book` (pure bookkeeping, every decision takes
@@ -495,18 +496,18 @@ impl WorkQueues {
 
     /// Takes back the child's lease if it ran out; answers where the child stands.
     fn expire(&self, child_id: &str) -> Standing {
-        let (standing, requeued) = self.book().expire(child_id, Instant::now());
-        if requeued {
-            // (Not one cancelled meanwhile: it waits for no worker.)
-            let queue = self
-                .book()
-                .entries
-                .get(child_id)
-                .filter(|e| !e.cancelled)
-                .map(|e| e.queue.clone());
-            if let Some(queue) = queue {
-                self.post(child_id, &queue);
-            }
+        // The queue it went back to is read under the same lock: a cancel in between would
+        // otherwise have it listed again for the other processes.
+        let (standing, requeued_to) = {
+            let mut book = self.book();
+            let (standing, requeued) = book.expire(child_id, Instant::now());
+            let queue = requeued
+                .then(|| book.entries.get(child_id).map(|e| e.queue.clone()))
+                .flatten();
+            (standing, queue)
+        };
+        if let Some(queue) = requeued_to {
+            self.post(child_id, &queue);
             self.queued.notify_waiters();
         }
         standing
