@@ -39,6 +39,36 @@ impl BroodHandle {
         blocking(move || stored_call(&*ledger, found)).await
     }
 
+    /// Where the requests of child `child_id` go when several processes share the ledger and
+    /// another one serves its session: that process's address, as its lease row says (a peer
+    /// that registered itself by taking the lease). None when the session is served here, by
+    /// nobody, when the id names no stored call, or when the ledger is not shared. Found from
+    /// what the processes wrote (the call's row and the session's lease), never from anything
+    /// a client sent but the child id.
+    pub async fn child_holder(&self, child_id: &str) -> Result<Option<String>, BroodError> {
+        let Some(leases) = self.engine.leases.clone() else {
+            return Ok(None);
+        };
+        let Some((call_id, _)) = brood_actors::model::parse_child_id(child_id) else {
+            return Ok(None);
+        };
+        let session = match self.engine.calls.get(call_id).map(|s| s.value().clone()) {
+            Some(session) => session,
+            None => {
+                let (ledger, id) = (self.ledger.clone(), call_id.to_string());
+                match blocking(move || ledger.find_call(&id)).await? {
+                    Some(call) => call.session_id,
+                    None => return Ok(None),
+                }
+            }
+        };
+        let holder = blocking(move || leases.holder(&session)).await?;
+        Ok(match holder {
+            Some(brood_actors::ledger::LeaseHolder::Elsewhere { address, .. }) => Some(address),
+            _ => None,
+        })
+    }
+
     /// Up to `limit` calls of a session in the order they were made (after the call id `after`,
     /// when given), delivered ones included (from the ledger, until retention removes them);
     /// and the last call id of the page when more follow.

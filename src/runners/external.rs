@@ -404,9 +404,6 @@ pub struct WorkQueues {
     shared: std::sync::OnceLock<(Arc<dyn WorkDirectory>, String)>,
 }
 
-/// A token's holder mark: what follows it is the hex of the holder's address.
-const HOLDER_MARK: char = '~';
-
 impl WorkQueues {
     /// Empty queues.
     pub fn new() -> Self {
@@ -432,26 +429,21 @@ impl WorkQueues {
         self.shared.get().map(|(d, _)| d)
     }
 
-    /// Where a token's child is queued, when it was handed out by another process sharing the
-    /// ledger (its heartbeats and completion go there); none for this process's own.
-    pub fn held_elsewhere(&self, token: &str) -> Option<String> {
-        let (_, me) = self.shared.get()?;
-        let (_, hex) = token.rsplit_once(HOLDER_MARK)?;
-        let address = brood_actors::model::hex_text(hex)?;
-        (address != *me).then_some(address)
-    }
-
-    /// A fresh lease token (naming this process, when shared).
+    /// A fresh lease token: opaque, naming nothing. Where a worker's request for a child goes
+    /// is found from the child's session, never from its token.
     fn new_token(&self) -> String {
-        let token = format!(
+        format!(
             "wtk_{}{}",
             brood_actors::model::random_hex(),
             brood_actors::model::random_hex()
-        );
-        match self.shared.get() {
-            Some((_, me)) => format!("{token}{HOLDER_MARK}{}", brood_actors::model::text_hex(me)),
-            None => token,
-        }
+        )
+    }
+
+    /// Whether this process's queues know the child: waiting, leased to a worker, or taken
+    /// from its worker by brood lately.
+    pub fn knows(&self, child_id: &str) -> bool {
+        let book = self.book();
+        book.entries.contains_key(child_id) || book.ended_set.contains(child_id)
     }
 
     fn post(&self, child_id: &str, queue: &str) {

@@ -35,6 +35,10 @@ pub struct ServeConfig {
     /// The API key every `/v1` request must carry (`Authorization: Bearer <key>`).
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "redacted")]
     pub api_key: Option<String>,
+    /// The credential requests between processes sharing a ledger carry (`x-brood-peer`)
+    /// instead of the user's key; when unset, one is derived from `api_key`.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "redacted")]
+    pub peer_key: Option<String>,
     /// Whether `command` runners may run (the same as listing `command` in `allowed_runners`).
     pub allow_command: bool,
     /// The runner kinds a delegation may use; the others are refused with 403.
@@ -89,6 +93,25 @@ impl ServeConfig {
         self.advertise
             .clone()
             .unwrap_or_else(|| format!("http://{}", self.listen))
+    }
+
+    /// The credential of requests between the processes sharing a ledger: `peer_key`, else
+    /// an HMAC-SHA256 of a fixed label under `api_key` (so the key itself never crosses, and a
+    /// peer answer cannot be replayed as a user's key); none for a keyless server, whose peers
+    /// trust loopback as it does.
+    pub fn peer_credential(&self) -> Option<String> {
+        use hmac::{KeyInit as _, Mac as _};
+        if let Some(k) = &self.peer_key {
+            return Some(k.clone());
+        }
+        let key = self.api_key.as_deref()?;
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).ok()?;
+        mac.update(b"brood peer credential 1");
+        let tag = mac.finalize().into_bytes();
+        Some(format!(
+            "bpk_{}",
+            tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ))
     }
 
     /// The retention these settings give.
@@ -146,6 +169,7 @@ impl Default for ServeConfig {
             node: None,
             session_lease_ms: 10_000,
             api_key: None,
+            peer_key: None,
             allow_command: false,
             allowed_runners: vec!["sim".into(), "external".into()],
             durability: Durability::Fsync,
@@ -219,6 +243,10 @@ const KEYS: &[(&str, &str)] = &[
     ),
     ("session_lease_ms", "from 1000 to 600000 (default 10000)"),
     ("api_key", "a non-empty string"),
+    (
+        "peer_key",
+        "a non-empty string, the same in every process sharing the ledger (default: derived from api_key)",
+    ),
     ("allow_command", "true or false"),
     (
         "allowed_runners",
@@ -417,6 +445,7 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
         "node" => c.node = Some(text(raw).filter(|s| !s.trim().is_empty()).ok_or_else(bad)?),
         "session_lease_ms" => c.session_lease_ms = number(key, raw, 1_000, 600_000)?,
         "api_key" => c.api_key = Some(text(raw).filter(|s| !s.is_empty()).ok_or_else(bad)?),
+        "peer_key" => c.peer_key = Some(text(raw).filter(|s| !s.is_empty()).ok_or_else(bad)?),
         "allow_command" => c.allow_command = flag(key, raw)?,
         "allowed_runners" => c.allowed_runners = kinds(key, raw)?,
         "durability" => c.durability = text(raw).and_then(|s| s.parse().ok()).ok_or_else(bad)?,

@@ -116,7 +116,7 @@ fn sse(
 }
 
 pub(super) async fn stream(state: web::Data<State>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    let session_id = path.into_inner();
+    let session_id = super::routes::session_path(path)?;
     // Subscribed before the count is read: a change in between is told, never missed.
     let rx = state.brood.subscribe(&session_id).await?;
     let counts = state.brood.counts(&session_id).await?;

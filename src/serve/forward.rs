@@ -1,4 +1,4 @@
-//! Forwarding between processes sharing one PostgreSQL ledger (issue 10): a request for a
+//! Forwarding between processes sharing one PostgreSQL ledger: a request for a
 //! session another process serves is sent on to that process, and its answer returned as it
 //! came, so a client may talk to any of them and never needs to know which serves what.
 //!
@@ -7,6 +7,12 @@
 //! there, once: a request that was forwarded already is answered here (503 `session_moved`, to
 //! retry) rather than sent on again, so two processes with stale views never bounce a request
 //! between them. An event stream is not relayed: it is redirected (307) to the holder.
+//!
+//! What crosses between processes: only to an address a process wrote itself into the lease
+//! table (or the shared work list), never one a client named; with the peer credential
+//! ([`PEER`], see [`super::config::ServeConfig::peer_credential`]) instead of the user's key;
+//! following no redirect; reading at most the larger of the body limit and 64 MiB of the
+//! answer.
 
 use actix_web::body::{BoxBody, EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -28,8 +34,16 @@ pub(super) const FORWARDED: &str = "x-brood-forwarded-by";
 /// How long a forwarded request may take at its holder.
 const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// The request headers sent on (the others are the connection's own).
-const SENT_ON: [header::HeaderName; 3] = [header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT];
+/// The header that carries the peer credential of a request between processes, in place of
+/// the end user's key (which never leaves the process it was sent to).
+pub(super) const PEER: &str = "x-brood-peer";
+
+/// The request headers sent on (the others are the connection's own, or the user's key).
+const SENT_ON: [header::HeaderName; 2] = [header::CONTENT_TYPE, header::ACCEPT];
+
+/// The most of a holder's answer read: the body limit, or this when larger (an envelope of
+/// many items outgrows a request's limit). A longer answer is not relayed.
+const MIN_ANSWER_LIMIT: usize = 64 << 20;
 
 pub(super) async fn forward(
     mut req: ServiceRequest,
@@ -85,7 +99,9 @@ pub(super) async fn forward(
         return Ok(ServiceResponse::new(request, reply).map_into_right_body());
     }
     let me = state.config.advertised();
-    let sent = web::block(move || send_on(&url, method, headers, body, &me))
+    let peer = state.config.peer_credential();
+    let limit = state.config.body_limit.max(MIN_ANSWER_LIMIT);
+    let sent = web::block(move || send_on(&url, method, headers, body, &me, peer.as_deref(), limit))
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
     let reply = match sent {
@@ -108,7 +124,8 @@ pub(super) async fn forward(
 }
 
 /// The client of requests between the processes sharing a ledger: one for the server, so its
-/// connections to the other processes are kept and reused. A status is an answer, not an error.
+/// connections to the other processes are kept and reused. A status is an answer, not an error,
+/// and a redirect is an answer too: it is never followed.
 pub(super) fn peers() -> &'static ureq::Agent {
     static AGENT: std::sync::OnceLock<ureq::Agent> = std::sync::OnceLock::new();
     AGENT.get_or_init(|| {
@@ -116,6 +133,7 @@ pub(super) fn peers() -> &'static ureq::Agent {
             .timeout_global(Some(FORWARD_TIMEOUT))
             .timeout_connect(Some(std::time::Duration::from_secs(5)))
             .http_status_as_error(false)
+            .max_redirects(0)
             .build()
             .into()
     })
@@ -135,17 +153,26 @@ fn send_on(
     headers: Vec<(header::HeaderName, header::HeaderValue)>,
     body: web::Bytes,
     me: &str,
+    peer: Option<&str>,
+    limit: usize,
 ) -> Result<Answer, String> {
     let mut request = ureq::http::Request::builder()
         .method(method.as_str())
         .uri(url)
         .header(FORWARDED, me);
+    if let Some(credential) = peer {
+        request = request.header(PEER, credential);
+    }
     for (name, value) in &headers {
         request = request.header(name.as_str(), value.as_bytes());
     }
     let request = request.body(body.to_vec()).map_err(|e| e.to_string())?;
     let mut answer = peers().run(request).map_err(|e| e.to_string())?;
     let status = StatusCode::from_u16(answer.status().as_u16()).map_err(|e| e.to_string())?;
+    if status.is_redirection() {
+        // brood never redirects a peer's request: not followed, and not relayed either.
+        return Err(format!("it answered {status}, a redirect, which is not followed"));
+    }
     let content_type = answer
         .headers()
         .get("content-type")
@@ -155,9 +182,9 @@ fn send_on(
     let bytes = answer
         .body_mut()
         .with_config()
-        .limit(1 << 30)
+        .limit(limit as u64)
         .read_to_vec()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| format!("its answer could not be read whole (at most {limit} bytes are relayed): {e}"))?;
     Ok(Answer {
         status,
         content_type,

@@ -50,11 +50,17 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Whether a request carries the server's key (always, for a server without one).
+/// Whether a request carries the server's key (always, for a server without one), or the
+/// peer credential of the processes sharing its ledger.
 fn authenticated(config: &ServeConfig, req: &ServiceRequest) -> bool {
     let Some(key) = &config.api_key else {
         return true;
     };
+    if let Some(given) = req.headers().get(forward::PEER) {
+        return config
+            .peer_credential()
+            .is_some_and(|peer| constant_time_eq(given.as_bytes(), peer.as_bytes()));
+    }
     let given = req
         .headers()
         .get(actix_web::http::header::AUTHORIZATION)

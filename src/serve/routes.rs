@@ -39,6 +39,14 @@ impl State {
 
 type Reply = Result<HttpResponse, ApiError>;
 
+/// The session id of a request's path, checked before anything is looked up: an id no session
+/// could have is a 400, and costs no read.
+pub(super) fn session_path(path: web::Path<String>) -> Result<String, ApiError> {
+    let id = path.into_inner();
+    brood_actors::model::validate_session_id(&id)?;
+    Ok(id)
+}
+
 /// Reads a body up to the configured limit: over it is a 413 in API.md's shape.
 pub(super) async fn body(state: &State, mut payload: web::Payload) -> Result<web::BytesMut, ApiError> {
     let mut out = web::BytesMut::new();
@@ -66,7 +74,7 @@ fn session_json(info: &crate::SessionInfo) -> serde_json::Value {
 }
 
 pub(super) async fn put_session(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
-    let session_id = path.into_inner();
+    let session_id = session_path(path)?;
     let body: PutSession = api::parse(&body(&state, payload).await?)?;
     let mut options = SessionOptions::default();
     if let Some(url) = body.wake_url.clone() {
@@ -130,7 +138,7 @@ pub(super) async fn get_session(state: web::Data<State>, path: web::Path<String>
             "`after` and `limit` page the calls of `delivered=true` only",
         ));
     }
-    let id = path.into_inner();
+    let id = session_path(path)?;
     let st = state.brood.status(&id).await?;
     let (calls, next): (Vec<serde_json::Value>, Option<String>) = if delivered {
         let limit = super::listing::limit(query.limit.as_deref())?;
@@ -209,7 +217,7 @@ pub(super) fn counts_json(st: &crate::SessionStatus) -> serde_json::Value {
 }
 
 pub(super) async fn set_turn(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
-    let session_id = path.into_inner();
+    let session_id = session_path(path)?;
     let body: TurnBody = api::parse(&body(&state, payload).await?)?;
     state.brood.set_turn(&session_id, body.state).await?;
     Ok(HttpResponse::Ok().json(json!({"session_id": session_id, "turn": body.state})))
@@ -252,7 +260,7 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
 }
 
 pub(super) async fn delegate(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
-    let session_id = path.into_inner();
+    let session_id = session_path(path)?;
     state.accepting()?;
     let body: DelegateBody = api::parse(&body(&state, payload).await?)?;
     let request = tasks(&state, body)?;
@@ -295,7 +303,7 @@ pub(super) async fn delegate(state: web::Data<State>, path: web::Path<String>, p
 }
 
 pub(super) async fn boundary(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
-    let session_id = path.into_inner();
+    let session_id = session_path(path)?;
     let body: BoundaryBody = api::parse(&body(&state, payload).await?)?;
     let lease_ms = body.lease_ms.unwrap_or(state.config.default_lease_ms);
     let (min, max) = (state.config.min_lease_ms, state.config.max_lease_ms);

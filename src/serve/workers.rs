@@ -197,7 +197,7 @@ async fn take_elsewhere(
             }
         };
         let body = json!({"child_id": child_id, "worker": worker, "lease_ms": lease.as_millis() as u64});
-        let (key, me) = (state.config.api_key.clone(), state.config.advertised());
+        let (key, me) = (state.config.peer_credential(), state.config.advertised());
         let url = format!("{address}/v1/workers/take");
         let asked = web::block(move || ask_holder(&url, &body, key.as_deref(), &me)).await;
         match asked {
@@ -226,7 +226,7 @@ fn ask_holder(
         .header("Content-Type", "application/json")
         .header(super::forward::FORWARDED, me);
     if let Some(k) = key {
-        request = request.header("Authorization", &format!("Bearer {k}"));
+        request = request.header(super::forward::PEER, k);
     }
     let mut answer = request.send(body.to_string().as_bytes()).map_err(|e| e.to_string())?;
     if answer.status().as_u16() != 200 {
@@ -276,19 +276,34 @@ pub(super) async fn take(state: web::Data<State>, queues: web::Data<WorkQueues>,
     }
 }
 
-/// A heartbeat or completion whose token another process handed out is sent on there.
-fn held_here(queues: &WorkQueues, token: &str) -> Result<(), ApiError> {
-    match queues.held_elsewhere(token) {
+/// A heartbeat or completion of a child this process's queues do not know is sent on to the
+/// process whose lease row says it serves the child's session (forwarding only ever goes to a
+/// registered lease holder, whatever the token says: tokens are opaque). A child whose session
+/// is served here or by nobody is answered here: its token is stale.
+async fn held_here(state: &State, queues: &WorkQueues, child_id: &str) -> Result<(), ApiError> {
+    if queues.directory().is_none() || queues.knows(child_id) {
+        return Ok(());
+    }
+    match state.brood.child_holder(child_id).await? {
         None => Ok(()),
         Some(address) => {
             let mut e = ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "session_moved",
-                format!("the child is queued in the process at {address}; send the request there"),
+                format!("the child's session is served by the process at {address}; send the request there"),
             );
             e.moved_to = Some(address);
             Err(e)
         }
+    }
+}
+
+/// With a shared ledger, a child neither these queues nor a peer holds is one whose token no
+/// process knows (a forged one, or one of a process that stopped): 409 `stale_token`.
+fn unknown_is_stale(queues: &WorkQueues, e: WorkError) -> ApiError {
+    match e {
+        WorkError::UnknownChild(child) if queues.directory().is_some() => WorkError::StaleToken(child).into(),
+        e => e.into(),
     }
 }
 
@@ -309,8 +324,10 @@ pub(super) async fn heartbeat(
     payload: web::Payload,
 ) -> Reply {
     let (child_id, body): (String, HeartbeatBody) = child_request(&state, path, payload).await?;
-    held_here(&queues, &body.token)?;
-    let lease = queues.heartbeat(&child_id, &body.token, body.progress)?;
+    held_here(&state, &queues, &child_id).await?;
+    let lease = queues
+        .heartbeat(&child_id, &body.token, body.progress)
+        .map_err(|e| unknown_is_stale(&queues, e))?;
     Ok(HttpResponse::Ok().json(json!({"child_id": child_id, "lease_ms": lease.as_millis() as u64})))
 }
 
@@ -321,8 +338,10 @@ pub(super) async fn complete(
     payload: web::Payload,
 ) -> Reply {
     let (child_id, body): (String, CompleteBody) = child_request(&state, path, payload).await?;
-    held_here(&queues, &body.token)?;
+    held_here(&state, &queues, &child_id).await?;
     let (token, status) = (body.token.clone(), body.status);
-    queues.complete(&child_id, &token, body.output())?;
+    queues
+        .complete(&child_id, &token, body.output())
+        .map_err(|e| unknown_is_stale(&queues, e))?;
     Ok(HttpResponse::Ok().json(json!({"child_id": child_id, "status": status})))
 }

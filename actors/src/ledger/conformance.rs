@@ -52,6 +52,8 @@ macro_rules! ledger_conformance_cases {
             call_children_and_call_parts_are_the_stored_rows_without_delivery_folded_in,
             ack_reads_the_ack_row_of_one_claim_of_one_session,
             find_call_finds_a_call_whatever_its_session,
+            find_call_finds_no_call_once_it_is_removed,
+            has_session_is_true_only_for_a_stored_session,
             call_reads_one_call_of_one_session,
             dead_letters_lists_every_sessions_dead_letters,
             call_children_are_that_calls_rows_by_task_index,
@@ -1072,6 +1074,50 @@ pub(crate) fn find_call_finds_a_call_whatever_its_session(make: &dyn Fn() -> Box
     assert_eq!(ledger.find_call("deleg_").expect("find_call"), None, "a prefix");
     assert_eq!(ledger.find_call("c").expect("find_call"), None, "a suffix");
     assert_eq!(ledger.find_call("deleg_c10").expect("find_call"), None, "a longer id");
+}
+
+pub(crate) fn find_call_finds_no_call_once_it_is_removed(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let ledger = make();
+    let c = call_row("a", "deleg_c", 1);
+    write(
+        &*ledger,
+        Writes {
+            calls: vec![c.clone()],
+            ..Writes::default()
+        },
+    );
+    assert_eq!(ledger.find_call("deleg_c").expect("find_call"), Some(c));
+    write(
+        &*ledger,
+        Writes {
+            remove_calls: vec![key("a", "deleg_c")],
+            ..Writes::default()
+        },
+    );
+    assert_eq!(ledger.find_call("deleg_c").expect("find_call"), None);
+}
+
+pub(crate) fn has_session_is_true_only_for_a_stored_session(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let ledger = make();
+    write(
+        &*ledger,
+        Writes {
+            sessions: vec![session_row("ab")],
+            ..Writes::default()
+        },
+    );
+    assert!(ledger.has_session("ab").expect("has_session"));
+    for other in ["a", "abc", "b", ""] {
+        assert!(!ledger.has_session(other).expect("has_session"), "{other:?}");
+    }
+    write(
+        &*ledger,
+        Writes {
+            remove_sessions: vec!["ab".to_string()],
+            ..Writes::default()
+        },
+    );
+    assert!(!ledger.has_session("ab").expect("has_session"));
 }
 
 pub(crate) fn call_reads_one_call_of_one_session(make: &dyn Fn() -> Box<dyn Ledger>) {

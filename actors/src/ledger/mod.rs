@@ -424,9 +424,12 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     fn put_claim(&self, row: &ClaimRow) -> Result<(), LedgerError>;
     /// The ack row of a claim of `session_id`, if it was acknowledged durably.
     fn ack(&self, session_id: &str, claim_id: &str) -> Result<Option<AckRow>, LedgerError>;
-    /// The stored row of the call `call_id`, whatever its session (a lookup for a call no owner
-    /// holds in memory any more: off every hot path, it may read every call's key).
+    /// The stored row of the call `call_id`, whatever its session: one indexed read, not a
+    /// scan, so an unknown id costs no more than a known one.
     fn find_call(&self, call_id: &str) -> Result<Option<CallRow>, LedgerError>;
+    /// Whether a session row of `session_id` is stored (one key's read): a lookup of an id
+    /// that names no session creates nothing.
+    fn has_session(&self, session_id: &str) -> Result<bool, LedgerError>;
     /// The stored row of the call `call_id` of `session_id` (one key's read).
     fn call(&self, session_id: &str, call_id: &str) -> Result<Option<CallRow>, LedgerError>;
     /// Every dead letter.
@@ -519,6 +522,8 @@ pub mod trees {
     pub const REDRIVES: &str = "redrives";
     /// Dead letters by dedup key.
     pub const DEAD_LETTERS: &str = "dead_letters";
+    /// The session of each call, by call id (sled; PostgreSQL indexes the calls' keys).
+    pub const CALL_SESSIONS: &str = "call_sessions";
     /// The format version.
     pub const META: &str = "meta";
     /// What is known of rows that could not be read, by `<tree>/<key>`.

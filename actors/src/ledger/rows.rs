@@ -20,6 +20,15 @@ pub fn row_key(session_id: &str, id: &str) -> Vec<u8> {
     key
 }
 
+/// A [`row_key`] taken apart: its session id and its row id (none for a key without the NUL
+/// a session id never holds, or that is not text).
+pub(super) fn split_row_key(key: &[u8]) -> Option<(&str, &str)> {
+    let nul = key.iter().position(|b| *b == 0)?;
+    let session = std::str::from_utf8(&key[..nul]).ok()?;
+    let id = std::str::from_utf8(&key[nul + 1..]).ok()?;
+    Some((session, id))
+}
+
 /// The prefix every key of `session_id` in a session-scoped tree starts with.
 pub(super) fn session_prefix(session_id: &str) -> Vec<u8> {
     row_key(session_id, "")

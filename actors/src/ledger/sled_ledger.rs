@@ -39,6 +39,10 @@ pub struct SledLedger {
     nests: sled::Tree,
     redrives: sled::Tree,
     dead_letters: sled::Tree,
+    /// The session of every stored call, by call id: a call is found by its id alone without
+    /// a scan ([`Ledger::find_call`]). An entry may outlive its call (a crash between their
+    /// writes), never the other way round.
+    call_sessions: sled::Tree,
     quarantine: sled::Tree,
     quarantine_raw: sled::Tree,
     files: FileSync,
@@ -154,10 +158,26 @@ impl SledLedger {
                 )))
             }
         }
+        let calls = db.open_tree(CALLS)?;
+        let call_sessions = db.open_tree(CALL_SESSIONS)?;
+        if meta.get(CALL_INDEX_KEY)?.is_none() {
+            // Calls stored before the index was kept: indexed once, in one pass.
+            let mut batch = sled::Batch::default();
+            for kv in calls.iter() {
+                let (key, _) = kv?;
+                if let Some((session, call)) = split_row_key(&key) {
+                    batch.insert(call, encode(CALL_SESSIONS, call, &session.to_string())?);
+                }
+            }
+            call_sessions.apply_batch(batch)?;
+            meta.insert(CALL_INDEX_KEY, encode(META, CALL_INDEX_KEY, &1u8)?)?;
+            db.flush()?;
+        }
         let files = FileSync::open(&path)?;
         Ok(SledLedger {
             sessions: db.open_tree(SESSIONS)?,
-            calls: db.open_tree(CALLS)?,
+            calls,
+            call_sessions,
             children: db.open_tree(CHILDREN)?,
             claims: db.open_tree(CLAIMS)?,
             acks: db.open_tree(ACKS)?,
@@ -193,6 +213,7 @@ impl SledLedger {
         Some(match name {
             SESSIONS => &self.sessions,
             CALLS => &self.calls,
+            CALL_SESSIONS => &self.call_sessions,
             CHILDREN => &self.children,
             CLAIMS => &self.claims,
             ACKS => &self.acks,
@@ -452,8 +473,9 @@ impl Ledger for SledLedger {
             // A slow disk: the write goes through, late.
             std::thread::sleep(std::time::Duration::from_millis(400));
         }
-        // One batch per run of one tree's changes, in their order.
-        let mut changes = write_changes(w)?.into_iter().peekable();
+        // One batch per run of one tree's changes, in their order; a call's index entry is
+        // written before the call and removed after it.
+        let mut changes = with_call_index(write_changes(w)?)?.into_iter().peekable();
         while let Some((name, key, value)) = changes.next() {
             let tree = self
                 .tree(name)
@@ -503,7 +525,15 @@ impl Ledger for SledLedger {
     }
 
     fn find_call(&self, call_id: &str) -> Result<Option<CallRow>, LedgerError> {
-        find_call_in(self.calls.iter().map(|kv| kv.map_err(LedgerError::from)), call_id)
+        let Some(v) = self.call_sessions.get(call_id)? else {
+            return Ok(None);
+        };
+        let session: String = decode_at(CALL_SESSIONS, call_id.as_bytes(), &v)?;
+        self.call(&session, call_id)
+    }
+
+    fn has_session(&self, session_id: &str) -> Result<bool, LedgerError> {
+        Ok(self.sessions.contains_key(session_id)?)
     }
 
     fn call(&self, session_id: &str, call_id: &str) -> Result<Option<CallRow>, LedgerError> {
@@ -628,3 +658,36 @@ impl Ledger for SledLedger {
 
 #[cfg(test)]
 mod tests;
+
+/// The meta key that says every stored call is in the call index.
+const CALL_INDEX_KEY: &str = "call_index";
+
+/// `changes` with the call index kept beside the calls: an entry put before the first change
+/// and removed after the last, so that a crash between the trees' batches leaves at most an
+/// entry whose call is gone (found as no call), never a call that cannot be found.
+fn with_call_index(changes: Vec<Change>) -> Result<Vec<Change>, LedgerError> {
+    let mut puts = Vec::new();
+    let mut removes = Vec::new();
+    for (tree, key, value) in &changes {
+        if *tree != CALLS {
+            continue;
+        }
+        let Some((session, call)) = split_row_key(key) else {
+            continue;
+        };
+        match value {
+            Some(_) => puts.push((
+                CALL_SESSIONS,
+                call.as_bytes().to_vec(),
+                Some(encode(CALL_SESSIONS, call, &session.to_string())?),
+            )),
+            None => removes.push((CALL_SESSIONS, call.as_bytes().to_vec(), None)),
+        }
+    }
+    if puts.is_empty() && removes.is_empty() {
+        return Ok(changes);
+    }
+    puts.extend(changes);
+    puts.extend(removes);
+    Ok(puts)
+}

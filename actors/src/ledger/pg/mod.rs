@@ -115,7 +115,19 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
              END IF;
          END $$",
     ),
+    (
+        6,
+        "calls by id",
+        // A call is looked up by its id alone (`GET /v1/calls/{id}`, a cancel, a worker's
+        // request for a child of a call served elsewhere): an index on the id part of its key.
+        "CREATE INDEX IF NOT EXISTS calls_by_call_id ON \"{schema}\".calls
+             ((substring(key FROM position('\\x00'::bytea IN key) + 1)))",
+    ),
 ];
+
+/// The call id part of a call row's key (after the NUL that ends its session id, which holds
+/// no control character), as the index of migration 6 and [`Ledger::find_call`] write it.
+const CALL_ID_OF_KEY: &str = "substring(key FROM position('\\x00'::bytea IN key) + 1)";
 
 /// A commit's transaction (its statements prepared once per connection).
 type Tx<'a> = deadpool_postgres::Transaction<'a>;
@@ -625,7 +637,31 @@ impl Ledger for PgLedger {
     }
 
     fn find_call(&self, call_id: &str) -> Result<Option<CallRow>, LedgerError> {
-        find_call_in(self.range(CALLS, Vec::new(), None, None)?.into_iter().map(Ok), call_id)
+        // One read of the index on the call id part of the keys (migration 6), not a scan.
+        self.settle()?;
+        let table = self.table(CALLS);
+        let pool = self.inner.pool.clone();
+        let id = call_id.as_bytes().to_vec();
+        let found = self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            client
+                .query(
+                    &format!("SELECT key, value FROM {table} WHERE {CALL_ID_OF_KEY} = $1"),
+                    &[&id],
+                )
+                .await
+                .map_err(pg_error("looking a call up by its id"))
+                .map(|rows| {
+                    rows.into_iter()
+                        .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
+                        .collect::<Vec<_>>()
+                })
+        })?;
+        find_call_in(found.into_iter().map(Ok), call_id)
+    }
+
+    fn has_session(&self, session_id: &str) -> Result<bool, LedgerError> {
+        Ok(self.get(SESSIONS, session_id.as_bytes().to_vec())?.is_some())
     }
 
     fn call(&self, session_id: &str, call_id: &str) -> Result<Option<CallRow>, LedgerError> {

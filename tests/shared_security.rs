@@ -1,0 +1,305 @@
+//! What crosses between `brood serve` processes sharing one PostgreSQL database, driven as an
+//! attacker would: a forged worker token names no place to forward to, a request is forwarded
+//! only to an address a process wrote into the lease table, with the peer credential instead of
+//! the user's key, following no redirect and relaying no more than a bounded answer; and
+//! lookups of ids that name no session leave nothing in the database.
+
+mod server;
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use server::{assert_error, Server};
+
+const KEY: &str = "the-users-key";
+
+fn node(dir: &Path, url: &str, name: &str) -> Server {
+    let dir = dir.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    Server::start_with(
+        &dir,
+        Some(KEY),
+        &["--ledger", url, "--node", name, "--session-lease-ms", "2000"],
+    )
+}
+
+/// One SQL statement's rows, as psql prints them unaligned.
+fn psql(url: &str, sql: &str) -> String {
+    let out = Command::new("psql")
+        .args([url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .output()
+        .expect("psql runs (Debian's postgresql-client)");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// What a listener was sent: each request's head (request line and headers), lowercased.
+type Heads = Arc<Mutex<Vec<String>>>;
+
+/// A listener on a free loopback port that records each request's head and answers with
+/// `answer` (the whole response, or a function writing it); its address and what it saw.
+fn listener(answer: impl Fn(&mut std::net::TcpStream) + Send + 'static) -> (String, Heads) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = format!("http://{}", l.local_addr().unwrap());
+    let heads: Heads = Arc::default();
+    let seen = heads.clone();
+    std::thread::spawn(move || {
+        for stream in l.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                head.push_str(&lower);
+            }
+            let mut body = vec![0; length];
+            let _ = reader.read_exact(&mut body);
+            seen.lock().unwrap().push(head);
+            answer(&mut stream);
+        }
+    });
+    (address, heads)
+}
+
+fn text_hex(text: &str) -> String {
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn a_forged_worker_token_is_refused_and_sends_nothing_anywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let (sink, heads) = listener(|s| {
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}");
+    });
+    // A token that ends in the hex of an address, as tokens once named their holder.
+    let forged = format!("wtk_0123456789abcdef~{}", text_hex(&sink));
+    for op in ["heartbeat", "complete"] {
+        let body = match op {
+            "heartbeat" => json!({"token": forged}),
+            _ => json!({"token": forged, "status": "succeeded", "summary": "x"}),
+        };
+        let reply = a.call("POST", &format!("/v1/children/deleg_00ff.0/{op}"), Some(body));
+        assert_error(reply, 409, "stale_token");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        heads.lock().unwrap().is_empty(),
+        "the server sent requests to the token's address: {:?}",
+        heads.lock().unwrap()
+    );
+}
+
+#[test]
+fn tokens_name_no_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    a.open("w");
+    let task = json!({"goal": "g", "runner": {"kind": "external"}});
+    let (status, reply) = a.call("POST", "/v1/sessions/w/delegate", Some(json!({"tasks": [task]})));
+    assert_eq!(status, 202, "{reply}");
+    let (status, work) = a.call(
+        "POST",
+        "/v1/workers/poll",
+        Some(json!({"worker": "w", "wait_ms": 5000})),
+    );
+    assert_eq!(status, 200, "{work}");
+    let token = work["token"].as_str().unwrap();
+    assert!(!token.contains('~') && !token.contains(&text_hex(&a.base)), "{token}");
+    assert!(
+        token.starts_with("wtk_") && token[4..].chars().all(|c| c.is_ascii_hexdigit()),
+        "{token}"
+    );
+}
+
+/// A session opened through `a`, whose lease row is then pointed at `address` (as if a peer
+/// there held it) once `a` is gone; `b` serves requests for it from then on.
+fn session_held_at(dir: &Path, url: &str, address: &str) -> Server {
+    let a = node(dir, url, "a");
+    a.open("s");
+    a.kill9();
+    let b = node(dir, url, "b");
+    psql(
+        url,
+        &format!(
+            "UPDATE brood.session_leases SET address = '{address}', owner = 'elsewhere', instance = 'x',
+                 expires_at = now() + interval '1 hour' WHERE session = 's'::bytea"
+        ),
+    );
+    b
+}
+
+#[test]
+fn a_forwarded_request_carries_the_peer_credential_not_the_users_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (peer, heads) = listener(|s| {
+        let body = br#"{"session_id":"s","turn":"idle","wake_capable":true,"counts":{}}"#;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/json\r\n\r\n",
+            body.len()
+        );
+        let _ = s.write_all(head.as_bytes());
+        let _ = s.write_all(body);
+    });
+    let b = session_held_at(dir.path(), &url, &peer);
+    let (status, body) = b.call("GET", "/v1/sessions/s", None);
+    assert_eq!(status, 200, "relayed: {body}");
+    let heads = heads.lock().unwrap();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(
+        !heads[0].contains(KEY),
+        "the user's key crossed to a peer: {}",
+        heads[0]
+    );
+    assert!(!heads[0].contains("authorization:"), "{}", heads[0]);
+    assert!(
+        heads[0].contains("x-brood-peer: bpk_"),
+        "no peer credential: {}",
+        heads[0]
+    );
+}
+
+#[test]
+fn a_peer_that_redirects_is_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (elsewhere, followed) = listener(|s| {
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}");
+    });
+    let (peer, _) = listener(move |s| {
+        let _ = s.write_all(
+            format!("HTTP/1.1 302 Found\r\nLocation: {elsewhere}/latest/meta-data\r\nContent-Length: 0\r\n\r\n")
+                .as_bytes(),
+        );
+    });
+    let b = session_held_at(dir.path(), &url, &peer);
+    let (status, _) = b.call("POST", "/v1/sessions/s/turn", Some(json!({"state": "busy"})));
+    assert_ne!(status, 200);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        followed.lock().unwrap().is_empty(),
+        "a redirect was followed: {:?}",
+        followed.lock().unwrap()
+    );
+}
+
+/// The resident memory of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_peers_huge_answer_is_not_buffered_or_relayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    const HUGE: usize = 300 << 20;
+    let (peer, _) = listener(|s| {
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {HUGE}\r\nContent-Type: application/json\r\n\r\n");
+        let _ = s.write_all(head.as_bytes());
+        let chunk = vec![b' '; 1 << 20];
+        for _ in 0..HUGE >> 20 {
+            if s.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let b = session_held_at(dir.path(), &url, &peer);
+    let before = rss_kib(b.child.id());
+    let started = Instant::now();
+    let reply = b.send("GET", "/v1/sessions/s", None, Some(KEY));
+    assert!(reply.text.len() < 1 << 20, "relayed {} bytes", reply.text.len());
+    assert_eq!(reply.status, 503, "{}", reply.text);
+    let grew = rss_kib(b.child.id()).saturating_sub(before);
+    assert!(
+        grew < 200 << 10,
+        "the answer was buffered: RSS grew by {grew} KiB in {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn looking_up_ids_that_name_no_session_leaves_nothing_in_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    a.open("real");
+    for i in 0..40 {
+        assert_error(
+            a.call("GET", &format!("/v1/sessions/junk-{i}"), None),
+            404,
+            "unknown_session",
+        );
+        let (status, _) = a.call(
+            "POST",
+            &format!("/v1/sessions/junk-{i}/boundary"),
+            Some(json!({"consumer": "c"})),
+        );
+        assert_eq!(status, 404);
+    }
+    let leases = psql(&url, "SELECT count(*) FROM brood.session_leases");
+    assert_eq!(
+        leases,
+        "1",
+        "lease rows: {}",
+        psql(&url, "SELECT session FROM brood.session_leases")
+    );
+    // The real one still works.
+    let (status, body) = a.call("GET", "/v1/sessions/real", None);
+    assert_eq!(status, 200, "{body}");
+}
+
+#[test]
+fn session_ids_outside_the_allowed_characters_are_refused_before_any_lookup() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let long = "x".repeat(5000);
+    for id in [long.as_str(), "a%00b", "a%20b", "caf%C3%A9", "a%25b"] {
+        let (status, body) = a.call("GET", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(status, 400, "{id}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+        let (status, _) = a.call("PUT", &format!("/v1/sessions/{id}"), Some(json!({})));
+        assert_eq!(status, 400, "{id}");
+    }
+    assert_eq!(psql(&url, "SELECT count(*) FROM brood.session_leases"), "0");
+    assert_eq!(psql(&url, "SELECT count(*) FROM brood.sessions"), "0");
+}
+
+#[test]
+fn a_call_is_found_by_its_id_from_any_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let b = node(dir.path(), &url, "b");
+    a.open("c");
+    let call = a.delegate_sims("c", 2);
+    let (status, body) = b.call("GET", &format!("/v1/calls/{call}"), None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["session_id"], "c");
+    assert_error(b.call("GET", "/v1/calls/deleg_00000000", None), 404, "unknown_call");
+}
