@@ -25,7 +25,7 @@ impl BroodHandle {
         }
         let ledger = self.ledger.clone();
         let id = call_id.to_string();
-        // A scan of the call keys (off every hot path).
+        // One read of the index of calls.
         let found = blocking(move || ledger.find_call(&id)).await?.ok_or_else(unknown)?;
         if self.engine.leases.is_some() {
             // Shared: its session may be served here once taken up, or elsewhere (then the
@@ -37,6 +37,16 @@ impl BroodHandle {
         }
         let ledger = self.ledger.clone();
         blocking(move || stored_call(&*ledger, found)).await
+    }
+
+    /// The session call `call_id` was made in: from memory while the call is out, else from the
+    /// ledger's index of calls (one read). None when no stored call has the id.
+    pub async fn call_session(&self, call_id: &str) -> Result<Option<String>, BroodError> {
+        if let Some(session) = self.engine.calls.get(call_id).map(|s| s.value().clone()) {
+            return Ok(Some(session));
+        }
+        let (ledger, id) = (self.ledger.clone(), call_id.to_string());
+        Ok(blocking(move || ledger.find_call(&id)).await?.map(|c| c.session_id))
     }
 
     /// Where the requests of child `child_id` go when several processes share the ledger and
@@ -52,15 +62,8 @@ impl BroodHandle {
         let Some((call_id, _)) = brood_actors::model::parse_child_id(child_id) else {
             return Ok(None);
         };
-        let session = match self.engine.calls.get(call_id).map(|s| s.value().clone()) {
-            Some(session) => session,
-            None => {
-                let (ledger, id) = (self.ledger.clone(), call_id.to_string());
-                match blocking(move || ledger.find_call(&id)).await? {
-                    Some(call) => call.session_id,
-                    None => return Ok(None),
-                }
-            }
+        let Some(session) = self.call_session(call_id).await? else {
+            return Ok(None);
         };
         let holder = blocking(move || leases.holder(&session)).await?;
         Ok(match holder {
@@ -203,7 +206,7 @@ impl BroodHandle {
         }
         let ledger = self.ledger.clone();
         let id = call_id.clone();
-        // A scan of the call keys (off every hot path).
+        // One read of the index of calls.
         let stored = blocking(move || ledger.find_call(&id)).await?.ok_or_else(unknown)?;
         let session = stored.session_id.clone();
         self.ask(

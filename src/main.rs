@@ -126,6 +126,14 @@ struct ServeArgs {
     /// The key every /v1 request must carry as `Authorization: Bearer <key>`.
     #[arg(long)]
     api_key: Option<String>,
+    /// Keys limited to some sessions, comma-separated `<prefix>=<key>` entries: each reaches
+    /// only the sessions whose id starts with its prefix (needs --api-key).
+    #[arg(long)]
+    scoped_keys: Option<String>,
+    /// With --ledger: the credential of requests between the processes sharing it (default:
+    /// derived from the API key).
+    #[arg(long)]
+    peer_key: Option<String>,
     /// Allow `command` runners.
     #[arg(long)]
     allow_command: bool,
@@ -206,6 +214,8 @@ impl ServeArgs {
             ("node", &self.node),
             ("session_lease_ms", &self.session_lease_ms),
             ("api_key", &self.api_key),
+            ("scoped_keys", &self.scoped_keys),
+            ("peer_key", &self.peer_key),
             ("allowed_runners", &self.allowed_runners),
             ("durability", &self.durability),
             ("body_limit", &self.body_limit),

@@ -303,3 +303,67 @@ fn a_call_is_found_by_its_id_from_any_process() {
     assert_eq!(body["session_id"], "c");
     assert_error(b.call("GET", "/v1/calls/deleg_00000000", None), 404, "unknown_call");
 }
+
+/// Counts, in `brood.takes_counted`, the statements that take from the shared work list (a
+/// statement trigger fires once a statement, whether it took a row or not).
+fn count_takes(url: &str) {
+    psql(
+        url,
+        "CREATE TABLE brood.takes_counted (n bigint NOT NULL);
+         INSERT INTO brood.takes_counted VALUES (0);
+         CREATE FUNCTION brood.count_take() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN UPDATE brood.takes_counted SET n = n + 1; RETURN NULL; END $$;
+         CREATE TRIGGER count_takes AFTER DELETE ON brood.work_directory
+             FOR EACH STATEMENT EXECUTE FUNCTION brood.count_take();",
+    );
+}
+
+#[test]
+fn idle_worker_polls_ask_the_database_nothing_while_they_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let b = node(dir.path(), &url, "b");
+    count_takes(&url);
+    const POLLS: u64 = 10;
+    std::thread::scope(|s| {
+        for i in 0..POLLS {
+            let a = &a;
+            s.spawn(move || {
+                let (status, reply) = a.call(
+                    "POST",
+                    "/v1/workers/poll",
+                    Some(json!({"worker": format!("w{i}"), "queue": "idle", "wait_ms": 3000})),
+                );
+                assert_eq!(status, 204, "{reply}");
+            });
+        }
+    });
+    let takes: u64 = psql(&url, "SELECT n FROM brood.takes_counted").parse().unwrap();
+    // One look when a poll comes, and one for each time the list may have changed (none here);
+    // a poll that asked the database on a timer looks about fifteen times in three seconds.
+    assert!(
+        takes <= 2 * POLLS,
+        "{POLLS} polls waiting 3 s with nothing listed asked the shared list {takes} times"
+    );
+
+    // A child listed by another process while a poll waits is still handed to it.
+    b.open("y");
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| {
+            a.call(
+                "POST",
+                "/v1/workers/poll",
+                Some(json!({"worker": "w", "queue": "gpu", "wait_ms": 30000})),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let task = json!({"goal": "render", "runner": {"kind": "external", "queue": "gpu"}});
+        let (status, reply) = b.call("POST", "/v1/sessions/y/delegate", Some(json!({"tasks": [task]})));
+        assert_eq!(status, 202, "{reply}");
+        let call = reply["call_id"].as_str().unwrap().to_string();
+        let (status, work) = waiting.join().unwrap();
+        assert_eq!(status, 200, "{work}");
+        assert_eq!(work["child_id"], format!("{call}.0"));
+    });
+}

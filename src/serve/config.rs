@@ -39,6 +39,10 @@ pub struct ServeConfig {
     /// instead of the user's key; when unset, one is derived from `api_key`.
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "redacted")]
     pub peer_key: Option<String>,
+    /// Keys limited to the sessions whose id starts with a prefix (and their calls, children,
+    /// claims and dead letters), besides `api_key`, which reaches everything.
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "scoped_redacted")]
+    pub scoped_keys: Vec<super::scope::ScopedKey>,
     /// Whether `command` runners may run (the same as listing `command` in `allowed_runners`).
     pub allow_command: bool,
     /// The runner kinds a delegation may use; the others are refused with 403.
@@ -155,6 +159,11 @@ fn hide_password(url: &str) -> String {
     shown
 }
 
+/// Scoped keys as printed: their prefixes, each key shown as `(set)`.
+fn scoped_redacted<S: serde::Serializer>(keys: &[super::scope::ScopedKey], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(keys.iter().map(|k| format!("{}=(set)", k.prefix)))
+}
+
 fn redacted<S: serde::Serializer>(_: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str("(set)")
 }
@@ -170,6 +179,7 @@ impl Default for ServeConfig {
             session_lease_ms: 10_000,
             api_key: None,
             peer_key: None,
+            scoped_keys: Vec::new(),
             allow_command: false,
             allowed_runners: vec!["sim".into(), "external".into()],
             durability: Durability::Fsync,
@@ -243,6 +253,10 @@ const KEYS: &[(&str, &str)] = &[
     ),
     ("session_lease_ms", "from 1000 to 600000 (default 10000)"),
     ("api_key", "a non-empty string"),
+    (
+        "scoped_keys",
+        "entries `<prefix>=<key>` (a TOML array of strings, or text separated by commas): each key reaches only the sessions whose id starts with its prefix; needs api_key",
+    ),
     (
         "peer_key",
         "a non-empty string, the same in every process sharing the ledger (default: derived from api_key)",
@@ -422,6 +436,37 @@ fn kinds(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// Scoped keys: a TOML array of `<prefix>=<key>` strings, or text of them separated by commas;
+/// no key twice.
+fn scoped_keys(key: &str, raw: &Raw) -> Result<Vec<super::scope::ScopedKey>, String> {
+    let entries: Vec<String> = match raw {
+        Raw::Toml(toml::Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| format!("holds something that is not a string; {}", accepted(key)))?,
+        Raw::Text(s) => s
+            .split(',')
+            .map(|e| e.trim().to_string())
+            .filter(|e| !e.is_empty())
+            .collect(),
+        Raw::Toml(_) => return Err(format!("is not an array of strings; {}", accepted(key))),
+    };
+    let mut out: Vec<super::scope::ScopedKey> = Vec::new();
+    for entry in entries {
+        let scoped = super::scope::ScopedKey::parse(&entry)?;
+        if out.iter().any(|k| k.key == scoped.key) {
+            return Err(format!(
+                "two entries have the same key (prefixes `{}` and `{}`)",
+                out.iter().find(|k| k.key == scoped.key).map_or("", |k| &k.prefix),
+                scoped.prefix
+            ));
+        }
+        out.push(scoped);
+    }
+    Ok(out)
+}
+
 fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
     let bad = || format!("{raw} is not accepted; {}", accepted(key));
     match key {
@@ -445,6 +490,7 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
         "node" => c.node = Some(text(raw).filter(|s| !s.trim().is_empty()).ok_or_else(bad)?),
         "session_lease_ms" => c.session_lease_ms = number(key, raw, 1_000, 600_000)?,
         "api_key" => c.api_key = Some(text(raw).filter(|s| !s.is_empty()).ok_or_else(bad)?),
+        "scoped_keys" => c.scoped_keys = scoped_keys(key, raw)?,
         "peer_key" => c.peer_key = Some(text(raw).filter(|s| !s.is_empty()).ok_or_else(bad)?),
         "allow_command" => c.allow_command = flag(key, raw)?,
         "allowed_runners" => c.allowed_runners = kinds(key, raw)?,
@@ -508,6 +554,21 @@ fn check(c: &ServeConfig) -> Result<(), ConfigError> {
                 "is not set, and {} listens on every interface: the other processes sharing the ledger must reach this one at an address of its own (set --advertise http://<host>:<port>)",
                 c.listen
             ),
+        ));
+    }
+    if !c.scoped_keys.is_empty() && c.api_key.is_none() {
+        return Err(err(
+            "scoped_keys",
+            "are set but api_key is not: a server without a key lets every request reach everything, so a key limited to some sessions would limit nothing (set --api-key too)".into(),
+        ));
+    }
+    if c.scoped_keys
+        .iter()
+        .any(|k| Some(&k.key) == c.api_key.as_ref() || Some(&k.key) == c.peer_key.as_ref())
+    {
+        return Err(err(
+            "scoped_keys",
+            "one of them is also the api_key or the peer_key: a scoped key must be a key of its own".into(),
         ));
     }
     if c.api_key.is_none() && !c.listen.ip().is_loopback() {
@@ -698,6 +759,41 @@ mod tests {
         );
         let e = resolve_file("allowed_runners = [1]\n").unwrap_err();
         assert!(e.problem.contains("runner kinds from"), "{e}");
+    }
+
+    #[test]
+    fn scoped_keys_need_an_admin_key_differ_from_it_and_are_never_printed() {
+        let both = flags(&[("api_key", "admin"), ("scoped_keys", "acme-=k1, beta-=k2")]);
+        let c = resolve(None, vec![], both).unwrap();
+        assert_eq!(
+            c.scoped_keys
+                .iter()
+                .map(|k| (k.prefix.as_str(), k.key.as_str()))
+                .collect::<Vec<_>>(),
+            [("acme-", "k1"), ("beta-", "k2")]
+        );
+        let printed = c.to_toml();
+        assert!(printed.contains("acme-=(set)") && !printed.contains("k1"), "{printed}");
+        let from_file = resolve_file("api_key = \"admin\"\nscoped_keys = [\"acme-=k1\"]\n").unwrap();
+        assert_eq!(from_file.scoped_keys.len(), 1);
+        let e = resolve(None, vec![], flags(&[("scoped_keys", "acme-=k1")])).unwrap_err();
+        assert_eq!(e.key, "scoped_keys");
+        let e = resolve(None, vec![], flags(&[("api_key", "k1"), ("scoped_keys", "acme-=k1")])).unwrap_err();
+        assert!(e.problem.contains("key of its own"), "{e}");
+        let e = resolve(
+            None,
+            vec![],
+            flags(&[("api_key", "a"), ("scoped_keys", "acme-=k1,beta-=k1")]),
+        )
+        .unwrap_err();
+        assert!(e.problem.contains("same key") && !e.problem.contains("k1"), "{e}");
+        let e = resolve(
+            None,
+            vec![],
+            flags(&[("api_key", "a"), ("scoped_keys", "secretwithoutprefix")]),
+        )
+        .unwrap_err();
+        assert!(!e.to_string().contains("secretwithoutprefix"), "{e}");
     }
 
     #[test]

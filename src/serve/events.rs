@@ -115,8 +115,13 @@ fn sse(
     futures::StreamExt::chain(head, rest)
 }
 
-pub(super) async fn stream(state: web::Data<State>, path: web::Path<String>) -> Result<HttpResponse, ApiError> {
+pub(super) async fn stream(
+    state: web::Data<State>,
+    access: super::scope::Access,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     let session_id = super::routes::session_path(path)?;
+    access.session(&session_id)?;
     // Subscribed before the count is read: a change in between is told, never missed.
     let rx = state.brood.subscribe(&session_id).await?;
     let counts = state.brood.counts(&session_id).await?;

@@ -10,7 +10,8 @@
 //!
 //! What crosses between processes: only to an address a process wrote itself into the lease
 //! table (or the shared work list), never one a client named; with the peer credential
-//! ([`PEER`], see [`super::config::ServeConfig::peer_credential`]) instead of the user's key;
+//! ([`PEER`], see [`super::config::ServeConfig::peer_credential`]) instead of the user's key,
+//! and the prefix of a scoped key ([`super::scope::SCOPE`]) when the user's key was one;
 //! following no redirect; reading at most the larger of the body limit and 64 MiB of the
 //! answer.
 
@@ -81,6 +82,11 @@ pub(super) async fn forward(
         .filter_map(|h| req.headers().get(h).map(|v| (h.clone(), v.clone())))
         .collect();
     let forwarded = req.headers().contains_key(FORWARDED);
+    // A scoped key's request goes on with its scope, so the holder judges it as this process did.
+    let scope = req
+        .extensions()
+        .get::<super::scope::Access>()
+        .and_then(|a| a.prefix().map(str::to_string));
     let res = next.call(req).await?;
     let Some(MovedTo(address)) = res.response().extensions().get::<MovedTo>().cloned() else {
         return Ok(res.map_into_left_body());
@@ -101,6 +107,22 @@ pub(super) async fn forward(
     let me = state.config.advertised();
     let peer = state.config.peer_credential();
     let limit = state.config.body_limit.max(MIN_ANSWER_LIMIT);
+    let mut headers = headers;
+    if let Some(prefix) = scope {
+        // A prefix is printable ASCII (the configuration checks it), so it always makes a
+        // header; were it not, the request would go on without its scope: it is refused instead.
+        let Ok(value) = header::HeaderValue::from_str(&prefix) else {
+            let e = ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the key's scope cannot be sent on",
+            );
+            return Ok(
+                ServiceResponse::new(request, actix_web::ResponseError::error_response(&e)).map_into_right_body(),
+            );
+        };
+        headers.push((header::HeaderName::from_static(super::scope::SCOPE), value));
+    }
     let sent = web::block(move || send_on(&url, method, headers, body, &me, peer.as_deref(), limit))
         .await
         .unwrap_or_else(|e| Err(e.to_string()));

@@ -48,12 +48,18 @@ fn page<'a>(ids: &'a [String], after: Option<&str>, limit: usize) -> (&'a [Strin
     (&ids[start..end], end < ids.len())
 }
 
-pub(super) async fn list_sessions(state: web::Data<State>, req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub(super) async fn list_sessions(
+    state: web::Data<State>,
+    access: super::scope::Access,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
     let query = web::Query::<ListQuery>::from_query(req.query_string())
         .map_err(|e| ApiError::invalid(format!("the query string does not parse: {e}")))?
         .into_inner();
     let limit = limit(query.limit.as_deref())?;
-    let ids = state.brood.sessions();
+    let mut ids = state.brood.sessions();
+    // A scoped key lists its own sessions only.
+    ids.retain(|id| access.covers(id));
     let (ids, more) = page(&ids, query.after.as_deref(), limit);
     let mut sessions = Vec::with_capacity(ids.len());
     for id in ids {

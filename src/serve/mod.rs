@@ -25,6 +25,7 @@ mod listing;
 mod metrics;
 mod openapi;
 mod routes;
+pub mod scope;
 pub mod wake;
 mod workers;
 
@@ -50,16 +51,23 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Whether a request carries the server's key (always, for a server without one), or the
-/// peer credential of the processes sharing its ledger.
-fn authenticated(config: &ServeConfig, req: &ServiceRequest) -> bool {
+/// What a request may touch, by the key it carries: everything for the server's key (and for
+/// every request to a server without one), the sessions of its prefix for a scoped key; for
+/// the peer credential of the processes sharing its ledger, what the request it forwards may
+/// (its [`scope::SCOPE`]). None when the key is missing or wrong.
+fn authenticated(config: &ServeConfig, req: &ServiceRequest) -> Option<scope::Access> {
     let Some(key) = &config.api_key else {
-        return true;
+        return Some(scope::Access::All);
     };
     if let Some(given) = req.headers().get(forward::PEER) {
-        return config
-            .peer_credential()
-            .is_some_and(|peer| constant_time_eq(given.as_bytes(), peer.as_bytes()));
+        let peer = config.peer_credential()?;
+        if !constant_time_eq(given.as_bytes(), peer.as_bytes()) {
+            return None;
+        }
+        return match req.headers().get(scope::SCOPE) {
+            None => Some(scope::Access::All),
+            Some(prefix) => prefix.to_str().ok().map(|p| scope::Access::Prefix(p.to_string())),
+        };
     }
     let given = req
         .headers()
@@ -67,16 +75,31 @@ fn authenticated(config: &ServeConfig, req: &ServiceRequest) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    constant_time_eq(given.as_bytes(), key.as_bytes())
+    if constant_time_eq(given.as_bytes(), key.as_bytes()) {
+        return Some(scope::Access::All);
+    }
+    // Every scoped key is compared, so the time taken tells nothing of which one came close.
+    let mut found = None;
+    for scoped in &config.scoped_keys {
+        if constant_time_eq(given.as_bytes(), scoped.key.as_bytes()) {
+            found = Some(scope::Access::Prefix(scoped.prefix.clone()));
+        }
+    }
+    found
 }
 
 async fn require_key(
     req: ServiceRequest,
     next: Next<impl actix_web::body::MessageBody + 'static>,
 ) -> Result<ServiceResponse<EitherBody<impl actix_web::body::MessageBody>>, actix_web::Error> {
+    use actix_web::HttpMessage as _;
     let config = req.app_data::<web::Data<routes::State>>().map(|s| s.config.clone());
-    if let Some(config) = config {
-        if !authenticated(&config, &req) {
+    let access = config.as_ref().and_then(|c| authenticated(c, &req));
+    match access {
+        Some(access) => {
+            req.extensions_mut().insert(access);
+        }
+        None => {
             let e = ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",

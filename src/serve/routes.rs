@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::api::{self, ApiError, BoundaryBody, DelegateBody, PutSession, ReleaseBody, TurnBody};
 use super::config::ServeConfig;
+use super::scope::Access;
 use crate::{Brood, BroodError, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
 
 /// What every handler shares.
@@ -73,8 +74,14 @@ fn session_json(info: &crate::SessionInfo) -> serde_json::Value {
     })
 }
 
-pub(super) async fn put_session(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+pub(super) async fn put_session(
+    state: web::Data<State>,
+    access: Access,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
     let session_id = session_path(path)?;
+    access.session(&session_id)?;
     let body: PutSession = api::parse(&body(&state, payload).await?)?;
     let mut options = SessionOptions::default();
     if let Some(url) = body.wake_url.clone() {
@@ -120,7 +127,12 @@ struct SessionQuery {
     limit: Option<String>,
 }
 
-pub(super) async fn get_session(state: web::Data<State>, path: web::Path<String>, req: HttpRequest) -> Reply {
+pub(super) async fn get_session(
+    state: web::Data<State>,
+    access: Access,
+    path: web::Path<String>,
+    req: HttpRequest,
+) -> Reply {
     let query = web::Query::<SessionQuery>::from_query(req.query_string())
         .map_err(|e| ApiError::invalid(format!("the query string does not parse: {e}")))?
         .into_inner();
@@ -139,6 +151,7 @@ pub(super) async fn get_session(state: web::Data<State>, path: web::Path<String>
         ));
     }
     let id = session_path(path)?;
+    access.session(&id)?;
     let st = state.brood.status(&id).await?;
     let (calls, next): (Vec<serde_json::Value>, Option<String>) = if delivered {
         let limit = super::listing::limit(query.limit.as_deref())?;
@@ -202,8 +215,10 @@ fn delivery(r: &crate::ChildRow) -> Option<&'static str> {
 /// `GET /v1/calls/{call_id}`: the call as a session shows it, with its session, the mode it
 /// ran in and why it was forced to sync, and when it was made; from the ledger once it was
 /// delivered.
-pub(super) async fn get_call(state: web::Data<State>, path: web::Path<String>) -> Reply {
-    let c = state.brood.call(&path.into_inner()).await?;
+pub(super) async fn get_call(state: web::Data<State>, access: Access, path: web::Path<String>) -> Reply {
+    let call_id = path.into_inner();
+    reach_call(&state, &access, "call", &call_id, &call_id).await?;
+    let c = state.brood.call(&call_id).await?;
     let mut out = call_json(&c);
     out["session_id"] = json!(c.call.session_id);
     out["forced_sync_reason"] = json!(c.call.forced_sync_reason);
@@ -216,8 +231,14 @@ pub(super) fn counts_json(st: &crate::SessionStatus) -> serde_json::Value {
     json!(api::Counts::from(st))
 }
 
-pub(super) async fn set_turn(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+pub(super) async fn set_turn(
+    state: web::Data<State>,
+    access: Access,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
     let session_id = session_path(path)?;
+    access.session(&session_id)?;
     let body: TurnBody = api::parse(&body(&state, payload).await?)?;
     state.brood.set_turn(&session_id, body.state).await?;
     Ok(HttpResponse::Ok().json(json!({"session_id": session_id, "turn": body.state})))
@@ -259,8 +280,14 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
     Ok(req)
 }
 
-pub(super) async fn delegate(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+pub(super) async fn delegate(
+    state: web::Data<State>,
+    access: Access,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
     let session_id = session_path(path)?;
+    access.session(&session_id)?;
     state.accepting()?;
     let body: DelegateBody = api::parse(&body(&state, payload).await?)?;
     let request = tasks(&state, body)?;
@@ -302,8 +329,14 @@ pub(super) async fn delegate(state: web::Data<State>, path: web::Path<String>, p
     })
 }
 
-pub(super) async fn boundary(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+pub(super) async fn boundary(
+    state: web::Data<State>,
+    access: Access,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
     let session_id = session_path(path)?;
+    access.session(&session_id)?;
     let body: BoundaryBody = api::parse(&body(&state, payload).await?)?;
     let lease_ms = body.lease_ms.unwrap_or(state.config.default_lease_ms);
     let (min, max) = (state.config.min_lease_ms, state.config.max_lease_ms);
@@ -327,13 +360,51 @@ pub(super) async fn boundary(state: web::Data<State>, path: web::Path<String>, p
     }
 }
 
-pub(super) async fn ack(state: web::Data<State>, path: web::Path<String>) -> Reply {
-    let delivered = state.brood.ack(&path.into_inner()).await?;
+/// A claim of a session out of reach of the request's key is answered as an unknown one.
+fn reach_claim(access: &Access, claim_id: &str) -> Result<(), ApiError> {
+    let session = brood_actors::actors::owner::claim_session(claim_id);
+    access.owned(session.as_deref(), || {
+        BroodError::UnknownClaim(claim_id.to_string()).into()
+    })
+}
+
+/// A call (or a unit or child of it, `kind` `id`) of a session out of reach of the request's key
+/// is answered as an unknown one. Looked up only for a scoped key.
+pub(super) async fn reach_call(
+    state: &State,
+    access: &Access,
+    kind: &'static str,
+    id: &str,
+    call_id: &str,
+) -> Result<(), ApiError> {
+    if access.is_all() {
+        return Ok(());
+    }
+    let session = state.brood.call_session(call_id).await?;
+    access.owned(session.as_deref(), || {
+        BroodError::UnknownTarget {
+            kind,
+            id: id.to_string(),
+        }
+        .into()
+    })
+}
+
+pub(super) async fn ack(state: web::Data<State>, access: Access, path: web::Path<String>) -> Reply {
+    let claim_id = path.into_inner();
+    reach_claim(&access, &claim_id)?;
+    let delivered = state.brood.ack(&claim_id).await?;
     Ok(HttpResponse::Ok().json(json!({"delivered": delivered})))
 }
 
-pub(super) async fn release(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
+pub(super) async fn release(
+    state: web::Data<State>,
+    access: Access,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
     let claim_id = path.into_inner();
+    reach_claim(&access, &claim_id)?;
     let body: ReleaseBody = api::parse(&body(&state, payload).await?)?;
     state
         .brood
@@ -343,21 +414,39 @@ pub(super) async fn release(state: web::Data<State>, path: web::Path<String>, pa
 }
 
 /// `POST /v1/calls/{id}/cancel`.
-pub(super) async fn cancel_call(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
-    cancel(state, crate::CancelTarget::Call(path.into_inner()), payload).await
+pub(super) async fn cancel_call(
+    state: web::Data<State>,
+    access: Access,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
+    cancel(state, access, crate::CancelTarget::Call(path.into_inner()), payload).await
 }
 
 /// `POST /v1/units/{id}/cancel`.
-pub(super) async fn cancel_unit(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
-    cancel(state, crate::CancelTarget::Unit(path.into_inner()), payload).await
+pub(super) async fn cancel_unit(
+    state: web::Data<State>,
+    access: Access,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
+    cancel(state, access, crate::CancelTarget::Unit(path.into_inner()), payload).await
 }
 
 /// `POST /v1/children/{id}/cancel`.
-pub(super) async fn cancel_child(state: web::Data<State>, path: web::Path<String>, payload: web::Payload) -> Reply {
-    cancel(state, crate::CancelTarget::Child(path.into_inner()), payload).await
+pub(super) async fn cancel_child(
+    state: web::Data<State>,
+    access: Access,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
+    cancel(state, access, crate::CancelTarget::Child(path.into_inner()), payload).await
 }
 
-async fn cancel(state: web::Data<State>, target: crate::CancelTarget, payload: web::Payload) -> Reply {
+async fn cancel(state: web::Data<State>, access: Access, target: crate::CancelTarget, payload: web::Payload) -> Reply {
+    if let Some(call_id) = target.call_id() {
+        reach_call(&state, &access, target.kind(), target.id(), call_id).await?;
+    }
     let body: api::CancelBody = api::parse(&body(&state, payload).await?)?;
     let done = state
         .brood
@@ -373,14 +462,18 @@ struct DeadLetterQuery {
     session_id: Option<String>,
 }
 
-pub(super) async fn dead_letters(state: web::Data<State>, req: HttpRequest) -> Reply {
+pub(super) async fn dead_letters(state: web::Data<State>, access: Access, req: HttpRequest) -> Reply {
     let query = web::Query::<DeadLetterQuery>::from_query(req.query_string())
         .map_err(|e| ApiError::invalid(format!("the query string does not parse: {e}")))?
         .into_inner();
-    let rows = match &query.session_id {
-        Some(s) => state.brood.dead_letters_of(s).await?,
+    let mut rows = match &query.session_id {
+        Some(s) => {
+            access.session(s)?;
+            state.brood.dead_letters_of(s).await?
+        }
         None => state.brood.dead_letters().await?,
     };
+    rows.retain(|d| access.covers(&d.session_id));
     let items: Vec<serde_json::Value> = rows
         .iter()
         .map(|d| {
@@ -398,14 +491,30 @@ pub(super) async fn dead_letters(state: web::Data<State>, req: HttpRequest) -> R
     Ok(HttpResponse::Ok().json(json!({"items": items})))
 }
 
-pub(super) async fn redrive(state: web::Data<State>, payload: web::Payload) -> Reply {
+pub(super) async fn redrive(state: web::Data<State>, access: Access, payload: web::Payload) -> Reply {
     let raw = body(&state, payload).await?;
     let body: api::RedriveBody = api::parse(&raw)?;
     let limit = body.limit;
     if limit == Some(0) {
         return Err(ApiError::invalid("`limit` must be at least 1 when given"));
     }
-    let select = body.select()?;
+    let mut select = body.select()?;
+    if let crate::RedriveSelect::Session(s) = &select {
+        access.session(s)?;
+    } else if let Some(prefix) = access.prefix() {
+        // A scoped key redrives the dead letters of its own sessions only: those selected,
+        // named by child.
+        let dead = state.brood.dead_letters().await?;
+        let ids: Vec<String> = dead
+            .into_iter()
+            .filter(|d| d.session_id.starts_with(prefix) && select.selects(d))
+            .map(|d| d.child_id)
+            .collect();
+        if ids.is_empty() {
+            return Ok(HttpResponse::Ok().json(json!({"redriven": 0})));
+        }
+        select = crate::RedriveSelect::Children(ids);
+    }
     let redriven = state.brood.redrive(select, limit).await?;
     Ok(HttpResponse::Ok().json(json!({"redriven": redriven})))
 }

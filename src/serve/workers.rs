@@ -17,6 +17,7 @@ use serde_json::json;
 
 use super::api::{self, ApiError};
 use super::routes::{body, State};
+use super::scope::Access;
 use crate::runners::external::{check_queue, DEFAULT_QUEUE};
 use crate::runners::{WorkError, WorkQueues};
 use crate::RunOutput;
@@ -108,7 +109,25 @@ fn within(field: &str, value: u64, min: u64, max: u64) -> Result<u64, ApiError> 
     }
 }
 
-pub(super) async fn poll(state: web::Data<State>, queues: web::Data<WorkQueues>, payload: web::Payload) -> Reply {
+/// Outside workers are handed children of every session: a scoped key may not poll or take.
+fn every_session(access: &Access) -> Result<(), ApiError> {
+    match access.prefix() {
+        None => Ok(()),
+        Some(p) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "out_of_scope",
+            format!("this key reaches only the sessions whose id starts with `{p}`, and a worker's poll hands out children of every session: poll with the server's key"),
+        )),
+    }
+}
+
+pub(super) async fn poll(
+    state: web::Data<State>,
+    access: Access,
+    queues: web::Data<WorkQueues>,
+    payload: web::Payload,
+) -> Reply {
+    every_session(&access)?;
     let body: PollBody = api::parse(&body(&state, payload).await?)?;
     if body.worker.is_empty() || body.worker.len() > MAX_WORKER_BYTES {
         return Err(ApiError::invalid(format!(
@@ -140,13 +159,10 @@ pub(super) async fn poll(state: web::Data<State>, queues: web::Data<WorkQueues>,
     })
 }
 
-/// How long a poll of a shared ledger waits on this process's own queues before it looks at
-/// the shared list again.
-const SHARED_LOOK_EVERY: Duration = Duration::from_millis(200);
-
 /// A poll when several processes share the ledger: this process's own queues first, then the
 /// children the shared list says wait elsewhere (each asked of its process, which hands it out
-/// if it still waits there), until `wait` has passed.
+/// if it still waits there), until `wait` has passed. Between looks it waits, costing no query,
+/// for a child queued here or for the list to say another process listed one.
 async fn poll_shared(
     state: &State,
     queues: &WorkQueues,
@@ -156,7 +172,12 @@ async fn poll_shared(
     lease: Duration,
 ) -> Option<crate::runners::external::Handout> {
     let deadline = tokio::time::Instant::now() + wait;
+    let mut listed = queues.directory().map(|d| d.listed());
     loop {
+        // Seen before the look: a child listed after it moves the count, and wakes the wait.
+        if let Some(l) = listed.as_mut() {
+            l.borrow_and_update();
+        }
         if let Some(h) = queues.poll(queue, worker, Duration::ZERO, lease).await {
             return Some(h);
         }
@@ -167,9 +188,20 @@ async fn poll_shared(
         if now >= deadline {
             return None;
         }
-        let nap = (deadline - now).min(SHARED_LOOK_EVERY);
-        if let Some(h) = queues.poll(queue, worker, nap, lease).await {
-            return Some(h);
+        let here = queues.poll(queue, worker, deadline - now, lease);
+        let elsewhere = async {
+            let heard = match listed.as_mut() {
+                Some(l) => l.changed().await.is_ok(),
+                None => false,
+            };
+            if !heard {
+                // No list to hear from (or it is gone): only this process's queues.
+                std::future::pending::<()>().await
+            }
+        };
+        tokio::select! {
+            handed = here => return handed,
+            () = elsewhere => {}
         }
     }
 }
@@ -262,7 +294,13 @@ struct TakeBody {
 
 /// `POST /v1/workers/take` (between processes sharing a ledger, not for workers): hands out the
 /// child a poll of another process took from the shared list, if it still waits here; 404 if not.
-pub(super) async fn take(state: web::Data<State>, queues: web::Data<WorkQueues>, payload: web::Payload) -> Reply {
+pub(super) async fn take(
+    state: web::Data<State>,
+    access: Access,
+    queues: web::Data<WorkQueues>,
+    payload: web::Payload,
+) -> Reply {
+    every_session(&access)?;
     let body: TakeBody = api::parse(&body(&state, payload).await?)?;
     let lease_ms = within("lease_ms", body.lease_ms, MIN_WORKER_LEASE_MS, MAX_WORKER_LEASE_MS)?;
     match queues.take(&body.child_id, &body.worker, Duration::from_millis(lease_ms)) {
@@ -307,23 +345,30 @@ fn unknown_is_stale(queues: &WorkQueues, e: WorkError) -> ApiError {
     }
 }
 
-/// The child id of the path and the parsed body of a heartbeat or completion.
+/// The child id of the path and the parsed body of a heartbeat or completion; a child of a
+/// session out of reach of the key is answered as one nobody knows.
 async fn child_request<T: serde::de::DeserializeOwned>(
     state: &State,
+    access: &Access,
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<(String, T), ApiError> {
+    let child_id = path.into_inner();
+    if let Some((call_id, _)) = brood_actors::model::parse_child_id(&child_id) {
+        super::routes::reach_call(state, access, "child", &child_id, call_id).await?;
+    }
     let body = api::parse(&body(state, payload).await?)?;
-    Ok((path.into_inner(), body))
+    Ok((child_id, body))
 }
 
 pub(super) async fn heartbeat(
     state: web::Data<State>,
+    access: Access,
     queues: web::Data<WorkQueues>,
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
-    let (child_id, body): (String, HeartbeatBody) = child_request(&state, path, payload).await?;
+    let (child_id, body): (String, HeartbeatBody) = child_request(&state, &access, path, payload).await?;
     held_here(&state, &queues, &child_id).await?;
     let lease = queues
         .heartbeat(&child_id, &body.token, body.progress)
@@ -333,11 +378,12 @@ pub(super) async fn heartbeat(
 
 pub(super) async fn complete(
     state: web::Data<State>,
+    access: Access,
     queues: web::Data<WorkQueues>,
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
-    let (child_id, body): (String, CompleteBody) = child_request(&state, path, payload).await?;
+    let (child_id, body): (String, CompleteBody) = child_request(&state, &access, path, payload).await?;
     held_here(&state, &queues, &child_id).await?;
     let (token, status) = (body.token.clone(), body.status);
     queues

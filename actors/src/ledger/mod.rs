@@ -373,6 +373,11 @@ pub trait WorkDirectory: Send + Sync + fmt::Debug {
     /// (`FOR UPDATE SKIP LOCKED`: pollers never take the same one): its id, and where its
     /// process takes requests.
     fn take_elsewhere(&self, queue: &str) -> Result<Option<(String, String)>, LedgerError>;
+    /// A count that moves whenever another process may have listed a child (and when this
+    /// process may have missed hearing of one): a poller that found nothing to take waits for it
+    /// to move instead of asking again. Marked seen before the look, a move after it is never
+    /// missed.
+    fn listed(&self) -> tokio::sync::watch::Receiver<u64>;
 }
 
 /// What is told of the sessions whose lease a process lost.

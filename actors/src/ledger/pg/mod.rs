@@ -171,6 +171,8 @@ const COMMITS_IN_FLIGHT: usize = POOL_SIZE - 1;
 struct Inner {
     schema: String,
     pool: Pool,
+    /// How the pool connects (for the work list's listening connection).
+    config: tokio_postgres::Config,
     /// The session leases, when several processes share the database.
     leases: Option<Arc<LeaseBook>>,
     /// The shared list of children waiting for outside workers, then.
@@ -277,7 +279,7 @@ impl PgLedger {
         config.keepalives_idle(Duration::from_secs(10));
         config.application_name("brood");
         let manager = Manager::from_config(
-            config,
+            config.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -298,6 +300,7 @@ impl PgLedger {
             inner: Arc::new(Inner {
                 schema: schema.to_string(),
                 pool,
+                config,
                 leases: None,
                 directory: None,
             }),
@@ -330,6 +333,7 @@ impl PgLedger {
             &inner.schema,
             config.address.clone(),
             inner.pool.clone(),
+            inner.config.clone(),
             self.runtime.handle.clone(),
         ));
         inner.leases = Some(book.clone());

@@ -214,3 +214,37 @@ fn a_damaged_child_row_read_on_another_thread_is_quarantined() {
     assert_eq!(quarantined[0].row.tree, CHILDREN);
     assert_eq!(quarantined[0].value, b"not a row".to_vec());
 }
+
+#[test]
+fn calls_stored_before_the_index_was_kept_are_indexed_when_the_ledger_opens() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let (a, b) = (call_of("s1", "deleg_a", 1), call_of("s2", "deleg_b", 2));
+    {
+        let ledger = SledLedger::open(dir.path()).unwrap();
+        ledger
+            .write(&Writes {
+                calls: vec![a.clone(), b.clone()],
+                ..Writes::default()
+            })
+            .unwrap();
+        // As a ledger of a build without the index: no index entries, no marker.
+        ledger.call_sessions.clear().unwrap();
+        ledger.db.open_tree(META).unwrap().remove(CALL_INDEX_KEY).unwrap();
+        ledger.flush().unwrap();
+        assert_eq!(
+            ledger.find_call("deleg_a").unwrap(),
+            None,
+            "the index is what finds a call"
+        );
+    }
+    let ledger = SledLedger::open(dir.path()).unwrap();
+    assert_eq!(ledger.find_call("deleg_a").unwrap(), Some(a));
+    assert_eq!(ledger.find_call("deleg_b").unwrap(), Some(b));
+    assert!(ledger
+        .db
+        .open_tree(META)
+        .unwrap()
+        .get(CALL_INDEX_KEY)
+        .unwrap()
+        .is_some());
+}
