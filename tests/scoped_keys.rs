@@ -203,6 +203,22 @@ fn a_scoped_key_cannot_read_claim_cancel_or_redrive_another_tenants_sessions() {
         .map(|x| x["session_id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["acme-1", "beta-1"], "{list}");
+    // A session nested in acme's (its id is the id of a child of acme's) is acme's too.
+    let task = json!({"goal": "n", "runner": {"kind": "external"}});
+    let (status, reply) = as_key(
+        &s,
+        ACME,
+        "POST",
+        "/v1/sessions/acme-1/delegate",
+        Some(json!({"tasks": [task], "independent_completions": true})),
+    );
+    assert_eq!(status, 202, "{reply}");
+    let nested = format!("/v1/sessions/{}.0", reply["call_id"].as_str().unwrap());
+    let (status, body) = as_key(&s, ACME, "PUT", &nested, Some(json!({})));
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = as_key(&s, ACME, "GET", &nested, None);
+    assert_eq!(status, 200, "{body}");
+    assert_error(as_key(&s, BETA, "GET", &nested, None), 403, "out_of_scope");
     // A key that is no key of the server's is still refused.
     assert_error(as_key(&s, "acme-", "GET", "/v1/sessions", None), 401, "unauthorized");
 }

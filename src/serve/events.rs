@@ -121,7 +121,7 @@ pub(super) async fn stream(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let session_id = super::routes::session_path(path)?;
-    access.session(&session_id)?;
+    access.session(&state.brood, &session_id).await?;
     // Subscribed before the count is read: a change in between is told, never missed.
     let rx = state.brood.subscribe(&session_id).await?;
     let counts = state.brood.counts(&session_id).await?;

@@ -58,8 +58,16 @@ pub(super) async fn list_sessions(
         .into_inner();
     let limit = limit(query.limit.as_deref())?;
     let mut ids = state.brood.sessions();
-    // A scoped key lists its own sessions only.
-    ids.retain(|id| access.covers(id));
+    if !access.is_all() {
+        // A scoped key lists its own sessions only (and those nested in them).
+        let mut reached = Vec::new();
+        for id in ids {
+            if access.covers(&state.brood, &id).await? {
+                reached.push(id);
+            }
+        }
+        ids = reached;
+    }
     let (ids, more) = page(&ids, query.after.as_deref(), limit);
     let mut sessions = Vec::with_capacity(ids.len());
     for id in ids {

@@ -81,7 +81,7 @@ pub(super) async fn put_session(
     payload: web::Payload,
 ) -> Reply {
     let session_id = session_path(path)?;
-    access.session(&session_id)?;
+    access.session(&state.brood, &session_id).await?;
     let body: PutSession = api::parse(&body(&state, payload).await?)?;
     let mut options = SessionOptions::default();
     if let Some(url) = body.wake_url.clone() {
@@ -151,7 +151,7 @@ pub(super) async fn get_session(
         ));
     }
     let id = session_path(path)?;
-    access.session(&id)?;
+    access.session(&state.brood, &id).await?;
     let st = state.brood.status(&id).await?;
     let (calls, next): (Vec<serde_json::Value>, Option<String>) = if delivered {
         let limit = super::listing::limit(query.limit.as_deref())?;
@@ -238,7 +238,7 @@ pub(super) async fn set_turn(
     payload: web::Payload,
 ) -> Reply {
     let session_id = session_path(path)?;
-    access.session(&session_id)?;
+    access.session(&state.brood, &session_id).await?;
     let body: TurnBody = api::parse(&body(&state, payload).await?)?;
     state.brood.set_turn(&session_id, body.state).await?;
     Ok(HttpResponse::Ok().json(json!({"session_id": session_id, "turn": body.state})))
@@ -287,7 +287,7 @@ pub(super) async fn delegate(
     payload: web::Payload,
 ) -> Reply {
     let session_id = session_path(path)?;
-    access.session(&session_id)?;
+    access.session(&state.brood, &session_id).await?;
     state.accepting()?;
     let body: DelegateBody = api::parse(&body(&state, payload).await?)?;
     let request = tasks(&state, body)?;
@@ -336,7 +336,7 @@ pub(super) async fn boundary(
     payload: web::Payload,
 ) -> Reply {
     let session_id = session_path(path)?;
-    access.session(&session_id)?;
+    access.session(&state.brood, &session_id).await?;
     let body: BoundaryBody = api::parse(&body(&state, payload).await?)?;
     let lease_ms = body.lease_ms.unwrap_or(state.config.default_lease_ms);
     let (min, max) = (state.config.min_lease_ms, state.config.max_lease_ms);
@@ -361,11 +361,13 @@ pub(super) async fn boundary(
 }
 
 /// A claim of a session out of reach of the request's key is answered as an unknown one.
-fn reach_claim(access: &Access, claim_id: &str) -> Result<(), ApiError> {
+async fn reach_claim(state: &State, access: &Access, claim_id: &str) -> Result<(), ApiError> {
+    if access.is_all() {
+        return Ok(());
+    }
     let session = brood_actors::actors::owner::claim_session(claim_id);
-    access.owned(session.as_deref(), || {
-        BroodError::UnknownClaim(claim_id.to_string()).into()
-    })
+    let unknown = || BroodError::UnknownClaim(claim_id.to_string()).into();
+    access.owned(&state.brood, session.as_deref(), unknown).await
 }
 
 /// A call (or a unit or child of it, `kind` `id`) of a session out of reach of the request's key
@@ -381,18 +383,19 @@ pub(super) async fn reach_call(
         return Ok(());
     }
     let session = state.brood.call_session(call_id).await?;
-    access.owned(session.as_deref(), || {
+    let unknown = || {
         BroodError::UnknownTarget {
             kind,
             id: id.to_string(),
         }
         .into()
-    })
+    };
+    access.owned(&state.brood, session.as_deref(), unknown).await
 }
 
 pub(super) async fn ack(state: web::Data<State>, access: Access, path: web::Path<String>) -> Reply {
     let claim_id = path.into_inner();
-    reach_claim(&access, &claim_id)?;
+    reach_claim(&state, &access, &claim_id).await?;
     let delivered = state.brood.ack(&claim_id).await?;
     Ok(HttpResponse::Ok().json(json!({"delivered": delivered})))
 }
@@ -404,7 +407,7 @@ pub(super) async fn release(
     payload: web::Payload,
 ) -> Reply {
     let claim_id = path.into_inner();
-    reach_claim(&access, &claim_id)?;
+    reach_claim(&state, &access, &claim_id).await?;
     let body: ReleaseBody = api::parse(&body(&state, payload).await?)?;
     state
         .brood
@@ -468,12 +471,18 @@ pub(super) async fn dead_letters(state: web::Data<State>, access: Access, req: H
         .into_inner();
     let mut rows = match &query.session_id {
         Some(s) => {
-            access.session(s)?;
+            access.session(&state.brood, s).await?;
             state.brood.dead_letters_of(s).await?
         }
         None => state.brood.dead_letters().await?,
     };
-    rows.retain(|d| access.covers(&d.session_id));
+    let mut reached = Vec::with_capacity(rows.len());
+    for d in rows.drain(..) {
+        if access.is_all() || access.covers(&state.brood, &d.session_id).await? {
+            reached.push(d);
+        }
+    }
+    let rows = reached;
     let items: Vec<serde_json::Value> = rows
         .iter()
         .map(|d| {
@@ -500,16 +509,16 @@ pub(super) async fn redrive(state: web::Data<State>, access: Access, payload: we
     }
     let mut select = body.select()?;
     if let crate::RedriveSelect::Session(s) = &select {
-        access.session(s)?;
-    } else if let Some(prefix) = access.prefix() {
+        access.session(&state.brood, s).await?;
+    } else if !access.is_all() {
         // A scoped key redrives the dead letters of its own sessions only: those selected,
         // named by child.
-        let dead = state.brood.dead_letters().await?;
-        let ids: Vec<String> = dead
-            .into_iter()
-            .filter(|d| d.session_id.starts_with(prefix) && select.selects(d))
-            .map(|d| d.child_id)
-            .collect();
+        let mut ids: Vec<String> = Vec::new();
+        for d in state.brood.dead_letters().await? {
+            if select.selects(&d) && access.covers(&state.brood, &d.session_id).await? {
+                ids.push(d.child_id);
+            }
+        }
         if ids.is_empty() {
             return Ok(HttpResponse::Ok().json(json!({"redriven": 0})));
         }

@@ -4,7 +4,8 @@
 //!
 //! The key check ([`super::require_key`]) puts an [`Access`] on every `/v1` request; each
 //! handler asks it before it touches anything. A session named by the request is judged by its
-//! id alone (a 403 that says so: it tells nothing about whether the session exists); a call,
+//! id (a 403 that says so: it tells nothing about whether the session exists), or, for a nested
+//! session (whose id is its parent child's), by the session its parent call was made in; a call,
 //! unit, child or claim of a session out of reach is answered as an unknown one (404), so ids of
 //! other tenants are neither confirmed nor refused. A request a process forwards to the holder
 //! of its session was judged where it came in, and carries its scope ([`SCOPE`]) beside the
@@ -16,6 +17,7 @@ use actix_web::http::StatusCode;
 use actix_web::{FromRequest, HttpMessage as _, HttpRequest};
 
 use super::api::ApiError;
+use crate::Brood;
 
 /// The header a forwarded request carries the prefix of its scoped key in (only believed
 /// beside a valid peer credential).
@@ -30,22 +32,46 @@ pub(super) enum Access {
     Prefix(String),
 }
 
+/// The most levels of nesting followed up from a session to the session it was delegated from.
+const MAX_NESTING: usize = 64;
+
 impl Access {
-    /// Whether session `id` is within reach.
-    pub(super) fn covers(&self, id: &str) -> bool {
+    /// Whether session id `id` starts with the prefix (always, for [`Access::All`]).
+    pub(super) fn starts(&self, id: &str) -> bool {
         match self {
             Access::All => true,
             Access::Prefix(p) => id.starts_with(p.as_str()),
         }
     }
 
+    /// Whether session `id` is within reach: its id starts with the prefix, or it is the
+    /// nested session of a child (its id is the child's) of a session within reach.
+    pub(super) async fn covers(&self, brood: &Brood, id: &str) -> Result<bool, ApiError> {
+        let mut id = id.to_string();
+        for _ in 0..=MAX_NESTING {
+            if self.starts(&id) {
+                return Ok(true);
+            }
+            let Some((call_id, _)) = brood_actors::model::parse_child_id(&id) else {
+                return Ok(false);
+            };
+            match brood.call_session(call_id).await? {
+                Some(parent) => id = parent,
+                None => return Ok(false),
+            }
+        }
+        Ok(false)
+    }
+
     /// Session `id`, named by the request itself: a 403 when it is out of reach.
-    pub(super) fn session(&self, id: &str) -> Result<(), ApiError> {
+    pub(super) async fn session(&self, brood: &Brood, id: &str) -> Result<(), ApiError> {
         match self {
-            Access::Prefix(p) if !self.covers(id) => Err(ApiError::new(
+            Access::Prefix(p) if !self.covers(brood, id).await? => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "out_of_scope",
-                format!("this key reaches only the sessions whose id starts with `{p}`"),
+                format!(
+                    "this key reaches only the sessions whose id starts with `{p}` (and the sessions nested in them)"
+                ),
             )),
             _ => Ok(()),
         }
@@ -53,9 +79,14 @@ impl Access {
 
     /// A thing (call, unit, child, claim) of session `of`, when it is known: out of reach it is
     /// answered as `unknown` answers an id nobody knows.
-    pub(super) fn owned(&self, of: Option<&str>, unknown: impl FnOnce() -> ApiError) -> Result<(), ApiError> {
+    pub(super) async fn owned(
+        &self,
+        brood: &Brood,
+        of: Option<&str>,
+        unknown: impl FnOnce() -> ApiError,
+    ) -> Result<(), ApiError> {
         match of {
-            Some(session) if !self.covers(session) => Err(unknown()),
+            Some(session) if !self.covers(brood, session).await? => Err(unknown()),
             _ => Ok(()),
         }
     }
@@ -147,15 +178,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_prefix_reaches_the_sessions_it_starts() {
+    fn a_prefix_reaches_the_session_ids_it_starts() {
         let a = Access::Prefix("acme-".into());
-        assert!(a.covers("acme-1") && a.covers("acme-"));
-        assert!(!a.covers("beta-1") && !a.covers("acme") && !a.covers("xacme-1"));
-        assert!(Access::All.covers("anything"));
-        assert_eq!(a.session("beta-1").unwrap_err().code, "out_of_scope");
-        let unknown = || ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such call");
-        assert_eq!(a.owned(Some("beta-1"), unknown).unwrap_err().code, "not_found");
-        assert!(a.owned(Some("acme-2"), unknown).is_ok() && a.owned(None, unknown).is_ok());
+        assert!(a.starts("acme-1") && a.starts("acme-"));
+        assert!(!a.starts("beta-1") && !a.starts("acme") && !a.starts("xacme-1"));
+        assert!(Access::All.starts("anything"));
     }
 
     #[test]
