@@ -144,3 +144,36 @@ async fn requests_naming_an_unknown_session_or_claim_are_refused() {
     let st = b.status("bad").await.unwrap();
     assert_eq!((st.ready, st.claimed, st.delivered), (1, 0, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_id_must_be_printable_ascii_but_a_stored_one_is_still_reached() {
+    use brood_actors::ledger::{Ledger as _, SledLedger, Writes};
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("ledger");
+    {
+        // Stored by a build that took any id without control characters.
+        let ledger = SledLedger::open(&folder).unwrap();
+        let row = brood_actors::model::SessionRow {
+            session_id: "user 42".into(),
+            max_concurrent_children: 8,
+            max_delivery_attempts: 8,
+            next_set: 1,
+            created_at_ms: 1,
+        };
+        ledger
+            .write(&Writes {
+                sessions: vec![row],
+                ..Writes::default()
+            })
+            .unwrap();
+        ledger.flush().unwrap();
+    }
+    let b = Brood::open(brood::BroodConfig::new(&folder)).unwrap();
+    assert_eq!(b.status("user 42").await.unwrap().info.session_id, "user 42");
+    b.open_session("user 42", SessionOptions::default()).await.unwrap();
+    for id in ["user 43", "café", "a/b", "50%", "a?b", "a#b"] {
+        invalid(b.open_session(id, SessionOptions::default()).await, "session_id");
+        assert!(b.status(id).await.is_err(), "{id} was made");
+    }
+    b.shutdown();
+}

@@ -315,3 +315,81 @@ fn a_worker_polling_any_process_gets_the_external_children_of_every_session() {
     taken.sort();
     assert_eq!(taken, expected, "every result delivered, through any process");
 }
+
+/// One SQL statement's rows, as psql prints them unaligned.
+fn psql(url: &str, sql: &str) -> String {
+    let out = std::process::Command::new("psql")
+        .args([url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .output()
+        .expect("psql runs (Debian's postgresql-client)");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Session `x` served by `b`, with one external child (queue `gpu`) listed in the shared work
+/// list; its id.
+fn listed_at(b: &Server, url: &str) -> String {
+    b.open("x");
+    let task = json!({"goal": "render", "runner": {"kind": "external", "queue": "gpu"}});
+    let (status, reply) = b.call("POST", "/v1/sessions/x/delegate", Some(json!({"tasks": [task]})));
+    assert_eq!(status, 202, "{reply}");
+    let child = format!("{}.0", reply["call_id"].as_str().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while psql(url, "SELECT count(*) FROM brood.work_directory") != "1" {
+        assert!(Instant::now() < deadline, "the child was never listed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// A poll at `a` of queue `gpu`, waiting up to 20 s.
+fn poll_gpu(a: &Server, wait_ms: u64) -> (u16, Value) {
+    a.call(
+        "POST",
+        "/v1/workers/poll",
+        Some(json!({"worker": "w", "queue": "gpu", "wait_ms": wait_ms})),
+    )
+}
+
+#[test]
+fn a_poll_does_not_wait_on_a_silent_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (a, b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
+    let child = listed_at(&b, &url);
+    // b is paused (well inside its lease): asked for its child, it does not answer.
+    signal(&b, "-STOP");
+    let asked = Instant::now();
+    let (status, reply) = poll_gpu(&a, 0);
+    let took = asked.elapsed();
+    signal(&b, "-CONT");
+    assert_eq!(status, 204, "{reply}");
+    // A wait of 0 is not ten seconds of asking (the margin is half a second; this bound is
+    // generous for a shared machine).
+    assert!(took < Duration::from_secs(5), "a poll with wait_ms 0 took {took:?}");
+    // b answers again: its child was handed out there, to the poll that gave up on it (it
+    // waits out that lease before it is queued again), or is still listed.
+    let _ = child;
+}
+
+#[test]
+fn a_listing_that_failed_to_land_is_written_once_the_database_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (a, b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
+    b.open("x");
+    // The list cannot be written for a while.
+    psql(&url, "ALTER TABLE brood.work_directory RENAME TO work_directory_away");
+    let task = json!({"goal": "render", "runner": {"kind": "external", "queue": "gpu"}});
+    let (status, reply) = b.call("POST", "/v1/sessions/x/delegate", Some(json!({"tasks": [task]})));
+    assert_eq!(status, 202, "{reply}");
+    std::thread::sleep(Duration::from_millis(1500));
+    psql(&url, "ALTER TABLE brood.work_directory_away RENAME TO work_directory");
+    let (status, work) = poll_gpu(&a, 20_000);
+    assert_eq!(status, 200, "{work}");
+    assert_eq!(work["child_id"], format!("{}.0", reply["call_id"].as_str().unwrap()));
+}

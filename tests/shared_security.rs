@@ -279,12 +279,24 @@ fn session_ids_outside_the_allowed_characters_are_refused_before_any_lookup() {
     let url = brood_actors::ledger::pg_testkit::fresh_database();
     let a = node(dir.path(), &url, "a");
     let long = "x".repeat(5000);
-    for id in [long.as_str(), "a%00b", "a%20b", "caf%C3%A9", "a%25b"] {
+    // No session has such an id: refused before anything is read.
+    for id in [long.as_str(), "a%00b", "a%0Ab"] {
         let (status, body) = a.call("GET", &format!("/v1/sessions/{id}"), None);
         assert_eq!(status, 400, "{id}: {body}");
         assert_eq!(body["error"]["code"], "invalid_request", "{body}");
         let (status, _) = a.call("PUT", &format!("/v1/sessions/{id}"), Some(json!({})));
         assert_eq!(status, 400, "{id}");
+    }
+    // Ids an earlier build could store are looked up, but no new session gets one.
+    for id in ["a%20b", "caf%C3%A9", "a%25b"] {
+        let (status, body) = a.call("GET", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(status, 404, "{id}: {body}");
+        let (status, body) = a.call("PUT", &format!("/v1/sessions/{id}"), Some(json!({})));
+        assert_eq!(status, 400, "{id}: {body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("printable ASCII"),
+            "{body}"
+        );
     }
     assert_eq!(psql(&url, "SELECT count(*) FROM brood.session_leases"), "0");
     assert_eq!(psql(&url, "SELECT count(*) FROM brood.sessions"), "0");

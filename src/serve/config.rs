@@ -455,6 +455,15 @@ fn scoped_keys(key: &str, raw: &Raw) -> Result<Vec<super::scope::ScopedKey>, Str
     let mut out: Vec<super::scope::ScopedKey> = Vec::new();
     for entry in entries {
         let scoped = super::scope::ScopedKey::parse(&entry)?;
+        if let Some(other) = out
+            .iter()
+            .find(|k| k.prefix.starts_with(&scoped.prefix) || scoped.prefix.starts_with(&k.prefix))
+        {
+            return Err(format!(
+                "the prefixes `{}` and `{}` overlap: a session of one would be the other's too",
+                other.prefix, scoped.prefix
+            ));
+        }
         if out.iter().any(|k| k.key == scoped.key) {
             return Err(format!(
                 "two entries have the same key (prefixes `{}` and `{}`)",

@@ -127,6 +127,16 @@ pub(super) async fn forward(
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
     let reply = match sent {
+        Ok(Answer { status, .. }) if status == StatusCode::UNAUTHORIZED => {
+            tracing::warn!(%address, "a peer sharing the ledger refused this process's peer credential");
+            actix_web::ResponseError::error_response(&ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "peer_refused",
+                format!(
+                    "the session is served by the process at {address}, which refused this process's peer credential: the processes sharing the ledger need the same api_key (or peer_key)"
+                ),
+            ))
+        }
         Ok(Answer {
             status,
             content_type,

@@ -32,30 +32,32 @@ pub(super) enum Access {
     Prefix(String),
 }
 
+/// How every child id, so every nested session's id, starts.
+const CHILD_ID_START: &str = "deleg_";
+
 /// The most levels of nesting followed up from a session to the session it was delegated from.
 const MAX_NESTING: usize = 64;
 
 impl Access {
-    /// Whether session id `id` starts with the prefix (always, for [`Access::All`]).
-    pub(super) fn starts(&self, id: &str) -> bool {
-        match self {
-            Access::All => true,
-            Access::Prefix(p) => id.starts_with(p.as_str()),
-        }
-    }
-
-    /// Whether session `id` is within reach: its id starts with the prefix, or it is the
-    /// nested session of a child (its id is the child's) of a session within reach.
+    /// Whether session `id` is within reach: a top-level session whose id starts with the
+    /// prefix, or a nested session (its id is its child's) of a session within reach. A nested
+    /// session is judged by the session it came from, never by its own id, so no prefix reaches
+    /// another tenant's nested sessions by the shape of their ids.
     pub(super) async fn covers(&self, brood: &Brood, id: &str) -> Result<bool, ApiError> {
+        let Access::Prefix(prefix) = self else {
+            return Ok(true);
+        };
         let mut id = id.to_string();
         for _ in 0..=MAX_NESTING {
-            if self.starts(&id) {
-                return Ok(true);
-            }
             let Some((call_id, _)) = brood_actors::model::parse_child_id(&id) else {
-                return Ok(false);
+                return Ok(id.starts_with(prefix.as_str()));
             };
-            match brood.call_session(call_id).await? {
+            // The nest row, kept while the session is; else the call's own row.
+            let parent = match brood.nest(&id) {
+                Some(nest) => Some(nest.parent_session_id),
+                None => brood.call_session(call_id).await?,
+            };
+            match parent {
                 Some(parent) => id = parent,
                 None => return Ok(false),
             }
@@ -158,6 +160,11 @@ impl ScopedKey {
                 "the prefix {prefix:?} holds {c:?}, which no session id may hold"
             ));
         }
+        if CHILD_ID_START.starts_with(prefix) || prefix.starts_with(CHILD_ID_START) {
+            return Err(format!(
+                "the prefix {prefix:?} overlaps `{CHILD_ID_START}`, the start of brood's own child ids (the ids of nested sessions)"
+            ));
+        }
         if key.trim().is_empty() {
             return Err(format!("the key of prefix {prefix:?} is empty"));
         }
@@ -178,14 +185,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_prefix_reaches_the_session_ids_it_starts() {
-        let a = Access::Prefix("acme-".into());
-        assert!(a.starts("acme-1") && a.starts("acme-"));
-        assert!(!a.starts("beta-1") && !a.starts("acme") && !a.starts("xacme-1"));
-        assert!(Access::All.starts("anything"));
-    }
-
-    #[test]
     fn a_scoped_key_is_a_prefix_and_a_key() {
         assert_eq!(
             ScopedKey::parse("acme-=k=1").unwrap(),
@@ -194,7 +193,15 @@ mod tests {
                 key: "k=1".into()
             }
         );
-        for bad in ["=key", "ac me=key", "a/b=key", "acme-= "] {
+        for bad in [
+            "=key",
+            "ac me=key",
+            "a/b=key",
+            "acme-= ",
+            "d=key",
+            "deleg_=key",
+            "deleg_1=key",
+        ] {
             assert!(ScopedKey::parse(bad).is_err(), "{bad}");
         }
         // Without `=` the whole text may be a key: it is not echoed.

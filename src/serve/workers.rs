@@ -181,7 +181,7 @@ async fn poll_shared(
         if let Some(h) = queues.poll(queue, worker, Duration::ZERO, lease).await {
             return Some(h);
         }
-        if let Some(h) = take_elsewhere(state, queues, queue, worker, lease).await {
+        if let Some(h) = take_elsewhere(state, queues, queue, worker, lease, deadline).await {
             return Some(h);
         }
         let now = tokio::time::Instant::now();
@@ -206,14 +206,24 @@ async fn poll_shared(
     }
 }
 
+/// How long past its `wait_ms` a poll may take, asking another process for a child listed there.
+const ASK_MARGIN: Duration = Duration::from_millis(500);
+
+/// The longest a process is asked for a listed child.
+const ASK_MOST: Duration = Duration::from_secs(10);
+
 /// Takes children the shared list says wait in other processes, asking each process for its
-/// own, until one is handed out or the list has none for `queue`.
+/// own, until one is handed out, the list has none for `queue`, or `deadline` (plus
+/// [`ASK_MARGIN`]) passed. A child whose process did not answer in time, or answered with a
+/// fault, is listed again; one it no longer holds, or whose process is gone (its session's next
+/// holder lists it anew if it still waits), is not.
 async fn take_elsewhere(
     state: &State,
     queues: &WorkQueues,
     queue: &str,
     worker: &str,
     lease: Duration,
+    deadline: tokio::time::Instant,
 ) -> Option<crate::runners::external::Handout> {
     let directory = queues.directory()?.clone();
     loop {
@@ -228,50 +238,80 @@ async fn take_elsewhere(
                 return None;
             }
         };
+        let within = deadline.saturating_duration_since(tokio::time::Instant::now()) + ASK_MARGIN;
         let body = json!({"child_id": child_id, "worker": worker, "lease_ms": lease.as_millis() as u64});
         let (key, me) = (state.config.peer_credential(), state.config.advertised());
         let url = format!("{address}/v1/workers/take");
-        let asked = web::block(move || ask_holder(&url, &body, key.as_deref(), &me)).await;
+        let timeout = within.min(ASK_MOST);
+        let asked = web::block(move || ask_holder(&url, &body, key.as_deref(), &me, timeout))
+            .await
+            .unwrap_or_else(|e| Asked::Faulty(e.to_string()));
         match asked {
-            Ok(Ok(Some(h))) => return Some(h),
-            // Handed out or ended meanwhile, or its process is gone (whoever takes its session
-            // over queues it again): the next one.
-            Ok(Ok(None)) => {}
-            Ok(Err(e)) => tracing::debug!(child = %child_id, %address, "a listed child's process did not answer: {e}"),
-            Err(e) => tracing::warn!("asking for a listed child failed: {e}"),
+            Asked::Handed(h) => return Some(h),
+            // Handed out or ended meanwhile: the next one.
+            Asked::NotThere => {}
+            Asked::Gone(e) => tracing::debug!(child = %child_id, %address, "a listed child's process is gone: {e}"),
+            Asked::Faulty(e) => {
+                tracing::debug!(child = %child_id, %address, "a listed child's process did not answer in time: {e}");
+                directory.relist(&child_id, queue, &address);
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
         }
     }
 }
 
-/// Asks the process at `url` to hand out the child of `body`; none when it does not wait there.
-fn ask_holder(
-    url: &str,
-    body: &serde_json::Value,
-    key: Option<&str>,
-    me: &str,
-) -> Result<Option<crate::runners::external::Handout>, String> {
+/// What a process asked for a listed child answered.
+enum Asked {
+    /// It handed the child out.
+    Handed(crate::runners::external::Handout),
+    /// It does not hold the child waiting (handed out, ended, or not its own).
+    NotThere,
+    /// It could not be reached: nothing listens there.
+    Gone(String),
+    /// It did not answer in time, or answered with a fault.
+    Faulty(String),
+}
+
+/// Asks the process at `url` to hand out the child of `body`, waiting at most `timeout`.
+fn ask_holder(url: &str, body: &serde_json::Value, key: Option<&str>, me: &str, timeout: Duration) -> Asked {
     let mut request = super::forward::peers()
         .post(url)
         .config()
-        .timeout_global(Some(Duration::from_secs(10)))
+        .timeout_global(Some(timeout))
         .build()
         .header("Content-Type", "application/json")
         .header(super::forward::FORWARDED, me);
     if let Some(k) = key {
         request = request.header(super::forward::PEER, k);
     }
-    let mut answer = request.send(body.to_string().as_bytes()).map_err(|e| e.to_string())?;
-    if answer.status().as_u16() != 200 {
-        return Ok(None);
+    let mut answer = match request.send(body.to_string().as_bytes()) {
+        Ok(answer) => answer,
+        Err(e @ (ureq::Error::ConnectionFailed | ureq::Error::HostNotFound)) => return Asked::Gone(e.to_string()),
+        Err(ureq::Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            return Asked::Gone(e.to_string())
+        }
+        Err(e) => return Asked::Faulty(e.to_string()),
+    };
+    match answer.status().as_u16() {
+        200 => {}
+        404 | 409 => return Asked::NotThere,
+        other => return Asked::Faulty(format!("it answered {other}")),
     }
-    let text = answer.body_mut().read_to_string().map_err(|e| e.to_string())?;
-    let h: TakenBody = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
-    Ok(Some(crate::runners::external::Handout {
-        child_id: h.child_id,
-        goal: h.goal,
-        token: h.token,
-        lease_ms: h.lease_ms,
-    }))
+    let text = match answer.body_mut().read_to_string() {
+        Ok(text) => text,
+        Err(e) => return Asked::Faulty(e.to_string()),
+    };
+    match serde_json::from_str::<TakenBody>(&text) {
+        Ok(h) => Asked::Handed(crate::runners::external::Handout {
+            child_id: h.child_id,
+            goal: h.goal,
+            token: h.token,
+            lease_ms: h.lease_ms,
+        }),
+        Err(e) => Asked::Faulty(format!("its answer does not parse: {e}")),
+    }
 }
 
 /// A handout as `POST /v1/workers/take` answers it.
@@ -323,6 +363,8 @@ async fn held_here(state: &State, queues: &WorkQueues, child_id: &str) -> Result
         return Ok(());
     }
     match state.brood.child_holder(child_id).await? {
+        // A lease row of this process's previous life (restarted at the same address): here.
+        Some(address) if address == state.config.advertised() => Ok(()),
         None => Ok(()),
         Some(address) => {
             let mut e = ApiError::new(

@@ -23,7 +23,8 @@ use super::{Engine, Owners};
 use crate::error::BroodError;
 use crate::ledger::{Ledger, LedgerError, RowKey, Writes};
 use crate::model::{
-    nest_parent, now_ms, validate_session_id, ClaimRow, DeadLetterRow, NestRow, SessionRow, SessionSettings,
+    nest_parent, now_ms, validate_new_session_id, validate_session_id, ClaimRow, DeadLetterRow, NestRow, SessionRow,
+    SessionSettings,
 };
 use crate::recovery::{split_snapshot, Recovery, Reject};
 use crate::runner::RunnerFactory;
@@ -399,6 +400,14 @@ impl Handler<OpenSession> for Supervisor {
         let addr: Found = match self.engine.owner(&msg.session_id) {
             Some(addr) => Box::pin(futures::future::ready(Ok(addr))),
             None => {
+                // Not routed here: new (on a ledger of its own, every stored session is routed),
+                // or, on a shared one, maybe stored (adopting it checks the new rule only when
+                // it is not).
+                if self.engine.leases.is_none() {
+                    if let Err(e) = validate_new_session_id(&msg.session_id) {
+                        return Box::pin(async { Err(e) });
+                    }
+                }
                 let row = SessionRow {
                     session_id: msg.session_id.clone(),
                     max_concurrent_children: msg.settings.max_concurrent_children.unwrap_or(msg.defaults.0),

@@ -373,6 +373,10 @@ pub trait WorkDirectory: Send + Sync + fmt::Debug {
     /// (`FOR UPDATE SKIP LOCKED`: pollers never take the same one): its id, and where its
     /// process takes requests.
     fn take_elsewhere(&self, queue: &str) -> Result<Option<(String, String)>, LedgerError>;
+    /// Lists again a child [`WorkDirectory::take_elsewhere`] took whose process at `address`
+    /// could not be asked for it (it was slow, or answered with a fault), unless its process
+    /// listed it anew meanwhile. In the background.
+    fn relist(&self, child_id: &str, queue: &str, address: &str);
     /// A count that moves whenever another process may have listed a child (and when this
     /// process may have missed hearing of one): a poller that found nothing to take waits for it
     /// to move instead of asking again. Marked seen before the look, a move after it is never

@@ -172,6 +172,7 @@ impl SledLedger {
             call_sessions.apply_batch(batch)?;
             meta.insert(CALL_INDEX_KEY, encode(META, CALL_INDEX_KEY, &1u8)?)?;
             db.flush()?;
+            FileSync::open(&path)?.sync()?;
         }
         let files = FileSync::open(&path)?;
         Ok(SledLedger {

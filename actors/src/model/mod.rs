@@ -18,7 +18,10 @@ mod request;
 pub use check::CheckRow;
 pub use lifecycle::*;
 pub(crate) use request::panic_message;
-pub use request::{validate, validate_session_id, DelegateRequest, SessionSettings, TaskSpec, MAX_SESSION_ID_BYTES};
+pub use request::{
+    validate, validate_new_session_id, validate_session_id, DelegateRequest, SessionSettings, TaskSpec,
+    MAX_SESSION_ID_BYTES,
+};
 
 /// Milliseconds since the Unix epoch, the one clock stored rows use.
 pub fn now_ms() -> u64 {

@@ -193,8 +193,8 @@ pub fn validate(req: &DelegateRequest, factory: &dyn RunnerFactory) -> Result<Ve
     Ok(out)
 }
 
-/// Checks a session id: 1 to 256 bytes of printable ASCII, without `/`, `?`, `#`, `%` or a
-/// space (so it goes into a URL path as it is, and prints as it is).
+/// Checks the id of a session to look up: 1 to 256 bytes without control characters (what
+/// every stored session id is, those made before [`validate_new_session_id`] was the rule too).
 pub fn validate_session_id(id: &str) -> Result<(), BroodError> {
     let bad = |m: &str| Err(BroodError::invalid("session_id", m));
     if id.is_empty() {
@@ -203,12 +203,21 @@ pub fn validate_session_id(id: &str) -> Result<(), BroodError> {
     if id.len() > MAX_SESSION_ID_BYTES {
         return bad("must be at most 256 bytes");
     }
+    if id.chars().any(char::is_control) {
+        return bad("must not contain control characters");
+    }
+    Ok(())
+}
+
+/// Checks the id of a session to create: 1 to 256 bytes of printable ASCII, without `/`, `?`,
+/// `#`, `%` or a space (so it goes into a URL path as it is, and prints as it is).
+pub fn validate_new_session_id(id: &str) -> Result<(), BroodError> {
+    validate_session_id(id)?;
     if let Some(c) = id
         .chars()
         .find(|c| !c.is_ascii_graphic() || matches!(c, '/' | '?' | '#' | '%'))
     {
         let what = match c {
-            c if c.is_control() => "a control character".to_string(),
             ' ' => "a space".to_string(),
             c if !c.is_ascii() => format!("{c:?}, which is not ASCII"),
             c => format!("{c:?}"),

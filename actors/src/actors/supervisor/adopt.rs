@@ -116,15 +116,18 @@ fn adopt_session(
     let Some(leases) = engine.leases.as_ref() else {
         return Ok(Adopted::Unknown);
     };
-    if create.is_none() && !engine.ledger.has_session(id)? {
-        // An id that names no stored session takes no lease and leaves nothing behind (no
-        // lease row, no fence): a lookup of junk ids costs two reads each, and nothing later.
-        // One being created by another process (its lease taken, its row not yet committed)
-        // is served there.
-        return Ok(match leases.holder(id)? {
-            Some(crate::ledger::LeaseHolder::Elsewhere { address, .. }) => Adopted::Elsewhere(address),
-            _ => Adopted::Unknown,
-        });
+    if !engine.ledger.has_session(id)? {
+        if create.is_none() {
+            // An id that names no stored session takes no lease and leaves nothing behind (no
+            // lease row, no fence): a lookup of junk ids costs two reads each, and nothing
+            // later. One being created by another process (its lease taken, its row not yet
+            // committed) is served there.
+            return Ok(match leases.holder(id)? {
+                Some(crate::ledger::LeaseHolder::Elsewhere { address, .. }) => Adopted::Elsewhere(address),
+                _ => Adopted::Unknown,
+            });
+        }
+        crate::model::validate_new_session_id(id)?;
     }
     // A nested session is served where its parent session is: the end of its child, and a
     // cancel of it, reach it there.

@@ -4,6 +4,9 @@
 //! by one task on the ledger's runtime (a withdrawal overtaking the post after it would hide a
 //! waiting child); a taker deletes the row it takes, `FOR UPDATE SKIP LOCKED`.
 //!
+//! A change that fails to land is tried again (with those made meanwhile, the last of each
+//! child's) until it does: the list never loses a waiting child to one failed update.
+//!
 //! A post notifies the other processes (`NOTIFY`, sent when its transaction commits): each keeps
 //! one connection that `LISTEN`s, and counts what it hears in [`WorkDirectory::listed`], so a
 //! poller that found nothing to take waits for the count to move instead of asking the database
@@ -22,9 +25,53 @@ use super::{pg_error, pool_error, LedgerError};
 /// One change of the list.
 #[derive(Debug)]
 enum Change {
-    Post { child_id: String, queue: String },
-    Withdraw { child_id: String },
+    Post {
+        child_id: String,
+        queue: String,
+    },
+    Withdraw {
+        child_id: String,
+    },
+    /// Lists again a child of another process that a poller took off the list but could not
+    /// be handed (its process was slow to answer), unless its process listed it anew meanwhile.
+    Relist {
+        child_id: String,
+        queue: String,
+        address: String,
+    },
 }
+
+impl Change {
+    fn child_id(&self) -> &str {
+        match self {
+            Change::Post { child_id, .. } | Change::Withdraw { child_id } | Change::Relist { child_id, .. } => child_id,
+        }
+    }
+}
+
+/// The changes of `batch` that still matter, in order: each change sets or clears a child's
+/// listing whatever was before it, so only the last change of each child is kept.
+fn coalesce(batch: Vec<Change>) -> Vec<Change> {
+    let mut last: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (i, c) in batch.iter().enumerate() {
+        last.insert(c.child_id().to_string(), i);
+    }
+    batch
+        .into_iter()
+        .enumerate()
+        .filter(|(i, c)| last.get(c.child_id()) == Some(i))
+        .map(|(_, c)| c)
+        .collect()
+}
+
+/// How long a child listed again after its process did not answer is left before pollers
+/// elsewhere take it again (its own process's polls hand it out meanwhile); no one is told of
+/// it, so a process that keeps failing is not asked in a loop.
+const RELIST_AFTER_MS: u64 = 2_000;
+
+/// How long a failed update of the list waits before it is tried again, at first and at most.
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+const RETRY_MOST: Duration = Duration::from_secs(5);
 
 /// A process's view of the shared list.
 #[derive(Debug)]
@@ -58,16 +105,28 @@ impl PgDirectory {
         runtime.spawn(async move {
             while let Some(first) = rx.recv().await {
                 let mut batch = vec![first];
-                while batch.len() < BATCH {
-                    match rx.try_recv() {
-                        Ok(c) => batch.push(c),
-                        Err(_) => break,
+                let mut wait = RETRY_FIRST;
+                loop {
+                    while batch.len() < BATCH {
+                        match rx.try_recv() {
+                            Ok(c) => batch.push(c),
+                            Err(_) => break,
+                        }
                     }
-                }
-                if let Err(e) = apply(&apply_pool, &apply_table, &channel, &apply_address, &batch).await {
-                    // The list is advisory: a child not listed is still handed out by its own
-                    // process's polls, and a stale entry is dropped by its taker.
-                    tracing::warn!(changes = batch.len(), "updating the shared work list failed: {e}");
+                    match apply(&apply_pool, &apply_table, &channel, &apply_address, &batch).await {
+                        Ok(()) => break,
+                        Err(e) => {
+                            // Tried again, with what came meanwhile, until it lands: a waiting
+                            // child stays listed until it is handed out.
+                            tracing::warn!(
+                                changes = batch.len(),
+                                "updating the shared work list failed (tried again in {wait:?}): {e}"
+                            );
+                            tokio::time::sleep(wait).await;
+                            wait = (wait * 2).min(RETRY_MOST);
+                            batch = coalesce(batch);
+                        }
+                    }
                 }
             }
         });
@@ -87,13 +146,22 @@ fn channel(schema: &str) -> String {
     format!("brood_work_{schema}")
 }
 
+/// The keepalive period of the listening connection.
+const LISTEN_KEEPALIVE: Duration = Duration::from_secs(5);
+
 /// How long the listening connection waits before it connects again after it broke.
 const LISTEN_RETRY: Duration = Duration::from_secs(1);
 
 /// Keeps one connection listening on `channel` for as long as the ledger's runtime runs, and
 /// moves `heard` for every post of another process, and once each time the connection is
 /// (re)made. Ends when nobody reads `heard` any more.
-async fn listen(config: tokio_postgres::Config, channel: String, address: String, heard: watch::Sender<u64>) {
+async fn listen(mut config: tokio_postgres::Config, channel: String, address: String, heard: watch::Sender<u64>) {
+    // A connection that went half-open (a partition, a server gone without a word) only ever
+    // reads nothing: found out within about half a minute, and made again.
+    config
+        .keepalives_idle(LISTEN_KEEPALIVE)
+        .keepalives_interval(LISTEN_KEEPALIVE)
+        .keepalives_retries(3);
     let bump = |heard: &watch::Sender<u64>| heard.send_modify(|n| *n = n.wrapping_add(1));
     while !heard.is_closed() {
         match listen_once(&config, &channel, &address, &heard, bump).await {
@@ -166,6 +234,21 @@ async fn apply(pool: &Pool, table: &str, channel: &str, address: &str, batch: &[
                 )
                 .await
                 .map_err(pg_error("listing a waiting child"))?,
+            Change::Relist {
+                child_id,
+                queue,
+                address,
+            } => tx
+                .execute(
+                    &format!(
+                        "INSERT INTO {table} (child_id, queue, address, posted_at)
+                         VALUES ($1, $2, $3, now() + interval '{RELIST_AFTER_MS} milliseconds')
+                         ON CONFLICT (child_id) DO NOTHING"
+                    ),
+                    &[child_id, queue, address],
+                )
+                .await
+                .map_err(pg_error("listing a waiting child again"))?,
             Change::Withdraw { child_id } => tx
                 .execute(
                     &format!("DELETE FROM {table} WHERE child_id = $1 AND address = $2"),
@@ -197,6 +280,14 @@ impl crate::ledger::WorkDirectory for PgDirectory {
         });
     }
 
+    fn relist(&self, child_id: &str, queue: &str, address: &str) {
+        let _ = self.changes.send(Change::Relist {
+            child_id: child_id.to_string(),
+            queue: queue.to_string(),
+            address: address.to_string(),
+        });
+    }
+
     fn listed(&self) -> watch::Receiver<u64> {
         self.listed.clone()
     }
@@ -214,7 +305,7 @@ impl crate::ledger::WorkDirectory for PgDirectory {
                 .query_opt(
                     &format!(
                         "DELETE FROM {table} WHERE child_id = (
-                                 SELECT child_id FROM {table} WHERE queue = $1 AND address <> $2
+                                 SELECT child_id FROM {table} WHERE queue = $1 AND address <> $2 AND posted_at <= now()
                                  ORDER BY posted_at LIMIT 1 FOR UPDATE SKIP LOCKED)
                              RETURNING child_id, address"
                     ),
