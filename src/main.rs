@@ -133,6 +133,10 @@ struct ServeArgs {
     /// command with --allow-command).
     #[arg(long)]
     allowed_runners: Option<String>,
+    /// Host names besides loopback a request's Host header may name, comma-separated (the
+    /// names of a proxy in front; when set, Host is checked also with an API key).
+    #[arg(long)]
+    allowed_hosts: Option<String>,
     /// `fsync` (default) or `flush`.
     #[arg(long)]
     durability: Option<String>,
@@ -207,6 +211,7 @@ impl ServeArgs {
             ("session_lease_ms", &self.session_lease_ms),
             ("api_key", &self.api_key),
             ("allowed_runners", &self.allowed_runners),
+            ("allowed_hosts", &self.allowed_hosts),
             ("durability", &self.durability),
             ("body_limit", &self.body_limit),
             ("max_concurrent_children", &self.max_concurrent_children),
