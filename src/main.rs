@@ -536,7 +536,7 @@ async fn demo(data_dir: PathBuf, turn_ms: u64) -> anyhow::Result<()> {
                 brood::render::tag(item),
                 label,
                 item.status.as_str(),
-                item.goal
+                brood::printable(&item.goal)
             );
             *seen.entry(item.dedup_key.clone()).or_default() += 1;
             delivered.insert(item.dedup_key.clone(), (at(), waited));
