@@ -141,6 +141,10 @@ struct ServeArgs {
     /// command with --allow-command).
     #[arg(long)]
     allowed_runners: Option<String>,
+    /// Host names besides loopback a request's Host header may name, comma-separated (the
+    /// names of a proxy in front; when set, Host is checked also with an API key).
+    #[arg(long)]
+    allowed_hosts: Option<String>,
     /// `fsync` (default) or `flush`.
     #[arg(long)]
     durability: Option<String>,
@@ -217,6 +221,7 @@ impl ServeArgs {
             ("scoped_keys", &self.scoped_keys),
             ("peer_key", &self.peer_key),
             ("allowed_runners", &self.allowed_runners),
+            ("allowed_hosts", &self.allowed_hosts),
             ("durability", &self.durability),
             ("body_limit", &self.body_limit),
             ("max_concurrent_children", &self.max_concurrent_children),
@@ -541,7 +546,7 @@ async fn demo(data_dir: PathBuf, turn_ms: u64) -> anyhow::Result<()> {
                 brood::render::tag(item),
                 label,
                 item.status.as_str(),
-                item.goal
+                brood::printable(&item.goal)
             );
             *seen.entry(item.dedup_key.clone()).or_default() += 1;
             delivered.insert(item.dedup_key.clone(), (at(), waited));

@@ -22,14 +22,20 @@ pub fn tag(item: &ReadyItem) -> String {
     format!("[set {} · {}/{}]", item.set, item.task_index + 1, item.of)
 }
 
+/// User-given text on one line: runs of whitespace made one space, and any other control
+/// character shown escaped ([`crate::printable`]).
 fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
+    let line = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    match crate::printable(&line) {
+        std::borrow::Cow::Borrowed(_) => line,
+        std::borrow::Cow::Owned(shown) => shown,
+    }
 }
 
 fn item_line(out: &mut String, item: &ReadyItem) {
     let _ = write!(out, "  {} {} — {}", tag(item), item.status, one_line(&item.goal));
     if let Some(g) = &item.group {
-        let _ = write!(out, " (group `{g}`)");
+        let _ = write!(out, " (group `{}`)", crate::printable(g));
     }
     if let Some(summary) = &item.summary {
         let _ = write!(out, "\n      result: {}", one_line(summary));
@@ -162,6 +168,17 @@ mod tests {
         assert!(text.contains("FAILURE NOTICE [set 2 · 1/3] failed — look at it"));
         assert!(text.contains("still running"));
         assert!(text.contains("[set 2 · 2/3] succeeded"));
+    }
+
+    #[test]
+    fn user_text_is_shown_on_one_line_without_control_characters() {
+        let mut it = item(ItemKind::Result, 1, 0, ChildStatus::Succeeded);
+        it.summary = Some("done\x1b[2J\r\nrewritten".into());
+        it.group = Some("g\x1b[1A".into());
+        let text = envelope_text(&[it]);
+        assert!(!text.contains('\x1b') && !text.contains('\r'), "{text:?}");
+        assert!(text.contains("result: done\\u{1b}[2J rewritten"), "{text}");
+        assert!(text.contains("(group `g\\u{1b}[1A`)"), "{text}");
     }
 
     #[test]

@@ -410,3 +410,31 @@ fn a_session_list_limit_outside_1_to_1000_is_refused() {
         assert!(message.contains("limit"), "{message}");
     }
 }
+
+#[test]
+fn inspect_shows_a_summary_holding_terminal_controls_escaped_and_json_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("controls");
+    let summary = "before\x1b[2J\rafter\x07";
+    let (status, reply) = s.call(
+        "POST",
+        "/v1/sessions/controls/delegate",
+        Some(json!({"tasks": [{"goal": "say it", "runner": {"kind": "sim", "summary": summary}}]})),
+    );
+    assert_eq!(status, 202, "{reply}");
+    wait_ready(&s, "controls", 1);
+
+    let out = inspect(&["--server", &s.base], None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !table.contains(['\x1b', '\r', '\x07']),
+        "the table holds the raw controls: {table:?}"
+    );
+    assert!(table.contains(r"before\u{1b}[2J\rafter\u{7}"), "{table}");
+
+    let json = json_of(&inspect(&["--server", &s.base, "--json"], None));
+    let child = &call(&json, "controls", reply["call_id"].as_str().unwrap())["children"][0];
+    assert_eq!(child["summary"], summary, "JSON keeps the text as it is: {child}");
+}

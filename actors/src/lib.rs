@@ -37,4 +37,5 @@ pub mod recovery;
 pub mod retention;
 pub mod routing;
 pub mod runner;
+pub mod text;
 pub mod wake;

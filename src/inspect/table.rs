@@ -1,10 +1,13 @@
 //! An [`Inspection`] as text for people: a block per session (its counts on one line, then each
 //! call's units and children as aligned columns), then the dead letters and the quarantined
-//! rows. Times are UTC; a value a source does not know is `-`.
+//! rows. Times are UTC; a value a source does not know is `-`. Text from users or the ledger
+//! (ids, summaries, reasons, keys) is shown [`printable`]: a summary holding a terminal escape
+//! or a carriage return cannot clear the screen or rewrite rows.
 
 use std::fmt::Write as _;
 
 use super::{CallView, Inspection, SessionView, Source};
+use crate::printable;
 
 /// Renders an inspection as aligned tables.
 pub fn render(inspection: &Inspection) -> String {
@@ -72,7 +75,7 @@ fn render_session(out: &mut String, s: &SessionView) {
     let _ = writeln!(
         out,
         "session {}  turn {}  wake_capable {}",
-        s.session_id,
+        printable(&s.session_id),
         match s.turn {
             crate::Turn::Idle => "idle",
             crate::Turn::Busy => "busy",
@@ -85,7 +88,7 @@ fn render_session(out: &mut String, s: &SessionView) {
         c.queued, c.running, c.ready, c.backing_off, c.claimed, c.delivered
     );
     if let Some(parent) = &s.parent_child_id {
-        let _ = writeln!(out, "  nested: the session of child {parent}");
+        let _ = writeln!(out, "  nested: the session of child {}", printable(parent));
     }
     if s.calls.is_empty() {
         out.push_str("  no calls\n");
@@ -127,7 +130,7 @@ fn render_call(out: &mut String, call: &CallView) {
     let _ = writeln!(
         out,
         "  call {}  set {}  mode {}  age {}",
-        call.call_id,
+        printable(&call.call_id),
         call.set,
         call.mode,
         age(call.created_at)
@@ -171,8 +174,20 @@ fn render_call(out: &mut String, call: &CallView) {
     );
 }
 
-/// Writes `rows` under `headers`, each column as wide as its widest cell, the last one unpadded.
+/// Writes `rows` under `headers`, each column as wide as its widest cell, the last one unpadded;
+/// every cell [`printable`].
 fn columns(out: &mut String, indent: &str, headers: &[&str], rows: Vec<Vec<String>>) {
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|cell| match printable(&cell) {
+                    std::borrow::Cow::Borrowed(_) => cell,
+                    std::borrow::Cow::Owned(shown) => shown,
+                })
+                .collect()
+        })
+        .collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -248,5 +263,12 @@ mod tests {
             vec![vec!["long-cell".into(), "x".into(), "last".into()]],
         );
         assert_eq!(out, "  A          BB  C\n  long-cell  x   last\n");
+    }
+
+    #[test]
+    fn cells_show_control_characters_escaped() {
+        let mut out = String::new();
+        columns(&mut out, "", &["A", "B"], vec![vec!["x\ry".into(), "\x1b[2Jz".into()]]);
+        assert_eq!(out, "A     B\nx\\ry  \\u{1b}[2Jz\n");
     }
 }

@@ -347,7 +347,7 @@ impl<P: Clone> Book<P> {
                 false,
             ),
             Some(l) => {
-                tracing::debug!(child = %child_id, worker = %l.worker, "worker lease ran out; the child is queued again");
+                tracing::debug!(child = %child_id, worker = %crate::printable(&l.worker), "worker lease ran out; the child is queued again");
                 entry.lease = None;
                 self.waiting
                     .entry(entry.queue.clone())
@@ -466,7 +466,7 @@ impl WorkQueues {
             .book()
             .hand_out_child(child_id, worker, lease, token, Instant::now())?;
         progress.beat();
-        tracing::debug!(child = %h.child_id, %worker, "child handed to a worker polling another process");
+        tracing::debug!(child = %h.child_id, worker = %crate::printable(worker), "child handed to a worker polling another process");
         Some(h)
     }
 
@@ -520,7 +520,7 @@ impl WorkQueues {
                 self.withdraw(&h.child_id);
                 // Taken by a worker: from now on its heartbeats beat the stall clock.
                 progress.beat();
-                tracing::debug!(child = %h.child_id, %worker, %queue, "child handed to a worker");
+                tracing::debug!(child = %h.child_id, worker = %crate::printable(worker), queue = %crate::printable(queue), "child handed to a worker");
                 return Some(h);
             }
             if Instant::now() >= deadline {

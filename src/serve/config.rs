@@ -47,6 +47,10 @@ pub struct ServeConfig {
     pub allow_command: bool,
     /// The runner kinds a delegation may use; the others are refused with 403.
     pub allowed_runners: Vec<String>,
+    /// Host names (or addresses) a request's `Host` may name besides loopback, the listen
+    /// address and `advertise`: the names of a proxy in front. When set, `Host` is checked
+    /// also on a server with a key (see `guard`).
+    pub allowed_hosts: Vec<String>,
     /// What a flush brood relies on guarantees.
     pub durability: Durability,
     /// The largest request body, in bytes.
@@ -182,6 +186,7 @@ impl Default for ServeConfig {
             scoped_keys: Vec::new(),
             allow_command: false,
             allowed_runners: vec!["sim".into(), "external".into()],
+            allowed_hosts: Vec::new(),
             durability: Durability::Fsync,
             body_limit: 8 << 20,
             max_concurrent_children: brood_actors::model::DEFAULT_MAX_CONCURRENT_CHILDREN,
@@ -265,6 +270,10 @@ const KEYS: &[(&str, &str)] = &[
     (
         "allowed_runners",
         "runner kinds from sim, command, external (a TOML array, or comma-separated text)",
+    ),
+    (
+        "allowed_hosts",
+        "host names or IP addresses without a port, such as brood.example (a TOML array, or comma-separated text); default: none besides loopback, listen and advertise",
     ),
     ("durability", "\"fsync\" or \"flush\""),
     ("body_limit", "bytes, from 1024 to 1073741824"),
@@ -476,6 +485,48 @@ fn scoped_keys(key: &str, raw: &Raw) -> Result<Vec<super::scope::ScopedKey>, Str
     Ok(out)
 }
 
+/// A list of host names: a TOML array of strings, or text separated by commas; each lower-cased,
+/// without the brackets of an IPv6 address, and refused when it holds a port, a scheme or a
+/// path.
+fn hosts(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
+    let bad = || format!("{raw} is not accepted; {}", accepted(key));
+    let given: Vec<String> = match raw {
+        Raw::Toml(toml::Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string).ok_or_else(bad))
+            .collect::<Result<_, _>>()?,
+        _ => text(raw).ok_or_else(bad)?.split(',').map(str::to_string).collect(),
+    };
+    let mut out: Vec<String> = Vec::new();
+    for entry in given {
+        let trimmed = entry.trim();
+        if trimmed.is_empty() && !matches!(raw, Raw::Toml(toml::Value::Array(_))) {
+            continue;
+        }
+        let bare = trimmed
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(trimmed);
+        let bare = bare.strip_suffix('.').unwrap_or(bare).to_ascii_lowercase();
+        let is_v6 = bare.parse::<std::net::Ipv6Addr>().is_ok();
+        let fine = !bare.is_empty()
+            && (is_v6
+                || bare
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_'));
+        if !fine {
+            return Err(format!(
+                "{entry:?} is not a host name (give the name alone: no scheme, port or path); {}",
+                accepted(key)
+            ));
+        }
+        if !out.contains(&bare) {
+            out.push(bare);
+        }
+    }
+    Ok(out)
+}
+
 fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
     let bad = || format!("{raw} is not accepted; {}", accepted(key));
     match key {
@@ -503,6 +554,7 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
         "peer_key" => c.peer_key = Some(text(raw).filter(|s| !s.is_empty()).ok_or_else(bad)?),
         "allow_command" => c.allow_command = flag(key, raw)?,
         "allowed_runners" => c.allowed_runners = kinds(key, raw)?,
+        "allowed_hosts" => c.allowed_hosts = hosts(key, raw)?,
         "durability" => c.durability = text(raw).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
         "body_limit" => c.body_limit = number(key, raw, 1024, 1 << 30)? as usize,
         "max_concurrent_children" => c.max_concurrent_children = number(key, raw, 1, 100_000)? as u32,
@@ -803,6 +855,39 @@ mod tests {
         )
         .unwrap_err();
         assert!(!e.to_string().contains("secretwithoutprefix"), "{e}");
+    }
+
+    #[test]
+    fn allowed_hosts_are_bare_host_names() {
+        let c = resolve(None, vec![], BTreeMap::new()).unwrap();
+        assert!(c.allowed_hosts.is_empty(), "none by default");
+        let c = resolve(
+            None,
+            vec![(
+                "BROOD_ALLOWED_HOSTS".into(),
+                "Brood.Example, [::1],10.0.0.5,brood.example".into(),
+            )],
+            BTreeMap::new(),
+        )
+        .unwrap();
+        assert_eq!(c.allowed_hosts, ["brood.example", "::1", "10.0.0.5"]);
+        let c = resolve_file("allowed_hosts = [\"a.example\", \"b.example.\"]\n").unwrap();
+        assert_eq!(c.allowed_hosts, ["a.example", "b.example"]);
+        for bad in [
+            "https://brood.example",
+            "brood.example:443",
+            "brood.example/x",
+            "a b",
+            "*.example",
+        ] {
+            let e = resolve(None, vec![], flags(&[("allowed_hosts", bad)])).unwrap_err();
+            assert_eq!(e.source_name, "flag --allowed-hosts");
+            assert!(e.problem.contains("is not a host name"), "{bad}: {e}");
+        }
+        let e = resolve_file("allowed_hosts = [\"\"]\n").unwrap_err();
+        assert!(e.problem.contains("is not a host name"), "{e}");
+        let c = resolve_file("allowed_hosts = \"x\"\n").unwrap();
+        assert_eq!(c.allowed_hosts, ["x"], "text is a list of one");
     }
 
     #[test]

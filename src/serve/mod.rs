@@ -2,9 +2,11 @@
 //!
 //! [`config`] resolves the configuration (defaults, file, environment, flags); `api` holds the
 //! JSON shapes and the error reply; `routes` the endpoints; `workers` those of outside workers;
-//! `metrics` `GET /metrics` and the request counts; `openapi` the OpenAPI document. This module
-//! builds the app: the key check on every `/v1` request (constant time), the routes, a 404 in
-//! API.md's shape for anything else, and a graceful stop on SIGINT/SIGTERM.
+//! `metrics` `GET /metrics` and the request counts; `openapi` the OpenAPI document; `guard` the
+//! refusal of requests from web pages of other sites (Host, Origin, body type). This module
+//! builds the app: the guard around everything, the key check on every `/v1` request (constant
+//! time) inside it, the routes, a 404 in API.md's shape for anything else, and a graceful stop
+//! on SIGINT/SIGTERM.
 //!
 //! The stop drains first: new calls are refused (503 `draining`), event streams end, no queued
 //! child starts (queued ones stay queued, durably, for the next start), and the children that
@@ -21,6 +23,7 @@ pub mod api;
 pub mod config;
 mod events;
 mod forward;
+mod guard;
 mod listing;
 mod metrics;
 mod openapi;
@@ -196,6 +199,7 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
         App::new()
             .app_data(state.clone())
             .app_data(queues.clone())
+            .wrap(actix_web::middleware::from_fn(guard::guard))
             .wrap(actix_web::middleware::from_fn(metrics::count_requests))
             .route("/healthz", web::get().to(routes::healthz))
             .route("/metrics", web::get().to(metrics::scrape))

@@ -121,12 +121,17 @@ fn deliver(agent: &ureq::Agent, counts: &WakeCounts, url: &str, session: &str, b
                 return;
             }
             Ok(r) => tracing::warn!(
-                session,
+                session = %crate::printable(session),
                 attempt,
                 status = r.status().as_u16(),
                 "the wake receiver refused the wake"
             ),
-            Err(e) => tracing::warn!(session, attempt, "the wake could not be delivered: {e}"),
+            Err(e) => tracing::warn!(
+                session = %crate::printable(session),
+                attempt,
+                "the wake could not be delivered: {}",
+                crate::printable(&e.to_string())
+            ),
         }
         counts.failed_tries.inc();
         if attempt < ATTEMPTS {
@@ -136,8 +141,8 @@ fn deliver(agent: &ureq::Agent, counts: &WakeCounts, url: &str, session: &str, b
     }
     counts.given_up.inc();
     tracing::error!(
-        session,
-        url,
+        session = %crate::printable(session),
+        url = %crate::printable(url),
         "a wake was given up after {ATTEMPTS} attempts; the items stay ready"
     );
 }

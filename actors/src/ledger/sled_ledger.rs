@@ -245,7 +245,7 @@ impl SledLedger {
         self.moved_aside.store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::error!(
             tree = name,
-            key = %String::from_utf8_lossy(key),
+            key = %crate::text::printable(&String::from_utf8_lossy(key)),
             "a stored row could not be used and was moved to the quarantine tree: {reason}"
         );
         Ok(())

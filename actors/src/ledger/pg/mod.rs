@@ -518,7 +518,7 @@ impl PgLedger {
         })?;
         tracing::error!(
             tree,
-            key = %String::from_utf8_lossy(&row.key),
+            key = %crate::text::printable(&String::from_utf8_lossy(&row.key)),
             "a stored row could not be used and was moved to the quarantine table: {reason}"
         );
         Ok(())
