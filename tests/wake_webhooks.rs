@@ -268,6 +268,86 @@ fn a_receiver_that_never_answers_holds_a_bounded_number_of_threads() {
     assert_eq!(seen.lock().unwrap()[0]["session_id"], "good");
 }
 
+/// A receiver that records each request's body and answers 200, holding its answer to the
+/// first request until `release` is sent.
+fn held_receiver() -> (String, Arc<std::sync::Mutex<Vec<Value>>>, std::sync::mpsc::Sender<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/wake", listener.local_addr().unwrap());
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let (release, gate) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        for (n, mut stream) in listener.incoming().flatten().enumerate() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_ok() {
+                if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+                    log.lock().unwrap().push(v);
+                }
+            }
+            if n == 0 {
+                let _ = gate.recv();
+            }
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    (url, seen, release)
+}
+
+#[test]
+fn a_wake_that_comes_while_its_session_is_being_posted_is_posted_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    let (url, seen, release) = held_receiver();
+    let (status, body) = put_wake(&s, "h", &url);
+    assert_eq!(status, 200, "{body}");
+    one_ready(&s, "h");
+    wait_until("the first POST", || seen.lock().unwrap().len() == 1);
+    // A new idle period while the first POST waits for its answer: one more wake.
+    for state in ["busy", "idle"] {
+        let (status, body) = s.call("POST", "/v1/sessions/h/turn", Some(json!({"state": state})));
+        assert_eq!(status, 200, "{body}");
+    }
+    release.send(()).unwrap();
+    wait_until("a POST after the second wake", || seen.lock().unwrap().len() >= 2);
+    assert_eq!(seen.lock().unwrap()[1]["session_id"], "h");
+}
+
+#[test]
+fn wakes_beyond_the_in_flight_bound_are_dropped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    let (port, _accepted) = silent_listener();
+    let url = format!("http://127.0.0.1:{port}/wake");
+    // 72 sessions, one wake each, to a receiver that never answers: each stays in flight
+    // through its tries, so the 64 in flight leave no room for the last 8.
+    for i in 0..72 {
+        let (status, body) = put_wake(&s, &format!("d{i}"), &url);
+        assert_eq!(status, 200, "{body}");
+        let (status, reply) = s.call(
+            "POST",
+            &format!("/v1/sessions/d{i}/delegate"),
+            Some(json!({"tasks": [{"goal": "a", "runner": sim(0)}]})),
+        );
+        assert_eq!(status, 202, "{reply}");
+    }
+    wait_until("8 dropped wakes", || metric(&s, "brood_wakes_dropped_total") >= 8.0);
+    assert!(threads(&s) < 40, "{} threads", threads(&s));
+}
+
 #[test]
 fn credentials_and_query_of_a_wake_url_never_reach_the_log_or_the_reply() {
     let dir = tempfile::tempdir().unwrap();
