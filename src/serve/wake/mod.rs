@@ -1,8 +1,8 @@
 //! Webhook wakes: a wake is a POST of `{"session_id", "ready"}` to the session's `wake_url`.
 //!
 //! This module owns the [`WakeFactory`] of `brood serve`: which URLs a session may bind
-//! ([`target`]: plain `http://`, no userinfo, no control characters, and no target inside the
-//! network unless `wake_allow` lets it), and the delivery of wakes ([`pool`]: a few threads, a
+//! (`target`: plain `http://`, no userinfo, no control characters, and no target inside the
+//! network unless `wake_allow` lets it), and the delivery of wakes (`pool`: a few threads, a
 //! bounded number of wakes in flight, retries with backoff, no redirects followed). A failure (no
 //! answer, or a status other than 2xx) is retried a bounded number of times, then logged and
 //! given up — the items stay ready, and the next boundary finds them whatever became of the
@@ -30,7 +30,7 @@ pub struct WakeCounts {
     pub(super) failed_tries: Counter,
     /// Wakes given up after their last failed try.
     pub(super) given_up: Counter,
-    /// Wakes not sent because every address of their target is refused (see [`target`]).
+    /// Wakes not sent because every address of their target is refused (see `target`).
     pub(super) refused: Counter,
     /// Wakes dropped because as many wakes as are allowed were in flight.
     pub(super) dropped: Counter,

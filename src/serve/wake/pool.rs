@@ -14,7 +14,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io::{Read as _, Write as _};
-use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs as _};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs as _};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -311,17 +311,13 @@ fn post(policy: &Policy, url: &str, body: &str) -> Outcome {
                 ))
             }
             Ok(status) => return Outcome::Failed(format!("the receiver answered {status}")),
-            Err(e) => last = format!("{}: {e}", shown_address(address.ip(), address.port())),
+            Err(e) => last = format!("{address}: {e}"),
         }
         if Instant::now() >= deadline {
             break;
         }
     }
     Outcome::Failed(last)
-}
-
-fn shown_address(ip: IpAddr, port: u16) -> String {
-    SocketAddr::new(ip, port).to_string()
 }
 
 /// The time left before `deadline`, or a timeout error.
