@@ -145,6 +145,10 @@ struct ServeArgs {
     /// names of a proxy in front; when set, Host is checked also with an API key).
     #[arg(long)]
     allowed_hosts: Option<String>,
+    /// A host, IP address or CIDR network webhook wakes may go to besides public addresses
+    /// (loopback and private ones are refused unless listed); repeatable, or comma-separated.
+    #[arg(long)]
+    wake_allow: Vec<String>,
     /// `fsync` (default) or `flush`.
     #[arg(long)]
     durability: Option<String>,
@@ -248,6 +252,9 @@ impl ServeArgs {
         }
         if self.allow_command {
             out.insert("allow_command".into(), "true".into());
+        }
+        if !self.wake_allow.is_empty() {
+            out.insert("wake_allow".into(), self.wake_allow.join(","));
         }
         out
     }

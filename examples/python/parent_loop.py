@@ -11,6 +11,9 @@ It exits 0 only if every child's result arrived exactly once (none missing, none
 the status its runner was given; otherwise it prints what went wrong and exits 1.
 
     python3 examples/python/parent_loop.py --url http://127.0.0.1:7070 [--api-key KEY]
+
+The receiver is on loopback, which `brood serve` sends wakes to only when allowed: start the
+server with ``--wake-allow 127.0.0.1``.
 """
 
 from __future__ import annotations

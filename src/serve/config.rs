@@ -51,6 +51,10 @@ pub struct ServeConfig {
     /// address and `advertise`: the names of a proxy in front. When set, `Host` is checked
     /// also on a server with a key (see `guard`).
     pub allowed_hosts: Vec<String>,
+    /// Hosts, addresses and networks (CIDR) webhook wakes may go to besides public addresses:
+    /// loopback and private addresses are refused unless listed here (see
+    /// [`wake`](super::wake)).
+    pub wake_allow: Vec<String>,
     /// What a flush brood relies on guarantees.
     pub durability: Durability,
     /// The largest request body, in bytes.
@@ -187,6 +191,7 @@ impl Default for ServeConfig {
             allow_command: false,
             allowed_runners: vec!["sim".into(), "external".into()],
             allowed_hosts: Vec::new(),
+            wake_allow: Vec::new(),
             durability: Durability::Fsync,
             body_limit: 8 << 20,
             max_concurrent_children: brood_actors::model::DEFAULT_MAX_CONCURRENT_CHILDREN,
@@ -274,6 +279,8 @@ const KEYS: &[(&str, &str)] = &[
     (
         "allowed_hosts",
         "host names or IP addresses without a port, such as brood.example (a TOML array, or comma-separated text); default: none besides loopback, listen and advertise",
+        "wake_allow",
+        "hosts, IP addresses or CIDR networks webhook wakes may go to besides public addresses (a TOML array, or comma-separated text; default none)",
     ),
     ("durability", "\"fsync\" or \"flush\""),
     ("body_limit", "bytes, from 1024 to 1073741824"),
@@ -418,23 +425,27 @@ fn flag(key: &str, raw: &Raw) -> Result<bool, String> {
     }
 }
 
-/// A list of runner kinds: a TOML array of strings, or text separated by commas.
-fn kinds(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
+/// A list: a TOML array of strings, or text separated by commas (empty items left out).
+fn list(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
     let bad = || format!("{raw} is not accepted; {}", accepted(key));
-    let given: Vec<String> = match raw {
+    match raw {
         Raw::Toml(toml::Value::Array(a)) => a
             .iter()
-            .map(|v| v.as_str().map(str::to_string).ok_or_else(bad))
-            .collect::<Result<_, _>>()?,
-        _ => text(raw)
+            .map(|v| v.as_str().map(|s| s.trim().to_string()).ok_or_else(bad))
+            .collect(),
+        _ => Ok(text(raw)
             .ok_or_else(bad)?
             .split(',')
             .map(|k| k.trim().to_string())
             .filter(|k| !k.is_empty())
-            .collect(),
-    };
+            .collect()),
+    }
+}
+
+/// A list of runner kinds.
+fn kinds(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
     let mut out: Vec<String> = Vec::new();
-    for kind in given {
+    for kind in list(key, raw)? {
         if !crate::runners::KINDS.contains(&kind.as_str()) {
             return Err(format!("{kind:?} is not a runner kind; {}", accepted(key)));
         }
@@ -527,6 +538,18 @@ fn hosts(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// A list of hosts, addresses and networks wakes may go to, each checked.
+fn wake_allow(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for entry in list(key, raw)? {
+        let entry = super::wake::allow_entry(&entry).map_err(|e| format!("{e}; {}", accepted(key)))?;
+        if !out.contains(&entry) {
+            out.push(entry);
+        }
+    }
+    Ok(out)
+}
+
 fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
     let bad = || format!("{raw} is not accepted; {}", accepted(key));
     match key {
@@ -555,6 +578,7 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
         "allow_command" => c.allow_command = flag(key, raw)?,
         "allowed_runners" => c.allowed_runners = kinds(key, raw)?,
         "allowed_hosts" => c.allowed_hosts = hosts(key, raw)?,
+        "wake_allow" => c.wake_allow = wake_allow(key, raw)?,
         "durability" => c.durability = text(raw).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
         "body_limit" => c.body_limit = number(key, raw, 1024, 1 << 30)? as usize,
         "max_concurrent_children" => c.max_concurrent_children = number(key, raw, 1, 100_000)? as u32,
@@ -888,6 +912,34 @@ mod tests {
         assert!(e.problem.contains("is not a host name"), "{e}");
         let c = resolve_file("allowed_hosts = \"x\"\n").unwrap();
         assert_eq!(c.allowed_hosts, ["x"], "text is a list of one");
+    }
+
+    #[test]
+    fn wake_allow_is_a_list_of_hosts_addresses_and_networks() {
+        let c = resolve(None, vec![], BTreeMap::new()).unwrap();
+        assert!(c.wake_allow.is_empty(), "none by default");
+        let c = resolve(
+            None,
+            vec![("BROOD_WAKE_ALLOW".into(), "127.0.0.1, 10.0.0.0/8,Hooks.Internal".into())],
+            BTreeMap::new(),
+        )
+        .unwrap();
+        assert_eq!(c.wake_allow, ["127.0.0.1", "10.0.0.0/8", "hooks.internal"]);
+        let c = resolve_file("wake_allow = [\"fd00::/8\", \"::1\"]\n").unwrap();
+        assert_eq!(c.wake_allow, ["fd00::/8", "::1"]);
+        assert!(
+            c.to_toml().contains("wake_allow = [\"fd00::/8\", \"::1\"]"),
+            "{}",
+            c.to_toml()
+        );
+        let e = resolve(None, vec![], flags(&[("wake_allow", "10.0.0.0/40")])).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.source_name.as_str()),
+            ("wake_allow", "flag --wake-allow")
+        );
+        assert!(e.problem.contains("prefix"), "{e}");
+        let e = resolve_file("wake_allow = \"not a host\"\n").unwrap_err();
+        assert!(e.problem.contains("CIDR"), "{e}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! - counted as things happen, in [`Metrics`]: HTTP requests by matched route pattern, method
 //!   and status (`brood_http_requests_total`; a path no route matches is `route="unmatched"`,
 //!   so a client cannot grow the label set); webhook wakes delivered, tries failed and wakes
-//!   given up (counted by [`Webhooks`](super::wake::Webhooks)); the ledger flush latency,
+//!   given up, refused or dropped (counted by [`Webhooks`](super::wake::Webhooks)); the ledger flush latency,
 //!   fsync included (`brood_ledger_flush_seconds`, from [`BroodConfig::on_flush`]).
 //! - gathered from the engine at each scrape: sessions (and those given up after their owner
 //!   kept failing), children by status, ready, backing-off and claimed items, items delivered,
@@ -92,6 +92,16 @@ impl Metrics {
             "brood_wakes_given_up",
             "Webhook wakes given up after their last try (the items stay ready)",
             wakes.given_up.clone(),
+        );
+        registry.register(
+            "brood_wakes_refused",
+            "Webhook wakes not sent: every address of their target is refused (see wake_allow)",
+            wakes.refused.clone(),
+        );
+        registry.register(
+            "brood_wakes_dropped",
+            "Webhook wakes dropped because as many as are allowed were in flight (the items stay ready)",
+            wakes.dropped.clone(),
         );
         // 100 µs to about 3.3 s.
         let flush = Histogram::new(exponential_buckets(0.000_1, 2.0, 16));

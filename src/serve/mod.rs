@@ -137,7 +137,8 @@ async fn stop_signal() -> &'static str {
 /// The engine behind a server, from its configuration: `sim`, and `command` and `external`
 /// when allowed, the latter on `queues`.
 pub fn open_engine(config: &ServeConfig, queues: &Arc<WorkQueues>) -> Result<Brood, BroodError> {
-    Brood::open(engine_config(config, wake::Webhooks::default(), queues))
+    let wakes = wake::Webhooks::allowing(&config.wake_allow).map_err(|e| BroodError::invalid("wake_allow", e))?;
+    Brood::open(engine_config(config, wakes, queues))
 }
 
 /// The runner kinds the configuration allows: `sim` always registered (the routes refuse it
@@ -179,8 +180,10 @@ fn engine_config(config: &ServeConfig, wakes: wake::Webhooks, queues: &Arc<WorkQ
 pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
     let metrics = metrics::Metrics::new();
     let queues = Arc::new(WorkQueues::new());
-    let engine = engine_config(&config, wake::Webhooks::default().counted(metrics.wakes()), &queues)
-        .on_flush(metrics.flush_observer());
+    let wakes = wake::Webhooks::allowing(&config.wake_allow)
+        .map_err(std::io::Error::other)?
+        .counted(metrics.wakes());
+    let engine = engine_config(&config, wakes, &queues).on_flush(metrics.flush_observer());
     let brood = Arc::new(Brood::open(engine).map_err(std::io::Error::other)?);
     if let Some(directory) = brood.work_directory() {
         // Sharing the ledger: workers polling any process may be handed this one's children.

@@ -36,15 +36,24 @@ impl Server {
         Server::start_with(dir, key, &[])
     }
 
-    /// A server with extra flags (`--allow-command`, `--config f.toml`, …).
+    /// A server with extra flags (`--allow-command`, `--config f.toml`, …), whose wakes may
+    /// go to loopback (`--wake-allow 127.0.0.1`), where the tests' wake receivers listen.
     pub fn start_with(dir: &Path, key: Option<&str>, extra: &[&str]) -> Server {
+        let mut flags = vec!["--wake-allow", "127.0.0.1"];
+        flags.extend_from_slice(extra);
+        Server::start_exactly(dir, key, &flags, Stdio::null())
+    }
+
+    /// A server with exactly the flags given (wakes to loopback refused, as by default), its
+    /// stderr going to `stderr`.
+    pub fn start_exactly(dir: &Path, key: Option<&str>, extra: &[&str], stderr: Stdio) -> Server {
         let port = free_port();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_brood"));
         cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
             .arg(dir)
             .env_remove("BROOD_API_KEY")
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(stderr);
         if let Some(k) = key {
             cmd.args(["--api-key", k]);
         }
