@@ -123,9 +123,13 @@ struct ServeArgs {
     /// With --ledger: how long a session lease lasts without a renewal, in ms (default 10000).
     #[arg(long)]
     session_lease_ms: Option<String>,
-    /// The key every /v1 request must carry as `Authorization: Bearer <key>`.
+    /// The key every /v1 request must carry as `Authorization: Bearer <key>` (a flag is seen
+    /// by every user of the machine in the process list: prefer --api-key-file).
     #[arg(long)]
     api_key: Option<String>,
+    /// A file holding the key (one trailing newline is dropped).
+    #[arg(long)]
+    api_key_file: Option<String>,
     /// Allow `command` runners.
     #[arg(long)]
     allow_command: bool,
@@ -133,6 +137,10 @@ struct ServeArgs {
     /// command with --allow-command).
     #[arg(long)]
     allowed_runners: Option<String>,
+    /// The names of the server's environment variables a command child gets, comma-separated
+    /// (default PATH,HOME,LANG); it gets no others.
+    #[arg(long)]
+    command_env: Option<String>,
     /// `fsync` (default) or `flush`.
     #[arg(long)]
     durability: Option<String>,
@@ -206,7 +214,9 @@ impl ServeArgs {
             ("node", &self.node),
             ("session_lease_ms", &self.session_lease_ms),
             ("api_key", &self.api_key),
+            ("api_key_file", &self.api_key_file),
             ("allowed_runners", &self.allowed_runners),
+            ("command_env", &self.command_env),
             ("durability", &self.durability),
             ("body_limit", &self.body_limit),
             ("max_concurrent_children", &self.max_concurrent_children),
@@ -288,7 +298,36 @@ struct ChaosArgs {
     schema: Option<String>,
 }
 
+/// Takes `BROOD_API_KEY` out of the environment, so no child process inherits it, and blanks
+/// its value in the environment block the process started with, which the kernel shows in
+/// `/proc/<pid>/environ` to every process of the same user (a `command` child among them)
+/// whatever the environment holds later. Must run before any thread starts.
+fn take_api_key() -> anyhow::Result<Option<String>> {
+    const NAME: &std::ffi::CStr = c"BROOD_API_KEY";
+    // SAFETY: no other thread exists yet (this is the first thing `main` does, and nothing
+    // before `main` starts one), so nothing reads or changes the environment meanwhile. The
+    // value `getenv` points to is NUL-terminated; unsetenv takes the pointer to it out of the
+    // environment without freeing the string (glibc never frees one; the start-up block is
+    // on the stack), so it is still the process's memory when it is blanked, and no longer
+    // reachable through the environment.
+    let key = unsafe {
+        let value = libc::getenv(NAME.as_ptr());
+        if value.is_null() {
+            return Ok(None);
+        }
+        let len = libc::strlen(value);
+        let key = std::ffi::CStr::from_ptr(value).to_bytes().to_vec();
+        std::env::remove_var("BROOD_API_KEY");
+        std::ptr::write_bytes(value, 0, len);
+        key
+    };
+    String::from_utf8(key)
+        .map(Some)
+        .map_err(|_| anyhow::anyhow!("BROOD_API_KEY is not UTF-8 text"))
+}
+
 fn main() -> anyhow::Result<()> {
+    let api_key = take_api_key()?;
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log))
@@ -303,7 +342,8 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(demo(data_dir, turn_ms))
         }
         Command::Serve(args) => {
-            let config = brood::serve::config::resolve(args.config.as_deref(), std::env::vars(), args.flags())?;
+            let env = std::env::vars().chain(api_key.map(|k| ("BROOD_API_KEY".to_string(), k)));
+            let config = brood::serve::config::resolve(args.config.as_deref(), env, args.flags())?;
             if args.print_config {
                 print!("{}", config.to_toml());
                 return Ok(());
@@ -313,7 +353,7 @@ fn main() -> anyhow::Result<()> {
                 .context("serving")?;
             Ok(())
         }
-        Command::Inspect(args) => inspect(args),
+        Command::Inspect(args) => inspect(args, api_key),
         Command::Chaos(args) => {
             let faults = chaos::Fault::parse_list(&args.faults).map_err(anyhow::Error::msg)?;
             let campaign = chaos::Campaign {
@@ -388,13 +428,13 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-fn inspect(args: InspectArgs) -> anyhow::Result<()> {
+fn inspect(args: InspectArgs, env_key: Option<String>) -> anyhow::Result<()> {
     use brood::inspect;
     let session = args.session.as_deref();
     let found = match &args.server {
         Some(url) => {
             let mut source = inspect::ServerSource::new(url);
-            if let Some(key) = args.api_key.or_else(|| std::env::var("BROOD_API_KEY").ok()) {
+            if let Some(key) = args.api_key.or(env_key) {
                 source = source.api_key(key);
             }
             inspect::from_server(&source, session).with_context(|| format!("inspecting the server at {url}"))?

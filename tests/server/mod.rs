@@ -38,11 +38,17 @@ impl Server {
 
     /// A server with extra flags (`--allow-command`, `--config f.toml`, …).
     pub fn start_with(dir: &Path, key: Option<&str>, extra: &[&str]) -> Server {
+        Server::start_env(dir, key, extra, &[])
+    }
+
+    /// As [`Server::start_with`], with variables added to the server's environment.
+    pub fn start_env(dir: &Path, key: Option<&str>, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let port = free_port();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_brood"));
         cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
             .arg(dir)
             .env_remove("BROOD_API_KEY")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if let Some(k) = key {
