@@ -298,36 +298,44 @@ struct ChaosArgs {
     schema: Option<String>,
 }
 
-/// Takes `BROOD_API_KEY` out of the environment, so no child process inherits it, and blanks
-/// its value in the environment block the process started with, which the kernel shows in
-/// `/proc/<pid>/environ` to every process of the same user (a `command` child among them)
-/// whatever the environment holds later. Must run before any thread starts.
-fn take_api_key() -> anyhow::Result<Option<String>> {
-    const NAME: &std::ffi::CStr = c"BROOD_API_KEY";
-    // SAFETY: no other thread exists yet (this is the first thing `main` does, and nothing
-    // before `main` starts one), so nothing reads or changes the environment meanwhile. The
-    // value `getenv` points to is NUL-terminated; unsetenv takes the pointer to it out of the
-    // environment without freeing the string (glibc never frees one; the start-up block is
-    // on the stack), so it is still the process's memory when it is blanked, and no longer
-    // reachable through the environment.
-    let key = unsafe {
-        let value = libc::getenv(NAME.as_ptr());
-        if value.is_null() {
-            return Ok(None);
-        }
-        let len = libc::strlen(value);
-        let key = std::ffi::CStr::from_ptr(value).to_bytes().to_vec();
-        std::env::remove_var("BROOD_API_KEY");
-        std::ptr::write_bytes(value, 0, len);
-        key
-    };
-    String::from_utf8(key)
-        .map(Some)
-        .map_err(|_| anyhow::anyhow!("BROOD_API_KEY is not UTF-8 text"))
+/// The variables of secrets brood reads from its environment: the API key, the peer
+/// credential, and the ledger's address (which may hold a password).
+const SECRET_VARIABLES: [&std::ffi::CStr; 3] = [c"BROOD_API_KEY", c"BROOD_PEER_KEY", c"BROOD_LEDGER"];
+
+/// Takes the [`SECRET_VARIABLES`] out of the environment, so no child process inherits them,
+/// and blanks their values in the environment block the process started with, which the
+/// kernel shows in `/proc/<pid>/environ` to every process of the same user (a `command` child
+/// among them) whatever the environment holds later. Returns those that were set, by name.
+/// Must run before any thread starts.
+fn take_secrets() -> anyhow::Result<BTreeMap<String, String>> {
+    let mut taken = BTreeMap::new();
+    for name in SECRET_VARIABLES {
+        let text = name.to_string_lossy().into_owned();
+        // SAFETY: no other thread exists yet (this is the first thing `main` does, and nothing
+        // before `main` starts one), so nothing reads or changes the environment meanwhile.
+        // The value `getenv` points to is NUL-terminated; unsetenv takes the pointer to it out
+        // of the environment without freeing the string (glibc never frees one; the start-up
+        // block is on the stack), so it is still the process's memory when it is blanked, and
+        // no longer reachable through the environment.
+        let value = unsafe {
+            let value = libc::getenv(name.as_ptr());
+            if value.is_null() {
+                continue;
+            }
+            let len = libc::strlen(value);
+            let copy = std::ffi::CStr::from_ptr(value).to_bytes().to_vec();
+            std::env::remove_var(&text);
+            std::ptr::write_bytes(value, 0, len);
+            copy
+        };
+        let value = String::from_utf8(value).map_err(|_| anyhow::anyhow!("{text} is not UTF-8 text"))?;
+        taken.insert(text, value);
+    }
+    Ok(taken)
 }
 
 fn main() -> anyhow::Result<()> {
-    let api_key = take_api_key()?;
+    let mut secrets = take_secrets()?;
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log))
@@ -342,7 +350,7 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(demo(data_dir, turn_ms))
         }
         Command::Serve(args) => {
-            let env = std::env::vars().chain(api_key.map(|k| ("BROOD_API_KEY".to_string(), k)));
+            let env = std::env::vars().chain(secrets);
             let config = brood::serve::config::resolve(args.config.as_deref(), env, args.flags())?;
             if args.print_config {
                 print!("{}", config.to_toml());
@@ -353,7 +361,7 @@ fn main() -> anyhow::Result<()> {
                 .context("serving")?;
             Ok(())
         }
-        Command::Inspect(args) => inspect(args, api_key),
+        Command::Inspect(args) => inspect(args, secrets.remove("BROOD_API_KEY")),
         Command::Chaos(args) => {
             let faults = chaos::Fault::parse_list(&args.faults).map_err(anyhow::Error::msg)?;
             let campaign = chaos::Campaign {

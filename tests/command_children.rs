@@ -2,7 +2,8 @@
 //! `brood serve`: a child dies with a server killed with SIGKILL; what it left in its process
 //! group is killed by the next start before anything is re-run, so a re-run command runs once;
 //! a child's environment holds only the variables `command_env` names, `BROOD_CHILD_ID` and its
-//! task's `env`; the server's start-up environment shows no API key; and the key can be read
+//! task's `env`; the server's start-up environment shows neither the API key nor the peer
+//! credential; and the key can be read
 //! from a file (`--api-key-file`), an empty one being a clear error.
 
 use std::path::Path;
@@ -142,6 +143,7 @@ const SERVER_ENV: &[(&str, &str)] = &[
     ("DATABASE_URL", "postgres://u:db-secret@h/db"),
     ("SECRET_X", "x-secret"),
     ("BROOD_API_KEY", "key-secret"),
+    ("BROOD_PEER_KEY", "peer-secret"),
     ("HOME", "/tmp/brood-child-home"),
     ("LANG", "C.UTF-8"),
     ("EXTRA_OK", "extra-value"),
@@ -187,7 +189,14 @@ fn a_command_child_gets_path_home_lang_its_id_and_its_env_and_no_secret() {
         assert!(env.contains(&want), "{want} missing from {env:?}");
     }
     assert!(env.iter().any(|v| v.starts_with("PATH=")), "{env:?}");
-    for secret in ["pg-secret", "db-secret", "x-secret", "key-secret", "extra-value"] {
+    for secret in [
+        "pg-secret",
+        "db-secret",
+        "x-secret",
+        "key-secret",
+        "peer-secret",
+        "extra-value",
+    ] {
         assert!(!env.iter().any(|v| v.contains(secret)), "{secret} leaked: {env:?}");
     }
 }
@@ -212,7 +221,7 @@ fn command_env_names_the_variables_a_child_gets() {
 }
 
 #[test]
-fn the_servers_start_up_environment_shows_no_api_key_to_a_child() {
+fn the_servers_start_up_environment_shows_neither_key_to_a_child() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("server-env");
     // The shell's parent is the server: its environment block as the kernel shows it.
