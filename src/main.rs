@@ -123,7 +123,8 @@ struct ServeArgs {
     /// With --ledger: how long a session lease lasts without a renewal, in ms (default 10000).
     #[arg(long)]
     session_lease_ms: Option<String>,
-    /// The key every /v1 request must carry as `Authorization: Bearer <key>`.
+    /// The key every /v1 request must carry as `Authorization: Bearer <key>` (a flag is seen
+    /// by every user of the machine in the process list: prefer --api-key-file).
     #[arg(long)]
     api_key: Option<String>,
     /// Keys limited to some sessions, comma-separated `<prefix>=<key>` entries: each reaches
@@ -134,6 +135,9 @@ struct ServeArgs {
     /// derived from the API key).
     #[arg(long)]
     peer_key: Option<String>,
+    /// A file holding the key (one trailing newline is dropped).
+    #[arg(long)]
+    api_key_file: Option<String>,
     /// Allow `command` runners.
     #[arg(long)]
     allow_command: bool,
@@ -149,6 +153,10 @@ struct ServeArgs {
     /// (loopback and private ones are refused unless listed); repeatable, or comma-separated.
     #[arg(long)]
     wake_allow: Vec<String>,
+    /// The names of the server's environment variables a command child gets, comma-separated
+    /// (default PATH,HOME,LANG); it gets no others.
+    #[arg(long)]
+    command_env: Option<String>,
     /// `fsync` (default) or `flush`.
     #[arg(long)]
     durability: Option<String>,
@@ -226,6 +234,8 @@ impl ServeArgs {
             ("peer_key", &self.peer_key),
             ("allowed_runners", &self.allowed_runners),
             ("allowed_hosts", &self.allowed_hosts),
+            ("api_key_file", &self.api_key_file),
+            ("command_env", &self.command_env),
             ("durability", &self.durability),
             ("body_limit", &self.body_limit),
             ("max_concurrent_children", &self.max_concurrent_children),
@@ -310,7 +320,44 @@ struct ChaosArgs {
     schema: Option<String>,
 }
 
+/// The variables of secrets brood reads from its environment: the API key, the peer
+/// credential, and the ledger's address (which may hold a password).
+const SECRET_VARIABLES: [&std::ffi::CStr; 3] = [c"BROOD_API_KEY", c"BROOD_PEER_KEY", c"BROOD_LEDGER"];
+
+/// Takes the [`SECRET_VARIABLES`] out of the environment, so no child process inherits them,
+/// and blanks their values in the environment block the process started with, which the
+/// kernel shows in `/proc/<pid>/environ` to every process of the same user (a `command` child
+/// among them) whatever the environment holds later. Returns those that were set, by name.
+/// Must run before any thread starts.
+fn take_secrets() -> anyhow::Result<BTreeMap<String, String>> {
+    let mut taken = BTreeMap::new();
+    for name in SECRET_VARIABLES {
+        let text = name.to_string_lossy().into_owned();
+        // SAFETY: no other thread exists yet (this is the first thing `main` does, and nothing
+        // before `main` starts one), so nothing reads or changes the environment meanwhile.
+        // The value `getenv` points to is NUL-terminated; unsetenv takes the pointer to it out
+        // of the environment without freeing the string (glibc never frees one; the start-up
+        // block is on the stack), so it is still the process's memory when it is blanked, and
+        // no longer reachable through the environment.
+        let value = unsafe {
+            let value = libc::getenv(name.as_ptr());
+            if value.is_null() {
+                continue;
+            }
+            let len = libc::strlen(value);
+            let copy = std::ffi::CStr::from_ptr(value).to_bytes().to_vec();
+            std::env::remove_var(&text);
+            std::ptr::write_bytes(value, 0, len);
+            copy
+        };
+        let value = String::from_utf8(value).map_err(|_| anyhow::anyhow!("{text} is not UTF-8 text"))?;
+        taken.insert(text, value);
+    }
+    Ok(taken)
+}
+
 fn main() -> anyhow::Result<()> {
+    let mut secrets = take_secrets()?;
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log))
@@ -325,7 +372,8 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(demo(data_dir, turn_ms))
         }
         Command::Serve(args) => {
-            let config = brood::serve::config::resolve(args.config.as_deref(), std::env::vars(), args.flags())?;
+            let env = std::env::vars().chain(secrets);
+            let config = brood::serve::config::resolve(args.config.as_deref(), env, args.flags())?;
             if args.print_config {
                 print!("{}", config.to_toml());
                 return Ok(());
@@ -335,7 +383,7 @@ fn main() -> anyhow::Result<()> {
                 .context("serving")?;
             Ok(())
         }
-        Command::Inspect(args) => inspect(args),
+        Command::Inspect(args) => inspect(args, secrets.remove("BROOD_API_KEY")),
         Command::Chaos(args) => {
             let faults = chaos::Fault::parse_list(&args.faults).map_err(anyhow::Error::msg)?;
             let campaign = chaos::Campaign {
@@ -410,13 +458,13 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-fn inspect(args: InspectArgs) -> anyhow::Result<()> {
+fn inspect(args: InspectArgs, env_key: Option<String>) -> anyhow::Result<()> {
     use brood::inspect;
     let session = args.session.as_deref();
     let found = match &args.server {
         Some(url) => {
             let mut source = inspect::ServerSource::new(url);
-            if let Some(key) = args.api_key.or_else(|| std::env::var("BROOD_API_KEY").ok()) {
+            if let Some(key) = args.api_key.or(env_key) {
                 source = source.api_key(key);
             }
             inspect::from_server(&source, session).with_context(|| format!("inspecting the server at {url}"))?

@@ -8,25 +8,37 @@
 //! tail as the partial summary. A program that cannot be started (not found, a bad `cwd`) is
 //! `failed` with an error that says so.
 //!
-//! The process group does not outlive the runner. When the command exits, whatever it left
-//! running in its group is killed (so nothing holds the output pipes open); when the runner is
-//! dropped — task timeout, stall, cancel, shutdown of the engine — the whole group is killed
-//! with SIGKILL and the process is reaped. A program that leaves its group on purpose (`setsid`,
-//! a daemon) escapes this, as it would escape a terminal's job control.
+//! The process group does not outlive the runner, nor the server. When the command exits,
+//! whatever it left running in its group is killed (so nothing holds the output pipes open);
+//! when the runner is dropped — task timeout, stall, cancel, shutdown of the engine — the whole
+//! group is killed with SIGKILL and the process is reaped. The leader is started with
+//! `PR_SET_PDEATHSIG(SIGKILL)`, so a server killed outright takes it along; what the leader
+//! started in its group is killed by the server's next start, from the record of running groups
+//! ([`CommandGroups`], when the settings name one). A program that leaves its group on purpose
+//! (`setsid`, a daemon) escapes all of this, as it would escape a terminal's job control.
 //!
-//! The environment is the server's minus `BROOD_API_KEY`, plus `BROOD_CHILD_ID` and the spec's
-//! `env`. Whether `command` may run at all is the server's decision (`allowed_runners`), not
-//! this module's.
+//! The death signal is tied to the thread that forked the leader, not to the process: brood
+//! starts children on the engine's children thread, which lives as long as the engine (a
+//! runner's panic is caught there and fails only its child), so a leader dies when the server
+//! does or when the engine shuts down, and not before.
+//!
+//! The environment is empty but for the variables [`CommandSettings`] passes through from the
+//! server's (by default `PATH`, `HOME` and `LANG`), `BROOD_CHILD_ID` (the child's id), and the
+//! spec's `env`, in that order, a later one replacing an earlier of the same name. Whether
+//! `command` may run at all is the server's decision (`allowed_runners`), not this module's.
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use brood_actors::runner::{RunContext, RunOutput, Runner};
 use futures::future::LocalBoxFuture;
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
+
+use super::groups::{CommandGroups, Entry};
 
 /// How much of the output's end is kept as the summary, in bytes.
 pub const TAIL_BYTES: usize = 4096;
@@ -43,7 +55,7 @@ pub struct CommandSpec {
     pub kind: String,
     /// The program and its arguments; not empty.
     pub argv: Vec<String>,
-    /// Variables set for the program, over the server's environment.
+    /// Variables set for the program, over those passed through from the server's.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// The folder it runs in (default: the server's).
@@ -80,30 +92,84 @@ impl CommandSpec {
     }
 }
 
+/// The variables a command child gets from the server's environment when none are named.
+pub const DEFAULT_ENV: &[&str] = &["PATH", "HOME", "LANG"];
+
+/// How `command` children are run: which of the server's variables they get, and where their
+/// process groups are recorded.
+#[derive(Debug, Clone)]
+pub struct CommandSettings {
+    env: Vec<String>,
+    groups: Option<Arc<CommandGroups>>,
+}
+
+impl Default for CommandSettings {
+    /// [`DEFAULT_ENV`] passed through, no record of groups.
+    fn default() -> Self {
+        CommandSettings {
+            env: DEFAULT_ENV.iter().map(|v| v.to_string()).collect(),
+            groups: None,
+        }
+    }
+}
+
+impl CommandSettings {
+    /// The default settings: [`DEFAULT_ENV`] passed through, no record of groups.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The names of the server's variables a child gets (those the server has); none else.
+    pub fn pass_env<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.env = names.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Records each child's process group in `groups`, so the next start of a server on the
+    /// same data folder kills what a killed one left running.
+    pub fn record_groups(mut self, groups: Arc<CommandGroups>) -> Self {
+        self.groups = Some(groups);
+        self
+    }
+
+    /// The names passed through.
+    pub fn env(&self) -> &[String] {
+        &self.env
+    }
+}
+
 /// A child that runs a local program.
 #[derive(Debug, Clone)]
 pub struct CommandRunner {
     spec: CommandSpec,
+    settings: Arc<CommandSettings>,
 }
 
 impl CommandRunner {
-    /// A command runner for a checked spec.
+    /// A command runner for a checked spec, with the default settings.
     pub fn new(spec: CommandSpec) -> Self {
-        CommandRunner { spec }
+        Self::with_settings(spec, Arc::new(CommandSettings::default()))
+    }
+
+    /// A command runner for a checked spec, run as `settings` say.
+    pub fn with_settings(spec: CommandSpec, settings: Arc<CommandSettings>) -> Self {
+        CommandRunner { spec, settings }
     }
 }
 
 impl Runner for CommandRunner {
     fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
-        Box::pin(run(self.spec, ctx))
+        Box::pin(run(self.spec, self.settings, ctx))
     }
 }
 
-/// A process group that is killed with SIGKILL when this is dropped, unless it already was.
+/// A process group that is killed with SIGKILL when this is dropped, unless it already was;
+/// taken out of the record of running groups once killed.
 #[derive(Debug)]
 struct Group {
     pgid: libc::pid_t,
     killed: bool,
+    recorded: Option<(Arc<CommandGroups>, Entry)>,
 }
 
 impl Group {
@@ -115,6 +181,9 @@ impl Group {
             unsafe {
                 libc::killpg(self.pgid, libc::SIGKILL);
             }
+            if let Some((groups, entry)) = self.recorded.take() {
+                groups.ended(&entry);
+            }
         }
     }
 }
@@ -125,12 +194,33 @@ impl Drop for Group {
     }
 }
 
-async fn run(spec: CommandSpec, ctx: RunContext) -> RunOutput {
+/// Run in the forked child before it execs the program: it is to get SIGKILL when the thread
+/// that forked it ends, and if the server already died (before the death signal was set,
+/// which would then never come), it does not start at all. Only async-signal-safe calls, and
+/// nothing allocated.
+fn die_with(server: libc::pid_t) -> std::io::Result<()> {
+    // SAFETY: prctl and getppid are async-signal-safe system calls without pointers.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) == -1 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::getppid() != server {
+            return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+        }
+    }
+    Ok(())
+}
+
+async fn run(spec: CommandSpec, settings: Arc<CommandSettings>, ctx: RunContext) -> RunOutput {
     let program = spec.argv[0].clone();
     let mut cmd = tokio::process::Command::new(&program);
-    cmd.args(&spec.argv[1..])
-        .env_remove("BROOD_API_KEY")
-        .env("BROOD_CHILD_ID", &ctx.child_id)
+    cmd.args(&spec.argv[1..]).env_clear();
+    for name in &settings.env {
+        if let Some(value) = std::env::var_os(name) {
+            cmd.env(name, value);
+        }
+    }
+    cmd.env("BROOD_CHILD_ID", &ctx.child_id)
         .envs(&spec.env)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -140,6 +230,12 @@ async fn run(spec: CommandSpec, ctx: RunContext) -> RunOutput {
         .kill_on_drop(true);
     if let Some(dir) = &spec.cwd {
         cmd.current_dir(dir);
+    }
+    let server = std::process::id() as libc::pid_t;
+    // SAFETY: `die_with` makes only async-signal-safe calls and allocates nothing, as code
+    // between fork and exec must.
+    unsafe {
+        cmd.pre_exec(move || die_with(server));
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
@@ -158,9 +254,14 @@ async fn run(spec: CommandSpec, ctx: RunContext) -> RunOutput {
         };
     };
     // process_group(0): the group's id is the leader's pid.
+    let pgid = pid as libc::pid_t;
     let mut group = Group {
-        pgid: pid as libc::pid_t,
+        pgid,
         killed: false,
+        recorded: settings
+            .groups
+            .as_ref()
+            .and_then(|groups| Some((groups.clone(), groups.started(pgid)?))),
     };
     let mut output = Tail::default();
     let mut stdout = child.stdout.take();

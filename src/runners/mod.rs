@@ -4,13 +4,14 @@
 //! simulated child for demos, tests and fault drills, and any kind an embedder registers with
 //! [`Runners::register`]. Two more built-in kinds are registered on request, because each gives
 //! callers power the embedder must choose to grant: [`command`] (a local process, with
-//! [`Runners::register_command`]) and [`external`] (a child run by an outside worker through
+//! [`Runners::register_command`] or [`Runners::register_command_with`]) and [`external`] (a child run by an outside worker through
 //! shared [`WorkQueues`], with [`Runners::register_external`]); `brood serve` registers those its
 //! configuration allows. Specs are checked strictly when a call is accepted: an unknown kind, an
 //! unknown field or a mistyped value is refused with a message that names it.
 
 pub mod command;
 pub mod external;
+pub mod groups;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -21,7 +22,7 @@ use brood_actors::runner::{RunContext, RunOutput, Runner, RunnerFactory};
 use futures::future::LocalBoxFuture;
 use serde::Deserialize;
 
-pub use self::command::{CommandRunner, CommandSpec};
+pub use self::command::{CommandRunner, CommandSettings, CommandSpec};
 pub use self::external::{ExternalRunner, ExternalSpec, Handout, WorkError, WorkQueues};
 
 /// The runner kinds brood itself provides.
@@ -202,10 +203,19 @@ impl Runners {
         self
     }
 
-    /// Adds the `command` kind: children that run a local program ([`command`]).
+    /// Adds the `command` kind: children that run a local program ([`command`]), with the
+    /// default [`CommandSettings`] (`PATH`, `HOME` and `LANG` passed through, no record of
+    /// process groups).
     pub fn register_command(&mut self) -> &mut Self {
-        self.register("command", |spec| {
-            Ok(Box::new(CommandRunner::new(CommandSpec::parse(spec)?)) as Box<dyn Runner>)
+        self.register_command_with(CommandSettings::default())
+    }
+
+    /// Adds the `command` kind, its children run as `settings` say.
+    pub fn register_command_with(&mut self, settings: CommandSettings) -> &mut Self {
+        let settings = Arc::new(settings);
+        self.register("command", move |spec| {
+            let spec = CommandSpec::parse(spec)?;
+            Ok(Box::new(CommandRunner::with_settings(spec, settings.clone())) as Box<dyn Runner>)
         })
     }
 

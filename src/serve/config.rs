@@ -35,6 +35,10 @@ pub struct ServeConfig {
     /// The API key every `/v1` request must carry (`Authorization: Bearer <key>`).
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "redacted")]
     pub api_key: Option<String>,
+    /// The file `api_key` was read from, when it was (its content, less one trailing newline,
+    /// is the key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<PathBuf>,
     /// The credential requests between processes sharing a ledger carry (`x-brood-peer`)
     /// instead of the user's key; when unset, one is derived from `api_key`.
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "redacted")]
@@ -55,6 +59,9 @@ pub struct ServeConfig {
     /// loopback and private addresses are refused unless listed here (see
     /// [`wake`](super::wake)).
     pub wake_allow: Vec<String>,
+    /// The names of the server's environment variables a `command` child gets; it gets no
+    /// others (but `BROOD_CHILD_ID` and its task's `env`).
+    pub command_env: Vec<String>,
     /// What a flush brood relies on guarantees.
     pub durability: Durability,
     /// The largest request body, in bytes.
@@ -186,12 +193,17 @@ impl Default for ServeConfig {
             node: None,
             session_lease_ms: 10_000,
             api_key: None,
+            api_key_file: None,
             peer_key: None,
             scoped_keys: Vec::new(),
             allow_command: false,
             allowed_runners: vec!["sim".into(), "external".into()],
             allowed_hosts: Vec::new(),
             wake_allow: Vec::new(),
+            command_env: crate::runners::command::DEFAULT_ENV
+                .iter()
+                .map(|v| v.to_string())
+                .collect(),
             durability: Durability::Fsync,
             body_limit: 8 << 20,
             max_concurrent_children: brood_actors::model::DEFAULT_MAX_CONCURRENT_CHILDREN,
@@ -268,6 +280,10 @@ const KEYS: &[(&str, &str)] = &[
         "entries `<prefix>=<key>` (a TOML array of strings, or text separated by commas): each key reaches only the sessions whose id starts with its prefix; needs api_key",
     ),
     (
+        "api_key_file",
+        "the path of a file holding the API key (one trailing newline is dropped); not with api_key",
+    ),
+    (
         "peer_key",
         "a non-empty string, the same in every process sharing the ledger (default: derived from api_key)",
     ),
@@ -279,8 +295,14 @@ const KEYS: &[(&str, &str)] = &[
     (
         "allowed_hosts",
         "host names or IP addresses without a port, such as brood.example (a TOML array, or comma-separated text); default: none besides loopback, listen and advertise",
+    ),
+    (
         "wake_allow",
         "hosts, IP addresses or CIDR networks webhook wakes may go to besides public addresses (a TOML array, or comma-separated text; default none)",
+    ),
+    (
+        "command_env",
+        "names of environment variables a command child gets from the server's (a TOML array, or comma-separated text; default PATH, HOME, LANG)",
     ),
     ("durability", "\"fsync\" or \"flush\""),
     ("body_limit", "bytes, from 1024 to 1073741824"),
@@ -369,6 +391,7 @@ pub fn resolve(
     ));
 
     let mut config = ServeConfig::default();
+    let mut key_sources = (None, None);
     for (source, layer) in &layers {
         for (key, raw) in layer {
             apply(&mut config, key, raw).map_err(|problem| ConfigError {
@@ -376,11 +399,46 @@ pub fn resolve(
                 source_name: source.name(key),
                 problem,
             })?;
+            match key.as_str() {
+                "api_key" => key_sources.0 = Some(source.name(key)),
+                "api_key_file" => key_sources.1 = Some(source.name(key)),
+                _ => {}
+            }
         }
+    }
+    if let (Some(file), Some(from)) = (config.api_key_file.clone(), key_sources.1) {
+        if let Some(key_from) = key_sources.0 {
+            return Err(ConfigError {
+                key: "api_key_file".into(),
+                source_name: from,
+                problem: format!("is set, and so is api_key (from {key_from}); give the key one way"),
+            });
+        }
+        config.api_key = Some(read_key_file(&file).map_err(|problem| ConfigError {
+            key: "api_key_file".into(),
+            source_name: from,
+            problem,
+        })?);
     }
     allow_command_either_way(&mut config);
     check(&config)?;
     Ok(config)
+}
+
+/// The key a key file holds: its text less one trailing newline, not empty.
+fn read_key_file(file: &Path) -> Result<String, String> {
+    let text =
+        std::fs::read_to_string(file).map_err(|e| format!("the key file {} cannot be read: {e}", file.display()))?;
+    let key = text
+        .strip_suffix('\n')
+        .map_or(text.as_str(), |k| k.strip_suffix('\r').unwrap_or(k));
+    if key.is_empty() {
+        return Err(format!(
+            "the key file {} is empty; it must hold the API key",
+            file.display()
+        ));
+    }
+    Ok(key.to_string())
 }
 
 /// `allow_command` and `command` in `allowed_runners` say the same: either one sets both.
@@ -550,6 +608,42 @@ fn wake_allow(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// A list of environment variable names: a TOML array of strings, or text separated by commas.
+/// A name is letters, digits and `_`, not starting with a digit.
+fn variable_names(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
+    let bad = || format!("{raw} is not accepted; {}", accepted(key));
+    let given: Vec<String> = match raw {
+        Raw::Toml(toml::Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(|s| s.trim().to_string()).ok_or_else(bad))
+            .collect::<Result<_, _>>()?,
+        _ => text(raw)
+            .ok_or_else(bad)?
+            .split(',')
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty())
+            .collect(),
+    };
+    let mut out: Vec<String> = Vec::new();
+    for name in given {
+        let good = name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && name.chars().next().is_some_and(|c| !c.is_ascii_digit());
+        if !good {
+            return Err(format!(
+                "{name:?} is not a variable name (letters, digits and `_`, not starting with a digit); {}",
+                accepted(key)
+            ));
+        }
+        if name == "BROOD_API_KEY" {
+            return Err("BROOD_API_KEY is never passed to a command child; take it out of the list".into());
+        }
+        if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    Ok(out)
+}
+
 fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
     let bad = || format!("{raw} is not accepted; {}", accepted(key));
     match key {
@@ -579,6 +673,10 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
         "allowed_runners" => c.allowed_runners = kinds(key, raw)?,
         "allowed_hosts" => c.allowed_hosts = hosts(key, raw)?,
         "wake_allow" => c.wake_allow = wake_allow(key, raw)?,
+        "api_key_file" => {
+            c.api_key_file = Some(text(raw).filter(|s| !s.is_empty()).map(PathBuf::from).ok_or_else(bad)?)
+        }
+        "command_env" => c.command_env = variable_names(key, raw)?,
         "durability" => c.durability = text(raw).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
         "body_limit" => c.body_limit = number(key, raw, 1024, 1 << 30)? as usize,
         "max_concurrent_children" => c.max_concurrent_children = number(key, raw, 1, 100_000)? as u32,
@@ -660,7 +758,7 @@ fn check(c: &ServeConfig) -> Result<(), ConfigError> {
         return Err(err(
             "listen",
             format!(
-                "{} is not a loopback address, and no api_key is set: without a key brood serves loopback only (set --api-key or BROOD_API_KEY)",
+                "{} is not a loopback address, and no api_key is set: without a key brood serves loopback only (set --api-key-file, --api-key or BROOD_API_KEY)",
                 c.listen
             ),
         ));
@@ -950,5 +1048,83 @@ mod tests {
         let c = resolve(None, vec![], flags(&[("listen", "0.0.0.0:7070"), ("api_key", "k")])).unwrap();
         assert!(!c.listen.ip().is_loopback());
         assert!(c.to_toml().contains("api_key = \"(set)\""), "the key is never printed");
+    }
+
+    #[test]
+    fn command_env_defaults_to_path_home_lang_and_takes_names_only() {
+        let c = resolve(None, vec![], BTreeMap::new()).unwrap();
+        assert_eq!(c.command_env, ["PATH", "HOME", "LANG"]);
+        let c = resolve(
+            None,
+            vec![("BROOD_COMMAND_ENV".into(), "PATH, TZ,PATH,LC_ALL".into())],
+            BTreeMap::new(),
+        )
+        .unwrap();
+        assert_eq!(c.command_env, ["PATH", "TZ", "LC_ALL"], "trimmed, once each");
+        let c = resolve_file("command_env = [\"PATH\"]\n").unwrap();
+        assert_eq!(c.command_env, ["PATH"]);
+        let c = resolve(None, vec![], flags(&[("command_env", "")])).unwrap();
+        assert!(c.command_env.is_empty(), "an empty list passes nothing");
+        for bad in ["PATH HOME", "A=B", "1X", "BROOD_API_KEY"] {
+            let e = resolve(None, vec![], flags(&[("command_env", bad)])).unwrap_err();
+            assert_eq!(
+                (e.key.as_str(), e.source_name.as_str()),
+                ("command_env", "flag --command-env")
+            );
+            assert!(
+                e.problem.contains("variable name") || e.problem.contains("never passed"),
+                "{bad}: {e}"
+            );
+        }
+        let e = resolve_file("command_env = [1]\n").unwrap_err();
+        assert!(e.problem.contains("names of environment variables"), "{e}");
+    }
+
+    #[test]
+    fn the_api_key_is_read_from_a_file_less_one_trailing_newline() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("key");
+        let with_file = |file: &Path| resolve(None, vec![], flags(&[("api_key_file", file.to_str().unwrap())]));
+        std::fs::write(&file, "s3cret\n").unwrap();
+        assert_eq!(with_file(&file).unwrap().api_key.as_deref(), Some("s3cret"));
+        std::fs::write(&file, "s3cret\r\n").unwrap();
+        assert_eq!(with_file(&file).unwrap().api_key.as_deref(), Some("s3cret"));
+        std::fs::write(&file, "s3cret\n\n").unwrap();
+        assert_eq!(
+            with_file(&file).unwrap().api_key.as_deref(),
+            Some("s3cret\n"),
+            "one newline only"
+        );
+        let c = with_file(&file).unwrap();
+        assert!(!c.to_toml().contains("s3cret"), "the key is never printed");
+        for empty in ["", "\n"] {
+            std::fs::write(&file, empty).unwrap();
+            let e = with_file(&file).unwrap_err();
+            assert_eq!(
+                (e.key.as_str(), e.source_name.as_str()),
+                ("api_key_file", "flag --api-key-file")
+            );
+            assert!(
+                e.problem.contains("is empty") && e.problem.contains(file.to_str().unwrap()),
+                "{e}"
+            );
+        }
+        let missing = dir.path().join("no-such-key");
+        let e = with_file(&missing).unwrap_err();
+        assert!(
+            e.problem.contains("cannot be read") && e.problem.contains("no-such-key"),
+            "{e}"
+        );
+        std::fs::write(&file, "k").unwrap();
+        let e = resolve(
+            None,
+            vec![("BROOD_API_KEY".into(), "other".into())],
+            flags(&[("api_key_file", file.to_str().unwrap())]),
+        )
+        .unwrap_err();
+        assert!(
+            e.problem.contains("api_key (from environment variable BROOD_API_KEY)"),
+            "{e}"
+        );
     }
 }

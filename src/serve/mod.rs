@@ -17,7 +17,10 @@
 //! as any interrupted child is (DESIGN.md, I6).
 //!
 //! The engine runs the runner kinds the configuration allows (`allowed_runners`): `sim`,
-//! `command`, and `external`, whose work queues the worker endpoints share.
+//! `command`, and `external`, whose work queues the worker endpoints share. Before the engine
+//! opens (and re-runs what it recovers), the process groups of `command` children an earlier
+//! process on the data folder left running are killed ([`CommandGroups`]); a `command` child
+//! gets only the variables `command_env` names from the server's environment.
 
 pub mod api;
 pub mod config;
@@ -43,8 +46,9 @@ use actix_web::{web, App, HttpServer};
 
 use self::api::ApiError;
 use self::config::ServeConfig;
-use crate::runners::WorkQueues;
-use crate::{Brood, BroodConfig, BroodError, Runners};
+use crate::runners::groups::CommandGroups;
+use crate::runners::{CommandSettings, WorkQueues};
+use crate::{Brood, BroodConfig, Runners};
 
 /// Compares two byte strings in time that depends on neither (their SHA-256 digests are
 /// compared, byte for byte, all of them), so the time taken tells nothing of a key, not even its
@@ -135,18 +139,37 @@ async fn stop_signal() -> &'static str {
 }
 
 /// The engine behind a server, from its configuration: `sim`, and `command` and `external`
-/// when allowed, the latter on `queues`.
-pub fn open_engine(config: &ServeConfig, queues: &Arc<WorkQueues>) -> Result<Brood, BroodError> {
-    let wakes = wake::Webhooks::allowing(&config.wake_allow).map_err(|e| BroodError::invalid("wake_allow", e))?;
-    Brood::open(engine_config(config, wakes, queues))
+/// when allowed, the latter on `queues`. What an earlier process on the data folder left of
+/// its command children is killed first.
+pub fn open_engine(config: &ServeConfig, queues: &Arc<WorkQueues>) -> std::io::Result<Brood> {
+    let wakes = wake::Webhooks::allowing(&config.wake_allow).map_err(std::io::Error::other)?;
+    let groups = sweep_command_groups(config)?;
+    Brood::open(engine_config(config, wakes, queues, groups)).map_err(std::io::Error::other)
+}
+
+/// Locks the data folder's record of command groups, and kills the groups an earlier process
+/// left running (see [`CommandGroups`]).
+fn sweep_command_groups(config: &ServeConfig) -> std::io::Result<Arc<CommandGroups>> {
+    let (groups, swept) = CommandGroups::open(&config.data_dir).map_err(std::io::Error::other)?;
+    if !swept.killed.is_empty() {
+        tracing::warn!(
+            groups = ?swept.killed,
+            "killed the process groups of command children an earlier server left running"
+        );
+    }
+    Ok(Arc::new(groups))
 }
 
 /// The runner kinds the configuration allows: `sim` always registered (the routes refuse it
 /// when not allowed), `command` and `external` only when allowed.
-fn runners(config: &ServeConfig, queues: &Arc<WorkQueues>) -> Runners {
+fn runners(config: &ServeConfig, queues: &Arc<WorkQueues>, groups: Arc<CommandGroups>) -> Runners {
     let mut runners = Runners::builtin();
     if config.refuses_runner("command").is_none() {
-        runners.register_command();
+        runners.register_command_with(
+            CommandSettings::new()
+                .pass_env(config.command_env.clone())
+                .record_groups(groups),
+        );
     }
     if config.refuses_runner("external").is_none() {
         runners.register_external(queues.clone());
@@ -154,7 +177,12 @@ fn runners(config: &ServeConfig, queues: &Arc<WorkQueues>) -> Runners {
     runners
 }
 
-fn engine_config(config: &ServeConfig, wakes: wake::Webhooks, queues: &Arc<WorkQueues>) -> BroodConfig {
+fn engine_config(
+    config: &ServeConfig,
+    wakes: wake::Webhooks,
+    queues: &Arc<WorkQueues>,
+    groups: Arc<CommandGroups>,
+) -> BroodConfig {
     let mut engine = BroodConfig::new(&config.data_dir);
     if let Some(url) = &config.ledger {
         // Every process on one database shares it: sessions are served under leases.
@@ -165,7 +193,7 @@ fn engine_config(config: &ServeConfig, wakes: wake::Webhooks, queues: &Arc<WorkQ
             .share(node, address, Duration::from_millis(config.session_lease_ms));
     }
     engine
-        .runners(runners(config, queues))
+        .runners(runners(config, queues, groups))
         .durability(config.durability)
         .commit_window(Duration::from_millis(config.commit_window_ms))
         .routing_threads(config.routing_threads)
@@ -183,7 +211,8 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
     let wakes = wake::Webhooks::allowing(&config.wake_allow)
         .map_err(std::io::Error::other)?
         .counted(metrics.wakes());
-    let engine = engine_config(&config, wakes, &queues).on_flush(metrics.flush_observer());
+    let groups = sweep_command_groups(&config)?;
+    let engine = engine_config(&config, wakes, &queues, groups).on_flush(metrics.flush_observer());
     let brood = Arc::new(Brood::open(engine).map_err(std::io::Error::other)?);
     if let Some(directory) = brood.work_directory() {
         // Sharing the ledger: workers polling any process may be handed this one's children.

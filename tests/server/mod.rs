@@ -39,19 +39,29 @@ impl Server {
     /// A server with extra flags (`--allow-command`, `--config f.toml`, …), whose wakes may
     /// go to loopback (`--wake-allow 127.0.0.1`), where the tests' wake receivers listen.
     pub fn start_with(dir: &Path, key: Option<&str>, extra: &[&str]) -> Server {
+        Server::start_env(dir, key, extra, &[])
+    }
+
+    /// As [`Server::start_with`], with variables added to the server's environment.
+    pub fn start_env(dir: &Path, key: Option<&str>, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut flags = vec!["--wake-allow", "127.0.0.1"];
         flags.extend_from_slice(extra);
-        Server::start_exactly(dir, key, &flags, Stdio::null())
+        Server::spawn(dir, key, &flags, Stdio::null(), env)
     }
 
     /// A server with exactly the flags given (wakes to loopback refused, as by default), its
     /// stderr going to `stderr`.
     pub fn start_exactly(dir: &Path, key: Option<&str>, extra: &[&str], stderr: Stdio) -> Server {
+        Server::spawn(dir, key, extra, stderr, &[])
+    }
+
+    fn spawn(dir: &Path, key: Option<&str>, extra: &[&str], stderr: Stdio, env: &[(&str, &str)]) -> Server {
         let port = free_port();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_brood"));
         cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
             .arg(dir)
             .env_remove("BROOD_API_KEY")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(stderr);
         if let Some(k) = key {

@@ -1,0 +1,276 @@
+//! `command` children do not outlive the server and see only what they are given, on the real
+//! `brood serve`: a child dies with a server killed with SIGKILL; what it left in its process
+//! group is killed by the next start before anything is re-run, so a re-run command runs once;
+//! a child's environment holds only the variables `command_env` names, `BROOD_CHILD_ID` and its
+//! task's `env`; the server's start-up environment shows neither the API key nor the peer
+//! credential; and the key can be read
+//! from a file (`--api-key-file`), an empty one being a clear error.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+mod server;
+use server::*;
+
+/// Whether a process is gone: no such pid, or a zombie nobody reaped yet (it is dead).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Waits (a liveness wait, not a timed claim) until `done`, failing after `within`.
+fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The pid a command wrote to `file`, once it did.
+fn pid_in(file: &Path) -> u32 {
+    let mut pid = 0;
+    wait_until("the command wrote a pid", Duration::from_secs(30), || {
+        pid = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
+        pid != 0
+    });
+    pid
+}
+
+/// The processes alive (not zombies) whose arguments are exactly `argv`.
+fn running_with_argv(argv: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .filter(|pid| !gone(*pid))
+        .collect()
+}
+
+fn delegate(s: &Server, session: &str, task: Value) {
+    let (status, reply) = s.call(
+        "POST",
+        &format!("/v1/sessions/{session}/delegate"),
+        Some(json!({"tasks": [task]})),
+    );
+    assert_eq!(status, 202, "{reply}");
+}
+
+/// The one result of a session's next envelope, acked.
+fn only_result(s: &Server, session: &str) -> Value {
+    let env = s.envelope(session, 30_000);
+    let items = env["items"].as_array().expect("items");
+    assert_eq!(items.len(), 1, "{env}");
+    let claim = env["claim_id"].as_str().unwrap();
+    let (status, acked) = s.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+    assert_eq!((status, acked["delivered"].as_u64()), (200, Some(1)), "{acked}");
+    items[0].clone()
+}
+
+fn sh(script: &str) -> Value {
+    json!({"kind": "command", "argv": ["sh", "-c", script]})
+}
+
+#[test]
+fn a_command_child_dies_with_a_server_killed_with_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let s = Server::start_with(&dir.path().join("data"), None, &["--allow-command"]);
+    s.open("k");
+    let script = format!("echo $$ > '{}'; exec sleep 300", pidfile.display());
+    delegate(&s, "k", json!({"goal": "sleep", "runner": sh(&script)}));
+    let pid = pid_in(&pidfile);
+    assert!(!gone(pid), "the command runs");
+    s.kill9();
+    wait_until(
+        "the command child died with its server",
+        Duration::from_secs(10),
+        || gone(pid),
+    );
+}
+
+#[test]
+fn a_rerun_command_runs_once_after_a_kill_9_and_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let pidfile = dir.path().join("pid");
+    // A number of seconds no other process of the machine sleeps for: the marker.
+    let marker = format!("3000.{}", std::process::id());
+    // The shell (the group leader) dies with the server; the `sleep` it started in its group
+    // does not, until the next start kills the group.
+    let script = format!("sleep {marker} & echo $! > '{}'; wait", pidfile.display());
+    let task = json!({"goal": "marked", "runner": sh(&script), "rerun_on_recovery": true});
+    let s = Server::start_with(&data, None, &["--allow-command"]);
+    s.open("r");
+    delegate(&s, "r", task);
+    let first = pid_in(&pidfile);
+    assert_eq!(running_with_argv(&["sleep", &marker]), [first]);
+    s.kill9();
+    std::fs::remove_file(&pidfile).unwrap();
+
+    let s = Server::start_with(&data, None, &["--allow-command"]);
+    let second = pid_in(&pidfile);
+    assert_ne!(first, second, "the command was run again");
+    wait_until(
+        "the copy the killed server left was killed",
+        Duration::from_secs(10),
+        || gone(first),
+    );
+    assert_eq!(running_with_argv(&["sleep", &marker]), [second], "one copy runs");
+    // Dropping the server kills it with SIGKILL, which would leave this copy to the next start.
+    Command::new("kill")
+        .args(["-KILL", &second.to_string()])
+        .status()
+        .unwrap();
+    drop(s);
+}
+
+/// The variables a server is started with, beside PATH: secrets, and the three a child gets.
+const SERVER_ENV: &[(&str, &str)] = &[
+    ("PGPASSWORD", "pg-secret"),
+    ("DATABASE_URL", "postgres://u:db-secret@h/db"),
+    ("SECRET_X", "x-secret"),
+    ("BROOD_API_KEY", "key-secret"),
+    ("BROOD_PEER_KEY", "peer-secret"),
+    ("HOME", "/tmp/brood-child-home"),
+    ("LANG", "C.UTF-8"),
+    ("EXTRA_OK", "extra-value"),
+];
+
+/// Runs `script` as a command child of a server started with [`SERVER_ENV`] (its key from the
+/// environment) and `extra` flags, the task's `env` holding TASK_VAR; the child's id.
+fn run_in_env(dir: &Path, extra: &[&str], script: &str) -> String {
+    let mut flags = vec!["--allow-command"];
+    flags.extend_from_slice(extra);
+    let mut s = Server::start_env(&dir.join("data"), None, &flags, SERVER_ENV);
+    s.key = Some("key-secret".into());
+    s.open("e");
+    let mut runner = sh(script);
+    runner["env"] = json!({"TASK_VAR": "task-value"});
+    delegate(&s, "e", json!({"goal": "env", "runner": runner}));
+    let item = only_result(&s, "e");
+    assert_eq!(item["status"], "succeeded", "{item}");
+    item["child_id"].as_str().unwrap().to_string()
+}
+
+/// The lines `NAME=value` of a file `env` wrote.
+fn variables(file: &Path) -> Vec<String> {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_command_child_gets_path_home_lang_its_id_and_its_env_and_no_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("env");
+    let child_id = run_in_env(dir.path(), &[], &format!("env > '{}'", out.display()));
+    let env = variables(&out);
+    for want in [
+        "HOME=/tmp/brood-child-home".to_string(),
+        "LANG=C.UTF-8".to_string(),
+        "TASK_VAR=task-value".to_string(),
+        format!("BROOD_CHILD_ID={child_id}"),
+    ] {
+        assert!(env.contains(&want), "{want} missing from {env:?}");
+    }
+    assert!(env.iter().any(|v| v.starts_with("PATH=")), "{env:?}");
+    for secret in [
+        "pg-secret",
+        "db-secret",
+        "x-secret",
+        "key-secret",
+        "peer-secret",
+        "extra-value",
+    ] {
+        assert!(!env.iter().any(|v| v.contains(secret)), "{secret} leaked: {env:?}");
+    }
+}
+
+#[test]
+fn command_env_names_the_variables_a_child_gets() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("env");
+    run_in_env(
+        dir.path(),
+        &["--command-env", "PATH,EXTRA_OK"],
+        &format!("env > '{}'", out.display()),
+    );
+    let env = variables(&out);
+    assert!(env.contains(&"EXTRA_OK=extra-value".to_string()), "{env:?}");
+    assert!(env.contains(&"TASK_VAR=task-value".to_string()), "{env:?}");
+    assert!(
+        !env.iter()
+            .any(|v| v.starts_with("HOME=/tmp/brood-child-home") || v.starts_with("LANG=")),
+        "only the variables named pass: {env:?}"
+    );
+}
+
+#[test]
+fn the_servers_start_up_environment_shows_neither_key_to_a_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("server-env");
+    // The shell's parent is the server: its environment block as the kernel shows it.
+    let script = format!("tr '\\000' '\\n' < /proc/$PPID/environ > '{}'", out.display());
+    run_in_env(dir.path(), &[], &script);
+    let env = variables(&out);
+    assert!(
+        env.iter().any(|v| v == "SECRET_X=x-secret"),
+        "the file is the server's environment: {env:?}"
+    );
+    assert!(
+        !env.iter().any(|v| v.contains("key-secret")),
+        "the key is readable: {env:?}"
+    );
+}
+
+#[test]
+fn the_api_key_is_read_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("key");
+    std::fs::write(&file, "file-key\n").unwrap();
+    let s = Server::start_with(
+        &dir.path().join("data"),
+        None,
+        &["--api-key-file", file.to_str().unwrap()],
+    );
+    let (status, body) = s.raw("GET", "/v1/sessions", None, Some("file-key"));
+    assert_eq!(status, 200, "the key of the file passes: {body}");
+    assert_error(s.raw("GET", "/v1/sessions", None, None), 401, "unauthorized");
+    assert_error(s.raw("GET", "/v1/sessions", None, Some("file-ke")), 401, "unauthorized");
+}
+
+#[test]
+fn an_empty_api_key_file_is_a_configuration_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("empty-key");
+    std::fs::write(&file, "").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_brood"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port()), "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--api-key-file")
+        .arg(&file)
+        .env_remove("BROOD_API_KEY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a server with an empty key file must not start");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("api_key_file") && stderr.contains("is empty") && stderr.contains(file.to_str().unwrap()),
+        "{stderr}"
+    );
+}
