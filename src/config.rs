@@ -23,6 +23,7 @@ pub struct BroodConfig {
     pub(crate) cache_bytes: u64,
     pub(crate) max_depth: u32,
     pub(crate) max_running_children: Option<u32>,
+    pub(crate) max_live_children: Option<usize>,
     pub(crate) retention: brood_actors::retention::Retention,
     pub(crate) on_flush: Option<brood_actors::ledger::FlushObserver>,
     /// PostgreSQL's address and schema, when the ledger is there rather than in `data_dir`.
@@ -53,6 +54,7 @@ impl BroodConfig {
             cache_bytes: brood_actors::ledger::DEFAULT_CACHE_BYTES,
             max_depth: brood_actors::model::DEFAULT_MAX_DEPTH,
             max_running_children: None,
+            max_live_children: None,
             retention: brood_actors::retention::Retention::default(),
             on_flush: None,
             postgres: None,
@@ -113,6 +115,15 @@ impl BroodConfig {
     /// admission, one flush after the call's own.)
     pub fn max_running_children(mut self, limit: Option<u32>) -> Self {
         self.max_running_children = limit.map(|n| n.max(1));
+        self
+    }
+
+    /// Bounds the children live at once over every session, queued or running (default:
+    /// unbounded): a delegate whose tasks would take the engine past it is refused with
+    /// [`BroodError::ServerFull`](crate::BroodError::ServerFull) and changes nothing. Nested
+    /// calls count alike. Children recovered at a start are counted, never refused. At least 1.
+    pub fn max_live_children(mut self, limit: Option<usize>) -> Self {
+        self.max_live_children = limit.map(|n| n.max(1));
         self
     }
 

@@ -164,6 +164,7 @@ impl Brood {
         let cache_bytes = config.cache_bytes;
         let max_depth = config.max_depth;
         let max_running = config.max_running_children;
+        let max_live = config.max_live_children;
         let retention = config.retention.clone();
         let on_flush = config.on_flush.clone();
         let postgres = config.postgres.clone();
@@ -214,6 +215,7 @@ impl Brood {
                     engine.commit_window = commit_window;
                     engine.max_depth = max_depth;
                     engine.retention = retention;
+                    engine.live = brood_actors::routing::LiveCount::new(max_live);
                     engine.shares = max_running.map(|n| Arc::new(brood_actors::routing::Shares::new(n as usize)));
                     engine.routing_arbiters = routing_handles;
                     engine.commit_arbiter = commit_handle;

@@ -216,6 +216,19 @@ struct ServeArgs {
     /// Threads session owners are spread over (default: one per core).
     #[arg(long)]
     routing_threads: Option<String>,
+    /// The most tasks one delegate may carry (default 10000).
+    #[arg(long)]
+    max_tasks_per_call: Option<String>,
+    /// The largest max_concurrent_children a session may ask for (default 1024).
+    #[arg(long)]
+    max_session_capacity: Option<String>,
+    /// The most children queued or running over every session; a delegate that would pass it
+    /// is refused with 503 (default 100000).
+    #[arg(long)]
+    max_live_children: Option<String>,
+    /// How long a request's body may take to arrive whole, in ms (default 30000).
+    #[arg(long)]
+    body_timeout_ms: Option<String>,
 }
 
 impl ServeArgs {
@@ -254,6 +267,10 @@ impl ServeArgs {
             ("drain_timeout_ms", &self.drain_timeout_ms),
             ("commit_window_ms", &self.commit_window_ms),
             ("routing_threads", &self.routing_threads),
+            ("max_tasks_per_call", &self.max_tasks_per_call),
+            ("max_session_capacity", &self.max_session_capacity),
+            ("max_live_children", &self.max_live_children),
+            ("body_timeout_ms", &self.body_timeout_ms),
         ];
         for (key, value) in pairs {
             if let Some(v) = value {

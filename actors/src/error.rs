@@ -58,6 +58,18 @@ pub enum BroodError {
         /// The nested session (the child's id).
         session: String,
     },
+    /// The engine holds as many live children (queued or running, over every session) as its
+    /// `max_live_children` allows, or this call's would take it past them. Nothing was changed;
+    /// retry once children have ended.
+    #[error("{live} children are live (queued or running, over every session) and a call of {asked} more would pass max_live_children ({max}); retry once some have ended, or raise max_live_children")]
+    ServerFull {
+        /// Children live when the call came.
+        live: usize,
+        /// The call's tasks.
+        asked: usize,
+        /// The engine's `max_live_children`.
+        max: usize,
+    },
     /// No such claim was made.
     #[error("unknown claim `{0}`")]
     UnknownClaim(String),
@@ -133,6 +145,7 @@ impl BroodError {
             BroodError::UnknownTarget { .. } => "unknown_child",
             BroodError::MaxDepthExceeded { .. } => "max_depth_exceeded",
             BroodError::ParentEnded { .. } => "parent_ended",
+            BroodError::ServerFull { .. } => "server_full",
             BroodError::ClaimLost(_) => "claim_lost",
             BroodError::ClaimAcked(_) => "claim_acked",
             BroodError::Ledger(_) => "ledger_error",

@@ -132,6 +132,9 @@ impl ServerProcess {
             .arg(durability.to_string())
             .arg("--data-dir")
             .arg(dir)
+            // A bench session runs thousands at once, and its producer may run far ahead of
+            // the children: the bounds of a laptop's default would refuse both.
+            .args(["--max-session-capacity", "100000", "--max-live-children", "100000000"])
             .args(extra)
             .env_remove("BROOD_API_KEY")
             .stdout(std::process::Stdio::null())

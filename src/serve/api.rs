@@ -79,6 +79,8 @@ impl From<BroodError> for ApiError {
             BroodError::UnknownTarget { .. } => (StatusCode::NOT_FOUND, e.code()),
             BroodError::MaxDepthExceeded { .. } => (StatusCode::BAD_REQUEST, e.code()),
             BroodError::ParentEnded { .. } => (StatusCode::CONFLICT, e.code()),
+            // The server, not the request, is at its bound: retry later, as with `draining`.
+            BroodError::ServerFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, e.code()),
             BroodError::ClaimLost(_) => (StatusCode::CONFLICT, "claim_lost"),
             BroodError::ClaimAcked(_) => (StatusCode::CONFLICT, "claim_acked"),
             BroodError::EmbedderPanicked { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "runner_factory_panicked"),

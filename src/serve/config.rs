@@ -102,6 +102,17 @@ pub struct ServeConfig {
     pub routing_threads: usize,
     /// The bound of the ledger's page cache, in bytes.
     pub cache_bytes: u64,
+    // The bounds of what one request and the server hold (see `check_bounds`).
+    /// The most tasks one delegate may carry.
+    pub max_tasks_per_call: usize,
+    /// The largest `max_concurrent_children` a session may have (a `PUT` asking for more is
+    /// refused); at least `max_concurrent_children`.
+    pub max_session_capacity: u32,
+    /// The most children queued or running (not yet ended) over every session; a delegate
+    /// that would pass it is refused.
+    pub max_live_children: usize,
+    /// How long a request's body may take to arrive whole, in ms.
+    pub body_timeout_ms: u64,
 }
 
 const DAY_MS: u64 = 24 * 60 * 60 * 1000;
@@ -223,6 +234,10 @@ impl Default for ServeConfig {
             commit_window_ms: 0,
             routing_threads: crate::default_routing_threads(),
             cache_bytes: brood_actors::ledger::DEFAULT_CACHE_BYTES,
+            max_tasks_per_call: 10_000,
+            max_session_capacity: 1_024,
+            max_live_children: 100_000,
+            body_timeout_ms: 30_000,
         }
     }
 }
@@ -306,7 +321,7 @@ const KEYS: &[(&str, &str)] = &[
     ),
     ("durability", "\"fsync\" or \"flush\""),
     ("body_limit", "bytes, from 1024 to 1073741824"),
-    ("max_concurrent_children", "from 1 to 100000"),
+    ("max_concurrent_children", "from 1 to max_session_capacity (default 8)"),
     ("max_delivery_attempts", "from 1 to 1000"),
     ("max_depth", "from 1 to 64 (default 2)"),
     (
@@ -332,6 +347,16 @@ const KEYS: &[(&str, &str)] = &[
     ("commit_window_ms", "from 0 to 1000"),
     ("routing_threads", "from 0 to 256 (default: one per core)"),
     ("cache_bytes", "bytes, from 1048576 to 1099511627776 (default 67108864)"),
+    ("max_tasks_per_call", "from 1 to 1000000 (default 10000)"),
+    (
+        "max_session_capacity",
+        "from 1 to 1000000, at least max_concurrent_children (default 1024)",
+    ),
+    (
+        "max_live_children",
+        "from 1 to 100000000, over every session (default 100000)",
+    ),
+    ("body_timeout_ms", "from 100 to 3600000 (default 30000)"),
 ];
 
 /// One value as a layer gives it: TOML values keep their type; environment variables and flags
@@ -679,7 +704,7 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
         "command_env" => c.command_env = variable_names(key, raw)?,
         "durability" => c.durability = text(raw).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
         "body_limit" => c.body_limit = number(key, raw, 1024, 1 << 30)? as usize,
-        "max_concurrent_children" => c.max_concurrent_children = number(key, raw, 1, 100_000)? as u32,
+        "max_concurrent_children" => c.max_concurrent_children = number(key, raw, 1, MAX_CAPACITY)? as u32,
         "max_delivery_attempts" => c.max_delivery_attempts = number(key, raw, 1, 1_000)? as u32,
         "max_depth" => c.max_depth = number(key, raw, 1, 64)? as u32,
         "max_running_children" => c.max_running_children = Some(number(key, raw, 1, 1_000_000)? as u32),
@@ -696,6 +721,10 @@ fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
         "commit_window_ms" => c.commit_window_ms = number(key, raw, 0, 1_000)?,
         "routing_threads" => c.routing_threads = number(key, raw, 0, 256)? as usize,
         "cache_bytes" => c.cache_bytes = number(key, raw, 1 << 20, 1 << 40)?,
+        "max_tasks_per_call" => c.max_tasks_per_call = number(key, raw, 1, 1_000_000)? as usize,
+        "max_session_capacity" => c.max_session_capacity = number(key, raw, 1, MAX_CAPACITY)? as u32,
+        "max_live_children" => c.max_live_children = number(key, raw, 1, 100_000_000)? as usize,
+        "body_timeout_ms" => c.body_timeout_ms = number(key, raw, 100, 3_600_000)?,
         _ => {
             let known: Vec<&str> = KEYS.iter().map(|(k, _)| *k).collect();
             return Err(format!(
@@ -715,6 +744,7 @@ fn check(c: &ServeConfig) -> Result<(), ConfigError> {
         source_name: "the effective configuration".into(),
         problem,
     };
+    check_bounds(c)?;
     if c.max_lease_ms < c.min_lease_ms {
         return Err(err(
             "max_lease_ms",
@@ -762,6 +792,24 @@ fn check(c: &ServeConfig) -> Result<(), ConfigError> {
                 c.listen
             ),
         ));
+    }
+    Ok(())
+}
+
+/// The largest session capacity any configuration accepts.
+const MAX_CAPACITY: u64 = 1_000_000;
+
+/// The bounds among themselves: a new session's capacity is one a `PUT` could ask for.
+fn check_bounds(c: &ServeConfig) -> Result<(), ConfigError> {
+    if c.max_concurrent_children > c.max_session_capacity {
+        return Err(ConfigError {
+            key: "max_concurrent_children".into(),
+            source_name: "the effective configuration".into(),
+            problem: format!(
+                "{} is above max_session_capacity {}: a new session's capacity must be one a session may have (raise max_session_capacity, or lower max_concurrent_children)",
+                c.max_concurrent_children, c.max_session_capacity
+            ),
+        });
     }
     Ok(())
 }
@@ -1038,6 +1086,64 @@ mod tests {
         assert!(e.problem.contains("prefix"), "{e}");
         let e = resolve_file("wake_allow = \"not a host\"\n").unwrap_err();
         assert!(e.problem.contains("CIDR"), "{e}");
+    }
+
+    #[test]
+    fn bounds_default_to_what_a_laptop_affords_and_parse_in_range() {
+        let d = resolve(None, vec![], BTreeMap::new()).unwrap();
+        assert_eq!(
+            (
+                d.max_tasks_per_call,
+                d.max_session_capacity,
+                d.max_live_children,
+                d.body_timeout_ms
+            ),
+            (10_000, 1_024, 100_000, 30_000)
+        );
+        let c = resolve(
+            None,
+            vec![("BROOD_MAX_LIVE_CHILDREN".into(), "10".into())],
+            flags(&[
+                ("max_tasks_per_call", "5"),
+                ("max_session_capacity", "16"),
+                ("body_timeout_ms", "1000"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.max_tasks_per_call,
+                c.max_session_capacity,
+                c.max_live_children,
+                c.body_timeout_ms
+            ),
+            (5, 16, 10, 1_000)
+        );
+        for (key, bad) in [
+            ("max_tasks_per_call", "0"),
+            ("max_tasks_per_call", "1000001"),
+            ("max_session_capacity", "0"),
+            ("max_session_capacity", "1000001"),
+            ("max_live_children", "0"),
+            ("body_timeout_ms", "99"),
+            ("body_timeout_ms", "3600001"),
+            ("max_concurrent_children", "1000001"),
+        ] {
+            let e = resolve(None, vec![], flags(&[(key, bad)])).unwrap_err();
+            assert_eq!(e.key, key, "{e}");
+            assert!(e.problem.contains("from "), "{key} = {bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_default_capacity_above_max_session_capacity_is_refused() {
+        let e = resolve_file("max_concurrent_children = 32\nmax_session_capacity = 16\n").unwrap_err();
+        assert_eq!(e.key, "max_concurrent_children");
+        assert!(e.problem.contains("max_session_capacity 16"), "{e}");
+        let c = resolve_file("max_concurrent_children = 2000\nmax_session_capacity = 4000\n").unwrap();
+        assert_eq!((c.max_concurrent_children, c.max_session_capacity), (2_000, 4_000));
+        let e = resolve(None, vec![], flags(&[("max_concurrent_children", "2000")])).unwrap_err();
+        assert_eq!(e.key, "max_concurrent_children", "above the default bound of 1024: {e}");
     }
 
     #[test]

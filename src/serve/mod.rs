@@ -5,8 +5,9 @@
 //! `metrics` `GET /metrics` and the request counts; `openapi` the OpenAPI document; `guard` the
 //! refusal of requests from web pages of other sites (Host, Origin, body type). This module
 //! builds the app: the guard around everything, the key check on every `/v1` request (constant
-//! time) inside it, the routes, a 404 in API.md's shape for anything else, and a graceful stop
-//! on SIGINT/SIGTERM.
+//! time) inside it, the bounded read of its body (`intake`: the body limit and
+//! `body_timeout_ms`), the routes, a 404 in API.md's shape for anything else, and a graceful
+//! stop on SIGINT/SIGTERM.
 //!
 //! The stop drains first: new calls are refused (503 `draining`), event streams end, no queued
 //! child starts (queued ones stay queued, durably, for the next start), and the children that
@@ -27,6 +28,7 @@ pub mod config;
 mod events;
 mod forward;
 mod guard;
+mod intake;
 mod listing;
 mod metrics;
 mod openapi;
@@ -120,6 +122,13 @@ async fn require_key(
     Ok(next.call(req).await?.map_into_left_body())
 }
 
+/// How long a connection may take to send a request's head (actix-web answers 408 and closes
+/// after it); the body has its own bound, `body_timeout_ms` (see `intake`).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a closing connection is given to shut down cleanly before it is dropped.
+const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Seconds a request still in flight when the server stops accepting is given to finish.
 const IN_FLIGHT_GRACE_S: u64 = 5;
 
@@ -200,6 +209,7 @@ fn engine_config(
         .cache_bytes(config.cache_bytes)
         .max_depth(config.max_depth)
         .max_running_children(config.max_running_children)
+        .max_live_children(Some(config.max_live_children))
         .retention(config.retention())
         .wake_factory(wakes)
 }
@@ -239,6 +249,7 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
             .service(
                 web::scope("/v1")
                     .wrap(actix_web::middleware::from_fn(forward::forward))
+                    .wrap(actix_web::middleware::from_fn(intake::bounded))
                     .wrap(actix_web::middleware::from_fn(require_key))
                     .route("/sessions", web::get().to(listing::list_sessions))
                     .route("/sessions/{session_id}", web::put().to(routes::put_session))
@@ -265,6 +276,8 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
             .default_service(web::to(routes::not_found))
     })
     .workers(2)
+    .client_request_timeout(HEAD_TIMEOUT)
+    .client_disconnect_timeout(DISCONNECT_TIMEOUT)
     .disable_signals()
     .shutdown_timeout(IN_FLIGHT_GRACE_S)
     .bind(config.listen)?;

@@ -88,6 +88,12 @@ pub(super) async fn put_session(
         options = options.wake_url(url);
     }
     if let Some(n) = body.max_concurrent_children {
+        let max = state.config.max_session_capacity;
+        if !(1..=max).contains(&n) {
+            return Err(ApiError::invalid(format!(
+                "`max_concurrent_children` is {n}; this server accepts from 1 to {max} (its max_session_capacity)"
+            )));
+        }
         options = options.max_concurrent_children(n);
     }
     let capable = match body.addressable {
@@ -249,6 +255,17 @@ pub(super) async fn set_turn(
 fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError> {
     if body.tasks.is_empty() {
         return Err(ApiError::invalid("`tasks` must hold at least one task"));
+    }
+    let max = state.config.max_tasks_per_call;
+    if body.tasks.len() > max {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "too_many_tasks",
+            format!(
+                "`tasks` holds {} tasks; this server takes at most {max} in one call (its max_tasks_per_call): split the work into several calls",
+                body.tasks.len()
+            ),
+        ));
     }
     let mut out = Vec::with_capacity(body.tasks.len());
     for (i, t) in body.tasks.into_iter().enumerate() {

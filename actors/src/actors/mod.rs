@@ -70,6 +70,9 @@ pub struct Engine {
     pub retention: crate::retention::Retention,
     /// The server-wide bound on running children, shared round-robin (none: unlimited).
     pub shares: Option<Arc<crate::routing::Shares>>,
+    /// The children queued or running over every session, and the bound a delegate must fit
+    /// under (`max_live_children`; none: unbounded).
+    pub live: crate::routing::LiveCount,
     /// The last turn state of each session, so a restarted owner keeps it.
     pub turns: Arc<DashMap<String, crate::routing::Turn>>,
     /// Where owners tell live observers what they applied.
@@ -117,6 +120,7 @@ impl Engine {
             any_nest: Arc::default(),
             embedder: Arc::default(),
             shares: None,
+            live: crate::routing::LiveCount::default(),
             retention: crate::retention::Retention::default(),
             max_depth: crate::model::DEFAULT_MAX_DEPTH,
             events: crate::events::Events::default(),

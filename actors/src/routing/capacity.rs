@@ -5,28 +5,52 @@ use std::hash::Hash;
 
 use foldhash::HashSet;
 
+use super::live::LiveCount;
+
 /// Capacity (I8): at most `max` running children; the rest wait in arrival order. A queued
-/// child's stall clock does not run because it has not started.
+/// child's stall clock does not run because it has not started. What it holds, running and
+/// queued, is added to the engine's [`LiveCount`] (and taken away again when it is dropped).
 #[derive(Debug)]
 pub struct Capacity<K: Clone + Eq + Hash> {
     max: usize,
     running: HashSet<K>,
     queue: VecDeque<K>,
+    live: LiveCount,
 }
 
 impl<K: Clone + Eq + Hash> Capacity<K> {
-    /// Room for `max` (at least 1) running children.
+    /// Room for `max` (at least 1) running children, counted on its own.
     pub fn new(max: usize) -> Self {
+        Capacity::counted(max, LiveCount::default())
+    }
+
+    /// Room for `max` (at least 1) running children, counted in `live` with those of other
+    /// sessions.
+    pub fn counted(max: usize, live: LiveCount) -> Self {
         Capacity {
             max: max.max(1),
             running: HashSet::default(),
             queue: VecDeque::new(),
+            live,
         }
+    }
+
+    /// Children held, running and queued.
+    fn held(&self) -> usize {
+        self.running.len() + self.queue.len()
+    }
+
+    /// Runs a change, keeping the live count in step with it.
+    fn counting<R>(&mut self, change: impl FnOnce(&mut Self) -> R) -> R {
+        let before = self.held();
+        let out = change(self);
+        self.live.moved(before, self.held());
+        out
     }
 
     /// Queues a child.
     pub fn enqueue(&mut self, key: K) {
-        self.queue.push_back(key);
+        self.counting(|c| c.queue.push_back(key));
     }
 
     /// The queued children that may start now, in order; they count as running.
@@ -58,19 +82,23 @@ impl<K: Clone + Eq + Hash> Capacity<K> {
 
     /// A running child ended (or a queued one was withdrawn); frees its slot.
     pub fn finish(&mut self, key: &K) {
-        if !self.running.remove(key) {
-            self.queue.retain(|k| k != key);
-        }
+        self.counting(|c| {
+            if !c.running.remove(key) {
+                c.queue.retain(|k| k != key);
+            }
+        });
     }
 
     /// Withdraws children, running or queued (cancelled), in one pass over the queue.
     pub fn withdraw(&mut self, keys: &HashSet<K>) {
-        for k in keys {
-            self.running.remove(k);
-        }
-        if !keys.is_empty() {
-            self.queue.retain(|k| !keys.contains(k));
-        }
+        self.counting(|c| {
+            for k in keys {
+                c.running.remove(k);
+            }
+            if !keys.is_empty() {
+                c.queue.retain(|k| !keys.contains(k));
+            }
+        });
     }
 
     /// Free slots: how many more children may run now.
@@ -81,20 +109,24 @@ impl<K: Clone + Eq + Hash> Capacity<K> {
     /// Counts a child as running that never was queued (one its dispatch started at once, in
     /// a slot [`Capacity::room`] showed free).
     pub fn start_now(&mut self, key: K) {
-        self.running.insert(key);
+        self.counting(|c| c.running.insert(key));
     }
 
     /// Counts a child as running without queueing it (one adopted after an owner restart).
     pub fn mark_running(&mut self, key: K) {
-        self.queue.retain(|k| k != &key);
-        self.running.insert(key);
+        self.counting(|c| {
+            c.queue.retain(|k| k != &key);
+            c.running.insert(key);
+        });
     }
 
     /// Puts a child that was admitted but never started back at the head of the queue.
     pub fn requeue_front(&mut self, key: K) {
-        self.running.remove(&key);
-        self.queue.retain(|k| k != &key);
-        self.queue.push_front(key);
+        self.counting(|c| {
+            c.running.remove(&key);
+            c.queue.retain(|k| k != &key);
+            c.queue.push_front(key);
+        });
     }
 
     /// Running children.
@@ -110,6 +142,14 @@ impl<K: Clone + Eq + Hash> Capacity<K> {
     /// Changes the limit (a session update); takes effect at the next admit.
     pub fn set_max(&mut self, max: usize) {
         self.max = max.max(1);
+    }
+}
+
+impl<K: Clone + Eq + Hash> Drop for Capacity<K> {
+    /// What a session held is no longer its engine's: its owner is gone (a rebuilt one counts
+    /// what it recovers afresh).
+    fn drop(&mut self) {
+        self.live.moved(self.held(), 0);
     }
 }
 

@@ -7,6 +7,7 @@
 //! property-tested against a plain model) without a running system.
 
 mod capacity;
+mod live;
 mod shares;
 mod wake;
 
@@ -17,6 +18,7 @@ use std::fmt::Debug;
 use std::hash::Hash;
 
 pub use capacity::{on_child_end, Capacity, Publish};
+pub use live::{LiveCount, Reservation};
 pub use shares::Shares;
 pub use wake::{Turn, WakeState};
 

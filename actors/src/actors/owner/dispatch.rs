@@ -63,6 +63,23 @@ impl SessionOwner {
             answer(reply, Err(e));
             return Decided::Done;
         }
+        // Counted as live from here: a refused or failed call gives its reservation back, a
+        // booked one once its children are counted by the session.
+        let reserved = match self.engine.live.reserve(tasks.len()) {
+            Ok(r) => r,
+            Err(live) => {
+                let max = self.engine.live.max().unwrap_or(usize::MAX);
+                answer(
+                    reply,
+                    Err(BroodError::ServerFull {
+                        live,
+                        asked: tasks.len(),
+                        max,
+                    }),
+                );
+                return Decided::Done;
+            }
+        };
         let (mode, forced_sync_reason) = match msg.request.mode {
             Mode::Background if self.wake.is_none() => (
                 Mode::Sync,
@@ -160,6 +177,7 @@ impl SessionOwner {
                 act.capacity.enqueue(c.child_id.clone());
                 act.emit_child(c);
             }
+            drop(reserved);
             act.book.insert_call(call, booked, children);
             if let Some((reply, units)) = sync {
                 act.wait_sync(&call_id, reply, units, forced_sync_reason);

@@ -142,7 +142,7 @@ impl SessionOwner {
             parent_ended: None,
             consumers: Default::default(),
             moved: false,
-            capacity: Capacity::new(session.max_concurrent_children as usize),
+            capacity: Capacity::counted(session.max_concurrent_children as usize, engine.live.clone()),
             router: Router::new(session.max_delivery_attempts),
             shared: Arc::new(engine.clone()),
             engine,
