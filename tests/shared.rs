@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use server::{sim, Server};
+use server::{psql, sim, Server};
 
 /// The lease time the tests run with: short, so takeovers come quickly.
 const LEASE_MS: &str = "2000";
@@ -314,20 +314,6 @@ fn a_worker_polling_any_process_gets_the_external_children_of_every_session() {
     let mut taken = drain(&nodes[2], "x", 6, Duration::from_secs(20));
     taken.sort();
     assert_eq!(taken, expected, "every result delivered, through any process");
-}
-
-/// One SQL statement's rows, as psql prints them unaligned.
-fn psql(url: &str, sql: &str) -> String {
-    let out = std::process::Command::new("psql")
-        .args([url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
-        .output()
-        .expect("psql runs (Debian's postgresql-client)");
-    assert!(
-        out.status.success(),
-        "psql {sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// Session `x` served by `b`, with one external child (queue `gpu`) listed in the shared work

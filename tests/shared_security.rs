@@ -9,12 +9,11 @@ mod server;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use server::{assert_error, Server};
+use server::{assert_error, psql, Server};
 
 const KEY: &str = "the-users-key";
 
@@ -26,20 +25,6 @@ fn node(dir: &Path, url: &str, name: &str) -> Server {
         Some(KEY),
         &["--ledger", url, "--node", name, "--session-lease-ms", "2000"],
     )
-}
-
-/// One SQL statement's rows, as psql prints them unaligned.
-fn psql(url: &str, sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
-        .output()
-        .expect("psql runs (Debian's postgresql-client)");
-    assert!(
-        out.status.success(),
-        "psql {sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// What a listener was sent: each request's head (request line and headers), lowercased.

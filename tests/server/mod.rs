@@ -31,6 +31,21 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// What `sql` returns on the PostgreSQL database at `url`, through Debian's `psql`: tuples only,
+/// unaligned (columns separated by `|`, a row a line), trimmed.
+pub fn psql(url: &str, sql: &str) -> String {
+    let out = Command::new("psql")
+        .args([url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .output()
+        .expect("psql runs (Debian's postgresql-client)");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 impl Server {
     pub fn start(dir: &Path, key: Option<&str>) -> Server {
         Server::start_with(dir, key, &[])
