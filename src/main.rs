@@ -347,25 +347,36 @@ const SECRET_VARIABLES: [&std::ffi::CStr; 3] = [c"BROOD_API_KEY", c"BROOD_PEER_K
 /// among them) whatever the environment holds later. Returns those that were set, by name.
 /// Must run before any thread starts.
 fn take_secrets() -> anyhow::Result<BTreeMap<String, String>> {
+    extern "C" {
+        /// The process's environment: a NULL-terminated array of `NAME=value` strings.
+        static mut environ: *mut *mut libc::c_char;
+    }
     let mut taken = BTreeMap::new();
     for name in SECRET_VARIABLES {
         let text = name.to_string_lossy().into_owned();
+        let prefix = format!("{text}=");
         // SAFETY: no other thread exists yet (this is the first thing `main` does, and nothing
         // before `main` starts one), so nothing reads or changes the environment meanwhile.
-        // The value `getenv` points to is NUL-terminated; unsetenv takes the pointer to it out
-        // of the environment without freeing the string (glibc never frees one; the start-up
-        // block is on the stack), so it is still the process's memory when it is blanked, and
-        // no longer reachable through the environment.
+        // Each entry is a NUL-terminated string in the process's memory (the start-up block,
+        // for what the process was started with); blanking its value in place keeps it one.
+        // Every entry of the name is blanked, not only the first (which is the one `getenv`
+        // gives, and so the one taken): a name given twice leaves no value behind. unsetenv
+        // then takes the entries out of the environment without freeing them.
         let value = unsafe {
-            let value = libc::getenv(name.as_ptr());
-            if value.is_null() {
-                continue;
+            let mut first: Option<Vec<u8>> = None;
+            let mut entry = environ;
+            while !entry.is_null() && !(*entry).is_null() {
+                let bytes = std::ffi::CStr::from_ptr(*entry).to_bytes();
+                if let Some(value) = bytes.strip_prefix(prefix.as_bytes()) {
+                    let len = value.len();
+                    first.get_or_insert_with(|| value.to_vec());
+                    std::ptr::write_bytes((*entry).add(prefix.len()), 0, len);
+                }
+                entry = entry.add(1);
             }
-            let len = libc::strlen(value);
-            let copy = std::ffi::CStr::from_ptr(value).to_bytes().to_vec();
+            let Some(value) = first else { continue };
             std::env::remove_var(&text);
-            std::ptr::write_bytes(value, 0, len);
-            copy
+            value
         };
         let value = String::from_utf8(value).map_err(|_| anyhow::anyhow!("{text} is not UTF-8 text"))?;
         taken.insert(text, value);

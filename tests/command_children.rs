@@ -239,6 +239,77 @@ fn the_servers_start_up_environment_shows_neither_key_to_a_child() {
 }
 
 #[test]
+fn a_key_given_twice_in_the_environment_leaves_neither_value_readable() {
+    use std::ffi::CString;
+    use std::os::unix::process::CommandExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let binary = CString::new(env!("CARGO_BIN_EXE_brood")).unwrap();
+    let args: Vec<CString> = [
+        env!("CARGO_BIN_EXE_brood").to_string(),
+        "serve".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{port}"),
+        "--data-dir".into(),
+        dir.path().join("data").display().to_string(),
+    ]
+    .into_iter()
+    .map(|a| CString::new(a).unwrap())
+    .collect();
+    // An environment no `Command` builds: one name twice (execve takes it as given).
+    let env: Vec<CString> = [
+        "PATH=/usr/bin:/bin",
+        "BROOD_API_KEY=first-k3y",
+        "BROOD_API_KEY=second-k3y",
+    ]
+    .into_iter()
+    .map(|v| CString::new(v).unwrap())
+    .collect();
+    // Pointers kept as addresses (a closure given to pre_exec must be Send), NULL-terminated.
+    let addresses =
+        |strings: &[CString]| -> Vec<usize> { strings.iter().map(|a| a.as_ptr() as usize).chain([0]).collect() };
+    let (argv, envp) = (addresses(&args), addresses(&env));
+    let mut command = Command::new("/bin/false");
+    command
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: execve is async-signal-safe, and the pointers point into vectors that outlive
+    // the spawn (the child is a copy of this process until execve replaces it).
+    unsafe {
+        command.pre_exec(move || {
+            libc::execve(
+                binary.as_ptr(),
+                argv.as_ptr().cast::<*const libc::c_char>(),
+                envp.as_ptr().cast::<*const libc::c_char>(),
+            );
+            Err(std::io::Error::last_os_error())
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    drop((args, env));
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let url = format!("http://127.0.0.1:{port}/v1/sessions");
+    wait_until("the server to answer", Duration::from_secs(30), || {
+        agent
+            .get(&url)
+            .header("Authorization", "Bearer first-k3y")
+            .call()
+            .is_ok_and(|r| r.status() == 200)
+    });
+    let block = std::fs::read(format!("/proc/{}/environ", child.id())).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let block = String::from_utf8_lossy(&block);
+    assert!(
+        block.contains("PATH=/usr/bin:/bin"),
+        "the block is the server's: {block:?}"
+    );
+    for value in ["first-k3y", "second-k3y"] {
+        assert!(!block.contains(value), "{value} is readable: {block:?}");
+    }
+}
+
+#[test]
 fn the_api_key_is_read_from_a_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("key");

@@ -379,3 +379,16 @@ fn a_listing_that_failed_to_land_is_written_once_the_database_takes_it() {
     assert_eq!(status, 200, "{work}");
     assert_eq!(work["child_id"], format!("{}.0", reply["call_id"].as_str().unwrap()));
 }
+
+#[test]
+fn two_processes_on_one_database_may_be_started_in_one_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let flags = ["--ledger", url.as_str(), "--allow-command"];
+    let a = Server::start_with(dir.path(), None, &flags);
+    let b = Server::start_with(dir.path(), None, &flags);
+    for s in [&a, &b] {
+        let (status, body) = s.call("GET", "/v1/sessions", None);
+        assert_eq!(status, 200, "{body}");
+    }
+}

@@ -9,17 +9,18 @@
 //! group the file names that is still the one recorded, then empties the file.
 //!
 //! A group is named by its id (the leader's pid), the leader's start time (field 22 of
-//! `/proc/<pid>/stat`, in clock ticks since boot) and the boot id
-//! (`/proc/sys/kernel/random/boot_id`), so a pid used again by another program is told apart:
-//! a group of another boot is never touched, and a leader still alive must have the recorded
-//! start time. A group whose leader is gone lives on only while a member does, and the kernel
-//! hands out no pid that is the id of a living group, so such a group is the recorded one
-//! unless every member died and the number came round again in between; it is killed when
-//! each member started no earlier than the recorded leader.
+//! `/proc/<pid>/stat`, in clock ticks since boot), the boot id
+//! (`/proc/sys/kernel/random/boot_id`) and the pid namespace, so a pid used again by another
+//! program is told apart: a group of another boot or namespace is never touched, and a leader
+//! still alive must have the recorded start time. A group whose leader is gone lives on only
+//! while a member does, and the kernel hands out no pid that is the id of a living group, so
+//! such a group is the recorded one unless every member died and the number came round again
+//! in between; it is killed when each member started no earlier than the recorded leader.
 //!
-//! One process uses a data folder at a time: `open` takes an exclusive lock
-//! (`command-groups.lock`) held as long as the record lives, and refuses a folder another
-//! process holds. Within the process, writers take turns under a mutex.
+//! One process keeps a record at a time: `open` takes an exclusive lock (`<record>.lock`) held
+//! as long as the record lives, and refuses a record another process holds. Servers sharing a
+//! PostgreSQL ledger may share a folder, each with a record of its own
+//! ([`CommandGroups::open_named`]). Within the process, writers take turns under a mutex.
 //!
 //! What this does not cover: a program that leaves its group (`setsid`, a daemon), and the
 //! moment between a leader's start and its group being written down (the leader itself dies
@@ -30,10 +31,8 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-/// The record's file name in the data folder.
+/// The record's file name in the data folder (its lock's is the same with `.lock`).
 pub const FILE: &str = "command-groups";
-/// The lock's file name in the data folder.
-const LOCK: &str = "command-groups.lock";
 /// The first line of the record: its format and version.
 const HEADER: &str = "brood command-groups 1";
 
@@ -49,7 +48,9 @@ pub(crate) struct Entry {
 #[derive(Debug, thiserror::Error)]
 pub enum GroupsError {
     /// Another process holds the data folder.
-    #[error("the data folder {0} is in use by another brood process (it holds command-groups.lock); one process uses a data folder at a time")]
+    #[error(
+        "the record of command groups {0} is locked by another brood process; one process keeps a record at a time"
+    )]
     InUse(PathBuf),
     /// A file of the record could not be read or written.
     #[error("{context}: {source}")]
@@ -70,6 +71,8 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> GroupsError {
 #[derive(Debug)]
 pub struct CommandGroups {
     dir: PathBuf,
+    /// The record's file name in `dir`.
+    name: String,
     boot: String,
     /// The groups running now, as the file lists them.
     running: Mutex<Vec<Entry>>,
@@ -91,8 +94,15 @@ impl CommandGroups {
     /// earlier process left running in it, and empties it. Call it before the engine opens, so
     /// nothing it re-runs starts beside what was left.
     pub fn open(data_dir: &Path) -> Result<(CommandGroups, Swept), GroupsError> {
+        CommandGroups::open_named(data_dir, FILE)
+    }
+
+    /// As [`CommandGroups::open`], with the record in file `name` of `data_dir` (and its lock
+    /// in `<name>.lock`): processes that share a folder but not a ledger in it (several servers
+    /// on one PostgreSQL database, started in one folder) each keep a record of their own.
+    pub fn open_named(data_dir: &Path, name: &str) -> Result<(CommandGroups, Swept), GroupsError> {
         std::fs::create_dir_all(data_dir).map_err(io(format!("creating the data folder {}", data_dir.display())))?;
-        let lock_path = data_dir.join(LOCK);
+        let lock_path = data_dir.join(format!("{name}.lock"));
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -101,11 +111,13 @@ impl CommandGroups {
             .map_err(io(format!("opening {}", lock_path.display())))?;
         match lock.try_lock() {
             Ok(()) => {}
-            Err(TryLockError::WouldBlock) => return Err(GroupsError::InUse(data_dir.to_path_buf())),
+            Err(TryLockError::WouldBlock) => return Err(GroupsError::InUse(lock_path)),
             Err(TryLockError::Error(e)) => return Err(io(format!("locking {}", lock_path.display()))(e)),
         }
-        let boot = boot_id().map_err(io("reading /proc/sys/kernel/random/boot_id".into()))?;
-        let path = data_dir.join(FILE);
+        let boot = boot_id().map_err(io(
+            "reading the boot id (/proc/sys/kernel/random/boot_id) and pid namespace (/proc/self/ns/pid)".into(),
+        ))?;
+        let path = data_dir.join(name);
         let left = match std::fs::read_to_string(&path) {
             Ok(text) => parse(&text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -126,6 +138,7 @@ impl CommandGroups {
         }
         let groups = CommandGroups {
             dir: data_dir.to_path_buf(),
+            name: name.to_string(),
             boot,
             running: Mutex::new(Vec::new()),
             _lock: lock,
@@ -180,8 +193,8 @@ impl CommandGroups {
     /// Replaces the file with `entries`: a new file written and fsynced, renamed over the old,
     /// and the folder fsynced, so a crash leaves either list whole.
     fn write(&self, entries: &[Entry]) -> Result<(), GroupsError> {
-        let path = self.dir.join(FILE);
-        let temp = self.dir.join(format!("{FILE}.new"));
+        let path = self.dir.join(&self.name);
+        let temp = self.dir.join(format!("{}.new", self.name));
         let mut text = format!("{HEADER}\n");
         for e in entries {
             text.push_str(&format!("{} {} {}\n", e.boot, e.pgid, e.start));
@@ -253,9 +266,13 @@ fn members(pgid: libc::pid_t) -> Vec<Stat> {
         .collect()
 }
 
+/// The boot and the pid namespace this process runs in (`<boot id>/pid:[<inode>]`): a pid
+/// means the same process only within both, so a folder reused by a container started anew (the
+/// host's boot, another namespace) is never taken to name groups of its own.
 fn boot_id() -> std::io::Result<String> {
     let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
-    Ok(id.trim().to_string())
+    let namespace = std::fs::read_link("/proc/self/ns/pid")?;
+    Ok(format!("{}/{}", id.trim(), namespace.display()))
 }
 
 /// What brood reads of `/proc/<pid>/stat`.
@@ -341,5 +358,37 @@ mod tests {
         assert!(matches!(e, GroupsError::InUse(_)), "{e}");
         drop(first);
         assert!(CommandGroups::open(dir.path()).is_ok(), "free again once dropped");
+    }
+
+    #[test]
+    fn records_of_other_names_share_a_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, _) = CommandGroups::open_named(dir.path(), "command-groups-127.0.0.1-7070").unwrap();
+        let (b, _) = CommandGroups::open_named(dir.path(), "command-groups-127.0.0.1-7071").unwrap();
+        assert!(CommandGroups::open_named(dir.path(), "command-groups-127.0.0.1-7070").is_err());
+        let me = std::process::id() as libc::pid_t;
+        assert!(a.started(me).is_some());
+        let text = std::fs::read_to_string(dir.path().join("command-groups-127.0.0.1-7070")).unwrap();
+        assert_eq!(parse(&text).len(), 1, "{text}");
+        assert!(
+            !dir.path().join("command-groups-127.0.0.1-7071").exists(),
+            "b wrote nothing"
+        );
+        drop(b);
+    }
+
+    #[test]
+    fn a_record_of_another_pid_namespace_names_no_group_here() {
+        let boot = boot_id().unwrap();
+        let (id, namespace) = boot.split_once('/').unwrap();
+        assert!(namespace.starts_with("pid:["), "{boot}");
+        let me = std::process::id() as libc::pid_t;
+        let stat = Stat::of(me).unwrap();
+        let there = Entry {
+            boot: format!("{id}/pid:[1]"),
+            pgid: stat.pgrp,
+            start: 0,
+        };
+        assert!(!still_running(&there, &boot), "the same boot, another namespace");
     }
 }

@@ -159,7 +159,14 @@ pub fn open_engine(config: &ServeConfig, queues: &Arc<WorkQueues>) -> std::io::R
 /// Locks the data folder's record of command groups, and kills the groups an earlier process
 /// left running (see [`CommandGroups`]).
 fn sweep_command_groups(config: &ServeConfig) -> std::io::Result<Arc<CommandGroups>> {
-    let (groups, swept) = CommandGroups::open(&config.data_dir).map_err(std::io::Error::other)?;
+    let (groups, swept) = match config.ledger {
+        // The data folder holds sled's ledger, which one process opens at a time.
+        None => CommandGroups::open(&config.data_dir),
+        // Servers on one database may be started in one folder: a record per listen address,
+        // so a server restarted at its address finds what it left.
+        Some(_) => CommandGroups::open_named(&config.data_dir, &groups_record(config.listen)),
+    }
+    .map_err(std::io::Error::other)?;
     if !swept.killed.is_empty() {
         tracing::warn!(
             groups = ?swept.killed,
@@ -167,6 +174,17 @@ fn sweep_command_groups(config: &ServeConfig) -> std::io::Result<Arc<CommandGrou
         );
     }
     Ok(Arc::new(groups))
+}
+
+/// The name of the command-groups record of a server listening on `listen` beside others on
+/// one PostgreSQL ledger: `command-groups-127.0.0.1-7070`.
+fn groups_record(listen: std::net::SocketAddr) -> String {
+    let address: String = listen
+        .to_string()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '-' })
+        .collect();
+    format!("{}-{}", crate::runners::groups::FILE, address.trim_matches('-'))
 }
 
 /// The runner kinds the configuration allows: `sim` always registered (the routes refuse it
