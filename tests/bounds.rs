@@ -148,6 +148,19 @@ fn a_delegate_over_max_live_children_is_refused_until_children_end() {
 /// whole error reply came when `until_reply`), and how many body bytes were sent by then. The
 /// connection is given up after 60 s.
 fn trickle(s: &Server, method: &str, path: &str, length: usize, chunked: bool, until_reply: bool) -> (String, usize) {
+    trickle_as(s, Some(KEY), method, path, length, chunked, until_reply)
+}
+
+/// As [`trickle`], with `key` (or none) as the request's key.
+fn trickle_as(
+    s: &Server,
+    key: Option<&str>,
+    method: &str,
+    path: &str,
+    length: usize,
+    chunked: bool,
+    until_reply: bool,
+) -> (String, usize) {
     let address = s.base.trim_start_matches("http://");
     let mut stream = TcpStream::connect(address).unwrap();
     let framing = if chunked {
@@ -155,8 +168,9 @@ fn trickle(s: &Server, method: &str, path: &str, length: usize, chunked: bool, u
     } else {
         format!("Content-Length: {length}")
     };
+    let authorization = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {KEY}\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\n{authorization}\
          Content-Type: application/json\r\n{framing}\r\n\r\n"
     );
     stream.write_all(head.as_bytes()).unwrap();
@@ -222,19 +236,37 @@ fn a_trickled_body_is_answered_408_and_closed_on_every_route() {
     assert_eq!(status, 200, "the server still serves: {body}");
 }
 
-/// A chunked body is answered alike; actix-web then goes on reading (and dropping) what is left
-/// of it for as long as the client sends, so only the answer is checked here.
+/// A chunked body is answered alike, and its connection closed too: actix-web reads on what is
+/// left of a chunked body nobody holds, so the reply holds it until it is sent.
 #[test]
-fn a_trickled_chunked_body_is_answered_408_on_every_route() {
+fn a_trickled_chunked_body_is_answered_408_and_closed_on_every_route() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start_with(dir.path(), Some(KEY), &["--body-timeout-ms", "1000"]);
     s.open("s");
     for (method, path) in TRICKLED {
-        let (answer, sent) = trickle(&s, method, path, 1_000, true, true);
+        let (answer, sent) = trickle(&s, method, path, 1_000, true, false);
         assert!(answer.starts_with("HTTP/1.1 408"), "{method} {path}: {answer:?}");
         assert!(answer.contains("body_timeout"), "{method} {path}: {answer:?}");
         assert!(sent < 1_000, "{method} {path}: answered only once the body was whole");
     }
     let (status, body) = s.call("GET", "/v1/sessions/s", None);
+    assert_eq!(status, 200, "the server still serves: {body}");
+}
+
+/// A body nobody reads (the key is missing, or the route takes none) does not hold its
+/// connection either, chunked or not.
+#[test]
+fn a_trickled_body_that_is_refused_or_not_read_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_with(dir.path(), Some(KEY), &["--body-timeout-ms", "1000"]);
+    for chunked in [true, false] {
+        let (answer, sent) = trickle_as(&s, None, "POST", "/v1/sessions/s/delegate", 1_000, chunked, false);
+        assert!(answer.starts_with("HTTP/1.1 401"), "chunked {chunked}: {answer:?}");
+        assert!(sent < 1_000, "chunked {chunked}: read whole");
+        let (answer, sent) = trickle_as(&s, None, "POST", "/healthz", 1_000, chunked, false);
+        assert!(answer.starts_with("HTTP/1.1 404"), "chunked {chunked}: {answer:?}");
+        assert!(sent < 1_000, "chunked {chunked}: read whole");
+    }
+    let (status, body) = s.call("GET", "/v1/sessions", None);
     assert_eq!(status, 200, "the server still serves: {body}");
 }

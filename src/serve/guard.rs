@@ -31,6 +31,7 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::{header, Method, StatusCode};
 use actix_web::middleware::Next;
 use actix_web::web;
+use actix_web::HttpMessage as _;
 
 use super::api::ApiError;
 use super::config::ServeConfig;
@@ -39,15 +40,32 @@ use super::routes::State;
 pub(super) async fn guard(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
-) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+) -> Result<ServiceResponse<EitherBody<impl MessageBody, super::intake::Unread>>, actix_web::Error> {
     let refusal = req
         .app_data::<web::Data<State>>()
         .and_then(|state| refuse(&state.config, &req));
     if let Some(e) = refusal {
-        let response = actix_web::ResponseError::error_response(&e).map_into_right_body();
-        return Ok(req.into_response(response));
+        return Ok(super::intake::refuse_unread(req, &e).map_into_right_body());
+    }
+    if !req.path().starts_with("/v1/") && has_body(&req) {
+        // No route outside /v1 reads a body: what is left of it is held, not read, until the
+        // reply is out (see `intake`).
+        let mut req = req;
+        let payload = req.take_payload();
+        let res = next.call(req).await?;
+        return Ok(super::intake::holding(res, payload).map_into_right_body());
     }
     Ok(next.call(req).await?.map_into_left_body())
+}
+
+/// Whether `req` says a body follows: chunked, or a length above 0.
+fn has_body(req: &ServiceRequest) -> bool {
+    let headers = req.headers();
+    headers.contains_key(actix_web::http::header::TRANSFER_ENCODING)
+        || headers
+            .get(actix_web::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|n| n.trim() != "0")
 }
 
 /// Why `req` is refused, or `None` when it may go on.

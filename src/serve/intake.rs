@@ -6,10 +6,17 @@
 //! then read the body from memory.
 //!
 //! This runs after the key check, so only an authenticated request has its body read at all.
+//!
+//! A refused request's body is not read either, here or by the key check and the guard: their
+//! replies hold its payload ([`Unread`]) until they are sent. actix-web closes a connection
+//! after a reply whose request's body is still held unread, but goes on reading a chunked body
+//! nobody holds, for as long as the client sends it.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use actix_web::body::{EitherBody, MessageBody};
+use actix_web::body::{BodySize, BoxBody, EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::{ConnectionType, StatusCode};
 use actix_web::middleware::Next;
@@ -22,7 +29,7 @@ use super::routes::State;
 pub(super) async fn bounded(
     mut req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
-) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+) -> Result<ServiceResponse<EitherBody<impl MessageBody, Unread>>, actix_web::Error> {
     let Some(state) = req.app_data::<web::Data<State>>().cloned() else {
         return Ok(next.call(req).await?.map_into_left_body());
     };
@@ -57,10 +64,49 @@ pub(super) async fn bounded(
             ),
         ),
     };
-    let mut reply = actix_web::ResponseError::error_response(&refused);
-    // What is left of the body is not read here: the connection cannot carry another request.
-    // (actix-web closes it once the reply is out, except under a chunked body, whose rest it
-    // reads and drops for as long as the client sends it; no handler waits on it meanwhile.)
+    Ok(refuse(req, payload, &refused).map_into_right_body())
+}
+
+/// A reply's body that holds its request's unread payload until the reply is sent, so that
+/// the connection is closed after it (see the module docs).
+pub(super) struct Unread {
+    body: BoxBody,
+    _payload: Option<Box<actix_web::dev::Payload>>,
+}
+
+impl MessageBody for Unread {
+    type Error = <BoxBody as MessageBody>::Error;
+
+    fn size(&self) -> BodySize {
+        self.body.size()
+    }
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<web::Bytes, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_next(cx)
+    }
+}
+
+/// `res` with its body holding `payload` (what is left of its request's body).
+pub(super) fn holding<B: MessageBody + 'static>(
+    res: ServiceResponse<B>,
+    payload: actix_web::dev::Payload,
+) -> ServiceResponse<Unread> {
+    res.map_body(|_, body| Unread {
+        body: body.boxed(),
+        _payload: Some(Box::new(payload)),
+    })
+}
+
+/// The reply refusing `req` with `e`, holding `payload` (its body, or what is left of it): the
+/// connection is closed after it, whatever is left unsent of the body.
+pub(super) fn refuse(req: ServiceRequest, payload: actix_web::dev::Payload, e: &ApiError) -> ServiceResponse<Unread> {
+    let mut reply = actix_web::ResponseError::error_response(e);
     reply.head_mut().set_connection_type(ConnectionType::Close);
-    Ok(req.into_response(reply).map_into_right_body())
+    holding(req.into_response(reply), payload)
+}
+
+/// The reply refusing `req` with `e`, its body left unread (see [`refuse`]).
+pub(super) fn refuse_unread(mut req: ServiceRequest, e: &ApiError) -> ServiceResponse<Unread> {
+    let payload = req.take_payload();
+    refuse(req, payload, e)
 }

@@ -101,7 +101,7 @@ fn authenticated(config: &ServeConfig, req: &ServiceRequest) -> Option<scope::Ac
 async fn require_key(
     req: ServiceRequest,
     next: Next<impl actix_web::body::MessageBody + 'static>,
-) -> Result<ServiceResponse<EitherBody<impl actix_web::body::MessageBody>>, actix_web::Error> {
+) -> Result<ServiceResponse<EitherBody<impl actix_web::body::MessageBody, intake::Unread>>, actix_web::Error> {
     use actix_web::HttpMessage as _;
     let config = req.app_data::<web::Data<routes::State>>().map(|s| s.config.clone());
     let access = config.as_ref().and_then(|c| authenticated(c, &req));
@@ -115,8 +115,7 @@ async fn require_key(
                 "unauthorized",
                 "this server needs `Authorization: Bearer <key>` on every /v1 request, and the key given is missing or wrong",
             );
-            let response = actix_web::ResponseError::error_response(&e).map_into_right_body();
-            return Ok(req.into_response(response));
+            return Ok(intake::refuse_unread(req, &e).map_into_right_body());
         }
     }
     Ok(next.call(req).await?.map_into_left_body())
