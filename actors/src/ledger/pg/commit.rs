@@ -232,6 +232,8 @@ impl PgLedger {
                 bytes += b;
                 st = self.staging();
             } else {
+                #[cfg(test)]
+                self.settle_waits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 st = self.committed.wait(st).unwrap_or_else(|p| p.into_inner());
             }
         }

@@ -14,8 +14,10 @@
 //!   `SIGSTOP` or a long pause, so a process that wakes up late knows at once that it may not
 //!   hand anything out.
 //! - **Fencing.** Every commit begins by reading the lease rows of the sessions it writes `FOR
-//!   SHARE`, matched with the epochs this process holds. A takeover's update of a lease row
-//!   waits for every transaction holding it so; once the takeover committed, the old epoch
+//!   KEY SHARE`, matched with the epochs this process holds. A takeover locks a lease row `FOR
+//!   UPDATE` (its update names the key column), which waits for every transaction holding it
+//!   so, while a renewal (`FOR NO KEY UPDATE`, of `expires_at` alone) never waits for a commit:
+//!   a stalled commit of one session costs no session its lease. Once the takeover committed, the old epoch
 //!   matches nothing. So the new holder, which reads the session after its takeover committed,
 //!   sees every write of the old one, and no write of the old one lands after that. The rows of
 //!   a session that fails the check are not written, and the session is lost.
@@ -215,7 +217,7 @@ impl LeaseBook {
         let sql = format!(
             "SELECT l.session FROM {} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
              ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $3
-             ORDER BY l.session FOR SHARE OF l",
+             ORDER BY l.session FOR KEY SHARE OF l",
             self.table
         );
         let statement = super::commit::prepared(tx, &sql, what).await?;
@@ -327,10 +329,13 @@ impl LeaseBook {
         };
         // Free: expired, or given back (or left) by this very process, whose held leases are
         // excluded. Not a live lease of this node's earlier instance: it may be paused, alive.
+        // The update names the key column (`session`, to its own value): so the row is locked
+        // `FOR UPDATE` first, which waits for every commit holding it `FOR KEY SHARE` (the
+        // fencing check), where an update of other columns alone would not.
         let sql = format!(
             "INSERT INTO {t} AS l (session, owner, address, epoch, expires_at, instance)
              SELECT src.key, $1, $2, 1, now() + $3::int8 * interval '1 millisecond', $5 FROM ({source}) AS src(key)
-             ON CONFLICT (session) DO UPDATE SET owner = EXCLUDED.owner, address = EXCLUDED.address,
+             ON CONFLICT (session) DO UPDATE SET session = EXCLUDED.session, owner = EXCLUDED.owner, address = EXCLUDED.address,
                  epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at, instance = EXCLUDED.instance
                WHERE (l.expires_at < now() OR l.instance = $5) AND NOT (l.session = ANY($4))
              RETURNING l.session, l.epoch",

@@ -158,6 +158,9 @@ pub struct PgLedger {
     /// commit whose connection died).
     #[cfg(test)]
     lose_next_commit: std::sync::atomic::AtomicBool,
+    /// Tests: how many times a flush waited for a commit in flight.
+    #[cfg(test)]
+    settle_waits: std::sync::atomic::AtomicUsize,
     runtime: Runtime,
 }
 
@@ -309,6 +312,8 @@ impl PgLedger {
             on_flush: None,
             #[cfg(test)]
             lose_next_commit: Default::default(),
+            #[cfg(test)]
+            settle_waits: Default::default(),
             runtime,
         };
         ledger.migrate()?;

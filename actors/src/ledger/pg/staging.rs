@@ -3,7 +3,9 @@
 //! then shares their fsyncs) without two of them ever writing the same row.
 //!
 //! - A write stages a value (or a removal) per key, numbered in the order writes were made; the
-//!   last write of a key wins.
+//!   last write of a key wins. A staged write that replaces one not yet committed (staged, or
+//!   taken by a commit that failed) keeps the older write's number: it carries that write now,
+//!   so a flush that waits for the older write waits until the newer one is committed.
 //! - A flush's commit takes every staged key that no commit in flight holds, and holds them
 //!   until it ends. A commit of statements (terminal rows, a quarantine) takes only the staged
 //!   writes of the keys its statements write, and holds those keys: it never makes a flush wait
@@ -11,7 +13,8 @@
 //!   write of a key commits after an earlier one: it stays staged until the commit holding the
 //!   key ended.
 //! - A flush returns once every write numbered before it was committed (by any commit).
-//! - A commit that failed stages what it took again, under anything staged since.
+//! - A commit that failed stages what it took again, under anything staged since (which then
+//!   carries what it hid, as above).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -46,12 +49,17 @@ pub(super) struct Staging {
 impl Staging {
     /// Stages a write of `slot` (`None`: its removal).
     pub(super) fn stage(&mut self, slot: Slot, value: Option<Vec<u8>>) {
-        let n = self.next;
-        self.next += 1;
-        if let Some((old, _)) = self.staged.insert(slot, (n, value)) {
-            self.numbers.remove(&old);
+        use std::collections::btree_map::Entry;
+        match self.staged.entry(slot) {
+            // The write it replaces is not committed: this one carries it, under its number.
+            Entry::Occupied(mut e) => e.get_mut().1 = value,
+            Entry::Vacant(e) => {
+                let n = self.next;
+                self.next += 1;
+                e.insert((n, value));
+                self.numbers.insert(n);
+            }
         }
-        self.numbers.insert(n);
     }
 
     /// The mark a flush waits for: every write made so far is numbered below it.
@@ -136,9 +144,21 @@ impl Staging {
             back.insert(slot, (n, value));
         }
         for (slot, (n, value)) in back {
-            if let std::collections::btree_map::Entry::Vacant(e) = self.staged.entry(slot) {
-                e.insert((n, value));
-                self.numbers.insert(n);
+            match self.staged.entry(slot) {
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert((n, value));
+                    self.numbers.insert(n);
+                }
+                // A newer write of the key hides this one: it carries it, under the older
+                // number, so a flush waiting for this write waits for that one's commit.
+                std::collections::btree_map::Entry::Occupied(mut e) => {
+                    let newer = &mut e.get_mut().0;
+                    if n < *newer {
+                        self.numbers.remove(newer);
+                        self.numbers.insert(n);
+                        *newer = n;
+                    }
+                }
             }
         }
     }
@@ -214,6 +234,45 @@ mod tests {
         st.finish(other, None);
         st.finish(terminals, None);
         assert!(st.can_start(&[slot("child")], 4));
+    }
+
+    #[test]
+    fn a_flush_waits_for_a_write_whose_failed_commit_a_newer_write_of_its_key_hid() {
+        let mut st = Staging::default();
+        st.stage(slot("a"), v("1"));
+        let failing = st.take(&[]);
+        let mark = st.mark();
+        st.stage(slot("a"), v("2"));
+        st.finish(failing, Some(Vec::new()));
+        assert!(
+            !st.settled(mark),
+            "the first write is not committed: only the newer one, staged, can carry it"
+        );
+        let again = st.take(&[]);
+        assert_eq!(again.rows.len(), 1);
+        assert_eq!(again.rows[0].2, v("2"), "the newer value is the one committed");
+        st.finish(again, None);
+        assert!(st.settled(mark) && st.is_empty());
+    }
+
+    #[test]
+    fn a_flush_waits_for_a_staged_write_a_newer_write_of_its_key_replaced() {
+        let mut st = Staging::default();
+        st.stage(slot("a"), v("1"));
+        let in_flight = st.take(&[]);
+        st.stage(slot("a"), v("2"));
+        let mark = st.mark();
+        st.stage(slot("a"), v("3"));
+        st.finish(in_flight, None);
+        assert!(
+            !st.settled(mark),
+            "the second write is staged (as the third), not committed"
+        );
+        assert!(st.takeable_below(mark));
+        let third = st.take(&[]);
+        assert_eq!(third.rows[0].2, v("3"));
+        st.finish(third, None);
+        assert!(st.settled(mark) && st.is_empty());
     }
 
     #[test]

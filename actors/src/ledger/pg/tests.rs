@@ -261,6 +261,157 @@ mod own {
         assert_eq!(ledger.load().unwrap().children, vec![done]);
     }
 
+    /// A session row with `next_set` as its distinguishing value.
+    fn session_at(id: &str, next_set: u64) -> Writes {
+        let mut row = session(id);
+        row.next_set = next_set;
+        Writes {
+            sessions: vec![row],
+            ..Writes::default()
+        }
+    }
+
+    /// The stored `next_set` of session `id`, read by another connection.
+    fn stored_next_set(ledger: &PgLedger, id: &str) -> Option<u64> {
+        second_view(ledger)
+            .load()
+            .unwrap()
+            .sessions
+            .into_iter()
+            .find(|s| s.session_id == id)
+            .map(|s| s.next_set)
+    }
+
+    /// A transaction of another connection that holds the row of session `id` `FOR UPDATE`
+    /// until the sender it returns is told (or dropped).
+    fn lock_session_row(ledger: &PgLedger, id: &str) -> tokio::sync::oneshot::Sender<()> {
+        let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let (pool, table, key) = (
+            ledger.inner.pool.clone(),
+            ledger.table(SESSIONS),
+            id.as_bytes().to_vec(),
+        );
+        ledger.runtime.handle.spawn(async move {
+            let mut client = pool.get().await.unwrap();
+            let tx = client.transaction().await.unwrap();
+            tx.query(&format!("SELECT 1 FROM {table} WHERE key = $1 FOR UPDATE"), &[&key])
+                .await
+                .unwrap();
+            locked_tx.send(()).unwrap();
+            let _ = released.await;
+            tx.rollback().await.unwrap();
+        });
+        locked.recv().unwrap();
+        release
+    }
+
+    /// The server process of the commit waiting for a row lock on the sessions table, once
+    /// there is one.
+    fn backend_waiting_on_sessions(ledger: &PgLedger) -> i32 {
+        let pool = ledger.inner.pool.clone();
+        let pattern = format!("%{}%", ledger.table(SESSIONS));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let (pool, pattern) = (pool.clone(), pattern.clone());
+            let found = ledger
+                .runtime
+                .run(async move {
+                    let client = pool.get().await.map_err(pool_error)?;
+                    let row = client
+                        .query_opt(
+                            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                            &[&pattern],
+                        )
+                        .await
+                        .map_err(pg_error("looking for a waiting commit"))?;
+                    Ok(row.map(|r| r.get::<_, i32>(0)))
+                })
+                .unwrap();
+            if let Some(pid) = found {
+                return pid;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the commit never waited on the row lock"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Starts a flush on a thread of its own and returns once it waits for a commit in flight.
+    fn flush_waiting(ledger: &std::sync::Arc<PgLedger>) -> std::thread::JoinHandle<Result<usize, LedgerError>> {
+        let before = ledger.settle_waits.load(std::sync::atomic::Ordering::SeqCst);
+        let flushing = {
+            let ledger = ledger.clone();
+            std::thread::spawn(move || ledger.flush())
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while ledger.settle_waits.load(std::sync::atomic::Ordering::SeqCst) == before {
+            assert!(std::time::Instant::now() < deadline, "the flush never waited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        flushing
+    }
+
+    #[test]
+    fn a_flush_whose_write_was_in_a_failed_commit_hidden_by_a_newer_write_does_not_return_ok_unwritten() {
+        let ledger = std::sync::Arc::new(pg_testkit::fresh());
+        ledger.write(&session_at("s", 1)).unwrap();
+        ledger.flush().unwrap();
+        let release = lock_session_row(&ledger, "s");
+        // The second write's commit waits on the row lock.
+        ledger.write(&session_at("s", 2)).unwrap();
+        let first = {
+            let ledger = ledger.clone();
+            std::thread::spawn(move || ledger.flush())
+        };
+        let pid = backend_waiting_on_sessions(&ledger);
+        // A flush of the second write, waiting for the commit that holds it; then a newer
+        // write of the same key, staged behind that commit.
+        let second = flush_waiting(&ledger);
+        ledger.write(&session_at("s", 3)).unwrap();
+        // The commit holding the second write dies.
+        pg_testkit::execute(&pg_testkit::url(), &format!("SELECT pg_terminate_backend({pid})"));
+        assert!(first.join().unwrap().is_err(), "its own flush is told");
+        release.send(()).unwrap();
+        match second.join().unwrap() {
+            Ok(_) => assert_eq!(
+                stored_next_set(&ledger, "s"),
+                Some(3),
+                "the flush returned Ok, so the second write (carried by the third) is committed"
+            ),
+            Err(e) => tracing::info!("the flush failed, as it may: {e}"),
+        }
+    }
+
+    #[test]
+    fn a_flush_whose_staged_write_a_newer_write_replaced_returns_once_that_one_is_committed() {
+        let ledger = std::sync::Arc::new(pg_testkit::fresh());
+        ledger.write(&session_at("s", 1)).unwrap();
+        ledger.flush().unwrap();
+        let release = lock_session_row(&ledger, "s");
+        ledger.write(&session_at("s", 2)).unwrap();
+        let first = {
+            let ledger = ledger.clone();
+            std::thread::spawn(move || ledger.flush())
+        };
+        backend_waiting_on_sessions(&ledger);
+        // Staged behind the commit in flight: a third write, a flush of it, then a fourth
+        // write of the same key that replaces it before anything took it.
+        ledger.write(&session_at("s", 3)).unwrap();
+        let second = flush_waiting(&ledger);
+        ledger.write(&session_at("s", 4)).unwrap();
+        release.send(()).unwrap();
+        first.join().unwrap().unwrap();
+        second.join().unwrap().unwrap();
+        assert_eq!(
+            stored_next_set(&ledger, "s"),
+            Some(4),
+            "the third write (carried by the fourth) is committed once the flush returned"
+        );
+    }
+
     #[test]
     fn bad_addresses_and_schema_names_are_refused_clearly() {
         let err = PgLedger::open("mysql://nowhere").unwrap_err().to_string();

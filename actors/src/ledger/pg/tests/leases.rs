@@ -243,6 +243,121 @@ fn a_renewal_finds_a_lease_taken_over_and_loses_it() {
     assert!(!leases(&a).serving("s1"));
 }
 
+/// When each lease of `sessions` runs out by the database's clock (milliseconds).
+fn expiries(ledger: &PgLedger, sessions: &[&str]) -> Vec<i64> {
+    let pool = ledger.inner.pool.clone();
+    let table = format!("\"{}\".session_leases", ledger.inner.schema);
+    let names: Vec<Vec<u8>> = sessions.iter().map(|s| s.as_bytes().to_vec()).collect();
+    ledger
+        .runtime
+        .run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let mut out = Vec::new();
+            for name in &names {
+                let row = client
+                    .query_one(
+                        &format!(
+                            "SELECT (extract(epoch FROM expires_at) * 1000)::int8 FROM {table} WHERE session = $1"
+                        ),
+                        &[name],
+                    )
+                    .await
+                    .map_err(pg_error("reading a lease's expiry"))?;
+                out.push(row.get::<_, i64>(0));
+            }
+            Ok(out)
+        })
+        .unwrap()
+}
+
+/// Another connection's transaction that holds `table` locked `IN SHARE MODE` (as a `CREATE
+/// INDEX` does: writes to it wait) until the returned sender is told.
+fn table_locked(ledger: &PgLedger, table: &str) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+    let sql = format!("LOCK TABLE \"{}\".\"{table}\" IN SHARE MODE", ledger.inner.schema);
+    let held = ledger.runtime.handle.spawn(async move {
+        let (mut client, connection) = tokio_postgres::connect(&pg_testkit::url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let tx = client.transaction().await.unwrap();
+        tx.batch_execute(&sql).await.unwrap();
+        locked_tx.send(()).unwrap();
+        let _ = go.await;
+        tx.rollback().await.unwrap();
+    });
+    locked.recv().unwrap();
+    (go_tx, held)
+}
+
+/// A commit of `ledger`'s on `session`: its fencing check made (the lease row locked as every
+/// commit locks it), then a write to `calls` that waits on that table's lock for as long as it
+/// is held. Ends (rolled back) once its write went through.
+fn commit_stalled_on_calls(ledger: &PgLedger, session: &str) -> tokio::task::JoinHandle<()> {
+    let (checked_tx, checked) = std::sync::mpsc::channel::<()>();
+    let pool = ledger.inner.pool.clone();
+    let book = ledger.inner.leases.clone().expect("shared");
+    let calls = ledger.inner.table(CALLS);
+    let session = session.to_string();
+    let in_flight = ledger.runtime.handle.spawn(async move {
+        let mut client = pool.get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        // The commit's own check, as `commit_staged` runs it.
+        let ok = book.check(&tx, [session.clone()].into_iter().collect()).await.unwrap();
+        assert!(ok.contains(&session), "still held");
+        checked_tx.send(()).unwrap();
+        // Stalled for longer than a lease (not given up after one, as the pool's lock
+        // timeout would).
+        tx.batch_execute(&format!(
+            "SET LOCAL lock_timeout = 0; INSERT INTO {calls} (key, value) VALUES ('\\x00'::bytea, '\\x00'::bytea)"
+        ))
+        .await
+        .unwrap();
+        tx.rollback().await.unwrap();
+    });
+    checked.recv().unwrap();
+    in_flight
+}
+
+#[test]
+fn a_stalled_commit_of_one_session_does_not_stop_the_renewal_of_any_lease() {
+    let schema = pg_testkit::fresh_schema();
+    let ttl = Duration::from_millis(1500);
+    let a = node(&schema, "a", ttl);
+    let sessions = ["s1", "s2", "s3"];
+    for s in sessions {
+        assert_eq!(leases(&a).acquire(s).unwrap(), LeaseHolder::Here(1));
+    }
+    // s2's commit is stalled behind a table lock, its lease row locked.
+    let (unlock, locker) = table_locked(&a, CALLS);
+    let in_flight = commit_stalled_on_calls(&a, "s2");
+    let before = expiries(&a, &sessions);
+    let deadline = std::time::Instant::now() + 6 * ttl;
+    loop {
+        let now = expiries(&a, &sessions);
+        if now.iter().zip(&before).all(|(n, b)| n > b) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "leases not renewed while one session's commit was stalled: {before:?} -> {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!in_flight.is_finished(), "the commit was stalled throughout");
+    for s in sessions {
+        assert!(leases(&a).holds(s), "{s} kept");
+    }
+    unlock.send(()).unwrap();
+    a.runtime
+        .run(async move {
+            locker.await.map_err(|e| LedgerError::storage("test", e))?;
+            in_flight.await.map_err(|e| LedgerError::storage("test", e))
+        })
+        .unwrap();
+}
+
 #[test]
 fn a_takeover_waits_for_a_commit_in_flight_of_the_old_holder() {
     let schema = pg_testkit::fresh_schema();
