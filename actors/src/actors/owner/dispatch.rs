@@ -418,6 +418,13 @@ impl SessionOwner {
             writes,
             restore,
             then: Box::new(move |act, ctx, res| match res {
+                // A cancel decided while the requeue was being written ended the child: it
+                // stays as its cancel left it (out of capacity), and is not queued again.
+                Ok(())
+                    if act
+                        .book
+                        .child(&child_id)
+                        .is_none_or(|r| r.status != ChildStatus::Running || act.book.cancelling(r)) => {}
                 Ok(()) => {
                     act.emit_child(&queued);
                     act.book.rowed.insert(queued.child_id.clone());
