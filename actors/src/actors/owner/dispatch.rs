@@ -403,6 +403,10 @@ impl SessionOwner {
         if current.status != ChildStatus::Running || self.book.cancelling(&current) {
             return Decided::Done;
         }
+        #[cfg(feature = "failpoints")]
+        if crate::failpoints::fires("requeue_flush_stall") {
+            crate::failpoints::arm("ledger_flush_stall", 1);
+        }
         let mut queued = current.clone();
         queued.status = ChildStatus::Queued;
         queued.started_at_ms = None;
