@@ -427,3 +427,63 @@ async fn a_dispatch_written_late_by_a_dead_owner_never_lands_beside_its_successo
             .collect::<Vec<_>>()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_cancelled_while_its_lost_start_is_requeued_stays_cancelled() {
+    let _g = serial();
+    let mut t = TestBrood::new();
+    t.b()
+        .open_session("s", SessionOptions::default().wake(|_| {}).max_concurrent_children(1))
+        .await
+        .unwrap();
+    // Its unit panics at the start, so the child is requeued; that requeue's flush is slow,
+    // and the child is cancelled while it is written.
+    failpoints::arm("unit_handler", 1);
+    failpoints::arm("requeue_flush_stall", 1);
+    let first = t
+        .b()
+        .delegate("s", DelegateRequest::background(vec![task("long", probe(600_000))]))
+        .await
+        .unwrap()
+        .call_id()
+        .to_string();
+    wait_for!(
+        "the lost start's requeue to be decided",
+        (!failpoints::armed("requeue_flush_stall")).then_some(())
+    );
+    let cancelled = t
+        .b()
+        .cancel(brood::CancelTarget::Child(brood::child_id(&first, 0)), "the test", None)
+        .await
+        .unwrap();
+    assert_eq!(cancelled.cancelled, vec![brood::child_id(&first, 0)]);
+    // The slot it held is free: a later call runs.
+    t.b()
+        .delegate("s", DelegateRequest::background(vec![task("next", sim(0))]))
+        .await
+        .unwrap();
+    let items = collect_results(t.b(), "s", 2).await;
+    let mut got: Vec<(String, brood::ChildStatus)> = items.iter().map(|i| (i.child_id.clone(), i.status)).collect();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(got[0], (brood::child_id(&first, 0), brood::ChildStatus::Cancelled));
+    assert_eq!(got[1].1, brood::ChildStatus::Succeeded, "the later call ran");
+    let probe = t.kit.probe.clone();
+    t.shut_down();
+    {
+        let rows = t.open_ledger().load().unwrap();
+        let row = rows.children.iter().find(|c| c.call_id == first).expect("its row");
+        assert_eq!(
+            row.status,
+            brood::ChildStatus::Cancelled,
+            "its durable row stays cancelled"
+        );
+    }
+    t.open_again();
+    open_wake(t.b(), "s").await;
+    assert_eq!(
+        t.b().counts("s").await.unwrap().running,
+        0,
+        "nothing runs after the restart"
+    );
+    assert!(probe.starts.lock().unwrap().is_empty(), "the cancelled child never ran");
+}

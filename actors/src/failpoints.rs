@@ -2,7 +2,8 @@
 //!
 //! A point is a name in the code (`ledger_write`, `ledger_flush`, `ledger_flush_stall` and
 //! `ledger_write_stall` (a flush or write that succeeds 400 ms late), `coalescer_handoff`, `owner_handler`, `unit_handler`,
-//! `coalescer_handler`, `runner_hang`). Tests arm a point with [`arm`] for a number of hits; while
+//! `coalescer_handler`, `runner_hang`, `requeue_flush_stall` (the flush of a lost start's
+//! requeue is 400 ms late)). Tests arm a point with [`arm`] for a number of hits; while
 //! armed, the point fails (an error for I/O points, a panic for handler points). Without the
 //! feature, [`crate::failpoint!`] expands to nothing and this module has only inert stand-ins.
 
@@ -28,6 +29,13 @@ pub fn disarm_all() {
     if let Ok(mut guard) = POINTS.lock() {
         *guard = None;
     }
+}
+
+/// Whether `name` has hits left (without counting one).
+#[cfg(feature = "failpoints")]
+pub fn armed(name: &'static str) -> bool {
+    let Ok(guard) = POINTS.lock() else { return false };
+    guard.as_ref().and_then(|p| p.get(name)).is_some_and(|n| *n > 0)
 }
 
 /// Whether `name` fires now (and counts the hit).

@@ -45,6 +45,8 @@ macro_rules! ledger_conformance_cases {
             record_terminals_overwrites_a_non_terminal_row_keeping_its_delivery_state,
             record_terminals_returns_the_rows_as_stored_in_input_order,
             record_terminals_keeps_the_first_of_two_rows_of_one_child_in_one_batch,
+            a_write_never_moves_an_ended_child_back,
+            a_second_write_of_the_same_outcome_changes_nothing,
             an_ack_row_marks_the_items_it_names_delivered,
             a_dead_letter_marks_its_item_dead_with_the_larger_attempt_count,
             an_acked_claim_is_not_returned_as_live,
@@ -856,6 +858,64 @@ pub(crate) fn record_terminals_keeps_the_first_of_two_rows_of_one_child_in_one_b
 // Delivery state folded in at a load.
 
 /// A call of two failed children (each with a result and a failure notice) in `session_id`.
+pub(crate) fn a_write_never_moves_an_ended_child_back(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let ledger = make();
+    write(
+        &*ledger,
+        Writes {
+            calls: vec![call_row("a", "deleg_c", 2)],
+            ..Writes::default()
+        },
+    );
+    let cancelled = child_row("a", "deleg_c", 0, ChildStatus::Cancelled);
+    let ended = child_row("a", "deleg_c", 1, ChildStatus::Succeeded);
+    record(&*ledger, &[cancelled.clone(), ended.clone()]);
+    let before = crate::ledger::kept_terminal_rows();
+    for status in [ChildStatus::Queued, ChildStatus::Running] {
+        let mut back = cancelled.clone();
+        back.status = status;
+        back.finished_at_ms = None;
+        let mut other = ended.clone();
+        other.status = status;
+        write(
+            &*ledger,
+            Writes {
+                children: vec![back, other],
+                ..Writes::default()
+            },
+        );
+    }
+    let mut children = load(&*ledger).children;
+    children.sort_by(|a, b| a.child_id.cmp(&b.child_id));
+    assert_eq!(children, vec![cancelled, ended], "the ended rows stay as they were");
+    assert!(
+        crate::ledger::kept_terminal_rows() >= before + 4,
+        "each write kept from an ended row is counted"
+    );
+}
+
+pub(crate) fn a_second_write_of_the_same_outcome_changes_nothing(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let ledger = make();
+    write(
+        &*ledger,
+        Writes {
+            calls: vec![call_row("a", "deleg_c", 1)],
+            ..Writes::default()
+        },
+    );
+    let ended = child_row("a", "deleg_c", 0, ChildStatus::Cancelled);
+    record(&*ledger, std::slice::from_ref(&ended));
+    write(
+        &*ledger,
+        Writes {
+            children: vec![ended.clone()],
+            ..Writes::default()
+        },
+    );
+    assert_eq!(record(&*ledger, std::slice::from_ref(&ended)), vec![ended.clone()]);
+    assert_eq!(load(&*ledger).children, vec![ended], "one row, as first recorded");
+}
+
 fn two_failed_children(ledger: &dyn Ledger, session_id: &str, call_id: &str) -> (ChildRow, ChildRow) {
     let first = child_row(session_id, call_id, 0, ChildStatus::Failed);
     let second = child_row(session_id, call_id, 1, ChildStatus::Failed);

@@ -50,7 +50,7 @@ use crate::codec::CodecError;
 use crate::model::*;
 
 pub use pg::{LeaseConfig, PgLedger, DEFAULT_SCHEMA};
-pub use rows::row_key;
+pub use rows::{child_write, kept_terminal_rows, row_key, ChildWrite};
 pub use sled_ledger::{FlushObserver, SledLedger, DEFAULT_CACHE_BYTES, LAYOUT, LOCK_WAIT};
 
 /// The ledger could not do what was asked.

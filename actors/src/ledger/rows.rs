@@ -20,6 +20,48 @@ pub fn row_key(session_id: &str, id: &str) -> Vec<u8> {
     key
 }
 
+/// What a write of a child's row does to the row stored for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildWrite {
+    /// The proposed row replaces the stored one.
+    Replace,
+    /// The stored row stays: it is terminal and the proposed one is not (a child's status
+    /// moves only forward, queued → running → ended, and ended is final).
+    KeepTerminal,
+}
+
+/// The one rule every write of a child's row goes through, in the owner's book and at both
+/// ledgers: a terminal row is never replaced by a non-terminal one. A terminal row replacing
+/// a terminal one is left to the caller (recording keeps the first outcome; delivery state
+/// rewrites a row with its own outcome).
+pub fn child_write(stored: Option<ChildStatus>, proposed: ChildStatus) -> ChildWrite {
+    match stored {
+        Some(s) if s.is_terminal() && !proposed.is_terminal() => ChildWrite::KeepTerminal,
+        _ => ChildWrite::Replace,
+    }
+}
+
+/// How many writes of a child's row were not applied, at either ledger of this process, for
+/// they would have replaced an ended row with an unended one (see [`child_write`]).
+static KEPT_TERMINAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The number of child-row writes kept from replacing an ended row, in this process.
+pub fn kept_terminal_rows() -> u64 {
+    KEPT_TERMINAL.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Reports a write of `proposed` that [`child_write`] kept from replacing an ended row.
+pub(super) fn report_kept(stored: ChildStatus, proposed: &ChildRow) {
+    KEPT_TERMINAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tracing::warn!(
+        session = %proposed.session_id,
+        child = %proposed.child_id,
+        ?stored,
+        proposed = ?proposed.status,
+        "a write would have moved an ended child back; the ended row is kept"
+    );
+}
+
 /// A [`row_key`] taken apart: its session id and its row id (none for a key without the NUL
 /// a session id never holds, or that is not text).
 pub(super) fn split_row_key(key: &[u8]) -> Option<(&str, &str)> {
@@ -261,7 +303,13 @@ pub(super) fn merge_terminals(
             continue;
         }
         match current(key)? {
-            Some(current) if current.status.is_terminal() => stored.push(current),
+            // Recording keeps the first outcome, and never an unended row over an ended one.
+            Some(current)
+                if current.status.is_terminal()
+                    || child_write(Some(current.status), row.status) == ChildWrite::KeepTerminal =>
+            {
+                stored.push(current)
+            }
             current => {
                 if let Some(current) = current {
                     row.result = current.result;

@@ -476,7 +476,27 @@ impl Ledger for SledLedger {
         }
         // One batch per run of one tree's changes, in their order; a call's index entry is
         // written before the call and removed after it.
-        let mut changes = with_call_index(write_changes(w)?)?.into_iter().peekable();
+        // A child's row that would move an ended child back is not written (its ended row is
+        // kept, and reported): one read per unended row, which only start marks and requeues
+        // write through here.
+        let mut kept: Vec<Vec<u8>> = Vec::new();
+        for row in w.children.iter().filter(|r| !r.status.is_terminal()) {
+            let key = row_key(&row.session_id, &row.child_id);
+            let stored = self
+                .children
+                .get(&key)?
+                .and_then(|v| codec::decode::<ChildRow>(&v).ok());
+            if let Some(stored) = stored {
+                if child_write(Some(stored.status), row.status) == ChildWrite::KeepTerminal {
+                    report_kept(stored.status, row);
+                    kept.push(key);
+                }
+            }
+        }
+        let mut changes = with_call_index(write_changes(w)?)?
+            .into_iter()
+            .filter(|c| kept.is_empty() || c.0 != CHILDREN || !kept.contains(&c.1))
+            .peekable();
         while let Some((name, key, value)) = changes.next() {
             let tree = self
                 .tree(name)

@@ -389,6 +389,14 @@ impl Book {
         else {
             return;
         };
+        if let Some(old) = slot.as_ref() {
+            if crate::ledger::child_write(Some(old.status), row.status) == crate::ledger::ChildWrite::KeepTerminal {
+                debug_assert!(false, "the book would move ended child `{}` back", row.child_id);
+                tracing::error!(child = %row.child_id, stored = ?old.status, proposed = ?row.status,
+                    "fault: the book would move an ended child back; its ended row is kept");
+                return;
+            }
+        }
         self.delivered_live += delivered_items(&row);
         if let Some(old) = slot.replace(row) {
             self.delivered_live = self.delivered_live.saturating_sub(delivered_items(&old));

@@ -403,6 +403,10 @@ impl SessionOwner {
         if current.status != ChildStatus::Running || self.book.cancelling(&current) {
             return Decided::Done;
         }
+        #[cfg(feature = "failpoints")]
+        if crate::failpoints::fires("requeue_flush_stall") {
+            crate::failpoints::arm("ledger_flush_stall", 1);
+        }
         let mut queued = current.clone();
         queued.status = ChildStatus::Queued;
         queued.started_at_ms = None;
@@ -418,6 +422,13 @@ impl SessionOwner {
             writes,
             restore,
             then: Box::new(move |act, ctx, res| match res {
+                // A cancel decided while the requeue was being written ended the child: it
+                // stays as its cancel left it (out of capacity), and is not queued again.
+                Ok(())
+                    if act
+                        .book
+                        .child(&child_id)
+                        .is_none_or(|r| r.status != ChildStatus::Running || act.book.cancelling(r)) => {}
                 Ok(()) => {
                     act.emit_child(&queued);
                     act.book.rowed.insert(queued.child_id.clone());

@@ -66,10 +66,14 @@ async fn write_rows(
     this: &Inner,
     rows: &[&(staging::Slot, Option<Vec<u8>>)],
 ) -> Result<usize, LedgerError> {
+    let kept = kept_terminal(tx, this, rows).await?;
     let mut bytes = 0;
     let mut puts: HashMap<&'static str, Columns<'_>> = HashMap::new();
     let mut removes: HashMap<&'static str, Vec<&[u8]>> = HashMap::new();
     for ((tree, key), value) in rows {
+        if *tree == CHILDREN && kept.contains(key.as_slice()) {
+            continue;
+        }
         match value {
             Some(value) => {
                 bytes += key.len() + value.len();
@@ -96,6 +100,54 @@ async fn write_rows(
         .collect();
     futures::future::try_join_all(statements).await?;
     Ok(bytes)
+}
+
+/// The keys of the children's rows among `rows` that would move an ended child back: their
+/// stored rows (read under a row lock, so a recording beside this commit waits) are ended and
+/// the staged ones are not, so they are not written ([`child_write`]; each is reported). Only
+/// unended rows are looked up: a commit without one reads nothing.
+async fn kept_terminal<'a>(
+    tx: &Tx<'_>,
+    this: &Inner,
+    rows: &[&'a (staging::Slot, Option<Vec<u8>>)],
+) -> Result<HashSet<&'a [u8]>, LedgerError> {
+    let mut unended: HashMap<&'a [u8], ChildRow> = HashMap::new();
+    for ((tree, key), value) in rows.iter().copied() {
+        if *tree != CHILDREN {
+            continue;
+        }
+        if let Some(row) = value.as_ref().and_then(|v| codec::decode::<ChildRow>(v).ok()) {
+            if !row.status.is_terminal() {
+                unended.insert(key.as_slice(), row);
+            }
+        }
+    }
+    let mut kept = HashSet::new();
+    if unended.is_empty() {
+        return Ok(kept);
+    }
+    let what = "reading children's rows";
+    let sql = format!(
+        "SELECT key, value FROM {} WHERE key = ANY($1) FOR UPDATE",
+        this.table(CHILDREN)
+    );
+    let select = prepared(tx, &sql, what).await?;
+    let keys: Vec<&[u8]> = unended.keys().copied().collect();
+    let found = tx.query(&select, &[&keys]).await.map_err(pg_error(what))?;
+    for r in found {
+        let key: Vec<u8> = r.get(0);
+        let value: Vec<u8> = r.get(1);
+        let Some(stored) = codec::decode::<ChildRow>(&value).ok() else {
+            continue;
+        };
+        if let Some((&k, row)) = unended.get_key_value(key.as_slice()) {
+            if child_write(Some(stored.status), row.status) == ChildWrite::KeepTerminal {
+                report_kept(stored.status, row);
+                kept.insert(k);
+            }
+        }
+    }
+    Ok(kept)
 }
 
 impl PgLedger {

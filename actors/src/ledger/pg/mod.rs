@@ -33,8 +33,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 use super::rows::{
-    decode_at, decode_rows, encode, find_call_in, fold_delivery, live_claims, merge_terminals, quarantine_entry,
-    read_quarantined, row_key, session_prefix, write_changes, Change,
+    child_write, decode_at, decode_rows, encode, find_call_in, fold_delivery, live_claims, merge_terminals,
+    quarantine_entry, read_quarantined, report_kept, row_key, session_prefix, write_changes, Change, ChildWrite,
 };
 use super::trees::*;
 use super::{CallParts, Durability, Ledger, LedgerError, Snapshot, Writes};
