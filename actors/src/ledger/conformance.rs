@@ -68,6 +68,7 @@ macro_rules! ledger_conformance_cases {
             quarantine_of_a_missing_row_changes_nothing,
             quarantine_from_an_unknown_tree_is_refused,
             load_quarantines_rows_that_fail_their_check_and_serves_the_rest,
+            a_sessions_settings_read_back_as_written_and_as_changed,
         }
     };
 }
@@ -136,6 +137,7 @@ fn session_row(session_id: &str) -> SessionRow {
         max_delivery_attempts: DEFAULT_MAX_DELIVERY_ATTEMPTS,
         next_set: 2,
         created_at_ms: T0,
+        addressable: false,
     }
 }
 
@@ -1568,6 +1570,38 @@ pub(crate) fn load_quarantines_rows_that_fail_their_check_and_serves_the_rest(ma
     let second = load(&*ledger);
     assert_eq!(second.damaged_children, first.damaged_children);
     assert_eq!(ledger.quarantined().expect("quarantined").len(), 2);
+}
+
+/// Every setting a session row holds (`addressable` too) reads back as written, from a full
+/// load and from the session's own, and a later write of the row replaces them.
+pub(crate) fn a_sessions_settings_read_back_as_written_and_as_changed(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let ledger = make();
+    let mut polled = session_row("polled");
+    polled.addressable = true;
+    polled.max_concurrent_children = 2;
+    polled.max_delivery_attempts = 3;
+    let plain = session_row("plain");
+    write(
+        &*ledger,
+        Writes {
+            sessions: vec![polled.clone(), plain.clone()],
+            ..Writes::default()
+        },
+    );
+    assert_eq!(load(&*ledger).sessions, vec![plain.clone(), polled.clone()]);
+    assert_eq!(load_session(&*ledger, "polled").sessions, vec![polled.clone()]);
+
+    polled.addressable = false;
+    polled.max_concurrent_children = 5;
+    write(
+        &*ledger,
+        Writes {
+            sessions: vec![polled.clone()],
+            ..Writes::default()
+        },
+    );
+    assert_eq!(load(&*ledger).sessions, vec![plain, polled.clone()]);
+    assert_eq!(load_session(&*ledger, "polled").sessions, vec![polled]);
 }
 
 // ---------------------------------------------------------------------------------------------
