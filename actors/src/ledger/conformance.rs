@@ -69,6 +69,7 @@ macro_rules! ledger_conformance_cases {
             quarantine_from_an_unknown_tree_is_refused,
             load_quarantines_rows_that_fail_their_check_and_serves_the_rest,
             a_sessions_settings_read_back_as_written_and_as_changed,
+            child_reads_one_child_of_one_session,
         }
     };
 }
@@ -1602,6 +1603,39 @@ pub(crate) fn a_sessions_settings_read_back_as_written_and_as_changed(make: &dyn
     );
     assert_eq!(load(&*ledger).sessions, vec![plain, polled.clone()]);
     assert_eq!(load_session(&*ledger, "polled").sessions, vec![polled]);
+}
+
+/// One child's row is read by its session and id: none for another session's child, for a
+/// child id that only shares a prefix, or for a child without a row; a terminal row recorded
+/// over a running one reads back terminal.
+pub(crate) fn child_reads_one_child_of_one_session(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let ledger = make();
+    let running = child_row("a", "deleg_c", 1, ChildStatus::Running);
+    let other = child_row("ab", "deleg_c", 1, ChildStatus::Succeeded);
+    write(
+        &*ledger,
+        Writes {
+            sessions: vec![session_row("a"), session_row("ab")],
+            calls: vec![call_row("a", "deleg_c", 12), call_row("ab", "deleg_c", 12)],
+            children: vec![running.clone(), other.clone()],
+            ..Writes::default()
+        },
+    );
+    let id = child_id("deleg_c", 1);
+    assert_eq!(ledger.child("a", &id).expect("child"), Some(running.clone()));
+    assert_eq!(ledger.child("ab", &id).expect("child"), Some(other));
+    for (session, child) in [
+        ("b", id.clone()),
+        ("a", child_id("deleg_c", 0)),
+        ("a", child_id("deleg_c", 10)),
+    ] {
+        assert_eq!(ledger.child(session, &child).expect("child"), None, "{session} {child}");
+    }
+    let mut ended = running;
+    ended.status = ChildStatus::Succeeded;
+    ended.summary = Some("done".into());
+    record(&*ledger, std::slice::from_ref(&ended));
+    assert_eq!(ledger.child("a", &id).expect("child"), Some(ended));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -549,6 +549,10 @@ impl Ledger for SledLedger {
         self.scan(&self.dead_letters, DEAD_LETTERS, None)
     }
 
+    fn child(&self, session_id: &str, child_id: &str) -> Result<Option<ChildRow>, LedgerError> {
+        self.get_row(&self.children, CHILDREN, session_id, child_id)
+    }
+
     fn call_children(&self, session_id: &str, call_id: &str) -> Result<Vec<ChildRow>, LedgerError> {
         let prefix = row_key(session_id, &format!("{call_id}."));
         let mut out = Vec::new();

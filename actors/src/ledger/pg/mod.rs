@@ -684,6 +684,10 @@ impl Ledger for PgLedger {
         self.scan(DEAD_LETTERS, None)
     }
 
+    fn child(&self, session_id: &str, child_id: &str) -> Result<Option<ChildRow>, LedgerError> {
+        self.get_row(CHILDREN, session_id, child_id)
+    }
+
     fn call_children(&self, session_id: &str, call_id: &str) -> Result<Vec<ChildRow>, LedgerError> {
         let mut out: Vec<ChildRow> = self
             .rows_in(CHILDREN, row_key(session_id, &format!("{call_id}.")), None, None)?
