@@ -114,7 +114,7 @@ pub enum CodecError {
     #[error("stored value is empty (no version byte)")]
     Empty,
     /// The value was written with a version of its type's layout this build does not read.
-    #[error("stored value has version {found}, which this build does not read for its type")]
+    #[error("stored value has format version {found}, which this build does not read for its type")]
     UnknownVersion {
         /// The version byte found.
         found: u8,
