@@ -123,7 +123,7 @@ impl RunContext {
 /// What became of a child's terminal row once its runner ended (or brood ended it), as
 /// [`RunnerFactory::recorded`] is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recorded {
+pub enum RecordOutcome {
     /// The row is durable, with this status: the child's own end, or that of a terminal row
     /// recorded before it (a cancel, a timeout) — the first terminal row of a child is final.
     Stored(crate::model::ChildStatus),
@@ -154,11 +154,11 @@ pub trait RunnerFactory: Send + Sync + 'static {
         let _ = child_id;
     }
 
-    /// A child's terminal row was recorded, or refused ([`Recorded`]). Called on the
+    /// A child's terminal row was recorded, or refused ([`RecordOutcome`]). Called on the
     /// children's thread once the child's end was answered, for every child that ended in this
     /// process (not for one the engine stopped before its row was answered): what a runner
     /// handed out elsewhere learns here whether the end it was given holds. Nothing by default.
-    fn recorded(&self, child_id: &str, outcome: Recorded) {
+    fn recorded(&self, child_id: &str, outcome: RecordOutcome) {
         let _ = (child_id, outcome);
     }
 }

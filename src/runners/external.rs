@@ -44,7 +44,7 @@ use brood_actors::ledger::WorkDirectory;
 use brood_actors::model::{ChildRow, ChildStatus};
 #[cfg(doc)]
 use brood_actors::runner::RunnerFactory;
-use brood_actors::runner::{Progress, Recorded, RunContext, RunOutput, Runner};
+use brood_actors::runner::{Progress, RecordOutcome, RunContext, RunOutput, Runner};
 use futures::future::LocalBoxFuture;
 use serde::Deserialize;
 use tokio::sync::{oneshot, Notify};
@@ -158,11 +158,15 @@ pub fn is_recorded_as(row: &ChildRow, output: &RunOutput) -> bool {
 /// What a completion handed to its child comes to, once the engine answered its row: `Ok`
 /// when the row stored is this completion's (its status); why not otherwise. `None`: the child
 /// let go of its runner without this output (brood ended it first).
-pub fn completion_outcome(child_id: &str, output: &RunOutput, recorded: Option<Recorded>) -> Result<(), WorkError> {
+pub fn completion_outcome(
+    child_id: &str,
+    output: &RunOutput,
+    recorded: Option<RecordOutcome>,
+) -> Result<(), WorkError> {
     match recorded {
-        Some(Recorded::Stored(status)) if status == outcome_of(output).0 => Ok(()),
-        Some(Recorded::Stored(_)) | None => Err(WorkError::Ended(child_id.to_string())),
-        Some(Recorded::Refused) => Err(WorkError::Refused(child_id.to_string())),
+        Some(RecordOutcome::Stored(status)) if status == outcome_of(output).0 => Ok(()),
+        Some(RecordOutcome::Stored(_)) | None => Err(WorkError::Ended(child_id.to_string())),
+        Some(RecordOutcome::Refused) => Err(WorkError::Refused(child_id.to_string())),
     }
 }
 
@@ -171,7 +175,7 @@ pub fn completion_outcome(child_id: &str, output: &RunOutput, recorded: Option<R
 pub struct Completing {
     child_id: String,
     output: RunOutput,
-    recorded: oneshot::Receiver<Recorded>,
+    recorded: oneshot::Receiver<RecordOutcome>,
 }
 
 impl Completing {
@@ -190,7 +194,7 @@ impl Completing {
 struct Recording {
     token: String,
     output: RunOutput,
-    waiters: Vec<oneshot::Sender<Recorded>>,
+    waiters: Vec<oneshot::Sender<RecordOutcome>>,
 }
 
 /// A worker's lease on a child.
@@ -467,7 +471,7 @@ impl<P: Clone> Book<P> {
         child_id: &str,
         token: &str,
         output: &RunOutput,
-        waiter: oneshot::Sender<Recorded>,
+        waiter: oneshot::Sender<RecordOutcome>,
         now: Instant,
     ) -> Result<Option<oneshot::Sender<RunOutput>>, WorkError> {
         if let Some(r) = self.recording.get_mut(child_id) {
@@ -494,7 +498,7 @@ impl<P: Clone> Book<P> {
     }
 
     /// The row of `child_id` was answered: whoever waits for its completion, told now.
-    fn recorded(&mut self, child_id: &str) -> Vec<oneshot::Sender<Recorded>> {
+    fn recorded(&mut self, child_id: &str) -> Vec<oneshot::Sender<RecordOutcome>> {
         self.recording.remove(child_id).map(|r| r.waiters).unwrap_or_default()
     }
 }
@@ -700,7 +704,7 @@ impl WorkQueues {
 
     /// A child's row was answered ([`RunnerFactory::recorded`]): the completion waiting for
     /// it, if any, learns what became of it. Costs one atomic read for any other child.
-    pub fn recorded(&self, child_id: &str, outcome: Recorded) {
+    pub fn recorded(&self, child_id: &str, outcome: RecordOutcome) {
         if self.awaiting.load(std::sync::atomic::Ordering::Acquire) == 0 {
             return;
         }
@@ -709,7 +713,7 @@ impl WorkQueues {
 
     /// Tells those waiting for `child_id`'s row `outcome` (`None`: nothing was recorded of
     /// their completion).
-    fn recorded_as(&self, child_id: &str, outcome: Option<Recorded>) {
+    fn recorded_as(&self, child_id: &str, outcome: Option<RecordOutcome>) {
         let waiters = {
             let mut book = self.book();
             let waiters = book.recorded(child_id);
@@ -967,10 +971,10 @@ mod tests {
         let waiters = book.recorded("a");
         assert_eq!(waiters.len(), 2);
         for w in waiters {
-            w.send(Recorded::Stored(ChildStatus::Succeeded)).unwrap();
+            w.send(RecordOutcome::Stored(ChildStatus::Succeeded)).unwrap();
         }
-        assert_eq!(first_rx.try_recv(), Ok(Recorded::Stored(ChildStatus::Succeeded)));
-        assert_eq!(again_rx.try_recv(), Ok(Recorded::Stored(ChildStatus::Succeeded)));
+        assert_eq!(first_rx.try_recv(), Ok(RecordOutcome::Stored(ChildStatus::Succeeded)));
+        assert_eq!(again_rx.try_recv(), Ok(RecordOutcome::Stored(ChildStatus::Succeeded)));
         assert!(book.recorded("a").is_empty(), "told once");
     }
 
@@ -978,7 +982,7 @@ mod tests {
     fn a_completion_holds_only_when_its_own_row_was_recorded() {
         let ok = done("frame 7");
         assert_eq!(
-            completion_outcome("a", &ok, Some(Recorded::Stored(ChildStatus::Succeeded))),
+            completion_outcome("a", &ok, Some(RecordOutcome::Stored(ChildStatus::Succeeded))),
             Ok(())
         );
         let failed = RunOutput::Failed {
@@ -986,19 +990,19 @@ mod tests {
             summary: None,
         };
         assert_eq!(
-            completion_outcome("a", &failed, Some(Recorded::Stored(ChildStatus::Failed))),
+            completion_outcome("a", &failed, Some(RecordOutcome::Stored(ChildStatus::Failed))),
             Ok(())
         );
         for first in [ChildStatus::Cancelled, ChildStatus::TimedOut, ChildStatus::Failed] {
             assert_eq!(
-                completion_outcome("a", &ok, Some(Recorded::Stored(first))),
+                completion_outcome("a", &ok, Some(RecordOutcome::Stored(first))),
                 Err(WorkError::Ended("a".into())),
                 "{first}"
             );
         }
         assert_eq!(completion_outcome("a", &ok, None), Err(WorkError::Ended("a".into())));
         assert_eq!(
-            completion_outcome("a", &ok, Some(Recorded::Refused)),
+            completion_outcome("a", &ok, Some(RecordOutcome::Refused)),
             Err(WorkError::Refused("a".into()))
         );
     }

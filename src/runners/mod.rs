@@ -18,7 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brood_actors::runner::{Recorded, RunContext, RunOutput, Runner, RunnerFactory};
+use brood_actors::runner::{RecordOutcome, RunContext, RunOutput, Runner, RunnerFactory};
 use futures::future::LocalBoxFuture;
 use serde::Deserialize;
 
@@ -168,7 +168,7 @@ pub struct Runners {
 type CancelHook = dyn Fn(&str) + Send + Sync;
 
 /// Told an ended child's id and what became of its row.
-type RecordHook = dyn Fn(&str, Recorded) + Send + Sync;
+type RecordHook = dyn Fn(&str, RecordOutcome) + Send + Sync;
 
 impl fmt::Debug for Runners {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -269,7 +269,7 @@ impl RunnerFactory for Runners {
         }
     }
 
-    fn recorded(&self, child_id: &str, outcome: Recorded) {
+    fn recorded(&self, child_id: &str, outcome: RecordOutcome) {
         for told in &self.on_record {
             told(child_id, outcome);
         }
