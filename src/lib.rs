@@ -70,7 +70,7 @@ pub use brood_actors::model::{
 };
 pub use brood_actors::retention::{Retention, Swept};
 pub use brood_actors::routing::{ReleaseReason, Turn};
-pub use brood_actors::runner::{Progress, RunContext, RunOutput, Runner, RunnerFactory};
+pub use brood_actors::runner::{Progress, RecordOutcome, RunContext, RunOutput, Runner, RunnerFactory};
 pub use brood_actors::text::printable;
 pub use brood_actors::wake::{Wake, WakeEvent, WakeFactory};
 pub use config::BroodConfig;

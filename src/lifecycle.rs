@@ -5,8 +5,8 @@ use brood_actors::actors::owner;
 use brood_actors::ledger::Ledger;
 
 use crate::{
-    BroodError, BroodHandle, CallRow, CallStatus, CancelTarget, Cancelled, DeadLetterRow, LedgerError, RedriveRow,
-    RedriveSelect, Swept, MAX_CANCEL_REASON,
+    BroodError, BroodHandle, CallRow, CallStatus, CancelTarget, Cancelled, ChildRow, DeadLetterRow, LedgerError,
+    RedriveRow, RedriveSelect, Swept, MAX_CANCEL_REASON,
 };
 
 impl BroodHandle {
@@ -47,6 +47,34 @@ impl BroodHandle {
         }
         let (ledger, id) = (self.ledger.clone(), call_id.to_string());
         Ok(blocking(move || ledger.find_call(&id)).await?.map(|c| c.session_id))
+    }
+
+    /// What the ledger recorded of child `child_id`: its row (a terminal one is final), or
+    /// `None` while it has none (it never started); [`BroodError::UnknownTarget`] when no
+    /// stored call has the child. Read from the ledger, whichever process serves its session:
+    /// what is there was recorded.
+    pub async fn stored_child(&self, child_id: &str) -> Result<Option<ChildRow>, BroodError> {
+        let unknown = || BroodError::UnknownTarget {
+            kind: "child",
+            id: child_id.to_string(),
+        };
+        let (call_id, task) = brood_actors::model::parse_child_id(child_id).ok_or_else(unknown)?;
+        let session = self.call_session(call_id).await?.ok_or_else(unknown)?;
+        let (ledger, call, child) = (self.ledger.clone(), call_id.to_string(), child_id.to_string());
+        let (row, tasks) = blocking(move || {
+            let row = ledger.child(&session, &child)?;
+            let tasks = match row {
+                Some(_) => None,
+                None => Some(ledger.call(&session, &call)?.map_or(0, |c| c.tasks.len())),
+            };
+            Ok::<_, LedgerError>((row, tasks))
+        })
+        .await?;
+        match (row, tasks) {
+            (Some(row), _) => Ok(Some(row)),
+            (None, Some(n)) if (task as usize) < n => Ok(None),
+            (None, _) => Err(unknown()),
+        }
     }
 
     /// Where the requests of child `child_id` go when several processes share the ledger and

@@ -159,6 +159,7 @@ async fn a_new_session_id_must_be_printable_ascii_but_a_stored_one_is_still_reac
             max_delivery_attempts: 8,
             next_set: 1,
             created_at_ms: 1,
+            addressable: false,
         };
         ledger
             .write(&Writes {

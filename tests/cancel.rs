@@ -407,12 +407,14 @@ async fn an_external_workers_heartbeat_is_refused_from_the_moment_the_cancel_ans
         "the worker still held a cancelled child"
     );
     assert_eq!(
-        queues.complete(
-            &work.child_id,
-            &work.token,
-            RunOutput::Succeeded { summary: "late".into() }
-        ),
-        Err(brood::runners::WorkError::Ended(work.child_id.clone()))
+        queues
+            .complete(
+                &work.child_id,
+                &work.token,
+                RunOutput::Succeeded { summary: "late".into() }
+            )
+            .err(),
+        Some(brood::runners::WorkError::Ended(work.child_id.clone()))
     );
     let items = collect_results(&b, "s", 2).await;
     let out = items.iter().find(|i| i.child_id == work.child_id).unwrap();

@@ -5,14 +5,94 @@
 //! bincode directly, so the format can change here alone: a new version byte, and a decoder for
 //! each version still on disk.
 //!
+//! Each stored type ([`Stored`]) has its own version: [`FORMAT_VERSION`] for a layout unchanged
+//! since the first, a later one for a type whose layout grew. A value of an earlier version is
+//! read by the type's decoder for it ([`Stored::decode_older`]), so rows written before a field
+//! was added still load; one of a later version than this build writes is refused.
+//!
+//! | type | version | layout |
+//! |---|---|---|
+//! | [`SessionRow`] | 2 | version 1 (`SessionRowV1`) and `addressable` |
+//! | every other row | 1 | as first written |
+//!
 //! Decoding never trusts a length it reads: bincode's standard configuration has no limit, so one
 //! damaged length prefix would make it try to allocate exabytes and abort the process. With the
 //! limit, such a value is refused with [`CodecError::Decode`] and the ledger quarantines it.
 
-use serde::{de::DeserializeOwned, Serialize};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-/// The version byte written in front of every value today.
+use crate::model::*;
+
+/// The ledger's format: the version of every stored type whose layout never changed (the meta
+/// tree records it; a ledger of another format is refused at its open).
 pub const FORMAT_VERSION: u8 = 1;
+
+/// A type the ledger stores: the version its values are written with, and how a value of an
+/// earlier version is read.
+pub trait Stored: Serialize + DeserializeOwned {
+    /// The version byte written in front of this type's values.
+    const VERSION: u8 = FORMAT_VERSION;
+
+    /// Reads the body (what follows the version byte) of a value written with `version`, an
+    /// earlier one than [`Stored::VERSION`].
+    fn decode_older(version: u8, body: &[u8]) -> Result<Self, CodecError> {
+        let _ = body;
+        Err(CodecError::UnknownVersion { found: version })
+    }
+}
+
+macro_rules! stored_as_first_written {
+    ($($t:ty),* $(,)?) => {
+        $( impl Stored for $t {} )*
+    };
+}
+
+stored_as_first_written!(
+    u8,
+    String,
+    CallRow,
+    ChildRow,
+    ClaimRow,
+    AckRow,
+    DeadLetterRow,
+    QuarantineRow,
+    WakeRow,
+    NestRow,
+    StartRow,
+    RedriveRow,
+);
+
+/// A session row as version 1 stored it, before `addressable`.
+#[derive(Debug, Deserialize)]
+struct SessionRowV1 {
+    session_id: String,
+    max_concurrent_children: u32,
+    max_delivery_attempts: u32,
+    next_set: u64,
+    created_at_ms: u64,
+}
+
+impl Stored for SessionRow {
+    const VERSION: u8 = 2;
+
+    fn decode_older(version: u8, body: &[u8]) -> Result<Self, CodecError> {
+        match version {
+            1 => {
+                let v1: SessionRowV1 = decode_body(body)?;
+                Ok(SessionRow {
+                    session_id: v1.session_id,
+                    max_concurrent_children: v1.max_concurrent_children,
+                    max_delivery_attempts: v1.max_delivery_attempts,
+                    next_set: v1.next_set,
+                    created_at_ms: v1.created_at_ms,
+                    // Version 1 kept no such setting: wake-capable only through a wake target.
+                    addressable: false,
+                })
+            }
+            found => Err(CodecError::UnknownVersion { found }),
+        }
+    }
+}
 
 /// The largest value brood writes or reads, in bytes (a call of many long goals stays far below).
 pub const MAX_VALUE_BYTES: usize = 32 << 20;
@@ -33,8 +113,8 @@ pub enum CodecError {
     /// The value is empty: not even a version byte.
     #[error("stored value is empty (no version byte)")]
     Empty,
-    /// The value was written by a format this build does not read.
-    #[error("stored value has format version {found}, this build reads version {FORMAT_VERSION}")]
+    /// The value was written with a version of its type's layout this build does not read.
+    #[error("stored value has format version {found}, which this build does not read for its type")]
     UnknownVersion {
         /// The version byte found.
         found: u8,
@@ -53,10 +133,10 @@ pub enum CodecError {
     TooLarge(usize),
 }
 
-/// Encodes a row: version byte, then bincode.
-pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
+/// Encodes a row: its type's version byte, then bincode.
+pub fn encode<T: Stored>(value: &T) -> Result<Vec<u8>, CodecError> {
     let mut out = Vec::with_capacity(128);
-    out.push(FORMAT_VERSION);
+    out.push(T::VERSION);
     bincode::serde::encode_into_std_write(value, &mut out, config())?;
     if out.len() > MAX_VALUE_BYTES {
         return Err(CodecError::TooLarge(out.len()));
@@ -64,15 +144,22 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
     Ok(out)
 }
 
-/// Decodes a row written by [`encode`].
-pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+/// Decodes a row written by [`encode`], of this build's version of its type or an earlier one.
+pub fn decode<T: Stored>(bytes: &[u8]) -> Result<T, CodecError> {
     if bytes.len() > MAX_VALUE_BYTES + 1 {
         return Err(CodecError::TooLarge(bytes.len()));
     }
     let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
-    if version != FORMAT_VERSION {
-        return Err(CodecError::UnknownVersion { found: version });
+    match version {
+        v if v == T::VERSION => decode_body(body),
+        // Version 0 was never written.
+        v if (1..T::VERSION).contains(&v) => T::decode_older(v, body),
+        found => Err(CodecError::UnknownVersion { found }),
     }
+}
+
+/// Decodes one layout's bincode body, all of it.
+fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, CodecError> {
     let (value, read) = bincode::serde::decode_from_slice(body, config())?;
     if read != body.len() {
         return Err(CodecError::Trailing(body.len() - read));
@@ -83,7 +170,9 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::*;
+
+    // Parts of stored rows, and a row no longer stored, encoded alone to pin their bytes.
+    stored_as_first_written!(UnitRow, ChildStatus, Mode, ItemKind);
 
     fn row() -> ChildRow {
         ChildRow {
@@ -179,8 +268,9 @@ mod tests {
             max_delivery_attempts: 3,
             next_set: 2,
             created_at_ms: 9,
+            addressable: true,
         };
-        assert_eq!(encode(&session).unwrap(), vec![1, 1, 115, 8, 3, 2, 9]);
+        assert_eq!(encode(&session).unwrap(), vec![2, 1, 115, 8, 3, 2, 9, 1]);
         let task = Task {
             goal: "g".into(),
             runner_json: "{}".into(),
@@ -240,5 +330,54 @@ mod tests {
             quarantined_at_ms: 6,
         };
         assert_eq!(encode(&quarantined).unwrap(), vec![1, 1, 116, 1, 1, 2, 1, 114, 6]);
+    }
+
+    /// A session row written before `addressable` was kept (version 1) still loads, as a
+    /// session that is not addressable; its bytes are those version 1 wrote.
+    #[test]
+    fn a_session_row_of_version_1_reads_as_not_addressable() {
+        let v1 = [1, 1, 115, 8, 3, 2, 9];
+        assert_eq!(
+            decode::<SessionRow>(&v1).unwrap(),
+            SessionRow {
+                session_id: "s".into(),
+                max_concurrent_children: 8,
+                max_delivery_attempts: 3,
+                next_set: 2,
+                created_at_ms: 9,
+                addressable: false,
+            }
+        );
+        // Damaged the same ways as any value: refused, not guessed.
+        assert!(matches!(decode::<SessionRow>(&v1[..4]), Err(CodecError::Decode(_))));
+        let mut longer = v1.to_vec();
+        longer.push(1);
+        assert!(matches!(decode::<SessionRow>(&longer), Err(CodecError::Trailing(1))));
+        // A version this build never wrote: refused.
+        for found in [0, 3] {
+            let mut other = v1.to_vec();
+            other[0] = found;
+            assert!(matches!(
+                decode::<SessionRow>(&other),
+                Err(CodecError::UnknownVersion { found: f }) if f == found
+            ));
+        }
+    }
+
+    #[test]
+    fn a_session_row_round_trips_at_version_2() {
+        let session = SessionRow {
+            session_id: "s".into(),
+            max_concurrent_children: 2,
+            max_delivery_attempts: 5,
+            next_set: 7,
+            created_at_ms: 11,
+            addressable: true,
+        };
+        let bytes = encode(&session).unwrap();
+        assert_eq!(bytes[0], 2);
+        assert_eq!(decode::<SessionRow>(&bytes).unwrap(), session);
+        // Other rows keep the first version.
+        assert_eq!(encode(&row()).unwrap()[0], FORMAT_VERSION);
     }
 }

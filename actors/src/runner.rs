@@ -120,6 +120,18 @@ impl RunContext {
     }
 }
 
+/// What became of a child's terminal row once its runner ended (or brood ended it), as
+/// [`RunnerFactory::recorded`] is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordOutcome {
+    /// The row is durable, with this status: the child's own end, or that of a terminal row
+    /// recorded before it (a cancel, a timeout) — the first terminal row of a child is final.
+    Stored(crate::model::ChildStatus),
+    /// The row was not written: another process sharing the ledger took the child's session
+    /// over, and its new holder decides what becomes of the child (recovery, I6).
+    Refused,
+}
+
 /// A task execution. Dropping the returned future cancels the runner.
 pub trait Runner: 'static {
     /// Runs the task to its end.
@@ -140,5 +152,13 @@ pub trait RunnerFactory: Send + Sync + 'static {
     /// works on the child (an external worker hears 409). Nothing by default.
     fn cancelled(&self, child_id: &str) {
         let _ = child_id;
+    }
+
+    /// A child's terminal row was recorded, or refused ([`RecordOutcome`]). Called on the
+    /// children's thread once the child's end was answered, for every child that ended in this
+    /// process (not for one the engine stopped before its row was answered): what a runner
+    /// handed out elsewhere learns here whether the end it was given holds. Nothing by default.
+    fn recorded(&self, child_id: &str, outcome: RecordOutcome) {
+        let _ = (child_id, outcome);
     }
 }

@@ -180,7 +180,7 @@ fn session(row: &SessionRow, part: &SessionSnapshot) -> SessionView {
     SessionView {
         session_id: row.session_id.clone(),
         turn: Turn::Idle,
-        wake_capable: part.wake_url.is_some(),
+        wake_capable: part.wake_url.is_some() || row.addressable,
         counts: counts(&plan),
         parent_child_id: None,
         calls,

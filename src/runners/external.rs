@@ -20,7 +20,14 @@
 //!   is decided, and its worker is answered as below from then on. A worker that still held it
 //!   (brood ended it: a cancel, a timeout, a stall) then gets [`WorkError::Ended`] (409): the
 //!   queues remember the last [`ENDED_KEPT`] such children. Any other id gets
-//!   [`WorkError::UnknownChild`] (404).
+//!   [`WorkError::UnknownChild`] (404), and the server looks it up in the ledger.
+//! - **A completion holds once it is recorded.** [`WorkQueues::complete`] hands the worker's
+//!   output to the runner and answers a [`Completing`]: what became of the child's terminal row
+//!   ([`WorkQueues::recorded`], told by the engine through [`RunnerFactory::recorded`]). It is
+//!   this completion when the row stored has its status; it is not when brood ended the child
+//!   first ([`WorkError::Ended`]), or when the row was refused because the child's session
+//!   moved to another process ([`WorkError::Refused`]). The same completion sent again while
+//!   its row is on its way waits for the same answer.
 //!
 //! The queues are shared between the engine's runner thread (runners are `!Send` futures) and
 //! the HTTP workers: one `std` mutex over the `Book` (pure bookkeeping, every decision takes
@@ -34,7 +41,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use brood_actors::ledger::WorkDirectory;
-use brood_actors::runner::{Progress, RunContext, RunOutput, Runner};
+use brood_actors::model::{ChildRow, ChildStatus};
+#[cfg(doc)]
+use brood_actors::runner::RunnerFactory;
+use brood_actors::runner::{Progress, RecordOutcome, RunContext, RunOutput, Runner};
 use futures::future::LocalBoxFuture;
 use serde::Deserialize;
 use tokio::sync::{oneshot, Notify};
@@ -118,6 +128,73 @@ pub enum WorkError {
     /// queue) or the token is wrong. The worker should stop working on the child.
     #[error("the token is not the current lease of child `{0}`: the lease ran out and the child went back to its queue, or the token is wrong; stop working on it")]
     StaleToken(String),
+    /// The completion was not recorded: the child's session moved to another process before
+    /// its row was written, and the session's new holder decides what becomes of the child.
+    #[error("the result of child `{0}` was not recorded: its session moved to another process first, which runs the child again or records it `unknown`; stop working on it")]
+    Refused(String),
+    /// The completion was handed to the child but its row is not recorded yet (the ledger is
+    /// slow or unavailable): sending the same completion again answers what became of it.
+    #[error(
+        "the result of child `{0}` is taken but not recorded yet; send the same completion again to learn its outcome"
+    )]
+    NotRecorded(String),
+}
+
+/// How a worker ended its child: what its completion is compared with, in the queues and in
+/// the ledger.
+fn outcome_of(output: &RunOutput) -> (ChildStatus, Option<&str>, Option<&str>) {
+    match output {
+        RunOutput::Succeeded { summary } => (ChildStatus::Succeeded, Some(summary), None),
+        RunOutput::Failed { error, summary } => (ChildStatus::Failed, summary.as_deref(), Some(error)),
+    }
+}
+
+/// Whether the recorded row of an ended child is the end `output` gives it: the same status,
+/// summary and error (a completion sent again, after its answer was lost or a restart).
+pub fn is_recorded_as(row: &ChildRow, output: &RunOutput) -> bool {
+    row.status.is_terminal() && (row.status, row.summary.as_deref(), row.error.as_deref()) == outcome_of(output)
+}
+
+/// What a completion handed to its child comes to, once the engine answered its row: `Ok`
+/// when the row stored is this completion's (its status); why not otherwise. `None`: the child
+/// let go of its runner without this output (brood ended it first).
+pub fn completion_outcome(
+    child_id: &str,
+    output: &RunOutput,
+    recorded: Option<RecordOutcome>,
+) -> Result<(), WorkError> {
+    match recorded {
+        Some(RecordOutcome::Stored(status)) if status == outcome_of(output).0 => Ok(()),
+        Some(RecordOutcome::Stored(_)) | None => Err(WorkError::Ended(child_id.to_string())),
+        Some(RecordOutcome::Refused) => Err(WorkError::Refused(child_id.to_string())),
+    }
+}
+
+/// A completion on its way to the ledger: [`Completing::outcome`] answers once its row is.
+#[derive(Debug)]
+pub struct Completing {
+    child_id: String,
+    output: RunOutput,
+    recorded: oneshot::Receiver<RecordOutcome>,
+}
+
+impl Completing {
+    /// What became of the completion, waiting at most `wait` for its row to be answered
+    /// ([`WorkError::NotRecorded`] past it).
+    pub async fn outcome(self, wait: Duration) -> Result<RunOutput, WorkError> {
+        let recorded = match tokio::time::timeout(wait, self.recorded).await {
+            Err(_) => return Err(WorkError::NotRecorded(self.child_id)),
+            Ok(answer) => answer.ok(),
+        };
+        completion_outcome(&self.child_id, &self.output, recorded).map(|()| self.output)
+    }
+}
+
+/// A completion handed to a child whose row was not answered yet, and who waits for it.
+struct Recording {
+    token: String,
+    output: RunOutput,
+    waiters: Vec<oneshot::Sender<RecordOutcome>>,
 }
 
 /// A worker's lease on a child.
@@ -173,6 +250,9 @@ struct Book<P> {
     /// last, at most [`ENDED_KEPT`]: their worker's next call is answered 409, not 404.
     ended: VecDeque<String>,
     ended_set: HashSet<String>,
+    /// Completions handed to their children whose rows are not answered yet (at most one per
+    /// live child).
+    recording: HashMap<String, Recording>,
 }
 
 /// How many children brood took from their workers are remembered as such.
@@ -186,6 +266,7 @@ impl<P> Default for Book<P> {
             next_ticket: 0,
             ended: VecDeque::new(),
             ended_set: HashSet::new(),
+            recording: HashMap::new(),
         }
     }
 }
@@ -361,7 +442,7 @@ impl<P: Clone> Book<P> {
     /// The entry of a child whose current lease `token` is, after taking back a lapsed lease.
     fn leased(&mut self, child_id: &str, token: &str, now: Instant) -> Result<&mut Entry<P>, WorkError> {
         self.expire(child_id, now);
-        let ended = self.ended_set.contains(child_id);
+        let ended = self.ended_set.contains(child_id) || self.recording.contains_key(child_id);
         let entry = self.entries.get_mut(child_id).ok_or_else(|| match ended {
             true => WorkError::Ended(child_id.to_string()),
             false => WorkError::UnknownChild(child_id.to_string()),
@@ -382,14 +463,43 @@ impl<P: Clone> Book<P> {
         Ok((lease.lease, entry.progress.clone()))
     }
 
-    /// Ends a leased child: removes it and answers where its output goes.
-    fn finish(&mut self, child_id: &str, token: &str, now: Instant) -> Result<oneshot::Sender<RunOutput>, WorkError> {
+    /// Ends a leased child with `output`: removes it, keeps the completion (and `waiter`)
+    /// until its row is answered, and answers where its output goes. The same completion again
+    /// while its row is on its way only adds `waiter` (`None` answered); another is refused.
+    fn finish(
+        &mut self,
+        child_id: &str,
+        token: &str,
+        output: &RunOutput,
+        waiter: oneshot::Sender<RecordOutcome>,
+        now: Instant,
+    ) -> Result<Option<oneshot::Sender<RunOutput>>, WorkError> {
+        if let Some(r) = self.recording.get_mut(child_id) {
+            if r.token == token && r.output == *output {
+                r.waiters.push(waiter);
+                return Ok(None);
+            }
+            return Err(WorkError::Ended(child_id.to_string()));
+        }
         self.leased(child_id, token, now)?;
         let entry = self
             .entries
             .remove(child_id)
             .ok_or_else(|| WorkError::UnknownChild(child_id.to_string()))?;
-        Ok(entry.done)
+        self.recording.insert(
+            child_id.to_string(),
+            Recording {
+                token: token.to_string(),
+                output: output.clone(),
+                waiters: vec![waiter],
+            },
+        );
+        Ok(Some(entry.done))
+    }
+
+    /// The row of `child_id` was answered: whoever waits for its completion, told now.
+    fn recorded(&mut self, child_id: &str) -> Vec<oneshot::Sender<RecordOutcome>> {
+        self.recording.remove(child_id).map(|r| r.waiters).unwrap_or_default()
     }
 }
 
@@ -402,6 +512,9 @@ pub struct WorkQueues {
     /// When several processes share the ledger: the shared list of waiting children, and where
     /// this process takes requests (named in its tokens).
     shared: std::sync::OnceLock<(Arc<dyn WorkDirectory>, String)>,
+    /// How many completions wait for their rows (the book's `recording`), read without the
+    /// lock by [`WorkQueues::recorded`], which every child's end calls.
+    awaiting: std::sync::atomic::AtomicUsize,
 }
 
 impl WorkQueues {
@@ -439,11 +552,20 @@ impl WorkQueues {
         )
     }
 
-    /// Whether this process's queues know the child: waiting, leased to a worker, or taken
-    /// from its worker by brood lately.
+    /// Whether this process's queues hold the child: waiting, leased to a worker, or ended by
+    /// its worker with a completion whose row is on its way.
+    pub fn holds(&self, child_id: &str) -> bool {
+        let book = self.book();
+        book.entries.contains_key(child_id) || book.recording.contains_key(child_id)
+    }
+
+    /// Whether this process's queues know the child: waiting, leased to a worker, completed
+    /// with its row on its way, or taken from its worker by brood lately.
     pub fn knows(&self, child_id: &str) -> bool {
         let book = self.book();
-        book.entries.contains_key(child_id) || book.ended_set.contains(child_id)
+        book.entries.contains_key(child_id)
+            || book.ended_set.contains(child_id)
+            || book.recording.contains_key(child_id)
     }
 
     fn post(&self, child_id: &str, queue: &str) {
@@ -554,13 +676,56 @@ impl WorkQueues {
         Ok(lease)
     }
 
-    /// Ends the child leased with `token` with the worker's output.
-    pub fn complete(&self, child_id: &str, token: &str, output: RunOutput) -> Result<(), WorkError> {
-        let done = self.book().finish(child_id, token, Instant::now())?;
-        // The runner removes its entry before its receiver goes, so it is still listening; if
-        // it went in between, the child ended anyway.
-        done.send(output)
-            .map_err(|_| WorkError::UnknownChild(child_id.to_string()))
+    /// Ends the child leased with `token` with the worker's output; the answer says what
+    /// became of it once its row is recorded (or refused). The same completion sent again
+    /// while its row is on its way waits for the same answer.
+    pub fn complete(&self, child_id: &str, token: &str, output: RunOutput) -> Result<Completing, WorkError> {
+        let (tx, rx) = oneshot::channel();
+        let done = {
+            let mut book = self.book();
+            let done = book.finish(child_id, token, &output, tx, Instant::now())?;
+            self.awaiting
+                .store(book.recording.len(), std::sync::atomic::Ordering::Release);
+            done
+        };
+        if let Some(done) = done {
+            // The runner removes its entry before its receiver goes, so it is still listening;
+            // if it went in between, brood ended the child first: whoever waits hears so.
+            if done.send(output.clone()).is_err() {
+                self.recorded_as(child_id, None);
+            }
+        }
+        Ok(Completing {
+            child_id: child_id.to_string(),
+            output,
+            recorded: rx,
+        })
+    }
+
+    /// A child's row was answered ([`RunnerFactory::recorded`]): the completion waiting for
+    /// it, if any, learns what became of it. Costs one atomic read for any other child.
+    pub fn recorded(&self, child_id: &str, outcome: RecordOutcome) {
+        if self.awaiting.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return;
+        }
+        self.recorded_as(child_id, Some(outcome));
+    }
+
+    /// Tells those waiting for `child_id`'s row `outcome` (`None`: nothing was recorded of
+    /// their completion).
+    fn recorded_as(&self, child_id: &str, outcome: Option<RecordOutcome>) {
+        let waiters = {
+            let mut book = self.book();
+            let waiters = book.recorded(child_id);
+            self.awaiting
+                .store(book.recording.len(), std::sync::atomic::Ordering::Release);
+            waiters
+        };
+        if let Some(outcome) = outcome {
+            for w in waiters {
+                let _ = w.send(outcome);
+            }
+        }
     }
 }
 
@@ -642,6 +807,23 @@ mod tests {
 
     const LEASE: Duration = Duration::from_millis(1000);
 
+    fn done(summary: &str) -> RunOutput {
+        RunOutput::Succeeded {
+            summary: summary.into(),
+        }
+    }
+
+    /// Ends a child with `done("ok")`, its waiter dropped.
+    fn finish(
+        book: &mut Book<()>,
+        child: &str,
+        token: &str,
+        now: Instant,
+    ) -> Result<Option<oneshot::Sender<RunOutput>>, WorkError> {
+        let (tx, _rx) = oneshot::channel();
+        book.finish(child, token, &done("ok"), tx, now)
+    }
+
     #[test]
     fn a_cancelled_child_is_handed_to_nobody_and_its_worker_hears_it_ended_while_its_runner_waits() {
         let (mut book, mut rx) = book_with(&[("held", "q"), ("waiting", "q")]);
@@ -653,7 +835,7 @@ mod tests {
         assert!(!book.cancel("nobody"));
         assert_eq!(book.renew("held", "t1", now), Err(WorkError::Ended("held".into())));
         assert_eq!(
-            book.finish("held", "t1", now).err(),
+            finish(&mut book, "held", "t1", now).err(),
             Some(WorkError::Ended("held".into()))
         );
         assert!(
@@ -711,11 +893,18 @@ mod tests {
         );
         let (h, ()) = book.hand_out("q", "w2", LEASE, "new".into(), t0 + LEASE).unwrap();
         assert_eq!(h.child_id, "a", "before b, which waited less");
-        assert!(book.finish("a", "old", t0 + LEASE).is_err());
-        assert!(book.finish("a", "new", t0 + LEASE).is_ok());
+        assert!(finish(&mut book, "a", "old", t0 + LEASE).is_err());
+        assert!(finish(&mut book, "a", "new", t0 + LEASE).is_ok());
         assert_eq!(
             book.renew("a", "new", t0 + LEASE).unwrap_err(),
-            WorkError::UnknownChild("a".into())
+            WorkError::Ended("a".into()),
+            "completed, its row on its way"
+        );
+        book.recorded("a");
+        assert_eq!(
+            book.renew("a", "new", t0 + LEASE).unwrap_err(),
+            WorkError::UnknownChild("a".into()),
+            "recorded: the queues let go of it"
         );
     }
 
@@ -750,13 +939,116 @@ mod tests {
         );
         book.hand_out("q", "w", LEASE, "tok".into(), now).unwrap();
         assert_eq!(
-            book.finish("a", "tak", now).unwrap_err(),
+            finish(&mut book, "a", "tak", now).unwrap_err(),
             WorkError::StaleToken("a".into())
         );
         assert_eq!(
-            book.finish("zz", "tok", now).unwrap_err(),
+            finish(&mut book, "zz", "tok", now).unwrap_err(),
             WorkError::UnknownChild("zz".into())
         );
+    }
+
+    #[test]
+    fn the_same_completion_again_waits_for_the_same_row_and_another_is_refused() {
+        let (mut book, _rx) = book_with(&[("a", "q")]);
+        let now = Instant::now();
+        book.hand_out("q", "w", LEASE, "tok".into(), now).unwrap();
+        let (first, mut first_rx) = oneshot::channel();
+        assert!(book.finish("a", "tok", &done("ok"), first, now).unwrap().is_some());
+        let (again, mut again_rx) = oneshot::channel();
+        assert!(
+            book.finish("a", "tok", &done("ok"), again, now).unwrap().is_none(),
+            "joined: the runner has its output already"
+        );
+        for (token, output) in [("tok", done("other")), ("wrong", done("ok"))] {
+            let (tx, _rx) = oneshot::channel();
+            assert_eq!(
+                book.finish("a", token, &output, tx, now).unwrap_err(),
+                WorkError::Ended("a".into()),
+                "{token} {output:?}"
+            );
+        }
+        let waiters = book.recorded("a");
+        assert_eq!(waiters.len(), 2);
+        for w in waiters {
+            w.send(RecordOutcome::Stored(ChildStatus::Succeeded)).unwrap();
+        }
+        assert_eq!(first_rx.try_recv(), Ok(RecordOutcome::Stored(ChildStatus::Succeeded)));
+        assert_eq!(again_rx.try_recv(), Ok(RecordOutcome::Stored(ChildStatus::Succeeded)));
+        assert!(book.recorded("a").is_empty(), "told once");
+    }
+
+    #[test]
+    fn a_completion_holds_only_when_its_own_row_was_recorded() {
+        let ok = done("frame 7");
+        assert_eq!(
+            completion_outcome("a", &ok, Some(RecordOutcome::Stored(ChildStatus::Succeeded))),
+            Ok(())
+        );
+        let failed = RunOutput::Failed {
+            error: "on fire".into(),
+            summary: None,
+        };
+        assert_eq!(
+            completion_outcome("a", &failed, Some(RecordOutcome::Stored(ChildStatus::Failed))),
+            Ok(())
+        );
+        for first in [ChildStatus::Cancelled, ChildStatus::TimedOut, ChildStatus::Failed] {
+            assert_eq!(
+                completion_outcome("a", &ok, Some(RecordOutcome::Stored(first))),
+                Err(WorkError::Ended("a".into())),
+                "{first}"
+            );
+        }
+        assert_eq!(completion_outcome("a", &ok, None), Err(WorkError::Ended("a".into())));
+        assert_eq!(
+            completion_outcome("a", &ok, Some(RecordOutcome::Refused)),
+            Err(WorkError::Refused("a".into()))
+        );
+    }
+
+    #[test]
+    fn a_recorded_row_is_a_completion_only_with_its_status_summary_and_error() {
+        let row = |status: ChildStatus, summary: Option<&str>, error: Option<&str>| ChildRow {
+            child_id: "d.0".into(),
+            call_id: "d".into(),
+            unit_id: "d-1".into(),
+            session_id: "s".into(),
+            task_index: 0,
+            status,
+            summary: summary.map(str::to_string),
+            error: error.map(str::to_string),
+            started_at_ms: Some(1),
+            finished_at_ms: Some(2),
+            attempt: 1,
+            recovered: false,
+            result: Default::default(),
+            notice: Default::default(),
+        };
+        let ok = done("frame 7");
+        assert!(is_recorded_as(&row(ChildStatus::Succeeded, Some("frame 7"), None), &ok));
+        assert!(!is_recorded_as(
+            &row(ChildStatus::Succeeded, Some("frame 8"), None),
+            &ok
+        ));
+        assert!(!is_recorded_as(&row(ChildStatus::Unknown, Some("frame 7"), None), &ok));
+        assert!(!is_recorded_as(&row(ChildStatus::Running, Some("frame 7"), None), &ok));
+        let failed = RunOutput::Failed {
+            error: "on fire".into(),
+            summary: Some("40%".into()),
+        };
+        assert!(is_recorded_as(
+            &row(ChildStatus::Failed, Some("40%"), Some("on fire")),
+            &failed
+        ));
+        assert!(!is_recorded_as(
+            &row(ChildStatus::Failed, None, Some("on fire")),
+            &failed
+        ));
+        assert!(!is_recorded_as(
+            &row(ChildStatus::Failed, Some("40%"), Some("smoke")),
+            &failed
+        ));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brood_actors::runner::{RunContext, RunOutput, Runner, RunnerFactory};
+use brood_actors::runner::{RecordOutcome, RunContext, RunOutput, Runner, RunnerFactory};
 use futures::future::LocalBoxFuture;
 use serde::Deserialize;
 
@@ -160,10 +160,15 @@ pub struct Runners {
     kinds: HashMap<String, Arc<BuildFn>>,
     /// Told of each running child cancelled ([`RunnerFactory::cancelled`]).
     on_cancel: Vec<Arc<CancelHook>>,
+    /// Told of each ended child's row answered ([`RunnerFactory::recorded`]).
+    on_record: Vec<Arc<RecordHook>>,
 }
 
 /// Told a cancelled child's id.
 type CancelHook = dyn Fn(&str) + Send + Sync;
+
+/// Told an ended child's id and what became of its row.
+type RecordHook = dyn Fn(&str, RecordOutcome) + Send + Sync;
 
 impl fmt::Debug for Runners {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -185,6 +190,7 @@ impl Runners {
         let mut r = Runners {
             kinds: HashMap::new(),
             on_cancel: Vec::new(),
+            on_record: Vec::new(),
         };
         r.register("sim", |spec| {
             Ok(Box::new(SimRunner::new(SimSpec::parse(spec)?)) as Box<dyn Runner>)
@@ -223,6 +229,9 @@ impl Runners {
     pub fn register_external(&mut self, queues: Arc<WorkQueues>) -> &mut Self {
         let told = queues.clone();
         self.on_cancel.push(Arc::new(move |child_id| told.cancelled(child_id)));
+        let told = queues.clone();
+        self.on_record
+            .push(Arc::new(move |child_id, outcome| told.recorded(child_id, outcome)));
         self.register("external", move |spec| {
             let spec = ExternalSpec::parse(spec)?;
             Ok(Box::new(ExternalRunner::new(spec, queues.clone())) as Box<dyn Runner>)
@@ -257,6 +266,12 @@ impl RunnerFactory for Runners {
     fn cancelled(&self, child_id: &str) {
         for told in &self.on_cancel {
             told(child_id);
+        }
+    }
+
+    fn recorded(&self, child_id: &str, outcome: RecordOutcome) {
+        for told in &self.on_record {
+            told(child_id, outcome);
         }
     }
 }

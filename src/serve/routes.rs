@@ -69,8 +69,10 @@ fn session_json(info: &crate::SessionInfo) -> serde_json::Value {
     json!({
         "session_id": info.session_id,
         "wake_capable": info.wake_capable,
+        "addressable": info.addressable,
         "turn": info.turn,
         "max_concurrent_children": info.max_concurrent_children,
+        "max_delivery_attempts": info.max_delivery_attempts,
     })
 }
 
@@ -96,20 +98,12 @@ pub(super) async fn put_session(
         }
         options = options.max_concurrent_children(n);
     }
-    let capable = match body.addressable {
-        Some(true) if body.wake_url.is_none() => state
-            .brood
-            .counts(&session_id)
-            .await
-            .map(|st| st.info.wake_capable)
-            .unwrap_or(false),
-        _ => true,
-    };
-    if !capable {
+    if let Some(addressable) = body.addressable {
         // Default-deny: only an authenticated request (or a server without a key) grants it,
-        // and every request that reaches a `/v1` handler passed the key check. The parent is
-        // reached by polling its boundaries (the event stream comes later).
-        options = options.wake(|_: crate::WakeEvent| {});
+        // and every request that reaches a `/v1` handler passed the key check. The parent
+        // reaches the session by polling its boundaries or watching its events; the setting
+        // is stored with the session.
+        options = options.addressable(addressable);
     }
     let info = state
         .brood
@@ -170,7 +164,9 @@ pub(super) async fn get_session(
         "session_id": st.info.session_id,
         "turn": st.info.turn,
         "wake_capable": st.info.wake_capable,
+        "addressable": st.info.addressable,
         "max_concurrent_children": st.info.max_concurrent_children,
+        "max_delivery_attempts": st.info.max_delivery_attempts,
         "counts": counts_json(&st),
         "parent_child_id": state.brood.nest(&st.info.session_id).map(|n| n.session_id),
         "calls": calls,

@@ -3,10 +3,14 @@
 //! their lease decisions are [`crate::runners::external`]'s; this module parses the bodies,
 //! checks their bounds and shapes the replies.
 //!
-//! A token that is not the child's current lease (the lease ran out, or the token is wrong)
-//! answers 409 `stale_token`; a child brood ended while a worker held it (cancelled, timed out,
-//! stalled) answers 409 `child_ended`; a child no queue holds otherwise — an id that was never
-//! queued, or one its worker completed — answers 404 `unknown_child`.
+//! A completion is answered once its child's row is recorded: 200 with the recorded outcome.
+//! A token that is not the child's current lease (the lease ran out, the token is wrong, or a
+//! restart voided it) answers 409 `stale_token`, as does a completion whose row was refused
+//! because the child's session moved to another process first. A child that ended answers what
+//! became of it, here or in the ledger: a completion sent again (its answer lost, or after a
+//! restart) that is the one recorded answers 200 with the recorded outcome; any other request
+//! 409 `child_ended`. An id that names no child answers 404 `unknown_child` (409 `stale_token`
+//! when several processes share the ledger: a token no process knows).
 
 use std::time::Duration;
 
@@ -18,9 +22,9 @@ use serde_json::json;
 use super::api::{self, ApiError};
 use super::routes::{body, State};
 use super::scope::Access;
-use crate::runners::external::{check_queue, DEFAULT_QUEUE};
+use crate::runners::external::{check_queue, is_recorded_as, DEFAULT_QUEUE};
 use crate::runners::{WorkError, WorkQueues};
-use crate::RunOutput;
+use crate::{BroodError, RunOutput};
 
 /// The longest a poll may wait for a child, in ms.
 const MAX_WAIT_MS: u64 = 30_000;
@@ -32,6 +36,9 @@ const MIN_WORKER_LEASE_MS: u64 = 1_000;
 const MAX_WORKER_LEASE_MS: u64 = 3_600_000;
 /// The longest worker name, in bytes.
 const MAX_WORKER_BYTES: usize = 256;
+/// How long a completion waits for its child's row to be recorded before it is answered 503
+/// `not_recorded` (the same completion sent again answers what became of it).
+const RECORD_WAIT: Duration = Duration::from_secs(30);
 
 type Reply = Result<HttpResponse, ApiError>;
 
@@ -92,8 +99,9 @@ impl From<WorkError> for ApiError {
     fn from(e: WorkError) -> Self {
         let (status, code) = match &e {
             WorkError::UnknownChild(_) => (StatusCode::NOT_FOUND, "unknown_child"),
-            WorkError::StaleToken(_) => (StatusCode::CONFLICT, "stale_token"),
+            WorkError::StaleToken(_) | WorkError::Refused(_) => (StatusCode::CONFLICT, "stale_token"),
             WorkError::Ended(_) => (StatusCode::CONFLICT, "child_ended"),
+            WorkError::NotRecorded(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_recorded"),
         };
         ApiError::new(status, code, e.to_string())
     }
@@ -354,37 +362,58 @@ pub(super) async fn take(
     }
 }
 
-/// A heartbeat or completion of a child this process's queues do not know is sent on to the
-/// process whose lease row says it serves the child's session (forwarding only ever goes to a
-/// registered lease holder, whatever the token says: tokens are opaque). A child whose session
-/// is served here or by nobody is answered here: its token is stale.
-async fn held_here(state: &State, queues: &WorkQueues, child_id: &str) -> Result<(), ApiError> {
-    if queues.directory().is_none() || queues.knows(child_id) {
-        return Ok(());
+/// A heartbeat or completion of a child this process's queues do not hold, answered from what
+/// the ledger recorded of it: a child that ended answers what became of it (`completed`: the
+/// completion that is the recorded one answers 200 with it); one still live whose session
+/// another process serves is sent on there (503 `session_moved`, with where, which the
+/// forwarding layer follows: only ever to a registered lease holder, whatever the token says);
+/// any other token is stale. A child brood took from a worker here is `child_ended`.
+async fn not_held(
+    state: &State,
+    queues: &WorkQueues,
+    child_id: &str,
+    completed: Option<&RunOutput>,
+) -> Result<HttpResponse, ApiError> {
+    let shared = queues.directory().is_some();
+    let stored = match state.brood.stored_child(child_id).await {
+        Ok(stored) => stored,
+        Err(BroodError::UnknownTarget { .. }) if shared => {
+            // A token no process knows (a forged one, or one of a process that stopped).
+            return Err(WorkError::StaleToken(child_id.to_string()).into());
+        }
+        Err(BroodError::UnknownTarget { .. }) => return Err(WorkError::UnknownChild(child_id.to_string()).into()),
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(row) = stored.filter(|r| r.status.is_terminal()) {
+        return match completed {
+            Some(output) if is_recorded_as(&row, output) => Ok(HttpResponse::Ok().json(json!({
+                "child_id": child_id,
+                "status": row.status,
+                "summary": row.summary,
+                "error": row.error,
+            }))),
+            _ => Err(WorkError::Ended(child_id.to_string()).into()),
+        };
     }
-    match state.brood.child_holder(child_id).await? {
-        // A lease row of this process's previous life (restarted at the same address): here.
-        Some(address) if address == state.config.advertised() => Ok(()),
-        None => Ok(()),
-        Some(address) => {
-            let mut e = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "session_moved",
-                format!("the child's session is served by the process at {address}; send the request there"),
-            );
-            e.moved_to = Some(address);
-            Err(e)
+    if shared {
+        match state.brood.child_holder(child_id).await? {
+            // A lease row of this process's previous life (restarted at the same address): here.
+            Some(address) if address != state.config.advertised() => {
+                let mut e = ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "session_moved",
+                    format!("the child's session is served by the process at {address}; send the request there"),
+                );
+                e.moved_to = Some(address);
+                return Err(e);
+            }
+            _ => {}
         }
     }
-}
-
-/// With a shared ledger, a child neither these queues nor a peer holds is one whose token no
-/// process knows (a forged one, or one of a process that stopped): 409 `stale_token`.
-fn unknown_is_stale(queues: &WorkQueues, e: WorkError) -> ApiError {
-    match e {
-        WorkError::UnknownChild(child) if queues.directory().is_some() => WorkError::StaleToken(child).into(),
-        e => e.into(),
+    if queues.knows(child_id) {
+        return Err(WorkError::Ended(child_id.to_string()).into());
     }
+    Err(WorkError::StaleToken(child_id.to_string()).into())
 }
 
 /// The child id of the path and the parsed body of a heartbeat or completion; a child of a
@@ -411,11 +440,17 @@ pub(super) async fn heartbeat(
     payload: web::Payload,
 ) -> Reply {
     let (child_id, body): (String, HeartbeatBody) = child_request(&state, &access, path, payload).await?;
-    held_here(&state, &queues, &child_id).await?;
-    let lease = queues
-        .heartbeat(&child_id, &body.token, body.progress)
-        .map_err(|e| unknown_is_stale(&queues, e))?;
-    Ok(HttpResponse::Ok().json(json!({"child_id": child_id, "lease_ms": lease.as_millis() as u64})))
+    if queues.holds(&child_id) {
+        match queues.heartbeat(&child_id, &body.token, body.progress) {
+            Ok(lease) => {
+                return Ok(HttpResponse::Ok().json(json!({"child_id": child_id, "lease_ms": lease.as_millis() as u64})))
+            }
+            // Gone in between: answered as a child not held here.
+            Err(WorkError::UnknownChild(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    not_held(&state, &queues, &child_id, None).await
 }
 
 pub(super) async fn complete(
@@ -426,10 +461,26 @@ pub(super) async fn complete(
     payload: web::Payload,
 ) -> Reply {
     let (child_id, body): (String, CompleteBody) = child_request(&state, &access, path, payload).await?;
-    held_here(&state, &queues, &child_id).await?;
-    let (token, status) = (body.token.clone(), body.status);
-    queues
-        .complete(&child_id, &token, body.output())
-        .map_err(|e| unknown_is_stale(&queues, e))?;
-    Ok(HttpResponse::Ok().json(json!({"child_id": child_id, "status": status})))
+    let token = body.token.clone();
+    let output = body.output();
+    if queues.holds(&child_id) {
+        match queues.complete(&child_id, &token, output.clone()) {
+            Ok(completing) => {
+                let output = completing.outcome(RECORD_WAIT).await?;
+                return Ok(HttpResponse::Ok().json(completed(&child_id, &output)));
+            }
+            Err(WorkError::UnknownChild(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    not_held(&state, &queues, &child_id, Some(&output)).await
+}
+
+/// The reply to a completion recorded as `output` says.
+fn completed(child_id: &str, output: &RunOutput) -> serde_json::Value {
+    let (status, summary, error) = match output {
+        RunOutput::Succeeded { summary } => (Ended::Succeeded, Some(summary), None),
+        RunOutput::Failed { error, summary } => (Ended::Failed, summary.as_ref(), Some(error)),
+    };
+    json!({"child_id": child_id, "status": status, "summary": summary, "error": error})
 }

@@ -22,7 +22,7 @@ use super::coalescer::{Ended, HandOffError, Terminal};
 use super::unit::{ChildStopped, Starting, Unit};
 use super::Engine;
 use crate::model::{child_id, now_ms, panic_message, ChildStatus, Task};
-use crate::runner::{Progress, RunContext, RunOutput};
+use crate::runner::{Progress, RecordOutcome, RunContext, RunOutput};
 
 /// First hand-off retry delay; doubles up to [`HANDOFF_BACKOFF_MAX`].
 pub(crate) const HANDOFF_BACKOFF_START: Duration = Duration::from_millis(10);
@@ -189,10 +189,14 @@ impl Child {
         async move { answer.await.unwrap_or(Err(HandOffError::Stopped)) }
         .into_actor(self)
         .map(|res, act, ctx| match res {
-            Ok(_) => ctx.stop(),
+            Ok(status) => {
+                act.ids.engine.factory.recorded(&act.child_id(), RecordOutcome::Stored(status));
+                ctx.stop()
+            }
             Err(_) if !super::running(ctx) => {} // shutting down: the ledger recovers the rest
             Err(HandOffError::Moved) => {
                 tracing::info!(child = %act.child_id(), "the child's session moved to another process; its result was not recorded here");
+                act.ids.engine.factory.recorded(&act.child_id(), RecordOutcome::Refused);
                 ctx.stop();
             }
             Err(e) => {

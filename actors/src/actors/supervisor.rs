@@ -414,6 +414,7 @@ impl Handler<OpenSession> for Supervisor {
                     max_delivery_attempts: msg.settings.max_delivery_attempts.unwrap_or(msg.defaults.1),
                     next_set: 1,
                     created_at_ms: now_ms(),
+                    addressable: msg.settings.addressable.unwrap_or(false),
                 };
                 let nest = match nest_of(&self.engine, &msg.session_id) {
                     Ok(nest) => nest,

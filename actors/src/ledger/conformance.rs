@@ -70,6 +70,8 @@ macro_rules! ledger_conformance_cases {
             quarantine_of_a_missing_row_changes_nothing,
             quarantine_from_an_unknown_tree_is_refused,
             load_quarantines_rows_that_fail_their_check_and_serves_the_rest,
+            a_sessions_settings_read_back_as_written_and_as_changed,
+            child_reads_one_child_of_one_session,
         }
     };
 }
@@ -138,6 +140,7 @@ fn session_row(session_id: &str) -> SessionRow {
         max_delivery_attempts: DEFAULT_MAX_DELIVERY_ATTEMPTS,
         next_set: 2,
         created_at_ms: T0,
+        addressable: false,
     }
 }
 
@@ -1628,6 +1631,71 @@ pub(crate) fn load_quarantines_rows_that_fail_their_check_and_serves_the_rest(ma
     let second = load(&*ledger);
     assert_eq!(second.damaged_children, first.damaged_children);
     assert_eq!(ledger.quarantined().expect("quarantined").len(), 2);
+}
+
+/// Every setting a session row holds (`addressable` too) reads back as written, from a full
+/// load and from the session's own, and a later write of the row replaces them.
+pub(crate) fn a_sessions_settings_read_back_as_written_and_as_changed(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let ledger = make();
+    let mut polled = session_row("polled");
+    polled.addressable = true;
+    polled.max_concurrent_children = 2;
+    polled.max_delivery_attempts = 3;
+    let plain = session_row("plain");
+    write(
+        &*ledger,
+        Writes {
+            sessions: vec![polled.clone(), plain.clone()],
+            ..Writes::default()
+        },
+    );
+    assert_eq!(load(&*ledger).sessions, vec![plain.clone(), polled.clone()]);
+    assert_eq!(load_session(&*ledger, "polled").sessions, vec![polled.clone()]);
+
+    polled.addressable = false;
+    polled.max_concurrent_children = 5;
+    write(
+        &*ledger,
+        Writes {
+            sessions: vec![polled.clone()],
+            ..Writes::default()
+        },
+    );
+    assert_eq!(load(&*ledger).sessions, vec![plain, polled.clone()]);
+    assert_eq!(load_session(&*ledger, "polled").sessions, vec![polled]);
+}
+
+/// One child's row is read by its session and id: none for another session's child, for a
+/// child id that only shares a prefix, or for a child without a row; a terminal row recorded
+/// over a running one reads back terminal.
+pub(crate) fn child_reads_one_child_of_one_session(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let ledger = make();
+    let running = child_row("a", "deleg_c", 1, ChildStatus::Running);
+    let other = child_row("ab", "deleg_c", 1, ChildStatus::Succeeded);
+    write(
+        &*ledger,
+        Writes {
+            sessions: vec![session_row("a"), session_row("ab")],
+            calls: vec![call_row("a", "deleg_c", 12), call_row("ab", "deleg_c", 12)],
+            children: vec![running.clone(), other.clone()],
+            ..Writes::default()
+        },
+    );
+    let id = child_id("deleg_c", 1);
+    assert_eq!(ledger.child("a", &id).expect("child"), Some(running.clone()));
+    assert_eq!(ledger.child("ab", &id).expect("child"), Some(other));
+    for (session, child) in [
+        ("b", id.clone()),
+        ("a", child_id("deleg_c", 0)),
+        ("a", child_id("deleg_c", 10)),
+    ] {
+        assert_eq!(ledger.child(session, &child).expect("child"), None, "{session} {child}");
+    }
+    let mut ended = running;
+    ended.status = ChildStatus::Succeeded;
+    ended.summary = Some("done".into());
+    record(&*ledger, std::slice::from_ref(&ended));
+    assert_eq!(ledger.child("a", &id).expect("child"), Some(ended));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@
 //! once every tree is done.
 //!
 //! Layout 3 adds start rows (a tree of their own, empty in an older ledger), so layout 2 is
-//! brought to it by its number alone.
+//! brought to it by its number alone. Layout 4 writes session rows of version 2 (the codec
+//! reads version 1 too), so layout 3 is brought to it by its number alone as well.
 
 use super::trees::*;
 use super::{row_key, LedgerError};
@@ -193,7 +194,7 @@ mod tests {
     }
 
     #[test]
-    fn a_layout_2_ledger_opens_as_layout_3_with_its_rows_untouched() {
+    fn a_layout_2_ledger_opens_as_this_layout_with_its_rows_untouched() {
         let dir = tempfile::TempDir::new().unwrap();
         {
             let ledger = SledLedger::open(dir.path()).unwrap();
@@ -224,6 +225,45 @@ mod tests {
         assert_eq!(layout, super::super::LAYOUT);
     }
 
+    /// A layout-3 ledger holds session rows of version 1 (before `addressable`): it opens as
+    /// this layout, and its sessions load as they were, not addressable.
+    #[test]
+    fn a_layout_3_ledgers_sessions_load_as_they_were() {
+        let dir = tempfile::TempDir::new().unwrap();
+        drop(SledLedger::open(dir.path()).unwrap());
+        {
+            let db = raw(dir.path());
+            db.open_tree(META)
+                .unwrap()
+                .insert("layout", codec::encode(&3u8).unwrap())
+                .unwrap();
+            // Session `old`: capacity 8, 3 delivery attempts, next set 2, created at 9, as
+            // version 1 wrote it.
+            db.open_tree(SESSIONS)
+                .unwrap()
+                .insert("old", vec![1, 3, b'o', b'l', b'd', 8, 3, 2, 9])
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let ledger = SledLedger::open(dir.path()).unwrap();
+        assert_eq!(
+            ledger.load().unwrap().sessions,
+            vec![SessionRow {
+                session_id: "old".into(),
+                max_concurrent_children: 8,
+                max_delivery_attempts: 3,
+                next_set: 2,
+                created_at_ms: 9,
+                addressable: false,
+            }]
+        );
+        assert!(ledger.quarantined().unwrap().is_empty());
+        drop(ledger);
+        let layout: u8 =
+            codec::decode(&raw(dir.path()).open_tree(META).unwrap().get("layout").unwrap().unwrap()).unwrap();
+        assert_eq!(layout, super::super::LAYOUT);
+    }
+
     #[test]
     fn a_newer_layout_is_refused_with_a_clear_error() {
         let dir = tempfile::TempDir::new().unwrap();
@@ -237,6 +277,6 @@ mod tests {
             db.flush().unwrap();
         }
         let err = SledLedger::open(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("layout 4") && err.contains("up to 3"), "{err}");
+        assert!(err.contains("layout 5") && err.contains("up to 4"), "{err}");
     }
 }

@@ -443,6 +443,9 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     fn call(&self, session_id: &str, call_id: &str) -> Result<Option<CallRow>, LedgerError>;
     /// Every dead letter.
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError>;
+    /// The stored row of the child `child_id` of `session_id` (one key's read), without the
+    /// delivery state its ack rows and dead letters fold in at a load.
+    fn child(&self, session_id: &str, child_id: &str) -> Result<Option<ChildRow>, LedgerError>;
     /// The stored rows of a call's children (those that have one), by task index.
     fn call_children(&self, session_id: &str, call_id: &str) -> Result<Vec<ChildRow>, LedgerError>;
     /// Up to `limit` calls of a session in id order (the order they were made), after the

@@ -85,7 +85,7 @@ pub(super) fn is_scoped(tree: &str) -> bool {
 }
 
 /// Decodes a stored row; the error names its tree and its key (lossily as text).
-pub(super) fn decode_at<T: serde::de::DeserializeOwned>(
+pub(super) fn decode_at<T: crate::codec::Stored>(
     tree: &'static str,
     key: &[u8],
     value: &[u8],
@@ -99,7 +99,7 @@ pub(super) fn decode_at<T: serde::de::DeserializeOwned>(
 
 /// Encodes a row; its key (an id, or a stored key's bytes) is turned into text only for the
 /// error, as this runs for every row written.
-pub(super) fn encode<T: serde::Serialize>(
+pub(super) fn encode<T: crate::codec::Stored>(
     tree: &'static str,
     key: impl AsRef<[u8]>,
     row: &T,
@@ -119,7 +119,7 @@ pub(super) type Change = (&'static str, Vec<u8>, Option<Vec<u8>>);
 /// a ledger without transactions) leaves a nest row that the next open writes again, never a
 /// nested session that looks top-level.
 pub(super) fn write_changes(w: &Writes) -> Result<Vec<Change>, LedgerError> {
-    fn puts<'a, T: serde::Serialize + 'a>(
+    fn puts<'a, T: crate::codec::Stored + 'a>(
         out: &mut Vec<Change>,
         tree: &'static str,
         rows: impl IntoIterator<Item = (Vec<u8>, &'a T)>,
@@ -330,7 +330,7 @@ pub(super) fn decode_rows<T, K, V, E>(
     out: &mut Vec<T>,
 ) -> Result<Vec<(K, V, String)>, LedgerError>
 where
-    T: serde::de::DeserializeOwned + CheckRow,
+    T: crate::codec::Stored + CheckRow,
     V: AsRef<[u8]>,
     LedgerError: From<E>,
 {

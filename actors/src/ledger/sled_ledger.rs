@@ -140,13 +140,15 @@ impl SledLedger {
         };
         match layout {
             LAYOUT => {}
-            1 | 2 => {
+            1..=3 => {
                 if layout == 1 {
                     super::migrate::session_keys(&db)?;
                 }
                 // Layout 2 is layout 3 without start rows: only the number changes, so that a
                 // build that does not fold start rows refuses this ledger rather than take
-                // its started children for queued ones and run them a second time.
+                // its started children for queued ones and run them a second time. Layout 3
+                // is layout 4 without session rows of version 2: a build that does not read
+                // them refuses the ledger rather than quarantine its sessions.
                 meta.insert(LAYOUT_KEY, encode(META, LAYOUT_KEY, &LAYOUT)?)?;
                 db.flush()?;
                 FileSync::open(&path)?.sync()?;
@@ -254,7 +256,7 @@ impl SledLedger {
     /// Reads a tree back, all of it or one session's rows (a key range of a session-scoped
     /// tree, the one row of a tree keyed by session id); rows that do not decode or fail their
     /// check are quarantined.
-    fn scan<T: serde::de::DeserializeOwned + CheckRow>(
+    fn scan<T: crate::codec::Stored + CheckRow>(
         &self,
         tree: &sled::Tree,
         name: &'static str,
@@ -405,7 +407,7 @@ impl SledLedger {
     }
 
     /// Up to `limit` rows of `session_id` in a session-scoped tree, in key order, after `after`.
-    fn page<T: serde::de::DeserializeOwned>(
+    fn page<T: crate::codec::Stored>(
         &self,
         tree: &sled::Tree,
         name: &'static str,
@@ -435,7 +437,7 @@ impl SledLedger {
     }
 
     /// The row `id` of `session_id` in a session-scoped tree, if there is one.
-    fn get_row<T: serde::de::DeserializeOwned>(
+    fn get_row<T: crate::codec::Stored>(
         &self,
         tree: &sled::Tree,
         name: &'static str,
@@ -458,10 +460,12 @@ impl SledLedger {
     }
 }
 
-/// The ledger's layout this build writes: 3, every session-scoped row keyed by [`row_key`],
-/// and children's running marks in start rows. Layout 1 (bare ids, and unit rows) is migrated
-/// when opened; layout 2 (no start rows) needs nothing but its number changed.
-pub const LAYOUT: u8 = 3;
+/// The ledger's layout this build writes: 4, every session-scoped row keyed by [`row_key`],
+/// children's running marks in start rows, and session rows of version 2 (with
+/// `addressable`). Layout 1 (bare ids, and unit rows) is migrated when opened; layouts 2 (no
+/// start rows) and 3 (session rows of version 1 only, which this build reads) need nothing but
+/// their number changed.
+pub const LAYOUT: u8 = 4;
 const LAYOUT_KEY: &str = "layout";
 
 /// A row that could not be used: its key, its value and why.
@@ -563,6 +567,10 @@ impl Ledger for SledLedger {
 
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError> {
         self.scan(&self.dead_letters, DEAD_LETTERS, None)
+    }
+
+    fn child(&self, session_id: &str, child_id: &str) -> Result<Option<ChildRow>, LedgerError> {
+        self.get_row(&self.children, CHILDREN, session_id, child_id)
     }
 
     fn call_children(&self, session_id: &str, call_id: &str) -> Result<Vec<ChildRow>, LedgerError> {

@@ -176,6 +176,10 @@ pub struct SessionRow {
     pub next_set: u64,
     /// When the session was first created.
     pub created_at_ms: u64,
+    /// The parent reaches the session by itself (it polls its boundaries, or watches its
+    /// events): the session is wake-capable without a wake target. Kept here, so it holds
+    /// across restarts, unlike an embedded callback.
+    pub addressable: bool,
 }
 
 /// The stored row of a call.

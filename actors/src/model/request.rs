@@ -242,6 +242,10 @@ pub struct SessionSettings {
     /// A webhook to wake the session with, stored durably and bound again after a restart
     /// (through the engine's [`crate::wake::WakeFactory`]); makes the session wake-capable.
     pub wake_url: Option<String>,
+    /// Whether the parent reaches the session by itself, polling its boundaries or watching
+    /// its events: `true` makes the session wake-capable without a wake target, `false` takes
+    /// that back. Stored durably, so it holds after a restart.
+    pub addressable: Option<bool>,
 }
 
 impl std::fmt::Debug for SessionSettings {
@@ -251,6 +255,7 @@ impl std::fmt::Debug for SessionSettings {
             .field("max_delivery_attempts", &self.max_delivery_attempts)
             .field("wake", &self.wake.is_some())
             .field("wake_url", &self.wake_url)
+            .field("addressable", &self.addressable)
             .finish()
     }
 }
@@ -277,6 +282,13 @@ impl SessionSettings {
     /// Binds a webhook wake target, kept in the ledger (the engine needs a wake factory).
     pub fn wake_url(mut self, url: impl Into<String>) -> Self {
         self.wake_url = Some(url.into());
+        self
+    }
+
+    /// Sets whether the parent reaches the session by itself (stored; see the field
+    /// `addressable`).
+    pub fn addressable(mut self, addressable: bool) -> Self {
+        self.addressable = Some(addressable);
         self
     }
 

@@ -193,6 +193,7 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
             max_delivery_attempts: DEFAULT_MAX_DELIVERY_ATTEMPTS,
             next_set: last.saturating_add(1),
             created_at_ms: part.calls.iter().map(|c| c.created_at_ms).min().unwrap_or(0),
+            addressable: false,
         };
         split.rebuilt_sessions.push(row.clone());
         split.sessions.push((row, part));

@@ -9,6 +9,7 @@ fn session() -> SessionRow {
         max_delivery_attempts: 8,
         next_set: 2,
         created_at_ms: 0,
+        addressable: false,
     }
 }
 

@@ -81,7 +81,7 @@ impl SessionOwner {
             }
         };
         let (mode, forced_sync_reason) = match msg.request.mode {
-            Mode::Background if self.wake.is_none() => (
+            Mode::Background if !self.wake_capable() => (
                 Mode::Sync,
                 Some(format!(
                     "session `{}` is not wake-capable (no wake target is bound), so a background result could never wake the parent; the call ran synchronously",
@@ -227,13 +227,21 @@ impl SessionOwner {
         if let Some(n) = settings.max_delivery_attempts {
             session.max_delivery_attempts = n;
         }
+        if let Some(a) = settings.addressable {
+            session.addressable = a;
+        }
         let new_url = settings.wake_url.clone().filter(|u| Some(u) != self.wake_url.as_ref());
-        let (capacity, attempts) = (session.max_concurrent_children, session.max_delivery_attempts);
+        let (capacity, attempts, addressable) = (
+            session.max_concurrent_children,
+            session.max_delivery_attempts,
+            session.addressable,
+        );
         let apply = move |act: &mut SessionOwner,
                           ctx: &mut Context<SessionOwner>,
                           reply: oneshot::Sender<Result<SessionInfo, BroodError>>| {
             act.session.max_concurrent_children = capacity;
             act.session.max_delivery_attempts = attempts;
+            act.session.addressable = addressable;
             act.capacity.set_max(capacity as usize);
             act.router.set_max_delivery_attempts(attempts);
             if let Some(w) = settings.wake {

@@ -113,8 +113,11 @@ pub struct SyncReceived {
 pub struct SessionInfo {
     /// The session id.
     pub session_id: String,
-    /// Whether a wake target is bound.
+    /// Whether a background result can reach the parent: a wake target is bound, or the
+    /// session is addressable.
     pub wake_capable: bool,
+    /// Whether the parent reaches the session by itself (a stored setting).
+    pub addressable: bool,
     /// Idle or busy.
     pub turn: Turn,
     /// Capacity.

@@ -208,10 +208,17 @@ impl SessionOwner {
         &self.session.session_id
     }
 
+    /// Whether a background result can reach the parent: a wake target is bound, or the
+    /// parent reaches the session by itself.
+    fn wake_capable(&self) -> bool {
+        self.wake.is_some() || self.session.addressable
+    }
+
     fn info(&self) -> SessionInfo {
         SessionInfo {
             session_id: self.session.session_id.clone(),
-            wake_capable: self.wake.is_some(),
+            wake_capable: self.wake_capable(),
+            addressable: self.session.addressable,
             turn: self.wake_state.turn(),
             max_concurrent_children: self.session.max_concurrent_children,
             max_delivery_attempts: self.session.max_delivery_attempts,
@@ -285,7 +292,7 @@ impl SessionOwner {
 
     fn maybe_wake(&mut self) {
         let ready = self.router.ready_count(now_ms());
-        if !self.wake_state.decide(self.wake.is_some(), ready) {
+        if !self.wake_state.decide(self.wake_capable(), ready) {
             return;
         }
         self.emit(|| Event::Wake { ready });

@@ -22,6 +22,7 @@ mod own {
             max_delivery_attempts: 3,
             next_set: 1,
             created_at_ms: 0,
+            addressable: false,
         }
     }
 
@@ -104,6 +105,49 @@ mod own {
             .unwrap_err()
             .to_string();
         assert!(again.contains("version 99"), "{again}");
+    }
+
+    /// A schema of a build that wrote session rows of version 1 (before `addressable`, and
+    /// before migration 7): it is migrated, and its sessions load as they were, not
+    /// addressable.
+    #[test]
+    fn a_session_row_of_version_1_loads_after_the_migration() {
+        let ledger = pg_testkit::fresh();
+        let schema = ledger.inner.schema.clone();
+        let pool = ledger.inner.pool.clone();
+        ledger
+            .runtime
+            .run(async move {
+                let client = pool.get().await.map_err(pool_error)?;
+                client
+                    .batch_execute(&format!("DELETE FROM \"{schema}\".migrations WHERE version = 7"))
+                    .await
+                    .map_err(pg_error("forgetting migration 7"))?;
+                // Session `old`: capacity 8, 3 delivery attempts, next set 2, created at 9.
+                let v1: Vec<u8> = vec![1, 3, b'o', b'l', b'd', 8, 3, 2, 9];
+                client
+                    .execute(
+                        &format!("INSERT INTO \"{schema}\".\"{SESSIONS}\" (key, value) VALUES ($1, $2)"),
+                        &[&b"old".as_slice(), &v1],
+                    )
+                    .await
+                    .map_err(pg_error("storing a session row of version 1"))?;
+                Ok(())
+            })
+            .unwrap();
+        let reopened = PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema).unwrap();
+        assert_eq!(
+            reopened.load().unwrap().sessions,
+            vec![SessionRow {
+                session_id: "old".into(),
+                max_concurrent_children: 8,
+                max_delivery_attempts: 3,
+                next_set: 2,
+                created_at_ms: 9,
+                addressable: false,
+            }]
+        );
+        assert!(reopened.quarantined().unwrap().is_empty());
     }
 
     #[test]

@@ -1,0 +1,232 @@
+//! What an external worker hears when it completes a child, and when it sends a completion
+//! again (its answer was lost, or the server restarted meanwhile): the completion that was
+//! recorded answers 200 with the recorded outcome, any other completion or heartbeat of an
+//! ended child 409 `child_ended`, a token a restart voided 409, and an id that names no child
+//! 404 `unknown_child`.
+
+mod server;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use server::{assert_error, Server};
+
+fn delegate(s: &Server, session: &str, tasks: Vec<Value>) -> String {
+    let (status, reply) = s.call(
+        "POST",
+        &format!("/v1/sessions/{session}/delegate"),
+        Some(json!({"tasks": tasks, "independent_completions": true})),
+    );
+    assert_eq!(status, 202, "{reply}");
+    reply["call_id"].as_str().unwrap().to_string()
+}
+
+fn external(goal: &str, rerun: bool) -> Value {
+    json!({"goal": goal, "runner": {"kind": "external"}, "rerun_on_recovery": rerun})
+}
+
+/// A poll waiting up to 20 s; the child id and token it was handed.
+fn take(s: &Server) -> (String, String) {
+    let (status, work) = s.call(
+        "POST",
+        "/v1/workers/poll",
+        Some(json!({"worker": "w", "wait_ms": 20_000})),
+    );
+    assert_eq!(status, 200, "{work}");
+    (
+        work["child_id"].as_str().unwrap().to_string(),
+        work["token"].as_str().unwrap().to_string(),
+    )
+}
+
+fn complete(s: &Server, child: &str, body: Value) -> (u16, Value) {
+    s.call("POST", &format!("/v1/children/{child}/complete"), Some(body))
+}
+
+fn heartbeat(s: &Server, child: &str, token: &str) -> (u16, Value) {
+    s.call(
+        "POST",
+        &format!("/v1/children/{child}/heartbeat"),
+        Some(json!({"token": token})),
+    )
+}
+
+/// The status of `child` in its session's view, once it is not `running` or `queued`.
+fn ended_as(s: &Server, session: &str, child: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, view) = s.call("GET", &format!("/v1/sessions/{session}"), None);
+        let status = view["calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["children"].as_array().cloned().unwrap_or_default())
+            .find(|c| c["child_id"] == child)
+            .map(|c| c["status"].as_str().unwrap_or_default().to_string());
+        if let Some(s) = status.filter(|s| s != "running" && s != "queued") {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "{child} did not end: {view}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_completion_sent_again_answers_its_recorded_outcome_and_another_answers_child_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("x");
+    delegate(&s, "x", vec![external("render", false)]);
+    let (child, token) = take(&s);
+    let done = json!({"token": token, "status": "succeeded", "summary": "frame 7"});
+    let (status, first) = complete(&s, &child, done.clone());
+    assert_eq!(status, 200, "{first}");
+    let recorded = json!({"child_id": child, "status": "succeeded", "summary": "frame 7", "error": null});
+    assert_eq!(first, recorded);
+    // Its answer lost, the worker sends it again: what was recorded.
+    let (status, again) = complete(&s, &child, done);
+    assert_eq!((status, again), (200, recorded));
+    // Any other end of it is not what happened.
+    assert_error(
+        complete(
+            &s,
+            &child,
+            json!({"token": token, "status": "succeeded", "summary": "frame 8"}),
+        ),
+        409,
+        "child_ended",
+    );
+    assert_error(
+        complete(&s, &child, json!({"token": token, "status": "failed", "error": "no"})),
+        409,
+        "child_ended",
+    );
+    assert_error(heartbeat(&s, &child, &token), 409, "child_ended");
+    assert_eq!(ended_as(&s, "x", &child), "succeeded");
+    // An id no call has is still unknown.
+    let (call, _) = child.rsplit_once('.').unwrap();
+    assert_error(
+        complete(&s, &format!("{call}.9"), json!({"token": token, "status": "succeeded"})),
+        404,
+        "unknown_child",
+    );
+}
+
+#[test]
+fn a_completion_sent_again_after_a_restart_answers_its_recorded_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("r");
+    delegate(&s, "r", vec![external("render", false)]);
+    let (child, token) = take(&s);
+    let done = json!({"token": token, "status": "failed", "error": "GPU on fire", "summary": "40%"});
+    let (status, first) = complete(&s, &child, done.clone());
+    assert_eq!(status, 200, "{first}");
+    s.kill9();
+    let s = Server::start(dir.path(), None);
+    let (status, again) = complete(&s, &child, done);
+    assert_eq!(
+        (status, again),
+        (
+            200,
+            json!({"child_id": child, "status": "failed", "summary": "40%", "error": "GPU on fire"})
+        )
+    );
+    assert_error(
+        complete(&s, &child, json!({"token": token, "status": "succeeded"})),
+        409,
+        "child_ended",
+    );
+}
+
+#[test]
+fn a_token_voided_by_a_restart_answers_409() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("v");
+    delegate(
+        &s,
+        "v",
+        vec![external("not safe to re-run", false), external("safe to re-run", true)],
+    );
+    let held: Vec<(String, String)> = (0..2).map(|_| take(&s)).collect();
+    s.kill9();
+    let s = Server::start(dir.path(), None);
+    s.open("v");
+    for (child, token) in &held {
+        if child.ends_with(".0") {
+            // Recovery ended it `unknown`: it ended, and not as this worker says.
+            assert_eq!(ended_as(&s, "v", child), "unknown");
+            assert_error(heartbeat(&s, child, token), 409, "child_ended");
+            assert_error(
+                complete(&s, child, json!({"token": token, "status": "succeeded"})),
+                409,
+                "child_ended",
+            );
+        } else {
+            // Queued again: handed out with a new token, the old one is stale.
+            let (again, new_token) = take(&s);
+            assert_eq!(&again, child);
+            assert_error(heartbeat(&s, child, token), 409, "stale_token");
+            assert_error(
+                complete(&s, child, json!({"token": token, "status": "succeeded"})),
+                409,
+                "stale_token",
+            );
+            let (status, done) = complete(
+                &s,
+                child,
+                json!({"token": new_token, "status": "succeeded", "summary": "second run"}),
+            );
+            assert_eq!(status, 200, "{done}");
+        }
+    }
+}
+
+/// A completion whose row cannot be recorded yet (every flush of the ledger fails) is answered
+/// as not recorded when its wait runs out; the same completion sent again waits for that same
+/// row, and is answered once the ledger takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_not_recorded_in_its_wait_is_answered_so_and_the_same_again_waits_for_its_row() {
+    use brood::runners::{WorkError, WorkQueues};
+    use brood::{Brood, BroodConfig, DelegateRequest, RunOutput, Runners, SessionOptions, TaskSpec};
+
+    let dir = tempfile::tempdir().unwrap();
+    let queues = std::sync::Arc::new(WorkQueues::new());
+    let mut runners = Runners::builtin();
+    runners.register_external(queues.clone());
+    let b = Brood::open(BroodConfig::new(dir.path().join("ledger")).runners(runners)).unwrap();
+    b.open_session("s", SessionOptions::default().addressable(true))
+        .await
+        .unwrap();
+    let task = TaskSpec::new("render", json!({"kind": "external"}));
+    b.delegate("s", DelegateRequest::background(vec![task]))
+        .await
+        .map_err(|e| e.error)
+        .unwrap();
+    let work = queues
+        .poll("default", "w", Duration::from_secs(20), Duration::from_secs(60))
+        .await
+        .expect("the child was handed out");
+    let output = RunOutput::Succeeded {
+        summary: "frame 7".into(),
+    };
+    brood::failpoints::arm("ledger_flush", u64::MAX);
+    let first = queues.complete(&work.child_id, &work.token, output.clone()).unwrap();
+    assert_eq!(
+        first.outcome(Duration::from_millis(300)).await,
+        Err(WorkError::NotRecorded(work.child_id.clone()))
+    );
+    let other = RunOutput::Succeeded {
+        summary: "frame 8".into(),
+    };
+    assert_eq!(
+        queues.complete(&work.child_id, &work.token, other).err(),
+        Some(WorkError::Ended(work.child_id.clone())),
+        "another end of a child already ending"
+    );
+    let again = queues.complete(&work.child_id, &work.token, output.clone()).unwrap();
+    brood::failpoints::disarm_all();
+    assert_eq!(again.outcome(Duration::from_secs(20)).await, Ok(output));
+    b.shutdown();
+}
