@@ -155,20 +155,31 @@ impl Events {
     /// Events a subscriber may fall behind before it loses the oldest.
     pub const CAPACITY: usize = 1024;
 
-    /// Subscribes to a session's events from now on.
+    /// Subscribes to a session's events from now on. It joins its channel while it holds the
+    /// channel's entry: an emit that removes a channel nobody watches looks under the same
+    /// entry, so it sees this subscriber and keeps the channel (a subscriber that joined a
+    /// channel just removed would get a stream that is closed at once).
     pub fn subscribe(&self, session_id: &str) -> broadcast::Receiver<Arc<SessionEvent>> {
-        let channel = match self.channels.entry(session_id.to_string()) {
-            dashmap::Entry::Occupied(e) => e.get().clone(),
-            dashmap::Entry::Vacant(v) => {
-                self.open.fetch_add(1, Ordering::SeqCst);
-                v.insert(Arc::new(Channel {
-                    tx: broadcast::channel(Self::CAPACITY).0,
-                    seq: AtomicU64::new(0),
-                }))
-                .clone()
+        let stall = || {
+            if crate::failpoints::fires("events_subscribe_stall") {
+                std::thread::sleep(std::time::Duration::from_millis(400));
             }
         };
-        channel.tx.subscribe()
+        match self.channels.entry(session_id.to_string()) {
+            dashmap::Entry::Occupied(e) => {
+                stall();
+                e.get().tx.subscribe()
+            }
+            dashmap::Entry::Vacant(v) => {
+                self.open.fetch_add(1, Ordering::SeqCst);
+                let channel = v.insert(Arc::new(Channel {
+                    tx: broadcast::channel(Self::CAPACITY).0,
+                    seq: AtomicU64::new(0),
+                }));
+                stall();
+                channel.tx.subscribe()
+            }
+        }
     }
 
     /// Whether anyone watches the session.
@@ -242,6 +253,45 @@ mod tests {
         assert_eq!((second.seq, &second.event), (2, &ready(2)));
         assert!(a.try_recv().is_err());
         assert_eq!(b.try_recv().unwrap().event, ready(7));
+    }
+
+    /// A subscriber that joins while the last one's channel is being removed (the removal of
+    /// an unwatched channel on an emit) is served: its stream is not closed at once.
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn a_subscriber_racing_the_removal_of_an_unwatched_channel_is_served() {
+        let events = Events::default();
+        drop(events.subscribe("s")); // the channel stays, watched by nobody
+        crate::failpoints::arm("events_subscribe_stall", 1);
+        let joining = events.clone();
+        let subscriber = std::thread::spawn(move || joining.subscribe("s"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while crate::failpoints::remaining("events_subscribe_stall") > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the subscriber never reached its channel"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // The subscriber found the channel and has not joined it yet: an emit now finds it
+        // unwatched.
+        events.emit("s", || ready(1));
+        let mut rx = subscriber.join().expect("the subscriber");
+        events.emit("s", || ready(2));
+        let mut got = Vec::new();
+        loop {
+            match rx.try_recv() {
+                Ok(ev) => got.push(ev.event.clone()),
+                Err(broadcast::error::TryRecvError::Empty) => break,
+                Err(e) => panic!("the new subscriber's stream failed ({e}) after {got:?}"),
+            }
+        }
+        assert_eq!(
+            got.last(),
+            Some(&ready(2)),
+            "the new subscriber hears later events: {got:?}"
+        );
+        assert!(events.watched("s"));
     }
 
     #[test]

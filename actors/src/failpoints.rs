@@ -3,7 +3,9 @@
 //! A point is a name in the code (`ledger_write`, `ledger_flush`, `ledger_flush_stall` and
 //! `ledger_write_stall` (a flush or write that succeeds 400 ms late), `coalescer_handoff`, `owner_handler`, `unit_handler`,
 //! `coalescer_handler`, `runner_hang`, `requeue_flush_stall` (the flush of a lost start's
-//! requeue is 400 ms late)). Tests arm a point with [`arm`] for a number of hits; while
+//! requeue is 400 ms late), `events_subscribe_stall` (a subscriber that takes 400 ms between
+//! finding its session's event channel and joining it)). Tests arm a point with [`arm`] for a
+//! number of hits; while
 //! armed, the point fails (an error for I/O points, a panic for handler points). Without the
 //! feature, [`crate::failpoint!`] expands to nothing and this module has only inert stand-ins.
 
@@ -34,8 +36,15 @@ pub fn disarm_all() {
 /// Whether `name` has hits left (without counting one).
 #[cfg(feature = "failpoints")]
 pub fn armed(name: &'static str) -> bool {
-    let Ok(guard) = POINTS.lock() else { return false };
-    guard.as_ref().and_then(|p| p.get(name)).is_some_and(|n| *n > 0)
+    remaining(name) > 0
+}
+
+/// How many more hits of `name` fire (0 once they were used up, or if it was never armed): a
+/// test waits on it to know that code reached the point.
+#[cfg(feature = "failpoints")]
+pub fn remaining(name: &'static str) -> u64 {
+    let Ok(guard) = POINTS.lock() else { return 0 };
+    guard.as_ref().and_then(|p| p.get(name).copied()).unwrap_or(0)
 }
 
 /// Whether `name` fires now (and counts the hit).

@@ -129,6 +129,8 @@ pub struct Holds {
     pub started: Mutex<Vec<String>>,
     /// Hold runners dropped (a cancel drops its runner).
     pub stopped: AtomicUsize,
+    /// The most hold runners that were ever alive at once (counted as each one starts).
+    pub most_alive: AtomicUsize,
 }
 
 impl Holds {
@@ -140,6 +142,11 @@ impl Holds {
     /// How many were stopped so far.
     pub fn stopped(&self) -> usize {
         self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// The most that were ever alive at once.
+    pub fn most_alive(&self) -> usize {
+        self.most_alive.load(Ordering::SeqCst)
     }
 }
 
@@ -156,7 +163,11 @@ impl Drop for Stopped {
 
 impl Runner for HoldRunner {
     fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
-        self.0.started.lock().unwrap().push(ctx.child_id.clone());
+        let mut started = self.0.started.lock().unwrap();
+        started.push(ctx.child_id.clone());
+        let alive = started.len().saturating_sub(self.0.stopped());
+        self.0.most_alive.fetch_max(alive, Ordering::SeqCst);
+        drop(started);
         let guard = Stopped(self.0.clone());
         Box::pin(async move {
             let _guard = guard;

@@ -28,12 +28,15 @@ use crate::runner::{Progress, RecordOutcome, RunContext, RunOutput};
 pub(crate) const HANDOFF_BACKOFF_START: Duration = Duration::from_millis(10);
 pub(crate) const HANDOFF_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
-/// Stop the child's runner and end it `cancelled` (its owner recorded it so already).
+/// Stop the child's runner and end it `cancelled` (its owner records it so).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct Cancel {
     /// Who cancelled it, and why (its error text).
     pub reason: String,
+    /// Dropped with the message, once the child handled it: its runner is dropped by then
+    /// (before this child's thread runs anything else), or it had ended already.
+    pub(crate) gone: super::Gone,
 }
 
 /// What every child of one call shares: the ids its row repeats and the engine. One
@@ -359,8 +362,9 @@ impl Actor for Child {
 impl Handler<Cancel> for Child {
     type Result = ();
 
-    fn handle(&mut self, msg: Cancel, ctx: &mut Context<Self>) {
-        self.cancel(ctx, msg.reason);
+    fn handle(&mut self, Cancel { reason, gone }: Cancel, ctx: &mut Context<Self>) {
+        self.cancel(ctx, reason);
+        drop(gone);
     }
 }
 

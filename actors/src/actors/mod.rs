@@ -14,7 +14,7 @@ pub mod unit;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock};
 
-use actix::Addr;
+use actix::{Addr, WeakAddr};
 use actix_rt::ArbiterHandle;
 use dashmap::DashMap;
 
@@ -43,8 +43,10 @@ pub struct Engine {
     pub wake_factory: Option<Arc<dyn crate::wake::WakeFactory>>,
     /// The live owners.
     pub owners: Owners,
-    /// Children whose actor is alive, and running children whose cancel was decided (one
-    /// lock orders both against a unit starting a child).
+    /// Children whose actor is alive, by id, with their addresses (a cancel reaches a running
+    /// child through here, whichever owner or unit incarnation holds its session now), and
+    /// running children whose cancel was decided before they started (one lock orders both
+    /// against a unit starting a child).
     live_children: Arc<Mutex<LiveChildren>>,
     /// The arbiter (thread) units, children and runners live on; the supervisor lives on the
     /// system arbiter, so child churn never delays routing.
@@ -169,50 +171,98 @@ impl Engine {
         }
     }
 
-    /// Registers a child as alive and returns true, unless `owner_alive` says its owner died
-    /// (then its successor queues the child again, and it must not start). One lock orders
-    /// this against [`Engine::live_children`], so a child is either adopted or re-queued.
+    /// Registers a child as alive (`child` is its actor's address, made before it runs) and
+    /// lets it start, unless `owner_alive` says its owner died (then its successor queues the
+    /// child again, and it must not start). One lock orders this against
+    /// [`Engine::live_children`], so a child is either adopted or re-queued, and against
+    /// [`Engine::cancel_running`], so a cancel either finds the child here or is taken by it.
     ///
-    /// A child whose cancel its owner decided before this (it was marked running, and its unit
-    /// had not started it yet) is registered all the same, and starts only to end `cancelled`
-    /// with the reason returned: its runner is never built.
-    pub(crate) fn child_starting(&self, call_id: &str, task: u32, owner_alive: impl FnOnce() -> bool) -> ChildStart {
+    /// A child whose cancel was decided before this (it was marked running, and its unit had
+    /// not started it yet) is registered all the same, and starts only to end `cancelled` with
+    /// the reason returned: its runner is never built (so whoever waits for it to stop is
+    /// told at once).
+    pub(crate) fn child_starting(
+        &self,
+        call_id: &str,
+        task: u32,
+        child: WeakAddr<child::Child>,
+        owner_alive: impl FnOnce() -> bool,
+    ) -> ChildStart {
         let Ok(mut live) = self.live_children.lock() else {
             return ChildStart::Refused;
         };
         if !owner_alive() {
+            // Never started here: a cancel decided for it has nothing to wait for.
+            live.take_cancel(call_id, task);
             return ChildStart::Refused;
         }
         match live.running.get_mut(call_id) {
             Some(tasks) => {
-                tasks.insert(task);
+                tasks.insert(task, child);
             }
             None => {
                 live.running
-                    .insert(call_id.to_string(), std::iter::once(task).collect());
+                    .insert(call_id.to_string(), std::iter::once((task, child)).collect());
             }
         }
         match live.take_cancel(call_id, task) {
-            Some(reason) => ChildStart::Cancelled(reason),
+            Some(cancel) => ChildStart::Cancelled(cancel.reason),
             None => ChildStart::Go,
         }
     }
 
-    /// Running children of the call `call_id` whose cancel is decided (`reason` is its error
-    /// text): one that a unit starts after this ends `cancelled` as it starts, whatever order
-    /// its unit reads its start and the cancel in.
-    pub(crate) fn cancel_running(&self, call_id: &str, tasks: impl IntoIterator<Item = u32>, reason: &str) {
-        if let Ok(mut live) = self.live_children.lock() {
-            let cancels = live.cancelled.entry(call_id.to_string()).or_default();
-            for task in tasks {
-                cancels.insert(task, reason.to_string());
+    /// Stops the running children `tasks` of the call `call_id`, whose cancel is decided
+    /// (`reason` is its error text), whichever unit started them and whichever owner admitted
+    /// them: a child alive here is told to end `cancelled` (its runner dropped, a command's
+    /// process group killed); one not started yet ends `cancelled` as it starts, its runner
+    /// never built, whatever order its unit reads its start and the cancel in. What is
+    /// returned resolves once each of them is stopped or known gone (never started, or its
+    /// start lost).
+    pub(crate) fn cancel_running(
+        &self,
+        call_id: &str,
+        tasks: impl IntoIterator<Item = u32>,
+        reason: &str,
+    ) -> RunnersStopped {
+        let mut waits = Vec::new();
+        let Ok(mut live) = self.live_children.lock() else {
+            return RunnersStopped(waits);
+        };
+        let LiveChildren { running, cancelled } = &mut *live;
+        let alive = running.get(call_id);
+        for task in tasks {
+            let (gone, stopped) = tokio::sync::oneshot::channel();
+            waits.push(stopped);
+            match alive.and_then(|tasks| tasks.get(&task)) {
+                Some(child) => {
+                    // A child whose actor stopped meanwhile drops the message, and with it
+                    // `gone`: it is gone.
+                    if let Some(child) = child.upgrade() {
+                        child.do_send(child::Cancel {
+                            reason: reason.to_string(),
+                            gone: Gone { _tell: gone },
+                        });
+                    }
+                }
+                None => {
+                    let pending = cancelled
+                        .entry(call_id.to_string())
+                        .or_default()
+                        .entry(task)
+                        .or_insert_with(|| PendingCancel {
+                            reason: reason.to_string(),
+                            waiting: Vec::new(),
+                        });
+                    pending.waiting.push(Gone { _tell: gone });
+                }
             }
         }
+        RunnersStopped(waits)
     }
 
-    /// Forgets the decided cancel of a child no unit will start (its start was lost): a
-    /// child that starts or stops takes its own. One left behind (its owner died between the
-    /// cancel and the lost start) is a few bytes until the engine stops.
+    /// Forgets the decided cancel of a child no unit will start (its start was lost), telling
+    /// whoever waits for it to stop that it is gone: a child that starts or stops takes its
+    /// own.
     pub(crate) fn forget_cancel(&self, call_id: &str, task: u32) {
         if let Ok(mut live) = self.live_children.lock() {
             live.take_cancel(call_id, task);
@@ -239,7 +289,7 @@ impl Engine {
         };
         live.running
             .iter()
-            .flat_map(|(call, tasks)| tasks.iter().map(|&i| crate::model::child_id(call, i)))
+            .flat_map(|(call, tasks)| tasks.keys().map(|&i| crate::model::child_id(call, i)))
             .collect()
     }
 
@@ -356,29 +406,63 @@ pub(crate) fn running<A: actix::Actor<Context = actix::Context<A>>>(ctx: &actix:
     ctx.state() == actix::ActorState::Running
 }
 
-/// Children whose actor is alive, and cancels decided for running children.
+/// Children whose actor is alive, and cancels decided for running children not started yet.
 #[derive(Debug, Default)]
 struct LiveChildren {
-    /// By call, the task indexes of the children whose actor is alive (one id's text per call,
-    /// not per child).
-    running: foldhash::HashMap<String, foldhash::HashSet<u32>>,
-    /// By call, running children whose cancel was decided, with why, until they start or stop
-    /// (or their start was lost).
-    cancelled: foldhash::HashMap<String, foldhash::HashMap<u32, String>>,
+    /// By call, the task indexes of the children whose actor is alive, with a weak address of
+    /// each (one id's text per call, not per child; weak, so a child's life is its own).
+    running: foldhash::HashMap<String, foldhash::HashMap<u32, WeakAddr<child::Child>>>,
+    /// By call, running children whose cancel was decided before their unit started them,
+    /// until they start or stop (or their start was lost).
+    cancelled: foldhash::HashMap<String, foldhash::HashMap<u32, PendingCancel>>,
+}
+
+/// A cancel decided for a child its unit has not started yet.
+#[derive(Debug)]
+struct PendingCancel {
+    /// Its error text (of the first cancel decided).
+    reason: String,
+    /// Told, by being dropped, once the child will never run its runner.
+    waiting: Vec<Gone>,
 }
 
 impl LiveChildren {
-    /// Takes the decided cancel of a child, if there is one.
-    fn take_cancel(&mut self, call_id: &str, task: u32) -> Option<String> {
+    /// Takes the decided cancel of a child, if there is one (whoever waits for it to stop is
+    /// told, once the caller lets it go).
+    fn take_cancel(&mut self, call_id: &str, task: u32) -> Option<PendingCancel> {
         if self.cancelled.is_empty() {
             return None; // the usual case: no key to hash
         }
         let cancels = self.cancelled.get_mut(call_id)?;
-        let reason = cancels.remove(&task);
+        let cancel = cancels.remove(&task);
         if cancels.is_empty() {
             self.cancelled.remove(call_id);
         }
-        reason
+        cancel
+    }
+}
+
+/// Dropped once the child it was made for is stopped or known gone: its runner dropped, or
+/// never to be built.
+#[derive(Debug)]
+pub(crate) struct Gone {
+    /// Never sent on: its drop is the message.
+    _tell: tokio::sync::oneshot::Sender<std::convert::Infallible>,
+}
+
+/// Resolves once every child a cancel stops ([`Engine::cancel_running`]) is stopped or known
+/// gone.
+#[derive(Debug)]
+#[must_use = "it tells when the children are stopped; drop it to not wait"]
+pub(crate) struct RunnersStopped(Vec<tokio::sync::oneshot::Receiver<std::convert::Infallible>>);
+
+impl RunnersStopped {
+    /// Waits until each child is stopped or known gone.
+    pub(crate) async fn wait(self) {
+        for stopped in self.0 {
+            // Only ever answered by its sender being dropped.
+            let _ = stopped.await;
+        }
     }
 }
 

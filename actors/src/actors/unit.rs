@@ -8,14 +8,17 @@
 //!
 //! The owner runs each unit under a restart policy: a unit whose handler panicked is replaced,
 //! and the children a `StartChildren` held that the unit never started are queued again (the
-//! message reports them when it is dropped), so no child is lost or run twice.
+//! message reports them when it is dropped), so no child is lost or run twice. The children it
+//! started live on without it, each registered with the engine as it starts, which is where a
+//! cancel reaches them: a unit does not relay cancels (its replacement, or a rebuilt owner's
+//! units, would not know a child it did not start).
 
 use std::sync::Arc;
 
 use actix::prelude::*;
 use actix::WeakAddr;
 
-use super::child::{CallIds, Cancel, Child};
+use super::child::{CallIds, Child};
 use super::owner::{SessionOwner, StartLost};
 use super::{ChildStart, Engine};
 use crate::model::{child_id, ChildRow, Task};
@@ -63,13 +66,17 @@ impl Drop for StartChildren {
         if self.children.len() == 0 {
             return;
         }
-        let Some(owner) = self.owner.upgrade() else {
-            return; // its successor queues them again: they are not among the live children
-        };
+        let owner = self.owner.upgrade();
         for (start, _) in self.children.by_ref() {
-            owner.do_send(StartLost {
-                child_id: child_id(&self.ids.call_id, start.task_index),
-            });
+            // Never started: a cancel decided for it has nothing to wait for.
+            self.ids.engine.forget_cancel(&self.ids.call_id, start.task_index);
+            // With its owner gone, its successor queues it again: it is not among the live
+            // children.
+            if let Some(owner) = &owner {
+                owner.do_send(StartLost {
+                    child_id: child_id(&self.ids.call_id, start.task_index),
+                });
+            }
         }
     }
 }
@@ -100,17 +107,6 @@ impl Starting {
     }
 }
 
-/// Cancel members: a running one is told to end `cancelled`; one not started here yet ends so
-/// as it starts (the owner recorded them cancelled already).
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct CancelChildren {
-    /// Their task indexes.
-    pub tasks: Vec<u32>,
-    /// Who cancelled them, and why.
-    pub reason: String,
-}
-
 /// The unit is complete: every member is recorded; the unit actor stops.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -133,17 +129,15 @@ pub struct Unit {
     /// Its owner's address, one shared by every unit an admission started (copying an actix
     /// address allocates twice).
     owner: Arc<Addr<SessionOwner>>,
-    /// Children started here and not yet stopped, by their place in `tasks`: one slot per
-    /// member, allocated once.
-    children: Vec<Option<WeakAddr<Child>>>,
+    /// Whether each member was started here and has not stopped yet, by its place in
+    /// `tasks`: one slot per member, allocated once.
+    children: Vec<bool>,
     /// How many of `children` are set.
     live: usize,
     /// Its own address while it has live children: a unit whose owner is gone (restarted,
     /// retired, moved) lives on until its last child stopped, and what its owner sent it last
-    /// (a cancel) is still read. One sender per unit; its children hold only weak addresses.
+    /// is still read. One sender per unit; its children hold only weak addresses.
     keep: Option<Addr<Unit>>,
-    /// Members cancelled before they started here, with why: they end as they start.
-    cancelled: Vec<(u32, String)>,
 }
 
 impl std::fmt::Debug for Unit {
@@ -163,7 +157,6 @@ impl Unit {
             children: Vec::new(),
             live: 0,
             keep: None,
-            cancelled: Vec::new(),
             unit_id,
             tasks,
             engine,
@@ -172,10 +165,10 @@ impl Unit {
     }
 
     /// The slot of the member with task index `task` (members are ascending).
-    fn slot(&mut self, task: u32) -> Option<&mut Option<WeakAddr<Child>>> {
+    fn slot(&mut self, task: u32) -> Option<&mut bool> {
         let at = self.tasks.binary_search(&task).ok()?;
         if self.children.is_empty() {
-            self.children.resize_with(self.tasks.len(), || None);
+            self.children.resize(self.tasks.len(), false);
         }
         self.children.get_mut(at)
     }
@@ -197,32 +190,31 @@ impl Handler<StartChildren> for Unit {
         let me = ctx.address().downgrade();
         for (start, task) in msg.children.by_ref() {
             let index = start.task_index;
-            let decided = match self
+            // Its address exists before it runs: registered with it, a cancel decided from
+            // now on reaches it whoever decides it.
+            let context = Context::<Child>::new();
+            let addr = context.address();
+            let cancelled = match self
                 .engine
-                .child_starting(&msg.ids.call_id, index, || self.owner.connected())
+                .child_starting(&msg.ids.call_id, index, addr.downgrade(), || self.owner.connected())
             {
                 // The owner that admitted this child died; its successor queues the child
                 // again (it is not among the live children), so starting it here would run
                 // it twice.
                 ChildStart::Refused => continue,
                 ChildStart::Go => None,
-                // Its cancel was decided before this start was read (its cancel message may
-                // still be behind it in this mailbox).
+                // Its cancel was decided before this start was read.
                 ChildStart::Cancelled(reason) => Some(reason),
             };
-            let told = self
-                .cancelled
-                .iter()
-                .position(|(t, _)| *t == index)
-                .map(|at| self.cancelled.swap_remove(at).1);
-            let cancelled = told.or(decided);
             let child = Child::new(msg.ids.clone(), msg.unit_k, start, task, me.clone()).cancelled(cancelled);
-            // Kept weak: a child lives while its runner, clocks or hand-off do, and stops
-            // itself; a strong address per child would cost a sender of its own.
-            let addr = child.start().downgrade();
+            // Run without another address (each costs two allocations). Kept weak, by the
+            // engine: a child lives while its runner, clocks or hand-off do, and stops itself;
+            // a strong address per child would cost a sender of its own.
+            actix_rt::spawn(context.into_future(child));
+            drop(addr);
             match self.slot(index) {
                 Some(slot) => {
-                    self.live += usize::from(slot.replace(addr).is_none());
+                    self.live += usize::from(!std::mem::replace(slot, true));
                 }
                 // Not a member (an owner never sends one): it runs, unsupervised by this unit.
                 None => {
@@ -241,7 +233,7 @@ impl Handler<ChildStopped> for Unit {
 
     fn handle(&mut self, msg: ChildStopped, ctx: &mut Context<Self>) {
         if let Some(slot) = self.slot(msg.task_index) {
-            self.live -= usize::from(slot.take().is_some());
+            self.live -= usize::from(std::mem::take(slot));
         }
         if self.live == 0 {
             self.keep = None;
@@ -257,26 +249,5 @@ impl Handler<UnitComplete> for Unit {
 
     fn handle(&mut self, _: UnitComplete, ctx: &mut Context<Self>) {
         ctx.stop();
-    }
-}
-
-impl Handler<CancelChildren> for Unit {
-    type Result = ();
-
-    fn handle(&mut self, msg: CancelChildren, _: &mut Context<Self>) {
-        for task in msg.tasks {
-            match self.slot(task) {
-                Some(Some(child)) => {
-                    // Gone already: it stopped, and its ChildStopped is on its way.
-                    if let Some(child) = child.upgrade() {
-                        child.do_send(Cancel {
-                            reason: msg.reason.clone(),
-                        })
-                    }
-                }
-                Some(None) => self.cancelled.push((task, msg.reason.clone())),
-                None => {}
-            }
-        }
     }
 }

@@ -3,9 +3,13 @@
 //! Every unfinished child under the target is recorded `cancelled` through the coalescer, as
 //! any child's end is (so the first terminal row wins: a child that really ended first keeps
 //! its own end, and is not counted as cancelled). Queued children leave the queue at once and
-//! never start; running ones are told to stop (their runner is dropped, a command's process
-//! group killed). The request is answered once the rows are recorded: the slots they held are
-//! free, and a cancelled child's unit goes out whole like any other (a cancel raises no failure
+//! never start; running ones are told to stop through the engine's registry of live children,
+//! which reaches them whichever owner or unit incarnation started them (their runner is
+//! dropped, a command's process group killed). A running child keeps its slot until its runner
+//! is stopped or known gone (it never started, or its start was lost), so a session never runs
+//! more children than its capacity. The request is answered once the rows are recorded and
+//! those slots are free; a coalescer that restarts meanwhile is waited for, as a child waits
+//! for it. A cancelled child's unit goes out whole like any other (a cancel raises no failure
 //! notice).
 
 use actix::prelude::*;
@@ -15,17 +19,37 @@ use super::persist::{BatchView, Decided};
 use super::{Durable, EndNested, SessionOwner};
 use crate::actors::child::{HANDOFF_BACKOFF_MAX, HANDOFF_BACKOFF_START};
 use crate::actors::coalescer::Terminal;
-use crate::actors::unit::CancelChildren;
-use crate::actors::Engine;
+use crate::actors::{Engine, RunnersStopped};
 use crate::error::BroodError;
 use crate::events::Event;
 use crate::model::*;
 
-/// What cancelling a target decided: the cancelled rows to record, and how many children
-/// under it had ended already.
+/// What cancelling a target decided: the cancelled rows to record, how many children under it
+/// had ended already, and the running ones being stopped (they keep their slots until they
+/// are).
 struct Decision {
     rows: Vec<ChildRow>,
     already_finished: usize,
+    stopping: Option<(Vec<String>, RunnersStopped)>,
+}
+
+/// The running children a cancel stopped are stopped or known gone: their slots are free.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+struct RunnersGone {
+    children: Vec<String>,
+}
+
+impl Handler<RunnersGone> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, RunnersGone { children }: RunnersGone, ctx: &mut Context<Self>) {
+        for child in &children {
+            self.capacity.finish(child);
+        }
+        self.admit(ctx);
+        self.after_change(ctx);
+    }
 }
 
 impl SessionOwner {
@@ -36,6 +60,7 @@ impl SessionOwner {
         target: CancelTarget,
         reason: String,
         stored: Option<CallRow>,
+        ctx: &mut Context<Self>,
     ) -> ResponseFuture<Result<Cancelled, BroodError>> {
         let unknown = || BroodError::UnknownTarget {
             kind: target.kind(),
@@ -47,6 +72,7 @@ impl SessionOwner {
                 Some(tasks) => Ok(Decision {
                     rows: Vec::new(),
                     already_finished: tasks.len(),
+                    stopping: None,
                 }),
                 None => Err(unknown()),
             },
@@ -57,15 +83,31 @@ impl SessionOwner {
         };
         let engine = self.shared.clone();
         let session = self.session.session_id.clone();
+        let me = ctx.address().downgrade();
         Box::pin(async move {
-            let Decision { rows, already_finished } = decision;
+            let Decision {
+                rows,
+                already_finished,
+                stopping,
+            } = decision;
             if rows.is_empty() {
                 return Ok(Cancelled {
                     cancelled: Vec::new(),
                     already_finished,
                 });
             }
-            let mut cancelled = record_all(&engine, rows).await?;
+            let stopped = async {
+                let (children, runners) = stopping?;
+                runners.wait().await;
+                Some(children)
+            };
+            let (recorded, stopped) = futures::join!(record_all(&engine, rows), stopped);
+            // Their slots are free once the owner that held them knows (a successor of it
+            // counted afresh what it found alive).
+            if let (Some(children), Some(owner)) = (stopped, me.upgrade()) {
+                let _ = owner.send(RunnersGone { children }).await;
+            }
+            let mut cancelled = recorded?;
             engine.events.emit(&session, || Event::Cancel {
                 kind: target.kind(),
                 id: target.id().to_string(),
@@ -101,7 +143,7 @@ impl SessionOwner {
         let calls: Vec<String> = self.book.calls.keys().cloned().collect();
         let cancels: Vec<_> = calls
             .into_iter()
-            .map(|call| self.cancel(CancelTarget::Call(call), reason.clone(), None))
+            .map(|call| self.cancel(CancelTarget::Call(call), reason.clone(), None, ctx))
             .collect();
         let all = async move {
             let mut out = Cancelled::default();
@@ -122,8 +164,9 @@ impl SessionOwner {
     }
 
     /// Marks the unfinished children under `target` cancelled in the book (so nothing starts
-    /// them), takes them out of capacity, tells the units of those that run to stop them, and
-    /// returns their cancelled rows to record. None: the target names nothing in its call.
+    /// them), takes the queued ones out of capacity, tells those that run to stop (they leave
+    /// capacity once they did), and returns their cancelled rows to record. None: the target
+    /// names nothing in its call.
     fn decide_cancel(&mut self, target: &CancelTarget, reason: &str) -> Option<Decision> {
         let call = self.book.calls.get_mut(target.call_id()?)?;
         let tasks = target.tasks(&call.row)?;
@@ -131,8 +174,10 @@ impl SessionOwner {
         let mut decision = Decision {
             rows: Vec::new(),
             already_finished: 0,
+            stopping: None,
         };
-        let mut stop: Vec<(usize, u32)> = Vec::new();
+        let mut stop: Vec<u32> = Vec::new();
+        let mut queued: foldhash::HashSet<String> = Default::default();
         for task in tasks {
             let Some(row) = call.child(task) else {
                 // Recovery found this child's row damaged and resolved it: it is over.
@@ -148,7 +193,9 @@ impl SessionOwner {
                 continue; // an earlier cancel of it is being recorded
             }
             if row.status == ChildStatus::Running {
-                stop.extend(call.unit_pos(task).map(|u| (u, task)));
+                stop.push(task);
+            } else {
+                queued.insert(row.child_id.clone());
             }
             row.status = ChildStatus::Cancelled;
             row.finished_at_ms = Some(now);
@@ -156,28 +203,18 @@ impl SessionOwner {
             row.error = Some(reason.to_string());
             decision.rows.push(row);
         }
-        stop.sort_unstable();
-        // Marked where a unit reads it as it starts a child, before the units are told: a
-        // unit that reads the child's start first (it is ahead in its mailbox) still starts it
-        // only to end it `cancelled`, its runner never built.
+        // Whichever unit started them, and whether or not it has yet (one it starts from now
+        // on ends it `cancelled` as it starts, its runner never built).
         if !stop.is_empty() {
-            self.engine
-                .cancel_running(&call.row.call_id, stop.iter().map(|&(_, t)| t), reason);
-            for &(_, task) in &stop {
-                self.engine.factory.cancelled(&child_id(&call.row.call_id, task));
+            let call_id = &call.row.call_id;
+            let runners = self.engine.cancel_running(call_id, stop.iter().copied(), reason);
+            let children: Vec<String> = stop.iter().map(|&t| child_id(call_id, t)).collect();
+            for child in &children {
+                self.engine.factory.cancelled(child);
             }
+            decision.stopping = Some((children, runners));
         }
-        for run in stop.chunk_by(|a, b| a.0 == b.0) {
-            if let Some(addr) = call.units.get(run[0].0).and_then(|u| u.addr.as_ref()) {
-                // A unit that has not started them yet ends them as they start.
-                addr.do_send(CancelChildren {
-                    tasks: run.iter().map(|&(_, t)| t).collect(),
-                    reason: reason.to_string(),
-                });
-            }
-        }
-        let keys: foldhash::HashSet<String> = decision.rows.iter().map(|r| r.child_id.clone()).collect();
-        self.capacity.withdraw(&keys);
+        self.capacity.withdraw(&queued);
         Some(decision)
     }
 }
@@ -204,21 +241,23 @@ pub(crate) async fn end_nested(
     out
 }
 
-/// Hands the cancelled rows to the coalescer, each as a child's end is handed over (a failed
-/// hand-off is tried again, as a child tries again); the ids of those it stored `cancelled`.
+/// Hands the cancelled rows to the coalescer, each as a child's end is handed over: a failed
+/// hand-off, or one a restarting coalescer dropped unanswered, is tried again, as a child tries
+/// again. Gives up only when the engine has no coalescer any more (it is stopping). The ids of
+/// those it stored `cancelled`.
 async fn record_all(engine: &Engine, rows: Vec<ChildRow>) -> Result<Vec<String>, BroodError> {
     let sends = rows.into_iter().map(|row| async move {
         let mut backoff = HANDOFF_BACKOFF_START;
         loop {
-            match engine.hand_off(Terminal::Row(row.clone())).await {
+            let failed = match engine.hand_off(Terminal::Row(row.clone())).await {
                 Ok(Ok(status)) => return Ok((row.child_id, status)),
-                Ok(Err(e)) => {
-                    tracing::warn!(child = %row.child_id, retry_in = ?backoff, "recording a cancel failed: {e}");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(HANDOFF_BACKOFF_MAX);
-                }
-                Err(_) => return Err(BroodError::Stopped),
-            }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) if engine.coalescer().is_none() => return Err(BroodError::Stopped),
+                Err(_) => "the coalescer stopped before it answered".to_string(),
+            };
+            tracing::warn!(child = %row.child_id, retry_in = ?backoff, "recording a cancel failed: {failed}");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(HANDOFF_BACKOFF_MAX);
         }
     });
     let stored = join_all(sends).await.into_iter().collect::<Result<Vec<_>, _>>()?;

@@ -462,9 +462,9 @@ impl Handler<SyncReceived> for SessionOwner {
 impl Handler<Cancel> for SessionOwner {
     type Result = ResponseFuture<Result<Cancelled, BroodError>>;
 
-    fn handle(&mut self, msg: Cancel, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: Cancel, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
-        self.cancel(msg.target, msg.reason, msg.stored)
+        self.cancel(msg.target, msg.reason, msg.stored, ctx)
     }
 }
 
@@ -621,13 +621,14 @@ impl SessionOwner {
         let id = self.session.session_id.clone();
         tracing::warn!(session = %id, "the session's lease was taken over by another process; it is no longer served here");
         for call in self.book.calls.values() {
-            for unit in &call.units {
-                if let Some(addr) = &unit.addr {
-                    addr.do_send(crate::actors::unit::CancelChildren {
-                        tasks: unit.row.tasks.clone(),
-                        reason: "the session moved to another process".to_string(),
-                    });
-                }
+            let running = call.children().filter(|c| c.status == ChildStatus::Running);
+            let tasks: Vec<u32> = running.map(|c| c.task_index).collect();
+            if !tasks.is_empty() {
+                // Not waited for: what they end with is refused anyway.
+                drop(
+                    self.engine
+                        .cancel_running(&call.row.call_id, tasks, "the session moved to another process"),
+                );
             }
         }
         self.engine.forget_share(&id);

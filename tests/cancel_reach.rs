@@ -1,0 +1,267 @@
+//! A cancel reaches what it cancels whatever incarnation of its session's owner, of its unit
+//! or of the coalescer holds it now: after an owner was rebuilt (on request or after a panic)
+//! a running child's runner is stopped — a command's process is gone — and the session never
+//! runs more children than its capacity; after a unit was replaced following a panic its
+//! running child is stopped; a cancel decided while the coalescer restarts is recorded and
+//! answered, not dropped.
+//!
+//! Fault points are process-wide, so the tests of this file run one at a time (`SERIAL`).
+#![cfg(feature = "failpoints")]
+// The lock serialises whole tests, each on a runtime of its own; holding it across awaits is the point.
+#![allow(clippy::await_holding_lock)]
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use brood::*;
+use serde_json::json;
+
+mod common;
+use common::*;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Takes the fault-point lock and starts from a clean slate.
+fn serial() -> MutexGuard<'static, ()> {
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    failpoints::disarm_all();
+    guard
+}
+
+/// An engine over `dir` with the test runners and `command`.
+fn open(dir: &Path, kit: &Kit) -> Brood {
+    let mut runners = kit.runners();
+    runners.register_command();
+    Brood::open(BroodConfig::new(dir.join("ledger")).runners(runners)).unwrap()
+}
+
+async fn session(b: &Brood, capacity: u32) {
+    b.open_session(
+        "s",
+        SessionOptions::default().wake(|_| {}).max_concurrent_children(capacity),
+    )
+    .await
+    .unwrap();
+}
+
+async fn delegate(b: &Brood, request: DelegateRequest) -> String {
+    b.delegate("s", request)
+        .await
+        .map_err(|e| e.error)
+        .unwrap()
+        .call_id()
+        .to_string()
+}
+
+async fn cancel_child(b: &Brood, child: &str) -> Cancelled {
+    b.cancel(CancelTarget::Child(child.to_string()), "the test", None)
+        .await
+        .expect("cancel")
+}
+
+fn only(child: &str) -> Cancelled {
+    Cancelled {
+        cancelled: vec![child.to_string()],
+        already_finished: 0,
+    }
+}
+
+/// Whether a process is gone: no such pid, or a zombie nobody reaped yet (it is dead).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// The pid a command wrote to `file`, once it did.
+async fn pid_in(file: &Path) -> u32 {
+    wait_for!(
+        "the command wrote its pid",
+        std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+    )
+}
+
+/// Capacity 1: child `a` runs (a hold), child `b` (a hold) waits for its slot. Returns the call.
+async fn one_running_one_queued(e: &Kit, b: &Brood) -> String {
+    session(b, 1).await;
+    let call = delegate(
+        b,
+        DelegateRequest::background(vec![task("a", hold()), task("b", hold())]).independent(),
+    )
+    .await;
+    wait_for!("a running, b queued", {
+        let st = b.counts("s").await.unwrap();
+        (e.holds.started().len() == 1 && st.running == 1 && st.queued == 1).then_some(())
+    });
+    call
+}
+
+/// After the owner was rebuilt, cancelling the running child stops its runner before the
+/// child waiting for its slot starts, and both end `cancelled`.
+async fn cancel_after_rebuild(rebuild: impl AsyncFnOnce(&Brood)) {
+    let dir = tempfile::tempdir().unwrap();
+    let kit = Kit::default();
+    let b = open(dir.path(), &kit);
+    let call = one_running_one_queued(&kit, &b).await;
+    let (a, second) = (child_id(&call, 0), child_id(&call, 1));
+
+    rebuild(&b).await;
+    assert_eq!(b.counts("s").await.unwrap().running, 1, "the running child was adopted");
+
+    assert_eq!(cancel_child(&b, &a).await, only(&a));
+    wait_for!(
+        "b started in the freed slot",
+        (kit.holds.started().len() == 2).then_some(())
+    );
+    assert_eq!(kit.holds.started(), vec![a.clone(), second.clone()]);
+    assert_eq!(
+        kit.holds.most_alive(),
+        1,
+        "b started while the cancelled a still ran: the session ran more children than its capacity"
+    );
+    assert_eq!(kit.holds.stopped(), 1, "a's runner was stopped");
+
+    assert_eq!(cancel_child(&b, &second).await, only(&second));
+    wait_for!("b's runner stopped", (kit.holds.stopped() == 2).then_some(()));
+    let got = collect_results(&b, "s", 2).await;
+    assert!(got.iter().all(|i| i.status == ChildStatus::Cancelled), "{got:?}");
+    b.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_after_restart_owner_stops_the_adopted_child_before_its_slot_is_given_again() {
+    let _g = serial();
+    cancel_after_rebuild(async |b: &Brood| b.restart_owner("s").await.expect("restart")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_after_an_owner_panic_stops_the_adopted_child_before_its_slot_is_given_again() {
+    let _g = serial();
+    cancel_after_rebuild(async |b: &Brood| {
+        failpoints::arm("owner_handler", 1);
+        // A boundary passes the owner's fault point: the owner panics and is rebuilt.
+        let lost = b.boundary("s", "t", LONG_LEASE).await;
+        assert!(lost.is_err(), "the owner did not panic: {lost:?}");
+        assert_eq!(failpoints::remaining("owner_handler"), 0);
+        wait_for!("the owner rebuilt", b.counts("s").await.ok());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_after_restart_owner_kills_the_running_command() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let kit = Kit::default();
+    let b = open(dir.path(), &kit);
+    session(&b, 1).await;
+    let pid_file = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 600", pid_file.display());
+    let call = delegate(
+        &b,
+        DelegateRequest::background(vec![task(
+            "sleeps",
+            json!({"kind": "command", "argv": ["sh", "-c", script]}),
+        )]),
+    )
+    .await;
+    let pid = pid_in(&pid_file).await;
+    assert!(!gone(pid), "the command runs");
+
+    b.restart_owner("s").await.expect("restart");
+    let child = child_id(&call, 0);
+    assert_eq!(cancel_child(&b, &child).await, only(&child));
+    wait_for!("the command's process gone", gone(pid).then_some(()));
+    let got = collect_results(&b, "s", 1).await;
+    assert_eq!(got[0].status, ChildStatus::Cancelled);
+    b.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_reaches_a_running_child_whose_unit_was_replaced_after_a_panic() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let kit = Kit::default();
+    let b = open(dir.path(), &kit);
+    session(&b, 2).await;
+    // One unit: x and a start at once; b waits for x's slot.
+    let call = delegate(
+        &b,
+        DelegateRequest::background(vec![task("x", gate("x")), task("a", hold()), task("b", hold())]),
+    )
+    .await;
+    let (a, second) = (child_id(&call, 1), child_id(&call, 2));
+    wait_for!("x and a running", {
+        let st = b.counts("s").await.unwrap();
+        (kit.holds.started() == vec![a.clone()] && st.running == 2).then_some(())
+    });
+    // The unit panics as it is handed b: a keeps running, b is queued again and started by
+    // the unit's replacement.
+    failpoints::arm("unit_handler", 1);
+    kit.gates.open("x");
+    wait_for!(
+        "b started by the replaced unit",
+        (kit.holds.started().len() == 2).then_some(())
+    );
+    assert_eq!(failpoints::remaining("unit_handler"), 0, "the unit never panicked");
+    assert_eq!(kit.holds.started(), vec![a.clone(), second.clone()]);
+
+    assert_eq!(cancel_child(&b, &a).await, only(&a));
+    wait_for!("a's runner stopped", (kit.holds.stopped() == 1).then_some(()));
+    assert_eq!(b.counts("s").await.unwrap().running, 1, "b runs on");
+    assert_eq!(cancel_child(&b, &second).await, only(&second));
+    wait_for!("b's runner stopped", (kit.holds.stopped() == 2).then_some(()));
+    let got = collect_results(&b, "s", 3).await;
+    let cancelled: Vec<&str> = got
+        .iter()
+        .filter(|i| i.status == ChildStatus::Cancelled)
+        .map(|i| i.child_id.as_str())
+        .collect();
+    assert_eq!(cancelled, vec![a.as_str(), second.as_str()], "{got:?}");
+    b.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_while_the_coalescer_restarts_is_recorded_and_answered() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let kit = Kit::default();
+    let b = open(dir.path(), &kit);
+    let call = one_running_one_queued(&kit, &b).await;
+    let (a, queued) = (child_id(&call, 0), child_id(&call, 1));
+
+    // The coalescer panics on the cancel's row, and is restarted.
+    failpoints::arm("coalescer_handler", 1);
+    assert_eq!(cancel_child(&b, &queued).await, only(&queued));
+    assert_eq!(
+        failpoints::remaining("coalescer_handler"),
+        0,
+        "the coalescer never panicked"
+    );
+    let st = b.counts("s").await.unwrap();
+    assert_eq!((st.running, st.queued), (1, 0), "the cancelled child left the queue");
+    assert_eq!(
+        cancel_child(&b, &queued).await,
+        Cancelled {
+            cancelled: vec![],
+            already_finished: 1
+        },
+        "the cancel was recorded"
+    );
+    let got = collect_results(&b, "s", 1).await;
+    assert_eq!(
+        (got[0].child_id.as_str(), got[0].status),
+        (queued.as_str(), ChildStatus::Cancelled)
+    );
+
+    assert_eq!(cancel_child(&b, &a).await, only(&a));
+    collect_results(&b, "s", 1).await;
+    assert_eq!(kit.holds.started(), vec![a], "the cancelled queued child never started");
+    b.shutdown();
+}
