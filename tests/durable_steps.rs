@@ -451,10 +451,13 @@ async fn a_child_cancelled_while_its_lost_start_is_requeued_stays_cancelled() {
         "the lost start's requeue to be decided",
         (!failpoints::armed("requeue_flush_stall")).then_some(())
     );
-    let cancelled = t
+    // No unit starts it again: the cancel, which waits for it to stop, is answered.
+    let cancel = t
         .b()
-        .cancel(brood::CancelTarget::Child(brood::child_id(&first, 0)), "the test", None)
+        .cancel(brood::CancelTarget::Child(brood::child_id(&first, 0)), "the test", None);
+    let cancelled = tokio::time::timeout(DEADLINE, cancel)
         .await
+        .expect("the cancel of a child whose start was lost is answered")
         .unwrap();
     assert_eq!(cancelled.cancelled, vec![brood::child_id(&first, 0)]);
     // The slot it held is free: a later call runs.

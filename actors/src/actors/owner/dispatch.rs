@@ -431,12 +431,18 @@ impl SessionOwner {
             restore,
             then: Box::new(move |act, ctx, res| match res {
                 // A cancel decided while the requeue was being written ended the child: it
-                // stays as its cancel left it (out of capacity), and is not queued again.
+                // stays as its cancel left it (out of capacity), and is not queued again. No
+                // unit starts it, so the cancel, which waits for it to stop, is told it is gone.
                 Ok(())
                     if act
                         .book
                         .child(&child_id)
-                        .is_none_or(|r| r.status != ChildStatus::Running || act.book.cancelling(r)) => {}
+                        .is_none_or(|r| r.status != ChildStatus::Running || act.book.cancelling(r)) =>
+                {
+                    if let Some((call_id, task)) = parse_child_id(&child_id) {
+                        act.engine.forget_cancel(call_id, task);
+                    }
+                }
                 Ok(()) => {
                     act.emit_child(&queued);
                     act.book.rowed.insert(queued.child_id.clone());
