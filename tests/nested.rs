@@ -372,3 +372,97 @@ async fn a_nested_session_survives_a_restart_and_is_ended_when_its_child_ended_m
     let err = delegate(b, &child, vec![task("late", sim(0))]).await.unwrap_err();
     assert!(matches!(err, BroodError::ParentEnded { .. }), "{err:?}");
 }
+
+/// A top-level session "p" whose one child waits at the gate "parent", and that child's session
+/// opened (one child at a time) with a call of two held children, the first running and the
+/// second queued: the child's id and the nested children's ids.
+async fn parent_with_a_queued_nested_child(e: &Engine) -> (String, String, String) {
+    let b = e.b();
+    open_wake(b, "p").await;
+    let call = delegate(b, "p", vec![task("parent", gate("parent"))]).await.unwrap();
+    let child = child_id(&call, 0);
+    wait_for!(
+        "the parent child runs",
+        (status_of(b, "p", &child).await == Some(ChildStatus::Running)).then_some(())
+    );
+    b.open_session(
+        &child,
+        SessionOptions::default().wake(|_| {}).max_concurrent_children(1),
+    )
+    .await
+    .unwrap();
+    let inner = delegate(b, &child, vec![task("first", hold()), task("second", hold())])
+        .await
+        .unwrap();
+    let (first, second) = (child_id(&inner, 0), child_id(&inner, 1));
+    wait_for!(
+        "the first nested child runs",
+        e.started().contains(&first).then_some(())
+    );
+    assert_eq!(status_of(b, &child, &second).await, Some(ChildStatus::Queued));
+    (child, first, second)
+}
+
+/// Its session refuses calls, its queued child was cancelled (never started), and its running
+/// one ended.
+async fn assert_ended(e: &Engine, child: &str, first: &str, second: &str) {
+    let b = e.b();
+    wait_for!(
+        "the queued nested child is cancelled",
+        (status_of(b, child, second).await == Some(ChildStatus::Cancelled)).then_some(())
+    );
+    assert!(
+        !e.started().contains(&second.to_string()),
+        "the queued nested child never started"
+    );
+    wait_for!(
+        "the running nested child ends",
+        status_of(b, child, first)
+            .await
+            .is_some_and(ChildStatus::is_terminal)
+            .then_some(())
+    );
+    let err = delegate(b, child, vec![task("late", sim(0))]).await.unwrap_err();
+    assert!(matches!(err, BroodError::ParentEnded { .. }), "{err:?}");
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_ends_while_its_nested_sessions_owner_is_rebuilt_ends_that_session() {
+    let e = Engine::new();
+    let (child, first, second) = parent_with_a_queued_nested_child(&e).await;
+    let b = e.b();
+    // The nested session's owner is rebuilt, held once it has read its rows: the child's end
+    // is told to no live owner.
+    failpoints::arm("rebuild_hold", 1);
+    let (restarted, ()) = tokio::join!(b.restart_owner(&child), async {
+        wait_for!(
+            "the rebuild to be held",
+            (!failpoints::armed("rebuild_hold")).then_some(())
+        );
+        e.kit.gates.open("parent");
+        let parent = collect_results(b, "p", 1).await;
+        assert_eq!(parent[0].status, ChildStatus::Succeeded);
+        failpoints::release("rebuild_hold");
+    });
+    restarted.unwrap();
+    assert_ended(&e, &child, &first, &second).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_session_ended_by_its_child_stays_ended_when_its_owner_is_rebuilt() {
+    let e = Engine::new();
+    let (child, first, second) = parent_with_a_queued_nested_child(&e).await;
+    let b = e.b();
+    e.kit.gates.open("parent");
+    collect_results(b, "p", 1).await;
+    assert_ended(&e, &child, &first, &second).await;
+    b.restart_owner(&child).await.unwrap();
+    // The rebuilt owner knows its child ended from the ledger: it takes no call either.
+    wait_for!(
+        "the rebuilt owner answers",
+        b.status(&child).await.is_ok().then_some(())
+    );
+    let err = delegate(b, &child, vec![task("late", sim(0))]).await.unwrap_err();
+    assert!(matches!(err, BroodError::ParentEnded { .. }), "{err:?}");
+}

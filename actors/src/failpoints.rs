@@ -4,10 +4,11 @@
 //! `ledger_write_stall` (a flush or write that succeeds 400 ms late), `coalescer_handoff`, `owner_handler`, `unit_handler`,
 //! `coalescer_handler`, `runner_hang`, `requeue_flush_stall` (the flush of a lost start's
 //! requeue is 400 ms late), `events_subscribe_stall` (a subscriber that takes 400 ms between
-//! finding its session's event channel and joining it)). Tests arm a point with [`arm`] for a
-//! number of hits; while
-//! armed, the point fails (an error for I/O points, a panic for handler points). Without the
-//! feature, [`crate::failpoint!`] expands to nothing and this module has only inert stand-ins.
+//! finding its session's event channel and joining it), `rebuild_hold` (an owner rebuilt from
+//! the ledger is held, its rows read, until [`release`])). Tests arm a point with [`arm`] for a
+//! number of hits; while armed, the point fails (an error for I/O points, a panic for handler
+//! points, a wait for hold points). Without the feature, [`crate::failpoint!`] expands to
+//! nothing and this module has only inert stand-ins.
 
 #[cfg(feature = "failpoints")]
 use std::collections::HashMap;
@@ -17,6 +18,15 @@ use std::sync::Mutex;
 #[cfg(feature = "failpoints")]
 static POINTS: Mutex<Option<HashMap<&'static str, u64>>> = Mutex::new(None);
 
+/// The hold points code waits at until they are released.
+#[cfg(feature = "failpoints")]
+static HELD: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+
+/// The longest a hold point waits for its release: a test that never releases it fails on its
+/// own deadline instead of hanging.
+#[cfg(feature = "failpoints")]
+const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Arms `name` to fire on its next `times` hits (u64::MAX: until disarmed).
 #[cfg(feature = "failpoints")]
 pub fn arm(name: &'static str, times: u64) {
@@ -25,11 +35,39 @@ pub fn arm(name: &'static str, times: u64) {
     }
 }
 
-/// Disarms every point.
+/// Disarms every point, and releases every hold.
 #[cfg(feature = "failpoints")]
 pub fn disarm_all() {
     if let Ok(mut guard) = POINTS.lock() {
         *guard = None;
+    }
+    if let Ok(mut held) = HELD.lock() {
+        held.clear();
+    }
+}
+
+/// Where `name` fires, waits (the calling thread blocked) until the test [`release`]s it, for
+/// [`MAX_HOLD`] at most. A test arms it for one hit and waits for [`armed`] to turn false to
+/// know that code is held there.
+#[cfg(feature = "failpoints")]
+pub fn hold(name: &'static str) {
+    if !fires(name) {
+        return;
+    }
+    if let Ok(mut held) = HELD.lock() {
+        held.push(name);
+    }
+    let deadline = std::time::Instant::now() + MAX_HOLD;
+    while std::time::Instant::now() < deadline && HELD.lock().is_ok_and(|h| h.contains(&name)) {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Lets code held at `name` go on.
+#[cfg(feature = "failpoints")]
+pub fn release(name: &'static str) {
+    if let Ok(mut held) = HELD.lock() {
+        held.retain(|h| *h != name);
     }
 }
 
@@ -69,6 +107,11 @@ pub fn fires(name: &'static str) -> bool {
 pub fn fires(_name: &'static str) -> bool {
     false
 }
+
+/// Never waits without the `failpoints` feature.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hold(_name: &'static str) {}
 
 /// Returns `Err(LedgerError::Injected(name))` from the enclosing function when `name` fires.
 #[macro_export]

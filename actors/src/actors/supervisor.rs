@@ -226,6 +226,7 @@ impl Supervisor {
 
     fn spawn_owner(&mut self, owner: SessionOwner, ctx: &mut Context<Self>) -> Addr<SessionOwner> {
         let id = owner.session_id().to_string();
+        let check_parent = owner.checks_parent();
         let (addr, exit): (_, futures::future::LocalBoxFuture<'static, Exit>) = match self.engine.routing_arbiter(&id) {
             Some(arbiter) => {
                 let (addr, exit) = supervise::spawn_in(arbiter, move || owner);
@@ -234,6 +235,11 @@ impl Supervisor {
             None => supervise::spawn(owner),
         };
         self.engine.owners.insert(id.clone(), addr.clone());
+        if check_parent {
+            // Now that an end of its child is told to this owner, it reads whether the child
+            // ended before.
+            addr.do_send(super::owner::CheckParent);
+        }
         // Watched from a task of its own: a future per session parked in this context would
         // be polled on every message the supervisor handles.
         let me = ctx.address().downgrade();
@@ -621,6 +627,7 @@ fn rebuild_owner(engine: &Engine, id: &str, wake: Option<Arc<dyn Wake>>) -> Resu
     engine.ledger.flush()?;
     let (mut owner, _) = recover_session(engine, id, Recovery::Owner)?
         .ok_or_else(|| LedgerError::storage_msg(format!("session `{id}` has no row")))?;
+    crate::failpoints::hold("rebuild_hold");
     if let Some(wake) = wake {
         owner.bind_wake(wake);
     }

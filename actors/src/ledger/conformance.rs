@@ -157,7 +157,7 @@ pub(crate) fn call_row(session_id: &str, call_id: &str, tasks: u32) -> CallRow {
     }
 }
 
-fn child_row(session_id: &str, call_id: &str, index: u32, status: ChildStatus) -> ChildRow {
+pub(crate) fn child_row(session_id: &str, call_id: &str, index: u32, status: ChildStatus) -> ChildRow {
     let id = child_id(call_id, index);
     let terminal = status.is_terminal();
     ChildRow {

@@ -108,6 +108,17 @@ pub fn nest_parent(session_id: &str) -> Option<(&str, u32)> {
     parse_child_id(session_id).filter(|(call, _)| call.starts_with("deleg_") && call.len() > "deleg_".len())
 }
 
+/// Whether the child a nested session is named after has ended, as the ledger stores it (`call`
+/// and `child` are its call's row and its own, when stored): its row is terminal, or its call
+/// is stored no more (retention removed it with everything under it). A child without a row of
+/// its own has not ended: it is queued, or running under its call's start row.
+pub fn stored_child_ended(call: Option<&CallRow>, child: Option<&ChildRow>) -> bool {
+    match child {
+        Some(row) => row.status.is_terminal(),
+        None => call.is_none(),
+    }
+}
+
 /// The redrives of one item: each time it was put back from the dead-letter list, with what
 /// its dead letter said then (the newest last; at most [`MAX_REDRIVE_HISTORY`] kept).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -684,3 +684,36 @@ mod tests {
         assert_eq!(parse_dedup_key("nonsense"), None);
     }
 }
+
+#[cfg(test)]
+mod nest_tests {
+    use super::*;
+    use crate::ledger::conformance::{call_row, child_row};
+
+    #[test]
+    fn a_nested_sessions_child_has_ended_when_its_row_is_terminal_or_its_call_is_gone() {
+        let call = call_row("p", "deleg_00000000000000aa", 1);
+        let mut row = child_row("p", &call.call_id, 0, ChildStatus::Queued);
+        assert!(
+            !stored_child_ended(Some(&call), None),
+            "queued or running under a start row"
+        );
+        for status in [ChildStatus::Queued, ChildStatus::Running] {
+            row.status = status;
+            assert!(!stored_child_ended(Some(&call), Some(&row)), "{status:?}");
+        }
+        for status in [
+            ChildStatus::Succeeded,
+            ChildStatus::Failed,
+            ChildStatus::Cancelled,
+            ChildStatus::Unknown,
+        ] {
+            row.status = status;
+            assert!(stored_child_ended(Some(&call), Some(&row)), "{status:?}");
+        }
+        assert!(
+            stored_child_ended(None, None),
+            "its call was removed with everything under it"
+        );
+    }
+}

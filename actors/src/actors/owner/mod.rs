@@ -115,6 +115,8 @@ pub struct SessionOwner {
     consumers: std::collections::HashMap<String, String>,
     /// The session's lease was lost: the owner stops once its batch in flight is answered.
     moved: bool,
+    /// Recovered from stored rows (at a start, a rebuild or a takeover), not made afresh.
+    recovered: bool,
 }
 
 impl std::fmt::Debug for SessionOwner {
@@ -142,6 +144,7 @@ impl SessionOwner {
             parent_ended: None,
             consumers: Default::default(),
             moved: false,
+            recovered: false,
             capacity: Capacity::counted(session.max_concurrent_children as usize, engine.live.clone()),
             router: Router::new(session.max_delivery_attempts),
             shared: Arc::new(engine.clone()),
@@ -201,6 +204,12 @@ impl SessionOwner {
     /// (before it admits anything) and takes no more.
     pub(crate) fn end_nested_when_started(&mut self, reason: String) {
         self.parent_ended = Some(reason);
+    }
+
+    /// Whether this owner was recovered from stored rows for a nested session, so that its
+    /// child may have ended while it was not served (see [`CheckParent`]).
+    pub(crate) fn checks_parent(&self) -> bool {
+        self.recovered && nest_parent(&self.session.session_id).is_some()
     }
 
     /// The session this owner routes.
@@ -351,6 +360,64 @@ impl SessionOwner {
         if crate::failpoints::fires("owner_handler") {
             panic!("injected fault: owner_handler (session {})", self.session.session_id);
         }
+    }
+}
+
+/// Sent to a recovered nested session's owner once it is registered as its session's owner:
+/// the owner reads its child's stored row, and ends itself if that child ended. Its child may
+/// have ended while no owner could be told (its owner was being rebuilt, the session was being
+/// taken over or served nowhere, or the end reached an owner that died before it acted): the end
+/// is stored before it is told, and it is told to whichever owner is registered then, so one
+/// that registered later reads it.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(crate) struct CheckParent;
+
+/// How long a failed read of a nested session's child waits to be tried again.
+const CHECK_PARENT_RETRY: Duration = Duration::from_secs(1);
+
+impl Handler<CheckParent> for SessionOwner {
+    type Result = ();
+
+    fn handle(&mut self, _: CheckParent, ctx: &mut Context<Self>) {
+        let session = self.session.session_id.clone();
+        let Some((call_id, _)) = nest_parent(&session) else {
+            return;
+        };
+        if self.parent_ended.is_some() {
+            return;
+        }
+        let (call_id, parent) = (
+            call_id.to_string(),
+            self.engine.nest(&session).map(|n| n.parent_session_id),
+        );
+        let ledger = self.engine.ledger.clone();
+        let child = session.clone();
+        let read = crate::ledger::off_thread("reading a nested session's child", move || {
+            let call = match parent {
+                Some(parent) => ledger.call(&parent, &call_id)?,
+                None => ledger.find_call(&call_id)?,
+            };
+            let row = match &call {
+                Some(call) => ledger.child(&call.session_id, &child)?,
+                None => None,
+            };
+            Ok(stored_child_ended(call.as_ref(), row.as_ref()))
+        });
+        read.into_actor(self)
+            .map(move |ended, act, ctx| match ended {
+                Ok(true) if act.parent_ended.is_none() => {
+                    tracing::info!(session = %session, "a nested session's child ended while it was not served: it is ended now");
+                    let (tx, _) = oneshot::channel();
+                    act.submit(Durable::EndNested(format!("its parent child `{session}` ended"), tx), ctx);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(session = %session, "reading a nested session's child failed (tried again soon): {e}");
+                    ctx.notify_later(CheckParent, CHECK_PARENT_RETRY);
+                }
+            })
+            .spawn(ctx);
     }
 }
 

@@ -25,6 +25,7 @@ impl SessionOwner {
         let wake_url = snapshot.wake_url.clone();
         let plan = recovery::plan(&session, snapshot, mode, &live, now_ms());
         let mut owner = SessionOwner::new(engine, session);
+        owner.recovered = true;
         if let Some(url) = &wake_url {
             owner.bind_wake_url(url);
         }
