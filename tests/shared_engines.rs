@@ -1,6 +1,6 @@
-//! Engines sharing one PostgreSQL ledger where a review found holes: a start that read the
-//! ledger before it took its leases, and nested sessions served apart from their parents.
-//! Each failed before its mend.
+//! Engines sharing one PostgreSQL ledger: a starting process reads what it serves only after it
+//! took its leases, a nested session is served where its parent session is, and a process that
+//! takes a nested session up knows it is nested.
 
 mod common;
 
@@ -44,12 +44,11 @@ fn waiting_on(url: &str, table: &str) -> bool {
     std::panic::catch_unwind(move || pg_testkit::execute(&url, &sql)).is_ok()
 }
 
-/// Supervisor::start_engine reads the whole ledger (supervisor.rs:141) BEFORE it takes the free
-/// leases (:145). A holder that writes in between (here: b acks its claims, then stops
-/// cleanly and gives its leases back, as in a rolling restart) is missed: a recovers the
-/// session from the stale snapshot, returns the acked claims, and hands the acked items out
-/// again (I2). The load is held up between the tables it reads by a lock on `wakes` (read
-/// after acks/children/claims), standing in for a large ledger's long load.
+/// A starting process reads the sessions it serves only after it took their leases: a holder
+/// that writes until it gives its leases back (here: b acks its claims, then stops cleanly, as
+/// in a rolling restart) is never read from before those writes, so no acked item is handed
+/// out again (I2). The load is held up between the tables it reads by a lock on `wakes` (read
+/// after acks, children and claims), standing in for a large ledger's long load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_starting_process_must_not_recover_from_a_snapshot_read_before_its_leases() {
     let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
@@ -174,10 +173,8 @@ async fn a_nested_session_is_opened_where_its_parent_is_served() {
     b.shutdown();
 }
 
-/// Engine::nests is filled once at start (supervisor.rs:161) and by add_nest for sessions this
-/// process creates; adopt_session of an existing nested session returns no nest row
-/// (supervisor.rs:~736), so a process that takes a nested session up later thinks it is
-/// top-level: max_depth is bypassed there (dispatch.rs:33).
+/// A process that takes a nested session up later (started before it existed) knows it is
+/// nested: max_depth holds there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_depth_holds_in_a_process_that_took_a_nested_session_up() {
     let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
@@ -210,4 +207,60 @@ async fn max_depth_holds_in_a_process_that_took_a_nested_session_up() {
         ),
     }
     b.shutdown();
+}
+
+/// A process that starts while a nested session's lease is free (its holder paused past it,
+/// say) leaves that session to the process that serves its parent, where the end of its child
+/// and a cancel of its parent's call reach it: cancelling the parent's call ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_process_leaves_a_nested_session_to_the_holder_of_its_parent() {
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = pg_testkit::url();
+    let schema = pg_testkit::fresh_schema();
+    let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
+    let (call, child) = parent_running(&a).await;
+    a.open_session(
+        &child,
+        brood::SessionOptions::default().wake(|_| {}).max_concurrent_children(1),
+    )
+    .await
+    .unwrap();
+    let nested = a
+        .delegate(
+            &child,
+            DelegateRequest::background(vec![task("n1", sim(600_000)), task("n2", sim(600_000))]),
+        )
+        .await
+        .expect("a nested call while the parent child runs")
+        .call_id()
+        .to_string();
+    pg_testkit::execute(
+        &url,
+        &format!("UPDATE \"{schema}\".session_leases SET expires_at = now() - interval '1 second' WHERE session = '{child}'::bytea"),
+    );
+    // c starts while the nested session's lease is free.
+    let c = sharing(&dir.path().join("c"), &kit, &url, &schema, "c", 2);
+    let cancelled = a
+        .cancel(brood::CancelTarget::Call(call.clone()), "the test", None)
+        .await
+        .expect("cancel the parent's call");
+    assert_eq!(cancelled.cancelled, vec![child.clone()]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(!c.sessions().contains(&child), "served apart from its parent");
+        if let Ok(st) = a.status(&child).await {
+            let ended = (0..2).all(|i| child_status(&st, &nested, i).is_some_and(brood::ChildStatus::is_terminal));
+            if ended {
+                assert_eq!(child_status(&st, &nested, 1), Some(brood::ChildStatus::Cancelled));
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the nested session's children were not ended with its parent's call"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    a.shutdown();
+    c.shutdown();
 }

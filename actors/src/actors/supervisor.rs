@@ -155,7 +155,9 @@ impl Supervisor {
                         }
                     }
                 }));
-                Some(leases.acquire_free()?.into_iter().collect())
+                let mut taken = leases.acquire_free()?.into_iter().collect();
+                adopt::give_back_nests_apart(&engine, &**leases, &mut taken)?;
+                Some(taken)
             }
             None => None,
         };

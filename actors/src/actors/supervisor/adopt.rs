@@ -7,7 +7,9 @@ use super::{recover_session, store_session, Supervisor};
 use crate::actors::owner::SessionOwner;
 use crate::actors::{running, Engine};
 use crate::error::BroodError;
-use crate::ledger::LedgerError;
+use std::collections::HashSet;
+
+use crate::ledger::{LeaseHolder, Leases, LedgerError};
 use crate::model::{nest_parent, NestRow, SessionRow};
 use crate::recovery::Recovery;
 
@@ -132,15 +134,15 @@ fn adopt_session(
     // A nested session is served where its parent session is: the end of its child, and a
     // cancel of it, reach it there.
     if let Some(parent) = parent_session(engine, id, create.as_ref().and_then(|c| c.1.as_ref()))? {
-        if engine.owner(&parent).is_none() {
-            if let Some(crate::ledger::LeaseHolder::Elsewhere { address, .. }) = leases.holder(&parent)? {
-                tracing::debug!(session = %id, %parent, %address, "a nested session is served where its parent is");
-                // Taken by a sweep here: given back, for the parent's holder to take up.
-                if leases.holds(id) {
-                    leases.release(id);
-                }
-                return Ok(Adopted::Elsewhere(address));
+        let here = engine.owner(&parent).is_some();
+        let holder = if here { None } else { leases.holder(&parent)? };
+        if let Some(address) = nest_served_at(here, holder) {
+            tracing::debug!(session = %id, %parent, %address, "a nested session is served where its parent is");
+            // Taken by a sweep here: given back, for the parent's holder to take up.
+            if leases.holds(id) {
+                leases.release(id);
             }
+            return Ok(Adopted::Elsewhere(address));
         }
     }
     if let crate::ledger::LeaseHolder::Elsewhere { address, owner } = leases.acquire(id)? {
@@ -161,6 +163,40 @@ fn adopt_session(
         return Err(LedgerError::Fenced(id.to_string()).into());
     }
     adopted
+}
+
+/// Where a nested session is to be served, given whether its parent session is served here and
+/// who holds the parent's lease: at the address of the process that serves its parent, when
+/// that is another one; else here (its parent is served here, or by nobody now).
+fn nest_served_at(parent_here: bool, parent_holder: Option<LeaseHolder>) -> Option<String> {
+    match parent_holder {
+        Some(LeaseHolder::Elsewhere { address, .. }) if !parent_here => Some(address),
+        _ => None,
+    }
+}
+
+/// Gives back the leases a starting process took (`taken`) of the nested sessions whose parent
+/// session another process serves: each is served where its parent is, whose holder takes it
+/// up at its next sweep, and not here, where the end of its child would never reach it.
+pub(super) fn give_back_nests_apart(
+    engine: &Engine,
+    leases: &dyn Leases,
+    taken: &mut HashSet<String>,
+) -> Result<(), LedgerError> {
+    let nested: Vec<String> = taken.iter().filter(|id| nest_parent(id).is_some()).cloned().collect();
+    for id in nested {
+        let Some(parent) = parent_session(engine, &id, None)? else {
+            continue;
+        };
+        let here = taken.contains(&parent);
+        let holder = if here { None } else { leases.holder(&parent)? };
+        if let Some(address) = nest_served_at(here, holder) {
+            tracing::info!(session = %id, %parent, %address, "a nested session is left to the process that serves its parent");
+            leases.release(&id);
+            taken.remove(&id);
+        }
+    }
+    Ok(())
 }
 
 /// The parent session of `id`, when it is a nested session: from its nest row (`nest`, when it
@@ -194,4 +230,23 @@ fn take_up(engine: &Engine, id: &str, create: Option<(SessionRow, Option<NestRow
     };
     store_session(&*engine.ledger, &row, &nest)?;
     Ok(Adopted::Owner(Box::new(SessionOwner::new(engine.clone(), row)), nest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nested_session_is_served_where_its_parent_is() {
+        let elsewhere = || {
+            Some(LeaseHolder::Elsewhere {
+                owner: "b".into(),
+                address: "http://b".into(),
+            })
+        };
+        assert_eq!(nest_served_at(false, elsewhere()).as_deref(), Some("http://b"));
+        assert_eq!(nest_served_at(true, elsewhere()), None, "served here already");
+        assert_eq!(nest_served_at(false, None), None, "its parent is served by nobody now");
+        assert_eq!(nest_served_at(false, Some(LeaseHolder::Here(3))), None);
+    }
 }
