@@ -490,3 +490,72 @@ async fn a_child_cancelled_while_its_lost_start_is_requeued_stays_cancelled() {
     );
     assert!(probe.starts.lock().unwrap().is_empty(), "the cancelled child never ran");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_cancelled_while_its_refused_start_is_written_gives_its_slot_back() {
+    let _g = serial();
+    let mut t = TestBrood::new();
+    t.b()
+        .open_session("s", SessionOptions::default().wake(|_| {}).max_concurrent_children(1))
+        .await
+        .unwrap();
+    let first = t
+        .b()
+        .delegate("s", DelegateRequest::background(vec![task("first", gate("first"))]))
+        .await
+        .unwrap()
+        .call_id()
+        .to_string();
+    let second = t
+        .b()
+        .delegate("s", DelegateRequest::background(vec![task("second", probe(600_000))]))
+        .await
+        .unwrap()
+        .call_id()
+        .to_string();
+    // The second child is admitted once the first ends; the flush of its running mark fails,
+    // late, and the child is cancelled while it is written.
+    failpoints::arm("start_flush_slow_fail", 1);
+    t.kit.gates.open("first");
+    wait_for!(
+        "the second child's start to be decided",
+        (!failpoints::armed("start_flush_slow_fail")).then_some(())
+    );
+    let cancel = t.b().cancel(
+        brood::CancelTarget::Child(brood::child_id(&second, 0)),
+        "the test",
+        None,
+    );
+    let cancelled = tokio::time::timeout(DEADLINE, cancel)
+        .await
+        .expect("the cancel is answered")
+        .unwrap();
+    assert_eq!(cancelled.cancelled, vec![brood::child_id(&second, 0)]);
+    // Its slot is free: a later call runs.
+    let third = t
+        .b()
+        .delegate("s", DelegateRequest::background(vec![task("third", sim(0))]))
+        .await
+        .unwrap()
+        .call_id()
+        .to_string();
+    let items = collect_results(t.b(), "s", 3).await;
+    let status = |call: &str| {
+        items
+            .iter()
+            .find(|i| i.child_id == brood::child_id(call, 0))
+            .map(|i| i.status)
+    };
+    assert_eq!(status(&first), Some(brood::ChildStatus::Succeeded));
+    assert_eq!(status(&second), Some(brood::ChildStatus::Cancelled));
+    assert_eq!(
+        status(&third),
+        Some(brood::ChildStatus::Succeeded),
+        "the later call ran"
+    );
+    assert!(
+        t.kit.probe.starts.lock().unwrap().is_empty(),
+        "the cancelled child never ran"
+    );
+    assert_eq!(t.b().counts("s").await.unwrap().running, 0);
+}

@@ -1,7 +1,9 @@
 //! Fault injection points, compiled in only with the `failpoints` feature.
 //!
 //! A point is a name in the code (`ledger_write`, `ledger_flush`, `ledger_flush_stall` and
-//! `ledger_write_stall` (a flush or write that succeeds 400 ms late), `coalescer_handoff`, `owner_handler`, `unit_handler`,
+//! `ledger_write_stall` (a flush or write that succeeds 400 ms late), `ledger_flush_slow_fail` (a
+//! flush that fails 400 ms late), `start_flush_slow_fail` (the flush of admitted children's
+//! running marks fails 400 ms late), `coalescer_handoff`, `owner_handler`, `unit_handler`,
 //! `coalescer_handler`, `runner_hang`, `requeue_flush_stall` (the flush of a lost start's
 //! requeue is 400 ms late), `events_subscribe_stall` (a subscriber that takes 400 ms between
 //! finding its session's event channel and joining it), `rebuild_hold` (an owner rebuilt from

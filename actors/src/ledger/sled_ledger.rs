@@ -636,6 +636,11 @@ impl Ledger for SledLedger {
 
     fn flush(&self) -> Result<usize, LedgerError> {
         crate::failpoint!("ledger_flush");
+        if crate::failpoints::fires("ledger_flush_slow_fail") {
+            // A slow disk that gives up.
+            std::thread::sleep(std::time::Duration::from_millis(400));
+            return Err(LedgerError::Injected("ledger_flush_slow_fail"));
+        }
         let started = std::time::Instant::now();
         if crate::failpoints::fires("ledger_flush_stall") {
             // A slow disk: the flush succeeds, late.

@@ -340,6 +340,10 @@ impl SessionOwner {
         let now = now_ms();
         let rows: Vec<&ChildRow> = ids.iter().filter_map(|id| self.book.child(id)).collect();
         let (writes, restore) = self.start_marks(&rows, now);
+        #[cfg(feature = "failpoints")]
+        if crate::failpoints::fires("start_flush_slow_fail") {
+            crate::failpoints::arm("ledger_flush_slow_fail", 1);
+        }
         Decided::Step(Step {
             writes,
             restore,
@@ -355,8 +359,16 @@ impl SessionOwner {
                 }
                 Err(e) => {
                     tracing::warn!(session = %act.session.session_id, "running marks not durable ({e}); the children wait");
+                    // One cancelled meanwhile left capacity with its cancel: it is not queued
+                    // again (it would take a slot it never gives back).
                     for id in ids.iter().rev() {
-                        act.capacity.requeue_front(id.clone());
+                        if act
+                            .book
+                            .child(id)
+                            .is_some_and(|r| r.status == ChildStatus::Queued && !act.book.cancelling(r))
+                        {
+                            act.capacity.requeue_front(id.clone());
+                        }
                     }
                     ctx.run_later(ADMIT_RETRY, |act, ctx| act.admit(ctx));
                 }
