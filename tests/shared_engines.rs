@@ -264,3 +264,38 @@ async fn a_starting_process_leaves_a_nested_session_to_the_holder_of_its_parent(
     a.shutdown();
     c.shutdown();
 }
+
+/// A cancel decided by a process whose session another process took over (it has not noticed
+/// yet) is answered: its rows are refused, and it says the session is not served here (a
+/// retry reaches the new holder), instead of trying to record them for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_in_a_process_that_lost_its_session_is_answered() {
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = pg_testkit::url();
+    let schema = pg_testkit::fresh_schema();
+    let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
+    let (_, child) = parent_running(&a).await;
+    wait_for!(
+        "the child runs",
+        a.status("p")
+            .await
+            .ok()
+            .and_then(|st| child_status(&st, child.rsplit_once('.').unwrap().0, 0))
+            .filter(|s| *s == brood::ChildStatus::Running)
+    );
+    pg_testkit::execute(
+        &url,
+        &format!("UPDATE \"{schema}\".session_leases SET expires_at = now() - interval '1 second' WHERE session = 'p'::bytea"),
+    );
+    // b starts while p's lease is free, and takes it over.
+    let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
+    assert!(b.sessions().contains(&"p".to_string()), "b took p over");
+    let cancel = a.cancel(brood::CancelTarget::Child(child.clone()), "the test", None);
+    match tokio::time::timeout(DEADLINE, cancel).await {
+        Ok(Err(BroodError::LeaseLapsed { .. } | BroodError::Moved { .. })) => {}
+        Ok(other) => panic!("the cancel in the process that lost the session answered {other:?}"),
+        Err(_) => panic!("the cancel in the process that lost the session was never answered"),
+    }
+    a.shutdown();
+    b.shutdown();
+}

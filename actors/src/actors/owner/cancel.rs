@@ -18,7 +18,7 @@ use futures::future::join_all;
 use super::persist::{BatchView, Decided};
 use super::{Durable, EndNested, SessionOwner};
 use crate::actors::child::{HANDOFF_BACKOFF_MAX, HANDOFF_BACKOFF_START};
-use crate::actors::coalescer::Terminal;
+use crate::actors::coalescer::{HandOffError, Terminal};
 use crate::actors::{Engine, RunnersStopped};
 use crate::error::BroodError;
 use crate::events::Event;
@@ -243,14 +243,22 @@ pub(crate) async fn end_nested(
 
 /// Hands the cancelled rows to the coalescer, each as a child's end is handed over: a failed
 /// hand-off, or one a restarting coalescer dropped unanswered, is tried again, as a child tries
-/// again. Gives up only when the engine has no coalescer any more (it is stopping). The ids of
-/// those it stored `cancelled`.
+/// again. Gives up when the engine has no coalescer any more (it is stopping), or when another
+/// process took the session over (its rows are refused here). The ids of those it stored
+/// `cancelled`.
 async fn record_all(engine: &Engine, rows: Vec<ChildRow>) -> Result<Vec<String>, BroodError> {
     let sends = rows.into_iter().map(|row| async move {
         let mut backoff = HANDOFF_BACKOFF_START;
         loop {
             let failed = match engine.hand_off(Terminal::Row(row.clone())).await {
                 Ok(Ok(status)) => return Ok((row.child_id, status)),
+                // Another process took the session over: its row is not recorded here, and a
+                // retry of the cancel reaches the new holder.
+                Ok(Err(HandOffError::Moved)) => {
+                    return Err(BroodError::LeaseLapsed {
+                        session: row.session_id,
+                    })
+                }
                 Ok(Err(e)) => e.to_string(),
                 Err(_) if engine.coalescer().is_none() => return Err(BroodError::Stopped),
                 Err(_) => "the coalescer stopped before it answered".to_string(),
