@@ -129,6 +129,16 @@ impl<K: Clone + Eq + Hash> Capacity<K> {
         });
     }
 
+    /// The children counted as running, in no order.
+    pub fn running_keys(&self) -> impl Iterator<Item = &K> {
+        self.running.iter()
+    }
+
+    /// The queued children, in the order they start.
+    pub fn queued_keys(&self) -> impl Iterator<Item = &K> {
+        self.queue.iter()
+    }
+
     /// Running children.
     pub fn running(&self) -> usize {
         self.running.len()

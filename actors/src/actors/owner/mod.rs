@@ -19,6 +19,8 @@ mod book;
 mod cancel;
 mod claims;
 mod dispatch;
+mod invariants;
+pub use invariants::broken_invariants;
 pub mod messages;
 mod persist;
 mod prune;
@@ -117,7 +119,12 @@ pub struct SessionOwner {
     moved: bool,
     /// Recovered from stored rows (at a start, a rebuild or a takeover), not made afresh.
     recovered: bool,
+    /// Changes applied, for sampling the book's check in a release build.
+    changes: u64,
 }
+
+/// A release build checks the book's invariants once every this many changes.
+const RELEASE_CHECK_EVERY: u64 = 1024;
 
 impl std::fmt::Debug for SessionOwner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -145,6 +152,7 @@ impl SessionOwner {
             consumers: Default::default(),
             moved: false,
             recovered: false,
+            changes: 0,
             capacity: Capacity::counted(session.max_concurrent_children as usize, engine.live.clone()),
             router: Router::new(session.max_delivery_attempts),
             shared: Arc::new(engine.clone()),
@@ -210,6 +218,29 @@ impl SessionOwner {
     /// child may have ended while it was not served (see [`CheckParent`]).
     pub(crate) fn checks_parent(&self) -> bool {
         self.recovered && nest_parent(&self.session.session_id).is_some()
+    }
+
+    /// Checks the book's invariants ([`invariants::book_faults`]) after a change: each time in
+    /// a debug build, where a fault panics; in a release build once every
+    /// [`RELEASE_CHECK_EVERY`] changes (the check reads every child in memory), where a fault
+    /// is logged and counted.
+    fn check_book(&mut self) {
+        self.changes = self.changes.wrapping_add(1);
+        if !cfg!(debug_assertions) && self.changes % RELEASE_CHECK_EVERY != 0 {
+            return;
+        }
+        let faults = invariants::book_faults(&self.book, &self.capacity);
+        if faults.is_empty() {
+            return;
+        }
+        debug_assert!(
+            faults.is_empty(),
+            "session `{}`: the book's invariants broke: {}",
+            self.session.session_id,
+            faults.join("; ")
+        );
+        invariants::count(faults.len());
+        tracing::error!(session = %self.session.session_id, faults = %faults.join("; "), "the book's invariants broke");
     }
 
     /// The session this owner routes.
@@ -351,6 +382,7 @@ impl SessionOwner {
         if !super::running(ctx) {
             return;
         }
+        self.check_book();
         self.emit_ready();
         self.maybe_wake();
         self.reschedule(ctx);

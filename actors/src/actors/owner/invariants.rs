@@ -1,0 +1,111 @@
+//! The book's invariants, checked after each change the owner applies: what capacity counts is
+//! what the book says runs and waits. A broken one is a fault of brood: in a debug build (the
+//! tests) it panics at once, naming what broke; in a release build it is logged and counted
+//! ([`broken_invariants`]), and the owner goes on.
+
+use crate::model::ChildStatus;
+use crate::routing::Capacity;
+
+use super::book::Book;
+
+static BROKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times an owner found its book's invariants broken, in this process.
+pub fn broken_invariants() -> u64 {
+    BROKEN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Counts `n` faults found.
+pub(super) fn count(n: usize) {
+    BROKEN.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// What is wrong with `book` and `capacity` together, each fault in a sentence: a queued child
+/// that is not queued in the book (ended, running, being cancelled, or unknown), a child counted
+/// both queued and running, one counted running that ended other than cancelled (a cancelled
+/// one keeps its slot until its runner is gone), and one the book says runs that capacity does
+/// not count (the session would run more children than its limit).
+pub(super) fn book_faults(book: &Book, capacity: &Capacity<String>) -> Vec<String> {
+    let mut faults = Vec::new();
+    let running: foldhash::HashSet<&String> = capacity.running_keys().collect();
+    for id in capacity.queued_keys() {
+        match book.child(id) {
+            None => faults.push(format!("queued child `{id}` is not in the book")),
+            Some(row) if row.status != ChildStatus::Queued => {
+                faults.push(format!("queued child `{id}` is {} in the book", row.status))
+            }
+            Some(row) if book.cancelling(row) => faults.push(format!("queued child `{id}` is being cancelled")),
+            Some(_) => {}
+        }
+        if running.contains(id) {
+            faults.push(format!("child `{id}` is counted both queued and running"));
+        }
+    }
+    for id in &running {
+        match book.child(id) {
+            None => faults.push(format!("running child `{id}` is not in the book")),
+            Some(row) if row.status.is_terminal() && row.status != ChildStatus::Cancelled => {
+                faults.push(format!("child `{id}` ended {} but still holds a slot", row.status))
+            }
+            Some(_) => {}
+        }
+    }
+    for call in book.calls.values() {
+        for row in call.children() {
+            if row.status == ChildStatus::Running && !book.cancelling(row) && !running.contains(&row.child_id) {
+                faults.push(format!("running child `{}` holds no slot", row.child_id));
+            }
+        }
+    }
+    faults
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::conformance::{call_row, child_row};
+
+    fn book_of(statuses: &[ChildStatus]) -> (Book, Vec<String>) {
+        let call = call_row("s", "deleg_00000000000000aa", statuses.len() as u32);
+        let rows = statuses
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| child_row("s", &call.call_id, i as u32, s))
+            .collect();
+        let ids = (0..statuses.len() as u32)
+            .map(|i| crate::model::child_id(&call.call_id, i))
+            .collect();
+        let units = crate::model::plan_units(&call.call_id, &call.tasks, true)
+            .into_iter()
+            .map(|u| (u, 0, None))
+            .collect();
+        let mut book = Book::default();
+        book.insert_call(call, units, rows);
+        (book, ids)
+    }
+
+    #[test]
+    fn capacity_counts_what_the_book_says_runs_and_waits() {
+        let (book, ids) = book_of(&[ChildStatus::Running, ChildStatus::Queued, ChildStatus::Cancelled]);
+        let mut cap = Capacity::new(2);
+        cap.start_now(ids[0].clone());
+        cap.enqueue(ids[1].clone());
+        cap.start_now(ids[2].clone()); // cancelled, its runner not gone yet
+        assert_eq!(book_faults(&book, &cap), Vec::<String>::new());
+
+        let mut lost = Capacity::new(2);
+        lost.enqueue(ids[1].clone());
+        assert_eq!(
+            book_faults(&book, &lost),
+            vec![format!("running child `{}` holds no slot", ids[0])]
+        );
+
+        let mut ended = Capacity::new(2);
+        ended.start_now(ids[0].clone());
+        ended.enqueue(ids[2].clone());
+        assert_eq!(
+            book_faults(&book, &ended),
+            vec![format!("queued child `{}` is cancelled in the book", ids[2])]
+        );
+    }
+}
