@@ -226,7 +226,7 @@ impl SessionOwner {
     /// is logged and counted.
     fn check_book(&mut self) {
         self.changes = self.changes.wrapping_add(1);
-        if !cfg!(debug_assertions) && self.changes % RELEASE_CHECK_EVERY != 0 {
+        if !cfg!(debug_assertions) && !self.changes.is_multiple_of(RELEASE_CHECK_EVERY) {
             return;
         }
         let faults = invariants::book_faults(&self.book, &self.capacity);
