@@ -4,8 +4,8 @@
 //! it — private or loopback addresses) or carrying credentials or control characters is refused
 //! at `PUT`; a name is judged by the addresses it resolves to when the wake is delivered, and
 //! the address connected to is one of those judged. Redirects are not followed. A receiver that
-//! never answers holds no more than the delivery pool's threads, and the URL's credentials and
-//! query never reach the log.
+//! never answers holds no more than the delivery pool's threads, and the URL's credentials, path
+//! and query never reach the log.
 
 mod server;
 
@@ -349,7 +349,7 @@ fn wakes_beyond_the_in_flight_bound_are_dropped_and_counted() {
 }
 
 #[test]
-fn credentials_and_query_of_a_wake_url_never_reach_the_log_or_the_reply() {
+fn credentials_path_and_query_of_a_wake_url_never_reach_the_log_or_the_reply() {
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("stderr.log");
     let log = std::fs::File::create(&log_path).unwrap();
@@ -365,16 +365,17 @@ fn credentials_and_query_of_a_wake_url_never_reach_the_log_or_the_reply() {
         !body.to_string().contains("s3cr3t-pw"),
         "the reply echoes the password: {body}"
     );
-    // A refused delivery is logged, naming its target without the query.
+    // A refused delivery is logged, naming its target by scheme, host and port only.
     let (port, _accepted) = silent_listener();
-    let (status, body) = put_wake(&s, "q", &format!("http://localhost:{port}/wake?token=qs-t0ken"));
+    let (status, body) = put_wake(&s, "q", &format!("http://localhost:{port}/p4th-t0ken?token=qs-t0ken"));
     assert_eq!(status, 200, "{body}");
     one_ready(&s, "q");
-    let shown = format!("http://localhost:{port}/wake");
+    let shown = format!("http://localhost:{port}");
     wait_until("the refused wake to be logged", || {
         std::fs::read_to_string(&log_path).unwrap().contains(&shown)
     });
     let text = std::fs::read_to_string(&log_path).unwrap();
     assert!(!text.contains("s3cr3t-pw"), "the log holds the password:\n{text}");
+    assert!(!text.contains("p4th-t0ken"), "the log holds the path:\n{text}");
     assert!(!text.contains("qs-t0ken"), "the log holds the query:\n{text}");
 }

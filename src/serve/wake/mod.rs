@@ -8,7 +8,7 @@
 //! given up — the items stay ready, and the next boundary finds them whatever became of the
 //! wake. When the wake is sent is not this module's: the session owner decides (DESIGN.md, I7).
 //! What became of each wake is counted in [`WakeCounts`], which `GET /metrics` reports; logs
-//! show a `wake_url` as scheme, host, port and path only.
+//! show a `wake_url` as scheme, host and port only (its path and query may hold a token).
 
 use std::sync::{Arc, OnceLock};
 
