@@ -8,13 +8,18 @@
 //! begun after it, and a session is never POSTed more often than it is woken (DESIGN.md, I7).
 //!
 //! Each try resolves the host once, judges every address it resolves to, and connects only to
-//! an allowed one; the POST (connect, write and read together) is bounded by [`TIMEOUT`]. Only
-//! a 2xx answer delivers: a redirect is a failed try, and is not followed.
+//! an allowed one; the try (resolving, connecting, writing and reading together) is bounded by
+//! [`TIMEOUT`]. A name is resolved on a thread of its own that the try waits for no longer than
+//! what is left of its time: a resolution that outlasts it is a failed try, and finishes on its
+//! own, and while [`MAX_RESOLVERS`] resolutions run a try that needs one more fails without
+//! starting it. Only a 2xx answer delivers: a redirect is a failed try, and is not followed.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs as _};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -30,8 +35,12 @@ const ATTEMPTS: u32 = 8;
 /// The first retry's delay; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
-/// How long one try may take: connecting, writing the request and reading the status line.
+/// How long one try may take: resolving, connecting, writing the request and reading the
+/// status line.
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// Host name resolutions running at most (those tries wait for, and those that outlasted
+/// their try).
+const MAX_RESOLVERS: usize = 16;
 /// The longest status line read.
 const MAX_STATUS_LINE: usize = 1024;
 
@@ -47,6 +56,14 @@ struct Shared {
     work: Condvar,
     policy: Policy,
     counts: WakeCounts,
+    resolvers: Resolvers,
+}
+
+/// The host name resolutions running, each on a thread of its own.
+#[derive(Debug)]
+struct Resolvers {
+    running: Arc<AtomicUsize>,
+    limit: usize,
 }
 
 /// The wakes in flight, by session, and the order they are tried in.
@@ -98,6 +115,7 @@ impl Pool {
             work: Condvar::new(),
             policy,
             counts,
+            resolvers: Resolvers::new(MAX_RESOLVERS),
         });
         for _ in 0..THREADS {
             let worker = shared.clone();
@@ -168,7 +186,7 @@ impl Shared {
     fn run(&self) {
         loop {
             let (session, url, body, tries) = self.next();
-            let outcome = post(&self.policy, &url, &body);
+            let outcome = post(&self.policy, &self.resolvers, &url, &body);
             self.settle(&session, &url, tries, outcome);
         }
     }
@@ -270,8 +288,69 @@ fn backoff(tries: u32) -> Duration {
         .min(MAX_BACKOFF)
 }
 
+impl Resolvers {
+    fn new(limit: usize) -> Resolvers {
+        Resolvers {
+            running: Arc::default(),
+            limit,
+        }
+    }
+
+    /// The addresses `name` resolves to at `port` by `resolve`, run on a thread of its own,
+    /// waited for until `deadline` at most.
+    fn resolve<F>(&self, name: &str, port: u16, deadline: Instant, resolve: F) -> Result<Vec<SocketAddr>, String>
+    where
+        F: FnOnce(&str, u16) -> std::io::Result<Vec<SocketAddr>> + Send + 'static,
+    {
+        let wait = left(deadline).map_err(|e| e.to_string())?;
+        let limit = self.limit;
+        if self
+            .running
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+            .is_err()
+        {
+            return Err(format!(
+                "`{name}` was not resolved: {limit} resolutions are running already"
+            ));
+        }
+        let running = Running(self.running.clone());
+        let (answer, answered) = mpsc::channel();
+        let owned = name.to_string();
+        let spawned = std::thread::Builder::new()
+            .name("brood-wake-dns".into())
+            .spawn(move || {
+                let _running = running;
+                let _ = answer.send(resolve(&owned, port));
+            });
+        if let Err(e) = spawned {
+            return Err(format!("`{name}` was not resolved: no thread to resolve it on ({e})"));
+        }
+        match answered.recv_timeout(wait) {
+            Ok(Ok(found)) => Ok(found),
+            Ok(Err(e)) => Err(format!("`{name}` could not be resolved: {e}")),
+            Err(RecvTimeoutError::Timeout) => Err(format!("`{name}` was not resolved within {} s", TIMEOUT.as_secs())),
+            Err(RecvTimeoutError::Disconnected) => Err(format!("`{name}` could not be resolved")),
+        }
+    }
+}
+
+/// One resolution running; ends with the thread that holds it.
+struct Running(Arc<AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The system's resolution of `name` at `port`.
+fn system_resolve(name: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+    Ok((name, port).to_socket_addrs()?.collect())
+}
+
 /// One try: POSTs `body` to `url` at an address the policy allows.
-fn post(policy: &Policy, url: &str, body: &str) -> Outcome {
+fn post(policy: &Policy, resolvers: &Resolvers, url: &str, body: &str) -> Outcome {
+    let deadline = Instant::now() + TIMEOUT;
     let target = match WakeUrl::parse(url) {
         Ok(t) => t,
         Err(e) => return Outcome::Refused(format!("the wake_url {e}")),
@@ -279,12 +358,11 @@ fn post(policy: &Policy, url: &str, body: &str) -> Outcome {
     if let Some(why) = policy.refuses_url(&target) {
         return Outcome::Refused(why);
     }
-    let deadline = Instant::now() + TIMEOUT;
     let addresses: Vec<SocketAddr> = match &target.host {
         Host::Ip(ip) => vec![SocketAddr::new(*ip, target.port)],
-        Host::Name(name) => match (name.as_str(), target.port).to_socket_addrs() {
-            Ok(found) => found.collect(),
-            Err(e) => return Outcome::Failed(format!("`{name}` could not be resolved: {e}")),
+        Host::Name(name) => match resolvers.resolve(name, target.port, deadline, system_resolve) {
+            Ok(found) => found,
+            Err(why) => return Outcome::Failed(why),
         },
     };
     let mut refusal = None;
@@ -389,5 +467,69 @@ mod tests {
         assert_eq!(status_of(b"HTTP/1.0 302 Found\r\nlocation: x"), Some(302));
         assert_eq!(status_of(b"SSH-2.0-OpenSSH\r\n"), None);
         assert_eq!(status_of(b"HTTP/1.1 99999\r\n"), None);
+    }
+
+    /// Waits (up to 60 s) until `done` holds.
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what} did not happen within 60 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn address() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 9))
+    }
+
+    /// A resolver that answers once `gate` is sent to or dropped.
+    fn gated() -> (
+        mpsc::Sender<()>,
+        impl FnOnce(&str, u16) -> std::io::Result<Vec<SocketAddr>> + Send + 'static,
+    ) {
+        let (open, gate) = mpsc::channel::<()>();
+        let resolve = move |_: &str, _: u16| {
+            let _ = gate.recv_timeout(Duration::from_secs(60));
+            Ok(vec![address()])
+        };
+        (open, resolve)
+    }
+
+    #[test]
+    fn a_resolution_that_outlasts_the_try_is_a_failed_try() {
+        let resolvers = Resolvers::new(2);
+        let (open, resolve) = gated();
+        let deadline = Instant::now() + Duration::from_millis(100);
+        let result = resolvers.resolve("slow.example", 80, deadline, resolve);
+        let why = result.expect_err("the try waited for the resolution past its deadline");
+        assert!(why.contains("not resolved within"), "{why}");
+        drop(open);
+        wait_until("the resolution's end", || resolvers.running.load(Ordering::SeqCst) == 0);
+        let found = resolvers.resolve("fast.example", 80, Instant::now() + TIMEOUT, |_, _| Ok(vec![address()]));
+        assert_eq!(found, Ok(vec![address()]));
+    }
+
+    #[test]
+    fn resolutions_beyond_the_bound_are_not_started() {
+        let resolvers = Resolvers::new(2);
+        let mut gates = Vec::new();
+        for _ in 0..2 {
+            let (open, resolve) = gated();
+            gates.push(open);
+            let deadline = Instant::now() + Duration::from_millis(20);
+            assert!(resolvers.resolve("slow.example", 80, deadline, resolve).is_err());
+        }
+        let started = Arc::new(AtomicUsize::new(0));
+        let count = started.clone();
+        let why = resolvers
+            .resolve("third.example", 80, Instant::now() + TIMEOUT, move |_, _| {
+                count.fetch_add(1, Ordering::SeqCst);
+                Ok(vec![address()])
+            })
+            .expect_err("a third resolution ran beside two that outlasted their tries");
+        assert!(why.contains("2 resolutions are running already"), "{why}");
+        assert_eq!(started.load(Ordering::SeqCst), 0);
+        drop(gates);
+        wait_until("the resolutions' end", || resolvers.running.load(Ordering::SeqCst) == 0);
     }
 }
