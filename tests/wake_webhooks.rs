@@ -4,8 +4,9 @@
 //! it — private or loopback addresses) or carrying credentials or control characters is refused
 //! at `PUT`; a name is judged by the addresses it resolves to when the wake is delivered, and
 //! the address connected to is one of those judged. Redirects are not followed. A receiver that
-//! never answers holds no more than the delivery pool's threads, and the URL's credentials, path
-//! and query never reach the log.
+//! never answers holds no more than the delivery pool's threads and one host's share of the
+//! wakes in flight (the others wait for a slot), and the URL's credentials, path and query never
+//! reach the log.
 
 mod server;
 
@@ -327,13 +328,13 @@ fn a_wake_that_comes_while_its_session_is_being_posted_is_posted_after() {
 }
 
 #[test]
-fn wakes_beyond_the_in_flight_bound_are_dropped_and_counted() {
+fn wakes_beyond_a_hosts_slots_wait_for_one_and_other_receivers_still_get_theirs() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), None);
     let (port, _accepted) = silent_listener();
     let url = format!("http://127.0.0.1:{port}/wake");
     // 72 sessions, one wake each, to a receiver that never answers: each stays in flight
-    // through its tries, so the 64 in flight leave no room for the last 8.
+    // through its tries, 8 of them at a time (one host's share); the other 64 wait for a slot.
     for i in 0..72 {
         let (status, body) = put_wake(&s, &format!("d{i}"), &url);
         assert_eq!(status, 200, "{body}");
@@ -344,8 +345,16 @@ fn wakes_beyond_the_in_flight_bound_are_dropped_and_counted() {
         );
         assert_eq!(status, 202, "{reply}");
     }
-    wait_until("8 dropped wakes", || metric(&s, "brood_wakes_dropped_total") >= 8.0);
+    wait_until("64 parked wakes", || metric(&s, "brood_wakes_parked_total") >= 64.0);
+    assert_eq!(metric(&s, "brood_wakes_dropped_total"), 0.0);
     assert!(threads(&s) < 40, "{} threads", threads(&s));
+    // Another receiver's wake has a slot of its own.
+    let (good, seen) = wake_receiver(0);
+    let (status, body) = put_wake(&s, "good", &good);
+    assert_eq!(status, 200, "{body}");
+    one_ready(&s, "good");
+    wait_until("the other receiver's wake", || !seen.lock().unwrap().is_empty());
+    assert_eq!(seen.lock().unwrap()[0]["session_id"], "good");
 }
 
 #[test]
