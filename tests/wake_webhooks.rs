@@ -4,8 +4,9 @@
 //! it — private or loopback addresses) or carrying credentials or control characters is refused
 //! at `PUT`; a name is judged by the addresses it resolves to when the wake is delivered, and
 //! the address connected to is one of those judged. Redirects are not followed. A receiver that
-//! never answers holds no more than the delivery pool's threads, and the URL's credentials and
-//! query never reach the log.
+//! never answers holds no more than the delivery pool's threads and one host's share of the
+//! wakes in flight (the others wait for a slot), and the URL's credentials, path and query never
+//! reach the log.
 
 mod server;
 
@@ -327,13 +328,13 @@ fn a_wake_that_comes_while_its_session_is_being_posted_is_posted_after() {
 }
 
 #[test]
-fn wakes_beyond_the_in_flight_bound_are_dropped_and_counted() {
+fn wakes_beyond_a_hosts_slots_wait_for_one_and_other_receivers_still_get_theirs() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), None);
     let (port, _accepted) = silent_listener();
     let url = format!("http://127.0.0.1:{port}/wake");
     // 72 sessions, one wake each, to a receiver that never answers: each stays in flight
-    // through its tries, so the 64 in flight leave no room for the last 8.
+    // through its tries, 8 of them at a time (one host's share); the other 64 wait for a slot.
     for i in 0..72 {
         let (status, body) = put_wake(&s, &format!("d{i}"), &url);
         assert_eq!(status, 200, "{body}");
@@ -344,12 +345,20 @@ fn wakes_beyond_the_in_flight_bound_are_dropped_and_counted() {
         );
         assert_eq!(status, 202, "{reply}");
     }
-    wait_until("8 dropped wakes", || metric(&s, "brood_wakes_dropped_total") >= 8.0);
+    wait_until("64 parked wakes", || metric(&s, "brood_wakes_parked_total") >= 64.0);
+    assert_eq!(metric(&s, "brood_wakes_dropped_total"), 0.0);
     assert!(threads(&s) < 40, "{} threads", threads(&s));
+    // Another receiver's wake has a slot of its own.
+    let (good, seen) = wake_receiver(0);
+    let (status, body) = put_wake(&s, "good", &good);
+    assert_eq!(status, 200, "{body}");
+    one_ready(&s, "good");
+    wait_until("the other receiver's wake", || !seen.lock().unwrap().is_empty());
+    assert_eq!(seen.lock().unwrap()[0]["session_id"], "good");
 }
 
 #[test]
-fn credentials_and_query_of_a_wake_url_never_reach_the_log_or_the_reply() {
+fn credentials_path_and_query_of_a_wake_url_never_reach_the_log_or_the_reply() {
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("stderr.log");
     let log = std::fs::File::create(&log_path).unwrap();
@@ -365,16 +374,17 @@ fn credentials_and_query_of_a_wake_url_never_reach_the_log_or_the_reply() {
         !body.to_string().contains("s3cr3t-pw"),
         "the reply echoes the password: {body}"
     );
-    // A refused delivery is logged, naming its target without the query.
+    // A refused delivery is logged, naming its target by scheme, host and port only.
     let (port, _accepted) = silent_listener();
-    let (status, body) = put_wake(&s, "q", &format!("http://localhost:{port}/wake?token=qs-t0ken"));
+    let (status, body) = put_wake(&s, "q", &format!("http://localhost:{port}/p4th-t0ken?token=qs-t0ken"));
     assert_eq!(status, 200, "{body}");
     one_ready(&s, "q");
-    let shown = format!("http://localhost:{port}/wake");
+    let shown = format!("http://localhost:{port}");
     wait_until("the refused wake to be logged", || {
         std::fs::read_to_string(&log_path).unwrap().contains(&shown)
     });
     let text = std::fs::read_to_string(&log_path).unwrap();
     assert!(!text.contains("s3cr3t-pw"), "the log holds the password:\n{text}");
+    assert!(!text.contains("p4th-t0ken"), "the log holds the path:\n{text}");
     assert!(!text.contains("qs-t0ken"), "the log holds the query:\n{text}");
 }

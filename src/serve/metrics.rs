@@ -5,7 +5,8 @@
 //! - counted as things happen, in [`Metrics`]: HTTP requests by matched route pattern, method
 //!   and status (`brood_http_requests_total`; a path no route matches is `route="unmatched"`,
 //!   so a client cannot grow the label set); webhook wakes delivered, tries failed and wakes
-//!   given up, refused or dropped (counted by [`Webhooks`](super::wake::Webhooks)); the ledger flush latency,
+//!   given up, refused, parked for a slot or dropped (counted by
+//!   [`Webhooks`](super::wake::Webhooks)); the ledger flush latency,
 //!   fsync included (`brood_ledger_flush_seconds`, from [`BroodConfig::on_flush`]).
 //! - gathered from the engine at each scrape: sessions (and those given up after their owner
 //!   kept failing), children by status, ready, backing-off and claimed items, items delivered,
@@ -99,8 +100,13 @@ impl Metrics {
             wakes.refused.clone(),
         );
         registry.register(
+            "brood_wakes_parked",
+            "Webhook wakes that waited for a slot: as many as are allowed were in flight, to all hosts or to theirs",
+            wakes.parked.clone(),
+        );
+        registry.register(
             "brood_wakes_dropped",
-            "Webhook wakes dropped because as many as are allowed were in flight (the items stay ready)",
+            "Webhook wakes dropped because as many sessions' wakes as are allowed waited for a slot (the items stay ready)",
             wakes.dropped.clone(),
         );
         // 100 µs to about 3.3 s.

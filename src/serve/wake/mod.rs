@@ -2,13 +2,16 @@
 //!
 //! This module owns the [`WakeFactory`] of `brood serve`: which URLs a session may bind
 //! (`target`: plain `http://`, no userinfo, no control characters, and no target inside the
-//! network unless `wake_allow` lets it), and the delivery of wakes (`pool`: a few threads, a
-//! bounded number of wakes in flight, retries with backoff, no redirects followed). A failure (no
-//! answer, or a status other than 2xx) is retried a bounded number of times, then logged and
+//! network unless `wake_allow` lets it), and the delivery of wakes (`pool`: a few threads, no
+//! redirects followed, retries with backoff; `queues`: a bounded number of wakes in flight, and
+//! fewer to any one host, the others parked — one per session — until a slot frees). A failure
+//! (no answer, or a status other than 2xx) is retried a bounded number of times, then logged and
 //! given up — the items stay ready, and the next boundary finds them whatever became of the
-//! wake. When the wake is sent is not this module's: the session owner decides (DESIGN.md, I7).
-//! What became of each wake is counted in [`WakeCounts`], which `GET /metrics` reports; logs
-//! show a `wake_url` as scheme, host, port and path only.
+//! wake; so are they when a wake is dropped, which happens only when 10,000 sessions' wakes are
+//! parked already. When the wake is sent is not this module's: the session owner decides
+//! (DESIGN.md, I7). What became of each wake is counted in [`WakeCounts`], which `GET /metrics`
+//! reports; logs show a `wake_url` as scheme, host and port only (its path and query may hold a
+//! token).
 
 use std::sync::{Arc, OnceLock};
 
@@ -17,6 +20,7 @@ use prometheus_client::metrics::counter::Counter;
 use crate::{Wake, WakeEvent, WakeFactory};
 
 mod pool;
+mod queues;
 mod target;
 
 pub(crate) use target::allow_entry;
@@ -32,7 +36,10 @@ pub struct WakeCounts {
     pub(super) given_up: Counter,
     /// Wakes not sent because every address of their target is refused (see `target`).
     pub(super) refused: Counter,
-    /// Wakes dropped because as many wakes as are allowed were in flight.
+    /// Wakes that waited for a slot: as many wakes as are allowed were in flight, to all hosts or
+    /// to theirs (a wake joining its session's parked one is not counted again).
+    pub(super) parked: Counter,
+    /// Wakes dropped because as many sessions' wakes as are allowed were parked already.
     pub(super) dropped: Counter,
 }
 

@@ -1,37 +1,36 @@
-//! The delivery of webhook wakes: a few threads ([`THREADS`]) take wakes from one queue, POST
-//! each over a plain TCP connection to an address the [`Policy`] allowed, and put a failed one
-//! on a delayed queue for its retry (no thread sleeps through a backoff). At most
-//! [`MAX_IN_FLIGHT`] wakes are in flight (queued, being tried, or waiting for a retry); a wake
-//! beyond them is dropped and counted. A session has at most one wake in flight: a later wake
-//! of it joins that one (which then carries the newest ready count), and if that one's try had
-//! already begun, it is tried again once that try is done — so every wake is followed by a POST
-//! begun after it, and a session is never POSTed more often than it is woken (DESIGN.md, I7).
+//! The delivery of webhook wakes: a few threads ([`THREADS`]) take wakes from the
+//! [`Queues`], POST each over a plain TCP connection to an address the [`Policy`] allowed, and
+//! hand a failed one back for its retry (no thread sleeps through a backoff). Which wakes are in
+//! flight, which are parked for a slot, which are dropped, and how a later wake of a session
+//! joins the one it has, is the queues' (see there): every wake is followed by a POST begun
+//! after it, and a session is never POSTed more often than it is woken (DESIGN.md, I7).
 //!
 //! Each try resolves the host once, judges every address it resolves to, and connects only to
-//! an allowed one; the POST (connect, write and read together) is bounded by [`TIMEOUT`]. Only
-//! a 2xx answer delivers: a redirect is a failed try, and is not followed.
+//! an allowed one; the try (resolving, connecting, writing and reading together) is bounded by
+//! [`TIMEOUT`]. A name is resolved on a thread of its own that the try waits for no longer than
+//! what is left of its time: a resolution that outlasts it is a failed try, and finishes on its
+//! own, and while [`MAX_RESOLVERS`] resolutions run a try that needs one more fails without
+//! starting it. Only a 2xx answer delivers: a redirect is a failed try, and is not followed.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs as _};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::queues::{Job, Queues, Settled, Submitted, ATTEMPTS, MAX_IN_FLIGHT, MAX_PARKED};
 use super::target::{Host, Policy, WakeUrl};
 use super::WakeCounts;
 
 /// Threads delivering wakes.
 pub(crate) const THREADS: usize = 4;
-/// Wakes in flight at most; a wake of another session beyond them is dropped.
-pub(crate) const MAX_IN_FLIGHT: usize = 64;
-/// Tries of one wake before it is given up.
-const ATTEMPTS: u32 = 8;
-/// The first retry's delay; it doubles up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(10);
-/// How long one try may take: connecting, writing the request and reading the status line.
+/// How long one try may take: resolving, connecting, writing the request and reading the
+/// status line.
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// Host name resolutions running at most (those tries wait for, and those that outlasted
+/// their try).
+const MAX_RESOLVERS: usize = 16;
 /// The longest status line read.
 const MAX_STATUS_LINE: usize = 1024;
 
@@ -47,38 +46,14 @@ struct Shared {
     work: Condvar,
     policy: Policy,
     counts: WakeCounts,
+    resolvers: Resolvers,
 }
 
-/// The wakes in flight, by session, and the order they are tried in.
-#[derive(Debug, Default)]
-struct Queues {
-    wakes: HashMap<String, InFlight>,
-    /// Sessions whose wake waits for its first try.
-    fresh: VecDeque<String>,
-    /// Sessions whose wake's retry is due (tried after every fresh one).
-    due: VecDeque<String>,
-    /// Retries not yet due, earliest first.
-    later: BinaryHeap<Reverse<(Instant, u64, String)>>,
-    seq: u64,
-}
-
-/// One session's wake in flight.
+/// The host name resolutions running, each on a thread of its own.
 #[derive(Debug)]
-struct InFlight {
-    url: String,
-    body: String,
-    /// Tries made so far.
-    tries: u32,
-    phase: Phase,
-    /// Another wake came while a try was being made: try again after it, whatever it does.
-    again: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Queued,
-    Trying,
-    Waiting,
+struct Resolvers {
+    running: Arc<AtomicUsize>,
+    limit: usize,
 }
 
 /// What became of one try.
@@ -98,6 +73,7 @@ impl Pool {
             work: Condvar::new(),
             policy,
             counts,
+            resolvers: Resolvers::new(MAX_RESOLVERS),
         });
         for _ in 0..THREADS {
             let worker = shared.clone();
@@ -111,39 +87,30 @@ impl Pool {
         Pool { shared }
     }
 
-    /// Puts a wake of `session` (POST `body` to `url`) in flight, or joins the one it has.
+    /// Puts a wake of `session` (POST `body` to `url`) in flight, joins the one it has, or
+    /// parks it until a slot frees.
     pub(crate) fn submit(&self, session: &str, url: &str, body: String) {
         let shared = &self.shared;
-        let mut q = shared.lock();
-        if let Some(wake) = q.wakes.get_mut(session) {
-            wake.url = url.to_string();
-            wake.body = body;
-            wake.again |= wake.phase == Phase::Trying;
-            return;
+        let submitted = shared.lock().submit(session, url, body);
+        match submitted {
+            Submitted::Queued => shared.work.notify_one(),
+            Submitted::Joined => {}
+            Submitted::Parked => {
+                shared.counts.parked.inc();
+                tracing::debug!(
+                    session = %crate::printable(session),
+                    target = %shown(url),
+                    "a wake waits for a slot: {MAX_IN_FLIGHT} wakes are in flight, or as many as one host may have"
+                );
+            }
+            Submitted::Dropped => {
+                shared.counts.dropped.inc();
+                tracing::warn!(
+                    session = %crate::printable(session),
+                    "a wake was dropped: {MAX_PARKED} sessions' wakes wait for a slot already; the items stay ready"
+                );
+            }
         }
-        if q.wakes.len() >= MAX_IN_FLIGHT {
-            drop(q);
-            shared.counts.dropped.inc();
-            tracing::warn!(
-                session = %crate::printable(session),
-                "a wake was dropped: {MAX_IN_FLIGHT} wakes are in flight already; the items stay ready"
-            );
-            return;
-        }
-        q.wakes.insert(
-            session.to_string(),
-            InFlight {
-                url: url.to_string(),
-                body,
-                tries: 0,
-                phase: Phase::Queued,
-                again: false,
-            },
-        );
-        q.fresh.push_back(session.to_string());
-        shared.check(&q);
-        drop(q);
-        shared.work.notify_one();
     }
 }
 
@@ -152,126 +119,128 @@ impl Shared {
         self.queues.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Every wake in flight is in exactly the queue its phase says.
-    fn check(&self, q: &Queues) {
-        debug_assert!(q.wakes.len() <= MAX_IN_FLIGHT);
-        debug_assert_eq!(
-            q.fresh.len() + q.due.len(),
-            q.wakes.values().filter(|w| w.phase == Phase::Queued).count()
-        );
-        debug_assert_eq!(
-            q.later.len(),
-            q.wakes.values().filter(|w| w.phase == Phase::Waiting).count()
-        );
-    }
-
     fn run(&self) {
         loop {
-            let (session, url, body, tries) = self.next();
-            let outcome = post(&self.policy, &url, &body);
-            self.settle(&session, &url, tries, outcome);
+            let job = self.next();
+            let outcome = post(&self.policy, &self.resolvers, &job.url, &job.body);
+            self.settle(&job, outcome);
         }
     }
 
     /// Waits for the next wake to try; marks it being tried.
-    fn next(&self) -> (String, String, String, u32) {
-        let mut guard = self.lock();
+    fn next(&self) -> Job {
+        let mut q = self.lock();
         loop {
             let now = Instant::now();
-            let q = &mut *guard;
-            while q.later.peek().is_some_and(|Reverse((at, _, _))| *at <= now) {
-                let Some(Reverse((_, _, session))) = q.later.pop() else {
-                    break;
-                };
-                if let Some(w) = q.wakes.get_mut(&session) {
-                    w.phase = Phase::Queued;
-                }
-                q.due.push_back(session);
+            if let Some(job) = q.take(now) {
+                return job;
             }
-            while let Some(session) = q.fresh.pop_front().or_else(|| q.due.pop_front()) {
-                if let Some(w) = q.wakes.get_mut(&session) {
-                    w.phase = Phase::Trying;
-                    w.tries += 1;
-                    let job = (session, w.url.clone(), w.body.clone(), w.tries);
-                    self.check(q);
-                    return job;
-                }
-            }
-            let wait = q
-                .later
-                .peek()
-                .map(|Reverse((at, _, _))| at.saturating_duration_since(now));
-            guard = match wait {
-                Some(d) => match self.work.wait_timeout(guard, d) {
+            q = match q.next_retry() {
+                Some(at) => match self.work.wait_timeout(q, at.saturating_duration_since(now)) {
                     Ok((g, _)) => g,
                     Err(poisoned) => poisoned.into_inner().0,
                 },
-                None => self.work.wait(guard).unwrap_or_else(|poisoned| poisoned.into_inner()),
+                None => self.work.wait(q).unwrap_or_else(|poisoned| poisoned.into_inner()),
             };
         }
     }
 
-    /// Records what became of a try of `session`'s wake (to `url`, its `tries`th).
-    fn settle(&self, session: &str, url: &str, tries: u32, outcome: Outcome) {
-        let shown = WakeUrl::parse(url).map_or_else(|_| super::target::shown(url), |u| u.shown());
-        let mut guard = self.lock();
-        let q = &mut *guard;
-        let Some(wake) = q.wakes.get_mut(session) else { return };
-        let again = std::mem::take(&mut wake.again);
-        let retry = match outcome {
+    /// Records what became of `job`'s try, counts and logs it.
+    fn settle(&self, job: &Job, outcome: Outcome) {
+        let failed = matches!(outcome, Outcome::Failed(_));
+        let settled = self.lock().settle(&job.session, failed, Instant::now());
+        // Another thread may be waiting without a deadline while a try now is pending.
+        self.work.notify_one();
+        let session = crate::printable(&job.session);
+        let target = shown(&job.url);
+        match outcome {
             Outcome::Delivered => {
                 self.counts.delivered.inc();
-                false
             }
             Outcome::Refused(why) => {
                 self.counts.refused.inc();
-                tracing::warn!(session = %crate::printable(session), target = %shown, "a wake was refused: {why}; the items stay ready");
-                false
+                tracing::warn!(%session, %target, "a wake was refused: {why}; the items stay ready");
             }
             Outcome::Failed(why) => {
                 self.counts.failed_tries.inc();
-                tracing::warn!(session = %crate::printable(session), attempt = tries, target = %shown, "the wake could not be delivered: {why}");
-                if tries >= ATTEMPTS {
-                    self.counts.given_up.inc();
-                    tracing::error!(
-                        session = %crate::printable(session),
-                        target = %shown,
-                        "a wake was given up after {ATTEMPTS} attempts; the items stay ready"
-                    );
-                }
-                tries < ATTEMPTS
+                tracing::warn!(%session, attempt = job.tries, %target, "the wake could not be delivered: {why}");
             }
-        };
-        if retry {
-            // The retry carries the wake that came meanwhile.
-            wake.phase = Phase::Waiting;
-            let at = Instant::now() + backoff(tries);
-            q.seq += 1;
-            let seq = q.seq;
-            q.later.push(Reverse((at, seq, session.to_string())));
-        } else if again {
-            wake.phase = Phase::Queued;
-            wake.tries = 0;
-            q.fresh.push_back(session.to_string());
-        } else {
-            q.wakes.remove(session);
         }
-        self.check(q);
-        drop(guard);
-        // Another thread may be waiting without a deadline while a retry now is pending.
-        self.work.notify_one();
+        if settled == Settled::GivenUp {
+            self.counts.given_up.inc();
+            tracing::error!(%session, %target, "a wake was given up after {ATTEMPTS} attempts; the items stay ready");
+        }
     }
 }
 
-/// The delay before the retry that follows failed try `tries`.
-fn backoff(tries: u32) -> Duration {
-    FIRST_BACKOFF
-        .saturating_mul(1 << tries.saturating_sub(1).min(16))
-        .min(MAX_BACKOFF)
+/// `url` as logs show it: scheme, host and port.
+fn shown(url: &str) -> String {
+    WakeUrl::parse(url).map_or_else(|_| super::target::shown(url), |u| u.shown())
+}
+
+impl Resolvers {
+    fn new(limit: usize) -> Resolvers {
+        Resolvers {
+            running: Arc::default(),
+            limit,
+        }
+    }
+
+    /// The addresses `name` resolves to at `port` by `resolve`, run on a thread of its own,
+    /// waited for until `deadline` at most.
+    fn resolve<F>(&self, name: &str, port: u16, deadline: Instant, resolve: F) -> Result<Vec<SocketAddr>, String>
+    where
+        F: FnOnce(&str, u16) -> std::io::Result<Vec<SocketAddr>> + Send + 'static,
+    {
+        let wait = left(deadline).map_err(|e| e.to_string())?;
+        let limit = self.limit;
+        if self
+            .running
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+            .is_err()
+        {
+            return Err(format!(
+                "`{name}` was not resolved: {limit} resolutions are running already"
+            ));
+        }
+        let running = Running(self.running.clone());
+        let (answer, answered) = mpsc::channel();
+        let owned = name.to_string();
+        let spawned = std::thread::Builder::new()
+            .name("brood-wake-dns".into())
+            .spawn(move || {
+                let _running = running;
+                let _ = answer.send(resolve(&owned, port));
+            });
+        if let Err(e) = spawned {
+            return Err(format!("`{name}` was not resolved: no thread to resolve it on ({e})"));
+        }
+        match answered.recv_timeout(wait) {
+            Ok(Ok(found)) => Ok(found),
+            Ok(Err(e)) => Err(format!("`{name}` could not be resolved: {e}")),
+            Err(RecvTimeoutError::Timeout) => Err(format!("`{name}` was not resolved within {} s", TIMEOUT.as_secs())),
+            Err(RecvTimeoutError::Disconnected) => Err(format!("`{name}` could not be resolved")),
+        }
+    }
+}
+
+/// One resolution running; ends with the thread that holds it.
+struct Running(Arc<AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The system's resolution of `name` at `port`.
+fn system_resolve(name: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+    Ok((name, port).to_socket_addrs()?.collect())
 }
 
 /// One try: POSTs `body` to `url` at an address the policy allows.
-fn post(policy: &Policy, url: &str, body: &str) -> Outcome {
+fn post(policy: &Policy, resolvers: &Resolvers, url: &str, body: &str) -> Outcome {
+    let deadline = Instant::now() + TIMEOUT;
     let target = match WakeUrl::parse(url) {
         Ok(t) => t,
         Err(e) => return Outcome::Refused(format!("the wake_url {e}")),
@@ -279,12 +248,11 @@ fn post(policy: &Policy, url: &str, body: &str) -> Outcome {
     if let Some(why) = policy.refuses_url(&target) {
         return Outcome::Refused(why);
     }
-    let deadline = Instant::now() + TIMEOUT;
     let addresses: Vec<SocketAddr> = match &target.host {
         Host::Ip(ip) => vec![SocketAddr::new(*ip, target.port)],
-        Host::Name(name) => match (name.as_str(), target.port).to_socket_addrs() {
-            Ok(found) => found.collect(),
-            Err(e) => return Outcome::Failed(format!("`{name}` could not be resolved: {e}")),
+        Host::Name(name) => match resolvers.resolve(name, target.port, deadline, system_resolve) {
+            Ok(found) => found,
+            Err(why) => return Outcome::Failed(why),
         },
     };
     let mut refusal = None;
@@ -377,17 +345,249 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_from_100_ms_up_to_10_s() {
-        let ms: Vec<u128> = (1..=8).map(|t| backoff(t).as_millis()).collect();
-        assert_eq!(ms, [100, 200, 400, 800, 1600, 3200, 6400, 10_000]);
-        assert_eq!(backoff(40), MAX_BACKOFF);
-    }
-
-    #[test]
     fn a_status_line_gives_its_status() {
         assert_eq!(status_of(b"HTTP/1.1 204 No Content\r\n"), Some(204));
         assert_eq!(status_of(b"HTTP/1.0 302 Found\r\nlocation: x"), Some(302));
         assert_eq!(status_of(b"SSH-2.0-OpenSSH\r\n"), None);
         assert_eq!(status_of(b"HTTP/1.1 99999\r\n"), None);
+    }
+
+    use std::collections::VecDeque;
+    use std::io::{BufRead as _, BufReader};
+    use std::net::TcpListener;
+
+    use super::super::queues::MAX_PER_HOST;
+
+    /// Waits (up to 60 s) until `done` holds.
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what} did not happen within 60 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// What a [`Receiver`] answers: the statuses of `next` in turn, then `then` to every request
+    /// (holding a request while it is `None`).
+    #[derive(Default)]
+    struct Script {
+        next: VecDeque<u16>,
+        then: Option<u16>,
+        /// The session of each request, in the order they came.
+        seen: Vec<String>,
+    }
+
+    /// A receiver on 127.0.0.1 answering as its script says, each connection on a thread of
+    /// its own. A request is recorded in `seen` only once its status is chosen (or it is held).
+    #[derive(Clone)]
+    struct Receiver {
+        url: String,
+        script: Arc<(Mutex<Script>, Condvar)>,
+    }
+
+    impl Receiver {
+        fn start(next: &[u16], then: Option<u16>) -> Receiver {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let url = format!("http://{}/wake", listener.local_addr().unwrap());
+            let script = Arc::new((
+                Mutex::new(Script {
+                    next: next.iter().copied().collect(),
+                    then,
+                    seen: Vec::new(),
+                }),
+                Condvar::new(),
+            ));
+            let shared = script.clone();
+            std::thread::spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    let script = shared.clone();
+                    std::thread::spawn(move || Receiver::answer(stream, &script));
+                }
+            });
+            Receiver { url, script }
+        }
+
+        fn answer(mut stream: TcpStream, script: &(Mutex<Script>, Condvar)) {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_err() {
+                return;
+            }
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let (lock, changed) = script;
+            let mut s = lock.lock().unwrap();
+            let mut status = s.next.pop_front().or(s.then);
+            s.seen.push(body["session_id"].as_str().unwrap().to_string());
+            while status.is_none() {
+                s = changed.wait(s).unwrap();
+                status = s.next.pop_front().or(s.then);
+            }
+            drop(s);
+            let status = status.unwrap_or(500);
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            );
+        }
+
+        /// Answers as `next`, then `then`, from here on.
+        fn script(&self, next: &[u16], then: Option<u16>) {
+            let mut s = self.script.0.lock().unwrap();
+            s.next = next.iter().copied().collect();
+            s.then = then;
+            self.script.1.notify_all();
+        }
+
+        fn seen(&self) -> Vec<String> {
+            self.script.0.lock().unwrap().seen.clone()
+        }
+    }
+
+    fn pool() -> (Pool, WakeCounts) {
+        let counts = WakeCounts::default();
+        let policy = Policy::new(&["127.0.0.1".to_string()]).unwrap();
+        (Pool::start(policy, counts.clone()), counts)
+    }
+
+    fn body(session: &str) -> String {
+        serde_json::json!({"session_id": session, "ready": 1}).to_string()
+    }
+
+    #[test]
+    fn a_wake_beyond_the_in_flight_bound_is_delivered_once_a_slot_frees() {
+        let (pool, counts) = pool();
+        let held: Vec<Receiver> = (0..MAX_IN_FLIGHT / MAX_PER_HOST)
+            .map(|_| Receiver::start(&[], None))
+            .collect();
+        for i in 0..MAX_IN_FLIGHT {
+            let session = format!("s{i}");
+            pool.submit(&session, &held[i % held.len()].url, body(&session));
+        }
+        let good = Receiver::start(&[], Some(204));
+        pool.submit("late", &good.url, body("late"));
+        assert_eq!(counts.dropped.get(), 0, "the wake beyond the bound was dropped");
+        assert_eq!(counts.parked.get(), 1);
+        for r in &held {
+            r.script(&[], Some(204));
+        }
+        wait_until("the parked wake's POST", || good.seen().contains(&"late".to_string()));
+    }
+
+    #[test]
+    fn a_receiver_that_fails_every_try_keeps_only_its_own_slots() {
+        let (pool, counts) = pool();
+        let bad = Receiver::start(&[], Some(503));
+        for i in 0..MAX_IN_FLIGHT {
+            let session = format!("b{i}");
+            pool.submit(&session, &bad.url, body(&session));
+        }
+        let good = Receiver::start(&[], Some(204));
+        pool.submit("good", &good.url, body("good"));
+        assert_eq!(counts.dropped.get(), 0, "the other receiver's wake was dropped");
+        assert_eq!(counts.parked.get(), (MAX_IN_FLIGHT - MAX_PER_HOST) as u64);
+        wait_until("the other receiver's POST", || !good.seen().is_empty());
+        assert_eq!(good.seen(), ["good"]);
+    }
+
+    /// Waits until `s`'s wake was delivered or given up; returns (delivered, given up).
+    fn ended(counts: &WakeCounts) -> (u64, u64) {
+        wait_until("the wake's end", || counts.delivered.get() + counts.given_up.get() >= 1);
+        (counts.delivered.get(), counts.given_up.get())
+    }
+
+    #[test]
+    fn a_wake_joining_a_retry_of_a_receiver_back_up_gets_every_try() {
+        let (pool, counts) = pool();
+        let r = Receiver::start(&[], Some(503));
+        pool.submit("s", &r.url, body("s"));
+        // Down for all tries but the last; the wake waits for that one.
+        wait_until("all tries but the last", || {
+            counts.failed_tries.get() == u64::from(ATTEMPTS - 1)
+        });
+        // Back up, but for one more failure: a new wake joins the waiting one.
+        r.script(&[503], Some(204));
+        pool.submit("s", &r.url, body("s"));
+        assert_eq!(ended(&counts), (1, 0), "the new wake was given up after its first try");
+    }
+
+    #[test]
+    fn a_wake_joining_a_try_that_fails_gets_every_try() {
+        let (pool, counts) = pool();
+        let tries = usize::try_from(ATTEMPTS).unwrap();
+        let r = Receiver::start(&vec![503; tries - 2], None);
+        pool.submit("s", &r.url, body("s"));
+        wait_until("the try before the last being made", || r.seen().len() == tries - 1);
+        pool.submit("s", &r.url, body("s"));
+        // That try fails, and so does the next.
+        r.script(&[503, 503], Some(204));
+        assert_eq!(ended(&counts), (1, 0), "the new wake was given up after its first try");
+    }
+
+    fn address() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 9))
+    }
+
+    /// A resolver that answers once `gate` is sent to or dropped.
+    fn gated() -> (
+        mpsc::Sender<()>,
+        impl FnOnce(&str, u16) -> std::io::Result<Vec<SocketAddr>> + Send + 'static,
+    ) {
+        let (open, gate) = mpsc::channel::<()>();
+        let resolve = move |_: &str, _: u16| {
+            let _ = gate.recv_timeout(Duration::from_secs(60));
+            Ok(vec![address()])
+        };
+        (open, resolve)
+    }
+
+    #[test]
+    fn a_resolution_that_outlasts_the_try_is_a_failed_try() {
+        let resolvers = Resolvers::new(2);
+        let (open, resolve) = gated();
+        let deadline = Instant::now() + Duration::from_millis(100);
+        let result = resolvers.resolve("slow.example", 80, deadline, resolve);
+        let why = result.expect_err("the try waited for the resolution past its deadline");
+        assert!(why.contains("not resolved within"), "{why}");
+        drop(open);
+        wait_until("the resolution's end", || resolvers.running.load(Ordering::SeqCst) == 0);
+        let found = resolvers.resolve("fast.example", 80, Instant::now() + TIMEOUT, |_, _| Ok(vec![address()]));
+        assert_eq!(found, Ok(vec![address()]));
+    }
+
+    #[test]
+    fn resolutions_beyond_the_bound_are_not_started() {
+        let resolvers = Resolvers::new(2);
+        let mut gates = Vec::new();
+        for _ in 0..2 {
+            let (open, resolve) = gated();
+            gates.push(open);
+            let deadline = Instant::now() + Duration::from_millis(20);
+            assert!(resolvers.resolve("slow.example", 80, deadline, resolve).is_err());
+        }
+        let started = Arc::new(AtomicUsize::new(0));
+        let count = started.clone();
+        let why = resolvers
+            .resolve("third.example", 80, Instant::now() + TIMEOUT, move |_, _| {
+                count.fetch_add(1, Ordering::SeqCst);
+                Ok(vec![address()])
+            })
+            .expect_err("a third resolution ran beside two that outlasted their tries");
+        assert!(why.contains("2 resolutions are running already"), "{why}");
+        assert_eq!(started.load(Ordering::SeqCst), 0);
+        drop(gates);
+        wait_until("the resolutions' end", || resolvers.running.load(Ordering::SeqCst) == 0);
     }
 }

@@ -108,10 +108,10 @@ impl WakeUrl {
         Ok(WakeUrl { host, port, target })
     }
 
-    /// The URL as logs show it: scheme, host, port and path (no query, which may hold a token).
+    /// The URL as logs show it: scheme, host and port (no path or query, which may hold a
+    /// token).
     pub(crate) fn shown(&self) -> String {
-        let path = self.target.split('?').next().unwrap_or("/");
-        format!("http://{}:{}{path}", self.host, self.port)
+        format!("http://{}:{}", self.host, self.port)
     }
 
     /// The `Host` header of a request to this URL.
@@ -124,18 +124,17 @@ impl WakeUrl {
     }
 }
 
-/// Any text meant as a URL, as logs and messages may show it: without userinfo, query or
-/// fragment, and without control characters.
+/// Any text meant as a URL, as logs and messages may show it: its scheme and what follows up
+/// to the path, without userinfo (so no path, query or fragment), and without control
+/// characters.
 pub(crate) fn shown(url: &str) -> String {
     let (scheme, rest) = match url.find("://") {
         Some(i) => (&url[..i + 3], &url[i + 3..]),
         None => ("", url),
     };
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, after) = rest.split_at(end);
-    let host = authority.rsplit('@').next().unwrap_or("");
-    let path = after.split(['?', '#']).next().unwrap_or("");
-    format!("{scheme}{host}{path}")
+    let host = rest[..end].rsplit('@').next().unwrap_or("");
+    format!("{scheme}{host}")
         .chars()
         .map(|c| if c.is_control() { '?' } else { c })
         .take(200)
@@ -433,7 +432,6 @@ mod tests {
         let u = url("http://Example.COM.:8080/wake?t=1#frag");
         assert_eq!(u.host, Host::Name("example.com".into()));
         assert_eq!((u.port, u.target.as_str()), (8080, "/wake?t=1"));
-        assert_eq!(u.shown(), "http://example.com:8080/wake");
         assert_eq!(u.host_header(), "example.com:8080");
         let u = url("http://[::1]?q");
         assert_eq!((u.port, u.target.as_str()), (80, "/?q"));
@@ -456,7 +454,19 @@ mod tests {
         assert!(e("http://[::1/").contains("IPv6"));
         assert!(e("http://::1/").contains("host"));
         assert!(e("http://h\u{e9}/").contains("ASCII"));
-        assert_eq!(shown("http://u:p@h:1/a?token=x#f"), "http://h:1/a");
+    }
+
+    #[test]
+    fn logs_show_a_wake_url_as_scheme_host_and_port_only() {
+        let u = url("http://Example.COM.:8080/hook/t0ken-in-path?key=t0ken-in-query#f");
+        assert_eq!(u.shown(), "http://example.com:8080");
+        assert_eq!(url("http://[::1]/p").shown(), "http://[::1]:80");
+        assert_eq!(url("http://10.0.0.1?q=1").shown(), "http://10.0.0.1:80");
+        // Text that is no wake URL at all.
+        assert_eq!(shown("http://u:p@h:1/t0ken?token=x#f"), "http://h:1");
+        assert_eq!(shown("https://h/t0ken"), "https://h");
+        assert_eq!(shown("h?t0ken"), "h");
+        assert_eq!(shown("ftp://h\r\n/x"), "ftp://h??");
     }
 
     #[test]
