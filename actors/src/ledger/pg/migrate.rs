@@ -98,6 +98,72 @@ impl PgLedger {
                 }
             }
             tx.commit().await.map_err(pg_error("committing the migration"))
+        })?;
+        self.build_call_index()
+    }
+
+    /// Builds the index of calls by id ([`CALL_INDEX`]) when it is missing or invalid, without
+    /// blocking writes (`CONCURRENTLY`, which runs outside any transaction). One process builds
+    /// a schema's index at a time: one that finds another building it goes on without waiting
+    /// (lookups read the table until the index is valid).
+    fn build_call_index(&self) -> Result<(), LedgerError> {
+        let pool = self.inner.pool.clone();
+        let schema = self.inner.schema.clone();
+        self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            if call_index_valid(&client, &schema).await? == Some(true) {
+                return Ok(());
+            }
+            let locked: bool = client
+                .query_one("SELECT pg_try_advisory_lock(7420114, hashtext($1))", &[&schema])
+                .await
+                .map_err(pg_error("taking the index build's lock"))?
+                .get(0);
+            if !locked {
+                tracing::info!(%schema, "another process builds the index of calls by id");
+                return Ok(());
+            }
+            let built = async {
+                match call_index_valid(&client, &schema).await? {
+                    Some(true) => return Ok(()),
+                    Some(false) => {
+                        tracing::warn!(%schema, "the index of calls by id was left invalid by an interrupted build: built again");
+                        client
+                            .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS \"{schema}\".{CALL_INDEX}"))
+                            .await
+                            .map_err(pg_error("dropping the invalid index of calls by id"))?;
+                    }
+                    None => tracing::info!(%schema, "building the index of calls by id"),
+                }
+                client
+                    .batch_execute(&format!(
+                        "CREATE INDEX CONCURRENTLY IF NOT EXISTS {CALL_INDEX} ON \"{schema}\".calls (({CALL_ID_OF_KEY}))"
+                    ))
+                    .await
+                    .map_err(pg_error("building the index of calls by id"))
+            }
+            .await;
+            let unlocked = client
+                .execute("SELECT pg_advisory_unlock(7420114, hashtext($1))", &[&schema])
+                .await
+                .map_err(pg_error("giving the index build's lock back"));
+            built.and(unlocked.map(|_| ()))
         })
     }
+}
+
+/// Whether `schema`'s index of calls by id ([`CALL_INDEX`]) is valid; None: it is not there.
+pub(super) async fn call_index_valid(
+    client: &deadpool_postgres::Object,
+    schema: &str,
+) -> Result<Option<bool>, LedgerError> {
+    client
+        .query_opt(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2",
+            &[&schema, &CALL_INDEX],
+        )
+        .await
+        .map(|row| row.map(|r| r.get::<_, bool>(0)))
+        .map_err(pg_error("reading the index of calls by id"))
 }

@@ -119,9 +119,9 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         6,
         "calls by id",
         // A call is looked up by its id alone (`GET /v1/calls/{id}`, a cancel, a worker's
-        // request for a child of a call served elsewhere): an index on the id part of its key.
-        "CREATE INDEX IF NOT EXISTS calls_by_call_id ON \"{schema}\".calls
-             ((substring(key FROM position('\\x00'::bytea IN key) + 1)))",
+        // request for a child of a call served elsewhere): an index on the id part of its key,
+        // built after the migration's transaction, concurrently ([`CALL_INDEX`]).
+        "",
     ),
     (
         7,
@@ -132,6 +132,12 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "",
     ),
 ];
+
+/// The index of calls by their id (migration 6), built without blocking the writes of the
+/// processes that use the schema meanwhile: `CREATE INDEX CONCURRENTLY` after the migration's
+/// transaction, by each process that opens the schema and finds it missing or left invalid by a
+/// build that was interrupted. Until it is valid, a lookup by call id reads the whole table.
+const CALL_INDEX: &str = "calls_by_call_id";
 
 /// The call id part of a call row's key (after the NUL that ends its session id, which holds
 /// no control character), as the index of migration 6 and [`Ledger::find_call`] write it.

@@ -201,6 +201,64 @@ mod own {
         assert_eq!(second_view(&ledger).call("s1", "deleg_big").unwrap(), Some(call));
     }
 
+    /// Whether the schema's index of calls by id is there and valid (None: not there).
+    fn call_index_valid(ledger: &PgLedger) -> Option<bool> {
+        let (pool, schema) = (ledger.inner.pool.clone(), ledger.inner.schema.clone());
+        ledger
+            .runtime
+            .run(async move {
+                let client = pool.get().await.map_err(pool_error)?;
+                super::super::migrate::call_index_valid(&client, &schema).await
+            })
+            .unwrap()
+    }
+
+    fn run_sql(ledger: &PgLedger, sql: String) {
+        let pool = ledger.inner.pool.clone();
+        ledger
+            .runtime
+            .run(async move {
+                let client = pool.get().await.map_err(pool_error)?;
+                client
+                    .batch_execute(&sql)
+                    .await
+                    .map_err(pg_error("running the test's SQL"))
+            })
+            .unwrap();
+    }
+
+    /// The index of calls by id is built outside the migration's transaction, so a schema
+    /// whose build of it was interrupted (the index left invalid) or that lacks it gets it at the
+    /// next open, and a lookup by call id finds its call all along.
+    #[test]
+    fn an_index_of_calls_left_invalid_or_missing_is_built_at_the_next_open() {
+        let ledger = pg_testkit::fresh();
+        let call = crate::ledger::conformance::call_row("s1", "deleg_00000000000000c1", 1);
+        ledger
+            .write(&Writes {
+                calls: vec![call.clone()],
+                ..Writes::default()
+            })
+            .unwrap();
+        ledger.flush().unwrap();
+        assert_eq!(call_index_valid(&ledger), Some(true), "built at the first open");
+        let schema = ledger.inner.schema.clone();
+        // As an interrupted CREATE INDEX CONCURRENTLY leaves it.
+        run_sql(
+            &ledger,
+            format!("UPDATE pg_index SET indisvalid = false WHERE indexrelid = '\"{schema}\".{CALL_INDEX}'::regclass"),
+        );
+        assert_eq!(call_index_valid(&ledger), Some(false));
+        assert_eq!(ledger.find_call(&call.call_id).unwrap(), Some(call.clone()));
+        let reopened = second_view(&ledger);
+        assert_eq!(call_index_valid(&reopened), Some(true), "built again");
+        run_sql(&ledger, format!("DROP INDEX \"{schema}\".{CALL_INDEX}"));
+        assert_eq!(call_index_valid(&ledger), None);
+        let reopened = second_view(&ledger);
+        assert_eq!(call_index_valid(&reopened), Some(true), "built where it was missing");
+        assert_eq!(reopened.find_call(&call.call_id).unwrap(), Some(call));
+    }
+
     #[test]
     fn reopening_a_schema_applies_nothing_twice() {
         let ledger = pg_testkit::fresh();
