@@ -426,15 +426,28 @@ async fn assert_ended(e: &Engine, child: &str, first: &str, second: &str) {
     assert!(matches!(err, BroodError::ParentEnded { .. }), "{err:?}");
 }
 
+/// The tests that hold a rebuild run one at a time: fault points are process-wide.
+#[cfg(feature = "failpoints")]
+static REBUILD_HOLD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Takes the rebuild-hold lock and arms the hold for the next rebuild.
+#[cfg(feature = "failpoints")]
+fn rebuild_hold() -> std::sync::MutexGuard<'static, ()> {
+    let guard = REBUILD_HOLD.lock().unwrap_or_else(|e| e.into_inner());
+    failpoints::arm("rebuild_hold", 1);
+    guard
+}
+
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)]
 async fn a_child_that_ends_while_its_nested_sessions_owner_is_rebuilt_ends_that_session() {
     let e = Engine::new();
     let (child, first, second) = parent_with_a_queued_nested_child(&e).await;
     let b = e.b();
-    // The nested session's owner is rebuilt, held once it has read its rows: the child's end
-    // is told to no live owner.
-    failpoints::arm("rebuild_hold", 1);
+    // The nested session's owner is rebuilt, held before it reads its rows: the child's end is
+    // told to no live owner.
+    let _hold = rebuild_hold();
     let (restarted, ()) = tokio::join!(b.restart_owner(&child), async {
         wait_for!(
             "the rebuild to be held",
@@ -465,4 +478,56 @@ async fn a_nested_session_ended_by_its_child_stays_ended_when_its_owner_is_rebui
     );
     let err = delegate(b, &child, vec![task("late", sim(0))]).await.unwrap_err();
     assert!(matches!(err, BroodError::ParentEnded { .. }), "{err:?}");
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)]
+async fn a_rebuilt_nested_session_whose_child_ended_starts_none_of_its_queued_children() {
+    let e = Engine::new();
+    let b = e.b();
+    open_wake(b, "p").await;
+    let call = delegate(b, "p", vec![task("parent", gate("parent"))]).await.unwrap();
+    let child = child_id(&call, 0);
+    wait_for!(
+        "the parent child runs",
+        (status_of(b, "p", &child).await == Some(ChildStatus::Running)).then_some(())
+    );
+    b.open_session(
+        &child,
+        SessionOptions::default().wake(|_| {}).max_concurrent_children(1),
+    )
+    .await
+    .unwrap();
+    let inner = delegate(b, &child, vec![task("first", gate("n1")), task("second", hold())])
+        .await
+        .unwrap();
+    let (first, second) = (child_id(&inner, 0), child_id(&inner, 1));
+    wait_for!(
+        "the first nested child runs",
+        (status_of(b, &child, &first).await == Some(ChildStatus::Running)).then_some(())
+    );
+    // While its owner is rebuilt, the running nested child ends (its slot is free when the
+    // rebuilt owner reads its rows) and so does the parent child.
+    let _hold = rebuild_hold();
+    let (restarted, ()) = tokio::join!(b.restart_owner(&child), async {
+        wait_for!(
+            "the rebuild to be held",
+            (!failpoints::armed("rebuild_hold")).then_some(())
+        );
+        e.kit.gates.open("n1");
+        e.kit.gates.open("parent");
+        let parent = collect_results(b, "p", 1).await;
+        assert_eq!(parent[0].status, ChildStatus::Succeeded);
+        failpoints::release("rebuild_hold");
+    });
+    restarted.unwrap();
+    wait_for!(
+        "the queued nested child is cancelled",
+        (status_of(b, &child, &second).await == Some(ChildStatus::Cancelled)).then_some(())
+    );
+    assert!(
+        !e.started().contains(&second),
+        "a queued child of a nested session whose child ended was started"
+    );
 }

@@ -7,7 +7,7 @@
 //! `coalescer_handler`, `runner_hang`, `requeue_flush_stall` (the flush of a lost start's
 //! requeue is 400 ms late), `events_subscribe_stall` (a subscriber that takes 400 ms between
 //! finding its session's event channel and joining it), `rebuild_hold` (an owner rebuilt from
-//! the ledger is held, its rows read, until [`release`])). Tests arm a point with [`arm`] for a
+//! the ledger is held before it reads its rows, until [`release`])). Tests arm a point with [`arm`] for a
 //! number of hits; while armed, the point fails (an error for I/O points, a panic for handler
 //! points, a wait for hold points). Without the feature, [`crate::failpoint!`] expands to
 //! nothing and this module has only inert stand-ins.

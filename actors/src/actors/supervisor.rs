@@ -624,12 +624,12 @@ impl Handler<DeadLetters> for Supervisor {
 /// the rest of the ledger holds. The ledger is flushed first, so the rebuilt owner
 /// publishes nothing that is not durable (I1).
 fn rebuild_owner(engine: &Engine, id: &str, wake: Option<Arc<dyn Wake>>) -> Result<SessionOwner, LedgerError> {
+    crate::failpoints::hold("rebuild_hold");
     // The dead owner's write in flight lands before the read below, or never.
     engine.supersede(id);
     engine.ledger.flush()?;
     let (mut owner, _) = recover_session(engine, id, Recovery::Owner)?
         .ok_or_else(|| LedgerError::storage_msg(format!("session `{id}` has no row")))?;
-    crate::failpoints::hold("rebuild_hold");
     if let Some(wake) = wake {
         owner.bind_wake(wake);
     }

@@ -204,8 +204,10 @@ impl Book {
         self.calls.get_mut(call)?.units.get_mut(k.checked_sub(1)? as usize)
     }
 
-    /// Marks the child `child_id` running from `now`, unless a cancel of it is being recorded
-    /// (or was: it stays as its cancel left it); whether it was marked.
+    /// Marks the child `child_id` running from `now`, unless it ended (a row is never moved
+    /// back from its end: one recorded while its start was being written, by a cancel an
+    /// earlier owner decided, stays as it is) or a cancel of it is being recorded (or was: it
+    /// stays as its cancel left it); whether it was marked.
     pub(super) fn mark_running(&mut self, child_id: &str, now: u64) -> bool {
         let Some((call, i)) = parse_child_id(child_id) else {
             return false;
@@ -217,7 +219,7 @@ impl Book {
             return false;
         }
         match state.children.get_mut(i as usize) {
-            Some(Some(row)) => {
+            Some(Some(row)) if !row.status.is_terminal() => {
                 row.status = ChildStatus::Running;
                 row.started_at_ms = Some(now);
                 true

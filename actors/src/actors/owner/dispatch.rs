@@ -293,7 +293,12 @@ impl SessionOwner {
     /// mark (queued or running, recovery runs it again), so it starts at once; one that is not
     /// starts only once its mark is durable, or a crash could run it twice.
     pub(super) fn admit(&mut self, ctx: &mut Context<Self>) {
-        let open = crate::actors::running(ctx) && self.engine.admitting();
+        // A nested session whose child ended starts nothing (its calls are being cancelled),
+        // nor one whose child is not known yet not to have ended.
+        let open = crate::actors::running(ctx)
+            && self.engine.admitting()
+            && self.parent_ended.is_none()
+            && !self.awaiting_parent;
         let ids = match &self.engine.shares {
             None if open => self.capacity.admit(),
             None => return,

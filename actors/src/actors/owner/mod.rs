@@ -117,8 +117,12 @@ pub struct SessionOwner {
     consumers: std::collections::HashMap<String, String>,
     /// The session's lease was lost: the owner stops once its batch in flight is answered.
     moved: bool,
-    /// Recovered from stored rows (at a start, a rebuild or a takeover), not made afresh.
-    recovered: bool,
+    /// A nested session recovered from stored rows whose child's row is not read yet (see
+    /// [`CheckParent`]): nothing is admitted until it is.
+    awaiting_parent: bool,
+    /// The children recovery ended (resolved `unknown`, or re-run no more): their nested
+    /// sessions are ended as the owner starts.
+    resolved_ended: Vec<String>,
     /// Changes applied, for sampling the book's check in a release build.
     changes: u64,
 }
@@ -151,7 +155,8 @@ impl SessionOwner {
             parent_ended: None,
             consumers: Default::default(),
             moved: false,
-            recovered: false,
+            awaiting_parent: false,
+            resolved_ended: Vec::new(),
             changes: 0,
             capacity: Capacity::counted(session.max_concurrent_children as usize, engine.live.clone()),
             router: Router::new(session.max_delivery_attempts),
@@ -217,7 +222,7 @@ impl SessionOwner {
     /// Whether this owner was recovered from stored rows for a nested session, so that its
     /// child may have ended while it was not served (see [`CheckParent`]).
     pub(crate) fn checks_parent(&self) -> bool {
-        self.recovered && nest_parent(&self.session.session_id).is_some()
+        self.awaiting_parent
     }
 
     /// Checks the book's invariants ([`invariants::book_faults`]) after a change: each time in
@@ -413,12 +418,9 @@ impl Handler<CheckParent> for SessionOwner {
 
     fn handle(&mut self, _: CheckParent, ctx: &mut Context<Self>) {
         let session = self.session.session_id.clone();
-        let Some((call_id, _)) = nest_parent(&session) else {
-            return;
+        let Some((call_id, _)) = nest_parent(&session).filter(|_| self.parent_ended.is_none()) else {
+            return self.parent_read(ctx);
         };
-        if self.parent_ended.is_some() {
-            return;
-        }
         let (call_id, parent) = (
             call_id.to_string(),
             self.engine.nest(&session).map(|n| n.parent_session_id),
@@ -440,16 +442,32 @@ impl Handler<CheckParent> for SessionOwner {
             .map(move |ended, act, ctx| match ended {
                 Ok(true) if act.parent_ended.is_none() => {
                     tracing::info!(session = %session, "a nested session's child ended while it was not served: it is ended now");
+                    let reason = format!("its parent child `{session}` ended");
+                    // Refuses calls from now on, and admits nothing: its calls are cancelled.
+                    act.parent_ended = Some(reason.clone());
                     let (tx, _) = oneshot::channel();
-                    act.submit(Durable::EndNested(format!("its parent child `{session}` ended"), tx), ctx);
+                    act.submit(Durable::EndNested(reason, tx), ctx);
+                    act.parent_read(ctx);
                 }
-                Ok(_) => {}
+                Ok(_) => act.parent_read(ctx),
                 Err(e) => {
+                    // Not read: its children are not held back for it (the read is tried again).
                     tracing::warn!(session = %session, "reading a nested session's child failed (tried again soon): {e}");
+                    act.parent_read(ctx);
                     ctx.notify_later(CheckParent, CHECK_PARENT_RETRY);
                 }
             })
             .spawn(ctx);
+    }
+}
+
+impl SessionOwner {
+    /// Its nested session's child was read (or could not be): admission goes on.
+    fn parent_read(&mut self, ctx: &mut Context<Self>) {
+        if std::mem::take(&mut self.awaiting_parent) {
+            self.admit(ctx);
+            self.after_change(ctx);
+        }
     }
 }
 
@@ -467,6 +485,15 @@ impl Actor for SessionOwner {
             // Before anything is admitted: none of its queued children may start.
             let (tx, _) = oneshot::channel();
             self.submit(Durable::EndNested(reason, tx), ctx);
+        }
+        let ended = std::mem::take(&mut self.resolved_ended);
+        if !ended.is_empty() && ended.iter().any(|c| nest_parent(c).is_some()) {
+            // Their rows were written before this owner started: a nested session registered
+            // later reads them (CheckParent); one registered already is told here.
+            let engine = self.shared.clone();
+            actix::spawn(async move {
+                cancel::end_nested(&engine, &ended, |c| format!("its parent child `{c}` ended")).await;
+            });
         }
         self.admit(ctx);
         self.after_change(ctx);

@@ -25,7 +25,16 @@ impl SessionOwner {
         let wake_url = snapshot.wake_url.clone();
         let plan = recovery::plan(&session, snapshot, mode, &live, now_ms());
         let mut owner = SessionOwner::new(engine, session);
-        owner.recovered = true;
+        // A nested session's child may have ended while it was not served: nothing of it
+        // starts until its child's row was read (CheckParent).
+        owner.awaiting_parent = nest_parent(&owner.session.session_id).is_some();
+        // The nested sessions of children recovery ended are ended as the owner starts.
+        owner.resolved_ended = plan
+            .changed
+            .iter()
+            .filter(|r| r.status.is_terminal())
+            .map(|r| r.child_id.clone())
+            .collect();
         if let Some(url) = &wake_url {
             owner.bind_wake_url(url);
         }

@@ -176,27 +176,49 @@ fn nest_served_at(parent_here: bool, parent_holder: Option<LeaseHolder>) -> Opti
 }
 
 /// Gives back the leases a starting process took (`taken`) of the nested sessions whose parent
-/// session another process serves: each is served where its parent is, whose holder takes it
-/// up at its next sweep, and not here, where the end of its child would never reach it.
+/// session another process serves, or is itself given back here (a nested session of a nested
+/// session follows its parent): each is served where its parent is, whose holder takes it up at
+/// its next sweep, and not here, where the end of its child would never reach it.
 pub(super) fn give_back_nests_apart(
     engine: &Engine,
     leases: &dyn Leases,
     taken: &mut HashSet<String>,
 ) -> Result<(), LedgerError> {
-    let nested: Vec<String> = taken.iter().filter(|id| nest_parent(id).is_some()).cloned().collect();
-    for id in nested {
-        let Some(parent) = parent_session(engine, &id, None)? else {
+    // Each nested session's parent, and whether another process serves that parent (read once).
+    let mut nested: Vec<(String, String, bool)> = Vec::new();
+    for id in taken.iter().filter(|id| nest_parent(id).is_some()) {
+        let Some(parent) = parent_session(engine, id, None)? else {
             continue;
         };
         let here = taken.contains(&parent);
         let holder = if here { None } else { leases.holder(&parent)? };
-        if let Some(address) = nest_served_at(here, holder) {
-            tracing::info!(session = %id, %parent, %address, "a nested session is left to the process that serves its parent");
-            leases.release(&id);
-            taken.remove(&id);
-        }
+        nested.push((id.clone(), parent, nest_served_at(here, holder).is_some()));
+    }
+    let given_back = nests_to_give_back(&nested);
+    for id in &given_back {
+        tracing::info!(session = %id, "a nested session is left to the process that serves its parent");
+        leases.release(id);
+        taken.remove(id);
     }
     Ok(())
+}
+
+/// Of nested sessions (each with its parent session, and whether another process serves that
+/// parent), those to give back: the ones whose parent is served elsewhere, and, again and
+/// again, those whose parent is given back.
+fn nests_to_give_back(nested: &[(String, String, bool)]) -> HashSet<String> {
+    let mut given_back: HashSet<String> = HashSet::new();
+    loop {
+        let before = given_back.len();
+        for (id, parent, elsewhere) in nested {
+            if *elsewhere || given_back.contains(parent) {
+                given_back.insert(id.clone());
+            }
+        }
+        if given_back.len() == before {
+            return given_back;
+        }
+    }
 }
 
 /// The parent session of `id`, when it is a nested session: from its nest row (`nest`, when it
@@ -248,5 +270,23 @@ mod tests {
         assert_eq!(nest_served_at(true, elsewhere()), None, "served here already");
         assert_eq!(nest_served_at(false, None), None, "its parent is served by nobody now");
         assert_eq!(nest_served_at(false, Some(LeaseHolder::Here(3))), None);
+    }
+
+    #[test]
+    fn a_nest_of_a_nest_follows_its_parent_whatever_the_order() {
+        let chain = |order: &[usize]| {
+            let all = [
+                ("n2".to_string(), "n1".to_string(), false),
+                ("n1".to_string(), "p".to_string(), true),
+                ("m".to_string(), "q".to_string(), false),
+            ];
+            let nested: Vec<_> = order.iter().map(|&i| all[i].clone()).collect();
+            let mut back: Vec<String> = nests_to_give_back(&nested).into_iter().collect();
+            back.sort();
+            back
+        };
+        for order in [[0, 1, 2], [1, 0, 2], [2, 1, 0], [2, 0, 1]] {
+            assert_eq!(chain(&order), ["n1", "n2"], "visited in the order {order:?}");
+        }
     }
 }

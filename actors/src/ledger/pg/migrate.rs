@@ -99,7 +99,12 @@ impl PgLedger {
             }
             tx.commit().await.map_err(pg_error("committing the migration"))
         })?;
-        self.build_call_index()
+        // The index only speeds lookups by call id up: a build that failed (a lock or statement
+        // timeout, a cancel) leaves them reading the table, and the next open builds it.
+        if let Err(e) = self.build_call_index() {
+            tracing::warn!(schema = %self.inner.schema, "building the index of calls by id failed (lookups by call id read the table until a later open builds it): {e}");
+        }
+        Ok(())
     }
 
     /// Builds the index of calls by id ([`CALL_INDEX`]) when it is missing or invalid, without
