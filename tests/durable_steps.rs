@@ -494,7 +494,7 @@ async fn a_child_cancelled_while_its_lost_start_is_requeued_stays_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_cancelled_while_its_refused_start_is_written_gives_its_slot_back() {
     let _g = serial();
-    let mut t = TestBrood::new();
+    let t = TestBrood::new();
     t.b()
         .open_session("s", SessionOptions::default().wake(|_| {}).max_concurrent_children(1))
         .await
