@@ -299,3 +299,55 @@ async fn a_cancel_in_a_process_that_lost_its_session_is_answered() {
     a.shutdown();
     b.shutdown();
 }
+
+/// A process that takes over a session whose running child ends by the takeover (its run is
+/// resolved, not re-run) and that child's nested session ends the nested session, whichever of
+/// the two it takes up first: its queued children are cancelled and never run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_that_ends_a_running_child_ends_its_nested_session() {
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = pg_testkit::url();
+    let schema = pg_testkit::fresh_schema();
+    let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
+    let (call, child) = parent_running(&a).await;
+    a.open_session(
+        &child,
+        brood::SessionOptions::default().wake(|_| {}).max_concurrent_children(1),
+    )
+    .await
+    .unwrap();
+    let nested = a
+        .delegate(
+            &child,
+            DelegateRequest::background(vec![task("n1", sim(600_000)), task("n2", hold())]),
+        )
+        .await
+        .expect("a nested call while the parent child runs")
+        .call_id()
+        .to_string();
+    // Both leases run out at once (a paused, say), and b takes both sessions over.
+    pg_testkit::execute(
+        &url,
+        &format!("UPDATE \"{schema}\".session_leases SET expires_at = now() - interval '1 second'"),
+    );
+    let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let parent = b.status("p").await.ok().and_then(|st| child_status(&st, &call, 0));
+        let queued = b.status(&child).await.ok().and_then(|st| child_status(&st, &nested, 1));
+        if parent.is_some_and(brood::ChildStatus::is_terminal) && queued == Some(brood::ChildStatus::Cancelled) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the nested session of a child the takeover ended was not ended: parent child {parent:?}, queued nested child {queued:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !kit.holds.started().contains(&brood::child_id(&nested, 1)),
+        "the queued nested child never ran"
+    );
+    a.shutdown();
+    b.shutdown();
+}
