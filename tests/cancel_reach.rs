@@ -265,3 +265,47 @@ async fn a_cancel_while_the_coalescer_restarts_is_recorded_and_answered() {
     assert_eq!(kit.holds.started(), vec![a], "the cancelled queued child never started");
     b.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_of_a_child_that_ended_before_its_owner_knew_counts_it_as_already_finished() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let kit = Kit::default();
+    let b = open(dir.path(), &kit);
+    session(&b, 8).await;
+    // The child's end is recorded, but its owner is not told: it still counts it running.
+    failpoints::arm("coalescer_handoff", u64::MAX);
+    let call = delegate(&b, DelegateRequest::background(vec![task("a", sim(0))])).await;
+    let child = child_id(&call, 0);
+    wait_for!(
+        "the child's end recorded",
+        b.stored_child(&child)
+            .await
+            .unwrap()
+            .filter(|row| row.status.is_terminal())
+    );
+    let st = b.status("s").await.unwrap();
+    assert_eq!(child_status(&st, &call, 0), Some(ChildStatus::Running));
+
+    // The cancel is decided while the owner counts the child running; its row meets the
+    // recorded end, which wins.
+    let (reply, ()) = tokio::join!(cancel_child(&b, &child), async {
+        b.status("s").await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        failpoints::disarm_all();
+    });
+    assert_eq!(
+        reply,
+        Cancelled {
+            cancelled: vec![],
+            already_finished: 1
+        },
+        "every child under the target is cancelled or already finished"
+    );
+    let got = collect_results(&b, "s", 1).await;
+    assert_eq!(
+        (got[0].child_id.as_str(), got[0].status),
+        (child.as_str(), ChildStatus::Succeeded)
+    );
+    b.shutdown();
+}

@@ -250,6 +250,46 @@ async fn an_owner_that_keeps_panicking_escalates_instead_of_looping() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_whose_rebuild_fails_once_is_rebuilt_again_and_serves_its_session() {
+    let _g = serial();
+    let dir = TempDir::new().unwrap();
+    let brood = open(&dir, "s").await;
+    // The owner panics at the delegate, before it writes anything; the next flush is the
+    // rebuild's, and it fails.
+    failpoints::arm("ledger_flush", 1);
+    failpoints::arm("owner_handler", 1);
+    let err = brood
+        .delegate("s", DelegateRequest::background(vec![sim(0)]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.error, BroodError::Interrupted { call_id: None, .. }),
+        "{err}"
+    );
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match brood.status("s").await {
+            Ok(_) => break,
+            Err(BroodError::Interrupted { .. }) | Err(BroodError::UnknownSession(_)) => {}
+            Err(e) => panic!("one failed flush gave the session up: {e}"),
+        }
+        assert!(Instant::now() < deadline, "the session was never served again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!failpoints::armed("ledger_flush"), "the rebuild never flushed");
+    let call = brood
+        .delegate("s", DelegateRequest::background(vec![sim(0)]))
+        .await
+        .unwrap();
+    let acked = drain(&brood, "s", 1).await;
+    assert_eq!(
+        acked.keys().collect::<Vec<_>>(),
+        vec![&format!("{}.0:result", call.call_id())]
+    );
+    brood.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_runner_is_interrupted_by_its_stall_clock() {
     let _g = serial();
     let dir = TempDir::new().unwrap();

@@ -204,6 +204,8 @@ impl Runner for ProbeRunner {
             p.starts.lock().unwrap().push(ctx.child_id.clone());
             let now = p.current.fetch_add(1, Ordering::SeqCst) + 1;
             p.max.fetch_max(now, Ordering::SeqCst);
+            // A runner stopped early (a cancel drops it) leaves too.
+            let inside = Inside(p.clone());
             let started = Instant::now();
             let total = Duration::from_millis(self.ms);
             while started.elapsed() < total {
@@ -212,11 +214,20 @@ impl Runner for ProbeRunner {
                 ctx.progress.beat();
             }
             // Leave before returning: the engine frees the slot only after the runner returned.
-            p.current.fetch_sub(1, Ordering::SeqCst);
+            drop(inside);
             RunOutput::Succeeded {
                 summary: format!("probe done: {}", ctx.goal),
             }
         })
+    }
+}
+
+/// A probe runner inside its run, until dropped.
+struct Inside(Arc<Probe>);
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        self.0.current.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -301,6 +312,8 @@ pub struct TestBrood {
     dir: TempDir,
     /// The PostgreSQL schema of the ledger, when it is there.
     schema: Option<String>,
+    /// The retention policy, when not the default.
+    retention: Option<brood::Retention>,
 }
 
 /// Whether the tests' engines keep their ledger on PostgreSQL (`BROOD_TEST_LEDGER=postgres`).
@@ -315,12 +328,23 @@ pub fn on_postgres() -> bool {
 impl TestBrood {
     /// A fresh engine over an empty folder.
     pub fn new() -> Self {
+        Self::build(None)
+    }
+
+    /// A fresh engine over an empty folder, keeping what is over as `retention` says (also
+    /// across reopens).
+    pub fn with_retention(retention: brood::Retention) -> Self {
+        Self::build(Some(retention))
+    }
+
+    fn build(retention: Option<brood::Retention>) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut t = TestBrood {
             brood: None,
             kit: Kit::default(),
             dir,
             schema: on_postgres().then(brood_actors::ledger::pg_testkit::fresh_schema),
+            retention,
         };
         t.open_again();
         t
@@ -328,7 +352,10 @@ impl TestBrood {
 
     /// The engine's configuration: its folder (or its PostgreSQL schema) and the test runners.
     fn config(&self) -> BroodConfig {
-        let config = BroodConfig::new(self.dir.path().join("ledger")).runners(self.kit.runners());
+        let mut config = BroodConfig::new(self.dir.path().join("ledger")).runners(self.kit.runners());
+        if let Some(retention) = &self.retention {
+            config = config.retention(retention.clone());
+        }
         match &self.schema {
             Some(schema) => config
                 .postgres(brood_actors::ledger::pg_testkit::url())

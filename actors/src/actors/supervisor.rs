@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use actix_rt::ArbiterHandle;
@@ -78,6 +78,9 @@ pub struct Health {
 
 /// Who waits for a session's owner to be taken up.
 type OwnerWaiter = tokio::sync::oneshot::Sender<Result<Addr<SessionOwner>, BroodError>>;
+
+/// How long a session owner whose rebuild failed waits before the next attempt.
+const REBUILD_RETRY: Duration = Duration::from_millis(50);
 
 /// The root of the actor tree.
 pub struct Supervisor {
@@ -283,6 +286,13 @@ impl Supervisor {
                 return;
             }
         };
+        self.rebuild(id, msg, ctx);
+    }
+
+    /// Rebuilds session `id`'s owner from the ledger (its old one ended as `msg` says). A
+    /// rebuild that fails (a ledger error) is a failure of the owner like a panic: tried again
+    /// within the restart budget, the session given up past it.
+    fn rebuild(&mut self, id: String, msg: String, ctx: &mut Context<Self>) {
         // Rebuilt on a thread of its own at a lower priority: its reads, flushes and planning
         // block neither this actor's thread nor, on a machine with few cores, the threads that
         // route the other sessions. Requests to the session meanwhile are answered as
@@ -308,6 +318,12 @@ impl Supervisor {
                     Ok(owner) => {
                         act.spawn_owner(owner, ctx);
                         tracing::info!(session = %id, "session owner restarted from the ledger");
+                    }
+                    Err(e)
+                        if super::running(ctx) && act.budgets.on_failure(&id, Instant::now()) == Decision::Restart =>
+                    {
+                        tracing::warn!(session = %id, "session owner could not be rebuilt; trying again: {e}");
+                        ctx.run_later(REBUILD_RETRY, move |act, ctx| act.rebuild(id, msg, ctx));
                     }
                     Err(e) => {
                         tracing::error!(session = %id, "session owner could not be rebuilt: {e}");

@@ -2,7 +2,7 @@
 //!
 //! Every unfinished child under the target is recorded `cancelled` through the coalescer, as
 //! any child's end is (so the first terminal row wins: a child that really ended first keeps
-//! its own end, and is not counted as cancelled). Queued children leave the queue at once and
+//! its own end, and is counted as already finished, not as cancelled). Queued children leave the queue at once and
 //! never start; running ones are told to stop through the engine's registry of live children,
 //! which reaches them whichever owner or unit incarnation started them (their runner is
 //! dropped, a command's process group killed). A running child keeps its slot until its runner
@@ -101,6 +101,7 @@ impl SessionOwner {
                 runners.wait().await;
                 Some(children)
             };
+            let decided = rows.len();
             let (recorded, stopped) = futures::join!(record_all(&engine, rows), stopped);
             // Their slots are free once the owner that held them knows (a successor of it
             // counted afresh what it found alive).
@@ -108,6 +109,8 @@ impl SessionOwner {
                 let _ = owner.send(RunnersGone { children }).await;
             }
             let mut cancelled = recorded?;
+            // A child whose own end was recorded before its cancel row had ended already.
+            let already_finished = already_finished + (decided - cancelled.len());
             engine.events.emit(&session, || Event::Cancel {
                 kind: target.kind(),
                 id: target.id().to_string(),
