@@ -374,9 +374,9 @@ async fn a_nested_session_survives_a_restart_and_is_ended_when_its_child_ended_m
 }
 
 /// A top-level session "p" whose one child waits at the gate "parent", and that child's session
-/// opened (one child at a time) with a call of two held children, the first running and the
-/// second queued: the child's id and the nested children's ids.
-async fn parent_with_a_queued_nested_child(e: &Engine) -> (String, String, String) {
+/// opened (one child at a time) with a call of two children, the first (`first`) running and the
+/// second (held) queued: the child's id and the nested children's ids.
+async fn parent_with_a_queued_nested_child(e: &Engine, first: serde_json::Value) -> (String, String, String) {
     let b = e.b();
     open_wake(b, "p").await;
     let call = delegate(b, "p", vec![task("parent", gate("parent"))]).await.unwrap();
@@ -391,13 +391,13 @@ async fn parent_with_a_queued_nested_child(e: &Engine) -> (String, String, Strin
     )
     .await
     .unwrap();
-    let inner = delegate(b, &child, vec![task("first", hold()), task("second", hold())])
+    let inner = delegate(b, &child, vec![task("first", first), task("second", hold())])
         .await
         .unwrap();
     let (first, second) = (child_id(&inner, 0), child_id(&inner, 1));
     wait_for!(
         "the first nested child runs",
-        e.started().contains(&first).then_some(())
+        (status_of(b, &child, &first).await == Some(ChildStatus::Running)).then_some(())
     );
     assert_eq!(status_of(b, &child, &second).await, Some(ChildStatus::Queued));
     (child, first, second)
@@ -443,7 +443,7 @@ fn rebuild_hold() -> std::sync::MutexGuard<'static, ()> {
 #[allow(clippy::await_holding_lock)]
 async fn a_child_that_ends_while_its_nested_sessions_owner_is_rebuilt_ends_that_session() {
     let e = Engine::new();
-    let (child, first, second) = parent_with_a_queued_nested_child(&e).await;
+    let (child, first, second) = parent_with_a_queued_nested_child(&e, hold()).await;
     let b = e.b();
     // The nested session's owner is rebuilt, held before it reads its rows: the child's end is
     // told to no live owner.
@@ -465,7 +465,7 @@ async fn a_child_that_ends_while_its_nested_sessions_owner_is_rebuilt_ends_that_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nested_session_ended_by_its_child_stays_ended_when_its_owner_is_rebuilt() {
     let e = Engine::new();
-    let (child, first, second) = parent_with_a_queued_nested_child(&e).await;
+    let (child, first, second) = parent_with_a_queued_nested_child(&e, hold()).await;
     let b = e.b();
     e.kit.gates.open("parent");
     collect_results(b, "p", 1).await;
@@ -485,28 +485,8 @@ async fn a_nested_session_ended_by_its_child_stays_ended_when_its_owner_is_rebui
 #[allow(clippy::await_holding_lock)]
 async fn a_rebuilt_nested_session_whose_child_ended_starts_none_of_its_queued_children() {
     let e = Engine::new();
+    let (child, _, second) = parent_with_a_queued_nested_child(&e, gate("n1")).await;
     let b = e.b();
-    open_wake(b, "p").await;
-    let call = delegate(b, "p", vec![task("parent", gate("parent"))]).await.unwrap();
-    let child = child_id(&call, 0);
-    wait_for!(
-        "the parent child runs",
-        (status_of(b, "p", &child).await == Some(ChildStatus::Running)).then_some(())
-    );
-    b.open_session(
-        &child,
-        SessionOptions::default().wake(|_| {}).max_concurrent_children(1),
-    )
-    .await
-    .unwrap();
-    let inner = delegate(b, &child, vec![task("first", gate("n1")), task("second", hold())])
-        .await
-        .unwrap();
-    let (first, second) = (child_id(&inner, 0), child_id(&inner, 1));
-    wait_for!(
-        "the first nested child runs",
-        (status_of(b, &child, &first).await == Some(ChildStatus::Running)).then_some(())
-    );
     // While its owner is rebuilt, the running nested child ends (its slot is free when the
     // rebuilt owner reads its rows) and so does the parent child.
     let _hold = rebuild_hold();

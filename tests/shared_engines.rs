@@ -34,6 +34,29 @@ async fn parent_running(b: &Brood) -> (String, String) {
     (call, child)
 }
 
+/// Opens session `p` on `b` with one long-running child, and that child's session (one child
+/// at a time) with a call of a long child, running, and `second`, queued: the parent's call id,
+/// the child's id (the nested session's) and the nested call's id.
+async fn nested_queue(b: &Brood, second: serde_json::Value) -> (String, String, String) {
+    let (call, child) = parent_running(b).await;
+    b.open_session(
+        &child,
+        brood::SessionOptions::default().wake(|_| {}).max_concurrent_children(1),
+    )
+    .await
+    .unwrap();
+    let nested = b
+        .delegate(
+            &child,
+            DelegateRequest::background(vec![task("n1", sim(600_000)), task("n2", second)]),
+        )
+        .await
+        .expect("a nested call while the parent child runs")
+        .call_id()
+        .to_string();
+    (call, child, nested)
+}
+
 /// Whether a statement is waiting for a lock on `table` (a `DO` block that raises otherwise).
 fn waiting_on(url: &str, table: &str) -> bool {
     let sql = format!(
@@ -218,22 +241,7 @@ async fn a_starting_process_leaves_a_nested_session_to_the_holder_of_its_parent(
     let url = pg_testkit::url();
     let schema = pg_testkit::fresh_schema();
     let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
-    let (call, child) = parent_running(&a).await;
-    a.open_session(
-        &child,
-        brood::SessionOptions::default().wake(|_| {}).max_concurrent_children(1),
-    )
-    .await
-    .unwrap();
-    let nested = a
-        .delegate(
-            &child,
-            DelegateRequest::background(vec![task("n1", sim(600_000)), task("n2", sim(600_000))]),
-        )
-        .await
-        .expect("a nested call while the parent child runs")
-        .call_id()
-        .to_string();
+    let (call, child, nested) = nested_queue(&a, sim(600_000)).await;
     pg_testkit::execute(
         &url,
         &format!("UPDATE \"{schema}\".session_leases SET expires_at = now() - interval '1 second' WHERE session = '{child}'::bytea"),
@@ -309,22 +317,7 @@ async fn a_takeover_that_ends_a_running_child_ends_its_nested_session() {
     let url = pg_testkit::url();
     let schema = pg_testkit::fresh_schema();
     let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
-    let (call, child) = parent_running(&a).await;
-    a.open_session(
-        &child,
-        brood::SessionOptions::default().wake(|_| {}).max_concurrent_children(1),
-    )
-    .await
-    .unwrap();
-    let nested = a
-        .delegate(
-            &child,
-            DelegateRequest::background(vec![task("n1", sim(600_000)), task("n2", hold())]),
-        )
-        .await
-        .expect("a nested call while the parent child runs")
-        .call_id()
-        .to_string();
+    let (call, child, nested) = nested_queue(&a, hold()).await;
     // Both leases run out at once (a paused, say), and b takes both sessions over.
     pg_testkit::execute(
         &url,
