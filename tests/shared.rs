@@ -1,4 +1,4 @@
-//! Several `brood serve` processes on one PostgreSQL database (issue 10): each session served by
+//! Several `brood serve` processes on one PostgreSQL database: each session served by
 //! the holder of its lease, requests forwarded to it from whichever process they reach, a dead
 //! holder's sessions taken over, and a paused one refused once it wakes up.
 

@@ -1,4 +1,4 @@
-//! Sessions taken up from a ledger shared with other processes (issue 10): on first use, and
+//! Sessions taken up from a ledger shared with other processes: on first use, and
 //! by a sweep for the sessions of a process that died; a nested session where its parent is.
 
 use actix::prelude::*;

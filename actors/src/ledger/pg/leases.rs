@@ -1,5 +1,5 @@
 //! Session leases on PostgreSQL: several brood processes on one database, each session served
-//! by one of them at a time (issue 10).
+//! by one of them at a time.
 //!
 //! - **The table.** `session_leases(session, owner, address, epoch, expires_at)`, one row per
 //!   session that was ever served. `owner` is a node id, stable across a node's restarts;
