@@ -357,9 +357,35 @@ fn a_poll_does_not_wait_on_a_silent_process() {
     // A wait of 0 is not ten seconds of asking (the margin is half a second; this bound is
     // generous for a shared machine).
     assert!(took < Duration::from_secs(5), "a poll with wait_ms 0 took {took:?}");
-    // b answers again: its child was handed out there, to the poll that gave up on it (it
-    // waits out that lease before it is queued again), or is still listed.
+    // b answers again: its child was handed out there, to the poll that gave up on it, or is
+    // still listed; a take it serves after its asker gave up is taken back (see below).
     let _ = child;
+}
+
+#[test]
+fn a_take_its_asker_gave_up_on_leaves_the_child_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let b_dir = dir.path().join("b");
+    std::fs::create_dir_all(&b_dir).unwrap();
+    // b serves a take 1.5 s after it was asked for it.
+    let b = Server::start_env(
+        &b_dir,
+        None,
+        &["--ledger", &url, "--node", "b", "--session-lease-ms", LEASE_MS],
+        &[("BROOD_FAILPOINTS", "take_stall=1")],
+    );
+    let child = listed_at(&b, &url);
+    // a's poll asks b for the child and gives up before b serves the take.
+    let (status, reply) = poll_gpu(&a, 0);
+    assert_eq!(status, 204, "{reply}");
+    // Once b would have served it: the child is not leased to the take nobody got (for its
+    // 30 s lease), it waits for a worker, and one polling b gets it.
+    std::thread::sleep(Duration::from_millis(2500));
+    let (status, work) = poll_gpu(&b, 10_000);
+    assert_eq!(status, 200, "the child is leased to a take nobody got: {work}");
+    assert_eq!(work["child_id"], child);
 }
 
 #[test]

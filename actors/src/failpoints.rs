@@ -7,7 +7,9 @@
 //! `coalescer_handler`, `runner_hang`, `requeue_flush_stall` (the flush of a lost start's
 //! requeue is 400 ms late), `events_subscribe_stall` (a subscriber that takes 400 ms between
 //! finding its session's event channel and joining it), `rebuild_hold` (an owner rebuilt from
-//! the ledger is held before it reads its rows, until [`release`])). Tests arm a point with [`arm`] for a
+//! the ledger is held before it reads its rows, until [`release`]), `take_stall` (a server's
+//! `POST /v1/workers/take` waits 1.5 s before it serves the take; a server arms it from
+//! `BROOD_FAILPOINTS`)). Tests arm a point with [`arm`] for a
 //! number of hits; while armed, the point fails (an error for I/O points, a panic for handler
 //! points, a wait for hold points). Without the feature, [`crate::failpoint!`] expands to
 //! nothing and this module has only inert stand-ins.
@@ -28,6 +30,14 @@ static HELD: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
 /// own deadline instead of hanging.
 #[cfg(feature = "failpoints")]
 const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The points a test outside this process may name (`BROOD_FAILPOINTS` of a server), as the
+/// static names [`arm`] takes.
+#[cfg(feature = "failpoints")]
+pub fn known(name: &str) -> Option<&'static str> {
+    const KNOWN: &[&str] = &["take_stall"];
+    KNOWN.iter().copied().find(|k| *k == name)
+}
 
 /// Arms `name` to fire on its next `times` hits (u64::MAX: until disarmed).
 #[cfg(feature = "failpoints")]

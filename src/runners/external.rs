@@ -439,6 +439,18 @@ impl<P: Clone> Book<P> {
         }
     }
 
+    /// Ends the lease `token` of `child_id` now (its holder is known to be nobody), so that the
+    /// next [`Book::expire`] takes it back; whether it was that lease.
+    fn lapse(&mut self, child_id: &str, token: &str, now: Instant) -> bool {
+        match self.entries.get_mut(child_id).and_then(|e| e.lease.as_mut()) {
+            Some(l) if l.token == token => {
+                l.expires_at = now;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The entry of a child whose current lease `token` is, after taking back a lapsed lease.
     fn leased(&mut self, child_id: &str, token: &str, now: Instant) -> Result<&mut Entry<P>, WorkError> {
         self.expire(child_id, now);
@@ -515,6 +527,45 @@ pub struct WorkQueues {
     /// How many completions wait for their rows (the book's `recording`), read without the
     /// lock by [`WorkQueues::recorded`], which every child's end calls.
     awaiting: std::sync::atomic::AtomicUsize,
+    /// Takes other processes asked for by id (see [`WorkQueues::take`], [`WorkQueues::untake`]).
+    takes: Mutex<Takes>,
+}
+
+/// What became of the takes other processes asked for, by their take id, oldest first (at most
+/// [`MAX_TAKES`]): the child and token handed out, or given up by the asker before it was.
+#[derive(Debug, Default)]
+struct Takes {
+    by_id: std::collections::HashMap<String, Take>,
+    order: std::collections::VecDeque<String>,
+}
+
+#[derive(Debug)]
+enum Take {
+    Handed { child_id: String, token: String },
+    GivenUp,
+}
+
+/// Takes remembered at most: one that would be forgotten sooner was answered long ago (an
+/// asker gives up within seconds).
+const MAX_TAKES: usize = 10_000;
+
+impl Takes {
+    fn remember(&mut self, id: &str, take: Take) {
+        if self.by_id.insert(id.to_string(), take).is_none() {
+            self.order.push_back(id.to_string());
+        }
+        while self.order.len() > MAX_TAKES {
+            if let Some(old) = self.order.pop_front() {
+                self.by_id.remove(&old);
+            }
+        }
+    }
+
+    fn forget(&mut self, id: &str) -> Option<Take> {
+        let take = self.by_id.remove(id)?;
+        self.order.retain(|o| o != id);
+        Some(take)
+    }
 }
 
 impl WorkQueues {
@@ -552,6 +603,11 @@ impl WorkQueues {
         )
     }
 
+    /// A fresh id for a take this process asks another process for.
+    pub fn take_id(&self) -> String {
+        format!("take_{}", brood_actors::model::random_hex())
+    }
+
     /// Whether this process's queues hold the child: waiting, leased to a worker, or ended by
     /// its worker with a completion whose row is on its way.
     pub fn holds(&self, child_id: &str) -> bool {
@@ -582,7 +638,55 @@ impl WorkQueues {
 
     /// Hands the waiting child `child_id` to `worker` (who polled another process, which took
     /// it from the shared list); none when it is not waiting here any more.
-    pub fn take(&self, child_id: &str, worker: &str, lease: Duration) -> Option<Handout> {
+    ///
+    /// `take_id` names the take: one its asker gave up on first ([`WorkQueues::untake`]) is
+    /// refused, and one it gives up on later is taken back.
+    pub fn take(&self, child_id: &str, worker: &str, lease: Duration, take_id: Option<&str>) -> Option<Handout> {
+        if brood_actors::failpoints::fires("take_stall") {
+            // A holder slow to serve a take (its asker gives up meanwhile).
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        if let Some(id) = take_id {
+            let mut takes = self.takes();
+            if matches!(takes.forget(id), Some(Take::GivenUp)) {
+                return None;
+            }
+        }
+        let handed = self.hand_out_taken(child_id, worker, lease)?;
+        if let Some(id) = take_id {
+            self.takes().remember(
+                id,
+                Take::Handed {
+                    child_id: handed.child_id.clone(),
+                    token: handed.token.clone(),
+                },
+            );
+        }
+        Some(handed)
+    }
+
+    /// The asker of the take `take_id` of `child_id` gave up waiting for its answer: a child
+    /// handed out by it goes back to its queue (no worker holds its token), and a take not
+    /// served yet will be refused.
+    pub fn untake(&self, child_id: &str, take_id: &str) {
+        let taken = self.takes().forget(take_id);
+        match taken {
+            Some(Take::Handed { child_id: c, token }) if c == child_id => {
+                if self.book().lapse(child_id, &token, Instant::now()) {
+                    tracing::debug!(child = %child_id, "a take its asker gave up on is taken back; the child is queued again");
+                    self.expire(child_id);
+                }
+            }
+            Some(other) => self.takes().remember(take_id, other),
+            None => self.takes().remember(take_id, Take::GivenUp),
+        }
+    }
+
+    fn takes(&self) -> MutexGuard<'_, Takes> {
+        self.takes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn hand_out_taken(&self, child_id: &str, worker: &str, lease: Duration) -> Option<Handout> {
         let token = self.new_token();
         let (h, progress) = self
             .book()
@@ -850,6 +954,31 @@ mod tests {
         assert!(matches!(rx[0].try_recv(), Err(oneshot::error::TryRecvError::Empty)));
         assert!(book.remove("held", 1), "the runner's own ticket removes it");
         assert_eq!(book.renew("held", "t1", now), Err(WorkError::Ended("held".into())));
+    }
+
+    #[test]
+    fn a_lease_its_taker_gave_up_on_lapses_at_once_and_only_with_its_token() {
+        let (mut book, _rx) = book_with(&[("c", "q")]);
+        let now = Instant::now();
+        let (h, ()) = book.hand_out_child("c", "w", LEASE, "t1".into(), now).unwrap();
+        assert_eq!(h.child_id, "c");
+        assert!(!book.lapse("c", "other", now), "another token is not that lease");
+        assert!(!book.expire("c", now).1, "still leased");
+        assert!(book.lapse("c", "t1", now));
+        assert_eq!(book.expire("c", now), (Standing::Queued, true), "queued again");
+        assert!(book.hand_out("q", "w2", LEASE, "t2".into(), now).is_some());
+    }
+
+    #[test]
+    fn takes_are_remembered_up_to_their_bound_oldest_forgotten_first() {
+        let mut takes = Takes::default();
+        for i in 0..MAX_TAKES + 2 {
+            takes.remember(&format!("take{i}"), Take::GivenUp);
+        }
+        assert_eq!(takes.by_id.len(), MAX_TAKES);
+        assert!(takes.forget("take0").is_none() && takes.forget("take1").is_none());
+        assert!(matches!(takes.forget("take2"), Some(Take::GivenUp)));
+        assert!(takes.forget("take2").is_none(), "once");
     }
 
     #[test]

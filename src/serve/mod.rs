@@ -231,8 +231,28 @@ fn engine_config(
         .wake_factory(wakes)
 }
 
+/// Arms the fault points `BROOD_FAILPOINTS` names (`name=hits,name=hits`), for tests that
+/// drive a server process; only in a build with the `failpoints` feature.
+#[cfg(feature = "failpoints")]
+fn arm_failpoints_from_env() {
+    let Ok(points) = std::env::var("BROOD_FAILPOINTS") else {
+        return;
+    };
+    for point in points.split(',').filter(|p| !p.is_empty()) {
+        let (name, hits) = point.split_once('=').unwrap_or((point, "1"));
+        match (brood_actors::failpoints::known(name), hits.parse::<u64>()) {
+            (Some(name), Ok(hits)) => brood_actors::failpoints::arm(name, hits),
+            _ => {
+                tracing::warn!(point = %point, "BROOD_FAILPOINTS names an unknown fault point or a bad count; ignored")
+            }
+        }
+    }
+}
+
 /// Serves API.md until SIGINT or SIGTERM, then drains, closes the engine and returns.
 pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
+    #[cfg(feature = "failpoints")]
+    arm_failpoints_from_env();
     let metrics = metrics::Metrics::new();
     let queues = Arc::new(WorkQueues::new());
     let wakes = wake::Webhooks::allowing(&config.wake_allow)
@@ -282,6 +302,7 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
                     .route("/openapi.json", web::get().to(openapi::document))
                     .route("/workers/poll", web::post().to(workers::poll))
                     .route("/workers/take", web::post().to(workers::take))
+                    .route("/workers/untake", web::post().to(workers::untake))
                     .route("/calls/{call_id}", web::get().to(routes::get_call))
                     .route("/calls/{call_id}/cancel", web::post().to(routes::cancel_call))
                     .route("/units/{unit_id}/cancel", web::post().to(routes::cancel_unit))

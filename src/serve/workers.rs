@@ -220,6 +220,10 @@ const ASK_MARGIN: Duration = Duration::from_millis(500);
 /// The longest a process is asked for a listed child.
 const ASK_MOST: Duration = Duration::from_secs(10);
 
+/// How long telling a process that a take was given up waits for its answer (the request is
+/// read whenever that process reads it; its answer matters to nobody).
+const UNTAKE_WAIT: Duration = Duration::from_secs(2);
+
 /// Takes children the shared list says wait in other processes, asking each process for its
 /// own, until one is handed out, the list has none for `queue`, or `deadline` (plus
 /// [`ASK_MARGIN`]) passed. A child whose process did not answer in time, or answered with a
@@ -247,13 +251,25 @@ async fn take_elsewhere(
             }
         };
         let within = deadline.saturating_duration_since(tokio::time::Instant::now()) + ASK_MARGIN;
-        let body = json!({"child_id": child_id, "worker": worker, "lease_ms": lease.as_millis() as u64});
+        let take_id = queues.take_id();
+        let body =
+            json!({"child_id": child_id, "worker": worker, "lease_ms": lease.as_millis() as u64, "take_id": take_id});
         let (key, me) = (state.config.peer_credential(), state.config.advertised());
         let url = format!("{address}/v1/workers/take");
         let timeout = within.min(ASK_MOST);
-        let asked = web::block(move || ask_holder(&url, &body, key.as_deref(), &me, timeout))
+        let (k, m) = (key.clone(), me.clone());
+        let asked = web::block(move || ask_holder(&url, &body, k.as_deref(), &m, timeout))
             .await
             .unwrap_or_else(|e| Asked::Faulty(e.to_string()));
+        if matches!(asked, Asked::Faulty(_)) {
+            // It may serve the take later, for nobody: it is told the take was given up (and
+            // refuses or takes it back), whenever it reads this.
+            let body = json!({"child_id": child_id, "take_id": take_id});
+            let url = format!("{address}/v1/workers/untake");
+            actix_web::rt::spawn(async move {
+                let _ = web::block(move || ask_holder(&url, &body, key.as_deref(), &me, UNTAKE_WAIT)).await;
+            });
+        }
         match asked {
             Asked::Handed(h) => return Some(h),
             // Handed out or ended meanwhile: the next one.
@@ -338,6 +354,17 @@ struct TakeBody {
     child_id: String,
     worker: String,
     lease_ms: u64,
+    /// Names the take, so that its asker can give it up ([`untake`]).
+    #[serde(default)]
+    take_id: Option<String>,
+}
+
+/// `POST /v1/workers/untake`: between processes sharing a ledger.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UntakeBody {
+    child_id: String,
+    take_id: String,
 }
 
 /// `POST /v1/workers/take` (between processes sharing a ledger, not for workers): hands out the
@@ -351,7 +378,8 @@ pub(super) async fn take(
     every_session(&access)?;
     let body: TakeBody = api::parse(&body(&state, payload).await?)?;
     let lease_ms = within("lease_ms", body.lease_ms, MIN_WORKER_LEASE_MS, MAX_WORKER_LEASE_MS)?;
-    match queues.take(&body.child_id, &body.worker, Duration::from_millis(lease_ms)) {
+    let take_id = body.take_id.as_deref();
+    match queues.take(&body.child_id, &body.worker, Duration::from_millis(lease_ms), take_id) {
         Some(h) => Ok(HttpResponse::Ok().json(json!({
             "child_id": h.child_id,
             "goal": h.goal,
@@ -360,6 +388,21 @@ pub(super) async fn take(
         }))),
         None => Err(WorkError::UnknownChild(body.child_id).into()),
     }
+}
+
+/// `POST /v1/workers/untake` (between processes sharing a ledger, not for workers): the process
+/// that asked for the take `take_id` gave up waiting for its answer; a child it handed out goes
+/// back to its queue (nobody holds its token), and a take not served yet is refused. 204.
+pub(super) async fn untake(
+    state: web::Data<State>,
+    access: Access,
+    queues: web::Data<WorkQueues>,
+    payload: web::Payload,
+) -> Reply {
+    every_session(&access)?;
+    let body: UntakeBody = api::parse(&body(&state, payload).await?)?;
+    queues.untake(&body.child_id, &body.take_id);
+    Ok(HttpResponse::NoContent().finish())
 }
 
 /// A heartbeat or completion of a child this process's queues do not hold, answered from what
