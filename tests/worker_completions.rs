@@ -186,6 +186,7 @@ fn a_token_voided_by_a_restart_answers_409() {
 /// A completion whose row cannot be recorded yet (every flush of the ledger fails) is answered
 /// as not recorded when its wait runs out; the same completion sent again waits for that same
 /// row, and is answered once the ledger takes it.
+#[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_not_recorded_in_its_wait_is_answered_so_and_the_same_again_waits_for_its_row() {
     use brood::runners::{WorkError, WorkQueues};
