@@ -546,7 +546,7 @@ fn end_orphaned_nests(engine: &Engine, owners: &mut [SessionOwner]) {
         }
     }
     for i in ended {
-        let reason = format!("its parent child `{}` ended", owners[i].session_id());
+        let reason = crate::model::parent_ended_reason(owners[i].session_id());
         owners[i].end_nested_when_started(reason);
     }
 }

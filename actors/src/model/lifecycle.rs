@@ -108,6 +108,11 @@ pub fn nest_parent(session_id: &str) -> Option<(&str, u32)> {
     parse_child_id(session_id).filter(|(call, _)| call.starts_with("deleg_") && call.len() > "deleg_".len())
 }
 
+/// Why a nested session's calls are cancelled when `child`, the child it is named after, ended.
+pub fn parent_ended_reason(child: &str) -> String {
+    format!("its parent child `{child}` ended")
+}
+
 /// Whether the child a nested session is named after has ended, as the ledger stores it (`call`
 /// and `child` are its call's row and its own, when stored): its row is terminal, or its call
 /// is stored no more (retention removed it with everything under it). A child without a row of

@@ -222,6 +222,15 @@ impl SessionOwner {
     }
 }
 
+/// Ends, in the background, the nested sessions of those of `children` that have one, these
+/// children having ended on their own (not by a cancel, which ends the nested sessions of what
+/// it cancelled itself, and reports them).
+pub(super) fn end_nests_of_ended(engine: std::sync::Arc<Engine>, children: Vec<String>) {
+    actix::spawn(async move {
+        end_nested(&engine, &children, parent_ended_reason).await;
+    });
+}
+
 /// Ends the nested sessions of those of `children` that have one (their calls' unfinished
 /// children cancelled with `why(child)` as the reason, their descendants too), and what that
 /// cancelled. A nested session that cannot be reached now is ended when the engine next opens.

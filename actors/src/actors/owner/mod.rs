@@ -20,6 +20,7 @@ mod cancel;
 mod claims;
 mod dispatch;
 mod invariants;
+mod nest;
 pub use invariants::broken_invariants;
 pub mod messages;
 mod persist;
@@ -47,6 +48,7 @@ use crate::routing::{Capacity, Router, WakeState};
 use crate::wake::{Wake, WakeEvent, WakeTarget};
 
 pub use messages::*;
+pub(crate) use nest::CheckParent;
 pub use prune::{DropIfIdle, OldCall, Prune};
 pub use redrive::Redrive;
 
@@ -400,77 +402,6 @@ impl SessionOwner {
     }
 }
 
-/// Sent to a recovered nested session's owner once it is registered as its session's owner:
-/// the owner reads its child's stored row, and ends itself if that child ended. Its child may
-/// have ended while no owner could be told (its owner was being rebuilt, the session was being
-/// taken over or served nowhere, or the end reached an owner that died before it acted): the end
-/// is stored before it is told, and it is told to whichever owner is registered then, so one
-/// that registered later reads it.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub(crate) struct CheckParent;
-
-/// How long a failed read of a nested session's child waits to be tried again.
-const CHECK_PARENT_RETRY: Duration = Duration::from_secs(1);
-
-impl Handler<CheckParent> for SessionOwner {
-    type Result = ();
-
-    fn handle(&mut self, _: CheckParent, ctx: &mut Context<Self>) {
-        let session = self.session.session_id.clone();
-        let Some((call_id, _)) = nest_parent(&session).filter(|_| self.parent_ended.is_none()) else {
-            return self.parent_read(ctx);
-        };
-        let (call_id, parent) = (
-            call_id.to_string(),
-            self.engine.nest(&session).map(|n| n.parent_session_id),
-        );
-        let ledger = self.engine.ledger.clone();
-        let child = session.clone();
-        let read = crate::ledger::off_thread("reading a nested session's child", move || {
-            let call = match parent {
-                Some(parent) => ledger.call(&parent, &call_id)?,
-                None => ledger.find_call(&call_id)?,
-            };
-            let row = match &call {
-                Some(call) => ledger.child(&call.session_id, &child)?,
-                None => None,
-            };
-            Ok(stored_child_ended(call.as_ref(), row.as_ref()))
-        });
-        read.into_actor(self)
-            .map(move |ended, act, ctx| match ended {
-                Ok(true) if act.parent_ended.is_none() => {
-                    tracing::info!(session = %session, "a nested session's child ended while it was not served: it is ended now");
-                    let reason = format!("its parent child `{session}` ended");
-                    // Refuses calls from now on, and admits nothing: its calls are cancelled.
-                    act.parent_ended = Some(reason.clone());
-                    let (tx, _) = oneshot::channel();
-                    act.submit(Durable::EndNested(reason, tx), ctx);
-                    act.parent_read(ctx);
-                }
-                Ok(_) => act.parent_read(ctx),
-                Err(e) => {
-                    // Not read: its children are not held back for it (the read is tried again).
-                    tracing::warn!(session = %session, "reading a nested session's child failed (tried again soon): {e}");
-                    act.parent_read(ctx);
-                    ctx.notify_later(CheckParent, CHECK_PARENT_RETRY);
-                }
-            })
-            .spawn(ctx);
-    }
-}
-
-impl SessionOwner {
-    /// Its nested session's child was read (or could not be): admission goes on.
-    fn parent_read(&mut self, ctx: &mut Context<Self>) {
-        if std::mem::take(&mut self.awaiting_parent) {
-            self.admit(ctx);
-            self.after_change(ctx);
-        }
-    }
-}
-
 /// Answers a request's reply channel; the caller may have gone, which changes nothing.
 fn answer<T>(reply: oneshot::Sender<T>, value: T) {
     let _ = reply.send(value);
@@ -486,14 +417,12 @@ impl Actor for SessionOwner {
             let (tx, _) = oneshot::channel();
             self.submit(Durable::EndNested(reason, tx), ctx);
         }
-        let ended = std::mem::take(&mut self.resolved_ended);
-        if !ended.is_empty() && ended.iter().any(|c| nest_parent(c).is_some()) {
+        let mut ended = std::mem::take(&mut self.resolved_ended);
+        ended.retain(|c| self.engine.is_nested(c));
+        if !ended.is_empty() {
             // Their rows were written before this owner started: a nested session registered
             // later reads them (CheckParent); one registered already is told here.
-            let engine = self.shared.clone();
-            actix::spawn(async move {
-                cancel::end_nested(&engine, &ended, |c| format!("its parent child `{c}` ended")).await;
-            });
+            cancel::end_nests_of_ended(self.shared.clone(), ended);
         }
         self.admit(ctx);
         self.after_change(ctx);

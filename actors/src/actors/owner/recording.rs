@@ -69,10 +69,7 @@ impl SessionOwner {
             }
         }
         if !nests_ended.is_empty() {
-            let engine = self.shared.clone();
-            actix::spawn(async move {
-                super::cancel::end_nested(&engine, &nests_ended, |c| format!("its parent child `{c}` ended")).await;
-            });
+            super::cancel::end_nests_of_ended(self.shared.clone(), nests_ended);
         }
         if !completed.is_empty() {
             // One hop to the units' thread for all of them (not a wake-up of it per unit); the

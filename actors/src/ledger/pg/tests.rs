@@ -213,20 +213,6 @@ mod own {
             .unwrap()
     }
 
-    fn run_sql(ledger: &PgLedger, sql: String) {
-        let pool = ledger.inner.pool.clone();
-        ledger
-            .runtime
-            .run(async move {
-                let client = pool.get().await.map_err(pool_error)?;
-                client
-                    .batch_execute(&sql)
-                    .await
-                    .map_err(pg_error("running the test's SQL"))
-            })
-            .unwrap();
-    }
-
     /// The index of calls by id is built outside the migration's transaction, so a schema
     /// whose build of it was interrupted (the index left invalid) or that lacks it gets it at the
     /// next open, and a lookup by call id finds its call all along.
@@ -244,15 +230,15 @@ mod own {
         assert_eq!(call_index_valid(&ledger), Some(true), "built at the first open");
         let schema = ledger.inner.schema.clone();
         // As an interrupted CREATE INDEX CONCURRENTLY leaves it.
-        run_sql(
-            &ledger,
-            format!("UPDATE pg_index SET indisvalid = false WHERE indexrelid = '\"{schema}\".{CALL_INDEX}'::regclass"),
+        pg_testkit::execute(
+            &pg_testkit::url(),
+            &format!("UPDATE pg_index SET indisvalid = false WHERE indexrelid = '\"{schema}\".{CALL_INDEX}'::regclass"),
         );
         assert_eq!(call_index_valid(&ledger), Some(false));
         assert_eq!(ledger.find_call(&call.call_id).unwrap(), Some(call.clone()));
         let reopened = second_view(&ledger);
         assert_eq!(call_index_valid(&reopened), Some(true), "built again");
-        run_sql(&ledger, format!("DROP INDEX \"{schema}\".{CALL_INDEX}"));
+        pg_testkit::execute(&pg_testkit::url(), &format!("DROP INDEX \"{schema}\".{CALL_INDEX}"));
         assert_eq!(call_index_valid(&ledger), None);
         let reopened = second_view(&ledger);
         assert_eq!(call_index_valid(&reopened), Some(true), "built where it was missing");
