@@ -430,35 +430,37 @@ async fn assert_ended(e: &Engine, child: &str, first: &str, second: &str) {
 #[cfg(feature = "failpoints")]
 static REBUILD_HOLD: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Takes the rebuild-hold lock and arms the hold for the next rebuild.
+/// Restarts the owner of `session`, its rebuild held before it reads its rows while the gates
+/// `open` are opened and the parent child's result (which they end) is collected from "p".
 #[cfg(feature = "failpoints")]
-fn rebuild_hold() -> std::sync::MutexGuard<'static, ()> {
-    let guard = REBUILD_HOLD.lock().unwrap_or_else(|e| e.into_inner());
-    failpoints::arm("rebuild_hold", 1);
-    guard
-}
-
-#[cfg(feature = "failpoints")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[allow(clippy::await_holding_lock)]
-async fn a_child_that_ends_while_its_nested_sessions_owner_is_rebuilt_ends_that_session() {
-    let e = Engine::new();
-    let (child, first, second) = parent_with_a_queued_nested_child(&e, hold()).await;
+async fn rebuild_held_while(e: &Engine, session: &str, open: &[&str]) {
+    let _serial = REBUILD_HOLD.lock().unwrap_or_else(|e| e.into_inner());
+    failpoints::arm("rebuild_hold", 1);
     let b = e.b();
-    // The nested session's owner is rebuilt, held before it reads its rows: the child's end is
-    // told to no live owner.
-    let _hold = rebuild_hold();
-    let (restarted, ()) = tokio::join!(b.restart_owner(&child), async {
+    let (restarted, ()) = tokio::join!(b.restart_owner(session), async {
         wait_for!(
             "the rebuild to be held",
             (!failpoints::armed("rebuild_hold")).then_some(())
         );
-        e.kit.gates.open("parent");
+        for gate in open {
+            e.kit.gates.open(gate);
+        }
         let parent = collect_results(b, "p", 1).await;
         assert_eq!(parent[0].status, ChildStatus::Succeeded);
         failpoints::release("rebuild_hold");
     });
     restarted.unwrap();
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_ends_while_its_nested_sessions_owner_is_rebuilt_ends_that_session() {
+    let e = Engine::new();
+    let (child, first, second) = parent_with_a_queued_nested_child(&e, hold()).await;
+    // The nested session's owner is rebuilt, held before it reads its rows: the child's end is
+    // told to no live owner.
+    rebuild_held_while(&e, &child, &["parent"]).await;
     assert_ended(&e, &child, &first, &second).await;
 }
 
@@ -482,26 +484,13 @@ async fn a_nested_session_ended_by_its_child_stays_ended_when_its_owner_is_rebui
 
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[allow(clippy::await_holding_lock)]
 async fn a_rebuilt_nested_session_whose_child_ended_starts_none_of_its_queued_children() {
     let e = Engine::new();
     let (child, _, second) = parent_with_a_queued_nested_child(&e, gate("n1")).await;
-    let b = e.b();
     // While its owner is rebuilt, the running nested child ends (its slot is free when the
     // rebuilt owner reads its rows) and so does the parent child.
-    let _hold = rebuild_hold();
-    let (restarted, ()) = tokio::join!(b.restart_owner(&child), async {
-        wait_for!(
-            "the rebuild to be held",
-            (!failpoints::armed("rebuild_hold")).then_some(())
-        );
-        e.kit.gates.open("n1");
-        e.kit.gates.open("parent");
-        let parent = collect_results(b, "p", 1).await;
-        assert_eq!(parent[0].status, ChildStatus::Succeeded);
-        failpoints::release("rebuild_hold");
-    });
-    restarted.unwrap();
+    rebuild_held_while(&e, &child, &["n1", "parent"]).await;
+    let b = e.b();
     wait_for!(
         "the queued nested child is cancelled",
         (status_of(b, &child, &second).await == Some(ChildStatus::Cancelled)).then_some(())
