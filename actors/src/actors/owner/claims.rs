@@ -11,6 +11,7 @@ use std::time::Duration;
 use actix::AsyncContext as _;
 use tokio::sync::oneshot;
 
+use super::apply::Apply;
 use super::persist::{BatchView, Decided, Step};
 use super::{answer, new_claim_id, Durable, Release, SessionOwner};
 use crate::error::BroodError;
@@ -21,6 +22,24 @@ use crate::routing::{AckPlan, ReleaseReason, Returned};
 
 /// How long an expiry whose dead letters could not be flushed waits before it is tried again.
 const EXPIRY_RETRY: Duration = Duration::from_millis(200);
+
+/// A claim handed back, to apply once what it dead-letters is durable.
+pub(super) struct HandBack {
+    claim_id: String,
+    returned: Returned<String>,
+    change: ClaimChange,
+    /// Why items went dead, when some did (their dead letters are flushed first).
+    why: Option<&'static str>,
+    asker: HandBackAsker,
+}
+
+/// Who asked for a hand-back, and so who is told how it went.
+enum HandBackAsker {
+    /// A consumer's release, answered.
+    Release(oneshot::Sender<Result<(), BroodError>>),
+    /// The owner's own expiry of a lease: one whose dead letters failed is tried again later.
+    Expiry,
+}
 
 impl SessionOwner {
     /// A boundary: every item ready now goes into one new claim, or nothing does.
@@ -152,27 +171,33 @@ impl SessionOwner {
                 ..Writes::default()
             },
             restore,
-            then: Box::new(move |act, _, res| match res {
-                Ok(()) => {
-                    let delivered = act.router.apply_ack(&claim_id);
-                    act.emit_claim(&claim_id, ClaimChange::Acked, delivered);
-                    let calls = act.book.mark_calls(&items, |d| d.delivered = true);
-                    // The ack row is the durable record, folded into the children's rows when
-                    // they are read back: they are not rewritten. The claim row goes, without
-                    // a flush of its own.
-                    act.write_unflushed(Writes {
-                        remove_claims: vec![act.row_key(&claim_id)],
-                        ..Writes::default()
-                    });
-                    act.collect(calls);
-                    answer(reply, Ok(delivered));
-                }
-                Err(e) => {
-                    act.router.unhold(&claim_id);
-                    answer(reply, Err(e));
-                }
-            }),
+            apply: Apply::Ack { claim_id, items, reply },
         })
+    }
+
+    /// Applies an ack: its items are delivered, its claim row goes.
+    pub(super) fn apply_ack(
+        &mut self,
+        claim_id: String,
+        items: Vec<String>,
+        reply: oneshot::Sender<Result<usize, BroodError>>,
+        res: Result<(), BroodError>,
+    ) {
+        if let Err(e) = res {
+            self.router.unhold(&claim_id);
+            return answer(reply, Err(e));
+        }
+        let delivered = self.router.apply_ack(&claim_id);
+        self.emit_claim(&claim_id, ClaimChange::Acked, delivered);
+        let calls = self.book.mark_calls(&items, |d| d.delivered = true);
+        // The ack row is the durable record, folded into the children's rows when they are
+        // read back: they are not rewritten. The claim row goes, without a flush of its own.
+        self.write_unflushed(Writes {
+            remove_claims: vec![self.row_key(&claim_id)],
+            ..Writes::default()
+        });
+        self.collect(calls);
+        answer(reply, Ok(delivered));
     }
 
     /// Decides a release: applied at once unless it dead-letters items, which are made durable
@@ -210,21 +235,19 @@ impl SessionOwner {
             ReleaseReason::Busy => "released busy",
             ReleaseReason::Failed => "delivery failed on the last attempt",
         };
+        let asker = HandBackAsker::Release(reply);
         if returned.dead.is_empty() {
-            self.apply_returned(&msg.claim_id, &returned, ClaimChange::Released);
-            answer(reply, Ok(()));
-            return Decided::Done;
+            return Decided::Now(Apply::HandBack(Box::new(HandBack {
+                claim_id: msg.claim_id,
+                returned,
+                change: ClaimChange::Released,
+                why: None,
+                asker,
+            })));
         }
         view.take_claim(&msg.claim_id);
         self.router.hold(&msg.claim_id);
-        let claim_id = msg.claim_id;
-        let change = ClaimChange::Released;
-        self.dead_letter_step(claim_id.clone(), returned, why, change, move |act, _, res| {
-            if res.is_err() {
-                act.router.unhold(&claim_id);
-            }
-            answer(reply, res);
-        })
+        self.dead_letter_step(msg.claim_id, returned, why, ClaimChange::Released, asker)
     }
 
     /// Decides an expiry that dead-letters items (held since its lease ran out).
@@ -234,28 +257,27 @@ impl SessionOwner {
         };
         let why = "lease expired on the last delivery attempt";
         if returned.dead.is_empty() {
-            self.apply_returned(&claim_id, &returned, ClaimChange::Expired);
-            return Decided::Done;
+            return Decided::Now(Apply::HandBack(Box::new(HandBack {
+                claim_id,
+                returned,
+                change: ClaimChange::Expired,
+                why: None,
+                asker: HandBackAsker::Expiry,
+            })));
         }
         view.take_claim(&claim_id);
-        let id = claim_id.clone();
-        self.dead_letter_step(claim_id, returned, why, ClaimChange::Expired, move |_, ctx, res| {
-            if res.is_err() {
-                // Still held: try again a little later, not in a loop against a failing disk.
-                ctx.run_later(EXPIRY_RETRY, move |act, ctx| act.submit(Durable::Expire(id), ctx));
-            }
-        })
+        self.dead_letter_step(claim_id, returned, why, ClaimChange::Expired, HandBackAsker::Expiry)
     }
 
     /// A step writing the dead letters of a hand-back; applied (the claim ended, its items
-    /// placed) once they are durable. `done` answers the request either way.
+    /// placed) once they are durable.
     fn dead_letter_step(
         &mut self,
         claim_id: String,
         returned: Returned<String>,
         why: &'static str,
         change: ClaimChange,
-        done: impl FnOnce(&mut SessionOwner, &mut actix::Context<SessionOwner>, Result<(), BroodError>) + 'static,
+        asker: HandBackAsker,
     ) -> Decided<Durable> {
         let now = now_ms();
         let dead: Vec<DeadLetterRow> = returned
@@ -286,14 +308,46 @@ impl SessionOwner {
                 ..Writes::default()
             },
             restore,
-            then: Box::new(move |act, ctx, res| {
-                if res.is_ok() {
-                    tracing::warn!(session = %act.session.session_id, items = returned.dead.len(), "items moved to the dead-letter tree: {why}");
-                    act.apply_returned(&claim_id, &returned, change);
-                }
-                done(act, ctx, res);
-            }),
+            apply: Apply::HandBack(Box::new(HandBack {
+                claim_id,
+                returned,
+                change,
+                why: Some(why),
+                asker,
+            })),
         })
+    }
+
+    /// Applies a hand-back once what it dead-letters is durable (at once when it dead-letters
+    /// nothing), and tells whoever asked for it. A failed one leaves the claim held: a release
+    /// is answered the failure (the claim is live again), an expiry is tried again later.
+    pub(super) fn apply_hand_back(&mut self, h: HandBack, res: Result<(), BroodError>, ctx: &mut actix::Context<Self>) {
+        let HandBack {
+            claim_id,
+            returned,
+            change,
+            why,
+            asker,
+        } = h;
+        if res.is_ok() {
+            if let Some(why) = why {
+                tracing::warn!(session = %self.session.session_id, items = returned.dead.len(), "items moved to the dead-letter tree: {why}");
+            }
+            self.apply_returned(&claim_id, &returned, change);
+        }
+        match asker {
+            HandBackAsker::Release(reply) => {
+                if res.is_err() {
+                    self.router.unhold(&claim_id);
+                }
+                answer(reply, res);
+            }
+            // Still held: try again a little later, not in a loop against a failing disk.
+            HandBackAsker::Expiry if res.is_err() => {
+                ctx.run_later(EXPIRY_RETRY, move |act, ctx| act.submit(Durable::Expire(claim_id), ctx));
+            }
+            HandBackAsker::Expiry => {}
+        }
     }
 
     /// Applies a hand-back: the claim ends, its items are placed as decided, attempt counts and

@@ -9,6 +9,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
+use super::apply::Apply;
 use super::persist::{BatchView, Decided, Step};
 use super::{answer, child_event, Delegate, Delegated, Durable, SessionInfo, SessionOwner, UnitExited};
 use crate::actors::child::CallIds;
@@ -18,9 +19,34 @@ use crate::error::BroodError;
 use crate::ledger::Writes;
 use crate::model::*;
 use crate::recovery::queued_child;
+use crate::routing::Reservation;
 
 /// How long admission waits before trying again after running marks could not be flushed.
 const ADMIT_RETRY: Duration = Duration::from_millis(100);
+
+/// A call accepted, to book once its rows are durable.
+pub(super) struct Dispatched {
+    reply: oneshot::Sender<Result<Delegated, BroodError>>,
+    /// Where the caller reads the call id once it is accepted.
+    accepted: Arc<std::sync::Mutex<Option<String>>>,
+    call: CallRow,
+    units: Vec<UnitRow>,
+    /// The call's children, queued, but for the first `started`: running (their start row is
+    /// in the step).
+    children: Vec<ChildRow>,
+    started: usize,
+    /// The call's children counted as live in the engine until the session counts them.
+    reserved: Reservation,
+}
+
+/// A change of settings, to apply once it is durable (at once when nothing durable changed).
+pub(super) struct Configured {
+    capacity: u32,
+    attempts: u32,
+    addressable: bool,
+    settings: SessionSettings,
+    reply: oneshot::Sender<Result<SessionInfo, BroodError>>,
+}
 
 impl SessionOwner {
     /// Whether this session may take a call: a nested session's child must not have ended,
@@ -146,51 +172,75 @@ impl SessionOwner {
             restore.remove_starts.push(self.row_key(&start.start_id));
             writes.starts.push(start);
         }
-        let accepted = msg.accepted;
-        let then = move |act: &mut SessionOwner, ctx: &mut Context<SessionOwner>, res: Result<(), BroodError>| {
-            if let Err(e) = res {
-                return answer(reply, Err(e));
-            }
-            act.session.next_set = act.session.next_set.max(set.saturating_add(1));
-            if let Ok(mut a) = accepted.lock() {
-                *a = Some(call_id.clone());
-            }
-            let booked: Vec<(UnitRow, usize, Option<u32>)> = units.iter().map(|u| (u.clone(), 0, None)).collect();
-            act.engine.calls.insert(call_id.clone(), act.session.session_id.clone());
-            // A background call is answered before it is booked: the caller's next request to
-            // this owner waits in its mailbox until this step applied, and what is read beside
-            // the owner (which session a call is in) is in place.
-            let sync = match mode {
-                Mode::Sync => Some((reply, units)),
-                Mode::Background => {
-                    let call_id = call_id.clone();
-                    answer(reply, Ok(Delegated::Background { call_id, set, units }));
-                    None
-                }
-            };
-            let running: Vec<u32> = children[..started].iter().map(|c| c.task_index).collect();
-            for c in &children[..started] {
-                act.capacity.start_now(c.child_id.clone());
-                act.emit_status(c, ChildStatus::Queued);
-            }
-            for c in &children[started..] {
-                act.capacity.enqueue(c.child_id.clone());
-                act.emit_child(c);
-            }
-            drop(reserved);
-            act.book.insert_call(call, booked, children);
-            if let Some((reply, units)) = sync {
-                act.wait_sync(&call_id, reply, units, forced_sync_reason);
-            }
-            let starts: Vec<(&str, u32)> = running.iter().map(|&i| (call_id.as_str(), i)).collect();
-            act.start_children(&starts, ctx);
-            act.admit(ctx);
-        };
         Decided::Step(Step {
             writes,
             restore,
-            then: Box::new(then),
+            apply: Apply::Dispatch(Box::new(Dispatched {
+                reply,
+                accepted: msg.accepted,
+                call,
+                units,
+                children,
+                started,
+                reserved,
+            })),
         })
+    }
+
+    /// Applies a dispatch: the set is taken, the call booked, the children capacity had room
+    /// for started and the rest queued; a background call is answered first, a sync one waits
+    /// for its children.
+    pub(super) fn apply_dispatch(&mut self, d: Dispatched, res: Result<(), BroodError>, ctx: &mut Context<Self>) {
+        let Dispatched {
+            reply,
+            accepted,
+            call,
+            units,
+            children,
+            started,
+            reserved,
+        } = d;
+        if let Err(e) = res {
+            return answer(reply, Err(e));
+        }
+        let (call_id, set, mode) = (call.call_id.clone(), call.set, call.mode);
+        let forced_sync_reason = call.forced_sync_reason.clone();
+        self.session.next_set = self.session.next_set.max(set.saturating_add(1));
+        if let Ok(mut a) = accepted.lock() {
+            *a = Some(call_id.clone());
+        }
+        let booked: Vec<(UnitRow, usize, Option<u32>)> = units.iter().map(|u| (u.clone(), 0, None)).collect();
+        self.engine
+            .calls
+            .insert(call_id.clone(), self.session.session_id.clone());
+        // A background call is answered before it is booked: the caller's next request to this
+        // owner waits in its mailbox until this step applied, and what is read beside the owner
+        // (which session a call is in) is in place.
+        let sync = match mode {
+            Mode::Sync => Some((reply, units)),
+            Mode::Background => {
+                let call_id = call_id.clone();
+                answer(reply, Ok(Delegated::Background { call_id, set, units }));
+                None
+            }
+        };
+        let running: Vec<u32> = children[..started].iter().map(|c| c.task_index).collect();
+        for c in &children[..started] {
+            self.capacity.start_now(c.child_id.clone());
+            self.emit_status(c, ChildStatus::Queued);
+        }
+        for c in &children[started..] {
+            self.capacity.enqueue(c.child_id.clone());
+            self.emit_child(c);
+        }
+        drop(reserved);
+        self.book.insert_call(call, booked, children);
+        if let Some((reply, units)) = sync {
+            self.wait_sync(&call_id, reply, units, forced_sync_reason);
+        }
+        let starts: Vec<(&str, u32)> = running.iter().map(|&i| (call_id.as_str(), i)).collect();
+        self.start_children(&starts, ctx);
+        self.admit(ctx);
     }
 
     /// Decides a change of settings; a change of limits is made durable first, a wake target
@@ -200,7 +250,6 @@ impl SessionOwner {
         settings: SessionSettings,
         reply: oneshot::Sender<Result<SessionInfo, BroodError>>,
         view: &mut BatchView,
-        ctx: &mut Context<Self>,
     ) -> Decided<Durable> {
         if let Err(e) = settings.validate() {
             answer(reply, Err(e));
@@ -231,31 +280,15 @@ impl SessionOwner {
             session.addressable = a;
         }
         let new_url = settings.wake_url.clone().filter(|u| Some(u) != self.wake_url.as_ref());
-        let (capacity, attempts, addressable) = (
-            session.max_concurrent_children,
-            session.max_delivery_attempts,
-            session.addressable,
-        );
-        let apply = move |act: &mut SessionOwner,
-                          ctx: &mut Context<SessionOwner>,
-                          reply: oneshot::Sender<Result<SessionInfo, BroodError>>| {
-            act.session.max_concurrent_children = capacity;
-            act.session.max_delivery_attempts = attempts;
-            act.session.addressable = addressable;
-            act.capacity.set_max(capacity as usize);
-            act.router.set_max_delivery_attempts(attempts);
-            if let Some(w) = settings.wake {
-                act.bind_wake(w);
-            }
-            if let Some(url) = &settings.wake_url {
-                act.bind_wake_url(url);
-            }
-            act.admit(ctx);
-            answer(reply, Ok(act.info()));
+        let configured = Configured {
+            capacity: session.max_concurrent_children,
+            attempts: session.max_delivery_attempts,
+            addressable: session.addressable,
+            settings,
+            reply,
         };
         if session == self.session && new_url.is_none() {
-            apply(self, ctx, reply);
-            return Decided::Done;
+            return Decided::Now(Apply::Configure(Box::new(configured)));
         }
         let mut writes = Writes::default();
         let mut restore = Writes::default();
@@ -282,11 +315,29 @@ impl SessionOwner {
         Decided::Step(Step {
             writes,
             restore,
-            then: Box::new(move |act, ctx, res| match res {
-                Ok(()) => apply(act, ctx, reply),
-                Err(e) => answer(reply, Err(e)),
-            }),
+            apply: Apply::Configure(Box::new(configured)),
         })
+    }
+
+    /// Applies a change of settings: limits set, a wake target bound, and admission run (a
+    /// larger capacity starts queued children).
+    pub(super) fn apply_configure(&mut self, c: Configured, res: Result<(), BroodError>, ctx: &mut Context<Self>) {
+        if let Err(e) = res {
+            return answer(c.reply, Err(e));
+        }
+        self.session.max_concurrent_children = c.capacity;
+        self.session.max_delivery_attempts = c.attempts;
+        self.session.addressable = c.addressable;
+        self.capacity.set_max(c.capacity as usize);
+        self.router.set_max_delivery_attempts(c.attempts);
+        if let Some(w) = c.settings.wake {
+            self.bind_wake(w);
+        }
+        if let Some(url) = &c.settings.wake_url {
+            self.bind_wake_url(url);
+        }
+        self.admit(ctx);
+        answer(c.reply, Ok(self.info()));
     }
 
     /// Starts the queued children capacity allows. A re-runnable task needs no durable running
@@ -352,33 +403,42 @@ impl SessionOwner {
         Decided::Step(Step {
             writes,
             restore,
-            then: Box::new(move |act, ctx, res| match res {
-                Ok(()) => {
-                    // One cancelled meanwhile stays as its cancel left it, and does not start.
-                    let starts: Vec<(&str, u32)> = ids
-                        .iter()
-                        .filter(|id| act.book.mark_running(id, now))
-                        .filter_map(|id| parse_child_id(id))
-                        .collect();
-                    act.start_children(&starts, ctx);
-                }
-                Err(e) => {
-                    tracing::warn!(session = %act.session.session_id, "running marks not durable ({e}); the children wait");
-                    // One cancelled meanwhile left capacity with its cancel: it is not queued
-                    // again (it would take a slot it never gives back).
-                    for id in ids.iter().rev() {
-                        if act
-                            .book
-                            .child(id)
-                            .is_some_and(|r| r.status == ChildStatus::Queued && !act.book.cancelling(r))
-                        {
-                            act.capacity.requeue_front(id.clone());
-                        }
-                    }
-                    ctx.run_later(ADMIT_RETRY, |act, ctx| act.admit(ctx));
-                }
-            }),
+            apply: Apply::Start { ids, now },
         })
+    }
+
+    /// Applies admitted children's running marks: the children start once the marks are
+    /// durable; on failure they go back to the head of the queue and admission tries again.
+    pub(super) fn apply_start(
+        &mut self,
+        ids: Vec<String>,
+        now: u64,
+        res: Result<(), BroodError>,
+        ctx: &mut Context<Self>,
+    ) {
+        if let Err(e) = res {
+            tracing::warn!(session = %self.session.session_id, "running marks not durable ({e}); the children wait");
+            // One cancelled meanwhile left capacity with its cancel: it is not queued again (it
+            // would take a slot it never gives back).
+            for id in ids.iter().rev() {
+                if self
+                    .book
+                    .child(id)
+                    .is_some_and(|r| r.status == ChildStatus::Queued && !self.book.cancelling(r))
+                {
+                    self.capacity.requeue_front(id.clone());
+                }
+            }
+            ctx.run_later(ADMIT_RETRY, |act, ctx| act.admit(ctx));
+            return;
+        }
+        // One cancelled meanwhile stays as its cancel left it, and does not start.
+        let starts: Vec<(&str, u32)> = ids
+            .iter()
+            .filter(|id| self.book.mark_running(id, now))
+            .filter_map(|id| parse_child_id(id))
+            .collect();
+        self.start_children(&starts, ctx);
     }
 
     /// The running marks of the children `rows` (their rows, set running at `now` or about to
@@ -446,32 +506,41 @@ impl SessionOwner {
         Decided::Step(Step {
             writes,
             restore,
-            then: Box::new(move |act, ctx, res| match res {
-                // A cancel decided while the requeue was being written ended the child: it
-                // stays as its cancel left it (out of capacity), and is not queued again. No
-                // unit starts it, so the cancel, which waits for it to stop, is told it is gone.
-                Ok(())
-                    if act
-                        .book
-                        .child(&child_id)
-                        .is_none_or(|r| r.status != ChildStatus::Running || act.book.cancelling(r)) =>
-                {
-                    if let Some((call_id, task)) = parse_child_id(&child_id) {
-                        act.engine.forget_cancel(call_id, task);
-                    }
-                }
-                Ok(()) => {
-                    act.emit_child(&queued);
-                    act.book.rowed.insert(queued.child_id.clone());
-                    act.book.put_child(queued);
-                    act.capacity.requeue_front(child_id);
-                    act.admit(ctx);
-                }
-                Err(_) => {
-                    ctx.run_later(ADMIT_RETRY, move |act, ctx| act.submit(Durable::Requeue(child_id), ctx));
-                }
-            }),
+            apply: Apply::Requeue { child_id, queued },
         })
+    }
+
+    /// Applies a lost start's requeue: the child goes back to the head of the queue once it is
+    /// durably queued; a failed flush tries again later.
+    pub(super) fn apply_requeue(
+        &mut self,
+        child_id: String,
+        queued: ChildRow,
+        res: Result<(), BroodError>,
+        ctx: &mut Context<Self>,
+    ) {
+        if res.is_err() {
+            ctx.run_later(ADMIT_RETRY, move |act, ctx| act.submit(Durable::Requeue(child_id), ctx));
+            return;
+        }
+        // A cancel decided while the requeue was being written ended the child: it stays as its
+        // cancel left it (out of capacity), and is not queued again. No unit starts it, so the
+        // cancel, which waits for it to stop, is told it is gone.
+        if self
+            .book
+            .child(&child_id)
+            .is_none_or(|r| r.status != ChildStatus::Running || self.book.cancelling(r))
+        {
+            if let Some((call_id, task)) = parse_child_id(&child_id) {
+                self.engine.forget_cancel(call_id, task);
+            }
+            return;
+        }
+        self.emit_child(&queued);
+        self.book.rowed.insert(queued.child_id.clone());
+        self.book.put_child(queued);
+        self.capacity.requeue_front(child_id);
+        self.admit(ctx);
     }
 
     /// Hands started children (their rows marked running in the book), named by call and task

@@ -15,6 +15,7 @@
 //! timer: the router keeps the deadlines ordered and the owner arms a single `run_later` for the
 //! earliest one.
 
+mod apply;
 mod book;
 mod cancel;
 mod claims;

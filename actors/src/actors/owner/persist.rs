@@ -5,7 +5,8 @@
 //! parts and [`crate::routing`]), without changing anything. A decision that needs durable rows
 //! becomes a [`Step`]: the rows to write, the rows that put the ledger back as memory has it
 //! (for a failed flush: sled's background flusher could otherwise make the refused rows durable
-//! later), and what to do once the flush succeeded or failed. [`Persist`] writes and flushes
+//! later), and what the decision came to, applied in one place ([`super::apply`]) once the flush
+//! succeeded or failed. [`Persist`] writes and flushes
 //! steps in batches (group commit): one flush in flight at a time; durable requests that arrive
 //! meanwhile are parked *undecided* and decided together when it ends, so every decision sees
 //! the applied outcome of the ones before it. A refused or failed request changed nothing — set
@@ -19,13 +20,11 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
+use super::apply::Apply;
 use super::{Durable, Release, SessionOwner};
 use crate::error::BroodError;
 use crate::ledger::{Ledger, LedgerError, Writes};
 use crate::model::SessionRow;
-
-/// What to do with the owner once a step's flush ended.
-pub(super) type Then = Box<dyn FnOnce(&mut SessionOwner, &mut Context<SessionOwner>, Result<(), BroodError>)>;
 
 /// One durable decision.
 pub(super) struct Step {
@@ -33,16 +32,19 @@ pub(super) struct Step {
     pub(super) writes: Writes,
     /// The rows that put the ledger back as memory has it, should the flush fail.
     pub(super) restore: Writes,
-    /// Applies the decision (`Ok`), or answers its failure (`Err`: memory is as it was).
-    pub(super) then: Then,
+    /// What the decision came to: applied once the flush succeeded, or answered as refused
+    /// (memory is as it was) when it failed.
+    pub(super) apply: Apply,
 }
 
 /// What deciding a request came to.
 // A decision lives only while its batch forms; boxing the step would buy nothing.
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Decided<R> {
-    /// Answered already: refused, or nothing to make durable (applied at once).
+    /// Answered already (refused), or nothing to do.
     Done,
+    /// Nothing to make durable: applied at once, before the next decision of the batch.
+    Now(Apply),
     /// A step to persist.
     Step(Step),
     /// It touches something a step of this batch touches: decide it again after the batch.
@@ -152,7 +154,7 @@ impl SessionOwner {
                 Durable::Ack(claim_id, reply, arrived) => self.decide_ack(claim_id, reply, arrived, &mut view),
                 Durable::Release(msg, reply, arrived) => self.decide_release(msg, reply, arrived, &mut view),
                 Durable::Expire(claim_id) => self.decide_expiry(claim_id, &mut view),
-                Durable::Configure(settings, reply) => self.decide_configure(settings, reply, &mut view, ctx),
+                Durable::Configure(settings, reply) => self.decide_configure(settings, reply, &mut view),
                 Durable::SyncReceived(call_id, done) => self.decide_receipt(call_id, done),
                 Durable::Start(ids) => self.decide_start(ids),
                 Durable::Requeue(child_id) => self.decide_requeue(child_id),
@@ -163,6 +165,7 @@ impl SessionOwner {
             };
             match decided {
                 Decided::Done => {}
+                Decided::Now(decided) => self.apply(decided, Ok(()), ctx),
                 Decided::Step(step) => steps.push(step),
                 Decided::Later(request) => self.persist.park(request),
             }
@@ -177,11 +180,11 @@ impl SessionOwner {
             }
             return;
         }
-        let (mut writes, mut restore, mut thens) = (Writes::default(), Writes::default(), Vec::new());
+        let (mut writes, mut restore, mut applies) = (Writes::default(), Writes::default(), Vec::new());
         for step in steps {
             writes.extend(step.writes);
             restore.extend(step.restore);
-            thens.push(step.then);
+            applies.push(step.apply);
         }
         let next_set = view.session.next_set;
         let session = self.session.session_id.clone();
@@ -204,8 +207,8 @@ impl SessionOwner {
                     // The refused rows may surface after a restart: never reuse what they took.
                     act.session.next_set = act.session.next_set.max(next_set);
                 }
-                for then in thens {
-                    then(act, ctx, res.clone());
+                for decided in applies {
+                    act.apply(decided, res.clone(), ctx);
                 }
                 act.persist.set_in_flight(false);
                 if act.moved {

@@ -6,6 +6,7 @@
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
+use super::apply::Apply;
 use super::persist::{BatchView, Decided, Step};
 use super::{answer, Durable, SessionOwner};
 use crate::error::BroodError;
@@ -84,13 +85,21 @@ impl SessionOwner {
             // Nothing to put back: what was removed was old and out of memory, and a failed
             // flush leaves it as good as removed or not.
             restore: Writes::default(),
-            then: Box::new(move |act, _, res| {
-                if res.is_ok() && removed > 0 {
-                    tracing::debug!(session = %act.session.session_id, calls = removed, "retention removed old calls");
-                }
-                answer(reply, res.map(|_| removed));
-            }),
+            apply: Apply::Prune { removed, reply },
         })
+    }
+
+    /// Answers a prune once its removals are durable.
+    pub(super) fn apply_prune(
+        &mut self,
+        removed: usize,
+        reply: oneshot::Sender<Result<usize, BroodError>>,
+        res: Result<(), BroodError>,
+    ) {
+        if res.is_ok() && removed > 0 {
+            tracing::debug!(session = %self.session.session_id, calls = removed, "retention removed old calls");
+        }
+        answer(reply, res.map(|_| removed));
     }
 
     /// Whether nothing of this session is live.
@@ -138,16 +147,24 @@ impl SessionOwner {
                     .collect(),
                 ..Writes::default()
             },
-            then: Box::new(move |act, ctx, res| {
-                if let Err(e) = res {
-                    return answer(reply, Err(e));
-                }
-                let id = act.session.session_id.clone();
-                tracing::info!(session = %id, "retention removed an idle session");
-                act.engine.forget_session(&id);
-                answer(reply, Ok(true));
-                ctx.stop();
-            }),
+            apply: Apply::Drop { reply },
         })
+    }
+
+    /// Stops the owner once the idle session's rows are removed for good.
+    pub(super) fn apply_drop(
+        &mut self,
+        reply: oneshot::Sender<Result<bool, BroodError>>,
+        res: Result<(), BroodError>,
+        ctx: &mut Context<Self>,
+    ) {
+        if let Err(e) = res {
+            return answer(reply, Err(e));
+        }
+        let id = self.session.session_id.clone();
+        tracing::info!(session = %id, "retention removed an idle session");
+        self.engine.forget_session(&id);
+        answer(reply, Ok(true));
+        ctx.stop();
     }
 }

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
+use super::apply::Apply;
 use super::persist::{BatchView, Decided, Step};
 use super::{answer, Durable, SessionOwner};
 use crate::error::BroodError;
@@ -63,6 +64,17 @@ fn load(
         records,
         calls,
     })
+}
+
+/// A redrive, to apply once it is durable.
+pub(super) struct Redriven {
+    /// Calls that had left memory, with their children's rows, that come back for it.
+    back: BTreeMap<String, (CallRow, Vec<ChildRow>)>,
+    /// The children's rows with their attempts reset.
+    after: Vec<ChildRow>,
+    /// The items made ready again.
+    items: Vec<String>,
+    reply: oneshot::Sender<Result<usize, BroodError>>,
 }
 
 impl SessionOwner {
@@ -186,25 +198,34 @@ impl SessionOwner {
         Decided::Step(Step {
             writes,
             restore,
-            then: Box::new(move |act, ctx, res| {
-                if let Err(e) = res {
-                    return answer(reply, Err(e));
-                }
-                for (_, (call, children)) in back {
-                    act.bring_back(call, children);
-                }
-                for row in after {
-                    act.book.put_child(row);
-                }
-                let n = items.len();
-                for key in items {
-                    act.router.revive(key);
-                }
-                tracing::info!(session = %act.session.session_id, items = n, "dead letters redriven");
-                act.after_change(ctx);
-                answer(reply, Ok(n));
-            }),
+            apply: Apply::Redrive(Box::new(Redriven {
+                back,
+                after,
+                items,
+                reply,
+            })),
         })
+    }
+
+    /// Applies a redrive once it is durable: calls that had left memory come back, the
+    /// children's rows have their attempts reset, and the items are ready again.
+    pub(super) fn apply_redrive(&mut self, r: Redriven, res: Result<(), BroodError>, ctx: &mut Context<Self>) {
+        if let Err(e) = res {
+            return answer(r.reply, Err(e));
+        }
+        for (_, (call, children)) in r.back {
+            self.bring_back(call, children);
+        }
+        for row in r.after {
+            self.book.put_child(row);
+        }
+        let n = r.items.len();
+        for key in r.items {
+            self.router.revive(key);
+        }
+        tracing::info!(session = %self.session.session_id, items = n, "dead letters redriven");
+        self.after_change(ctx);
+        answer(r.reply, Ok(n));
     }
 
     /// A call that had left memory (everything in it delivered or dead) comes back, complete,

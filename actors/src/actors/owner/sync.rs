@@ -8,6 +8,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
+use super::apply::Apply;
 use super::persist::{Decided, Step};
 use super::{Delegated, Durable, SessionOwner};
 use crate::error::BroodError;
@@ -121,27 +122,38 @@ impl SessionOwner {
                 remove_acks: vec![self.row_key(&receipt)],
                 ..Writes::default()
             },
-            then: Box::new(move |act, ctx, res| {
-                if let Some(c) = act.book.calls.get_mut(&call_id) {
-                    c.receipt_pending = false;
-                }
-                match res {
-                    Ok(()) => {
-                        if let Some(c) = act.book.calls.get_mut(&call_id) {
-                            c.awaiting_receipt = false;
-                        }
-                        // The receipt's ack row is the durable record, folded into the
-                        // children's rows when they are read back: they are not rewritten.
-                        act.book.mark_calls(&items, |d| d.delivered = true);
-                        act.collect([call_id]);
-                    }
-                    Err(e) => {
-                        tracing::warn!(call = %call_id, "sync results were received but recording that failed ({e}); they go out at boundaries");
-                        act.sync_unreceived(&call_id, ctx);
-                    }
-                }
-                let _ = done.send(());
-            }),
+            apply: Apply::Receipt { call_id, items, done },
         })
+    }
+
+    /// Applies a caller's receipt: once its ack row is durable the call's results are
+    /// delivered; if that failed, they go out at boundaries.
+    pub(super) fn apply_receipt(
+        &mut self,
+        call_id: String,
+        items: Vec<String>,
+        done: oneshot::Sender<()>,
+        res: Result<(), BroodError>,
+        ctx: &mut Context<Self>,
+    ) {
+        if let Some(c) = self.book.calls.get_mut(&call_id) {
+            c.receipt_pending = false;
+        }
+        match res {
+            Ok(()) => {
+                if let Some(c) = self.book.calls.get_mut(&call_id) {
+                    c.awaiting_receipt = false;
+                }
+                // The receipt's ack row is the durable record, folded into the children's rows
+                // when they are read back: they are not rewritten.
+                self.book.mark_calls(&items, |d| d.delivered = true);
+                self.collect([call_id]);
+            }
+            Err(e) => {
+                tracing::warn!(call = %call_id, "sync results were received but recording that failed ({e}); they go out at boundaries");
+                self.sync_unreceived(&call_id, ctx);
+            }
+        }
+        let _ = done.send(());
     }
 }
