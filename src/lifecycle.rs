@@ -77,12 +77,13 @@ impl BroodHandle {
         }
     }
 
-    /// Where the requests of child `child_id` go when several processes share the ledger and
-    /// another one serves its session: that process's address, as its lease row says (a peer
-    /// that registered itself by taking the lease). None when the session is served here, by
-    /// nobody, when the id names no stored call, or when the ledger is not shared. Found from
-    /// what the processes wrote (the call's row and the session's lease), never from anything
-    /// a client sent but the child id.
+    /// The address of the process the lease row of child `child_id`'s session names, when
+    /// several processes share the ledger: read from the ledger, so a process that lost the
+    /// session without noticing yet sees who took it; this process's own address when the row
+    /// names it (the caller compares). None when the lease is free, when the id names no
+    /// stored call, or when the ledger is not shared. Found from what the processes wrote (the
+    /// call's row and the session's lease, written by a peer that registered itself by taking
+    /// it), never from anything a client sent but the child id.
     pub async fn child_holder(&self, child_id: &str) -> Result<Option<String>, BroodError> {
         let Some(leases) = self.engine.leases.clone() else {
             return Ok(None);
@@ -93,7 +94,7 @@ impl BroodHandle {
         let Some(session) = self.call_session(call_id).await? else {
             return Ok(None);
         };
-        let holder = blocking(move || leases.holder(&session)).await?;
+        let holder = blocking(move || leases.recorded_holder(&session)).await?;
         Ok(match holder {
             Some(brood_actors::ledger::LeaseHolder::Elsewhere { address, .. }) => Some(address),
             _ => None,

@@ -1,9 +1,10 @@
 //! External workers against several `brood serve` processes sharing one PostgreSQL database:
-//! a completion is answered 200 only once its row is recorded (a process that lost the
-//! child's session without noticing yet refuses it, 409, instead of dropping the result), and
-//! a worker whose process died is told what became of its child by any process, as soon as
-//! the ledger knows: the recorded outcome for the completion that was recorded, 409 once the
-//! child ended otherwise.
+//! a process that lost the child's session without noticing yet neither renews the child for
+//! its worker (the heartbeat goes to the session's holder) nor answers a completion 200 before
+//! its row is recorded (it refuses it, 409, instead of dropping the result), and a worker
+//! whose process died is told what became of its child by any process, as soon as the ledger
+//! knows: the recorded outcome for the completion that was recorded, 409 once the child ended
+//! otherwise.
 
 mod server;
 
@@ -11,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use server::{assert_error, Server};
+use server::{assert_error, psql, Server};
 
 fn node(dir: &Path, url: &str, name: &str, lease_ms: &str) -> Server {
     let dir = dir.join(name);
@@ -21,20 +22,6 @@ fn node(dir: &Path, url: &str, name: &str, lease_ms: &str) -> Server {
         None,
         &["--ledger", url, "--node", name, "--session-lease-ms", lease_ms],
     )
-}
-
-/// One SQL statement's rows, as psql prints them unaligned.
-fn psql(url: &str, sql: &str) -> String {
-    let out = std::process::Command::new("psql")
-        .args([url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
-        .output()
-        .expect("psql runs (Debian's postgresql-client)");
-    assert!(
-        out.status.success(),
-        "psql {sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// Session `x` opened through `s` with one external child that is not safe to re-run, handed
@@ -83,7 +70,7 @@ fn complete(s: &Server, child: &str, body: Value) -> (u16, Value) {
 }
 
 #[test]
-fn a_holder_that_lost_the_session_unnoticed_refuses_a_completion_it_cannot_record() {
+fn a_holder_that_lost_the_session_unnoticed_refuses_a_heartbeat_and_a_completion_it_cannot_record() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
     // a renews its leases every 200 s: it will not notice losing one within this test.
@@ -104,8 +91,19 @@ fn a_holder_that_lost_the_session_unnoticed_refuses_a_completion_it_cannot_recor
         ),
         "b"
     );
-    // a still holds the child for its worker; what it is told must not be a 200 that no row
-    // backs: a's write of the row is refused, so is the completion.
+    // a still holds the child for its worker, but renews it no more: a heartbeat is sent on
+    // to b, the session's holder, where the child ended.
+    assert_error(
+        a.call(
+            "POST",
+            &format!("/v1/children/{child}/heartbeat"),
+            Some(json!({"token": token})),
+        ),
+        409,
+        "child_ended",
+    );
+    // What it is told of a completion must not be a 200 that no row backs: a's write of the
+    // row is refused, so is the completion.
     let done = json!({"token": token, "status": "succeeded", "summary": "frame 7"});
     assert_error(complete(&a, &child, done.clone()), 409, "stale_token");
     assert_eq!(ended_as(&b, &child), "unknown", "the recorded outcome stands");

@@ -439,24 +439,32 @@ async fn not_held(
         };
     }
     if shared {
-        match state.brood.child_holder(child_id).await? {
-            // A lease row of this process's previous life (restarted at the same address): here.
-            Some(address) if address != state.config.advertised() => {
-                let mut e = ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "session_moved",
-                    format!("the child's session is served by the process at {address}; send the request there"),
-                );
-                e.moved_to = Some(address);
-                return Err(e);
-            }
-            _ => {}
+        if let Some(moved) = served_elsewhere(state, child_id).await? {
+            return Err(moved);
         }
     }
     if queues.knows(child_id) {
         return Err(WorkError::Ended(child_id.to_string()).into());
     }
     Err(WorkError::StaleToken(child_id.to_string()).into())
+}
+
+/// 503 `session_moved`, with where, when the lease row of the child's session names a process
+/// at another address (one naming this address, this process or its previous life restarted
+/// at the same address, is here); None otherwise, and always when the ledger is not shared.
+async fn served_elsewhere(state: &State, child_id: &str) -> Result<Option<ApiError>, ApiError> {
+    Ok(match state.brood.child_holder(child_id).await? {
+        Some(address) if address != state.config.advertised() => {
+            let mut e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "session_moved",
+                format!("the child's session is served by the process at {address}; send the request there"),
+            );
+            e.moved_to = Some(address);
+            Some(e)
+        }
+        _ => None,
+    })
 }
 
 /// The child id of the path and the parsed body of a heartbeat or completion; a child of a
@@ -483,6 +491,14 @@ pub(super) async fn heartbeat(
     payload: web::Payload,
 ) -> Reply {
     let (child_id, body): (String, HeartbeatBody) = child_request(&state, &access, path, payload).await?;
+    // A process that lost the child's session without noticing yet still holds the child, but
+    // renewing it would keep a worker on a child whose end it can no longer record: the lease
+    // row says where the session is served (one indexed read, and only with a shared ledger).
+    if queues.holds(&child_id) && queues.directory().is_some() {
+        if let Some(moved) = served_elsewhere(&state, &child_id).await? {
+            return Err(moved);
+        }
+    }
     if queues.holds(&child_id) {
         match queues.heartbeat(&child_id, &body.token, body.progress) {
             Ok(lease) => {

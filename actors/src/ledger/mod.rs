@@ -404,6 +404,11 @@ pub trait Leases: Send + Sync + fmt::Debug {
     fn acquire(&self, session_id: &str) -> Result<LeaseHolder, LedgerError>;
     /// Who holds the lease of `session_id` right now, without taking it: none when it is free.
     fn holder(&self, session_id: &str) -> Result<Option<LeaseHolder>, LedgerError>;
+    /// Whom the live lease row of `session_id` names, read from the ledger even while this
+    /// process believes it holds the lease (one that lost it without noticing yet learns who
+    /// took it): `Elsewhere` with the row's owner and address whichever process it names, this
+    /// one included; none when the lease is free.
+    fn recorded_holder(&self, session_id: &str) -> Result<Option<LeaseHolder>, LedgerError>;
     /// Takes the lease of every stored session whose lease is free (at start, and as a sweep:
     /// the sessions of a process that died); returns those taken.
     fn acquire_free(&self) -> Result<Vec<String>, LedgerError>;

@@ -419,6 +419,12 @@ impl Leases for PgLeases {
         self.0.run(async move { book.holder_row(name, true).await })
     }
 
+    fn recorded_holder(&self, session_id: &str) -> Result<Option<LeaseHolder>, LedgerError> {
+        let book = self.0.clone();
+        let name = session_id.as_bytes().to_vec();
+        self.0.run(async move { book.holder_row(name, true).await })
+    }
+
     fn acquire_free(&self) -> Result<Vec<String>, LedgerError> {
         let book = self.0.clone();
         let taken = self.0.run(async move { book.take(None).await })?;
