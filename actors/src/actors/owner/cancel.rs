@@ -46,6 +46,7 @@ impl Handler<RunnersGone> for SessionOwner {
     fn handle(&mut self, RunnersGone { children }: RunnersGone, ctx: &mut Context<Self>) {
         for child in &children {
             self.capacity.finish(child);
+            self.stopping.remove(child);
         }
         self.admit(ctx);
         self.after_change(ctx);
@@ -215,6 +216,7 @@ impl SessionOwner {
             for child in &children {
                 self.engine.factory.cancelled(child);
             }
+            self.stopping.extend(children.iter().cloned());
             decision.stopping = Some((children, runners));
         }
         self.capacity.withdraw(&queued);

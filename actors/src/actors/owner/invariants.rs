@@ -22,11 +22,16 @@ pub(super) fn count(n: usize) {
 
 /// What is wrong with `book` and `capacity` together, each fault in a sentence: a queued child
 /// that is not queued in the book (ended, running, being cancelled, or unknown), a child counted
-/// both queued and running, one counted running that ended without a cancel of it (a child
-/// being cancelled keeps its slot until its runner is gone, whichever end was recorded first,
-/// and so may a child of a call that left memory meanwhile), and one the book says runs that
+/// both queued and running, one counted running that ended or is being cancelled while no cancel
+/// is stopping it (`stopping`: a child a cancel stops keeps its slot until its runner is gone,
+/// whichever end was recorded first, and so may one whose call left memory meanwhile; any other
+/// such slot is held for good, with nothing running in it), and one the book says runs that
 /// capacity does not count (the session would run more children than its limit).
-pub(super) fn book_faults(book: &Book, capacity: &Capacity<String>) -> Vec<String> {
+pub(super) fn book_faults(
+    book: &Book,
+    capacity: &Capacity<String>,
+    stopping: &foldhash::HashSet<String>,
+) -> Vec<String> {
     let mut faults = Vec::new();
     let running: foldhash::HashSet<&String> = capacity.running_keys().collect();
     for id in capacity.queued_keys() {
@@ -43,10 +48,20 @@ pub(super) fn book_faults(book: &Book, capacity: &Capacity<String>) -> Vec<Strin
         }
     }
     for id in &running {
-        if let Some(row) = book.child(id) {
-            if row.status.is_terminal() && !book.cancelling(row) {
-                faults.push(format!("child `{id}` ended {} but still holds a slot", row.status));
+        if stopping.contains(*id) {
+            continue;
+        }
+        match book.child(id) {
+            None => faults.push(format!(
+                "child `{id}` holds a slot, its call is not in the book, and no cancel is stopping it"
+            )),
+            Some(row) if book.cancelling(row) => faults.push(format!(
+                "child `{id}` is being cancelled and holds a slot, but no cancel is stopping it"
+            )),
+            Some(row) if row.status.is_terminal() => {
+                faults.push(format!("child `{id}` ended {} but still holds a slot", row.status))
             }
+            Some(_) => {}
         }
     }
     for call in book.calls.values() {
@@ -85,13 +100,14 @@ mod tests {
 
     #[test]
     fn capacity_counts_what_the_book_says_runs_and_waits() {
+        let none = foldhash::HashSet::default();
         let (book, ids) = book_of(&[ChildStatus::Running, ChildStatus::Queued, ChildStatus::Cancelled]);
         let mut cap = Capacity::new(2);
         cap.start_now(ids[0].clone());
         cap.enqueue(ids[1].clone());
         cap.start_now(ids[2].clone()); // cancelled, its runner not gone yet (once it is cancelling)
         assert_eq!(
-            book_faults(&book, &cap),
+            book_faults(&book, &cap, &none),
             vec![format!("child `{}` ended cancelled but still holds a slot", ids[2])],
             "not being cancelled: it ended and kept its slot"
         );
@@ -99,8 +115,9 @@ mod tests {
         for call in book.calls.values_mut() {
             call.cancelling.insert(2);
         }
+        let stopped: foldhash::HashSet<String> = std::iter::once(ids[2].clone()).collect();
         assert_eq!(
-            book_faults(&book, &cap),
+            book_faults(&book, &cap, &stopped),
             Vec::<String>::new(),
             "its runner is being stopped"
         );
@@ -109,16 +126,20 @@ mod tests {
         for call in won.calls.values_mut() {
             call.cancelling.insert(0);
         }
+        let won_stopped: foldhash::HashSet<String> = std::iter::once(won_ids[0].clone()).collect();
         let mut stopping = Capacity::new(1);
         stopping.start_now(won_ids[0].clone());
-        assert_eq!(book_faults(&won, &stopping), Vec::<String>::new());
+        assert_eq!(book_faults(&won, &stopping, &won_stopped), Vec::<String>::new());
         // Its call left memory before its runner was gone.
-        assert_eq!(book_faults(&Book::default(), &stopping), Vec::<String>::new());
+        assert_eq!(
+            book_faults(&Book::default(), &stopping, &won_stopped),
+            Vec::<String>::new()
+        );
 
         let mut lost = Capacity::new(2);
         lost.enqueue(ids[1].clone());
         assert_eq!(
-            book_faults(&book, &lost),
+            book_faults(&book, &lost, &stopped),
             vec![format!("running child `{}` holds no slot", ids[0])]
         );
 
@@ -126,8 +147,37 @@ mod tests {
         ended.start_now(ids[0].clone());
         ended.enqueue(ids[2].clone());
         assert_eq!(
-            book_faults(&book, &ended),
+            book_faults(&book, &ended, &stopped),
             vec![format!("queued child `{}` is cancelled in the book", ids[2])]
+        );
+    }
+
+    #[test]
+    fn a_slot_held_by_a_cancelled_child_no_cancel_is_stopping_is_a_fault() {
+        let none = foldhash::HashSet::default();
+        // A child cancelled while its running mark was being written: its cancel took it out of
+        // capacity, and no runner of it is being stopped. Back in a slot (admitted again, never
+        // to start), it holds that slot for good.
+        let (mut book, ids) = book_of(&[ChildStatus::Cancelled]);
+        for call in book.calls.values_mut() {
+            call.cancelling.insert(0);
+        }
+        let mut cap = Capacity::new(1);
+        cap.start_now(ids[0].clone());
+        assert_eq!(
+            book_faults(&book, &cap, &none),
+            vec![format!(
+                "child `{}` is being cancelled and holds a slot, but no cancel is stopping it",
+                ids[0]
+            )]
+        );
+        // Still so once its call left memory (everything in it delivered).
+        assert_eq!(
+            book_faults(&Book::default(), &cap, &none),
+            vec![format!(
+                "child `{}` holds a slot, its call is not in the book, and no cancel is stopping it",
+                ids[0]
+            )]
         );
     }
 }
