@@ -577,12 +577,26 @@ impl BroodHandle {
 
     /// A session's counts and live calls.
     pub async fn status(&self, session_id: &str) -> Result<SessionStatus, BroodError> {
-        self.ask(session_id, owner::Status { calls: true }).await
+        self.view(session_id, true).await
     }
 
     /// A session's counts only (`calls` left empty): cheap enough to poll.
     pub async fn counts(&self, session_id: &str) -> Result<SessionStatus, BroodError> {
-        self.ask(session_id, owner::Status { calls: false }).await
+        self.view(session_id, false).await
+    }
+
+    /// A session's state as its owner here has it, refused ([`BroodError::LeaseLapsed`]) as a
+    /// boundary is when this process may no longer serve the session: once its lease could
+    /// have run out (a pause, a database outage), another process may have taken the session
+    /// over and changed it, and this owner's state would be an older view than the holder's.
+    async fn view(&self, session_id: &str, calls: bool) -> Result<SessionStatus, BroodError> {
+        let st = self.ask(session_id, owner::Status { calls }).await?;
+        if self.engine.leases.as_ref().is_some_and(|l| !l.serving(session_id)) {
+            return Err(BroodError::LeaseLapsed {
+                session: session_id.to_string(),
+            });
+        }
+        Ok(st)
     }
 
     /// A nested session's row (its child, its parent session, its depth); none for a

@@ -8,8 +8,8 @@
 //! requeue is 400 ms late), `events_subscribe_stall` (a subscriber that takes 400 ms between
 //! finding its session's event channel and joining it), `rebuild_hold` (an owner rebuilt from
 //! the ledger is held before it reads its rows, until [`release`]), `take_stall` (a server's
-//! `POST /v1/workers/take` waits 1.5 s before it serves the take; a server arms it from
-//! `BROOD_FAILPOINTS`)). Tests arm a point with [`arm`] for a
+//! `POST /v1/workers/take` waits 1.5 s before it serves the take)). A server arms `take_stall`,
+//! `ledger_flush_stall` and `ledger_flush_slow_fail` from `BROOD_FAILPOINTS`. Tests arm a point with [`arm`] for a
 //! number of hits; while armed, the point fails (an error for I/O points, a panic for handler
 //! points, a wait for hold points). Without the feature, [`crate::failpoint!`] expands to
 //! nothing and this module has only inert stand-ins.
@@ -35,7 +35,7 @@ const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
 /// static names [`arm`] takes.
 #[cfg(feature = "failpoints")]
 pub fn known(name: &str) -> Option<&'static str> {
-    const KNOWN: &[&str] = &["take_stall"];
+    const KNOWN: &[&str] = &["take_stall", "ledger_flush_stall", "ledger_flush_slow_fail"];
     KNOWN.iter().copied().find(|k| *k == name)
 }
 
