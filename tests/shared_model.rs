@@ -7,8 +7,8 @@
 //! process (claims held across other steps, competing with each other), external workers
 //! polling and completing through any process, and faults: a holder paused past its lease
 //! (`SIGSTOP`, requests sent meanwhile through the others, then `SIGCONT`: it must stop
-//! writing), a process killed (`SIGKILL`) and restarted, sometimes with its takes or its commits stalled or
-//! failing (fault points), and the database crashed and started again.
+//! writing), a process killed (`SIGKILL`) and restarted, sometimes with its takes or its
+//! commits stalled or failing (fault points), and the database crashed and started again.
 //!
 //! After every step, once no process is paused: every process shows every session with the
 //! same calls, exactly the calls that were accepted (202), and exactly the children whose
@@ -21,8 +21,8 @@
 //! `BROOD_SHARED_MODEL_CASES` (default 2) cases of `BROOD_SHARED_MODEL_STEPS` (default 12)
 //! operations with at most `BROOD_SHARED_MODEL_FAULTS` (default 3) faults run, from seed
 //! `BROOD_SHARED_MODEL_SEED` (default 1) on (`BROOD_SHARED_MODEL_LOG` prints what every step
-//! answered); a failure prints its
-//! seed, its operations and what each answered, to be kept as a named test below.
+//! answered); a failure prints its seed, its operations and what each answered, to be kept as
+//! a named test below. Each process's session lease is 1 s, so a case takes seconds.
 
 mod server;
 
@@ -118,6 +118,10 @@ enum Op {
         via: usize,
         ok: bool,
     },
+    Heartbeat {
+        token: usize,
+        via: usize,
+    },
     /// `SIGSTOP` for the lease and `past_ms` more, the `during` steps sent meanwhile through
     /// the other processes, then `SIGCONT`.
     Pause {
@@ -151,8 +155,14 @@ struct Case {
 }
 
 fn delegate(rng: &mut Rng, sessions: usize, processes: usize) -> Op {
-    let sims = (0..rng.below(4)).map(|_| rng.pick(&[0, 0, 50, 300, 1500])).collect::<Vec<_>>();
-    let externals = if sims.is_empty() { 1 + rng.below(2) } else { rng.below(3) };
+    let sims = (0..rng.below(4))
+        .map(|_| rng.pick(&[0, 0, 50, 300, 1500]))
+        .collect::<Vec<_>>();
+    let externals = if sims.is_empty() {
+        1 + rng.below(2)
+    } else {
+        rng.below(3)
+    };
     Op::Delegate {
         session: rng.below(sessions),
         via: rng.below(processes),
@@ -186,6 +196,10 @@ fn ordinary(rng: &mut Rng, sessions: usize, processes: usize) -> Op {
         75..=87 => Op::Poll {
             via,
             lease_ms: rng.pick(&[1500, 5000]),
+        },
+        88..=91 => Op::Heartbeat {
+            token: rng.below(8),
+            via,
         },
         _ => Op::Complete {
             token: rng.below(8),
@@ -230,7 +244,9 @@ fn case(seed: u64, steps: usize, faults: usize) -> Case {
                 },
                 (_, d) if d.is_none() || processes == 3 => {
                     let node = if d == Some(node) { (node + 1) % processes } else { node };
-                    let during = (0..rng.below(3)).map(|_| ordinary(&mut rng, sessions, processes)).collect();
+                    let during = (0..rng.below(3))
+                        .map(|_| ordinary(&mut rng, sessions, processes))
+                        .collect();
                     Op::Pause {
                         node,
                         past_ms: rng.pick(&[300, 1200]),
@@ -313,7 +329,12 @@ impl Model {
             match self.calls.get(Self::call_of(&item.child)) {
                 Some((s, _)) if *s == claim.session => {}
                 None if self.unsure_calls.iter().any(|(s, _)| *s == claim.session) => {}
-                _ => return Err(format!("{} is no child of an accepted call of this session", item.child)),
+                _ => {
+                    return Err(format!(
+                        "{} is no child of an accepted call of this session",
+                        item.child
+                    ))
+                }
             }
         }
         Ok(())
@@ -323,7 +344,10 @@ impl Model {
     fn acknowledged(&mut self, claim: &Claim) -> Check {
         for item in &claim.items {
             if self.acked.insert(item.key.clone(), claim.session).is_some() {
-                return Err(format!("{} was acknowledged twice (again in claim {})", item.key, claim.id));
+                return Err(format!(
+                    "{} was acknowledged twice (again in claim {})",
+                    item.key, claim.id
+                ));
             }
             if item.kind == "result" {
                 if let Some(first) = self.delivered.insert(item.child.clone(), claim.id.clone()) {
@@ -376,7 +400,13 @@ fn agent(timeout: Duration) -> ureq::Agent {
 }
 
 /// A request: its status and body (Null when empty), or why none came.
-fn request(agent: &ureq::Agent, base: &str, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value), String> {
+fn request(
+    agent: &ureq::Agent,
+    base: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<(u16, Value), String> {
     let url = format!("{base}{path}");
     let response = match method {
         "GET" => agent.get(&url).call(),
@@ -455,7 +485,10 @@ impl<'c> World<'c> {
         let name = fresh_schema();
         let base = cluster.url();
         execute(&base, &format!("CREATE DATABASE {name}"));
-        let url = format!("{}/{name}", &base[..base.rfind('/').expect("a database in the address")]);
+        let url = format!(
+            "{}/{name}",
+            &base[..base.rfind('/').expect("a database in the address")]
+        );
         let dir = tempfile::tempdir().expect("a temporary folder");
         let nodes = (0..processes)
             .map(|i| {
@@ -484,7 +517,12 @@ impl<'c> World<'c> {
         };
         for i in 0..sessions {
             let session = world.sessions[i].clone();
-            let reply = world.until_answered(i, "PUT", &format!("/v1/sessions/{session}"), Some(&json!({"addressable": true})));
+            let reply = world.until_answered(
+                i,
+                "PUT",
+                &format!("/v1/sessions/{session}"),
+                Some(&json!({"addressable": true})),
+            );
             assert!(matches!(&reply, Ok((200, _))), "opening {session}: {reply:?}");
         }
         world
@@ -500,12 +538,23 @@ impl<'c> World<'c> {
     }
 
     fn base(&self, i: usize) -> String {
-        self.nodes[i].server.as_ref().map(|s| s.base.clone()).unwrap_or_default()
+        self.nodes[i]
+            .server
+            .as_ref()
+            .map(|s| s.base.clone())
+            .unwrap_or_default()
     }
 
     /// A request through process `via` (or the next one up, not `paused`), with the patience
     /// the moment calls for.
-    fn send(&self, via: usize, paused: Option<usize>, method: &str, path: &str, body: Option<&Value>) -> (usize, Result<(u16, Value), String>) {
+    fn send(
+        &self,
+        via: usize,
+        paused: Option<usize>,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> (usize, Result<(u16, Value), String>) {
         let i = self.up(via, paused);
         let agent = if paused.is_some() { &self.brief } else { &self.agent };
         (i, request(agent, &self.base(i), method, path, body))
@@ -513,7 +562,13 @@ impl<'c> World<'c> {
 
     /// A request through `via` and then the others, retried while it answers 503 or nothing,
     /// for [`SETTLE`] at most; the last answer.
-    fn until_answered(&self, via: usize, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value), String> {
+    fn until_answered(
+        &self,
+        via: usize,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value), String> {
         let deadline = Instant::now() + SETTLE;
         let mut k = via;
         loop {
@@ -556,7 +611,8 @@ impl<'c> World<'c> {
                 let body = json!({"tasks": tasks, "independent_completions": independent});
                 let path = format!("/v1/sessions/{s}/delegate");
                 let (i, reply) = self.send(*via, paused, "POST", &path, Some(&body));
-                self.log.push(format!("  delegate through {}: {}", self.nodes[i].name, brief(&reply)));
+                self.log
+                    .push(format!("  delegate through {}: {}", self.nodes[i].name, brief(&reply)));
                 match reply {
                     Ok((202, r)) => {
                         let call = r["call_id"].as_str().ok_or("a 202 without a call id")?.to_string();
@@ -578,11 +634,15 @@ impl<'c> World<'c> {
                 let path = format!("/v1/sessions/{}/boundary", self.sessions[session]);
                 let body = json!({"consumer": format!("c{via}"), "lease_ms": lease_ms});
                 let (i, reply) = self.send(*via, paused, "POST", &path, Some(&body));
-                self.log.push(format!("  boundary through {}: {}", self.nodes[i].name, brief(&reply)));
+                self.log
+                    .push(format!("  boundary through {}: {}", self.nodes[i].name, brief(&reply)));
                 match reply {
                     Ok((200, env)) => {
                         let claim = Claim {
-                            id: env["claim_id"].as_str().ok_or("an envelope without a claim id")?.to_string(),
+                            id: env["claim_id"]
+                                .as_str()
+                                .ok_or("an envelope without a claim id")?
+                                .to_string(),
                             session,
                             items: items_of(&env),
                         };
@@ -609,7 +669,8 @@ impl<'c> World<'c> {
                     let claim = self.model.held.remove(held % self.model.held.len());
                     let path = format!("/v1/claims/{}/release", claim.id);
                     let (i, reply) = self.send(*via, paused, "POST", &path, Some(&json!({"reason": "busy"})));
-                    self.log.push(format!("  release through {}: {}", self.nodes[i].name, brief(&reply)));
+                    self.log
+                        .push(format!("  release through {}: {}", self.nodes[i].name, brief(&reply)));
                     match reply {
                         Ok((200 | 409 | 503, _)) => {}
                         Ok((404, e)) if lost(&e) => {}
@@ -621,11 +682,13 @@ impl<'c> World<'c> {
             Op::Poll { via, lease_ms } => {
                 let body = json!({"worker": "w", "wait_ms": 0, "lease_ms": lease_ms});
                 let (i, reply) = self.send(*via, paused, "POST", "/v1/workers/poll", Some(&body));
-                self.log.push(format!("  poll through {}: {}", self.nodes[i].name, brief(&reply)));
+                self.log
+                    .push(format!("  poll through {}: {}", self.nodes[i].name, brief(&reply)));
                 match reply {
                     Ok((200, work)) => {
                         let child = work["child_id"].as_str().unwrap_or_default().to_string();
-                        if !self.model.calls.contains_key(Model::call_of(&child)) && self.model.unsure_calls.is_empty() {
+                        if !self.model.calls.contains_key(Model::call_of(&child)) && self.model.unsure_calls.is_empty()
+                        {
                             return Err(format!("a worker was handed {child}, of no accepted call"));
                         }
                         self.model.tokens.push(Token {
@@ -652,7 +715,8 @@ impl<'c> World<'c> {
                         .clone();
                     let path = format!("/v1/children/{}/complete", t.child);
                     let (i, reply) = self.send(*via, paused, "POST", &path, Some(&body));
-                    self.log.push(format!("  complete through {}: {}", self.nodes[i].name, brief(&reply)));
+                    self.log
+                        .push(format!("  complete through {}: {}", self.nodes[i].name, brief(&reply)));
                     match reply {
                         Ok((200 | 409, _)) => {
                             self.model.tokens.remove(k);
@@ -661,6 +725,25 @@ impl<'c> World<'c> {
                         Ok((503, _)) => {}
                         Err(_) if paused.is_some() => {}
                         other => return Err(format!("complete answered {other:?}")),
+                    }
+                }
+            }
+            Op::Heartbeat { token, via } => {
+                if !self.model.tokens.is_empty() {
+                    let t = self.model.tokens[token % self.model.tokens.len()].clone();
+                    let path = format!("/v1/children/{}/heartbeat", t.child);
+                    let body = json!({"token": t.token, "progress": "half"});
+                    let (i, reply) = self.send(*via, paused, "POST", &path, Some(&body));
+                    self.log
+                        .push(format!("  heartbeat through {}: {}", self.nodes[i].name, brief(&reply)));
+                    match reply {
+                        // A lease renewed for a child whose result went out: a stale holder's.
+                        Ok((200, _)) if self.model.delivered.contains_key(&t.child) => {
+                            return Err(format!("a heartbeat of {}, delivered, was answered 200", t.child))
+                        }
+                        Ok((200 | 409 | 503, _)) => {}
+                        Err(_) if paused.is_some() => {}
+                        other => return Err(format!("heartbeat answered {other:?}")),
                     }
                 }
             }
@@ -708,7 +791,8 @@ impl<'c> World<'c> {
     fn ack(&mut self, claim: Claim, via: usize, paused: Option<usize>) -> Check {
         let path = format!("/v1/claims/{}/ack", claim.id);
         let (i, reply) = self.send(via, paused, "POST", &path, None);
-        self.log.push(format!("  ack through {}: {}", self.nodes[i].name, brief(&reply)));
+        self.log
+            .push(format!("  ack through {}: {}", self.nodes[i].name, brief(&reply)));
         match reply {
             Ok((200, _)) => self.model.acknowledged(&claim),
             Ok((409, _)) => Ok(()),
@@ -762,7 +846,8 @@ impl<'c> World<'c> {
                 if let Some(k) = self.model.unsure_calls.iter().position(|u| *u == (session, n)) {
                     self.model.unsure_calls.remove(k);
                     self.model.calls.insert(call.to_string(), (session, n));
-                    self.log.push(format!("  {call}, of a delegate that got no answer, was accepted"));
+                    self.log
+                        .push(format!("  {call}, of a delegate that got no answer, was accepted"));
                 }
             }
         }
@@ -849,7 +934,12 @@ impl<'c> World<'c> {
             self.apply(&Op::Restart { node, failpoints: None }, None)?;
         }
         for claim in std::mem::take(&mut self.model.held) {
-            let _ = self.until_answered(0, "POST", &format!("/v1/claims/{}/release", claim.id), Some(&json!({"reason": "busy"})));
+            let _ = self.until_answered(
+                0,
+                "POST",
+                &format!("/v1/claims/{}/release", claim.id),
+                Some(&json!({"reason": "busy"})),
+            );
         }
         self.settle()?;
         let expected: BTreeSet<String> = (0..self.sessions.len()).flat_map(|s| self.model.children(s)).collect();
@@ -872,7 +962,10 @@ impl<'c> World<'c> {
             return Err(errors.join("; "));
         }
         drained?;
-        let missing: Vec<&String> = expected.iter().filter(|c| !self.model.delivered.contains_key(*c)).collect();
+        let missing: Vec<&String> = expected
+            .iter()
+            .filter(|c| !self.model.delivered.contains_key(*c))
+            .collect();
         if !missing.is_empty() {
             return Err(format!("not delivered within {DRAIN:?}: {missing:?}"));
         }
@@ -955,7 +1048,14 @@ impl<'c> World<'c> {
 
 /// An external worker polling every process in turn and completing what it gets (first the
 /// leases it was handed before), until `stop`.
-fn work(agent: &ureq::Agent, bases: &[String], calls: &BTreeSet<String>, tokens: Vec<Token>, stop: &AtomicBool, errors: &Mutex<Vec<String>>) {
+fn work(
+    agent: &ureq::Agent,
+    bases: &[String],
+    calls: &BTreeSet<String>,
+    tokens: Vec<Token>,
+    stop: &AtomicBool,
+    errors: &Mutex<Vec<String>>,
+) {
     let complete = |k: usize, t: &Token| {
         let body = t
             .sent
@@ -1076,7 +1176,11 @@ fn processes_sharing_a_database_lose_nothing_repeat_nothing_and_drain_under_faul
         if let Err(e) = run(&mut cluster, &format!("seed {seed}"), &case) {
             panic!("{e}");
         }
-        eprintln!("seed {seed}: {} steps passed in {:?}", case.ops.len(), started.elapsed());
+        eprintln!(
+            "seed {seed}: {} steps passed in {:?}",
+            case.ops.len(),
+            started.elapsed()
+        );
     }
 }
 
@@ -1115,7 +1219,13 @@ fn a_holder_whose_lease_ran_out_answers_no_view_older_than_the_new_holders() {
         other => panic!("no envelope through b: {other:?}"),
     };
     let claim = env["claim_id"].as_str().unwrap();
-    let acked = request(&world.agent, &world.base(1), "POST", &format!("/v1/claims/{claim}/ack"), None);
+    let acked = request(
+        &world.agent,
+        &world.base(1),
+        "POST",
+        &format!("/v1/claims/{claim}/ack"),
+        None,
+    );
     assert!(matches!(acked, Ok((200, _))), "{acked:?}");
     // A read of the session sent to a while it is stopped, answered once it runs again.
     let base = world.base(0);
