@@ -898,14 +898,7 @@ impl<'c> World<'c> {
                     self.nodes[i].name
                 ));
             }
-            let shown: BTreeSet<String> = view["calls"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .flat_map(|c| c["children"].as_array().cloned().unwrap_or_default())
-                .filter(|c| c["delivery"] == "delivered")
-                .filter_map(|c| c["child_id"].as_str().map(str::to_string))
-                .collect();
+            let shown = delivered_in(&view);
             if shown != delivered {
                 return Err(format!(
                     "{} shows {shown:?} of {s} delivered; acknowledged were {delivered:?} (leases: {})",
@@ -1132,19 +1125,21 @@ fn brief(reply: &Result<(u16, Value), String>) -> String {
 /// Runs `case` on `cluster`: every step, the checks after it, the drain; what failed, with the
 /// case and its log.
 fn run(cluster: &mut Cluster, label: &str, case: &Case) -> Check {
+    let started = Instant::now();
     let mut world = World::new(cluster, case.processes, case.sessions);
     let mut outcome = Ok(());
     for (n, op) in case.ops.iter().enumerate() {
-        world.log.push(format!("step {n}: {op:?}"));
+        world.log.push(format!("step {n} at {:?}: {op:?}", started.elapsed()));
         outcome = world.apply(op, None).and_then(|_| world.settle());
         if outcome.is_err() {
             break;
         }
     }
     if outcome.is_ok() {
-        world.log.push("drain".to_string());
+        world.log.push(format!("drain at {:?}", started.elapsed()));
         outcome = world.drain();
     }
+    world.log.push(format!("done at {:?}", started.elapsed()));
     if std::env::var_os("BROOD_SHARED_MODEL_LOG").is_some() {
         eprintln!("{label}:\n{}", world.log.join("\n"));
     }
@@ -1184,7 +1179,7 @@ fn processes_sharing_a_database_lose_nothing_repeat_nothing_and_drain_under_faul
     }
 }
 
-/// The delivered children of `session` in a view.
+/// The children a session's view shows delivered.
 fn delivered_in(view: &Value) -> BTreeSet<String> {
     view["calls"]
         .as_array()
