@@ -123,11 +123,14 @@ enum Op {
         via: usize,
     },
     /// `SIGSTOP` for the lease and `past_ms` more, the `during` steps sent meanwhile through
-    /// the other processes, then `SIGCONT`.
+    /// the other processes, then `SIGCONT`; the `woken` steps are sent to the paused process
+    /// itself, the first while it is still stopped (answered once it runs again, as it may
+    /// still believe it holds its sessions), the others right after.
     Pause {
         node: usize,
         past_ms: u64,
         during: Vec<Op>,
+        woken: Vec<Op>,
     },
     Kill {
         node: usize,
@@ -247,10 +250,14 @@ fn case(seed: u64, steps: usize, faults: usize) -> Case {
                     let during = (0..rng.below(3))
                         .map(|_| ordinary(&mut rng, sessions, processes))
                         .collect();
+                    let woken = (0..rng.below(3))
+                        .map(|_| through(&ordinary(&mut rng, sessions, processes), node))
+                        .collect();
                     Op::Pause {
                         node,
                         past_ms: rng.pick(&[300, 1200]),
                         during,
+                        woken,
                     }
                 }
                 (_, _) => Op::DbRestart {
@@ -747,7 +754,12 @@ impl<'c> World<'c> {
                     }
                 }
             }
-            Op::Pause { node, past_ms, during } => {
+            Op::Pause {
+                node,
+                past_ms,
+                during,
+                woken,
+            } => {
                 let node = self.up(*node, None);
                 let server = self.nodes[node].server.as_ref().expect("up");
                 signal(server, "-STOP");
@@ -762,7 +774,25 @@ impl<'c> World<'c> {
                     }
                 }
                 self.log.push(format!("  resumed after {:?}", stopped.elapsed()));
-                signal(self.nodes[node].server.as_ref().expect("up"), "-CONT");
+                let pid = self.nodes[node].server.as_ref().expect("up").child.id().to_string();
+                let delay = Duration::from_millis(if woken.is_empty() { 0 } else { 300 });
+                // Resumed from another thread a little later, while the first woken step waits
+                // for its answer.
+                let resume = std::thread::spawn(move || {
+                    std::thread::sleep(delay);
+                    std::process::Command::new("kill").args(["-CONT", &pid]).status()
+                });
+                let mut sent = Ok(());
+                for op in woken {
+                    self.log.push(format!("  to the woken process: {op:?}"));
+                    sent = self.apply(&through(op, node), None);
+                    if sent.is_err() {
+                        break;
+                    }
+                }
+                let resumed = resume.join().map(|r| r.map(|s| s.success()));
+                assert!(matches!(resumed, Ok(Ok(true))), "kill -CONT: {resumed:?}");
+                sent?;
             }
             Op::Kill { node } => {
                 let node = self.up(*node, None);
@@ -1102,6 +1132,25 @@ fn work(
             }
         }
     }
+}
+
+/// `op` sent through process `node`.
+fn through(op: &Op, node: usize) -> Op {
+    let mut op = op.clone();
+    match &mut op {
+        Op::Delegate { via, .. }
+        | Op::Ack { via, .. }
+        | Op::Release { via, .. }
+        | Op::Poll { via, .. }
+        | Op::Complete { via, .. }
+        | Op::Heartbeat { via, .. } => *via = node,
+        Op::Boundary { via, ack_via, .. } => {
+            *via = node;
+            *ack_via = ack_via.map(|_| node);
+        }
+        Op::Pause { .. } | Op::Kill { .. } | Op::Restart { .. } | Op::DbRestart { .. } => {}
+    }
+    op
 }
 
 /// A claim its holder no longer knows: one returned by a takeover (or a restart) is not
