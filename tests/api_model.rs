@@ -1351,7 +1351,10 @@ impl Model {
     /// Checks a claim nested session `nest` just made (at a drain), and records it.
     fn observe_nested(&mut self, env: &Envelope, nest: &str) {
         self.check(env.consumer == "drain", || {
-            format!("claim {} names consumer {} instead of drain", env.claim_id, env.consumer)
+            format!(
+                "claim {} names consumer {} instead of drain",
+                env.claim_id, env.consumer
+            )
         });
         self.check(
             !self.claims.iter().any(|c| c.id == env.claim_id) && !self.nest_claims.contains(&env.claim_id),
@@ -1445,7 +1448,9 @@ impl Model {
             match self.nest_of_call(call) {
                 Some(nest) => {
                     self.check(parents.contains(nest), || {
-                        format!("{answer}: it cancelled {id} of the nested session {nest}, whose child it did not cancel")
+                        format!(
+                            "{answer}: it cancelled {id} of the nested session {nest}, whose child it did not cancel"
+                        )
                     });
                     let n = self.nests[nest].calls[call].tasks.len();
                     let index = id.rsplit_once('.').and_then(|(_, i)| i.parse::<usize>().ok());
@@ -1640,7 +1645,9 @@ async fn reopen_nests(b: &Brood, m: &mut Model) -> String {
             Err(e) => m.fail(format!("reopening the nested session {id} failed: {e:?}")),
         }
         if !settle_unsure(b, m, &id).await {
-            m.fail(format!("the calls of the nested session {id} cannot be read after a reopen"));
+            m.fail(format!(
+                "the calls of the nested session {id} cannot be read after a reopen"
+            ));
         }
     }
     answer.join("; ")
@@ -2094,5 +2101,29 @@ fn a_call_a_failed_sweep_may_have_removed_is_not_expected_back() {
             call: 0,
             index: 3,
         },
+    ]);
+}
+
+/// Minimal case found by the property test: a slow parent child ended while its session's owner
+/// was being rebuilt (the rebuild's flush failing at first), its end stored before the rebuilt
+/// owner read its rows, and its nested session was never ended: the `hold` child there ran on
+/// and its result never came.
+#[test]
+fn a_child_that_ends_while_its_owner_is_rebuilt_ends_its_nested_session() {
+    run_case(&[
+        Op::Delegate {
+            tasks: vec![Work::Slow { ms: 114 }],
+            independent: true,
+        },
+        Op::Nest {
+            call: 0,
+            index: 0,
+            tasks: vec![Work::Hold],
+        },
+        Op::Arm {
+            point: Point::Flush,
+            hits: 3,
+        },
+        Op::RestartOwner,
     ]);
 }
