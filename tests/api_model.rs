@@ -195,7 +195,8 @@ enum Op {
     /// Shut the brood down and open the same folder again.
     Reopen,
     /// Delegate these children in the nested session of child number `index` (modulo) of
-    /// accepted call number `call` (modulo), opening that session first once per engine life.
+    /// accepted call number `call` (below 128: one of the two newest, modulo; else of all,
+    /// modulo, counted from the newest), opening that session first once per engine life.
     Nest { call: u8, index: u8, tasks: Vec<Work> },
 }
 
@@ -1541,7 +1542,14 @@ async fn nest(b: &Brood, m: &mut Model, call: u8, index: u8, tasks: &[Work]) -> 
     if m.calls.is_empty() {
         return "no call to nest under".into();
     }
-    let (call_id, c) = m.calls.iter().nth(call as usize % m.calls.len()).expect("a call");
+    // Mostly one of the two newest calls (call ids grow with time), whose children may still
+    // run; else any.
+    let pick = if call < 128 {
+        call as usize % m.calls.len().min(2)
+    } else {
+        call as usize % m.calls.len()
+    };
+    let (call_id, c) = m.calls.iter().rev().nth(pick).expect("a call");
     let session = child_id(call_id, index as u32 % c.tasks.len() as u32);
     let swept = m.maybe_swept.contains(call_id.as_str());
     let ended = m.known_ended(&session);
