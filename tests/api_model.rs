@@ -11,9 +11,14 @@
 //! once), a redrive of the session's dead letters, arming `ledger_flush` or `ledger_write` for
 //! the next few hits or one panic of `unit_handler`, `coalescer_handler` or `owner_handler`
 //! (within the restart budgets: at most three of each per engine), and closing and reopening
-//! the brood on the same folder. After the sequence the faults are disarmed and the session is
-//! drained; then its dead letters are redriven, a sweep runs, the brood is reopened and the
-//! session drained again.
+//! the brood on the same folder, and nested delegation: a call in the nested session of a child
+//! of an accepted call (its id is the session's id; opened once per engine life, one child at a
+//! time) of `sim` children, slow ones of 100–400 ms, and `hold` children that end only when
+//! stopped, under children queued, running (slow parents make that common) or ended. Fault
+//! points are process-wide, so the faults armed hit nested owners too. After the sequence the
+//! faults are disarmed and the session and every nested session are drained; then its dead
+//! letters are redriven, a sweep runs, the brood is reopened (the nested sessions opened again)
+//! and all drained again.
 //!
 //! What is checked, from DESIGN.md:
 //! - I2: an acked item is never handed out again; an ack that returned `Ok` is never undone, also
@@ -33,6 +38,17 @@
 //! - Claims: an ack or release answers as the claim's state says (live, acked, ended).
 //! - The owners' own checks of their books (owner/invariants.rs) found nothing: a fault panics
 //!   the owner, whose rebuild from the ledger may hide it, so the count of faults is compared.
+//! - Nested delegation: a nested session's results go to it only (no nested item in a top-level
+//!   claim or status, nor the other way round), with set ordinals of its own (a refused call
+//!   takes none); a delegate there may be refused `ParentEnded` while the model cannot know its
+//!   child still runs, and must be refused once the model saw the child end (its result handed
+//!   out, or a cancel answered it cancelled or finished); a cancel's `cancelled` lists, besides
+//!   the target's children, only children of calls of the nested sessions of the children it
+//!   cancelled, each once; a nested child is delivered with its own status, or `cancelled` (its
+//!   child ended or was cancelled first), or `unknown` after a reopen met it running, and
+//!   `cancelled` when a cancel said so; every result of every accepted nested call is handed out
+//!   and acked once in the drains (also across a reopen, a `hold` child so only once it was
+//!   stopped), after which no nested session counts a child running or queued.
 //! - Decide → persist → apply: "a refused or failed request changed nothing, set numbers
 //!   included": a delegate that returned `Err` never shows up (no item or status names a call the
 //!   model did not accept), and each accepted call's set is the previous accepted set + 1, in one
@@ -90,8 +106,12 @@ const PANIC_BUDGET: u64 = 3;
 enum Work {
     /// A `sim` child of `ms`, ending failed or succeeded.
     Sim { ms: u64, fail: bool },
-    /// A slow `probe` child of `ms`, heartbeating, succeeding.
+    /// A slow `probe` child of `ms`, heartbeating, succeeding (in a nested session a `sim`
+    /// child of `ms`: the probe counts the top-level session's concurrency).
     Slow { ms: u64 },
+    /// A `hold` child, in nested sessions only: it ends only when it is stopped (its parent
+    /// child ended or was cancelled, or the engine closed).
+    Hold,
 }
 
 impl Work {
@@ -103,6 +123,7 @@ impl Work {
     fn status(&self) -> ChildStatus {
         match self {
             Work::Sim { fail: true, .. } => ChildStatus::Failed,
+            Work::Hold => ChildStatus::Cancelled,
             _ => ChildStatus::Succeeded,
         }
     }
@@ -175,6 +196,10 @@ enum Op {
     Arm { point: Point, hits: u64 },
     /// Shut the brood down and open the same folder again.
     Reopen,
+    /// Delegate these children in the nested session of child number `index` (modulo) of
+    /// accepted call number `call` (below 128: one of the two newest, modulo; else of all,
+    /// modulo, counted from the newest), opening that session first once per engine life.
+    Nest { call: u8, index: u8, tasks: Vec<Work> },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -186,6 +211,11 @@ fn op() -> impl Strategy<Value = Op> {
     let ledger = prop_oneof![Just(Point::Flush), Just(Point::Write)];
     let panic = prop_oneof![Just(Point::Unit), Just(Point::Coalescer), Just(Point::Owner)];
     let target = prop_oneof![Just(Target::Call), Just(Target::Unit), Just(Target::Child)];
+    let nested = prop_oneof![
+        3 => (0u64..=5, prop::bool::weighted(0.25)).prop_map(|(ms, fail)| Work::Sim { ms, fail }),
+        2 => (100u64..=400).prop_map(|ms| Work::Slow { ms }),
+        1 => Just(Work::Hold),
+    ];
     prop_oneof![
         4 => (prop::collection::vec(work, 1..=3), any::<bool>())
             .prop_map(|(tasks, independent)| Op::Delegate { tasks, independent }),
@@ -201,6 +231,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (ledger, 1u64..=4).prop_map(|(point, hits)| Op::Arm { point, hits }),
         2 => panic.prop_map(|point| Op::Arm { point, hits: 1 }),
         1 => Just(Op::Reopen),
+        3 => (any::<u8>(), any::<u8>(), prop::collection::vec(nested, 1..=3))
+            .prop_map(|(call, index, tasks)| Op::Nest { call, index, tasks }),
     ]
 }
 
@@ -259,6 +291,24 @@ struct Call {
     reopens: u64,
 }
 
+/// A nested session, named after a child of an accepted top-level call.
+#[derive(Debug, Default)]
+struct Nest {
+    /// Its accepted calls by id.
+    calls: BTreeMap<String, Call>,
+    /// The set of its last accepted call (0: none yet): its sets count inside it.
+    last_set: u64,
+    /// Opened in this engine life.
+    open: bool,
+    /// Opened in some engine life: opened again after a reopen.
+    ever_open: bool,
+    /// Its owner was given up: served again after a reopen.
+    given_up: bool,
+    /// A delegate whose answer did not say whether it was accepted, and the ledger could not
+    /// be read since; and whether the model knew its child had ended when it was asked for.
+    unsure: Option<(Vec<Work>, bool)>,
+}
+
 /// What the API told the test so far, and what it may therefore answer next.
 #[derive(Default)]
 struct Model {
@@ -309,6 +359,14 @@ struct Model {
     maybe_swept: BTreeSet<String>,
     /// The most probe runners that ran at once, as the probe counts them.
     probe_max: usize,
+    /// Nested sessions by id (their child's id).
+    nests: BTreeMap<String, Nest>,
+    /// Items of nested sessions whose ack returned `Ok`.
+    nest_acked: BTreeSet<String>,
+    /// Items of nested sessions listed as dead letters.
+    nest_dead: BTreeSet<String>,
+    /// The ids of the claims nested sessions returned.
+    nest_claims: BTreeSet<String>,
     /// What each step did and got, for the failure message.
     trace: String,
     /// The step under way.
@@ -403,15 +461,22 @@ impl Model {
                 env.claim_id, env.consumer
             )
         });
-        self.check(!self.claims.iter().any(|c| c.id == env.claim_id), || {
-            format!("claim id {} was returned twice", env.claim_id)
-        });
+        self.check(
+            !self.claims.iter().any(|c| c.id == env.claim_id) && !self.nest_claims.contains(&env.claim_id),
+            || format!("claim id {} was returned twice", env.claim_id),
+        );
         let items: BTreeSet<String> = env.items.iter().map(|i| i.dedup_key.clone()).collect();
         self.check(items.len() == env.items.len(), || {
             format!("claim {} holds an item twice: {:?}", env.claim_id, keys(env))
         });
         for item in &env.items {
             let Some(call) = self.calls.get(&item.call_id) else {
+                if let Some(nest) = self.nest_of_call(&item.call_id) {
+                    self.fail(format!(
+                        "claim {} of the top-level session holds {} of call {} of the nested session {nest}",
+                        env.claim_id, item.dedup_key, item.call_id
+                    ));
+                }
                 self.fail(format!(
                     "claim {} holds {} of call {}, which was never accepted (a refused call surfaced)",
                     env.claim_id, item.dedup_key, item.call_id
@@ -684,6 +749,7 @@ async fn delegate(b: &Brood, m: &mut Model, tasks: &[Work], independent: bool) -
                 Work::Sim { ms, fail: true } => sim_outcome(ms, "fail"),
                 Work::Sim { ms, fail: false } => sim(ms),
                 Work::Slow { ms } => probe(ms),
+                Work::Hold => hold(),
             };
             task(format!("t{i}"), runner)
         })
@@ -761,11 +827,17 @@ fn adopt(
 /// The session's calls in the ledger (and in memory): id → set; none once the session was
 /// given up.
 async fn stored_calls(b: &Brood, m: &Model) -> Option<BTreeMap<String, u64>> {
+    stored_calls_of(b, m, SESSION).await
+}
+
+/// The calls of `session` in the ledger (and in memory): id → set; none once the session was
+/// given up.
+async fn stored_calls_of(b: &Brood, m: &Model, session: &str) -> Option<BTreeMap<String, u64>> {
     let deadline = Instant::now() + DEADLINE;
     let mut out = BTreeMap::new();
     let mut after: Option<String> = None;
     loop {
-        match b.session_calls(SESSION, after.as_deref(), 100).await {
+        match b.session_calls(session, after.as_deref(), 100).await {
             Ok((page, next)) => {
                 out.extend(page.into_iter().map(|c| (c.call.call_id, c.call.set)));
                 match next {
@@ -961,9 +1033,12 @@ async fn cancel(b: &Brood, m: &mut Model, target: Target, call: u8, index: u8) -
     let answer = format!("{what:?}: {r:?}");
     match r {
         Ok(reply) => {
-            let cancelled: BTreeSet<String> = reply.cancelled.iter().cloned().collect();
+            let all: BTreeSet<String> = reply.cancelled.iter().cloned().collect();
+            // The nested children of the children it cancelled are listed too.
+            let (cancelled, nested): (BTreeSet<String>, BTreeSet<String>) =
+                all.iter().cloned().partition(|id| m.calls.contains_key(call_of(id)));
             m.check(
-                cancelled.len() == reply.cancelled.len()
+                all.len() == reply.cancelled.len()
                     && cancelled.is_subset(&under)
                     && cancelled.len() + reply.already_finished == under.len(),
                 || format!("{answer}: the reply does not account for the children under it, {under:?}"),
@@ -987,6 +1062,7 @@ async fn cancel(b: &Brood, m: &mut Model, target: Target, call: u8, index: u8) -
                     m.ended_first.insert(id.clone());
                 }
             }
+            m.cancelled_nested(&answer, &cancelled, nested);
             m.cancelled.extend(cancelled);
         }
         Err(BroodError::UnknownTarget { .. }) if m.maybe_swept.contains(&call_id) => {}
@@ -1034,10 +1110,12 @@ async fn sweep(b: &Brood, m: &mut Model) -> String {
         .filter(|(id, c)| (0..c.tasks.len() as u32).all(|i| m.acked.contains(&result_key(id, i))))
         .map(|(id, _)| id.clone())
         .collect();
+    // A sweep is of every session: the nested calls delivered may go too (each once).
+    let nested = m.nested_delivered();
     match b.sweep().await {
         Ok(swept) => {
-            m.check(swept.calls <= gone.len() + m.maybe_swept.len(), || {
-                format!("the sweep removed {swept:?}; only {gone:?} were delivered")
+            m.check(swept.calls <= gone.len() + m.maybe_swept.len() + nested, || {
+                format!("the sweep removed {swept:?}; only {gone:?} and {nested} nested calls were delivered")
             });
             m.maybe_swept.extend(gone);
             format!("{swept:?}")
@@ -1124,6 +1202,10 @@ async fn reopen(t: &mut TestBrood, m: &mut Model) -> String {
             "; {}",
             adopt(m, "a delegate before", &calls, &tasks, independent)
         );
+    }
+    let nests = reopen_nests(t.b(), m).await;
+    if !nests.is_empty() {
+        let _ = write!(answer, "; {nests}");
     }
     answer
 }
@@ -1217,6 +1299,532 @@ async fn wait_until(b: &Brood, m: &Model, pred: impl Fn(&SessionStatus) -> bool)
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Nested sessions
+
+/// A nested session's `max_concurrent_children`: one, so that its children queue.
+const NEST_CAPACITY: usize = 1;
+
+impl Model {
+    /// The nested session whose accepted calls hold `call_id`.
+    fn nest_of_call(&self, call_id: &str) -> Option<&str> {
+        self.nests
+            .iter()
+            .find(|(_, n)| n.calls.contains_key(call_id))
+            .map(|(id, _)| id.as_str())
+    }
+
+    /// How many calls of nested sessions had every result acked.
+    fn nested_delivered(&self) -> usize {
+        self.nests
+            .values()
+            .flat_map(|n| &n.calls)
+            .filter(|(id, c)| (0..c.tasks.len() as u32).all(|i| self.nest_acked.contains(&result_key(id, i))))
+            .count()
+    }
+
+    /// Whether the model knows that child `parent` (of a top-level call) ended: its result was
+    /// handed out, or a cancel answered it cancelled or already finished.
+    fn known_ended(&self, parent: &str) -> bool {
+        self.seen.contains_key(parent) || self.cancelled.contains(parent) || self.ended_first.contains(parent)
+    }
+
+    /// Records a call nested session `nest` accepted; `ended`: the model knew its child had
+    /// ended before the delegate was asked for.
+    fn accept_nested(&mut self, nest: &str, ended: bool, call_id: String, set: u64, tasks: &[Work]) -> String {
+        let answer = format!("Ok {call_id} set {set}");
+        self.check(!ended, || {
+            format!("parent_ended: {answer}: the nested session {nest} took a call after its child's end was seen")
+        });
+        self.check(
+            !self.calls.contains_key(&call_id) && self.nest_of_call(&call_id).is_none(),
+            || format!("call id {call_id} given twice"),
+        );
+        let reopens = self.reopens;
+        let n = self.nests.get_mut(nest).expect("the nested session is in the model");
+        let want = n.last_set + 1;
+        n.last_set = set;
+        n.calls.insert(
+            call_id,
+            Call {
+                tasks: tasks.to_vec(),
+                set,
+                units: units_of(tasks.len(), true),
+                reopens,
+            },
+        );
+        self.check(set == want, || {
+            format!(
+                "{answer}: the nested session {nest}'s previous accepted call was set {}; a refused call must not take a set number",
+                want - 1
+            )
+        });
+        answer
+    }
+
+    /// Checks a claim nested session `nest` just made (at a drain), and records it.
+    fn observe_nested(&mut self, env: &Envelope, nest: &str) {
+        self.check(env.consumer == "drain", || {
+            format!(
+                "claim {} names consumer {} instead of drain",
+                env.claim_id, env.consumer
+            )
+        });
+        self.check(
+            !self.claims.iter().any(|c| c.id == env.claim_id) && !self.nest_claims.contains(&env.claim_id),
+            || format!("claim id {} was returned twice", env.claim_id),
+        );
+        let items: BTreeSet<String> = env.items.iter().map(|i| i.dedup_key.clone()).collect();
+        self.check(items.len() == env.items.len(), || {
+            format!("claim {} holds an item twice: {:?}", env.claim_id, keys(env))
+        });
+        for item in &env.items {
+            let Some(call) = self.nests[nest].calls.get(&item.call_id) else {
+                let whose = if self.calls.contains_key(&item.call_id) {
+                    "a call of the top-level session".to_string()
+                } else if let Some(other) = self.nest_of_call(&item.call_id) {
+                    format!("a call of the nested session {other}")
+                } else {
+                    "a call that was never accepted (a refused call surfaced)".to_string()
+                };
+                self.fail(format!(
+                    "claim {} of the nested session {nest} holds {}: {whose}",
+                    env.claim_id, item.dedup_key
+                ));
+            };
+            let n = call.tasks.len() as u32;
+            self.check(item.set == call.set && item.task_index < n, || {
+                format!(
+                    "{} says set {} task {}; the nested call was set {} of {n} tasks",
+                    item.dedup_key, item.set, item.task_index, call.set
+                )
+            });
+            self.check(!self.nest_acked.contains(&item.dedup_key), || {
+                format!(
+                    "I2: {} was acked, and claim {} handed it out again",
+                    item.dedup_key, env.claim_id
+                )
+            });
+            self.check(
+                item.delivery_attempt >= 1 && item.delivery_attempt <= MAX_ATTEMPTS,
+                || format!("{} came as delivery attempt {}", item.dedup_key, item.delivery_attempt),
+            );
+            let (own, reopens) = (call.tasks[item.task_index as usize].status(), call.reopens);
+            self.check_nested_status(item, own, reopens);
+        }
+        self.nest_claims.insert(env.claim_id.clone());
+    }
+
+    /// A handed-out nested item's status: cancelled when a cancel said so; else its own, or
+    /// cancelled (its child ended or was cancelled before it finished), or unknown after a
+    /// reopen met it running.
+    fn check_nested_status(&mut self, item: &brood::ReadyItem, own: ChildStatus, call_reopens: u64) {
+        let child = &item.child_id;
+        if item.kind == ItemKind::Result {
+            if let Some(&before) = self.seen.get(child) {
+                self.check(before == item.status, || {
+                    format!(
+                        "{} came as {:?}, and earlier as {before:?}: a recorded result changed",
+                        item.dedup_key, item.status
+                    )
+                });
+            }
+            self.seen.insert(child.clone(), item.status);
+        }
+        let ok = if self.cancelled.contains(child) {
+            item.status == ChildStatus::Cancelled && item.kind == ItemKind::Result
+        } else {
+            item.status == own
+                || item.status == ChildStatus::Cancelled
+                || (item.status == ChildStatus::Unknown && self.reopens > call_reopens)
+        };
+        self.check(ok, || {
+            format!(
+                "{} of a nested session came as {:?} ({:?}); its own status is {own:?}; a cancel answered it cancelled: {}",
+                item.dedup_key,
+                item.status,
+                item.kind,
+                self.cancelled.contains(child),
+            )
+        });
+    }
+
+    /// Checks the nested children a cancel reply listed besides the top-level ones it
+    /// cancelled (`parents`): each is a child of a call of the nested session of one of them,
+    /// cancelled by no earlier cancel and not handed out yet; and records them as cancelled.
+    fn cancelled_nested(&mut self, answer: &str, parents: &BTreeSet<String>, nested: BTreeSet<String>) {
+        // A nested call whose delegate was not answered may be one the model does not know.
+        let unsure = parents
+            .iter()
+            .any(|p| self.nests.get(p).is_some_and(|n| n.unsure.is_some()));
+        for id in &nested {
+            let call = call_of(id);
+            match self.nest_of_call(call) {
+                Some(nest) => {
+                    self.check(parents.contains(nest), || {
+                        format!(
+                            "{answer}: it cancelled {id} of the nested session {nest}, whose child it did not cancel"
+                        )
+                    });
+                    let n = self.nests[nest].calls[call].tasks.len();
+                    let index = id.rsplit_once('.').and_then(|(_, i)| i.parse::<usize>().ok());
+                    self.check(index.is_some_and(|i| i < n), || {
+                        format!("{answer}: it cancelled {id}, and its call has {n} tasks")
+                    });
+                }
+                None => self.check(unsure, || {
+                    format!("{answer}: it cancelled {id}, a child of no call of the nested sessions of {parents:?}")
+                }),
+            }
+            self.check(!self.cancelled.contains(id), || {
+                format!("{answer}: {id} was cancelled by an earlier cancel already")
+            });
+            self.check(!self.seen.contains_key(id), || {
+                format!("{answer}: {id} was handed out already: it had ended")
+            });
+        }
+        self.cancelled.extend(nested);
+    }
+}
+
+/// The runner of a nested child: a slow one is a `sim` child, so that the probe counts only
+/// the top-level session's children.
+fn nested_runner(w: &Work) -> serde_json::Value {
+    match *w {
+        Work::Sim { ms, fail: true } => sim_outcome(ms, "fail"),
+        Work::Sim { ms, fail: false } | Work::Slow { ms } => sim(ms),
+        Work::Hold => hold(),
+    }
+}
+
+async fn open_nest(b: &Brood, session: &str) -> Result<(), BroodError> {
+    b.open_session(
+        session,
+        SessionOptions::default()
+            .wake(|_| {})
+            .max_delivery_attempts(MAX_ATTEMPTS)
+            .max_concurrent_children(NEST_CAPACITY as u32),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Takes the call of a nested delegate that answered `e` (neither accepted nor refused) as
+/// accepted if `calls` holds a call of the nested session the model does not know.
+fn adopt_nested(
+    m: &mut Model,
+    e: impl std::fmt::Debug,
+    nest: &str,
+    ended: bool,
+    calls: &BTreeMap<String, u64>,
+    tasks: &[Work],
+) -> String {
+    let new: Vec<(String, u64)> = calls
+        .iter()
+        .filter(|(id, _)| !m.nests[nest].calls.contains_key(*id))
+        .map(|(id, &set)| (id.clone(), set))
+        .collect();
+    m.check(new.len() <= 1, || {
+        format!("{e:?}: the nested session {nest} holds {new:?}, calls the model never saw")
+    });
+    match new.into_iter().next() {
+        Some((id, set)) => {
+            let answer = m.accept_nested(nest, ended, id, set, tasks);
+            format!("{e:?}, yet accepted: {answer}")
+        }
+        None => format!("{e:?}, not accepted"),
+    }
+}
+
+/// Learns whether the unanswered delegate of nested session `nest` was accepted, if the
+/// ledger can be read; true when that is known now.
+async fn settle_unsure(b: &Brood, m: &mut Model, nest: &str) -> bool {
+    let Some((tasks, ended)) = m.nests[nest].unsure.clone() else {
+        return true;
+    };
+    let Some(calls) = stored_calls_of(b, m, nest).await else {
+        return false;
+    };
+    m.nests.get_mut(nest).expect("the nest").unsure = None;
+    let answer = adopt_nested(m, "a nested delegate before", nest, ended, &calls, &tasks);
+    m.log(format!("  {nest}: {answer}"));
+    true
+}
+
+async fn nest(b: &Brood, m: &mut Model, call: u8, index: u8, tasks: &[Work]) -> String {
+    if m.calls.is_empty() {
+        return "no call to nest under".into();
+    }
+    // Mostly one of the two newest calls (call ids grow with time), whose children may still
+    // run; else any.
+    let pick = if call < 128 {
+        call as usize % m.calls.len().min(2)
+    } else {
+        call as usize % m.calls.len()
+    };
+    let (call_id, c) = m.calls.iter().rev().nth(pick).expect("a call");
+    let session = child_id(call_id, index as u32 % c.tasks.len() as u32);
+    let swept = m.maybe_swept.contains(call_id.as_str());
+    let ended = m.known_ended(&session);
+    let n = m.nests.entry(session.clone()).or_default();
+    if n.given_up {
+        return format!("{session}: skipped, the nested session is given up");
+    }
+    let mut answer = format!("{session} (its end seen: {ended}): ");
+    if !n.open {
+        match open_nest(b, &session).await {
+            Ok(()) => {
+                let n = m.nests.get_mut(&session).expect("the nest");
+                n.open = true;
+                n.ever_open = true;
+                answer.push_str("opened; ");
+            }
+            Err(BroodError::UnknownTarget { .. }) if swept => {
+                return format!("{answer}open: unknown, its call may have been swept");
+            }
+            Err(BroodError::SessionFailed { .. }) if m.may_give_up() => {
+                m.nests.get_mut(&session).expect("the nest").given_up = true;
+                return format!("{answer}open: the nested session was given up");
+            }
+            Err(e) if m.may_fail(&e) => return format!("{answer}open: {e:?}"),
+            Err(e) => m.fail(format!("opening the nested session {session} failed: {e:?}")),
+        }
+    }
+    if !settle_unsure(b, m, &session).await {
+        return format!("{answer}skipped: an earlier delegate is not known yet");
+    }
+    let specs = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, w)| task(format!("n{i}"), nested_runner(w)))
+        .collect();
+    let req = DelegateRequest::background(specs).independent();
+    let got = match b.delegate(&session, req).await.map_err(|e| e.error) {
+        Ok(DelegateReply::Background {
+            call_id, set, units, ..
+        }) => {
+            let got: Vec<Vec<u32>> = units.iter().map(|u| u.tasks.clone()).collect();
+            m.check(got == units_of(tasks.len(), true), || {
+                format!("nested call {call_id} was split into units {got:?}")
+            });
+            m.accept_nested(&session, ended, call_id, set, tasks)
+        }
+        Ok(other) => m.fail(format!("a wake-capable nested session got a sync reply: {other:?}")),
+        Err(BroodError::ParentEnded { session: named }) => {
+            m.check(named == session, || {
+                format!("a delegate in {session} was refused as ParentEnded of {named}")
+            });
+            "refused: its child ended".into()
+        }
+        Err(BroodError::Ledger(e)) if m.armed => format!("Err(Ledger) {e}"),
+        Err(BroodError::Interrupted {
+            call_id: Some(call_id), ..
+        }) if m.owner_armed => {
+            let set = m.nests[&session].last_set + 1;
+            let answer = m.accept_nested(&session, ended, call_id, set, tasks);
+            format!("Interrupted, accepted: {answer}")
+        }
+        Err(e @ (BroodError::Interrupted { call_id: None, .. } | BroodError::UnknownSession(_))) if m.owner_armed => {
+            m.nests.get_mut(&session).expect("the nest").unsure = Some((tasks.to_vec(), ended));
+            if settle_unsure(b, m, &session).await {
+                format!("{e:?}, settled from the ledger")
+            } else {
+                format!("{e:?}, not known yet")
+            }
+        }
+        Err(BroodError::SessionFailed { .. }) if m.may_give_up() => {
+            m.nests.get_mut(&session).expect("the nest").given_up = true;
+            "the nested session was given up".into()
+        }
+        Err(e) => m.fail(format!(
+            "a delegate in the nested session {session} failed: {e:?} (a fault armed: {}, owner: {})",
+            m.armed, m.owner_armed
+        )),
+    };
+    answer.push_str(&got);
+    answer
+}
+
+/// After a reopen: the nested sessions opened before are opened again (one whose child ended
+/// refuses calls, and still hands out its results), and the delegates not answered are
+/// settled from the ledger.
+async fn reopen_nests(b: &Brood, m: &mut Model) -> String {
+    let mut answer = Vec::new();
+    let ids: Vec<String> = m.nests.keys().cloned().collect();
+    for id in ids {
+        let n = m.nests.get_mut(&id).expect("the nest");
+        n.open = false;
+        n.given_up = false;
+        if !n.ever_open {
+            continue;
+        }
+        match open_nest(b, &id).await {
+            Ok(()) => m.nests.get_mut(&id).expect("the nest").open = true,
+            Err(BroodError::UnknownTarget { .. }) if m.maybe_swept.contains(call_of(&id)) => {
+                answer.push(format!("{id}: unknown, its call may have been swept"));
+            }
+            Err(e) => m.fail(format!("reopening the nested session {id} failed: {e:?}")),
+        }
+        if !settle_unsure(b, m, &id).await {
+            m.fail(format!(
+                "the calls of the nested session {id} cannot be read after a reopen"
+            ));
+        }
+    }
+    answer.join("; ")
+}
+
+/// Whether a nested session was given up (its owner's failures went past the restart budget)
+/// and has calls to drain: served again after a reopen.
+async fn nests_given_up(b: &Brood, m: &mut Model) -> bool {
+    let ids: Vec<String> = m
+        .nests
+        .iter()
+        .filter(|(_, n)| !n.calls.is_empty() || n.unsure.is_some())
+        .map(|(id, _)| id.clone())
+        .collect();
+    let mut any = false;
+    for id in ids {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            match b.status(&id).await {
+                Ok(_) => break,
+                Err(BroodError::SessionFailed { .. }) if m.may_give_up() => {
+                    m.nests.get_mut(&id).expect("the nest").given_up = true;
+                    any = true;
+                    break;
+                }
+                // An owner restarted by the last faults may still be rebuilding.
+                Err(BroodError::Interrupted { .. } | BroodError::UnknownSession(_)) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                Err(e) => m.fail(format!("the status of the nested session {id} failed: {e:?}")),
+            }
+        }
+    }
+    any
+}
+
+/// Every result of every accepted call of every nested session is handed out and acked
+/// exactly once (or dead-lettered), within [`DEADLINE`]; then no nested session runs or queues
+/// a child.
+async fn drain_nests(b: &Brood, m: &mut Model) {
+    let ids: Vec<String> = m
+        .nests
+        .iter()
+        .filter(|(_, n)| !n.calls.is_empty() || n.unsure.is_some())
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in ids {
+        drain_nest(b, m, &id).await;
+    }
+}
+
+async fn drain_nest(b: &Brood, m: &mut Model, nest: &str) {
+    if !settle_unsure(b, m, nest).await {
+        m.fail(format!("drain: the calls of the nested session {nest} cannot be read"));
+    }
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let missing: BTreeSet<String> = m.nests[nest]
+            .calls
+            .iter()
+            .flat_map(|(call, c)| (0..c.tasks.len() as u32).map(move |i| result_key(call, i)))
+            .filter(|k| !m.nest_acked.contains(k) && !m.nest_dead.contains(k))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            m.fail(format!(
+                "drain: after {DEADLINE:?} these results of accepted calls of the nested session {nest} were never handed out: {missing:?}"
+            ));
+        }
+        match b.boundary(nest, "drain", LONG_LEASE).await {
+            Ok(Some(env)) => {
+                m.observe_nested(&env, nest);
+                match b.ack(&env.claim_id).await {
+                    Ok(n) => {
+                        m.check(n == env.items.len(), || {
+                            format!(
+                                "ack of {} delivered {n}, but it holds {} items",
+                                env.claim_id,
+                                env.items.len()
+                            )
+                        });
+                        m.nest_acked.extend(keys(&env));
+                    }
+                    Err(e) => m.fail(format!(
+                        "drain: ack of {} of the nested session {nest} failed with no fault armed: {e:?}",
+                        env.claim_id
+                    )),
+                }
+                m.log(format!("drain {nest}: acked {:?}", keys(&env)));
+            }
+            Ok(None) => {
+                let dead: BTreeSet<String> = match b.dead_letters().await {
+                    Ok(d) => d
+                        .into_iter()
+                        .filter(|d| d.session_id == nest)
+                        .map(|d| d.dedup_key)
+                        .collect(),
+                    Err(e) => m.fail(format!("drain: dead letters failed: {e:?}")),
+                };
+                let calls = &m.nests[nest].calls;
+                m.nest_dead.retain(|k| !calls.contains_key(call_of(k)));
+                m.nest_dead.extend(dead);
+                let both: Vec<_> = m.nest_dead.intersection(&m.nest_acked).collect();
+                m.check(both.is_empty(), || {
+                    format!("drain: {both:?} are dead letters and were acked")
+                });
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => m.fail(format!("drain: boundary of the nested session {nest} failed: {e:?}")),
+        }
+    }
+    // Every result is in: no child runs any more (no slot kept), and none waits.
+    let deadline = Instant::now() + DEADLINE;
+    let st = loop {
+        let st = match b.counts(nest).await {
+            Ok(st) => st,
+            Err(e) => m.fail(format!("counts of the nested session {nest} failed: {e:?}")),
+        };
+        if (st.running == 0 && st.queued == 0) || Instant::now() > deadline {
+            break st;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    m.check(st.running == 0 && st.queued == 0, || {
+        format!(
+            "drain: every result of the nested session {nest} is in, yet {} children run and {} are queued",
+            st.running, st.queued
+        )
+    });
+    let st = match b.status(nest).await {
+        Ok(st) => st,
+        Err(e) => m.fail(format!("the status of the nested session {nest} failed: {e:?}")),
+    };
+    for c in &st.calls {
+        m.check(m.nests[nest].calls.contains_key(&c.call.call_id), || {
+            format!(
+                "the nested session {nest} lists call {} (set {}), which it never accepted",
+                c.call.call_id, c.call.set
+            )
+        });
+    }
+    let acked = m
+        .nest_acked
+        .iter()
+        .filter(|k| m.nests[nest].calls.contains_key(call_of(k)))
+        .count() as u64;
+    m.check(st.delivered <= acked, || {
+        format!(
+            "the nested session {nest} counts {} delivered items, but {acked} of its items were acked",
+            st.delivered
+        )
+    });
+}
+
 /// Retention that removes a delivered call at the first sweep and keeps dead letters, and sweeps
 /// only when asked.
 fn retention() -> Retention {
@@ -1269,6 +1877,7 @@ async fn run(ops: &[Op]) {
                 Op::Redrive => redrive(t.b(), &mut m).await,
                 Op::Arm { point, hits } => arm(&mut m, *point, *hits),
                 Op::Reopen => reopen(&mut t, &mut m).await,
+                Op::Nest { call, index, tasks } => nest(t.b(), &mut m, *call, *index, tasks).await,
             }
         };
         // No stuck session: every request is answered.
@@ -1280,13 +1889,15 @@ async fn run(ops: &[Op]) {
     }
     disarm(&mut m);
     m.after_restarts();
-    if m.given_up {
+    let nests_given_up = nests_given_up(t.b(), &mut m).await;
+    if m.given_up || nests_given_up {
         m.step = "reopen the given-up session".into();
         let answer = reopen(&mut t, &mut m).await;
         m.log(answer);
     }
     m.step = "drain, faults disarmed".into();
     bounded!(m, "the drain", drain(t.b(), &mut m));
+    bounded!(m, "the drain of the nested sessions", drain_nests(t.b(), &mut m));
     bounded!(m, "the status", check_status(&t, &mut m));
     // What went dead comes back, and what was delivered goes.
     m.step = "redrive and sweep".into();
@@ -1302,6 +1913,7 @@ async fn run(ops: &[Op]) {
     m.log(answer);
     bounded!(m, "the status", check_status(&t, &mut m));
     bounded!(m, "the drain", drain(t.b(), &mut m));
+    bounded!(m, "the drain of the nested sessions", drain_nests(t.b(), &mut m));
     bounded!(m, "the status", check_status(&t, &mut m));
     if std::env::var_os("BROOD_API_MODEL_TRACE").is_some() {
         eprintln!("{}", m.trace);
@@ -1550,4 +2162,28 @@ fn a_unit_cancelled_while_its_childs_refused_start_is_written_leaves_no_slot_hel
         ]);
     }
     run_case(&ops);
+}
+
+/// Minimal case found by the property test: a slow parent child ended while its session's owner
+/// was being rebuilt (the rebuild's flush failing at first), its end stored before the rebuilt
+/// owner read its rows, and its nested session was never ended: the `hold` child there ran on
+/// and its result never came.
+#[test]
+fn a_child_that_ends_while_its_owner_is_rebuilt_ends_its_nested_session() {
+    run_case(&[
+        Op::Delegate {
+            tasks: vec![Work::Slow { ms: 114 }],
+            independent: true,
+        },
+        Op::Nest {
+            call: 0,
+            index: 0,
+            tasks: vec![Work::Hold],
+        },
+        Op::Arm {
+            point: Point::Flush,
+            hits: 3,
+        },
+        Op::RestartOwner,
+    ]);
 }

@@ -500,3 +500,34 @@ async fn a_rebuilt_nested_session_whose_child_ended_starts_none_of_its_queued_ch
         "a queued child of a nested session whose child ended was started"
     );
 }
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)]
+async fn a_child_that_ends_while_its_own_sessions_owner_is_rebuilt_ends_its_nested_session() {
+    let e = Engine::new();
+    let (child, first, second) = parent_with_a_queued_nested_child(&e, hold()).await;
+    let b = e.b();
+    let _serial = REBUILD_HOLD.lock().unwrap_or_else(|e| e.into_inner());
+    // The parent session's owner is rebuilt, held before it reads its rows, while the parent
+    // child ends: its end is stored, and its hand-off to an owner fails (it is tried again),
+    // so the rebuilt owner reads the child ended.
+    failpoints::arm("rebuild_hold", 1);
+    let (restarted, ()) = tokio::join!(b.restart_owner("p"), async {
+        wait_for!(
+            "the rebuild to be held",
+            (!failpoints::armed("rebuild_hold")).then_some(())
+        );
+        failpoints::arm("coalescer_handoff", 1);
+        e.kit.gates.open("parent");
+        wait_for!(
+            "the parent child's end to be stored",
+            (!failpoints::armed("coalescer_handoff")).then_some(())
+        );
+        failpoints::release("rebuild_hold");
+    });
+    restarted.unwrap();
+    let parent = collect_results(b, "p", 1).await;
+    assert_eq!(parent[0].status, ChildStatus::Succeeded);
+    assert_ended(&e, &child, &first, &second).await;
+}

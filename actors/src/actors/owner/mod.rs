@@ -123,8 +123,8 @@ pub struct SessionOwner {
     /// A nested session recovered from stored rows whose child's row is not read yet (see
     /// [`CheckParent`]): nothing is admitted until it is.
     awaiting_parent: bool,
-    /// The children recovery ended (resolved `unknown`, or re-run no more): their nested
-    /// sessions are ended as the owner starts.
+    /// The ended children with a nested session a rebuild found (recovery ended them, or
+    /// their end was stored already): their nested sessions are ended as the owner starts.
     resolved_ended: Vec<String>,
     /// Changes applied, for sampling the book's check in a release build.
     changes: u64,

@@ -28,13 +28,16 @@ impl SessionOwner {
         // A nested session's child may have ended while it was not served: nothing of it
         // starts until its child's row was read (CheckParent).
         owner.awaiting_parent = nest_parent(&owner.session.session_id).is_some();
-        // The nested sessions of children recovery ended are ended as the owner starts.
-        owner.resolved_ended = plan
-            .changed
-            .iter()
-            .filter(|r| r.status.is_terminal())
-            .map(|r| r.child_id.clone())
-            .collect();
+        // The nested sessions of ended children are ended as the owner starts: of those
+        // recovery ended, and of those it reads ended, whose end may have been stored while no
+        // owner could be told (this one being rebuilt): told again later, it finds the child
+        // recorded already. Ending a nested session a second time changes nothing.
+        let resolved = plan.changed.iter().filter(|r| r.status.is_terminal());
+        let read = (plan.calls.iter().flat_map(|c| &c.children))
+            .filter(|r| r.status.is_terminal() && owner.engine.is_nested(&r.child_id));
+        owner.resolved_ended = resolved.chain(read).map(|r| r.child_id.clone()).collect();
+        owner.resolved_ended.sort_unstable();
+        owner.resolved_ended.dedup();
         if let Some(url) = &wake_url {
             owner.bind_wake_url(url);
         }
