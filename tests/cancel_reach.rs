@@ -3,7 +3,8 @@
 //! a running child's runner is stopped — a command's process is gone — and the session never
 //! runs more children than its capacity; after a unit was replaced following a panic its
 //! running child is stopped; a cancel decided while the coalescer restarts is recorded and
-//! answered, not dropped.
+//! answered, not dropped; a start an owner sent before it was rebuilt, read only after the
+//! rebuilt owner cancelled the child it started again, does not run it.
 //!
 //! Fault points are process-wide, so the tests of this file run one at a time (`SERIAL`).
 #![cfg(feature = "failpoints")]
@@ -307,5 +308,61 @@ async fn a_cancel_of_a_child_that_ended_before_its_owner_knew_counts_it_as_alrea
         (got[0].child_id.as_str(), got[0].status),
         (child.as_str(), ChildStatus::Succeeded)
     );
+    b.shutdown();
+}
+
+/// A start its owner sent before it was rebuilt, read by the unit only after the rebuilt owner
+/// started the child again and cancelled it, is refused (its owner is gone) and leaves that
+/// cancel to the start the rebuilt owner sent: the child never runs, and the session never
+/// runs more children than its capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_start_read_after_a_rebuild_leaves_the_rebuilt_owners_cancel_to_its_own_start() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let kit = Kit::default();
+    let b = open(dir.path(), &kit);
+    session(&b, 1).await;
+    // The unit holds before it reads the first start (and the children's thread with it).
+    failpoints::arm("unit_start_hold", 1);
+    let rerun = task("a", hold()).rerun_on_recovery(true);
+    let call = delegate(&b, DelegateRequest::background(vec![rerun])).await;
+    let a = child_id(&call, 0);
+    wait_for!(
+        "the unit held before it reads the start",
+        (!failpoints::armed("unit_start_hold")).then_some(())
+    );
+    // The rebuilt owner finds `a` marked running and not alive, and starts it again (its task
+    // may re-run): that start waits behind the held one.
+    b.restart_owner("s").await.expect("restart");
+    assert_eq!(b.counts("s").await.unwrap().running, 1);
+    let cancelled = cancel_child(&b, &a);
+    let release = async {
+        wait_for!("the cancel recorded", {
+            let st = b.status("s").await.unwrap();
+            let row = st
+                .calls
+                .iter()
+                .flat_map(|c| c.children.iter())
+                .find(|c| c.child_id == a);
+            row.is_some_and(|r| r.status == ChildStatus::Cancelled).then_some(())
+        });
+        failpoints::release("unit_start_hold");
+    };
+    let (answer, ()) = tokio::join!(cancelled, release);
+    assert_eq!(answer, only(&a));
+    // A child started after it: once it runs, the children's thread read both starts of `a`.
+    let next = delegate(&b, DelegateRequest::background(vec![task("next", hold())])).await;
+    let next = child_id(&next, 0);
+    wait_for!(
+        "the next child running",
+        kit.holds.started().contains(&next).then_some(())
+    );
+    assert_eq!(
+        kit.holds.started(),
+        vec![next.clone()],
+        "the cancelled child ran: the stale start took the rebuilt owner's cancel"
+    );
+    assert_eq!(kit.holds.most_alive(), 1);
+    assert_eq!(cancel_child(&b, &next).await, only(&next));
     b.shutdown();
 }

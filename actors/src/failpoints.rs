@@ -4,7 +4,8 @@
 //! `ledger_write_stall` (a flush or write that succeeds 400 ms late), `ledger_flush_slow_fail` (a
 //! flush that fails 400 ms late), `start_flush_slow_fail` (the flush of admitted children's
 //! running marks fails 400 ms late), `coalescer_handoff`, `owner_handler`, `unit_handler`,
-//! `coalescer_handler`, `runner_hang`, `requeue_flush_stall` (the flush of a lost start's
+//! `coalescer_handler`, `unit_start_hold` (a unit is held before it reads a start of children,
+//! until [`release`]; the thread it runs on with it), `runner_hang`, `requeue_flush_stall` (the flush of a lost start's
 //! requeue is 400 ms late), `events_subscribe_stall` (a subscriber that takes 400 ms between
 //! finding its session's event channel and joining it), `rebuild_hold` (an owner rebuilt from
 //! the ledger is held before it reads its rows, until [`release`]), `take_stall` (a server's

@@ -172,8 +172,8 @@ impl Engine {
     }
 
     /// Registers a child as alive (`child` is its actor's address, made before it runs) and
-    /// lets it start, unless `owner_alive` says its owner died (then its successor queues the
-    /// child again, and it must not start). One lock orders this against
+    /// lets it start, unless `owner_alive` says the owner that sent its start (at `epoch`)
+    /// died (then its successor queues the child again, and it must not start). One lock orders this against
     /// [`Engine::live_children`], so a child is either adopted or re-queued, and against
     /// [`Engine::cancel_running`], so a cancel either finds the child here or is taken by it.
     ///
@@ -186,14 +186,15 @@ impl Engine {
         call_id: &str,
         task: u32,
         child: WeakAddr<child::Child>,
-        owner_alive: impl FnOnce() -> bool,
+        (owner_alive, epoch): (impl FnOnce() -> bool, u64),
     ) -> ChildStart {
         let Ok(mut live) = self.live_children.lock() else {
             return ChildStart::Refused;
         };
         if !owner_alive() {
-            // Never started here: a cancel decided for it has nothing to wait for.
-            live.take_cancel(call_id, task);
+            // Never started here: a cancel the dead owner decided for it has nothing to wait
+            // for (one its successor decided waits for the start the successor sent).
+            live.take_cancel(call_id, task, Some(epoch));
             return ChildStart::Refused;
         }
         match live.running.get_mut(call_id) {
@@ -205,7 +206,7 @@ impl Engine {
                     .insert(call_id.to_string(), std::iter::once((task, child)).collect());
             }
         }
-        match live.take_cancel(call_id, task) {
+        match live.take_cancel(call_id, task, None) {
             Some(cancel) => ChildStart::Cancelled(cancel.reason),
             None => ChildStart::Go,
         }
@@ -217,12 +218,13 @@ impl Engine {
     /// process group killed); one not started yet ends `cancelled` as it starts, its runner
     /// never built, whatever order its unit reads its start and the cancel in. What is
     /// returned resolves once each of them is stopped or known gone (never started, or its
-    /// start lost).
+    /// start lost). `epoch` is the deciding owner's.
     pub(crate) fn cancel_running(
         &self,
         call_id: &str,
         tasks: impl IntoIterator<Item = u32>,
         reason: &str,
+        epoch: u64,
     ) -> RunnersStopped {
         let mut waits = Vec::new();
         let Ok(mut live) = self.live_children.lock() else {
@@ -252,7 +254,10 @@ impl Engine {
                         .or_insert_with(|| PendingCancel {
                             reason: reason.to_string(),
                             waiting: Vec::new(),
+                            epoch,
                         });
+                    // Decided again by a newer owner: that owner's start takes it.
+                    pending.epoch = pending.epoch.max(epoch);
                     pending.waiting.push(Gone { _tell: gone });
                 }
             }
@@ -260,12 +265,13 @@ impl Engine {
         RunnersStopped(waits)
     }
 
-    /// Forgets the decided cancel of a child no unit will start (its start was lost), telling
-    /// whoever waits for it to stop that it is gone: a child that starts or stops takes its
-    /// own.
-    pub(crate) fn forget_cancel(&self, call_id: &str, task: u32) {
+    /// Forgets the decided cancel of a child no unit will start (its start, sent by the owner
+    /// at `epoch`, was lost), telling whoever waits for it to stop that it is gone: a child
+    /// that starts or stops takes its own, and one a newer owner decided is left for the start
+    /// that owner sent.
+    pub(crate) fn forget_cancel(&self, call_id: &str, task: u32, epoch: u64) {
         if let Ok(mut live) = self.live_children.lock() {
-            live.take_cancel(call_id, task);
+            live.take_cancel(call_id, task, Some(epoch));
         }
     }
 
@@ -278,7 +284,7 @@ impl Engine {
                     live.running.remove(call_id);
                 }
             }
-            live.take_cancel(call_id, task);
+            live.take_cancel(call_id, task, None);
         }
     }
 
@@ -424,16 +430,24 @@ struct PendingCancel {
     reason: String,
     /// Told, by being dropped, once the child will never run its runner.
     waiting: Vec<Gone>,
+    /// The epoch of the newest owner that decided it: only a start that owner sent takes it
+    /// when it is refused or lost (a stale start of an owner that died before must not, or the
+    /// start that owner's successor sent would run the child uncancelled).
+    epoch: u64,
 }
 
 impl LiveChildren {
-    /// Takes the decided cancel of a child, if there is one (whoever waits for it to stop is
-    /// told, once the caller lets it go).
-    fn take_cancel(&mut self, call_id: &str, task: u32) -> Option<PendingCancel> {
+    /// Takes the decided cancel of a child, if there is one and `epoch` is none or the epoch
+    /// of the owner that decided it last (whoever waits for it to stop is told, once the caller
+    /// lets it go).
+    fn take_cancel(&mut self, call_id: &str, task: u32, epoch: Option<u64>) -> Option<PendingCancel> {
         if self.cancelled.is_empty() {
             return None; // the usual case: no key to hash
         }
         let cancels = self.cancelled.get_mut(call_id)?;
+        if epoch.is_some_and(|e| cancels.get(&task).is_some_and(|c| c.epoch != e)) {
+            return None;
+        }
         let cancel = cancels.remove(&task);
         if cancels.is_empty() {
             self.cancelled.remove(call_id);

@@ -37,16 +37,24 @@ pub struct StartChildren {
     children: std::vec::IntoIter<(Starting, Task)>,
     /// Told of the children never started.
     owner: WeakAddr<SessionOwner>,
+    /// The sending owner's epoch under its session's fence.
+    epoch: u64,
 }
 
 impl StartChildren {
-    /// `children` of the call `ids` names, for its unit `unit_k`, from `owner`.
-    pub fn new(ids: Arc<CallIds>, unit_k: u32, children: Vec<(Starting, Task)>, owner: WeakAddr<SessionOwner>) -> Self {
+    /// `children` of the call `ids` names, for its unit `unit_k`, from `owner` (at `epoch`).
+    pub fn new(
+        ids: Arc<CallIds>,
+        unit_k: u32,
+        children: Vec<(Starting, Task)>,
+        (owner, epoch): (WeakAddr<SessionOwner>, u64),
+    ) -> Self {
         StartChildren {
             ids,
             unit_k,
             children: children.into_iter(),
             owner,
+            epoch,
         }
     }
 }
@@ -69,7 +77,9 @@ impl Drop for StartChildren {
         let owner = self.owner.upgrade();
         for (start, _) in self.children.by_ref() {
             // Never started: a cancel decided for it has nothing to wait for.
-            self.ids.engine.forget_cancel(&self.ids.call_id, start.task_index);
+            self.ids
+                .engine
+                .forget_cancel(&self.ids.call_id, start.task_index, self.epoch);
             // With its owner gone, its successor queues it again: it is not among the live
             // children.
             if let Some(owner) = &owner {
@@ -185,6 +195,7 @@ impl Handler<StartChildren> for Unit {
         if crate::failpoints::fires("unit_handler") {
             panic!("injected fault: unit_handler (unit {})", self.unit_id);
         }
+        crate::failpoints::hold("unit_start_hold");
         // One weak address for every child: it tells this unit when it stops, and holds no
         // sender (nor its allocation) of its own.
         let me = ctx.address().downgrade();
@@ -194,10 +205,12 @@ impl Handler<StartChildren> for Unit {
             // now on reaches it whoever decides it.
             let context = Context::<Child>::new();
             let addr = context.address();
-            let cancelled = match self
-                .engine
-                .child_starting(&msg.ids.call_id, index, addr.downgrade(), || self.owner.connected())
-            {
+            let cancelled = match self.engine.child_starting(
+                &msg.ids.call_id,
+                index,
+                addr.downgrade(),
+                (|| self.owner.connected(), msg.epoch),
+            ) {
                 // The owner that admitted this child died; its successor queues the child
                 // again (it is not among the live children), so starting it here would run
                 // it twice.

@@ -211,7 +211,9 @@ impl SessionOwner {
         // on ends it `cancelled` as it starts, its runner never built).
         if !stop.is_empty() {
             let call_id = &call.row.call_id;
-            let runners = self.engine.cancel_running(call_id, stop.iter().copied(), reason);
+            let runners = self
+                .engine
+                .cancel_running(call_id, stop.iter().copied(), reason, self.fence.1);
             let children: Vec<String> = stop.iter().map(|&t| child_id(call_id, t)).collect();
             for child in &children {
                 self.engine.factory.cancelled(child);

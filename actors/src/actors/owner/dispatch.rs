@@ -480,7 +480,7 @@ impl SessionOwner {
         // No unit starts this child now: a cancel decided for it while it was marked running
         // needs no mark for one (a cancelled child is not queued again, below).
         if let Some((call_id, task)) = parse_child_id(&child_id) {
-            self.engine.forget_cancel(call_id, task);
+            self.engine.forget_cancel(call_id, task, self.fence.1);
         }
         let Some(current) = self.book.child(&child_id).cloned() else {
             return Decided::Done;
@@ -532,7 +532,7 @@ impl SessionOwner {
             .is_none_or(|r| r.status != ChildStatus::Running || self.book.cancelling(r))
         {
             if let Some((call_id, task)) = parse_child_id(&child_id) {
-                self.engine.forget_cancel(call_id, task);
+                self.engine.forget_cancel(call_id, task, self.fence.1);
             }
             return;
         }
@@ -619,7 +619,7 @@ impl SessionOwner {
         // Into the units' mailboxes now; a new unit reads its own once it started. A message
         // with no unit to go to reports its children lost as it is dropped.
         for (call_id, unit_pos, ids, unit_k, children) in batches {
-            let msg = StartChildren::new(ids, unit_k, children, owner.clone());
+            let msg = StartChildren::new(ids, unit_k, children, (owner.clone(), self.fence.1));
             let unit = self.book.calls.get(call_id).and_then(|c| c.units.get(unit_pos));
             if let Some(addr) = unit.and_then(|u| u.addr.as_ref()) {
                 addr.do_send(msg);

@@ -687,10 +687,12 @@ impl SessionOwner {
             let tasks: Vec<u32> = running.map(|c| c.task_index).collect();
             if !tasks.is_empty() {
                 // Not waited for: what they end with is refused anyway.
-                drop(
-                    self.engine
-                        .cancel_running(&call.row.call_id, tasks, "the session moved to another process"),
-                );
+                drop(self.engine.cancel_running(
+                    &call.row.call_id,
+                    tasks,
+                    "the session moved to another process",
+                    self.fence.1,
+                ));
             }
         }
         self.engine.forget_share(&id);
