@@ -261,6 +261,10 @@ struct Claim {
     forgotten: bool,
     /// Owner restarts that may have happened before it was made.
     restarts: u64,
+    /// Found lost while ledger faults were armed in this engine's life: its expiry may have
+    /// had dead letters to write that a fault refused, and then it stays counted as claimed
+    /// until the expiry is tried again.
+    may_linger: bool,
 }
 
 impl Claim {
@@ -521,6 +525,7 @@ impl Model {
             state: ClaimState::Live,
             forgotten: false,
             restarts,
+            may_linger: false,
         });
     }
 
@@ -564,6 +569,12 @@ impl Model {
             .filter(|&i| any || self.claims[i].held())
             .collect();
         (!ids.is_empty()).then(|| ids[pick as usize % ids.len()])
+    }
+
+    /// Records that claim `c` was answered lost.
+    fn lost(&mut self, c: usize) {
+        self.claims[c].state = ClaimState::Ended("lost");
+        self.claims[c].may_linger = self.ledger_hits > 0;
     }
 
     /// Records an ack that returned `Ok(n)` for claim `c`.
@@ -647,10 +658,15 @@ async fn check_status(t: &TestBrood, m: &mut Model) {
     m.after_restarts();
     if restarts == m.restarts {
         // Items in claims whose lease surely ran at the status are claimed; the status may also
-        // count claims whose lease ended a moment ago (their timer has not fired yet), or that
-        // an owner restart may have returned, no others.
+        // count claims whose lease ended a moment ago (their timer has not fired yet), that an
+        // owner restart may have returned, or whose expiry's dead letters a fault refused (held
+        // until it is tried again), no others.
         let held = m.claims.iter().filter(|c| c.held());
-        let most: usize = held.clone().map(|c| c.items.len()).sum();
+        let lingering = m
+            .claims
+            .iter()
+            .filter(|c| c.may_linger && c.state == ClaimState::Ended("lost"));
+        let most: usize = held.clone().chain(lingering).map(|c| c.items.len()).sum();
         let least: usize = held
             .filter(|c| c.surely_live_at(after) && c.restarts == m.restarts)
             .map(|c| c.items.len())
@@ -929,7 +945,7 @@ async fn ack(b: &Brood, m: &mut Model, pick: u8, any: bool) -> String {
                     claim.expires
                 )
             });
-            m.claims[c].state = ClaimState::Ended("lost");
+            m.lost(c);
         }
         // An owner restart returned it.
         (ClaimState::Live | ClaimState::Maybe, Err(BroodError::ClaimLost(_) | BroodError::UnknownClaim(_)))
@@ -990,7 +1006,7 @@ async fn release(b: &Brood, m: &mut Model, pick: u8, any: bool, failed: bool) ->
                     claim.expires
                 )
             });
-            m.claims[c].state = ClaimState::Ended("lost");
+            m.lost(c);
         }
         (ClaimState::Live | ClaimState::Maybe, Err(BroodError::ClaimLost(_) | BroodError::UnknownClaim(_)))
             if restarted || claim.state == ClaimState::Maybe =>
@@ -1219,7 +1235,7 @@ async fn drain(b: &Brood, m: &mut Model) {
             let id = m.claims[c].id.clone();
             match b.ack(&id).await {
                 Ok(n) => m.acked(c, n),
-                Err(BroodError::ClaimLost(_)) => m.claims[c].state = ClaimState::Ended("lost"),
+                Err(BroodError::ClaimLost(_)) => m.lost(c),
                 Err(BroodError::UnknownClaim(_)) if m.claims[c].state == ClaimState::Maybe => {
                     m.claims[c].state = ClaimState::Ended("returned by an owner restart")
                 }
@@ -2185,5 +2201,36 @@ fn a_child_that_ends_while_its_owner_is_rebuilt_ends_its_nested_session() {
             hits: 3,
         },
         Op::RestartOwner,
+    ]);
+}
+
+/// Minimal case found by the property test: the expiry of a claim on its last delivery attempt
+/// has dead letters to write, and a fault refused them; an ack that came after the lease ran
+/// out was rightly answered lost, and the claim stays counted as claimed until the expiry is
+/// tried again (the model took it for gone).
+#[test]
+fn a_claim_whose_expiry_could_not_write_its_dead_letters_stays_claimed_until_it_can() {
+    run_case(&[
+        Op::Delegate {
+            tasks: vec![Work::quick()],
+            independent: false,
+        },
+        Op::WaitPastLease,
+        Op::Boundary {
+            who: Who::A,
+            short: true,
+        },
+        Op::WaitPastLease,
+        Op::Ack { pick: 0, any: false },
+        Op::Arm {
+            point: Point::Flush,
+            hits: 1,
+        },
+        Op::Boundary {
+            who: Who::Both,
+            short: true,
+        },
+        Op::WaitPastLease,
+        Op::Ack { pick: 87, any: false },
     ]);
 }
