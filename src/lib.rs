@@ -648,7 +648,12 @@ impl BroodHandle {
         loop {
             let mut running = 0;
             for id in self.sessions() {
-                running += self.counts(&id).await.map_or(0, |st| st.running);
+                // Asked of the owner itself: a session whose lease may have lapsed (a database
+                // outage) still has its children running here, and they are waited for.
+                running += self
+                    .ask(&id, owner::Status { calls: false })
+                    .await
+                    .map_or(0, |st| st.running);
             }
             if running == 0 || tokio::time::Instant::now() >= deadline {
                 return running;

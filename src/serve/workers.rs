@@ -495,8 +495,14 @@ pub(super) async fn heartbeat(
     // renewing it would keep a worker on a child whose end it can no longer record: the lease
     // row says where the session is served (one indexed read, and only with a shared ledger).
     if queues.holds(&child_id) && queues.directory().is_some() {
-        if let Some(moved) = served_elsewhere(&state, &child_id).await? {
-            return Err(moved);
+        match served_elsewhere(&state, &child_id).await {
+            Ok(Some(moved)) => return Err(moved),
+            Ok(None) => {}
+            // The ledger cannot say now (an outage shorter than the session's lease must not
+            // cost a worker its child): renewed as this process's own lease book has it.
+            Err(e) => {
+                tracing::debug!(child = %child_id, "the child's lease row could not be read ({}); renewed here", e.message)
+            }
         }
     }
     if queues.holds(&child_id) {

@@ -10,8 +10,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+/// A port free now and never handed out before in this test process (see the servers' own).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 /// The Chromium binary: `BROOD_CHROMIUM`, else `chromium` or `chromium-browser` on the PATH.

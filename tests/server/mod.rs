@@ -27,8 +27,17 @@ pub struct Reply {
     pub text: String,
 }
 
+/// A port free now and never handed out before in this test process: the port is released
+/// before the server binds it, and the kernel may give the same one to a test running beside
+/// this one (whose client would then talk to this server).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: Mutex<std::collections::BTreeSet<u16>> = Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 /// What `sql` returns on the PostgreSQL database at `url`, through Debian's `psql`: tuples only,
@@ -89,7 +98,7 @@ impl Server {
             .timeout_global(Some(Duration::from_secs(30)))
             .build()
             .into();
-        let server = Server {
+        let mut server = Server {
             child,
             base: format!("http://127.0.0.1:{port}"),
             key: key.map(str::to_string),
@@ -97,6 +106,10 @@ impl Server {
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
+            // One that could not bind its port exited: what answers there is not this server.
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("brood serve exited before it answered /healthz: {status}");
+            }
             if let Ok(r) = server.agent.get(&format!("{}/healthz", server.base)).call() {
                 if r.status() == 200 {
                     return server;
