@@ -366,3 +366,44 @@ async fn a_stale_start_read_after_a_rebuild_leaves_the_rebuilt_owners_cancel_to_
     assert_eq!(cancel_child(&b, &next).await, only(&next));
     b.shutdown();
 }
+
+/// A cancel decided while a lost start's requeue is being written waits for a start that never
+/// comes once the owner is rebuilt: the rebuilt owner finds the child cancelled (or is told so
+/// before it starts it) and starts nothing. The rebuild lets the dead owner's waiting cancels
+/// of children that ended go, and the cancel is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_waiting_for_a_lost_start_is_answered_when_the_owner_is_rebuilt() {
+    let _g = serial();
+    for round in 0..4 {
+        let dir = tempfile::tempdir().unwrap();
+        let kit = Kit::default();
+        let b = open(dir.path(), &kit);
+        session(&b, 1).await;
+        // The unit panics as it reads the start (the start is lost), and the requeue of the
+        // lost start is written 400 ms late.
+        failpoints::arm("unit_handler", 1);
+        failpoints::arm("requeue_flush_stall", 1);
+        let call = delegate(&b, DelegateRequest::background(vec![task("a", hold())])).await;
+        let a = child_id(&call, 0);
+        wait_for!(
+            "the lost start's requeue being written",
+            (!failpoints::armed("requeue_flush_stall")).then_some(())
+        );
+        let cancelled = cancel_child(&b, &a);
+        let rebuilt = async { b.restart_owner("s").await.expect("restart") };
+        let (answer, ()) = tokio::join!(
+            async {
+                tokio::time::timeout(DEADLINE, cancelled)
+                    .await
+                    .unwrap_or_else(|_| panic!("round {round}: the cancel was never answered"))
+            },
+            rebuilt
+        );
+        assert_eq!(answer, only(&a));
+        assert!(kit.holds.started().is_empty(), "the cancelled child ran");
+        let got = collect_results(&b, "s", 1).await;
+        assert_eq!(got[0].status, ChildStatus::Cancelled);
+        b.shutdown();
+        failpoints::disarm_all();
+    }
+}

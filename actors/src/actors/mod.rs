@@ -275,6 +275,23 @@ impl Engine {
         }
     }
 
+    /// Lets go of the waiting cancels an owner older than `epoch` decided for children that
+    /// `ended` says ended (a rebuilt owner found them ended, or was told so before it started
+    /// them): the start that owner sent was lost with it, no other will come, and whoever waits
+    /// for those children to stop is told they are gone.
+    pub(crate) fn forget_stale_cancels(&self, epoch: u64, ended: impl Fn(&str, u32) -> bool) {
+        let Ok(mut live) = self.live_children.lock() else {
+            return;
+        };
+        if live.cancelled.is_empty() {
+            return;
+        }
+        live.cancelled.retain(|call_id, tasks| {
+            tasks.retain(|&task, pending| pending.epoch >= epoch || !ended(call_id, task));
+            !tasks.is_empty()
+        });
+    }
+
     /// A child's actor stopped.
     pub(crate) fn child_stopped(&self, call_id: &str, task: u32) {
         if let Ok(mut live) = self.live_children.lock() {

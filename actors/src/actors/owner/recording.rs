@@ -30,6 +30,11 @@ impl SessionOwner {
             (row.result, row.notice) = (known.result, known.notice);
             if !call.cancelling.contains(&row.task_index) {
                 self.capacity.finish(&row.child_id); // a cancelled child left capacity as it was cancelled
+                                                     // Ended before this owner started it: a cancel an owner before this one decided
+                                                     // for it waits for a start that died with that owner.
+                let (call_id, task) = (row.call_id.as_str(), row.task_index);
+                self.engine
+                    .forget_stale_cancels(self.fence.1, |c, t| c == call_id && t == task);
             }
             if !self.book.rowed.is_empty() {
                 self.book.rowed.remove(&row.child_id);
