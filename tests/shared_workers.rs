@@ -4,7 +4,8 @@
 //! its row is recorded (it refuses it, 409, instead of dropping the result), and a worker
 //! whose process died is told what became of its child by any process, as soon as the ledger
 //! knows: the recorded outcome for the completion that was recorded, 409 once the child ended
-//! otherwise.
+//! otherwise; a heartbeat renews the child while a database outage shorter than the session
+//! lease lasts.
 
 mod server;
 
@@ -180,4 +181,26 @@ fn a_dead_holders_token_is_told_409_once_its_child_ended() {
             "child_ended",
         );
     }
+}
+
+#[test]
+fn a_heartbeat_during_a_database_outage_shorter_than_the_session_lease_renews_the_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = brood_actors::ledger::pg_testkit::Cluster::private();
+    let a = node(dir.path(), &cluster.url(), "a", "60000");
+    let (child, token) = leased_child(&a);
+    // The database goes away for a moment: a's lease of `x` runs for a minute more, the lease
+    // row cannot be read, and the worker keeps its child.
+    cluster.stop();
+    let beat = a.call(
+        "POST",
+        &format!("/v1/children/{child}/heartbeat"),
+        Some(json!({"token": token})),
+    );
+    cluster.start();
+    assert_eq!(beat.0, 200, "{}", beat.1);
+    let done = json!({"token": token, "status": "succeeded", "summary": "frame 7"});
+    let (status, reply) = complete(&a, &child, done);
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(ended_as(&a, &child), "succeeded");
 }
