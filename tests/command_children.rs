@@ -26,6 +26,16 @@ fn gone(pid: u32) -> bool {
     }
 }
 
+/// The process group of `pid` (field 5 of its stat).
+fn group_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process runs");
+    let rest = &stat[stat.rfind(')').expect("a stat line") + 1..];
+    rest.split_whitespace()
+        .nth(2)
+        .and_then(|g| g.parse().ok())
+        .expect("a group id")
+}
+
 /// Waits (a liveness wait, not a timed claim) until `done`, failing after `within`.
 fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
@@ -117,6 +127,13 @@ fn a_rerun_command_runs_once_after_a_kill_9_and_a_restart() {
     delegate(&s, "r", task);
     let first = pid_in(&pidfile);
     assert_eq!(running_with_argv(&["sleep", &marker]), [first]);
+    // The server records the command's group just after it started it (a kill before the
+    // record is written leaves the group to run on unrecorded): the kill comes after it.
+    let group = group_of(first).to_string();
+    wait_until("the command's group recorded", Duration::from_secs(10), || {
+        std::fs::read_to_string(data.join("command-groups"))
+            .is_ok_and(|t| t.lines().any(|l| l.split_whitespace().nth(1) == Some(group.as_str())))
+    });
     s.kill9();
     std::fs::remove_file(&pidfile).unwrap();
 
