@@ -15,9 +15,10 @@
 //! `PR_SET_PDEATHSIG(SIGKILL)`, so a server killed outright takes it along; what the leader
 //! started in its group is killed by the server's next start, from the record of running groups
 //! ([`CommandGroups`], when the settings name one). The group is recorded just after it was
-//! started: a server killed in between (a few milliseconds, the record's write and fsync) leaves
-//! what the leader started by then unrecorded, to run on. A program that leaves its group on purpose
-//! (`setsid`, a daemon) escapes all of this, as it would escape a terminal's job control.
+//! started: a server killed in between (a few milliseconds, the record's write and fsync)
+//! leaves what the leader started by then unrecorded, to run on. A program that leaves its
+//! group on purpose (`setsid`, a daemon) escapes all of this, as it would escape a terminal's
+//! job control.
 //!
 //! The death signal is tied to the thread that forked the leader, not to the process: brood
 //! starts children on the engine's children thread, which lives as long as the engine (a
