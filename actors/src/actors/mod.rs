@@ -323,6 +323,16 @@ impl Engine {
         (fence, epoch)
     }
 
+    /// Whether `epoch` is still the session's current one: a start an owner sent is read only
+    /// while that owner's epoch lasts. An owner superseded but not stopped yet (taken over with
+    /// a batch in flight) still answers, and its start must not run a child its successor
+    /// queues or starts again. Never waits: while a successor is being made, it is not.
+    pub(crate) fn epoch_current(&self, session_id: &str, epoch: u64) -> bool {
+        self.fences
+            .get(session_id)
+            .is_none_or(|f| f.try_read().is_ok_and(|current| *current == epoch))
+    }
+
     /// Ends the current owner's epoch of a session: waits for a write of it in flight, and
     /// refuses every later one. Called before the session is read back for a new owner.
     pub(crate) fn supersede(&self, session_id: &str) {

@@ -209,11 +209,14 @@ impl Handler<StartChildren> for Unit {
                 &msg.ids.call_id,
                 index,
                 addr.downgrade(),
-                (|| self.owner.connected(), msg.epoch),
+                (
+                    || self.owner.connected() && self.engine.epoch_current(&msg.ids.session_id, msg.epoch),
+                    msg.epoch,
+                ),
             ) {
-                // The owner that admitted this child died; its successor queues the child
-                // again (it is not among the live children), so starting it here would run
-                // it twice.
+                // The owner that admitted this child died or was superseded; its successor
+                // queues the child again (it is not among the live children), so starting it
+                // here would run it twice.
                 ChildStart::Refused => continue,
                 ChildStart::Go => None,
                 // Its cancel was decided before this start was read.
