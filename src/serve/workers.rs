@@ -491,21 +491,22 @@ pub(super) async fn heartbeat(
     payload: web::Payload,
 ) -> Reply {
     let (child_id, body): (String, HeartbeatBody) = child_request(&state, &access, path, payload).await?;
-    // A process that lost the child's session without noticing yet still holds the child, but
-    // renewing it would keep a worker on a child whose end it can no longer record: the lease
-    // row says where the session is served (one indexed read, and only with a shared ledger).
-    if queues.holds(&child_id) && queues.directory().is_some() {
-        match served_elsewhere(&state, &child_id).await {
-            Ok(Some(moved)) => return Err(moved),
-            Ok(None) => {}
-            // The ledger cannot say now (an outage shorter than the session's lease must not
-            // cost a worker its child): renewed as this process's own lease book has it.
-            Err(e) => {
-                tracing::debug!(child = %child_id, "the child's lease row could not be read ({}); renewed here", e.message)
+    if queues.holds(&child_id) {
+        // A process that lost the child's session without noticing yet still holds the child,
+        // but renewing it would keep a worker on a child whose end it can no longer record: the
+        // lease row says where the session is served (one indexed read, and only with a shared
+        // ledger).
+        if queues.directory().is_some() {
+            match served_elsewhere(&state, &child_id).await {
+                Ok(Some(moved)) => return Err(moved),
+                Ok(None) => {}
+                // The ledger cannot say now (an outage shorter than the session's lease must
+                // not cost a worker its child): renewed as this process's own lease book has it.
+                Err(e) => {
+                    tracing::debug!(child = %child_id, "the child's lease row could not be read ({}); renewed here", e.message)
+                }
             }
         }
-    }
-    if queues.holds(&child_id) {
         match queues.heartbeat(&child_id, &body.token, body.progress) {
             Ok(lease) => {
                 return Ok(HttpResponse::Ok().json(json!({"child_id": child_id, "lease_ms": lease.as_millis() as u64})))

@@ -1,26 +1,15 @@
 //! Headless Chromium driven over the DevTools protocol, for the tests of what a browser does
 //! with `brood serve`: Debian's `chromium` (which `.ci/run` installs), or `BROOD_CHROMIUM`.
-//! Shared by the browser test files (`mod browser;`).
+//! Shared by the browser test files (`mod browser;`, beside `mod server;`, whose free ports it
+//! takes).
 #![allow(dead_code)]
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-
-/// A port free now and never handed out before in this test process (see the servers' own).
-fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
-            return port;
-        }
-    }
-}
 
 /// The Chromium binary: `BROOD_CHROMIUM`, else `chromium` or `chromium-browser` on the PATH.
 pub fn chromium() -> String {
@@ -58,7 +47,7 @@ impl Drop for Browser {
 impl Browser {
     pub fn open(url: &str) -> Browser {
         let profile = tempfile::tempdir().unwrap();
-        let port = free_port();
+        let port = crate::server::free_port();
         let child = Command::new(chromium())
             .args([
                 "--headless",

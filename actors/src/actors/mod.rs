@@ -276,20 +276,29 @@ impl Engine {
     }
 
     /// Lets go of the waiting cancels an owner older than `epoch` decided for children that
-    /// `ended` says ended (a rebuilt owner found them ended, or was told so before it started
-    /// them): the start that owner sent was lost with it, no other will come, and whoever waits
-    /// for those children to stop is told they are gone.
-    pub(crate) fn forget_stale_cancels(&self, epoch: u64, ended: impl Fn(&str, u32) -> bool) {
+    /// ended (a rebuilt owner found them ended, or was told so before it started them): the
+    /// start that owner sent was lost with it, no other will come, and whoever waits for those
+    /// children to stop is told they are gone. `ended` says of a child of the rebuilt owner's
+    /// session whether it ended, and is none for a child of another session (epochs are each
+    /// session's own). Returns whether such cancels of the session are still waiting.
+    pub(crate) fn forget_stale_cancels(&self, epoch: u64, ended: impl Fn(&str, u32) -> Option<bool>) -> bool {
         let Ok(mut live) = self.live_children.lock() else {
-            return;
+            return false;
         };
-        if live.cancelled.is_empty() {
-            return;
-        }
+        let mut left = false;
         live.cancelled.retain(|call_id, tasks| {
-            tasks.retain(|&task, pending| pending.epoch >= epoch || !ended(call_id, task));
+            tasks.retain(|&task, pending| match ended(call_id, task) {
+                Some(_) if pending.epoch >= epoch => true,
+                Some(true) => false,
+                Some(false) => {
+                    left = true;
+                    true
+                }
+                None => true,
+            });
             !tasks.is_empty()
         });
+        left
     }
 
     /// A child's actor stopped.

@@ -132,6 +132,10 @@ pub struct SessionOwner {
     /// runner is stopped or known gone (the cancel's `RunnersGone`), and only those may hold a
     /// slot once they ended, are being cancelled, or their call left memory.
     stopping: foldhash::HashSet<String>,
+    /// Cancels an owner before this one decided wait for starts of children of this session
+    /// that died with it: looked at as children end (until none is left), so an owner that
+    /// inherited none takes no lock for it.
+    inherited_cancels: bool,
 }
 
 /// A release build checks the book's invariants once every this many changes.
@@ -166,6 +170,7 @@ impl SessionOwner {
             resolved_ended: Vec::new(),
             changes: 0,
             stopping: Default::default(),
+            inherited_cancels: false,
             capacity: Capacity::counted(session.max_concurrent_children as usize, engine.live.clone()),
             router: Router::new(session.max_delivery_attempts),
             shared: Arc::new(engine.clone()),

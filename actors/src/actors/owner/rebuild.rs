@@ -75,12 +75,11 @@ impl SessionOwner {
         // A cancel the owner before this one decided for a child whose start it had sent waits
         // for that start, which died with it: a child found ended never starts again. (Only
         // this session's calls: epochs are the session's own.)
-        owner.engine.forget_stale_cancels(owner.fence.1, |call, task| {
-            owner
-                .book
-                .calls
-                .get(call)
-                .is_some_and(|c| c.child(task).is_none_or(|r| r.status.is_terminal()))
+        // Those of children still to start are taken by their starts; the owner looks again as
+        // it records children that end first.
+        owner.inherited_cancels = owner.engine.forget_stale_cancels(owner.fence.1, |call, task| {
+            let call = owner.book.calls.get(call)?;
+            Some(call.child(task).is_none_or(|r| r.status.is_terminal()))
         });
         (owner, plan.changed)
     }

@@ -28,13 +28,19 @@ impl SessionOwner {
             }
             // Delivery state is the owner's; the child's copy of it may be stale.
             (row.result, row.notice) = (known.result, known.notice);
+            // A cancelled child left capacity as it was cancelled.
             if !call.cancelling.contains(&row.task_index) {
-                self.capacity.finish(&row.child_id); // a cancelled child left capacity as it was cancelled
-                                                     // Ended before this owner started it: a cancel an owner before this one decided
-                                                     // for it waits for a start that died with that owner.
-                let (call_id, task) = (row.call_id.as_str(), row.task_index);
-                self.engine
-                    .forget_stale_cancels(self.fence.1, |c, t| c == call_id && t == task);
+                self.capacity.finish(&row.child_id);
+                // Ended before this owner started it: a cancel the owner before this one
+                // decided for it waits for a start that died with that owner.
+                if self.inherited_cancels {
+                    let (call_id, task) = (row.call_id.as_str(), row.task_index);
+                    let book = &self.book;
+                    let left = self.engine.forget_stale_cancels(self.fence.1, |c, t| {
+                        book.calls.contains_key(c).then_some(c == call_id && t == task)
+                    });
+                    self.inherited_cancels = left;
+                }
             }
             if !self.book.rowed.is_empty() {
                 self.book.rowed.remove(&row.child_id);
