@@ -257,8 +257,6 @@ struct Claim {
     items: BTreeSet<String>,
     expires: u64,
     state: ClaimState,
-    /// It had ended before a restart that followed: the new process may not know it at all.
-    forgotten: bool,
     /// Owner restarts that may have happened before it was made.
     restarts: u64,
     /// Found lost while ledger faults were armed in this engine's life: its expiry may have
@@ -427,30 +425,21 @@ impl Model {
     fn after_restarts(&mut self) {
         self.sync_restarts();
         for c in &mut self.claims {
-            if c.restarts < self.restarts {
-                if c.state == ClaimState::Live {
-                    c.state = ClaimState::Maybe;
-                }
-                c.forgotten = true;
+            if c.restarts < self.restarts && c.state == ClaimState::Live {
+                c.state = ClaimState::Maybe;
             }
         }
     }
 
-    /// A restart surely happened at `at`: the live claims are returned, and the ended ones may
-    /// be forgotten.
-    fn restarted(&mut self, at: u64, what: &'static str) -> usize {
+    /// A restart surely happened: the live claims are returned.
+    fn restarted(&mut self, what: &'static str) -> usize {
         let mut returned = 0;
         for c in &mut self.claims {
             if c.held() {
-                // A lease that may have run out before the restart may have been expired, and
-                // an ended claim is forgotten by the next owner: lost or unknown, both are right.
-                if !c.surely_live_at(at) {
-                    c.forgotten = true;
-                }
+                // Returned by the restart, or expired before it: either way the next owner
+                // answers it lost, as it does every claim made before it that it does not know.
                 c.state = ClaimState::Ended(what);
                 returned += 1;
-            } else {
-                c.forgotten = true;
             }
         }
         returned
@@ -523,7 +512,6 @@ impl Model {
             items,
             expires: env.lease_expires_at_ms,
             state: ClaimState::Live,
-            forgotten: false,
             restarts,
             may_linger: false,
         });
@@ -948,11 +936,10 @@ async fn ack(b: &Brood, m: &mut Model, pick: u8, any: bool) -> String {
             m.lost(c);
         }
         // An owner restart returned it.
-        (ClaimState::Live | ClaimState::Maybe, Err(BroodError::ClaimLost(_) | BroodError::UnknownClaim(_)))
+        (ClaimState::Live | ClaimState::Maybe, Err(BroodError::ClaimLost(_)))
             if restarted || claim.state == ClaimState::Maybe =>
         {
             m.claims[c].state = ClaimState::Ended("returned by an owner restart");
-            m.claims[c].forgotten = true;
         }
         // A failed request changed nothing: the claim is still held.
         (ClaimState::Live | ClaimState::Maybe, Err(BroodError::Ledger(_))) if m.armed => {}
@@ -962,8 +949,6 @@ async fn ack(b: &Brood, m: &mut Model, pick: u8, any: bool) -> String {
             });
         }
         (ClaimState::Ended(_), Err(BroodError::ClaimLost(_))) => {}
-        // A claim that ended before a restart is not remembered by the new owner.
-        (_, Err(BroodError::UnknownClaim(_))) if claim.forgotten => {}
         (_, Err(e)) if m.may_fail(&e) && !matches!(e, BroodError::Ledger(_)) => {}
         (state, r) => m.fail(format!("ack of {id} in state {state:?} answered {r:?}")),
     }
@@ -1008,18 +993,16 @@ async fn release(b: &Brood, m: &mut Model, pick: u8, any: bool, failed: bool) ->
             });
             m.lost(c);
         }
-        (ClaimState::Live | ClaimState::Maybe, Err(BroodError::ClaimLost(_) | BroodError::UnknownClaim(_)))
+        (ClaimState::Live | ClaimState::Maybe, Err(BroodError::ClaimLost(_)))
             if restarted || claim.state == ClaimState::Maybe =>
         {
             m.claims[c].state = ClaimState::Ended("returned by an owner restart");
-            m.claims[c].forgotten = true;
         }
         // A failed request changed nothing (a failed release may have to write dead letters):
         // the claim is still held.
         (ClaimState::Live | ClaimState::Maybe, Err(BroodError::Ledger(_))) if m.armed && failed => {}
         (ClaimState::Acked(_), Err(BroodError::ClaimAcked(_))) => {}
         (ClaimState::Ended(_), Err(BroodError::ClaimLost(_))) => {}
-        (_, Err(BroodError::UnknownClaim(_))) if claim.forgotten => {}
         (_, Err(e)) if m.may_fail(&e) && !matches!(e, BroodError::Ledger(_)) => {}
         (state, r) => m.fail(format!("release of {id} in state {state:?} answered {r:?}")),
     }
@@ -1101,12 +1084,11 @@ async fn cancel(b: &Brood, m: &mut Model, target: Target, call: u8, index: u8) -
 
 async fn restart_owner(b: &Brood, m: &mut Model) -> String {
     m.restart_asked = true;
-    let before = now_ms();
     match b.restart_owner(SESSION).await {
         Ok(()) => {
             m.after_restarts();
             m.restarts += 1;
-            let returned = m.restarted(before, "returned by restart_owner");
+            let returned = m.restarted("returned by restart_owner");
             format!("restarted; {returned} held claims returned")
         }
         Err(e) if m.may_fail(&e) => {
@@ -1201,7 +1183,6 @@ async fn reopen(t: &mut TestBrood, m: &mut Model) -> String {
     // Opening runs recovery, which writes: the faults of the closing process end with it.
     disarm(m);
     m.after_restarts();
-    let closing = now_ms();
     t.reopen();
     m.reopens += 1;
     m.panics_armed.clear();
@@ -1209,7 +1190,7 @@ async fn reopen(t: &mut TestBrood, m: &mut Model) -> String {
     m.restart_asked = false;
     m.given_up = false;
     open_session(t.b()).await;
-    let returned = m.restarted(closing, "returned by the restart");
+    let returned = m.restarted("returned by the restart");
     let mut answer = format!("reopened; {returned} held claims returned");
     if let Some((tasks, independent)) = m.unsure.take() {
         let calls = stored_calls(t.b(), m).await.expect("the session is served");
@@ -1235,10 +1216,10 @@ async fn drain(b: &Brood, m: &mut Model) {
             let id = m.claims[c].id.clone();
             match b.ack(&id).await {
                 Ok(n) => m.acked(c, n),
-                Err(BroodError::ClaimLost(_)) => m.lost(c),
-                Err(BroodError::UnknownClaim(_)) if m.claims[c].state == ClaimState::Maybe => {
+                Err(BroodError::ClaimLost(_)) if m.claims[c].state == ClaimState::Maybe => {
                     m.claims[c].state = ClaimState::Ended("returned by an owner restart")
                 }
+                Err(BroodError::ClaimLost(_)) => m.lost(c),
                 Err(e) => m.fail(format!("drain: ack of held claim {id} failed: {e:?}")),
             }
         }

@@ -103,3 +103,53 @@ async fn restarts_on_request_do_not_spend_the_restart_budget() {
     assert!(matches!(unknown, BroodError::UnknownSession(_)), "{unknown}");
     b.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_lost_with_its_owner_stays_lost_after_later_rebuilds_and_restarts() {
+    let dir = TempDir::new().unwrap();
+    let b = Brood::open(BroodConfig::new(dir.path())).unwrap();
+    open_wake(&b, "s").await;
+    b.delegate("s", DelegateRequest::background(vec![task("t", sim(0))]))
+        .await
+        .unwrap();
+    status_until(&b, "s", "the result ready", |st| st.ready == 1).await;
+    let claim = next_envelope(&b, "s", "before", LEASE).await;
+    // The first rebuild reads the claim's row and returns its items; the second finds no row of
+    // it (the first removed it), as a process that takes the session over may find none.
+    b.restart_owner("s").await.expect("restart");
+    b.restart_owner("s").await.expect("restart");
+    let lost = b.ack(&claim.claim_id).await.unwrap_err();
+    assert!(
+        matches!(lost, BroodError::ClaimLost(_)),
+        "an ack after two rebuilds: {lost}"
+    );
+    let lost = b
+        .release(&claim.claim_id, brood::ReleaseReason::Busy, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(lost, BroodError::ClaimLost(_)),
+        "a release after two rebuilds: {lost}"
+    );
+    b.shutdown();
+    let b = Brood::open(BroodConfig::new(dir.path())).unwrap();
+    let lost = b.ack(&claim.claim_id).await.unwrap_err();
+    assert!(
+        matches!(lost, BroodError::ClaimLost(_)),
+        "an ack after a restart: {lost}"
+    );
+    // A claim id no owner made is unknown, not lost.
+    let (named, _) = claim.claim_id.rsplit_once('_').unwrap();
+    let future = format!("{named}_ffffffffffffffff");
+    let unknown = b.ack(&future).await.unwrap_err();
+    assert!(
+        matches!(unknown, BroodError::UnknownClaim(_)),
+        "a claim made later than now: {unknown}"
+    );
+    let unknown = b.ack("clm_nonsense").await.unwrap_err();
+    assert!(matches!(unknown, BroodError::UnknownClaim(_)), "{unknown}");
+    // Its items went out again, once.
+    let got = collect_results(&b, "s", 1).await;
+    assert_eq!(got.len(), 1);
+    b.shutdown();
+}

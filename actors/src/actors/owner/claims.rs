@@ -13,12 +13,12 @@ use tokio::sync::oneshot;
 
 use super::apply::Apply;
 use super::persist::{BatchView, Decided, Step};
-use super::{answer, new_claim_id, Durable, Release, SessionOwner};
+use super::{answer, claim_made_ms, new_claim_id, Durable, Release, SessionOwner};
 use crate::error::BroodError;
 use crate::events::{ClaimChange, Event};
 use crate::ledger::Writes;
 use crate::model::*;
-use crate::routing::{AckPlan, ReleaseReason, Returned};
+use crate::routing::{AckPlan, ClaimError, ReleaseReason, Returned};
 
 /// How long an expiry whose dead letters could not be flushed waits before it is tried again.
 const EXPIRY_RETRY: Duration = Duration::from_millis(200);
@@ -112,6 +112,19 @@ impl SessionOwner {
         self.router.lease_of(claim_id).is_some_and(|t| t <= arrived)
     }
 
+    /// Why a claim is refused that the router refused and no ack row names: one it does not
+    /// know that was made before this owner took the session was lost with the owner that made
+    /// it (its items were returned when this one read the session), whether or not its claim row
+    /// was written or is still there.
+    fn refusal(&self, refused: ClaimError) -> BroodError {
+        match refused {
+            ClaimError::Unknown(id) if claim_made_ms(&id).is_some_and(|made| made < self.since_ms) => {
+                BroodError::ClaimLost(id)
+            }
+            refused => refused.into(),
+        }
+    }
+
     /// A claim acknowledged durably before (by an earlier owner or process), if it was.
     fn durably_acked(&self, claim_id: &str) -> Result<Option<usize>, BroodError> {
         Ok(self
@@ -146,7 +159,7 @@ impl SessionOwner {
                 // Retried after an owner restart: the ack row says it took effect.
                 let answered = match self.durably_acked(&claim_id) {
                     Ok(Some(n)) => Ok(n),
-                    Ok(None) => Err(refused.into()),
+                    Ok(None) => Err(self.refusal(refused)),
                     Err(e) => Err(e),
                 };
                 answer(reply, answered);
@@ -224,7 +237,7 @@ impl SessionOwner {
             Err(refused) => {
                 let answered = match self.durably_acked(&msg.claim_id) {
                     Ok(Some(_)) => Err(BroodError::ClaimAcked(msg.claim_id)),
-                    Ok(None) => Err(refused.into()),
+                    Ok(None) => Err(self.refusal(refused)),
                     Err(e) => Err(e),
                 };
                 answer(reply, answered);

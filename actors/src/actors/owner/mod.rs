@@ -66,6 +66,12 @@ pub fn claim_session(claim_id: &str) -> Option<String> {
     hex_text(hex)
 }
 
+/// When a claim id of ours was made (ms since the epoch, as [`ordered_hex`] stamps it).
+pub(crate) fn claim_made_ms(claim_id: &str) -> Option<u64> {
+    let (_, ordered) = claim_id.strip_prefix("clm_")?.rsplit_once('_')?;
+    u64::from_str_radix(ordered.get(..11)?, 16).ok()
+}
+
 /// A request that may need durable rows: decided when no flush is in flight (see [`persist`]).
 enum Durable {
     Delegate(Delegate, oneshot::Sender<Result<Delegated, BroodError>>),
@@ -136,6 +142,10 @@ pub struct SessionOwner {
     /// that died with it: looked at as children end (until none is left), so an owner that
     /// inherited none takes no lock for it.
     inherited_cancels: bool,
+    /// When this owner took the session: a claim made before it that the router does not know
+    /// was made by an owner before this one (here, or in a process that held the session) and
+    /// was lost with it.
+    since_ms: u64,
 }
 
 /// A release build checks the book's invariants once every this many changes.
@@ -171,6 +181,7 @@ impl SessionOwner {
             changes: 0,
             stopping: Default::default(),
             inherited_cancels: false,
+            since_ms: now_ms(),
             capacity: Capacity::counted(session.max_concurrent_children as usize, engine.live.clone()),
             router: Router::new(session.max_delivery_attempts),
             shared: Arc::new(engine.clone()),
@@ -766,5 +777,15 @@ mod tests {
         }
         assert_eq!(claim_session("clm_zz_1"), None);
         assert_eq!(claim_session("nope"), None);
+    }
+
+    #[test]
+    fn claim_ids_say_when_they_were_made() {
+        let before = now_ms();
+        let made = claim_made_ms(&new_claim_id("s_1")).expect("a claim id of ours");
+        assert!(before <= made && made <= now_ms(), "{before} {made}");
+        assert_eq!(claim_made_ms("clm_7331_zz"), None);
+        assert_eq!(claim_made_ms("clm_73_1"), None);
+        assert_eq!(claim_made_ms("nope"), None);
     }
 }
