@@ -344,3 +344,40 @@ async fn a_takeover_that_ends_a_running_child_ends_its_nested_session() {
     a.shutdown();
     b.shutdown();
 }
+
+/// A drain during a database outage longer than the lease waits for the children still
+/// running here: the views of the session are refused meanwhile (another process may take it
+/// over), but its children run on in this process until they end or the drain gives up, and
+/// the drain says how many it left running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_during_a_database_outage_waits_for_the_children_running_here() {
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let mut cluster = pg_testkit::Cluster::private();
+    let config = BroodConfig::new(dir.path())
+        .runners(kit.runners())
+        .postgres(&cluster.url())
+        .postgres_schema(&pg_testkit::fresh_schema())
+        .share("a", "http://a", Duration::from_secs(1));
+    let a = Brood::open(config).expect("open sharing PostgreSQL");
+    open_wake(&a, "p").await;
+    let call = a
+        .delegate("p", DelegateRequest::background(vec![task("long", hold())]))
+        .await
+        .expect("delegate")
+        .call_id()
+        .to_string();
+    wait_for!(
+        "the child runs",
+        kit.holds.started().contains(&brood::child_id(&call, 0)).then_some(())
+    );
+    cluster.stop();
+    wait_for!(
+        "the lease lapses while the database is away",
+        matches!(a.counts("p").await, Err(BroodError::LeaseLapsed { .. })).then_some(())
+    );
+    let left = a.drain(Duration::from_millis(500)).await;
+    assert_eq!(left, 1, "the drain did not count the child still running here");
+    assert_eq!(kit.holds.stopped(), 0, "the child runs on through the outage");
+    cluster.start();
+    a.shutdown();
+}
