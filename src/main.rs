@@ -12,6 +12,7 @@ use serde_json::json;
 
 mod bench;
 mod chaos;
+mod inspect;
 mod workload;
 
 #[derive(Parser, Debug)]
@@ -401,13 +402,13 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Serve(args) => {
             let env = std::env::vars().chain(secrets);
-            let config = brood::serve::config::resolve(args.config.as_deref(), env, args.flags())?;
+            let config = brood_server::config::resolve(args.config.as_deref(), env, args.flags())?;
             if args.print_config {
                 print!("{}", config.to_toml());
                 return Ok(());
             }
             actix_web::rt::System::new()
-                .block_on(brood::serve::serve(config))
+                .block_on(brood_server::serve(config))
                 .context("serving")?;
             Ok(())
         }
@@ -487,7 +488,6 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn inspect(args: InspectArgs, env_key: Option<String>) -> anyhow::Result<()> {
-    use brood::inspect;
     let session = args.session.as_deref();
     let found = match &args.server {
         Some(url) => {

@@ -1,9 +1,9 @@
-//! The OpenAPI document (`GET /v1/openapi.json`, kept in src/serve/openapi.json) holds to what
+//! The OpenAPI document (`GET /v1/openapi.json`, kept in server/src/openapi.json) holds to what
 //! the real server answers: a realistic sequence of requests — sessions, background and sync
 //! delegation, boundaries with and without an envelope, ack, release, a lost claim, a dead
 //! letter, every kind of refusal — is checked reply by reply against the document's schema for
 //! that path, method and status, and what the server accepted against its request schema.
-//! Every route the server registers (src/serve/mod.rs) must be in the document.
+//! Every route the server registers (server/src/lib.rs) must be in the document.
 //!
 //! The validator is written here for exactly the JSON Schema keywords the document uses, and a
 //! keyword it does not know fails the test rather than passing unchecked.
@@ -37,7 +37,7 @@ const CHECKED: &[&str] = &[
 const ANNOTATIONS: &[&str] = &["description", "default"];
 
 fn document_file() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/serve/openapi.json");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/server/src/openapi.json");
     let text = std::fs::read_to_string(path).unwrap();
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} is not JSON: {e}"))
 }
@@ -421,14 +421,14 @@ fn a_field_missing_from_the_document_is_refused() {
     );
 }
 
-/// The `.route("…", web::METHOD()…)` registrations of src/serve/mod.rs, with their scope
+/// The `.route("…", web::METHOD()…)` registrations of server/src/lib.rs, with their scope
 /// prefixes, as (method, path).
 fn registered_routes() -> Vec<(String, String)> {
-    let source = include_str!("../src/serve/mod.rs");
+    let source = include_str!("../server/src/lib.rs");
     for unknown in ["web::resource(", ".configure(", ".service(web::resource"] {
         assert!(
             !source.contains(unknown),
-            "src/serve/mod.rs registers routes with `{unknown}`, which this test does not read: teach registered_routes"
+            "server/src/lib.rs registers routes with `{unknown}`, which this test does not read: teach registered_routes"
         );
     }
     let mut routes = Vec::new();
@@ -476,13 +476,13 @@ fn every_route_the_server_registers_is_documented() {
     assert!(
         routes.contains(&("get".into(), "/healthz".into()))
             && routes.contains(&("post".into(), "/v1/sessions/{session_id}/delegate".into())),
-        "the route parser misread src/serve/mod.rs: {routes:?}"
+        "the route parser misread server/src/lib.rs: {routes:?}"
     );
     for (method, path) in routes {
         let documented = doc.root["paths"].get(&path).and_then(|item| item.get(&method));
         assert!(
             documented.is_some(),
-            "{} {path} is served but not in src/serve/openapi.json",
+            "{} {path} is served but not in server/src/openapi.json",
             method.to_uppercase()
         );
     }

@@ -355,8 +355,8 @@ async fn a_drain_during_a_database_outage_waits_for_the_children_running_here() 
     let mut cluster = pg_testkit::Cluster::private();
     let config = BroodConfig::new(dir.path())
         .runners(kit.runners())
-        .postgres(&cluster.url())
-        .postgres_schema(&pg_testkit::fresh_schema())
+        .postgres(cluster.url())
+        .postgres_schema(pg_testkit::fresh_schema())
         .share("a", "http://a", Duration::from_secs(1));
     let a = Brood::open(config).expect("open sharing PostgreSQL");
     open_wake(&a, "p").await;

@@ -418,7 +418,7 @@ pub(super) async fn recovery(dir: &Path, durability: Durability, n: usize) -> an
         return Ok(Figure::new("recovery_s", took, "s").against(raw).target("ratio ≤ 2"));
     }
     let copy = dir.join("ledger-raw");
-    brood::inspect::copy_tree(&ledger, &copy)?;
+    crate::inspect::copy_tree(&ledger, &copy)?;
     let start = Instant::now();
     let b = open(&ledger, durability)?;
     b.open_session("rec", SessionOptions::default().wake(|_| {})).await?;

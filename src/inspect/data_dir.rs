@@ -23,8 +23,8 @@ use super::{
     CallView, ChildView, DeadLetterView, Delivery, InspectError, Inspection, QuarantinedView, SessionView, Source,
     UnitView,
 };
-use crate::serve::api::Counts;
-use crate::Turn;
+use brood::Turn;
+use brood_server::api::Counts;
 
 fn io(context: String) -> impl FnOnce(std::io::Error) -> InspectError {
     move |source| InspectError::Io { context, source }
@@ -226,6 +226,6 @@ fn child(row: &ChildRow) -> ChildView {
             .status
             .is_terminal()
             .then(|| row.result.failed_attempts.saturating_add(1)),
-        summary: super::summary_line(row.summary.as_deref(), row.error.as_deref()),
+        summary: brood_server::api::summary_line(row.summary.as_deref(), row.error.as_deref()),
     }
 }

@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 
 pub use self::data_dir::{copy_tree, from_data_dir};
 pub use self::server::{from_server, ServerSource};
-use crate::serve::api::Counts;
-use crate::{ChildStatus, LedgerError, Mode, Turn};
+use brood::{ChildStatus, LedgerError, Mode, Turn};
+use brood_server::api::Counts;
 
 /// Everything one inspection found.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -142,18 +142,6 @@ pub struct ChildView {
     pub summary: Option<String>,
 }
 
-/// The first line of a child's summary, or of its error when it has none, cut at 120
-/// characters: what a tree of many children can show of each.
-pub fn summary_line(summary: Option<&str>, error: Option<&str>) -> Option<String> {
-    let text = summary.filter(|s| !s.trim().is_empty()).or(error)?;
-    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
-    let mut out: String = line.chars().take(120).collect();
-    if line.chars().count() > 120 {
-        out.push('…');
-    }
-    Some(out)
-}
-
 /// Where a child's result is on its way to the parent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -187,7 +175,7 @@ pub struct DeadLetterView {
     /// Its call.
     pub call_id: String,
     /// `result` or `failure_notice`.
-    pub kind: crate::ItemKind,
+    pub kind: brood::ItemKind,
     /// Why it was given up.
     pub reason: String,
     /// Delivery attempts made.

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use super::{CallView, Inspection, SessionView, Source};
-use crate::printable;
+use brood::printable;
 
 /// Renders an inspection as aligned tables.
 pub fn render(inspection: &Inspection) -> String {
@@ -77,8 +77,8 @@ fn render_session(out: &mut String, s: &SessionView) {
         "session {}  turn {}  wake_capable {}",
         printable(&s.session_id),
         match s.turn {
-            crate::Turn::Idle => "idle",
-            crate::Turn::Busy => "busy",
+            brood::Turn::Idle => "idle",
+            brood::Turn::Busy => "busy",
         },
         s.wake_capable
     );

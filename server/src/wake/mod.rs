@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 
 use prometheus_client::metrics::counter::Counter;
 
-use crate::{Wake, WakeEvent, WakeFactory};
+use brood::{Wake, WakeEvent, WakeFactory};
 
 mod pool;
 mod queues;

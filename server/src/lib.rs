@@ -22,6 +22,8 @@
 //! opens (and re-runs what it recovers), the process groups of `command` children an earlier
 //! process on the data folder left running are killed ([`CommandGroups`]); a `command` child
 //! gets only the variables `command_env` names from the server's environment.
+#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms, unreachable_pub)]
+#![deny(unused_must_use)]
 
 pub mod api;
 pub mod config;
@@ -48,9 +50,9 @@ use actix_web::{web, App, HttpServer};
 
 use self::api::ApiError;
 use self::config::ServeConfig;
-use crate::runners::groups::CommandGroups;
-use crate::runners::{CommandSettings, WorkQueues};
-use crate::{Brood, BroodConfig, Runners};
+use brood::runners::groups::CommandGroups;
+use brood::runners::{CommandSettings, WorkQueues};
+use brood::{Brood, BroodConfig, Runners};
 
 /// Compares two byte strings in time that depends on neither (their SHA-256 digests are
 /// compared, byte for byte, all of them), so the time taken tells nothing of a key, not even its
@@ -183,7 +185,7 @@ fn groups_record(listen: std::net::SocketAddr) -> String {
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '-' })
         .collect();
-    format!("{}-{}", crate::runners::groups::FILE, address.trim_matches('-'))
+    format!("{}-{}", brood::runners::groups::FILE, address.trim_matches('-'))
 }
 
 /// The runner kinds the configuration allows: `sim` always registered (the routes refuse it

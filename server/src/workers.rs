@@ -1,6 +1,6 @@
 //! The endpoints of outside workers (API.md, "External workers"): poll a queue for a child of an
 //! `external` runner, heartbeat to keep its lease, complete it with an output. The queues and
-//! their lease decisions are [`crate::runners::external`]'s; this module parses the bodies,
+//! their lease decisions are [`brood::runners::external`]'s; this module parses the bodies,
 //! checks their bounds and shapes the replies.
 //!
 //! A completion is answered once its child's row is recorded: 200 with the recorded outcome.
@@ -22,9 +22,9 @@ use serde_json::json;
 use super::api::{self, ApiError};
 use super::routes::{body, State};
 use super::scope::Access;
-use crate::runners::external::{check_queue, is_recorded_as, DEFAULT_QUEUE};
-use crate::runners::{WorkError, WorkQueues};
-use crate::{BroodError, RunOutput};
+use brood::runners::external::{check_queue, is_recorded_as, DEFAULT_QUEUE};
+use brood::runners::{WorkError, WorkQueues};
+use brood::{BroodError, RunOutput};
 
 /// The longest a poll may wait for a child, in ms.
 const MAX_WAIT_MS: u64 = 30_000;
@@ -178,7 +178,7 @@ async fn poll_shared(
     worker: &str,
     wait: Duration,
     lease: Duration,
-) -> Option<crate::runners::external::Handout> {
+) -> Option<brood::runners::external::Handout> {
     let deadline = tokio::time::Instant::now() + wait;
     let mut listed = queues.directory().map(|d| d.listed());
     loop {
@@ -236,7 +236,7 @@ async fn take_elsewhere(
     worker: &str,
     lease: Duration,
     deadline: tokio::time::Instant,
-) -> Option<crate::runners::external::Handout> {
+) -> Option<brood::runners::external::Handout> {
     let directory = queues.directory()?.clone();
     loop {
         let list = directory.clone();
@@ -289,7 +289,7 @@ async fn take_elsewhere(
 /// What a process asked for a listed child answered.
 enum Asked {
     /// It handed the child out.
-    Handed(crate::runners::external::Handout),
+    Handed(brood::runners::external::Handout),
     /// It does not hold the child waiting (handed out, ended, or not its own).
     NotThere,
     /// It could not be reached: nothing listens there.
@@ -328,7 +328,7 @@ fn ask_holder(url: &str, body: &serde_json::Value, key: Option<&str>, me: &str, 
         Err(e) => return Asked::Faulty(e.to_string()),
     };
     match serde_json::from_str::<TakenBody>(&text) {
-        Ok(h) => Asked::Handed(crate::runners::external::Handout {
+        Ok(h) => Asked::Handed(brood::runners::external::Handout {
             child_id: h.child_id,
             goal: h.goal,
             token: h.token,

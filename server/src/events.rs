@@ -8,7 +8,7 @@
 //! proxies from closing the connection.
 //!
 //! A slow client is dropped, not buffered for: the engine keeps at most
-//! [`crate::EVENTS_CAPACITY`] unread events per subscriber, and a subscriber that falls further
+//! [`brood::EVENTS_CAPACITY`] unread events per subscriber, and a subscriber that falls further
 //! behind gets one last `dropped` event (`{"reason": "lagged", "missed": n}`) and the stream
 //! ends; the client reconnects and reads the session's state. The stream also ends when the
 //! server stops.
@@ -24,7 +24,7 @@ use tokio::sync::broadcast::{error::RecvError, Receiver};
 
 use super::api::ApiError;
 use super::routes::State;
-use crate::{Event, SessionEvent};
+use brood::{Event, SessionEvent};
 
 /// How long a quiet stream waits before it sends a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);

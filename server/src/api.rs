@@ -7,7 +7,7 @@ use actix_web::{HttpResponse, ResponseError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{BroodError, ChildStatus, ItemKind, ReadyItem};
+use brood::{BroodError, ChildStatus, ItemKind, ReadyItem};
 
 /// An error reply: a status, a snake_case code and a message that says what to fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,7 +141,7 @@ pub struct PutSession {
 #[serde(deny_unknown_fields)]
 pub struct TurnBody {
     /// `busy` or `idle`.
-    pub state: crate::Turn,
+    pub state: brood::Turn,
 }
 
 /// One task of `POST /v1/sessions/{id}/delegate`.
@@ -171,14 +171,14 @@ pub struct DelegateBody {
     pub tasks: Vec<TaskBody>,
     /// `background` (default) or `sync`.
     #[serde(default = "background")]
-    pub mode: crate::Mode,
+    pub mode: brood::Mode,
     /// Whether each ungrouped task is its own unit.
     #[serde(default)]
     pub independent_completions: bool,
 }
 
-fn background() -> crate::Mode {
-    crate::Mode::Background
+fn background() -> brood::Mode {
+    brood::Mode::Background
 }
 
 /// `POST /v1/sessions/{id}/boundary`.
@@ -196,7 +196,7 @@ pub struct BoundaryBody {
 #[serde(deny_unknown_fields)]
 pub struct ReleaseBody {
     /// `busy` or `failed`.
-    pub reason: crate::ReleaseReason,
+    pub reason: brood::ReleaseReason,
     /// Least time before the items are ready again.
     #[serde(default)]
     pub retry_after_ms: u64,
@@ -231,8 +231,8 @@ pub struct RedriveBody {
 
 impl RedriveBody {
     /// Which dead letters it names; refused unless exactly one selector is given.
-    pub fn select(self) -> Result<crate::RedriveSelect, ApiError> {
-        use crate::RedriveSelect;
+    pub fn select(self) -> Result<brood::RedriveSelect, ApiError> {
+        use brood::RedriveSelect;
         match (self.child_ids, self.session_id, self.all) {
             (Some(ids), None, None) if ids.is_empty() => {
                 Err(ApiError::invalid("`child_ids` must name at least one child"))
@@ -314,8 +314,8 @@ pub struct Counts {
     pub delivered: u64,
 }
 
-impl From<&crate::SessionStatus> for Counts {
-    fn from(st: &crate::SessionStatus) -> Self {
+impl From<&brood::SessionStatus> for Counts {
+    fn from(st: &brood::SessionStatus) -> Self {
         Counts {
             queued: st.queued as u64,
             running: st.running as u64,
@@ -325,4 +325,16 @@ impl From<&crate::SessionStatus> for Counts {
             delivered: st.delivered,
         }
     }
+}
+
+/// The first line of a child's summary, or of its error when it has none, cut at 120
+/// characters: what a tree of many children can show of each.
+pub fn summary_line(summary: Option<&str>, error: Option<&str>) -> Option<String> {
+    let text = summary.filter(|s| !s.trim().is_empty()).or(error)?;
+    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    let mut out: String = line.chars().take(120).collect();
+    if line.chars().count() > 120 {
+        out.push('…');
+    }
+    Some(out)
 }

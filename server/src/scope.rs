@@ -17,7 +17,7 @@ use actix_web::http::StatusCode;
 use actix_web::{FromRequest, HttpMessage as _, HttpRequest};
 
 use super::api::ApiError;
-use crate::Brood;
+use brood::Brood;
 
 /// The header a forwarded request carries the prefix of its scoped key in (only believed
 /// beside a valid peer credential).

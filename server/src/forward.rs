@@ -2,7 +2,7 @@
 //! session another process serves is sent on to that process, and its answer returned as it
 //! came, so a client may talk to any of them and never needs to know which serves what.
 //!
-//! The engine names the holder ([`crate::BroodError::Moved`], its address carried on the error
+//! The engine names the holder ([`brood::BroodError::Moved`], its address carried on the error
 //! reply as [`MovedTo`]); this middleware kept the request's body, and sends the request again
 //! there, once: a request that was forwarded already is answered here (503 `session_moved`, to
 //! retry) rather than sent on again, so two processes with stale views never bounce a request

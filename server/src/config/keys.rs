@@ -164,7 +164,7 @@ fn list(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
 fn kinds(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
     let mut out: Vec<String> = Vec::new();
     for kind in list(key, raw)? {
-        if !crate::runners::KINDS.contains(&kind.as_str()) {
+        if !brood::runners::KINDS.contains(&kind.as_str()) {
             return Err(format!("{kind:?} is not a runner kind; {}", accepted(key)));
         }
         if !out.contains(&kind) {
@@ -176,7 +176,7 @@ fn kinds(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
 
 /// Scoped keys: a TOML array of `<prefix>=<key>` strings, or text of them separated by commas;
 /// no key twice.
-fn scoped_keys(key: &str, raw: &Raw) -> Result<Vec<crate::serve::scope::ScopedKey>, String> {
+fn scoped_keys(key: &str, raw: &Raw) -> Result<Vec<crate::scope::ScopedKey>, String> {
     let entries: Vec<String> = match raw {
         Raw::Toml(toml::Value::Array(a)) => a
             .iter()
@@ -190,9 +190,9 @@ fn scoped_keys(key: &str, raw: &Raw) -> Result<Vec<crate::serve::scope::ScopedKe
             .collect(),
         Raw::Toml(_) => return Err(format!("is not an array of strings; {}", accepted(key))),
     };
-    let mut out: Vec<crate::serve::scope::ScopedKey> = Vec::new();
+    let mut out: Vec<crate::scope::ScopedKey> = Vec::new();
     for entry in entries {
-        let scoped = crate::serve::scope::ScopedKey::parse(&entry)?;
+        let scoped = crate::scope::ScopedKey::parse(&entry)?;
         if let Some(other) = out
             .iter()
             .find(|k| k.prefix.starts_with(&scoped.prefix) || scoped.prefix.starts_with(&k.prefix))
@@ -249,7 +249,7 @@ fn hosts(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
 fn wake_allow(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
     let mut out: Vec<String> = Vec::new();
     for entry in list(key, raw)? {
-        let entry = crate::serve::wake::allow_entry(&entry).map_err(|e| format!("{e}; {}", accepted(key)))?;
+        let entry = crate::wake::allow_entry(&entry).map_err(|e| format!("{e}; {}", accepted(key)))?;
         if !out.contains(&entry) {
             out.push(entry);
         }

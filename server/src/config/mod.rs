@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use crate::Durability;
+use brood::Durability;
 
 mod keys;
 #[cfg(test)]
@@ -51,7 +51,7 @@ pub struct ServeConfig {
     /// Keys limited to the sessions whose id starts with a prefix (and their calls, children,
     /// claims and dead letters), besides `api_key`, which reaches everything.
     #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "scoped_redacted")]
-    pub scoped_keys: Vec<crate::serve::scope::ScopedKey>,
+    pub scoped_keys: Vec<crate::scope::ScopedKey>,
     /// Whether `command` runners may run (the same as listing `command` in `allowed_runners`).
     pub allow_command: bool,
     /// The runner kinds a delegation may use; the others are refused with 403.
@@ -150,15 +150,15 @@ impl ServeConfig {
     }
 
     /// The retention these settings give.
-    pub fn retention(&self) -> crate::Retention {
+    pub fn retention(&self) -> brood::Retention {
         use std::time::Duration;
         let some = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
-        crate::Retention {
+        brood::Retention {
             delivered: Duration::from_millis(self.retain_delivered_ms),
             dead: Duration::from_millis(self.retain_dead_ms),
             idle_session: some(self.drop_idle_sessions_ms),
             interval: some(self.retention_interval_ms),
-            ..crate::Retention::default()
+            ..brood::Retention::default()
         }
     }
 }
@@ -191,7 +191,7 @@ fn hide_password(url: &str) -> String {
 }
 
 /// Scoped keys as printed: their prefixes, each key shown as `(set)`.
-fn scoped_redacted<S: serde::Serializer>(keys: &[crate::serve::scope::ScopedKey], s: S) -> Result<S::Ok, S::Error> {
+fn scoped_redacted<S: serde::Serializer>(keys: &[crate::scope::ScopedKey], s: S) -> Result<S::Ok, S::Error> {
     s.collect_seq(keys.iter().map(|k| format!("{}=(set)", k.prefix)))
 }
 
@@ -216,7 +216,7 @@ impl Default for ServeConfig {
             allowed_runners: vec!["sim".into(), "external".into()],
             allowed_hosts: Vec::new(),
             wake_allow: Vec::new(),
-            command_env: crate::runners::command::DEFAULT_ENV
+            command_env: brood::runners::command::DEFAULT_ENV
                 .iter()
                 .map(|v| v.to_string())
                 .collect(),
@@ -230,14 +230,14 @@ impl Default for ServeConfig {
             retain_dead_ms: 30 * DAY_MS,
             drop_idle_sessions_ms: 0,
             retention_interval_ms: 60_000,
-            min_lease_ms: crate::MIN_LEASE_MS,
-            max_lease_ms: crate::MAX_LEASE_MS,
+            min_lease_ms: brood::MIN_LEASE_MS,
+            max_lease_ms: brood::MAX_LEASE_MS,
             default_lease_ms: 60_000,
             default_stall_ms: brood_actors::model::DEFAULT_STALL_MS,
             default_timeout_ms: 0,
             drain_timeout_ms: 10_000,
             commit_window_ms: 0,
-            routing_threads: crate::default_routing_threads(),
+            routing_threads: brood::default_routing_threads(),
             cache_bytes: brood_actors::ledger::DEFAULT_CACHE_BYTES,
             max_tasks_per_call: 10_000,
             max_session_capacity: 1_024,
@@ -456,7 +456,7 @@ impl ServeConfig {
     /// does not know are not this decision's: the runner registry refuses them (400).
     pub fn refuses_runner(&self, kind: &str) -> Option<String> {
         let allowed = self.allowed_runners.iter().any(|k| k == kind) || (kind == "command" && self.allow_command);
-        if allowed || !crate::runners::KINDS.contains(&kind) {
+        if allowed || !brood::runners::KINDS.contains(&kind) {
             return None;
         }
         let hint = if kind == "command" {

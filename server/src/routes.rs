@@ -12,7 +12,7 @@ use serde_json::json;
 use super::api::{self, ApiError, BoundaryBody, DelegateBody, PutSession, ReleaseBody, TurnBody};
 use super::config::ServeConfig;
 use super::scope::Access;
-use crate::{Brood, BroodError, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
+use brood::{Brood, BroodError, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
 
 /// What every handler shares.
 pub(super) struct State {
@@ -65,7 +65,7 @@ pub(super) async fn body(state: &State, mut payload: web::Payload) -> Result<web
     Ok(out)
 }
 
-fn session_json(info: &crate::SessionInfo) -> serde_json::Value {
+fn session_json(info: &brood::SessionInfo) -> serde_json::Value {
     json!({
         "session_id": info.session_id,
         "wake_capable": info.wake_capable,
@@ -181,7 +181,7 @@ pub(super) async fn get_session(
 }
 
 /// A call as a session's `calls[]` shows it.
-fn call_json(c: &crate::CallStatus) -> serde_json::Value {
+fn call_json(c: &brood::CallStatus) -> serde_json::Value {
     json!({
         "call_id": c.call.call_id,
         "set": c.call.set,
@@ -196,13 +196,13 @@ fn call_json(c: &crate::CallStatus) -> serde_json::Value {
             "finished_at": r.finished_at_ms,
             "delivery": delivery(r),
             "delivery_attempt": r.status.is_terminal().then(|| r.result.failed_attempts.saturating_add(1)),
-            "summary": crate::inspect::summary_line(r.summary.as_deref(), r.error.as_deref()),
+            "summary": crate::api::summary_line(r.summary.as_deref(), r.error.as_deref()),
         })).collect::<Vec<_>>(),
     })
 }
 
 /// Where a child's result is on its way: `null` until it has one.
-fn delivery(r: &crate::ChildRow) -> Option<&'static str> {
+fn delivery(r: &brood::ChildRow) -> Option<&'static str> {
     if r.result.delivered {
         Some("delivered")
     } else if r.result.dead {
@@ -229,7 +229,7 @@ pub(super) async fn get_call(state: web::Data<State>, access: Access, path: web:
 }
 
 /// A session's `counts` object, as `GET /v1/sessions/{id}` and `GET /v1/sessions` answer it.
-pub(super) fn counts_json(st: &crate::SessionStatus) -> serde_json::Value {
+pub(super) fn counts_json(st: &brood::SessionStatus) -> serde_json::Value {
     json!(api::Counts::from(st))
 }
 
@@ -284,8 +284,8 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
         out.push(task);
     }
     let mut req = match body.mode {
-        crate::Mode::Background => DelegateRequest::background(out),
-        crate::Mode::Sync => DelegateRequest::sync(out),
+        brood::Mode::Background => DelegateRequest::background(out),
+        brood::Mode::Sync => DelegateRequest::sync(out),
     };
     if body.independent_completions {
         req = req.independent();
@@ -436,7 +436,7 @@ pub(super) async fn cancel_call(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
-    cancel(state, access, crate::CancelTarget::Call(path.into_inner()), payload).await
+    cancel(state, access, brood::CancelTarget::Call(path.into_inner()), payload).await
 }
 
 /// `POST /v1/units/{id}/cancel`.
@@ -446,7 +446,7 @@ pub(super) async fn cancel_unit(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
-    cancel(state, access, crate::CancelTarget::Unit(path.into_inner()), payload).await
+    cancel(state, access, brood::CancelTarget::Unit(path.into_inner()), payload).await
 }
 
 /// `POST /v1/children/{id}/cancel`.
@@ -456,10 +456,10 @@ pub(super) async fn cancel_child(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
-    cancel(state, access, crate::CancelTarget::Child(path.into_inner()), payload).await
+    cancel(state, access, brood::CancelTarget::Child(path.into_inner()), payload).await
 }
 
-async fn cancel(state: web::Data<State>, access: Access, target: crate::CancelTarget, payload: web::Payload) -> Reply {
+async fn cancel(state: web::Data<State>, access: Access, target: brood::CancelTarget, payload: web::Payload) -> Reply {
     if let Some(call_id) = target.call_id() {
         reach_call(&state, &access, target.kind(), target.id(), call_id).await?;
     }
@@ -521,7 +521,7 @@ pub(super) async fn redrive(state: web::Data<State>, access: Access, payload: we
         return Err(ApiError::invalid("`limit` must be at least 1 when given"));
     }
     let mut select = body.select()?;
-    if let crate::RedriveSelect::Session(s) = &select {
+    if let brood::RedriveSelect::Session(s) = &select {
         access.session(&state.brood, s).await?;
     } else if !access.is_all() {
         // A scoped key redrives the dead letters of its own sessions only: those selected,
@@ -535,7 +535,7 @@ pub(super) async fn redrive(state: web::Data<State>, access: Access, payload: we
         if ids.is_empty() {
             return Ok(HttpResponse::Ok().json(json!({"redriven": 0})));
         }
-        select = crate::RedriveSelect::Children(ids);
+        select = brood::RedriveSelect::Children(ids);
     }
     let redriven = state.brood.redrive(select, limit).await?;
     Ok(HttpResponse::Ok().json(json!({"redriven": redriven})))

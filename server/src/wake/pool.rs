@@ -98,7 +98,7 @@ impl Pool {
             Submitted::Parked => {
                 shared.counts.parked.inc();
                 tracing::debug!(
-                    session = %crate::printable(session),
+                    session = %brood::printable(session),
                     target = %shown(url),
                     "a wake waits for a slot: {MAX_IN_FLIGHT} wakes are in flight, or as many as one host may have"
                 );
@@ -106,7 +106,7 @@ impl Pool {
             Submitted::Dropped => {
                 shared.counts.dropped.inc();
                 tracing::warn!(
-                    session = %crate::printable(session),
+                    session = %brood::printable(session),
                     "a wake was dropped: {MAX_PARKED} sessions' wakes wait for a slot already; the items stay ready"
                 );
             }
@@ -151,7 +151,7 @@ impl Shared {
         let settled = self.lock().settle(&job.session, failed, Instant::now());
         // Another thread may be waiting without a deadline while a try now is pending.
         self.work.notify_one();
-        let session = crate::printable(&job.session);
+        let session = brood::printable(&job.session);
         let target = shown(&job.url);
         match outcome {
             Outcome::Delivered => {

@@ -19,7 +19,7 @@
 //!
 //! This module owns no engine state and changes none: a scrape only reads.
 //!
-//! [`BroodConfig::on_flush`]: crate::BroodConfig::on_flush
+//! [`BroodConfig::on_flush`]: brood::BroodConfig::on_flush
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -40,7 +40,7 @@ use prometheus_client::registry::{Registry, Unit};
 use super::api::ApiError;
 use super::routes::State;
 use super::wake::WakeCounts;
-use crate::{Brood, BroodError, ChildStatus};
+use brood::{Brood, BroodError, ChildStatus};
 
 /// The Content-Type of the OpenMetrics text format.
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

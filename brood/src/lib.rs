@@ -39,12 +39,10 @@
 #![deny(unused_must_use)]
 
 mod config;
-pub mod inspect;
 mod lifecycle;
 pub mod render;
 mod reply;
 pub mod runners;
-pub mod serve;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! each with its turn, wake capability and counts (API.md "Lifecycle"). Paging is by id: a page
 //! starts after the `after` id (exclusive) and `next` names the last id of a page that has more
 //! behind it. This file owns the query's bounds and the page's shape; the counts come from
-//! [`Brood::counts`](crate::Brood::counts), shaped as `GET /v1/sessions/{id}` shapes them.
+//! [`Brood::counts`](brood::Brood::counts), shaped as `GET /v1/sessions/{id}` shapes them.
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::api::ApiError;
 use super::routes::{counts_json, State};
-use crate::BroodError;
+use brood::BroodError;
 
 /// The page size when the query names none.
 pub(super) const DEFAULT_LIMIT: usize = 100;
