@@ -94,8 +94,7 @@ impl Stored for SessionRow {
     }
 }
 
-/// The largest value brood writes or reads, in bytes (a call of many long goals stays far below).
-pub const MAX_VALUE_BYTES: usize = 32 << 20;
+pub use crate::model::MAX_VALUE_BYTES;
 
 type Config = bincode::config::Configuration<
     bincode::config::LittleEndian,

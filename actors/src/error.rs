@@ -166,6 +166,17 @@ impl BroodError {
     }
 }
 
+impl From<crate::model::RequestError> for BroodError {
+    fn from(e: crate::model::RequestError) -> Self {
+        match e {
+            crate::model::RequestError::Invalid { field, message } => BroodError::Invalid { field, message },
+            crate::model::RequestError::EmbedderPanicked { hook, message } => {
+                BroodError::EmbedderPanicked { hook, message }
+            }
+        }
+    }
+}
+
 impl From<LedgerError> for BroodError {
     fn from(e: LedgerError) -> Self {
         BroodError::Ledger(Arc::new(e))

@@ -33,6 +33,7 @@ pub mod events;
 pub mod failpoints;
 pub mod ledger;
 pub mod model;
+mod parallel;
 pub mod recovery;
 pub mod retention;
 pub mod routing;

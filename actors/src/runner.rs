@@ -92,6 +92,10 @@ impl Progress {
     }
 }
 
+/// Where the embedder's handle of the engine will be (set once it is made; weak, so it never
+/// keeps the engine open).
+pub type Embedder = Arc<std::sync::OnceLock<std::sync::Weak<dyn std::any::Any + Send + Sync>>>;
+
 /// What a runner is given.
 #[derive(Debug, Clone)]
 pub struct RunContext {
@@ -105,7 +109,7 @@ pub struct RunContext {
     pub progress: Progress,
     /// The embedder's handle of the engine, for nested delegation (see `brood::BroodHandle::of`):
     /// read when asked, so a child started while the engine opened finds it too.
-    pub(crate) embedder: crate::actors::Embedder,
+    pub(crate) embedder: Embedder,
 }
 
 impl RunContext {

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brood_actors::ledger::Durability;
+use brood_actors::actors::Engine;
+use brood_actors::ledger::{Durability, Ledger, LedgerError, PgLedger, SledLedger};
 use brood_actors::runner::RunnerFactory;
 use brood_actors::wake::WakeFactory;
 
@@ -188,5 +189,62 @@ impl BroodConfig {
     /// The ledger folder.
     pub fn data_dir(&self) -> &std::path::Path {
         &self.data_dir
+    }
+}
+
+impl BroodConfig {
+    /// Refuses a configuration that cannot open, naming what is wrong.
+    pub(crate) fn check(&self) -> Result<(), crate::BroodError> {
+        if self.share.is_some() && self.postgres.is_none() {
+            return Err(crate::BroodError::invalid(
+                "share",
+                "sharing the ledger between processes needs a PostgreSQL ledger (a sled folder is one process's)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Opens the ledger: PostgreSQL's when the configuration names one (shared with other
+    /// processes or not), else sled in the data folder; each with the flush observer.
+    pub(crate) fn open_ledger(&self) -> Result<Arc<dyn Ledger>, LedgerError> {
+        let on_flush = self.on_flush.clone();
+        Ok(match &self.postgres {
+            Some((url, schema)) => {
+                let mut pg = match self.share.clone() {
+                    Some(share) => PgLedger::open_shared(url, schema, share)?,
+                    None => PgLedger::open_in(url, schema)?,
+                };
+                if let Some(observer) = on_flush {
+                    pg = pg.on_flush(observer);
+                }
+                Arc::new(pg)
+            }
+            None => {
+                let mut sled = SledLedger::open_with_cache(&self.data_dir, self.durability, self.cache_bytes)?;
+                if let Some(observer) = on_flush {
+                    sled = sled.on_flush(observer);
+                }
+                Arc::new(sled)
+            }
+        })
+    }
+
+    /// The engine this configuration describes, on `ledger`, its units and children on
+    /// `children`, its owners and coalescer on `routing`.
+    pub(crate) fn engine(
+        &self,
+        ledger: Arc<dyn Ledger>,
+        children: actix::ArbiterHandle,
+        routing: (Vec<actix::ArbiterHandle>, Option<actix::ArbiterHandle>),
+    ) -> Engine {
+        Engine::builder(ledger, self.runners.clone(), children)
+            .wake_factory(self.wakes.clone())
+            .commit_window(self.commit_window)
+            .max_depth(self.max_depth)
+            .retention(self.retention.clone())
+            .max_running_children(self.max_running_children.map(|n| n as usize))
+            .max_live_children(self.max_live_children)
+            .threads(routing.0, routing.1)
+            .build()
     }
 }

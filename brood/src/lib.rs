@@ -54,7 +54,7 @@ pub use brood_actors::actors::supervisor::Health;
 use brood_actors::actors::supervisor::{CheckHealth, DeadLetters, FindOwner, OpenSession, RestartOwner, Supervisor};
 use brood_actors::actors::{Engine, Owners};
 use brood_actors::events::Events;
-use brood_actors::ledger::{Ledger, SledLedger};
+use brood_actors::ledger::Ledger;
 
 pub use brood_actors::actors::owner::{CallStatus, LiveClaim, SessionInfo, SessionStatus};
 pub use brood_actors::error::{BroodError, DelegateError};
@@ -152,119 +152,25 @@ impl Brood {
     /// (I6) and starts the actors on a thread of their own. Rows that cannot be read are
     /// quarantined ([`Brood::quarantined`]); the rest opens and is served.
     pub fn open(config: BroodConfig) -> Result<Brood, BroodError> {
+        config.check()?;
         let (tx, rx) = std::sync::mpsc::channel::<Result<Started, LedgerError>>();
-        let dir = config.data_dir.clone();
-        let runners = config.runners.clone();
-        let durability = config.durability;
-        let wakes = config.wakes.clone();
-        let commit_window = config.commit_window;
-        let routing_threads = config.routing_threads;
-        let cache_bytes = config.cache_bytes;
-        let max_depth = config.max_depth;
-        let max_running = config.max_running_children;
-        let max_live = config.max_live_children;
-        let retention = config.retention.clone();
-        let on_flush = config.on_flush.clone();
-        let postgres = config.postgres.clone();
-        let share = config.share.clone();
-        if share.is_some() && postgres.is_none() {
-            return Err(BroodError::invalid(
-                "share",
-                "sharing the ledger between processes needs a PostgreSQL ledger (a sled folder is one process's)",
-            ));
-        }
+        let data_dir = config.data_dir.clone();
         let thread = std::thread::Builder::new()
             .name("brood-actors".into())
-            .spawn(move || {
-                let sys = actix::System::new();
-                // Units, children and runners get a thread of their own, session owners the
-                // routing threads and (with them) the coalescer one more; the supervisor keeps
-                // this one.
-                let children = sys.block_on(async { actix::Arbiter::new() });
-                let handle = children.handle();
-                let mut routing: Vec<actix::Arbiter> =
-                    sys.block_on(async { (0..routing_threads).map(|_| actix::Arbiter::new()).collect() });
-                let routing_handles: Vec<_> = routing.iter().map(|a| a.handle()).collect();
-                let commit = (routing_threads > 0).then(|| sys.block_on(async { actix::Arbiter::new() }));
-                let commit_handle = commit.as_ref().map(|a| a.handle());
-                routing.extend(commit);
-                let started = sys.block_on(async move {
-                    let ledger: Arc<dyn Ledger> = match postgres {
-                        Some((url, schema)) => {
-                            let mut pg = match share {
-                                Some(share) => brood_actors::ledger::PgLedger::open_shared(&url, &schema, share)?,
-                                None => brood_actors::ledger::PgLedger::open_in(&url, &schema)?,
-                            };
-                            if let Some(observer) = on_flush {
-                                pg = pg.on_flush(observer);
-                            }
-                            Arc::new(pg)
-                        }
-                        None => {
-                            let mut sled = SledLedger::open_with_cache(&dir, durability, cache_bytes)?;
-                            if let Some(observer) = on_flush {
-                                sled = sled.on_flush(observer);
-                            }
-                            Arc::new(sled)
-                        }
-                    };
-                    let mut engine = Engine::new(ledger, runners, handle);
-                    engine.wake_factory = wakes;
-                    engine.commit_window = commit_window;
-                    engine.max_depth = max_depth;
-                    engine.retention = retention;
-                    engine.live = brood_actors::routing::LiveCount::new(max_live);
-                    engine.shares = max_running.map(|n| Arc::new(brood_actors::routing::Shares::new(n as usize)));
-                    engine.routing_arbiters = routing_handles;
-                    engine.commit_arbiter = commit_handle;
-                    let root = Supervisor::start_engine(engine.clone(), Default::default())?;
-                    // Answered once the supervisor started: every recovered session's owner is
-                    // registered by then, so what `open` returns knows them all.
-                    let _ = root.send(CheckHealth).await;
-                    Ok::<_, LedgerError>((root, engine))
-                });
-                match started {
-                    Ok((root, engine)) => {
-                        let (ledger, leases) = (engine.ledger.clone(), engine.leases.clone());
-                        let _ = tx.send(Ok((root, engine, actix::System::current())));
-                        if let Err(e) = sys.run() {
-                            tracing::error!("brood actor system ended with an error: {e}");
-                        }
-                        if let Some(leases) = leases {
-                            // What was decided is committed first; then the other processes
-                            // may take the sessions up at once.
-                            if let Err(e) = ledger.flush() {
-                                tracing::warn!("the last flush before giving the session leases back failed: {e}");
-                            }
-                            leases.release_all();
-                        }
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                    }
-                }
-                // Everything that holds the ledger is gone once both threads are: only then
-                // may the folder be opened again.
-                for r in routing {
-                    r.stop();
-                    let _ = r.join();
-                }
-                children.stop();
-                let _ = children.join();
-            })
+            .spawn(move || run_engine(config, tx))
             .map_err(|e| LedgerError::storage("starting the actor thread", e))?;
         match rx.recv() {
             Ok(Ok((root, engine, system))) => {
                 let handle = Arc::new(BroodHandle {
                     root,
-                    owners: engine.owners.clone(),
-                    events: engine.events.clone(),
-                    ledger: engine.ledger.clone(),
+                    owners: engine.owners().clone(),
+                    events: engine.events().clone(),
+                    ledger: engine.ledger().clone(),
                     engine,
-                    data_dir: config.data_dir,
+                    data_dir,
                 });
                 let weak: std::sync::Weak<dyn std::any::Any + Send + Sync> = Arc::downgrade(&handle) as _;
-                let _ = handle.engine.embedder.set(weak);
+                let _ = handle.engine.embedder().set(weak);
                 Ok(Brood {
                     handle,
                     system,
@@ -331,7 +237,7 @@ impl BroodHandle {
 
     /// A lost answer means the owner died mid-request (or the engine stopped).
     fn lost(&self, session_id: &str, call_id: Option<String>) -> BroodError {
-        if self.engine.leases.as_ref().is_some_and(|l| !l.holds(session_id)) {
+        if self.engine.leases().is_some_and(|l| !l.holds(session_id)) {
             // Its owner stopped because another process took the session over.
             return BroodError::LeaseLapsed {
                 session: session_id.to_string(),
@@ -589,7 +495,7 @@ impl BroodHandle {
     /// over and changed it, and this owner's state would be an older view than the holder's.
     async fn view(&self, session_id: &str, calls: bool) -> Result<SessionStatus, BroodError> {
         let st = self.ask(session_id, owner::Status { calls }).await?;
-        if self.engine.leases.as_ref().is_some_and(|l| !l.serving(session_id)) {
+        if self.engine.leases().is_some_and(|l| !l.serving(session_id)) {
             return Err(BroodError::LeaseLapsed {
                 session: session_id.to_string(),
             });
@@ -679,6 +585,84 @@ impl BroodHandle {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+    }
+}
+
+/// The engine's own thread: its actix system and arbiters, the ledger, the engine and its
+/// supervisor; tells `started` once every recovered session's owner is registered (or why it
+/// could not start), runs until the engine stops, then gives the session leases back and stops
+/// the arbiters (only then may the data folder be opened again).
+fn run_engine(config: BroodConfig, started: std::sync::mpsc::Sender<Result<Started, LedgerError>>) {
+    let sys = actix::System::new();
+    // Units, children and runners get a thread of their own, session owners the routing
+    // threads and (with them) the coalescer one more; the supervisor keeps this one.
+    let threads = sys.block_on(async { Threads::start(config.routing_threads) });
+    let opened = sys.block_on(async {
+        let ledger = config.open_ledger()?;
+        let engine = config.engine(ledger, threads.children.handle(), threads.routing_handles());
+        let root = Supervisor::start_engine(engine.clone(), Default::default())?;
+        // Answered once the supervisor started: every recovered session's owner is
+        // registered by then, so what `open` returns knows them all.
+        let _ = root.send(CheckHealth).await;
+        Ok::<_, LedgerError>((root, engine))
+    });
+    match opened {
+        Ok((root, engine)) => {
+            let (ledger, leases) = (engine.ledger().clone(), engine.leases().cloned());
+            let _ = started.send(Ok((root, engine, actix::System::current())));
+            if let Err(e) = sys.run() {
+                tracing::error!("brood actor system ended with an error: {e}");
+            }
+            if let Some(leases) = leases {
+                // What was decided is committed first; then the other processes may take the
+                // sessions up at once.
+                if let Err(e) = ledger.flush() {
+                    tracing::warn!("the last flush before giving the session leases back failed: {e}");
+                }
+                leases.release_all();
+            }
+        }
+        Err(e) => {
+            let _ = started.send(Err(e));
+        }
+    }
+    threads.stop();
+}
+
+/// The arbiters (threads) of an engine besides its system's own: one for units, children and
+/// runners; `routing` for session owners; and, with routing threads, one for the coalescer.
+struct Threads {
+    children: actix::Arbiter,
+    routing: Vec<actix::Arbiter>,
+    commit: Option<actix::Arbiter>,
+}
+
+impl Threads {
+    /// Starts them (inside the engine's actix system).
+    fn start(routing: usize) -> Threads {
+        Threads {
+            children: actix::Arbiter::new(),
+            routing: (0..routing).map(|_| actix::Arbiter::new()).collect(),
+            commit: (routing > 0).then(actix::Arbiter::new),
+        }
+    }
+
+    /// The routing threads' handles, and the coalescer's.
+    fn routing_handles(&self) -> (Vec<actix::ArbiterHandle>, Option<actix::ArbiterHandle>) {
+        (
+            self.routing.iter().map(|a| a.handle()).collect(),
+            self.commit.as_ref().map(|a| a.handle()),
+        )
+    }
+
+    /// Stops every one and waits for it: everything that holds the ledger is gone after.
+    fn stop(self) {
+        for a in self.routing.into_iter().chain(self.commit) {
+            a.stop();
+            let _ = a.join();
+        }
+        self.children.stop();
+        let _ = self.children.join();
     }
 }
 

@@ -17,7 +17,7 @@ impl BroodHandle {
             kind: "call",
             id: call_id.to_string(),
         };
-        let live = self.engine.calls.get(call_id).map(|s| s.value().clone());
+        let live = self.engine.session_of_call(call_id);
         if let Some(session) = live {
             if let Some(status) = self.ask(&session, owner::CallView(call_id.to_string())).await? {
                 return Ok(status);
@@ -27,7 +27,7 @@ impl BroodHandle {
         let id = call_id.to_string();
         // One read of the index of calls.
         let found = blocking(move || ledger.find_call(&id)).await?.ok_or_else(unknown)?;
-        if self.engine.leases.is_some() {
+        if self.engine.leases().is_some() {
             // Shared: its session may be served here once taken up, or elsewhere (then the
             // request goes there: its holder has the call in memory).
             let view = owner::CallView(call_id.to_string());
@@ -42,7 +42,7 @@ impl BroodHandle {
     /// The session call `call_id` was made in: from memory while the call is out, else from the
     /// ledger's index of calls (one read). None when no stored call has the id.
     pub async fn call_session(&self, call_id: &str) -> Result<Option<String>, BroodError> {
-        if let Some(session) = self.engine.calls.get(call_id).map(|s| s.value().clone()) {
+        if let Some(session) = self.engine.session_of_call(call_id) {
             return Ok(Some(session));
         }
         let (ledger, id) = (self.ledger.clone(), call_id.to_string());
@@ -85,7 +85,7 @@ impl BroodHandle {
     /// call's row and the session's lease, written by a peer that registered itself by taking
     /// it), never from anything a client sent but the child id.
     pub async fn child_holder(&self, child_id: &str) -> Result<Option<String>, BroodError> {
-        let Some(leases) = self.engine.leases.clone() else {
+        let Some(leases) = self.engine.leases().cloned() else {
             return Ok(None);
         };
         let Some((call_id, _)) = brood_actors::model::parse_child_id(child_id) else {
@@ -119,7 +119,7 @@ impl BroodHandle {
         let next = more.then(|| page.last().map(|c| c.call_id.clone())).flatten();
         let mut out = Vec::with_capacity(page.len());
         for call in page {
-            let live = match self.engine.calls.contains_key(&call.call_id) {
+            let live = match self.engine.session_of_call(&call.call_id).is_some() {
                 true => self.ask(session_id, owner::CallView(call.call_id.clone())).await?,
                 false => None,
             };
@@ -139,7 +139,7 @@ impl BroodHandle {
     /// [`Retention::interval`]): calls delivered or dead long enough ago, ack rows of calls that
     /// are gone, idle sessions. Nothing live is removed.
     pub async fn sweep(&self) -> Result<Swept, BroodError> {
-        brood_actors::retention::sweep(&self.engine, brood_actors::model::now_ms()).await
+        brood_actors::actors::sweeper::sweep(&self.engine, brood_actors::model::now_ms()).await
     }
 
     /// How many rows the ledger holds, by tree (a scan: for inspection).
@@ -220,7 +220,7 @@ impl BroodHandle {
         if let Some(r) = reason.map(str::trim).filter(|r| !r.is_empty()) {
             text = format!("{text}: {r}");
         }
-        let live = self.engine.calls.get(&call_id).map(|s| s.value().clone());
+        let live = self.engine.session_of_call(&call_id);
         if let Some(session) = live {
             let msg = owner::Cancel {
                 target: target.clone(),

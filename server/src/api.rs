@@ -61,7 +61,7 @@ impl ResponseError for ApiError {
             "error": {"code": self.code, "message": self.message}
         }));
         if let Some(address) = &self.moved_to {
-            reply.extensions_mut().insert(super::forward::MovedTo(address.clone()));
+            reply.extensions_mut().insert(MovedTo(address.clone()));
         }
         reply
     }
@@ -337,4 +337,14 @@ pub fn summary_line(summary: Option<&str>, error: Option<&str>) -> Option<String
         out.push('…');
     }
     Some(out)
+}
+
+/// Where the session of a refused request is served (on the error reply's extensions, for
+/// the forwarding middleware to send the request on).
+#[derive(Debug, Clone)]
+pub(super) struct MovedTo(pub(super) String);
+
+/// A session's `counts` object, as `GET /v1/sessions/{id}` and `GET /v1/sessions` answer it.
+pub(super) fn counts_json(st: &brood::SessionStatus) -> serde_json::Value {
+    serde_json::json!(Counts::from(st))
 }

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use tokio::sync::broadcast::{error::RecvError, Receiver};
 
 use super::api::ApiError;
-use super::routes::State;
+use super::state::State;
 use brood::{Event, SessionEvent};
 
 /// How long a quiet stream waits before it sends a keep-alive comment.

@@ -22,12 +22,8 @@ use actix_web::middleware::Next;
 use actix_web::{web, HttpMessage as _, HttpResponse};
 use futures::StreamExt as _;
 
-use super::api::ApiError;
-use super::routes::State;
-
-/// Where the session of a refused request is served (on the error reply's extensions).
-#[derive(Debug, Clone)]
-pub(super) struct MovedTo(pub(super) String);
+use super::api::{ApiError, MovedTo};
+use super::state::State;
 
 /// The header a forwarded request carries: the address of the process that forwarded it.
 pub(super) const FORWARDED: &str = "x-brood-forwarded-by";

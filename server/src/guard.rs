@@ -35,7 +35,7 @@ use actix_web::HttpMessage as _;
 
 use super::api::ApiError;
 use super::config::ServeConfig;
-use super::routes::State;
+use super::state::State;
 
 pub(super) async fn guard(
     req: ServiceRequest,

@@ -24,7 +24,7 @@ use actix_web::{web, HttpMessage as _};
 use futures::StreamExt as _;
 
 use super::api::ApiError;
-use super::routes::State;
+use super::state::State;
 
 pub(super) async fn bounded(
     mut req: ServiceRequest,

@@ -36,6 +36,7 @@ mod metrics;
 mod openapi;
 mod routes;
 pub mod scope;
+mod state;
 pub mod wake;
 mod workers;
 
@@ -105,7 +106,7 @@ async fn require_key(
     next: Next<impl actix_web::body::MessageBody + 'static>,
 ) -> Result<ServiceResponse<EitherBody<impl actix_web::body::MessageBody, intake::Unread>>, actix_web::Error> {
     use actix_web::HttpMessage as _;
-    let config = req.app_data::<web::Data<routes::State>>().map(|s| s.config.clone());
+    let config = req.app_data::<web::Data<state::State>>().map(|s| s.config.clone());
     let access = config.as_ref().and_then(|c| authenticated(c, &req));
     match access {
         Some(access) => {
@@ -269,16 +270,17 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
     }
     let (stop_tx, stopping) = tokio::sync::watch::channel(false);
     let queues = web::Data::from(queues);
-    let state = web::Data::new(routes::State {
+    let state = web::Data::new(state::State {
         brood: brood.clone(),
         config: config.clone(),
         stopping,
-        metrics,
     });
+    let metrics = web::Data::new(metrics);
     let drained = state.clone();
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
+            .app_data(metrics.clone())
             .app_data(queues.clone())
             .wrap(actix_web::middleware::from_fn(guard::guard))
             .wrap(actix_web::middleware::from_fn(metrics::count_requests))

@@ -8,8 +8,9 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::api::counts_json;
 use super::api::ApiError;
-use super::routes::{counts_json, State};
+use super::state::State;
 use brood::BroodError;
 
 /// The page size when the query names none.

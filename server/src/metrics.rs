@@ -38,7 +38,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
 use super::api::ApiError;
-use super::routes::State;
+use super::state::State;
 use super::wake::WakeCounts;
 use brood::{Brood, BroodError, ChildStatus};
 
@@ -262,10 +262,10 @@ impl Engine {
 }
 
 /// `GET /metrics`.
-pub(super) async fn scrape(state: web::Data<State>) -> Result<HttpResponse, ApiError> {
+pub(super) async fn scrape(state: web::Data<State>, metrics: web::Data<Metrics>) -> Result<HttpResponse, ApiError> {
     let engine = Engine::gather(&state.brood).await?;
     let mut text = String::new();
-    encode_registry(&mut text, &state.metrics.registry)
+    encode_registry(&mut text, &metrics.registry)
         .and_then(|_| encode_registry(&mut text, &engine.registry()))
         .and_then(|_| encode_eof(&mut text))
         .map_err(|e| {
@@ -300,11 +300,11 @@ pub(super) async fn count_requests(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let state = req.app_data::<web::Data<State>>().cloned();
+    let metrics = req.app_data::<web::Data<Metrics>>().cloned();
     let route = req.match_pattern().unwrap_or_else(|| UNMATCHED.to_string());
     let method = method_label(req.method());
     let answered = next.call(req).await;
-    if let Some(state) = state {
+    if let Some(metrics) = metrics {
         let status = match &answered {
             Ok(res) => res.status(),
             Err(e) => e.as_response_error().status_code(),
@@ -314,7 +314,7 @@ pub(super) async fn count_requests(
             method,
             status: status.as_u16(),
         };
-        state.metrics.http.get_or_create(&labels).inc();
+        metrics.http.get_or_create(&labels).inc();
     }
     answered
 }

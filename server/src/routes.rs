@@ -1,42 +1,16 @@
 //! The endpoints of API.md over the embedding API: each handler parses its body, calls one
 //! [`Brood`] method and shapes the reply. No handler holds state of its own.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
-use futures::StreamExt as _;
 use serde_json::json;
 
 use super::api::{self, ApiError, BoundaryBody, DelegateBody, PutSession, ReleaseBody, TurnBody};
-use super::config::ServeConfig;
 use super::scope::Access;
-use brood::{Brood, BroodError, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
-
-/// What every handler shares.
-pub(super) struct State {
-    pub(super) brood: Arc<Brood>,
-    pub(super) config: ServeConfig,
-    /// Turns true when the server starts to drain (SIGTERM/SIGINT).
-    pub(super) stopping: tokio::sync::watch::Receiver<bool>,
-    /// What `GET /metrics` reports, counted as things happen.
-    pub(super) metrics: super::metrics::Metrics,
-}
-
-impl State {
-    /// Refuses new work once the server drains.
-    pub(super) fn accepting(&self) -> Result<(), ApiError> {
-        if *self.stopping.borrow() {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "draining",
-                "the server is shutting down and takes no new calls; retry against it once it is back",
-            ));
-        }
-        Ok(())
-    }
-}
+use super::state::{body, State};
+use brood::{BroodError, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
 
 type Reply = Result<HttpResponse, ApiError>;
 
@@ -44,25 +18,8 @@ type Reply = Result<HttpResponse, ApiError>;
 /// could have is a 400, and costs no read.
 pub(super) fn session_path(path: web::Path<String>) -> Result<String, ApiError> {
     let id = path.into_inner();
-    brood_actors::model::validate_session_id(&id)?;
+    brood_actors::model::validate_session_id(&id).map_err(brood::BroodError::from)?;
     Ok(id)
-}
-
-/// Reads a body up to the configured limit: over it is a 413 in API.md's shape.
-pub(super) async fn body(state: &State, mut payload: web::Payload) -> Result<web::BytesMut, ApiError> {
-    let mut out = web::BytesMut::new();
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| ApiError::invalid(format!("the body could not be read: {e}")))?;
-        if out.len() + chunk.len() > state.config.body_limit {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!("the body is over the limit of {} bytes", state.config.body_limit),
-            ));
-        }
-        out.extend_from_slice(&chunk);
-    }
-    Ok(out)
 }
 
 fn session_json(info: &brood::SessionInfo) -> serde_json::Value {
@@ -167,7 +124,7 @@ pub(super) async fn get_session(
         "addressable": st.info.addressable,
         "max_concurrent_children": st.info.max_concurrent_children,
         "max_delivery_attempts": st.info.max_delivery_attempts,
-        "counts": counts_json(&st),
+        "counts": api::counts_json(&st),
         "parent_child_id": state.brood.nest(&st.info.session_id).map(|n| n.session_id),
         "calls": calls,
         "calls_next": next,
@@ -226,11 +183,6 @@ pub(super) async fn get_call(state: web::Data<State>, access: Access, path: web:
     out["forced_sync_reason"] = json!(c.call.forced_sync_reason);
     out["created_at"] = json!(c.call.created_at_ms);
     Ok(HttpResponse::Ok().json(out))
-}
-
-/// A session's `counts` object, as `GET /v1/sessions/{id}` and `GET /v1/sessions` answer it.
-pub(super) fn counts_json(st: &brood::SessionStatus) -> serde_json::Value {
-    json!(api::Counts::from(st))
 }
 
 pub(super) async fn set_turn(

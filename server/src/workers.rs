@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::api::{self, ApiError};
-use super::routes::{body, State};
 use super::scope::Access;
+use super::state::{body, State};
 use brood::runners::external::{check_queue, is_recorded_as, DEFAULT_QUEUE};
 use brood::runners::{WorkError, WorkQueues};
 use brood::{BroodError, RunOutput};

@@ -9,7 +9,11 @@ pub mod coalescer;
 pub mod owner;
 pub mod supervise;
 pub mod supervisor;
+pub mod sweeper;
 pub mod unit;
+
+mod builder;
+pub use builder::EngineBuilder;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock};
@@ -28,21 +32,19 @@ pub(crate) type Fence = Arc<RwLock<u64>>;
 /// looks an owner up here (the coalescer, the embedding API) reaches the current one.
 pub type Owners = Arc<DashMap<String, Addr<owner::SessionOwner>>>;
 
-/// Where the embedder's handle of the engine will be (set once it is made; weak, so it never
-/// keeps the engine open).
-pub type Embedder = Arc<std::sync::OnceLock<std::sync::Weak<dyn std::any::Any + Send + Sync>>>;
+pub use crate::runner::Embedder;
 
 /// What every actor of one engine shares.
 #[derive(Clone)]
 pub struct Engine {
     /// The ledger.
-    pub ledger: Arc<dyn Ledger>,
+    pub(crate) ledger: Arc<dyn Ledger>,
     /// Runner construction.
-    pub factory: Arc<dyn RunnerFactory>,
+    pub(crate) factory: Arc<dyn RunnerFactory>,
     /// Wake targets from stored webhook URLs, if the embedder gave a way to make them.
-    pub wake_factory: Option<Arc<dyn crate::wake::WakeFactory>>,
+    pub(crate) wake_factory: Option<Arc<dyn crate::wake::WakeFactory>>,
     /// The live owners.
-    pub owners: Owners,
+    pub(crate) owners: Owners,
     /// Children whose actor is alive, by id, with their addresses (a cancel reaches a running
     /// child through here, whichever owner or unit incarnation holds its session now), and
     /// running children whose cancel was decided before they started (one lock orders both
@@ -50,38 +52,38 @@ pub struct Engine {
     live_children: Arc<Mutex<LiveChildren>>,
     /// The arbiter (thread) units, children and runners live on; the supervisor lives on the
     /// system arbiter, so child churn never delays routing.
-    pub children_arbiter: ArbiterHandle,
+    pub(crate) children_arbiter: ArbiterHandle,
     /// The coalescer's own thread, when the engine has routing threads: an owner rebuilt on the
     /// supervisor's thread then delays no other session's recording.
-    pub commit_arbiter: Option<ArbiterHandle>,
+    pub(crate) commit_arbiter: Option<ArbiterHandle>,
     /// The routing threads session owners are spread over (by a hash of the session id, so a
     /// rebuilt owner lands where its predecessor was); none: owners run on the system arbiter.
-    pub routing_arbiters: Vec<ArbiterHandle>,
+    pub(crate) routing_arbiters: Vec<ArbiterHandle>,
     /// The session of each call an owner holds in memory (a cancel names only its call).
-    pub calls: Arc<DashMap<String, String>>,
+    pub(crate) calls: Arc<DashMap<String, String>>,
     /// The nested sessions (a child's session, by its id), as stored.
     nests: Arc<DashMap<String, crate::model::NestRow>>,
     /// Whether any session is nested: until one is, a child's end looks nothing up.
     any_nest: Arc<std::sync::atomic::AtomicBool>,
     /// The deepest call accepted (a call in a top-level session is depth 1).
-    pub max_depth: u32,
+    pub(crate) max_depth: u32,
     /// The embedder's handle of the engine, given to runners (nested delegation); weak, so it
     /// never keeps the engine open.
-    pub embedder: Embedder,
+    pub(crate) embedder: Embedder,
     /// How long what is over is kept, and how often retention sweeps.
-    pub retention: crate::retention::Retention,
+    pub(crate) retention: crate::retention::Retention,
     /// The server-wide bound on running children, shared round-robin (none: unlimited).
-    pub shares: Option<Arc<crate::routing::Shares>>,
+    pub(crate) shares: Option<Arc<crate::routing::Shares>>,
     /// The children queued or running over every session, and the bound a delegate must fit
     /// under (`max_live_children`; none: unbounded).
-    pub live: crate::routing::LiveCount,
+    pub(crate) live: crate::routing::LiveCount,
     /// The last turn state of each session, so a restarted owner keeps it.
-    pub turns: Arc<DashMap<String, crate::routing::Turn>>,
+    pub(crate) turns: Arc<DashMap<String, crate::routing::Turn>>,
     /// Where owners tell live observers what they applied.
-    pub events: crate::events::Events,
+    pub(crate) events: crate::events::Events,
     /// How long the coalescer gathers completions before it writes a batch (zero: a batch
     /// starts as soon as the previous flush ended).
-    pub commit_window: std::time::Duration,
+    pub(crate) commit_window: std::time::Duration,
     /// Whether owners start queued children; cleared while the engine drains.
     admitting: Arc<std::sync::atomic::AtomicBool>,
     /// Each session's owner epoch: an owner writes only while its epoch is current, so the
@@ -90,7 +92,7 @@ pub struct Engine {
     coalescer: Arc<RwLock<Option<Addr<coalescer::Coalescer>>>>,
     /// The session leases, when several processes share the ledger (see [`Leases`]): a
     /// session is served here only while its lease is held here.
-    pub leases: Option<Arc<dyn Leases>>,
+    pub(crate) leases: Option<Arc<dyn Leases>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -103,34 +105,46 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// An engine with no coalescer yet (the supervisor starts it); units and children run on
-    /// `children_arbiter`.
-    pub fn new(ledger: Arc<dyn Ledger>, factory: Arc<dyn RunnerFactory>, children_arbiter: ArbiterHandle) -> Self {
-        Engine {
-            leases: ledger.leases(),
-            ledger,
-            factory,
-            wake_factory: None,
-            owners: Arc::new(DashMap::new()),
-            live_children: Arc::default(),
-            children_arbiter,
-            routing_arbiters: Vec::new(),
-            commit_arbiter: None,
-            turns: Arc::new(DashMap::new()),
-            calls: Arc::new(DashMap::new()),
-            nests: Arc::new(DashMap::new()),
-            any_nest: Arc::default(),
-            embedder: Arc::default(),
-            shares: None,
-            live: crate::routing::LiveCount::default(),
-            retention: crate::retention::Retention::default(),
-            max_depth: crate::model::DEFAULT_MAX_DEPTH,
-            events: crate::events::Events::default(),
-            commit_window: std::time::Duration::ZERO,
-            admitting: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-            fences: Arc::new(DashMap::new()),
-            coalescer: Arc::new(RwLock::new(None)),
-        }
+    /// An engine on `ledger`, its runners made by `factory`, its units and children on
+    /// `children_arbiter`: set the rest on the builder, then [`EngineBuilder::build`]. It has no
+    /// coalescer until the supervisor starts one.
+    pub fn builder(
+        ledger: Arc<dyn Ledger>,
+        factory: Arc<dyn RunnerFactory>,
+        children_arbiter: ArbiterHandle,
+    ) -> EngineBuilder {
+        EngineBuilder::new(ledger, factory, children_arbiter)
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &Arc<dyn Ledger> {
+        &self.ledger
+    }
+
+    /// The session leases, when several processes share the ledger: a session is served here
+    /// only while its lease is held here.
+    pub fn leases(&self) -> Option<&Arc<dyn Leases>> {
+        self.leases.as_ref()
+    }
+
+    /// The live session owners.
+    pub fn owners(&self) -> &Owners {
+        &self.owners
+    }
+
+    /// Where owners tell live observers what they applied.
+    pub fn events(&self) -> &crate::events::Events {
+        &self.events
+    }
+
+    /// The embedder's handle of the engine, given to runners (set once it is made).
+    pub fn embedder(&self) -> &Embedder {
+        &self.embedder
+    }
+
+    /// The session of a call an owner holds in memory, if one does.
+    pub fn session_of_call(&self, call_id: &str) -> Option<String> {
+        self.calls.get(call_id).map(|s| s.value().clone())
     }
 
     /// Stops (or resumes) starting queued children in every session: a drain lets the running

@@ -134,8 +134,9 @@ impl Supervisor {
         children_arbiter: ArbiterHandle,
         policy: RestartPolicy,
     ) -> Result<(Addr<Supervisor>, Owners), LedgerError> {
-        let mut engine = Engine::new(ledger, factory, children_arbiter);
-        engine.wake_factory = wake_factory;
+        let engine = Engine::builder(ledger, factory, children_arbiter)
+            .wake_factory(wake_factory)
+            .build();
         let owners = engine.owners.clone();
         Ok((Self::start_engine(engine, policy)?, owners))
     }
@@ -395,7 +396,7 @@ impl Actor for Supervisor {
             self.spawn_owner(owner, ctx);
         }
         // Retention reads off every actor's thread and removes through the owners.
-        actix::spawn(crate::retention::run(self.engine.clone()));
+        actix::spawn(super::sweeper::run(self.engine.clone()));
         if let Some(leases) = &self.engine.leases {
             let every = (leases.ttl() / 4).min(std::time::Duration::from_secs(1));
             ctx.run_interval(every, |act, ctx| act.sweep(ctx));
@@ -407,11 +408,8 @@ impl Handler<OpenSession> for Supervisor {
     type Result = futures::future::LocalBoxFuture<'static, Result<(Addr<SessionOwner>, SessionInfo), BroodError>>;
 
     fn handle(&mut self, msg: OpenSession, ctx: &mut Context<Self>) -> Self::Result {
-        if let Err(e) = validate_session_id(&msg.session_id) {
-            return Box::pin(async { Err(e) });
-        }
-        if let Err(e) = msg.settings.validate() {
-            return Box::pin(async { Err(e) });
+        if let Err(e) = validate_session_id(&msg.session_id).and_then(|()| msg.settings.validate()) {
+            return Box::pin(async { Err(e.into()) });
         }
         if let Some(reason) = self.failed.get(&msg.session_id) {
             let e = BroodError::SessionFailed {
@@ -429,7 +427,7 @@ impl Handler<OpenSession> for Supervisor {
                 // it is not).
                 if self.engine.leases.is_none() {
                     if let Err(e) = validate_new_session_id(&msg.session_id) {
-                        return Box::pin(async { Err(e) });
+                        return Box::pin(async { Err(e.into()) });
                     }
                 }
                 let row = SessionRow {

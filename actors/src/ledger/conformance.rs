@@ -1309,7 +1309,7 @@ pub(crate) fn calls_page_pages_one_sessions_calls_in_id_order(make: &dyn Fn() ->
 
 pub(crate) fn acks_page_pages_one_sessions_acks_in_claim_id_order(make: &dyn Fn() -> Box<dyn Ledger>) {
     let ledger = make();
-    let ids = ordered_ids(5, || crate::actors::owner::new_claim_id("a"));
+    let ids = ordered_ids(5, || crate::model::new_claim_id("a"));
     let item = |i: u32| vec![dedup_key(&child_id("deleg_c", i), ItemKind::Result)];
     let mut acks: Vec<AckRow> = ids
         .iter()
@@ -1317,7 +1317,7 @@ pub(crate) fn acks_page_pages_one_sessions_acks_in_claim_id_order(make: &dyn Fn(
         .rev()
         .map(|(i, id)| ack_row("a", id, item(i as u32)))
         .collect();
-    acks.push(ack_row("ab", &crate::actors::owner::new_claim_id("ab"), item(9)));
+    acks.push(ack_row("ab", &crate::model::new_claim_id("ab"), item(9)));
     write(
         &*ledger,
         Writes {

@@ -287,7 +287,7 @@ impl SledLedger {
     /// safe to run at once); the rows come back in key order all the same.
     fn scan_children(&self, session: Option<&str>, calls: &[CallRow]) -> Result<Vec<ChildRow>, LedgerError> {
         let expected: usize = calls.iter().map(|c| c.tasks.len()).sum();
-        self.scan_children_in(session, calls, crate::recovery::threads_for(expected, calls.len()))
+        self.scan_children_in(session, calls, crate::parallel::threads_for(expected, calls.len()))
     }
 
     /// [`SledLedger::scan_children`] in `parts` ranges (at most one per call).

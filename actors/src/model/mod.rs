@@ -19,7 +19,7 @@ pub use check::CheckRow;
 pub use lifecycle::*;
 pub(crate) use request::panic_message;
 pub use request::{
-    validate, validate_new_session_id, validate_session_id, DelegateRequest, SessionSettings, TaskSpec,
+    validate, validate_new_session_id, validate_session_id, DelegateRequest, RequestError, SessionSettings, TaskSpec,
     MAX_SESSION_ID_BYTES,
 };
 
@@ -37,6 +37,10 @@ pub const DEFAULT_MAX_CONCURRENT_CHILDREN: u32 = 8;
 pub const DEFAULT_MAX_DELIVERY_ATTEMPTS: u32 = 8;
 /// Default stall timeout of a task (API.md: `stall_ms` 450000).
 pub const DEFAULT_STALL_MS: u64 = 450_000;
+
+/// The largest value brood writes or reads, in bytes (a call of many long goals stays far below):
+/// the codec's limit, and what a call's rows must fit in.
+pub const MAX_VALUE_BYTES: usize = 32 << 20;
 
 /// How a call delivers its results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -579,6 +583,25 @@ pub fn ordered_hex() -> String {
     let start = *START.get_or_init(|| u64::from_str_radix(&random_hex()[..5], 16).unwrap_or(0));
     let n = start.wrapping_add(COUNTER.fetch_add(1, Ordering::Relaxed)) & 0xf_ffff;
     format!("{:011x}{n:05x}", now_ms() & 0xfff_ffff_ffff)
+}
+
+/// A claim id that names its session: `clm_<session as hex>_<hex>`, in the order claims were
+/// made ([`ordered_hex`]: their ack rows are written next to each other).
+pub fn new_claim_id(session_id: &str) -> String {
+    format!("clm_{}_{}", text_hex(session_id), ordered_hex())
+}
+
+/// The session a claim id names, if it is one of ours.
+pub fn claim_session(claim_id: &str) -> Option<String> {
+    let rest = claim_id.strip_prefix("clm_")?;
+    let (hex, _) = rest.rsplit_once('_')?;
+    hex_text(hex)
+}
+
+/// When a claim id of ours was made (ms since the epoch, as [`ordered_hex`] stamps it).
+pub(crate) fn claim_made_ms(claim_id: &str) -> Option<u64> {
+    let (_, ordered) = claim_id.strip_prefix("clm_")?.rsplit_once('_')?;
+    u64::from_str_radix(ordered.get(..11)?, 16).ok()
 }
 
 /// A fresh call id, `deleg_<hex>`, in the order calls were made ([`ordered_hex`]).

@@ -6,10 +6,40 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use super::{Mode, Task, DEFAULT_STALL_MS};
-use crate::error::BroodError;
-use crate::runner::RunnerFactory;
+use super::{Mode, Task, DEFAULT_STALL_MS, MAX_VALUE_BYTES};
 use crate::wake::Wake;
+
+/// Why a request was refused: what the embedding API answers as an invalid request, or as
+/// embedder code that panicked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The request is malformed: `field` names what, `message` says how to fix it.
+    #[error("invalid `{field}`: {message}")]
+    Invalid {
+        /// The offending field, as a path (`tasks[2].runner.kind`).
+        field: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// The embedder's check of a runner spec panicked; the request was refused.
+    #[error("{hook} panicked: {message}")]
+    EmbedderPanicked {
+        /// Which hook: `RunnerFactory::validate`.
+        hook: &'static str,
+        /// The panic message.
+        message: String,
+    },
+}
+
+impl RequestError {
+    /// A malformed request: `field` names what, `message` says how to fix it.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        RequestError::Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
 
 /// Longest session id accepted, in bytes.
 pub const MAX_SESSION_ID_BYTES: usize = 256;
@@ -116,13 +146,18 @@ pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-/// Checks a request and turns it into stored tasks. Changes nothing.
-pub fn validate(req: &DelegateRequest, factory: &dyn RunnerFactory) -> Result<Vec<Task>, BroodError> {
+/// Checks a request and turns it into stored tasks, each task's runner spec checked by
+/// `check_runner` (the runner factory's `validate`: a panic there refuses the request).
+/// Changes nothing.
+pub fn validate(
+    req: &DelegateRequest,
+    check_runner: &dyn Fn(&serde_json::Value) -> Result<(), String>,
+) -> Result<Vec<Task>, RequestError> {
     if req.tasks.is_empty() {
-        return Err(BroodError::invalid("tasks", "must hold at least one task"));
+        return Err(RequestError::invalid("tasks", "must hold at least one task"));
     }
     if req.tasks.len() >= u32::MAX as usize {
-        return Err(BroodError::invalid(
+        return Err(RequestError::invalid(
             "tasks",
             format!("holds {} tasks; at most {} are accepted", req.tasks.len(), u32::MAX - 1),
         ));
@@ -130,38 +165,38 @@ pub fn validate(req: &DelegateRequest, factory: &dyn RunnerFactory) -> Result<Ve
     let mut out = Vec::with_capacity(req.tasks.len());
     for (i, t) in req.tasks.iter().enumerate() {
         if t.goal.trim().is_empty() {
-            return Err(BroodError::invalid(format!("tasks[{i}].goal"), "must not be empty"));
+            return Err(RequestError::invalid(format!("tasks[{i}].goal"), "must not be empty"));
         }
         if !t.runner.is_object() {
-            return Err(BroodError::invalid(
+            return Err(RequestError::invalid(
                 format!("tasks[{i}].runner"),
                 "must be an object with a `kind`",
             ));
         }
-        match catch_unwind(AssertUnwindSafe(|| factory.validate(&t.runner))) {
+        match catch_unwind(AssertUnwindSafe(|| check_runner(&t.runner))) {
             Ok(Ok(())) => {}
-            Ok(Err(m)) => return Err(BroodError::invalid(format!("tasks[{i}].runner"), m)),
+            Ok(Err(m)) => return Err(RequestError::invalid(format!("tasks[{i}].runner"), m)),
             Err(panic) => {
-                return Err(BroodError::EmbedderPanicked {
+                return Err(RequestError::EmbedderPanicked {
                     hook: "RunnerFactory::validate",
                     message: panic_message(panic),
                 })
             }
         }
         if t.group.as_deref().is_some_and(|g| g.trim().is_empty()) {
-            return Err(BroodError::invalid(
+            return Err(RequestError::invalid(
                 format!("tasks[{i}].group"),
                 "must not be empty when given",
             ));
         }
         if t.timeout_ms == Some(0) {
-            return Err(BroodError::invalid(
+            return Err(RequestError::invalid(
                 format!("tasks[{i}].timeout_ms"),
                 "must be greater than 0",
             ));
         }
         if t.stall_ms == Some(0) {
-            return Err(BroodError::invalid(
+            return Err(RequestError::invalid(
                 format!("tasks[{i}].stall_ms"),
                 "must be greater than 0",
             ));
@@ -181,9 +216,9 @@ pub fn validate(req: &DelegateRequest, factory: &dyn RunnerFactory) -> Result<Ve
         .iter()
         .map(|t| t.goal.len() + t.runner_json.len() + t.group.as_ref().map_or(0, String::len) + 32)
         .sum();
-    let limit = crate::codec::MAX_VALUE_BYTES - 64 * 1024;
+    let limit = MAX_VALUE_BYTES - 64 * 1024;
     if stored > limit {
-        return Err(BroodError::invalid(
+        return Err(RequestError::invalid(
             "tasks",
             format!(
                 "make a call of about {stored} bytes; at most {limit} bytes of goals and runner specs fit in one call"
@@ -195,8 +230,8 @@ pub fn validate(req: &DelegateRequest, factory: &dyn RunnerFactory) -> Result<Ve
 
 /// Checks the id of a session to look up: 1 to 256 bytes without control characters (what
 /// every stored session id is, those made before [`validate_new_session_id`] was the rule too).
-pub fn validate_session_id(id: &str) -> Result<(), BroodError> {
-    let bad = |m: &str| Err(BroodError::invalid("session_id", m));
+pub fn validate_session_id(id: &str) -> Result<(), RequestError> {
+    let bad = |m: &str| Err(RequestError::invalid("session_id", m));
     if id.is_empty() {
         return bad("must not be empty");
     }
@@ -211,7 +246,7 @@ pub fn validate_session_id(id: &str) -> Result<(), BroodError> {
 
 /// Checks the id of a session to create: 1 to 256 bytes of printable ASCII, without `/`, `?`,
 /// `#`, `%` or a space (so it goes into a URL path as it is, and prints as it is).
-pub fn validate_new_session_id(id: &str) -> Result<(), BroodError> {
+pub fn validate_new_session_id(id: &str) -> Result<(), RequestError> {
     validate_session_id(id)?;
     if let Some(c) = id
         .chars()
@@ -222,7 +257,7 @@ pub fn validate_new_session_id(id: &str) -> Result<(), BroodError> {
             c if !c.is_ascii() => format!("{c:?}, which is not ASCII"),
             c => format!("{c:?}"),
         };
-        return Err(BroodError::invalid(
+        return Err(RequestError::invalid(
             "session_id",
             format!("must be printable ASCII without `/`, `?`, `#`, `%` or spaces; it holds {what}"),
         ));
@@ -293,14 +328,14 @@ impl SessionSettings {
     }
 
     /// Refuses limits out of range (0, or the counts' maximum), naming the field.
-    pub fn validate(&self) -> Result<(), BroodError> {
+    pub fn validate(&self) -> Result<(), RequestError> {
         for (field, value) in [
             ("max_concurrent_children", self.max_concurrent_children),
             ("max_delivery_attempts", self.max_delivery_attempts),
         ] {
             if let Some(v) = value {
                 if v == 0 || v == u32::MAX {
-                    return Err(BroodError::invalid(
+                    return Err(RequestError::invalid(
                         field,
                         format!("is {v}; must be from 1 to {}", u32::MAX - 1),
                     ));

@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::ledger::Snapshot;
 use crate::model::*;
+use crate::parallel::threads_for;
 
 /// How a rebuilt owner treats children its ledger shows as running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -459,22 +460,6 @@ fn plan_in(
     }
     plan
 }
-
-/// How many threads a read or a plan of `rows` rows in `pieces` independent pieces is worth:
-/// one per core (at most [`PARALLEL_MAX`]), each with [`PARALLEL_ROWS`] rows at least.
-pub(crate) fn threads_for(rows: usize, pieces: usize) -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(PARALLEL_MAX)
-        .min(rows / PARALLEL_ROWS)
-        .min(pieces)
-        .max(1)
-}
-
-/// The most threads recovery uses at once.
-const PARALLEL_MAX: usize = 4;
-/// The fewest rows worth a thread of their own.
-const PARALLEL_ROWS: usize = 20_000;
 
 /// What planning one call reads besides the call and its rows.
 struct CallContext<'a> {

@@ -78,10 +78,11 @@ impl SessionOwner {
         reply: oneshot::Sender<Result<Delegated, BroodError>>,
         view: &mut BatchView,
     ) -> Decided<Durable> {
-        let tasks = match validate(&msg.request, &*self.engine.factory) {
+        let factory = &*self.engine.factory;
+        let tasks = match validate(&msg.request, &|spec| factory.validate(spec)) {
             Ok(t) => t,
             Err(e) => {
-                answer(reply, Err(e));
+                answer(reply, Err(e.into()));
                 return Decided::Done;
             }
         };
@@ -252,7 +253,7 @@ impl SessionOwner {
         view: &mut BatchView,
     ) -> Decided<Durable> {
         if let Err(e) = settings.validate() {
-            answer(reply, Err(e));
+            answer(reply, Err(e.into()));
             return Decided::Done;
         }
         if let Some(url) = &settings.wake_url {

@@ -53,24 +53,8 @@ pub(crate) use nest::CheckParent;
 pub use prune::{DropIfIdle, OldCall, Prune};
 pub use redrive::Redrive;
 
-/// A claim id that names its session: `clm_<session as hex>_<hex>`, in the order claims were
-/// made ([`ordered_hex`]: their ack rows are written next to each other).
-pub fn new_claim_id(session_id: &str) -> String {
-    format!("clm_{}_{}", text_hex(session_id), ordered_hex())
-}
-
-/// The session a claim id names, if it is one of ours.
-pub fn claim_session(claim_id: &str) -> Option<String> {
-    let rest = claim_id.strip_prefix("clm_")?;
-    let (hex, _) = rest.rsplit_once('_')?;
-    hex_text(hex)
-}
-
-/// When a claim id of ours was made (ms since the epoch, as [`ordered_hex`] stamps it).
-pub(crate) fn claim_made_ms(claim_id: &str) -> Option<u64> {
-    let (_, ordered) = claim_id.strip_prefix("clm_")?.rsplit_once('_')?;
-    u64::from_str_radix(ordered.get(..11)?, 16).ok()
-}
+pub(crate) use crate::model::claim_made_ms;
+pub use crate::model::{claim_session, new_claim_id};
 
 /// A request that may need durable rows: decided when no flush is in flight (see [`persist`]).
 enum Durable {
