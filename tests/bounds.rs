@@ -264,7 +264,7 @@ fn a_trickled_body_that_is_refused_or_not_read_is_closed() {
         assert!(answer.starts_with("HTTP/1.1 401"), "chunked {chunked}: {answer:?}");
         assert!(sent < 1_000, "chunked {chunked}: read whole");
         let (answer, sent) = trickle_as(&s, None, "POST", "/healthz", 1_000, chunked, false);
-        assert!(answer.starts_with("HTTP/1.1 404"), "chunked {chunked}: {answer:?}");
+        assert!(answer.starts_with("HTTP/1.1 405"), "chunked {chunked}: {answer:?}");
         assert!(sent < 1_000, "chunked {chunked}: read whole");
     }
     let (status, body) = s.call("GET", "/v1/sessions", None);

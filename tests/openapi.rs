@@ -1,12 +1,11 @@
-//! The OpenAPI document (`GET /v1/openapi.json`, kept in server/src/openapi.json) holds to what
-//! the real server answers: a realistic sequence of requests — sessions, background and sync
-//! delegation, boundaries with and without an envelope, ack, release, a lost claim, a dead
-//! letter, every kind of refusal — is checked reply by reply against the document's schema for
-//! that path, method and status, and what the server accepted against its request schema.
-//! Every route the server registers (server/src/lib.rs) must be in the document.
-//!
-//! The validator is written here for exactly the JSON Schema keywords the document uses, and a
-//! keyword it does not know fails the test rather than passing unchecked.
+//! The OpenAPI document (`GET /v1/openapi.json`, generated from the server's contract types)
+//! holds to what the real server answers: a realistic sequence of requests — sessions,
+//! background and sync delegation, boundaries with and without an envelope, ack, release, a
+//! lost claim, a dead letter, an outside worker, every kind of refusal — is checked reply by
+//! reply against the document's schema for that path, method and status (with the
+//! `jsonschema` crate, JSON Schema 2020-12 as OpenAPI 3.1 has it), and what the server accepted
+//! against its request schema. Every path the server answers is in the document with exactly
+//! its methods, and any other method is answered 405 naming them in `Allow`.
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
@@ -19,27 +18,9 @@ use server::*;
 
 const KEY: &str = "openapi-key";
 
-/// The keywords [`Doc::validate`] checks, and the annotations it may skip.
-const CHECKED: &[&str] = &[
-    "type",
-    "properties",
-    "required",
-    "additionalProperties",
-    "items",
-    "enum",
-    "$ref",
-    "minimum",
-    "maximum",
-    "minItems",
-    "minLength",
-    "oneOf",
-];
-const ANNOTATIONS: &[&str] = &["description", "default"];
-
-fn document_file() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/server/src/openapi.json");
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} is not JSON: {e}"))
+/// The document of a server with the default configuration.
+fn document() -> Value {
+    brood_server::openapi_document(&brood_server::config::ServeConfig::default())
 }
 
 struct Doc {
@@ -47,194 +28,22 @@ struct Doc {
 }
 
 impl Doc {
-    /// What a local `$ref` (`#/components/…`) points at.
-    fn resolve<'a>(&'a self, reference: &str) -> &'a Value {
-        let pointer = reference
-            .strip_prefix('#')
-            .unwrap_or_else(|| panic!("only local references are understood, not `{reference}`"));
-        self.root
-            .pointer(pointer)
-            .unwrap_or_else(|| panic!("`{reference}` points at nothing"))
-    }
-
-    /// A response or parameter object, its `$ref` followed.
-    fn follow<'a>(&'a self, v: &'a Value) -> &'a Value {
-        match v.get("$ref").and_then(Value::as_str) {
-            Some(r) => self.resolve(r),
-            None => v,
-        }
-    }
-
-    /// Every schema keyword below `schema` is one this validator knows; references resolve.
-    fn check_keywords(&self, schema: &Value, at: &str) {
-        let Some(map) = schema.as_object() else {
-            panic!("{at}: a schema must be an object, not {schema}");
-        };
-        for (k, v) in map {
-            assert!(
-                CHECKED.contains(&k.as_str()) || ANNOTATIONS.contains(&k.as_str()),
-                "{at}: the document uses the keyword `{k}`, which this test's validator does not check; teach it"
-            );
-            match k.as_str() {
-                "$ref" => {
-                    self.resolve(v.as_str().expect("$ref is a string"));
-                }
-                "properties" => {
-                    for (name, sub) in v.as_object().expect("properties is an object") {
-                        self.check_keywords(sub, &format!("{at}.properties.{name}"));
-                    }
-                }
-                "items" => self.check_keywords(v, &format!("{at}.items")),
-                "additionalProperties" if v.is_object() => {
-                    self.check_keywords(v, &format!("{at}.additionalProperties"))
-                }
-                "oneOf" => {
-                    for (i, sub) in v.as_array().expect("oneOf is an array").iter().enumerate() {
-                        self.check_keywords(sub, &format!("{at}.oneOf[{i}]"));
-                    }
-                }
-                _ => {}
+    /// What is wrong with `value` against `schema` (a schema of the document: its `$ref`s point
+    /// into the document's components); empty when it is valid.
+    fn validate(&self, schema: &Value, value: &Value) -> Vec<String> {
+        let mut rooted = schema.clone();
+        match rooted.as_object_mut() {
+            Some(map) => {
+                map.insert("components".into(), self.root["components"].clone());
             }
+            None => return Vec::new(), // `true` or `false`: nothing to compile.
         }
-    }
-
-    /// Every schema of the document: components, parameters, request bodies and responses.
-    fn all_schemas(&self) -> Vec<(String, &Value)> {
-        fn walk<'a>(v: &'a Value, at: String, out: &mut Vec<(String, &'a Value)>) {
-            match v {
-                Value::Object(map) => {
-                    for (k, sub) in map {
-                        if k == "schema" {
-                            out.push((format!("{at}.schema"), sub));
-                        } else {
-                            walk(sub, format!("{at}.{k}"), out);
-                        }
-                    }
-                }
-                Value::Array(items) => {
-                    for (i, sub) in items.iter().enumerate() {
-                        walk(sub, format!("{at}[{i}]"), out);
-                    }
-                }
-                _ => {}
-            }
-        }
-        let mut out = Vec::new();
-        walk(&self.root["paths"], "paths".into(), &mut out);
-        walk(&self.root["components"]["responses"], "responses".into(), &mut out);
-        walk(&self.root["components"]["parameters"], "parameters".into(), &mut out);
-        for (name, schema) in self.root["components"]["schemas"]
-            .as_object()
-            .expect("components.schemas")
-        {
-            out.push((format!("schemas.{name}"), schema));
-        }
-        out
-    }
-
-    /// Whether `v` is valid against `schema`; what is wrong goes to `errors`.
-    fn validate(&self, schema: &Value, v: &Value, at: &str, errors: &mut Vec<String>) {
-        let map = schema.as_object().expect("a schema is an object");
-        for (k, rule) in map {
-            match k.as_str() {
-                "$ref" => self.validate(self.resolve(rule.as_str().unwrap()), v, at, errors),
-                "type" => {
-                    let types: Vec<&str> = match rule {
-                        Value::String(t) => vec![t.as_str()],
-                        Value::Array(ts) => ts.iter().map(|t| t.as_str().unwrap()).collect(),
-                        _ => panic!("{at}: `type` must be a string or a list"),
-                    };
-                    if !types.iter().any(|t| has_type(v, t)) {
-                        errors.push(format!("{at}: {v} is not of type {rule}"));
-                    }
-                }
-                "enum" => {
-                    if !rule.as_array().unwrap().contains(v) {
-                        errors.push(format!("{at}: {v} is not one of {rule}"));
-                    }
-                }
-                "minimum" | "maximum" => {
-                    if let (Some(x), Some(bound)) = (v.as_f64(), rule.as_f64()) {
-                        if (k == "minimum" && x < bound) || (k == "maximum" && x > bound) {
-                            errors.push(format!("{at}: {v} is out of its {k} {rule}"));
-                        }
-                    }
-                }
-                "minItems" => {
-                    if let Some(items) = v.as_array() {
-                        if (items.len() as u64) < rule.as_u64().unwrap() {
-                            errors.push(format!("{at}: fewer than {rule} items"));
-                        }
-                    }
-                }
-                "minLength" => {
-                    if let Some(s) = v.as_str() {
-                        if (s.chars().count() as u64) < rule.as_u64().unwrap() {
-                            errors.push(format!("{at}: shorter than {rule}"));
-                        }
-                    }
-                }
-                "required" => {
-                    if let Some(obj) = v.as_object() {
-                        for name in rule.as_array().unwrap() {
-                            if !obj.contains_key(name.as_str().unwrap()) {
-                                errors.push(format!("{at}: `{}` is missing", name.as_str().unwrap()));
-                            }
-                        }
-                    }
-                }
-                "properties" => {
-                    if let Some(obj) = v.as_object() {
-                        for (name, sub) in rule.as_object().unwrap() {
-                            if let Some(field) = obj.get(name) {
-                                self.validate(sub, field, &format!("{at}.{name}"), errors);
-                            }
-                        }
-                    }
-                }
-                "additionalProperties" => {
-                    if let Some(obj) = v.as_object() {
-                        let known = map.get("properties").and_then(Value::as_object);
-                        for (name, field) in obj {
-                            if known.is_some_and(|p| p.contains_key(name)) {
-                                continue;
-                            }
-                            match rule {
-                                Value::Bool(false) => errors.push(format!("{at}: `{name}` is not in the document")),
-                                Value::Bool(true) => {}
-                                sub => self.validate(sub, field, &format!("{at}.{name}"), errors),
-                            }
-                        }
-                    }
-                }
-                "items" => {
-                    if let Some(items) = v.as_array() {
-                        for (i, item) in items.iter().enumerate() {
-                            self.validate(rule, item, &format!("{at}[{i}]"), errors);
-                        }
-                    }
-                }
-                "oneOf" => {
-                    let matching = rule
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .filter(|sub| {
-                            let mut e = Vec::new();
-                            self.validate(sub, v, at, &mut e);
-                            e.is_empty()
-                        })
-                        .count();
-                    if matching != 1 {
-                        errors.push(format!(
-                            "{at}: {v} matches {matching} of the oneOf schemas, not exactly 1"
-                        ));
-                    }
-                }
-                k if ANNOTATIONS.contains(&k) => {}
-                k => panic!("{at}: the validator does not know the keyword `{k}`"),
-            }
-        }
+        let validator = jsonschema::draft202012::new(&rooted)
+            .unwrap_or_else(|e| panic!("the document holds a schema that does not compile ({e}): {schema}"));
+        validator
+            .iter_errors(value)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect()
     }
 
     /// The path template of the document a request path is an instance of (literal segments
@@ -268,19 +77,6 @@ impl Doc {
     }
 }
 
-fn has_type(v: &Value, t: &str) -> bool {
-    match t {
-        "null" => v.is_null(),
-        "boolean" => v.is_boolean(),
-        "string" => v.is_string(),
-        "integer" => v.is_i64() || v.is_u64(),
-        "number" => v.is_number(),
-        "array" => v.is_array(),
-        "object" => v.is_object(),
-        other => panic!("unknown type `{other}`"),
-    }
-}
-
 /// The server, with every exchange checked against the document and recorded.
 struct Checked<'a> {
     server: &'a Server,
@@ -305,52 +101,21 @@ impl Checked<'_> {
         let op = item
             .get(method.to_ascii_lowercase())
             .unwrap_or_else(|| panic!("{what}: {template} has no {method} in the document"));
-        let response = self
-            .doc
-            .follow(op["responses"].get(reply.status.to_string()).unwrap_or_else(|| {
-                panic!(
-                    "{what}: status {} of {method} {template} is not in the document",
-                    reply.status
-                )
-            }));
-        let value = match response.get("content").and_then(Value::as_object) {
-            None => {
-                assert!(
-                    reply.text.is_empty(),
-                    "{what}: the document has no body, the reply has {}",
-                    reply.text
-                );
-                Value::Null
-            }
-            Some(content) => {
-                assert_eq!(content.len(), 1, "{what}: one media type per response");
-                let (media, media_item) = content.iter().next().unwrap();
-                let got = reply.content_type.split(';').next().unwrap_or("").trim();
-                assert_eq!(got, media, "{what}: Content-Type {}", reply.content_type);
-                if media == "application/json" {
-                    let value: Value = serde_json::from_str(&reply.text)
-                        .unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {}", reply.text));
-                    let mut errors = Vec::new();
-                    self.doc.validate(&media_item["schema"], &value, "reply", &mut errors);
-                    assert!(
-                        errors.is_empty(),
-                        "{what}: the reply does not match the document:\n{}\n{value}",
-                        errors.join("\n")
-                    );
-                    value
-                } else {
-                    Value::String(reply.text.clone())
-                }
-            }
-        };
+        let response = op["responses"].get(reply.status.to_string()).unwrap_or_else(|| {
+            panic!(
+                "{what}: status {} of {method} {template} is not in the document",
+                reply.status
+            )
+        });
+        let value = self.check_reply(&what, response, &reply);
         // What the server accepted, the document must accept too.
         if (200..300).contains(&reply.status) {
             match (&op.get("requestBody"), &body) {
                 (Some(request), Some(sent)) => {
                     let sent: Value = serde_json::from_slice(sent).unwrap();
-                    let schema = &request["content"]["application/json"]["schema"];
-                    let mut errors = Vec::new();
-                    self.doc.validate(schema, &sent, "request", &mut errors);
+                    let errors = self
+                        .doc
+                        .validate(&request["content"]["application/json"]["schema"], &sent);
                     assert!(
                         errors.is_empty(),
                         "{what}: the server accepted a body the document refuses:\n{}\n{sent}",
@@ -367,125 +132,174 @@ impl Checked<'_> {
         (reply.status, value)
     }
 
+    /// The reply's body checked against the document's response: its media type, and a JSON
+    /// body against its schema.
+    fn check_reply(&self, what: &str, response: &Value, reply: &Reply) -> Value {
+        let Some(content) = response.get("content").and_then(Value::as_object) else {
+            assert!(
+                reply.text.is_empty(),
+                "{what}: the document has no body, the reply has {}",
+                reply.text
+            );
+            return Value::Null;
+        };
+        assert_eq!(content.len(), 1, "{what}: one media type per response");
+        let (media, media_item) = content.iter().next().unwrap();
+        let got = reply.content_type.split(';').next().unwrap_or("").trim();
+        let want = media.split(';').next().unwrap_or("").trim();
+        assert_eq!(got, want, "{what}: Content-Type {}", reply.content_type);
+        if media != "application/json" {
+            return Value::String(reply.text.clone());
+        }
+        let value: Value =
+            serde_json::from_str(&reply.text).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {}", reply.text));
+        let errors = self.doc.validate(&media_item["schema"], &value);
+        assert!(
+            errors.is_empty(),
+            "{what}: the reply does not match the document:\n{}\n{value}",
+            errors.join("\n")
+        );
+        value
+    }
+
     /// Boundaries until one answers with an envelope, each checked.
     fn envelope(&self, session: &str, lease_ms: u64) -> Value {
         until_envelope(session, lease_ms, |m, p, b| self.call(m, p, b))
     }
 }
 
-#[test]
-fn the_document_uses_only_keywords_the_validator_checks() {
-    let doc = Doc { root: document_file() };
-    assert_eq!(doc.root["openapi"], "3.1.0");
-    let schemas = doc.all_schemas();
-    assert!(schemas.len() > 40, "the walk found only {} schemas", schemas.len());
-    for (at, schema) in schemas {
-        doc.check_keywords(schema, &at);
-    }
-}
-
-#[test]
-fn every_v1_operation_documents_the_missing_key_reply() {
-    let doc = Doc { root: document_file() };
-    for (template, item) in doc.root["paths"].as_object().unwrap() {
-        for (method, op) in item.as_object().unwrap() {
-            if template.starts_with("/v1/") {
-                assert!(op["responses"].get("401").is_some(), "{method} {template} has no 401");
-            }
-        }
-    }
-}
-
-/// A server reply with a field the document does not name fails the check: the test can fail.
+/// A reply with a field the document does not name, or a runner spec of no kind, fails the
+/// check: the validation can fail.
 #[test]
 fn a_field_missing_from_the_document_is_refused() {
-    let doc = Doc { root: document_file() };
+    let doc = Doc { root: document() };
+    assert_eq!(doc.root["openapi"], "3.1.0");
     let schema = json!({"$ref": "#/components/schemas/ReleaseReply"});
-    let mut errors = Vec::new();
-    doc.validate(&schema, &json!({"claim_id": "c", "released": true}), "r", &mut errors);
-    assert!(errors.is_empty(), "{errors:?}");
-    doc.validate(
-        &schema,
-        &json!({"claim_id": "c", "released": true, "new": 1}),
-        "r",
-        &mut errors,
-    );
-    assert_eq!(errors.len(), 1, "{errors:?}");
-    let runner = json!({"$ref": "#/components/schemas/Runner"});
-    let mut errors = Vec::new();
-    doc.validate(&runner, &json!({"kind": "sim", "argv": ["x"]}), "r", &mut errors);
+    assert!(doc
+        .validate(&schema, &json!({"claim_id": "c", "released": true}))
+        .is_empty());
     assert_eq!(
-        errors.len(),
-        1,
-        "a sim runner with a command's field matches no branch: {errors:?}"
+        doc.validate(&schema, &json!({"claim_id": "c", "released": true, "new": 1}))
+            .len(),
+        1
     );
-}
-
-/// The `.route("…", web::METHOD()…)` registrations of server/src/lib.rs, with their scope
-/// prefixes, as (method, path).
-fn registered_routes() -> Vec<(String, String)> {
-    let source = include_str!("../server/src/lib.rs");
-    for unknown in ["web::resource(", ".configure(", ".service(web::resource"] {
-        assert!(
-            !source.contains(unknown),
-            "server/src/lib.rs registers routes with `{unknown}`, which this test does not read: teach registered_routes"
-        );
-    }
-    let mut routes = Vec::new();
-    // (prefix, the paren depth the scope's chain lives at)
-    let mut scopes: Vec<(String, i32)> = Vec::new();
-    let mut depth = 0i32;
-    let mut rest = source;
-    while let Some(c) = rest.chars().next() {
-        if let Some(after) = rest.strip_prefix("web::scope(\"") {
-            let end = after.find('"').unwrap();
-            scopes.push((after[..end].to_string(), depth));
-        } else if let Some(after) = rest.strip_prefix(".route(\"") {
-            let end = after.find('"').unwrap();
-            let path = &after[..end];
-            let call = &after[end..];
-            let method = ["get", "put", "post", "delete", "patch"]
-                .into_iter()
-                .filter_map(|m| call.find(&format!("web::{m}()")).map(|at| (at, m)))
-                .min()
-                .map(|(_, m)| m.to_string())
-                .unwrap_or_else(|| panic!("no method for the route {path}"));
-            let prefix: String = scopes.iter().map(|(p, _)| p.as_str()).collect();
-            routes.push((method, format!("{prefix}{path}")));
-        }
-        match c {
-            '(' => depth += 1,
-            ')' => {
-                depth -= 1;
-                // A scope ends with the `.service(` call that holds it.
-                while scopes.last().is_some_and(|(_, d)| depth < *d) {
-                    scopes.pop();
-                }
-            }
-            _ => {}
-        }
-        rest = &rest[c.len_utf8()..];
-    }
-    routes
-}
-
-#[test]
-fn every_route_the_server_registers_is_documented() {
-    let doc = Doc { root: document_file() };
-    let routes = registered_routes();
+    let runner = json!({"$ref": "#/components/schemas/Runner"});
+    assert!(doc.validate(&runner, &json!({"kind": "sim", "ms": 5})).is_empty());
     assert!(
-        routes.contains(&("get".into(), "/healthz".into()))
-            && routes.contains(&("post".into(), "/v1/sessions/{session_id}/delegate".into())),
-        "the route parser misread server/src/lib.rs: {routes:?}"
+        !doc.validate(&runner, &json!({"kind": "sim", "argv": ["x"]})).is_empty(),
+        "a sim runner with a command's field matches no branch"
     );
-    for (method, path) in routes {
-        let documented = doc.root["paths"].get(&path).and_then(|item| item.get(&method));
-        assert!(
-            documented.is_some(),
-            "{} {path} is served but not in server/src/openapi.json",
-            method.to_uppercase()
+    let redrive = json!({"$ref": "#/components/schemas/RedriveBody"});
+    assert!(doc.validate(&redrive, &json!({"all": true, "limit": 3})).is_empty());
+    assert!(!doc
+        .validate(&redrive, &json!({"all": true, "session_id": "s"}))
+        .is_empty());
+    assert!(!doc.validate(&redrive, &json!({"all": false})).is_empty());
+}
+
+/// The paths and methods the server registers (its route table) and those of the document are
+/// the same.
+#[test]
+fn every_route_the_server_registers_is_documented_and_nothing_else() {
+    let doc = document();
+    let mut documented: Vec<(String, Vec<String>)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(path, item)| {
+            let mut methods: Vec<String> = item.as_object().unwrap().keys().map(|m| m.to_uppercase()).collect();
+            methods.sort();
+            (path.clone(), methods)
+        })
+        .collect();
+    documented.sort();
+    let mut served: Vec<(String, Vec<String>)> = brood_server::routes()
+        .into_iter()
+        .map(|(path, methods)| {
+            let mut methods: Vec<String> = methods.iter().map(|m| m.to_string()).collect();
+            methods.sort();
+            (path.to_string(), methods)
+        })
+        .collect();
+    served.sort();
+    assert!(served.len() > 20, "{served:?}");
+    assert_eq!(served, documented);
+}
+
+/// A method a path does not answer is 405, with `Allow` naming those it does, in the error
+/// shape; a path the server does not have stays 404.
+#[test]
+fn undeclared_methods_are_answered_405_with_allow() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), Some(KEY));
+    let doc = Doc { root: document() };
+    for (path, methods) in brood_server::routes() {
+        let url = format!(
+            "{}{}",
+            server.base,
+            path.replace("{session_id}", "s").replace(['{', '}'], "")
         );
+        for method in ["DELETE", "PATCH", "PUT", "POST", "GET"] {
+            if methods.contains(&method) {
+                continue;
+            }
+            let request = ureq::http::Request::builder()
+                .method(method)
+                .uri(&url)
+                .header("Authorization", format!("Bearer {KEY}"))
+                .header("Content-Type", "application/json")
+                .body(())
+                .unwrap();
+            let mut reply = server
+                .agent
+                .run(request)
+                .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+            assert_eq!(reply.status().as_u16(), 405, "{method} {path}");
+            let allow = reply
+                .headers()
+                .get("allow")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let mut allowed: Vec<&str> = allow.split(", ").collect();
+            allowed.sort();
+            let mut want = methods.to_vec();
+            want.sort();
+            assert_eq!(allowed, want, "{method} {path}: Allow: {allow}");
+            let body: Value = serde_json::from_str(&reply.body_mut().read_to_string().unwrap()).unwrap();
+            assert!(
+                doc.validate(&json!({"$ref": "#/components/schemas/ErrorReply"}), &body)
+                    .is_empty(),
+                "{body}"
+            );
+            assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
+        }
     }
+    let (status, _) = server.call("GET", "/v1/no-such-endpoint", None);
+    assert_eq!(status, 404);
+}
+
+/// The document a server serves states the bounds of its configuration.
+#[test]
+fn the_document_served_states_the_servers_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), Some(KEY), &["--max-tasks-per-call", "7"]);
+    let (status, served) = server.call("GET", "/v1/openapi.json", None);
+    assert_eq!(status, 200);
+    assert_eq!(
+        served["components"]["schemas"]["DelegateBody"]["properties"]["tasks"]["maxItems"],
+        7
+    );
+    let (status, reply) = server.call(
+        "POST",
+        "/v1/sessions/s/delegate",
+        Some(json!({"tasks": vec![json!({"goal": "g", "runner": sim(0)}); 8]})),
+    );
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (400, Some("too_many_tasks")),
+        "{reply}"
+    );
 }
 
 #[test]
@@ -498,17 +312,30 @@ fn real_replies_validate_against_the_document() {
     );
     let c = Checked {
         server: &server,
-        doc: Doc { root: document_file() },
+        doc: Doc { root: document() },
         seen: RefCell::default(),
     };
+    documents_and_probes(&c);
+    sessions_and_delegation(&c);
+    boundaries_and_claims(&c);
+    dead_letters_and_redrive(&c);
+    refusals(&c);
+    an_outside_worker(&c);
+    every_expected_reply_was_seen(&c);
+}
 
-    // The document served is the file.
+/// The document itself, and the probes outside `/v1`.
+fn documents_and_probes(c: &Checked<'_>) {
+    // The document served is the generated one.
     let (_, served) = c.call("GET", "/v1/openapi.json", None);
     assert_eq!(served, c.doc.root);
     c.exchange("GET", "/v1/openapi.json", None, None);
     c.exchange("GET", "/healthz", None, None);
     c.exchange("GET", "/metrics", None, None);
+}
 
+/// Sessions, wake-capable and not; background, sync and forced-sync delegation; listings.
+fn sessions_and_delegation(c: &Checked<'_>) {
     // Sessions: wake-capable, and one that is not.
     c.call(
         "PUT",
@@ -549,7 +376,10 @@ fn real_replies_validate_against_the_document() {
     assert_eq!(page["next"], Value::Null, "{page}");
     let (status, _) = c.call("GET", "/v1/sessions?limit=0", None);
     assert_eq!(status, 400);
+}
 
+/// A boundary with nothing ready, then envelopes: ack, ack again, a busy release, a lost claim.
+fn boundaries_and_claims(c: &Checked<'_>) {
     // A boundary with nothing ready, then envelopes: ack, ack again, a busy release.
     let (status, _) = c.call("POST", "/v1/sessions/plain/boundary", Some(json!({"consumer": "t"})));
     assert_eq!(status, 204);
@@ -579,7 +409,11 @@ fn real_replies_validate_against_the_document() {
         Some(json!({"reason": "busy"})),
     );
     assert_eq!(status, 409);
+}
 
+/// With one delivery attempt allowed, a failed release makes a dead letter; its listing and
+/// redrive, and the call read from the ledger.
+fn dead_letters_and_redrive(c: &Checked<'_>) {
     // With one delivery attempt allowed, a failed release makes a dead letter.
     let env = c.envelope("o", 30_000);
     let claim = env["claim_id"].as_str().unwrap().to_string();
@@ -649,7 +483,10 @@ fn real_replies_validate_against_the_document() {
         &format!("/v1/claims/{claim}/release"),
         Some(json!({"reason": "failed"})),
     );
+}
 
+/// Refusals, each in the error shape of its status.
+fn refusals(c: &Checked<'_>) {
     // Refusals, each in the error shape of its status.
     let bad: [(&str, &str, Value); 6] = [
         ("POST", "/v1/sessions/o/delegate", json!({"tasks": []})),
@@ -695,18 +532,16 @@ fn real_replies_validate_against_the_document() {
     let (status, _) = c.call("POST", "/v1/sessions/o/delegate", Some(big));
     assert_eq!(status, 413);
     // A path no route matches answers 404 in the error shape too.
-    let (status, reply) = server.call("GET", "/v1/no-such-endpoint", None);
+    let (status, reply) = c.server.call("GET", "/v1/no-such-endpoint", None);
     assert_eq!(status, 404);
-    let mut errors = Vec::new();
-    c.doc.validate(
-        &json!({"$ref": "#/components/schemas/Error"}),
-        &reply,
-        "reply",
-        &mut errors,
-    );
+    let errors = c
+        .doc
+        .validate(&json!({"$ref": "#/components/schemas/ErrorReply"}), &reply);
     assert!(errors.is_empty(), "{errors:?}");
+}
 
-    // The sequence reached what it set out to check.
+/// An outside worker's round trip, and its refusals.
+fn an_outside_worker(c: &Checked<'_>) {
     // An external worker's round trip, and its refusals.
     let (status, _) = c.call(
         "POST",
@@ -743,7 +578,10 @@ fn real_replies_validate_against_the_document() {
         Some(json!({"token": token, "status": "succeeded", "summary": "done outside"})),
     );
     assert_eq!(status, 200);
+}
 
+/// The sequence reached what it set out to check.
+fn every_expected_reply_was_seen(c: &Checked<'_>) {
     let seen = c.seen.borrow();
     let expected: &[(&str, &str, u16)] = &[
         ("POST", "/v1/workers/poll", 200),

@@ -43,6 +43,7 @@ mod lifecycle;
 pub mod render;
 mod reply;
 pub mod runners;
+pub mod whole;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

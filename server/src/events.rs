@@ -19,52 +19,17 @@ use std::time::Duration;
 use actix_web::web::Bytes;
 use actix_web::{web, HttpResponse};
 use futures::Stream;
-use serde_json::{json, Value};
 use tokio::sync::broadcast::{error::RecvError, Receiver};
 
-use super::api::ApiError;
+use super::api::{self, ApiError};
 use super::state::State;
-use brood::{Event, SessionEvent};
+use brood::SessionEvent;
 
 /// How long a quiet stream waits before it sends a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
-/// The JSON `data` of an event.
-fn data(ev: &SessionEvent) -> Value {
-    let mut v = match &ev.event {
-        Event::Child {
-            child_id,
-            call_id,
-            task_index,
-            status,
-        } => json!({"child_id": child_id, "call_id": call_id, "task_index": task_index, "status": status}),
-        Event::Ready { ready } | Event::Wake { ready } => json!({"ready": ready}),
-        Event::FailureNotice {
-            child_id,
-            call_id,
-            status,
-            error,
-        } => json!({"child_id": child_id, "call_id": call_id, "status": status, "error": error}),
-        Event::Cancel {
-            kind,
-            id,
-            cancelled,
-            reason,
-        } => json!({"kind": kind, "id": id, "cancelled": cancelled, "reason": reason}),
-        Event::Claim {
-            claim_id,
-            change,
-            items,
-        } => json!({"claim_id": claim_id, "change": change.as_str(), "items": items}),
-    };
-    v["session_id"] = json!(ev.session_id);
-    v["seq"] = json!(ev.seq);
-    v["at"] = json!(ev.at_ms);
-    v
-}
-
 /// One event in SSE framing. JSON from serde_json has no raw newlines, so one `data:` line.
-fn frame(id: Option<u64>, name: &str, data: &Value) -> Bytes {
+fn frame(id: Option<u64>, name: &str, data: &str) -> Bytes {
     let mut out = String::new();
     if let Some(id) = id {
         out.push_str(&format!("id: {id}\n"));
@@ -99,10 +64,14 @@ fn sse(
             let chunk = tokio::select! {
                 _ = stopping.changed() => return None,
                 got = rx.recv() => match got {
-                    Ok(ev) => frame(Some(ev.seq), ev.event.name(), &data(&ev)),
+                    Ok(ev) => frame(Some(ev.seq), ev.event.name(), &api::events::data(&ev)),
                     Err(RecvError::Lagged(missed)) => {
                         tracing::info!(missed, "an event stream fell behind and was dropped");
-                        let last = frame(None, "dropped", &json!({"reason": "lagged", "missed": missed}));
+                        let dropped = api::events::DroppedEvent {
+                            reason: "lagged".to_string(),
+                            missed,
+                        };
+                        let last = frame(None, "dropped", &serde_json::to_string(&dropped).unwrap_or_default());
                         return Some((Ok(last), Next::Done));
                     }
                     Err(RecvError::Closed) => return None,
@@ -115,6 +84,12 @@ fn sse(
     futures::StreamExt::chain(head, rest)
 }
 
+#[utoipa::path(
+    get, path = "/v1/sessions/{session_id}/events", operation_id = "events",
+    params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$")),
+    responses((status = 200, description = "The session's events, as server-sent events, opening with the count ready now.", content_type = "text/event-stream", body = api::events::SseEvent),
+        (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply))
+)]
 pub(super) async fn stream(
     state: web::Data<State>,
     access: super::scope::Access,
@@ -125,11 +100,15 @@ pub(super) async fn stream(
     // Subscribed before the count is read: a change in between is told, never missed.
     let rx = state.brood.subscribe(&session_id).await?;
     let counts = state.brood.counts(&session_id).await?;
-    let first = frame(
-        Some(0),
-        "ready",
-        &json!({"session_id": session_id, "seq": 0, "at": brood_actors::model::now_ms(), "ready": counts.ready}),
-    );
+    let first = api::events::EventData {
+        session_id: session_id.clone(),
+        seq: 0,
+        at: brood_actors::model::now_ms(),
+        body: api::events::ReadyEvent {
+            ready: counts.ready as u64,
+        },
+    };
+    let first = frame(Some(0), "ready", &serde_json::to_string(&first).unwrap_or_default());
     Ok(HttpResponse::Ok()
         .content_type("text/event-stream")
         .insert_header(("Cache-Control", "no-cache"))
@@ -140,7 +119,9 @@ pub(super) async fn stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use brood::Event;
     use futures::StreamExt as _;
+    use serde_json::{json, Value};
     use tokio::sync::broadcast;
 
     fn event(seq: u64, event: Event) -> Arc<SessionEvent> {

@@ -252,6 +252,70 @@ fn arm_failpoints_from_env() {
     }
 }
 
+/// Registers each path's methods, and for any other method a 405 naming them in `Allow`; and
+/// lists them as [`ROUTES`] does (the OpenAPI document names the same, `tests/openapi.rs`
+/// checks).
+macro_rules! route_table {
+    ($configure:ident, $list:ident, $prefix:literal, [$($path:literal => { $($method:ident: $handler:path),+ $(,)? }),+ $(,)?]) => {
+        fn $configure(cfg: &mut web::ServiceConfig) {
+            $(
+                cfg.service(
+                    web::resource($path)
+                        $(.route(web::$method().to($handler)))+
+                        .default_service(web::to(|| routes::not_allowed(route_table!(@allow $($method),+)))),
+                );
+            )+
+        }
+
+        /// The paths of this table and their methods.
+        const $list: &[(&str, &[&str])] = &[$((concat!($prefix, $path), &[$(route_table!(@upper $method)),+])),+];
+    };
+    (@allow $($method:ident),+) => { concat!($(route_table!(@upper $method), ", "),+) };
+    (@upper get) => { "GET" };
+    (@upper put) => { "PUT" };
+    (@upper post) => { "POST" };
+}
+
+route_table!(top_routes, TOP_ROUTES, "", [
+    "/healthz" => { get: routes::healthz },
+    "/metrics" => { get: metrics::scrape },
+    "/ui" => { get: ui },
+]);
+
+route_table!(v1_routes, V1_ROUTES, "/v1", [
+    "/sessions" => { get: listing::list_sessions },
+    "/sessions/{session_id}" => { put: routes::put_session, get: routes::get_session },
+    "/sessions/{session_id}/turn" => { post: routes::set_turn },
+    "/sessions/{session_id}/delegate" => { post: routes::delegate },
+    "/sessions/{session_id}/boundary" => { post: routes::boundary },
+    "/sessions/{session_id}/events" => { get: events::stream },
+    "/claims/{claim_id}/ack" => { post: routes::ack },
+    "/claims/{claim_id}/release" => { post: routes::release },
+    "/dead-letters" => { get: routes::dead_letters },
+    "/dead-letters/redrive" => { post: routes::redrive },
+    "/openapi.json" => { get: openapi::document },
+    "/workers/poll" => { post: workers::poll },
+    "/workers/take" => { post: workers::take },
+    "/workers/untake" => { post: workers::untake },
+    "/calls/{call_id}" => { get: routes::get_call },
+    "/calls/{call_id}/cancel" => { post: routes::cancel_call },
+    "/units/{unit_id}/cancel" => { post: routes::cancel_unit },
+    "/children/{child_id}/cancel" => { post: routes::cancel_child },
+    "/children/{child_id}/heartbeat" => { post: workers::heartbeat },
+    "/children/{child_id}/complete" => { post: workers::complete },
+]);
+
+/// The OpenAPI document a server with `config` serves at `GET /v1/openapi.json`.
+pub fn openapi_document(config: &ServeConfig) -> serde_json::Value {
+    openapi::document_for(config)
+}
+
+/// Every path the server answers and its methods: what `Allow` names, and what the OpenAPI
+/// document must describe.
+pub fn routes() -> Vec<(&'static str, &'static [&'static str])> {
+    TOP_ROUTES.iter().chain(V1_ROUTES).copied().collect()
+}
+
 /// Serves API.md until SIGINT or SIGTERM, then drains, closes the engine and returns.
 pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
     #[cfg(feature = "failpoints")]
@@ -274,6 +338,7 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
         brood: brood.clone(),
         config: config.clone(),
         stopping,
+        openapi: Arc::new(openapi::document_for(&config)),
     });
     let metrics = web::Data::new(metrics);
     let drained = state.clone();
@@ -284,35 +349,13 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
             .app_data(queues.clone())
             .wrap(actix_web::middleware::from_fn(guard::guard))
             .wrap(actix_web::middleware::from_fn(metrics::count_requests))
-            .route("/healthz", web::get().to(routes::healthz))
-            .route("/metrics", web::get().to(metrics::scrape))
-            .route("/ui", web::get().to(ui))
+            .configure(top_routes)
             .service(
                 web::scope("/v1")
                     .wrap(actix_web::middleware::from_fn(forward::forward))
                     .wrap(actix_web::middleware::from_fn(intake::bounded))
                     .wrap(actix_web::middleware::from_fn(require_key))
-                    .route("/sessions", web::get().to(listing::list_sessions))
-                    .route("/sessions/{session_id}", web::put().to(routes::put_session))
-                    .route("/sessions/{session_id}", web::get().to(routes::get_session))
-                    .route("/sessions/{session_id}/turn", web::post().to(routes::set_turn))
-                    .route("/sessions/{session_id}/delegate", web::post().to(routes::delegate))
-                    .route("/sessions/{session_id}/boundary", web::post().to(routes::boundary))
-                    .route("/sessions/{session_id}/events", web::get().to(events::stream))
-                    .route("/claims/{claim_id}/ack", web::post().to(routes::ack))
-                    .route("/claims/{claim_id}/release", web::post().to(routes::release))
-                    .route("/dead-letters", web::get().to(routes::dead_letters))
-                    .route("/dead-letters/redrive", web::post().to(routes::redrive))
-                    .route("/openapi.json", web::get().to(openapi::document))
-                    .route("/workers/poll", web::post().to(workers::poll))
-                    .route("/workers/take", web::post().to(workers::take))
-                    .route("/workers/untake", web::post().to(workers::untake))
-                    .route("/calls/{call_id}", web::get().to(routes::get_call))
-                    .route("/calls/{call_id}/cancel", web::post().to(routes::cancel_call))
-                    .route("/units/{unit_id}/cancel", web::post().to(routes::cancel_unit))
-                    .route("/children/{child_id}/cancel", web::post().to(routes::cancel_child))
-                    .route("/children/{child_id}/heartbeat", web::post().to(workers::heartbeat))
-                    .route("/children/{child_id}/complete", web::post().to(workers::complete))
+                    .configure(v1_routes)
                     .default_service(web::to(routes::not_found)),
             )
             .default_service(web::to(routes::not_found))
@@ -384,6 +427,10 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
 /// server has one.
 const UI_PAGE: &str = include_str!("ui.html");
 
+#[utoipa::path(
+    get, path = "/ui", operation_id = "ui",
+    responses((status = 200, description = "The live web view.", content_type = "text/html", body = String))
+)]
 async fn ui() -> actix_web::HttpResponse {
     actix_web::HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")

@@ -4,26 +4,15 @@
 //! behind it. This file owns the query's bounds and the page's shape; the counts come from
 //! [`Brood::counts`](brood::Brood::counts), shaped as `GET /v1/sessions/{id}` shapes them.
 
-use actix_web::{web, HttpRequest, HttpResponse};
-use serde::Deserialize;
-use serde_json::json;
-
-use super::api::counts_json;
-use super::api::ApiError;
+use super::api::{self, ApiError, ListQuery};
 use super::state::State;
+use actix_web::{web, HttpRequest, HttpResponse};
 use brood::BroodError;
 
 /// The page size when the query names none.
 pub(super) const DEFAULT_LIMIT: usize = 100;
 /// The largest page.
 pub(super) const MAX_LIMIT: usize = 1000;
-
-/// The query, as text: `limit` is checked here so a bad one is a 400 in API.md's shape.
-#[derive(Debug, Deserialize)]
-struct ListQuery {
-    limit: Option<String>,
-    after: Option<String>,
-}
 
 /// `limit` as given, checked against 1..=[`MAX_LIMIT`].
 pub(super) fn limit(given: Option<&str>) -> Result<usize, ApiError> {
@@ -49,6 +38,12 @@ fn page<'a>(ids: &'a [String], after: Option<&str>, limit: usize) -> (&'a [Strin
     (&ids[start..end], end < ids.len())
 }
 
+#[utoipa::path(
+    get, path = "/v1/sessions", operation_id = "listSessions",
+    params(api::ListQuery),
+    responses((status = 200, description = "A page of sessions, nested ones included.", body = api::SessionList),
+        (status = 400, description = "A bad query (`invalid_request`).", body = api::ErrorReply))
+)]
 pub(super) async fn list_sessions(
     state: web::Data<State>,
     access: super::scope::Access,
@@ -81,16 +76,16 @@ pub(super) async fn list_sessions(
             | Err(BroodError::LeaseLapsed { .. }) => continue,
             Err(e) => return Err(e.into()),
         };
-        sessions.push(json!({
-            "session_id": st.info.session_id,
-            "turn": st.info.turn,
-            "wake_capable": st.info.wake_capable,
-            "counts": counts_json(&st),
-            "parent_child_id": state.brood.nest(id).map(|n| n.session_id),
-        }));
+        sessions.push(api::SessionSummary {
+            session_id: st.info.session_id.clone(),
+            turn: st.info.turn.into(),
+            wake_capable: st.info.wake_capable,
+            counts: api::Counts::from(&st),
+            parent_child_id: state.brood.nest(id).map(|n| n.session_id),
+        });
     }
-    let next = if more { ids.last() } else { None };
-    Ok(HttpResponse::Ok().json(json!({"sessions": sessions, "next": next})))
+    let next = if more { ids.last().cloned() } else { None };
+    Ok(HttpResponse::Ok().json(api::SessionList { sessions, next }))
 }
 
 #[cfg(test)]

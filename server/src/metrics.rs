@@ -262,6 +262,10 @@ impl Engine {
 }
 
 /// `GET /metrics`.
+#[utoipa::path(
+    get, path = "/metrics", operation_id = "metrics",
+    responses((status = 200, description = "The metrics, in OpenMetrics text.", content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String))
+)]
 pub(super) async fn scrape(state: web::Data<State>, metrics: web::Data<Metrics>) -> Result<HttpResponse, ApiError> {
     let engine = Engine::gather(&state.brood).await?;
     let mut text = String::new();

@@ -1,13 +1,297 @@
-//! `GET /v1/openapi.json`: the OpenAPI 3.1 document of API.md as this server answers it, kept
-//! by hand in `openapi.json` beside this file and compiled in. `tests/openapi.rs` holds it to
-//! the truth: real replies must validate against it, and every route the server registers must
-//! be in it.
+//! `GET /v1/openapi.json`: the OpenAPI 3.1 document of API.md, generated from the contract's
+//! types (`api`) and the operations of the routes (`#[utoipa::path]` on each handler), then
+//! completed with what holds for every operation alike — the key, the refusals of the guard
+//! and of the body read, the error reply — and with the bounds this server's configuration
+//! sets (`max_tasks_per_call`, the lease range, `max_session_capacity`). What the server
+//! enforces, the document states: `tests/openapi.rs` holds real replies and refusals to it, and
+//! CI runs Schemathesis against it.
 
-use actix_web::HttpResponse;
+use actix_web::{web, HttpResponse};
+use serde_json::{json, Map, Value};
+use utoipa::OpenApi;
 
-/// The document, as served.
-pub(super) const DOCUMENT: &str = include_str!("openapi.json");
+use super::api;
+use super::config::ServeConfig;
+use super::state::State;
 
-pub(super) async fn document() -> HttpResponse {
-    HttpResponse::Ok().content_type("application/json").body(DOCUMENT)
+/// The operations and schemas of API.md.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "brood",
+        description = "Durable, turn-boundary routing of delegated child work (API.md, version 1).",
+        version = "1"
+    ),
+    paths(
+        super::routes::healthz,
+        super::metrics::scrape,
+        super::ui,
+        document,
+        super::listing::list_sessions,
+        super::routes::put_session,
+        super::routes::get_session,
+        super::routes::set_turn,
+        super::routes::delegate,
+        super::routes::boundary,
+        super::events::stream,
+        super::routes::ack,
+        super::routes::release,
+        super::routes::dead_letters,
+        super::routes::redrive,
+        super::workers::poll,
+        super::workers::take,
+        super::workers::untake,
+        super::routes::get_call,
+        super::routes::cancel_call,
+        super::routes::cancel_unit,
+        super::routes::cancel_child,
+        super::workers::heartbeat,
+        super::workers::complete,
+    ),
+    components(schemas(
+        api::ErrorReply,
+        api::events::EventName,
+        api::events::ChildEvent,
+        api::events::ReadyEvent,
+        api::events::FailureNoticeEvent,
+        api::events::CancelEvent,
+        api::events::ClaimEvent,
+        api::events::DroppedEvent,
+    ))
+)]
+struct ApiDoc;
+
+/// A status every `/v1` operation may answer, or every operation with a body: the code, what
+/// it means, and which operations.
+struct Common {
+    status: &'static str,
+    description: &'static str,
+    applies: fn(path: &str, has_body: bool) -> bool,
+}
+
+const COMMON: &[Common] = &[
+    Common {
+        status: "401",
+        description: "No key, or a wrong one (`unauthorized`).",
+        applies: |path, _| path.starts_with("/v1/"),
+    },
+    Common {
+        status: "403",
+        description: "Refused: a request from a web page of another site (`forbidden_host`, `cross_origin`), a key scoped to other sessions (`out_of_scope`), or what the server does not allow.",
+        applies: |_, _| true,
+    },
+    Common {
+        status: "400",
+        description: "The body or a parameter is malformed or out of bounds (`invalid_request`, …).",
+        applies: |_, has_body| has_body,
+    },
+    Common {
+        status: "408",
+        description: "The body did not arrive within `body_timeout_ms` (`body_timeout`).",
+        applies: |_, has_body| has_body,
+    },
+    Common {
+        status: "413",
+        description: "The body is over the limit (`body_too_large`).",
+        applies: |_, has_body| has_body,
+    },
+    Common {
+        status: "415",
+        description: "A body that is not `Content-Type: application/json` (`unsupported_media_type`).",
+        applies: |_, has_body| has_body,
+    },
+    Common {
+        status: "400",
+        description: "A session id no session can have (`invalid_request`).",
+        applies: |path, _| path.contains("{session_id}"),
+    },
+    Common {
+        status: "503",
+        description: "Try again later: the server drains (`draining`), its ledger failed (`ledger_error`), or the session is served elsewhere and could not be reached (`session_moved`, `lease_lapsed`).",
+        applies: |path, _| path.starts_with("/v1/") && path != "/v1/openapi.json",
+    },
+];
+
+/// The document this server serves: its operations, with the bounds of `config`.
+pub(super) fn document_for(config: &ServeConfig) -> Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_else(|_| json!({}));
+    add_common_responses(&mut doc);
+    doc["security"] = json!([{"bearer": []}]);
+    doc["components"]["securitySchemes"] = json!({
+        "bearer": {"type": "http", "scheme": "bearer", "description": "The server's API key (`--api-key`), or a scoped key."}
+    });
+    doc["components"]["schemas"]["RedriveBody"] = redrive_schema();
+    // What the derive cannot say: a `command`'s variable names.
+    doc["components"]["schemas"]["CommandRunner"]["properties"]["env"]["propertyNames"] =
+        json!({"minLength": 1, "pattern": r"^[^=\u0000]+$"});
+    close_replies(&mut doc);
+    for (pointer, value) in configured_bounds(config) {
+        if let Some(slot) = doc.pointer_mut(pointer) {
+            *slot = value;
+        }
+    }
+    // Outside `/v1` no key is asked for.
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for (path, ops) in paths.iter_mut() {
+            if path.starts_with("/v1/") {
+                continue;
+            }
+            for op in ops.as_object_mut().into_iter().flat_map(|o| o.values_mut()) {
+                op["security"] = json!([]);
+            }
+        }
+    }
+    doc
+}
+
+/// Every object the server sends names all its fields: a reply with another is not this
+/// document's (request bodies refuse unknown fields already).
+fn close_replies(doc: &mut Value) {
+    let Some(schemas) = doc["components"]["schemas"].as_object_mut() else {
+        return;
+    };
+    for schema in schemas.values_mut() {
+        if schema.get("properties").is_some() && schema.get("additionalProperties").is_none() {
+            schema["additionalProperties"] = Value::Bool(false);
+        }
+    }
+}
+
+/// Where the configuration's bounds go in the document.
+fn configured_bounds(config: &ServeConfig) -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "/components/schemas/DelegateBody/properties/tasks/maxItems",
+            json!(config.max_tasks_per_call),
+        ),
+        (
+            "/components/schemas/BoundaryBody/properties/lease_ms/minimum",
+            json!(config.min_lease_ms),
+        ),
+        (
+            "/components/schemas/BoundaryBody/properties/lease_ms/maximum",
+            json!(config.max_lease_ms),
+        ),
+        (
+            "/components/schemas/PutSession/properties/max_concurrent_children/maximum",
+            json!(config.max_session_capacity),
+        ),
+    ]
+}
+
+/// The error reply on every status from 400 up that an operation answers, and the statuses
+/// every operation of its kind may answer ([`COMMON`]).
+fn add_common_responses(doc: &mut Value) {
+    let error = json!({"application/json": {"schema": {"$ref": "#/components/schemas/ErrorReply"}}});
+    let Some(paths) = doc["paths"].as_object_mut() else {
+        return;
+    };
+    for (path, ops) in paths.iter_mut() {
+        let Some(ops) = ops.as_object_mut() else {
+            continue;
+        };
+        for op in ops.values_mut() {
+            // One document, one API: no grouping by the module a handler sits in.
+            if let Some(op) = op.as_object_mut() {
+                op.remove("tags");
+            }
+            let has_body = op.get("requestBody").is_some();
+            let responses = op["responses"].as_object_mut().map(std::mem::take).unwrap_or_default();
+            let mut responses: Map<String, Value> = responses;
+            for common in COMMON {
+                if (common.applies)(path, has_body) && !responses.contains_key(common.status) {
+                    responses.insert(common.status.to_string(), json!({"description": common.description}));
+                }
+            }
+            for (status, response) in responses.iter_mut() {
+                if status.as_str() >= "400" && response.get("content").is_none() {
+                    response["content"] = error.clone();
+                }
+            }
+            op["responses"] = Value::Object(responses);
+        }
+    }
+}
+
+/// `POST /v1/dead-letters/redrive`'s body: exactly one selector (which a derived schema cannot
+/// say), and an optional `limit`.
+fn redrive_schema() -> Value {
+    let limit = json!({
+        "type": ["integer", "null"],
+        "minimum": 1,
+        "maximum": u32::MAX,
+        "description": "At most this many (the oldest dead first).",
+    });
+    let one = |name: &str, schema: Value| {
+        json!({
+            "type": "object",
+            "required": [name],
+            "properties": {name: schema, "limit": limit},
+            "additionalProperties": false,
+        })
+    };
+    json!({
+        "description": "Which dead letters to put back in their sessions' ready sets: exactly one of `child_ids`, `session_id`, `\"all\": true`.",
+        "oneOf": [
+            one("child_ids", json!({"type": "array", "minItems": 1, "items": {"type": "string"}, "description": "The children whose dead items to put back."})),
+            one("session_id", json!({"type": "string", "pattern": api::SESSION_ID_PATTERN, "description": "The session whose dead items to put back."})),
+            one("all", json!({"const": true, "description": "Every dead item."})),
+        ]
+    })
+}
+
+/// The OpenAPI document of this server.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    operation_id = "openapi",
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API, with this server's bounds.", content_type = "application/json", body = Object))
+)]
+pub(super) async fn document(state: web::Data<State>) -> HttpResponse {
+    HttpResponse::Ok().json(&*state.openapi)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_document_states_the_configured_bounds() {
+        let config = ServeConfig {
+            max_tasks_per_call: 7,
+            max_session_capacity: 12,
+            ..ServeConfig::default()
+        };
+        let doc = document_for(&config);
+        let schemas = &doc["components"]["schemas"];
+        assert_eq!(schemas["DelegateBody"]["properties"]["tasks"]["maxItems"], 7);
+        assert_eq!(
+            schemas["PutSession"]["properties"]["max_concurrent_children"]["maximum"],
+            12
+        );
+        assert_eq!(
+            schemas["BoundaryBody"]["properties"]["lease_ms"]["minimum"],
+            json!(config.min_lease_ms)
+        );
+    }
+
+    #[test]
+    fn every_v1_operation_answers_the_missing_key_reply_and_every_body_the_refusals_of_a_body() {
+        let doc = document_for(&ServeConfig::default());
+        for (path, ops) in doc["paths"].as_object().unwrap() {
+            for (method, op) in ops.as_object().unwrap() {
+                let responses = op["responses"].as_object().unwrap();
+                assert_eq!(
+                    responses.contains_key("401"),
+                    path.starts_with("/v1/"),
+                    "{method} {path}"
+                );
+                if op.get("requestBody").is_some() {
+                    for status in ["400", "408", "413", "415"] {
+                        assert!(responses.contains_key(status), "{method} {path} {status}");
+                    }
+                }
+            }
+        }
+    }
 }

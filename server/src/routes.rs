@@ -3,13 +3,11 @@
 
 use std::time::Duration;
 
-use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
-use serde_json::json;
-
 use super::api::{self, ApiError, BoundaryBody, DelegateBody, PutSession, ReleaseBody, TurnBody};
 use super::scope::Access;
 use super::state::{body, State};
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse};
 use brood::{BroodError, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
 
 type Reply = Result<HttpResponse, ApiError>;
@@ -22,17 +20,11 @@ pub(super) fn session_path(path: web::Path<String>) -> Result<String, ApiError> 
     Ok(id)
 }
 
-fn session_json(info: &brood::SessionInfo) -> serde_json::Value {
-    json!({
-        "session_id": info.session_id,
-        "wake_capable": info.wake_capable,
-        "addressable": info.addressable,
-        "turn": info.turn,
-        "max_concurrent_children": info.max_concurrent_children,
-        "max_delivery_attempts": info.max_delivery_attempts,
-    })
-}
-
+#[utoipa::path(
+    put, path = "/v1/sessions/{session_id}", operation_id = "putSession",
+    params(("session_id" = String, Path, description = "The session: 1 to 256 characters of printable ASCII without `/`, `?`, `#`, `%` or a space.", pattern = r#"^[!-"$&-.0->@-~]{1,256}$"#)), request_body(content = Option<api::PutSession>, content_type = "application/json"),
+    responses((status = 200, description = "The session, made or changed.", body = api::Session))
+)]
 pub(super) async fn put_session(
     state: web::Data<State>,
     access: Access,
@@ -41,7 +33,8 @@ pub(super) async fn put_session(
 ) -> Reply {
     let session_id = session_path(path)?;
     access.session(&state.brood, &session_id).await?;
-    let body: PutSession = api::parse(&body(&state, payload).await?)?;
+    // The body is optional: none, `{}` and `null` change nothing.
+    let body: PutSession = api::parse::<Option<PutSession>>(&body(&state, payload).await?)?.unwrap_or_default();
     let mut options = SessionOptions::default();
     if let Some(url) = body.wake_url.clone() {
         options = options.wake_url(url);
@@ -71,26 +64,23 @@ pub(super) async fn put_session(
             state.config.max_delivery_attempts,
         )
         .await?;
-    Ok(HttpResponse::Ok().json(session_json(&info)))
+    Ok(HttpResponse::Ok().json(api::Session::from(&info)))
 }
 
-/// The query of `GET /v1/sessions/{id}`: `delivered=true` lists every stored call (delivered
-/// ones too), a page at a time.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SessionQuery {
-    delivered: Option<String>,
-    after: Option<String>,
-    limit: Option<String>,
-}
-
+#[utoipa::path(
+    get, path = "/v1/sessions/{session_id}", operation_id = "getSession",
+    params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$"), api::SessionQuery),
+    responses((status = 200, description = "The session's state.", body = api::SessionDetail),
+        (status = 400, description = "A bad query or session id (`invalid_request`).", body = api::ErrorReply),
+        (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply))
+)]
 pub(super) async fn get_session(
     state: web::Data<State>,
     access: Access,
     path: web::Path<String>,
     req: HttpRequest,
 ) -> Reply {
-    let query = web::Query::<SessionQuery>::from_query(req.query_string())
+    let query = web::Query::<api::SessionQuery>::from_query(req.query_string())
         .map_err(|e| ApiError::invalid(format!("the query string does not parse: {e}")))?
         .into_inner();
     let delivered = match query.delivered.as_deref() {
@@ -102,89 +92,63 @@ pub(super) async fn get_session(
             )))
         }
     };
-    if !delivered && (query.after.is_some() || query.limit.is_some()) {
-        return Err(ApiError::invalid(
-            "`after` and `limit` page the calls of `delivered=true` only",
-        ));
-    }
     let id = session_path(path)?;
     access.session(&state.brood, &id).await?;
     let st = state.brood.status(&id).await?;
-    let (calls, next): (Vec<serde_json::Value>, Option<String>) = if delivered {
+    let paged = delivered || query.after.is_some() || query.limit.is_some();
+    let (calls, calls_next) = if paged {
         let limit = super::listing::limit(query.limit.as_deref())?;
         let (calls, next) = state.brood.session_calls(&id, query.after.as_deref(), limit).await?;
-        (calls.iter().map(call_json).collect(), next)
+        let calls = calls.iter().map(api::CallView::from);
+        // Without `delivered=true`, a page of the stored calls shows those not yet delivered.
+        let calls = match delivered {
+            true => calls.collect(),
+            false => calls
+                .filter(|c| st.calls.iter().any(|live| live.call.call_id == c.call_id))
+                .collect(),
+        };
+        (calls, next)
     } else {
-        (st.calls.iter().map(call_json).collect(), None)
+        (st.calls.iter().map(api::CallView::from).collect(), None)
     };
-    Ok(HttpResponse::Ok().json(json!({
-        "session_id": st.info.session_id,
-        "turn": st.info.turn,
-        "wake_capable": st.info.wake_capable,
-        "addressable": st.info.addressable,
-        "max_concurrent_children": st.info.max_concurrent_children,
-        "max_delivery_attempts": st.info.max_delivery_attempts,
-        "counts": api::counts_json(&st),
-        "parent_child_id": state.brood.nest(&st.info.session_id).map(|n| n.session_id),
-        "calls": calls,
-        "calls_next": next,
-        "claims": st.claims.iter().map(|c| json!({
-            "claim_id": c.claim_id,
-            "consumer": c.consumer,
-            "items": c.items,
-            "lease_expires_at": c.lease_expires_at_ms,
-        })).collect::<Vec<_>>(),
-    })))
-}
-
-/// A call as a session's `calls[]` shows it.
-fn call_json(c: &brood::CallStatus) -> serde_json::Value {
-    json!({
-        "call_id": c.call.call_id,
-        "set": c.call.set,
-        "mode": c.call.mode,
-        "created_at": c.call.created_at_ms,
-        "units": c.units.iter().map(|u| json!({"unit_id": u.unit_id, "group": u.group, "tasks": u.tasks})).collect::<Vec<_>>(),
-        "children": c.children.iter().map(|r| json!({
-            "child_id": r.child_id,
-            "task_index": r.task_index,
-            "status": r.status,
-            "started_at": r.started_at_ms,
-            "finished_at": r.finished_at_ms,
-            "delivery": delivery(r),
-            "delivery_attempt": r.status.is_terminal().then(|| r.result.failed_attempts.saturating_add(1)),
-            "summary": crate::api::summary_line(r.summary.as_deref(), r.error.as_deref()),
-        })).collect::<Vec<_>>(),
-    })
-}
-
-/// Where a child's result is on its way: `null` until it has one.
-fn delivery(r: &brood::ChildRow) -> Option<&'static str> {
-    if r.result.delivered {
-        Some("delivered")
-    } else if r.result.dead {
-        Some("dead_letter")
-    } else if r.status.is_terminal() {
-        Some("undelivered")
-    } else {
-        None
-    }
+    let info = &st.info;
+    Ok(HttpResponse::Ok().json(api::SessionDetail {
+        session_id: info.session_id.clone(),
+        wake_capable: info.wake_capable,
+        addressable: info.addressable,
+        turn: info.turn.into(),
+        max_concurrent_children: info.max_concurrent_children,
+        max_delivery_attempts: info.max_delivery_attempts,
+        counts: api::Counts::from(&st),
+        parent_child_id: state.brood.nest(&st.info.session_id).map(|n| n.session_id),
+        calls,
+        calls_next,
+        claims: st.claims.iter().map(api::ClaimView::from).collect(),
+    }))
 }
 
 /// `GET /v1/calls/{call_id}`: the call as a session shows it, with its session, the mode it
 /// ran in and why it was forced to sync, and when it was made; from the ledger once it was
 /// delivered.
+#[utoipa::path(
+    get, path = "/v1/calls/{call_id}", operation_id = "getCall",
+    params(("call_id" = String, Path, description = "The call: `deleg_<hex>`.")),
+    responses((status = 200, description = "The call, also once delivered (until retention removes it).", body = api::CallDetail),
+        (status = 404, description = "No such call (`unknown_call`).", body = api::ErrorReply))
+)]
 pub(super) async fn get_call(state: web::Data<State>, access: Access, path: web::Path<String>) -> Reply {
     let call_id = path.into_inner();
     reach_call(&state, &access, "call", &call_id, &call_id).await?;
     let c = state.brood.call(&call_id).await?;
-    let mut out = call_json(&c);
-    out["session_id"] = json!(c.call.session_id);
-    out["forced_sync_reason"] = json!(c.call.forced_sync_reason);
-    out["created_at"] = json!(c.call.created_at_ms);
-    Ok(HttpResponse::Ok().json(out))
+    Ok(HttpResponse::Ok().json(api::CallDetail::from(&c)))
 }
 
+#[utoipa::path(
+    post, path = "/v1/sessions/{session_id}/turn", operation_id = "setTurn",
+    params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$")), request_body(content = api::TurnBody, content_type = "application/json"),
+    responses((status = 200, description = "The turn was set.", body = api::TurnReply),
+        (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply))
+)]
 pub(super) async fn set_turn(
     state: web::Data<State>,
     access: Access,
@@ -194,8 +158,11 @@ pub(super) async fn set_turn(
     let session_id = session_path(path)?;
     access.session(&state.brood, &session_id).await?;
     let body: TurnBody = api::parse(&body(&state, payload).await?)?;
-    state.brood.set_turn(&session_id, body.state).await?;
-    Ok(HttpResponse::Ok().json(json!({"session_id": session_id, "turn": body.state})))
+    state.brood.set_turn(&session_id, body.state.into()).await?;
+    Ok(HttpResponse::Ok().json(api::TurnReply {
+        session_id,
+        turn: body.state,
+    }))
 }
 
 /// Turns the request's tasks into the engine's, refusing runner kinds the server does not
@@ -236,8 +203,8 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
         out.push(task);
     }
     let mut req = match body.mode {
-        brood::Mode::Background => DelegateRequest::background(out),
-        brood::Mode::Sync => DelegateRequest::sync(out),
+        api::Mode::Background => DelegateRequest::background(out),
+        api::Mode::Sync => DelegateRequest::sync(out),
     };
     if body.independent_completions {
         req = req.independent();
@@ -245,6 +212,15 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
     Ok(req)
 }
 
+#[utoipa::path(
+    post, path = "/v1/sessions/{session_id}/delegate", operation_id = "delegate",
+    params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$")), request_body(content = api::DelegateBody, content_type = "application/json"),
+    responses((status = 202, description = "A background call: its results come at the session's boundaries.", body = api::DelegateBackground),
+        (status = 200, description = "A sync call (or one forced to sync): its results, delivered.", body = api::DelegateSync),
+        (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply),
+        (status = 409, description = "The child whose nested session this is has ended (`parent_ended`).", body = api::ErrorReply),
+        (status = 500, description = "An embedder's runner factory panicked (`runner_factory_panicked`).", body = api::ErrorReply))
+)]
 pub(super) async fn delegate(
     state: web::Data<State>,
     access: Access,
@@ -267,13 +243,19 @@ pub(super) async fn delegate(
             set,
             units,
             note,
-        } => HttpResponse::Accepted().json(json!({
-            "call_id": call_id,
-            "set": set,
-            "mode": "background",
-            "units": units.iter().map(|u| json!({"unit_id": u.unit_id, "tasks": u.tasks})).collect::<Vec<_>>(),
-            "note": note,
-        })),
+        } => HttpResponse::Accepted().json(api::DelegateBackground {
+            call_id,
+            set,
+            mode: api::Mode::Background,
+            units: units
+                .into_iter()
+                .map(|u| api::UnitRef {
+                    unit_id: u.unit_id,
+                    tasks: u.tasks,
+                })
+                .collect(),
+            note,
+        }),
         DelegateReply::Sync {
             call_id,
             set,
@@ -282,18 +264,25 @@ pub(super) async fn delegate(
             note,
             text,
             ..
-        } => HttpResponse::Ok().json(json!({
-            "call_id": call_id,
-            "set": set,
-            "mode": "sync",
-            "forced_sync_reason": forced_sync_reason,
-            "results": api::items(&results),
-            "note": note,
-            "text": text,
-        })),
+        } => HttpResponse::Ok().json(api::DelegateSync {
+            call_id,
+            set,
+            mode: api::Mode::Sync,
+            forced_sync_reason,
+            results: api::items(&results),
+            note,
+            text,
+        }),
     })
 }
 
+#[utoipa::path(
+    post, path = "/v1/sessions/{session_id}/boundary", operation_id = "boundary",
+    params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$")), request_body(content = api::BoundaryBody, content_type = "application/json"),
+    responses((status = 200, description = "The envelope: every item ready now, claimed.", body = api::Envelope),
+        (status = 204, description = "Nothing is ready."),
+        (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply))
+)]
 pub(super) async fn boundary(
     state: web::Data<State>,
     access: Access,
@@ -316,12 +305,7 @@ pub(super) async fn boundary(
         .await?
     {
         None => Ok(HttpResponse::NoContent().finish()),
-        Some(env) => Ok(HttpResponse::Ok().json(json!({
-            "claim_id": env.claim_id,
-            "lease_expires_at": env.lease_expires_at_ms,
-            "items": api::items(&env.items),
-            "text": env.text,
-        }))),
+        Some(env) => Ok(HttpResponse::Ok().json(api::Envelope::from(&env))),
     }
 }
 
@@ -358,13 +342,29 @@ pub(super) async fn reach_call(
     access.owned(&state.brood, session.as_deref(), unknown).await
 }
 
+#[utoipa::path(
+    post, path = "/v1/claims/{claim_id}/ack", operation_id = "ack",
+    params(("claim_id" = String, Path, description = "The claim, from an envelope.")),
+    responses((status = 200, description = "The claim's items are delivered (acking again answers the same).", body = api::AckReply),
+        (status = 404, description = "No such claim (`unknown_claim`).", body = api::ErrorReply),
+        (status = 409, description = "The claim was lost: expired, released, or returned by a restart or a takeover (`claim_lost`).", body = api::ErrorReply))
+)]
 pub(super) async fn ack(state: web::Data<State>, access: Access, path: web::Path<String>) -> Reply {
     let claim_id = path.into_inner();
     reach_claim(&state, &access, &claim_id).await?;
     let delivered = state.brood.ack(&claim_id).await?;
-    Ok(HttpResponse::Ok().json(json!({"delivered": delivered})))
+    Ok(HttpResponse::Ok().json(api::AckReply {
+        delivered: delivered as u64,
+    }))
 }
 
+#[utoipa::path(
+    post, path = "/v1/claims/{claim_id}/release", operation_id = "release",
+    params(("claim_id" = String, Path, description = "The claim, from an envelope.")), request_body(content = api::ReleaseBody, content_type = "application/json"),
+    responses((status = 200, description = "The claim's items are ready again (after any backoff).", body = api::ReleaseReply),
+        (status = 404, description = "No such claim (`unknown_claim`).", body = api::ErrorReply),
+        (status = 409, description = "The claim was lost or acked (`claim_lost`, `claim_acked`).", body = api::ErrorReply))
+)]
 pub(super) async fn release(
     state: web::Data<State>,
     access: Access,
@@ -376,12 +376,25 @@ pub(super) async fn release(
     let body: ReleaseBody = api::parse(&body(&state, payload).await?)?;
     state
         .brood
-        .release(&claim_id, body.reason, Duration::from_millis(body.retry_after_ms))
+        .release(
+            &claim_id,
+            body.reason.into(),
+            Duration::from_millis(body.retry_after_ms),
+        )
         .await?;
-    Ok(HttpResponse::Ok().json(json!({"claim_id": claim_id, "released": true})))
+    Ok(HttpResponse::Ok().json(api::ReleaseReply {
+        claim_id,
+        released: true,
+    }))
 }
 
 /// `POST /v1/calls/{id}/cancel`.
+#[utoipa::path(
+    post, path = "/v1/calls/{call_id}/cancel", operation_id = "cancelCall",
+    params(("call_id" = String, Path, description = "The call: `deleg_<hex>`.")), request_body(content = Option<api::CancelBody>, content_type = "application/json"),
+    responses((status = 200, description = "The children this request cancelled.", body = api::CancelReply),
+        (status = 404, description = "No such call (`unknown_call`).", body = api::ErrorReply))
+)]
 pub(super) async fn cancel_call(
     state: web::Data<State>,
     access: Access,
@@ -392,6 +405,12 @@ pub(super) async fn cancel_call(
 }
 
 /// `POST /v1/units/{id}/cancel`.
+#[utoipa::path(
+    post, path = "/v1/units/{unit_id}/cancel", operation_id = "cancelUnit",
+    params(("unit_id" = String, Path, description = "The unit: `<call_id>-<k>`.")), request_body(content = Option<api::CancelBody>, content_type = "application/json"),
+    responses((status = 200, description = "The children this request cancelled.", body = api::CancelReply),
+        (status = 404, description = "No such unit (`unknown_unit`).", body = api::ErrorReply))
+)]
 pub(super) async fn cancel_unit(
     state: web::Data<State>,
     access: Access,
@@ -402,6 +421,12 @@ pub(super) async fn cancel_unit(
 }
 
 /// `POST /v1/children/{id}/cancel`.
+#[utoipa::path(
+    post, path = "/v1/children/{child_id}/cancel", operation_id = "cancelChild",
+    params(("child_id" = String, Path, description = "The child: `<call_id>.<index>`.")), request_body(content = Option<api::CancelBody>, content_type = "application/json"),
+    responses((status = 200, description = "The children this request cancelled.", body = api::CancelReply),
+        (status = 404, description = "No such child (`unknown_child`).", body = api::ErrorReply))
+)]
 pub(super) async fn cancel_child(
     state: web::Data<State>,
     access: Access,
@@ -415,27 +440,28 @@ async fn cancel(state: web::Data<State>, access: Access, target: brood::CancelTa
     if let Some(call_id) = target.call_id() {
         reach_call(&state, &access, target.kind(), target.id(), call_id).await?;
     }
-    let body: api::CancelBody = api::parse(&body(&state, payload).await?)?;
+    let body = api::parse::<Option<api::CancelBody>>(&body(&state, payload).await?)?.unwrap_or_default();
     let done = state
         .brood
         .cancel(target, "an API request", body.reason.as_deref())
         .await?;
-    Ok(HttpResponse::Ok().json(done))
+    Ok(HttpResponse::Ok().json(api::CancelReply::from(done)))
 }
 
-/// The query of `GET /v1/dead-letters`.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DeadLetterQuery {
-    session_id: Option<String>,
-}
-
+#[utoipa::path(
+    get, path = "/v1/dead-letters", operation_id = "deadLetters",
+    params(api::DeadLetterQuery),
+    responses((status = 200, description = "Items that ran out of delivery attempts.", body = api::DeadLetters),
+        (status = 400, description = "A bad query (`invalid_request`).", body = api::ErrorReply),
+        (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply))
+)]
 pub(super) async fn dead_letters(state: web::Data<State>, access: Access, req: HttpRequest) -> Reply {
-    let query = web::Query::<DeadLetterQuery>::from_query(req.query_string())
+    let query = web::Query::<api::DeadLetterQuery>::from_query(req.query_string())
         .map_err(|e| ApiError::invalid(format!("the query string does not parse: {e}")))?
         .into_inner();
     let mut rows = match &query.session_id {
         Some(s) => {
+            brood_actors::model::validate_session_id(s).map_err(BroodError::from)?;
             access.session(&state.brood, s).await?;
             state.brood.dead_letters_of(s).await?
         }
@@ -447,30 +473,25 @@ pub(super) async fn dead_letters(state: web::Data<State>, access: Access, req: H
             reached.push(d);
         }
     }
-    let rows = reached;
-    let items: Vec<serde_json::Value> = rows
-        .iter()
-        .map(|d| {
-            json!({
-                "child_id": d.child_id,
-                "session_id": d.session_id,
-                "call_id": d.call_id,
-                "kind": d.kind,
-                "reason": d.reason,
-                "attempts": d.attempts,
-                "dead_at": d.dead_at_ms,
-            })
-        })
-        .collect();
-    Ok(HttpResponse::Ok().json(json!({"items": items})))
+    let items = reached.iter().map(api::DeadLetter::from).collect();
+    Ok(HttpResponse::Ok().json(api::DeadLetters { items }))
 }
 
+#[utoipa::path(
+    post, path = "/v1/dead-letters/redrive", operation_id = "redriveDeadLetters",
+    request_body(content = api::RedriveBody, content_type = "application/json"),
+    responses((status = 200, description = "The items put back in their sessions' ready sets.", body = api::RedriveReply),
+        (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply))
+)]
 pub(super) async fn redrive(state: web::Data<State>, access: Access, payload: web::Payload) -> Reply {
     let raw = body(&state, payload).await?;
     let body: api::RedriveBody = api::parse(&raw)?;
     let limit = body.limit;
-    if limit == Some(0) {
-        return Err(ApiError::invalid("`limit` must be at least 1 when given"));
+    if let Some(n) = limit.filter(|n| !(1..=u64::from(u32::MAX)).contains(n)) {
+        return Err(ApiError::invalid(format!(
+            "`limit` is {n}; it must be from 1 to {} when given",
+            u32::MAX
+        )));
     }
     let mut select = body.select()?;
     if let brood::RedriveSelect::Session(s) = &select {
@@ -485,21 +506,29 @@ pub(super) async fn redrive(state: web::Data<State>, access: Access, payload: we
             }
         }
         if ids.is_empty() {
-            return Ok(HttpResponse::Ok().json(json!({"redriven": 0})));
+            return Ok(HttpResponse::Ok().json(api::RedriveReply { redriven: 0 }));
         }
         select = brood::RedriveSelect::Children(ids);
     }
+    let limit = limit.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
     let redriven = state.brood.redrive(select, limit).await?;
-    Ok(HttpResponse::Ok().json(json!({"redriven": redriven})))
+    Ok(HttpResponse::Ok().json(api::RedriveReply {
+        redriven: redriven as u64,
+    }))
 }
 
+#[utoipa::path(
+    get, path = "/healthz", operation_id = "healthz",
+    responses((status = 200, description = "The ledger is open and the actors answer.", body = api::Health),
+        (status = 503, description = "The engine stopped or its ledger failed (`unhealthy`).", body = api::ErrorReply))
+)]
 pub(super) async fn healthz(state: web::Data<State>) -> Reply {
     match state.brood.health().await {
-        Ok(h) => Ok(HttpResponse::Ok().json(json!({
-            "status": "ok",
-            "sessions": h.sessions,
-            "failed_sessions": h.failed_sessions,
-        }))),
+        Ok(h) => Ok(HttpResponse::Ok().json(api::Health {
+            status: "ok".to_string(),
+            sessions: h.sessions as u64,
+            failed_sessions: h.failed_sessions as u64,
+        })),
         Err(e @ BroodError::Stopped) | Err(e @ BroodError::Ledger(_)) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unhealthy",
@@ -515,4 +544,19 @@ pub(super) async fn not_found(req: HttpRequest) -> Reply {
         "not_found",
         format!("no endpoint {} {}; see API.md", req.method(), req.path()),
     ))
+}
+
+/// 405 for a method a path does not answer, naming those it does in `Allow`.
+pub(super) async fn not_allowed(allow: &'static str) -> HttpResponse {
+    let allow = allow.trim_end_matches([',', ' ']);
+    let e = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("this path answers {allow} only"),
+    );
+    let mut reply = actix_web::ResponseError::error_response(&e);
+    if let Ok(value) = actix_web::http::header::HeaderValue::from_str(allow) {
+        reply.headers_mut().insert(actix_web::http::header::ALLOW, value);
+    }
+    reply
 }

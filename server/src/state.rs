@@ -17,6 +17,8 @@ pub(super) struct State {
     pub(super) config: ServeConfig,
     /// Turns true when the server starts to drain (SIGTERM/SIGINT).
     pub(super) stopping: tokio::sync::watch::Receiver<bool>,
+    /// The OpenAPI document, with this server's bounds (made once, at the start).
+    pub(super) openapi: Arc<serde_json::Value>,
 }
 
 impl State {

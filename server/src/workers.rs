@@ -14,14 +14,11 @@
 
 use std::time::Duration;
 
-use actix_web::http::StatusCode;
-use actix_web::{web, HttpResponse};
-use serde::{Deserialize, Serialize};
-use serde_json::json;
-
-use super::api::{self, ApiError};
+use super::api::{self, ApiError, CompleteBody, Ended, HeartbeatBody, PollBody, TakeBody, UntakeBody};
 use super::scope::Access;
 use super::state::{body, State};
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpResponse};
 use brood::runners::external::{check_queue, is_recorded_as, DEFAULT_QUEUE};
 use brood::runners::{WorkError, WorkQueues};
 use brood::{BroodError, RunOutput};
@@ -34,62 +31,26 @@ const DEFAULT_WORKER_LEASE_MS: u64 = 30_000;
 const MIN_WORKER_LEASE_MS: u64 = 1_000;
 /// The longest worker lease, in ms.
 const MAX_WORKER_LEASE_MS: u64 = 3_600_000;
-/// The longest worker name, in bytes.
-const MAX_WORKER_BYTES: usize = 256;
+/// The longest worker name, in characters.
+const MAX_WORKER_CHARS: usize = 256;
 /// How long a completion waits for its child's row to be recorded before it is answered 503
 /// `not_recorded` (the same completion sent again answers what became of it).
 const RECORD_WAIT: Duration = Duration::from_secs(30);
 
 type Reply = Result<HttpResponse, ApiError>;
 
-/// `POST /v1/workers/poll`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PollBody {
-    worker: String,
-    queue: Option<String>,
-    #[serde(default)]
-    wait_ms: u64,
-    lease_ms: Option<u64>,
-}
-
-/// `POST /v1/children/{id}/heartbeat`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HeartbeatBody {
-    token: String,
-    progress: Option<String>,
-}
-
-/// How a worker says its child ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-enum Ended {
-    Succeeded,
-    Failed,
-}
-
-/// `POST /v1/children/{id}/complete`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CompleteBody {
-    token: String,
-    status: Ended,
-    summary: Option<String>,
-    error: Option<String>,
-}
-
-impl CompleteBody {
-    fn output(self) -> RunOutput {
-        match self.status {
+/// What a completion says of its child.
+fn output(body: CompleteBody) -> RunOutput {
+    {
+        match body.status {
             Ended::Succeeded => RunOutput::Succeeded {
-                summary: self.summary.unwrap_or_default(),
+                summary: body.summary.unwrap_or_default(),
             },
             Ended::Failed => RunOutput::Failed {
-                error: self
+                error: body
                     .error
                     .unwrap_or_else(|| "the worker reported a failure and gave no error".into()),
-                summary: self.summary,
+                summary: body.summary,
             },
         }
     }
@@ -129,6 +90,12 @@ fn every_session(access: &Access) -> Result<(), ApiError> {
     }
 }
 
+#[utoipa::path(
+    post, path = "/v1/workers/poll", operation_id = "pollWork",
+    request_body(content = api::PollBody, content_type = "application/json"),
+    responses((status = 200, description = "A child to work on.", body = api::WorkItem),
+        (status = 204, description = "Nothing came within `wait_ms`."))
+)]
 pub(super) async fn poll(
     state: web::Data<State>,
     access: Access,
@@ -137,9 +104,9 @@ pub(super) async fn poll(
 ) -> Reply {
     every_session(&access)?;
     let body: PollBody = api::parse(&body(&state, payload).await?)?;
-    if body.worker.is_empty() || body.worker.len() > MAX_WORKER_BYTES {
+    if body.worker.is_empty() || body.worker.chars().count() > MAX_WORKER_CHARS {
         return Err(ApiError::invalid(format!(
-            "`worker` must name the worker in 1 to {MAX_WORKER_BYTES} bytes"
+            "`worker` must name the worker in 1 to {MAX_WORKER_CHARS} characters"
         )));
     }
     let queue = body.queue.unwrap_or_else(|| DEFAULT_QUEUE.to_string());
@@ -158,12 +125,7 @@ pub(super) async fn poll(
     };
     Ok(match handed {
         None => HttpResponse::NoContent().finish(),
-        Some(h) => HttpResponse::Ok().json(json!({
-            "child_id": h.child_id,
-            "goal": h.goal,
-            "token": h.token,
-            "lease_ms": h.lease_ms,
-        })),
+        Some(h) => HttpResponse::Ok().json(api::WorkItem::from(h)),
     })
 }
 
@@ -252,8 +214,13 @@ async fn take_elsewhere(
         };
         let within = deadline.saturating_duration_since(tokio::time::Instant::now()) + ASK_MARGIN;
         let take_id = queues.take_id();
-        let body =
-            json!({"child_id": child_id, "worker": worker, "lease_ms": lease.as_millis() as u64, "take_id": take_id});
+        let body = serde_json::to_vec(&TakeBody {
+            child_id: child_id.clone(),
+            worker: worker.to_string(),
+            lease_ms: lease.as_millis() as u64,
+            take_id: Some(take_id.clone()),
+        })
+        .unwrap_or_default();
         let (key, me) = (state.config.peer_credential(), state.config.advertised());
         let url = format!("{address}/v1/workers/take");
         let timeout = within.min(ASK_MOST);
@@ -264,7 +231,11 @@ async fn take_elsewhere(
         if matches!(asked, Asked::Faulty(_)) {
             // It may serve the take later, for nobody: it is told the take was given up (and
             // refuses or takes it back), whenever it reads this.
-            let body = json!({"child_id": child_id, "take_id": take_id});
+            let body = serde_json::to_vec(&UntakeBody {
+                child_id: child_id.clone(),
+                take_id,
+            })
+            .unwrap_or_default();
             let url = format!("{address}/v1/workers/untake");
             actix_web::rt::spawn(async move {
                 let _ = web::block(move || ask_holder(&url, &body, key.as_deref(), &me, UNTAKE_WAIT)).await;
@@ -299,7 +270,7 @@ enum Asked {
 }
 
 /// Asks the process at `url` to hand out the child of `body`, waiting at most `timeout`.
-fn ask_holder(url: &str, body: &serde_json::Value, key: Option<&str>, me: &str, timeout: Duration) -> Asked {
+fn ask_holder(url: &str, body: &[u8], key: Option<&str>, me: &str, timeout: Duration) -> Asked {
     let mut request = super::forward::peers()
         .post(url)
         .config()
@@ -310,7 +281,7 @@ fn ask_holder(url: &str, body: &serde_json::Value, key: Option<&str>, me: &str, 
     if let Some(k) = key {
         request = request.header(super::forward::PEER, k);
     }
-    let mut answer = match request.send(body.to_string().as_bytes()) {
+    let mut answer = match request.send(body) {
         Ok(answer) => answer,
         Err(e @ (ureq::Error::ConnectionFailed | ureq::Error::HostNotFound)) => return Asked::Gone(e.to_string()),
         Err(ureq::Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
@@ -327,48 +298,20 @@ fn ask_holder(url: &str, body: &serde_json::Value, key: Option<&str>, me: &str, 
         Ok(text) => text,
         Err(e) => return Asked::Faulty(e.to_string()),
     };
-    match serde_json::from_str::<TakenBody>(&text) {
-        Ok(h) => Asked::Handed(brood::runners::external::Handout {
-            child_id: h.child_id,
-            goal: h.goal,
-            token: h.token,
-            lease_ms: h.lease_ms,
-        }),
+    match serde_json::from_str::<api::WorkItem>(&text) {
+        Ok(h) => Asked::Handed(h.into()),
         Err(e) => Asked::Faulty(format!("its answer does not parse: {e}")),
     }
 }
 
-/// A handout as `POST /v1/workers/take` answers it.
-#[derive(Debug, Deserialize)]
-struct TakenBody {
-    child_id: String,
-    goal: String,
-    token: String,
-    lease_ms: u64,
-}
-
-/// `POST /v1/workers/take`: between processes sharing a ledger.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TakeBody {
-    child_id: String,
-    worker: String,
-    lease_ms: u64,
-    /// Names the take, so that its asker can give it up ([`untake`]).
-    #[serde(default)]
-    take_id: Option<String>,
-}
-
-/// `POST /v1/workers/untake`: between processes sharing a ledger.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct UntakeBody {
-    child_id: String,
-    take_id: String,
-}
-
 /// `POST /v1/workers/take` (between processes sharing a ledger, not for workers): hands out the
 /// child a poll of another process took from the shared list, if it still waits here; 404 if not.
+#[utoipa::path(
+    post, path = "/v1/workers/take", operation_id = "takeWork",
+    request_body(content = api::TakeBody, content_type = "application/json"),
+    responses((status = 200, description = "The child, handed out (between processes sharing a ledger).", body = api::WorkItem),
+        (status = 404, description = "The child does not wait here (`unknown_child`).", body = api::ErrorReply))
+)]
 pub(super) async fn take(
     state: web::Data<State>,
     access: Access,
@@ -377,15 +320,13 @@ pub(super) async fn take(
 ) -> Reply {
     every_session(&access)?;
     let body: TakeBody = api::parse(&body(&state, payload).await?)?;
+    if body.child_id.is_empty() || body.take_id.as_deref() == Some("") {
+        return Err(ApiError::invalid("`child_id` and `take_id` must not be empty"));
+    }
     let lease_ms = within("lease_ms", body.lease_ms, MIN_WORKER_LEASE_MS, MAX_WORKER_LEASE_MS)?;
     let take_id = body.take_id.as_deref();
     match queues.take(&body.child_id, &body.worker, Duration::from_millis(lease_ms), take_id) {
-        Some(h) => Ok(HttpResponse::Ok().json(json!({
-            "child_id": h.child_id,
-            "goal": h.goal,
-            "token": h.token,
-            "lease_ms": h.lease_ms,
-        }))),
+        Some(h) => Ok(HttpResponse::Ok().json(api::WorkItem::from(h))),
         None => Err(WorkError::UnknownChild(body.child_id).into()),
     }
 }
@@ -393,6 +334,11 @@ pub(super) async fn take(
 /// `POST /v1/workers/untake` (between processes sharing a ledger, not for workers): the process
 /// that asked for the take `take_id` gave up waiting for its answer; a child it handed out goes
 /// back to its queue (nobody holds its token), and a take not served yet is refused. 204.
+#[utoipa::path(
+    post, path = "/v1/workers/untake", operation_id = "untakeWork",
+    request_body(content = api::UntakeBody, content_type = "application/json"),
+    responses((status = 204, description = "The take was given up."))
+)]
 pub(super) async fn untake(
     state: web::Data<State>,
     access: Access,
@@ -401,6 +347,9 @@ pub(super) async fn untake(
 ) -> Reply {
     every_session(&access)?;
     let body: UntakeBody = api::parse(&body(&state, payload).await?)?;
+    if body.child_id.is_empty() || body.take_id.is_empty() {
+        return Err(ApiError::invalid("`child_id` and `take_id` must not be empty"));
+    }
     queues.untake(&body.child_id, &body.take_id);
     Ok(HttpResponse::NoContent().finish())
 }
@@ -429,12 +378,12 @@ async fn not_held(
     };
     if let Some(row) = stored.filter(|r| r.status.is_terminal()) {
         return match completed {
-            Some(output) if is_recorded_as(&row, output) => Ok(HttpResponse::Ok().json(json!({
-                "child_id": child_id,
-                "status": row.status,
-                "summary": row.summary,
-                "error": row.error,
-            }))),
+            Some(output) if is_recorded_as(&row, output) => Ok(HttpResponse::Ok().json(api::CompleteReply {
+                child_id: child_id.to_string(),
+                status: row.status.into(),
+                summary: row.summary,
+                error: row.error,
+            })),
             _ => Err(WorkError::Ended(child_id.to_string()).into()),
         };
     }
@@ -483,6 +432,13 @@ async fn child_request<T: serde::de::DeserializeOwned>(
     Ok((child_id, body))
 }
 
+#[utoipa::path(
+    post, path = "/v1/children/{child_id}/heartbeat", operation_id = "heartbeat",
+    params(("child_id" = String, Path, description = "The child: `<call_id>.<index>`.")), request_body(content = api::HeartbeatBody, content_type = "application/json"),
+    responses((status = 200, description = "The lease was renewed.", body = api::HeartbeatReply),
+        (status = 404, description = "No such child (`unknown_child`).", body = api::ErrorReply),
+        (status = 409, description = "The token is stale, or the child ended (`stale_token`, `child_ended`).", body = api::ErrorReply))
+)]
 pub(super) async fn heartbeat(
     state: web::Data<State>,
     access: Access,
@@ -509,7 +465,10 @@ pub(super) async fn heartbeat(
         }
         match queues.heartbeat(&child_id, &body.token, body.progress) {
             Ok(lease) => {
-                return Ok(HttpResponse::Ok().json(json!({"child_id": child_id, "lease_ms": lease.as_millis() as u64})))
+                return Ok(HttpResponse::Ok().json(api::HeartbeatReply {
+                    child_id,
+                    lease_ms: lease.as_millis() as u64,
+                }))
             }
             // Gone in between: answered as a child not held here.
             Err(WorkError::UnknownChild(_)) => {}
@@ -519,6 +478,13 @@ pub(super) async fn heartbeat(
     not_held(&state, &queues, &child_id, None).await
 }
 
+#[utoipa::path(
+    post, path = "/v1/children/{child_id}/complete", operation_id = "complete",
+    params(("child_id" = String, Path, description = "The child: `<call_id>.<index>`.")), request_body(content = api::CompleteBody, content_type = "application/json"),
+    responses((status = 200, description = "The outcome recorded (the same completion sent again answers the same).", body = api::CompleteReply),
+        (status = 404, description = "No such child (`unknown_child`).", body = api::ErrorReply),
+        (status = 409, description = "The token is stale, or the child ended otherwise (`stale_token`, `child_ended`).", body = api::ErrorReply))
+)]
 pub(super) async fn complete(
     state: web::Data<State>,
     access: Access,
@@ -528,7 +494,7 @@ pub(super) async fn complete(
 ) -> Reply {
     let (child_id, body): (String, CompleteBody) = child_request(&state, &access, path, payload).await?;
     let token = body.token.clone();
-    let output = body.output();
+    let output = output(body);
     if queues.holds(&child_id) {
         match queues.complete(&child_id, &token, output.clone()) {
             Ok(completing) => {
@@ -543,10 +509,15 @@ pub(super) async fn complete(
 }
 
 /// The reply to a completion recorded as `output` says.
-fn completed(child_id: &str, output: &RunOutput) -> serde_json::Value {
+fn completed(child_id: &str, output: &RunOutput) -> api::CompleteReply {
     let (status, summary, error) = match output {
-        RunOutput::Succeeded { summary } => (Ended::Succeeded, Some(summary), None),
-        RunOutput::Failed { error, summary } => (Ended::Failed, summary.as_ref(), Some(error)),
+        RunOutput::Succeeded { summary } => (api::ChildStatus::Succeeded, Some(summary.clone()), None),
+        RunOutput::Failed { error, summary } => (api::ChildStatus::Failed, summary.clone(), Some(error.clone())),
     };
-    json!({"child_id": child_id, "status": status, "summary": summary, "error": error})
+    api::CompleteReply {
+        child_id: child_id.to_string(),
+        status,
+        summary,
+        error,
+    }
 }

@@ -20,7 +20,7 @@ pub use lifecycle::*;
 pub(crate) use request::panic_message;
 pub use request::{
     validate, validate_new_session_id, validate_session_id, DelegateRequest, RequestError, SessionSettings, TaskSpec,
-    MAX_SESSION_ID_BYTES,
+    MAX_SESSION_ID_CHARS,
 };
 
 /// Milliseconds since the Unix epoch, the one clock stored rows use.

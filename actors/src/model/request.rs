@@ -41,8 +41,8 @@ impl RequestError {
     }
 }
 
-/// Longest session id accepted, in bytes.
-pub const MAX_SESSION_ID_BYTES: usize = 256;
+/// Longest session id accepted, in characters (a new id is printable ASCII: as many bytes).
+pub const MAX_SESSION_ID_CHARS: usize = 256;
 
 /// A task as submitted, before validation.
 #[derive(Debug, Clone, PartialEq)]
@@ -228,15 +228,15 @@ pub fn validate(
     Ok(out)
 }
 
-/// Checks the id of a session to look up: 1 to 256 bytes without control characters (what
+/// Checks the id of a session to look up: 1 to 256 characters, none a control character (what
 /// every stored session id is, those made before [`validate_new_session_id`] was the rule too).
 pub fn validate_session_id(id: &str) -> Result<(), RequestError> {
     let bad = |m: &str| Err(RequestError::invalid("session_id", m));
     if id.is_empty() {
         return bad("must not be empty");
     }
-    if id.len() > MAX_SESSION_ID_BYTES {
-        return bad("must be at most 256 bytes");
+    if id.chars().count() > MAX_SESSION_ID_CHARS {
+        return bad("must be at most 256 characters");
     }
     if id.chars().any(char::is_control) {
         return bad("must not contain control characters");

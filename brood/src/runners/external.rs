@@ -52,20 +52,20 @@ use tokio::time::Instant;
 
 /// The queue of a spec that names none.
 pub const DEFAULT_QUEUE: &str = "default";
-/// The longest queue name, in bytes.
-pub const MAX_QUEUE_BYTES: usize = 128;
+/// The longest queue name, in characters.
+pub const MAX_QUEUE_CHARS: usize = 128;
 /// How often the runner beats the stall clock while its child waits for a worker.
 const QUEUED_BEAT: Duration = Duration::from_secs(1);
 
-/// Checks a queue name: non-empty, at most [`MAX_QUEUE_BYTES`], no control characters.
+/// Checks a queue name: non-empty, at most [`MAX_QUEUE_CHARS`], no control characters.
 pub fn check_queue(queue: &str) -> Result<(), String> {
     if queue.is_empty() {
         return Err("`queue` must not be empty".into());
     }
-    if queue.len() > MAX_QUEUE_BYTES {
+    let chars = queue.chars().count();
+    if chars > MAX_QUEUE_CHARS {
         return Err(format!(
-            "`queue` is {} bytes long; at most {MAX_QUEUE_BYTES} are allowed",
-            queue.len()
+            "`queue` is {chars} characters long; at most {MAX_QUEUE_CHARS} are allowed"
         ));
     }
     if queue.chars().any(char::is_control) {

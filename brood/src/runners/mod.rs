@@ -50,7 +50,7 @@ pub struct SimSpec {
     /// Always `sim`.
     pub kind: String,
     /// How long the child works, in ms (default 0).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::whole::whole")]
     pub ms: u64,
     /// How it ends (default `ok`).
     #[serde(default)]

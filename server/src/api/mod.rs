@@ -1,0 +1,147 @@
+//! The HTTP contract of API.md, version 1, as Rust types: the request bodies and queries
+//! ([`requests`]), the replies and events ([`replies`], [`events`]), the enumerations they
+//! share ([`wire`]), and the error every refusal answers with ([`ApiError`]: the right status
+//! and `{"error": {"code", "message"}}`). The routes parse into these types and reply with
+//! them, the OpenAPI document is generated from them, and `brood inspect` reads a server's
+//! replies with them.
+
+pub mod events;
+pub mod replies;
+pub mod requests;
+pub mod wire;
+
+pub use self::replies::*;
+pub use self::requests::*;
+pub use self::wire::*;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use brood::BroodError;
+
+/// An error reply: a status, a snake_case code and a message that says what to fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The code clients match on.
+    pub code: &'static str,
+    /// What is wrong and how to fix it.
+    pub message: String,
+    /// Another process sharing the ledger serves the session, here: the request is sent on
+    /// there (see `forward`).
+    pub moved_to: Option<String>,
+}
+
+impl ApiError {
+    /// A 400 with code `invalid_request`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code: "invalid_request",
+            message: message.into(),
+            moved_to: None,
+        }
+    }
+
+    /// Any status and code.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            moved_to: None,
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.status.as_u16(), self.code, self.message)
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut reply = HttpResponse::build(self.status).json(ErrorReply {
+            error: ErrorBody {
+                code: self.code.to_string(),
+                message: self.message.clone(),
+            },
+        });
+        if let Some(address) = &self.moved_to {
+            reply.extensions_mut().insert(MovedTo(address.clone()));
+        }
+        reply
+    }
+}
+
+impl From<BroodError> for ApiError {
+    fn from(e: BroodError) -> Self {
+        let message = e.to_string();
+        let (status, code) = match &e {
+            BroodError::Invalid { field, message } => {
+                return ApiError::invalid(format!("`{field}` {message}"));
+            }
+            BroodError::UnknownSession(_) => (StatusCode::NOT_FOUND, "unknown_session"),
+            BroodError::UnknownClaim(_) => (StatusCode::NOT_FOUND, "unknown_claim"),
+            BroodError::UnknownTarget { .. } => (StatusCode::NOT_FOUND, e.code()),
+            BroodError::MaxDepthExceeded { .. } => (StatusCode::BAD_REQUEST, e.code()),
+            BroodError::ParentEnded { .. } => (StatusCode::CONFLICT, e.code()),
+            // The server, not the request, is at its bound: retry later, as with `draining`.
+            BroodError::ServerFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, e.code()),
+            BroodError::ClaimLost(_) => (StatusCode::CONFLICT, "claim_lost"),
+            BroodError::ClaimAcked(_) => (StatusCode::CONFLICT, "claim_acked"),
+            BroodError::EmbedderPanicked { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "runner_factory_panicked"),
+            BroodError::Ledger(_) | BroodError::Interrupted { .. } | BroodError::Stopped => {
+                (StatusCode::SERVICE_UNAVAILABLE, e.code())
+            }
+            BroodError::SessionFailed { .. } => (StatusCode::SERVICE_UNAVAILABLE, "session_failed"),
+            BroodError::LeaseLapsed { .. } => (StatusCode::SERVICE_UNAVAILABLE, e.code()),
+            BroodError::Moved { address, .. } => {
+                let mut moved = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.code(), message);
+                moved.moved_to = Some(address.clone());
+                return moved;
+            }
+        };
+        ApiError::new(status, code, message)
+    }
+}
+
+/// Parses a JSON body, naming the path of what is wrong (`tasks[2].goal: missing field`).
+/// An empty body reads as `{}` where every field is optional.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        body
+    };
+    // serde reads a struct from an array of its fields too; a body is an object (or `null`
+    // where the body is optional), never that.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ApiError::invalid("the body must be a JSON object, not an array"));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::invalid(format!("the body is not valid JSON: {inner}"))
+        } else if path == "." {
+            ApiError::invalid(format!("the body does not match: {inner}"))
+        } else {
+            ApiError::invalid(format!("`{path}`: {inner}"))
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::invalid(format!("the body has trailing characters: {e}")))?;
+    Ok(value)
+}
+
+/// Where the session of a refused request is served (on the error reply's extensions, for
+/// the forwarding middleware to send the request on).
+#[derive(Debug, Clone)]
+pub(super) struct MovedTo(pub(super) String);

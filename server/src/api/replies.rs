@@ -1,0 +1,588 @@
+//! The replies of API.md, version 1, and the events of a session's stream: each a type the
+//! routes build from the engine's state and serialize as it is, and the OpenAPI document
+//! (`openapi`) describes. Times are milliseconds since the Unix epoch.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::wire::{ChildStatus, Delivery, ItemKind, Mode, Turn};
+
+/// Every refusal: the status says the class, `code` the reason clients match on.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorReply {
+    /// The refusal.
+    pub error: ErrorBody,
+}
+
+/// What an [`ErrorReply`] holds.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// A snake_case code: `invalid_request`, `unknown_session`, `claim_lost`, …
+    pub code: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// A session's settings: `PUT /v1/sessions/{session_id}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Session {
+    /// The session.
+    pub session_id: String,
+    /// Whether it may be woken (a `wake_url`, or `addressable` from an authenticated binder).
+    pub wake_capable: bool,
+    /// Whether the client said it can address the session again.
+    pub addressable: bool,
+    /// Its turn.
+    pub turn: Turn,
+    /// Its capacity.
+    pub max_concurrent_children: u32,
+    /// Delivery attempts of an item before it is a dead letter.
+    pub max_delivery_attempts: u32,
+}
+
+impl From<&brood::SessionInfo> for Session {
+    fn from(info: &brood::SessionInfo) -> Self {
+        Session {
+            session_id: info.session_id.clone(),
+            wake_capable: info.wake_capable,
+            addressable: info.addressable,
+            turn: info.turn.into(),
+            max_concurrent_children: info.max_concurrent_children,
+            max_delivery_attempts: info.max_delivery_attempts,
+        }
+    }
+}
+
+/// The `counts` object of a session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Counts {
+    /// Children waiting for capacity.
+    pub queued: u64,
+    /// Children running.
+    pub running: u64,
+    /// Items claimable now.
+    pub ready: u64,
+    /// Items waiting out a backoff before they are ready again.
+    #[serde(default)]
+    pub backing_off: u64,
+    /// Items in live claims.
+    pub claimed: u64,
+    /// Items delivered (acked or returned inline).
+    pub delivered: u64,
+}
+
+impl From<&brood::SessionStatus> for Counts {
+    fn from(st: &brood::SessionStatus) -> Self {
+        Counts {
+            queued: st.queued as u64,
+            running: st.running as u64,
+            ready: st.ready as u64,
+            backing_off: st.backing_off as u64,
+            claimed: st.claimed as u64,
+            delivered: st.delivered,
+        }
+    }
+}
+
+/// A session's whole state: `GET /v1/sessions/{session_id}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionDetail {
+    /// The session.
+    pub session_id: String,
+    /// Whether it may be woken (a `wake_url`, or `addressable` from an authenticated binder).
+    pub wake_capable: bool,
+    /// Whether the client said it can address the session again.
+    pub addressable: bool,
+    /// Its turn.
+    pub turn: Turn,
+    /// Its capacity.
+    pub max_concurrent_children: u32,
+    /// Delivery attempts of an item before it is a dead letter.
+    pub max_delivery_attempts: u32,
+    /// What its children and items are doing.
+    pub counts: Counts,
+    /// The child whose nested session this is.
+    pub parent_child_id: Option<String>,
+    /// Its calls: those not yet delivered, or with `delivered=true` every stored one.
+    pub calls: Vec<CallView>,
+    /// The last call id of a page when more follow.
+    pub calls_next: Option<String>,
+    /// Its live claims.
+    pub claims: Vec<ClaimView>,
+}
+
+/// A call as a session shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CallView {
+    /// `deleg_<hex>`.
+    pub call_id: String,
+    /// Its ordinal in the session.
+    pub set: u64,
+    /// The mode it ran in.
+    pub mode: Mode,
+    /// When it was made.
+    pub created_at: u64,
+    /// Its completion units.
+    pub units: Vec<UnitView>,
+    /// Its children.
+    pub children: Vec<ChildView>,
+}
+
+impl From<&brood::CallStatus> for CallView {
+    fn from(c: &brood::CallStatus) -> Self {
+        CallView {
+            call_id: c.call.call_id.clone(),
+            set: c.call.set,
+            mode: c.call.mode.into(),
+            created_at: c.call.created_at_ms,
+            units: c.units.iter().map(UnitView::from).collect(),
+            children: c.children.iter().map(ChildView::from).collect(),
+        }
+    }
+}
+
+/// A call on its own: `GET /v1/calls/{call_id}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CallDetail {
+    /// `deleg_<hex>`.
+    pub call_id: String,
+    /// Its ordinal in the session.
+    pub set: u64,
+    /// The mode it ran in.
+    pub mode: Mode,
+    /// When it was made.
+    pub created_at: u64,
+    /// Its completion units.
+    pub units: Vec<UnitView>,
+    /// Its children.
+    pub children: Vec<ChildView>,
+    /// Its session.
+    pub session_id: String,
+    /// Why a background call ran as sync.
+    pub forced_sync_reason: Option<String>,
+}
+
+impl From<&brood::CallStatus> for CallDetail {
+    fn from(c: &brood::CallStatus) -> Self {
+        let view = CallView::from(c);
+        CallDetail {
+            call_id: view.call_id,
+            set: view.set,
+            mode: view.mode,
+            created_at: view.created_at,
+            units: view.units,
+            children: view.children,
+            session_id: c.call.session_id.clone(),
+            forced_sync_reason: c.call.forced_sync_reason.clone(),
+        }
+    }
+}
+
+/// A completion unit of a call.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UnitView {
+    /// `<call_id>-<k>`.
+    pub unit_id: String,
+    /// Its group, when the tasks named one.
+    pub group: Option<String>,
+    /// The indexes of its tasks.
+    pub tasks: Vec<u32>,
+}
+
+impl From<&brood::UnitRow> for UnitView {
+    fn from(u: &brood::UnitRow) -> Self {
+        UnitView {
+            unit_id: u.unit_id.clone(),
+            group: u.group.clone(),
+            tasks: u.tasks.clone(),
+        }
+    }
+}
+
+/// A child of a call.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ChildView {
+    /// `<call_id>.<index>`.
+    pub child_id: String,
+    /// Its task's index in the call.
+    pub task_index: u32,
+    /// Its status.
+    pub status: ChildStatus,
+    /// When its runner started.
+    pub started_at: Option<u64>,
+    /// When it ended.
+    pub finished_at: Option<u64>,
+    /// Where its result is on its way, once it has one.
+    pub delivery: Option<Delivery>,
+    /// The delivery attempt its result is on, once it has one.
+    pub delivery_attempt: Option<u32>,
+    /// The first line of its summary, or of its error.
+    pub summary: Option<String>,
+}
+
+impl From<&brood::ChildRow> for ChildView {
+    fn from(r: &brood::ChildRow) -> Self {
+        let ended = r.status.is_terminal();
+        let delivery = if r.result.delivered {
+            Some(Delivery::Delivered)
+        } else if r.result.dead {
+            Some(Delivery::DeadLetter)
+        } else {
+            ended.then_some(Delivery::Undelivered)
+        };
+        ChildView {
+            child_id: r.child_id.clone(),
+            task_index: r.task_index,
+            status: r.status.into(),
+            started_at: r.started_at_ms,
+            finished_at: r.finished_at_ms,
+            delivery,
+            delivery_attempt: ended.then(|| r.result.failed_attempts.saturating_add(1)),
+            summary: summary_line(r.summary.as_deref(), r.error.as_deref()),
+        }
+    }
+}
+
+/// A live claim of a session.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ClaimView {
+    /// The claim.
+    pub claim_id: String,
+    /// Who claimed.
+    pub consumer: String,
+    /// How many items it holds.
+    pub items: u64,
+    /// When its lease runs out.
+    pub lease_expires_at: u64,
+}
+
+impl From<&brood::LiveClaim> for ClaimView {
+    fn from(c: &brood::LiveClaim) -> Self {
+        ClaimView {
+            claim_id: c.claim_id.clone(),
+            consumer: c.consumer.clone(),
+            items: c.items as u64,
+            lease_expires_at: c.lease_expires_at_ms,
+        }
+    }
+}
+
+/// One session of a listing.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionSummary {
+    /// The session.
+    pub session_id: String,
+    /// Its turn.
+    pub turn: Turn,
+    /// Whether it may be woken.
+    pub wake_capable: bool,
+    /// What its children and items are doing.
+    pub counts: Counts,
+    /// The child whose nested session this is.
+    pub parent_child_id: Option<String>,
+}
+
+/// `GET /v1/sessions`: a page of sessions in ascending id order.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionList {
+    /// The page.
+    pub sessions: Vec<SessionSummary>,
+    /// The last id of the page when more follow.
+    pub next: Option<String>,
+}
+
+/// `POST /v1/sessions/{session_id}/turn`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TurnReply {
+    /// The session.
+    pub session_id: String,
+    /// Its turn now.
+    pub turn: Turn,
+}
+
+/// A unit of a call just made, and its tasks.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UnitRef {
+    /// `<call_id>-<k>`.
+    pub unit_id: String,
+    /// The indexes of its tasks.
+    pub tasks: Vec<u32>,
+}
+
+/// 202: a background call was made; its results come at the session's boundaries.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DelegateBackground {
+    /// The call.
+    pub call_id: String,
+    /// Its ordinal in the session.
+    pub set: u64,
+    /// `background`.
+    pub mode: Mode,
+    /// Its units.
+    pub units: Vec<UnitRef>,
+    /// What the parent must do to receive the results, in words a model obeys.
+    pub note: String,
+}
+
+/// 200: a sync call ran; its results are here and count as delivered.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DelegateSync {
+    /// The call.
+    pub call_id: String,
+    /// Its ordinal in the session.
+    pub set: u64,
+    /// `sync`.
+    pub mode: Mode,
+    /// Why a background call ran as sync (the session cannot be woken).
+    pub forced_sync_reason: Option<String>,
+    /// Its results.
+    pub results: Vec<Item>,
+    /// What the results are.
+    pub note: String,
+    /// The results as a model reads them.
+    pub text: String,
+}
+
+/// A ready item, as an envelope or a sync reply carries it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Item {
+    /// A result, or an early failure notice.
+    pub kind: ItemKind,
+    /// Stable across deliveries of the same item.
+    pub dedup_key: String,
+    /// 1 at the first claim; +1 for each claim of it that expired or was released `failed`.
+    pub delivery_attempt: u32,
+    /// Its call.
+    pub call_id: String,
+    /// Its call's ordinal.
+    pub set: u64,
+    /// Its unit.
+    pub unit_id: String,
+    /// Its unit's group.
+    pub group: Option<String>,
+    /// Its child.
+    pub child_id: String,
+    /// Its task's index.
+    pub task_index: u32,
+    /// The call's task count.
+    pub of: u32,
+    /// How the child ended.
+    pub status: ChildStatus,
+    /// What came of it.
+    pub summary: Option<String>,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// Whether recovery resolved it after a restart.
+    pub recovered: bool,
+}
+
+impl From<&brood::ReadyItem> for Item {
+    fn from(i: &brood::ReadyItem) -> Self {
+        Item {
+            kind: i.kind.into(),
+            dedup_key: i.dedup_key.clone(),
+            delivery_attempt: i.delivery_attempt,
+            call_id: i.call_id.clone(),
+            set: i.set,
+            unit_id: i.unit_id.clone(),
+            group: i.group.clone(),
+            child_id: i.child_id.clone(),
+            task_index: i.task_index,
+            of: i.of,
+            status: i.status.into(),
+            summary: i.summary.clone(),
+            error: i.error.clone(),
+            recovered: i.recovered,
+        }
+    }
+}
+
+/// Items as replies carry them.
+pub fn items(items: &[brood::ReadyItem]) -> Vec<Item> {
+    items.iter().map(Item::from).collect()
+}
+
+/// 200 at a boundary: every item ready then, claimed.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Envelope {
+    /// The claim of the items: ack or release it.
+    pub claim_id: String,
+    /// When the claim's lease runs out.
+    pub lease_expires_at: u64,
+    /// The items.
+    pub items: Vec<Item>,
+    /// What a model reads: the header, one block per call, the tags `[set N · k/n]`.
+    pub text: String,
+}
+
+impl From<&brood::Envelope> for Envelope {
+    fn from(env: &brood::Envelope) -> Self {
+        Envelope {
+            claim_id: env.claim_id.clone(),
+            lease_expires_at: env.lease_expires_at_ms,
+            items: items(&env.items),
+            text: env.text.clone(),
+        }
+    }
+}
+
+/// `POST /v1/claims/{claim_id}/ack`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AckReply {
+    /// The items the claim delivered.
+    pub delivered: u64,
+}
+
+/// `POST /v1/claims/{claim_id}/release`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ReleaseReply {
+    /// The claim.
+    pub claim_id: String,
+    /// Always true: its items are ready again (after any backoff).
+    pub released: bool,
+}
+
+/// A cancel: `POST /v1/{calls,units,children}/{id}/cancel`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CancelReply {
+    /// The children this request cancelled.
+    pub cancelled: Vec<String>,
+    /// Children under the target that had already ended.
+    pub already_finished: u64,
+}
+
+impl From<brood::Cancelled> for CancelReply {
+    fn from(c: brood::Cancelled) -> Self {
+        CancelReply {
+            cancelled: c.cancelled,
+            already_finished: c.already_finished as u64,
+        }
+    }
+}
+
+/// An item that ran out of delivery attempts.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DeadLetter {
+    /// Its child.
+    pub child_id: String,
+    /// Its session.
+    pub session_id: String,
+    /// Its call.
+    pub call_id: String,
+    /// A result or a failure notice.
+    pub kind: ItemKind,
+    /// Why it was given up.
+    pub reason: String,
+    /// The delivery attempts made.
+    pub attempts: u32,
+    /// When it was given up.
+    pub dead_at: u64,
+}
+
+impl From<&brood::DeadLetterRow> for DeadLetter {
+    fn from(d: &brood::DeadLetterRow) -> Self {
+        DeadLetter {
+            child_id: d.child_id.clone(),
+            session_id: d.session_id.clone(),
+            call_id: d.call_id.clone(),
+            kind: d.kind.into(),
+            reason: d.reason.clone(),
+            attempts: d.attempts,
+            dead_at: d.dead_at_ms,
+        }
+    }
+}
+
+/// `GET /v1/dead-letters`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DeadLetters {
+    /// The dead letters.
+    pub items: Vec<DeadLetter>,
+}
+
+/// `POST /v1/dead-letters/redrive`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RedriveReply {
+    /// The items put back in their sessions' ready sets.
+    pub redriven: u64,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: String,
+    /// Sessions routed here.
+    pub sessions: u64,
+    /// Sessions whose owner could not be rebuilt.
+    pub failed_sessions: u64,
+}
+
+/// A child handed to an outside worker: `POST /v1/workers/poll` (and `take`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WorkItem {
+    /// The child.
+    pub child_id: String,
+    /// What to do.
+    pub goal: String,
+    /// Send it with every heartbeat and the completion.
+    pub token: String,
+    /// The lease, renewed by heartbeats.
+    pub lease_ms: u64,
+}
+
+impl From<brood::runners::external::Handout> for WorkItem {
+    fn from(h: brood::runners::external::Handout) -> Self {
+        WorkItem {
+            child_id: h.child_id,
+            goal: h.goal,
+            token: h.token,
+            lease_ms: h.lease_ms,
+        }
+    }
+}
+
+impl From<WorkItem> for brood::runners::external::Handout {
+    fn from(w: WorkItem) -> Self {
+        brood::runners::external::Handout {
+            child_id: w.child_id,
+            goal: w.goal,
+            token: w.token,
+            lease_ms: w.lease_ms,
+        }
+    }
+}
+
+/// `POST /v1/children/{child_id}/heartbeat`: the lease was renewed.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HeartbeatReply {
+    /// The child.
+    pub child_id: String,
+    /// The lease from now.
+    pub lease_ms: u64,
+}
+
+/// `POST /v1/children/{child_id}/complete`: the outcome recorded.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CompleteReply {
+    /// The child.
+    pub child_id: String,
+    /// How it ended.
+    pub status: ChildStatus,
+    /// What came of it.
+    pub summary: Option<String>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// The first line of a child's summary, or of its error when it has none, cut at 120
+/// characters: what a tree of many children can show of each.
+pub fn summary_line(summary: Option<&str>, error: Option<&str>) -> Option<String> {
+    let text = summary.filter(|s| !s.trim().is_empty()).or(error)?;
+    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    let mut out: String = line.chars().take(120).collect();
+    if line.chars().count() > 120 {
+        out.push('…');
+    }
+    Some(out)
+}

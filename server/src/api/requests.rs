@@ -1,0 +1,374 @@
+//! The request bodies and queries of API.md, version 1, with every bound the server enforces
+//! stated on the type, so the OpenAPI document generated from them (`openapi`) says what the
+//! server accepts. Unknown fields are refused, so a typo is an error rather than a silent
+//! default. Bounds that come from the server's configuration (`max_tasks_per_call`, the lease
+//! range, `max_session_capacity`) are written here at their defaults; the document is given the
+//! configured ones when it is served.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+use super::wire::{whole, whole_opt, Ended, Mode, ReleaseReason, Turn};
+
+/// What the id of a new session is: 1 to 256 characters of printable ASCII without `/`, `?`,
+/// `#`, `%` or a space.
+pub const NEW_SESSION_ID_PATTERN: &str = r#"^[!-"$&-.0->@-~]{1,256}$"#;
+
+/// What the id of a session looked up is (every session id ever made, those an embedder made
+/// too): 1 to 256 characters, none a control character.
+pub const SESSION_ID_PATTERN: &str = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$";
+
+/// Text holding something other than white space.
+pub const NOT_BLANK: &str = r"\S";
+
+/// Text without control characters.
+pub const NO_CONTROLS: &str = r"^[^\u0000-\u001f\u007f-\u009f]*$";
+
+/// Text without a NUL.
+pub const NO_NUL: &str = r"^[^\u0000]*$";
+
+/// `PUT /v1/sessions/{session_id}`: every field optional.
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutSession {
+    /// A webhook (`http://`) to wake the session with; grants wake capability. Loopback,
+    /// private and link-local targets are refused (403) unless the server's `wake_allow`
+    /// lists them.
+    #[schema(
+        max_length = 2048,
+        pattern = r"^[Hh][Tt][Tt][Pp]://[A-Za-z0-9_-]{1,25}(\.[A-Za-z0-9_-]{1,25}){0,8}\.?(:(0*(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?)?([/?#][!-~]*)?$"
+    )]
+    pub wake_url: Option<String>,
+    /// Whether the client can address the session again: grants wake capability.
+    pub addressable: Option<bool>,
+    /// The session's capacity: running children at most (default 8).
+    #[serde(default, deserialize_with = "whole_opt")]
+    #[schema(minimum = 1, maximum = 64)]
+    pub max_concurrent_children: Option<u32>,
+}
+
+/// `POST /v1/sessions/{session_id}/turn`.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TurnBody {
+    /// `busy` or `idle`.
+    pub state: Turn,
+}
+
+/// One task of a delegation.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskBody {
+    /// What the child should do; not blank.
+    #[schema(min_length = 1, pattern = r"\S")]
+    pub goal: String,
+    /// How the child runs: a runner spec with its `kind`.
+    #[schema(value_type = Runner)]
+    pub runner: Value,
+    /// A completion group: the tasks of one group go out together.
+    #[schema(min_length = 1, pattern = r"\S")]
+    pub group: Option<String>,
+    /// The child ends `timed_out` after this long, in ms.
+    #[serde(default, deserialize_with = "whole_opt")]
+    #[schema(minimum = 1)]
+    pub timeout_ms: Option<u64>,
+    /// The child ends `timed_out` after this long without a heartbeat, in ms (default 450000).
+    #[serde(default, deserialize_with = "whole_opt")]
+    #[schema(minimum = 1)]
+    pub stall_ms: Option<u64>,
+    /// Whether recovery may run the child again when it was running at a crash.
+    #[serde(default)]
+    pub rerun_on_recovery: bool,
+}
+
+/// A runner spec: what runs a child, by `kind`. `command` and `external` are refused (403)
+/// unless the server allows them.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum Runner {
+    /// A simulated child.
+    Sim(SimRunner),
+    /// A local program.
+    Command(CommandRunner),
+    /// An outside worker.
+    External(ExternalRunner),
+}
+
+/// `sim`: works `ms` milliseconds, then ends as `outcome` says.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SimRunner {
+    /// `sim`.
+    #[schema(pattern = "^sim$")]
+    pub kind: String,
+    /// How long the child works, in ms (at most one day; default 0).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 86_400_000)]
+    pub ms: u64,
+    /// How it ends (default `ok`).
+    #[serde(default)]
+    pub outcome: SimOutcome,
+    /// The summary it reports.
+    pub summary: Option<String>,
+}
+
+/// How a `sim` child ends.
+#[derive(Debug, Default, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SimOutcome {
+    /// Succeeds.
+    #[default]
+    Ok,
+    /// Fails.
+    Fail,
+    /// Its runner panics.
+    Panic,
+    /// Never ends (until its timeout, stall or cancel).
+    Hang,
+}
+
+/// `command`: runs `argv` in a process group of its own.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommandRunner {
+    /// `command`.
+    #[schema(pattern = "^command$")]
+    pub kind: String,
+    /// The program and its arguments.
+    #[schema(min_items = 1)]
+    pub argv: Vec<CommandArg>,
+    /// Variables set for the program: names not empty, without `=` or a NUL.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, CommandArg>,
+    /// The folder it runs in.
+    pub cwd: Option<CommandArg>,
+}
+
+/// A program, argument or variable of a `command`: text without a NUL.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(pattern = r"^[^\u0000]*$")]
+pub struct CommandArg(String);
+
+/// `external`: waits on a queue for an outside worker.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalRunner {
+    /// `external`.
+    #[schema(pattern = "^external$")]
+    pub kind: String,
+    /// The queue workers poll for it (default `default`).
+    #[serde(default)]
+    pub queue: QueueName,
+}
+
+/// A queue of outside workers: 1 to 128 characters, no control characters.
+#[derive(Debug, Default, Serialize, ToSchema)]
+#[schema(min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
+pub struct QueueName(String);
+
+/// `POST /v1/sessions/{session_id}/delegate`.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DelegateBody {
+    /// The tasks: at least one, at most the server's `max_tasks_per_call`.
+    #[schema(min_items = 1, max_items = 10_000)]
+    pub tasks: Vec<TaskBody>,
+    /// `background` (default) or `sync`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// Whether each ungrouped task is its own unit (default: one unit for them all).
+    #[serde(default)]
+    pub independent_completions: bool,
+}
+
+/// `POST /v1/sessions/{session_id}/boundary`.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BoundaryBody {
+    /// Who claims: any name, not blank.
+    #[schema(min_length = 1, pattern = r"\S")]
+    pub consumer: String,
+    /// The claim's lease, in ms (default 60000).
+    #[serde(default, deserialize_with = "whole_opt")]
+    #[schema(minimum = 100, maximum = 3_600_000)]
+    pub lease_ms: Option<u64>,
+}
+
+/// `POST /v1/claims/{claim_id}/release`.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// `busy` (not a delivery attempt) or `failed` (an attempt; backs off).
+    pub reason: ReleaseReason,
+    /// The least time before the items are ready again, in ms.
+    #[serde(default, deserialize_with = "whole")]
+    pub retry_after_ms: u64,
+}
+
+/// `POST /v1/{calls,units,children}/{id}/cancel`; the body is optional.
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    /// Why: kept in each cancelled child's error.
+    #[serde(default)]
+    #[schema(max_length = 1000)]
+    pub reason: Option<String>,
+}
+
+/// `POST /v1/dead-letters/redrive`: exactly one of `child_ids`, `session_id`, `"all": true`,
+/// and optionally `limit`. (The document states "exactly one" as a `oneOf`; see `openapi`.)
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RedriveBody {
+    /// The children whose dead items to put back.
+    #[serde(default)]
+    pub child_ids: Option<Vec<String>>,
+    /// The session whose dead items to put back.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Every dead item.
+    #[serde(default)]
+    pub all: Option<bool>,
+    /// At most this many (the oldest dead first).
+    #[serde(default, deserialize_with = "whole_opt")]
+    #[schema(minimum = 1, maximum = 4_294_967_295_u64)]
+    pub limit: Option<u64>,
+}
+
+impl RedriveBody {
+    /// Which dead letters it names; refused unless exactly one selector is given.
+    pub fn select(self) -> Result<brood::RedriveSelect, super::ApiError> {
+        use super::ApiError;
+        use brood::RedriveSelect;
+        match (self.child_ids, self.session_id, self.all) {
+            (Some(ids), None, None) if ids.is_empty() => {
+                Err(ApiError::invalid("`child_ids` must name at least one child"))
+            }
+            (Some(ids), None, None) => Ok(RedriveSelect::Children(ids)),
+            (None, Some(s), None) => {
+                brood_actors::model::validate_session_id(&s).map_err(brood::BroodError::from)?;
+                Ok(RedriveSelect::Session(s))
+            }
+            (None, None, Some(true)) => Ok(RedriveSelect::All),
+            (None, None, Some(false)) => Err(ApiError::invalid(
+                "`all` is false; to redrive everything send `\"all\": true`, or name `child_ids` or a `session_id`",
+            )),
+            _ => Err(ApiError::invalid(
+                "give exactly one of `child_ids` (a list), `session_id`, or `\"all\": true`",
+            )),
+        }
+    }
+}
+
+/// `POST /v1/workers/poll`.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PollBody {
+    /// The worker's name: 1 to 256 characters.
+    #[schema(min_length = 1, max_length = 256)]
+    pub worker: String,
+    /// The queue to take from (default `default`).
+    #[schema(value_type = Option<QueueName>)]
+    pub queue: Option<String>,
+    /// How long to wait for a child, in ms.
+    #[serde(default, deserialize_with = "whole")]
+    #[schema(minimum = 0, maximum = 30_000)]
+    pub wait_ms: u64,
+    /// The lease of the child handed out, in ms (default 30000); renewed by heartbeats.
+    #[serde(default, deserialize_with = "whole_opt")]
+    #[schema(minimum = 1_000, maximum = 3_600_000)]
+    pub lease_ms: Option<u64>,
+}
+
+/// `POST /v1/children/{child_id}/heartbeat`.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatBody {
+    /// The token the poll handed out.
+    pub token: String,
+    /// What the worker is doing.
+    pub progress: Option<String>,
+}
+
+/// `POST /v1/children/{child_id}/complete`.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteBody {
+    /// The token the poll handed out.
+    pub token: String,
+    /// How the child ended.
+    pub status: Ended,
+    /// What came of it.
+    pub summary: Option<String>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// `POST /v1/workers/take`: between processes sharing a ledger, not for workers.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TakeBody {
+    /// The child listed in the shared work list.
+    #[schema(min_length = 1)]
+    pub child_id: String,
+    /// The worker that polled.
+    pub worker: String,
+    /// The lease to hand out, in ms.
+    #[serde(deserialize_with = "whole")]
+    #[schema(minimum = 1_000, maximum = 3_600_000)]
+    pub lease_ms: u64,
+    /// Names the take, so that its asker can give it up.
+    #[serde(default)]
+    #[schema(min_length = 1)]
+    pub take_id: Option<String>,
+}
+
+/// `POST /v1/workers/untake`: between processes sharing a ledger, not for workers.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UntakeBody {
+    /// The child of the take.
+    #[schema(min_length = 1)]
+    pub child_id: String,
+    /// The take given up.
+    #[schema(min_length = 1)]
+    pub take_id: String,
+}
+
+/// The query of `GET /v1/sessions`, as text: `limit` is checked by the handler, so a bad one
+/// is a 400 in API.md's shape.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Sessions per page (default 100).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    pub limit: Option<String>,
+    /// The page starts after this session id.
+    pub after: Option<String>,
+}
+
+/// The query of `GET /v1/sessions/{session_id}`, as text (checked by the handler).
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct SessionQuery {
+    /// `true`: every stored call, delivered ones too; otherwise the calls not yet delivered.
+    #[param(value_type = Option<bool>)]
+    pub delivered: Option<String>,
+    /// The page of calls starts after this call id.
+    pub after: Option<String>,
+    /// Calls per page (default 100).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    pub limit: Option<String>,
+}
+
+/// The query of `GET /v1/dead-letters`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterQuery {
+    /// Only this session's dead letters.
+    #[param(pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$")]
+    pub session_id: Option<String>,
+}
