@@ -385,6 +385,22 @@ fn take_secrets() -> anyhow::Result<BTreeMap<String, String>> {
     Ok(taken)
 }
 
+/// The environment as text, for the configuration. A variable whose name or value is not
+/// UTF-8 can be no setting: one named `BROOD_…` is refused, the others are left out.
+fn text_environment() -> anyhow::Result<Vec<(String, String)>> {
+    let mut vars = Vec::new();
+    for (name, value) in std::env::vars_os() {
+        match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) => vars.push((name, value)),
+            (Ok(name), Err(_)) if name.starts_with("BROOD_") => {
+                bail!("the environment variable {name} is not UTF-8 text")
+            }
+            _ => {}
+        }
+    }
+    Ok(vars)
+}
+
 fn main() -> anyhow::Result<()> {
     let mut secrets = take_secrets()?;
     let cli = Cli::parse();
@@ -401,7 +417,7 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(demo(data_dir, turn_ms))
         }
         Command::Serve(args) => {
-            let env = std::env::vars().chain(secrets);
+            let env = text_environment()?.into_iter().chain(secrets);
             let config = brood_server::config::resolve(args.config.as_deref(), env, args.flags())?;
             if args.print_config {
                 print!("{}", config.to_toml());

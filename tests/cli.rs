@@ -1,4 +1,5 @@
-//! The `brood` binary: the demo (the main job) and `brood chaos`, run as a user runs them.
+//! The `brood` binary: the demo (the main job), `brood chaos`, `brood bench` and the
+//! configuration of `brood serve`, run as a user runs them.
 
 use std::process::Command;
 
@@ -213,4 +214,117 @@ fn bench_prints_each_figure_beside_its_baseline_as_json() {
         err.contains("unknown group `speed`") && err.contains("durable"),
         "{err}"
     );
+}
+
+/// `brood serve --print-config` with `args`, in an environment holding only `env`: its exit
+/// status, what it printed, and its error output.
+fn print_config(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = brood()
+        .args(["serve", "--print-config"])
+        .args(args)
+        .env_clear()
+        .env("RUST_BACKTRACE", "0")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A `brood.toml` holding `text`, in a folder of its own.
+fn config_file(text: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("brood.toml");
+    std::fs::write(&file, text).unwrap();
+    let path = file.to_str().unwrap().to_string();
+    (dir, path)
+}
+
+#[test]
+fn serve_settings_come_from_flags_over_the_environment_over_the_file() {
+    let (_dir, file) = config_file("max_depth = 3\nmax_delivery_attempts = 4\nbody_limit = 4096\n");
+    let (ok, printed, err) = print_config(
+        &["--config", &file, "--body-limit", "6000"],
+        &[("BROOD_MAX_DELIVERY_ATTEMPTS", "5"), ("BROOD_BODY_LIMIT", "5000")],
+    );
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = printed.lines().collect();
+    for line in [
+        "max_depth = 3",
+        "max_delivery_attempts = 5",
+        "body_limit = 6000",
+        "max_concurrent_children = 8",
+    ] {
+        assert!(lines.contains(&line), "{line} in {printed}");
+    }
+}
+
+#[test]
+fn serve_refuses_an_unknown_key_in_the_file_naming_the_file() {
+    let (_dir, file) = config_file("max_children = 3\n");
+    let (ok, printed, err) = print_config(&["--config", &file], &[]);
+    assert!(!ok && printed.is_empty(), "{printed}");
+    assert!(
+        err.contains("`max_children`") && err.contains(&format!("file {file}, line 1")),
+        "{err}"
+    );
+}
+
+#[test]
+fn serve_refuses_a_wrong_type_in_the_file_with_its_line_and_column() {
+    let (_dir, file) = config_file("max_depth = 2\nmax_delivery_attempts = \"many\"\n");
+    let (ok, _, err) = print_config(&["--config", &file], &[]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "`max_delivery_attempts` (from file {file}, line 2, column 25)"
+        )) && err.contains("from 1 to 1000"),
+        "{err}"
+    );
+    let (_dir, file) = config_file("max_depth = \n");
+    let (ok, _, err) = print_config(&["--config", &file], &[]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("file {file}, line 1, column 13")) && err.contains("not valid TOML"),
+        "{err}"
+    );
+}
+
+#[test]
+fn serve_refuses_a_value_out_of_range_from_the_environment_naming_the_variable() {
+    let (ok, _, err) = print_config(&[], &[("BROOD_MAX_DEPTH", "65")]);
+    assert!(!ok);
+    assert!(
+        err.contains("`max_depth` (from environment variable BROOD_MAX_DEPTH)") && err.contains("from 1 to 64"),
+        "{err}"
+    );
+}
+
+#[test]
+fn serve_refuses_a_mistyped_brood_variable() {
+    let (ok, printed, err) = print_config(&[], &[("BROOD_MAX_CONCURENT_CHILDREN", "4")]);
+    assert!(!ok && printed.is_empty(), "{printed}");
+    assert!(
+        err.contains("environment variable BROOD_MAX_CONCURENT_CHILDREN")
+            && err.contains("did you mean BROOD_MAX_CONCURRENT_CHILDREN?"),
+        "{err}"
+    );
+}
+
+#[test]
+fn serve_accepts_the_brood_variables_that_are_not_settings() {
+    let (ok, printed, err) = print_config(
+        &[],
+        &[
+            ("BROOD_FAILPOINTS", "none=0"),
+            ("BROOD_TEST_LEDGER", "sled"),
+            ("BROOD_TEST_PG", "postgres://nowhere/db"),
+            ("BROOD_CHILD_ID", "deleg_1.0"),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(printed.contains("max_depth = 2"), "{printed}");
 }

@@ -1,8 +1,11 @@
 //! What each configuration key accepts, and how a value of a layer (a TOML value, or the text
-//! of a variable or a flag) is parsed into [`ServeConfig`].
+//! of a variable or a flag) is parsed into [`ServeConfig`]. Which layer a value came from, and
+//! which value wins, is not this module's (`layers` and figment's).
 
 use std::fmt;
 use std::path::PathBuf;
+
+use figment::value::Value;
 
 use super::{ServeConfig, DAY_MS};
 
@@ -93,19 +96,54 @@ pub(super) const KEYS: &[(&str, &str)] = &[
     ("body_timeout_ms", "from 100 to 3600000 (default 30000)"),
 ];
 
-/// One value as a layer gives it: TOML values keep their type; environment variables and flags
-/// are text, parsed by the key's type.
-#[derive(Debug, Clone)]
-pub(super) enum Raw {
-    Toml(toml::Value),
-    Text(String),
+/// One value as a layer gives it: the file's values keep their TOML type; environment
+/// variables and flags are text, parsed by the key's type.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Raw<'a> {
+    Typed(&'a Value),
+    Text(&'a str),
 }
 
-impl fmt::Display for Raw {
+impl fmt::Display for Raw<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Raw::Toml(v) => write!(f, "{v}"),
+            Raw::Typed(v) => write!(f, "{}", Shown(v)),
             Raw::Text(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+/// A TOML value as the file wrote it, for messages.
+struct Shown<'a>(&'a Value);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Value::String(_, s) => write!(f, "{s:?}"),
+            Value::Char(_, c) => write!(f, "{:?}", c.to_string()),
+            Value::Bool(_, b) => write!(f, "{b}"),
+            Value::Num(_, n) => match (n.to_u128_lossy(), n.to_i128(), n.to_f64()) {
+                (Some(u), _, _) => write!(f, "{u}"),
+                (_, Some(i), _) => write!(f, "{i}"),
+                (_, _, Some(x)) => write!(f, "{x:?}"),
+                _ => f.write_str("a number"),
+            },
+            Value::Empty(..) => f.write_str("nothing"),
+            Value::Array(_, items) => {
+                f.write_str("[")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{}", Shown(item))?;
+                }
+                f.write_str("]")
+            }
+            // How the TOML reader hands a date and time to a value of any type.
+            Value::Dict(_, d) => match d.get("$__toml_private_datetime").and_then(Value::as_str) {
+                Some(datetime) => f.write_str(datetime),
+                None => f.write_str("a table"),
+            },
         }
     }
 }
@@ -114,19 +152,18 @@ pub(super) fn accepted(key: &str) -> &'static str {
     KEYS.iter().find(|(k, _)| *k == key).map_or("", |(_, a)| a)
 }
 
-fn text(raw: &Raw) -> Option<String> {
+fn text(raw: &Raw<'_>) -> Option<String> {
     match raw {
-        Raw::Text(s) => Some(s.clone()),
-        Raw::Toml(toml::Value::String(s)) => Some(s.clone()),
-        Raw::Toml(_) => None,
+        Raw::Text(s) => Some(s.to_string()),
+        Raw::Typed(v) => v.as_str().map(str::to_string),
     }
 }
 
-fn number(key: &str, raw: &Raw, min: u64, max: u64) -> Result<u64, String> {
+fn number(key: &str, raw: &Raw<'_>, min: u64, max: u64) -> Result<u64, String> {
     let n = match raw {
-        Raw::Toml(toml::Value::Integer(i)) => u64::try_from(*i).ok(),
+        Raw::Typed(Value::Num(_, n)) => n.to_u128_lossy().and_then(|n| u64::try_from(n).ok()),
         Raw::Text(s) => s.trim().parse::<u64>().ok(),
-        Raw::Toml(_) => None,
+        Raw::Typed(_) => None,
     };
     match n {
         Some(n) if (min..=max).contains(&n) => Ok(n),
@@ -134,20 +171,20 @@ fn number(key: &str, raw: &Raw, min: u64, max: u64) -> Result<u64, String> {
     }
 }
 
-fn flag(key: &str, raw: &Raw) -> Result<bool, String> {
+fn flag(key: &str, raw: &Raw<'_>) -> Result<bool, String> {
     match raw {
-        Raw::Toml(toml::Value::Boolean(b)) => Ok(*b),
-        Raw::Text(s) if s == "true" || s == "1" => Ok(true),
-        Raw::Text(s) if s == "false" || s == "0" => Ok(false),
+        Raw::Typed(Value::Bool(_, b)) => Ok(*b),
+        Raw::Text("true" | "1") => Ok(true),
+        Raw::Text("false" | "0") => Ok(false),
         _ => Err(format!("{raw} is not accepted; {}", accepted(key))),
     }
 }
 
 /// A list: a TOML array of strings, or text separated by commas (empty items left out).
-fn list(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
+fn list(key: &str, raw: &Raw<'_>) -> Result<Vec<String>, String> {
     let bad = || format!("{raw} is not accepted; {}", accepted(key));
     match raw {
-        Raw::Toml(toml::Value::Array(a)) => a
+        Raw::Typed(Value::Array(_, a)) => a
             .iter()
             .map(|v| v.as_str().map(|s| s.trim().to_string()).ok_or_else(bad))
             .collect(),
@@ -161,7 +198,7 @@ fn list(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
 }
 
 /// A list of runner kinds.
-fn kinds(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
+fn kinds(key: &str, raw: &Raw<'_>) -> Result<Vec<String>, String> {
     let mut out: Vec<String> = Vec::new();
     for kind in list(key, raw)? {
         if !brood::runners::KINDS.contains(&kind.as_str()) {
@@ -176,9 +213,9 @@ fn kinds(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
 
 /// Scoped keys: a TOML array of `<prefix>=<key>` strings, or text of them separated by commas;
 /// no key twice.
-fn scoped_keys(key: &str, raw: &Raw) -> Result<Vec<crate::scope::ScopedKey>, String> {
+fn scoped_keys(key: &str, raw: &Raw<'_>) -> Result<Vec<crate::scope::ScopedKey>, String> {
     let entries: Vec<String> = match raw {
-        Raw::Toml(toml::Value::Array(a)) => a
+        Raw::Typed(Value::Array(_, a)) => a
             .iter()
             .map(|v| v.as_str().map(str::to_string))
             .collect::<Option<_>>()
@@ -188,7 +225,7 @@ fn scoped_keys(key: &str, raw: &Raw) -> Result<Vec<crate::scope::ScopedKey>, Str
             .map(|e| e.trim().to_string())
             .filter(|e| !e.is_empty())
             .collect(),
-        Raw::Toml(_) => return Err(format!("is not an array of strings; {}", accepted(key))),
+        Raw::Typed(_) => return Err(format!("is not an array of strings; {}", accepted(key))),
     };
     let mut out: Vec<crate::scope::ScopedKey> = Vec::new();
     for entry in entries {
@@ -217,7 +254,7 @@ fn scoped_keys(key: &str, raw: &Raw) -> Result<Vec<crate::scope::ScopedKey>, Str
 /// A list of host names: a TOML array of strings, or text separated by commas; each lower-cased,
 /// without the brackets of an IPv6 address, and refused when it holds a port, a scheme or a
 /// path.
-fn hosts(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
+fn hosts(key: &str, raw: &Raw<'_>) -> Result<Vec<String>, String> {
     let mut out: Vec<String> = Vec::new();
     for entry in list(key, raw)? {
         let trimmed = entry.as_str();
@@ -246,7 +283,7 @@ fn hosts(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
 }
 
 /// A list of hosts, addresses and networks wakes may go to, each checked.
-fn wake_allow(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
+fn wake_allow(key: &str, raw: &Raw<'_>) -> Result<Vec<String>, String> {
     let mut out: Vec<String> = Vec::new();
     for entry in list(key, raw)? {
         let entry = crate::wake::allow_entry(&entry).map_err(|e| format!("{e}; {}", accepted(key)))?;
@@ -259,10 +296,10 @@ fn wake_allow(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
 
 /// A list of environment variable names: a TOML array of strings, or text separated by commas.
 /// A name is letters, digits and `_`, not starting with a digit.
-fn variable_names(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
+fn variable_names(key: &str, raw: &Raw<'_>) -> Result<Vec<String>, String> {
     let bad = || format!("{raw} is not accepted; {}", accepted(key));
     let given: Vec<String> = match raw {
-        Raw::Toml(toml::Value::Array(a)) => a
+        Raw::Typed(Value::Array(_, a)) => a
             .iter()
             .map(|v| v.as_str().map(|s| s.trim().to_string()).ok_or_else(bad))
             .collect::<Result<_, _>>()?,
@@ -296,7 +333,7 @@ fn variable_names(key: &str, raw: &Raw) -> Result<Vec<String>, String> {
 /// The largest session capacity any configuration accepts.
 const MAX_CAPACITY: u64 = 1_000_000;
 
-pub(super) fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), String> {
+pub(super) fn apply(c: &mut ServeConfig, key: &str, raw: &Raw<'_>) -> Result<(), String> {
     let bad = || format!("{raw} is not accepted; {}", accepted(key));
     match key {
         "listen" => c.listen = text(raw).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
@@ -352,13 +389,48 @@ pub(super) fn apply(c: &mut ServeConfig, key: &str, raw: &Raw) -> Result<(), Str
         "max_session_capacity" => c.max_session_capacity = number(key, raw, 1, MAX_CAPACITY)? as u32,
         "max_live_children" => c.max_live_children = number(key, raw, 1, 100_000_000)? as usize,
         "body_timeout_ms" => c.body_timeout_ms = number(key, raw, 100, 3_600_000)?,
-        _ => {
-            let known: Vec<&str> = KEYS.iter().map(|(k, _)| *k).collect();
-            return Err(format!(
-                "is not a configuration key; the keys are: {}",
-                known.join(", ")
-            ));
-        }
+        _ => return Err(unknown_key(key)),
     }
     Ok(())
+}
+
+/// Whether `key` is a configuration key.
+pub(super) fn is_key(key: &str) -> bool {
+    KEYS.iter().any(|(k, _)| *k == key)
+}
+
+/// The configuration keys, as a message lists them.
+pub(super) fn key_list() -> String {
+    KEYS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+}
+
+/// Why `key` is not a configuration key, naming the nearest key when one is near.
+pub(super) fn unknown_key(key: &str) -> String {
+    let hint = nearest_key(key).map_or(String::new(), |k| format!(" (did you mean `{k}`?)"));
+    format!("is not a configuration key{hint}; the keys are: {}", key_list())
+}
+
+/// The key `key` is most likely a misspelling of, if any is near enough.
+pub(super) fn nearest_key(key: &str) -> Option<&'static str> {
+    KEYS.iter()
+        .map(|(k, _)| (edits(key, k), *k))
+        .filter(|(d, k)| *d <= 2.max(k.len() / 8))
+        .min()
+        .map(|(_, k)| k)
+}
+
+/// The Levenshtein distance of two keys (ASCII in practice; counted in characters).
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diagonal + usize::from(ca != *cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
 }

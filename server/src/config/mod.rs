@@ -1,7 +1,10 @@
 //! The server's configuration: defaults, then a TOML file (`--config`), then the environment
-//! (`BROOD_<KEY>`), then flags, each layer over the one before. Every key is checked when the
-//! server starts: an unknown key, a wrong type or a value out of range is an error that names
-//! the key, where it came from and what is accepted.
+//! (`BROOD_<KEY>`), then flags, each layer over the one before (merged by figment, which
+//! remembers which layer each value came from). Every key is checked when the server starts:
+//! an unknown key (a `BROOD_` variable naming none too), a wrong type or a value out of range
+//! is an error that names the key, where it came from (the file with the line and column, the
+//! variable, the flag) and what is accepted. The layers are `layers`; what each key accepts is
+//! `keys`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -10,10 +13,13 @@ use std::path::{Path, PathBuf};
 use brood::Durability;
 
 mod keys;
+mod layers;
 #[cfg(test)]
 mod tests;
 
-use keys::{apply, Raw, KEYS};
+use figment::Figment;
+use keys::{apply, KEYS};
+use layers::Layer;
 
 /// The effective configuration of `brood serve`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -248,120 +254,109 @@ impl Default for ServeConfig {
 }
 
 /// A configuration that cannot be used, naming the key, its source and what is accepted.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[error("configuration key `{key}` (from {source_name}): {problem}")]
 pub struct ConfigError {
     /// The key.
     pub key: String,
-    /// Where it came from: the file, `BROOD_<KEY>`, or `--flag`.
+    /// Where it came from: the file (with the line and column of the value, when it has one),
+    /// `environment variable BROOD_<KEY>`, `flag --<key>`, or the effective configuration.
     pub source_name: String,
     /// What is wrong and what is accepted.
     pub problem: String,
+    /// The error underneath, when there is one (the file's read or its TOML).
+    #[source]
+    pub cause: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
-/// Where a layer's values came from.
-#[derive(Debug, Clone)]
-enum Source {
-    File(PathBuf),
-    Env,
-    Flag,
-}
-
-impl Source {
-    fn name(&self, key: &str) -> String {
-        match self {
-            Source::File(p) => format!("file {}", p.display()),
-            Source::Env => format!("environment variable BROOD_{}", key.to_ascii_uppercase()),
-            Source::Flag => format!("flag --{}", key.replace('_', "-")),
+impl ConfigError {
+    fn new(key: &str, source_name: String, problem: String) -> ConfigError {
+        ConfigError {
+            key: key.into(),
+            source_name,
+            problem,
+            cause: None,
         }
     }
 }
 
-/// Builds the effective configuration from a file (optional), the environment and flags.
-/// `flags` holds only the flags given on the command line, by key.
+/// Builds the effective configuration from a file (optional), the environment and flags,
+/// each layer over the one before, over the defaults. `flags` holds only the flags given on
+/// the command line, by key. Every value given is checked, also one a later layer overrides.
 pub fn resolve(
     file: Option<&Path>,
     env: impl IntoIterator<Item = (String, String)>,
     flags: BTreeMap<String, String>,
 ) -> Result<ServeConfig, ConfigError> {
-    let mut layers: Vec<(Source, BTreeMap<String, Raw>)> = Vec::new();
+    let mut given = Vec::new();
     if let Some(path) = file {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            key: "config".into(),
-            source_name: format!("file {}", path.display()),
-            problem: format!("cannot be read: {e}"),
-        })?;
-        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| ConfigError {
-            key: "config".into(),
-            source_name: format!("file {}", path.display()),
-            problem: format!("is not valid TOML: {}", e.message()),
-        })?;
-        let layer = table.into_iter().map(|(k, v)| (k, Raw::Toml(v))).collect();
-        layers.push((Source::File(path.to_path_buf()), layer));
+        given.push(Layer::file(path)?);
     }
-    let mut from_env = BTreeMap::new();
-    for (name, value) in env {
-        let Some(key) = name.strip_prefix("BROOD_") else {
+    given.push(Layer::environment(env)?);
+    given.push(Layer::flags(flags));
+    let mut figment = Figment::new();
+    for layer in given {
+        check(&layer)?;
+        figment = figment.merge(layer);
+    }
+
+    // Each key as the highest layer that gives it has it.
+    let mut config = ServeConfig::default();
+    let unknown_source = figment::Metadata::default();
+    for (key, _) in KEYS {
+        let Ok(value) = figment.find_value(key) else {
             continue;
         };
-        let key = key.to_ascii_lowercase();
-        // Variables of other tools may share the prefix; only known keys are configuration.
-        if KEYS.iter().any(|(k, _)| *k == key) {
-            from_env.insert(key, Raw::Text(value));
-        }
+        let metadata = figment.get_metadata(value.tag()).unwrap_or(&unknown_source);
+        apply(&mut config, key, &layers::raw(metadata, &value))
+            .map_err(|problem| ConfigError::new(key, layers::source_name(metadata, key), problem))?;
     }
-    layers.push((Source::Env, from_env));
-    layers.push((
-        Source::Flag,
-        flags.into_iter().map(|(k, v)| (k, Raw::Text(v))).collect(),
-    ));
-
-    let mut config = ServeConfig::default();
-    let mut key_sources = (None, None);
-    for (source, layer) in &layers {
-        for (key, raw) in layer {
-            apply(&mut config, key, raw).map_err(|problem| ConfigError {
-                key: key.clone(),
-                source_name: source.name(key),
-                problem,
-            })?;
-            match key.as_str() {
-                "api_key" => key_sources.0 = Some(source.name(key)),
-                "api_key_file" => key_sources.1 = Some(source.name(key)),
-                _ => {}
-            }
+    let source_of = |key: &str| figment.find_metadata(key).map(|m| layers::source_name(m, key));
+    if let (Some(file), Some(from)) = (config.api_key_file.clone(), source_of("api_key_file")) {
+        if let Some(key_from) = source_of("api_key") {
+            return Err(ConfigError::new(
+                "api_key_file",
+                from,
+                format!("is set, and so is api_key (from {key_from}); give the key one way"),
+            ));
         }
-    }
-    if let (Some(file), Some(from)) = (config.api_key_file.clone(), key_sources.1) {
-        if let Some(key_from) = key_sources.0 {
-            return Err(ConfigError {
-                key: "api_key_file".into(),
-                source_name: from,
-                problem: format!("is set, and so is api_key (from {key_from}); give the key one way"),
-            });
-        }
-        config.api_key = Some(read_key_file(&file).map_err(|problem| ConfigError {
-            key: "api_key_file".into(),
-            source_name: from,
-            problem,
-        })?);
+        config.api_key = Some(read_key_file(&file, from)?);
     }
     allow_command_either_way(&mut config);
-    check(&config)?;
+    check_effective(&config)?;
     Ok(config)
 }
 
-/// The key a key file holds: its text less one trailing newline, not empty.
-fn read_key_file(file: &Path) -> Result<String, String> {
-    let text =
-        std::fs::read_to_string(file).map_err(|e| format!("the key file {} cannot be read: {e}", file.display()))?;
+/// Every value of `layer` is one its key accepts.
+fn check(layer: &Layer) -> Result<(), ConfigError> {
+    let mut scratch = ServeConfig::default();
+    for (key, raw) in layer.values() {
+        apply(&mut scratch, key, &raw).map_err(|problem| ConfigError::new(key, layer.source_name(key), problem))?;
+    }
+    Ok(())
+}
+
+/// The key a key file holds: its text less one trailing newline, not empty. `from` is where
+/// `api_key_file` was set.
+fn read_key_file(file: &Path, from: String) -> Result<String, ConfigError> {
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) => {
+            return Err(ConfigError {
+                problem: format!("the key file {} cannot be read: {e}", file.display()),
+                cause: Some(Box::new(e)),
+                ..ConfigError::new("api_key_file", from, String::new())
+            })
+        }
+    };
     let key = text
         .strip_suffix('\n')
         .map_or(text.as_str(), |k| k.strip_suffix('\r').unwrap_or(k));
     if key.is_empty() {
-        return Err(format!(
-            "the key file {} is empty; it must hold the API key",
-            file.display()
+        return Err(ConfigError::new(
+            "api_key_file",
+            from,
+            format!("the key file {} is empty; it must hold the API key", file.display()),
         ));
     }
     Ok(key.to_string())
@@ -378,12 +373,8 @@ fn allow_command_either_way(c: &mut ServeConfig) {
 
 /// Checks what no single key can: the lease bounds among themselves, and a key for any
 /// address that is not loopback.
-fn check(c: &ServeConfig) -> Result<(), ConfigError> {
-    let err = |key: &str, problem: String| ConfigError {
-        key: key.into(),
-        source_name: "the effective configuration".into(),
-        problem,
-    };
+fn check_effective(c: &ServeConfig) -> Result<(), ConfigError> {
+    let err = |key: &str, problem: String| ConfigError::new(key, EFFECTIVE.into(), problem);
     check_bounds(c)?;
     if c.max_lease_ms < c.min_lease_ms {
         return Err(err(
@@ -436,17 +427,20 @@ fn check(c: &ServeConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The source named by an error of keys together.
+const EFFECTIVE: &str = "the effective configuration";
+
 /// The bounds among themselves: a new session's capacity is one a `PUT` could ask for.
 fn check_bounds(c: &ServeConfig) -> Result<(), ConfigError> {
     if c.max_concurrent_children > c.max_session_capacity {
-        return Err(ConfigError {
-            key: "max_concurrent_children".into(),
-            source_name: "the effective configuration".into(),
-            problem: format!(
+        return Err(ConfigError::new(
+            "max_concurrent_children",
+            EFFECTIVE.into(),
+            format!(
                 "{} is above max_session_capacity {}: a new session's capacity must be one a session may have (raise max_session_capacity, or lower max_concurrent_children)",
                 c.max_concurrent_children, c.max_session_capacity
             ),
-        });
+        ));
     }
     Ok(())
 }

@@ -37,7 +37,8 @@ fn flags_win_over_the_environment_over_the_file_over_defaults() {
     let env = vec![
         ("BROOD_MAX_CONCURRENT_CHILDREN".to_string(), "5".to_string()),
         ("BROOD_BODY_LIMIT".to_string(), "5000".to_string()),
-        ("BROOD_SOMETHING_ELSE".to_string(), "ignored".to_string()),
+        ("BROOD_FAILPOINTS".to_string(), "read elsewhere".to_string()),
+        ("PATH".to_string(), "not ours".to_string()),
     ];
     let c = resolve(Some(&file), env, flags(&[("body_limit", "6000")])).unwrap();
     assert_eq!(c.max_delivery_attempts, 3, "from the file");
@@ -384,5 +385,163 @@ fn the_api_key_is_read_from_a_file_less_one_trailing_newline() {
     assert!(
         e.problem.contains("api_key (from environment variable BROOD_API_KEY)"),
         "{e}"
+    );
+}
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+#[test]
+fn an_unknown_key_in_the_file_names_the_file_its_line_and_a_near_key() {
+    let e = resolve_file("max_depth = 3\nmax_concurent_children = 4\n").unwrap_err();
+    assert_eq!(e.key, "max_concurent_children");
+    assert!(
+        e.source_name.starts_with("file ") && e.source_name.ends_with("brood.toml, line 2, column 26"),
+        "{e}"
+    );
+    assert!(e.problem.contains("did you mean `max_concurrent_children`?"), "{e}");
+}
+
+#[test]
+fn a_wrong_type_in_the_file_names_its_line_and_column_and_what_is_accepted() {
+    let e = resolve_file("# limits\nmax_depth = 2\n  max_delivery_attempts = \"many\"\n").unwrap_err();
+    assert_eq!(e.key, "max_delivery_attempts");
+    assert!(e.source_name.ends_with("brood.toml, line 3, column 27"), "{e}");
+    assert_eq!(e.problem, "\"many\" is not accepted; from 1 to 1000");
+    let e = resolve_file("allow_command = \"true\"\n").unwrap_err();
+    assert!(
+        e.source_name.ends_with("line 1, column 17"),
+        "text is not a boolean in a file: {e}"
+    );
+    let e = resolve_file("max_depth = 2.5\n").unwrap_err();
+    assert!(e.problem.starts_with("2.5 is not accepted"), "{e}");
+    let e = resolve_file("max_depth = 1979-05-27\n").unwrap_err();
+    assert!(e.problem.starts_with("1979-05-27 is not accepted"), "{e}");
+}
+
+#[test]
+fn a_toml_syntax_error_names_the_file_its_line_and_column() {
+    let e = resolve_file("max_depth = 2\nbody_limit = \n").unwrap_err();
+    assert_eq!(e.key, "config");
+    assert!(e.source_name.ends_with("brood.toml, line 2, column 14"), "{e}");
+    assert!(e.problem.starts_with("is not valid TOML: "), "{e}");
+    assert!(std::error::Error::source(&e).is_some(), "the TOML error is the cause");
+    let e = resolve_file("max_depth = 2\nmax_depth = 3\n").unwrap_err();
+    assert!(e.problem.contains("duplicate key"), "{e}");
+}
+
+#[test]
+fn a_value_out_of_range_in_the_environment_names_the_variable() {
+    let e = resolve(None, env(&[("BROOD_MAX_DEPTH", "65")]), BTreeMap::new()).unwrap_err();
+    assert_eq!(
+        (e.key.as_str(), e.source_name.as_str()),
+        ("max_depth", "environment variable BROOD_MAX_DEPTH")
+    );
+    assert_eq!(e.problem, "\"65\" is not accepted; from 1 to 64 (default 2)");
+}
+
+#[test]
+fn a_brood_variable_that_names_no_key_is_refused_by_name() {
+    let e = resolve(
+        None,
+        env(&[("BROOD_MAX_DEPTH", "3"), ("BROOD_MAX_CONCURENT_CHILDREN", "4")]),
+        BTreeMap::new(),
+    )
+    .unwrap_err();
+    assert_eq!(e.key, "max_concurent_children");
+    assert_eq!(e.source_name, "environment variable BROOD_MAX_CONCURENT_CHILDREN");
+    assert!(
+        e.problem.contains("did you mean BROOD_MAX_CONCURRENT_CHILDREN?") && e.problem.contains("BROOD_FAILPOINTS"),
+        "{e}"
+    );
+    let e = resolve(None, env(&[("BROOD_", "x")]), BTreeMap::new()).unwrap_err();
+    assert_eq!(e.source_name, "environment variable BROOD_");
+}
+
+#[test]
+fn the_brood_variables_read_elsewhere_are_not_configuration() {
+    let names = layers::READ_ELSEWHERE.iter().chain(layers::READ_BY_TESTS);
+    let all: Vec<(String, String)> = names
+        .clone()
+        .map(|(name, _)| (name.to_string(), "1".to_string()))
+        .collect();
+    assert_eq!(resolve(None, all, BTreeMap::new()).unwrap(), ServeConfig::default());
+    for (name, _) in names {
+        let key = name.trim_start_matches("BROOD_").to_ascii_lowercase();
+        assert!(!keys::is_key(&key), "{name} is also a key");
+    }
+}
+
+#[test]
+fn a_value_a_later_layer_overrides_is_still_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("brood.toml");
+    std::fs::write(&file, "max_depth = 0\n").unwrap();
+    let e = resolve(Some(&file), vec![], flags(&[("max_depth", "3")])).unwrap_err();
+    assert!(e.source_name.ends_with("brood.toml, line 1, column 13"), "{e}");
+    let e = resolve(None, env(&[("BROOD_MAX_DEPTH", "deep")]), flags(&[("max_depth", "3")])).unwrap_err();
+    assert_eq!(e.source_name, "environment variable BROOD_MAX_DEPTH");
+}
+
+#[test]
+fn the_api_key_and_its_file_from_two_layers_name_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("brood.toml");
+    std::fs::write(&file, "api_key = \"k\"\n").unwrap();
+    let e = resolve(Some(&file), vec![], flags(&[("api_key_file", "/nowhere")])).unwrap_err();
+    assert_eq!(
+        (e.key.as_str(), e.source_name.as_str()),
+        ("api_key_file", "flag --api-key-file")
+    );
+    assert!(e.problem.contains("brood.toml, line 1, column 11"), "{e}");
+}
+
+/// The `BROOD_` names the workspace's code, scripts and docs hold (the refused ones its tests
+/// spell on purpose left out): each is a key's variable or one read elsewhere, so a variable
+/// added to brood or its tests without its place in `layers` fails here, not in a user's start.
+#[test]
+fn every_brood_variable_in_the_workspace_is_a_key_or_read_elsewhere() {
+    const MISSPELT_ON_PURPOSE: &[&str] = &["BROOD_MAX_CONCURENT_CHILDREN"];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut folders = vec![root];
+    let mut unknown = BTreeMap::new();
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if path.is_dir() {
+                if !matches!(name, "target" | ".git" | "node_modules") {
+                    folders.push(path);
+                }
+                continue;
+            }
+            let ext = path.extension().and_then(|e| e.to_str()).unwrap_or_default();
+            if !matches!(ext, "rs" | "py" | "md" | "sh" | "toml") && name != "run" {
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            for (at, _) in text.match_indices("BROOD_") {
+                let rest = &text[at + "BROOD_".len()..];
+                let len = rest
+                    .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+                    .unwrap_or(rest.len());
+                let variable = &text[at..at + "BROOD_".len() + len];
+                let key = rest[..len].to_ascii_lowercase();
+                if len > 0
+                    && !keys::is_key(&key)
+                    && !layers::read_elsewhere(variable)
+                    && !MISSPELT_ON_PURPOSE.contains(&variable)
+                {
+                    unknown.insert(variable.to_string(), path.display().to_string());
+                }
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "BROOD_ variables that are no key and not listed in config/layers.rs (brood serve would refuse them): {unknown:?}"
     );
 }
