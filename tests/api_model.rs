@@ -68,7 +68,6 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use brood::{
@@ -78,15 +77,6 @@ use brood::{
 use brood_actors::model::now_ms;
 use common::*;
 use proptest::prelude::*;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Takes the fault-point lock and starts from a clean slate.
-fn serial() -> MutexGuard<'static, ()> {
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    failpoints::disarm_all();
-    guard
-}
 
 const SESSION: &str = "s";
 /// The short lease of a boundary: runs out within a sequence.

@@ -12,22 +12,12 @@
 #![allow(clippy::await_holding_lock)]
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
 
 use brood::*;
 use serde_json::json;
 
 mod common;
 use common::*;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Takes the fault-point lock and starts from a clean slate.
-fn serial() -> MutexGuard<'static, ()> {
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    failpoints::disarm_all();
-    guard
-}
 
 /// An engine over `dir` with the test runners and `command`.
 fn open(dir: &Path, kit: &Kit) -> Brood {

@@ -9,19 +9,10 @@
 
 mod common;
 
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use brood::{failpoints, BroodError, DelegateError, DelegateRequest, ReleaseReason, SessionOptions};
 use common::*;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    failpoints::disarm_all();
-    guard
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dispatch_whose_flush_failed_takes_no_set_number() {

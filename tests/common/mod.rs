@@ -487,6 +487,20 @@ pub async fn settle(b: &Brood, session: &str) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Fault points
+
+/// Takes the fault-point lock and starts from a clean slate (nothing armed). Fault points are
+/// process-wide, so the tests of a file that arms them run one at a time, each holding this
+/// guard for its whole run.
+#[cfg(feature = "failpoints")]
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    brood::failpoints::disarm_all();
+    guard
+}
+
+// ---------------------------------------------------------------------------------------------
 // Fixtures shared by several invariant files
 
 /// A lease that runs out within a test (the shortest brood accepts).
