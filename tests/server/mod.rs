@@ -251,6 +251,29 @@ impl Server {
         reply["call_id"].as_str().unwrap().to_string()
     }
 
+    /// Delegates the one task `task` (a task object) to `session`, which must accept it (202);
+    /// the reply.
+    pub fn delegate_task(&self, session: &str, task: Value) -> Value {
+        let (status, reply) = self.call(
+            "POST",
+            &format!("/v1/sessions/{session}/delegate"),
+            Some(json!({"tasks": [task]})),
+        );
+        assert_eq!(status, 202, "{reply}");
+        reply
+    }
+
+    /// The one result of `session`'s next envelope, acked.
+    pub fn only_result(&self, session: &str) -> Value {
+        let env = self.envelope(session, 30_000);
+        let items = env["items"].as_array().expect("items");
+        assert_eq!(items.len(), 1, "{env}");
+        let claim = env["claim_id"].as_str().unwrap();
+        let (status, acked) = self.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+        assert_eq!((status, acked["delivered"].as_u64()), (200, Some(1)), "{acked}");
+        items[0].clone()
+    }
+
     /// Boundaries until one answers 200.
     pub fn envelope(&self, session: &str, lease_ms: u64) -> Value {
         until_envelope(session, lease_ms, |m, p, b| self.call(m, p, b))
