@@ -68,7 +68,6 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use brood::{
@@ -78,15 +77,6 @@ use brood::{
 use brood_actors::model::now_ms;
 use common::*;
 use proptest::prelude::*;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Takes the fault-point lock and starts from a clean slate.
-fn serial() -> MutexGuard<'static, ()> {
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    failpoints::disarm_all();
-    guard
-}
 
 const SESSION: &str = "s";
 /// The short lease of a boundary: runs out within a sequence.
@@ -445,9 +435,8 @@ impl Model {
         returned
     }
 
-    /// Checks a claim the engine just made at some moment up to `after`, and records it;
-    /// `restarts` were the owner restarts that may have happened before it was asked for.
-    fn observe(&mut self, env: &Envelope, consumer: &str, after: u64, restarts: u64) {
+    /// A claim just returned to `consumer`: its id new, no item in it twice. Its items' keys.
+    fn check_new_claim(&self, env: &Envelope, consumer: &str) -> BTreeSet<String> {
         self.check(env.consumer == consumer, || {
             format!(
                 "claim {} names consumer {} instead of {consumer}",
@@ -462,6 +451,45 @@ impl Model {
         self.check(items.len() == env.items.len(), || {
             format!("claim {} holds an item twice: {:?}", env.claim_id, keys(env))
         });
+        items
+    }
+
+    /// `item` of claim `env`, of the accepted `call` (`which`: "call" or "nested call"): its set
+    /// and task index are the call's, it was not acked before (`acked`: its session's acked
+    /// keys) and it comes within the delivery attempts. Its task's own status and the call's
+    /// reopens, for the status check.
+    fn check_item_of(
+        &self,
+        env: &Envelope,
+        item: &brood::ReadyItem,
+        call: &Call,
+        which: &str,
+        acked: &BTreeSet<String>,
+    ) -> (ChildStatus, u64) {
+        let n = call.tasks.len() as u32;
+        self.check(item.set == call.set && item.task_index < n, || {
+            format!(
+                "{} says set {} task {}; the {which} was set {} of {n} tasks",
+                item.dedup_key, item.set, item.task_index, call.set
+            )
+        });
+        self.check(!acked.contains(&item.dedup_key), || {
+            format!(
+                "I2: {} was acked, and claim {} handed it out again",
+                item.dedup_key, env.claim_id
+            )
+        });
+        self.check(
+            item.delivery_attempt >= 1 && item.delivery_attempt <= MAX_ATTEMPTS,
+            || format!("{} came as delivery attempt {}", item.dedup_key, item.delivery_attempt),
+        );
+        (call.tasks[item.task_index as usize].status(), call.reopens)
+    }
+
+    /// Checks a claim the engine just made at some moment up to `after`, and records it;
+    /// `restarts` were the owner restarts that may have happened before it was asked for.
+    fn observe(&mut self, env: &Envelope, consumer: &str, after: u64, restarts: u64) {
+        let items = self.check_new_claim(env, consumer);
         for item in &env.items {
             let Some(call) = self.calls.get(&item.call_id) else {
                 if let Some(nest) = self.nest_of_call(&item.call_id) {
@@ -475,24 +503,7 @@ impl Model {
                     env.claim_id, item.dedup_key, item.call_id
                 ));
             };
-            let n = call.tasks.len() as u32;
-            self.check(item.set == call.set && item.task_index < n, || {
-                format!(
-                    "{} says set {} task {}; the call was set {} of {n} tasks",
-                    item.dedup_key, item.set, item.task_index, call.set
-                )
-            });
-            self.check(!self.acked.contains(&item.dedup_key), || {
-                format!(
-                    "I2: {} was acked, and claim {} handed it out again",
-                    item.dedup_key, env.claim_id
-                )
-            });
-            self.check(
-                item.delivery_attempt >= 1 && item.delivery_attempt <= MAX_ATTEMPTS,
-                || format!("{} came as delivery attempt {}", item.dedup_key, item.delivery_attempt),
-            );
-            let (own, reopens) = (call.tasks[item.task_index as usize].status(), call.reopens);
+            let (own, reopens) = self.check_item_of(env, item, call, "call", &self.acked);
             self.check_status_of(item, own, reopens);
         }
         for other in &self.claims {
@@ -1361,20 +1372,7 @@ impl Model {
 
     /// Checks a claim nested session `nest` just made (at a drain), and records it.
     fn observe_nested(&mut self, env: &Envelope, nest: &str) {
-        self.check(env.consumer == "drain", || {
-            format!(
-                "claim {} names consumer {} instead of drain",
-                env.claim_id, env.consumer
-            )
-        });
-        self.check(
-            !self.claims.iter().any(|c| c.id == env.claim_id) && !self.nest_claims.contains(&env.claim_id),
-            || format!("claim id {} was returned twice", env.claim_id),
-        );
-        let items: BTreeSet<String> = env.items.iter().map(|i| i.dedup_key.clone()).collect();
-        self.check(items.len() == env.items.len(), || {
-            format!("claim {} holds an item twice: {:?}", env.claim_id, keys(env))
-        });
+        self.check_new_claim(env, "drain");
         for item in &env.items {
             let Some(call) = self.nests[nest].calls.get(&item.call_id) else {
                 let whose = if self.calls.contains_key(&item.call_id) {
@@ -1389,24 +1387,7 @@ impl Model {
                     env.claim_id, item.dedup_key
                 ));
             };
-            let n = call.tasks.len() as u32;
-            self.check(item.set == call.set && item.task_index < n, || {
-                format!(
-                    "{} says set {} task {}; the nested call was set {} of {n} tasks",
-                    item.dedup_key, item.set, item.task_index, call.set
-                )
-            });
-            self.check(!self.nest_acked.contains(&item.dedup_key), || {
-                format!(
-                    "I2: {} was acked, and claim {} handed it out again",
-                    item.dedup_key, env.claim_id
-                )
-            });
-            self.check(
-                item.delivery_attempt >= 1 && item.delivery_attempt <= MAX_ATTEMPTS,
-                || format!("{} came as delivery attempt {}", item.dedup_key, item.delivery_attempt),
-            );
-            let (own, reopens) = (call.tasks[item.task_index as usize].status(), call.reopens);
+            let (own, reopens) = self.check_item_of(env, item, call, "nested call", &self.nest_acked);
             self.check_nested_status(item, own, reopens);
         }
         self.nest_claims.insert(env.claim_id.clone());

@@ -41,24 +41,6 @@ impl Engine {
     }
 }
 
-async fn session(b: &Brood, capacity: u32) {
-    b.open_session(
-        "s",
-        SessionOptions::default().wake(|_| {}).max_concurrent_children(capacity),
-    )
-    .await
-    .unwrap();
-}
-
-async fn delegate(b: &Brood, request: DelegateRequest) -> String {
-    b.delegate("s", request)
-        .await
-        .map_err(|e| e.error)
-        .unwrap()
-        .call_id()
-        .to_string()
-}
-
 async fn running(b: &Brood) -> usize {
     b.counts("s").await.unwrap().running
 }
@@ -67,9 +49,10 @@ async fn running(b: &Brood) -> usize {
 async fn a_cancelled_child_stops_its_runner_while_its_siblings_go_on() {
     let e = Engine::new();
     let b = e.b();
-    session(b, 8).await;
-    let call = delegate(
+    open_capped(b, "s", 8).await;
+    let call = delegated(
         b,
+        "s",
         DelegateRequest::background(vec![task("a", hold()), task("b", hold()), task("c", sim(0))]).independent(),
     )
     .await;
@@ -162,9 +145,10 @@ async fn a_cancelled_child_stops_its_runner_while_its_siblings_go_on() {
 async fn a_queued_child_never_starts_and_a_cancel_frees_a_slot_for_the_next() {
     let e = Engine::new();
     let b = e.b();
-    session(b, 1).await;
-    let call = delegate(
+    open_capped(b, "s", 1).await;
+    let call = delegated(
         b,
+        "s",
         DelegateRequest::background(vec![task("a", hold()), task("b", hold()), task("c", hold())]).independent(),
     )
     .await;
@@ -203,9 +187,10 @@ async fn a_queued_child_never_starts_and_a_cancel_frees_a_slot_for_the_next() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unit_with_a_cancelled_member_goes_out_whole_and_the_cancel_outlives_a_restart() {
     let mut e = Engine::new();
-    session(e.b(), 8).await;
-    let call = delegate(
+    open_capped(e.b(), "s", 8).await;
+    let call = delegated(
         e.b(),
+        "s",
         DelegateRequest::background(vec![
             task("a", hold()).group("g"),
             task("b", sim(0)).group("g"),
@@ -254,7 +239,7 @@ async fn a_unit_with_a_cancelled_member_goes_out_whole_and_the_cancel_outlives_a
         .await
         .unwrap();
     e.reopen();
-    session(e.b(), 8).await;
+    open_capped(e.b(), "s", 8).await;
     let items = collect_results(e.b(), "s", 1).await;
     assert_eq!(
         (items[0].child_id.clone(), items[0].status),
@@ -271,8 +256,8 @@ async fn b_ack(b: &Brood, env: &Envelope) {
 async fn unknown_targets_are_refused_and_change_nothing() {
     let e = Engine::new();
     let b = e.b();
-    session(b, 8).await;
-    let call = delegate(b, DelegateRequest::background(vec![task("a", sim(0))])).await;
+    open_capped(b, "s", 8).await;
+    let call = delegated(b, "s", DelegateRequest::background(vec![task("a", sim(0))])).await;
     for target in [
         CancelTarget::Call("deleg_nothing".into()),
         CancelTarget::Child(format!("{call}.1")),
@@ -337,16 +322,18 @@ async fn a_child_cancelled_before_its_unit_started_it_never_runs_its_runner() {
     let marks = ran.clone();
     runners.register("mark", move |_| Ok(Box::new(Mark(marks.clone())) as Box<dyn Runner>));
     let b = Brood::open(BroodConfig::new(dir.path().join("ledger")).runners(runners)).unwrap();
-    session(&b, 8).await;
-    delegate(
+    open_capped(&b, "s", 8).await;
+    delegated(
         &b,
+        "s",
         DelegateRequest::background(vec![task("hold", serde_json::json!({"kind": "block"}))]),
     )
     .await;
     // The children's thread is held: the next call's start waits in its unit's mailbox.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let call = delegate(
+    let call = delegated(
         &b,
+        "s",
         DelegateRequest::background(vec![task("b", serde_json::json!({"kind": "mark"}))]),
     )
     .await;
@@ -376,9 +363,10 @@ async fn an_external_workers_heartbeat_is_refused_from_the_moment_the_cancel_ans
     runners.register("block", |_| Ok(Box::new(Block) as Box<dyn Runner>));
     runners.register_external(queues.clone());
     let b = Brood::open(BroodConfig::new(dir.path().join("ledger")).runners(runners)).unwrap();
-    session(&b, 8).await;
-    let call = delegate(
+    open_capped(&b, "s", 8).await;
+    let call = delegated(
         &b,
+        "s",
         DelegateRequest::background(vec![task("out", serde_json::json!({"kind": "external"}))]),
     )
     .await;
@@ -388,8 +376,9 @@ async fn an_external_workers_heartbeat_is_refused_from_the_moment_the_cancel_ans
         .await
         .expect("the external child was handed out");
     assert!(queues.heartbeat(&work.child_id, &work.token, None).is_ok());
-    delegate(
+    delegated(
         &b,
+        "s",
         DelegateRequest::background(vec![task("hold", serde_json::json!({"kind": "block"}))]),
     )
     .await;

@@ -12,7 +12,6 @@
 #![allow(clippy::await_holding_lock)]
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
 
 use brood::*;
 use serde_json::json;
@@ -20,38 +19,11 @@ use serde_json::json;
 mod common;
 use common::*;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Takes the fault-point lock and starts from a clean slate.
-fn serial() -> MutexGuard<'static, ()> {
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    failpoints::disarm_all();
-    guard
-}
-
 /// An engine over `dir` with the test runners and `command`.
 fn open(dir: &Path, kit: &Kit) -> Brood {
     let mut runners = kit.runners();
     runners.register_command();
     Brood::open(BroodConfig::new(dir.join("ledger")).runners(runners)).unwrap()
-}
-
-async fn session(b: &Brood, capacity: u32) {
-    b.open_session(
-        "s",
-        SessionOptions::default().wake(|_| {}).max_concurrent_children(capacity),
-    )
-    .await
-    .unwrap();
-}
-
-async fn delegate(b: &Brood, request: DelegateRequest) -> String {
-    b.delegate("s", request)
-        .await
-        .map_err(|e| e.error)
-        .unwrap()
-        .call_id()
-        .to_string()
 }
 
 async fn cancel_child(b: &Brood, child: &str) -> Cancelled {
@@ -67,17 +39,6 @@ fn only(child: &str) -> Cancelled {
     }
 }
 
-/// Whether a process is gone: no such pid, or a zombie nobody reaped yet (it is dead).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
-    }
-}
-
 /// The pid a command wrote to `file`, once it did.
 async fn pid_in(file: &Path) -> u32 {
     wait_for!(
@@ -90,9 +51,10 @@ async fn pid_in(file: &Path) -> u32 {
 
 /// Capacity 1: child `a` runs (a hold), child `b` (a hold) waits for its slot. Returns the call.
 async fn one_running_one_queued(e: &Kit, b: &Brood) -> String {
-    session(b, 1).await;
-    let call = delegate(
+    open_capped(b, "s", 1).await;
+    let call = delegated(
         b,
+        "s",
         DelegateRequest::background(vec![task("a", hold()), task("b", hold())]).independent(),
     )
     .await;
@@ -161,11 +123,12 @@ async fn a_cancel_after_restart_owner_kills_the_running_command() {
     let dir = tempfile::tempdir().unwrap();
     let kit = Kit::default();
     let b = open(dir.path(), &kit);
-    session(&b, 1).await;
+    open_capped(&b, "s", 1).await;
     let pid_file = dir.path().join("pid");
     let script = format!("echo $$ > {}; exec sleep 600", pid_file.display());
-    let call = delegate(
+    let call = delegated(
         &b,
+        "s",
         DelegateRequest::background(vec![task(
             "sleeps",
             json!({"kind": "command", "argv": ["sh", "-c", script]}),
@@ -190,10 +153,11 @@ async fn a_cancel_reaches_a_running_child_whose_unit_was_replaced_after_a_panic(
     let dir = tempfile::tempdir().unwrap();
     let kit = Kit::default();
     let b = open(dir.path(), &kit);
-    session(&b, 2).await;
+    open_capped(&b, "s", 2).await;
     // One unit: x and a start at once; b waits for x's slot.
-    let call = delegate(
+    let call = delegated(
         &b,
+        "s",
         DelegateRequest::background(vec![task("x", gate("x")), task("a", hold()), task("b", hold())]),
     )
     .await;
@@ -273,10 +237,10 @@ async fn a_cancel_of_a_child_that_ended_before_its_owner_knew_counts_it_as_alrea
     let dir = tempfile::tempdir().unwrap();
     let kit = Kit::default();
     let b = open(dir.path(), &kit);
-    session(&b, 8).await;
+    open_capped(&b, "s", 8).await;
     // The child's end is recorded, but its owner is not told: it still counts it running.
     failpoints::arm("coalescer_handoff", u64::MAX);
-    let call = delegate(&b, DelegateRequest::background(vec![task("a", sim(0))])).await;
+    let call = delegated(&b, "s", DelegateRequest::background(vec![task("a", sim(0))])).await;
     let child = child_id(&call, 0);
     wait_for!(
         "the child's end recorded",
@@ -321,11 +285,11 @@ async fn a_stale_start_read_after_a_rebuild_leaves_the_rebuilt_owners_cancel_to_
     let dir = tempfile::tempdir().unwrap();
     let kit = Kit::default();
     let b = open(dir.path(), &kit);
-    session(&b, 1).await;
+    open_capped(&b, "s", 1).await;
     // The unit holds before it reads the first start (and the children's thread with it).
     failpoints::arm("unit_start_hold", 1);
     let rerun = task("a", hold()).rerun_on_recovery(true);
-    let call = delegate(&b, DelegateRequest::background(vec![rerun])).await;
+    let call = delegated(&b, "s", DelegateRequest::background(vec![rerun])).await;
     let a = child_id(&call, 0);
     wait_for!(
         "the unit held before it reads the start",
@@ -351,7 +315,7 @@ async fn a_stale_start_read_after_a_rebuild_leaves_the_rebuilt_owners_cancel_to_
     let (answer, ()) = tokio::join!(cancelled, release);
     assert_eq!(answer, only(&a));
     // A child started after it: once it runs, the children's thread read both starts of `a`.
-    let next = delegate(&b, DelegateRequest::background(vec![task("next", hold())])).await;
+    let next = delegated(&b, "s", DelegateRequest::background(vec![task("next", hold())])).await;
     let next = child_id(&next, 0);
     wait_for!(
         "the next child running",
@@ -378,12 +342,12 @@ async fn a_cancel_waiting_for_a_lost_start_is_answered_when_the_owner_is_rebuilt
         let dir = tempfile::tempdir().unwrap();
         let kit = Kit::default();
         let b = open(dir.path(), &kit);
-        session(&b, 1).await;
+        open_capped(&b, "s", 1).await;
         // The unit panics as it reads the start (the start is lost), and the requeue of the
         // lost start is written 400 ms late.
         failpoints::arm("unit_handler", 1);
         failpoints::arm("requeue_flush_stall", 1);
-        let call = delegate(&b, DelegateRequest::background(vec![task("a", hold())])).await;
+        let call = delegated(&b, "s", DelegateRequest::background(vec![task("a", hold())])).await;
         let a = child_id(&call, 0);
         wait_for!(
             "the lost start's requeue being written",

@@ -567,160 +567,69 @@ fn sorted<T: Ord + Clone>(v: &[T]) -> Vec<T> {
     v
 }
 
+/// Runs `ops` on a router and on the model side by side; they must agree after every step.
 fn run(max: u32, ops: &[Op]) {
-    let mut r: Router<u32> = Router::new(max);
-    let mut m = Model::new(max);
-    let mut seen = Observed::default();
-    let mut next_key = 0u32;
-    let mut next_claim = 0u32;
-    let mut next_remembered = 0u32;
-
+    let mut run = Run::new(max);
     for op in ops {
+        run.step(op);
+        agree(&run.r, &run.m);
+    }
+}
+
+/// The router under test, the model it must match, what consumers were seen to be handed, and
+/// the next fresh names.
+struct Run {
+    max: u32,
+    r: Router<u32>,
+    m: Model,
+    seen: Observed,
+    next_key: u32,
+    next_claim: u32,
+    next_remembered: u32,
+}
+
+impl Run {
+    fn new(max: u32) -> Run {
+        Run {
+            max,
+            r: Router::new(max),
+            m: Model::new(max),
+            seen: Observed::default(),
+            next_key: 0,
+            next_claim: 0,
+            next_remembered: 0,
+        }
+    }
+
+    /// One step on both sides, checking what each answered.
+    fn step(&mut self, op: &Op) {
         match op {
-            Op::Publish { history } => {
-                let failed = history % max;
-                assert!(r.publish(next_key, failed));
-                assert!(m.publish(next_key, failed));
-                next_key += 1;
-            }
+            Op::Publish { history } => self.publish(history % self.max),
             Op::Complete(n) => {
                 for _ in 0..*n {
-                    assert!(r.publish(next_key, 0));
-                    assert!(m.publish(next_key, 0));
-                    next_key += 1;
+                    self.publish(0);
                 }
             }
-            Op::Republish(i) => {
-                let known: Vec<u32> = m
-                    .items
-                    .iter()
-                    .filter(|(_, it)| it.state != ItemState::Forgotten)
-                    .map(|(k, _)| *k)
-                    .collect();
-                if !known.is_empty() {
-                    let k = known[i.of(known.len())];
-                    let before = snapshot(&r, &m);
-                    assert!(
-                        !r.publish(k, 0),
-                        "a known item ({k}, {:?}) was published again",
-                        m.items[&k]
-                    );
-                    assert!(!m.publish(k, 0));
-                    assert_eq!(snapshot(&r, &m), before, "republishing {k} changed something");
-                }
-            }
-            Op::Claim { lease } => {
-                let cid = format!("c{next_claim}");
-                next_claim += 1;
-                let got = r.claim(m.now, cid.clone(), *lease);
-                let want = m.claim(&cid, *lease);
-                match (got, want) {
-                    (None, None) => {}
-                    (Some(g), Some((items, expires))) => {
-                        assert_eq!(g.claim_id, cid);
-                        assert_eq!(sorted(&g.items), items, "claim {cid} at {}: items with attempts", m.now);
-                        assert_eq!(g.lease_expires_at_ms, expires, "claim {cid}: lease end");
-                        seen.granted(&cid, &g.items);
-                    }
-                    (got, want) => panic!("claim {cid} at {}: router {got:?}, model {want:?}", m.now),
-                }
-            }
-            Op::Ack(t) => {
-                let cid = resolve(&m, t);
-                let before = snapshot(&r, &m);
-                let got = r.ack(&cid);
-                let want = m.ack(&cid);
-                match (&got, &want) {
-                    (Ok(a), Ok((items, n))) => {
-                        assert_eq!(sorted(&a.items), *items, "ack {cid}: items");
-                        assert_eq!(a.delivered, *n, "ack {cid}: delivered count");
-                        if items.is_empty() {
-                            assert_eq!(snapshot(&r, &m), before, "acking acked {cid} again changed something");
-                        } else {
-                            seen.acked(&cid, &a.items);
-                        }
-                    }
-                    (Err(e), Err(w)) => {
-                        assert_eq!(e, w, "ack {cid}: refusal");
-                        assert_eq!(snapshot(&r, &m), before, "refused ack of {cid} changed something");
-                    }
-                    _ => panic!("ack {cid}: router {got:?}, model {want:?}"),
-                }
-            }
-            Op::DecidedOnly(i) => {
-                if let Some(cid) = pick(&m.ids_with(|s| *s == Status::Live), i) {
-                    let before = snapshot(&r, &m);
-                    r.hold(&cid);
-                    r.plan_ack(&cid).expect("a live claim can be acked");
-                    r.plan_release(m.now, &cid, ReleaseReason::Failed, 0)
-                        .expect("a live claim can be released");
-                    r.plan_release(m.now, &cid, ReleaseReason::Busy, 0)
-                        .expect("a live claim can be released");
-                    assert!(r.plan_expiry(m.now, &cid).is_some(), "a live claim can expire");
-                    r.unhold(&cid);
-                    assert_eq!(snapshot(&r, &m), before, "deciding about {cid} changed something");
-                }
-            }
-            Op::Release(t, reason, after) => {
-                let cid = resolve(&m, t);
-                let before = snapshot(&r, &m);
-                let got = r.release(m.now, &cid, *reason, *after);
-                let want = m.release(&cid, *reason, *after);
-                match (&got, &want) {
-                    (Ok(b), Ok((requeued, dead))) => {
-                        assert_eq!(
-                            (sorted(&b.requeued), sorted(&b.dead)),
-                            (requeued.clone(), dead.clone()),
-                            "release {cid} {reason:?} retry_after {after} at {}: (requeued, dead)",
-                            m.now
-                        );
-                        seen.handed_back(&cid, &b.requeued, &b.dead);
-                    }
-                    (Err(e), Err(w)) => {
-                        assert_eq!(e, w, "release {cid}: refusal");
-                        assert_eq!(snapshot(&r, &m), before, "refused release of {cid} changed something");
-                    }
-                    _ => panic!("release {cid}: router {got:?}, model {want:?}"),
-                }
-            }
-            Op::Tick(dt) => {
-                let now = m.now + dt;
-                let got = r.tick(now);
-                let want = m.tick(now);
-                let mut ended = BTreeMap::new();
-                for (cid, b) in &got {
-                    seen.handed_back(cid, &b.requeued, &b.dead);
-                    let again = ended.insert(cid.clone(), (sorted(&b.requeued), sorted(&b.dead)));
-                    assert!(again.is_none(), "tick ended {cid} twice");
-                }
-                assert_eq!(
-                    ended, want,
-                    "tick to {now}: claims whose lease ran out, (requeued, dead)"
-                );
-            }
-            Op::Advance(dt) => {
-                let earliest_lease = m
-                    .claims
-                    .values()
-                    .filter(|c| c.status == Status::Live)
-                    .map(|c| c.expires)
-                    .min();
-                let limit = earliest_lease.map_or(u64::MAX, |t| t - 1);
-                m.now = (m.now + dt).min(limit).max(m.now);
-            }
+            Op::Republish(i) => self.republish(i),
+            Op::Claim { lease } => self.claim(*lease),
+            Op::Ack(t) => self.ack(t),
+            Op::DecidedOnly(i) => self.decided_only(i),
+            Op::Release(t, reason, after) => self.release(t, *reason, *after),
+            Op::Tick(dt) => self.tick(*dt),
+            Op::Advance(dt) => self.advance(*dt),
             Op::Forget(i) => {
-                let keys: Vec<u32> = m.items.keys().copied().collect();
+                let keys: Vec<u32> = self.m.items.keys().copied().collect();
                 if !keys.is_empty() {
                     let k = keys[i.of(keys.len())];
-                    r.forget(&k);
-                    m.forget(k);
+                    self.r.forget(&k);
+                    self.m.forget(k);
                 }
             }
             Op::RememberLost => {
-                let cid = format!("earlier-{next_remembered}");
-                next_remembered += 1;
-                r.remember_lost(cid.clone());
-                m.claims.insert(
+                let cid = format!("earlier-{}", self.next_remembered);
+                self.next_remembered += 1;
+                self.r.remember_lost(cid.clone());
+                self.m.claims.insert(
                     cid,
                     Claim {
                         items: Vec::new(),
@@ -730,7 +639,156 @@ fn run(max: u32, ops: &[Op]) {
                 );
             }
         }
-        agree(&r, &m);
+    }
+
+    /// A new item with `failed` earlier attempts: both take it.
+    fn publish(&mut self, failed: u32) {
+        assert!(self.r.publish(self.next_key, failed));
+        assert!(self.m.publish(self.next_key, failed));
+        self.next_key += 1;
+    }
+
+    /// An item already known, published again: refused, and nothing changes.
+    fn republish(&mut self, i: &Ix) {
+        let (r, m) = (&mut self.r, &mut self.m);
+        let known: Vec<u32> = m
+            .items
+            .iter()
+            .filter(|(_, it)| it.state != ItemState::Forgotten)
+            .map(|(k, _)| *k)
+            .collect();
+        if known.is_empty() {
+            return;
+        }
+        let k = known[i.of(known.len())];
+        let before = snapshot(r, m);
+        assert!(
+            !r.publish(k, 0),
+            "a known item ({k}, {:?}) was published again",
+            m.items[&k]
+        );
+        assert!(!m.publish(k, 0));
+        assert_eq!(snapshot(r, m), before, "republishing {k} changed something");
+    }
+
+    /// A boundary: the same items (with their attempts) and the same lease end, or nothing on
+    /// both sides.
+    fn claim(&mut self, lease: u64) {
+        let (r, m) = (&mut self.r, &mut self.m);
+        let cid = format!("c{}", self.next_claim);
+        self.next_claim += 1;
+        let got = r.claim(m.now, cid.clone(), lease);
+        let want = m.claim(&cid, lease);
+        match (got, want) {
+            (None, None) => {}
+            (Some(g), Some((items, expires))) => {
+                assert_eq!(g.claim_id, cid);
+                assert_eq!(sorted(&g.items), items, "claim {cid} at {}: items with attempts", m.now);
+                assert_eq!(g.lease_expires_at_ms, expires, "claim {cid}: lease end");
+                self.seen.granted(&cid, &g.items);
+            }
+            (got, want) => panic!("claim {cid} at {}: router {got:?}, model {want:?}", m.now),
+        }
+    }
+
+    /// An ack: the same items delivered, or the same refusal that changed nothing; acking an
+    /// acked claim again changes nothing either.
+    fn ack(&mut self, t: &Target) {
+        let (r, m) = (&mut self.r, &mut self.m);
+        let cid = resolve(m, t);
+        let before = snapshot(r, m);
+        let got = r.ack(&cid);
+        let want = m.ack(&cid);
+        match (&got, &want) {
+            (Ok(a), Ok((items, n))) => {
+                assert_eq!(sorted(&a.items), *items, "ack {cid}: items");
+                assert_eq!(a.delivered, *n, "ack {cid}: delivered count");
+                if items.is_empty() {
+                    assert_eq!(snapshot(r, m), before, "acking acked {cid} again changed something");
+                } else {
+                    self.seen.acked(&cid, &a.items);
+                }
+            }
+            (Err(e), Err(w)) => {
+                assert_eq!(e, w, "ack {cid}: refusal");
+                assert_eq!(snapshot(r, m), before, "refused ack of {cid} changed something");
+            }
+            _ => panic!("ack {cid}: router {got:?}, model {want:?}"),
+        }
+    }
+
+    /// A live claim's ack, releases and expiry decided but never applied: nothing changes.
+    fn decided_only(&mut self, i: &Ix) {
+        let (r, m) = (&mut self.r, &self.m);
+        let Some(cid) = pick(&m.ids_with(|s| *s == Status::Live), i) else {
+            return;
+        };
+        let before = snapshot(r, m);
+        r.hold(&cid);
+        r.plan_ack(&cid).expect("a live claim can be acked");
+        r.plan_release(m.now, &cid, ReleaseReason::Failed, 0)
+            .expect("a live claim can be released");
+        r.plan_release(m.now, &cid, ReleaseReason::Busy, 0)
+            .expect("a live claim can be released");
+        assert!(r.plan_expiry(m.now, &cid).is_some(), "a live claim can expire");
+        r.unhold(&cid);
+        assert_eq!(snapshot(r, m), before, "deciding about {cid} changed something");
+    }
+
+    /// A release: the same items requeued and dead, or the same refusal that changed nothing.
+    fn release(&mut self, t: &Target, reason: ReleaseReason, after: u64) {
+        let (r, m) = (&mut self.r, &mut self.m);
+        let cid = resolve(m, t);
+        let before = snapshot(r, m);
+        let got = r.release(m.now, &cid, reason, after);
+        let want = m.release(&cid, reason, after);
+        match (&got, &want) {
+            (Ok(b), Ok((requeued, dead))) => {
+                assert_eq!(
+                    (sorted(&b.requeued), sorted(&b.dead)),
+                    (requeued.clone(), dead.clone()),
+                    "release {cid} {reason:?} retry_after {after} at {}: (requeued, dead)",
+                    m.now
+                );
+                self.seen.handed_back(&cid, &b.requeued, &b.dead);
+            }
+            (Err(e), Err(w)) => {
+                assert_eq!(e, w, "release {cid}: refusal");
+                assert_eq!(snapshot(r, m), before, "refused release of {cid} changed something");
+            }
+            _ => panic!("release {cid}: router {got:?}, model {want:?}"),
+        }
+    }
+
+    /// The clock moves on by `dt` and the router ticks: the same claims end, each once, with the
+    /// same items requeued and dead.
+    fn tick(&mut self, dt: u64) {
+        let now = self.m.now + dt;
+        let got = self.r.tick(now);
+        let want = self.m.tick(now);
+        let mut ended = BTreeMap::new();
+        for (cid, b) in &got {
+            self.seen.handed_back(cid, &b.requeued, &b.dead);
+            let again = ended.insert(cid.clone(), (sorted(&b.requeued), sorted(&b.dead)));
+            assert!(again.is_none(), "tick ended {cid} twice");
+        }
+        assert_eq!(
+            ended, want,
+            "tick to {now}: claims whose lease ran out, (requeued, dead)"
+        );
+    }
+
+    /// The clock moves on by `dt` without a tick, short of the earliest live lease end.
+    fn advance(&mut self, dt: u64) {
+        let m = &mut self.m;
+        let earliest_lease = m
+            .claims
+            .values()
+            .filter(|c| c.status == Status::Live)
+            .map(|c| c.expires)
+            .min();
+        let limit = earliest_lease.map_or(u64::MAX, |t| t - 1);
+        m.now = (m.now + dt).min(limit).max(m.now);
     }
 }
 

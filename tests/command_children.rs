@@ -12,19 +12,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+mod common;
 mod server;
+use common::gone;
 use server::*;
-
-/// Whether a process is gone: no such pid, or a zombie nobody reaped yet (it is dead).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
-    }
-}
 
 /// The process group of `pid` (field 5 of its stat).
 fn group_of(pid: u32) -> u32 {
@@ -69,26 +60,6 @@ fn running_with_argv(argv: &[&str]) -> Vec<u32> {
         .collect()
 }
 
-fn delegate(s: &Server, session: &str, task: Value) {
-    let (status, reply) = s.call(
-        "POST",
-        &format!("/v1/sessions/{session}/delegate"),
-        Some(json!({"tasks": [task]})),
-    );
-    assert_eq!(status, 202, "{reply}");
-}
-
-/// The one result of a session's next envelope, acked.
-fn only_result(s: &Server, session: &str) -> Value {
-    let env = s.envelope(session, 30_000);
-    let items = env["items"].as_array().expect("items");
-    assert_eq!(items.len(), 1, "{env}");
-    let claim = env["claim_id"].as_str().unwrap();
-    let (status, acked) = s.call("POST", &format!("/v1/claims/{claim}/ack"), None);
-    assert_eq!((status, acked["delivered"].as_u64()), (200, Some(1)), "{acked}");
-    items[0].clone()
-}
-
 fn sh(script: &str) -> Value {
     json!({"kind": "command", "argv": ["sh", "-c", script]})
 }
@@ -100,7 +71,7 @@ fn a_command_child_dies_with_a_server_killed_with_sigkill() {
     let s = Server::start_with(&dir.path().join("data"), None, &["--allow-command"]);
     s.open("k");
     let script = format!("echo $$ > '{}'; exec sleep 300", pidfile.display());
-    delegate(&s, "k", json!({"goal": "sleep", "runner": sh(&script)}));
+    s.delegate_task("k", json!({"goal": "sleep", "runner": sh(&script)}));
     let pid = pid_in(&pidfile);
     assert!(!gone(pid), "the command runs");
     s.kill9();
@@ -124,7 +95,7 @@ fn a_rerun_command_runs_once_after_a_kill_9_and_a_restart() {
     let task = json!({"goal": "marked", "runner": sh(&script), "rerun_on_recovery": true});
     let s = Server::start_with(&data, None, &["--allow-command"]);
     s.open("r");
-    delegate(&s, "r", task);
+    s.delegate_task("r", task);
     let first = pid_in(&pidfile);
     assert_eq!(running_with_argv(&["sleep", &marker]), [first]);
     // The server records the command's group just after it started it (a kill before the
@@ -176,8 +147,8 @@ fn run_in_env(dir: &Path, extra: &[&str], script: &str) -> String {
     s.open("e");
     let mut runner = sh(script);
     runner["env"] = json!({"TASK_VAR": "task-value"});
-    delegate(&s, "e", json!({"goal": "env", "runner": runner}));
-    let item = only_result(&s, "e");
+    s.delegate_task("e", json!({"goal": "env", "runner": runner}));
+    let item = s.only_result("e");
     assert_eq!(item["status"], "succeeded", "{item}");
     item["child_id"].as_str().unwrap().to_string()
 }

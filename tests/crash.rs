@@ -10,51 +10,55 @@
 //!   nothing stays queued, running, ready or claimed (I6).
 //!
 //! `BROOD_CRASH_ROUNDS` sets the number of rounds (default 50), `BROOD_CRASH_SEED` the seed.
+//! The worker and the parent's side of a round are in crash_worker/mod.rs.
+
+mod crash_worker;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-#[path = "../src/workload.rs"]
-mod workload;
-use brood::{Brood, BroodConfig, ChildStatus, ItemKind, ReleaseReason, SessionOptions};
-use brood_actors::ledger::{Ledger, SledLedger};
-use workload::{random_call, Rng};
+use brood::{BroodConfig, ChildStatus, ItemKind};
+use brood_actors::ledger::Snapshot;
+use crash_worker::{env_u64, runtime, Answer, Rng, Worker, WorkerLog, Workload};
 
 const SESSION: &str = "crash";
 const WORKER_ENV: &str = "BROOD_CRASH_WORKER_DIR";
+const WORKER_SEED: &str = "BROOD_CRASH_WORKER_SEED";
+
+/// The worker's calls: 1 to 8 sim children of up to 60 ms, all in the background; its consumers
+/// ack four claims in six, release one as busy and walk away from one.
+fn workload(seed: u64) -> Workload {
+    Workload {
+        session: SESSION,
+        seed,
+        most_tasks: 8,
+        most_ms: 60,
+        sync_one_in: None,
+        most_pause_ms: 25,
+        lease: Duration::from_millis(300),
+        answer: |rng| match rng.below(6) {
+            0 => Answer::ReleaseBusy,
+            1 => Answer::WalkAway,
+            _ => Answer::Ack,
+        },
+    }
+}
 
 fn main() {
     if let Ok(dir) = std::env::var(WORKER_ENV) {
-        let seed = std::env::var("BROOD_CRASH_WORKER_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(1);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(worker(PathBuf::from(dir), seed));
+        let dir = Path::new(&dir);
+        let config = BroodConfig::new(dir.join("ledger"));
+        runtime().block_on(crash_worker::work(
+            config,
+            &dir.join("worker.log"),
+            workload(env_u64(WORKER_SEED, 1)),
+        ));
         return;
     }
-    let rounds: u64 = std::env::var("BROOD_CRASH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(50);
-    let seed: u64 = std::env::var("BROOD_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rounds = env_u64("BROOD_CRASH_ROUNDS", 50);
+    let seed = env_u64("BROOD_CRASH_SEED", 0x5eed);
+    let rt = runtime();
     let started = Instant::now();
     let mut totals = Totals::default();
     for round in 0..rounds {
@@ -95,155 +99,42 @@ impl Totals {
     }
 }
 
-/// Appends lines to the worker's log; each line is one write, so it survives SIGKILL.
-#[derive(Clone)]
-struct Log(Arc<Mutex<std::fs::File>>);
-
-impl Log {
-    fn line(&self, s: String) {
-        if let Ok(mut f) = self.0.lock() {
-            f.write_all(format!("{s}\n").as_bytes()).expect("log write");
-        }
-    }
-}
-
-/// The worker: delegates calls and runs two consumers until it is killed.
-async fn worker(dir: PathBuf, seed: u64) {
-    let file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("worker.log"))
-        .expect("log");
-    let log = Log(Arc::new(Mutex::new(file)));
-    let brood = Arc::new(Brood::open(BroodConfig::new(dir.join("ledger"))).expect("open"));
-    brood
-        .open_session(
-            SESSION,
-            SessionOptions::default().wake(|_| {}).max_concurrent_children(6),
-        )
-        .await
-        .expect("session");
-    for c in 0..2u64 {
-        let brood = brood.clone();
-        let log = log.clone();
-        tokio::spawn(async move {
-            let mut rng = Rng::new(seed ^ ((c + 1) * 0x1234_5678));
-            loop {
-                match brood
-                    .boundary(SESSION, &format!("consumer-{c}"), Duration::from_millis(300))
-                    .await
-                {
-                    Ok(Some(env)) => {
-                        let items: Vec<String> = env
-                            .items
-                            .iter()
-                            .map(|i| format!("{}={}", i.dedup_key, i.status.as_str()))
-                            .collect();
-                        log.line(format!("claim {} {}", env.claim_id, items.join(" ")));
-                        match rng.below(6) {
-                            0 => {
-                                let _ = brood.release(&env.claim_id, ReleaseReason::Busy, Duration::ZERO).await;
-                            }
-                            1 => {} // walk away: the lease will expire
-                            _ => {
-                                if brood.ack(&env.claim_id).await.is_ok() {
-                                    log.line(format!("acked {}", env.claim_id));
-                                }
-                            }
-                        }
-                    }
-                    Ok(None) => tokio::time::sleep(Duration::from_millis(3)).await,
-                    Err(e) => panic!("boundary failed in the worker: {e}"),
-                }
-            }
-        });
-    }
-    let mut rng = Rng::new(seed);
-    loop {
-        let n = 1 + rng.below(8) as usize;
-        let req = random_call(&mut rng, n, 60);
-        let reply = brood.delegate(SESSION, req).await.expect("delegate");
-        log.line(format!("call {} {n}", reply.call_id()));
-        tokio::time::sleep(Duration::from_millis(rng.below(25))).await;
-    }
-}
-
-struct WorkerLog {
-    calls: BTreeMap<String, usize>,
-    /// claim id -> (dedup key, status) handed to a consumer
-    claims: BTreeMap<String, Vec<(String, String)>>,
-    acked: BTreeSet<String>,
-}
-
-fn read_log(path: &Path) -> WorkerLog {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let mut log = WorkerLog {
-        calls: BTreeMap::new(),
-        claims: BTreeMap::new(),
-        acked: BTreeSet::new(),
-    };
-    for line in text.lines() {
-        // A line cut by the kill has no newline; `lines` still yields it, so check its shape.
-        let mut words = line.split(' ');
-        match words.next() {
-            Some("call") => {
-                if let (Some(id), Some(Ok(n))) = (words.next(), words.next().map(str::parse)) {
-                    log.calls.insert(id.to_string(), n);
-                }
-            }
-            Some("claim") => {
-                let Some(id) = words.next() else { continue };
-                let items = words
-                    .filter_map(|w| w.split_once('=').map(|(k, s)| (k.to_string(), s.to_string())))
-                    .collect();
-                log.claims.insert(id.to_string(), items);
-            }
-            Some("acked") => {
-                if let Some(id) = words.next() {
-                    log.acked.insert(id.to_string());
-                }
-            }
-            _ => {}
-        }
-    }
-    log
-}
-
+/// One round: a worker killed at a random moment, its ledger checked as it left it, recovered,
+/// drained, and every child accounted for.
 async fn round_trip(seed: u64, round: u64) -> Totals {
-    let tmp = tempfile::TempDir::new().unwrap_or_else(|e| panic!("round {round}: tempdir: {e}"));
+    let tag = format!("round {round}");
+    let tmp = tempfile::TempDir::new().unwrap_or_else(|e| panic!("{tag}: tempdir: {e}"));
     let dir = tmp.path();
-    let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(7));
-    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("round {round}: current exe: {e}"));
-    let mut child = Command::new(exe)
-        .env(WORKER_ENV, dir)
-        .env("BROOD_CRASH_WORKER_SEED", seed.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("round {round}: spawn worker: {e}"));
-    // Let it get going (opening sled takes a moment), then kill it at a random moment.
-    let log_path = dir.join("worker.log");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0) == 0 {
-        assert!(Instant::now() < deadline, "round {round}: the worker never started");
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("round {round}: the worker exited early: {status}");
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(rng.below(300))).await;
-    child.kill().unwrap_or_else(|e| panic!("round {round}: SIGKILL: {e}"));
-    let status = child.wait().unwrap_or_else(|e| panic!("round {round}: wait: {e}"));
-    assert!(!status.success(), "round {round}: the worker was supposed to die");
-
-    let log = read_log(&log_path);
+    let log = kill_a_worker(seed, &tag, dir).await;
     let ledger_dir = dir.join("ledger");
+    let before = crash_worker::load_ledger(&ledger_dir, &tag);
+    check_what_the_kill_left(&tag, &log, &before);
+    let delivered_before = delivered(&before);
+    let drained = drain_after_recovery(&tag, &ledger_dir, &delivered_before, &log.acked_keys()).await;
+    let after = crash_worker::load_ledger(&ledger_dir, &tag);
+    let mut totals = account_for_every_child(&tag, &after, &before, &delivered_before, &drained);
+    totals.calls = before.calls.len();
+    totals
+}
 
-    // The ledger as the dead process left it.
-    let before = {
-        let ledger = SledLedger::open(&ledger_dir).unwrap_or_else(|e| panic!("round {round}: reopen ledger: {e}"));
-        ledger.load().unwrap_or_else(|e| panic!("round {round}: load: {e}"))
-    };
+/// Starts a worker over `dir`, lets it get going (opening sled takes a moment), kills it at a
+/// random moment, and reads back its log.
+async fn kill_a_worker(seed: u64, tag: &str, dir: &Path) -> WorkerLog {
+    let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(7));
+    let log_path = dir.join("worker.log");
+    let seed = seed.to_string();
+    let env = [(WORKER_ENV, dir.as_os_str()), (WORKER_SEED, seed.as_ref())];
+    let mut worker = Worker::spawn(tag, &env, &log_path, &dir.join("worker.stderr"));
+    worker.wait_until("delegated a call", |log| !log.calls.is_empty()).await;
+    tokio::time::sleep(Duration::from_millis(rng.below(300))).await;
+    worker.kill();
+    WorkerLog::read(&log_path)
+}
+
+/// The ledger as the dead process left it: every call whose delegate returned is there whole,
+/// every acked item is delivered, and every item handed out is recorded with the status it was
+/// handed with.
+fn check_what_the_kill_left(tag: &str, log: &WorkerLog, before: &Snapshot) {
     let rows: BTreeMap<&str, _> = before.children.iter().map(|c| (c.child_id.as_str(), c)).collect();
     let calls: BTreeMap<&str, usize> = before
         .calls
@@ -255,38 +146,30 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
         assert_eq!(
             calls.get(call.as_str()),
             Some(n),
-            "round {round}: accepted call {call} is not in the ledger whole"
+            "{tag}: accepted call {call} is not in the ledger whole"
         );
     }
-    let delivered_key = |key: &str| {
-        let (child, kind) = brood::parse_dedup_key(key).unwrap_or_else(|| panic!("round {round}: bad dedup key {key}"));
-        rows.get(child).is_some_and(|r| r.delivery(kind).delivered)
+    let row = |key: &str| {
+        let (child, kind) = brood::parse_dedup_key(key).unwrap_or_else(|| panic!("{tag}: bad dedup key {key}"));
+        rows.get(child).map(|r| (r, kind))
     };
-    let mut acked_keys = BTreeSet::new();
-    for claim in &log.acked {
-        for (key, _) in log.claims.get(claim).map(Vec::as_slice).unwrap_or(&[]) {
-            assert!(
-                delivered_key(key),
-                "round {round}: acked item {key} is not delivered in the ledger"
-            );
-            acked_keys.insert(key.clone());
+    for key in log.acked_keys() {
+        assert!(
+            row(&key).is_some_and(|(r, kind)| r.delivery(kind).delivered),
+            "{tag}: acked item {key} is not delivered in the ledger"
+        );
+    }
+    for (key, statuses) in &log.handed {
+        let (r, _) = row(key).unwrap_or_else(|| panic!("{tag}: handed-out {key} has no row"));
+        for status in statuses {
+            assert_eq!(r.status.as_str(), status, "{tag}: recorded result of {key} changed");
         }
     }
-    for items in log.claims.values() {
-        for (key, status) in items {
-            let (child, _) =
-                brood::parse_dedup_key(key).unwrap_or_else(|| panic!("round {round}: bad dedup key {key}"));
-            let row = rows
-                .get(child)
-                .unwrap_or_else(|| panic!("round {round}: handed-out {key} has no row"));
-            assert_eq!(
-                row.status.as_str(),
-                status,
-                "round {round}: recorded result of {key} changed"
-            );
-        }
-    }
-    let delivered_before: BTreeSet<String> = before
+}
+
+/// The dedup keys the ledger holds as delivered.
+fn delivered(snapshot: &Snapshot) -> BTreeSet<String> {
+    snapshot
         .children
         .iter()
         .flat_map(|c| {
@@ -295,91 +178,84 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
                 .filter(|&k| c.delivery(k).delivered)
                 .map(|k| brood::dedup_key(&c.child_id, k))
         })
-        .collect();
-    let were_running: BTreeSet<String> = before
-        .children
-        .iter()
-        .filter(|c| c.status == ChildStatus::Running)
-        .map(|c| c.child_id.clone())
-        .collect();
+        .collect()
+}
 
-    // Recover and drain everything.
-    let brood = Brood::open(BroodConfig::new(&ledger_dir)).unwrap_or_else(|e| panic!("round {round}: recover: {e}"));
-    brood
-        .open_session(SESSION, SessionOptions::default().wake(|_| {}))
-        .await
-        .unwrap_or_else(|e| panic!("round {round}: session: {e}"));
+/// What the drain after recovery delivered, and what was dead-lettered.
+struct Drained {
+    /// dedup key -> (status, recovered) of every item delivered after recovery.
+    after: BTreeMap<String, (ChildStatus, bool)>,
+    dead: BTreeSet<String>,
+}
+
+/// Recovers and drains everything: nothing delivered before the kill comes out again, nothing
+/// comes out twice, a claim owns exactly the items its envelope shows, and no acked item is
+/// delivered again.
+async fn drain_after_recovery(
+    tag: &str,
+    ledger_dir: &Path,
+    delivered_before: &BTreeSet<String>,
+    acked_keys: &BTreeSet<String>,
+) -> Drained {
+    let brood = crash_worker::recover(BroodConfig::new(ledger_dir), SESSION, tag).await;
     let mut after: BTreeMap<String, (ChildStatus, bool)> = BTreeMap::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(Instant::now() < deadline, "round {round}: recovery never drained");
-        match brood
-            .boundary(SESSION, "checker", Duration::from_secs(60))
-            .await
-            .unwrap_or_else(|e| panic!("round {round}: boundary: {e}"))
-        {
-            Some(env) => {
-                for item in &env.items {
-                    assert!(
-                        !delivered_before.contains(&item.dedup_key),
-                        "round {round}: {} was delivered before the crash and again after it",
-                        item.dedup_key
-                    );
-                    let again = after.insert(item.dedup_key.clone(), (item.status, item.recovered));
-                    assert!(
-                        again.is_none(),
-                        "round {round}: {} delivered twice after recovery",
-                        item.dedup_key
-                    );
-                }
-                let acked = brood
-                    .ack(&env.claim_id)
-                    .await
-                    .unwrap_or_else(|e| panic!("round {round}: ack: {e}"));
-                assert_eq!(
-                    acked,
-                    env.items.len(),
-                    "round {round}: the claim owned items its envelope did not show"
-                );
-            }
-            None => {
-                let st = brood
-                    .counts(SESSION)
-                    .await
-                    .unwrap_or_else(|e| panic!("round {round}: status: {e}"));
-                if st.queued + st.running + st.ready + st.backing_off + st.claimed == 0 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+    crash_worker::drain(&brood, SESSION, tag, |env, acked| {
+        for item in &env.items {
+            assert!(
+                !delivered_before.contains(&item.dedup_key),
+                "{tag}: {} was delivered before the crash and again after it",
+                item.dedup_key
+            );
+            let again = after.insert(item.dedup_key.clone(), (item.status, item.recovered));
+            assert!(
+                again.is_none(),
+                "{tag}: {} delivered twice after recovery",
+                item.dedup_key
+            );
         }
-    }
-    for key in &acked_keys {
-        assert!(!after.contains_key(key), "round {round}: acked {key} delivered again");
+        assert_eq!(
+            acked,
+            env.items.len(),
+            "{tag}: the claim owned items its envelope did not show"
+        );
+    })
+    .await;
+    for key in acked_keys {
+        assert!(!after.contains_key(key), "{tag}: acked {key} delivered again");
     }
     let dead: BTreeSet<String> = match brood.dead_letters().await {
         Ok(d) => d.into_iter().map(|d| d.dedup_key).collect(),
-        Err(e) => panic!("dead letters: {e}"),
+        Err(e) => panic!("{tag}: dead letters: {e}"),
     };
     brood.shutdown();
+    Drained { after, dead }
+}
 
-    // Every child of every call: its result delivered exactly once, or dead-lettered.
-    let final_rows = SledLedger::open(&ledger_dir)
-        .unwrap_or_else(|e| panic!("round {round}: reopen: {e}"))
-        .load()
-        .unwrap_or_else(|e| panic!("round {round}: load: {e}"));
-    let mut t = Totals {
-        calls: before.calls.len(),
-        ..Totals::default()
-    };
+/// Every child of every call, in the ledger after the drain: terminal, its result delivered
+/// exactly once (before the kill or after it) or dead-lettered; a child that was running at the
+/// kill re-ran or is `unknown`.
+fn account_for_every_child(
+    tag: &str,
+    final_rows: &Snapshot,
+    before: &Snapshot,
+    delivered_before: &BTreeSet<String>,
+    drained: &Drained,
+) -> Totals {
+    let were_running: BTreeSet<&str> = before
+        .children
+        .iter()
+        .filter(|c| c.status == ChildStatus::Running)
+        .map(|c| c.child_id.as_str())
+        .collect();
+    let mut t = Totals::default();
     for c in &final_rows.children {
         let key = brood::dedup_key(&c.child_id, ItemKind::Result);
         let was_before = delivered_before.contains(&key);
-        let was_after = after.contains_key(&key);
-        let was_dead = dead.contains(&key);
+        let was_after = drained.after.contains_key(&key);
+        let was_dead = drained.dead.contains(&key);
         assert!(
             c.status.is_terminal(),
-            "round {round}: {} left {} (its call in the ledger: {})",
+            "{tag}: {} left {} (its call in the ledger: {})",
             c.child_id,
             c.status,
             final_rows.calls.iter().any(|call| call.call_id == c.call_id)
@@ -387,19 +263,19 @@ async fn round_trip(seed: u64, round: u64) -> Totals {
         assert_eq!(
             was_before as u8 + was_after as u8 + was_dead as u8,
             1,
-            "round {round}: {key} accounted {} times (before {was_before}, after {was_after}, dead {was_dead})",
+            "{tag}: {key} accounted {} times (before {was_before}, after {was_after}, dead {was_dead})",
             was_before as u8 + was_after as u8 + was_dead as u8
         );
         t.children += 1;
         t.before += was_before as usize;
         t.after += was_after as usize;
-        if were_running.contains(&c.child_id) {
+        if were_running.contains(c.child_id.as_str()) {
             match c.status {
                 ChildStatus::Unknown => t.unknown += 1,
                 _ => {
                     assert!(
                         c.attempt >= 2,
-                        "round {round}: {} was running at the kill but did not re-run",
+                        "{tag}: {} was running at the kill but did not re-run",
                         c.child_id
                     );
                     t.rerun += 1;

@@ -9,19 +9,10 @@
 
 mod common;
 
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use brood::{failpoints, BroodError, DelegateError, DelegateRequest, ReleaseReason, SessionOptions};
 use common::*;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    failpoints::disarm_all();
-    guard
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dispatch_whose_flush_failed_takes_no_set_number() {
@@ -52,10 +43,7 @@ async fn a_dispatch_whose_flush_failed_takes_no_set_number() {
 async fn a_dispatch_marks_the_children_it_starts_in_one_start_row_flushed_with_its_call() {
     let _g = serial();
     let mut t = TestBrood::new();
-    t.b()
-        .open_session("s", SessionOptions::default().wake(|_| {}).max_concurrent_children(2))
-        .await
-        .unwrap();
+    open_capped(t.b(), "s", 2).await;
     // A refused dispatch leaves no start row behind.
     failpoints::arm("ledger_flush", 1);
     let refused = t
@@ -432,10 +420,7 @@ async fn a_dispatch_written_late_by_a_dead_owner_never_lands_beside_its_successo
 async fn a_child_cancelled_while_its_lost_start_is_requeued_stays_cancelled() {
     let _g = serial();
     let mut t = TestBrood::new();
-    t.b()
-        .open_session("s", SessionOptions::default().wake(|_| {}).max_concurrent_children(1))
-        .await
-        .unwrap();
+    open_capped(t.b(), "s", 1).await;
     // Its unit panics at the start, so the child is requeued; that requeue's flush is slow,
     // and the child is cancelled while it is written.
     failpoints::arm("unit_handler", 1);
@@ -495,10 +480,7 @@ async fn a_child_cancelled_while_its_lost_start_is_requeued_stays_cancelled() {
 async fn a_child_cancelled_while_its_refused_start_is_written_gives_its_slot_back() {
     let _g = serial();
     let t = TestBrood::new();
-    t.b()
-        .open_session("s", SessionOptions::default().wake(|_| {}).max_concurrent_children(1))
-        .await
-        .unwrap();
+    open_capped(t.b(), "s", 1).await;
     let first = t
         .b()
         .delegate("s", DelegateRequest::background(vec![task("first", gate("first"))]))

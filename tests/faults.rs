@@ -9,24 +9,15 @@
 #![allow(clippy::await_holding_lock)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 mod common;
 
 use brood::failpoints;
 use brood::{Brood, BroodConfig, BroodError, ChildStatus, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
+use common::serial;
 use serde_json::json;
 use tempfile::TempDir;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Takes the fault-point lock and starts from a clean slate.
-fn serial() -> MutexGuard<'static, ()> {
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    failpoints::disarm_all();
-    guard
-}
 
 const LEASE: Duration = Duration::from_secs(30);
 const PATIENCE: Duration = Duration::from_secs(20);

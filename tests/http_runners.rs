@@ -9,43 +9,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+mod common;
 mod server;
+use common::gone;
 use server::*;
-
-/// The one result of a session's next envelope, acked.
-fn only_result(s: &Server, session: &str) -> Value {
-    let env = s.envelope(session, 30_000);
-    let items = env["items"].as_array().expect("items");
-    assert_eq!(items.len(), 1, "{env}");
-    let claim = env["claim_id"].as_str().unwrap();
-    let (status, acked) = s.call("POST", &format!("/v1/claims/{claim}/ack"), None);
-    assert_eq!((status, acked["delivered"].as_u64()), (200, Some(1)), "{acked}");
-    items[0].clone()
-}
-
-fn delegate(s: &Server, session: &str, task: Value) -> Value {
-    let (status, reply) = s.call(
-        "POST",
-        &format!("/v1/sessions/{session}/delegate"),
-        Some(json!({"tasks": [task]})),
-    );
-    assert_eq!(status, 202, "{reply}");
-    reply
-}
 
 fn command(argv: &[&str]) -> Value {
     json!({"kind": "command", "argv": argv})
-}
-
-/// Whether a process is gone: no such pid, or a zombie nobody reaped yet (it is dead).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
-    }
 }
 
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
@@ -81,8 +51,8 @@ fn run_command(runner: Value) -> (Value, Value) {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start_with(dir.path(), None, &["--allow-command"]);
     s.open("c");
-    let reply = delegate(&s, "c", json!({"goal": "run", "runner": runner}));
-    (reply, only_result(&s, "c"))
+    let reply = s.delegate_task("c", json!({"goal": "run", "runner": runner}));
+    (reply, s.only_result("c"))
 }
 
 #[test]
@@ -215,13 +185,12 @@ fn a_timed_out_command_takes_its_whole_process_group_with_it() {
     let pidfile = files.path().join("grandchild.pid");
     let s = Server::start_with(dir.path(), None, &["--allow-command"]);
     s.open("t");
-    delegate(
-        &s,
+    s.delegate_task(
         "t",
         json!({"goal": "hang", "runner": leaves_a_grandchild(&pidfile), "timeout_ms": 800}),
     );
     let grandchild = pid_in(&pidfile);
-    let item = only_result(&s, "t");
+    let item = s.only_result("t");
     assert_eq!(item["status"], "timed_out", "{item}");
     wait_until("the grandchild is killed with its group", || gone(grandchild));
 }
@@ -234,11 +203,7 @@ fn stopping_the_server_kills_a_running_commands_process_group() {
     // The drain gives running children this long to end; this one never would.
     let s = Server::start_with(dir.path(), None, &["--allow-command", "--drain-timeout-ms", "500"]);
     s.open("s");
-    delegate(
-        &s,
-        "s",
-        json!({"goal": "hang", "runner": leaves_a_grandchild(&pidfile)}),
-    );
+    s.delegate_task("s", json!({"goal": "hang", "runner": leaves_a_grandchild(&pidfile)}));
     let grandchild = pid_in(&pidfile);
     assert!(!gone(grandchild), "the grandchild runs while the server does");
     let status = s.terminate();
@@ -260,8 +225,7 @@ fn an_external_child_round_trips_through_a_worker() {
         // child is queued, within its wait.
         let worker = scope.spawn(|| poll(&s, json!({"worker": "w1", "queue": "gpu", "wait_ms": 30_000})));
         std::thread::sleep(Duration::from_millis(300));
-        let reply = delegate(
-            &s,
+        let reply = s.delegate_task(
             "x",
             json!({"goal": "render frame 7", "runner": {"kind": "external", "queue": "gpu"}}),
         );
@@ -284,7 +248,7 @@ fn an_external_child_round_trips_through_a_worker() {
             Some(json!({"token": token, "status": "succeeded", "summary": "frame 7 rendered", "error": null})),
         );
         assert_eq!(status, 200, "{done}");
-        let item = only_result(&s, "x");
+        let item = s.only_result("x");
         assert_eq!(
             (item["status"].as_str(), item["summary"].as_str()),
             (Some("succeeded"), Some("frame 7 rendered"))
@@ -300,7 +264,7 @@ fn a_worker_can_report_a_failure() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), None);
     s.open("wf");
-    delegate(&s, "wf", json!({"goal": "g", "runner": {"kind": "external"}}));
+    s.delegate_task("wf", json!({"goal": "g", "runner": {"kind": "external"}}));
     let (status, work) = poll(&s, json!({"worker": "w", "wait_ms": 20_000}));
     assert_eq!(status, 200, "{work}");
     let (status, _) = s.call(
@@ -309,7 +273,7 @@ fn a_worker_can_report_a_failure() {
         Some(json!({"token": work["token"], "status": "failed", "error": "GPU on fire", "summary": "got to 40%"})),
     );
     assert_eq!(status, 200);
-    let item = only_result(&s, "wf");
+    let item = s.only_result("wf");
     assert_eq!(item["status"], "failed", "{item}");
     assert_eq!(
         (item["error"].as_str(), item["summary"].as_str()),
@@ -322,7 +286,7 @@ fn a_lapsed_lease_hands_the_child_out_again_with_a_new_token() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), None);
     s.open("l");
-    delegate(&s, "l", json!({"goal": "g", "runner": {"kind": "external"}}));
+    s.delegate_task("l", json!({"goal": "g", "runner": {"kind": "external"}}));
     let (status, first) = poll(&s, json!({"worker": "slow", "wait_ms": 20_000, "lease_ms": 1000}));
     assert_eq!(status, 200, "{first}");
     // No heartbeat: the lease runs out and the next poll gets the same child.
@@ -353,7 +317,7 @@ fn a_lapsed_lease_hands_the_child_out_again_with_a_new_token() {
         Some(json!({"token": second["token"], "status": "succeeded", "summary": "on time"})),
     );
     assert_eq!(status, 200);
-    assert_eq!(only_result(&s, "l")["summary"], "on time");
+    assert_eq!(s.only_result("l")["summary"], "on time");
 }
 
 #[test]
@@ -361,14 +325,13 @@ fn a_timed_out_external_child_leaves_the_queue() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), None);
     s.open("to");
-    delegate(
-        &s,
+    s.delegate_task(
         "to",
         json!({"goal": "g", "runner": {"kind": "external"}, "timeout_ms": 1000}),
     );
     let (status, work) = poll(&s, json!({"worker": "w", "wait_ms": 20_000}));
     assert_eq!(status, 200, "{work}");
-    let item = only_result(&s, "to");
+    let item = s.only_result("to");
     assert_eq!(item["status"], "timed_out", "{item}");
     let child = work["child_id"].as_str().unwrap();
     assert_error(
@@ -425,7 +388,7 @@ fn bad_worker_input_gets_the_error_shape() {
     );
 
     s.open("w");
-    delegate(&s, "w", json!({"goal": "g", "runner": {"kind": "external"}}));
+    s.delegate_task("w", json!({"goal": "g", "runner": {"kind": "external"}}));
     let (status, work) = poll(&s, json!({"worker": "w", "wait_ms": 20_000}));
     assert_eq!(status, 200, "{work}");
     let child = work["child_id"].as_str().unwrap();
@@ -468,11 +431,7 @@ fn cancelling_a_command_kills_its_process_group_and_twice_changes_nothing() {
     let pidfile = files.path().join("grandchild.pid");
     let s = Server::start_with(dir.path(), None, &["--allow-command"]);
     s.open("k");
-    let reply = delegate(
-        &s,
-        "k",
-        json!({"goal": "hang", "runner": leaves_a_grandchild(&pidfile)}),
-    );
+    let reply = s.delegate_task("k", json!({"goal": "hang", "runner": leaves_a_grandchild(&pidfile)}));
     let child = format!("{}.0", reply["call_id"].as_str().unwrap());
     let grandchild = pid_in(&pidfile);
     let path = format!("/v1/children/{child}/cancel");
@@ -481,7 +440,7 @@ fn cancelling_a_command_kills_its_process_group_and_twice_changes_nothing() {
         (status, done.clone()),
         (200, json!({"cancelled": [child.clone()], "already_finished": 0}))
     );
-    let item = only_result(&s, "k");
+    let item = s.only_result("k");
     assert_eq!(item["status"], "cancelled", "{item}");
     let error = item["error"].as_str().unwrap();
     assert!(error.contains("no longer wanted") && error.contains(&child), "{error}");
@@ -513,7 +472,7 @@ fn a_cancelled_external_child_answers_its_worker_409() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), None);
     s.open("x");
-    let reply = delegate(&s, "x", json!({"goal": "render", "runner": {"kind": "external"}}));
+    let reply = s.delegate_task("x", json!({"goal": "render", "runner": {"kind": "external"}}));
     let call = reply["call_id"].as_str().unwrap();
     let (status, work) = poll(&s, json!({"worker": "w1", "wait_ms": 10_000}));
     assert_eq!(status, 200, "{work}");
@@ -535,7 +494,7 @@ fn a_cancelled_external_child_answers_its_worker_409() {
         Some(json!({"token": token, "status": "succeeded", "summary": "done anyway", "error": null})),
     );
     assert_eq!(status, 409, "{late}");
-    let item = only_result(&s, "x");
+    let item = s.only_result("x");
     assert_eq!(item["status"], "cancelled", "{item}");
 }
 
@@ -560,7 +519,10 @@ fn a_running_child_delegates_through_its_own_session_within_max_depth() {
     let s = Server::start(dir.path(), None);
     let hang = json!({"goal": "wait", "runner": {"kind": "sim", "outcome": "hang"}});
     s.open("p");
-    let call = delegate(&s, "p", hang.clone())["call_id"].as_str().unwrap().to_string();
+    let call = s.delegate_task("p", hang.clone())["call_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let child = running_child(&s, "p", &call);
 
     s.open(&child);
@@ -570,7 +532,7 @@ fn a_running_child_delegates_through_its_own_session_within_max_depth() {
         (200, Some(child.as_str())),
         "{st}"
     );
-    let inner = delegate(&s, &child, hang.clone())["call_id"]
+    let inner = s.delegate_task(&child, hang.clone())["call_id"]
         .as_str()
         .unwrap()
         .to_string();

@@ -18,14 +18,8 @@ async fn items_a_boundary_returned_survive_reopen_unchanged() {
     let mut t = TestBrood::new();
     let (_, returned) = take_four_unacked(t.b(), "i1").await;
     // Restart right away.
-    t.reopen();
+    let env = reopened_envelope(&mut t, "i1", "returned items survive").await;
     let b = t.b();
-    open_wake(b, "i1").await;
-    let env = b
-        .boundary("i1", "c", LONG_LEASE)
-        .await
-        .unwrap()
-        .expect("returned items survive");
     assert_eq!(keys(&env), returned.keys().cloned().collect::<BTreeSet<_>>());
     for item in &env.items {
         let before = &returned[&item.dedup_key];

@@ -11,7 +11,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use brood::{BroodError, ChildStatus, DelegateRequest, Envelope, ReleaseReason};
+use brood::{BroodError, DelegateRequest, Envelope, ReleaseReason};
 use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,14 +46,8 @@ async fn acked_items_are_never_delivered_again_after_reopen() {
 async fn a_call_acked_after_a_restart_stays_delivered_and_leaves_memory() {
     let mut t = TestBrood::new();
     let (call, _) = take_four_unacked(t.b(), "i1").await;
-    t.reopen();
+    let env = reopened_envelope(&mut t, "i1", "returned items survive").await;
     let b = t.b();
-    open_wake(b, "i1").await;
-    let env = b
-        .boundary("i1", "c", LONG_LEASE)
-        .await
-        .unwrap()
-        .expect("returned items survive");
     assert_eq!(b.ack(&env.claim_id).await.unwrap(), 4);
     t.reopen();
     let b = t.b();
@@ -163,35 +157,8 @@ async fn a_repeated_ack_answers_the_same_and_an_acked_claim_cannot_be_released()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_claim_cannot_be_acked() {
     let t = TestBrood::new();
+    let Reclaimed { first, second, .. } = released_busy_then_reclaimed(&t).await;
     let b = t.b();
-    open_wake(b, "r").await;
-    let reply = b
-        .delegate(
-            "r",
-            DelegateRequest::background(vec![task("A", sim(0)), task("B", gate("b"))]).independent(),
-        )
-        .await
-        .unwrap();
-    let call = reply.call_id().to_string();
-    let first = next_envelope(b, "r", "c", LONG_LEASE).await;
-    assert_eq!(
-        keys(&first),
-        BTreeSet::from([result_key(&call, 0)]),
-        "B is still running"
-    );
-    b.release(&first.claim_id, ReleaseReason::Busy, Duration::ZERO)
-        .await
-        .unwrap();
-    t.kit.gates.open("b");
-    status_until(b, "r", "B to be recorded", |st| {
-        child_status(st, &call, 1) == Some(ChildStatus::Succeeded) && st.ready == 2
-    })
-    .await;
-    let second = b
-        .boundary("r", "c", LONG_LEASE)
-        .await
-        .unwrap()
-        .expect("A and B are ready");
     assert!(
         matches!(b.ack(&first.claim_id).await, Err(BroodError::ClaimLost(_))),
         "a released claim cannot be acked"

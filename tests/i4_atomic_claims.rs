@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brood::{Brood, ChildStatus, DelegateRequest, Envelope, ItemKind, SessionOptions};
+use brood::{Brood, ChildStatus, DelegateRequest, Envelope, ItemKind};
 use common::*;
 
 const N: usize = 1000;
@@ -99,12 +99,7 @@ fn check_disjoint_cover(claims: &[Envelope], expected: &HashSet<String>) {
 async fn wide_session(session: &str) -> (TestBrood, Arc<Brood>) {
     let t = TestBrood::new();
     let b = t.arc();
-    b.open_session(
-        session,
-        SessionOptions::default().wake(|_| {}).max_concurrent_children(N as u32),
-    )
-    .await
-    .unwrap();
+    open_capped(&b, session, N as u32).await;
     (t, b)
 }
 

@@ -75,42 +75,10 @@ async fn items_back_from_lease_expiry_come_as_the_next_delivery_attempt() {
     }
 }
 
-/// Item A is claimed and released busy while its sibling unit B still runs; then B finishes and
-/// the next boundary's envelope is returned, with both keys.
-async fn released_busy_then_reclaimed(t: &TestBrood) -> (Envelope, String, String) {
-    let b = t.b();
-    open_wake(b, "r").await;
-    let reply = b
-        .delegate(
-            "r",
-            DelegateRequest::background(vec![task("A", sim(0)), task("B", gate("b"))]).independent(),
-        )
-        .await
-        .unwrap();
-    let call = reply.call_id().to_string();
-    let (a, bk) = (result_key(&call, 0), result_key(&call, 1));
-    let first = next_envelope(b, "r", "c", LONG_LEASE).await;
-    assert_eq!(keys(&first), BTreeSet::from([a.clone()]), "B is still running");
-    b.release(&first.claim_id, ReleaseReason::Busy, Duration::ZERO)
-        .await
-        .unwrap();
-    t.kit.gates.open("b");
-    status_until(b, "r", "B to be recorded", |st| {
-        child_status(st, &call, 1) == Some(ChildStatus::Succeeded) && st.ready == 2
-    })
-    .await;
-    let second = b
-        .boundary("r", "c", LONG_LEASE)
-        .await
-        .unwrap()
-        .expect("A and B are ready");
-    (second, a, bk)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_released_item_joins_newer_completions_in_one_envelope() {
     let t = TestBrood::new();
-    let (second, a, bk) = released_busy_then_reclaimed(&t).await;
+    let Reclaimed { second, a, b: bk, .. } = released_busy_then_reclaimed(&t).await;
     assert_eq!(keys(&second), BTreeSet::from([a, bk]), "one envelope holds both");
     assert_eq!(t.b().ack(&second.claim_id).await.unwrap(), 2);
 }
@@ -118,7 +86,7 @@ async fn a_busy_released_item_joins_newer_completions_in_one_envelope() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_release_is_not_a_delivery_attempt() {
     let t = TestBrood::new();
-    let (second, _, _) = released_busy_then_reclaimed(&t).await;
+    let Reclaimed { second, .. } = released_busy_then_reclaimed(&t).await;
     for item in &second.items {
         assert_eq!(
             item.delivery_attempt, 1,
@@ -235,14 +203,7 @@ async fn a_dead_letter_survives_reopen_and_is_not_offered() {
 async fn a_claim_returned_by_recovery_is_not_a_delivery_attempt() {
     let mut t = TestBrood::new();
     let mixed = acked_claimed_and_ready(t.b(), "r").await;
-    t.reopen();
-    let b = t.b();
-    open_wake(b, "r").await;
-    let env = b
-        .boundary("r", "c", LONG_LEASE)
-        .await
-        .unwrap()
-        .expect("unacked items are ready");
+    let env = reopened_envelope(&mut t, "r", "unacked items are ready").await;
     assert!(keys(&env).contains(&mixed.claimed));
     for item in &env.items {
         assert_eq!(

@@ -45,14 +45,8 @@ async fn a_live_claim_is_returned_by_a_restart_and_acking_it_is_refused() {
 async fn unacked_items_claimed_or_not_are_ready_after_a_restart() {
     let mut t = TestBrood::new();
     let mixed = acked_claimed_and_ready(t.b(), "r").await;
-    t.reopen();
+    let env = reopened_envelope(&mut t, "r", "unacked items are ready").await;
     let b = t.b();
-    open_wake(b, "r").await;
-    let env = b
-        .boundary("r", "c", LONG_LEASE)
-        .await
-        .unwrap()
-        .expect("unacked items are ready");
     let mut want = mixed.ready.clone();
     want.insert(mixed.claimed.clone());
     assert_eq!(keys(&env), want, "exactly the unacked items, the claimed one included");

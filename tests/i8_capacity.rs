@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use brood::child_id;
-use brood::{ChildStatus, DelegateRequest, ItemKind, ReadyItem, SessionOptions};
+use brood::{ChildStatus, DelegateRequest, ItemKind, ReadyItem};
 use common::*;
 
 const CAP: usize = 2;
@@ -29,14 +29,7 @@ struct Run {
 
 async fn run_workload(t: &TestBrood) -> Run {
     let b = t.arc();
-    b.open_session(
-        "cap",
-        SessionOptions::default()
-            .wake(|_| {})
-            .max_concurrent_children(CAP as u32),
-    )
-    .await
-    .unwrap();
+    open_capped(&b, "cap", CAP as u32).await;
     // Each child runs 150 ms and heartbeats; its stall timeout (400 ms) is shorter than the
     // time the later ones wait in the queue (up to ~600 ms), so a stall clock that ran while
     // queued would interrupt them.
@@ -156,9 +149,7 @@ async fn a_server_wide_bound_holds_and_is_shared_round_robin() {
         .max_running_children(Some(2));
     let b = brood::Brood::open(config).unwrap();
     for s in ["big", "small"] {
-        b.open_session(s, SessionOptions::default().wake(|_| {}).max_concurrent_children(8))
-            .await
-            .unwrap();
+        open_capped(&b, s, 8).await;
     }
     let tasks = (0..12).map(|i| task(format!("big {i}"), probe(100))).collect();
     let big = b

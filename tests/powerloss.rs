@@ -21,19 +21,15 @@
 //! seed. It needs FUSE (`/dev/fuse`, and root or Debian's `fuse3`); where that is missing it
 //! fails and says so.
 
+mod crash_worker;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-#[path = "../src/workload.rs"]
-mod workload;
-use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, Durability, SessionOptions};
-use brood_actors::ledger::{Ledger, SledLedger};
-use workload::{random_call, Rng};
+use brood::{BroodConfig, Durability};
+use brood_actors::ledger::Snapshot;
+use crash_worker::{env_u64, runtime, Answer, Rng, Worker, WorkerLog, Workload};
 
 const SESSION: &str = "powerloss";
 const WORKER_DIR: &str = "BROOD_POWERLOSS_WORKER_DIR";
@@ -49,8 +45,22 @@ fn name(level: Durability) -> &'static str {
     }
 }
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+/// The worker's calls: 1 to 6 sim children of up to 40 ms, one call in five sync; its consumers
+/// ack seven claims in eight and walk away from the eighth (its lease expires).
+fn workload(seed: u64) -> Workload {
+    Workload {
+        session: SESSION,
+        seed,
+        most_tasks: 6,
+        most_ms: 40,
+        sync_one_in: Some(5),
+        most_pause_ms: 20,
+        lease: Duration::from_millis(500),
+        answer: |rng| match rng.below(8) {
+            0 => Answer::WalkAway,
+            _ => Answer::Ack,
+        },
+    }
 }
 
 fn main() {
@@ -60,16 +70,11 @@ fn main() {
             .expect("the worker's durability")
             .parse()
             .expect("a durability level");
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(worker(
-            PathBuf::from(dir),
-            PathBuf::from(log),
-            env_u64(WORKER_SEED, 1),
-            level,
+        let config = BroodConfig::new(&dir).durability(level);
+        runtime().block_on(crash_worker::work(
+            config,
+            Path::new(&log),
+            workload(env_u64(WORKER_SEED, 1)),
         ));
         return;
     }
@@ -78,11 +83,7 @@ fn main() {
     }
     let rounds = env_u64("BROOD_POWERLOSS_ROUNDS", 20);
     let seed = env_u64("BROOD_POWERLOSS_SEED", 0x9011);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     let started = Instant::now();
     let mut failures = Vec::new();
     let mut lines = Vec::new();
@@ -161,153 +162,6 @@ impl Totals {
     }
 }
 
-/// Appends lines to the worker's log (outside the mount); one write per line.
-#[derive(Clone)]
-struct Log(Arc<Mutex<std::fs::File>>);
-
-impl Log {
-    fn line(&self, s: String) {
-        if let Ok(mut f) = self.0.lock() {
-            f.write_all(format!("{s}\n").as_bytes()).expect("log write");
-        }
-    }
-}
-
-fn items_text(items: &[brood::ReadyItem]) -> String {
-    items
-        .iter()
-        .map(|i| format!("{}={}", i.dedup_key, i.status.as_str()))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// The worker: delegates (mostly background calls, some sync) and runs two consumers that ack
-/// most claims, until it is killed.
-async fn worker(dir: PathBuf, log: PathBuf, seed: u64, level: Durability) {
-    let file = OpenOptions::new().create(true).append(true).open(log).expect("log");
-    let log = Log(Arc::new(Mutex::new(file)));
-    let config = BroodConfig::new(&dir).durability(level);
-    let brood = Arc::new(Brood::open(config).expect("open the ledger on forgetfs"));
-    brood
-        .open_session(
-            SESSION,
-            SessionOptions::default().wake(|_| {}).max_concurrent_children(6),
-        )
-        .await
-        .expect("session");
-    log.line("started".into());
-    for c in 0..2u64 {
-        let brood = brood.clone();
-        let log = log.clone();
-        tokio::spawn(async move {
-            let mut rng = Rng::new(seed ^ ((c + 1) * 0x1234_5678));
-            loop {
-                match brood
-                    .boundary(SESSION, &format!("consumer-{c}"), Duration::from_millis(500))
-                    .await
-                {
-                    Ok(Some(env)) => {
-                        log.line(format!("claim {} {}", env.claim_id, items_text(&env.items)));
-                        // Walk away from one claim in eight: its lease expires.
-                        if rng.below(8) != 0 && brood.ack(&env.claim_id).await.is_ok() {
-                            log.line(format!("acked {}", env.claim_id));
-                        }
-                    }
-                    Ok(None) => tokio::time::sleep(Duration::from_millis(3)).await,
-                    Err(e) => panic!("boundary failed in the worker: {e}"),
-                }
-            }
-        });
-    }
-    let mut rng = Rng::new(seed);
-    loop {
-        let n = 1 + rng.below(6) as usize;
-        let mut req = random_call(&mut rng, n, 40);
-        let sync = rng.below(5) == 0;
-        if sync {
-            req = DelegateRequest::sync(req.tasks);
-        }
-        match brood.delegate(SESSION, req).await.expect("delegate") {
-            DelegateReply::Sync { call_id, results, .. } => {
-                log.line(format!("call {call_id} {n}"));
-                log.line(format!("sync {call_id} {}", items_text(&results)));
-            }
-            reply => log.line(format!("call {} {n}", reply.call_id())),
-        }
-        tokio::time::sleep(Duration::from_millis(rng.below(20))).await;
-    }
-}
-
-#[derive(Default)]
-struct WorkerLog {
-    started: bool,
-    /// call id -> task count, for every delegate that returned.
-    calls: BTreeMap<String, usize>,
-    /// Items handed out: dedup key -> status, from envelopes and sync replies.
-    handed: BTreeMap<String, String>,
-    /// claim id -> its items' dedup keys.
-    claims: BTreeMap<String, Vec<String>>,
-    acked: BTreeSet<String>,
-}
-
-impl WorkerLog {
-    fn read(path: &Path) -> WorkerLog {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let mut log = WorkerLog::default();
-        for line in text.lines() {
-            // A line cut by the kill has no newline; `lines` still yields it, so check its shape.
-            let mut words = line.split(' ');
-            match words.next() {
-                Some("started") => log.started = true,
-                Some("call") => {
-                    if let (Some(id), Some(Ok(n))) = (words.next(), words.next().map(str::parse)) {
-                        log.calls.insert(id.to_string(), n);
-                    }
-                }
-                Some(kind @ ("claim" | "sync")) => {
-                    let Some(id) = words.next() else { continue };
-                    let mut keys = Vec::new();
-                    for (key, status) in words.filter_map(|w| w.split_once('=')) {
-                        if brood::parse_dedup_key(key).is_some() && !status.is_empty() {
-                            log.handed.insert(key.to_string(), status.to_string());
-                            keys.push(key.to_string());
-                        }
-                    }
-                    if kind == "claim" {
-                        log.claims.insert(id.to_string(), keys);
-                    }
-                }
-                Some("acked") => {
-                    if let Some(id) = words.next() {
-                        log.acked.insert(id.to_string());
-                    }
-                }
-                _ => {}
-            }
-        }
-        log
-    }
-
-    fn acked_keys(&self) -> BTreeSet<String> {
-        self.acked
-            .iter()
-            .filter_map(|claim| self.claims.get(claim))
-            .flatten()
-            .cloned()
-            .collect()
-    }
-}
-
-/// Kills the worker if a round ends early (a failed check), so it cannot hold the mount.
-struct Worker(Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// When a round pulls the plug.
 #[derive(Debug, Clone, Copy)]
 enum KillAt {
@@ -327,15 +181,13 @@ fn count_lines(path: &Path, prefix: &str) -> usize {
         .count()
 }
 
+/// One round at `level`: a worker on a forgetfs mount killed as `kill_at` draws, the power cut,
+/// and what survived checked against what the worker was handed and acked.
 async fn round_trip(seed: u64, round: u64, level: Durability) -> Totals {
     let tag = format!("round {round} ({})", name(level));
-    let backing = tempfile::TempDir::new().unwrap_or_else(|e| panic!("{tag}: tempdir: {e}"));
-    let mountpoint = tempfile::TempDir::new().unwrap_or_else(|e| panic!("{tag}: tempdir: {e}"));
-    let logs = tempfile::TempDir::new().unwrap_or_else(|e| panic!("{tag}: tempdir: {e}"));
+    let tempdir = || tempfile::TempDir::new().unwrap_or_else(|e| panic!("{tag}: tempdir: {e}"));
+    let (backing, mountpoint, logs) = (tempdir(), tempdir(), tempdir());
     let mount = forgetfs::Mount::new(backing.path(), mountpoint.path()).unwrap_or_else(|e| panic!("{tag}: {e}"));
-    let ledger_in_mount = mount.path().join("ledger");
-    let log_path = logs.path().join("worker.log");
-    let err_path = logs.path().join("worker.stderr");
     let mut rng = Rng::new(
         seed.wrapping_mul(0x2545_f491)
             .wrapping_add(u64::from(level == Durability::Flush)),
@@ -345,52 +197,17 @@ async fn round_trip(seed: u64, round: u64, level: Durability) -> Totals {
         1 => KillAt::Ack(1 + rng.below(12) as usize),
         _ => KillAt::Handout(1 + rng.below(12) as usize),
     };
-
-    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{tag}: current exe: {e}"));
-    let stderr = std::fs::File::create(&err_path).unwrap_or_else(|e| panic!("{tag}: stderr file: {e}"));
-    let child = Command::new(exe)
-        .env(WORKER_DIR, &ledger_in_mount)
-        .env(WORKER_LOG, &log_path)
-        .env(WORKER_SEED, seed.to_string())
-        .env(WORKER_LEVEL, name(level))
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .unwrap_or_else(|e| panic!("{tag}: spawn worker: {e}"));
-    let mut worker = Worker(child);
-    let early_exit = |worker: &mut Worker| {
-        if let Ok(Some(status)) = worker.0.try_wait() {
-            let err = std::fs::read_to_string(&err_path).unwrap_or_default();
-            panic!("{tag}: the worker exited early ({status}):\n{err}");
-        }
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !WorkerLog::read(&log_path).started {
-        assert!(Instant::now() < deadline, "{tag}: the worker never opened its ledger");
-        early_exit(&mut worker);
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let started = Instant::now();
-    // Give up waiting for the n-th ack or hand-out after a while: kill anyway.
-    let latest = started + Duration::from_secs(5);
-    loop {
-        early_exit(&mut worker);
-        let now = Instant::now();
-        let due = now >= latest
-            || match kill_at {
-                KillAt::After(d) => now >= started + d,
-                KillAt::Ack(n) => count_lines(&log_path, "acked ") >= n,
-                KillAt::Handout(n) => count_lines(&log_path, "claim ") + count_lines(&log_path, "sync ") >= n,
-            };
-        if due {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    worker.0.kill().unwrap_or_else(|e| panic!("{tag}: SIGKILL: {e}"));
-    let status = worker.0.wait().unwrap_or_else(|e| panic!("{tag}: wait: {e}"));
-    assert!(!status.success(), "{tag}: the worker was supposed to die");
-    drop(worker);
+    let log_path = logs.path().join("worker.log");
+    let seed = seed.to_string();
+    let ledger_in_mount = mount.path().join("ledger");
+    let env = [
+        (WORKER_DIR, ledger_in_mount.as_os_str()),
+        (WORKER_LOG, log_path.as_os_str()),
+        (WORKER_SEED, seed.as_ref()),
+        (WORKER_LEVEL, name(level).as_ref()),
+    ];
+    let worker = Worker::spawn(&tag, &env, &log_path, &logs.path().join("worker.stderr"));
+    kill_when_due(worker, kill_at, &log_path).await;
 
     // The power goes; what survives is in the backing folder.
     mount.cut().unwrap_or_else(|e| panic!("{tag}: power cut: {e}"));
@@ -408,15 +225,39 @@ async fn round_trip(seed: u64, round: u64, level: Durability) -> Totals {
         t.detail
             .push("the ledger's db file is gone: its name was never made durable (no fsync of its folder)".into());
     }
-
     // The ledger as the power cut left it: it must open; what was handed out must be in it.
-    let before = {
-        let ledger = SledLedger::open(&ledger_dir)
-            .unwrap_or_else(|e| panic!("{tag}: the ledger does not open after the power cut: {e}"));
-        ledger
-            .load()
-            .unwrap_or_else(|e| panic!("{tag}: the ledger does not load after the power cut: {e}"))
-    };
+    count_losses(&mut t, &log, &crash_worker::load_ledger(&ledger_dir, &tag), &tag);
+    count_acked_delivered_again(&mut t, &tag, &ledger_dir, level, &acked_keys).await;
+    t
+}
+
+/// Waits for the worker to open its ledger, then for the moment `kill_at` names (5 s at the
+/// most), and kills it.
+async fn kill_when_due(mut worker: Worker, kill_at: KillAt, log_path: &Path) {
+    worker.wait_until("opened its ledger", |log| log.started).await;
+    let started = Instant::now();
+    // Give up waiting for the n-th ack or hand-out after a while: kill anyway.
+    let latest = started + Duration::from_secs(5);
+    loop {
+        worker.check_alive();
+        let now = Instant::now();
+        let due = now >= latest
+            || match kill_at {
+                KillAt::After(d) => now >= started + d,
+                KillAt::Ack(n) => count_lines(log_path, "acked ") >= n,
+                KillAt::Handout(n) => count_lines(log_path, "claim ") + count_lines(log_path, "sync ") >= n,
+            };
+        if due {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    worker.kill();
+}
+
+/// Counts in `t` the accepted calls that are gone from `before` and the items handed out that
+/// are not recorded there with the status they were handed with.
+fn count_losses(t: &mut Totals, log: &WorkerLog, before: &Snapshot, tag: &str) {
     let rows: BTreeMap<&str, &brood::ChildRow> = before.children.iter().map(|c| (c.child_id.as_str(), c)).collect();
     let calls: BTreeSet<&str> = before.calls.iter().map(|c| c.call_id.as_str()).collect();
     for call in log.calls.keys() {
@@ -425,61 +266,42 @@ async fn round_trip(seed: u64, round: u64, level: Durability) -> Totals {
             t.detail.push(format!("accepted call {call} is gone"));
         }
     }
-    for (key, status) in &log.handed {
+    for (key, statuses) in &log.handed {
         let (child, _) = brood::parse_dedup_key(key).unwrap_or_else(|| panic!("{tag}: bad dedup key {key}"));
-        match rows.get(child) {
-            Some(row) if row.status.as_str() == status => {}
-            Some(row) => {
-                t.lost += 1;
-                t.detail
-                    .push(format!("handed-out {key} was {status}, is now {}", row.status.as_str()));
-            }
-            None => {
-                t.lost += 1;
-                t.detail.push(format!("handed-out {key} has no row"));
+        for status in statuses {
+            match rows.get(child) {
+                Some(row) if row.status.as_str() == status => {}
+                Some(row) => {
+                    t.lost += 1;
+                    t.detail
+                        .push(format!("handed-out {key} was {status}, is now {}", row.status.as_str()));
+                }
+                None => {
+                    t.lost += 1;
+                    t.detail.push(format!("handed-out {key} has no row"));
+                }
             }
         }
     }
+}
 
-    // Recover and drain every boundary: an acked item must not come out again.
-    let brood =
-        Brood::open(BroodConfig::new(&ledger_dir).durability(level)).unwrap_or_else(|e| panic!("{tag}: recover: {e}"));
-    brood
-        .open_session(SESSION, SessionOptions::default().wake(|_| {}))
-        .await
-        .unwrap_or_else(|e| panic!("{tag}: session: {e}"));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(Instant::now() < deadline, "{tag}: recovery never drained");
-        match brood
-            .boundary(SESSION, "checker", Duration::from_secs(60))
-            .await
-            .unwrap_or_else(|e| panic!("{tag}: boundary: {e}"))
-        {
-            Some(env) => {
-                for item in &env.items {
-                    if acked_keys.contains(&item.dedup_key) {
-                        t.acked_again += 1;
-                        t.detail.push(format!("acked {} delivered again", item.dedup_key));
-                    }
-                }
-                brood
-                    .ack(&env.claim_id)
-                    .await
-                    .unwrap_or_else(|e| panic!("{tag}: ack: {e}"));
-            }
-            None => {
-                let st = brood
-                    .counts(SESSION)
-                    .await
-                    .unwrap_or_else(|e| panic!("{tag}: status: {e}"));
-                if st.queued + st.running + st.ready + st.claimed == 0 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
+/// Recovers and drains every boundary, counting in `t` the acked items that come out again.
+async fn count_acked_delivered_again(
+    t: &mut Totals,
+    tag: &str,
+    ledger_dir: &Path,
+    level: Durability,
+    acked_keys: &BTreeSet<String>,
+) {
+    let brood = crash_worker::recover(BroodConfig::new(ledger_dir).durability(level), SESSION, tag).await;
+    crash_worker::drain(&brood, SESSION, tag, |env, _| {
+        for item in &env.items {
+            if acked_keys.contains(&item.dedup_key) {
+                t.acked_again += 1;
+                t.detail.push(format!("acked {} delivered again", item.dedup_key));
             }
         }
-    }
+    })
+    .await;
     brood.shutdown();
-    t
 }

@@ -601,204 +601,38 @@ impl<'c> World<'c> {
                 independent,
                 rerun,
             } => {
-                let s = &self.sessions[*session % self.sessions.len()];
-                let mut tasks: Vec<Value> = sims
-                    .iter()
-                    .enumerate()
-                    .map(|(i, ms)| {
-                        let outcome = if *fail && i == 0 { "fail" } else { "ok" };
-                        json!({"goal": format!("sim {i}"), "runner": {"kind": "sim", "ms": ms, "outcome": outcome},
-                               "rerun_on_recovery": rerun})
-                    })
-                    .collect();
-                tasks.extend((0..*externals).map(|i| {
-                    json!({"goal": format!("external {i}"), "runner": {"kind": "external"}, "rerun_on_recovery": rerun})
-                }));
-                let n = tasks.len();
-                let body = json!({"tasks": tasks, "independent_completions": independent});
-                let path = format!("/v1/sessions/{s}/delegate");
-                let (i, reply) = self.send(*via, paused, "POST", &path, Some(&body));
-                self.log
-                    .push(format!("  delegate through {}: {}", self.nodes[i].name, brief(&reply)));
-                match reply {
-                    Ok((202, r)) => {
-                        let call = r["call_id"].as_str().ok_or("a 202 without a call id")?.to_string();
-                        self.model.calls.insert(call, (*session % self.sessions.len(), n));
-                    }
-                    // Refused: it must change nothing, which the views check.
-                    Ok((503, _)) => {}
-                    Err(_) => self.model.unsure_calls.push((*session % self.sessions.len(), n)),
-                    other => return Err(format!("delegate answered {other:?}")),
-                }
+                let tasks = delegated_tasks(sims, *fail, *externals, *rerun);
+                self.delegate(*session, *via, paused, tasks, *independent)
             }
             Op::Boundary {
                 session,
                 via,
                 lease_ms,
                 ack_via,
-            } => {
-                let session = *session % self.sessions.len();
-                let path = format!("/v1/sessions/{}/boundary", self.sessions[session]);
-                let body = json!({"consumer": format!("c{via}"), "lease_ms": lease_ms});
-                let (i, reply) = self.send(*via, paused, "POST", &path, Some(&body));
-                self.log
-                    .push(format!("  boundary through {}: {}", self.nodes[i].name, brief(&reply)));
-                match reply {
-                    Ok((200, env)) => {
-                        let claim = Claim {
-                            id: env["claim_id"]
-                                .as_str()
-                                .ok_or("an envelope without a claim id")?
-                                .to_string(),
-                            session,
-                            items: items_of(&env),
-                        };
-                        self.model.handed_out(&claim)?;
-                        match ack_via {
-                            Some(a) => self.ack(claim, *a, paused)?,
-                            None => self.model.held.push(claim),
-                        }
-                    }
-                    Ok((204 | 503, _)) => {}
-                    // A boundary nobody heard the answer of: its claim lapses.
-                    Err(_) if paused.is_some() => {}
-                    other => return Err(format!("boundary answered {other:?}")),
-                }
-            }
-            Op::Ack { held, via } => {
-                if !self.model.held.is_empty() {
-                    let claim = self.model.held.remove(held % self.model.held.len());
-                    self.ack(claim, *via, paused)?;
-                }
-            }
-            Op::Release { held, via } => {
-                if !self.model.held.is_empty() {
-                    let claim = self.model.held.remove(held % self.model.held.len());
-                    let path = format!("/v1/claims/{}/release", claim.id);
-                    let (i, reply) = self.send(*via, paused, "POST", &path, Some(&json!({"reason": "busy"})));
-                    self.log
-                        .push(format!("  release through {}: {}", self.nodes[i].name, brief(&reply)));
-                    match reply {
-                        Ok((200 | 409 | 503, _)) => {}
-                        Ok((404, e)) if lost(&e) => {}
-                        Err(_) if paused.is_some() => {}
-                        other => return Err(format!("release answered {other:?}")),
-                    }
-                }
-            }
-            Op::Poll { via, lease_ms } => {
-                let body = json!({"worker": "w", "wait_ms": 0, "lease_ms": lease_ms});
-                let (i, reply) = self.send(*via, paused, "POST", "/v1/workers/poll", Some(&body));
-                self.log
-                    .push(format!("  poll through {}: {}", self.nodes[i].name, brief(&reply)));
-                match reply {
-                    Ok((200, work)) => {
-                        let child = work["child_id"].as_str().unwrap_or_default().to_string();
-                        if !self.model.calls.contains_key(Model::call_of(&child)) && self.model.unsure_calls.is_empty()
-                        {
-                            return Err(format!("a worker was handed {child}, of no accepted call"));
-                        }
-                        self.model.tokens.push(Token {
-                            child,
-                            token: work["token"].as_str().unwrap_or_default().to_string(),
-                            sent: None,
-                        });
-                    }
-                    Ok((204 | 503, _)) => {}
-                    Err(_) if paused.is_some() => {}
-                    other => return Err(format!("poll answered {other:?}")),
-                }
-            }
-            Op::Complete { token, via, ok } => {
-                if !self.model.tokens.is_empty() {
-                    let k = token % self.model.tokens.len();
-                    let t = &mut self.model.tokens[k];
-                    let body = t
-                        .sent
-                        .get_or_insert_with(|| {
-                            let status = if *ok { "succeeded" } else { "failed" };
-                            json!({"token": t.token, "status": status, "summary": "done", "error": (!ok).then_some("no")})
-                        })
-                        .clone();
-                    let path = format!("/v1/children/{}/complete", t.child);
-                    let (i, reply) = self.send(*via, paused, "POST", &path, Some(&body));
-                    self.log
-                        .push(format!("  complete through {}: {}", self.nodes[i].name, brief(&reply)));
-                    match reply {
-                        Ok((200 | 409, _)) => {
-                            self.model.tokens.remove(k);
-                        }
-                        // Sent again later, as it was.
-                        Ok((503, _)) => {}
-                        Err(_) if paused.is_some() => {}
-                        other => return Err(format!("complete answered {other:?}")),
-                    }
-                }
-            }
-            Op::Heartbeat { token, via } => {
-                if !self.model.tokens.is_empty() {
-                    let t = self.model.tokens[token % self.model.tokens.len()].clone();
-                    let path = format!("/v1/children/{}/heartbeat", t.child);
-                    let body = json!({"token": t.token, "progress": "half"});
-                    let (i, reply) = self.send(*via, paused, "POST", &path, Some(&body));
-                    self.log
-                        .push(format!("  heartbeat through {}: {}", self.nodes[i].name, brief(&reply)));
-                    match reply {
-                        // A lease renewed for a child whose result went out: a stale holder's.
-                        Ok((200, _)) if self.model.delivered.contains_key(&t.child) => {
-                            return Err(format!("a heartbeat of {}, delivered, was answered 200", t.child))
-                        }
-                        Ok((200 | 409 | 503, _)) => {}
-                        Err(_) if paused.is_some() => {}
-                        other => return Err(format!("heartbeat answered {other:?}")),
-                    }
-                }
-            }
+            } => self.boundary(*session, *via, paused, *lease_ms, *ack_via),
+            Op::Ack { held, via } => match self.take_held(*held) {
+                Some(claim) => self.ack(claim, *via, paused),
+                None => Ok(()),
+            },
+            Op::Release { held, via } => match self.take_held(*held) {
+                Some(claim) => self.release(claim, *via, paused),
+                None => Ok(()),
+            },
+            Op::Poll { via, lease_ms } => self.poll(*via, paused, *lease_ms),
+            Op::Complete { token, via, ok } => self.complete(*token, *via, paused, *ok),
+            Op::Heartbeat { token, via } => self.heartbeat(*token, *via, paused),
             Op::Pause {
                 node,
                 past_ms,
                 during,
                 woken,
-            } => {
-                let node = self.up(*node, None);
-                let server = self.nodes[node].server.as_ref().expect("up");
-                signal(server, "-STOP");
-                let stopped = Instant::now();
-                std::thread::sleep(Duration::from_millis(LEASE_MS + past_ms));
-                for op in during {
-                    self.log.push(format!("  during the pause: {op:?}"));
-                    let sent = self.apply(op, Some(node));
-                    if sent.is_err() {
-                        signal(self.nodes[node].server.as_ref().expect("up"), "-CONT");
-                        return sent;
-                    }
-                }
-                self.log.push(format!("  resumed after {:?}", stopped.elapsed()));
-                let pid = self.nodes[node].server.as_ref().expect("up").child.id().to_string();
-                let delay = Duration::from_millis(if woken.is_empty() { 0 } else { 300 });
-                // Resumed from another thread a little later, while the first woken step waits
-                // for its answer.
-                let resume = std::thread::spawn(move || {
-                    std::thread::sleep(delay);
-                    std::process::Command::new("kill").args(["-CONT", &pid]).status()
-                });
-                let mut sent = Ok(());
-                for op in woken {
-                    self.log.push(format!("  to the woken process: {op:?}"));
-                    sent = self.apply(&through(op, node), None);
-                    if sent.is_err() {
-                        break;
-                    }
-                }
-                let resumed = resume.join().map(|r| r.map(|s| s.success()));
-                assert!(matches!(resumed, Ok(Ok(true))), "kill -CONT: {resumed:?}");
-                sent?;
-            }
+            } => self.pause(*node, *past_ms, during, woken),
             Op::Kill { node } => {
                 let node = self.up(*node, None);
                 if let Some(server) = self.nodes[node].server.take() {
                     server.kill9();
                 }
+                Ok(())
             }
             Op::Restart { node, failpoints } => {
                 let node = *node % self.nodes.len();
@@ -806,24 +640,231 @@ impl<'c> World<'c> {
                     let server = start(&self.nodes[node], &self.url, *failpoints);
                     self.nodes[node].server = Some(server);
                 }
+                Ok(())
             }
             Op::DbRestart { down_ms } => {
                 self.cluster.stop();
                 std::thread::sleep(Duration::from_millis(*down_ms));
                 self.cluster.start();
+                Ok(())
             }
         }
+    }
+
+    /// A POST through `via` (see [`World::send`]), its answer logged as `what`'s.
+    fn post(
+        &mut self,
+        what: &str,
+        via: usize,
+        paused: Option<usize>,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value), String> {
+        let (i, reply) = self.send(via, paused, "POST", path, body);
+        self.log
+            .push(format!("  {what} through {}: {}", self.nodes[i].name, brief(&reply)));
+        reply
+    }
+
+    /// Delegates `tasks` in session number `session`: an accepted call joins the model, a
+    /// refused one must change nothing (which the views check), an unanswered one may have
+    /// been accepted.
+    fn delegate(
+        &mut self,
+        session: usize,
+        via: usize,
+        paused: Option<usize>,
+        tasks: Vec<Value>,
+        independent: bool,
+    ) -> Check {
+        let session = session % self.sessions.len();
+        let n = tasks.len();
+        let body = json!({"tasks": tasks, "independent_completions": independent});
+        let path = format!("/v1/sessions/{}/delegate", self.sessions[session]);
+        match self.post("delegate", via, paused, &path, Some(&body)) {
+            Ok((202, r)) => {
+                let call = r["call_id"].as_str().ok_or("a 202 without a call id")?.to_string();
+                self.model.calls.insert(call, (session, n));
+            }
+            // Refused: it must change nothing, which the views check.
+            Ok((503, _)) => {}
+            Err(_) => self.model.unsure_calls.push((session, n)),
+            other => return Err(format!("delegate answered {other:?}")),
+        }
         Ok(())
+    }
+
+    /// A boundary of session number `session`: its envelope handed out in the model, then
+    /// acked through `ack_via` or held.
+    fn boundary(
+        &mut self,
+        session: usize,
+        via: usize,
+        paused: Option<usize>,
+        lease_ms: u64,
+        ack_via: Option<usize>,
+    ) -> Check {
+        let session = session % self.sessions.len();
+        let path = format!("/v1/sessions/{}/boundary", self.sessions[session]);
+        let body = json!({"consumer": format!("c{via}"), "lease_ms": lease_ms});
+        match self.post("boundary", via, paused, &path, Some(&body)) {
+            Ok((200, env)) => {
+                let claim = Claim {
+                    id: env["claim_id"]
+                        .as_str()
+                        .ok_or("an envelope without a claim id")?
+                        .to_string(),
+                    session,
+                    items: items_of(&env),
+                };
+                self.model.handed_out(&claim)?;
+                match ack_via {
+                    Some(a) => self.ack(claim, a, paused)?,
+                    None => self.model.held.push(claim),
+                }
+            }
+            Ok((204 | 503, _)) => {}
+            // A boundary nobody heard the answer of: its claim lapses.
+            Err(_) if paused.is_some() => {}
+            other => return Err(format!("boundary answered {other:?}")),
+        }
+        Ok(())
+    }
+
+    /// The held claim number `held` (modulo those held), taken out of the model's hand.
+    fn take_held(&mut self, held: usize) -> Option<Claim> {
+        if self.model.held.is_empty() {
+            return None;
+        }
+        let k = held % self.model.held.len();
+        Some(self.model.held.remove(k))
+    }
+
+    /// Releases `claim` as busy through `via`.
+    fn release(&mut self, claim: Claim, via: usize, paused: Option<usize>) -> Check {
+        let path = format!("/v1/claims/{}/release", claim.id);
+        match self.post("release", via, paused, &path, Some(&json!({"reason": "busy"}))) {
+            Ok((200 | 409 | 503, _)) => Ok(()),
+            Ok((404, e)) if lost(&e) => Ok(()),
+            Err(_) if paused.is_some() => Ok(()),
+            other => Err(format!("release answered {other:?}")),
+        }
+    }
+
+    /// A worker's poll: the child it is handed must be of an accepted call (or of one that may
+    /// have been); its token joins the model's.
+    fn poll(&mut self, via: usize, paused: Option<usize>, lease_ms: u64) -> Check {
+        let body = json!({"worker": "w", "wait_ms": 0, "lease_ms": lease_ms});
+        match self.post("poll", via, paused, "/v1/workers/poll", Some(&body)) {
+            Ok((200, work)) => {
+                let child = work["child_id"].as_str().unwrap_or_default().to_string();
+                if !self.model.calls.contains_key(Model::call_of(&child)) && self.model.unsure_calls.is_empty() {
+                    return Err(format!("a worker was handed {child}, of no accepted call"));
+                }
+                self.model.tokens.push(Token {
+                    child,
+                    token: work["token"].as_str().unwrap_or_default().to_string(),
+                    sent: None,
+                });
+            }
+            Ok((204 | 503, _)) => {}
+            Err(_) if paused.is_some() => {}
+            other => return Err(format!("poll answered {other:?}")),
+        }
+        Ok(())
+    }
+
+    /// Completes the child of token number `token` (modulo those held), with the same body
+    /// every time it is sent; the token is let go once an answer says the end was taken.
+    fn complete(&mut self, token: usize, via: usize, paused: Option<usize>, ok: bool) -> Check {
+        if self.model.tokens.is_empty() {
+            return Ok(());
+        }
+        let k = token % self.model.tokens.len();
+        let t = &mut self.model.tokens[k];
+        let body = t
+            .sent
+            .get_or_insert_with(|| {
+                let status = if ok { "succeeded" } else { "failed" };
+                json!({"token": t.token, "status": status, "summary": "done", "error": (!ok).then_some("no")})
+            })
+            .clone();
+        let path = format!("/v1/children/{}/complete", t.child);
+        match self.post("complete", via, paused, &path, Some(&body)) {
+            Ok((200 | 409, _)) => {
+                self.model.tokens.remove(k);
+            }
+            // Sent again later, as it was.
+            Ok((503, _)) => {}
+            Err(_) if paused.is_some() => {}
+            other => return Err(format!("complete answered {other:?}")),
+        }
+        Ok(())
+    }
+
+    /// A heartbeat of the child of token number `token`: never renewed once its result went
+    /// out.
+    fn heartbeat(&mut self, token: usize, via: usize, paused: Option<usize>) -> Check {
+        if self.model.tokens.is_empty() {
+            return Ok(());
+        }
+        let t = self.model.tokens[token % self.model.tokens.len()].clone();
+        let path = format!("/v1/children/{}/heartbeat", t.child);
+        let body = json!({"token": t.token, "progress": "half"});
+        match self.post("heartbeat", via, paused, &path, Some(&body)) {
+            // A lease renewed for a child whose result went out: a stale holder's.
+            Ok((200, _)) if self.model.delivered.contains_key(&t.child) => {
+                Err(format!("a heartbeat of {}, delivered, was answered 200", t.child))
+            }
+            Ok((200 | 409 | 503, _)) => Ok(()),
+            Err(_) if paused.is_some() => Ok(()),
+            other => Err(format!("heartbeat answered {other:?}")),
+        }
+    }
+
+    /// Pauses process `node` (see [`Op::Pause`]): the `during` steps sent through the others
+    /// while it is stopped, the `woken` ones to it as it resumes.
+    fn pause(&mut self, node: usize, past_ms: u64, during: &[Op], woken: &[Op]) -> Check {
+        let node = self.up(node, None);
+        let server = self.nodes[node].server.as_ref().expect("up");
+        signal(server, "-STOP");
+        let stopped = Instant::now();
+        std::thread::sleep(Duration::from_millis(LEASE_MS + past_ms));
+        for op in during {
+            self.log.push(format!("  during the pause: {op:?}"));
+            let sent = self.apply(op, Some(node));
+            if sent.is_err() {
+                signal(self.nodes[node].server.as_ref().expect("up"), "-CONT");
+                return sent;
+            }
+        }
+        self.log.push(format!("  resumed after {:?}", stopped.elapsed()));
+        let pid = self.nodes[node].server.as_ref().expect("up").child.id().to_string();
+        let delay = Duration::from_millis(if woken.is_empty() { 0 } else { 300 });
+        // Resumed from another thread a little later, while the first woken step waits for its
+        // answer.
+        let resume = std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            std::process::Command::new("kill").args(["-CONT", &pid]).status()
+        });
+        let mut sent = Ok(());
+        for op in woken {
+            self.log.push(format!("  to the woken process: {op:?}"));
+            sent = self.apply(&through(op, node), None);
+            if sent.is_err() {
+                break;
+            }
+        }
+        let resumed = resume.join().map(|r| r.map(|s| s.success()));
+        assert!(matches!(resumed, Ok(Ok(true))), "kill -CONT: {resumed:?}");
+        sent
     }
 
     /// Acks `claim` through `via`: delivered at 200, back in the ready set at 409, unsure when
     /// no answer came.
     fn ack(&mut self, claim: Claim, via: usize, paused: Option<usize>) -> Check {
         let path = format!("/v1/claims/{}/ack", claim.id);
-        let (i, reply) = self.send(via, paused, "POST", &path, None);
-        self.log
-            .push(format!("  ack through {}: {}", self.nodes[i].name, brief(&reply)));
-        match reply {
+        match self.post("ack", via, paused, &path, None) {
             Ok((200, _)) => self.model.acknowledged(&claim),
             Ok((409, _)) => Ok(()),
             Ok((404, e)) if lost(&e) => Ok(()),
@@ -1132,6 +1173,26 @@ fn work(
             }
         }
     }
+}
+
+/// The tasks of a delegate: sim children taking `sims` milliseconds (the first failing when
+/// `fail`), then `externals` external children, each re-run after a crash when `rerun`.
+fn delegated_tasks(sims: &[u64], fail: bool, externals: usize, rerun: bool) -> Vec<Value> {
+    let mut tasks: Vec<Value> = sims
+        .iter()
+        .enumerate()
+        .map(|(i, ms)| {
+            let outcome = if fail && i == 0 { "fail" } else { "ok" };
+            json!({"goal": format!("sim {i}"), "runner": {"kind": "sim", "ms": ms, "outcome": outcome},
+                   "rerun_on_recovery": rerun})
+        })
+        .collect();
+    tasks.extend(
+        (0..externals).map(
+            |i| json!({"goal": format!("external {i}"), "runner": {"kind": "external"}, "rerun_on_recovery": rerun}),
+        ),
+    );
+    tasks
 }
 
 /// `op` sent through process `node`.

@@ -32,16 +32,7 @@ fn leased_child(s: &Server) -> (String, String) {
     let task = json!({"goal": "render", "runner": {"kind": "external"}});
     let (status, reply) = s.call("POST", "/v1/sessions/x/delegate", Some(json!({"tasks": [task]})));
     assert_eq!(status, 202, "{reply}");
-    let (status, work) = s.call(
-        "POST",
-        "/v1/workers/poll",
-        Some(json!({"worker": "w", "wait_ms": 20_000})),
-    );
-    assert_eq!(status, 200, "{work}");
-    (
-        work["child_id"].as_str().unwrap().to_string(),
-        work["token"].as_str().unwrap().to_string(),
-    )
+    s.poll_work()
 }
 
 /// The status of `child` of session `x` as `s` shows it, once `s` answers and the child is

@@ -10,8 +10,8 @@
 
 mod server;
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write as _;
+use std::net::TcpListener;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -67,25 +67,6 @@ fn silent_listener() -> (u16, Arc<AtomicUsize>) {
     (port, accepted)
 }
 
-/// Reads one request's head and body from `stream`.
-fn read_request(stream: &TcpStream) {
-    let mut reader = BufReader::new(stream);
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-            length = v.trim().parse().unwrap_or(0);
-        }
-        if line == "\r\n" {
-            break;
-        }
-    }
-    let _ = reader.read_exact(&mut vec![0; length]);
-}
-
 /// A receiver that answers every request with `302 Found` to `location`; counts the requests.
 fn redirecting_receiver(location: String) -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -94,7 +75,7 @@ fn redirecting_receiver(location: String) -> (String, Arc<AtomicUsize>) {
     let count = hits.clone();
     std::thread::spawn(move || {
         for mut stream in listener.incoming().flatten() {
-            read_request(&stream);
+            let _ = read_json_body(&stream);
             count.fetch_add(1, Ordering::SeqCst);
             let answer =
                 format!("HTTP/1.1 302 Found\r\nlocation: {location}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
@@ -279,26 +260,7 @@ fn held_receiver() -> (String, Arc<std::sync::Mutex<Vec<Value>>>, std::sync::mps
     let (release, gate) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
         for (n, mut stream) in listener.incoming().flatten().enumerate() {
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut length = 0usize;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                    break;
-                }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-                if line == "\r\n" {
-                    break;
-                }
-            }
-            let mut body = vec![0; length];
-            if reader.read_exact(&mut body).is_ok() {
-                if let Ok(v) = serde_json::from_slice::<Value>(&body) {
-                    log.lock().unwrap().push(v);
-                }
-            }
+            log.lock().unwrap().extend(read_json_body(&stream));
             if n == 0 {
                 let _ = gate.recv();
             }

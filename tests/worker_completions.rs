@@ -25,20 +25,6 @@ fn external(goal: &str, rerun: bool) -> Value {
     json!({"goal": goal, "runner": {"kind": "external"}, "rerun_on_recovery": rerun})
 }
 
-/// A poll waiting up to 20 s; the child id and token it was handed.
-fn take(s: &Server) -> (String, String) {
-    let (status, work) = s.call(
-        "POST",
-        "/v1/workers/poll",
-        Some(json!({"worker": "w", "wait_ms": 20_000})),
-    );
-    assert_eq!(status, 200, "{work}");
-    (
-        work["child_id"].as_str().unwrap().to_string(),
-        work["token"].as_str().unwrap().to_string(),
-    )
-}
-
 fn complete(s: &Server, child: &str, body: Value) -> (u16, Value) {
     s.call("POST", &format!("/v1/children/{child}/complete"), Some(body))
 }
@@ -77,7 +63,7 @@ fn a_completion_sent_again_answers_its_recorded_outcome_and_another_answers_chil
     let s = Server::start(dir.path(), None);
     s.open("x");
     delegate(&s, "x", vec![external("render", false)]);
-    let (child, token) = take(&s);
+    let (child, token) = s.poll_work();
     let done = json!({"token": token, "status": "succeeded", "summary": "frame 7"});
     let (status, first) = complete(&s, &child, done.clone());
     assert_eq!(status, 200, "{first}");
@@ -118,7 +104,7 @@ fn a_completion_sent_again_after_a_restart_answers_its_recorded_outcome() {
     let s = Server::start(dir.path(), None);
     s.open("r");
     delegate(&s, "r", vec![external("render", false)]);
-    let (child, token) = take(&s);
+    let (child, token) = s.poll_work();
     let done = json!({"token": token, "status": "failed", "error": "GPU on fire", "summary": "40%"});
     let (status, first) = complete(&s, &child, done.clone());
     assert_eq!(status, 200, "{first}");
@@ -149,7 +135,7 @@ fn a_token_voided_by_a_restart_answers_409() {
         "v",
         vec![external("not safe to re-run", false), external("safe to re-run", true)],
     );
-    let held: Vec<(String, String)> = (0..2).map(|_| take(&s)).collect();
+    let held: Vec<(String, String)> = (0..2).map(|_| s.poll_work()).collect();
     s.kill9();
     let s = Server::start(dir.path(), None);
     s.open("v");
@@ -165,7 +151,7 @@ fn a_token_voided_by_a_restart_answers_409() {
             );
         } else {
             // Queued again: handed out with a new token, the old one is stale.
-            let (again, new_token) = take(&s);
+            let (again, new_token) = s.poll_work();
             assert_eq!(&again, child);
             assert_error(heartbeat(&s, child, token), 409, "stale_token");
             assert_error(

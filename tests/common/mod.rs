@@ -428,6 +428,27 @@ pub async fn open_wake(b: &Brood, session: &str) {
         .expect("open session");
 }
 
+/// Opens (or re-binds) `session` with a no-op wake target, running at most `capacity` children
+/// at once.
+pub async fn open_capped(b: &Brood, session: &str, capacity: u32) {
+    b.open_session(
+        session,
+        SessionOptions::default().wake(|_| {}).max_concurrent_children(capacity),
+    )
+    .await
+    .unwrap();
+}
+
+/// Delegates `request` in `session`, which must accept it; the call's id.
+pub async fn delegated(b: &Brood, session: &str, request: brood::DelegateRequest) -> String {
+    b.delegate(session, request)
+        .await
+        .map_err(|e| e.error)
+        .unwrap()
+        .call_id()
+        .to_string()
+}
+
 /// Polls boundaries until one returns an envelope.
 pub async fn next_envelope(b: &Brood, session: &str, consumer: &str, lease: Duration) -> Envelope {
     wait_for!(
@@ -484,6 +505,34 @@ pub async fn settle(b: &Brood, session: &str) {
         b.status(session).await.expect("status");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+/// Whether a process is gone: no such pid, or a zombie nobody reaped yet (it is dead).
+pub fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fault points
+
+/// Takes the fault-point lock and starts from a clean slate (nothing armed). Fault points are
+/// process-wide, so the tests of a file that arms them run one at a time, each holding this
+/// guard for its whole run.
+#[cfg(feature = "failpoints")]
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    brood::failpoints::disarm_all();
+    guard
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -546,6 +595,64 @@ pub async fn acked_claimed_and_ready(b: &Brood, session: &str) -> Mixed {
         claimed,
         held,
         ready,
+    }
+}
+
+/// Reopens the brood and `session` (wake-capable) and takes the first boundary's envelope
+/// under a long lease: it must have one, else "expected {what}".
+pub async fn reopened_envelope(t: &mut TestBrood, session: &str, what: &str) -> Envelope {
+    t.reopen();
+    let b = t.b();
+    open_wake(b, session).await;
+    b.boundary(session, "c", LONG_LEASE).await.unwrap().expect(what)
+}
+
+/// Item A's claim, released busy while its sibling unit B still ran, and the envelope of the
+/// next boundary once B finished.
+pub struct Reclaimed {
+    pub first: Envelope,
+    pub second: Envelope,
+    /// A's and B's result keys.
+    pub a: String,
+    pub b: String,
+}
+
+/// Builds a [`Reclaimed`] in session "r" (opened wake-capable here): A (`sim`) and B (gate
+/// "b") in one independent call; A's claim holds A alone and is released busy; B finishes and
+/// is recorded; the next boundary's envelope is taken.
+pub async fn released_busy_then_reclaimed(t: &TestBrood) -> Reclaimed {
+    use brood::{DelegateRequest, ReleaseReason};
+    let b = t.b();
+    open_wake(b, "r").await;
+    let reply = b
+        .delegate(
+            "r",
+            DelegateRequest::background(vec![task("A", sim(0)), task("B", gate("b"))]).independent(),
+        )
+        .await
+        .unwrap();
+    let call = reply.call_id().to_string();
+    let (a, bk) = (result_key(&call, 0), result_key(&call, 1));
+    let first = next_envelope(b, "r", "c", LONG_LEASE).await;
+    assert_eq!(keys(&first), BTreeSet::from([a.clone()]), "B is still running");
+    b.release(&first.claim_id, ReleaseReason::Busy, Duration::ZERO)
+        .await
+        .unwrap();
+    t.kit.gates.open("b");
+    status_until(b, "r", "B to be recorded", |st| {
+        child_status(st, &call, 1) == Some(ChildStatus::Succeeded) && st.ready == 2
+    })
+    .await;
+    let second = b
+        .boundary("r", "c", LONG_LEASE)
+        .await
+        .unwrap()
+        .expect("A and B are ready");
+    Reclaimed {
+        first,
+        second,
+        a,
+        b: bk,
     }
 }
 

@@ -251,6 +251,43 @@ impl Server {
         reply["call_id"].as_str().unwrap().to_string()
     }
 
+    /// Delegates the one task `task` (a task object) to `session`, which must accept it (202);
+    /// the reply.
+    pub fn delegate_task(&self, session: &str, task: Value) -> Value {
+        let (status, reply) = self.call(
+            "POST",
+            &format!("/v1/sessions/{session}/delegate"),
+            Some(json!({"tasks": [task]})),
+        );
+        assert_eq!(status, 202, "{reply}");
+        reply
+    }
+
+    /// The one result of `session`'s next envelope, acked.
+    pub fn only_result(&self, session: &str) -> Value {
+        let env = self.envelope(session, 30_000);
+        let items = env["items"].as_array().expect("items");
+        assert_eq!(items.len(), 1, "{env}");
+        let claim = env["claim_id"].as_str().unwrap();
+        let (status, acked) = self.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+        assert_eq!((status, acked["delivered"].as_u64()), (200, Some(1)), "{acked}");
+        items[0].clone()
+    }
+
+    /// A poll of worker `w` waiting up to 20 s, which must be handed a child: its id and token.
+    pub fn poll_work(&self) -> (String, String) {
+        let (status, work) = self.call(
+            "POST",
+            "/v1/workers/poll",
+            Some(json!({"worker": "w", "wait_ms": 20_000})),
+        );
+        assert_eq!(status, 200, "{work}");
+        (
+            work["child_id"].as_str().unwrap().to_string(),
+            work["token"].as_str().unwrap().to_string(),
+        )
+    }
+
     /// Boundaries until one answers 200.
     pub fn envelope(&self, session: &str, lease_ms: u64) -> Value {
         until_envelope(session, lease_ms, |m, p, b| self.call(m, p, b))
@@ -304,6 +341,28 @@ pub fn assert_error(reply: (u16, Value), status: u16, code: &str) -> String {
     message
 }
 
+/// Reads one HTTP request from `stream` (its head, then a body of its Content-Length): the
+/// body, if it is JSON.
+pub fn read_json_body(stream: &std::net::TcpStream) -> Option<Value> {
+    let mut reader = BufReader::new(stream);
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    serde_json::from_slice(&body).ok()
+}
+
 /// A wake receiver on loopback: answers 500 to the first `refuse` POSTs and 200 to the rest,
 /// and records the body of every POST it accepted.
 pub fn wake_receiver(refuse: usize) -> (String, Arc<Mutex<Vec<Value>>>) {
@@ -314,31 +373,11 @@ pub fn wake_receiver(refuse: usize) -> (String, Arc<Mutex<Vec<Value>>>) {
     std::thread::spawn(move || {
         for (n, stream) in listener.incoming().enumerate() {
             let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut length = 0usize;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                    break;
-                }
-                let lower = line.to_ascii_lowercase();
-                if let Some(v) = lower.strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-                if line == "\r\n" {
-                    break;
-                }
-            }
-            let mut body = vec![0; length];
-            let read = reader.read_exact(&mut body).is_ok();
+            let body = read_json_body(&stream);
             let answer: &[u8] = if n < refuse {
                 b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
             } else {
-                if read {
-                    if let Ok(v) = serde_json::from_slice::<Value>(&body) {
-                        log.lock().unwrap().push(v);
-                    }
-                }
+                log.lock().unwrap().extend(body);
                 b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
             };
             let _ = stream.write_all(answer);
