@@ -541,6 +541,17 @@ pub fn child_id(call_id: &str, index: u32) -> String {
     numbered(call_id, '.', u64::from(index))
 }
 
+/// A child id as [`child_id`] writes it, shown without being made: a log or span field that
+/// costs nothing when nobody records it.
+#[derive(Debug, Clone, Copy)]
+pub struct ShowChildId<'a>(pub &'a str, pub u32);
+
+impl fmt::Display for ShowChildId<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.0, self.1)
+    }
+}
+
 /// `text` as hex, two digits a byte: safe inside an id whatever the text holds.
 pub fn text_hex(text: &str) -> String {
     text.bytes().map(|b| format!("{b:02x}")).collect()
@@ -668,6 +679,13 @@ mod tests {
         let out_of_order = ids.windows(2).filter(|w| w[0] > w[1]).count();
         assert!(out_of_order <= 1, "{out_of_order} ids sort before the one made earlier");
         assert!(ids.iter().all(|id| id.len() == "deleg_".len() + 16));
+    }
+
+    #[test]
+    fn a_shown_child_id_is_the_child_id() {
+        for (call, i) in [("deleg_1", 0), ("deleg_ab", 17), ("c", u32::MAX)] {
+            assert_eq!(ShowChildId(call, i).to_string(), child_id(call, i));
+        }
     }
 
     fn task(group: Option<&str>) -> Task {

@@ -418,7 +418,7 @@ impl SessionOwner {
         ctx: &mut Context<Self>,
     ) {
         if let Err(e) = res {
-            tracing::warn!(session = %self.session.session_id, "running marks not durable ({e}); the children wait");
+            tracing::warn!("running marks not durable ({e}); the children wait");
             // One cancelled meanwhile left capacity with its cancel: it is not queued again (it
             // would take a slot it never gives back).
             for id in ids.iter().rev() {
@@ -602,6 +602,8 @@ impl SessionOwner {
                         unit.addr = Some(addr);
                         new_units.push(NewUnit {
                             mailbox,
+                            // Inside this owner's span (the session's id).
+                            span: tracing::info_span!("unit", call_id = %call_id, unit_id = %unit.row.unit_id),
                             unit_id: unit.row.unit_id.clone(),
                             tasks: unit.row.tasks.as_slice().into(),
                             ids: ids.clone(),
@@ -637,7 +639,7 @@ impl SessionOwner {
                 let watcher = owner.clone();
                 let unit = Unit::new(u.unit_id, u.tasks, engine.clone(), me.clone());
                 let (ids, unit_k) = (u.ids, u.unit_k);
-                supervise::run_here(u.mailbox, unit, move |exit| {
+                supervise::run_here(u.mailbox, unit, u.span, move |exit| {
                     if let exit @ Exit::Panicked(_) = exit {
                         if let Some(owner) = watcher.upgrade() {
                             let unit_id = unit_id(&ids.call_id, unit_k as usize);
@@ -679,6 +681,8 @@ type UnitBatch<'a> = (&'a str, usize, Arc<CallIds>, u32, Vec<(Starting, Task)>);
 /// it wait), its id and members, and what its exit is reported with.
 struct NewUnit {
     mailbox: supervise::Mailbox<Unit>,
+    /// The span it runs in: its call's and its own id, inside its owner's.
+    span: tracing::Span,
     unit_id: String,
     tasks: Box<[u32]>,
     ids: Arc<CallIds>,
