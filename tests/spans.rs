@@ -13,7 +13,7 @@ use brood::{Brood, BroodConfig, DelegateRequest, RunContext, RunOutput, Runner, 
 use futures::future::LocalBoxFuture;
 use serde_json::json;
 use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id};
+use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
@@ -65,6 +65,14 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
         attrs.record(&mut fields);
         if let Some(span) = ctx.span(id) {
             span.extensions_mut().insert(fields);
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(id) {
+            if let Some(fields) = span.extensions_mut().get_mut::<Fields>() {
+                values.record(fields);
+            }
         }
     }
 
@@ -134,9 +142,9 @@ fn seen(all: &Mutex<Vec<Seen>>, pick: impl Fn(&Seen) -> bool) -> Vec<Seen> {
     all.lock().unwrap().iter().filter(|s| pick(s)).cloned().collect()
 }
 
-/// Runs one call of `say` tasks, one per goal, in a fresh engine's session `session` until its
-/// results are ready; answers the call's id.
-async fn say_in(session: &str, goals: &[&str]) -> String {
+/// Runs one call of `say` tasks, one per goal (delegated with `traceparent`, if given), in a
+/// fresh engine's session `session` until its results are ready; answers the call's id.
+async fn say_in(session: &str, goals: &[&str], traceparent: Option<&str>) -> String {
     let dir = tempfile::tempdir().unwrap();
     let b = open(dir.path());
     b.open_session(session, SessionOptions::default().wake(|_| {}))
@@ -146,7 +154,9 @@ async fn say_in(session: &str, goals: &[&str]) -> String {
         .iter()
         .map(|g| TaskSpec::new(*g, json!({"kind": "say"})))
         .collect();
-    let reply = b.delegate(session, DelegateRequest::background(tasks)).await.unwrap();
+    let mut request = DelegateRequest::background(tasks);
+    request.traceparent = traceparent.map(str::to_string);
+    let reply = b.delegate(session, request).await.unwrap();
     common::collect_results(&b, session, goals.len()).await;
     b.shutdown();
     reply.call_id().to_string()
@@ -155,7 +165,7 @@ async fn say_in(session: &str, goals: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runners_log_line_carries_the_session_call_and_child_from_its_spans() {
     let all = captured();
-    let call = say_in("spans-1", &["first words", "second words"]).await;
+    let call = say_in("spans-1", &["first words", "second words"], None).await;
     for (index, goal) in [(0, "first words"), (1, "second words")] {
         let said = seen(&all, |s| {
             s.message == "said" && s.fields.get("goal").map(String::as_str) == Some(goal)
@@ -188,7 +198,7 @@ async fn a_runners_log_line_carries_the_session_call_and_child_from_its_spans() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_actors_own_lines_are_in_their_spans() {
     let all = captured();
-    let call = say_in("spans-2", &["words"]).await;
+    let call = say_in("spans-2", &["words"], None).await;
     let child = brood::child_id(&call, 0);
     let ended = seen(&all, |s| {
         s.message == "child ended" && s.span_field("child_id") == Some(child.as_str())
@@ -203,4 +213,28 @@ async fn the_actors_own_lines_are_in_their_spans() {
     assert!(!started.is_empty(), "the owner's start is logged in its span");
     assert!(!started[0].fields.contains_key("session"), "{started:?}");
     assert_eq!(started[0].span_names(), ["supervisor", "session_owner"]);
+}
+
+/// A call delegated with a trace context names it in its units' spans: what its children log
+/// carries it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calls_traceparent_is_a_field_of_its_units_span() {
+    let all = captured();
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let call = say_in("spans-3", &["traced words"], Some(tp)).await;
+    let said = seen(&all, |s| {
+        s.message == "said" && s.span_field("call_id") == Some(call.as_str())
+    });
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(said[0].span_field("traceparent"), Some(tp), "{said:?}");
+    let plain = say_in("spans-4", &["plain words"], None).await;
+    let other = seen(&all, |s| {
+        s.message == "said" && s.span_field("call_id") == Some(plain.as_str())
+    });
+    assert_eq!(other.len(), 1, "{other:?}");
+    assert_eq!(
+        other[0].span_field("traceparent"),
+        None,
+        "a call without one has no such field: {other:?}"
+    );
 }

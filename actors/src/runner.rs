@@ -119,6 +119,8 @@ pub struct RunContext {
     pub attempt: u32,
     /// The heartbeat handle.
     pub progress: Progress,
+    /// The call's W3C trace context, when its caller gave one (see [`RunContext::traceparent`]).
+    pub(crate) traceparent: Option<Arc<str>>,
     /// The embedder's handle of the engine, for nested delegation (see `brood::BroodHandle::of`):
     /// read when asked, so a child started while the engine opened finds it too.
     pub(crate) embedder: Embedder,
@@ -130,6 +132,13 @@ impl RunContext {
     /// work with it (`tracing::Instrument::instrument(work, ctx.span().clone())`).
     pub fn span(&self) -> &tracing::Span {
         self.progress.span()
+    }
+
+    /// The W3C trace context (`traceparent`) the call was delegated with, if any: the same for
+    /// every child of the call, and for a child run again after a restart. A runner hands it on
+    /// to what it calls (a `command` child gets it as `TRACEPARENT`).
+    pub fn traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
     }
 
     /// The id of the session this child delegates through in its own right: its child id.

@@ -52,6 +52,8 @@ pub struct CallIds {
     pub session_id: String,
     /// The call.
     pub call_id: String,
+    /// The call's W3C trace context, handed to each child's runner.
+    pub traceparent: Option<Arc<str>>,
     /// The engine the children run in.
     pub engine: Arc<Engine>,
 }
@@ -61,6 +63,7 @@ impl std::fmt::Debug for CallIds {
         f.debug_struct("CallIds")
             .field("session_id", &self.session_id)
             .field("call_id", &self.call_id)
+            .field("traceparent", &self.traceparent)
             .finish()
     }
 }
@@ -277,6 +280,7 @@ impl Child {
             goal,
             attempt: self.attempt,
             progress: self.progress.clone(),
+            traceparent: self.ids.traceparent.clone(),
             embedder: engine.embedder.clone(),
         };
         let factory = &engine.factory;

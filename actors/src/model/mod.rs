@@ -19,8 +19,8 @@ pub use check::CheckRow;
 pub use lifecycle::*;
 pub(crate) use request::panic_message;
 pub use request::{
-    validate, validate_new_session_id, validate_session_id, DelegateRequest, RequestError, SessionSettings, TaskSpec,
-    MAX_SESSION_ID_BYTES,
+    validate, validate_new_session_id, validate_session_id, validate_traceparent, DelegateRequest, RequestError,
+    SessionSettings, TaskSpec, MAX_SESSION_ID_BYTES,
 };
 
 /// Milliseconds since the Unix epoch, the one clock stored rows use.
@@ -205,6 +205,9 @@ pub struct CallRow {
     pub tasks: Vec<Task>,
     /// When the call was accepted.
     pub created_at_ms: u64,
+    /// The caller's W3C trace context, checked when the call was accepted: every child of the
+    /// call is run with it, a re-run after a restart too.
+    pub traceparent: Option<String>,
 }
 
 /// The stored row of a completion unit.

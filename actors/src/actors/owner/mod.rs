@@ -321,15 +321,18 @@ impl SessionOwner {
         self.engine.events.emit(&self.session.session_id, event);
     }
 
-    /// Tells observers a child's new status.
+    /// Tells observers a child's new status (its call is in the book).
     fn emit_child(&self, row: &ChildRow) {
-        self.emit_status(row, row.status);
+        self.emit(|| {
+            let call = self.book.calls.get(&row.call_id);
+            child_event(row, row.status, call.and_then(|c| c.row.traceparent.as_deref()))
+        });
     }
 
-    /// Tells observers a child is in `status` (a child its dispatch started at once was queued
-    /// first all the same).
-    fn emit_status(&self, row: &ChildRow, status: ChildStatus) {
-        self.emit(|| child_event(row, status));
+    /// Tells observers a child of `call` is in `status` (a child its dispatch started at once
+    /// was queued first all the same).
+    fn emit_status(&self, row: &ChildRow, status: ChildStatus, call: &CallRow) {
+        self.emit(|| child_event(row, status, call.traceparent.as_deref()));
     }
 
     /// Tells observers the ready count when it changed since they were last told.
@@ -713,13 +716,15 @@ struct UnitExited {
     exit: Exit,
 }
 
-/// What observers are told of a child now in `status`.
-fn child_event(row: &ChildRow, status: ChildStatus) -> Event {
+/// What observers are told of a child now in `status`, of a call delegated with
+/// `traceparent`.
+fn child_event(row: &ChildRow, status: ChildStatus, traceparent: Option<&str>) -> Event {
     Event::Child {
         child_id: row.child_id.clone(),
         call_id: row.call_id.clone(),
         task_index: row.task_index,
         status,
+        traceparent: traceparent.map(str::to_string),
     }
 }
 
