@@ -159,9 +159,11 @@ impl Child {
         child_id(&self.ids.call_id, self.task_index)
     }
 
-    /// Its span, entered until the guard is dropped (a copy: the child stays free to change).
-    fn entered(&self) -> tracing::span::EnteredSpan {
-        self.progress.span().clone().entered()
+    /// Its span, entered until the guard is dropped (a copy: the child stays free to change);
+    /// nothing when no subscriber records it, so that a child's handlers cost no more then.
+    fn entered(&self) -> Option<tracing::span::EnteredSpan> {
+        let span = self.progress.span();
+        (!span.is_disabled()).then(|| span.clone().entered())
     }
 
     fn ended(&self) -> bool {
