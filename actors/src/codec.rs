@@ -13,6 +13,7 @@
 //! | type | version | layout |
 //! |---|---|---|
 //! | [`SessionRow`] | 2 | version 1 (`SessionRowV1`) and `addressable` |
+//! | [`CallRow`] | 2 | version 1 (`CallRowV1`) and `traceparent` |
 //! | every other row | 1 | as first written |
 //!
 //! Decoding never trusts a length it reads: bincode's standard configuration has no limit, so one
@@ -50,7 +51,6 @@ macro_rules! stored_as_first_written {
 stored_as_first_written!(
     u8,
     String,
-    CallRow,
     ChildRow,
     ClaimRow,
     AckRow,
@@ -87,6 +87,44 @@ impl Stored for SessionRow {
                     created_at_ms: v1.created_at_ms,
                     // Version 1 kept no such setting: wake-capable only through a wake target.
                     addressable: false,
+                })
+            }
+            found => Err(CodecError::UnknownVersion { found }),
+        }
+    }
+}
+
+/// A call row as version 1 stored it, before `traceparent`.
+#[derive(Debug, Deserialize)]
+struct CallRowV1 {
+    call_id: String,
+    session_id: String,
+    set: u64,
+    mode: Mode,
+    forced_sync_reason: Option<String>,
+    independent_completions: bool,
+    tasks: Vec<Task>,
+    created_at_ms: u64,
+}
+
+impl Stored for CallRow {
+    const VERSION: u8 = 2;
+
+    fn decode_older(version: u8, body: &[u8]) -> Result<Self, CodecError> {
+        match version {
+            1 => {
+                let v1: CallRowV1 = decode_body(body)?;
+                Ok(CallRow {
+                    call_id: v1.call_id,
+                    session_id: v1.session_id,
+                    set: v1.set,
+                    mode: v1.mode,
+                    forced_sync_reason: v1.forced_sync_reason,
+                    independent_completions: v1.independent_completions,
+                    tasks: v1.tasks,
+                    created_at_ms: v1.created_at_ms,
+                    // Version 1 kept no trace context: its children run without one.
+                    traceparent: None,
                 })
             }
             found => Err(CodecError::UnknownVersion { found }),
@@ -235,6 +273,46 @@ mod tests {
         assert!(matches!(decode::<ChildRow>(&damaged), Err(CodecError::Decode(_))));
     }
 
+    /// The call row whose bytes are pinned, without a trace context.
+    fn call() -> CallRow {
+        let task = Task {
+            goal: "g".into(),
+            runner_json: "{}".into(),
+            group: Some("a".into()),
+            timeout_ms: Some(5),
+            stall_ms: 7,
+            rerun_on_recovery: true,
+        };
+        CallRow {
+            call_id: "d".into(),
+            session_id: "s".into(),
+            set: 1,
+            mode: Mode::Background,
+            forced_sync_reason: None,
+            independent_completions: true,
+            tasks: vec![task],
+            created_at_ms: 4,
+            traceparent: None,
+        }
+    }
+
+    /// A value of an older version, `old`, damaged the ways any value may be, is refused, not
+    /// guessed: cut short, with bytes after it, with a version this build never wrote.
+    fn damaged_older_values_are_refused<T: Stored + std::fmt::Debug>(old: &[u8]) {
+        assert!(matches!(decode::<T>(&old[..old.len() / 2]), Err(CodecError::Decode(_))));
+        let mut longer = old.to_vec();
+        longer.push(1);
+        assert!(matches!(decode::<T>(&longer), Err(CodecError::Trailing(1))));
+        for found in [0, T::VERSION + 1] {
+            let mut other = old.to_vec();
+            other[0] = found;
+            assert!(matches!(
+                decode::<T>(&other),
+                Err(CodecError::UnknownVersion { found: f }) if f == found
+            ));
+        }
+    }
+
     /// bincode numbers enum variants by position and has no field tags: these bytes pin the
     /// stored layout, so reordering a variant or a field fails here first.
     #[test]
@@ -270,27 +348,15 @@ mod tests {
             addressable: true,
         };
         assert_eq!(encode(&session).unwrap(), vec![2, 1, 115, 8, 3, 2, 9, 1]);
-        let task = Task {
-            goal: "g".into(),
-            runner_json: "{}".into(),
-            group: Some("a".into()),
-            timeout_ms: Some(5),
-            stall_ms: 7,
-            rerun_on_recovery: true,
-        };
-        let call = CallRow {
-            call_id: "d".into(),
-            session_id: "s".into(),
-            set: 1,
-            mode: Mode::Background,
-            forced_sync_reason: None,
-            independent_completions: true,
-            tasks: vec![task],
-            created_at_ms: 4,
-        };
+        let mut call = call();
         assert_eq!(
             encode(&call).unwrap(),
-            vec![1, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 4]
+            vec![2, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 4, 0]
+        );
+        call.traceparent = Some("t".into());
+        assert_eq!(
+            encode(&call).unwrap(),
+            vec![2, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 4, 1, 1, 116]
         );
         let unit = UnitRow {
             unit_id: "d-1".into(),
@@ -347,20 +413,23 @@ mod tests {
                 addressable: false,
             }
         );
-        // Damaged the same ways as any value: refused, not guessed.
-        assert!(matches!(decode::<SessionRow>(&v1[..4]), Err(CodecError::Decode(_))));
-        let mut longer = v1.to_vec();
-        longer.push(1);
-        assert!(matches!(decode::<SessionRow>(&longer), Err(CodecError::Trailing(1))));
-        // A version this build never wrote: refused.
-        for found in [0, 3] {
-            let mut other = v1.to_vec();
-            other[0] = found;
-            assert!(matches!(
-                decode::<SessionRow>(&other),
-                Err(CodecError::UnknownVersion { found: f }) if f == found
-            ));
-        }
+        damaged_older_values_are_refused::<SessionRow>(&v1);
+    }
+
+    /// A call row written before `traceparent` was kept (version 1) still loads, as a call
+    /// without a trace context; its bytes are those version 1 wrote (pinned before).
+    #[test]
+    fn a_call_row_of_version_1_reads_without_a_traceparent() {
+        let v1 = [
+            1, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 4,
+        ];
+        let call = decode::<CallRow>(&v1).unwrap();
+        assert_eq!(call, self::call());
+        damaged_older_values_are_refused::<CallRow>(&v1);
+        // Written again, it is version 2.
+        let again = encode(&call).unwrap();
+        assert_eq!(again[0], 2);
+        assert_eq!(decode::<CallRow>(&again).unwrap(), call);
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub enum Event {
         task_index: u32,
         /// Its new status.
         status: ChildStatus,
+        /// The W3C trace context its call was delegated with, if any.
+        traceparent: Option<String>,
     },
     /// The number of items ready to claim changed.
     Ready {

@@ -5,7 +5,9 @@
 //! A runner runs as its own task on the actor thread; its panic is contained there and ends
 //! only its child, as `failed`, with the panic message. It reports progress through
 //! [`Progress`], which resets its child's stall clock and may carry a partial result that is
-//! kept if the child is interrupted.
+//! kept if the child is interrupted. A runner runs inside its child's tracing span (the
+//! session's, call's and child's ids): its log lines carry them; work it moves to another task
+//! or thread takes [`RunContext::span`] with it.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +43,9 @@ struct ProgressInner {
     origin: Instant,
     last_beat_ms: AtomicU64,
     partial: Mutex<Option<String>>,
+    /// The child's span: here, in the one allocation a child has for its running state, so
+    /// that the child's actor (and its task) stays its size.
+    span: tracing::Span,
 }
 
 impl fmt::Debug for Progress {
@@ -52,14 +57,21 @@ impl fmt::Debug for Progress {
 }
 
 impl Progress {
-    pub(crate) fn new() -> Self {
+    /// A fresh heartbeat handle of the child that runs in `span`: its clock starts now.
+    pub(crate) fn new(span: tracing::Span) -> Self {
         Progress {
             inner: Arc::new(ProgressInner {
                 origin: Instant::now(),
                 last_beat_ms: AtomicU64::new(0),
                 partial: Mutex::new(None),
+                span,
             }),
         }
+    }
+
+    /// The span of the child this handle beats for.
+    pub fn span(&self) -> &tracing::Span {
+        &self.inner.span
     }
 
     /// Reports that the runner is alive; resets the stall clock.
@@ -107,12 +119,28 @@ pub struct RunContext {
     pub attempt: u32,
     /// The heartbeat handle.
     pub progress: Progress,
+    /// The call's W3C trace context, when its caller gave one (see [`RunContext::traceparent`]).
+    pub(crate) traceparent: Option<Arc<str>>,
     /// The embedder's handle of the engine, for nested delegation (see `brood::BroodHandle::of`):
     /// read when asked, so a child started while the engine opened finds it too.
     pub(crate) embedder: Embedder,
 }
 
 impl RunContext {
+    /// The child's tracing span, with its session's, call's and own id: the runner's future
+    /// runs inside it; a runner that moves work to another task or thread instruments that
+    /// work with it (`tracing::Instrument::instrument(work, ctx.span().clone())`).
+    pub fn span(&self) -> &tracing::Span {
+        self.progress.span()
+    }
+
+    /// The W3C trace context (`traceparent`) the call was delegated with, if any: the same for
+    /// every child of the call, and for a child run again after a restart. A runner hands it on
+    /// to what it calls (a `command` child gets it as `TRACEPARENT`).
+    pub fn traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
+    }
+
     /// The id of the session this child delegates through in its own right: its child id.
     pub fn session_id(&self) -> &str {
         &self.child_id

@@ -63,9 +63,9 @@ pub use brood_actors::events::{ClaimChange, Event, SessionEvent};
 pub use brood_actors::failpoints;
 pub use brood_actors::ledger::{Durability, LedgerError};
 pub use brood_actors::model::{
-    child_id, dedup_key, parse_dedup_key, unit_id, CallRow, CancelTarget, Cancelled, ChildRow, ChildStatus,
-    DeadLetterRow, DelegateRequest, Envelope, ItemKind, Mode, NestRow, QuarantineRow, Quarantined, ReadyItem,
-    RedriveRow, RedriveSelect, Redriven, TaskSpec, UnitRow,
+    child_id, dedup_key, parse_dedup_key, unit_id, validate_traceparent, CallRow, CancelTarget, Cancelled, ChildRow,
+    ChildStatus, DeadLetterRow, DelegateRequest, Envelope, ItemKind, Mode, NestRow, QuarantineRow, Quarantined,
+    ReadyItem, RedriveRow, RedriveSelect, Redriven, RequestError, TaskSpec, UnitRow,
 };
 pub use brood_actors::retention::{Retention, Swept};
 pub use brood_actors::routing::{ReleaseReason, Turn};

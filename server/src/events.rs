@@ -1,7 +1,8 @@
 //! `GET /v1/sessions/{session_id}/events`: a session's events as server-sent events.
 //!
 //! Each event is `id: <seq>`, `event: <name>` (`child`, `ready`, `wake`, `failure_notice`,
-//! `claim`) and one line of JSON `data` with `session_id`, `seq`, `at` and the event's fields.
+//! `claim`) and one line of JSON `data` with `session_id`, `seq`, `at` and the event's fields
+//! (a `child` event's `traceparent` only when its call was delegated with one).
 //! The stream opens with a `ready` event (seq 0) giving the count ready at that moment, so a
 //! client has a starting point without a second request; after that only changes come, each
 //! told once it was applied. Every 15 s without an event a comment line (`: keep-alive`) keeps
@@ -164,6 +165,32 @@ mod tests {
             body.next().await.is_none(),
             "the stream ends after it dropped the client"
         );
+    }
+
+    /// A `child` event says the call's `traceparent` when the call has one, and has no such
+    /// key when it has none.
+    #[test]
+    fn a_child_event_carries_its_calls_traceparent() {
+        let child = |traceparent: Option<&str>| -> Value {
+            let text = api::events::data(&event(
+                3,
+                Event::Child {
+                    child_id: "d.0".into(),
+                    call_id: "d".into(),
+                    task_index: 0,
+                    status: brood::ChildStatus::Running,
+                    traceparent: traceparent.map(str::to_string),
+                },
+            ));
+            serde_json::from_str(&text).unwrap()
+        };
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(
+            child(Some(tp)),
+            json!({"child_id": "d.0", "call_id": "d", "task_index": 0, "status": "running",
+                   "traceparent": tp, "session_id": "s", "seq": 3, "at": 7})
+        );
+        assert!(child(None).get("traceparent").is_none(), "{}", child(None));
     }
 
     #[tokio::test]

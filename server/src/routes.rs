@@ -165,6 +165,27 @@ pub(super) async fn set_turn(
     }))
 }
 
+/// The caller's trace context: the `traceparent` header or the body's field (one, or both the
+/// same); checked by the engine when the call is made.
+fn traceparent(http: &HttpRequest, field: Option<String>) -> Result<Option<String>, ApiError> {
+    let mut headers = http.headers().get_all("traceparent");
+    let header = match (headers.next(), headers.next()) {
+        (None, _) => None,
+        (Some(v), None) => Some(
+            v.to_str()
+                .map_err(|_| ApiError::invalid("the `traceparent` header must be printable ASCII"))?
+                .to_string(),
+        ),
+        (Some(_), Some(_)) => return Err(ApiError::invalid("give one `traceparent` header, not several")),
+    };
+    match (header, field) {
+        (Some(h), Some(b)) if h != b => Err(ApiError::invalid(
+            "the `traceparent` header and the body's `traceparent` differ; give one of them",
+        )),
+        (h, b) => Ok(h.or(b)),
+    }
+}
+
 /// Turns the request's tasks into the engine's, refusing runner kinds the server does not
 /// allow (403) before anything is stored.
 fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError> {
@@ -214,7 +235,9 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
 
 #[utoipa::path(
     post, path = "/v1/sessions/{session_id}/delegate", operation_id = "delegate",
-    params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$")), request_body(content = api::DelegateBody, content_type = "application/json"),
+    params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$"),
+        ("traceparent" = Option<String>, Header, description = "The caller's W3C trace context, carried to the call's children and their events.", pattern = r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")),
+    request_body(content = api::DelegateBody, content_type = "application/json"),
     responses((status = 202, description = "A background call: its results come at the session's boundaries.", body = api::DelegateBackground),
         (status = 200, description = "A sync call (or one forced to sync): its results, delivered.", body = api::DelegateSync),
         (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply),
@@ -225,13 +248,18 @@ pub(super) async fn delegate(
     state: web::Data<State>,
     access: Access,
     path: web::Path<String>,
+    http: HttpRequest,
     payload: web::Payload,
 ) -> Reply {
     let session_id = session_path(path)?;
     access.session(&state.brood, &session_id).await?;
     state.accepting()?;
     let body: DelegateBody = api::parse(&body(&state, payload).await?)?;
-    let request = tasks(&state, body)?;
+    let traceparent = traceparent(&http, body.traceparent.clone())?;
+    let mut request = tasks(&state, body)?;
+    if let Some(tp) = traceparent {
+        request = request.traceparent(tp);
+    }
     let reply = state
         .brood
         .delegate(&session_id, request)

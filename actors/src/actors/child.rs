@@ -7,6 +7,11 @@
 //! answers that the owner recorded it; a failed hand-off is retried with backoff, never dropped.
 //! It does not decide readiness or capacity: that is the session owner's.
 //!
+//! It runs inside the `child` span its unit made (inside the unit's and the owner's): what it
+//! and its runner log carries its session's, call's and own id. The span is kept in the child's
+//! [`Progress`], not in the actor, whose task would grow past its allocation's size class, and
+//! is entered by each handler, timer and hand-off answer, and around each poll of the runner.
+//!
 //! A live child is kept small (DESIGN.md: about an actix actor's own size): the ids its row
 //! repeats are one [`CallIds`] shared by every child of its call, what only starting needs is
 //! boxed and dropped once it started, and its row is built whole only when it ended.
@@ -47,6 +52,8 @@ pub struct CallIds {
     pub session_id: String,
     /// The call.
     pub call_id: String,
+    /// The call's W3C trace context, handed to each child's runner.
+    pub traceparent: Option<Arc<str>>,
     /// The engine the children run in.
     pub engine: Arc<Engine>,
 }
@@ -56,6 +63,7 @@ impl std::fmt::Debug for CallIds {
         f.debug_struct("CallIds")
             .field("session_id", &self.session_id)
             .field("call_id", &self.call_id)
+            .field("traceparent", &self.traceparent)
             .finish()
     }
 }
@@ -115,12 +123,18 @@ impl Child {
     /// A child (already marked running by its owner, as `start` says) of the call `ids` names,
     /// in that call's unit `unit_k`, supervised by `unit`. Its terminal row is made from these
     /// when it ends; the delivery state of a child that has not ended is empty, and the ledger
-    /// keeps a stored one anyway.
-    pub fn new(ids: Arc<CallIds>, unit_k: u32, start: Starting, task: Task, unit: WeakAddr<Unit>) -> Self {
+    /// keeps a stored one anyway. It runs in `span`.
+    pub fn new(
+        ids: Arc<CallIds>,
+        unit_k: u32,
+        start: Starting,
+        (task, span): (Task, tracing::Span),
+        unit: WeakAddr<Unit>,
+    ) -> Self {
         Child {
             ids,
             unit,
-            progress: Progress::new(),
+            progress: Progress::new(span),
             aside: Some(Box::new(Aside::Waiting { task, cancelled: None })),
             runner: None,
             started_at_ms: start.started_at_ms.unwrap_or(NOT_STARTED),
@@ -143,6 +157,13 @@ impl Child {
     /// Its id, `<call_id>.<index>`.
     fn child_id(&self) -> String {
         child_id(&self.ids.call_id, self.task_index)
+    }
+
+    /// Its span, entered until the guard is dropped (a copy: the child stays free to change);
+    /// nothing when no subscriber records it, so that a child's handlers cost no more then.
+    fn entered(&self) -> Option<tracing::span::EnteredSpan> {
+        let span = self.progress.span();
+        (!span.is_disabled()).then(|| span.clone().entered())
     }
 
     fn ended(&self) -> bool {
@@ -176,7 +197,7 @@ impl Child {
             started_at_ms: (self.started_at_ms != NOT_STARTED).then_some(self.started_at_ms),
             finished_at_ms: now_ms(),
         };
-        tracing::debug!(child = %self.child_id(), status = %status, "child ended");
+        tracing::debug!(status = %status, "child ended");
         self.aside = Some(Box::new(Aside::Ended {
             end,
             backoff: HANDOFF_BACKOFF_START,
@@ -190,35 +211,51 @@ impl Child {
         };
         let answer = self.ids.engine.hand_off(Terminal::Ended(end.clone()));
         async move { answer.await.unwrap_or(Err(HandOffError::Stopped)) }
-        .into_actor(self)
-        .map(|res, act, ctx| match res {
+            .into_actor(self)
+            .map(|res, act, ctx| {
+                let _in = act.entered();
+                act.handed_off(res, ctx)
+            })
+            .spawn(ctx);
+    }
+
+    /// The coalescer answered a hand-off: the child stops once its row is recorded (or refused
+    /// for good); a failed hand-off is tried again after a backoff.
+    fn handed_off(&mut self, res: Result<ChildStatus, HandOffError>, ctx: &mut Context<Self>) {
+        match res {
             Ok(status) => {
-                act.ids.engine.factory.recorded(&act.child_id(), RecordOutcome::Stored(status));
+                self.ids
+                    .engine
+                    .factory
+                    .recorded(&self.child_id(), RecordOutcome::Stored(status));
                 ctx.stop()
             }
             Err(_) if !super::running(ctx) => {} // shutting down: the ledger recovers the rest
             Err(HandOffError::Moved) => {
-                tracing::info!(child = %act.child_id(), "the child's session moved to another process; its result was not recorded here");
-                act.ids.engine.factory.recorded(&act.child_id(), RecordOutcome::Refused);
+                tracing::info!("the child's session moved to another process; its result was not recorded here");
+                self.ids
+                    .engine
+                    .factory
+                    .recorded(&self.child_id(), RecordOutcome::Refused);
                 ctx.stop();
             }
             Err(e) => {
-                let Some(Aside::Ended { backoff, .. }) = act.aside.as_deref_mut() else {
+                let Some(Aside::Ended { backoff, .. }) = self.aside.as_deref_mut() else {
                     return;
                 };
                 let delay = *backoff;
                 *backoff = (delay * 2).min(HANDOFF_BACKOFF_MAX);
-                tracing::warn!(child = %act.child_id(), retry_in = ?delay, "hand-off failed: {e}");
+                tracing::warn!(retry_in = ?delay, "hand-off failed: {e}");
                 ctx.run_later(delay, |act, ctx| act.hand_off(ctx));
             }
-        })
-        .spawn(ctx);
+        }
     }
 
     /// The stall clock: ends the child `interrupted` once its runner was silent for
     /// `stall_ms`, else looks again when it would be (the setting travels with the clock, not
     /// in the child).
     fn check_stall(&mut self, ctx: &mut Context<Self>, stall_ms: u64) {
+        let _in = self.entered();
         if self.aside.is_some() || !super::running(ctx) {
             return;
         }
@@ -245,6 +282,7 @@ impl Child {
             goal,
             attempt: self.attempt,
             progress: self.progress.clone(),
+            traceparent: self.ids.traceparent.clone(),
             embedder: engine.embedder.clone(),
         };
         let factory = &engine.factory;
@@ -278,8 +316,10 @@ impl Child {
             Ok(std::task::Poll::Pending) => {}
             Err(panic) => return self.finish(ctx, Err(panic)),
         }
-        let guarded = std::panic::AssertUnwindSafe(run).catch_unwind();
+        let in_span = tracing::Instrument::instrument(run, self.progress.span().clone());
+        let guarded = std::panic::AssertUnwindSafe(in_span).catch_unwind();
         let handle = ctx.spawn(guarded.into_actor(self).map(|res, act, ctx| {
+            let _in = act.entered();
             act.runner = None;
             act.finish(ctx, res);
         }));
@@ -313,6 +353,7 @@ impl Actor for Child {
     type Context = Context<Self>;
 
     fn stopped(&mut self, _: &mut Context<Self>) {
+        let _in = self.entered();
         self.ids.engine.child_stopped(&self.ids.call_id, self.task_index);
         if let Some(unit) = self.unit.upgrade() {
             unit.do_send(ChildStopped {
@@ -322,8 +363,9 @@ impl Actor for Child {
     }
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        let _in = self.entered();
         // The runner starts now, and so do its clocks (a queued child's stall clock never runs).
-        self.progress = Progress::new();
+        self.progress = Progress::new(self.progress.span().clone());
         let Some(Aside::Waiting { task, cancelled }) = self.aside.take().map(|b| *b) else {
             return;
         };
@@ -344,6 +386,7 @@ impl Actor for Child {
         }
         if let Some(ms) = timeout_ms {
             ctx.run_later(Duration::from_millis(ms), move |act, ctx| {
+                let _in = act.entered();
                 let partial = act.progress.take_partial();
                 act.end(
                     ctx,
@@ -363,6 +406,7 @@ impl Handler<Cancel> for Child {
     type Result = ();
 
     fn handle(&mut self, Cancel { reason, gone }: Cancel, ctx: &mut Context<Self>) {
+        let _in = self.entered();
         self.cancel(ctx, reason);
         drop(gone);
     }

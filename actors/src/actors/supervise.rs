@@ -6,6 +6,12 @@
 //! at most `max_restarts` restarts within `within`, then the failure escalates to the parent.
 //! The decision is the pure [`RestartBudget`]; what a restart rebuilds is the parent's business
 //! (every supervised actor rebuilds its state from the ledger).
+//!
+//! Every actor started here runs inside the one tracing span it is given, named for it and
+//! with its ids as fields: the span is entered around each poll of the actor's task, so its
+//! handlers, its timers and the futures it spawned in its context log inside it, and the
+//! actors it starts take it as their parent. When no subscriber is interested the span is
+//! disabled, and entering it costs a branch.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -14,6 +20,7 @@ use actix::prelude::*;
 use actix_rt::ArbiterHandle;
 use futures::future::{BoxFuture, LocalBoxFuture};
 use tokio::sync::oneshot;
+use tracing::{Instrument, Span};
 
 /// At most `max_restarts` restarts within `within`; one more failure escalates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,22 +119,34 @@ pub enum Exit {
     Panicked(String),
 }
 
-/// Starts `actor` as a task of its own and returns its address and a future that resolves,
-/// when the actor's task ends, to how it ended.
-pub fn spawn<A>(actor: A) -> (Addr<A>, LocalBoxFuture<'static, Exit>)
+/// Starts `actor`, unsupervised, as a task of its own inside `span`, and returns its address
+/// (the root of the tree: nobody restarts it).
+pub fn start<A>(actor: A, span: Span) -> Addr<A>
+where
+    A: Actor<Context = Context<A>>,
+{
+    let ctx = Context::new();
+    let addr = ctx.address();
+    actix::spawn(ctx.into_future(actor).instrument(span));
+    addr
+}
+
+/// Starts `actor` as a task of its own inside `span` and returns its address and a future that
+/// resolves, when the actor's task ends, to how it ended.
+pub fn spawn<A>(actor: A, span: Span) -> (Addr<A>, LocalBoxFuture<'static, Exit>)
 where
     A: Actor<Context = Context<A>>,
 {
     let (addr, mailbox) = self::mailbox();
     let (exit_tx, exit_rx) = oneshot::channel();
-    run_here(mailbox, actor, move |exit| {
+    run_here(mailbox, actor, span, move |exit| {
         let _ = exit_tx.send(exit);
     });
     (addr, Box::pin(async move { exit_rx.await.unwrap_or(Exit::Stopped) }))
 }
 
 /// As [`spawn`], on another arbiter (thread): the actor is made there by `make`.
-pub fn spawn_in<A, F>(arbiter: &ArbiterHandle, make: F) -> (Addr<A>, BoxFuture<'static, Exit>)
+pub fn spawn_in<A, F>(arbiter: &ArbiterHandle, span: Span, make: F) -> (Addr<A>, BoxFuture<'static, Exit>)
 where
     A: Actor<Context = Context<A>>,
     F: FnOnce() -> A + Send + 'static,
@@ -135,7 +154,7 @@ where
     let (addr, mailbox) = self::mailbox();
     let (exit_tx, exit_rx) = oneshot::channel();
     let started = arbiter.spawn_fn(move || {
-        run_here(mailbox, make(), move |exit| {
+        run_here(mailbox, make(), span, move |exit| {
             let _ = exit_tx.send(exit);
         })
     });
@@ -158,10 +177,10 @@ where
     (Addr::new(tx), rx)
 }
 
-/// Starts `actor` on this thread's arbiter as a task of its own, reading `mailbox`; `on_exit`
-/// is told, on this thread, how the task ended. Used to start many actors made elsewhere in
-/// one hop (their parent's thread only makes the mailboxes).
-pub fn run_here<A>(mailbox: Mailbox<A>, actor: A, on_exit: impl FnOnce(Exit) + 'static)
+/// Starts `actor` on this thread's arbiter as a task of its own inside `span`, reading
+/// `mailbox`; `on_exit` is told, on this thread, how the task ended. Used to start many actors
+/// made elsewhere in one hop (their parent's thread only makes the mailboxes and spans).
+pub fn run_here<A>(mailbox: Mailbox<A>, actor: A, span: Span, on_exit: impl FnOnce(Exit) + 'static)
 where
     A: Actor<Context = Context<A>>,
 {
@@ -172,7 +191,7 @@ where
     // `on_exit`.
     // A combinator, not an async block: an async block awaiting the actor it captured would
     // hold room for it twice.
-    let task = std::panic::AssertUnwindSafe(ctx.into_future(actor))
+    let task = std::panic::AssertUnwindSafe(ctx.into_future(actor).instrument(span))
         .catch_unwind()
         .map(move |ended| {
             on_exit(match ended {

@@ -227,18 +227,19 @@ impl Supervisor {
             adopting: HashMap::new(),
             sweeping: false,
         };
-        Ok(sup.start())
+        Ok(supervise::start(sup, tracing::info_span!("supervisor")))
     }
 
     fn spawn_owner(&mut self, owner: SessionOwner, ctx: &mut Context<Self>) -> Addr<SessionOwner> {
         let id = owner.session_id().to_string();
         let check_parent = owner.checks_parent();
+        let span = tracing::info_span!("session_owner", session_id = %id);
         let (addr, exit): (_, futures::future::LocalBoxFuture<'static, Exit>) = match self.engine.routing_arbiter(&id) {
             Some(arbiter) => {
-                let (addr, exit) = supervise::spawn_in(arbiter, move || owner);
+                let (addr, exit) = supervise::spawn_in(arbiter, span, move || owner);
                 (addr, exit)
             }
-            None => supervise::spawn(owner),
+            None => supervise::spawn(owner, span),
         };
         self.engine.owners.insert(id.clone(), addr.clone());
         if check_parent {
@@ -344,12 +345,13 @@ impl Supervisor {
             self.engine.commit_window,
         );
         let make = move || Coalescer::new(ledger, owners, window);
+        let span = tracing::info_span!("coalescer");
         let (addr, exit): (_, futures::future::LocalBoxFuture<'static, Exit>) = match &self.engine.commit_arbiter {
             Some(arbiter) => {
-                let (addr, exit) = supervise::spawn_in(arbiter, make);
+                let (addr, exit) = supervise::spawn_in(arbiter, span, make);
                 (addr, exit)
             }
-            None => supervise::spawn(make()),
+            None => supervise::spawn(make(), span),
         };
         self.engine.set_coalescer(Some(addr));
         exit.into_actor(self)
@@ -396,7 +398,10 @@ impl Actor for Supervisor {
             self.spawn_owner(owner, ctx);
         }
         // Retention reads off every actor's thread and removes through the owners.
-        actix::spawn(super::sweeper::run(self.engine.clone()));
+        actix::spawn(tracing::Instrument::instrument(
+            super::sweeper::run(self.engine.clone()),
+            tracing::info_span!("sweeper"),
+        ));
         if let Some(leases) = &self.engine.leases {
             let every = (leases.ttl() / 4).min(std::time::Duration::from_secs(1));
             ctx.run_interval(every, |act, ctx| act.sweep(ctx));

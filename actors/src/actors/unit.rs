@@ -12,6 +12,10 @@
 //! started live on without it, each registered with the engine as it starts, which is where a
 //! cancel reaches them: a unit does not relay cancels (its replacement, or a rebuilt owner's
 //! units, would not know a child it did not start).
+//!
+//! A unit runs in its own span (`unit`, with its call's and its own id) inside its owner's,
+//! and starts each child in a span (`child`, with the child's id) inside its own: a child's
+//! log lines, its runner's included, carry the session's, call's and child's ids.
 
 use std::sync::Arc;
 
@@ -21,7 +25,7 @@ use actix::WeakAddr;
 use super::child::{CallIds, Child};
 use super::owner::{SessionOwner, StartLost};
 use super::{ChildStart, Engine};
-use crate::model::{child_id, ChildRow, Task};
+use crate::model::{child_id, ChildRow, ShowChildId, Task};
 
 /// Start member children (their rows already marked running). Sent without an answer: the
 /// message itself reports to the owner each child it still holds when it is dropped (the unit
@@ -222,7 +226,10 @@ impl Handler<StartChildren> for Unit {
                 // Its cancel was decided before this start was read.
                 ChildStart::Cancelled(reason) => Some(reason),
             };
-            let child = Child::new(msg.ids.clone(), msg.unit_k, start, task, me.clone()).cancelled(cancelled);
+            // Its span, inside this unit's (the session's and the call's ids): its handlers,
+            // clocks and runner run in it. Nothing is formatted unless a subscriber records it.
+            let span = tracing::info_span!("child", child_id = %ShowChildId(&msg.ids.call_id, index));
+            let child = Child::new(msg.ids.clone(), msg.unit_k, start, (task, span), me.clone()).cancelled(cancelled);
             // Run without another address (each costs two allocations). Kept weak, by the
             // engine: a child lives while its runner, clocks or hand-off do, and stops itself;
             // a strong address per child would cost a sender of its own.
@@ -234,7 +241,7 @@ impl Handler<StartChildren> for Unit {
                 }
                 // Not a member (an owner never sends one): it runs, unsupervised by this unit.
                 None => {
-                    tracing::warn!(unit = %self.unit_id, task = index, "a child not of this unit was started here")
+                    tracing::warn!(task = index, "a child not of this unit was started here")
                 }
             }
         }

@@ -72,6 +72,7 @@ macro_rules! ledger_conformance_cases {
             load_quarantines_rows_that_fail_their_check_and_serves_the_rest,
             a_sessions_settings_read_back_as_written_and_as_changed,
             child_reads_one_child_of_one_session,
+            a_calls_traceparent_reads_back_from_every_read_of_the_call,
         }
     };
 }
@@ -154,6 +155,7 @@ pub(crate) fn call_row(session_id: &str, call_id: &str, tasks: u32) -> CallRow {
         independent_completions: false,
         tasks: (0..tasks).map(|i| task(format!("task {i} of {call_id}"))).collect(),
         created_at_ms: T0,
+        traceparent: None,
     }
 }
 
@@ -1699,6 +1701,31 @@ pub(crate) fn child_reads_one_child_of_one_session(make: &dyn Fn() -> Box<dyn Le
 }
 
 // ---------------------------------------------------------------------------------------------
+
+/// A call's trace context (`traceparent`) reads back as written from every read of the call —
+/// a full load, its session's load, the call by its session, by its id alone, and a page of
+/// its session's calls — and a call without one reads back without one.
+pub(crate) fn a_calls_traceparent_reads_back_from_every_read_of_the_call(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let ledger = make();
+    let mut traced = call_row("a", "deleg_t", 2);
+    traced.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
+    let plain = call_row("a", "deleg_u", 1);
+    write(
+        &*ledger,
+        Writes {
+            sessions: vec![session_row("a")],
+            calls: vec![traced.clone(), plain.clone()],
+            ..Writes::default()
+        },
+    );
+    let both = vec![traced.clone(), plain.clone()];
+    assert_eq!(load(&*ledger).calls, both, "load");
+    assert_eq!(load_session(&*ledger, "a").calls, both, "load_session");
+    assert_eq!(ledger.call("a", "deleg_t").expect("call"), Some(traced.clone()));
+    assert_eq!(ledger.find_call("deleg_t").expect("find_call"), Some(traced.clone()));
+    assert_eq!(ledger.calls_page("a", None, 10).expect("calls_page"), both);
+    assert_eq!(ledger.find_call("deleg_u").expect("find_call"), Some(plain));
+}
 
 #[cfg(test)]
 mod sled {

@@ -140,7 +140,7 @@ impl SledLedger {
         };
         match layout {
             LAYOUT => {}
-            1..=3 => {
+            1..=4 => {
                 if layout == 1 {
                     super::migrate::session_keys(&db)?;
                 }
@@ -148,7 +148,8 @@ impl SledLedger {
                 // build that does not fold start rows refuses this ledger rather than take
                 // its started children for queued ones and run them a second time. Layout 3
                 // is layout 4 without session rows of version 2: a build that does not read
-                // them refuses the ledger rather than quarantine its sessions.
+                // them refuses the ledger rather than quarantine its sessions. Layout 4 is
+                // layout 5 without call rows of version 2 (with a trace context), likewise.
                 meta.insert(LAYOUT_KEY, encode(META, LAYOUT_KEY, &LAYOUT)?)?;
                 db.flush()?;
                 FileSync::open(&path)?.sync()?;
@@ -460,12 +461,12 @@ impl SledLedger {
     }
 }
 
-/// The ledger's layout this build writes: 4, every session-scoped row keyed by [`row_key`],
-/// children's running marks in start rows, and session rows of version 2 (with
-/// `addressable`). Layout 1 (bare ids, and unit rows) is migrated when opened; layouts 2 (no
-/// start rows) and 3 (session rows of version 1 only, which this build reads) need nothing but
-/// their number changed.
-pub const LAYOUT: u8 = 4;
+/// The ledger's layout this build writes: 5, every session-scoped row keyed by [`row_key`],
+/// children's running marks in start rows, session rows of version 2 (with `addressable`) and
+/// call rows of version 2 (with `traceparent`). Layout 1 (bare ids, and unit rows) is migrated
+/// when opened; layouts 2 (no start rows), 3 (session rows of version 1 only) and 4 (call rows
+/// of version 1 only; this build reads both) need nothing but their number changed.
+pub const LAYOUT: u8 = 5;
 const LAYOUT_KEY: &str = "layout";
 
 /// A row that could not be used: its key, its value and why.

@@ -56,6 +56,9 @@ impl CheckRow for CallRow {
         if self.set == 0 || self.set >= MAX_SET {
             return Err(format!("`set` is {}, out of range", self.set));
         }
+        if let Some(traceparent) = &self.traceparent {
+            validate_traceparent(traceparent).map_err(|e| e.to_string())?;
+        }
         Ok(())
     }
 }

@@ -19,8 +19,8 @@ pub use check::CheckRow;
 pub use lifecycle::*;
 pub(crate) use request::panic_message;
 pub use request::{
-    validate, validate_new_session_id, validate_session_id, DelegateRequest, RequestError, SessionSettings, TaskSpec,
-    MAX_SESSION_ID_CHARS,
+    validate, validate_new_session_id, validate_session_id, validate_traceparent, DelegateRequest, RequestError,
+    SessionSettings, TaskSpec, MAX_SESSION_ID_CHARS,
 };
 
 /// Milliseconds since the Unix epoch, the one clock stored rows use.
@@ -205,6 +205,9 @@ pub struct CallRow {
     pub tasks: Vec<Task>,
     /// When the call was accepted.
     pub created_at_ms: u64,
+    /// The caller's W3C trace context, checked when the call was accepted: every child of the
+    /// call is run with it, a re-run after a restart too.
+    pub traceparent: Option<String>,
 }
 
 /// The stored row of a completion unit.
@@ -541,6 +544,17 @@ pub fn child_id(call_id: &str, index: u32) -> String {
     numbered(call_id, '.', u64::from(index))
 }
 
+/// A child id as [`child_id`] writes it, shown without being made: a log or span field that
+/// costs nothing when nobody records it.
+#[derive(Debug, Clone, Copy)]
+pub struct ShowChildId<'a>(pub &'a str, pub u32);
+
+impl fmt::Display for ShowChildId<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.0, self.1)
+    }
+}
+
 /// `text` as hex, two digits a byte: safe inside an id whatever the text holds.
 pub fn text_hex(text: &str) -> String {
     text.bytes().map(|b| format!("{b:02x}")).collect()
@@ -668,6 +682,13 @@ mod tests {
         let out_of_order = ids.windows(2).filter(|w| w[0] > w[1]).count();
         assert!(out_of_order <= 1, "{out_of_order} ids sort before the one made earlier");
         assert!(ids.iter().all(|id| id.len() == "deleg_".len() + 16));
+    }
+
+    #[test]
+    fn a_shown_child_id_is_the_child_id() {
+        for (call, i) in [("deleg_1", 0), ("deleg_ab", 17), ("c", u32::MAX)] {
+            assert_eq!(ShowChildId(call, i).to_string(), child_id(call, i));
+        }
     }
 
     fn task(group: Option<&str>) -> Task {

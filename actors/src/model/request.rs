@@ -108,6 +108,10 @@ pub struct DelegateRequest {
     pub mode: Mode,
     /// Whether each ungrouped task is its own unit.
     pub independent_completions: bool,
+    /// The caller's W3C trace context (`traceparent`, see [`validate_traceparent`]): stored with
+    /// the call, handed to each child's runner (a `command` child's `TRACEPARENT`) and told
+    /// with its children's events.
+    pub traceparent: Option<String>,
 }
 
 impl DelegateRequest {
@@ -117,6 +121,7 @@ impl DelegateRequest {
             tasks,
             mode: Mode::Background,
             independent_completions: false,
+            traceparent: None,
         }
     }
 
@@ -133,6 +138,52 @@ impl DelegateRequest {
         self.independent_completions = true;
         self
     }
+
+    /// Carries the caller's W3C trace context to the call's children. Checked when the call
+    /// is delegated: a malformed one refuses the call ([`RequestError::Invalid`] naming
+    /// `traceparent`), which changes nothing.
+    pub fn traceparent(mut self, traceparent: impl Into<String>) -> Self {
+        self.traceparent = Some(traceparent.into());
+        self
+    }
+}
+
+/// Checks a W3C trace context header value (`traceparent`, version `00`):
+/// `00-<trace id: 32 hex digits>-<parent id: 16 hex digits>-<flags: 2 hex digits>`, lowercase,
+/// neither id all zeros. The error names the field `traceparent` and says what is wrong.
+pub fn validate_traceparent(value: &str) -> Result<(), RequestError> {
+    let bad = |what: String| {
+        Err(RequestError::invalid(
+            "traceparent",
+            format!("{what}; a traceparent is `00-<32 hex digits>-<16 hex digits>-<2 hex digits>`, lowercase, neither id all zeros (W3C Trace Context)"),
+        ))
+    };
+    let parts: Vec<&str> = value.split('-').collect();
+    let [version, trace_id, parent_id, flags] = parts[..] else {
+        return bad(format!("has {} parts separated by `-`, not 4", parts.len()));
+    };
+    let hex = |s: &str| s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    for (name, part, len) in [
+        ("version", version, 2),
+        ("trace id", trace_id, 32),
+        ("parent id", parent_id, 16),
+        ("flags", flags, 2),
+    ] {
+        if part.len() != len || !hex(part) {
+            return bad(format!("its {name} is not {len} lowercase hex digits"));
+        }
+    }
+    if version != "00" {
+        return bad(format!(
+            "its version is {version:?}; version \"00\" is the one accepted"
+        ));
+    }
+    for (name, id) in [("trace id", trace_id), ("parent id", parent_id)] {
+        if id.bytes().all(|b| b == b'0') {
+            return bad(format!("its {name} is all zeros"));
+        }
+    }
+    Ok(())
 }
 
 /// The message of a panic payload, as text.
@@ -155,6 +206,9 @@ pub fn validate(
 ) -> Result<Vec<Task>, RequestError> {
     if req.tasks.is_empty() {
         return Err(RequestError::invalid("tasks", "must hold at least one task"));
+    }
+    if let Some(traceparent) = &req.traceparent {
+        validate_traceparent(traceparent)?;
     }
     if req.tasks.len() >= u32::MAX as usize {
         return Err(RequestError::invalid(
@@ -343,5 +397,57 @@ impl SessionSettings {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_w3c_traceparent_is_accepted() {
+        assert_eq!(validate_traceparent(GOOD), Ok(()));
+        assert_eq!(validate_traceparent(&GOOD.replace("-01", "-00")), Ok(()));
+    }
+
+    #[test]
+    fn a_malformed_traceparent_is_refused_naming_the_field() {
+        let zeros = "00-00000000000000000000000000000000-00f067aa0ba902b7-01";
+        let no_parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01";
+        for (bad, says) in [
+            ("", "1 parts"),
+            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", "3 parts"),
+            (&*format!("{GOOD}-00"), "5 parts"),
+            (&*GOOD.to_uppercase(), "trace id is not 32 lowercase hex digits"),
+            (&*GOOD.replace("4bf9", "4bf"), "trace id is not 32"),
+            (&*GOOD.replace("00f0", "00g0"), "parent id is not 16"),
+            (&*GOOD.replace("-01", "-1"), "flags is not 2"),
+            (&*GOOD.replacen("00", "01", 1), "version is \"01\""),
+            (&*GOOD.replacen("00", "ff", 1), "version is \"ff\""),
+            (zeros, "trace id is all zeros"),
+            (no_parent, "parent id is all zeros"),
+        ] {
+            match validate_traceparent(bad) {
+                Err(RequestError::Invalid { field, message }) => {
+                    assert_eq!(field, "traceparent", "{bad:?}");
+                    assert!(message.contains(says), "{bad:?}: {message}");
+                }
+                other => panic!("{bad:?} was not refused: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_delegate_with_a_malformed_traceparent_is_refused() {
+        let req = DelegateRequest::background(vec![TaskSpec::new("g", serde_json::json!({"kind": "sim"}))])
+            .traceparent("nope");
+        let err = validate(&req, &|_| Ok(())).unwrap_err();
+        assert!(
+            matches!(err, RequestError::Invalid { ref field, .. } if field == "traceparent"),
+            "{err:?}"
+        );
+        assert!(validate(&req.traceparent(GOOD), &|_| Ok(())).is_ok());
     }
 }

@@ -33,6 +33,7 @@ fn call(rerun: &[bool], group: Option<&str>) -> CallRow {
             })
             .collect(),
         created_at_ms: 0,
+        traceparent: None,
     }
 }
 

@@ -26,7 +26,8 @@
 //! does or when the engine shuts down, and not before.
 //!
 //! The environment is empty but for the variables [`CommandSettings`] passes through from the
-//! server's (by default `PATH`, `HOME` and `LANG`), `BROOD_CHILD_ID` (the child's id), and the
+//! server's (by default `PATH`, `HOME` and `LANG`), `BROOD_CHILD_ID` (the child's id),
+//! `TRACEPARENT` (the W3C trace context the call was delegated with, when it has one) and the
 //! spec's `env`, in that order, a later one replacing an earlier of the same name. Whether
 //! `command` may run at all is the server's decision (`allowed_runners`), not this module's.
 
@@ -223,8 +224,11 @@ async fn run(spec: CommandSpec, settings: Arc<CommandSettings>, ctx: RunContext)
             cmd.env(name, value);
         }
     }
-    cmd.env("BROOD_CHILD_ID", &ctx.child_id)
-        .envs(&spec.env)
+    cmd.env("BROOD_CHILD_ID", &ctx.child_id);
+    if let Some(traceparent) = ctx.traceparent() {
+        cmd.env("TRACEPARENT", traceparent);
+    }
+    cmd.envs(&spec.env)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -53,6 +53,10 @@ pub struct ChildEvent {
     pub task_index: u32,
     /// Its status now.
     pub status: ChildStatus,
+    /// The W3C trace context its call was delegated with; absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")]
+    pub traceparent: Option<String>,
 }
 
 /// `ready` and `wake`.
@@ -166,11 +170,13 @@ pub fn data(ev: &brood::SessionEvent) -> String {
             call_id,
             task_index,
             status,
+            traceparent,
         } => json(Body::Child(ChildEvent {
             child_id: child_id.clone(),
             call_id: call_id.clone(),
             task_index: *task_index,
             status: (*status).into(),
+            traceparent: traceparent.clone(),
         })),
         Event::Ready { ready } | Event::Wake { ready } => json(Body::Ready(ReadyEvent { ready: *ready as u64 })),
         Event::FailureNotice {

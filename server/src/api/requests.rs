@@ -180,6 +180,10 @@ pub struct DelegateBody {
     /// Whether each ungrouped task is its own unit (default: one unit for them all).
     #[serde(default)]
     pub independent_completions: bool,
+    /// The caller's W3C trace context, as the `traceparent` header also gives it: carried to
+    /// every child of the call (a `command` child's `TRACEPARENT`) and its events.
+    #[schema(pattern = r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")]
+    pub traceparent: Option<String>,
 }
 
 /// `POST /v1/sessions/{session_id}/boundary`.

@@ -230,9 +230,10 @@ impl SessionOwner {
 /// children having ended on their own (not by a cancel, which ends the nested sessions of what
 /// it cancelled itself, and reports them).
 pub(super) fn end_nests_of_ended(engine: std::sync::Arc<Engine>, children: Vec<String>) {
-    actix::spawn(async move {
+    let end = async move {
         end_nested(&engine, &children, parent_ended_reason).await;
-    });
+    };
+    actix::spawn(tracing::Instrument::in_current_span(end));
 }
 
 /// Ends the nested sessions of those of `children` that have one (their calls' unfinished

@@ -344,7 +344,10 @@ impl SessionOwner {
         } = h;
         if res.is_ok() {
             if let Some(why) = why {
-                tracing::warn!(session = %self.session.session_id, items = returned.dead.len(), "items moved to the dead-letter tree: {why}");
+                tracing::warn!(
+                    items = returned.dead.len(),
+                    "items moved to the dead-letter tree: {why}"
+                );
             }
             self.apply_returned(&claim_id, &returned, change);
         }

@@ -128,6 +128,7 @@ impl SessionOwner {
             independent_completions: msg.request.independent_completions,
             tasks,
             created_at_ms: now_ms(),
+            traceparent: msg.request.traceparent.clone(),
         };
         let units = plan_units(&call_id, &call.tasks, call.independent_completions);
         view.session.next_set = set.saturating_add(1);
@@ -228,11 +229,11 @@ impl SessionOwner {
         let running: Vec<u32> = children[..started].iter().map(|c| c.task_index).collect();
         for c in &children[..started] {
             self.capacity.start_now(c.child_id.clone());
-            self.emit_status(c, ChildStatus::Queued);
+            self.emit_status(c, ChildStatus::Queued, &call);
         }
         for c in &children[started..] {
             self.capacity.enqueue(c.child_id.clone());
-            self.emit_child(c);
+            self.emit_status(c, c.status, &call);
         }
         drop(reserved);
         self.book.insert_call(call, booked, children);
@@ -418,7 +419,7 @@ impl SessionOwner {
         ctx: &mut Context<Self>,
     ) {
         if let Err(e) = res {
-            tracing::warn!(session = %self.session.session_id, "running marks not durable ({e}); the children wait");
+            tracing::warn!("running marks not durable ({e}); the children wait");
             // One cancelled meanwhile left capacity with its cancel: it is not queued again (it
             // would take a slot it never gives back).
             for id in ids.iter().rev() {
@@ -578,7 +579,9 @@ impl SessionOwner {
                 continue;
             };
             let (start, task) = (Starting::of(row), task.clone());
-            events.emit(session_id, || child_event(row, row.status));
+            events.emit(session_id, || {
+                child_event(row, row.status, call.row.traceparent.as_deref())
+            });
             let Some(unit) = call.units.get_mut(unit_pos) else {
                 continue;
             };
@@ -591,6 +594,7 @@ impl SessionOwner {
                             Arc::new(CallIds {
                                 session_id: session_id.clone(),
                                 call_id: call_id.to_string(),
+                                traceparent: call.row.traceparent.as_deref().map(Arc::from),
                                 engine: self.shared.clone(),
                             })
                         })
@@ -600,8 +604,19 @@ impl SessionOwner {
                     if !unit.addr.as_ref().is_some_and(|a| a.connected()) {
                         let (addr, mailbox) = supervise::mailbox();
                         unit.addr = Some(addr);
+                        // Inside this owner's span (the session's id).
+                        let span = tracing::info_span!(
+                            "unit",
+                            call_id = %call_id,
+                            unit_id = %unit.row.unit_id,
+                            traceparent = tracing::field::Empty
+                        );
+                        if let Some(traceparent) = &call.row.traceparent {
+                            span.record("traceparent", traceparent.as_str());
+                        }
                         new_units.push(NewUnit {
                             mailbox,
+                            span,
                             unit_id: unit.row.unit_id.clone(),
                             tasks: unit.row.tasks.as_slice().into(),
                             ids: ids.clone(),
@@ -637,7 +652,7 @@ impl SessionOwner {
                 let watcher = owner.clone();
                 let unit = Unit::new(u.unit_id, u.tasks, engine.clone(), me.clone());
                 let (ids, unit_k) = (u.ids, u.unit_k);
-                supervise::run_here(u.mailbox, unit, move |exit| {
+                supervise::run_here(u.mailbox, unit, u.span, move |exit| {
                     if let exit @ Exit::Panicked(_) = exit {
                         if let Some(owner) = watcher.upgrade() {
                             let unit_id = unit_id(&ids.call_id, unit_k as usize);
@@ -679,6 +694,8 @@ type UnitBatch<'a> = (&'a str, usize, Arc<CallIds>, u32, Vec<(Starting, Task)>);
 /// it wait), its id and members, and what its exit is reported with.
 struct NewUnit {
     mailbox: supervise::Mailbox<Unit>,
+    /// The span it runs in: its call's and its own id, inside its owner's.
+    span: tracing::Span,
     unit_id: String,
     tasks: Box<[u32]>,
     ids: Arc<CallIds>,

@@ -254,7 +254,7 @@ impl SessionOwner {
             self.session.session_id,
             faults.join("; ")
         );
-        tracing::error!(session = %self.session.session_id, faults = %faults.join("; "), "the book's invariants broke");
+        tracing::error!(faults = %faults.join("; "), "the book's invariants broke");
     }
 
     /// The session this owner routes.
@@ -298,7 +298,7 @@ impl SessionOwner {
             return;
         }
         if let Err(e) = self.engine.ledger.write(&writes) {
-            tracing::warn!(session = %self.session.session_id, "writing rows that need no flush failed: {e}");
+            tracing::warn!("writing rows that need no flush failed: {e}");
         }
     }
 
@@ -321,15 +321,18 @@ impl SessionOwner {
         self.engine.events.emit(&self.session.session_id, event);
     }
 
-    /// Tells observers a child's new status.
+    /// Tells observers a child's new status (its call is in the book).
     fn emit_child(&self, row: &ChildRow) {
-        self.emit_status(row, row.status);
+        self.emit(|| {
+            let call = self.book.calls.get(&row.call_id);
+            child_event(row, row.status, call.and_then(|c| c.row.traceparent.as_deref()))
+        });
     }
 
-    /// Tells observers a child is in `status` (a child its dispatch started at once was queued
-    /// first all the same).
-    fn emit_status(&self, row: &ChildRow, status: ChildStatus) {
-        self.emit(|| child_event(row, status));
+    /// Tells observers a child of `call` is in `status` (a child its dispatch started at once
+    /// was queued first all the same).
+    fn emit_status(&self, row: &ChildRow, status: ChildStatus, call: &CallRow) {
+        self.emit(|| child_event(row, status, call.traceparent.as_deref()));
     }
 
     /// Tells observers the ready count when it changed since they were last told.
@@ -356,18 +359,15 @@ impl SessionOwner {
                 session_id: self.session.session_id.clone(),
                 ready,
             };
-            tracing::debug!(session = %event.session_id, ready, "waking session");
-            actix::spawn(async move {
-                let session = event.session_id.clone();
+            tracing::debug!(ready, "waking session");
+            // In the owner's span: the embedder's callback logs with the session's id.
+            let wake = async move {
                 // The embedder's callback: a panic in it is its own, never the owner's.
                 if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake(event))) {
-                    tracing::error!(
-                        session = %session,
-                        "the wake callback panicked: {}",
-                        crate::model::panic_message(panic)
-                    );
+                    tracing::error!("the wake callback panicked: {}", crate::model::panic_message(panic));
                 }
-            });
+            };
+            actix::spawn(tracing::Instrument::in_current_span(wake));
         }
     }
 
@@ -418,7 +418,7 @@ impl Actor for SessionOwner {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        tracing::debug!(session = %self.session.session_id, calls = self.book.calls.len(), "session owner started");
+        tracing::debug!(calls = self.book.calls.len(), "session owner started");
         if let Some(reason) = self.parent_ended.clone() {
             // Before anything is admitted: none of its queued children may start.
             let (tx, _) = oneshot::channel();
@@ -660,7 +660,7 @@ impl Handler<Retire> for SessionOwner {
     type Result = ();
 
     fn handle(&mut self, _: Retire, ctx: &mut Context<Self>) {
-        tracing::info!(session = %self.session.session_id, "session owner retiring, to be rebuilt from the ledger");
+        tracing::info!("session owner retiring, to be rebuilt from the ledger");
         ctx.stop();
     }
 }
@@ -681,7 +681,7 @@ impl SessionOwner {
             return;
         }
         let id = self.session.session_id.clone();
-        tracing::warn!(session = %id, "the session's lease was taken over by another process; it is no longer served here");
+        tracing::warn!("the session's lease was taken over by another process; it is no longer served here");
         for call in self.book.calls.values() {
             let running = call.children().filter(|c| c.status == ChildStatus::Running);
             let tasks: Vec<u32> = running.map(|c| c.task_index).collect();
@@ -716,13 +716,15 @@ struct UnitExited {
     exit: Exit,
 }
 
-/// What observers are told of a child now in `status`.
-fn child_event(row: &ChildRow, status: ChildStatus) -> Event {
+/// What observers are told of a child now in `status`, of a call delegated with
+/// `traceparent`.
+fn child_event(row: &ChildRow, status: ChildStatus, traceparent: Option<&str>) -> Event {
     Event::Child {
         child_id: row.child_id.clone(),
         call_id: row.call_id.clone(),
         task_index: row.task_index,
         status,
+        traceparent: traceparent.map(str::to_string),
     }
 }
 

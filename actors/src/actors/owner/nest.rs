@@ -51,7 +51,7 @@ impl Handler<CheckParent> for SessionOwner {
         read.into_actor(self)
             .map(move |ended, act, ctx| match ended {
                 Ok(true) if act.parent_ended.is_none() => {
-                    tracing::info!(session = %session, "a nested session's child ended while it was not served: it is ended now");
+                    tracing::info!("a nested session's child ended while it was not served: it is ended now");
                     let reason = parent_ended_reason(&session);
                     // Refuses calls from now on, and admits nothing: its calls are cancelled.
                     act.parent_ended = Some(reason.clone());
@@ -62,7 +62,7 @@ impl Handler<CheckParent> for SessionOwner {
                 Ok(_) => act.parent_read(ctx),
                 Err(e) => {
                     // Not read: its children are not held back for it (the read is tried again).
-                    tracing::warn!(session = %session, "reading a nested session's child failed (tried again soon): {e}");
+                    tracing::warn!("reading a nested session's child failed (tried again soon): {e}");
                     act.parent_read(ctx);
                     ctx.notify_later(CheckParent, CHECK_PARENT_RETRY);
                 }

@@ -97,7 +97,7 @@ impl SessionOwner {
         res: Result<(), BroodError>,
     ) {
         if res.is_ok() && removed > 0 {
-            tracing::debug!(session = %self.session.session_id, calls = removed, "retention removed old calls");
+            tracing::debug!(calls = removed, "retention removed old calls");
         }
         answer(reply, res.map(|_| removed));
     }
@@ -162,7 +162,7 @@ impl SessionOwner {
             return answer(reply, Err(e));
         }
         let id = self.session.session_id.clone();
-        tracing::info!(session = %id, "retention removed an idle session");
+        tracing::info!("retention removed an idle session");
         self.engine.forget_session(&id);
         answer(reply, Ok(true));
         ctx.stop();

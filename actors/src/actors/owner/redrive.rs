@@ -223,7 +223,7 @@ impl SessionOwner {
         for key in r.items {
             self.router.revive(key);
         }
-        tracing::info!(session = %self.session.session_id, items = n, "dead letters redriven");
+        tracing::info!(items = n, "dead letters redriven");
         self.after_change(ctx);
         answer(r.reply, Ok(n));
     }

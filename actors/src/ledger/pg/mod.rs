@@ -131,6 +131,15 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         // the new version refuses the schema rather than quarantine its sessions.
         "",
     ),
+    (
+        8,
+        "call rows of version 2",
+        // Call rows keep the caller's `traceparent` from now on, in a layout of their own
+        // version (the codec reads the old one too): as migration 7, nothing to change, but a
+        // build that does not read the new version refuses the schema rather than quarantine
+        // its calls.
+        "",
+    ),
 ];
 
 /// The index of calls by their id (migration 6), built without blocking the writes of the

@@ -107,35 +107,52 @@ mod own {
         assert!(again.contains("version 99"), "{again}");
     }
 
+    /// `ledger`'s schema as a build before migration `version` left it, with `value` stored as
+    /// it is under `key` in `table`; then the schema opened again, migrated.
+    fn reopened_before_migration(
+        ledger: &PgLedger,
+        version: i32,
+        table: &str,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    ) -> PgLedger {
+        let (schema, pool, table) = (
+            ledger.inner.schema.clone(),
+            ledger.inner.pool.clone(),
+            table.to_string(),
+        );
+        ledger
+            .runtime
+            .run(async move {
+                let client = pool.get().await.map_err(pool_error)?;
+                client
+                    .batch_execute(&format!(
+                        "DELETE FROM \"{schema}\".migrations WHERE version = {version}"
+                    ))
+                    .await
+                    .map_err(pg_error("forgetting a migration"))?;
+                client
+                    .execute(
+                        &format!("INSERT INTO \"{schema}\".\"{table}\" (key, value) VALUES ($1, $2)"),
+                        &[&key, &value],
+                    )
+                    .await
+                    .map_err(pg_error("storing a row of an older version"))?;
+                Ok(())
+            })
+            .unwrap();
+        PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema).unwrap()
+    }
+
     /// A schema of a build that wrote session rows of version 1 (before `addressable`, and
     /// before migration 7): it is migrated, and its sessions load as they were, not
     /// addressable.
     #[test]
     fn a_session_row_of_version_1_loads_after_the_migration() {
         let ledger = pg_testkit::fresh();
-        let schema = ledger.inner.schema.clone();
-        let pool = ledger.inner.pool.clone();
-        ledger
-            .runtime
-            .run(async move {
-                let client = pool.get().await.map_err(pool_error)?;
-                client
-                    .batch_execute(&format!("DELETE FROM \"{schema}\".migrations WHERE version = 7"))
-                    .await
-                    .map_err(pg_error("forgetting migration 7"))?;
-                // Session `old`: capacity 8, 3 delivery attempts, next set 2, created at 9.
-                let v1: Vec<u8> = vec![1, 3, b'o', b'l', b'd', 8, 3, 2, 9];
-                client
-                    .execute(
-                        &format!("INSERT INTO \"{schema}\".\"{SESSIONS}\" (key, value) VALUES ($1, $2)"),
-                        &[&b"old".as_slice(), &v1],
-                    )
-                    .await
-                    .map_err(pg_error("storing a session row of version 1"))?;
-                Ok(())
-            })
-            .unwrap();
-        let reopened = PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema).unwrap();
+        // Session `old`: capacity 8, 3 delivery attempts, next set 2, created at 9.
+        let v1: Vec<u8> = vec![1, 3, b'o', b'l', b'd', 8, 3, 2, 9];
+        let reopened = reopened_before_migration(&ledger, 7, SESSIONS, b"old".to_vec(), v1);
         assert_eq!(
             reopened.load().unwrap().sessions,
             vec![SessionRow {
@@ -147,6 +164,23 @@ mod own {
                 addressable: false,
             }]
         );
+        assert!(reopened.quarantined().unwrap().is_empty());
+    }
+
+    /// A schema of a build that wrote call rows of version 1 (before `traceparent`, and before
+    /// migration 8): it is migrated, and its calls load as they were, without a trace context.
+    #[test]
+    fn a_call_row_of_version_1_loads_after_the_migration() {
+        let ledger = pg_testkit::fresh();
+        let call = crate::ledger::conformance::call_row("s", "deleg_old", 2);
+        let mut v1 = codec::encode(&call).unwrap();
+        // Version 2's bytes are version 1's, its version byte aside, and a last `None`.
+        assert_eq!((v1[0], v1.pop()), (2, Some(0)));
+        v1[0] = 1;
+        let key = crate::ledger::row_key("s", "deleg_old");
+        let reopened = reopened_before_migration(&ledger, 8, CALLS, key, v1);
+        assert_eq!(reopened.load().unwrap().calls, vec![call.clone()]);
+        assert_eq!(reopened.find_call("deleg_old").unwrap(), Some(call));
         assert!(reopened.quarantined().unwrap().is_empty());
     }
 
@@ -316,6 +350,7 @@ mod own {
                 rerun_on_recovery: true,
             }],
             created_at_ms: 0,
+            traceparent: None,
         };
         let unit = plan_units(&call.call_id, &call.tasks, true).remove(0);
         let running = ChildRow {

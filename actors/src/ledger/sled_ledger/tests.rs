@@ -57,6 +57,7 @@ fn a_value_over_the_blob_threshold_is_fsynced_and_reads_back() {
             rerun_on_recovery: false,
         }],
         created_at_ms: 0,
+        traceparent: None,
     };
     {
         let ledger = SledLedger::open_with(dir.path(), Durability::Fsync).unwrap();
@@ -141,6 +142,7 @@ fn call_of(session: &str, call_id: &str, tasks: usize) -> CallRow {
             })
             .collect(),
         created_at_ms: 0,
+        traceparent: None,
     }
 }
 

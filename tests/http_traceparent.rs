@@ -1,0 +1,82 @@
+//! The W3C trace context over HTTP: a delegate's `traceparent` header (or body field) reaches
+//! the call's children — a `command` child reads it as `TRACEPARENT` — and the stream's `child`
+//! events; a malformed one, several headers, or a header and a body field that differ are
+//! refused 400 before anything is stored.
+
+mod server;
+
+use serde_json::{json, Value};
+use server::*;
+
+const KEY: &str = "trace-key";
+const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// A delegate of one `command` child printing its `TRACEPARENT`, with `headers`.
+fn delegate_with(s: &Server, headers: &[(&str, &str)], extra: Value) -> (u16, Value) {
+    let mut body = json!({"tasks": [{"goal": "say", "runner": {"kind": "command", "argv": ["sh", "-c", "printf %s \"$TRACEPARENT\""]}}]});
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    let mut request = s
+        .agent
+        .post(format!("{}/v1/sessions/t/delegate", s.base))
+        .header("Authorization", format!("Bearer {KEY}"))
+        .header("Content-Type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let mut reply = request.send(body.to_string().as_bytes()).unwrap();
+    let status = reply.status().as_u16();
+    let text = reply.body_mut().read_to_string().unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+#[test]
+fn a_delegates_traceparent_header_reaches_its_command_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_with(dir.path(), Some(KEY), &["--allow-command"]);
+    s.open("t");
+    let (status, reply) = delegate_with(&s, &[("traceparent", TP)], json!({}));
+    assert_eq!(status, 202, "{reply}");
+    assert_eq!(s.only_result("t")["summary"], TP);
+    // The body's field does the same, and a header equal to it is no conflict.
+    let (status, reply) = delegate_with(&s, &[("traceparent", TP)], json!({"traceparent": TP}));
+    assert_eq!(status, 202, "{reply}");
+    assert_eq!(s.only_result("t")["summary"], TP);
+    // Without one, the child has none.
+    let (status, reply) = delegate_with(&s, &[], json!({}));
+    assert_eq!(status, 202, "{reply}");
+    assert_eq!(s.only_result("t")["summary"], "");
+}
+
+#[test]
+fn a_malformed_or_conflicting_traceparent_is_refused_and_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_with(dir.path(), Some(KEY), &["--allow-command"]);
+    s.open("t");
+    let other = "00-4bf92f3577b34da6a3ce929d0e0e4737-00f067aa0ba902b7-01";
+    let refused: [(&[(&str, &str)], Value); 4] = [
+        (&[("traceparent", "00-zz-00f067aa0ba902b7-01")], json!({})),
+        (
+            &[("traceparent", "00-00000000000000000000000000000000-00f067aa0ba902b7-01")],
+            json!({}),
+        ),
+        (&[("traceparent", TP)], json!({"traceparent": other})),
+        (&[("traceparent", TP), ("traceparent", TP)], json!({})),
+    ];
+    for (headers, extra) in refused {
+        let (status, reply) = delegate_with(&s, headers, extra.clone());
+        assert_eq!(
+            (status, reply["error"]["code"].as_str()),
+            (400, Some("invalid_request")),
+            "{headers:?} {extra}: {reply}"
+        );
+        assert!(
+            reply["error"]["message"].as_str().unwrap().contains("traceparent"),
+            "{reply}"
+        );
+    }
+    // Nothing was stored: the next call is set 1.
+    let (status, reply) = delegate_with(&s, &[("traceparent", TP)], json!({}));
+    assert_eq!((status, reply["set"].as_u64()), (202, Some(1)), "{reply}");
+}
