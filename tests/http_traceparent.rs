@@ -1,7 +1,7 @@
 //! The W3C trace context over HTTP: a delegate's `traceparent` header (or body field) reaches
-//! the call's children — a `command` child reads it as `TRACEPARENT` — and the stream's `child`
-//! events; a malformed one, several headers, or a header and a body field that differ are
-//! refused 400 before anything is stored.
+//! the call's children — a `command` child reads it as `TRACEPARENT` — also when the request
+//! is forwarded to the process serving the session; a malformed one, several headers, or a
+//! header and a body field that differ are refused 400 before anything is stored.
 
 mod server;
 
@@ -11,7 +11,7 @@ use server::*;
 const KEY: &str = "trace-key";
 const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-/// A delegate of one `command` child printing its `TRACEPARENT`, with `headers`.
+/// A delegate of one `command` child printing its `TRACEPARENT`, with `headers`, to session `t`.
 fn delegate_with(s: &Server, headers: &[(&str, &str)], extra: Value) -> (u16, Value) {
     let mut body = json!({"tasks": [{"goal": "say", "runner": {"kind": "command", "argv": ["sh", "-c", "printf %s \"$TRACEPARENT\""]}}]});
     if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
@@ -79,4 +79,21 @@ fn a_malformed_or_conflicting_traceparent_is_refused_and_stores_nothing() {
     // Nothing was stored: the next call is set 1.
     let (status, reply) = delegate_with(&s, &[("traceparent", TP)], json!({}));
     assert_eq!((status, reply["set"].as_u64()), (202, Some(1)), "{reply}");
+}
+
+#[test]
+fn a_forwarded_delegate_keeps_its_traceparent() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let node = |name: &str| {
+        let dir = dir.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        Server::start_with(&dir, None, &["--ledger", &url, "--node", name, "--allow-command"])
+    };
+    let (a, b) = (node("a"), node("b"));
+    // `a` takes the session up; `b` sends the delegate on to it.
+    a.open("t");
+    let (status, reply) = delegate_with(&b, &[("traceparent", TP)], json!({}));
+    assert_eq!(status, 202, "{reply}");
+    assert_eq!(a.only_result("t")["summary"], TP);
 }

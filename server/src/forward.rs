@@ -35,8 +35,14 @@ const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120)
 /// the end user's key (which never leaves the process it was sent to).
 pub(super) const PEER: &str = "x-brood-peer";
 
-/// The request headers sent on (the others are the connection's own, or the user's key).
-const SENT_ON: [header::HeaderName; 2] = [header::CONTENT_TYPE, header::ACCEPT];
+/// The request headers sent on (the others are the connection's own, or the user's key): the
+/// body's type, what the client accepts, and the caller's W3C trace context.
+const SENT_ON: [header::HeaderName; 4] = [
+    header::CONTENT_TYPE,
+    header::ACCEPT,
+    header::HeaderName::from_static("traceparent"),
+    header::HeaderName::from_static("tracestate"),
+];
 
 /// The most of a holder's answer read: the body limit, or this when larger (an envelope of
 /// many items outgrows a request's limit). A longer answer is not relayed.

@@ -125,6 +125,7 @@ pub(super) fn document_for(config: &ServeConfig) -> Value {
     doc["components"]["schemas"]["CommandRunner"]["properties"]["env"]["propertyNames"] =
         json!({"minLength": 1, "pattern": r"^[^=\u0000]+$"});
     close_replies(&mut doc);
+    params_are_never_null(&mut doc);
     for (pointer, value) in configured_bounds(config) {
         if let Some(slot) = doc.pointer_mut(pointer) {
             *slot = value;
@@ -153,6 +154,29 @@ fn close_replies(doc: &mut Value) {
     for schema in schemas.values_mut() {
         if schema.get("properties").is_some() && schema.get("additionalProperties").is_none() {
             schema["additionalProperties"] = Value::Bool(false);
+        }
+    }
+}
+
+/// A query or header parameter is text or absent, never JSON's `null` (an `Option` of a
+/// parameter means it may be left out, which `required: false` says).
+fn params_are_never_null(doc: &mut Value) {
+    let Some(paths) = doc["paths"].as_object_mut() else {
+        return;
+    };
+    let params = paths
+        .values_mut()
+        .filter_map(Value::as_object_mut)
+        .flat_map(|ops| ops.values_mut())
+        .filter_map(|op| op.get_mut("parameters").and_then(Value::as_array_mut))
+        .flatten();
+    for param in params {
+        if let Some(types) = param.pointer_mut("/schema/type").and_then(Value::as_array_mut) {
+            types.retain(|t| t != "null");
+            if types.len() == 1 {
+                let only = types[0].clone();
+                param["schema"]["type"] = only;
+            }
         }
     }
 }
