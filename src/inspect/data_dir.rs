@@ -19,12 +19,9 @@ use brood_actors::ledger::{Durability, Ledger, SledLedger};
 use brood_actors::model::{child_id, now_ms, plan_units, ChildRow, DeadLetterRow, Quarantined, SessionRow};
 use brood_actors::recovery::{self, Recovery, RecoveryPlan, SessionSnapshot};
 
-use super::{
-    CallView, ChildView, DeadLetterView, Delivery, InspectError, Inspection, QuarantinedView, SessionView, Source,
-    UnitView,
-};
-use brood::Turn;
-use brood_server::api::Counts;
+use super::{InspectError, Inspection, QuarantinedView, SessionView, Source};
+use brood::CallStatus;
+use brood_server::api::{CallView, Counts, DeadLetter, Turn};
 
 fn io(context: String) -> impl FnOnce(std::io::Error) -> InspectError {
     move |source| InspectError::Io { context, source }
@@ -100,18 +97,7 @@ fn inspection(
             view
         })
         .collect();
-    let dead_letters = dead
-        .into_iter()
-        .map(|d| DeadLetterView {
-            child_id: d.child_id,
-            session_id: d.session_id,
-            call_id: d.call_id,
-            kind: d.kind,
-            reason: d.reason,
-            attempts: d.attempts,
-            dead_at: d.dead_at_ms,
-        })
-        .collect();
+    let dead_letters = dead.iter().map(DeadLetter::from).collect();
     let mut rows: Vec<QuarantinedView> = quarantined
         .iter()
         .map(|q| QuarantinedView {
@@ -147,33 +133,24 @@ fn session(row: &SessionRow, part: &SessionSnapshot) -> SessionView {
         .iter()
         .map(|call| {
             let units = plan_units(&call.call_id, &call.tasks, call.independent_completions);
-            let mut children: Vec<ChildView> = units
+            let mut children: Vec<ChildRow> = units
                 .iter()
                 .flat_map(|unit| unit.tasks.iter().map(move |&i| (unit, i)))
                 .map(|(unit, i)| {
                     match rows.get(child_id(&call.call_id, i).as_str()) {
-                        Some(row) => child(row),
+                        Some(&row) => row.clone(),
                         // A child that never started has no row of its own: it is queued.
-                        None => child(&recovery::queued_child(call, unit, i)),
+                        None => recovery::queued_child(call, unit, i),
                     }
                 })
                 .collect();
             children.sort_by_key(|c| c.task_index);
-            CallView {
-                call_id: call.call_id.clone(),
-                set: call.set,
-                mode: call.mode,
-                created_at: Some(call.created_at_ms),
-                units: units
-                    .into_iter()
-                    .map(|u| UnitView {
-                        unit_id: u.unit_id,
-                        group: u.group,
-                        tasks: u.tasks,
-                    })
-                    .collect(),
+            // Shown as the server shows a call it holds.
+            CallView::from(&CallStatus {
+                call: call.clone(),
+                units,
                 children,
-            }
+            })
         })
         .collect();
     calls.sort_by_key(|c| c.set);
@@ -185,7 +162,6 @@ fn session(row: &SessionRow, part: &SessionSnapshot) -> SessionView {
         parent_child_id: None,
         calls,
         claims: Vec::new(),
-        calls_next: None,
     }
 }
 
@@ -202,30 +178,5 @@ fn counts(plan: &RecoveryPlan) -> Counts {
         backing_off: 0,
         claimed: 0,
         delivered: plan.delivered_done.saturating_add(live),
-    }
-}
-
-fn child(row: &ChildRow) -> ChildView {
-    let delivery = if row.result.delivered {
-        Some(Delivery::Delivered)
-    } else if row.result.dead {
-        Some(Delivery::DeadLetter)
-    } else if row.status.is_terminal() {
-        Some(Delivery::Undelivered)
-    } else {
-        None
-    };
-    ChildView {
-        child_id: row.child_id.clone(),
-        task_index: row.task_index,
-        status: row.status,
-        started_at: row.started_at_ms,
-        finished_at: row.finished_at_ms,
-        delivery,
-        delivery_attempt: row
-            .status
-            .is_terminal()
-            .then(|| row.result.failed_attempts.saturating_add(1)),
-        summary: brood_server::api::summary_line(row.summary.as_deref(), row.error.as_deref()),
     }
 }

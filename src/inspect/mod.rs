@@ -3,10 +3,13 @@
 //! process holds ([`from_data_dir`]), as one [`Inspection`] whichever the source, so a script
 //! can read either. [`table`] renders it for people.
 //!
-//! This module owns the inspection's shape and its errors. It does not decide anything about
-//! the data: a server's answers are taken as they are, and a data folder is read with the
-//! ledger's own [`load`](brood_actors::ledger::Ledger::load) and recovery's own
-//! [`plan`](brood_actors::recovery::plan).
+//! This module owns the inspection's shape and its errors; the parts of that shape (calls,
+//! units, children, claims, counts, dead letters) are the HTTP contract's own types in
+//! [`brood_server::api`]. A server's replies are read with them, and a data folder's rows
+//! become them by the conversions the server's routes use, so both give the same JSON. It
+//! does not decide anything about the data: a server's answers are taken as they are, and a
+//! data folder is read with the ledger's own [`load`](brood_actors::ledger::Ledger::load)
+//! and recovery's own [`plan`](brood_actors::recovery::plan).
 //!
 //! Both list every call stored (delivered ones too, until retention removes them). Where the
 //! two sources differ (both are what the source knows):
@@ -26,18 +29,18 @@ use serde::{Deserialize, Serialize};
 
 pub use self::data_dir::{copy_tree, from_data_dir};
 pub use self::server::{from_server, ServerSource};
-use brood::{ChildStatus, LedgerError, Mode, Turn};
-use brood_server::api::Counts;
+use brood::LedgerError;
+use brood_server::api::{CallView, ClaimView, Counts, DeadLetter, SessionDetail, Turn};
 
 /// Everything one inspection found.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Inspection {
     /// Where it was read: `server` or `data_dir`.
     pub source: Source,
     /// The sessions, in ascending id order.
     pub sessions: Vec<SessionView>,
     /// Items that ran out of delivery attempts (of the inspected sessions).
-    pub dead_letters: Vec<DeadLetterView>,
+    pub dead_letters: Vec<DeadLetter>,
     /// Rows the ledger could not read back (data folder only).
     pub quarantined: Option<Vec<QuarantinedView>>,
 }
@@ -52,8 +55,10 @@ pub enum Source {
     DataDir,
 }
 
-/// A session, shaped as `GET /v1/sessions/{id}` answers it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A session as `GET /v1/sessions/{id}?delivered=true` answers it ([`SessionDetail`]), with
+/// every page of its calls in one list and without its settings (`addressable`,
+/// `max_concurrent_children`, `max_delivery_attempts`), which an inspection does not show.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionView {
     /// The session id.
     pub session_id: String,
@@ -71,117 +76,21 @@ pub struct SessionView {
     /// Its live claims (a data folder has none: a server opening it returns them).
     #[serde(default)]
     pub claims: Vec<ClaimView>,
-    /// A server's cursor to the next page of calls (read while paging, never shown).
-    #[serde(default, skip_serializing)]
-    pub calls_next: Option<String>,
 }
 
-/// A live claim.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClaimView {
-    /// Its id.
-    pub claim_id: String,
-    /// Who made it.
-    pub consumer: String,
-    /// How many items it holds.
-    pub items: usize,
-    /// When its lease runs out.
-    pub lease_expires_at: u64,
-}
-
-/// A call of a session.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CallView {
-    /// `deleg_<hex>`.
-    pub call_id: String,
-    /// Its ordinal in its session.
-    pub set: u64,
-    /// The mode it runs in.
-    pub mode: Mode,
-    /// When it was made.
-    #[serde(default)]
-    pub created_at: Option<u64>,
-    /// Its completion units.
-    pub units: Vec<UnitView>,
-    /// Its children, by task index.
-    pub children: Vec<ChildView>,
-}
-
-/// A completion unit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UnitView {
-    /// `<call_id>-<k>`.
-    pub unit_id: String,
-    /// Its group, when it is one.
-    pub group: Option<String>,
-    /// The task indexes of its members.
-    pub tasks: Vec<u32>,
-}
-
-/// A child.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChildView {
-    /// `<call_id>.<index>`.
-    pub child_id: String,
-    /// Its task's index in the call.
-    pub task_index: u32,
-    /// Where it is in its life.
-    pub status: ChildStatus,
-    /// When its runner started.
-    pub started_at: Option<u64>,
-    /// When it ended.
-    pub finished_at: Option<u64>,
-    /// Where its result is on its way to the parent.
-    #[serde(default)]
-    pub delivery: Option<Delivery>,
-    /// The delivery attempt its result is at (1 before any failed one).
-    #[serde(default)]
-    pub delivery_attempt: Option<u32>,
-    /// The first line of its summary (or, without one, of its error), cut at 120 characters.
-    #[serde(default)]
-    pub summary: Option<String>,
-}
-
-/// Where a child's result is on its way to the parent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Delivery {
-    /// Recorded, not acknowledged yet.
-    Undelivered,
-    /// Acknowledged: final.
-    Delivered,
-    /// Out of delivery attempts: in the dead-letter list.
-    DeadLetter,
-}
-
-impl Delivery {
-    /// The snake_case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Delivery::Undelivered => "undelivered",
-            Delivery::Delivered => "delivered",
-            Delivery::DeadLetter => "dead_letter",
+impl From<SessionDetail> for SessionView {
+    /// The session of a server's reply, its calls as they are (the caller joins the pages).
+    fn from(s: SessionDetail) -> Self {
+        SessionView {
+            session_id: s.session_id,
+            turn: s.turn,
+            wake_capable: s.wake_capable,
+            counts: s.counts,
+            parent_child_id: s.parent_child_id,
+            calls: s.calls,
+            claims: s.claims,
         }
     }
-}
-
-/// A dead letter, shaped as `GET /v1/dead-letters` answers it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeadLetterView {
-    /// The child it came from.
-    pub child_id: String,
-    /// Its session.
-    pub session_id: String,
-    /// Its call.
-    pub call_id: String,
-    /// `result` or `failure_notice`.
-    pub kind: brood::ItemKind,
-    /// Why it was given up.
-    pub reason: String,
-    /// Delivery attempts made.
-    pub attempts: u32,
-    /// When it was given up.
-    pub dead_at: u64,
 }
 
 /// A stored row the ledger could not use.
@@ -203,7 +112,7 @@ impl Inspection {
     fn assemble(
         source: Source,
         mut sessions: Vec<SessionView>,
-        mut dead_letters: Vec<DeadLetterView>,
+        mut dead_letters: Vec<DeadLetter>,
         quarantined: Option<Vec<QuarantinedView>>,
         only: Option<&str>,
     ) -> Result<Inspection, InspectError> {

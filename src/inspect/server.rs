@@ -1,15 +1,15 @@
 //! An inspection of a running server, over API.md: `GET /v1/sessions` page by page (following
-//! `next`), `GET /v1/sessions/{id}` for each session's calls, `GET /v1/dead-letters`. Nothing
-//! here changes the server's state.
+//! `next`), `GET /v1/sessions/{id}` for each session's calls, `GET /v1/dead-letters`, each reply read
+//! as its [`brood_server::api`] type. Nothing here changes the server's state.
 
 use std::io::Read as _;
 use std::time::Duration;
 
+use brood_server::api::{DeadLetters, ErrorReply, SessionDetail, SessionList};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
 
-use super::{DeadLetterView, InspectError, Inspection, SessionView, Source};
+use super::{InspectError, Inspection, SessionView, Source};
 
 /// How long one request may take.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -49,36 +49,6 @@ impl ServerSource {
         self.api_key = Some(key.into());
         self
     }
-}
-
-/// `GET /v1/sessions`, one page.
-#[derive(Deserialize)]
-struct Page {
-    sessions: Vec<Listed>,
-    next: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Listed {
-    session_id: String,
-}
-
-/// `GET /v1/dead-letters`.
-#[derive(Deserialize)]
-struct DeadLetters {
-    items: Vec<DeadLetterView>,
-}
-
-/// API.md's error shape.
-#[derive(Deserialize)]
-struct ErrorReply {
-    error: ErrorBody,
-}
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    code: String,
-    message: String,
 }
 
 struct Client<'a> {
@@ -129,14 +99,14 @@ fn component(text: &str) -> String {
 /// One session with every call the server stores (delivered ones too), read a page at a time.
 fn whole_session(client: &Client<'_>, id: &str) -> Result<SessionView, InspectError> {
     let base = format!("/v1/sessions/{}?delivered=true&limit={PAGE}", component(id));
-    let mut view: SessionView = client.get(&base)?;
-    let mut next = view.calls_next.take();
+    let mut detail: SessionDetail = client.get(&base)?;
+    let mut next = detail.calls_next.take();
     while let Some(after) = next {
-        let mut page: SessionView = client.get(&format!("{base}&after={}", component(&after)))?;
-        view.calls.append(&mut page.calls);
-        next = page.calls_next.take();
+        let mut page: SessionDetail = client.get(&format!("{base}&after={}", component(&after)))?;
+        detail.calls.append(&mut page.calls);
+        next = page.calls_next;
     }
-    Ok(view)
+    Ok(SessionView::from(detail))
 }
 
 /// Reads every session of the server (or only `session`), their calls and the dead letters.
@@ -157,7 +127,7 @@ pub fn from_server(source: &ServerSource, session: Option<&str>) -> Result<Inspe
                 if let Some(a) = &after {
                     path.push_str(&format!("&after={}", component(a)));
                 }
-                let page: Page = client.get(&path)?;
+                let page: SessionList = client.get(&path)?;
                 ids.extend(page.sessions.into_iter().map(|s| s.session_id));
                 match page.next {
                     Some(next) => after = Some(next),

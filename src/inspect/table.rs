@@ -6,8 +6,9 @@
 
 use std::fmt::Write as _;
 
-use super::{CallView, Inspection, SessionView, Source};
+use super::{Inspection, SessionView, Source};
 use brood::printable;
+use brood_server::api::CallView;
 
 /// Renders an inspection as aligned tables.
 pub fn render(inspection: &Inspection) -> String {
@@ -76,10 +77,7 @@ fn render_session(out: &mut String, s: &SessionView) {
         out,
         "session {}  turn {}  wake_capable {}",
         printable(&s.session_id),
-        match s.turn {
-            brood::Turn::Idle => "idle",
-            brood::Turn::Busy => "busy",
-        },
+        s.turn.as_str(),
         s.wake_capable
     );
     let _ = writeln!(
@@ -115,8 +113,7 @@ fn render_session(out: &mut String, s: &SessionView) {
 }
 
 /// How long ago `ms` was, coarsely (`42s`, `5m`, `3h`, `2d`).
-fn age(ms: Option<u64>) -> String {
-    let Some(ms) = ms else { return "-".into() };
+fn age(ms: u64) -> String {
     let secs = brood_actors::model::now_ms().saturating_sub(ms) / 1000;
     match secs {
         s if s < 120 => format!("{s}s"),
@@ -132,7 +129,7 @@ fn render_call(out: &mut String, call: &CallView) {
         "  call {}  set {}  mode {}  age {}",
         printable(&call.call_id),
         call.set,
-        call.mode,
+        call.mode.as_str(),
         age(call.created_at)
     );
     let units = call
@@ -243,6 +240,29 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_names_turns_modes_statuses_kinds_and_deliveries_as_the_json_does() {
+        use brood_server::api::{ChildStatus, Delivery, ItemKind, Mode, Turn};
+        fn json<T: serde::Serialize>(value: T) -> serde_json::Value {
+            serde_json::to_value(value).expect("a wire enum serializes")
+        }
+        for t in [Turn::Idle, Turn::Busy] {
+            assert_eq!(json(t), t.as_str());
+        }
+        for m in [Mode::Background, Mode::Sync] {
+            assert_eq!(json(m), m.as_str());
+        }
+        for s in brood::ChildStatus::ALL.map(ChildStatus::from) {
+            assert_eq!(json(s), s.as_str());
+        }
+        for k in [ItemKind::Result, ItemKind::FailureNotice] {
+            assert_eq!(json(k), k.as_str());
+        }
+        for d in [Delivery::Undelivered, Delivery::Delivered, Delivery::DeadLetter] {
+            assert_eq!(json(d), d.as_str());
+        }
+    }
 
     #[test]
     fn times_read_as_utc_dates() {

@@ -18,6 +18,16 @@ pub enum Turn {
     Busy,
 }
 
+impl Turn {
+    /// Its name on the wire, for text that shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Turn::Idle => "idle",
+            Turn::Busy => "busy",
+        }
+    }
+}
+
 impl From<brood::Turn> for Turn {
     fn from(t: brood::Turn) -> Self {
         match t {
@@ -45,6 +55,16 @@ pub enum Mode {
     Background,
     /// Results in the reply.
     Sync,
+}
+
+impl Mode {
+    /// Its name on the wire, for text that shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Background => "background",
+            Mode::Sync => "sync",
+        }
+    }
 }
 
 impl From<brood::Mode> for Mode {
@@ -88,6 +108,22 @@ pub enum ChildStatus {
     Unknown,
 }
 
+impl ChildStatus {
+    /// Its name on the wire, for text that shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChildStatus::Queued => "queued",
+            ChildStatus::Running => "running",
+            ChildStatus::Succeeded => "succeeded",
+            ChildStatus::Failed => "failed",
+            ChildStatus::TimedOut => "timed_out",
+            ChildStatus::Interrupted => "interrupted",
+            ChildStatus::Cancelled => "cancelled",
+            ChildStatus::Unknown => "unknown",
+        }
+    }
+}
+
 impl From<brood::ChildStatus> for ChildStatus {
     fn from(s: brood::ChildStatus) -> Self {
         use brood::ChildStatus as S;
@@ -112,6 +148,16 @@ pub enum ItemKind {
     Result,
     /// A child that failed while its unit is incomplete.
     FailureNotice,
+}
+
+impl ItemKind {
+    /// Its name on the wire, for text that shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ItemKind::Result => "result",
+            ItemKind::FailureNotice => "failure_notice",
+        }
+    }
 }
 
 impl From<brood::ItemKind> for ItemKind {
@@ -162,6 +208,17 @@ pub enum Delivery {
     Delivered,
     /// Out of delivery attempts: on the dead-letter list.
     DeadLetter,
+}
+
+impl Delivery {
+    /// Its name on the wire, for text that shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Delivery::Undelivered => "undelivered",
+            Delivery::Delivered => "delivered",
+            Delivery::DeadLetter => "dead_letter",
+        }
+    }
 }
 
 pub use brood::whole::{whole, whole_opt};
