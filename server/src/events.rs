@@ -1,8 +1,9 @@
 //! `GET /v1/sessions/{session_id}/events`: a session's events as server-sent events.
 //!
 //! Each event is `id: <seq>`, `event: <name>` (`child`, `ready`, `wake`, `failure_notice`,
-//! `claim`) and one line of JSON `data` with `session_id`, `seq`, `at` and the event's fields
-//! (a `child` event's `traceparent` only when its call was delegated with one).
+//! `claim`, `cancel`) and one line of JSON `data` with `session_id`, `seq`, `at` and the event's
+//! fields, their types `api::events` (a `child` event's `traceparent` only when its call was
+//! delegated with one).
 //! The stream opens with a `ready` event (seq 0) giving the count ready at that moment, so a
 //! client has a starting point without a second request; after that only changes come, each
 //! told once it was applied. Every 15 s without an event a comment line (`: keep-alive`) keeps

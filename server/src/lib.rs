@@ -253,8 +253,8 @@ fn arm_failpoints_from_env() {
 }
 
 /// Registers each path's methods, and for any other method a 405 naming them in `Allow`; and
-/// lists them as [`ROUTES`] does (the OpenAPI document names the same, `tests/openapi.rs`
-/// checks).
+/// lists the paths and methods (see [`routes`]: the OpenAPI document names the same, as
+/// `tests/openapi.rs` checks).
 macro_rules! route_table {
     ($configure:ident, $list:ident, $prefix:literal, [$($path:literal => { $($method:ident: $handler:path),+ $(,)? }),+ $(,)?]) => {
         fn $configure(cfg: &mut web::ServiceConfig) {
@@ -270,7 +270,9 @@ macro_rules! route_table {
         /// The paths of this table and their methods.
         const $list: &[(&str, &[&str])] = &[$((concat!($prefix, $path), &[$(route_table!(@upper $method)),+])),+];
     };
-    (@allow $($method:ident),+) => { concat!($(route_table!(@upper $method), ", "),+) };
+    (@allow $first:ident $(, $method:ident)*) => {
+        concat!(route_table!(@upper $first) $(, ", ", route_table!(@upper $method))*)
+    };
     (@upper get) => { "GET" };
     (@upper put) => { "PUT" };
     (@upper post) => { "POST" };

@@ -121,9 +121,12 @@ pub(super) fn document_for(config: &ServeConfig) -> Value {
         "bearer": {"type": "http", "scheme": "bearer", "description": "The server's API key (`--api-key`), or a scoped key."}
     });
     doc["components"]["schemas"]["RedriveBody"] = redrive_schema();
-    // What the derive cannot say: a `command`'s variable names.
-    doc["components"]["schemas"]["CommandRunner"]["properties"]["env"]["propertyNames"] =
-        json!({"minLength": 1, "pattern": r"^[^=\u0000]+$"});
+    // What the derive cannot say: a `command`'s variable names, and its program not empty.
+    let command = &mut doc["components"]["schemas"]["CommandRunner"]["properties"];
+    command["env"]["propertyNames"] = json!({"minLength": 1, "pattern": r"^[^=\u0000]+$"});
+    command["argv"]["prefixItems"] = json!([{"minLength": 1}]);
+    unsigned_integers(&mut doc);
+    add_event_fields(&mut doc);
     close_replies(&mut doc);
     params_are_never_null(&mut doc);
     for (pointer, value) in configured_bounds(config) {
@@ -181,6 +184,51 @@ fn params_are_never_null(doc: &mut Value) {
     }
 }
 
+/// Every integer of the contract is unsigned, of 32 or 64 bits: the document says so by its
+/// bounds (`format: int32`/`int64` would say signed ones).
+fn unsigned_integers(doc: &mut Value) {
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Object(map) => {
+                let max = match map.get("format").and_then(Value::as_str) {
+                    Some("int32") => Some(json!(u32::MAX)),
+                    Some("int64") => Some(json!(u64::MAX)),
+                    _ => None,
+                };
+                if let Some(max) = max {
+                    map.remove("format");
+                    map.entry("minimum").or_insert(json!(0));
+                    map.entry("maximum").or_insert(max);
+                }
+                map.values_mut().for_each(walk);
+            }
+            Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(doc);
+}
+
+/// An event's `data` holds its body's fields and the session, its `seq` and when (`at`).
+fn add_event_fields(doc: &mut Value) {
+    let events = [
+        "ChildEvent",
+        "ReadyEvent",
+        "FailureNoticeEvent",
+        "CancelEvent",
+        "ClaimEvent",
+    ];
+    for name in events {
+        let schema = &mut doc["components"]["schemas"][name];
+        schema["properties"]["session_id"] = json!({"type": "string", "description": "The session."});
+        schema["properties"]["seq"] = json!({"type": "integer", "minimum": 0, "description": "The event's number in the session's stream (0 for a stream's first `ready`)."});
+        schema["properties"]["at"] = json!({"type": "integer", "minimum": 0, "description": "When it happened."});
+        if let Some(required) = schema["required"].as_array_mut() {
+            required.extend(["session_id", "seq", "at"].map(Value::from));
+        }
+    }
+}
+
 /// Where the configuration's bounds go in the document.
 fn configured_bounds(config: &ServeConfig) -> Vec<(&'static str, Value)> {
     vec![
@@ -228,7 +276,8 @@ fn add_common_responses(doc: &mut Value) {
                 }
             }
             for (status, response) in responses.iter_mut() {
-                if status.as_str() >= "400" && response.get("content").is_none() {
+                let refusal = status.parse::<u16>().is_ok_and(|s| s >= 400);
+                if refusal && response.get("content").is_none() {
                     response["content"] = error.clone();
                 }
             }
@@ -246,11 +295,14 @@ fn redrive_schema() -> Value {
         "maximum": u32::MAX,
         "description": "At most this many (the oldest dead first).",
     });
+    // One selector given; the others absent or `null`.
     let one = |name: &str, schema: Value| {
+        let mut properties = json!({"child_ids": {"type": "null"}, "session_id": {"type": "null"}, "all": {"type": "null"}, "limit": limit});
+        properties[name] = schema;
         json!({
             "type": "object",
             "required": [name],
-            "properties": {name: schema, "limit": limit},
+            "properties": properties,
             "additionalProperties": false,
         })
     };
@@ -297,6 +349,74 @@ mod tests {
             schemas["BoundaryBody"]["properties"]["lease_ms"]["minimum"],
             json!(config.min_lease_ms)
         );
+    }
+
+    /// The bounds written as literals on the contract's types are the server's own.
+    #[test]
+    fn the_documents_bounds_are_the_ones_the_server_enforces() {
+        use crate::workers::{MAX_WAIT_MS, MAX_WORKER_CHARS, MAX_WORKER_LEASE_MS, MIN_WORKER_LEASE_MS};
+        let doc = document_for(&ServeConfig::default());
+        let schema = |name: &str, field: &str| doc["components"]["schemas"][name]["properties"][field].clone();
+        assert_eq!(schema("PollBody", "wait_ms")["maximum"], MAX_WAIT_MS);
+        assert_eq!(schema("PollBody", "worker")["maxLength"], MAX_WORKER_CHARS);
+        for body in ["PollBody", "TakeBody"] {
+            assert_eq!(schema(body, "lease_ms")["minimum"], MIN_WORKER_LEASE_MS, "{body}");
+            assert_eq!(schema(body, "lease_ms")["maximum"], MAX_WORKER_LEASE_MS, "{body}");
+        }
+        assert_eq!(schema("SimRunner", "ms")["maximum"], brood::runners::SIM_MAX_MS);
+        assert_eq!(
+            doc["components"]["schemas"]["QueueName"]["maxLength"],
+            brood::runners::external::MAX_QUEUE_CHARS
+        );
+        assert_eq!(schema("CancelBody", "reason")["maxLength"], brood::MAX_CANCEL_REASON);
+        assert_eq!(
+            schema("PutSession", "wake_url")["maxLength"],
+            crate::wake::target::MAX_URL
+        );
+        assert_eq!(
+            schema("TaskBody", "goal")["pattern"],
+            schema("TaskBody", "group")["pattern"],
+            "one pattern for text that is not blank"
+        );
+        // Every session id of a path or query is one the server looks up, or makes (PUT).
+        for (path, ops) in doc["paths"].as_object().unwrap() {
+            for (method, op) in ops.as_object().unwrap() {
+                for param in op["parameters"].as_array().into_iter().flatten() {
+                    if param["name"] != "session_id" {
+                        continue;
+                    }
+                    let want = match method.as_str() {
+                        "put" => api::NEW_SESSION_ID_PATTERN,
+                        _ => api::SESSION_ID_PATTERN,
+                    };
+                    assert_eq!(param["schema"]["pattern"], want, "{method} {path}");
+                }
+            }
+        }
+    }
+
+    /// A blank goal is what the engine refuses: white space as Rust's `trim` has it.
+    #[test]
+    fn the_not_blank_pattern_names_the_white_space_trim_removes() {
+        let doc = document_for(&ServeConfig::default());
+        let pattern = doc["components"]["schemas"]["TaskBody"]["properties"]["goal"]["pattern"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let class: Vec<char> = (0..=0x3000u32)
+            .filter_map(char::from_u32)
+            .filter(|c| c.is_whitespace())
+            .collect();
+        for c in class {
+            let escaped = format!("\\u{:04x}", c as u32);
+            let named = match c {
+                '\t'..='\r' => true,
+                ' ' => pattern.contains(" \\u0085"),
+                '\u{2000}'..='\u{200a}' => pattern.contains("\\u2000-\\u200a"),
+                _ => pattern.contains(&escaped),
+            };
+            assert!(named, "U+{:04X} is white space to trim but not in {pattern}", c as u32);
+        }
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub(super) fn session_path(path: web::Path<String>) -> Result<String, ApiError> 
 
 #[utoipa::path(
     put, path = "/v1/sessions/{session_id}", operation_id = "putSession",
-    params(("session_id" = String, Path, description = "The session: 1 to 256 characters of printable ASCII without `/`, `?`, `#`, `%` or a space.", pattern = r#"^[!-"$&-.0->@-~]{1,256}$"#)), request_body(content = Option<api::PutSession>, content_type = "application/json"),
+    params(("session_id" = String, Path, description = "The session: 1 to 256 characters of printable ASCII without `/`, `?`, `#`, `%` or a space.", pattern = r#"^(?!\.{1,2}$)[!-"$&-.0->@-~]{1,256}$"#)), request_body(content = Option<api::PutSession>, content_type = "application/json"),
     responses((status = 200, description = "The session, made or changed.", body = api::Session))
 )]
 pub(super) async fn put_session(
@@ -92,24 +92,18 @@ pub(super) async fn get_session(
             )))
         }
     };
+    let paged = delivered || query.after.is_some() || query.limit.is_some();
+    let limit = super::listing::limit(query.limit.as_deref())?;
     let id = session_path(path)?;
     access.session(&state.brood, &id).await?;
     let st = state.brood.status(&id).await?;
-    let paged = delivered || query.after.is_some() || query.limit.is_some();
-    let (calls, calls_next) = if paged {
-        let limit = super::listing::limit(query.limit.as_deref())?;
-        let (calls, next) = state.brood.session_calls(&id, query.after.as_deref(), limit).await?;
-        let calls = calls.iter().map(api::CallView::from);
-        // Without `delivered=true`, a page of the stored calls shows those not yet delivered.
-        let calls = match delivered {
-            true => calls.collect(),
-            false => calls
-                .filter(|c| st.calls.iter().any(|live| live.call.call_id == c.call_id))
-                .collect(),
-        };
-        (calls, next)
-    } else {
-        (st.calls.iter().map(api::CallView::from).collect(), None)
+    let (calls, calls_next) = match (delivered, paged) {
+        (true, _) => {
+            let (calls, next) = state.brood.session_calls(&id, query.after.as_deref(), limit).await?;
+            (calls.iter().map(api::CallView::from).collect(), next)
+        }
+        (false, true) => live_page(&st.calls, query.after.as_deref(), limit),
+        (false, false) => (st.calls.iter().map(api::CallView::from).collect(), None),
     };
     let info = &st.info;
     Ok(HttpResponse::Ok().json(api::SessionDetail {
@@ -125,6 +119,63 @@ pub(super) async fn get_session(
         calls_next,
         claims: st.claims.iter().map(api::ClaimView::from).collect(),
     }))
+}
+
+/// The reply to a delegate: 202 for a call in the background, 200 with the results of a sync
+/// one.
+fn delegated(reply: DelegateReply) -> HttpResponse {
+    match reply {
+        DelegateReply::Background {
+            call_id,
+            set,
+            units,
+            note,
+        } => HttpResponse::Accepted().json(api::DelegateBackground {
+            call_id,
+            set,
+            mode: api::Mode::Background,
+            units: units
+                .into_iter()
+                .map(|u| api::UnitRef {
+                    unit_id: u.unit_id,
+                    tasks: u.tasks,
+                })
+                .collect(),
+            note,
+        }),
+        DelegateReply::Sync {
+            call_id,
+            set,
+            forced_sync_reason,
+            results,
+            note,
+            text,
+            ..
+        } => HttpResponse::Ok().json(api::DelegateSync {
+            call_id,
+            set,
+            mode: api::Mode::Sync,
+            forced_sync_reason,
+            results: api::items(&results),
+            note,
+            text,
+        }),
+    }
+}
+
+/// A page of a session's calls not yet delivered, in the order `delivered=true` pages stored
+/// calls (by call id, which follows the order they were made): those after `after`, at most
+/// `limit`, and the last id of the page when more follow.
+fn live_page(calls: &[brood::CallStatus], after: Option<&str>, limit: usize) -> (Vec<api::CallView>, Option<String>) {
+    let mut ids: Vec<&brood::CallStatus> = calls
+        .iter()
+        .filter(|c| after.is_none_or(|a| c.call.call_id.as_str() > a))
+        .collect();
+    ids.sort_by(|a, b| a.call.call_id.cmp(&b.call.call_id));
+    let more = ids.len() > limit;
+    ids.truncate(limit);
+    let next = more.then(|| ids.last().map(|c| c.call.call_id.clone())).flatten();
+    (ids.into_iter().map(api::CallView::from).collect(), next)
 }
 
 /// `GET /v1/calls/{call_id}`: the call as a session shows it, with its session, the mode it
@@ -165,24 +216,24 @@ pub(super) async fn set_turn(
     }))
 }
 
-/// The caller's trace context: the `traceparent` header or the body's field (one, or both the
-/// same); checked by the engine when the call is made.
-fn traceparent(http: &HttpRequest, field: Option<String>) -> Result<Option<String>, ApiError> {
+/// The caller's trace context: the body's `traceparent` when it has one (checked by the engine
+/// when the call is made: a malformed one refuses the call), else the `traceparent` header when
+/// it is one well-formed value. A header that is not (several, or malformed) is ignored, as W3C
+/// Trace Context says a receiver does: the call goes on without a trace context.
+fn traceparent(http: &HttpRequest, field: Option<String>) -> Option<String> {
+    if field.is_some() {
+        return field;
+    }
     let mut headers = http.headers().get_all("traceparent");
-    let header = match (headers.next(), headers.next()) {
-        (None, _) => None,
-        (Some(v), None) => Some(
-            v.to_str()
-                .map_err(|_| ApiError::invalid("the `traceparent` header must be printable ASCII"))?
-                .to_string(),
-        ),
-        (Some(_), Some(_)) => return Err(ApiError::invalid("give one `traceparent` header, not several")),
+    let (Some(value), None) = (headers.next(), headers.next()) else {
+        return None;
     };
-    match (header, field) {
-        (Some(h), Some(b)) if h != b => Err(ApiError::invalid(
-            "the `traceparent` header and the body's `traceparent` differ; give one of them",
-        )),
-        (h, b) => Ok(h.or(b)),
+    match value.to_str().ok().filter(|v| brood::validate_traceparent(v).is_ok()) {
+        Some(v) => Some(v.to_string()),
+        None => {
+            tracing::debug!("a delegate's traceparent header is malformed; ignored");
+            None
+        }
     }
 }
 
@@ -236,7 +287,7 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
 #[utoipa::path(
     post, path = "/v1/sessions/{session_id}/delegate", operation_id = "delegate",
     params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$"),
-        ("traceparent" = Option<String>, Header, description = "The caller's W3C trace context, carried to the call's children and their events.", pattern = r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")),
+        ("traceparent" = Option<String>, Header, description = "The caller's W3C trace context, carried to the call's children and their events; ignored when malformed, and when the body has a `traceparent`.")),
     request_body(content = api::DelegateBody, content_type = "application/json"),
     responses((status = 202, description = "A background call: its results come at the session's boundaries.", body = api::DelegateBackground),
         (status = 200, description = "A sync call (or one forced to sync): its results, delivered.", body = api::DelegateSync),
@@ -255,7 +306,7 @@ pub(super) async fn delegate(
     access.session(&state.brood, &session_id).await?;
     state.accepting()?;
     let body: DelegateBody = api::parse(&body(&state, payload).await?)?;
-    let traceparent = traceparent(&http, body.traceparent.clone())?;
+    let traceparent = traceparent(&http, body.traceparent.clone());
     let mut request = tasks(&state, body)?;
     if let Some(tp) = traceparent {
         request = request.traceparent(tp);
@@ -265,43 +316,7 @@ pub(super) async fn delegate(
         .delegate(&session_id, request)
         .await
         .map_err(|e| ApiError::from(e.error))?;
-    Ok(match reply {
-        DelegateReply::Background {
-            call_id,
-            set,
-            units,
-            note,
-        } => HttpResponse::Accepted().json(api::DelegateBackground {
-            call_id,
-            set,
-            mode: api::Mode::Background,
-            units: units
-                .into_iter()
-                .map(|u| api::UnitRef {
-                    unit_id: u.unit_id,
-                    tasks: u.tasks,
-                })
-                .collect(),
-            note,
-        }),
-        DelegateReply::Sync {
-            call_id,
-            set,
-            forced_sync_reason,
-            results,
-            note,
-            text,
-            ..
-        } => HttpResponse::Ok().json(api::DelegateSync {
-            call_id,
-            set,
-            mode: api::Mode::Sync,
-            forced_sync_reason,
-            results: api::items(&results),
-            note,
-            text,
-        }),
-    })
+    Ok(delegated(reply))
 }
 
 #[utoipa::path(
@@ -576,7 +591,6 @@ pub(super) async fn not_found(req: HttpRequest) -> Reply {
 
 /// 405 for a method a path does not answer, naming those it does in `Allow`.
 pub(super) async fn not_allowed(allow: &'static str) -> HttpResponse {
-    let allow = allow.trim_end_matches([',', ' ']);
     let e = ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",

@@ -24,15 +24,15 @@ use brood::runners::{WorkError, WorkQueues};
 use brood::{BroodError, RunOutput};
 
 /// The longest a poll may wait for a child, in ms.
-const MAX_WAIT_MS: u64 = 30_000;
+pub(super) const MAX_WAIT_MS: u64 = 30_000;
 /// The lease of a poll that names none, in ms.
 const DEFAULT_WORKER_LEASE_MS: u64 = 30_000;
 /// The shortest worker lease, in ms.
-const MIN_WORKER_LEASE_MS: u64 = 1_000;
+pub(super) const MIN_WORKER_LEASE_MS: u64 = 1_000;
 /// The longest worker lease, in ms.
-const MAX_WORKER_LEASE_MS: u64 = 3_600_000;
+pub(super) const MAX_WORKER_LEASE_MS: u64 = 3_600_000;
 /// The longest worker name, in characters.
-const MAX_WORKER_CHARS: usize = 256;
+pub(super) const MAX_WORKER_CHARS: usize = 256;
 /// How long a completion waits for its child's row to be recorded before it is answered 503
 /// `not_recorded` (the same completion sent again answers what became of it).
 const RECORD_WAIT: Duration = Duration::from_secs(30);
@@ -41,18 +41,16 @@ type Reply = Result<HttpResponse, ApiError>;
 
 /// What a completion says of its child.
 fn output(body: CompleteBody) -> RunOutput {
-    {
-        match body.status {
-            Ended::Succeeded => RunOutput::Succeeded {
-                summary: body.summary.unwrap_or_default(),
-            },
-            Ended::Failed => RunOutput::Failed {
-                error: body
-                    .error
-                    .unwrap_or_else(|| "the worker reported a failure and gave no error".into()),
-                summary: body.summary,
-            },
-        }
+    match body.status {
+        Ended::Succeeded => RunOutput::Succeeded {
+            summary: body.summary.unwrap_or_default(),
+        },
+        Ended::Failed => RunOutput::Failed {
+            error: body
+                .error
+                .unwrap_or_else(|| "the worker reported a failure and gave no error".into()),
+            summary: body.summary,
+        },
     }
 }
 

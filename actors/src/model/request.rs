@@ -299,9 +299,18 @@ pub fn validate_session_id(id: &str) -> Result<(), RequestError> {
 }
 
 /// Checks the id of a session to create: 1 to 256 bytes of printable ASCII, without `/`, `?`,
-/// `#`, `%` or a space (so it goes into a URL path as it is, and prints as it is).
+/// `#`, `%` or a space, and not `.` or `..` (so it goes into a URL path as it is, and prints as
+/// it is).
 pub fn validate_new_session_id(id: &str) -> Result<(), RequestError> {
     validate_session_id(id)?;
+    if id == "." || id == ".." {
+        // A URL path's dot segments: clients remove them, so such a session could not be
+        // reached.
+        return Err(RequestError::invalid(
+            "session_id",
+            "must not be `.` or `..`, which URL paths do not keep",
+        ));
+    }
     if let Some(c) = id
         .chars()
         .find(|c| !c.is_ascii_graphic() || matches!(c, '/' | '?' | '#' | '%'))

@@ -12,32 +12,24 @@ use utoipa::{IntoParams, ToSchema};
 use super::wire::{whole, whole_opt, Ended, Mode, ReleaseReason, Turn};
 
 /// What the id of a new session is: 1 to 256 characters of printable ASCII without `/`, `?`,
-/// `#`, `%` or a space.
-pub const NEW_SESSION_ID_PATTERN: &str = r#"^[!-"$&-.0->@-~]{1,256}$"#;
+/// `#`, `%` or a space, and not `.` or `..`.
+pub const NEW_SESSION_ID_PATTERN: &str = r#"^(?!\.{1,2}$)[!-"$&-.0->@-~]{1,256}$"#;
 
 /// What the id of a session looked up is (every session id ever made, those an embedder made
 /// too): 1 to 256 characters, none a control character.
 pub const SESSION_ID_PATTERN: &str = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$";
 
-/// Text holding something other than white space.
-pub const NOT_BLANK: &str = r"\S";
-
-/// Text without control characters.
-pub const NO_CONTROLS: &str = r"^[^\u0000-\u001f\u007f-\u009f]*$";
-
-/// Text without a NUL.
-pub const NO_NUL: &str = r"^[^\u0000]*$";
-
 /// `PUT /v1/sessions/{session_id}`: every field optional.
 #[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PutSession {
-    /// A webhook (`http://`) to wake the session with; grants wake capability. Loopback,
-    /// private and link-local targets are refused (403) unless the server's `wake_allow`
-    /// lists them.
+    /// A webhook (`http://`, at most 2048 characters) to wake the session with; grants wake
+    /// capability. Loopback, private and link-local targets are refused (400) unless the
+    /// server's `wake_allow` lists them. (An IPv6 literal host is accepted too, though this
+    /// pattern does not show it.)
     #[schema(
         max_length = 2048,
-        pattern = r"^[Hh][Tt][Tt][Pp]://[A-Za-z0-9_-]{1,25}(\.[A-Za-z0-9_-]{1,25}){0,8}\.?(:(0*(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?)?([/?#][!-~]*)?$"
+        pattern = r"^[Hh][Tt][Tt][Pp]://(?=[^:/?#]{1,253}\.?([:/?#]|$))[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63})*\.?(:(0*(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?)?([/?#][!-~]*)?$"
     )]
     pub wake_url: Option<String>,
     /// Whether the client can address the session again: grants wake capability.
@@ -61,13 +53,19 @@ pub struct TurnBody {
 #[serde(deny_unknown_fields)]
 pub struct TaskBody {
     /// What the child should do; not blank.
-    #[schema(min_length = 1, pattern = r"\S")]
+    #[schema(
+        min_length = 1,
+        pattern = r"[^\t-\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+    )]
     pub goal: String,
     /// How the child runs: a runner spec with its `kind`.
     #[schema(value_type = Runner)]
     pub runner: Value,
     /// A completion group: the tasks of one group go out together.
-    #[schema(min_length = 1, pattern = r"\S")]
+    #[schema(
+        min_length = 1,
+        pattern = r"[^\t-\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+    )]
     pub group: Option<String>,
     /// The child ends `timed_out` after this long, in ms.
     #[serde(default, deserialize_with = "whole_opt")]
@@ -135,13 +133,14 @@ pub struct CommandRunner {
     /// `command`.
     #[schema(pattern = "^command$")]
     pub kind: String,
-    /// The program and its arguments.
+    /// The program (not empty) and its arguments.
     #[schema(min_items = 1)]
     pub argv: Vec<CommandArg>,
     /// Variables set for the program: names not empty, without `=` or a NUL.
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, CommandArg>,
-    /// The folder it runs in.
+    /// The folder it runs in (not empty).
+    #[schema(min_length = 1)]
     pub cwd: Option<CommandArg>,
 }
 
@@ -180,8 +179,9 @@ pub struct DelegateBody {
     /// Whether each ungrouped task is its own unit (default: one unit for them all).
     #[serde(default)]
     pub independent_completions: bool,
-    /// The caller's W3C trace context, as the `traceparent` header also gives it: carried to
-    /// every child of the call (a `command` child's `TRACEPARENT`) and its events.
+    /// The caller's W3C trace context (over the `traceparent` header's): carried to every child
+    /// of the call (a `command` child's `TRACEPARENT`) and its events. A malformed one refuses
+    /// the call.
     #[schema(pattern = r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")]
     pub traceparent: Option<String>,
 }
@@ -191,7 +191,10 @@ pub struct DelegateBody {
 #[serde(deny_unknown_fields)]
 pub struct BoundaryBody {
     /// Who claims: any name, not blank.
-    #[schema(min_length = 1, pattern = r"\S")]
+    #[schema(
+        min_length = 1,
+        pattern = r"[^\t-\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+    )]
     pub consumer: String,
     /// The claim's lease, in ms (default 60000).
     #[serde(default, deserialize_with = "whole_opt")]

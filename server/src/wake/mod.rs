@@ -21,7 +21,7 @@ use brood::{Wake, WakeEvent, WakeFactory};
 
 mod pool;
 mod queues;
-mod target;
+pub(crate) mod target;
 
 pub(crate) use target::allow_entry;
 

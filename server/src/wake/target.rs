@@ -22,7 +22,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The longest `wake_url` accepted.
-const MAX_URL: usize = 2048;
+pub(crate) const MAX_URL: usize = 2048;
 
 /// Host names of cloud metadata services.
 const METADATA_NAMES: &[&str] = &[
@@ -171,9 +171,9 @@ fn host_and_port(authority: &str) -> Result<(Host, u16), String> {
     };
     let port = match port {
         None | Some("") => 80,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
+        Some(p) => Some(p)
+            .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|p| p.parse::<u16>().ok())
             .filter(|p| *p > 0)
             .ok_or_else(|| format!("names port `{p}`; a port is from 1 to 65535"))?,
     };
@@ -451,6 +451,7 @@ mod tests {
         assert!(e("http:///p").contains("no host"));
         assert!(e("http://h:0/").contains("port"));
         assert!(e("http://h:99999/").contains("port"));
+        assert!(e("http://h:+80/").contains("port"));
         assert!(e("http://[::1/").contains("IPv6"));
         assert!(e("http://::1/").contains("host"));
         assert!(e("http://h\u{e9}/").contains("ASCII"));
