@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use brood::{Brood, BroodConfig, BroodError, ChildStatus, DelegateError, ItemKind, ReleaseReason, SessionOptions};
+use brood::{Brood, BroodConfig, BroodError, ChildStatus, DelegateError, ItemKind, ReleaseReason, SessionSettings};
 use brood_actors::ledger::{Ledger, SledLedger};
 
 use crate::workload::{random_call, Rng};
@@ -548,7 +548,7 @@ pub async fn worker(
         let opened = brood
             .open_session(
                 SESSION,
-                SessionOptions::default().wake(|_| {}).max_concurrent_children(16),
+                SessionSettings::default().wake(|_| {}).max_concurrent_children(16),
             )
             .await;
         match opened {

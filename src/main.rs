@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, ItemKind, SessionOptions, TaskSpec, Turn};
+use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, ItemKind, SessionSettings, TaskSpec, Turn};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
@@ -569,7 +569,7 @@ async fn demo(data_dir: PathBuf, turn_ms: u64) -> anyhow::Result<()> {
     brood
         .open_session(
             session,
-            SessionOptions::default().wake(move |_| {
+            SessionSettings::default().wake(move |_| {
                 if let Ok(mut w) = wake_log.lock() {
                     w.push(t0.elapsed().as_millis());
                 }

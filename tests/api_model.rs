@@ -72,7 +72,7 @@ use std::time::{Duration, Instant};
 
 use brood::{
     child_id, failpoints, unit_id, Brood, BroodError, CancelTarget, ChildStatus, DelegateReply, DelegateRequest,
-    Envelope, ItemKind, RedriveSelect, ReleaseReason, Retention, SessionOptions, SessionStatus,
+    Envelope, ItemKind, RedriveSelect, ReleaseReason, Retention, SessionSettings, SessionStatus,
 };
 use brood_actors::model::now_ms;
 use common::*;
@@ -619,7 +619,7 @@ impl Model {
 async fn open_session(b: &Brood) {
     b.open_session(
         SESSION,
-        SessionOptions::default()
+        SessionSettings::default()
             .wake(|_| {})
             .max_delivery_attempts(MAX_ATTEMPTS)
             .max_concurrent_children(CAPACITY as u32),
@@ -1478,7 +1478,7 @@ fn nested_runner(w: &Work) -> serde_json::Value {
 async fn open_nest(b: &Brood, session: &str) -> Result<(), BroodError> {
     b.open_session(
         session,
-        SessionOptions::default()
+        SessionSettings::default()
             .wake(|_| {})
             .max_delivery_attempts(MAX_ATTEMPTS)
             .max_concurrent_children(NEST_CAPACITY as u32),

@@ -11,7 +11,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use brood::{Brood, BroodError, DelegateReply, DelegateRequest, SessionOptions};
+use brood::{Brood, BroodError, DelegateReply, DelegateRequest, SessionSettings};
 use common::*;
 use serde_json::json;
 
@@ -113,16 +113,16 @@ async fn refused_session_settings_change_nothing() {
     let b = t.b();
     one_ready(b).await;
     invalid(
-        b.open_session("bad", SessionOptions::default().max_concurrent_children(0))
+        b.open_session("bad", SessionSettings::default().max_concurrent_children(0))
             .await,
         "max_concurrent_children",
     );
     invalid(
-        b.open_session("bad", SessionOptions::default().max_delivery_attempts(0))
+        b.open_session("bad", SessionSettings::default().max_delivery_attempts(0))
             .await,
         "max_delivery_attempts",
     );
-    invalid(b.open_session("", SessionOptions::default()).await, "session_id");
+    invalid(b.open_session("", SessionSettings::default()).await, "session_id");
     let st = b.status("bad").await.unwrap();
     assert_eq!(st.info.max_concurrent_children, 8);
     assert_eq!(st.info.max_delivery_attempts, 8);
@@ -171,9 +171,9 @@ async fn a_new_session_id_must_be_printable_ascii_but_a_stored_one_is_still_reac
     }
     let b = Brood::open(brood::BroodConfig::new(&folder)).unwrap();
     assert_eq!(b.status("user 42").await.unwrap().info.session_id, "user 42");
-    b.open_session("user 42", SessionOptions::default()).await.unwrap();
+    b.open_session("user 42", SessionSettings::default()).await.unwrap();
     for id in ["user 43", "café", "a/b", "50%", "a?b", "a#b"] {
-        invalid(b.open_session(id, SessionOptions::default()).await, "session_id");
+        invalid(b.open_session(id, SessionSettings::default()).await, "session_id");
         assert!(b.status(id).await.is_err(), "{id} was made");
     }
     b.shutdown();

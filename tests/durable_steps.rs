@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use brood::{failpoints, BroodError, DelegateError, DelegateRequest, ReleaseReason, SessionOptions};
+use brood::{failpoints, BroodError, DelegateError, DelegateRequest, ReleaseReason, SessionSettings};
 use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,7 +142,7 @@ async fn a_dead_letter_whose_flush_failed_leaves_the_claim_as_it_was() {
     let _g = serial();
     let mut t = TestBrood::new();
     t.b()
-        .open_session("s", SessionOptions::default().wake(|_| {}).max_delivery_attempts(1))
+        .open_session("s", SessionSettings::default().wake(|_| {}).max_delivery_attempts(1))
         .await
         .unwrap();
     t.b()
@@ -268,7 +268,7 @@ async fn a_busy_release_never_dead_letters_even_below_a_lowered_limit() {
             .unwrap();
     }
     t.b()
-        .open_session("s", SessionOptions::default().max_delivery_attempts(1))
+        .open_session("s", SessionSettings::default().max_delivery_attempts(1))
         .await
         .unwrap();
     let env = next_envelope(t.b(), "s", "c", LONG_LEASE).await;
@@ -319,7 +319,7 @@ async fn a_refused_configure_changes_no_setting() {
     failpoints::arm("ledger_flush", 1);
     let err = t
         .b()
-        .open_session("s", SessionOptions::default().max_concurrent_children(2))
+        .open_session("s", SessionSettings::default().max_concurrent_children(2))
         .await
         .unwrap_err();
     assert!(matches!(err, BroodError::Ledger(_)), "{err}");
@@ -341,7 +341,7 @@ async fn an_ack_that_arrived_inside_its_lease_waits_out_a_slow_flush_and_succeed
     failpoints::arm("ledger_flush_stall", 1);
     let b = t.arc();
     let slow = tokio::spawn(async move {
-        b.open_session("s", SessionOptions::default().max_concurrent_children(7))
+        b.open_session("s", SessionSettings::default().max_concurrent_children(7))
             .await
     });
     tokio::time::sleep(Duration::from_millis(20)).await;

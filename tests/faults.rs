@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use brood::failpoints;
-use brood::{Brood, BroodConfig, BroodError, ChildStatus, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
+use brood::{Brood, BroodConfig, BroodError, ChildStatus, DelegateReply, DelegateRequest, SessionSettings, TaskSpec};
 use common::serial;
 use serde_json::json;
 use tempfile::TempDir;
@@ -29,7 +29,7 @@ fn sim(ms: u64) -> TaskSpec {
 async fn open(dir: &TempDir, session: &str) -> Brood {
     let brood = Brood::open(BroodConfig::new(dir.path())).expect("open");
     brood
-        .open_session(session, SessionOptions::default().wake(|_| {}))
+        .open_session(session, SessionSettings::default().wake(|_| {}))
         .await
         .expect("session");
     brood
@@ -156,7 +156,7 @@ async fn survives_one_panic_in(point: &'static str, arm_before_delegate: bool) {
     let dir = TempDir::new().unwrap();
     let brood = Brood::open(BroodConfig::new(dir.path())).unwrap();
     brood
-        .open_session("s", SessionOptions::default().wake(|_| {}).max_concurrent_children(4))
+        .open_session("s", SessionSettings::default().wake(|_| {}).max_concurrent_children(4))
         .await
         .unwrap();
     if arm_before_delegate {
@@ -232,7 +232,7 @@ async fn an_owner_that_keeps_panicking_escalates_instead_of_looping() {
     assert!(interrupted >= 4, "escalated after only {interrupted} failures");
     // It stays given up; other sessions are unaffected.
     assert!(matches!(brood.status("s").await, Err(BroodError::SessionFailed { .. })));
-    brood.open_session("t", SessionOptions::default()).await.unwrap();
+    brood.open_session("t", SessionSettings::default()).await.unwrap();
     assert!(matches!(
         brood.delegate("t", DelegateRequest::sync(vec![sim(0)])).await.unwrap(),
         DelegateReply::Sync { .. }

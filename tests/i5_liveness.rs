@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use brood::{
     Brood, BroodConfig, ChildStatus, DelegateRequest, Envelope, ItemKind, ReleaseReason, RunContext, RunOutput, Runner,
-    Runners, SessionOptions, TaskSpec,
+    Runners, SessionSettings, TaskSpec,
 };
 use common::*;
 use futures::future::LocalBoxFuture;
@@ -123,11 +123,11 @@ async fn release_failed(b: &Brood, session: &str, key: &str, attempts: u32) {
 /// A session `dl` allowing `max_attempts` delivery attempts, with one ready item; returns the
 /// call id and the item's key.
 async fn one_item(b: &Brood, max_attempts: Option<u32>) -> (String, String) {
-    let mut options = SessionOptions::default().wake(|_| {});
+    let mut settings = SessionSettings::default().wake(|_| {});
     if let Some(n) = max_attempts {
-        options = options.max_delivery_attempts(n);
+        settings = settings.max_delivery_attempts(n);
     }
-    b.open_session("dl", options).await.unwrap();
+    b.open_session("dl", settings).await.unwrap();
     let reply = b
         .delegate("dl", DelegateRequest::background(vec![task("poison", sim(0))]))
         .await
@@ -272,7 +272,7 @@ async fn heartbeats_hold_off_the_stall_clock_and_a_partial_result_is_kept() {
     runners.register("silent", |_| Ok(Box::new(GoesSilent) as Box<dyn Runner>));
     let brood = Brood::open(BroodConfig::new(dir.path()).runners(runners)).unwrap();
     brood
-        .open_session("s", SessionOptions::default().wake(|_| {}))
+        .open_session("s", SessionSettings::default().wake(|_| {}))
         .await
         .unwrap();
     let mut task = TaskSpec::new("read ten files", json!({"kind": "silent"}));

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use brood::{
     Brood, BroodConfig, BroodError, ChildStatus, DelegateRequest, ItemKind, RunContext, RunOutput, Runner, Runners,
-    SessionOptions, TaskSpec,
+    SessionSettings, TaskSpec,
 };
 use common::*;
 use futures::future::LocalBoxFuture;
@@ -93,7 +93,7 @@ async fn recovery_replays_recorded_children_reruns_or_resolves_the_rest() {
     };
     let brood = Brood::open(config.clone()).unwrap();
     brood
-        .open_session("s", SessionOptions::default().wake(|_| {}))
+        .open_session("s", SessionSettings::default().wake(|_| {}))
         .await
         .unwrap();
     // One unit of four: two finish, one hangs and may re-run, one hangs and may not.
@@ -127,7 +127,7 @@ async fn recovery_replays_recorded_children_reruns_or_resolves_the_rest() {
 
     let brood = Brood::open(config).unwrap();
     brood
-        .open_session("s", SessionOptions::default().wake(|_| {}))
+        .open_session("s", SessionSettings::default().wake(|_| {}))
         .await
         .unwrap();
     let env = next_envelope(&brood, "s", "c", LONG_LEASE).await;

@@ -41,7 +41,9 @@ async fn nested_queue(b: &Brood, second: serde_json::Value) -> (String, String, 
     let (call, child) = parent_running(b).await;
     b.open_session(
         &child,
-        brood::SessionOptions::default().wake(|_| {}).max_concurrent_children(1),
+        brood::SessionSettings::default()
+            .wake(|_| {})
+            .max_concurrent_children(1),
     )
     .await
     .unwrap();
@@ -184,7 +186,7 @@ async fn a_nested_session_is_opened_where_its_parent_is_served() {
     let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
     let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
     let (_, child) = parent_running(&a).await;
-    match b.open_session(&child, brood::SessionOptions::default()).await {
+    match b.open_session(&child, brood::SessionSettings::default()).await {
         Err(BroodError::Moved { address, .. }) => assert_eq!(address, "http://a"),
         other => panic!("the nested session was not sent to its parent's holder: {other:?}"),
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use brood::{
     Brood, BroodConfig, BroodError, ChildStatus, DelegateRequest, Event, ItemKind, RunContext, RunOutput, Runner,
-    Runners, SessionOptions, TaskSpec,
+    Runners, SessionSettings, TaskSpec,
 };
 use common::*;
 use futures::future::LocalBoxFuture;
@@ -46,7 +46,7 @@ fn config(dir: &std::path::Path) -> BroodConfig {
 
 async fn open(dir: &std::path::Path, session: &str) -> Brood {
     let b = Brood::open(config(dir)).expect("open brood");
-    b.open_session(session, SessionOptions::default().wake(|_| {}))
+    b.open_session(session, SessionSettings::default().wake(|_| {}))
         .await
         .expect("open session");
     b

@@ -13,13 +13,13 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use brood::{Brood, BroodConfig, DelegateRequest, SessionOptions, TaskSpec};
+//! use brood::{Brood, BroodConfig, DelegateRequest, SessionSettings, TaskSpec};
 //! use serde_json::json;
 //!
 //! # async fn demo() -> Result<(), brood::BroodError> {
 //! let brood = Brood::open(BroodConfig::new("./brood-data"))?;
 //! // Binding a wake target makes the session wake-capable, so background calls stay background.
-//! brood.open_session("chat-1", SessionOptions::default().wake(|ev| println!("wake {ev:?}"))).await?;
+//! brood.open_session("chat-1", SessionSettings::default().wake(|ev| println!("wake {ev:?}"))).await?;
 //! let reply = brood
 //!     .delegate("chat-1", DelegateRequest::background(vec![
 //!         TaskSpec::new("summarise PR 12", json!({"kind": "sim", "ms": 50})),
@@ -65,7 +65,7 @@ pub use brood_actors::ledger::{Durability, LedgerError};
 pub use brood_actors::model::{
     child_id, dedup_key, parse_dedup_key, unit_id, validate_traceparent, CallRow, CancelTarget, Cancelled, ChildRow,
     ChildStatus, DeadLetterRow, DelegateRequest, Envelope, ItemKind, Mode, NestRow, QuarantineRow, Quarantined,
-    ReadyItem, RedriveRow, RedriveSelect, Redriven, RequestError, TaskSpec, UnitRow,
+    ReadyItem, RedriveRow, RedriveSelect, Redriven, RequestError, SessionSettings, TaskSpec, UnitRow,
 };
 pub use brood_actors::retention::{Retention, Swept};
 pub use brood_actors::routing::{ReleaseReason, Turn};
@@ -78,9 +78,6 @@ pub use runners::Runners;
 
 /// The longest cancel reason kept, in characters.
 pub const MAX_CANCEL_REASON: usize = 1000;
-
-/// Settings of a session; unset fields keep their current (or default) value.
-pub use brood_actors::model::SessionSettings as SessionOptions;
 
 /// Routing threads an engine gets unless told otherwise: one per core.
 pub fn default_routing_threads() -> usize {
@@ -267,22 +264,22 @@ impl BroodHandle {
 
     /// Creates a session, or updates one (a session from an earlier process keeps its calls
     /// and set ordinals; bind its wake target again after a restart).
-    pub async fn open_session(&self, session_id: &str, options: SessionOptions) -> Result<SessionInfo, BroodError> {
+    pub async fn open_session(&self, session_id: &str, settings: SessionSettings) -> Result<SessionInfo, BroodError> {
         self.open_session_with_defaults(
             session_id,
-            options,
+            settings,
             brood_actors::model::DEFAULT_MAX_CONCURRENT_CHILDREN,
             brood_actors::model::DEFAULT_MAX_DELIVERY_ATTEMPTS,
         )
         .await
     }
 
-    /// As [`Brood::open_session`], with the limits a session gets when it is new and `options`
+    /// As [`Brood::open_session`], with the limits a session gets when it is new and `settings`
     /// leave them unset (a server's configured defaults).
     pub async fn open_session_with_defaults(
         &self,
         session_id: &str,
-        options: SessionOptions,
+        settings: SessionSettings,
         max_concurrent_children: u32,
         max_delivery_attempts: u32,
     ) -> Result<SessionInfo, BroodError> {
@@ -290,7 +287,7 @@ impl BroodHandle {
             .root
             .send(OpenSession {
                 session_id: session_id.to_string(),
-                settings: options,
+                settings,
                 defaults: (max_concurrent_children, max_delivery_attempts),
             })
             .await??;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use brood::{child_id, dedup_key};
 use brood::{
     Brood, BroodConfig, ChildStatus, Envelope, ItemKind, ReadyItem, RunContext, RunOutput, Runner, Runners,
-    SessionOptions, SessionStatus, TaskSpec, WakeEvent,
+    SessionSettings, SessionStatus, TaskSpec, WakeEvent,
 };
 use futures::future::LocalBoxFuture;
 use serde_json::{json, Value};
@@ -423,7 +423,7 @@ impl TestBrood {
 
 /// Opens (or re-binds) a wake-capable session with a no-op wake target.
 pub async fn open_wake(b: &Brood, session: &str) {
-    b.open_session(session, SessionOptions::default().wake(|_| {}))
+    b.open_session(session, SessionSettings::default().wake(|_| {}))
         .await
         .expect("open session");
 }
@@ -433,7 +433,9 @@ pub async fn open_wake(b: &Brood, session: &str) {
 pub async fn open_capped(b: &Brood, session: &str, capacity: u32) {
     b.open_session(
         session,
-        SessionOptions::default().wake(|_| {}).max_concurrent_children(capacity),
+        SessionSettings::default()
+            .wake(|_| {})
+            .max_concurrent_children(capacity),
     )
     .await
     .unwrap();
