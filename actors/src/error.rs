@@ -187,7 +187,7 @@ impl From<ClaimError> for BroodError {
     fn from(e: ClaimError) -> Self {
         match e {
             ClaimError::Lost(c) => BroodError::ClaimLost(c),
-            ClaimError::AlreadyAcked(c) => BroodError::ClaimAcked(c),
+            ClaimError::Acked(c) => BroodError::ClaimAcked(c),
             ClaimError::Unknown(c) => BroodError::UnknownClaim(c),
         }
     }
