@@ -41,7 +41,6 @@
 mod config;
 mod lifecycle;
 pub mod render;
-mod reply;
 pub mod runners;
 pub mod whole;
 
@@ -50,7 +49,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::{Addr, Handler, Message};
-use brood_actors::actors::owner::{self, claim_session, Delegated, SessionOwner};
+use brood_actors::actors::owner::{self, claim_session, SessionOwner};
 pub use brood_actors::actors::supervisor::Health;
 use brood_actors::actors::supervisor::{CheckHealth, DeadLetters, FindOwner, OpenSession, RestartOwner, Supervisor};
 use brood_actors::actors::{Engine, Owners};
@@ -64,8 +63,8 @@ pub use brood_actors::failpoints;
 pub use brood_actors::ledger::{Durability, LedgerError};
 pub use brood_actors::model::{
     child_id, dedup_key, parse_dedup_key, unit_id, validate_traceparent, CallRow, CancelTarget, Cancelled, ChildRow,
-    ChildStatus, DeadLetterRow, DelegateRequest, Envelope, ItemKind, Mode, NestRow, QuarantineRow, Quarantined,
-    ReadyItem, RedriveRow, RedriveSelect, Redriven, RequestError, SessionSettings, TaskSpec, UnitRow,
+    ChildStatus, DeadLetterRow, DelegateReply, DelegateRequest, Envelope, ItemKind, Mode, NestRow, QuarantineRow,
+    Quarantined, ReadyItem, RedriveRow, RedriveSelect, Redriven, RequestError, SessionSettings, TaskSpec, UnitRow,
 };
 pub use brood_actors::retention::{Retention, Swept};
 pub use brood_actors::routing::{ReleaseReason, Turn};
@@ -73,7 +72,6 @@ pub use brood_actors::runner::{Progress, RecordOutcome, RunContext, RunOutput, R
 pub use brood_actors::text::printable;
 pub use brood_actors::wake::{Wake, WakeEvent, WakeFactory};
 pub use config::BroodConfig;
-pub use reply::DelegateReply;
 pub use runners::Runners;
 
 /// The longest cancel reason kept, in characters.
@@ -315,7 +313,7 @@ impl BroodHandle {
         };
         let tasks = request.tasks.len();
         match answered {
-            Ok(delegated) => Ok(self.reply(session_id, delegated, tasks).await),
+            Ok(reply) => Ok(self.reply(session_id, reply, tasks).await),
             Err(error) => {
                 let error = match error {
                     BroodError::Interrupted { .. } if !self.root.connected() => BroodError::Stopped,
@@ -351,23 +349,21 @@ impl BroodHandle {
         }
     }
 
-    async fn reply(&self, session_id: &str, delegated: Delegated, tasks: usize) -> DelegateReply {
-        match delegated {
-            Delegated::Background { call_id, set, units } => {
-                let note = render::background_note(set, tasks, units.len());
-                DelegateReply::Background {
-                    call_id,
-                    set,
-                    units,
-                    note,
-                }
+    /// The owner's reply with its note (and a sync call's text) rendered; a sync call's results
+    /// are received first.
+    async fn reply(&self, session_id: &str, mut reply: DelegateReply, tasks: usize) -> DelegateReply {
+        match &mut reply {
+            DelegateReply::Background { set, units, note, .. } => {
+                *note = render::background_note(*set, tasks, units.len());
             }
-            Delegated::Sync {
+            DelegateReply::Sync {
                 call_id,
                 set,
-                units,
                 forced_sync_reason,
                 results,
+                note,
+                text,
+                ..
             } => {
                 // The results are in hand: only now do they count as delivered. Waiting for that
                 // to be durable means a caller that goes on is not handed them again.
@@ -378,19 +374,11 @@ impl BroodHandle {
                         })
                         .await;
                 }
-                let note = render::sync_note(set, forced_sync_reason.as_deref());
-                let text = render::envelope_text(&results);
-                DelegateReply::Sync {
-                    call_id,
-                    set,
-                    units,
-                    forced_sync_reason,
-                    results,
-                    note,
-                    text,
-                }
+                *note = render::sync_note(*set, forced_sync_reason.as_deref());
+                *text = render::envelope_text(results);
             }
         }
+        reply
     }
 
     /// A turn boundary: claims every item of the session ready right now, in one envelope, or

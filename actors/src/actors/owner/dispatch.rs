@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 
 use super::apply::Apply;
 use super::persist::{BatchView, Decided, Step};
-use super::{answer, child_event, Delegate, Delegated, Durable, SessionInfo, SessionOwner, UnitExited};
+use super::{answer, child_event, Delegate, Durable, SessionInfo, SessionOwner, UnitExited};
 use crate::actors::child::CallIds;
 use crate::actors::supervise::{self, Decision, Exit};
 use crate::actors::unit::{StartChildren, Starting, Unit};
@@ -26,7 +26,7 @@ const ADMIT_RETRY: Duration = Duration::from_millis(100);
 
 /// A call accepted, to book once its rows are durable.
 pub(super) struct Dispatched {
-    reply: oneshot::Sender<Result<Delegated, BroodError>>,
+    reply: oneshot::Sender<Result<DelegateReply, BroodError>>,
     /// Where the caller reads the call id once it is accepted.
     accepted: Arc<std::sync::Mutex<Option<String>>>,
     call: CallRow,
@@ -75,7 +75,7 @@ impl SessionOwner {
     pub(super) fn decide_delegate(
         &mut self,
         msg: Delegate,
-        reply: oneshot::Sender<Result<Delegated, BroodError>>,
+        reply: oneshot::Sender<Result<DelegateReply, BroodError>>,
         view: &mut BatchView,
     ) -> Decided<Durable> {
         let factory = &*self.engine.factory;
@@ -222,7 +222,15 @@ impl SessionOwner {
             Mode::Sync => Some((reply, units)),
             Mode::Background => {
                 let call_id = call_id.clone();
-                answer(reply, Ok(Delegated::Background { call_id, set, units }));
+                answer(
+                    reply,
+                    Ok(DelegateReply::Background {
+                        call_id,
+                        set,
+                        units,
+                        note: String::new(),
+                    }),
+                );
                 None
             }
         };

@@ -7,7 +7,7 @@ use actix::prelude::*;
 
 use crate::error::BroodError;
 use crate::model::{
-    CallRow, CancelTarget, Cancelled, ChildRow, DelegateRequest, Envelope, ReadyItem, SessionSettings, UnitRow,
+    CallRow, CancelTarget, Cancelled, ChildRow, DelegateReply, DelegateRequest, Envelope, SessionSettings, UnitRow,
 };
 use crate::routing::{ReleaseReason, Turn};
 
@@ -15,39 +15,12 @@ use crate::routing::{ReleaseReason, Turn};
 /// refused; `accepted` is filled with the call id once the dispatch is durable, so a caller
 /// whose owner dies while a sync call runs learns which call its results will come under.
 #[derive(Debug, Message)]
-#[rtype(result = "Result<Delegated, BroodError>")]
+#[rtype(result = "Result<DelegateReply, BroodError>")]
 pub struct Delegate {
     /// The request.
     pub request: Arc<DelegateRequest>,
     /// The call id, once accepted.
     pub accepted: Arc<Mutex<Option<String>>>,
-}
-
-/// What an accepted call answers.
-#[derive(Debug, Clone)]
-pub enum Delegated {
-    /// Running in the background; results come at boundaries.
-    Background {
-        /// The call id.
-        call_id: String,
-        /// Its set ordinal.
-        set: u64,
-        /// Its units.
-        units: Vec<UnitRow>,
-    },
-    /// Ran synchronously; the results are here and count as delivered once received.
-    Sync {
-        /// The call id.
-        call_id: String,
-        /// Its set ordinal.
-        set: u64,
-        /// Its units.
-        units: Vec<UnitRow>,
-        /// Why a background call was forced to sync, if it was.
-        forced_sync_reason: Option<String>,
-        /// Every child's result.
-        results: Vec<ReadyItem>,
-    },
 }
 
 /// Terminal rows, flushed by the coalescer, for the owner to record and publish.

@@ -58,7 +58,7 @@ pub use crate::model::{claim_session, new_claim_id};
 
 /// A request that may need durable rows: decided when no flush is in flight (see [`persist`]).
 enum Durable {
-    Delegate(Delegate, oneshot::Sender<Result<Delegated, BroodError>>),
+    Delegate(Delegate, oneshot::Sender<Result<DelegateReply, BroodError>>),
     /// An ack, with the moment it arrived (a lease that runs out while it waits is no reason
     /// to refuse it).
     Ack(String, oneshot::Sender<Result<usize, BroodError>>, u64),
@@ -462,7 +462,7 @@ impl SessionOwner {
 impl Handler<Delegate> for SessionOwner {
     // Answered from outside this actor's context: a sync call waits for all its children, and
     // a future parked in the context would be polled on every message meanwhile.
-    type Result = ResponseFuture<Result<Delegated, BroodError>>;
+    type Result = ResponseFuture<Result<DelegateReply, BroodError>>;
 
     fn handle(&mut self, msg: Delegate, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use super::apply::Apply;
 use super::persist::{Decided, Step};
-use super::{Delegated, Durable, SessionOwner};
+use super::{Durable, SessionOwner};
 use crate::error::BroodError;
 use crate::ledger::Writes;
 use crate::model::*;
@@ -20,7 +20,7 @@ const SYNC_RECEIPT_WAIT: Duration = Duration::from_secs(3);
 
 /// The caller of a sync call.
 pub(super) struct SyncWaiter {
-    tx: oneshot::Sender<Result<Delegated, BroodError>>,
+    tx: oneshot::Sender<Result<DelegateReply, BroodError>>,
     units: Vec<UnitRow>,
     forced_sync_reason: Option<String>,
 }
@@ -30,7 +30,7 @@ impl SessionOwner {
     pub(super) fn wait_sync(
         &mut self,
         call_id: &str,
-        tx: oneshot::Sender<Result<Delegated, BroodError>>,
+        tx: oneshot::Sender<Result<DelegateReply, BroodError>>,
         units: Vec<UnitRow>,
         forced_sync_reason: Option<String>,
     ) {
@@ -55,12 +55,14 @@ impl SessionOwner {
             .collect();
         let results = self.book.items(keys);
         if let Some(w) = waiter {
-            let reply = Delegated::Sync {
+            let reply = DelegateReply::Sync {
                 call_id: call_id.to_string(),
                 set,
                 units: w.units,
                 forced_sync_reason: w.forced_sync_reason,
                 results,
+                note: String::new(),
+                text: String::new(),
             };
             if w.tx.send(Ok(reply)).is_ok() {
                 if let Some(c) = self.book.calls.get_mut(call_id) {
