@@ -675,8 +675,8 @@ async fn demo(data_dir: PathBuf, turn_ms: u64) -> anyhow::Result<()> {
          boundaries {boundaries}, wakes {}, longest wait from finish to boundary {worst} ms; session still holds {} ready, {} claimed",
         results.len(),
         wakes.lock().map(|w| w.len()).unwrap_or(0),
-        status.ready,
-        status.claimed,
+        status.counts.ready,
+        status.counts.claimed,
     );
     brood.shutdown();
     if lost > 0 || duplicates > 0 {

@@ -72,7 +72,7 @@ use std::time::{Duration, Instant};
 
 use brood::{
     child_id, failpoints, unit_id, Brood, BroodError, CancelTarget, ChildStatus, DelegateReply, DelegateRequest,
-    Envelope, ItemKind, RedriveSelect, ReleaseReason, Retention, SessionSettings, SessionStatus,
+    Envelope, ItemKind, RedriveSelect, ReleaseReason, Retention, SessionCounts, SessionSettings, SessionStatus,
 };
 use brood_actors::model::now_ms;
 use common::*;
@@ -670,10 +670,10 @@ async fn check_status(t: &TestBrood, m: &mut Model) {
             .filter(|c| c.surely_live_at(after) && c.restarts == m.restarts)
             .map(|c| c.items.len())
             .sum();
-        m.check(least <= st.claimed && st.claimed <= most, || {
+        m.check(least <= st.counts.claimed && st.counts.claimed <= most, || {
             format!(
                 "the session counts {} claimed items; the live claims hold {least} (surely live) to {most}",
-                st.claimed
+                st.counts.claimed
             )
         });
     }
@@ -681,10 +681,10 @@ async fn check_status(t: &TestBrood, m: &mut Model) {
     // is left.
     let acked = m.acked.len() as u64;
     let swept = m.acked.iter().filter(|k| m.maybe_swept.contains(call_of(k))).count() as u64;
-    m.check(acked - swept <= st.delivered && st.delivered <= acked, || {
+    m.check(acked - swept <= st.counts.delivered && st.counts.delivered <= acked, || {
         format!(
             "the session counts {} delivered items, but {acked} were acked with Ok ({swept} of calls a sweep may have removed) (an ack undone, or a delivery nobody acked)",
-            st.delivered,
+            st.counts.delivered,
         )
     });
     for c in &st.calls {
@@ -695,10 +695,10 @@ async fn check_status(t: &TestBrood, m: &mut Model) {
             )
         });
     }
-    m.check(st.running <= CAPACITY, || {
+    m.check(st.counts.running <= CAPACITY, || {
         format!(
             "I8: the session counts {} running children; its capacity is {CAPACITY}",
-            st.running
+            st.counts.running
         )
     });
     // An owner whose book broke panics (in a test build) and is rebuilt from the ledger, which
@@ -1293,7 +1293,7 @@ async fn drain(b: &Brood, m: &mut Model) {
 }
 
 /// The session's counts once `pred` holds, or at [`DEADLINE`].
-async fn wait_until(b: &Brood, m: &Model, pred: impl Fn(&SessionStatus) -> bool) -> SessionStatus {
+async fn wait_until(b: &Brood, m: &Model, pred: impl Fn(&SessionCounts) -> bool) -> SessionCounts {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let st = match b.counts(SESSION).await {
@@ -1795,10 +1795,10 @@ async fn drain_nest(b: &Brood, m: &mut Model, nest: &str) {
         .iter()
         .filter(|k| m.nests[nest].calls.contains_key(call_of(k)))
         .count() as u64;
-    m.check(st.delivered <= acked, || {
+    m.check(st.counts.delivered <= acked, || {
         format!(
             "the nested session {nest} counts {} delivered items, but {acked} of its items were acked",
-            st.delivered
+            st.counts.delivered
         )
     });
 }

@@ -62,8 +62,8 @@ async fn a_dispatch_marks_the_children_it_starts_in_one_start_row_flushed_with_i
         .await
         .unwrap();
     let call = reply.call_id().to_string();
-    let st = status_until(t.b(), "s", "two children running", |st| st.running == 2).await;
-    assert_eq!(st.queued, 1);
+    let st = status_until(t.b(), "s", "two children running", |st| st.counts.running == 2).await;
+    assert_eq!(st.counts.queued, 1);
     // Their runners really started: a stop before that would hand them back to the queue
     // (a row of their own), which is another test's case.
     wait_for!("both runners started", (t.kit.holds.started().len() == 2).then_some(()));
@@ -227,7 +227,7 @@ async fn a_sync_caller_whose_owner_restarts_learns_its_call_id() {
         b.delegate("s", DelegateRequest::sync(vec![task("gated", gate("g"))]))
             .await
     });
-    status_until(t.b(), "s", "the sync child to run", |st| st.running == 1).await;
+    status_until(t.b(), "s", "the sync child to run", |st| st.counts.running == 1).await;
     failpoints::arm("owner_handler", 1);
     let _ = t.b().boundary("s", "c", LONG_LEASE).await;
     let err = waiting.await.unwrap().unwrap_err();

@@ -99,7 +99,7 @@ async fn nothing_published_while(point: &'static str) {
     );
     let st = brood.status("s").await.unwrap();
     assert_eq!(
-        st.running, 3,
+        st.counts.running, 3,
         "{point}: the children must keep their results until recorded"
     );
     failpoints::disarm_all();
@@ -351,7 +351,7 @@ async fn a_coalescer_that_keeps_panicking_stops_the_engine_and_nothing_is_lost()
     loop {
         match brood.status("s").await {
             Err(BroodError::Stopped) | Err(BroodError::Interrupted { .. }) => break,
-            Ok(st) => assert_eq!(st.ready, 0, "nothing can be published without the coalescer"),
+            Ok(st) => assert_eq!(st.counts.ready, 0, "nothing can be published without the coalescer"),
             Err(e) => panic!("unexpected: {e}"),
         }
         assert!(
@@ -386,7 +386,7 @@ async fn a_call_whose_dispatch_cannot_be_flushed_is_refused_and_never_runs() {
     assert!(matches!(err.error, BroodError::Ledger(_)), "{err}");
     let st = brood.status("s").await.unwrap();
     assert!(
-        st.calls.is_empty() && st.queued + st.running == 0,
+        st.calls.is_empty() && st.counts.queued + st.counts.running == 0,
         "a refused call runs: {st:?}"
     );
     let accepted = brood

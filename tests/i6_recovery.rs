@@ -35,7 +35,7 @@ async fn a_live_claim_is_returned_by_a_restart_and_acking_it_is_refused() {
     );
     let st = b.status("r").await.unwrap();
     assert_eq!(
-        (st.ready, st.claimed),
+        (st.counts.ready, st.counts.claimed),
         (3, 0),
         "the returned claim's item is ready again"
     );
@@ -113,7 +113,7 @@ async fn recovery_replays_recorded_children_reruns_or_resolves_the_rest() {
     loop {
         let st = brood.status("s").await.unwrap();
         let done = st.calls[0].children.iter().filter(|c| c.status.is_terminal()).count();
-        if done == 2 && st.running == 2 {
+        if done == 2 && st.counts.running == 2 {
             break;
         }
         assert!(Instant::now() < deadline, "children never settled: {st:?}");

@@ -63,8 +63,8 @@ async fn one_lands_while_busy(t: &TestBrood, call: &str) {
     let b = t.b();
     b.set_turn("w", Turn::Busy).await.unwrap();
     let st = finish(t, call, 6).await;
-    assert_eq!(st.ready, 1);
-    assert_eq!(st.info.turn, Turn::Busy);
+    assert_eq!(st.counts.ready, 1);
+    assert_eq!(st.counts.info.turn, Turn::Busy);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,7 +206,7 @@ async fn a_session_without_wake_capability_runs_background_calls_sync_and_wakes_
         b.boundary("nw", "c", LONG_LEASE).await.unwrap().is_none(),
         "inline results count as delivered"
     );
-    assert_eq!(b.status("nw").await.unwrap().delivered, 2);
+    assert_eq!(b.status("nw").await.unwrap().counts.delivered, 2);
     settle(b, "nw").await;
     assert_eq!(log.count(), 0);
 }

@@ -42,7 +42,7 @@ async fn delivered_calls_leave_memory_even_when_acks_overlap() {
     loop {
         let st = brood.status("s").await.unwrap();
         if st.calls.is_empty() {
-            assert_eq!(st.delivered, 20);
+            assert_eq!(st.counts.delivered, 20);
             break;
         }
         assert!(

@@ -163,7 +163,7 @@ async fn a_child_run_again_after_a_restart_gets_the_traceparent() {
         .call_id()
         .to_string();
     let deadline = Instant::now() + DEADLINE;
-    while b.status("r").await.unwrap().running < 1 {
+    while b.status("r").await.unwrap().counts.running < 1 {
         assert!(Instant::now() < deadline, "the child never started");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

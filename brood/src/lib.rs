@@ -56,7 +56,7 @@ use brood_actors::actors::{Engine, Owners};
 use brood_actors::events::Events;
 use brood_actors::ledger::Ledger;
 
-pub use brood_actors::actors::owner::{CallStatus, LiveClaim, SessionInfo, SessionStatus};
+pub use brood_actors::actors::owner::{CallStatus, LiveClaim, SessionCounts, SessionInfo, SessionStatus};
 pub use brood_actors::error::{BroodError, DelegateError};
 pub use brood_actors::events::{ClaimChange, Event, SessionEvent};
 pub use brood_actors::failpoints;
@@ -465,22 +465,28 @@ impl BroodHandle {
         self.ask(session_id, owner::SetTurn(turn)).await
     }
 
-    /// A session's counts and live calls.
+    /// A session's counts, its calls in memory (with their units and children) and its live
+    /// claims.
     pub async fn status(&self, session_id: &str) -> Result<SessionStatus, BroodError> {
-        self.view(session_id, true).await
+        self.view(session_id, owner::GetStatus).await
     }
 
-    /// A session's counts only (`calls` left empty): cheap enough to poll.
-    pub async fn counts(&self, session_id: &str) -> Result<SessionStatus, BroodError> {
-        self.view(session_id, false).await
+    /// A session's settings, turn and counts only: cheap enough to poll.
+    pub async fn counts(&self, session_id: &str) -> Result<SessionCounts, BroodError> {
+        self.view(session_id, owner::GetCounts).await
     }
 
     /// A session's state as its owner here has it, refused ([`BroodError::LeaseLapsed`]) as a
     /// boundary is when this process may no longer serve the session: once its lease could
     /// have run out (a pause, a database outage), another process may have taken the session
     /// over and changed it, and this owner's state would be an older view than the holder's.
-    async fn view(&self, session_id: &str, calls: bool) -> Result<SessionStatus, BroodError> {
-        let st = self.ask(session_id, owner::Status { calls }).await?;
+    async fn view<M>(&self, session_id: &str, query: M) -> Result<M::Result, BroodError>
+    where
+        M: Message + Send + 'static,
+        M::Result: Send,
+        SessionOwner: Handler<M>,
+    {
+        let st = self.ask(session_id, query).await?;
         if self.engine.leases().is_some_and(|l| !l.serving(session_id)) {
             return Err(BroodError::LeaseLapsed {
                 session: session_id.to_string(),
@@ -540,10 +546,7 @@ impl BroodHandle {
             for id in self.sessions() {
                 // Asked of the owner itself: a session whose lease may have lapsed (a database
                 // outage) still has its children running here, and they are waited for.
-                running += self
-                    .ask(&id, owner::Status { calls: false })
-                    .await
-                    .map_or(0, |st| st.running);
+                running += self.ask(&id, owner::GetCounts).await.map_or(0, |st| st.running);
             }
             if running == 0 || tokio::time::Instant::now() >= deadline {
                 return running;
@@ -562,7 +565,7 @@ impl BroodHandle {
         self.root.send(RestartOwner(session_id.to_string())).await??;
         loop {
             if let Some(addr) = self.owners.get(session_id).map(|a| a.clone()) {
-                if addr != old && addr.send(owner::Status { calls: false }).await.is_ok() {
+                if addr != old && addr.send(owner::GetCounts).await.is_ok() {
                     return Ok(());
                 }
             } else {

@@ -111,7 +111,7 @@ pub(super) async fn get_session(
     } else {
         (st.calls.iter().map(api::CallView::from).collect(), None)
     };
-    let info = &st.info;
+    let info = &st.counts.info;
     Ok(HttpResponse::Ok().json(api::SessionDetail {
         session_id: info.session_id.clone(),
         wake_capable: info.wake_capable,
@@ -119,8 +119,8 @@ pub(super) async fn get_session(
         turn: info.turn.into(),
         max_concurrent_children: info.max_concurrent_children,
         max_delivery_attempts: info.max_delivery_attempts,
-        counts: api::Counts::from(&st),
-        parent_child_id: state.brood.nest(&st.info.session_id).map(|n| n.session_id),
+        counts: api::Counts::from(&st.counts),
+        parent_child_id: state.brood.nest(&info.session_id).map(|n| n.session_id),
         calls,
         calls_next,
         claims: st.claims.iter().map(api::ClaimView::from).collect(),

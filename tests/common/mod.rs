@@ -589,7 +589,7 @@ pub async fn acked_claimed_and_ready(b: &Brood, session: &str) -> Mixed {
         .unwrap();
     let ready: BTreeSet<String> = (0..2).map(|i| result_key(ready.call_id(), i)).collect();
     status_until(b, session, "two ready items and one claimed", |st| {
-        st.ready == 2 && st.claimed == 1
+        st.counts.ready == 2 && st.counts.claimed == 1
     })
     .await;
     Mixed {
@@ -642,7 +642,7 @@ pub async fn released_busy_then_reclaimed(t: &TestBrood) -> Reclaimed {
         .unwrap();
     t.kit.gates.open("b");
     status_until(b, "r", "B to be recorded", |st| {
-        child_status(st, &call, 1) == Some(ChildStatus::Succeeded) && st.ready == 2
+        child_status(st, &call, 1) == Some(ChildStatus::Succeeded) && st.counts.ready == 2
     })
     .await;
     let second = b

@@ -71,8 +71,8 @@ pub struct Counts {
     pub delivered: u64,
 }
 
-impl From<&brood::SessionStatus> for Counts {
-    fn from(st: &brood::SessionStatus) -> Self {
+impl From<&brood::SessionCounts> for Counts {
+    fn from(st: &brood::SessionCounts) -> Self {
         Counts {
             queued: st.queued as u64,
             running: st.running as u64,

@@ -155,17 +155,20 @@ pub struct Retire;
 #[rtype(result = "()")]
 pub struct Moved;
 
-/// Ask for the session's state; with `calls: false` only the counts (cheap: no rows copied).
+/// A session's counts (cheap: no rows copied).
+#[derive(Debug, Message)]
+#[rtype(result = "SessionCounts")]
+pub struct GetCounts;
+
+/// A session's counts, with its calls in memory and its live claims.
 #[derive(Debug, Message)]
 #[rtype(result = "SessionStatus")]
-pub struct Status {
-    /// Whether to list the calls in memory with their units and children.
-    pub calls: bool,
-}
+pub struct GetStatus;
 
-/// Counts and calls of a session.
+/// A session's settings and turn, and how many of its children and items are where: cheap
+/// enough to poll.
 #[derive(Debug, Clone)]
-pub struct SessionStatus {
+pub struct SessionCounts {
     /// Settings and turn.
     pub info: SessionInfo,
     /// Children waiting for capacity.
@@ -180,9 +183,16 @@ pub struct SessionStatus {
     pub claimed: usize,
     /// Items delivered (acked or returned inline).
     pub delivered: u64,
+}
+
+/// A session's counts, calls and claims.
+#[derive(Debug, Clone)]
+pub struct SessionStatus {
+    /// Settings, turn and counts.
+    pub counts: SessionCounts,
     /// Calls still in memory (not yet fully delivered), by set.
     pub calls: Vec<CallStatus>,
-    /// The live claims, oldest first (with `calls` only).
+    /// The live claims, oldest first.
     pub claims: Vec<LiveClaim>,
 }
 

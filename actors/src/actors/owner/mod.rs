@@ -279,6 +279,19 @@ impl SessionOwner {
         }
     }
 
+    fn counts(&self) -> SessionCounts {
+        let ready = self.router.ready_count(now_ms());
+        SessionCounts {
+            info: self.info(),
+            queued: self.capacity.queued(),
+            running: self.capacity.running(),
+            ready,
+            backing_off: self.router.pending_count().saturating_sub(ready),
+            claimed: self.router.claimed_count(),
+            delivered: self.book.delivered(),
+        }
+    }
+
     fn interrupted(&self) -> BroodError {
         BroodError::Interrupted {
             session: self.session.session_id.clone(),
@@ -633,25 +646,22 @@ impl Handler<SetTurn> for SessionOwner {
     }
 }
 
-impl Handler<Status> for SessionOwner {
-    type Result = MessageResult<Status>;
+impl Handler<GetCounts> for SessionOwner {
+    type Result = MessageResult<GetCounts>;
 
-    fn handle(&mut self, msg: Status, _: &mut Context<Self>) -> Self::Result {
-        let ready = self.router.ready_count(now_ms());
+    fn handle(&mut self, _: GetCounts, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.counts())
+    }
+}
+
+impl Handler<GetStatus> for SessionOwner {
+    type Result = MessageResult<GetStatus>;
+
+    fn handle(&mut self, _: GetStatus, _: &mut Context<Self>) -> Self::Result {
         MessageResult(SessionStatus {
-            info: self.info(),
-            queued: self.capacity.queued(),
-            running: self.capacity.running(),
-            ready,
-            backing_off: self.router.pending_count().saturating_sub(ready),
-            claimed: self.router.claimed_count(),
-            delivered: self.book.delivered(),
-            calls: if msg.calls {
-                self.book.call_statuses()
-            } else {
-                Vec::new()
-            },
-            claims: if msg.calls { self.live_claims() } else { Vec::new() },
+            counts: self.counts(),
+            calls: self.book.call_statuses(),
+            claims: self.live_claims(),
         })
     }
 }
