@@ -51,7 +51,7 @@ use std::time::Duration;
 use actix::{Addr, Handler, Message};
 use brood_actors::actors::owner::{self, claim_session, SessionOwner};
 pub use brood_actors::actors::supervisor::Health;
-use brood_actors::actors::supervisor::{CheckHealth, DeadLetters, FindOwner, OpenSession, RestartOwner, Supervisor};
+use brood_actors::actors::supervisor::{GetDeadLetters, GetHealth, GetOwner, OpenSession, RestartOwner, Supervisor};
 use brood_actors::actors::{Engine, Owners};
 use brood_actors::events::Events;
 use brood_actors::ledger::Ledger;
@@ -228,7 +228,7 @@ impl BroodHandle {
         if let Some(addr) = self.owners.get(session_id) {
             return Ok(addr.clone());
         }
-        self.root.send(FindOwner(session_id.to_string())).await?
+        self.root.send(GetOwner(session_id.to_string())).await?
     }
 
     /// A lost answer means the owner died mid-request (or the engine stopped).
@@ -338,7 +338,7 @@ impl BroodHandle {
         let ended = || BroodError::ParentEnded {
             session: session_id.to_string(),
         };
-        let msg = owner::ChildState {
+        let msg = owner::GetChildStatus {
             call_id: call_id.to_string(),
             task,
         };
@@ -402,7 +402,7 @@ impl BroodHandle {
         let claimed = self
             .ask(
                 session_id,
-                owner::Boundary {
+                owner::ClaimReady {
                     consumer: consumer.to_string(),
                     lease_ms,
                 },
@@ -525,12 +525,12 @@ impl BroodHandle {
     /// Whether the engine can take work (its actors answer and it can record results), without
     /// reading the ledger: cheap enough for a health probe.
     pub async fn health(&self) -> Result<Health, BroodError> {
-        self.root.send(CheckHealth).await?
+        self.root.send(GetHealth).await?
     }
 
     /// Items that ran out of delivery attempts.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, BroodError> {
-        self.root.send(DeadLetters).await?
+        self.root.send(GetDeadLetters).await?
     }
 
     /// Drains the engine before a stop: no queued child starts any more (they stay queued,
@@ -570,7 +570,7 @@ impl BroodHandle {
                 }
             } else {
                 // Given up (past its restart budget), or the engine stopped.
-                self.root.send(FindOwner(session_id.to_string())).await??;
+                self.root.send(GetOwner(session_id.to_string())).await??;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -592,7 +592,7 @@ fn run_engine(config: BroodConfig, started: std::sync::mpsc::Sender<Result<Start
         let root = Supervisor::start_engine(engine.clone(), Default::default())?;
         // Answered once the supervisor started: every recovered session's owner is
         // registered by then, so what `open` returns knows them all.
-        let _ = root.send(CheckHealth).await;
+        let _ = root.send(GetHealth).await;
         Ok::<_, LedgerError>((root, engine))
     });
     match opened {

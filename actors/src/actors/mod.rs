@@ -173,7 +173,7 @@ impl Engine {
         let (reply, answer) = tokio::sync::oneshot::channel();
         if let Ok(current) = self.coalescer.read() {
             if let Some(c) = current.as_ref() {
-                c.do_send(coalescer::Completion { terminal, reply });
+                c.do_send(coalescer::ChildEnded { terminal, reply });
             }
         }
         answer

@@ -44,15 +44,16 @@ pub struct OpenSession {
     pub defaults: (u32, u32),
 }
 
-/// Where a session's owner is.
+/// Where a session's owner is (with a shared ledger, a stored session that no process serves
+/// is taken up here first).
 #[derive(Debug, Message)]
 #[rtype(result = "Result<Addr<SessionOwner>, BroodError>")]
-pub struct FindOwner(pub String);
+pub struct GetOwner(pub String);
 
 /// Every dead letter.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<Vec<DeadLetterRow>, BroodError>")]
-pub struct DeadLetters;
+pub struct GetDeadLetters;
 
 /// Rebuilds a session's owner from the ledger as a restart after a panic would (its live claims
 /// returned, its running children adopted), without a panic and outside the restart budget:
@@ -65,9 +66,9 @@ pub struct RestartOwner(pub String);
 /// nothing can be recorded) is alive. Reads nothing from the ledger.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<Health, BroodError>")]
-pub struct CheckHealth;
+pub struct GetHealth;
 
-/// What [`CheckHealth`] found.
+/// What [`GetHealth`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
     /// Sessions routed.
@@ -575,10 +576,10 @@ impl Handler<OwnerExited> for Supervisor {
     }
 }
 
-impl Handler<FindOwner> for Supervisor {
+impl Handler<GetOwner> for Supervisor {
     type Result = futures::future::LocalBoxFuture<'static, Result<Addr<SessionOwner>, BroodError>>;
 
-    fn handle(&mut self, FindOwner(id): FindOwner, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, GetOwner(id): GetOwner, ctx: &mut Context<Self>) -> Self::Result {
         if let Some(reason) = self.failed.get(&id) {
             let e = BroodError::SessionFailed {
                 session: id,
@@ -616,10 +617,10 @@ impl Handler<RestartOwner> for Supervisor {
     }
 }
 
-impl Handler<CheckHealth> for Supervisor {
+impl Handler<GetHealth> for Supervisor {
     type Result = Result<Health, BroodError>;
 
-    fn handle(&mut self, _: CheckHealth, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: GetHealth, _: &mut Context<Self>) -> Self::Result {
         match self.engine.coalescer() {
             Some(c) if c.connected() => Ok(Health {
                 sessions: self.engine.owners.len(),
@@ -630,10 +631,10 @@ impl Handler<CheckHealth> for Supervisor {
     }
 }
 
-impl Handler<DeadLetters> for Supervisor {
+impl Handler<GetDeadLetters> for Supervisor {
     type Result = Result<Vec<DeadLetterRow>, BroodError>;
 
-    fn handle(&mut self, _: DeadLetters, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: GetDeadLetters, _: &mut Context<Self>) -> Self::Result {
         Ok(self.engine.ledger.dead_letters()?)
     }
 }

@@ -36,14 +36,14 @@ struct Decision {
 /// The running children a cancel stopped are stopped or known gone: their slots are free.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-struct RunnersGone {
+struct RunnersEnded {
     children: Vec<String>,
 }
 
-impl Handler<RunnersGone> for SessionOwner {
+impl Handler<RunnersEnded> for SessionOwner {
     type Result = ();
 
-    fn handle(&mut self, RunnersGone { children }: RunnersGone, ctx: &mut Context<Self>) {
+    fn handle(&mut self, RunnersEnded { children }: RunnersEnded, ctx: &mut Context<Self>) {
         for child in &children {
             self.capacity.finish(child);
             self.stopping.remove(child);
@@ -107,7 +107,7 @@ impl SessionOwner {
             // Their slots are free once the owner that held them knows (a successor of it
             // counted afresh what it found alive).
             if let (Some(children), Some(owner)) = (stopped, me.upgrade()) {
-                let _ = owner.send(RunnersGone { children }).await;
+                let _ = owner.send(RunnersEnded { children }).await;
             }
             let mut cancelled = recorded?;
             // A child whose own end was recorded before its cancel row had ended already.

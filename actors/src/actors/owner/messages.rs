@@ -35,7 +35,7 @@ pub struct Recorded {
 /// rendering happens off the routing thread, in the embedding API.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<Option<Envelope>, BroodError>")]
-pub struct Boundary {
+pub struct ClaimReady {
     /// Who claims.
     pub consumer: String,
     /// Lease length in ms.
@@ -125,7 +125,7 @@ pub struct EndNested {
 /// settled call left memory: every child of it had ended).
 #[derive(Debug, Message)]
 #[rtype(result = "Option<crate::model::ChildStatus>")]
-pub struct ChildState {
+pub struct GetChildStatus {
     /// The call.
     pub call_id: String,
     /// The child's task index.

@@ -119,7 +119,7 @@ pub struct SessionOwner {
     /// Changes applied, for sampling the book's check in a release build.
     changes: u64,
     /// Running children a cancel of this owner is stopping: each keeps its slot until its
-    /// runner is stopped or known gone (the cancel's `RunnersGone`), and only those may hold a
+    /// runner is stopped or known gone (the cancel's `RunnersEnded`), and only those may hold a
     /// slot once they ended, are being cancelled, or their call left memory.
     stopping: foldhash::HashSet<String>,
     /// Cancels an owner before this one decided wait for starts of children of this session
@@ -596,10 +596,10 @@ impl Handler<DropIfIdle> for SessionOwner {
     }
 }
 
-impl Handler<ChildState> for SessionOwner {
+impl Handler<GetChildStatus> for SessionOwner {
     type Result = Option<ChildStatus>;
 
-    fn handle(&mut self, msg: ChildState, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: GetChildStatus, _: &mut Context<Self>) -> Self::Result {
         self.child_status(&msg.call_id, msg.task)
     }
 }
@@ -619,10 +619,10 @@ impl Handler<Recorded> for SessionOwner {
     }
 }
 
-impl Handler<Boundary> for SessionOwner {
+impl Handler<ClaimReady> for SessionOwner {
     type Result = Result<Option<Envelope>, BroodError>;
 
-    fn handle(&mut self, msg: Boundary, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: ClaimReady, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
         // Claims are not fenced by a write: none is handed out once the lease may have run out.
         self.engine.check_serving(&self.session.session_id)?;

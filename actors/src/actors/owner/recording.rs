@@ -6,7 +6,7 @@
 use actix::prelude::*;
 
 use super::SessionOwner;
-use crate::actors::unit::{Unit, UnitComplete};
+use crate::actors::unit::{Unit, UnitCompleted};
 use crate::model::*;
 use crate::routing::{on_child_end, Publish};
 
@@ -87,7 +87,7 @@ impl SessionOwner {
             // addresses are dropped there too.
             let _ = self.engine.children_arbiter.spawn_fn(move || {
                 for addr in completed {
-                    addr.do_send(UnitComplete);
+                    addr.do_send(UnitCompleted);
                 }
             });
         }
