@@ -701,12 +701,12 @@ async fn check_status(t: &TestBrood, m: &mut Model) {
             st.counts.running
         )
     });
-    // An owner whose book broke panics (in a test build) and is rebuilt from the ledger, which
+    // An owner whose owed calls' invariants broke panics (in a test build) and is rebuilt from the ledger, which
     // may hide what broke: the count of faults tells.
     let broken = brood_actors::actors::owner::broken_invariants();
     m.check(broken == m.broken_before, || {
         format!(
-            "an owner found its book's invariants broken {} times (its panic message says how)",
+            "an owner found its owed calls' invariants broken {} times (its panic message says how)",
             broken - m.broken_before
         )
     });

@@ -30,7 +30,7 @@
 //!   its row is on its way waits for the same answer.
 //!
 //! The queues are shared between the engine's runner thread (runners are `!Send` futures) and
-//! the HTTP workers: one `std` mutex over the `Book` (pure bookkeeping, every decision takes
+//! the HTTP workers: one `std` mutex over the `Roster` (pure bookkeeping, every decision takes
 //! the time as an argument), a `tokio` [`Notify`] that wakes long polls, and a oneshot per child
 //! that carries the worker's output to its runner. Nothing is durable here: after a restart,
 //! recovery decides what becomes of a child that was queued or leased (DESIGN.md I6).
@@ -236,13 +236,13 @@ enum Standing {
     Gone,
 }
 
-/// The queues' bookkeeping: which children wait in which queue, in order, and who holds the
-/// rest. Pure: the caller passes the time and the new tokens, and beats the stall clocks `P`
+/// The queues' roster: which children wait in which queue, in order, and which worker holds
+/// each of the rest. Pure: the caller passes the time and the new tokens, and beats the stall clocks `P`
 /// it is handed back.
 ///
 /// Invariant: a child is in `waiting` exactly when it has an entry without a lease that is not
 /// cancelled.
-struct Book<P> {
+struct Roster<P> {
     entries: HashMap<String, Entry<P>>,
     waiting: HashMap<String, VecDeque<String>>,
     next_ticket: u64,
@@ -258,9 +258,9 @@ struct Book<P> {
 /// How many children brood took from their workers are remembered as such.
 const ENDED_KEPT: usize = 10_000;
 
-impl<P> Default for Book<P> {
+impl<P> Default for Roster<P> {
     fn default() -> Self {
-        Book {
+        Roster {
             entries: HashMap::new(),
             waiting: HashMap::new(),
             next_ticket: 0,
@@ -271,16 +271,16 @@ impl<P> Default for Book<P> {
     }
 }
 
-impl<P> fmt::Debug for Book<P> {
+impl<P> fmt::Debug for Roster<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Book")
+        f.debug_struct("Roster")
             .field("children", &self.entries.len())
             .field("queues", &self.waiting.len())
             .finish()
     }
 }
 
-impl<P: Clone> Book<P> {
+impl<P: Clone> Roster<P> {
     /// Queues a child at the back of `queue`; answers its ticket.
     fn enqueue(
         &mut self,
@@ -440,7 +440,7 @@ impl<P: Clone> Book<P> {
     }
 
     /// Ends the lease `token` of `child_id` now (its holder is known to be nobody), so that the
-    /// next [`Book::expire`] takes it back; whether it was that lease.
+    /// next [`Roster::expire`] takes it back; whether it was that lease.
     fn lapse(&mut self, child_id: &str, token: &str, now: Instant) -> bool {
         match self.entries.get_mut(child_id).and_then(|e| e.lease.as_mut()) {
             Some(l) if l.token == token => {
@@ -518,13 +518,13 @@ impl<P: Clone> Book<P> {
 /// The work queues of `external` children, shared by their runners and the worker endpoints.
 #[derive(Debug, Default)]
 pub struct WorkQueues {
-    book: Mutex<Book<Progress>>,
+    roster: Mutex<Roster<Progress>>,
     /// Wakes long polls when a child is queued (or queued again).
     queued: Notify,
     /// When several processes share the ledger: the shared list of waiting children, and where
     /// this process takes requests (named in its tokens).
     shared: std::sync::OnceLock<(Arc<dyn WorkDirectory>, String)>,
-    /// How many completions wait for their rows (the book's `recording`), read without the
+    /// How many completions wait for their rows (the roster's `recording`), read without the
     /// lock by [`WorkQueues::recorded`], which every child's end calls.
     awaiting: std::sync::atomic::AtomicUsize,
     /// Takes other processes asked for by id (see [`WorkQueues::take`], [`WorkQueues::untake`]).
@@ -574,9 +574,9 @@ impl WorkQueues {
         Self::default()
     }
 
-    fn book(&self) -> MutexGuard<'_, Book<Progress>> {
-        // The book's methods do not panic between changes; a poisoned lock holds a whole book.
-        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    fn roster(&self) -> MutexGuard<'_, Roster<Progress>> {
+        // The roster's methods do not panic between changes; a poisoned lock holds a whole roster.
+        self.roster.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Lists this process's waiting children in `directory` from now on, for workers polling
@@ -611,17 +611,17 @@ impl WorkQueues {
     /// Whether this process's queues hold the child: waiting, leased to a worker, or ended by
     /// its worker with a completion whose row is on its way.
     pub fn holds(&self, child_id: &str) -> bool {
-        let book = self.book();
-        book.entries.contains_key(child_id) || book.recording.contains_key(child_id)
+        let roster = self.roster();
+        roster.entries.contains_key(child_id) || roster.recording.contains_key(child_id)
     }
 
     /// Whether this process's queues know the child: waiting, leased to a worker, completed
     /// with its row on its way, or taken from its worker by brood lately.
     pub fn knows(&self, child_id: &str) -> bool {
-        let book = self.book();
-        book.entries.contains_key(child_id)
-            || book.ended_set.contains(child_id)
-            || book.recording.contains_key(child_id)
+        let roster = self.roster();
+        roster.entries.contains_key(child_id)
+            || roster.ended_set.contains(child_id)
+            || roster.recording.contains_key(child_id)
     }
 
     fn post(&self, child_id: &str, queue: &str) {
@@ -672,7 +672,7 @@ impl WorkQueues {
         let taken = self.takes().forget(take_id);
         match taken {
             Some(Take::Handed { child_id: c, token }) if c == child_id => {
-                if self.book().lapse(child_id, &token, Instant::now()) {
+                if self.roster().lapse(child_id, &token, Instant::now()) {
                     tracing::debug!(child = %child_id, "a take its asker gave up on is taken back; the child is queued again");
                     self.expire(child_id);
                 }
@@ -689,7 +689,7 @@ impl WorkQueues {
     fn hand_out_taken(&self, child_id: &str, worker: &str, lease: Duration) -> Option<Handout> {
         let token = self.new_token();
         let (h, progress) = self
-            .book()
+            .roster()
             .hand_out_child(child_id, worker, lease, token, Instant::now())?;
         progress.beat();
         tracing::debug!(child = %h.child_id, worker = %crate::printable(worker), "child handed to a worker polling another process");
@@ -700,7 +700,7 @@ impl WorkQueues {
     fn enqueue(self: &Arc<Self>, ctx: &RunContext, queue: &str) -> (Ticket, oneshot::Receiver<RunOutput>) {
         let (tx, rx) = oneshot::channel();
         let ticket = self
-            .book()
+            .roster()
             .enqueue(&ctx.child_id, queue, &ctx.goal, ctx.progress.clone(), tx);
         self.post(&ctx.child_id, queue);
         self.queued.notify_waiters();
@@ -717,10 +717,10 @@ impl WorkQueues {
         // The queue it went back to is read under the same lock: a cancel in between would
         // otherwise have it listed again for the other processes.
         let (standing, requeued_to) = {
-            let mut book = self.book();
-            let (standing, requeued) = book.expire(child_id, Instant::now());
+            let mut roster = self.roster();
+            let (standing, requeued) = roster.expire(child_id, Instant::now());
             let queue = requeued
-                .then(|| book.entries.get(child_id).map(|e| e.queue.clone()))
+                .then(|| roster.entries.get(child_id).map(|e| e.queue.clone()))
                 .flatten();
             (standing, queue)
         };
@@ -736,12 +736,12 @@ impl WorkQueues {
     pub async fn poll(&self, queue: &str, worker: &str, wait: Duration, lease: Duration) -> Option<Handout> {
         let deadline = Instant::now() + wait;
         loop {
-            // Registered before the book is read, so a child queued after the read wakes it.
+            // Registered before the roster is read, so a child queued after the read wakes it.
             let queued = self.queued.notified();
             tokio::pin!(queued);
             queued.as_mut().enable();
             let token = self.new_token();
-            let handed = self.book().hand_out(queue, worker, lease, token, Instant::now());
+            let handed = self.roster().hand_out(queue, worker, lease, token, Instant::now());
             if let Some((h, progress)) = handed {
                 self.withdraw(&h.child_id);
                 // Taken by a worker: from now on its heartbeats beat the stall clock.
@@ -763,7 +763,7 @@ impl WorkQueues {
     /// children's thread, maybe later), so that from the cancel's answer on its worker hears
     /// [`WorkError::Ended`]. Nothing when no queue holds it.
     pub fn cancelled(&self, child_id: &str) {
-        let marked = self.book().cancel(child_id);
+        let marked = self.roster().cancel(child_id);
         if marked {
             self.withdraw(child_id);
         }
@@ -772,7 +772,7 @@ impl WorkQueues {
     /// Renews the lease of the worker holding `token`, and beats the child's stall clock (with
     /// `progress` as its partial result, if given); answers the lease period.
     pub fn heartbeat(&self, child_id: &str, token: &str, progress: Option<String>) -> Result<Duration, WorkError> {
-        let (lease, beat) = self.book().renew(child_id, token, Instant::now())?;
+        let (lease, beat) = self.roster().renew(child_id, token, Instant::now())?;
         match progress {
             Some(p) => beat.partial(p),
             None => beat.beat(),
@@ -786,10 +786,10 @@ impl WorkQueues {
     pub fn complete(&self, child_id: &str, token: &str, output: RunOutput) -> Result<Completing, WorkError> {
         let (tx, rx) = oneshot::channel();
         let done = {
-            let mut book = self.book();
-            let done = book.finish(child_id, token, &output, tx, Instant::now())?;
+            let mut roster = self.roster();
+            let done = roster.finish(child_id, token, &output, tx, Instant::now())?;
             self.awaiting
-                .store(book.recording.len(), std::sync::atomic::Ordering::Release);
+                .store(roster.recording.len(), std::sync::atomic::Ordering::Release);
             done
         };
         if let Some(done) = done {
@@ -819,10 +819,10 @@ impl WorkQueues {
     /// their completion).
     fn recorded_as(&self, child_id: &str, outcome: Option<RecordOutcome>) {
         let waiters = {
-            let mut book = self.book();
-            let waiters = book.recorded(child_id);
+            let mut roster = self.roster();
+            let waiters = roster.recorded(child_id);
             self.awaiting
-                .store(book.recording.len(), std::sync::atomic::Ordering::Release);
+                .store(roster.recording.len(), std::sync::atomic::Ordering::Release);
             waiters
         };
         if let Some(outcome) = outcome {
@@ -844,7 +844,7 @@ struct Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         // Only this run's entry: a re-run of the child replaced it (and its listing) already.
-        if self.queues.book().remove(&self.child_id, self.ticket) {
+        if self.queues.roster().remove(&self.child_id, self.ticket) {
             self.queues.withdraw(&self.child_id);
         }
     }
@@ -897,16 +897,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// A book whose stall clocks are nothing (the queues beat them, not the book).
-    fn book_with(children: &[(&str, &str)]) -> (Book<()>, Vec<oneshot::Receiver<RunOutput>>) {
-        let mut book = Book::default();
+    /// A roster whose stall clocks are nothing (the queues beat them, not the roster).
+    fn book_with(children: &[(&str, &str)]) -> (Roster<()>, Vec<oneshot::Receiver<RunOutput>>) {
+        let mut roster = Roster::default();
         let mut rxs = Vec::new();
         for (child, queue) in children {
             let (tx, rx) = oneshot::channel();
-            book.enqueue(child, queue, &format!("goal of {child}"), (), tx);
+            roster.enqueue(child, queue, &format!("goal of {child}"), (), tx);
             rxs.push(rx);
         }
-        (book, rxs)
+        (roster, rxs)
     }
 
     const LEASE: Duration = Duration::from_millis(1000);
@@ -919,54 +919,54 @@ mod tests {
 
     /// Ends a child with `done("ok")`, its waiter dropped.
     fn finish(
-        book: &mut Book<()>,
+        roster: &mut Roster<()>,
         child: &str,
         token: &str,
         now: Instant,
     ) -> Result<Option<oneshot::Sender<RunOutput>>, WorkError> {
         let (tx, _rx) = oneshot::channel();
-        book.finish(child, token, &done("ok"), tx, now)
+        roster.finish(child, token, &done("ok"), tx, now)
     }
 
     #[test]
     fn a_cancelled_child_is_handed_to_nobody_and_its_worker_hears_it_ended_while_its_runner_waits() {
-        let (mut book, mut rx) = book_with(&[("held", "q"), ("waiting", "q")]);
+        let (mut roster, mut rx) = book_with(&[("held", "q"), ("waiting", "q")]);
         let now = Instant::now();
-        let (h, ()) = book.hand_out("q", "w", LEASE, "t1".into(), now).unwrap();
+        let (h, ()) = roster.hand_out("q", "w", LEASE, "t1".into(), now).unwrap();
         assert_eq!(h.child_id, "held");
-        assert!(book.cancel("held") && book.cancel("waiting"));
-        assert!(!book.cancel("held"), "once");
-        assert!(!book.cancel("nobody"));
-        assert_eq!(book.renew("held", "t1", now), Err(WorkError::Ended("held".into())));
+        assert!(roster.cancel("held") && roster.cancel("waiting"));
+        assert!(!roster.cancel("held"), "once");
+        assert!(!roster.cancel("nobody"));
+        assert_eq!(roster.renew("held", "t1", now), Err(WorkError::Ended("held".into())));
         assert_eq!(
-            finish(&mut book, "held", "t1", now).err(),
+            finish(&mut roster, "held", "t1", now).err(),
             Some(WorkError::Ended("held".into()))
         );
         assert!(
-            book.hand_out("q", "w", LEASE, "t2".into(), now).is_none(),
+            roster.hand_out("q", "w", LEASE, "t2".into(), now).is_none(),
             "not handed out"
         );
-        assert!(book.hand_out_child("waiting", "w", LEASE, "t3".into(), now).is_none());
+        assert!(roster.hand_out_child("waiting", "w", LEASE, "t3".into(), now).is_none());
         // A lapsed lease does not queue it again.
-        assert_eq!(book.expire("held", now + 2 * LEASE), (Standing::Gone, false));
-        assert!(book.hand_out("q", "w", LEASE, "t4".into(), now).is_none());
+        assert_eq!(roster.expire("held", now + 2 * LEASE), (Standing::Gone, false));
+        assert!(roster.hand_out("q", "w", LEASE, "t4".into(), now).is_none());
         // Its runner is not woken: it ends when brood drops it.
         assert!(matches!(rx[0].try_recv(), Err(oneshot::error::TryRecvError::Empty)));
-        assert!(book.remove("held", 1), "the runner's own ticket removes it");
-        assert_eq!(book.renew("held", "t1", now), Err(WorkError::Ended("held".into())));
+        assert!(roster.remove("held", 1), "the runner's own ticket removes it");
+        assert_eq!(roster.renew("held", "t1", now), Err(WorkError::Ended("held".into())));
     }
 
     #[test]
     fn a_lease_its_taker_gave_up_on_lapses_at_once_and_only_with_its_token() {
-        let (mut book, _rx) = book_with(&[("c", "q")]);
+        let (mut roster, _rx) = book_with(&[("c", "q")]);
         let now = Instant::now();
-        let (h, ()) = book.hand_out_child("c", "w", LEASE, "t1".into(), now).unwrap();
+        let (h, ()) = roster.hand_out_child("c", "w", LEASE, "t1".into(), now).unwrap();
         assert_eq!(h.child_id, "c");
-        assert!(!book.lapse("c", "other", now), "another token is not that lease");
-        assert!(!book.expire("c", now).1, "still leased");
-        assert!(book.lapse("c", "t1", now));
-        assert_eq!(book.expire("c", now), (Standing::Queued, true), "queued again");
-        assert!(book.hand_out("q", "w2", LEASE, "t2".into(), now).is_some());
+        assert!(!roster.lapse("c", "other", now), "another token is not that lease");
+        assert!(!roster.expire("c", now).1, "still leased");
+        assert!(roster.lapse("c", "t1", now));
+        assert_eq!(roster.expire("c", now), (Standing::Queued, true), "queued again");
+        assert!(roster.hand_out("q", "w2", LEASE, "t2".into(), now).is_some());
     }
 
     #[test]
@@ -983,55 +983,59 @@ mod tests {
 
     #[test]
     fn children_are_handed_out_in_order_per_queue() {
-        let (mut book, _rx) = book_with(&[("a", "q"), ("b", "other"), ("c", "q")]);
+        let (mut roster, _rx) = book_with(&[("a", "q"), ("b", "other"), ("c", "q")]);
         let now = Instant::now();
-        let (h, ()) = book.hand_out("q", "w", LEASE, "t1".into(), now).unwrap();
+        let (h, ()) = roster.hand_out("q", "w", LEASE, "t1".into(), now).unwrap();
         assert_eq!(
             (h.child_id.as_str(), h.goal.as_str(), h.lease_ms),
             ("a", "goal of a", 1000)
         );
         assert_eq!(
-            book.hand_out("q", "w", LEASE, "t2".into(), now).unwrap().0.child_id,
+            roster.hand_out("q", "w", LEASE, "t2".into(), now).unwrap().0.child_id,
             "c"
         );
-        assert_eq!(book.hand_out("q", "w", LEASE, "t3".into(), now), None);
+        assert_eq!(roster.hand_out("q", "w", LEASE, "t3".into(), now), None);
         assert_eq!(
-            book.hand_out("other", "w", LEASE, "t4".into(), now).unwrap().0.child_id,
+            roster
+                .hand_out("other", "w", LEASE, "t4".into(), now)
+                .unwrap()
+                .0
+                .child_id,
             "b"
         );
-        assert_eq!(book.hand_out("nowhere", "w", LEASE, "t5".into(), now), None);
+        assert_eq!(roster.hand_out("nowhere", "w", LEASE, "t5".into(), now), None);
     }
 
     #[test]
     fn a_lapsed_lease_puts_the_child_first_in_line_and_stales_its_token() {
-        let (mut book, _rx) = book_with(&[("a", "q"), ("b", "q")]);
+        let (mut roster, _rx) = book_with(&[("a", "q"), ("b", "q")]);
         let t0 = Instant::now();
-        book.hand_out("q", "w1", LEASE, "old".into(), t0).unwrap();
+        roster.hand_out("q", "w1", LEASE, "old".into(), t0).unwrap();
         assert_eq!(
-            book.expire("a", t0 + LEASE / 2),
+            roster.expire("a", t0 + LEASE / 2),
             (Standing::Leased { expires_at: t0 + LEASE }, false)
         );
         assert_eq!(
-            book.expire("a", t0 + LEASE),
+            roster.expire("a", t0 + LEASE),
             (Standing::Queued, true),
             "expired at its deadline"
         );
         assert_eq!(
-            book.renew("a", "old", t0 + LEASE).unwrap_err(),
+            roster.renew("a", "old", t0 + LEASE).unwrap_err(),
             WorkError::StaleToken("a".into())
         );
-        let (h, ()) = book.hand_out("q", "w2", LEASE, "new".into(), t0 + LEASE).unwrap();
+        let (h, ()) = roster.hand_out("q", "w2", LEASE, "new".into(), t0 + LEASE).unwrap();
         assert_eq!(h.child_id, "a", "before b, which waited less");
-        assert!(finish(&mut book, "a", "old", t0 + LEASE).is_err());
-        assert!(finish(&mut book, "a", "new", t0 + LEASE).is_ok());
+        assert!(finish(&mut roster, "a", "old", t0 + LEASE).is_err());
+        assert!(finish(&mut roster, "a", "new", t0 + LEASE).is_ok());
         assert_eq!(
-            book.renew("a", "new", t0 + LEASE).unwrap_err(),
+            roster.renew("a", "new", t0 + LEASE).unwrap_err(),
             WorkError::Ended("a".into()),
             "completed, its row on its way"
         );
-        book.recorded("a");
+        roster.recorded("a");
         assert_eq!(
-            book.renew("a", "new", t0 + LEASE).unwrap_err(),
+            roster.renew("a", "new", t0 + LEASE).unwrap_err(),
             WorkError::UnknownChild("a".into()),
             "recorded: the queues let go of it"
         );
@@ -1039,19 +1043,19 @@ mod tests {
 
     #[test]
     fn a_heartbeat_after_the_deadline_is_stale_even_if_nobody_looked() {
-        let (mut book, _rx) = book_with(&[("a", "q")]);
+        let (mut roster, _rx) = book_with(&[("a", "q")]);
         let t0 = Instant::now();
-        book.hand_out("q", "w", LEASE, "tok".into(), t0).unwrap();
-        let (lease, _) = book.renew("a", "tok", t0 + LEASE / 2).unwrap();
+        roster.hand_out("q", "w", LEASE, "tok".into(), t0).unwrap();
+        let (lease, _) = roster.renew("a", "tok", t0 + LEASE / 2).unwrap();
         assert_eq!(lease, LEASE);
         // Renewed at 0.5 s: good until 1.5 s.
-        assert!(book.renew("a", "tok", t0 + LEASE * 14 / 10).is_ok());
+        assert!(roster.renew("a", "tok", t0 + LEASE * 14 / 10).is_ok());
         assert_eq!(
-            book.renew("a", "tok", t0 + LEASE * 3).unwrap_err(),
+            roster.renew("a", "tok", t0 + LEASE * 3).unwrap_err(),
             WorkError::StaleToken("a".into())
         );
         assert_eq!(
-            book.expire("a", t0 + LEASE * 3).0,
+            roster.expire("a", t0 + LEASE * 3).0,
             Standing::Queued,
             "and the child is queued again"
         );
@@ -1059,52 +1063,52 @@ mod tests {
 
     #[test]
     fn wrong_tokens_and_unknown_children_are_refused() {
-        let (mut book, _rx) = book_with(&[("a", "q")]);
+        let (mut roster, _rx) = book_with(&[("a", "q")]);
         let now = Instant::now();
         assert_eq!(
-            book.renew("a", "any", now).unwrap_err(),
+            roster.renew("a", "any", now).unwrap_err(),
             WorkError::StaleToken("a".into()),
             "not leased yet"
         );
-        book.hand_out("q", "w", LEASE, "tok".into(), now).unwrap();
+        roster.hand_out("q", "w", LEASE, "tok".into(), now).unwrap();
         assert_eq!(
-            finish(&mut book, "a", "tak", now).unwrap_err(),
+            finish(&mut roster, "a", "tak", now).unwrap_err(),
             WorkError::StaleToken("a".into())
         );
         assert_eq!(
-            finish(&mut book, "zz", "tok", now).unwrap_err(),
+            finish(&mut roster, "zz", "tok", now).unwrap_err(),
             WorkError::UnknownChild("zz".into())
         );
     }
 
     #[test]
     fn the_same_completion_again_waits_for_the_same_row_and_another_is_refused() {
-        let (mut book, _rx) = book_with(&[("a", "q")]);
+        let (mut roster, _rx) = book_with(&[("a", "q")]);
         let now = Instant::now();
-        book.hand_out("q", "w", LEASE, "tok".into(), now).unwrap();
+        roster.hand_out("q", "w", LEASE, "tok".into(), now).unwrap();
         let (first, mut first_rx) = oneshot::channel();
-        assert!(book.finish("a", "tok", &done("ok"), first, now).unwrap().is_some());
+        assert!(roster.finish("a", "tok", &done("ok"), first, now).unwrap().is_some());
         let (again, mut again_rx) = oneshot::channel();
         assert!(
-            book.finish("a", "tok", &done("ok"), again, now).unwrap().is_none(),
+            roster.finish("a", "tok", &done("ok"), again, now).unwrap().is_none(),
             "joined: the runner has its output already"
         );
         for (token, output) in [("tok", done("other")), ("wrong", done("ok"))] {
             let (tx, _rx) = oneshot::channel();
             assert_eq!(
-                book.finish("a", token, &output, tx, now).unwrap_err(),
+                roster.finish("a", token, &output, tx, now).unwrap_err(),
                 WorkError::Ended("a".into()),
                 "{token} {output:?}"
             );
         }
-        let waiters = book.recorded("a");
+        let waiters = roster.recorded("a");
         assert_eq!(waiters.len(), 2);
         for w in waiters {
             w.send(RecordOutcome::Stored(ChildStatus::Succeeded)).unwrap();
         }
         assert_eq!(first_rx.try_recv(), Ok(RecordOutcome::Stored(ChildStatus::Succeeded)));
         assert_eq!(again_rx.try_recv(), Ok(RecordOutcome::Stored(ChildStatus::Succeeded)));
-        assert!(book.recorded("a").is_empty(), "told once");
+        assert!(roster.recorded("a").is_empty(), "told once");
     }
 
     #[test]
@@ -1182,19 +1186,19 @@ mod tests {
 
     #[test]
     fn only_its_own_run_removes_a_child() {
-        let (mut book, _rx) = book_with(&[("a", "q")]);
+        let (mut roster, _rx) = book_with(&[("a", "q")]);
         let (tx, _rx2) = oneshot::channel();
-        let second = book.enqueue("a", "q", "again", (), tx);
-        book.remove("a", second - 1);
+        let second = roster.enqueue("a", "q", "again", (), tx);
+        roster.remove("a", second - 1);
         assert_eq!(
-            book.expire("a", Instant::now()).0,
+            roster.expire("a", Instant::now()).0,
             Standing::Queued,
             "the first run's ticket is spent"
         );
-        assert_eq!(book.waiting["q"].len(), 1, "queued once, not twice");
-        book.remove("a", second);
-        assert_eq!(book.expire("a", Instant::now()).0, Standing::Gone);
-        assert!(book.waiting.is_empty());
+        assert_eq!(roster.waiting["q"].len(), 1, "queued once, not twice");
+        roster.remove("a", second);
+        assert_eq!(roster.expire("a", Instant::now()).0, Standing::Gone);
+        assert!(roster.waiting.is_empty());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! durable when it must be, applied to memory only after its flush succeeded. Rendering, wake
 //! I/O and runner work happen elsewhere.
 //!
-//! The parts, one job each: [`messages`] (what it is asked and answers), `book` (the calls,
+//! The parts, one job each: [`messages`] (what it is asked and answers), `owed` (the calls,
 //! units and children it holds), `persist` (the write → flush → apply step and its group
 //! commit), `dispatch` (accepting calls, admitting and starting children), `recording`
 //! (completions), `claims` (boundaries, acks, releases, expiries, dead letters), `sync` (sync
@@ -16,12 +16,12 @@
 //! earliest one.
 
 mod apply;
-mod book;
 mod cancel;
 mod claims;
 mod dispatch;
 mod invariants;
 mod nest;
+mod owed;
 pub use invariants::broken_invariants;
 pub mod messages;
 mod persist;
@@ -37,7 +37,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use self::book::Book;
+use self::owed::OwedCalls;
 use self::persist::Persist;
 use super::supervise::{Exit, RestartBudgets, RestartPolicy};
 use super::Engine;
@@ -92,7 +92,7 @@ pub struct SessionOwner {
     session: SessionRow,
     wake: Option<WakeTarget>,
     wake_state: WakeState,
-    book: Book,
+    owed: OwedCalls,
     capacity: Capacity<String>,
     router: Router<String>,
     timer: Option<(u64, SpawnHandle)>,
@@ -116,7 +116,7 @@ pub struct SessionOwner {
     /// The ended children with a nested session a rebuild found (recovery ended them, or
     /// their end was stored already): their nested sessions are ended as the owner starts.
     resolved_ended: Vec<String>,
-    /// Changes applied, for sampling the book's check in a release build.
+    /// Changes applied, for sampling the owed calls' check in a release build.
     changes: u64,
     /// Running children a cancel of this owner is stopping: each keeps its slot until its
     /// runner is stopped or known gone (the cancel's `RunnersEnded`), and only those may hold a
@@ -132,14 +132,14 @@ pub struct SessionOwner {
     since_ms: u64,
 }
 
-/// A release build checks the book's invariants once every this many changes.
+/// A release build checks the owed calls' invariants once every this many changes.
 const RELEASE_CHECK_EVERY: u64 = 1024;
 
 impl std::fmt::Debug for SessionOwner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionOwner")
             .field("session", &self.session.session_id)
-            .field("calls", &self.book.calls.len())
+            .field("calls", &self.owed.calls.len())
             .field("running", &self.capacity.running())
             .finish()
     }
@@ -173,7 +173,7 @@ impl SessionOwner {
             session,
             wake: None,
             wake_state,
-            book: Book::default(),
+            owed: OwedCalls::default(),
             timer: None,
             unit_budgets: RestartBudgets::new(RestartPolicy::default()),
             persist: Persist::default(),
@@ -218,7 +218,7 @@ impl SessionOwner {
 
     /// The status of a child of a call this owner holds.
     pub(crate) fn child_status(&self, call_id: &str, task: u32) -> Option<ChildStatus> {
-        self.book.calls.get(call_id)?.child(task).map(|row| row.status)
+        self.owed.calls.get(call_id)?.child(task).map(|row| row.status)
     }
 
     /// This nested session's child ended: as it starts, the owner cancels its unfinished calls
@@ -233,7 +233,7 @@ impl SessionOwner {
         self.awaiting_parent
     }
 
-    /// Checks the book's invariants ([`invariants::book_faults`]) after a change: each time in
+    /// Checks the owed calls' invariants ([`invariants::owed_faults`]) after a change: each time in
     /// a debug build, where a fault panics; in a release build once every
     /// [`RELEASE_CHECK_EVERY`] changes (the check reads every child in memory), where a fault
     /// is logged and counted.
@@ -242,19 +242,19 @@ impl SessionOwner {
         if !cfg!(debug_assertions) && !self.changes.is_multiple_of(RELEASE_CHECK_EVERY) {
             return;
         }
-        let faults = invariants::book_faults(&self.book, &self.capacity, &self.stopping);
+        let faults = invariants::owed_faults(&self.owed, &self.capacity, &self.stopping);
         if faults.is_empty() {
             return;
         }
-        // Counted first: a test sees a fault even when the panic's rebuild healed the book.
+        // Counted first: a test sees a fault even when the panic's rebuild healed the owed calls.
         invariants::count(faults.len());
         debug_assert!(
             faults.is_empty(),
-            "session `{}`: the book's invariants broke: {}",
+            "session `{}`: the owed calls' invariants broke: {}",
             self.session.session_id,
             faults.join("; ")
         );
-        tracing::error!(faults = %faults.join("; "), "the book's invariants broke");
+        tracing::error!(faults = %faults.join("; "), "the owed calls' invariants broke");
     }
 
     /// The session this owner routes.
@@ -288,7 +288,7 @@ impl SessionOwner {
             ready,
             backing_off: self.router.pending_count().saturating_sub(ready),
             claimed: self.router.claimed_count(),
-            delivered: self.book.delivered(),
+            delivered: self.owed.delivered(),
         }
     }
 
@@ -321,9 +321,9 @@ impl SessionOwner {
         ids.sort();
         ids.dedup();
         for call_id in ids {
-            if self.book.settled(&call_id, |k| self.router.is_open(k)) {
+            if self.owed.settled(&call_id, |k| self.router.is_open(k)) {
                 let router = &mut self.router;
-                self.book.drop_call(&call_id, |key| router.forget(key));
+                self.owed.drop_call(&call_id, |key| router.forget(key));
                 self.engine.calls.remove(&call_id);
             }
         }
@@ -334,10 +334,10 @@ impl SessionOwner {
         self.engine.events.emit(&self.session.session_id, event);
     }
 
-    /// Tells observers a child's new status (its call is in the book).
+    /// Tells observers a child's new status (its call is among the owed calls).
     fn emit_child(&self, row: &ChildRow) {
         self.emit(|| {
-            let call = self.book.calls.get(&row.call_id);
+            let call = self.owed.calls.get(&row.call_id);
             child_event(row, row.status, call.and_then(|c| c.row.traceparent.as_deref()))
         });
     }
@@ -431,7 +431,7 @@ impl Actor for SessionOwner {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        tracing::debug!(calls = self.book.calls.len(), "session owner started");
+        tracing::debug!(calls = self.owed.calls.len(), "session owner started");
         if let Some(reason) = self.parent_ended.clone() {
             // Before anything is admitted: none of its queued children may start.
             let (tx, _) = oneshot::channel();
@@ -576,7 +576,7 @@ impl Handler<CallView> for SessionOwner {
     type Result = Option<CallStatus>;
 
     fn handle(&mut self, CallView(call_id): CallView, _: &mut Context<Self>) -> Self::Result {
-        self.book.calls.get(&call_id).map(|c| c.status())
+        self.owed.calls.get(&call_id).map(|c| c.status())
     }
 }
 
@@ -660,7 +660,7 @@ impl Handler<GetStatus> for SessionOwner {
     fn handle(&mut self, _: GetStatus, _: &mut Context<Self>) -> Self::Result {
         MessageResult(SessionStatus {
             counts: self.counts(),
-            calls: self.book.call_statuses(),
+            calls: self.owed.call_statuses(),
             claims: self.live_claims(),
         })
     }
@@ -692,7 +692,7 @@ impl SessionOwner {
         }
         let id = self.session.session_id.clone();
         tracing::warn!("the session's lease was taken over by another process; it is no longer served here");
-        for call in self.book.calls.values() {
+        for call in self.owed.calls.values() {
             let running = call.children().filter(|c| c.status == ChildStatus::Running);
             let tasks: Vec<u32> = running.map(|c| c.task_index).collect();
             if !tasks.is_empty() {
