@@ -121,7 +121,8 @@ struct ServeArgs {
     /// address).
     #[arg(long)]
     node: Option<String>,
-    /// With --ledger: how long a session lease lasts without a renewal, in ms (default 10000).
+    /// With --ledger: how long a process's tenure of a session (its session lease) lasts
+    /// without a renewal, in ms (default 10000).
     #[arg(long)]
     session_lease_ms: Option<String>,
     /// The key every /v1 request must carry as `Authorization: Bearer <key>` (a flag is seen

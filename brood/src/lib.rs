@@ -233,9 +233,9 @@ impl BroodHandle {
 
     /// A lost answer means the owner died mid-request (or the engine stopped).
     fn lost(&self, session_id: &str, call_id: Option<String>) -> BroodError {
-        if self.engine.leases().is_some_and(|l| !l.holds(session_id)) {
+        if self.engine.tenures().is_some_and(|l| !l.holds(session_id)) {
             // Its owner stopped because another process took the session over.
-            return BroodError::LeaseLapsed {
+            return BroodError::TenureLapsed {
                 session: session_id.to_string(),
             };
         }
@@ -476,8 +476,8 @@ impl BroodHandle {
         self.view(session_id, owner::GetCounts).await
     }
 
-    /// A session's state as its owner here has it, refused ([`BroodError::LeaseLapsed`]) as a
-    /// boundary is when this process may no longer serve the session: once its lease could
+    /// A session's state as its owner here has it, refused ([`BroodError::TenureLapsed`]) as a
+    /// boundary is when this process may no longer serve the session: once its tenure could
     /// have run out (a pause, a database outage), another process may have taken the session
     /// over and changed it, and this owner's state would be an older view than the holder's.
     async fn view<M>(&self, session_id: &str, query: M) -> Result<M::Result, BroodError>
@@ -487,8 +487,8 @@ impl BroodHandle {
         SessionOwner: Handler<M>,
     {
         let st = self.ask(session_id, query).await?;
-        if self.engine.leases().is_some_and(|l| !l.serving(session_id)) {
-            return Err(BroodError::LeaseLapsed {
+        if self.engine.tenures().is_some_and(|l| !l.serving(session_id)) {
+            return Err(BroodError::TenureLapsed {
                 session: session_id.to_string(),
             });
         }
@@ -544,7 +544,7 @@ impl BroodHandle {
         loop {
             let mut running = 0;
             for id in self.sessions() {
-                // Asked of the owner itself: a session whose lease may have lapsed (a database
+                // Asked of the owner itself: a session whose tenure may have lapsed (a database
                 // outage) still has its children running here, and they are waited for.
                 running += self.ask(&id, owner::GetCounts).await.map_or(0, |st| st.running);
             }
@@ -579,7 +579,7 @@ impl BroodHandle {
 
 /// The engine's own thread: its actix system and arbiters, the ledger, the engine and its
 /// supervisor; tells `started` once every recovered session's owner is registered (or why it
-/// could not start), runs until the engine stops, then gives the session leases back and stops
+/// could not start), runs until the engine stops, then gives the session tenures back and stops
 /// the arbiters (only then may the data folder be opened again).
 fn run_engine(config: BroodConfig, started: std::sync::mpsc::Sender<Result<Started, LedgerError>>) {
     let sys = actix::System::new();
@@ -597,18 +597,18 @@ fn run_engine(config: BroodConfig, started: std::sync::mpsc::Sender<Result<Start
     });
     match opened {
         Ok((root, engine)) => {
-            let (ledger, leases) = (engine.ledger().clone(), engine.leases().cloned());
+            let (ledger, tenures) = (engine.ledger().clone(), engine.tenures().cloned());
             let _ = started.send(Ok((root, engine, actix::System::current())));
             if let Err(e) = sys.run() {
                 tracing::error!("brood actor system ended with an error: {e}");
             }
-            if let Some(leases) = leases {
+            if let Some(tenures) = tenures {
                 // What was decided is committed first; then the other processes may take the
                 // sessions up at once.
                 if let Err(e) = ledger.flush() {
-                    tracing::warn!("the last flush before giving the session leases back failed: {e}");
+                    tracing::warn!("the last flush before giving the session tenures back failed: {e}");
                 }
-                leases.release_all();
+                tenures.release_all();
             }
         }
         Err(e) => {

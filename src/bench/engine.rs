@@ -20,7 +20,7 @@ pub(super) fn open(dir: &Path, durability: Durability) -> anyhow::Result<Brood> 
         config = config
             .postgres(url)
             .postgres_schema(pg::schema_for(dir))
-            .share(pg::node(), pg::ADDRESS, pg::LEASE);
+            .share(pg::node(), pg::ADDRESS, pg::TENURE);
     }
     if let Some(n) = ROUTING_THREADS.get().copied().flatten() {
         config = config.routing_threads(n);

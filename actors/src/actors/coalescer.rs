@@ -164,7 +164,7 @@ impl Coalescer {
     /// A coalescer writing to `ledger`, gathering each batch for `window` first.
     pub fn new(ledger: Arc<dyn Ledger>, owners: Owners, window: std::time::Duration) -> Self {
         Coalescer {
-            shared: ledger.leases().is_some(),
+            shared: ledger.tenures().is_some(),
             ledger,
             owners,
             pending: Vec::new(),

@@ -95,7 +95,7 @@ pub struct Supervisor {
     restarting: std::collections::HashSet<String>,
     /// Sessions being taken up from a shared ledger, with who waits for their owner.
     adopting: HashMap<String, Vec<OwnerWaiter>>,
-    /// Whether a sweep for free leases is under way.
+    /// Whether a sweep for free tenures is under way.
     sweeping: bool,
 }
 
@@ -146,32 +146,32 @@ impl Supervisor {
     /// channels and commit window set); the caller keeps clones of what it needs of it.
     pub fn start_engine(engine: Engine, policy: RestartPolicy) -> Result<Addr<Supervisor>, LedgerError> {
         let ledger = engine.ledger.clone();
-        // Sharing the ledger: only the sessions whose lease this process took are served here
-        // (the others' holders serve them), read after their leases were taken, so that no
+        // Sharing the ledger: only the sessions whose tenure this process took are served here
+        // (the others' holders serve them), read after their tenures were taken, so that no
         // write of their last holder is missed (it landed before the take, or never).
-        let taken: Option<std::collections::HashSet<String>> = match &engine.leases {
-            Some(leases) => {
-                // Told at once of every lease it loses.
+        let taken: Option<std::collections::HashSet<String>> = match &engine.tenures {
+            Some(tenures) => {
+                // Told at once of every tenure it loses.
                 let owners = engine.owners.clone();
-                leases.on_lost(Box::new(move |lost| {
+                tenures.on_lost(Box::new(move |lost| {
                     for s in lost {
                         if let Some(owner) = owners.get(s) {
                             owner.do_send(super::owner::Moved);
                         }
                     }
                 }));
-                let mut taken = leases.acquire_free()?.into_iter().collect();
-                adopt::give_back_nests_apart(&engine, &**leases, &mut taken)?;
+                let mut taken = tenures.acquire_free()?.into_iter().collect();
+                adopt::give_back_nests_apart(&engine, &**tenures, &mut taken)?;
                 Some(taken)
             }
             None => None,
         };
-        let mut snapshot = match (&engine.leases, &taken) {
-            (Some(leases), Some(taken)) => {
+        let mut snapshot = match (&engine.tenures, &taken) {
+            (Some(tenures), Some(taken)) => {
                 tracing::info!(
-                    node = leases.node(),
+                    node = tenures.node(),
                     sessions = taken.len(),
-                    "session leases taken at start"
+                    "session tenures taken at start"
                 );
                 // Only their rows: what the other processes serve is not read.
                 let mut snapshot = crate::ledger::Snapshot::default();
@@ -403,8 +403,8 @@ impl Actor for Supervisor {
             super::sweeper::run(self.engine.clone()),
             tracing::info_span!("sweeper"),
         ));
-        if let Some(leases) = &self.engine.leases {
-            let every = (leases.ttl() / 4).min(std::time::Duration::from_secs(1));
+        if let Some(tenures) = &self.engine.tenures {
+            let every = (tenures.ttl() / 4).min(std::time::Duration::from_secs(1));
             ctx.run_interval(every, |act, ctx| act.sweep(ctx));
         }
     }
@@ -431,7 +431,7 @@ impl Handler<OpenSession> for Supervisor {
                 // Not routed here: new (on a ledger of its own, every stored session is routed),
                 // or, on a shared one, maybe stored (adopting it checks the new rule only when
                 // it is not).
-                if self.engine.leases.is_none() {
+                if self.engine.tenures.is_none() {
                     if let Err(e) = validate_new_session_id(&msg.session_id) {
                         return Box::pin(async { Err(e.into()) });
                     }
@@ -448,7 +448,7 @@ impl Handler<OpenSession> for Supervisor {
                     Ok(nest) => nest,
                     Err(e) => return Box::pin(async move { Err(e) }),
                 };
-                if self.engine.leases.is_some() {
+                if self.engine.tenures.is_some() {
                     // Shared: the session may be stored already, served elsewhere, or new.
                     Box::pin(self.adopt(msg.session_id.clone(), Some((row, nest)), ctx))
                 } else {
@@ -539,7 +539,7 @@ fn end_orphaned_nests(engine: &Engine, owners: &mut [SessionOwner]) {
         };
         let Some(&parent) = index.get(&nest.parent_session_id) else {
             // Shared: the parent is served by another process, whose child may still run.
-            if engine.leases.is_none() {
+            if engine.tenures.is_none() {
                 ended.push(me);
             }
             continue;
@@ -590,7 +590,7 @@ impl Handler<GetOwner> for Supervisor {
         match self.engine.owner(&id) {
             Some(addr) => Box::pin(futures::future::ready(Ok(addr))),
             // Shared: stored and served elsewhere, or free to take up here.
-            None if self.engine.leases.is_some() => Box::pin(self.adopt(id, None, ctx)),
+            None if self.engine.tenures.is_some() => Box::pin(self.adopt(id, None, ctx)),
             None => Box::pin(futures::future::ready(Err(BroodError::UnknownSession(id)))),
         }
     }

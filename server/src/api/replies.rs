@@ -537,7 +537,7 @@ impl From<brood::runners::external::Handout> for WorkItem {
             child_id: h.child_id,
             goal: h.goal,
             token: h.token,
-            lease_ms: h.lease_ms,
+            lease_ms: h.hold_ms,
         }
     }
 }
@@ -548,7 +548,7 @@ impl From<WorkItem> for brood::runners::external::Handout {
             child_id: w.child_id,
             goal: w.goal,
             token: w.token,
-            lease_ms: w.lease_ms,
+            hold_ms: w.lease_ms,
         }
     }
 }

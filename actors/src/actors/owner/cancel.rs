@@ -272,7 +272,7 @@ async fn record_all(engine: &Engine, rows: Vec<ChildRow>) -> Result<Vec<String>,
                 // Another process took the session over: its row is not recorded here, and a
                 // retry of the cancel reaches the new holder.
                 Ok(Err(HandOffError::Moved)) => {
-                    return Err(BroodError::LeaseLapsed {
+                    return Err(BroodError::TenureLapsed {
                         session: row.session_id,
                     })
                 }

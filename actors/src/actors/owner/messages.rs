@@ -148,7 +148,7 @@ pub struct Admit;
 #[rtype(result = "()")]
 pub struct Retire;
 
-/// This process lost the session's lease to another process (see [`crate::ledger::Leases`]):
+/// This process lost the session's tenure to another process (see [`crate::ledger::Tenures`]):
 /// the owner stops its children without recording anything (the new holder recovers them as a
 /// restart would) and stops; its supervisor does not rebuild it.
 #[derive(Debug, Message)]

@@ -108,7 +108,7 @@ pub struct SessionOwner {
     parent_ended: Option<String>,
     /// Who made each live claim (its boundary's consumer), for the session's view.
     consumers: std::collections::HashMap<String, String>,
-    /// The session's lease was lost: the owner stops once its batch in flight is answered.
+    /// The session's tenure was lost: the owner stops once its batch in flight is answered.
     moved: bool,
     /// A nested session recovered from stored rows whose child's row is not read yet (see
     /// [`CheckParent`]): nothing is admitted until it is.
@@ -624,7 +624,8 @@ impl Handler<ClaimReady> for SessionOwner {
 
     fn handle(&mut self, msg: ClaimReady, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
-        // Claims are not fenced by a write: none is handed out once the lease may have run out.
+        // Claims are not fenced by a write: none is handed out once the session's tenure may
+        // have lapsed.
         self.engine.check_serving(&self.session.session_id)?;
         for dying in self.expire_due() {
             self.submit(dying, ctx);
@@ -684,14 +685,14 @@ impl Handler<Moved> for SessionOwner {
 }
 
 impl SessionOwner {
-    /// The session's lease was lost: its children are stopped (what they end with is not
+    /// The session's tenure was lost: its children are stopped (what they end with is not
     /// recorded: the ledger refuses it), this owner's writes refused from now on, and it stops.
     fn moved(&mut self, ctx: &mut Context<Self>) {
         if !crate::actors::running(ctx) || self.moved {
             return;
         }
         let id = self.session.session_id.clone();
-        tracing::warn!("the session's lease was taken over by another process; it is no longer served here");
+        tracing::warn!("the session's tenure was taken over by another process; it is no longer served here");
         for call in self.owed.calls.values() {
             let running = call.children().filter(|c| c.status == ChildStatus::Running);
             let tasks: Vec<u32> = running.map(|c| c.task_index).collect();
