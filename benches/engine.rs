@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use brood::{Brood, BroodConfig, DelegateRequest, Durability, SessionOptions, TaskSpec};
+use brood::{Brood, BroodConfig, DelegateRequest, Durability, SessionSettings, TaskSpec};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use serde_json::json;
 
@@ -82,7 +82,7 @@ fn end_to_end(c: &mut Criterion) {
         rt.block_on(
             brood.open_session(
                 "bench",
-                SessionOptions::default()
+                SessionSettings::default()
                     .wake(|_| {})
                     .max_concurrent_children(CHILDREN as u32),
             ),
@@ -101,7 +101,7 @@ fn boundary_10k(c: &mut Criterion) {
     let brood = Brood::open(BroodConfig::new(dir.path())).expect("open");
     rt.block_on(brood.open_session(
         "bench",
-        SessionOptions::default().wake(|_| {}).max_concurrent_children(2_000),
+        SessionSettings::default().wake(|_| {}).max_concurrent_children(2_000),
     ))
     .expect("session");
     let mut g = c.benchmark_group("engine");

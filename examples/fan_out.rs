@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use brood::{Brood, BroodConfig, DelegateRequest, SessionOptions, TaskSpec, Turn};
+use brood::{Brood, BroodConfig, DelegateRequest, SessionSettings, TaskSpec, Turn};
 use serde_json::json;
 use tokio::sync::Notify;
 
@@ -17,7 +17,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let woken = Arc::new(Notify::new());
     let notify = woken.clone();
     brood
-        .open_session("fan-out", SessionOptions::default().wake(move |_| notify.notify_one()))
+        .open_session("fan-out", SessionSettings::default().wake(move |_| notify.notify_one()))
         .await?;
 
     let tasks = (1..=5)

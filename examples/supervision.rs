@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use brood::{Brood, BroodConfig, DelegateRequest, RunContext, RunOutput, Runner, Runners, SessionOptions, TaskSpec};
+use brood::{Brood, BroodConfig, DelegateRequest, RunContext, RunOutput, Runner, Runners, SessionSettings, TaskSpec};
 use futures::future::LocalBoxFuture;
 use serde_json::json;
 
@@ -51,7 +51,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let brood = Brood::open(BroodConfig::new(&dir).runners(runners))?;
     brood
-        .open_session("supervision", SessionOptions::default().wake(|_| {}))
+        .open_session("supervision", SessionSettings::default().wake(|_| {}))
         .await?;
 
     let mut tasks = vec![

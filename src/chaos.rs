@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use brood::{Brood, BroodConfig, BroodError, ChildStatus, DelegateError, ItemKind, ReleaseReason, SessionOptions};
+use brood::{Brood, BroodConfig, BroodError, ChildStatus, DelegateError, ItemKind, ReleaseReason, SessionSettings};
 use brood_actors::ledger::{Ledger, SledLedger};
 
 use crate::workload::{random_call, Rng};
@@ -206,7 +206,7 @@ pub struct Summary {
     /// Results dead-lettered.
     pub dead: usize,
     /// With a shared PostgreSQL ledger: how many times a worker took the session up (its
-    /// lease's epoch: the first take, then one per takeover).
+    /// tenure's epoch: the first take, then one per takeover).
     pub takeups: Option<u64>,
 }
 
@@ -230,9 +230,9 @@ pub fn can_inject() -> bool {
     cfg!(feature = "failpoints")
 }
 
-/// How long a worker's session lease lasts when workers share a PostgreSQL ledger: short, so
+/// How long a worker's tenure of the session lasts when workers share a PostgreSQL ledger: short, so
 /// the survivors take the session over soon after a kill.
-const CHAOS_LEASE: Duration = Duration::from_millis(1000);
+const CHAOS_TENURE: Duration = Duration::from_millis(1000);
 
 /// Where a campaign's rows are: sled in its folder, or a schema of a PostgreSQL database.
 #[derive(Debug, Clone)]
@@ -428,7 +428,10 @@ fn check(dir: &Path, store: &Store, kills: usize) -> Result<Summary, String> {
     }
     if let Store::Postgres(url, schema) = store {
         let pg = brood_actors::ledger::PgLedger::open_in(url, schema).map_err(|e| e.to_string())?;
-        s.takeups = pg.lease_of(SESSION).map_err(|e| e.to_string())?.map(|(_, epoch)| epoch);
+        s.takeups = pg
+            .tenure_of(SESSION)
+            .map_err(|e| e.to_string())?
+            .map(|(_, epoch)| epoch);
     }
     s.acked_twice = acked_count.values().filter(|&&n| n > 1).count();
     s.duplicates = claimed_count.values().filter(|&&n| n > 1).count();
@@ -504,7 +507,7 @@ fn delegated_so_far(ledger: &dyn Ledger) -> Result<usize, String> {
 fn elsewhere(e: &BroodError) -> bool {
     matches!(
         e,
-        BroodError::Moved { .. } | BroodError::LeaseLapsed { .. } | BroodError::Interrupted { .. }
+        BroodError::Moved { .. } | BroodError::TenureLapsed { .. } | BroodError::Interrupted { .. }
     )
 }
 
@@ -538,7 +541,7 @@ pub async fn worker(
             let config = BroodConfig::new(dir)
                 .postgres(url)
                 .postgres_schema(schema)
-                .share(&node, &node, CHAOS_LEASE);
+                .share(&node, &node, CHAOS_TENURE);
             (config, Ok(store.open()?))
         }
     };
@@ -548,7 +551,7 @@ pub async fn worker(
         let opened = brood
             .open_session(
                 SESSION,
-                SessionOptions::default().wake(|_| {}).max_concurrent_children(16),
+                SessionSettings::default().wake(|_| {}).max_concurrent_children(16),
             )
             .await;
         match opened {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, ItemKind, SessionOptions, TaskSpec, Turn};
+use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, ItemKind, SessionSettings, TaskSpec, Turn};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
@@ -121,7 +121,8 @@ struct ServeArgs {
     /// address).
     #[arg(long)]
     node: Option<String>,
-    /// With --ledger: how long a session lease lasts without a renewal, in ms (default 10000).
+    /// With --ledger: how long a process's tenure of a session (its session lease) lasts
+    /// without a renewal, in ms (default 10000).
     #[arg(long)]
     session_lease_ms: Option<String>,
     /// The key every /v1 request must carry as `Authorization: Bearer <key>` (a flag is seen
@@ -569,7 +570,7 @@ async fn demo(data_dir: PathBuf, turn_ms: u64) -> anyhow::Result<()> {
     brood
         .open_session(
             session,
-            SessionOptions::default().wake(move |_| {
+            SessionSettings::default().wake(move |_| {
                 if let Ok(mut w) = wake_log.lock() {
                     w.push(t0.elapsed().as_millis());
                 }
@@ -675,8 +676,8 @@ async fn demo(data_dir: PathBuf, turn_ms: u64) -> anyhow::Result<()> {
          boundaries {boundaries}, wakes {}, longest wait from finish to boundary {worst} ms; session still holds {} ready, {} claimed",
         results.len(),
         wakes.lock().map(|w| w.len()).unwrap_or(0),
-        status.ready,
-        status.claimed,
+        status.counts.ready,
+        status.counts.claimed,
     );
     brood.shutdown();
     if lost > 0 || duplicates > 0 {

@@ -72,7 +72,7 @@ use std::time::{Duration, Instant};
 
 use brood::{
     child_id, failpoints, unit_id, Brood, BroodError, CancelTarget, ChildStatus, DelegateReply, DelegateRequest,
-    Envelope, ItemKind, RedriveSelect, ReleaseReason, Retention, SessionOptions, SessionStatus,
+    Envelope, ItemKind, RedriveSelect, ReleaseReason, Retention, SessionCounts, SessionSettings, SessionStatus,
 };
 use brood_actors::model::now_ms;
 use common::*;
@@ -619,7 +619,7 @@ impl Model {
 async fn open_session(b: &Brood) {
     b.open_session(
         SESSION,
-        SessionOptions::default()
+        SessionSettings::default()
             .wake(|_| {})
             .max_delivery_attempts(MAX_ATTEMPTS)
             .max_concurrent_children(CAPACITY as u32),
@@ -670,10 +670,10 @@ async fn check_status(t: &TestBrood, m: &mut Model) {
             .filter(|c| c.surely_live_at(after) && c.restarts == m.restarts)
             .map(|c| c.items.len())
             .sum();
-        m.check(least <= st.claimed && st.claimed <= most, || {
+        m.check(least <= st.counts.claimed && st.counts.claimed <= most, || {
             format!(
                 "the session counts {} claimed items; the live claims hold {least} (surely live) to {most}",
-                st.claimed
+                st.counts.claimed
             )
         });
     }
@@ -681,10 +681,10 @@ async fn check_status(t: &TestBrood, m: &mut Model) {
     // is left.
     let acked = m.acked.len() as u64;
     let swept = m.acked.iter().filter(|k| m.maybe_swept.contains(call_of(k))).count() as u64;
-    m.check(acked - swept <= st.delivered && st.delivered <= acked, || {
+    m.check(acked - swept <= st.counts.delivered && st.counts.delivered <= acked, || {
         format!(
             "the session counts {} delivered items, but {acked} were acked with Ok ({swept} of calls a sweep may have removed) (an ack undone, or a delivery nobody acked)",
-            st.delivered,
+            st.counts.delivered,
         )
     });
     for c in &st.calls {
@@ -695,18 +695,18 @@ async fn check_status(t: &TestBrood, m: &mut Model) {
             )
         });
     }
-    m.check(st.running <= CAPACITY, || {
+    m.check(st.counts.running <= CAPACITY, || {
         format!(
             "I8: the session counts {} running children; its capacity is {CAPACITY}",
-            st.running
+            st.counts.running
         )
     });
-    // An owner whose book broke panics (in a test build) and is rebuilt from the ledger, which
+    // An owner whose owed calls' invariants broke panics (in a test build) and is rebuilt from the ledger, which
     // may hide what broke: the count of faults tells.
     let broken = brood_actors::actors::owner::broken_invariants();
     m.check(broken == m.broken_before, || {
         format!(
-            "an owner found its book's invariants broken {} times (its panic message says how)",
+            "an owner found its owed calls' invariants broken {} times (its panic message says how)",
             broken - m.broken_before
         )
     });
@@ -1293,7 +1293,7 @@ async fn drain(b: &Brood, m: &mut Model) {
 }
 
 /// The session's counts once `pred` holds, or at [`DEADLINE`].
-async fn wait_until(b: &Brood, m: &Model, pred: impl Fn(&SessionStatus) -> bool) -> SessionStatus {
+async fn wait_until(b: &Brood, m: &Model, pred: impl Fn(&SessionCounts) -> bool) -> SessionCounts {
     let deadline = Instant::now() + DEADLINE;
     loop {
         let st = match b.counts(SESSION).await {
@@ -1478,7 +1478,7 @@ fn nested_runner(w: &Work) -> serde_json::Value {
 async fn open_nest(b: &Brood, session: &str) -> Result<(), BroodError> {
     b.open_session(
         session,
-        SessionOptions::default()
+        SessionSettings::default()
             .wake(|_| {})
             .max_delivery_attempts(MAX_ATTEMPTS)
             .max_concurrent_children(NEST_CAPACITY as u32),
@@ -1795,10 +1795,10 @@ async fn drain_nest(b: &Brood, m: &mut Model, nest: &str) {
         .iter()
         .filter(|k| m.nests[nest].calls.contains_key(call_of(k)))
         .count() as u64;
-    m.check(st.delivered <= acked, || {
+    m.check(st.counts.delivered <= acked, || {
         format!(
             "the nested session {nest} counts {} delivered items, but {acked} of its items were acked",
-            st.delivered
+            st.counts.delivered
         )
     });
 }

@@ -11,7 +11,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use brood::{Brood, BroodError, DelegateReply, DelegateRequest, SessionOptions};
+use brood::{Brood, BroodError, DelegateReply, DelegateRequest, SessionSettings};
 use common::*;
 use serde_json::json;
 
@@ -34,7 +34,7 @@ async fn one_ready(b: &Brood) -> DelegateReply {
         .await
         .unwrap();
     assert_eq!(first.set(), 1);
-    status_until(b, "bad", "the first result to be ready", |st| st.ready == 1).await;
+    status_until(b, "bad", "the first result to be ready", |st| st.counts.ready == 1).await;
     first
 }
 
@@ -80,7 +80,7 @@ async fn refused_calls_are_not_stored_and_take_no_set_number() {
 
     let st = b.status("bad").await.unwrap();
     assert_eq!(st.calls.len(), 1, "no refused call was stored");
-    assert_eq!((st.ready, st.claimed, st.queued), (1, 0, 0));
+    assert_eq!((st.counts.ready, st.counts.claimed, st.counts.queued), (1, 0, 0));
     let next = b
         .delegate("bad", DelegateRequest::background(vec![task("ok", sim(0))]))
         .await
@@ -97,7 +97,7 @@ async fn refused_boundaries_claim_nothing_and_are_no_delivery_attempt() {
     invalid(b.boundary("bad", "c", Duration::from_secs(3601)).await, "lease_ms");
     invalid(b.boundary("bad", " ", LONG_LEASE).await, "consumer");
     let st = b.status("bad").await.unwrap();
-    assert_eq!((st.ready, st.claimed), (1, 0));
+    assert_eq!((st.counts.ready, st.counts.claimed), (1, 0));
     let env = b.boundary("bad", "c", LONG_LEASE).await.unwrap().expect("still ready");
     assert_eq!(keys(&env), BTreeSet::from([result_key(first.call_id(), 0)]));
     assert_eq!(
@@ -113,20 +113,20 @@ async fn refused_session_settings_change_nothing() {
     let b = t.b();
     one_ready(b).await;
     invalid(
-        b.open_session("bad", SessionOptions::default().max_concurrent_children(0))
+        b.open_session("bad", SessionSettings::default().max_concurrent_children(0))
             .await,
         "max_concurrent_children",
     );
     invalid(
-        b.open_session("bad", SessionOptions::default().max_delivery_attempts(0))
+        b.open_session("bad", SessionSettings::default().max_delivery_attempts(0))
             .await,
         "max_delivery_attempts",
     );
-    invalid(b.open_session("", SessionOptions::default()).await, "session_id");
+    invalid(b.open_session("", SessionSettings::default()).await, "session_id");
     let st = b.status("bad").await.unwrap();
-    assert_eq!(st.info.max_concurrent_children, 8);
-    assert_eq!(st.info.max_delivery_attempts, 8);
-    assert!(st.info.wake_capable);
+    assert_eq!(st.counts.info.max_concurrent_children, 8);
+    assert_eq!(st.counts.info.max_delivery_attempts, 8);
+    assert!(st.counts.info.wake_capable);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,7 +142,7 @@ async fn requests_naming_an_unknown_session_or_claim_are_refused() {
     ));
     assert!(matches!(b.ack("clm_6c61_nope").await, Err(BroodError::UnknownClaim(_))));
     let st = b.status("bad").await.unwrap();
-    assert_eq!((st.ready, st.claimed, st.delivered), (1, 0, 0));
+    assert_eq!((st.counts.ready, st.counts.claimed, st.counts.delivered), (1, 0, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,10 +170,10 @@ async fn a_new_session_id_must_be_printable_ascii_but_a_stored_one_is_still_reac
         ledger.flush().unwrap();
     }
     let b = Brood::open(brood::BroodConfig::new(&folder)).unwrap();
-    assert_eq!(b.status("user 42").await.unwrap().info.session_id, "user 42");
-    b.open_session("user 42", SessionOptions::default()).await.unwrap();
+    assert_eq!(b.status("user 42").await.unwrap().counts.info.session_id, "user 42");
+    b.open_session("user 42", SessionSettings::default()).await.unwrap();
     for id in ["user 43", "café", "a/b", "50%", "a?b", "a#b"] {
-        invalid(b.open_session(id, SessionOptions::default()).await, "session_id");
+        invalid(b.open_session(id, SessionSettings::default()).await, "session_id");
         assert!(b.status(id).await.is_err(), "{id} was made");
     }
     b.shutdown();

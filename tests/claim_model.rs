@@ -135,7 +135,7 @@ impl Model {
     fn refusal(&self, cid: &str, for_ack: bool) -> ClaimError {
         match self.claims.get(cid).map(|c| &c.status) {
             Some(Status::Lost) => ClaimError::Lost(cid.to_string()),
-            Some(Status::Acked(_)) if !for_ack => ClaimError::AlreadyAcked(cid.to_string()),
+            Some(Status::Acked(_)) if !for_ack => ClaimError::Acked(cid.to_string()),
             Some(Status::Acked(_)) | Some(Status::Live) => unreachable!("not a refusal"),
             None => ClaimError::Unknown(cid.to_string()),
         }

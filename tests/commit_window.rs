@@ -37,7 +37,10 @@ async fn results_gathered_in_a_window_are_all_delivered_and_survive_a_restart() 
         }
         b.ack(&env.claim_id).await.unwrap();
     }
-    status_until(&b, "w", "every child recorded", |st| st.running == 0 && st.queued == 0).await;
+    status_until(&b, "w", "every child recorded", |st| {
+        st.counts.running == 0 && st.counts.queued == 0
+    })
+    .await;
     b.shutdown();
 
     let b = open();

@@ -33,7 +33,7 @@ async fn ledger_with_a_call(dir: &Path) -> String {
     let DelegateReply::Background { call_id, .. } = reply else {
         panic!("a wake-capable session runs background calls in the background");
     };
-    status_until(&b, "s", "both results ready", |st| st.ready == 2).await;
+    status_until(&b, "s", "both results ready", |st| st.counts.ready == 2).await;
     b.shutdown();
     call_id
 }

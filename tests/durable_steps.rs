@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use brood::{failpoints, BroodError, DelegateError, DelegateRequest, ReleaseReason, SessionOptions};
+use brood::{failpoints, BroodError, DelegateError, DelegateRequest, ReleaseReason, SessionSettings};
 use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,8 +62,8 @@ async fn a_dispatch_marks_the_children_it_starts_in_one_start_row_flushed_with_i
         .await
         .unwrap();
     let call = reply.call_id().to_string();
-    let st = status_until(t.b(), "s", "two children running", |st| st.running == 2).await;
-    assert_eq!(st.queued, 1);
+    let st = status_until(t.b(), "s", "two children running", |st| st.counts.running == 2).await;
+    assert_eq!(st.counts.queued, 1);
     // Their runners really started: a stop before that would hand them back to the queue
     // (a row of their own), which is another test's case.
     wait_for!("both runners started", (t.kit.holds.started().len() == 2).then_some(()));
@@ -142,7 +142,7 @@ async fn a_dead_letter_whose_flush_failed_leaves_the_claim_as_it_was() {
     let _g = serial();
     let mut t = TestBrood::new();
     t.b()
-        .open_session("s", SessionOptions::default().wake(|_| {}).max_delivery_attempts(1))
+        .open_session("s", SessionSettings::default().wake(|_| {}).max_delivery_attempts(1))
         .await
         .unwrap();
     t.b()
@@ -227,7 +227,7 @@ async fn a_sync_caller_whose_owner_restarts_learns_its_call_id() {
         b.delegate("s", DelegateRequest::sync(vec![task("gated", gate("g"))]))
             .await
     });
-    status_until(t.b(), "s", "the sync child to run", |st| st.running == 1).await;
+    status_until(t.b(), "s", "the sync child to run", |st| st.counts.running == 1).await;
     failpoints::arm("owner_handler", 1);
     let _ = t.b().boundary("s", "c", LONG_LEASE).await;
     let err = waiting.await.unwrap().unwrap_err();
@@ -268,7 +268,7 @@ async fn a_busy_release_never_dead_letters_even_below_a_lowered_limit() {
             .unwrap();
     }
     t.b()
-        .open_session("s", SessionOptions::default().max_delivery_attempts(1))
+        .open_session("s", SessionSettings::default().max_delivery_attempts(1))
         .await
         .unwrap();
     let env = next_envelope(t.b(), "s", "c", LONG_LEASE).await;
@@ -319,7 +319,7 @@ async fn a_refused_configure_changes_no_setting() {
     failpoints::arm("ledger_flush", 1);
     let err = t
         .b()
-        .open_session("s", SessionOptions::default().max_concurrent_children(2))
+        .open_session("s", SessionSettings::default().max_concurrent_children(2))
         .await
         .unwrap_err();
     assert!(matches!(err, BroodError::Ledger(_)), "{err}");
@@ -341,7 +341,7 @@ async fn an_ack_that_arrived_inside_its_lease_waits_out_a_slow_flush_and_succeed
     failpoints::arm("ledger_flush_stall", 1);
     let b = t.arc();
     let slow = tokio::spawn(async move {
-        b.open_session("s", SessionOptions::default().max_concurrent_children(7))
+        b.open_session("s", SessionSettings::default().max_concurrent_children(7))
             .await
     });
     tokio::time::sleep(Duration::from_millis(20)).await;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use brood::{
-    Brood, BroodConfig, BroodError, ChildStatus, DelegateRequest, Runner, RunnerFactory, Runners, SessionOptions,
+    Brood, BroodConfig, BroodError, ChildStatus, DelegateRequest, Runner, RunnerFactory, Runners, SessionSettings,
     WakeEvent,
 };
 use common::*;
@@ -148,7 +148,7 @@ async fn a_panicking_wake_callback_leaves_the_session_routing() {
     let seen = calls.clone();
     b.open_session(
         "s",
-        SessionOptions::default().wake(move |_: WakeEvent| {
+        SessionSettings::default().wake(move |_: WakeEvent| {
             seen.fetch_add(1, Ordering::SeqCst);
             panic!("the wake callback blew up");
         }),

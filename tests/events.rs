@@ -144,7 +144,7 @@ async fn a_wake_is_told_and_sessions_do_not_hear_each_other() {
     let t = TestBrood::new();
     let b = t.b();
     let log = WakeLog::default();
-    b.open_session("a", brood::SessionOptions::default().wake(log.target()))
+    b.open_session("a", brood::SessionSettings::default().wake(log.target()))
         .await
         .unwrap();
     open_wake(b, "b").await;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use brood::failpoints;
-use brood::{Brood, BroodConfig, BroodError, ChildStatus, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
+use brood::{Brood, BroodConfig, BroodError, ChildStatus, DelegateReply, DelegateRequest, SessionSettings, TaskSpec};
 use common::serial;
 use serde_json::json;
 use tempfile::TempDir;
@@ -29,7 +29,7 @@ fn sim(ms: u64) -> TaskSpec {
 async fn open(dir: &TempDir, session: &str) -> Brood {
     let brood = Brood::open(BroodConfig::new(dir.path())).expect("open");
     brood
-        .open_session(session, SessionOptions::default().wake(|_| {}))
+        .open_session(session, SessionSettings::default().wake(|_| {}))
         .await
         .expect("session");
     brood
@@ -99,7 +99,7 @@ async fn nothing_published_while(point: &'static str) {
     );
     let st = brood.status("s").await.unwrap();
     assert_eq!(
-        st.running, 3,
+        st.counts.running, 3,
         "{point}: the children must keep their results until recorded"
     );
     failpoints::disarm_all();
@@ -156,7 +156,7 @@ async fn survives_one_panic_in(point: &'static str, arm_before_delegate: bool) {
     let dir = TempDir::new().unwrap();
     let brood = Brood::open(BroodConfig::new(dir.path())).unwrap();
     brood
-        .open_session("s", SessionOptions::default().wake(|_| {}).max_concurrent_children(4))
+        .open_session("s", SessionSettings::default().wake(|_| {}).max_concurrent_children(4))
         .await
         .unwrap();
     if arm_before_delegate {
@@ -232,7 +232,7 @@ async fn an_owner_that_keeps_panicking_escalates_instead_of_looping() {
     assert!(interrupted >= 4, "escalated after only {interrupted} failures");
     // It stays given up; other sessions are unaffected.
     assert!(matches!(brood.status("s").await, Err(BroodError::SessionFailed { .. })));
-    brood.open_session("t", SessionOptions::default()).await.unwrap();
+    brood.open_session("t", SessionSettings::default()).await.unwrap();
     assert!(matches!(
         brood.delegate("t", DelegateRequest::sync(vec![sim(0)])).await.unwrap(),
         DelegateReply::Sync { .. }
@@ -351,7 +351,7 @@ async fn a_coalescer_that_keeps_panicking_stops_the_engine_and_nothing_is_lost()
     loop {
         match brood.status("s").await {
             Err(BroodError::Stopped) | Err(BroodError::Interrupted { .. }) => break,
-            Ok(st) => assert_eq!(st.ready, 0, "nothing can be published without the coalescer"),
+            Ok(st) => assert_eq!(st.counts.ready, 0, "nothing can be published without the coalescer"),
             Err(e) => panic!("unexpected: {e}"),
         }
         assert!(
@@ -386,7 +386,7 @@ async fn a_call_whose_dispatch_cannot_be_flushed_is_refused_and_never_runs() {
     assert!(matches!(err.error, BroodError::Ledger(_)), "{err}");
     let st = brood.status("s").await.unwrap();
     assert!(
-        st.calls.is_empty() && st.queued + st.running == 0,
+        st.calls.is_empty() && st.counts.queued + st.counts.running == 0,
         "a refused call runs: {st:?}"
     );
     let accepted = brood

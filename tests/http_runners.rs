@@ -1,7 +1,7 @@
 //! The `command` and `external` runners over HTTP, on the real `brood serve`: a command's output
 //! tail as its summary, its exit code, its process group killed on timeout and on shutdown; an
 //! external child polled (long-poll), heartbeated and completed by a worker, handed out again
-//! with a new token when its lease runs out; and every bad request of a worker answered in
+//! with a new token when its hold runs out; and every bad request of a worker answered in
 //! API.md's error shape.
 
 use std::path::Path;
@@ -282,18 +282,18 @@ fn a_worker_can_report_a_failure() {
 }
 
 #[test]
-fn a_lapsed_lease_hands_the_child_out_again_with_a_new_token() {
+fn a_lapsed_hold_hands_the_child_out_again_with_a_new_token() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), None);
     s.open("l");
     s.delegate_task("l", json!({"goal": "g", "runner": {"kind": "external"}}));
     let (status, first) = poll(&s, json!({"worker": "slow", "wait_ms": 20_000, "lease_ms": 1000}));
     assert_eq!(status, 200, "{first}");
-    // No heartbeat: the lease runs out and the next poll gets the same child.
+    // No heartbeat: the hold runs out and the next poll gets the same child.
     let (status, second) = poll(&s, json!({"worker": "fast", "wait_ms": 30_000}));
     assert_eq!(status, 200, "{second}");
     assert_eq!(second["child_id"], first["child_id"]);
-    assert_ne!(second["token"], first["token"], "a new lease, a new token");
+    assert_ne!(second["token"], first["token"], "a new hold, a new token");
     let child = first["child_id"].as_str().unwrap();
     let heartbeat = format!("/v1/children/{child}/heartbeat");
     let complete = format!("/v1/children/{child}/complete");

@@ -22,7 +22,10 @@ async fn acked_items_are_never_delivered_again_after_reopen() {
     let b = t.b();
     open_wake(b, "r").await;
     let st = b.status("r").await.unwrap();
-    assert_eq!(st.delivered, 2, "the acked items count as delivered after the restart");
+    assert_eq!(
+        st.counts.delivered, 2,
+        "the acked items count as delivered after the restart"
+    );
     let env = b
         .boundary("r", "c", LONG_LEASE)
         .await
@@ -39,7 +42,7 @@ async fn acked_items_are_never_delivered_again_after_reopen() {
     let b = t.b();
     open_wake(b, "r").await;
     assert!(b.boundary("r", "c", LONG_LEASE).await.unwrap().is_none());
-    assert_eq!(b.status("r").await.unwrap().delivered, 5);
+    assert_eq!(b.status("r").await.unwrap().counts.delivered, 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,7 +85,10 @@ async fn expired_claim(b: &brood::Brood, session: &str) -> (Envelope, BTreeSet<S
         b.boundary(session, "slow", SHORT_LEASE).await.unwrap()
     );
     assert_eq!(keys(&first), expected);
-    status_until(b, session, "the lease to expire", |st| st.claimed == 0 && st.ready == 2).await;
+    status_until(b, session, "the lease to expire", |st| {
+        st.counts.claimed == 0 && st.counts.ready == 2
+    })
+    .await;
     (first, expected)
 }
 
@@ -97,7 +103,7 @@ async fn a_late_ack_while_the_items_are_ready_again_is_refused_and_changes_nothi
     }
     let st = b.status("la").await.unwrap();
     assert_eq!(
-        (st.ready, st.claimed, st.delivered),
+        (st.counts.ready, st.counts.claimed, st.counts.delivered),
         (2, 0, 0),
         "the refused ack changed nothing"
     );
@@ -122,7 +128,7 @@ async fn a_late_ack_or_release_while_a_newer_claim_holds_the_items_is_refused() 
     ));
     let st = b.status("la").await.unwrap();
     assert_eq!(
-        (st.ready, st.claimed, st.delivered),
+        (st.counts.ready, st.counts.claimed, st.counts.delivered),
         (0, 2, 0),
         "the newer claim still owns the items"
     );
@@ -151,7 +157,7 @@ async fn a_repeated_ack_answers_the_same_and_an_acked_claim_cannot_be_released()
         Err(BroodError::ClaimAcked(_))
     ));
     assert!(b.boundary("la", "fast", LONG_LEASE).await.unwrap().is_none());
-    assert_eq!(b.status("la").await.unwrap().delivered, 2);
+    assert_eq!(b.status("la").await.unwrap().counts.delivered, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -107,7 +107,10 @@ async fn wide_session(session: &str) -> (TestBrood, Arc<Brood>) {
 async fn assert_all_delivered(b: &Brood, session: &str) {
     assert!(b.boundary(session, "late", LONG_LEASE).await.unwrap().is_none());
     let st = b.status(session).await.unwrap();
-    assert_eq!((st.ready, st.claimed, st.delivered), (0, 0, N as u64));
+    assert_eq!(
+        (st.counts.ready, st.counts.claimed, st.counts.delivered),
+        (0, 0, N as u64)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,7 +122,7 @@ async fn racing_consumers_over_a_full_ready_set_get_one_claim_of_everything() {
         .await
         .unwrap();
     let expected: HashSet<String> = (0..N as u32).map(|i| result_key(reply.call_id(), i)).collect();
-    status_until(&b, "ready", "1000 ready items", |st| st.ready == N).await;
+    status_until(&b, "ready", "1000 ready items", |st| st.counts.ready == N).await;
     let claims = race(&b, "ready", N).await;
     check_disjoint_cover(&claims, &expected);
     assert_eq!(claims.len(), 1, "everything ready went to one claim");

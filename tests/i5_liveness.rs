@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use brood::{
     Brood, BroodConfig, ChildStatus, DelegateRequest, Envelope, ItemKind, ReleaseReason, RunContext, RunOutput, Runner,
-    Runners, SessionOptions, TaskSpec,
+    Runners, SessionSettings, TaskSpec,
 };
 use common::*;
 use futures::future::LocalBoxFuture;
@@ -32,7 +32,7 @@ async fn claimed_twice(b: &Brood) -> (Envelope, Envelope, BTreeSet<String>) {
         .await
         .unwrap();
     let call = reply.call_id().to_string();
-    status_until(b, "l", "three ready items", |st| st.ready == 3).await;
+    status_until(b, "l", "three ready items", |st| st.counts.ready == 3).await;
     let first = b
         .boundary("l", "c1", SHORT_LEASE)
         .await
@@ -123,11 +123,11 @@ async fn release_failed(b: &Brood, session: &str, key: &str, attempts: u32) {
 /// A session `dl` allowing `max_attempts` delivery attempts, with one ready item; returns the
 /// call id and the item's key.
 async fn one_item(b: &Brood, max_attempts: Option<u32>) -> (String, String) {
-    let mut options = SessionOptions::default().wake(|_| {});
+    let mut settings = SessionSettings::default().wake(|_| {});
     if let Some(n) = max_attempts {
-        options = options.max_delivery_attempts(n);
+        settings = settings.max_delivery_attempts(n);
     }
-    b.open_session("dl", options).await.unwrap();
+    b.open_session("dl", settings).await.unwrap();
     let reply = b
         .delegate("dl", DelegateRequest::background(vec![task("poison", sim(0))]))
         .await
@@ -171,7 +171,7 @@ async fn an_item_past_max_delivery_attempts_is_dead_lettered_and_never_offered_a
     assert_eq!(dead[0].call_id, call);
     assert_eq!(dead[0].kind, ItemKind::Result);
     let st = b.status("dl").await.unwrap();
-    assert_eq!((st.ready, st.claimed), (0, 0));
+    assert_eq!((st.counts.ready, st.counts.claimed), (0, 0));
     // Longer than the next backoff would have been: it is not merely backing off.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
@@ -227,7 +227,7 @@ async fn a_stalled_child_is_interrupted_and_does_not_stay_running() {
     assert_eq!(item.status, ChildStatus::Interrupted, "{item:?}");
     assert!(item.error.is_some());
     let st = b.status("st").await.unwrap();
-    assert_eq!(st.running, 0, "no child stays running after its stall timeout");
+    assert_eq!(st.counts.running, 0, "no child stays running after its stall timeout");
     assert!(child_status(&st, reply.call_id(), 0).is_none_or(|s| s == ChildStatus::Interrupted));
 }
 
@@ -247,7 +247,7 @@ async fn a_child_past_its_timeout_is_timed_out() {
         .collect();
     assert_eq!(by_index[&0].status, ChildStatus::TimedOut, "{:?}", by_index[&0]);
     assert!(by_index[&0].error.is_some());
-    assert_eq!(b.status("st").await.unwrap().running, 0);
+    assert_eq!(b.status("st").await.unwrap().counts.running, 0);
 }
 
 /// Reports progress with a partial result, beats for a while, then goes silent for good.
@@ -272,7 +272,7 @@ async fn heartbeats_hold_off_the_stall_clock_and_a_partial_result_is_kept() {
     runners.register("silent", |_| Ok(Box::new(GoesSilent) as Box<dyn Runner>));
     let brood = Brood::open(BroodConfig::new(dir.path()).runners(runners)).unwrap();
     brood
-        .open_session("s", SessionOptions::default().wake(|_| {}))
+        .open_session("s", SessionSettings::default().wake(|_| {}))
         .await
         .unwrap();
     let mut task = TaskSpec::new("read ten files", json!({"kind": "silent"}));

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use brood::{
     Brood, BroodConfig, BroodError, ChildStatus, DelegateRequest, ItemKind, RunContext, RunOutput, Runner, Runners,
-    SessionOptions, TaskSpec,
+    SessionSettings, TaskSpec,
 };
 use common::*;
 use futures::future::LocalBoxFuture;
@@ -35,7 +35,7 @@ async fn a_live_claim_is_returned_by_a_restart_and_acking_it_is_refused() {
     );
     let st = b.status("r").await.unwrap();
     assert_eq!(
-        (st.ready, st.claimed),
+        (st.counts.ready, st.counts.claimed),
         (3, 0),
         "the returned claim's item is ready again"
     );
@@ -93,7 +93,7 @@ async fn recovery_replays_recorded_children_reruns_or_resolves_the_rest() {
     };
     let brood = Brood::open(config.clone()).unwrap();
     brood
-        .open_session("s", SessionOptions::default().wake(|_| {}))
+        .open_session("s", SessionSettings::default().wake(|_| {}))
         .await
         .unwrap();
     // One unit of four: two finish, one hangs and may re-run, one hangs and may not.
@@ -113,7 +113,7 @@ async fn recovery_replays_recorded_children_reruns_or_resolves_the_rest() {
     loop {
         let st = brood.status("s").await.unwrap();
         let done = st.calls[0].children.iter().filter(|c| c.status.is_terminal()).count();
-        if done == 2 && st.running == 2 {
+        if done == 2 && st.counts.running == 2 {
             break;
         }
         assert!(Instant::now() < deadline, "children never settled: {st:?}");
@@ -127,7 +127,7 @@ async fn recovery_replays_recorded_children_reruns_or_resolves_the_rest() {
 
     let brood = Brood::open(config).unwrap();
     brood
-        .open_session("s", SessionOptions::default().wake(|_| {}))
+        .open_session("s", SessionSettings::default().wake(|_| {}))
         .await
         .unwrap();
     let env = next_envelope(&brood, "s", "c", LONG_LEASE).await;

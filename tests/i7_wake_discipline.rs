@@ -8,7 +8,7 @@
 
 mod common;
 
-use brood::{ChildStatus, DelegateReply, DelegateRequest, SessionOptions, SessionStatus, Turn};
+use brood::{ChildStatus, DelegateReply, DelegateRequest, SessionSettings, SessionStatus, Turn};
 use common::*;
 
 /// Opens session `w` with `log` as its wake target and delegates six independent children
@@ -16,7 +16,7 @@ use common::*;
 async fn six_gated(t: &TestBrood, log: &WakeLog) -> String {
     let b = t.b();
     let info = b
-        .open_session("w", SessionOptions::default().wake(log.target()))
+        .open_session("w", SessionSettings::default().wake(log.target()))
         .await
         .unwrap();
     assert!(info.wake_capable);
@@ -63,8 +63,8 @@ async fn one_lands_while_busy(t: &TestBrood, call: &str) {
     let b = t.b();
     b.set_turn("w", Turn::Busy).await.unwrap();
     let st = finish(t, call, 6).await;
-    assert_eq!(st.ready, 1);
-    assert_eq!(st.info.turn, Turn::Busy);
+    assert_eq!(st.counts.ready, 1);
+    assert_eq!(st.counts.info.turn, Turn::Busy);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,10 +175,10 @@ async fn a_session_without_wake_capability_runs_background_calls_sync_and_wakes_
     let b = t.b();
     // A wake-capable neighbour, to see that nothing is woken in its place.
     let log = WakeLog::default();
-    b.open_session("w", SessionOptions::default().wake(log.target()))
+    b.open_session("w", SessionSettings::default().wake(log.target()))
         .await
         .unwrap();
-    let info = b.open_session("nw", SessionOptions::default()).await.unwrap();
+    let info = b.open_session("nw", SessionSettings::default()).await.unwrap();
     assert!(!info.wake_capable);
     match b
         .delegate(
@@ -206,7 +206,7 @@ async fn a_session_without_wake_capability_runs_background_calls_sync_and_wakes_
         b.boundary("nw", "c", LONG_LEASE).await.unwrap().is_none(),
         "inline results count as delivered"
     );
-    assert_eq!(b.status("nw").await.unwrap().delivered, 2);
+    assert_eq!(b.status("nw").await.unwrap().counts.delivered, 2);
     settle(b, "nw").await;
     assert_eq!(log.count(), 0);
 }
@@ -218,7 +218,7 @@ async fn rebinding_a_wake_target_after_a_restart_wakes_once_for_recovered_items(
     t.reopen();
     let b = t.b();
     let log = WakeLog::default();
-    b.open_session("r", SessionOptions::default().wake(log.target()))
+    b.open_session("r", SessionSettings::default().wake(log.target()))
         .await
         .unwrap();
     wait_for!("a wake for the recovered ready items", (log.count() >= 1).then_some(()));

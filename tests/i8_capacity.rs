@@ -63,11 +63,11 @@ async fn run_workload(t: &TestBrood) -> Run {
             while !stop.load(Ordering::SeqCst) {
                 let st = b.status("cap").await.unwrap();
                 assert!(
-                    st.running <= CAP,
+                    st.counts.running <= CAP,
                     "status reports {} running with capacity {CAP}",
-                    st.running
+                    st.counts.running
                 );
-                max_running = max_running.max(st.running);
+                max_running = max_running.max(st.counts.running);
                 samples += 1;
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }

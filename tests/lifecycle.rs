@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
+use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, SessionSettings, TaskSpec};
 use serde_json::json;
 use tempfile::TempDir;
 
@@ -20,7 +20,7 @@ async fn delivered_calls_leave_memory_even_when_acks_overlap() {
     let dir = TempDir::new().unwrap();
     let brood = Brood::open(BroodConfig::new(dir.path())).unwrap();
     brood
-        .open_session("s", SessionOptions::default().wake(|_| {}))
+        .open_session("s", SessionSettings::default().wake(|_| {}))
         .await
         .unwrap();
     for _ in 0..10 {
@@ -42,7 +42,7 @@ async fn delivered_calls_leave_memory_even_when_acks_overlap() {
     loop {
         let st = brood.status("s").await.unwrap();
         if st.calls.is_empty() {
-            assert_eq!(st.delivered, 20);
+            assert_eq!(st.counts.delivered, 20);
             break;
         }
         assert!(
@@ -60,7 +60,7 @@ async fn sync_results_the_caller_never_received_go_out_at_a_boundary() {
     let dir = TempDir::new().unwrap();
     let brood = Brood::open(BroodConfig::new(dir.path())).unwrap();
     brood
-        .open_session("s", SessionOptions::default().wake(|_| {}))
+        .open_session("s", SessionSettings::default().wake(|_| {}))
         .await
         .unwrap();
     // The caller gives up before the child ends; its results must not be lost.
@@ -84,7 +84,7 @@ async fn sync_results_the_caller_never_received_go_out_at_a_boundary() {
     brood.shutdown();
     let brood = Brood::open(BroodConfig::new(dir.path())).unwrap();
     brood
-        .open_session("s", SessionOptions::default().wake(|_| {}))
+        .open_session("s", SessionSettings::default().wake(|_| {}))
         .await
         .unwrap();
     assert!(

@@ -37,7 +37,7 @@ async fn nest(ctx: &RunContext, n: usize) -> Result<String, BroodError> {
     let brood = BroodHandle::of(ctx)?;
     let session = ctx.session_id();
     brood
-        .open_session(session, SessionOptions::default().wake(|_| {}))
+        .open_session(session, SessionSettings::default().wake(|_| {}))
         .await?;
     let tasks = (0..n).map(|i| task(format!("inner {i}"), sim(5))).collect();
     let reply = brood
@@ -312,7 +312,7 @@ async fn a_session_named_after_an_unknown_child_is_refused() {
     let e = Engine::new();
     let b = e.b();
     let err = b
-        .open_session("deleg_00000000000000ff.0", SessionOptions::default())
+        .open_session("deleg_00000000000000ff.0", SessionSettings::default())
         .await
         .unwrap_err();
     assert!(
@@ -324,12 +324,12 @@ async fn a_session_named_after_an_unknown_child_is_refused() {
     open_wake(b, "p").await;
     let call = delegate(b, "p", vec![task("one", sim(0))]).await.unwrap();
     let err = b
-        .open_session(&child_id(&call, 1), SessionOptions::default())
+        .open_session(&child_id(&call, 1), SessionSettings::default())
         .await
         .unwrap_err();
     assert_eq!(err.code(), "unknown_child", "{err:?}");
     // An id that only looks like one (not canonical) is an ordinary top-level session.
-    b.open_session(&format!("{call}.01"), SessionOptions::default())
+    b.open_session(&format!("{call}.01"), SessionSettings::default())
         .await
         .unwrap();
     assert!(b.nest(&format!("{call}.01")).is_none());
@@ -342,7 +342,7 @@ async fn a_nested_session_survives_a_restart_and_is_ended_when_its_child_ended_m
     let b = e.b();
     b.open_session(
         &child,
-        SessionOptions::default().wake(|_| {}).max_concurrent_children(1),
+        SessionSettings::default().wake(|_| {}).max_concurrent_children(1),
     )
     .await
     .unwrap();
@@ -387,7 +387,7 @@ async fn parent_with_a_queued_nested_child(e: &Engine, first: serde_json::Value)
     );
     b.open_session(
         &child,
-        SessionOptions::default().wake(|_| {}).max_concurrent_children(1),
+        SessionSettings::default().wake(|_| {}).max_concurrent_children(1),
     )
     .await
     .unwrap();

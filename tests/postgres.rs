@@ -133,7 +133,7 @@ async fn an_engine_whose_lease_was_taken_over_is_refused_at_its_first_write_and_
     open_wake(&b, "f").await;
     // a wakes up holding claims: its ack is refused at its write, and nothing of it lands.
     match a.ack(&claims[0]).await {
-        Err(BroodError::LeaseLapsed { session }) => assert_eq!(session, "f"),
+        Err(BroodError::TenureLapsed { session }) => assert_eq!(session, "f"),
         other => panic!("the old holder's ack was not refused: {other:?}"),
     }
     // From then on a names the holder instead of serving the session.

@@ -13,9 +13,12 @@ use common::*;
 /// Opens `session` with one delivery attempt, delegates `n` independent sim children, and
 /// dead-letters their results (one failed release): their child ids.
 async fn dead_results(b: &Brood, session: &str, n: usize) -> Vec<String> {
-    b.open_session(session, SessionOptions::default().wake(|_| {}).max_delivery_attempts(1))
-        .await
-        .unwrap();
+    b.open_session(
+        session,
+        SessionSettings::default().wake(|_| {}).max_delivery_attempts(1),
+    )
+    .await
+    .unwrap();
     let tasks = (0..n).map(|i| task(format!("t{i}"), sim(0))).collect();
     let reply = b
         .delegate(session, DelegateRequest::background(tasks).independent())

@@ -39,7 +39,7 @@ async fn a_restarted_owner_returns_its_claims_adopts_its_running_children_and_lo
         )
         .await
         .unwrap();
-    status_until(&b, "s", "six results ready", |st| st.ready == 6).await;
+    status_until(&b, "s", "six results ready", |st| st.counts.ready == 6).await;
     let claim = next_envelope(&b, "s", "before", LEASE).await;
     assert_eq!(claim.items.len(), 6);
     // A child running across the restart: its actor lives on and hands its result to the
@@ -48,7 +48,7 @@ async fn a_restarted_owner_returns_its_claims_adopts_its_running_children_and_lo
         .delegate("s", DelegateRequest::background(vec![task("slow", sim(600))]))
         .await
         .unwrap();
-    status_until(&b, "s", "the slow child running", |st| st.running == 1).await;
+    status_until(&b, "s", "the slow child running", |st| st.counts.running == 1).await;
     let other = b
         .delegate("other", DelegateRequest::background(vec![task("o", sim(0))]))
         .await
@@ -59,7 +59,7 @@ async fn a_restarted_owner_returns_its_claims_adopts_its_running_children_and_lo
     let lost = b.ack(&claim.claim_id).await.unwrap_err();
     assert!(matches!(lost, BroodError::ClaimLost(_)), "{lost}");
     let st = b.status("s").await.unwrap();
-    assert_eq!(st.running, 1, "the running child was adopted, not started again");
+    assert_eq!(st.counts.running, 1, "the running child was adopted, not started again");
     let acked = drain(&b, "s", 7).await;
     assert!(acked.values().all(|&n| n == 1), "an item was acked twice: {acked:?}");
     for i in 0..6 {
@@ -112,7 +112,7 @@ async fn a_claim_lost_with_its_owner_stays_lost_after_later_rebuilds_and_restart
     b.delegate("s", DelegateRequest::background(vec![task("t", sim(0))]))
         .await
         .unwrap();
-    status_until(&b, "s", "the result ready", |st| st.ready == 1).await;
+    status_until(&b, "s", "the result ready", |st| st.counts.ready == 1).await;
     let claim = next_envelope(&b, "s", "before", LEASE).await;
     // The first rebuild reads the claim's row and returns its items; the second finds no row of
     // it (the first removed it), as a process that takes the session over may find none.

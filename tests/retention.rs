@@ -73,7 +73,7 @@ async fn a_sweep_removes_exactly_what_is_old_and_nothing_live() {
     let dir = tempfile::tempdir().unwrap();
     let kit = Kit::default();
     let b = open(dir.path(), &kit, retention(400, 3_600_000, None));
-    b.open_session("s", SessionOptions::default().wake(|_| {}).max_delivery_attempts(1))
+    b.open_session("s", SessionSettings::default().wake(|_| {}).max_delivery_attempts(1))
         .await
         .unwrap();
     let old = delivered_call(&b, "s", 3).await;

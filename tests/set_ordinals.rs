@@ -8,7 +8,7 @@
 
 mod common;
 
-use brood::{DelegateReply, DelegateRequest, SessionOptions};
+use brood::{DelegateReply, DelegateRequest, SessionSettings};
 use common::*;
 
 fn one() -> DelegateRequest {
@@ -48,7 +48,7 @@ async fn sync_and_forced_sync_calls_take_the_next_set() {
     assert!(sync.note().contains("set 2"), "{}", sync.note());
     // Without a wake target a background call is forced to sync, and still takes its session's
     // next set.
-    b.open_session("nw", SessionOptions::default()).await.unwrap();
+    b.open_session("nw", SessionSettings::default()).await.unwrap();
     assert_eq!(
         b.delegate("nw", DelegateRequest::sync(vec![task("y", sim(0))]))
             .await
@@ -80,7 +80,7 @@ async fn set_ordinals_go_on_after_a_restart() {
     let b = t.b();
     open_wake(b, "s1").await;
     assert_eq!(b.delegate("s1", one()).await.unwrap().set(), 3);
-    b.open_session("s2", SessionOptions::default()).await.unwrap();
+    b.open_session("s2", SessionSettings::default()).await.unwrap();
     let forced = b.delegate("s2", one()).await.unwrap();
     assert!(matches!(forced, DelegateReply::Sync { .. }));
     assert_eq!(forced.set(), 3);

@@ -1,5 +1,5 @@
 //! Several `brood serve` processes on one PostgreSQL database: each session served by
-//! the holder of its lease, requests forwarded to it from whichever process they reach, a dead
+//! the holder of its tenure, requests forwarded to it from whichever process they reach, a dead
 //! holder's sessions taken over, and a paused one refused once it wakes up.
 
 mod server;
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use server::{psql, sim, Server};
 
-/// The lease time the tests run with: short, so takeovers come quickly.
-const LEASE_MS: &str = "2000";
+/// The tenure time the tests run with: short, so takeovers come quickly.
+const TENURE_MS: &str = "2000";
 
 fn node(dir: &Path, url: &str, name: &str) -> Server {
     let dir = dir.join(name);
@@ -19,7 +19,7 @@ fn node(dir: &Path, url: &str, name: &str) -> Server {
     Server::start_with(
         &dir,
         None,
-        &["--ledger", url, "--node", name, "--session-lease-ms", LEASE_MS],
+        &["--ledger", url, "--node", name, "--session-lease-ms", TENURE_MS],
     )
 }
 
@@ -141,11 +141,11 @@ fn a_killed_holders_sessions_are_taken_over_with_nothing_lost_and_nothing_acked_
     assert_eq!(held.len(), 20, "every result of the second call was claimed");
     a.kill9();
     let killed = Instant::now();
-    // b takes the session over once a's lease ran out, and recovers it as a restart would:
+    // b takes the session over once a's tenure ran out, and recovers it as a restart would:
     // the claims a held are returned, what was acked stays acked.
     let rest = drain(&b, "k", 20, Duration::from_secs(30));
     eprintln!(
-        "takeover: the dead holder's items all delivered through b {:?} after the kill (lease {LEASE_MS} ms)",
+        "takeover: the dead holder's items all delivered through b {:?} after the kill (tenure {TENURE_MS} ms)",
         killed.elapsed()
     );
     let mut all: Vec<String> = acked.iter().chain(&rest).cloned().collect();
@@ -188,11 +188,11 @@ fn a_paused_holder_is_refused_once_taken_over_and_acks_nothing() {
     let env = a.envelope("p", 60_000);
     let claim = env["claim_id"].as_str().unwrap().to_string();
     let claimed = children_of(&env);
-    // a is paused past its lease (a GC pause, SIGSTOP); b takes the session over meanwhile.
+    // a is paused past its tenure (a GC pause, SIGSTOP); b takes the session over meanwhile.
     signal(&a, "-STOP");
-    // Past the lease: b's sweep takes the session up (a request meanwhile would be forwarded
+    // Past the tenure: b's sweep takes the session up (a request meanwhile would be forwarded
     // to a, which answers nothing while stopped).
-    std::thread::sleep(Duration::from_millis(LEASE_MS.parse::<u64>().unwrap() + 1000));
+    std::thread::sleep(Duration::from_millis(TENURE_MS.parse::<u64>().unwrap() + 1000));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let (status, view) = b.call("GET", "/v1/sessions/p", None);
@@ -235,7 +235,7 @@ fn a_database_crash_while_two_processes_share_it_loses_nothing_and_delivers_noth
     let ms: Vec<u64> = (0..40).map(|i| i * 100).collect();
     let calls = [a.delegate_timed("d", &ms), b.delegate_timed("e", &ms)];
     // Consumers through both processes, for both sessions (half of the requests forwarded),
-    // while the database crashes for longer than a lease and comes back.
+    // while the database crashes for longer than a tenure and comes back.
     let per_session: [std::sync::Mutex<Vec<String>>; 2] = Default::default();
     std::thread::scope(|scope| {
         for (s, taken) in ["d", "e"].into_iter().zip(&per_session) {
@@ -245,7 +245,7 @@ fn a_database_crash_while_two_processes_share_it_loses_nothing_and_delivers_noth
         }
         std::thread::sleep(Duration::from_millis(500));
         cluster.stop();
-        std::thread::sleep(Duration::from_millis(LEASE_MS.parse::<u64>().unwrap() + 500));
+        std::thread::sleep(Duration::from_millis(TENURE_MS.parse::<u64>().unwrap() + 500));
         cluster.start();
     });
     let mut taken: Vec<String> = per_session.into_iter().flat_map(|t| t.into_inner().unwrap()).collect();
@@ -373,18 +373,18 @@ fn a_take_its_asker_gave_up_on_leaves_the_child_waiting() {
     let b = Server::start_env(
         &b_dir,
         None,
-        &["--ledger", &url, "--node", "b", "--session-lease-ms", LEASE_MS],
+        &["--ledger", &url, "--node", "b", "--session-lease-ms", TENURE_MS],
         &[("BROOD_FAILPOINTS", "take_stall=1")],
     );
     let child = listed_at(&b, &url);
     // a's poll asks b for the child and gives up before b serves the take.
     let (status, reply) = poll_gpu(&a, 0);
     assert_eq!(status, 204, "{reply}");
-    // Once b would have served it: the child is not leased to the take nobody got (for its
-    // 30 s lease), it waits for a worker, and one polling b gets it.
+    // Once b would have served it: the child is not held by the take nobody got (for its
+    // 30 s hold), it waits for a worker, and one polling b gets it.
     std::thread::sleep(Duration::from_millis(2500));
     let (status, work) = poll_gpu(&b, 10_000);
-    assert_eq!(status, 200, "the child is leased to a take nobody got: {work}");
+    assert_eq!(status, 200, "the child is held by a take nobody got: {work}");
     assert_eq!(work["child_id"], child);
 }
 

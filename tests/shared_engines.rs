@@ -1,5 +1,5 @@
 //! Engines sharing one PostgreSQL ledger: a starting process reads what it serves only after it
-//! took its leases, a nested session is served where its parent session is, and a process that
+//! took its tenures, a nested session is served where its parent session is, and a process that
 //! takes a nested session up knows it is nested.
 
 mod common;
@@ -41,7 +41,9 @@ async fn nested_queue(b: &Brood, second: serde_json::Value) -> (String, String, 
     let (call, child) = parent_running(b).await;
     b.open_session(
         &child,
-        brood::SessionOptions::default().wake(|_| {}).max_concurrent_children(1),
+        brood::SessionSettings::default()
+            .wake(|_| {})
+            .max_concurrent_children(1),
     )
     .await
     .unwrap();
@@ -67,13 +69,13 @@ fn waiting_on(url: &str, table: &str) -> bool {
     std::panic::catch_unwind(move || pg_testkit::execute(&url, &sql)).is_ok()
 }
 
-/// A starting process reads the sessions it serves only after it took their leases: a holder
-/// that writes until it gives its leases back (here: b acks its claims, then stops cleanly, as
+/// A starting process reads the sessions it serves only after it took their tenures: a holder
+/// that writes until it gives its tenures back (here: b acks its claims, then stops cleanly, as
 /// in a rolling restart) is never read from before those writes, so no acked item is handed
 /// out again (I2). The load is held up between the tables it reads by a lock on `wakes` (read
 /// after acks, children and claims), standing in for a large ledger's long load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_starting_process_must_not_recover_from_a_snapshot_read_before_its_leases() {
+async fn a_starting_process_must_not_recover_from_a_snapshot_read_before_its_tenures() {
     let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
     let url = pg_testkit::url();
     let schema = pg_testkit::fresh_schema();
@@ -103,15 +105,15 @@ async fn a_starting_process_must_not_recover_from_a_snapshot_read_before_its_lea
     std::thread::sleep(Duration::from_millis(500));
     let (a_dir, a_url, a_schema, a_kit) = (dir.path().join("a"), url.clone(), schema.clone(), Kit::default());
     let starting = std::thread::spawn(move || sharing(&a_dir, &a_kit, &a_url, &a_schema, "a", 2));
-    // a's start either waits on the lock (it reads a session's rows) or, holding no lease yet,
+    // a's start either waits on the lock (it reads a session's rows) or, holding no tenure yet,
     // reads nothing at all; both mid-start while b still holds the session.
     let deadline = Instant::now() + Duration::from_secs(2);
     while !waiting_on(&url, "wakes") && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Meanwhile b (still the holder) acks everything, then stops cleanly: its leases given back.
+    // Meanwhile b (still the holder) acks everything, then stops cleanly: its tenures given back.
     for claim in &claims {
-        b.ack(claim).await.expect("b acks while it holds the lease");
+        b.ack(claim).await.expect("b acks while it holds the tenure");
     }
     b.shutdown();
     lock.join().unwrap();
@@ -127,7 +129,7 @@ async fn a_starting_process_must_not_recover_from_a_snapshot_read_before_its_lea
 }
 
 /// A nested session is served where its parent session is: a sweep elsewhere that takes its
-/// lease gives it back, and the parent's holder takes it up again (the end of its child, a
+/// tenure gives it back, and the parent's holder takes it up again (the end of its child, a
 /// cancel of it, reach it there). It is never ended for want of its parent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nested_session_goes_back_to_where_its_parent_is_served() {
@@ -147,7 +149,7 @@ async fn a_nested_session_goes_back_to_where_its_parent_is_served() {
         .expect("a nested call while the parent child runs")
         .call_id()
         .to_string();
-    // Only the nested session's lease runs out (its holder paused past it, say): b's sweep
+    // Only the nested session's tenure runs out (its holder paused past it, say): b's sweep
     // may take it, and gives it back; a takes it up again.
     pg_testkit::execute(
         &url,
@@ -184,7 +186,7 @@ async fn a_nested_session_is_opened_where_its_parent_is_served() {
     let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
     let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
     let (_, child) = parent_running(&a).await;
-    match b.open_session(&child, brood::SessionOptions::default()).await {
+    match b.open_session(&child, brood::SessionSettings::default()).await {
         Err(BroodError::Moved { address, .. }) => assert_eq!(address, "http://a"),
         other => panic!("the nested session was not sent to its parent's holder: {other:?}"),
     }
@@ -232,7 +234,7 @@ async fn max_depth_holds_in_a_process_that_took_a_nested_session_up() {
     b.shutdown();
 }
 
-/// A process that starts while a nested session's lease is free (its holder paused past it,
+/// A process that starts while a nested session's tenure is free (its holder paused past it,
 /// say) leaves that session to the process that serves its parent, where the end of its child
 /// and a cancel of its parent's call reach it: cancelling the parent's call ends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,7 +248,7 @@ async fn a_starting_process_leaves_a_nested_session_to_the_holder_of_its_parent(
         &url,
         &format!("UPDATE \"{schema}\".session_leases SET expires_at = now() - interval '1 second' WHERE session = '{child}'::bytea"),
     );
-    // c starts while the nested session's lease is free.
+    // c starts while the nested session's tenure is free.
     let c = sharing(&dir.path().join("c"), &kit, &url, &schema, "c", 2);
     let cancelled = a
         .cancel(brood::CancelTarget::Call(call.clone()), "the test", None)
@@ -295,12 +297,12 @@ async fn a_cancel_in_a_process_that_lost_its_session_is_answered() {
         &url,
         &format!("UPDATE \"{schema}\".session_leases SET expires_at = now() - interval '1 second' WHERE session = 'p'::bytea"),
     );
-    // b starts while p's lease is free, and takes it over.
+    // b starts while p's tenure is free, and takes it over.
     let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
     assert!(b.sessions().contains(&"p".to_string()), "b took p over");
     let cancel = a.cancel(brood::CancelTarget::Child(child.clone()), "the test", None);
     match tokio::time::timeout(DEADLINE, cancel).await {
-        Ok(Err(BroodError::LeaseLapsed { .. } | BroodError::Moved { .. })) => {}
+        Ok(Err(BroodError::TenureLapsed { .. } | BroodError::Moved { .. })) => {}
         Ok(other) => panic!("the cancel in the process that lost the session answered {other:?}"),
         Err(_) => panic!("the cancel in the process that lost the session was never answered"),
     }
@@ -318,7 +320,7 @@ async fn a_takeover_that_ends_a_running_child_ends_its_nested_session() {
     let schema = pg_testkit::fresh_schema();
     let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
     let (call, child, nested) = nested_queue(&a, hold()).await;
-    // Both leases run out at once (a paused, say), and b takes both sessions over.
+    // Both tenures run out at once (a paused, say), and b takes both sessions over.
     pg_testkit::execute(
         &url,
         &format!("UPDATE \"{schema}\".session_leases SET expires_at = now() - interval '1 second'"),
@@ -345,7 +347,7 @@ async fn a_takeover_that_ends_a_running_child_ends_its_nested_session() {
     b.shutdown();
 }
 
-/// A drain during a database outage longer than the lease waits for the children still
+/// A drain during a database outage longer than the tenure waits for the children still
 /// running here: the views of the session are refused meanwhile (another process may take it
 /// over), but its children run on in this process until they end or the drain gives up, and
 /// the drain says how many it left running.
@@ -372,8 +374,8 @@ async fn a_drain_during_a_database_outage_waits_for_the_children_running_here() 
     );
     cluster.stop();
     wait_for!(
-        "the lease lapses while the database is away",
-        matches!(a.counts("p").await, Err(BroodError::LeaseLapsed { .. })).then_some(())
+        "the tenure lapses while the database is away",
+        matches!(a.counts("p").await, Err(BroodError::TenureLapsed { .. })).then_some(())
     );
     let left = a.drain(Duration::from_millis(500)).await;
     assert_eq!(left, 1, "the drain did not count the child still running here");

@@ -974,7 +974,7 @@ impl<'c> World<'c> {
                 return Err(format!(
                     "{} shows {shown:?} of {s} delivered; acknowledged were {delivered:?} (leases: {})",
                     self.nodes[i].name,
-                    self.leases()
+                    self.tenures()
                 ));
             }
         }
@@ -982,7 +982,7 @@ impl<'c> World<'c> {
     }
 
     /// The lease table as the database has it: session, holder, epoch, whether it is live.
-    fn leases(&self) -> String {
+    fn tenures(&self) -> String {
         server::psql(
             &self.url,
             "SELECT convert_from(session, 'UTF8'), owner, epoch, expires_at > now() FROM brood.session_leases ORDER BY 1",

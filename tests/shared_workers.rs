@@ -5,7 +5,7 @@
 //! whose process died is told what became of its child by any process, as soon as the ledger
 //! knows: the recorded outcome for the completion that was recorded, 409 once the child ended
 //! otherwise; a heartbeat renews the child while a database outage shorter than the session
-//! lease lasts.
+//! tenure lasts.
 
 mod server;
 
@@ -27,7 +27,7 @@ fn node(dir: &Path, url: &str, name: &str, lease_ms: &str) -> Server {
 
 /// Session `x` opened through `s` with one external child that is not safe to re-run, handed
 /// to a worker polling `s`: its id and token.
-fn leased_child(s: &Server) -> (String, String) {
+fn held_child(s: &Server) -> (String, String) {
     s.open("x");
     let task = json!({"goal": "render", "runner": {"kind": "external"}});
     let (status, reply) = s.call("POST", "/v1/sessions/x/delegate", Some(json!({"tasks": [task]})));
@@ -65,11 +65,11 @@ fn complete(s: &Server, child: &str, body: Value) -> (u16, Value) {
 fn a_holder_that_lost_the_session_unnoticed_refuses_a_heartbeat_and_a_completion_it_cannot_record() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
-    // a renews its leases every 200 s: it will not notice losing one within this test.
+    // a renews its tenures every 200 s: it will not notice losing one within this test.
     let a = node(dir.path(), &url, "a", "600000");
     let b = node(dir.path(), &url, "b", "2000");
-    let (child, token) = leased_child(&a);
-    // a's lease of `x` runs out (as through a long pause); b's sweep takes the session over
+    let (child, token) = held_child(&a);
+    // a's tenure of `x` runs out (as through a long pause); b's sweep takes the session over
     // and recovers it: the child, not safe to re-run, ends `unknown`.
     psql(
         &url,
@@ -109,14 +109,14 @@ fn a_holder_that_lost_the_session_unnoticed_refuses_a_heartbeat_and_a_completion
 fn a_completion_recorded_before_its_holder_died_is_answered_by_any_process_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
-    // Leases of a minute: b could not take the session over within this test.
+    // Tenures of a minute: b could not take the session over within this test.
     let a = node(dir.path(), &url, "a", "60000");
     let b = node(dir.path(), &url, "b", "60000");
-    let (child, token) = leased_child(&a);
+    let (child, token) = held_child(&a);
     let done = json!({"token": token, "status": "succeeded", "summary": "frame 7"});
     let (status, first) = complete(&a, &child, done.clone());
     assert_eq!(status, 200, "{first}");
-    // a dies before the worker heard its answer; its lease of `x` is live for a minute more.
+    // a dies before the worker heard its answer; its tenure of `x` is live for a minute more.
     a.kill9();
     // The worker sends its completion again through b: the ledger recorded it, so b answers
     // with the recorded outcome, not 503 `session_moved` to a dead process.
@@ -142,9 +142,9 @@ fn a_dead_holders_token_is_told_409_once_its_child_ended() {
     let a = node(dir.path(), &url, "a", "2000");
     let b = node(dir.path(), &url, "b", "2000");
     let c = node(dir.path(), &url, "c", "2000");
-    let (child, token) = leased_child(&a);
+    let (child, token) = held_child(&a);
     a.kill9();
-    // While a's lease is live, nobody can say what became of the child: retry. Once b or c
+    // While a's tenure is live, nobody can say what became of the child: retry. Once b or c
     // took the session over, the token is void (409), and the child, not safe to re-run,
     // ended `unknown`.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -175,12 +175,12 @@ fn a_dead_holders_token_is_told_409_once_its_child_ended() {
 }
 
 #[test]
-fn a_heartbeat_during_a_database_outage_shorter_than_the_session_lease_renews_the_child() {
+fn a_heartbeat_during_a_database_outage_shorter_than_the_session_tenure_renews_the_child() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = brood_actors::ledger::pg_testkit::Cluster::private();
     let a = node(dir.path(), &cluster.url(), "a", "60000");
-    let (child, token) = leased_child(&a);
-    // The database goes away for a moment: a's lease of `x` runs for a minute more, the lease
+    let (child, token) = held_child(&a);
+    // The database goes away for a moment: a's tenure of `x` runs for a minute more, the tenure
     // row cannot be read, and the worker keeps its child.
     cluster.stop();
     let beat = a.call(

@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use brood::{Brood, BroodConfig, DelegateRequest, RunContext, RunOutput, Runner, Runners, SessionOptions, TaskSpec};
+use brood::{Brood, BroodConfig, DelegateRequest, RunContext, RunOutput, Runner, Runners, SessionSettings, TaskSpec};
 use futures::future::LocalBoxFuture;
 use serde_json::json;
 use tracing::field::{Field, Visit};
@@ -147,7 +147,7 @@ fn seen(all: &Mutex<Vec<Seen>>, pick: impl Fn(&Seen) -> bool) -> Vec<Seen> {
 async fn say_in(session: &str, goals: &[&str], traceparent: Option<&str>) -> String {
     let dir = tempfile::tempdir().unwrap();
     let b = open(dir.path());
-    b.open_session(session, SessionOptions::default().wake(|_| {}))
+    b.open_session(session, SessionSettings::default().wake(|_| {}))
         .await
         .unwrap();
     let tasks = goals

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use brood::{
     Brood, BroodConfig, BroodError, ChildStatus, DelegateRequest, Event, ItemKind, RunContext, RunOutput, Runner,
-    Runners, SessionOptions, TaskSpec,
+    Runners, SessionSettings, TaskSpec,
 };
 use common::*;
 use futures::future::LocalBoxFuture;
@@ -46,7 +46,7 @@ fn config(dir: &std::path::Path) -> BroodConfig {
 
 async fn open(dir: &std::path::Path, session: &str) -> Brood {
     let b = Brood::open(config(dir)).expect("open brood");
-    b.open_session(session, SessionOptions::default().wake(|_| {}))
+    b.open_session(session, SessionSettings::default().wake(|_| {}))
         .await
         .expect("open session");
     b
@@ -163,7 +163,7 @@ async fn a_child_run_again_after_a_restart_gets_the_traceparent() {
         .call_id()
         .to_string();
     let deadline = Instant::now() + DEADLINE;
-    while b.status("r").await.unwrap().running < 1 {
+    while b.status("r").await.unwrap().counts.running < 1 {
         assert!(Instant::now() < deadline, "the child never started");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

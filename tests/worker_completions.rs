@@ -176,14 +176,14 @@ fn a_token_voided_by_a_restart_answers_409() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_not_recorded_in_its_wait_is_answered_so_and_the_same_again_waits_for_its_row() {
     use brood::runners::{WorkError, WorkQueues};
-    use brood::{Brood, BroodConfig, DelegateRequest, RunOutput, Runners, SessionOptions, TaskSpec};
+    use brood::{Brood, BroodConfig, DelegateRequest, RunOutput, Runners, SessionSettings, TaskSpec};
 
     let dir = tempfile::tempdir().unwrap();
     let queues = std::sync::Arc::new(WorkQueues::new());
     let mut runners = Runners::builtin();
     runners.register_external(queues.clone());
     let b = Brood::open(BroodConfig::new(dir.path().join("ledger")).runners(runners)).unwrap();
-    b.open_session("s", SessionOptions::default().addressable(true))
+    b.open_session("s", SessionSettings::default().addressable(true))
         .await
         .unwrap();
     let task = TaskSpec::new("render", json!({"kind": "external"}));

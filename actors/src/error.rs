@@ -104,7 +104,7 @@ pub enum BroodError {
     /// The engine is not running (shut down, or it failed to start).
     #[error("the brood engine is not running")]
     Stopped,
-    /// Another process sharing the ledger serves this session (it holds the session's lease):
+    /// Another process sharing the ledger serves this session (it holds the session's tenure):
     /// send the request to `address`. Nothing was changed here.
     #[error("session `{session}` is served by another process, at {address}; send the request there")]
     Moved {
@@ -113,13 +113,14 @@ pub enum BroodError {
         /// Where its holder takes requests.
         address: String,
     },
-    /// This process shares the ledger and does not serve the session right now: its lease could
+    /// This process shares the ledger and does not serve the session right now: its tenure could
     /// not be renewed in time (the database is slow or out of reach, or the process was paused),
     /// or another process took it over while the request was handled. A request refused before
     /// it was decided changed nothing; one refused at its write may not have taken effect.
-    /// Retry: the retry reaches whoever holds the session then.
-    #[error("session `{session}` is not served here right now (its lease lapsed or moved to another process); retry")]
-    LeaseLapsed {
+    /// Retry: the retry reaches whoever holds the session then. Its code is `lease_lapsed`
+    /// (API.md calls a tenure a session lease).
+    #[error("session `{session}` is not served here right now (this process's tenure of it lapsed, or it moved to another process); retry")]
+    TenureLapsed {
         /// The session.
         session: String,
     },
@@ -153,7 +154,7 @@ impl BroodError {
             BroodError::SessionFailed { .. } => "session_failed",
             BroodError::Stopped => "stopped",
             BroodError::Moved { .. } => "session_moved",
-            BroodError::LeaseLapsed { .. } => "lease_lapsed",
+            BroodError::TenureLapsed { .. } => "lease_lapsed",
         }
     }
 
@@ -187,7 +188,7 @@ impl From<ClaimError> for BroodError {
     fn from(e: ClaimError) -> Self {
         match e {
             ClaimError::Lost(c) => BroodError::ClaimLost(c),
-            ClaimError::AlreadyAcked(c) => BroodError::ClaimAcked(c),
+            ClaimError::Acked(c) => BroodError::ClaimAcked(c),
             ClaimError::Unknown(c) => BroodError::UnknownClaim(c),
         }
     }

@@ -30,7 +30,7 @@ pub struct BroodConfig {
     /// PostgreSQL's address and schema, when the ledger is there rather than in `data_dir`.
     pub(crate) postgres: Option<(String, String)>,
     /// Who this process is among several sharing the PostgreSQL ledger.
-    pub(crate) share: Option<brood_actors::ledger::LeaseConfig>,
+    pub(crate) share: Option<brood_actors::ledger::TenureConfig>,
 }
 
 impl std::fmt::Debug for BroodConfig {
@@ -87,13 +87,13 @@ impl BroodConfig {
     }
 
     /// With [`BroodConfig::postgres`]: shares the database with other brood processes. Each
-    /// session is served by one process at a time, the holder of its lease (`ttl` long,
-    /// renewed in the background); this one is `node` (named in the lease rows) and takes
+    /// session is served by one process at a time, the holder of its tenure (`ttl` long,
+    /// renewed in the background); this one is `node` (named in the tenure rows) and takes
     /// requests at `address`, which the others name in [`BroodError::Moved`](crate::BroodError::Moved). Sessions whose holder died are taken over
     /// within about `ttl`, recovered as a restart recovers them; a holder that was paused past
-    /// its lease is refused at its first write and stops serving the session.
+    /// its tenure is refused at its first write and stops serving the session.
     pub fn share(mut self, node: impl Into<String>, address: impl Into<String>, ttl: Duration) -> Self {
-        self.share = Some(brood_actors::ledger::LeaseConfig {
+        self.share = Some(brood_actors::ledger::TenureConfig {
             node: node.into(),
             address: address.into(),
             ttl,

@@ -13,13 +13,13 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use brood::{Brood, BroodConfig, DelegateRequest, SessionOptions, TaskSpec};
+//! use brood::{Brood, BroodConfig, DelegateRequest, SessionSettings, TaskSpec};
 //! use serde_json::json;
 //!
 //! # async fn demo() -> Result<(), brood::BroodError> {
 //! let brood = Brood::open(BroodConfig::new("./brood-data"))?;
 //! // Binding a wake target makes the session wake-capable, so background calls stay background.
-//! brood.open_session("chat-1", SessionOptions::default().wake(|ev| println!("wake {ev:?}"))).await?;
+//! brood.open_session("chat-1", SessionSettings::default().wake(|ev| println!("wake {ev:?}"))).await?;
 //! let reply = brood
 //!     .delegate("chat-1", DelegateRequest::background(vec![
 //!         TaskSpec::new("summarise PR 12", json!({"kind": "sim", "ms": 50})),
@@ -41,7 +41,6 @@
 mod config;
 mod lifecycle;
 pub mod render;
-mod reply;
 pub mod runners;
 pub mod whole;
 
@@ -50,22 +49,22 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::{Addr, Handler, Message};
-use brood_actors::actors::owner::{self, claim_session, Delegated, SessionOwner};
+use brood_actors::actors::owner::{self, claim_session, SessionOwner};
 pub use brood_actors::actors::supervisor::Health;
-use brood_actors::actors::supervisor::{CheckHealth, DeadLetters, FindOwner, OpenSession, RestartOwner, Supervisor};
+use brood_actors::actors::supervisor::{GetDeadLetters, GetHealth, GetOwner, OpenSession, RestartOwner, Supervisor};
 use brood_actors::actors::{Engine, Owners};
 use brood_actors::events::Events;
 use brood_actors::ledger::Ledger;
 
-pub use brood_actors::actors::owner::{CallStatus, LiveClaim, SessionInfo, SessionStatus};
+pub use brood_actors::actors::owner::{CallStatus, LiveClaim, SessionCounts, SessionInfo, SessionStatus};
 pub use brood_actors::error::{BroodError, DelegateError};
 pub use brood_actors::events::{ClaimChange, Event, SessionEvent};
 pub use brood_actors::failpoints;
 pub use brood_actors::ledger::{Durability, LedgerError};
 pub use brood_actors::model::{
     child_id, dedup_key, parse_dedup_key, unit_id, validate_traceparent, CallRow, CancelTarget, Cancelled, ChildRow,
-    ChildStatus, DeadLetterRow, DelegateRequest, Envelope, ItemKind, Mode, NestRow, QuarantineRow, Quarantined,
-    ReadyItem, RedriveRow, RedriveSelect, Redriven, RequestError, TaskSpec, UnitRow,
+    ChildStatus, DeadLetterRow, DelegateReply, DelegateRequest, Envelope, ItemKind, Mode, NestRow, QuarantineRow,
+    Quarantined, ReadyItem, RedriveRow, RedriveSelect, Redriven, RequestError, SessionSettings, TaskSpec, UnitRow,
 };
 pub use brood_actors::retention::{Retention, Swept};
 pub use brood_actors::routing::{ReleaseReason, Turn};
@@ -73,14 +72,10 @@ pub use brood_actors::runner::{Progress, RecordOutcome, RunContext, RunOutput, R
 pub use brood_actors::text::printable;
 pub use brood_actors::wake::{Wake, WakeEvent, WakeFactory};
 pub use config::BroodConfig;
-pub use reply::DelegateReply;
 pub use runners::Runners;
 
 /// The longest cancel reason kept, in characters.
 pub const MAX_CANCEL_REASON: usize = 1000;
-
-/// Settings of a session; unset fields keep their current (or default) value.
-pub use brood_actors::model::SessionSettings as SessionOptions;
 
 /// Routing threads an engine gets unless told otherwise: one per core.
 pub fn default_routing_threads() -> usize {
@@ -233,14 +228,14 @@ impl BroodHandle {
         if let Some(addr) = self.owners.get(session_id) {
             return Ok(addr.clone());
         }
-        self.root.send(FindOwner(session_id.to_string())).await?
+        self.root.send(GetOwner(session_id.to_string())).await?
     }
 
     /// A lost answer means the owner died mid-request (or the engine stopped).
     fn lost(&self, session_id: &str, call_id: Option<String>) -> BroodError {
-        if self.engine.leases().is_some_and(|l| !l.holds(session_id)) {
+        if self.engine.tenures().is_some_and(|l| !l.holds(session_id)) {
             // Its owner stopped because another process took the session over.
-            return BroodError::LeaseLapsed {
+            return BroodError::TenureLapsed {
                 session: session_id.to_string(),
             };
         }
@@ -267,22 +262,22 @@ impl BroodHandle {
 
     /// Creates a session, or updates one (a session from an earlier process keeps its calls
     /// and set ordinals; bind its wake target again after a restart).
-    pub async fn open_session(&self, session_id: &str, options: SessionOptions) -> Result<SessionInfo, BroodError> {
+    pub async fn open_session(&self, session_id: &str, settings: SessionSettings) -> Result<SessionInfo, BroodError> {
         self.open_session_with_defaults(
             session_id,
-            options,
+            settings,
             brood_actors::model::DEFAULT_MAX_CONCURRENT_CHILDREN,
             brood_actors::model::DEFAULT_MAX_DELIVERY_ATTEMPTS,
         )
         .await
     }
 
-    /// As [`Brood::open_session`], with the limits a session gets when it is new and `options`
+    /// As [`Brood::open_session`], with the limits a session gets when it is new and `settings`
     /// leave them unset (a server's configured defaults).
     pub async fn open_session_with_defaults(
         &self,
         session_id: &str,
-        options: SessionOptions,
+        settings: SessionSettings,
         max_concurrent_children: u32,
         max_delivery_attempts: u32,
     ) -> Result<SessionInfo, BroodError> {
@@ -290,7 +285,7 @@ impl BroodHandle {
             .root
             .send(OpenSession {
                 session_id: session_id.to_string(),
-                settings: options,
+                settings,
                 defaults: (max_concurrent_children, max_delivery_attempts),
             })
             .await??;
@@ -318,7 +313,7 @@ impl BroodHandle {
         };
         let tasks = request.tasks.len();
         match answered {
-            Ok(delegated) => Ok(self.reply(session_id, delegated, tasks).await),
+            Ok(reply) => Ok(self.reply(session_id, reply, tasks).await),
             Err(error) => {
                 let error = match error {
                     BroodError::Interrupted { .. } if !self.root.connected() => BroodError::Stopped,
@@ -343,7 +338,7 @@ impl BroodHandle {
         let ended = || BroodError::ParentEnded {
             session: session_id.to_string(),
         };
-        let msg = owner::ChildState {
+        let msg = owner::GetChildStatus {
             call_id: call_id.to_string(),
             task,
         };
@@ -354,23 +349,21 @@ impl BroodHandle {
         }
     }
 
-    async fn reply(&self, session_id: &str, delegated: Delegated, tasks: usize) -> DelegateReply {
-        match delegated {
-            Delegated::Background { call_id, set, units } => {
-                let note = render::background_note(set, tasks, units.len());
-                DelegateReply::Background {
-                    call_id,
-                    set,
-                    units,
-                    note,
-                }
+    /// The owner's reply with its note (and a sync call's text) rendered; a sync call's results
+    /// are received first.
+    async fn reply(&self, session_id: &str, mut reply: DelegateReply, tasks: usize) -> DelegateReply {
+        match &mut reply {
+            DelegateReply::Background { set, units, note, .. } => {
+                *note = render::background_note(*set, tasks, units.len());
             }
-            Delegated::Sync {
+            DelegateReply::Sync {
                 call_id,
                 set,
-                units,
                 forced_sync_reason,
                 results,
+                note,
+                text,
+                ..
             } => {
                 // The results are in hand: only now do they count as delivered. Waiting for that
                 // to be durable means a caller that goes on is not handed them again.
@@ -381,19 +374,11 @@ impl BroodHandle {
                         })
                         .await;
                 }
-                let note = render::sync_note(set, forced_sync_reason.as_deref());
-                let text = render::envelope_text(&results);
-                DelegateReply::Sync {
-                    call_id,
-                    set,
-                    units,
-                    forced_sync_reason,
-                    results,
-                    note,
-                    text,
-                }
+                *note = render::sync_note(*set, forced_sync_reason.as_deref());
+                *text = render::envelope_text(results);
             }
         }
+        reply
     }
 
     /// A turn boundary: claims every item of the session ready right now, in one envelope, or
@@ -417,7 +402,7 @@ impl BroodHandle {
         let claimed = self
             .ask(
                 session_id,
-                owner::Boundary {
+                owner::ClaimReady {
                     consumer: consumer.to_string(),
                     lease_ms,
                 },
@@ -480,24 +465,30 @@ impl BroodHandle {
         self.ask(session_id, owner::SetTurn(turn)).await
     }
 
-    /// A session's counts and live calls.
+    /// A session's counts, its calls in memory (with their units and children) and its live
+    /// claims.
     pub async fn status(&self, session_id: &str) -> Result<SessionStatus, BroodError> {
-        self.view(session_id, true).await
+        self.view(session_id, owner::GetStatus).await
     }
 
-    /// A session's counts only (`calls` left empty): cheap enough to poll.
-    pub async fn counts(&self, session_id: &str) -> Result<SessionStatus, BroodError> {
-        self.view(session_id, false).await
+    /// A session's settings, turn and counts only: cheap enough to poll.
+    pub async fn counts(&self, session_id: &str) -> Result<SessionCounts, BroodError> {
+        self.view(session_id, owner::GetCounts).await
     }
 
-    /// A session's state as its owner here has it, refused ([`BroodError::LeaseLapsed`]) as a
-    /// boundary is when this process may no longer serve the session: once its lease could
+    /// A session's state as its owner here has it, refused ([`BroodError::TenureLapsed`]) as a
+    /// boundary is when this process may no longer serve the session: once its tenure could
     /// have run out (a pause, a database outage), another process may have taken the session
     /// over and changed it, and this owner's state would be an older view than the holder's.
-    async fn view(&self, session_id: &str, calls: bool) -> Result<SessionStatus, BroodError> {
-        let st = self.ask(session_id, owner::Status { calls }).await?;
-        if self.engine.leases().is_some_and(|l| !l.serving(session_id)) {
-            return Err(BroodError::LeaseLapsed {
+    async fn view<M>(&self, session_id: &str, query: M) -> Result<M::Result, BroodError>
+    where
+        M: Message + Send + 'static,
+        M::Result: Send,
+        SessionOwner: Handler<M>,
+    {
+        let st = self.ask(session_id, query).await?;
+        if self.engine.tenures().is_some_and(|l| !l.serving(session_id)) {
+            return Err(BroodError::TenureLapsed {
                 session: session_id.to_string(),
             });
         }
@@ -534,12 +525,12 @@ impl BroodHandle {
     /// Whether the engine can take work (its actors answer and it can record results), without
     /// reading the ledger: cheap enough for a health probe.
     pub async fn health(&self) -> Result<Health, BroodError> {
-        self.root.send(CheckHealth).await?
+        self.root.send(GetHealth).await?
     }
 
     /// Items that ran out of delivery attempts.
     pub async fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, BroodError> {
-        self.root.send(DeadLetters).await?
+        self.root.send(GetDeadLetters).await?
     }
 
     /// Drains the engine before a stop: no queued child starts any more (they stay queued,
@@ -553,12 +544,9 @@ impl BroodHandle {
         loop {
             let mut running = 0;
             for id in self.sessions() {
-                // Asked of the owner itself: a session whose lease may have lapsed (a database
+                // Asked of the owner itself: a session whose tenure may have lapsed (a database
                 // outage) still has its children running here, and they are waited for.
-                running += self
-                    .ask(&id, owner::Status { calls: false })
-                    .await
-                    .map_or(0, |st| st.running);
+                running += self.ask(&id, owner::GetCounts).await.map_or(0, |st| st.running);
             }
             if running == 0 || tokio::time::Instant::now() >= deadline {
                 return running;
@@ -577,12 +565,12 @@ impl BroodHandle {
         self.root.send(RestartOwner(session_id.to_string())).await??;
         loop {
             if let Some(addr) = self.owners.get(session_id).map(|a| a.clone()) {
-                if addr != old && addr.send(owner::Status { calls: false }).await.is_ok() {
+                if addr != old && addr.send(owner::GetCounts).await.is_ok() {
                     return Ok(());
                 }
             } else {
                 // Given up (past its restart budget), or the engine stopped.
-                self.root.send(FindOwner(session_id.to_string())).await??;
+                self.root.send(GetOwner(session_id.to_string())).await??;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -591,7 +579,7 @@ impl BroodHandle {
 
 /// The engine's own thread: its actix system and arbiters, the ledger, the engine and its
 /// supervisor; tells `started` once every recovered session's owner is registered (or why it
-/// could not start), runs until the engine stops, then gives the session leases back and stops
+/// could not start), runs until the engine stops, then gives the session tenures back and stops
 /// the arbiters (only then may the data folder be opened again).
 fn run_engine(config: BroodConfig, started: std::sync::mpsc::Sender<Result<Started, LedgerError>>) {
     let sys = actix::System::new();
@@ -604,23 +592,23 @@ fn run_engine(config: BroodConfig, started: std::sync::mpsc::Sender<Result<Start
         let root = Supervisor::start_engine(engine.clone(), Default::default())?;
         // Answered once the supervisor started: every recovered session's owner is
         // registered by then, so what `open` returns knows them all.
-        let _ = root.send(CheckHealth).await;
+        let _ = root.send(GetHealth).await;
         Ok::<_, LedgerError>((root, engine))
     });
     match opened {
         Ok((root, engine)) => {
-            let (ledger, leases) = (engine.ledger().clone(), engine.leases().cloned());
+            let (ledger, tenures) = (engine.ledger().clone(), engine.tenures().cloned());
             let _ = started.send(Ok((root, engine, actix::System::current())));
             if let Err(e) = sys.run() {
                 tracing::error!("brood actor system ended with an error: {e}");
             }
-            if let Some(leases) = leases {
+            if let Some(tenures) = tenures {
                 // What was decided is committed first; then the other processes may take the
                 // sessions up at once.
                 if let Err(e) = ledger.flush() {
-                    tracing::warn!("the last flush before giving the session leases back failed: {e}");
+                    tracing::warn!("the last flush before giving the session tenures back failed: {e}");
                 }
-                leases.release_all();
+                tenures.release_all();
             }
         }
         Err(e) => {

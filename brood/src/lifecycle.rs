@@ -27,7 +27,7 @@ impl BroodHandle {
         let id = call_id.to_string();
         // One read of the index of calls.
         let found = blocking(move || ledger.find_call(&id)).await?.ok_or_else(unknown)?;
-        if self.engine.leases().is_some() {
+        if self.engine.tenures().is_some() {
             // Shared: its session may be served here once taken up, or elsewhere (then the
             // request goes there: its holder has the call in memory).
             let view = owner::CallView(call_id.to_string());
@@ -77,15 +77,15 @@ impl BroodHandle {
         }
     }
 
-    /// The address of the process the lease row of child `child_id`'s session names, when
+    /// The address of the process the tenure row of child `child_id`'s session names, when
     /// several processes share the ledger: read from the ledger, so a process that lost the
     /// session without noticing yet sees who took it; this process's own address when the row
-    /// names it (the caller compares). None when the lease is free, when the id names no
+    /// names it (the caller compares). None when the tenure is free, when the id names no
     /// stored call, or when the ledger is not shared. Found from what the processes wrote (the
-    /// call's row and the session's lease, written by a peer that registered itself by taking
+    /// call's row and the session's tenure, written by a peer that registered itself by taking
     /// it), never from anything a client sent but the child id.
     pub async fn child_holder(&self, child_id: &str) -> Result<Option<String>, BroodError> {
-        let Some(leases) = self.engine.leases().cloned() else {
+        let Some(tenures) = self.engine.tenures().cloned() else {
             return Ok(None);
         };
         let Some((call_id, _)) = brood_actors::model::parse_child_id(child_id) else {
@@ -94,9 +94,9 @@ impl BroodHandle {
         let Some(session) = self.call_session(call_id).await? else {
             return Ok(None);
         };
-        let holder = blocking(move || leases.recorded_holder(&session)).await?;
+        let holder = blocking(move || tenures.recorded_holder(&session)).await?;
         Ok(match holder {
-            Some(brood_actors::ledger::LeaseHolder::Elsewhere { address, .. }) => Some(address),
+            Some(brood_actors::ledger::TenureHolder::Elsewhere { address, .. }) => Some(address),
             _ => None,
         })
     }

@@ -8,7 +8,7 @@
 //! retry) rather than sent on again, so two processes with stale views never bounce a request
 //! between them. An event stream is not relayed: it is redirected (307) to the holder.
 //!
-//! What crosses between processes: only to an address a process wrote itself into the lease
+//! What crosses between processes: only to an address a process wrote itself into the tenure
 //! table (or the shared work list), never one a client named; with the peer credential
 //! ([`PEER`], see [`super::config::ServeConfig::peer_credential`]) instead of the user's key,
 //! and the prefix of a scoped key ([`super::scope::SCOPE`]) when the user's key was one;
@@ -95,7 +95,7 @@ pub(super) async fn forward(
     };
     if forwarded {
         // Sent here by a process that thought this one served the session: answered, not
-        // bounced back (the client retries; the leases settle meanwhile).
+        // bounced back (the client retries; the tenures settle meanwhile).
         return Ok(res.map_into_left_body());
     }
     let (request, _) = res.into_parts();
@@ -150,7 +150,7 @@ pub(super) async fn forward(
             StatusCode::SERVICE_UNAVAILABLE,
             "session_moved",
             format!(
-                "the session is served by the process at {address}, which did not answer ({e}); retry (a process that died has its sessions taken over once their leases run out)"
+                "the session is served by the process at {address}, which did not answer ({e}); retry (a process that died has its sessions taken over once their tenures run out)"
             ),
         )),
     };

@@ -214,7 +214,7 @@ fn engine_config(
 ) -> BroodConfig {
     let mut engine = BroodConfig::new(&config.data_dir);
     if let Some(url) = &config.ledger {
-        // Every process on one database shares it: sessions are served under leases.
+        // Every process on one database shares it: sessions are served under tenures.
         let address = config.advertised();
         let node = config.node.clone().unwrap_or_else(|| address.clone());
         engine = engine

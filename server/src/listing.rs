@@ -70,10 +70,10 @@ pub(super) async fn list_sessions(
         let st = match state.brood.counts(id).await {
             Ok(st) => st,
             // Given up between the listing and now: it is no longer routed, so not listed; nor
-            // is one whose lease may have run out (it may be served elsewhere now).
+            // is one whose tenure may have run out (it may be served elsewhere now).
             Err(BroodError::UnknownSession(_))
             | Err(BroodError::SessionFailed { .. })
-            | Err(BroodError::LeaseLapsed { .. }) => continue,
+            | Err(BroodError::TenureLapsed { .. }) => continue,
             Err(e) => return Err(e.into()),
         };
         sessions.push(api::SessionSummary {

@@ -170,8 +170,8 @@ impl Engine {
                 }
             };
             engine.sessions += 1;
-            *engine.children.entry(ChildStatus::Queued).or_default() += gauge(st.queued);
-            *engine.children.entry(ChildStatus::Running).or_default() += gauge(st.running);
+            *engine.children.entry(ChildStatus::Queued).or_default() += gauge(st.counts.queued);
+            *engine.children.entry(ChildStatus::Running).or_default() += gauge(st.counts.running);
             let ended = st
                 .calls
                 .iter()
@@ -180,12 +180,12 @@ impl Engine {
             for child in ended {
                 *engine.children.entry(child.status).or_default() += 1;
             }
-            engine.ready += gauge(st.ready);
-            engine.backing_off += gauge(st.backing_off);
-            engine.claimed += gauge(st.claimed);
+            engine.ready += gauge(st.counts.ready);
+            engine.backing_off += gauge(st.counts.backing_off);
+            engine.claimed += gauge(st.counts.claimed);
             engine.delivered = engine
                 .delivered
-                .saturating_add(i64::try_from(st.delivered).unwrap_or(i64::MAX));
+                .saturating_add(i64::try_from(st.counts.delivered).unwrap_or(i64::MAX));
         }
         engine.failed_sessions = gauge(brood.health().await?.failed_sessions);
         engine.dead_letters = gauge(brood.dead_letters().await?.len());

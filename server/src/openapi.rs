@@ -354,14 +354,14 @@ mod tests {
     /// The bounds written as literals on the contract's types are the server's own.
     #[test]
     fn the_documents_bounds_are_the_ones_the_server_enforces() {
-        use crate::workers::{MAX_WAIT_MS, MAX_WORKER_CHARS, MAX_WORKER_LEASE_MS, MIN_WORKER_LEASE_MS};
+        use crate::workers::{MAX_WAIT_MS, MAX_WORKER_CHARS, MAX_WORKER_HOLD_MS, MIN_WORKER_HOLD_MS};
         let doc = document_for(&ServeConfig::default());
         let schema = |name: &str, field: &str| doc["components"]["schemas"][name]["properties"][field].clone();
         assert_eq!(schema("PollBody", "wait_ms")["maximum"], MAX_WAIT_MS);
         assert_eq!(schema("PollBody", "worker")["maxLength"], MAX_WORKER_CHARS);
         for body in ["PollBody", "TakeBody"] {
-            assert_eq!(schema(body, "lease_ms")["minimum"], MIN_WORKER_LEASE_MS, "{body}");
-            assert_eq!(schema(body, "lease_ms")["maximum"], MAX_WORKER_LEASE_MS, "{body}");
+            assert_eq!(schema(body, "lease_ms")["minimum"], MIN_WORKER_HOLD_MS, "{body}");
+            assert_eq!(schema(body, "lease_ms")["maximum"], MAX_WORKER_HOLD_MS, "{body}");
         }
         assert_eq!(schema("SimRunner", "ms")["maximum"], brood::runners::SIM_MAX_MS);
         assert_eq!(

@@ -8,7 +8,7 @@ use super::scope::Access;
 use super::state::{body, State};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
-use brood::{BroodError, DelegateReply, DelegateRequest, SessionOptions, TaskSpec};
+use brood::{BroodError, DelegateReply, DelegateRequest, SessionSettings, TaskSpec};
 
 type Reply = Result<HttpResponse, ApiError>;
 
@@ -35,9 +35,9 @@ pub(super) async fn put_session(
     access.session(&state.brood, &session_id).await?;
     // The body is optional: none, `{}` and `null` change nothing.
     let body: PutSession = api::parse::<Option<PutSession>>(&body(&state, payload).await?)?.unwrap_or_default();
-    let mut options = SessionOptions::default();
+    let mut settings = SessionSettings::default();
     if let Some(url) = body.wake_url.clone() {
-        options = options.wake_url(url);
+        settings = settings.wake_url(url);
     }
     if let Some(n) = body.max_concurrent_children {
         let max = state.config.max_session_capacity;
@@ -46,20 +46,20 @@ pub(super) async fn put_session(
                 "`max_concurrent_children` is {n}; this server accepts from 1 to {max} (its max_session_capacity)"
             )));
         }
-        options = options.max_concurrent_children(n);
+        settings = settings.max_concurrent_children(n);
     }
     if let Some(addressable) = body.addressable {
         // Default-deny: only an authenticated request (or a server without a key) grants it,
         // and every request that reaches a `/v1` handler passed the key check. The parent
         // reaches the session by polling its boundaries or watching its events; the setting
         // is stored with the session.
-        options = options.addressable(addressable);
+        settings = settings.addressable(addressable);
     }
     let info = state
         .brood
         .open_session_with_defaults(
             &session_id,
-            options,
+            settings,
             state.config.max_concurrent_children,
             state.config.max_delivery_attempts,
         )
@@ -105,7 +105,7 @@ pub(super) async fn get_session(
         (false, true) => live_page(&st.calls, query.after.as_deref(), limit),
         (false, false) => (st.calls.iter().map(api::CallView::from).collect(), None),
     };
-    let info = &st.info;
+    let info = &st.counts.info;
     Ok(HttpResponse::Ok().json(api::SessionDetail {
         session_id: info.session_id.clone(),
         wake_capable: info.wake_capable,
@@ -113,8 +113,8 @@ pub(super) async fn get_session(
         turn: info.turn.into(),
         max_concurrent_children: info.max_concurrent_children,
         max_delivery_attempts: info.max_delivery_attempts,
-        counts: api::Counts::from(&st),
-        parent_child_id: state.brood.nest(&st.info.session_id).map(|n| n.session_id),
+        counts: api::Counts::from(&st.counts),
+        parent_child_id: state.brood.nest(&info.session_id).map(|n| n.session_id),
         calls,
         calls_next,
         claims: st.claims.iter().map(api::ClaimView::from).collect(),

@@ -1,10 +1,10 @@
 //! The endpoints of outside workers (API.md, "External workers"): poll a queue for a child of an
-//! `external` runner, heartbeat to keep its lease, complete it with an output. The queues and
-//! their lease decisions are [`brood::runners::external`]'s; this module parses the bodies,
+//! `external` runner, heartbeat to keep its hold on it, complete it with an output. The queues and
+//! their hold decisions are [`brood::runners::external`]'s; this module parses the bodies,
 //! checks their bounds and shapes the replies.
 //!
 //! A completion is answered once its child's row is recorded: 200 with the recorded outcome.
-//! A token that is not the child's current lease (the lease ran out, the token is wrong, or a
+//! A token that is not the child's current hold (the hold ran out, the token is wrong, or a
 //! restart voided it) answers 409 `stale_token`, as does a completion whose row was refused
 //! because the child's session moved to another process first. A child that ended answers what
 //! became of it, here or in the ledger: a completion sent again (its answer lost, or after a
@@ -25,12 +25,12 @@ use brood::{BroodError, RunOutput};
 
 /// The longest a poll may wait for a child, in ms.
 pub(super) const MAX_WAIT_MS: u64 = 30_000;
-/// The lease of a poll that names none, in ms.
-const DEFAULT_WORKER_LEASE_MS: u64 = 30_000;
-/// The shortest worker lease, in ms.
-pub(super) const MIN_WORKER_LEASE_MS: u64 = 1_000;
-/// The longest worker lease, in ms.
-pub(super) const MAX_WORKER_LEASE_MS: u64 = 3_600_000;
+/// The hold of a poll that names none, in ms (its `lease_ms`).
+const DEFAULT_WORKER_HOLD_MS: u64 = 30_000;
+/// The shortest worker hold, in ms.
+pub(super) const MIN_WORKER_HOLD_MS: u64 = 1_000;
+/// The longest worker hold, in ms.
+pub(super) const MAX_WORKER_HOLD_MS: u64 = 3_600_000;
 /// The longest worker name, in characters.
 pub(super) const MAX_WORKER_CHARS: usize = 256;
 /// How long a completion waits for its child's row to be recorded before it is answered 503
@@ -112,14 +112,14 @@ pub(super) async fn poll(
     let wait_ms = within("wait_ms", body.wait_ms, 0, MAX_WAIT_MS)?;
     let lease_ms = within(
         "lease_ms",
-        body.lease_ms.unwrap_or(DEFAULT_WORKER_LEASE_MS),
-        MIN_WORKER_LEASE_MS,
-        MAX_WORKER_LEASE_MS,
+        body.lease_ms.unwrap_or(DEFAULT_WORKER_HOLD_MS),
+        MIN_WORKER_HOLD_MS,
+        MAX_WORKER_HOLD_MS,
     )?;
-    let (wait, lease) = (Duration::from_millis(wait_ms), Duration::from_millis(lease_ms));
+    let (wait, hold) = (Duration::from_millis(wait_ms), Duration::from_millis(lease_ms));
     let handed = match queues.directory() {
-        None => queues.poll(&queue, &body.worker, wait, lease).await,
-        Some(_) => poll_shared(&state, &queues, &queue, &body.worker, wait, lease).await,
+        None => queues.poll(&queue, &body.worker, wait, hold).await,
+        Some(_) => poll_shared(&state, &queues, &queue, &body.worker, wait, hold).await,
     };
     Ok(match handed {
         None => HttpResponse::NoContent().finish(),
@@ -137,7 +137,7 @@ async fn poll_shared(
     queue: &str,
     worker: &str,
     wait: Duration,
-    lease: Duration,
+    hold: Duration,
 ) -> Option<brood::runners::external::Handout> {
     let deadline = tokio::time::Instant::now() + wait;
     let mut listed = queues.directory().map(|d| d.listed());
@@ -146,17 +146,17 @@ async fn poll_shared(
         if let Some(l) = listed.as_mut() {
             l.borrow_and_update();
         }
-        if let Some(h) = queues.poll(queue, worker, Duration::ZERO, lease).await {
+        if let Some(h) = queues.poll(queue, worker, Duration::ZERO, hold).await {
             return Some(h);
         }
-        if let Some(h) = take_elsewhere(state, queues, queue, worker, lease, deadline).await {
+        if let Some(h) = take_elsewhere(state, queues, queue, worker, hold, deadline).await {
             return Some(h);
         }
         let now = tokio::time::Instant::now();
         if now >= deadline {
             return None;
         }
-        let here = queues.poll(queue, worker, deadline - now, lease);
+        let here = queues.poll(queue, worker, deadline - now, hold);
         let elsewhere = async {
             let heard = match listed.as_mut() {
                 Some(l) => l.changed().await.is_ok(),
@@ -194,7 +194,7 @@ async fn take_elsewhere(
     queues: &WorkQueues,
     queue: &str,
     worker: &str,
-    lease: Duration,
+    hold: Duration,
     deadline: tokio::time::Instant,
 ) -> Option<brood::runners::external::Handout> {
     let directory = queues.directory()?.clone();
@@ -215,7 +215,7 @@ async fn take_elsewhere(
         let body = serde_json::to_vec(&TakeBody {
             child_id: child_id.clone(),
             worker: worker.to_string(),
-            lease_ms: lease.as_millis() as u64,
+            lease_ms: hold.as_millis() as u64,
             take_id: Some(take_id.clone()),
         })
         .unwrap_or_default();
@@ -321,7 +321,7 @@ pub(super) async fn take(
     if body.child_id.is_empty() || body.take_id.as_deref() == Some("") {
         return Err(ApiError::invalid("`child_id` and `take_id` must not be empty"));
     }
-    let lease_ms = within("lease_ms", body.lease_ms, MIN_WORKER_LEASE_MS, MAX_WORKER_LEASE_MS)?;
+    let lease_ms = within("lease_ms", body.lease_ms, MIN_WORKER_HOLD_MS, MAX_WORKER_HOLD_MS)?;
     let take_id = body.take_id.as_deref();
     match queues.take(&body.child_id, &body.worker, Duration::from_millis(lease_ms), take_id) {
         Some(h) => Ok(HttpResponse::Ok().json(api::WorkItem::from(h))),
@@ -356,7 +356,7 @@ pub(super) async fn untake(
 /// the ledger recorded of it: a child that ended answers what became of it (`completed`: the
 /// completion that is the recorded one answers 200 with it); one still live whose session
 /// another process serves is sent on there (503 `session_moved`, with where, which the
-/// forwarding layer follows: only ever to a registered lease holder, whatever the token says);
+/// forwarding layer follows: only ever to a registered session holder, whatever the token says);
 /// any other token is stale. A child brood took from a worker here is `child_ended`.
 async fn not_held(
     state: &State,
@@ -396,7 +396,7 @@ async fn not_held(
     Err(WorkError::StaleToken(child_id.to_string()).into())
 }
 
-/// 503 `session_moved`, with where, when the lease row of the child's session names a process
+/// 503 `session_moved`, with where, when the tenure row of the child's session names a process
 /// at another address (one naming this address, this process or its previous life restarted
 /// at the same address, is here); None otherwise, and always when the ledger is not shared.
 async fn served_elsewhere(state: &State, child_id: &str) -> Result<Option<ApiError>, ApiError> {
@@ -448,24 +448,24 @@ pub(super) async fn heartbeat(
     if queues.holds(&child_id) {
         // A process that lost the child's session without noticing yet still holds the child,
         // but renewing it would keep a worker on a child whose end it can no longer record: the
-        // lease row says where the session is served (one indexed read, and only with a shared
+        // tenure row says where the session is served (one indexed read, and only with a shared
         // ledger).
         if queues.directory().is_some() {
             match served_elsewhere(&state, &child_id).await {
                 Ok(Some(moved)) => return Err(moved),
                 Ok(None) => {}
-                // The ledger cannot say now (an outage shorter than the session's lease must
-                // not cost a worker its child): renewed as this process's own lease book has it.
+                // The ledger cannot say now (an outage shorter than the session's tenure must
+                // not cost a worker its child): renewed as this process's own held tenures have it.
                 Err(e) => {
-                    tracing::debug!(child = %child_id, "the child's lease row could not be read ({}); renewed here", e.message)
+                    tracing::debug!(child = %child_id, "the child's tenure row could not be read ({}); renewed here", e.message)
                 }
             }
         }
         match queues.heartbeat(&child_id, &body.token, body.progress) {
-            Ok(lease) => {
+            Ok(hold) => {
                 return Ok(HttpResponse::Ok().json(api::HeartbeatReply {
                     child_id,
-                    lease_ms: lease.as_millis() as u64,
+                    lease_ms: hold.as_millis() as u64,
                 }))
             }
             // Gone in between: answered as a child not held here.

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use brood::{Brood, BroodConfig, DelegateRequest, Durability, SessionOptions, TaskSpec};
+use brood::{Brood, BroodConfig, DelegateRequest, Durability, SessionSettings, TaskSpec};
 use serde_json::json;
 
 use super::{pg, Figure, Options, Traces, CALL};
@@ -20,7 +20,7 @@ pub(super) fn open(dir: &Path, durability: Durability) -> anyhow::Result<Brood> 
         config = config
             .postgres(url)
             .postgres_schema(pg::schema_for(dir))
-            .share(pg::node(), pg::ADDRESS, pg::LEASE);
+            .share(pg::node(), pg::ADDRESS, pg::TENURE);
     }
     if let Some(n) = ROUTING_THREADS.get().copied().flatten() {
         config = config.routing_threads(n);
@@ -49,7 +49,7 @@ async fn woken_session(
 ) -> anyhow::Result<()> {
     b.open_session(
         session,
-        SessionOptions::default()
+        SessionSettings::default()
             .max_concurrent_children(capacity)
             .wake(move |ev: brood::WakeEvent| {
                 let _ = tx.send(ev.session_id);
@@ -349,7 +349,7 @@ pub(super) async fn claims(dir: &Path, durability: Durability, sizes: &[usize]) 
     let b = open(&dir.join("ledger"), durability)?;
     b.open_session(
         "claims",
-        SessionOptions::default().wake(|_| {}).max_concurrent_children(10_000),
+        SessionSettings::default().wake(|_| {}).max_concurrent_children(10_000),
     )
     .await?;
     let mut out = Vec::new();
@@ -408,7 +408,7 @@ pub(super) async fn recovery(dir: &Path, durability: Durability, n: usize) -> an
     if let Some(url) = pg::url() {
         let start = Instant::now();
         let b = open(&ledger, durability)?;
-        b.open_session("rec", SessionOptions::default().wake(|_| {})).await?;
+        b.open_session("rec", SessionSettings::default().wake(|_| {})).await?;
         let ready = b.counts("rec").await?.ready;
         let took = start.elapsed().as_secs_f64();
         b.shutdown();
@@ -421,7 +421,7 @@ pub(super) async fn recovery(dir: &Path, durability: Durability, n: usize) -> an
     crate::inspect::copy_tree(&ledger, &copy)?;
     let start = Instant::now();
     let b = open(&ledger, durability)?;
-    b.open_session("rec", SessionOptions::default().wake(|_| {})).await?;
+    b.open_session("rec", SessionSettings::default().wake(|_| {})).await?;
     let ready = b.counts("rec").await?.ready;
     let took = start.elapsed().as_secs_f64();
     b.shutdown();
@@ -468,11 +468,11 @@ pub(super) async fn rebuild(
         }
     };
     let b = open(&ledger, durability)?;
-    b.open_session("rec", SessionOptions::default().wake(|_| {})).await?;
+    b.open_session("rec", SessionSettings::default().wake(|_| {})).await?;
     fill(&b, "rebuilt", REBUILT).await?;
     let probes: Vec<String> = (0..PROBES).map(|i| format!("probe-{i}")).collect();
     for p in &probes {
-        b.open_session(p, SessionOptions::default().wake(|_| {})).await?;
+        b.open_session(p, SessionSettings::default().wake(|_| {})).await?;
     }
     let stop = std::cell::Cell::new(false);
     let cycles: std::cell::RefCell<Vec<(Instant, Duration)>> = Default::default();
@@ -548,7 +548,7 @@ pub(super) async fn rebuild(
 pub(super) async fn fill(b: &Brood, session: &str, n: usize) -> anyhow::Result<()> {
     b.open_session(
         session,
-        SessionOptions::default().wake(|_| {}).max_concurrent_children(10_000),
+        SessionSettings::default().wake(|_| {}).max_concurrent_children(10_000),
     )
     .await?;
     for _ in 0..n.div_ceil(CALL) {
@@ -640,7 +640,7 @@ pub(super) async fn rss(dir: &Path, durability: Durability, n: usize, grouped: b
     let cap = u32::try_from(n).unwrap_or(100_000).min(100_000);
     b.open_session(
         "live",
-        SessionOptions::default().wake(|_| {}).max_concurrent_children(cap),
+        SessionSettings::default().wake(|_| {}).max_concurrent_children(cap),
     )
     .await?;
     // Warm the engine's paths first, so their one-time allocations are not counted.

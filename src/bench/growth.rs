@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use brood::{Brood, Durability, SessionOptions};
+use brood::{Brood, Durability, SessionSettings};
 
 use super::engine::{claim_all, fill, open, rss_bytes, throughput, zero_time_call};
 use super::Figure;
@@ -152,7 +152,7 @@ async fn claim_one_call(b: &Brood, k: usize) -> anyhow::Result<f64> {
     let session = "one-call";
     b.open_session(
         session,
-        SessionOptions::default()
+        SessionSettings::default()
             .wake(|_| {})
             .max_concurrent_children(u32::try_from(k).unwrap_or(100_000).min(100_000)),
     )

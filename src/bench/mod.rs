@@ -36,7 +36,7 @@
 //! - `takeover_s` (with `--ledger` only): two `brood serve --ledger … --session-lease-ms 2000`
 //!   processes on a fresh database; a session opened and delegated to through one, which is
 //!   then killed with SIGKILL; the seconds until a boundary of that session through the other
-//!   answers 200 or 204. Baseline: the lease (2 s).
+//!   answers 200 or 204. Baseline: the tenure (2 s).
 //! - `growth` (only when named: `--only growth`): throughput and claim time against children per
 //!   call (10 → 100k) and sessions (1 → 10k), and throughput, claim time and RSS against the
 //!   ledger's size (10k → 1M delivered rows); each series' ratio is to its first size.

@@ -24,8 +24,8 @@ pub(super) fn url() -> Option<&'static str> {
     LEDGER.get().and_then(|u| u.as_deref())
 }
 
-/// How long an engine's session leases last (as `brood serve`'s default).
-pub(super) const LEASE: Duration = Duration::from_secs(10);
+/// How long an engine's session tenures last (as `brood serve`'s default).
+pub(super) const TENURE: Duration = Duration::from_secs(10);
 
 /// The node id of this process's engines (one at a time: a reopened ledger is taken back at
 /// once, as a restarted node takes its sessions back).

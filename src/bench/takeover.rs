@@ -11,8 +11,8 @@ use serde_json::json;
 use super::http::{agent, send, ServerProcess};
 use super::{pg, Figure};
 
-/// The session lease of both processes.
-const LEASE_MS: u64 = 2_000;
+/// The session tenure of both processes (`--session-lease-ms`).
+const TENURE_MS: u64 = 2_000;
 
 /// Children delegated to the session before its process is killed.
 const CHILDREN: usize = 100;
@@ -24,9 +24,9 @@ const GIVE_UP: Duration = Duration::from_secs(60);
 /// opened through a, children delegated to it (one boundary claimed and acked through b,
 /// forwarded to a, to see the route work), more delegated, then a killed with SIGKILL. The
 /// figure: from the kill until a boundary of that session through b answers 200 or 204 (it
-/// answers 503 `session_moved` while it still forwards to the dead a). Baseline: the lease.
-/// (The lease runs from a's last renewal, every third of it, or its last commit, which may
-/// be moments before the kill: the figure can be under the lease.)
+/// answers 503 `session_moved` while it still forwards to the dead a). Baseline: the tenure.
+/// (The tenure runs from a's last renewal, every third of it, or its last commit, which may
+/// be moments before the kill: the figure can be under the tenure.)
 pub(super) fn takeover(dir: &Path, durability: Durability, url: &str) -> anyhow::Result<Figure> {
     let db = pg::fresh_database(url)?;
     let start = |node: &str| {
@@ -36,7 +36,7 @@ pub(super) fn takeover(dir: &Path, durability: Durability, url: &str) -> anyhow:
             "--node",
             node,
             "--session-lease-ms",
-            &LEASE_MS.to_string(),
+            &TENURE_MS.to_string(),
         ]
         .map(str::to_string);
         ServerProcess::start(&dir.join(node), durability, &flags)
@@ -97,7 +97,7 @@ pub(super) fn takeover(dir: &Path, durability: Durability, url: &str) -> anyhow:
         "the second delegate through a answered {status}: {reply}"
     );
     std::thread::sleep(Duration::from_millis(50));
-    // SIGKILL: nothing of a's lets go of its leases.
+    // SIGKILL: nothing of a's lets go of its tenures.
     a.0.kill().context("killing a")?;
     let killed = Instant::now();
     a.0.wait()?;
@@ -124,6 +124,6 @@ pub(super) fn takeover(dir: &Path, durability: Durability, url: &str) -> anyhow:
         eprintln!("brood bench: note: takeover: b never answered 503 after the kill");
     }
     Ok(Figure::new("takeover_s", took.as_secs_f64(), "s")
-        .against(LEASE_MS as f64 / 1000.0)
-        .target("≤ lease + 1 s (3 s)"))
+        .against(TENURE_MS as f64 / 1000.0)
+        .target("≤ tenure + 1 s (3 s)"))
 }

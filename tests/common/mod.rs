@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use brood::{child_id, dedup_key};
 use brood::{
     Brood, BroodConfig, ChildStatus, Envelope, ItemKind, ReadyItem, RunContext, RunOutput, Runner, Runners,
-    SessionOptions, SessionStatus, TaskSpec, WakeEvent,
+    SessionSettings, SessionStatus, TaskSpec, WakeEvent,
 };
 use futures::future::LocalBoxFuture;
 use serde_json::{json, Value};
@@ -423,7 +423,7 @@ impl TestBrood {
 
 /// Opens (or re-binds) a wake-capable session with a no-op wake target.
 pub async fn open_wake(b: &Brood, session: &str) {
-    b.open_session(session, SessionOptions::default().wake(|_| {}))
+    b.open_session(session, SessionSettings::default().wake(|_| {}))
         .await
         .expect("open session");
 }
@@ -433,7 +433,9 @@ pub async fn open_wake(b: &Brood, session: &str) {
 pub async fn open_capped(b: &Brood, session: &str, capacity: u32) {
     b.open_session(
         session,
-        SessionOptions::default().wake(|_| {}).max_concurrent_children(capacity),
+        SessionSettings::default()
+            .wake(|_| {})
+            .max_concurrent_children(capacity),
     )
     .await
     .unwrap();
@@ -587,7 +589,7 @@ pub async fn acked_claimed_and_ready(b: &Brood, session: &str) -> Mixed {
         .unwrap();
     let ready: BTreeSet<String> = (0..2).map(|i| result_key(ready.call_id(), i)).collect();
     status_until(b, session, "two ready items and one claimed", |st| {
-        st.ready == 2 && st.claimed == 1
+        st.counts.ready == 2 && st.counts.claimed == 1
     })
     .await;
     Mixed {
@@ -640,7 +642,7 @@ pub async fn released_busy_then_reclaimed(t: &TestBrood) -> Reclaimed {
         .unwrap();
     t.kit.gates.open("b");
     status_until(b, "r", "B to be recorded", |st| {
-        child_status(st, &call, 1) == Some(ChildStatus::Succeeded) && st.ready == 2
+        child_status(st, &call, 1) == Some(ChildStatus::Succeeded) && st.counts.ready == 2
     })
     .await;
     let second = b

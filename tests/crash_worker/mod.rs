@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, Envelope, ReadyItem, ReleaseReason, SessionOptions};
+use brood::{Brood, BroodConfig, DelegateReply, DelegateRequest, Envelope, ReadyItem, ReleaseReason, SessionSettings};
 use brood_actors::ledger::{Ledger, SledLedger, Snapshot};
 
 #[path = "../../src/workload.rs"]
@@ -184,7 +184,7 @@ pub async fn work(config: BroodConfig, log: &Path, w: Workload) {
     brood
         .open_session(
             w.session,
-            SessionOptions::default().wake(|_| {}).max_concurrent_children(6),
+            SessionSettings::default().wake(|_| {}).max_concurrent_children(6),
         )
         .await
         .expect("session");
@@ -315,7 +315,7 @@ pub fn load_ledger(dir: &Path, tag: &str) -> Snapshot {
 pub async fn recover(config: BroodConfig, session: &str, tag: &str) -> Brood {
     let brood = Brood::open(config).unwrap_or_else(|e| panic!("{tag}: recover: {e}"));
     brood
-        .open_session(session, SessionOptions::default().wake(|_| {}))
+        .open_session(session, SessionSettings::default().wake(|_| {}))
         .await
         .unwrap_or_else(|e| panic!("{tag}: session: {e}"));
     brood

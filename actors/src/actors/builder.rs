@@ -112,7 +112,7 @@ impl EngineBuilder {
     /// The engine, its shared maps empty and no coalescer yet (the supervisor starts it).
     pub fn build(self) -> Engine {
         Engine {
-            leases: self.ledger.leases(),
+            tenures: self.ledger.tenures(),
             ledger: self.ledger,
             factory: self.factory,
             wake_factory: self.wake_factory,

@@ -53,7 +53,7 @@ pub enum HandOffError {
 /// row at a time and waits for its answer (and capacity bounds the live children).
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct Completion {
+pub struct ChildEnded {
     /// The terminal row, or what it is made of.
     pub terminal: Terminal,
     /// Where the answer goes.
@@ -164,7 +164,7 @@ impl Coalescer {
     /// A coalescer writing to `ledger`, gathering each batch for `window` first.
     pub fn new(ledger: Arc<dyn Ledger>, owners: Owners, window: std::time::Duration) -> Self {
         Coalescer {
-            shared: ledger.leases().is_some(),
+            shared: ledger.tenures().is_some(),
             ledger,
             owners,
             pending: Vec::new(),
@@ -323,10 +323,10 @@ impl Actor for Coalescer {
     type Context = Context<Self>;
 }
 
-impl Handler<Completion> for Coalescer {
+impl Handler<ChildEnded> for Coalescer {
     type Result = ();
 
-    fn handle(&mut self, msg: Completion, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: ChildEnded, ctx: &mut Context<Self>) {
         if crate::failpoints::fires("coalescer_handler") {
             panic!("injected fault: coalescer_handler");
         }

@@ -22,7 +22,7 @@ use actix::{Addr, WeakAddr};
 use actix_rt::ArbiterHandle;
 use dashmap::DashMap;
 
-use crate::ledger::{Leases, Ledger};
+use crate::ledger::{Ledger, Tenures};
 use crate::runner::RunnerFactory;
 
 /// A session's owner epoch, read-locked by an owner's write for as long as the write lasts.
@@ -90,9 +90,9 @@ pub struct Engine {
     /// writes of an owner that died mid-flush never land after its successor read the ledger.
     fences: Arc<DashMap<String, Fence>>,
     coalescer: Arc<RwLock<Option<Addr<coalescer::Coalescer>>>>,
-    /// The session leases, when several processes share the ledger (see [`Leases`]): a
-    /// session is served here only while its lease is held here.
-    pub(crate) leases: Option<Arc<dyn Leases>>,
+    /// The session tenures, when several processes share the ledger (see [`Tenures`]): a
+    /// session is served here only while its tenure is held here.
+    pub(crate) tenures: Option<Arc<dyn Tenures>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -121,10 +121,10 @@ impl Engine {
         &self.ledger
     }
 
-    /// The session leases, when several processes share the ledger: a session is served here
-    /// only while its lease is held here.
-    pub fn leases(&self) -> Option<&Arc<dyn Leases>> {
-        self.leases.as_ref()
+    /// The session tenures, when several processes share the ledger: a session is served here
+    /// only while its tenure is held here.
+    pub fn tenures(&self) -> Option<&Arc<dyn Tenures>> {
+        self.tenures.as_ref()
     }
 
     /// The live session owners.
@@ -173,7 +173,7 @@ impl Engine {
         let (reply, answer) = tokio::sync::oneshot::channel();
         if let Ok(current) = self.coalescer.read() {
             if let Some(c) = current.as_ref() {
-                c.do_send(coalescer::Completion { terminal, reply });
+                c.do_send(coalescer::ChildEnded { terminal, reply });
             }
         }
         answer
@@ -364,16 +364,16 @@ impl Engine {
         *guard = guard.saturating_add(1);
     }
 
-    /// Whether this process holds the session's lease (always, when it shares the ledger with
+    /// Whether this process holds the session's tenure (always, when it shares the ledger with
     /// nobody): an owner whose session was taken over publishes, acks and answers nothing more.
     pub(crate) fn holds(&self, session_id: &str) -> bool {
-        self.leases.as_ref().is_none_or(|l| l.holds(session_id))
+        self.tenures.as_ref().is_none_or(|l| l.holds(session_id))
     }
 
-    /// Refuses to hand anything of the session out when its lease could not be renewed in time.
+    /// Refuses to hand anything of the session out when its tenure could not be renewed in time.
     pub(crate) fn check_serving(&self, session_id: &str) -> Result<(), crate::error::BroodError> {
-        match &self.leases {
-            Some(l) if !l.serving(session_id) => Err(crate::error::BroodError::LeaseLapsed {
+        match &self.tenures {
+            Some(l) if !l.serving(session_id) => Err(crate::error::BroodError::TenureLapsed {
                 session: session_id.to_string(),
             }),
             _ => Ok(()),
@@ -427,8 +427,8 @@ impl Engine {
         self.nests.remove(session_id);
         self.turns.remove(session_id);
         self.forget_share(session_id);
-        if let Some(leases) = &self.leases {
-            leases.release(session_id);
+        if let Some(tenures) = &self.tenures {
+            tenures.release(session_id);
         }
     }
 

@@ -44,15 +44,16 @@ pub struct OpenSession {
     pub defaults: (u32, u32),
 }
 
-/// Where a session's owner is.
+/// Where a session's owner is (with a shared ledger, a stored session that no process serves
+/// is taken up here first).
 #[derive(Debug, Message)]
 #[rtype(result = "Result<Addr<SessionOwner>, BroodError>")]
-pub struct FindOwner(pub String);
+pub struct GetOwner(pub String);
 
 /// Every dead letter.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<Vec<DeadLetterRow>, BroodError>")]
-pub struct DeadLetters;
+pub struct GetDeadLetters;
 
 /// Rebuilds a session's owner from the ledger as a restart after a panic would (its live claims
 /// returned, its running children adopted), without a panic and outside the restart budget:
@@ -65,9 +66,9 @@ pub struct RestartOwner(pub String);
 /// nothing can be recorded) is alive. Reads nothing from the ledger.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<Health, BroodError>")]
-pub struct CheckHealth;
+pub struct GetHealth;
 
-/// What [`CheckHealth`] found.
+/// What [`GetHealth`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
     /// Sessions routed.
@@ -94,7 +95,7 @@ pub struct Supervisor {
     restarting: std::collections::HashSet<String>,
     /// Sessions being taken up from a shared ledger, with who waits for their owner.
     adopting: HashMap<String, Vec<OwnerWaiter>>,
-    /// Whether a sweep for free leases is under way.
+    /// Whether a sweep for free tenures is under way.
     sweeping: bool,
 }
 
@@ -145,32 +146,32 @@ impl Supervisor {
     /// channels and commit window set); the caller keeps clones of what it needs of it.
     pub fn start_engine(engine: Engine, policy: RestartPolicy) -> Result<Addr<Supervisor>, LedgerError> {
         let ledger = engine.ledger.clone();
-        // Sharing the ledger: only the sessions whose lease this process took are served here
-        // (the others' holders serve them), read after their leases were taken, so that no
+        // Sharing the ledger: only the sessions whose tenure this process took are served here
+        // (the others' holders serve them), read after their tenures were taken, so that no
         // write of their last holder is missed (it landed before the take, or never).
-        let taken: Option<std::collections::HashSet<String>> = match &engine.leases {
-            Some(leases) => {
-                // Told at once of every lease it loses.
+        let taken: Option<std::collections::HashSet<String>> = match &engine.tenures {
+            Some(tenures) => {
+                // Told at once of every tenure it loses.
                 let owners = engine.owners.clone();
-                leases.on_lost(Box::new(move |lost| {
+                tenures.on_lost(Box::new(move |lost| {
                     for s in lost {
                         if let Some(owner) = owners.get(s) {
                             owner.do_send(super::owner::Moved);
                         }
                     }
                 }));
-                let mut taken = leases.acquire_free()?.into_iter().collect();
-                adopt::give_back_nests_apart(&engine, &**leases, &mut taken)?;
+                let mut taken = tenures.acquire_free()?.into_iter().collect();
+                adopt::give_back_nests_apart(&engine, &**tenures, &mut taken)?;
                 Some(taken)
             }
             None => None,
         };
-        let mut snapshot = match (&engine.leases, &taken) {
-            (Some(leases), Some(taken)) => {
+        let mut snapshot = match (&engine.tenures, &taken) {
+            (Some(tenures), Some(taken)) => {
                 tracing::info!(
-                    node = leases.node(),
+                    node = tenures.node(),
                     sessions = taken.len(),
-                    "session leases taken at start"
+                    "session tenures taken at start"
                 );
                 // Only their rows: what the other processes serve is not read.
                 let mut snapshot = crate::ledger::Snapshot::default();
@@ -402,8 +403,8 @@ impl Actor for Supervisor {
             super::sweeper::run(self.engine.clone()),
             tracing::info_span!("sweeper"),
         ));
-        if let Some(leases) = &self.engine.leases {
-            let every = (leases.ttl() / 4).min(std::time::Duration::from_secs(1));
+        if let Some(tenures) = &self.engine.tenures {
+            let every = (tenures.ttl() / 4).min(std::time::Duration::from_secs(1));
             ctx.run_interval(every, |act, ctx| act.sweep(ctx));
         }
     }
@@ -430,7 +431,7 @@ impl Handler<OpenSession> for Supervisor {
                 // Not routed here: new (on a ledger of its own, every stored session is routed),
                 // or, on a shared one, maybe stored (adopting it checks the new rule only when
                 // it is not).
-                if self.engine.leases.is_none() {
+                if self.engine.tenures.is_none() {
                     if let Err(e) = validate_new_session_id(&msg.session_id) {
                         return Box::pin(async { Err(e.into()) });
                     }
@@ -447,7 +448,7 @@ impl Handler<OpenSession> for Supervisor {
                     Ok(nest) => nest,
                     Err(e) => return Box::pin(async move { Err(e) }),
                 };
-                if self.engine.leases.is_some() {
+                if self.engine.tenures.is_some() {
                     // Shared: the session may be stored already, served elsewhere, or new.
                     Box::pin(self.adopt(msg.session_id.clone(), Some((row, nest)), ctx))
                 } else {
@@ -538,7 +539,7 @@ fn end_orphaned_nests(engine: &Engine, owners: &mut [SessionOwner]) {
         };
         let Some(&parent) = index.get(&nest.parent_session_id) else {
             // Shared: the parent is served by another process, whose child may still run.
-            if engine.leases.is_none() {
+            if engine.tenures.is_none() {
                 ended.push(me);
             }
             continue;
@@ -575,10 +576,10 @@ impl Handler<OwnerExited> for Supervisor {
     }
 }
 
-impl Handler<FindOwner> for Supervisor {
+impl Handler<GetOwner> for Supervisor {
     type Result = futures::future::LocalBoxFuture<'static, Result<Addr<SessionOwner>, BroodError>>;
 
-    fn handle(&mut self, FindOwner(id): FindOwner, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, GetOwner(id): GetOwner, ctx: &mut Context<Self>) -> Self::Result {
         if let Some(reason) = self.failed.get(&id) {
             let e = BroodError::SessionFailed {
                 session: id,
@@ -589,7 +590,7 @@ impl Handler<FindOwner> for Supervisor {
         match self.engine.owner(&id) {
             Some(addr) => Box::pin(futures::future::ready(Ok(addr))),
             // Shared: stored and served elsewhere, or free to take up here.
-            None if self.engine.leases.is_some() => Box::pin(self.adopt(id, None, ctx)),
+            None if self.engine.tenures.is_some() => Box::pin(self.adopt(id, None, ctx)),
             None => Box::pin(futures::future::ready(Err(BroodError::UnknownSession(id)))),
         }
     }
@@ -616,10 +617,10 @@ impl Handler<RestartOwner> for Supervisor {
     }
 }
 
-impl Handler<CheckHealth> for Supervisor {
+impl Handler<GetHealth> for Supervisor {
     type Result = Result<Health, BroodError>;
 
-    fn handle(&mut self, _: CheckHealth, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: GetHealth, _: &mut Context<Self>) -> Self::Result {
         match self.engine.coalescer() {
             Some(c) if c.connected() => Ok(Health {
                 sessions: self.engine.owners.len(),
@@ -630,10 +631,10 @@ impl Handler<CheckHealth> for Supervisor {
     }
 }
 
-impl Handler<DeadLetters> for Supervisor {
+impl Handler<GetDeadLetters> for Supervisor {
     type Result = Result<Vec<DeadLetterRow>, BroodError>;
 
-    fn handle(&mut self, _: DeadLetters, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, _: GetDeadLetters, _: &mut Context<Self>) -> Self::Result {
         Ok(self.engine.ledger.dead_letters()?)
     }
 }

@@ -124,7 +124,7 @@ impl Starting {
 /// The unit is complete: every member is recorded; the unit actor stops.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-pub struct UnitComplete;
+pub struct UnitCompleted;
 
 /// A child of this unit stopped (its result was recorded).
 #[derive(Debug, Message)]
@@ -267,10 +267,10 @@ impl Handler<ChildStopped> for Unit {
     }
 }
 
-impl Handler<UnitComplete> for Unit {
+impl Handler<UnitCompleted> for Unit {
     type Result = ();
 
-    fn handle(&mut self, _: UnitComplete, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: UnitCompleted, ctx: &mut Context<Self>) {
         ctx.stop();
     }
 }

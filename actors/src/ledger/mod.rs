@@ -49,7 +49,7 @@ use std::sync::Arc;
 use crate::codec::CodecError;
 use crate::model::*;
 
-pub use pg::{LeaseConfig, PgLedger, DEFAULT_SCHEMA};
+pub use pg::{PgLedger, TenureConfig, DEFAULT_SCHEMA};
 pub use rows::{child_write, kept_terminal_rows, row_key, ChildWrite};
 pub use sled_ledger::{FlushObserver, SledLedger, DEFAULT_CACHE_BYTES, LAYOUT, LOCK_WAIT};
 
@@ -79,7 +79,7 @@ pub enum LedgerError {
     /// A fault injected on purpose (the `failpoints` feature).
     #[error("injected fault: {0}")]
     Injected(&'static str),
-    /// The session's lease was lost to another process sharing the ledger before these rows
+    /// The session's tenure was lost to another process sharing the ledger before these rows
     /// were durable: they may not have been written, and this process serves the session no
     /// more.
     #[error("session `{0}` is served by another process now; its rows were refused")]
@@ -344,12 +344,12 @@ pub fn settled_children(ledger: &dyn Ledger, session_id: &str, call_id: &str) ->
     Ok(children)
 }
 
-/// Who serves a session, when several processes share one ledger ([`Leases`]).
+/// Who serves a session, when several processes share one ledger ([`Tenures`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseHolder {
-    /// This process: it holds the session's lease at this epoch.
+pub enum TenureHolder {
+    /// This process: it holds the session's tenure at this epoch.
     Here(u64),
-    /// Another process holds the lease, and serves requests at `address`.
+    /// Another process holds the tenure, and serves requests at `address`.
     Elsewhere {
         /// The holder's node id.
         owner: String,
@@ -384,46 +384,47 @@ pub trait WorkDirectory: Send + Sync + fmt::Debug {
     fn listed(&self) -> tokio::sync::watch::Receiver<u64>;
 }
 
-/// What is told of the sessions whose lease a process lost.
-pub type LostLeases = Box<dyn Fn(&[String]) + Send + Sync>;
+/// What is told of the sessions whose tenure a process lost.
+pub type LostTenures = Box<dyn Fn(&[String]) + Send + Sync>;
 
-/// Session leases: when several processes share one ledger, each session is served by one of
-/// them at a time, the holder of its lease (owner, address, epoch, expiry), renewed in the
+/// Session tenures: when several processes share one ledger, each session is served by one of
+/// them at a time, the holder of its tenure (owner, address, epoch, expiry), renewed in the
 /// background. Every write of a session's rows is checked against the holder's epoch in the
-/// transaction that writes it (fencing): once another process took the lease over, nothing of
+/// transaction that writes it (fencing): once another process took the tenure over, nothing of
 /// the old holder's lands. Expiry is judged by the database's clock; the holder also stops
 /// serving a session once its local deadline (a monotonic clock, which runs through a pause)
-/// passed without a renewal.
-pub trait Leases: Send + Sync + fmt::Debug {
+/// passed without a renewal. (The public contract calls a tenure a session lease: the table
+/// `session_leases`, the configuration key `session_lease_ms`, the error code `lease_lapsed`.)
+pub trait Tenures: Send + Sync + fmt::Debug {
     /// This process's node id.
     fn node(&self) -> &str;
-    /// How long a lease lasts without a renewal.
+    /// How long a tenure lasts without a renewal.
     fn ttl(&self) -> std::time::Duration;
-    /// Takes the lease of `session_id` when it is free (none, or expired), or answers who holds
+    /// Takes the tenure of `session_id` when it is free (none, or expired), or answers who holds
     /// it.
-    fn acquire(&self, session_id: &str) -> Result<LeaseHolder, LedgerError>;
-    /// Who holds the lease of `session_id` right now, without taking it: none when it is free.
-    fn holder(&self, session_id: &str) -> Result<Option<LeaseHolder>, LedgerError>;
-    /// Whom the live lease row of `session_id` names, read from the ledger even while this
-    /// process believes it holds the lease (one that lost it without noticing yet learns who
+    fn acquire(&self, session_id: &str) -> Result<TenureHolder, LedgerError>;
+    /// Who holds the tenure of `session_id` right now, without taking it: none when it is free.
+    fn holder(&self, session_id: &str) -> Result<Option<TenureHolder>, LedgerError>;
+    /// Whom the live tenure row of `session_id` names, read from the ledger even while this
+    /// process believes it holds the tenure (one that lost it without noticing yet learns who
     /// took it): `Elsewhere` with the row's owner and address whichever process it names, this
-    /// one included; none when the lease is free.
-    fn recorded_holder(&self, session_id: &str) -> Result<Option<LeaseHolder>, LedgerError>;
-    /// Takes the lease of every stored session whose lease is free (at start, and as a sweep:
+    /// one included; none when the tenure is free.
+    fn recorded_holder(&self, session_id: &str) -> Result<Option<TenureHolder>, LedgerError>;
+    /// Takes the tenure of every stored session whose tenure is free (at start, and as a sweep:
     /// the sessions of a process that died); returns those taken.
     fn acquire_free(&self) -> Result<Vec<String>, LedgerError>;
-    /// Whether this process holds the lease of `session_id` (it has not been taken over).
+    /// Whether this process holds the tenure of `session_id` (it has not been taken over).
     fn holds(&self, session_id: &str) -> bool;
-    /// Whether this process may serve `session_id` now: it holds the lease and its local
+    /// Whether this process may serve `session_id` now: it holds the tenure and its local
     /// deadline has not passed.
     fn serving(&self, session_id: &str) -> bool;
-    /// Gives the lease of a session this process no longer serves back (retention removed it).
+    /// Gives the tenure of a session this process no longer serves back (retention removed it).
     fn release(&self, session_id: &str);
-    /// Gives every lease back (a clean stop): other processes may take the sessions at once.
+    /// Gives every tenure back (a clean stop): other processes may take the sessions at once.
     fn release_all(&self);
-    /// Calls `lost` with the sessions whose lease this process lost (taken over, or refused at
+    /// Calls `lost` with the sessions whose tenure this process lost (taken over, or refused at
     /// a write), as soon as it knows.
-    fn on_lost(&self, lost: LostLeases);
+    fn on_lost(&self, lost: LostTenures);
 }
 
 /// Durable storage for brood's rows. Implementations must be safe to share across threads.
@@ -482,12 +483,12 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     fn quarantine(&self, tree: &str, session_id: &str, id: &str, reason: &str) -> Result<(), LedgerError>;
     /// The rows moved aside so far, with their raw values.
     fn quarantined(&self) -> Result<Vec<Quarantined>, LedgerError>;
-    /// The session leases, when several processes may share this ledger; none when this
+    /// The session tenures, when several processes may share this ledger; none when this
     /// process serves every session in it (sled: its folder is locked to one process).
-    fn leases(&self) -> Option<Arc<dyn Leases>> {
+    fn tenures(&self) -> Option<Arc<dyn Tenures>> {
         None
     }
-    /// How many times rows of `session_id` were refused (or its lease lost) so far: a write
+    /// How many times rows of `session_id` were refused (or its tenure lost) so far: a write
     /// made when this was `n`, whose flush returned when it was more, may not have landed.
     /// Always 0 when nobody shares the ledger.
     fn refusals(&self, session_id: &str) -> u64 {

@@ -32,7 +32,7 @@ pub fn fresh_schema() -> String {
 }
 
 /// Runs `sql` on the database at `url`, beside whatever brood does there (what a paused
-/// process could not stop: its lease running out, a row changed under it).
+/// process could not stop: its tenure running out, a row changed under it).
 pub fn execute(url: &str, sql: &str) {
     let (url, sql) = (url.to_string(), sql.to_string());
     std::thread::spawn(move || {

@@ -30,7 +30,7 @@ pub enum ChildWrite {
     KeepTerminal,
 }
 
-/// The one rule every write of a child's row goes through, in the owner's book and at both
+/// The one rule every write of a child's row goes through, in the owner's owed calls and at both
 /// ledgers: a terminal row is never replaced by a non-terminal one. A terminal row replacing
 /// a terminal one is left to the caller (recording keeps the first outcome; delivery state
 /// rewrites a row with its own outcome).

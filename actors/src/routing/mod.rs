@@ -40,7 +40,7 @@ pub enum ClaimError {
     Lost(String),
     /// The claim was acknowledged already; it cannot be released.
     #[error("claim {0} was already acknowledged")]
-    AlreadyAcked(String),
+    Acked(String),
     /// No such claim was ever made here.
     #[error("claim {0} is unknown")]
     Unknown(String),
@@ -328,7 +328,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
     fn refuse(&self, claim_id: &str) -> ClaimError {
         match self.ended.get(claim_id) {
             Some(Ended::Lost) => ClaimError::Lost(claim_id.to_string()),
-            Some(Ended::Acked(_)) => ClaimError::AlreadyAcked(claim_id.to_string()),
+            Some(Ended::Acked(_)) => ClaimError::Acked(claim_id.to_string()),
             None => ClaimError::Unknown(claim_id.to_string()),
         }
     }
@@ -604,7 +604,7 @@ mod tests {
         assert_eq!(r.ack("c2").unwrap().delivered, 1);
         assert_eq!(
             r.release(0, "c2", ReleaseReason::Busy, 0),
-            Err(ClaimError::AlreadyAcked("c2".into()))
+            Err(ClaimError::Acked("c2".into()))
         );
         assert_eq!(r.ack("zz"), Err(ClaimError::Unknown("zz".into())));
     }

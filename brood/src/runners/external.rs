@@ -1,20 +1,20 @@
 //! The `external` runner and the work queues outside workers poll (API.md, "External workers").
 //!
 //! `{"kind": "external", "queue": "default"}` puts its child on a named queue of
-//! [`WorkQueues`] and waits. A worker takes it with [`WorkQueues::poll`] and gets a lease and a
-//! token; it renews the lease with [`WorkQueues::heartbeat`] and ends the child with
+//! [`WorkQueues`] and waits. A worker takes it with [`WorkQueues::poll`] and gets a hold (what
+//! API.md calls the worker's lease: `lease_ms`) and a token; it renews the hold with [`WorkQueues::heartbeat`] and ends the child with
 //! [`WorkQueues::complete`], whose output is what the runner returns.
 //!
-//! - **Leases.** A worker that stops heartbeating loses the child when its lease runs out: the
+//! - **Holds.** A worker that stops heartbeating loses the child when its hold runs out: the
 //!   child goes back to the front of its queue, a later poll gets it with a new token, and the
-//!   old token is stale (every call with it is refused). The runner's own timer takes the lease
+//!   old token is stale (every call with it is refused). The runner's own timer takes the hold
 //!   back at its expiry, so that happens even when nobody polls; a heartbeat or completion that
 //!   arrives after the expiry is refused the same way, whoever looks first.
 //! - **Stall clock.** A child waiting for a worker is not stalled: the runner beats the child's
-//!   stall clock every second while it is queued. Once a worker holds the lease, only that
+//!   stall clock every second while it is queued. Once a worker has the hold, only that
 //!   worker beats it (the poll that hands it out, then each heartbeat), so a worker silent for
-//!   longer than the task's `stall_ms` gets the child interrupted even within its lease. The
-//!   task's `timeout_ms` bounds the whole wait, queued or leased.
+//!   longer than the task's `stall_ms` gets the child interrupted even within its hold. The
+//!   task's `timeout_ms` bounds the whole wait, queued or held.
 //! - **End of the runner.** When the runner is dropped (timeout, stall, cancel, shutdown) or
 //!   returns, its child leaves the queues. A cancel takes it out of its queue already when it
 //!   is decided, and its worker is answered as below from then on. A worker that still held it
@@ -30,10 +30,10 @@
 //!   its row is on its way waits for the same answer.
 //!
 //! The queues are shared between the engine's runner thread (runners are `!Send` futures) and
-//! the HTTP workers: one `std` mutex over the `Book` (pure bookkeeping, every decision takes
+//! the HTTP workers: one `std` mutex over the `Roster` (pure bookkeeping, every decision takes
 //! the time as an argument), a `tokio` [`Notify`] that wakes long polls, and a oneshot per child
 //! that carries the worker's output to its runner. Nothing is durable here: after a restart,
-//! recovery decides what becomes of a child that was queued or leased (DESIGN.md I6).
+//! recovery decides what becomes of a child that was queued or held (DESIGN.md I6).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -107,8 +107,8 @@ pub struct Handout {
     pub goal: String,
     /// The token every heartbeat and the completion must carry.
     pub token: String,
-    /// The lease, in ms: heartbeat within it.
-    pub lease_ms: u64,
+    /// The hold, in ms: heartbeat within it (API.md's `lease_ms` of a poll's answer).
+    pub hold_ms: u64,
 }
 
 /// Why a worker's heartbeat or completion was refused.
@@ -124,9 +124,9 @@ pub enum WorkError {
         "child `{0}` was ended by brood (cancelled, timed out or stalled) while a worker held it; stop working on it"
     )]
     Ended(String),
-    /// The token is not the child's current lease: it ran out (the child went back to its
+    /// The token is not the child's current hold: it ran out (the child went back to its
     /// queue) or the token is wrong. The worker should stop working on the child.
-    #[error("the token is not the current lease of child `{0}`: the lease ran out and the child went back to its queue, or the token is wrong; stop working on it")]
+    #[error("the token is not the current hold of child `{0}`: the hold ran out and the child went back to its queue, or the token is wrong; stop working on it")]
     StaleToken(String),
     /// The completion was not recorded: the child's session moved to another process before
     /// its row was written, and the session's new holder decides what becomes of the child.
@@ -197,16 +197,17 @@ struct Recording {
     waiters: Vec<oneshot::Sender<RecordOutcome>>,
 }
 
-/// A worker's lease on a child.
+/// A worker's hold on a child.
 #[derive(Debug, Clone)]
-struct Lease {
+struct Hold {
     token: String,
     worker: String,
-    lease: Duration,
+    /// How long it lasts from a hand-out or a heartbeat.
+    period: Duration,
     expires_at: Instant,
 }
 
-/// One queued or leased child; `P` is its stall-clock handle ([`Progress`] outside tests).
+/// One queued or held child; `P` is its stall-clock handle ([`Progress`] outside tests).
 struct Entry<P> {
     /// Which run of the child this is (a re-run replaces the entry; only its own ticket may
     /// remove it).
@@ -214,7 +215,7 @@ struct Entry<P> {
     queue: String,
     goal: String,
     progress: P,
-    lease: Option<Lease>,
+    hold: Option<Hold>,
     done: oneshot::Sender<RunOutput>,
     /// Brood cancelled the child: no worker gets it, and its worker is answered as if it had
     /// ended. The entry stays (with `done`, so its runner does not end on its own) until the
@@ -228,21 +229,21 @@ enum Standing {
     /// Waiting in its queue for a worker.
     Queued,
     /// Held by a worker until then.
-    Leased {
-        /// When the lease runs out.
+    Held {
+        /// When the hold runs out.
         expires_at: Instant,
     },
     /// Not in the queues any more.
     Gone,
 }
 
-/// The queues' bookkeeping: which children wait in which queue, in order, and who holds the
-/// rest. Pure: the caller passes the time and the new tokens, and beats the stall clocks `P`
+/// The queues' roster: which children wait in which queue, in order, and which worker holds
+/// each of the rest. Pure: the caller passes the time and the new tokens, and beats the stall clocks `P`
 /// it is handed back.
 ///
-/// Invariant: a child is in `waiting` exactly when it has an entry without a lease that is not
+/// Invariant: a child is in `waiting` exactly when it has an entry without a hold that is not
 /// cancelled.
-struct Book<P> {
+struct Roster<P> {
     entries: HashMap<String, Entry<P>>,
     waiting: HashMap<String, VecDeque<String>>,
     next_ticket: u64,
@@ -258,9 +259,9 @@ struct Book<P> {
 /// How many children brood took from their workers are remembered as such.
 const ENDED_KEPT: usize = 10_000;
 
-impl<P> Default for Book<P> {
+impl<P> Default for Roster<P> {
     fn default() -> Self {
-        Book {
+        Roster {
             entries: HashMap::new(),
             waiting: HashMap::new(),
             next_ticket: 0,
@@ -271,16 +272,16 @@ impl<P> Default for Book<P> {
     }
 }
 
-impl<P> fmt::Debug for Book<P> {
+impl<P> fmt::Debug for Roster<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Book")
+        f.debug_struct("Roster")
             .field("children", &self.entries.len())
             .field("queues", &self.waiting.len())
             .finish()
     }
 }
 
-impl<P: Clone> Book<P> {
+impl<P: Clone> Roster<P> {
     /// Queues a child at the back of `queue`; answers its ticket.
     fn enqueue(
         &mut self,
@@ -303,7 +304,7 @@ impl<P: Clone> Book<P> {
                 queue: queue.to_string(),
                 goal: goal.to_string(),
                 progress,
-                lease: None,
+                hold: None,
                 done,
                 cancelled: false,
             },
@@ -343,7 +344,7 @@ impl<P: Clone> Book<P> {
         if mine {
             if let Some(e) = self.entries.remove(child_id) {
                 self.unwait(child_id, &e.queue);
-                if e.lease.is_some() && self.ended_set.insert(child_id.to_string()) {
+                if e.hold.is_some() && self.ended_set.insert(child_id.to_string()) {
                     self.ended.push_back(child_id.to_string());
                     if self.ended.len() > ENDED_KEPT {
                         if let Some(old) = self.ended.pop_front() {
@@ -356,12 +357,12 @@ impl<P: Clone> Book<P> {
         mine
     }
 
-    /// Leases the child at the front of `queue` to `worker`; answers it with its stall clock.
+    /// Gives `worker` a hold on the child at the front of `queue`; answers it with its stall clock.
     fn hand_out(
         &mut self,
         queue: &str,
         worker: &str,
-        lease: Duration,
+        hold: Duration,
         token: String,
         now: Instant,
     ) -> Option<(Handout, P)> {
@@ -372,64 +373,64 @@ impl<P: Clone> Book<P> {
         }
         let entry = self.entries.get_mut(&child_id);
         debug_assert!(
-            entry.as_ref().is_some_and(|e| e.lease.is_none()),
-            "a waiting child has an entry without a lease"
+            entry.as_ref().is_some_and(|e| e.hold.is_none()),
+            "a waiting child has an entry without a hold"
         );
         let entry = entry?;
-        entry.lease = Some(Lease {
+        entry.hold = Some(Hold {
             token: token.clone(),
             worker: worker.to_string(),
-            lease,
-            expires_at: now + lease,
+            period: hold,
+            expires_at: now + hold,
         });
         let handout = Handout {
             child_id,
             goal: entry.goal.clone(),
             token,
-            lease_ms: lease.as_millis() as u64,
+            hold_ms: hold.as_millis() as u64,
         };
         Some((handout, entry.progress.clone()))
     }
 
-    /// Leases the waiting child `child_id` to `worker` (a worker polling another process was
+    /// Gives `worker` a hold on the waiting child `child_id` (a worker polling another process was
     /// handed it from the shared list); none when it is not waiting here.
     fn hand_out_child(
         &mut self,
         child_id: &str,
         worker: &str,
-        lease: Duration,
+        hold: Duration,
         token: String,
         now: Instant,
     ) -> Option<(Handout, P)> {
         let entry = self
             .entries
             .get(child_id)
-            .filter(|e| e.lease.is_none() && !e.cancelled)?;
+            .filter(|e| e.hold.is_none() && !e.cancelled)?;
         let queue = entry.queue.clone();
         let q = self.waiting.get_mut(&queue)?;
         let at = q.iter().position(|c| c == child_id)?;
         q.remove(at);
         q.push_front(child_id.to_string());
-        self.hand_out(&queue, worker, lease, token, now)
+        self.hand_out(&queue, worker, hold, token, now)
     }
 
-    /// Takes a lapsed lease back: the child goes to the front of its queue. Answers where the
+    /// Takes a lapsed hold back: the child goes to the front of its queue. Answers where the
     /// child stands afterwards, and whether it went back.
     fn expire(&mut self, child_id: &str, now: Instant) -> (Standing, bool) {
         let Some(entry) = self.entries.get_mut(child_id).filter(|e| !e.cancelled) else {
             return (Standing::Gone, false);
         };
-        match &entry.lease {
+        match &entry.hold {
             None => (Standing::Queued, false),
             Some(l) if l.expires_at > now => (
-                Standing::Leased {
+                Standing::Held {
                     expires_at: l.expires_at,
                 },
                 false,
             ),
             Some(l) => {
-                tracing::debug!(child = %child_id, worker = %crate::printable(&l.worker), "worker lease ran out; the child is queued again");
-                entry.lease = None;
+                tracing::debug!(child = %child_id, worker = %crate::printable(&l.worker), "worker hold ran out; the child is queued again");
+                entry.hold = None;
                 self.waiting
                     .entry(entry.queue.clone())
                     .or_default()
@@ -439,10 +440,10 @@ impl<P: Clone> Book<P> {
         }
     }
 
-    /// Ends the lease `token` of `child_id` now (its holder is known to be nobody), so that the
-    /// next [`Book::expire`] takes it back; whether it was that lease.
+    /// Ends the hold `token` of `child_id` now (its holder is known to be nobody), so that the
+    /// next [`Roster::expire`] takes it back; whether it was that hold.
     fn lapse(&mut self, child_id: &str, token: &str, now: Instant) -> bool {
-        match self.entries.get_mut(child_id).and_then(|e| e.lease.as_mut()) {
+        match self.entries.get_mut(child_id).and_then(|e| e.hold.as_mut()) {
             Some(l) if l.token == token => {
                 l.expires_at = now;
                 true
@@ -451,31 +452,31 @@ impl<P: Clone> Book<P> {
         }
     }
 
-    /// The entry of a child whose current lease `token` is, after taking back a lapsed lease.
-    fn leased(&mut self, child_id: &str, token: &str, now: Instant) -> Result<&mut Entry<P>, WorkError> {
+    /// The entry of a child whose current hold `token` is, after taking back a lapsed hold.
+    fn held(&mut self, child_id: &str, token: &str, now: Instant) -> Result<&mut Entry<P>, WorkError> {
         self.expire(child_id, now);
         let ended = self.ended_set.contains(child_id) || self.recording.contains_key(child_id);
         let entry = self.entries.get_mut(child_id).ok_or_else(|| match ended {
             true => WorkError::Ended(child_id.to_string()),
             false => WorkError::UnknownChild(child_id.to_string()),
         })?;
-        match &entry.lease {
+        match &entry.hold {
             _ if entry.cancelled => Err(WorkError::Ended(child_id.to_string())),
             Some(l) if l.token == token => Ok(entry),
             _ => Err(WorkError::StaleToken(child_id.to_string())),
         }
     }
 
-    /// Renews a lease for another lease period from `now`; answers that period and the
+    /// Renews a hold for another hold period from `now`; answers that period and the
     /// child's stall clock.
     fn renew(&mut self, child_id: &str, token: &str, now: Instant) -> Result<(Duration, P), WorkError> {
-        let entry = self.leased(child_id, token, now)?;
-        let lease = entry.lease.as_mut().expect("leased() answers a leased entry");
-        lease.expires_at = now + lease.lease;
-        Ok((lease.lease, entry.progress.clone()))
+        let entry = self.held(child_id, token, now)?;
+        let hold = entry.hold.as_mut().expect("held() answers a held entry");
+        hold.expires_at = now + hold.period;
+        Ok((hold.period, entry.progress.clone()))
     }
 
-    /// Ends a leased child with `output`: removes it, keeps the completion (and `waiter`)
+    /// Ends a held child with `output`: removes it, keeps the completion (and `waiter`)
     /// until its row is answered, and answers where its output goes. The same completion again
     /// while its row is on its way only adds `waiter` (`None` answered); another is refused.
     fn finish(
@@ -493,7 +494,7 @@ impl<P: Clone> Book<P> {
             }
             return Err(WorkError::Ended(child_id.to_string()));
         }
-        self.leased(child_id, token, now)?;
+        self.held(child_id, token, now)?;
         let entry = self
             .entries
             .remove(child_id)
@@ -518,13 +519,13 @@ impl<P: Clone> Book<P> {
 /// The work queues of `external` children, shared by their runners and the worker endpoints.
 #[derive(Debug, Default)]
 pub struct WorkQueues {
-    book: Mutex<Book<Progress>>,
+    roster: Mutex<Roster<Progress>>,
     /// Wakes long polls when a child is queued (or queued again).
     queued: Notify,
     /// When several processes share the ledger: the shared list of waiting children, and where
     /// this process takes requests (named in its tokens).
     shared: std::sync::OnceLock<(Arc<dyn WorkDirectory>, String)>,
-    /// How many completions wait for their rows (the book's `recording`), read without the
+    /// How many completions wait for their rows (the roster's `recording`), read without the
     /// lock by [`WorkQueues::recorded`], which every child's end calls.
     awaiting: std::sync::atomic::AtomicUsize,
     /// Takes other processes asked for by id (see [`WorkQueues::take`], [`WorkQueues::untake`]).
@@ -574,9 +575,9 @@ impl WorkQueues {
         Self::default()
     }
 
-    fn book(&self) -> MutexGuard<'_, Book<Progress>> {
-        // The book's methods do not panic between changes; a poisoned lock holds a whole book.
-        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    fn roster(&self) -> MutexGuard<'_, Roster<Progress>> {
+        // The roster's methods do not panic between changes; a poisoned lock holds a whole roster.
+        self.roster.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Lists this process's waiting children in `directory` from now on, for workers polling
@@ -593,7 +594,7 @@ impl WorkQueues {
         self.shared.get().map(|(d, _)| d)
     }
 
-    /// A fresh lease token: opaque, naming nothing. Where a worker's request for a child goes
+    /// A fresh hold token: opaque, naming nothing. Where a worker's request for a child goes
     /// is found from the child's session, never from its token.
     fn new_token(&self) -> String {
         format!(
@@ -608,20 +609,20 @@ impl WorkQueues {
         format!("take_{}", brood_actors::model::random_hex())
     }
 
-    /// Whether this process's queues hold the child: waiting, leased to a worker, or ended by
+    /// Whether this process's queues hold the child: waiting, held by a worker, or ended by
     /// its worker with a completion whose row is on its way.
     pub fn holds(&self, child_id: &str) -> bool {
-        let book = self.book();
-        book.entries.contains_key(child_id) || book.recording.contains_key(child_id)
+        let roster = self.roster();
+        roster.entries.contains_key(child_id) || roster.recording.contains_key(child_id)
     }
 
-    /// Whether this process's queues know the child: waiting, leased to a worker, completed
+    /// Whether this process's queues know the child: waiting, held by a worker, completed
     /// with its row on its way, or taken from its worker by brood lately.
     pub fn knows(&self, child_id: &str) -> bool {
-        let book = self.book();
-        book.entries.contains_key(child_id)
-            || book.ended_set.contains(child_id)
-            || book.recording.contains_key(child_id)
+        let roster = self.roster();
+        roster.entries.contains_key(child_id)
+            || roster.ended_set.contains(child_id)
+            || roster.recording.contains_key(child_id)
     }
 
     fn post(&self, child_id: &str, queue: &str) {
@@ -641,7 +642,7 @@ impl WorkQueues {
     ///
     /// `take_id` names the take: one its asker gave up on first ([`WorkQueues::untake`]) is
     /// refused, and one it gives up on later is taken back.
-    pub fn take(&self, child_id: &str, worker: &str, lease: Duration, take_id: Option<&str>) -> Option<Handout> {
+    pub fn take(&self, child_id: &str, worker: &str, hold: Duration, take_id: Option<&str>) -> Option<Handout> {
         if brood_actors::failpoints::fires("take_stall") {
             // A holder slow to serve a take (its asker gives up meanwhile).
             std::thread::sleep(Duration::from_millis(1500));
@@ -652,7 +653,7 @@ impl WorkQueues {
                 return None;
             }
         }
-        let handed = self.hand_out_taken(child_id, worker, lease)?;
+        let handed = self.hand_out_taken(child_id, worker, hold)?;
         if let Some(id) = take_id {
             self.takes().remember(
                 id,
@@ -672,7 +673,7 @@ impl WorkQueues {
         let taken = self.takes().forget(take_id);
         match taken {
             Some(Take::Handed { child_id: c, token }) if c == child_id => {
-                if self.book().lapse(child_id, &token, Instant::now()) {
+                if self.roster().lapse(child_id, &token, Instant::now()) {
                     tracing::debug!(child = %child_id, "a take its asker gave up on is taken back; the child is queued again");
                     self.expire(child_id);
                 }
@@ -686,11 +687,11 @@ impl WorkQueues {
         self.takes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn hand_out_taken(&self, child_id: &str, worker: &str, lease: Duration) -> Option<Handout> {
+    fn hand_out_taken(&self, child_id: &str, worker: &str, hold: Duration) -> Option<Handout> {
         let token = self.new_token();
         let (h, progress) = self
-            .book()
-            .hand_out_child(child_id, worker, lease, token, Instant::now())?;
+            .roster()
+            .hand_out_child(child_id, worker, hold, token, Instant::now())?;
         progress.beat();
         tracing::debug!(child = %h.child_id, worker = %crate::printable(worker), "child handed to a worker polling another process");
         Some(h)
@@ -700,7 +701,7 @@ impl WorkQueues {
     fn enqueue(self: &Arc<Self>, ctx: &RunContext, queue: &str) -> (Ticket, oneshot::Receiver<RunOutput>) {
         let (tx, rx) = oneshot::channel();
         let ticket = self
-            .book()
+            .roster()
             .enqueue(&ctx.child_id, queue, &ctx.goal, ctx.progress.clone(), tx);
         self.post(&ctx.child_id, queue);
         self.queued.notify_waiters();
@@ -712,15 +713,15 @@ impl WorkQueues {
         (ticket, rx)
     }
 
-    /// Takes back the child's lease if it ran out; answers where the child stands.
+    /// Takes back the child's hold if it ran out; answers where the child stands.
     fn expire(&self, child_id: &str) -> Standing {
         // The queue it went back to is read under the same lock: a cancel in between would
         // otherwise have it listed again for the other processes.
         let (standing, requeued_to) = {
-            let mut book = self.book();
-            let (standing, requeued) = book.expire(child_id, Instant::now());
+            let mut roster = self.roster();
+            let (standing, requeued) = roster.expire(child_id, Instant::now());
             let queue = requeued
-                .then(|| book.entries.get(child_id).map(|e| e.queue.clone()))
+                .then(|| roster.entries.get(child_id).map(|e| e.queue.clone()))
                 .flatten();
             (standing, queue)
         };
@@ -731,17 +732,17 @@ impl WorkQueues {
         standing
     }
 
-    /// A child of `queue` leased to `worker` for `lease`, waiting up to `wait` for one to be
+    /// A child of `queue`, held by `worker` for `hold`, waiting up to `wait` for one to be
     /// queued; `None` when none came. Waiting holds no thread.
-    pub async fn poll(&self, queue: &str, worker: &str, wait: Duration, lease: Duration) -> Option<Handout> {
+    pub async fn poll(&self, queue: &str, worker: &str, wait: Duration, hold: Duration) -> Option<Handout> {
         let deadline = Instant::now() + wait;
         loop {
-            // Registered before the book is read, so a child queued after the read wakes it.
+            // Registered before the roster is read, so a child queued after the read wakes it.
             let queued = self.queued.notified();
             tokio::pin!(queued);
             queued.as_mut().enable();
             let token = self.new_token();
-            let handed = self.book().hand_out(queue, worker, lease, token, Instant::now());
+            let handed = self.roster().hand_out(queue, worker, hold, token, Instant::now());
             if let Some((h, progress)) = handed {
                 self.withdraw(&h.child_id);
                 // Taken by a worker: from now on its heartbeats beat the stall clock.
@@ -763,33 +764,33 @@ impl WorkQueues {
     /// children's thread, maybe later), so that from the cancel's answer on its worker hears
     /// [`WorkError::Ended`]. Nothing when no queue holds it.
     pub fn cancelled(&self, child_id: &str) {
-        let marked = self.book().cancel(child_id);
+        let marked = self.roster().cancel(child_id);
         if marked {
             self.withdraw(child_id);
         }
     }
 
-    /// Renews the lease of the worker holding `token`, and beats the child's stall clock (with
-    /// `progress` as its partial result, if given); answers the lease period.
+    /// Renews the hold of the worker holding `token`, and beats the child's stall clock (with
+    /// `progress` as its partial result, if given); answers the hold period.
     pub fn heartbeat(&self, child_id: &str, token: &str, progress: Option<String>) -> Result<Duration, WorkError> {
-        let (lease, beat) = self.book().renew(child_id, token, Instant::now())?;
+        let (hold, beat) = self.roster().renew(child_id, token, Instant::now())?;
         match progress {
             Some(p) => beat.partial(p),
             None => beat.beat(),
         }
-        Ok(lease)
+        Ok(hold)
     }
 
-    /// Ends the child leased with `token` with the worker's output; the answer says what
+    /// Ends the child held with `token` with the worker's output; the answer says what
     /// became of it once its row is recorded (or refused). The same completion sent again
     /// while its row is on its way waits for the same answer.
     pub fn complete(&self, child_id: &str, token: &str, output: RunOutput) -> Result<Completing, WorkError> {
         let (tx, rx) = oneshot::channel();
         let done = {
-            let mut book = self.book();
-            let done = book.finish(child_id, token, &output, tx, Instant::now())?;
+            let mut roster = self.roster();
+            let done = roster.finish(child_id, token, &output, tx, Instant::now())?;
             self.awaiting
-                .store(book.recording.len(), std::sync::atomic::Ordering::Release);
+                .store(roster.recording.len(), std::sync::atomic::Ordering::Release);
             done
         };
         if let Some(done) = done {
@@ -819,10 +820,10 @@ impl WorkQueues {
     /// their completion).
     fn recorded_as(&self, child_id: &str, outcome: Option<RecordOutcome>) {
         let waiters = {
-            let mut book = self.book();
-            let waiters = book.recorded(child_id);
+            let mut roster = self.roster();
+            let waiters = roster.recorded(child_id);
             self.awaiting
-                .store(book.recording.len(), std::sync::atomic::Ordering::Release);
+                .store(roster.recording.len(), std::sync::atomic::Ordering::Release);
             waiters
         };
         if let Some(outcome) = outcome {
@@ -844,7 +845,7 @@ struct Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         // Only this run's entry: a re-run of the child replaced it (and its listing) already.
-        if self.queues.book().remove(&self.child_id, self.ticket) {
+        if self.queues.roster().remove(&self.child_id, self.ticket) {
             self.queues.withdraw(&self.child_id);
         }
     }
@@ -874,7 +875,7 @@ impl Runner for ExternalRunner {
                         ctx.progress.beat();
                         Instant::now() + QUEUED_BEAT
                     }
-                    Standing::Leased { expires_at } => expires_at,
+                    Standing::Held { expires_at } => expires_at,
                     Standing::Gone => Instant::now() + QUEUED_BEAT,
                 };
                 tokio::select! {
@@ -897,19 +898,19 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// A book whose stall clocks are nothing (the queues beat them, not the book).
-    fn book_with(children: &[(&str, &str)]) -> (Book<()>, Vec<oneshot::Receiver<RunOutput>>) {
-        let mut book = Book::default();
+    /// A roster whose stall clocks are nothing (the queues beat them, not the roster).
+    fn book_with(children: &[(&str, &str)]) -> (Roster<()>, Vec<oneshot::Receiver<RunOutput>>) {
+        let mut roster = Roster::default();
         let mut rxs = Vec::new();
         for (child, queue) in children {
             let (tx, rx) = oneshot::channel();
-            book.enqueue(child, queue, &format!("goal of {child}"), (), tx);
+            roster.enqueue(child, queue, &format!("goal of {child}"), (), tx);
             rxs.push(rx);
         }
-        (book, rxs)
+        (roster, rxs)
     }
 
-    const LEASE: Duration = Duration::from_millis(1000);
+    const HOLD: Duration = Duration::from_millis(1000);
 
     fn done(summary: &str) -> RunOutput {
         RunOutput::Succeeded {
@@ -919,54 +920,54 @@ mod tests {
 
     /// Ends a child with `done("ok")`, its waiter dropped.
     fn finish(
-        book: &mut Book<()>,
+        roster: &mut Roster<()>,
         child: &str,
         token: &str,
         now: Instant,
     ) -> Result<Option<oneshot::Sender<RunOutput>>, WorkError> {
         let (tx, _rx) = oneshot::channel();
-        book.finish(child, token, &done("ok"), tx, now)
+        roster.finish(child, token, &done("ok"), tx, now)
     }
 
     #[test]
     fn a_cancelled_child_is_handed_to_nobody_and_its_worker_hears_it_ended_while_its_runner_waits() {
-        let (mut book, mut rx) = book_with(&[("held", "q"), ("waiting", "q")]);
+        let (mut roster, mut rx) = book_with(&[("held", "q"), ("waiting", "q")]);
         let now = Instant::now();
-        let (h, ()) = book.hand_out("q", "w", LEASE, "t1".into(), now).unwrap();
+        let (h, ()) = roster.hand_out("q", "w", HOLD, "t1".into(), now).unwrap();
         assert_eq!(h.child_id, "held");
-        assert!(book.cancel("held") && book.cancel("waiting"));
-        assert!(!book.cancel("held"), "once");
-        assert!(!book.cancel("nobody"));
-        assert_eq!(book.renew("held", "t1", now), Err(WorkError::Ended("held".into())));
+        assert!(roster.cancel("held") && roster.cancel("waiting"));
+        assert!(!roster.cancel("held"), "once");
+        assert!(!roster.cancel("nobody"));
+        assert_eq!(roster.renew("held", "t1", now), Err(WorkError::Ended("held".into())));
         assert_eq!(
-            finish(&mut book, "held", "t1", now).err(),
+            finish(&mut roster, "held", "t1", now).err(),
             Some(WorkError::Ended("held".into()))
         );
         assert!(
-            book.hand_out("q", "w", LEASE, "t2".into(), now).is_none(),
+            roster.hand_out("q", "w", HOLD, "t2".into(), now).is_none(),
             "not handed out"
         );
-        assert!(book.hand_out_child("waiting", "w", LEASE, "t3".into(), now).is_none());
-        // A lapsed lease does not queue it again.
-        assert_eq!(book.expire("held", now + 2 * LEASE), (Standing::Gone, false));
-        assert!(book.hand_out("q", "w", LEASE, "t4".into(), now).is_none());
+        assert!(roster.hand_out_child("waiting", "w", HOLD, "t3".into(), now).is_none());
+        // A lapsed hold does not queue it again.
+        assert_eq!(roster.expire("held", now + 2 * HOLD), (Standing::Gone, false));
+        assert!(roster.hand_out("q", "w", HOLD, "t4".into(), now).is_none());
         // Its runner is not woken: it ends when brood drops it.
         assert!(matches!(rx[0].try_recv(), Err(oneshot::error::TryRecvError::Empty)));
-        assert!(book.remove("held", 1), "the runner's own ticket removes it");
-        assert_eq!(book.renew("held", "t1", now), Err(WorkError::Ended("held".into())));
+        assert!(roster.remove("held", 1), "the runner's own ticket removes it");
+        assert_eq!(roster.renew("held", "t1", now), Err(WorkError::Ended("held".into())));
     }
 
     #[test]
-    fn a_lease_its_taker_gave_up_on_lapses_at_once_and_only_with_its_token() {
-        let (mut book, _rx) = book_with(&[("c", "q")]);
+    fn a_hold_its_taker_gave_up_on_lapses_at_once_and_only_with_its_token() {
+        let (mut roster, _rx) = book_with(&[("c", "q")]);
         let now = Instant::now();
-        let (h, ()) = book.hand_out_child("c", "w", LEASE, "t1".into(), now).unwrap();
+        let (h, ()) = roster.hand_out_child("c", "w", HOLD, "t1".into(), now).unwrap();
         assert_eq!(h.child_id, "c");
-        assert!(!book.lapse("c", "other", now), "another token is not that lease");
-        assert!(!book.expire("c", now).1, "still leased");
-        assert!(book.lapse("c", "t1", now));
-        assert_eq!(book.expire("c", now), (Standing::Queued, true), "queued again");
-        assert!(book.hand_out("q", "w2", LEASE, "t2".into(), now).is_some());
+        assert!(!roster.lapse("c", "other", now), "another token is not that hold");
+        assert!(!roster.expire("c", now).1, "still held");
+        assert!(roster.lapse("c", "t1", now));
+        assert_eq!(roster.expire("c", now), (Standing::Queued, true), "queued again");
+        assert!(roster.hand_out("q", "w2", HOLD, "t2".into(), now).is_some());
     }
 
     #[test]
@@ -983,55 +984,59 @@ mod tests {
 
     #[test]
     fn children_are_handed_out_in_order_per_queue() {
-        let (mut book, _rx) = book_with(&[("a", "q"), ("b", "other"), ("c", "q")]);
+        let (mut roster, _rx) = book_with(&[("a", "q"), ("b", "other"), ("c", "q")]);
         let now = Instant::now();
-        let (h, ()) = book.hand_out("q", "w", LEASE, "t1".into(), now).unwrap();
+        let (h, ()) = roster.hand_out("q", "w", HOLD, "t1".into(), now).unwrap();
         assert_eq!(
-            (h.child_id.as_str(), h.goal.as_str(), h.lease_ms),
+            (h.child_id.as_str(), h.goal.as_str(), h.hold_ms),
             ("a", "goal of a", 1000)
         );
         assert_eq!(
-            book.hand_out("q", "w", LEASE, "t2".into(), now).unwrap().0.child_id,
+            roster.hand_out("q", "w", HOLD, "t2".into(), now).unwrap().0.child_id,
             "c"
         );
-        assert_eq!(book.hand_out("q", "w", LEASE, "t3".into(), now), None);
+        assert_eq!(roster.hand_out("q", "w", HOLD, "t3".into(), now), None);
         assert_eq!(
-            book.hand_out("other", "w", LEASE, "t4".into(), now).unwrap().0.child_id,
+            roster
+                .hand_out("other", "w", HOLD, "t4".into(), now)
+                .unwrap()
+                .0
+                .child_id,
             "b"
         );
-        assert_eq!(book.hand_out("nowhere", "w", LEASE, "t5".into(), now), None);
+        assert_eq!(roster.hand_out("nowhere", "w", HOLD, "t5".into(), now), None);
     }
 
     #[test]
-    fn a_lapsed_lease_puts_the_child_first_in_line_and_stales_its_token() {
-        let (mut book, _rx) = book_with(&[("a", "q"), ("b", "q")]);
+    fn a_lapsed_hold_puts_the_child_first_in_line_and_stales_its_token() {
+        let (mut roster, _rx) = book_with(&[("a", "q"), ("b", "q")]);
         let t0 = Instant::now();
-        book.hand_out("q", "w1", LEASE, "old".into(), t0).unwrap();
+        roster.hand_out("q", "w1", HOLD, "old".into(), t0).unwrap();
         assert_eq!(
-            book.expire("a", t0 + LEASE / 2),
-            (Standing::Leased { expires_at: t0 + LEASE }, false)
+            roster.expire("a", t0 + HOLD / 2),
+            (Standing::Held { expires_at: t0 + HOLD }, false)
         );
         assert_eq!(
-            book.expire("a", t0 + LEASE),
+            roster.expire("a", t0 + HOLD),
             (Standing::Queued, true),
             "expired at its deadline"
         );
         assert_eq!(
-            book.renew("a", "old", t0 + LEASE).unwrap_err(),
+            roster.renew("a", "old", t0 + HOLD).unwrap_err(),
             WorkError::StaleToken("a".into())
         );
-        let (h, ()) = book.hand_out("q", "w2", LEASE, "new".into(), t0 + LEASE).unwrap();
+        let (h, ()) = roster.hand_out("q", "w2", HOLD, "new".into(), t0 + HOLD).unwrap();
         assert_eq!(h.child_id, "a", "before b, which waited less");
-        assert!(finish(&mut book, "a", "old", t0 + LEASE).is_err());
-        assert!(finish(&mut book, "a", "new", t0 + LEASE).is_ok());
+        assert!(finish(&mut roster, "a", "old", t0 + HOLD).is_err());
+        assert!(finish(&mut roster, "a", "new", t0 + HOLD).is_ok());
         assert_eq!(
-            book.renew("a", "new", t0 + LEASE).unwrap_err(),
+            roster.renew("a", "new", t0 + HOLD).unwrap_err(),
             WorkError::Ended("a".into()),
             "completed, its row on its way"
         );
-        book.recorded("a");
+        roster.recorded("a");
         assert_eq!(
-            book.renew("a", "new", t0 + LEASE).unwrap_err(),
+            roster.renew("a", "new", t0 + HOLD).unwrap_err(),
             WorkError::UnknownChild("a".into()),
             "recorded: the queues let go of it"
         );
@@ -1039,19 +1044,19 @@ mod tests {
 
     #[test]
     fn a_heartbeat_after_the_deadline_is_stale_even_if_nobody_looked() {
-        let (mut book, _rx) = book_with(&[("a", "q")]);
+        let (mut roster, _rx) = book_with(&[("a", "q")]);
         let t0 = Instant::now();
-        book.hand_out("q", "w", LEASE, "tok".into(), t0).unwrap();
-        let (lease, _) = book.renew("a", "tok", t0 + LEASE / 2).unwrap();
-        assert_eq!(lease, LEASE);
+        roster.hand_out("q", "w", HOLD, "tok".into(), t0).unwrap();
+        let (hold, _) = roster.renew("a", "tok", t0 + HOLD / 2).unwrap();
+        assert_eq!(hold, HOLD);
         // Renewed at 0.5 s: good until 1.5 s.
-        assert!(book.renew("a", "tok", t0 + LEASE * 14 / 10).is_ok());
+        assert!(roster.renew("a", "tok", t0 + HOLD * 14 / 10).is_ok());
         assert_eq!(
-            book.renew("a", "tok", t0 + LEASE * 3).unwrap_err(),
+            roster.renew("a", "tok", t0 + HOLD * 3).unwrap_err(),
             WorkError::StaleToken("a".into())
         );
         assert_eq!(
-            book.expire("a", t0 + LEASE * 3).0,
+            roster.expire("a", t0 + HOLD * 3).0,
             Standing::Queued,
             "and the child is queued again"
         );
@@ -1059,52 +1064,52 @@ mod tests {
 
     #[test]
     fn wrong_tokens_and_unknown_children_are_refused() {
-        let (mut book, _rx) = book_with(&[("a", "q")]);
+        let (mut roster, _rx) = book_with(&[("a", "q")]);
         let now = Instant::now();
         assert_eq!(
-            book.renew("a", "any", now).unwrap_err(),
+            roster.renew("a", "any", now).unwrap_err(),
             WorkError::StaleToken("a".into()),
-            "not leased yet"
+            "not held yet"
         );
-        book.hand_out("q", "w", LEASE, "tok".into(), now).unwrap();
+        roster.hand_out("q", "w", HOLD, "tok".into(), now).unwrap();
         assert_eq!(
-            finish(&mut book, "a", "tak", now).unwrap_err(),
+            finish(&mut roster, "a", "tak", now).unwrap_err(),
             WorkError::StaleToken("a".into())
         );
         assert_eq!(
-            finish(&mut book, "zz", "tok", now).unwrap_err(),
+            finish(&mut roster, "zz", "tok", now).unwrap_err(),
             WorkError::UnknownChild("zz".into())
         );
     }
 
     #[test]
     fn the_same_completion_again_waits_for_the_same_row_and_another_is_refused() {
-        let (mut book, _rx) = book_with(&[("a", "q")]);
+        let (mut roster, _rx) = book_with(&[("a", "q")]);
         let now = Instant::now();
-        book.hand_out("q", "w", LEASE, "tok".into(), now).unwrap();
+        roster.hand_out("q", "w", HOLD, "tok".into(), now).unwrap();
         let (first, mut first_rx) = oneshot::channel();
-        assert!(book.finish("a", "tok", &done("ok"), first, now).unwrap().is_some());
+        assert!(roster.finish("a", "tok", &done("ok"), first, now).unwrap().is_some());
         let (again, mut again_rx) = oneshot::channel();
         assert!(
-            book.finish("a", "tok", &done("ok"), again, now).unwrap().is_none(),
+            roster.finish("a", "tok", &done("ok"), again, now).unwrap().is_none(),
             "joined: the runner has its output already"
         );
         for (token, output) in [("tok", done("other")), ("wrong", done("ok"))] {
             let (tx, _rx) = oneshot::channel();
             assert_eq!(
-                book.finish("a", token, &output, tx, now).unwrap_err(),
+                roster.finish("a", token, &output, tx, now).unwrap_err(),
                 WorkError::Ended("a".into()),
                 "{token} {output:?}"
             );
         }
-        let waiters = book.recorded("a");
+        let waiters = roster.recorded("a");
         assert_eq!(waiters.len(), 2);
         for w in waiters {
             w.send(RecordOutcome::Stored(ChildStatus::Succeeded)).unwrap();
         }
         assert_eq!(first_rx.try_recv(), Ok(RecordOutcome::Stored(ChildStatus::Succeeded)));
         assert_eq!(again_rx.try_recv(), Ok(RecordOutcome::Stored(ChildStatus::Succeeded)));
-        assert!(book.recorded("a").is_empty(), "told once");
+        assert!(roster.recorded("a").is_empty(), "told once");
     }
 
     #[test]
@@ -1182,19 +1187,19 @@ mod tests {
 
     #[test]
     fn only_its_own_run_removes_a_child() {
-        let (mut book, _rx) = book_with(&[("a", "q")]);
+        let (mut roster, _rx) = book_with(&[("a", "q")]);
         let (tx, _rx2) = oneshot::channel();
-        let second = book.enqueue("a", "q", "again", (), tx);
-        book.remove("a", second - 1);
+        let second = roster.enqueue("a", "q", "again", (), tx);
+        roster.remove("a", second - 1);
         assert_eq!(
-            book.expire("a", Instant::now()).0,
+            roster.expire("a", Instant::now()).0,
             Standing::Queued,
             "the first run's ticket is spent"
         );
-        assert_eq!(book.waiting["q"].len(), 1, "queued once, not twice");
-        book.remove("a", second);
-        assert_eq!(book.expire("a", Instant::now()).0, Standing::Gone);
-        assert!(book.waiting.is_empty());
+        assert_eq!(roster.waiting["q"].len(), 1, "queued once, not twice");
+        roster.remove("a", second);
+        assert_eq!(roster.expire("a", Instant::now()).0, Standing::Gone);
+        assert!(roster.waiting.is_empty());
     }
 
     #[test]

@@ -100,7 +100,7 @@ impl From<BroodError> for ApiError {
                 (StatusCode::SERVICE_UNAVAILABLE, e.code())
             }
             BroodError::SessionFailed { .. } => (StatusCode::SERVICE_UNAVAILABLE, "session_failed"),
-            BroodError::LeaseLapsed { .. } => (StatusCode::SERVICE_UNAVAILABLE, e.code()),
+            BroodError::TenureLapsed { .. } => (StatusCode::SERVICE_UNAVAILABLE, e.code()),
             BroodError::Moved { address, .. } => {
                 let mut moved = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.code(), message);
                 moved.moved_to = Some(address.clone());

@@ -71,8 +71,8 @@ pub struct Counts {
     pub delivered: u64,
 }
 
-impl From<&brood::SessionStatus> for Counts {
-    fn from(st: &brood::SessionStatus) -> Self {
+impl From<&brood::SessionCounts> for Counts {
+    fn from(st: &brood::SessionCounts) -> Self {
         Counts {
             queued: st.queued as u64,
             running: st.running as u64,
@@ -537,7 +537,7 @@ impl From<brood::runners::external::Handout> for WorkItem {
             child_id: h.child_id,
             goal: h.goal,
             token: h.token,
-            lease_ms: h.lease_ms,
+            lease_ms: h.hold_ms,
         }
     }
 }
@@ -548,7 +548,7 @@ impl From<WorkItem> for brood::runners::external::Handout {
             child_id: w.child_id,
             goal: w.goal,
             token: w.token,
-            lease_ms: w.lease_ms,
+            hold_ms: w.lease_ms,
         }
     }
 }

@@ -40,8 +40,9 @@ pub struct ServeConfig {
     /// the advertised address).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-    /// With a PostgreSQL ledger: how long a session lease lasts without a renewal, in ms (a
-    /// dead process's sessions are taken over about this long after its death).
+    /// With a PostgreSQL ledger: how long a process's tenure of a session (the key's session
+    /// lease) lasts without a renewal, in ms (a dead process's sessions are taken over about
+    /// this long after its death).
     pub session_lease_ms: u64,
     /// The API key every `/v1` request must carry (`Authorization: Bearer <key>`).
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "redacted")]

@@ -5,7 +5,7 @@
 //! [`super::persist::Step`], applied once the step's flush ended (`Ok`), or answered as refused
 //! (`Err`: memory is as it was, and only what the decision reserved is given back); one that
 //! needs none is applied at once ([`super::persist::Decided::Now`]). Either way it goes through
-//! [`SessionOwner::apply`], which checks the book's invariants after each one
+//! [`SessionOwner::apply`], which checks the owed calls' invariants after each one
 //! ([`super::invariants`]): a decision that leaves them broken is caught where it was applied,
 //! not at some later change. Each kind's application stays beside its decision, in the file of
 //! its part of the owner.
@@ -59,7 +59,7 @@ pub(super) enum Apply {
 
 impl SessionOwner {
     /// Applies what a decision came to (`res`: how its step's flush ended; `Ok` for one
-    /// applied at once), then checks the book's invariants.
+    /// applied at once), then checks the owed calls' invariants.
     pub(super) fn apply(&mut self, decided: Apply, res: Result<(), BroodError>, ctx: &mut Context<Self>) {
         match decided {
             Apply::Dispatch(d) => self.apply_dispatch(*d, res, ctx),

@@ -36,14 +36,14 @@ struct Decision {
 /// The running children a cancel stopped are stopped or known gone: their slots are free.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
-struct RunnersGone {
+struct RunnersEnded {
     children: Vec<String>,
 }
 
-impl Handler<RunnersGone> for SessionOwner {
+impl Handler<RunnersEnded> for SessionOwner {
     type Result = ();
 
-    fn handle(&mut self, RunnersGone { children }: RunnersGone, ctx: &mut Context<Self>) {
+    fn handle(&mut self, RunnersEnded { children }: RunnersEnded, ctx: &mut Context<Self>) {
         for child in &children {
             self.capacity.finish(child);
             self.stopping.remove(child);
@@ -67,7 +67,7 @@ impl SessionOwner {
             kind: target.kind(),
             id: target.id().to_string(),
         };
-        let decided = match target.call_id().filter(|c| self.book.calls.contains_key(*c)) {
+        let decided = match target.call_id().filter(|c| self.owed.calls.contains_key(*c)) {
             Some(_) => self.decide_cancel(&target, &reason).ok_or_else(unknown),
             None => match stored.as_ref().and_then(|row| target.tasks(row)) {
                 Some(tasks) => Ok(Decision {
@@ -107,7 +107,7 @@ impl SessionOwner {
             // Their slots are free once the owner that held them knows (a successor of it
             // counted afresh what it found alive).
             if let (Some(children), Some(owner)) = (stopped, me.upgrade()) {
-                let _ = owner.send(RunnersGone { children }).await;
+                let _ = owner.send(RunnersEnded { children }).await;
             }
             let mut cancelled = recorded?;
             // A child whose own end was recorded before its cancel row had ended already.
@@ -144,7 +144,7 @@ impl SessionOwner {
             return Decided::Later(Durable::EndNested(reason, reply));
         }
         self.parent_ended = Some(reason.clone());
-        let calls: Vec<String> = self.book.calls.keys().cloned().collect();
+        let calls: Vec<String> = self.owed.calls.keys().cloned().collect();
         let cancels: Vec<_> = calls
             .into_iter()
             .map(|call| self.cancel(CancelTarget::Call(call), reason.clone(), None, ctx))
@@ -167,12 +167,12 @@ impl SessionOwner {
         Decided::Done
     }
 
-    /// Marks the unfinished children under `target` cancelled in the book (so nothing starts
+    /// Marks the unfinished children under `target` cancelled among the owed calls (so nothing starts
     /// them), takes the queued ones out of capacity, tells those that run to stop (they leave
     /// capacity once they did), and returns their cancelled rows to record. None: the target
     /// names nothing in its call.
     fn decide_cancel(&mut self, target: &CancelTarget, reason: &str) -> Option<Decision> {
-        let call = self.book.calls.get_mut(target.call_id()?)?;
+        let call = self.owed.calls.get_mut(target.call_id()?)?;
         let tasks = target.tasks(&call.row)?;
         let now = now_ms();
         let mut decision = Decision {
@@ -272,7 +272,7 @@ async fn record_all(engine: &Engine, rows: Vec<ChildRow>) -> Result<Vec<String>,
                 // Another process took the session over: its row is not recorded here, and a
                 // retry of the cancel reaches the new holder.
                 Ok(Err(HandOffError::Moved)) => {
-                    return Err(BroodError::LeaseLapsed {
+                    return Err(BroodError::TenureLapsed {
                         session: row.session_id,
                     })
                 }

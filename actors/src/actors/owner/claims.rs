@@ -50,7 +50,7 @@ impl SessionOwner {
             .router
             .claim(now, new_claim_id(&self.session.session_id), lease_ms)?;
         let claimed = claim.items.len();
-        let items = self.book.items(claim.items);
+        let items = self.owed.items(claim.items);
         let row = ClaimRow {
             claim_id: claim.claim_id.clone(),
             session_id: self.session.session_id.clone(),
@@ -202,7 +202,7 @@ impl SessionOwner {
         }
         let delivered = self.router.apply_ack(&claim_id);
         self.emit_claim(&claim_id, ClaimChange::Acked, delivered);
-        let calls = self.book.mark_calls(&items, |d| d.delivered = true);
+        let calls = self.owed.mark_calls(&items, |d| d.delivered = true);
         // The ack row is the durable record, folded into the children's rows when they are
         // read back: they are not rewritten. The claim row goes, without a flush of its own.
         self.write_unflushed(Writes {
@@ -298,7 +298,7 @@ impl SessionOwner {
             .iter()
             .filter_map(|(key, attempts)| {
                 let (child, kind) = parse_dedup_key(key)?;
-                let row = self.book.child(child)?;
+                let row = self.owed.child(child)?;
                 Some(DeadLetterRow {
                     dedup_key: key.clone(),
                     child_id: child.to_string(),
@@ -375,11 +375,11 @@ impl SessionOwner {
         let mut rows = Vec::new();
         for (key, attempts) in &returned.requeued {
             let attempts = *attempts;
-            rows.extend(self.book.mark(std::iter::once(key), |d| d.failed_attempts = attempts));
+            rows.extend(self.owed.mark(std::iter::once(key), |d| d.failed_attempts = attempts));
         }
         for (key, attempts) in &returned.dead {
             let attempts = *attempts;
-            rows.extend(self.book.mark(std::iter::once(key), |d| {
+            rows.extend(self.owed.mark(std::iter::once(key), |d| {
                 d.failed_attempts = attempts;
                 d.dead = true;
             }));

@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 
 use super::apply::Apply;
 use super::persist::{BatchView, Decided, Step};
-use super::{answer, child_event, Delegate, Delegated, Durable, SessionInfo, SessionOwner, UnitExited};
+use super::{answer, child_event, Delegate, Durable, SessionInfo, SessionOwner, UnitExited};
 use crate::actors::child::CallIds;
 use crate::actors::supervise::{self, Decision, Exit};
 use crate::actors::unit::{StartChildren, Starting, Unit};
@@ -24,9 +24,9 @@ use crate::routing::Reservation;
 /// How long admission waits before trying again after running marks could not be flushed.
 const ADMIT_RETRY: Duration = Duration::from_millis(100);
 
-/// A call accepted, to book once its rows are durable.
+/// A call accepted, to add to the owed calls once its rows are durable.
 pub(super) struct Dispatched {
-    reply: oneshot::Sender<Result<Delegated, BroodError>>,
+    reply: oneshot::Sender<Result<DelegateReply, BroodError>>,
     /// Where the caller reads the call id once it is accepted.
     accepted: Arc<std::sync::Mutex<Option<String>>>,
     call: CallRow,
@@ -75,7 +75,7 @@ impl SessionOwner {
     pub(super) fn decide_delegate(
         &mut self,
         msg: Delegate,
-        reply: oneshot::Sender<Result<Delegated, BroodError>>,
+        reply: oneshot::Sender<Result<DelegateReply, BroodError>>,
         view: &mut BatchView,
     ) -> Decided<Durable> {
         let factory = &*self.engine.factory;
@@ -222,7 +222,15 @@ impl SessionOwner {
             Mode::Sync => Some((reply, units)),
             Mode::Background => {
                 let call_id = call_id.clone();
-                answer(reply, Ok(Delegated::Background { call_id, set, units }));
+                answer(
+                    reply,
+                    Ok(DelegateReply::Background {
+                        call_id,
+                        set,
+                        units,
+                        note: String::new(),
+                    }),
+                );
                 None
             }
         };
@@ -236,7 +244,7 @@ impl SessionOwner {
             self.emit_status(c, c.status, &call);
         }
         drop(reserved);
-        self.book.insert_call(call, booked, children);
+        self.owed.insert_call(call, booked, children);
         if let Some((reply, units)) = sync {
             self.wait_sync(&call_id, reply, units, forced_sync_reason);
         }
@@ -369,19 +377,19 @@ impl SessionOwner {
         let (now, mut durable, mut rerun) = (now_ms(), Vec::new(), Vec::new());
         for id in ids {
             let may_rerun = self
-                .book
+                .owed
                 .child(&id)
-                .and_then(|r| self.book.task_of(r))
+                .and_then(|r| self.owed.task_of(r))
                 .is_some_and(|t| t.rerun_on_recovery);
             if !may_rerun {
                 durable.push(id);
-            } else if self.book.mark_running(&id, now) {
+            } else if self.owed.mark_running(&id, now) {
                 // (Never one being cancelled: a cancel withdraws its children from capacity.)
                 rerun.push(id);
             }
         }
         if !rerun.is_empty() {
-            let rows: Vec<&ChildRow> = rerun.iter().filter_map(|id| self.book.child(id)).collect();
+            let rows: Vec<&ChildRow> = rerun.iter().filter_map(|id| self.owed.child(id)).collect();
             let marks = self.start_marks(&rows, now).0;
             self.write_unflushed(marks);
             let starts: Vec<(&str, u32)> = rerun.iter().filter_map(|id| parse_child_id(id)).collect();
@@ -396,7 +404,7 @@ impl SessionOwner {
     /// durable; on failure they go back to the head of the queue and admission tries again.
     pub(super) fn decide_start(&mut self, ids: Vec<String>) -> Decided<Durable> {
         let now = now_ms();
-        let rows: Vec<&ChildRow> = ids.iter().filter_map(|id| self.book.child(id)).collect();
+        let rows: Vec<&ChildRow> = ids.iter().filter_map(|id| self.owed.child(id)).collect();
         let (writes, restore) = self.start_marks(&rows, now);
         #[cfg(feature = "failpoints")]
         if crate::failpoints::fires("start_flush_slow_fail") {
@@ -424,9 +432,9 @@ impl SessionOwner {
             // would take a slot it never gives back).
             for id in ids.iter().rev() {
                 if self
-                    .book
+                    .owed
                     .child(id)
-                    .is_some_and(|r| r.status == ChildStatus::Queued && !self.book.cancelling(r))
+                    .is_some_and(|r| r.status == ChildStatus::Queued && !self.owed.cancelling(r))
                 {
                     self.capacity.requeue_front(id.clone());
                 }
@@ -437,7 +445,7 @@ impl SessionOwner {
         // One cancelled meanwhile stays as its cancel left it, and does not start.
         let starts: Vec<(&str, u32)> = ids
             .iter()
-            .filter(|id| self.book.mark_running(id, now))
+            .filter(|id| self.owed.mark_running(id, now))
             .filter_map(|id| parse_child_id(id))
             .collect();
         self.start_children(&starts, ctx);
@@ -451,7 +459,7 @@ impl SessionOwner {
         let (mut writes, mut restore) = (Writes::default(), Writes::default());
         let mut fresh: Vec<(&str, u32)> = Vec::new();
         for &row in rows {
-            if self.book.rowed.contains(&row.child_id) {
+            if self.owed.rowed.contains(&row.child_id) {
                 writes.children.push(ChildRow {
                     status: ChildStatus::Running,
                     started_at_ms: Some(now),
@@ -484,10 +492,10 @@ impl SessionOwner {
         if let Some((call_id, task)) = parse_child_id(&child_id) {
             self.engine.forget_cancel(call_id, task, self.fence.1);
         }
-        let Some(current) = self.book.child(&child_id).cloned() else {
+        let Some(current) = self.owed.child(&child_id).cloned() else {
             return Decided::Done;
         };
-        if current.status != ChildStatus::Running || self.book.cancelling(&current) {
+        if current.status != ChildStatus::Running || self.owed.cancelling(&current) {
             return Decided::Done;
         }
         #[cfg(feature = "failpoints")]
@@ -529,9 +537,9 @@ impl SessionOwner {
         // cancel left it (out of capacity), and is not queued again. No unit starts it, so the
         // cancel, which waits for it to stop, is told it is gone.
         if self
-            .book
+            .owed
             .child(&child_id)
-            .is_none_or(|r| r.status != ChildStatus::Running || self.book.cancelling(r))
+            .is_none_or(|r| r.status != ChildStatus::Running || self.owed.cancelling(r))
         {
             if let Some((call_id, task)) = parse_child_id(&child_id) {
                 self.engine.forget_cancel(call_id, task, self.fence.1);
@@ -539,13 +547,13 @@ impl SessionOwner {
             return;
         }
         self.emit_child(&queued);
-        self.book.rowed.insert(queued.child_id.clone());
-        self.book.put_child(queued);
+        self.owed.rowed.insert(queued.child_id.clone());
+        self.owed.put_child(queued);
         self.capacity.requeue_front(child_id);
         self.admit(ctx);
     }
 
-    /// Hands started children (their rows marked running in the book), named by call and task
+    /// Hands started children (their rows marked running among the owed calls), named by call and task
     /// index, to their unit actors: each unit is sent its children in one message, and the
     /// units not running yet are started in one hop to the children's thread (this thread only
     /// makes their mailboxes, where the messages wait). Children a unit never starts are
@@ -567,7 +575,7 @@ impl SessionOwner {
         let events = &self.engine.events;
         for (at, &(call_id, i)) in starts.iter().enumerate() {
             // One lookup of the call for the child's row, task and unit.
-            let Some(call) = self.book.calls.get_mut(call_id) else {
+            let Some(call) = self.owed.calls.get_mut(call_id) else {
                 continue;
             };
             if call.cancelling.contains(&i) {
@@ -636,7 +644,7 @@ impl SessionOwner {
         // with no unit to go to reports its children lost as it is dropped.
         for (call_id, unit_pos, ids, unit_k, children) in batches {
             let msg = StartChildren::new(ids, unit_k, children, (owner.clone(), self.fence.1));
-            let unit = self.book.calls.get(call_id).and_then(|c| c.units.get(unit_pos));
+            let unit = self.owed.calls.get(call_id).and_then(|c| c.units.get(unit_pos));
             if let Some(addr) = unit.and_then(|u| u.addr.as_ref()) {
                 addr.do_send(msg);
             }
@@ -676,7 +684,7 @@ impl SessionOwner {
         if decision == Decision::Escalate {
             panic!("unit {unit_id} keeps panicking ({msg}); escalating to its session owner's supervisor");
         }
-        if let Some(unit) = self.book.unit_mut(unit_id) {
+        if let Some(unit) = self.owed.unit_mut(unit_id) {
             // Only forget the dead actor, not a replacement a requeue already started.
             if unit.addr.as_ref().is_some_and(|a| !a.connected()) {
                 unit.addr = None;

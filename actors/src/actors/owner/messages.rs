@@ -7,7 +7,7 @@ use actix::prelude::*;
 
 use crate::error::BroodError;
 use crate::model::{
-    CallRow, CancelTarget, Cancelled, ChildRow, DelegateRequest, Envelope, ReadyItem, SessionSettings, UnitRow,
+    CallRow, CancelTarget, Cancelled, ChildRow, DelegateReply, DelegateRequest, Envelope, SessionSettings, UnitRow,
 };
 use crate::routing::{ReleaseReason, Turn};
 
@@ -15,39 +15,12 @@ use crate::routing::{ReleaseReason, Turn};
 /// refused; `accepted` is filled with the call id once the dispatch is durable, so a caller
 /// whose owner dies while a sync call runs learns which call its results will come under.
 #[derive(Debug, Message)]
-#[rtype(result = "Result<Delegated, BroodError>")]
+#[rtype(result = "Result<DelegateReply, BroodError>")]
 pub struct Delegate {
     /// The request.
     pub request: Arc<DelegateRequest>,
     /// The call id, once accepted.
     pub accepted: Arc<Mutex<Option<String>>>,
-}
-
-/// What an accepted call answers.
-#[derive(Debug, Clone)]
-pub enum Delegated {
-    /// Running in the background; results come at boundaries.
-    Background {
-        /// The call id.
-        call_id: String,
-        /// Its set ordinal.
-        set: u64,
-        /// Its units.
-        units: Vec<UnitRow>,
-    },
-    /// Ran synchronously; the results are here and count as delivered once received.
-    Sync {
-        /// The call id.
-        call_id: String,
-        /// Its set ordinal.
-        set: u64,
-        /// Its units.
-        units: Vec<UnitRow>,
-        /// Why a background call was forced to sync, if it was.
-        forced_sync_reason: Option<String>,
-        /// Every child's result.
-        results: Vec<ReadyItem>,
-    },
 }
 
 /// Terminal rows, flushed by the coalescer, for the owner to record and publish.
@@ -62,7 +35,7 @@ pub struct Recorded {
 /// rendering happens off the routing thread, in the embedding API.
 #[derive(Debug, Message)]
 #[rtype(result = "Result<Option<Envelope>, BroodError>")]
-pub struct Boundary {
+pub struct ClaimReady {
     /// Who claims.
     pub consumer: String,
     /// Lease length in ms.
@@ -152,7 +125,7 @@ pub struct EndNested {
 /// settled call left memory: every child of it had ended).
 #[derive(Debug, Message)]
 #[rtype(result = "Option<crate::model::ChildStatus>")]
-pub struct ChildState {
+pub struct GetChildStatus {
     /// The call.
     pub call_id: String,
     /// The child's task index.
@@ -175,24 +148,27 @@ pub struct Admit;
 #[rtype(result = "()")]
 pub struct Retire;
 
-/// This process lost the session's lease to another process (see [`crate::ledger::Leases`]):
+/// This process lost the session's tenure to another process (see [`crate::ledger::Tenures`]):
 /// the owner stops its children without recording anything (the new holder recovers them as a
 /// restart would) and stops; its supervisor does not rebuild it.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct Moved;
 
-/// Ask for the session's state; with `calls: false` only the counts (cheap: no rows copied).
+/// A session's counts (cheap: no rows copied).
+#[derive(Debug, Message)]
+#[rtype(result = "SessionCounts")]
+pub struct GetCounts;
+
+/// A session's counts, with its calls in memory and its live claims.
 #[derive(Debug, Message)]
 #[rtype(result = "SessionStatus")]
-pub struct Status {
-    /// Whether to list the calls in memory with their units and children.
-    pub calls: bool,
-}
+pub struct GetStatus;
 
-/// Counts and calls of a session.
+/// A session's settings and turn, and how many of its children and items are where: cheap
+/// enough to poll.
 #[derive(Debug, Clone)]
-pub struct SessionStatus {
+pub struct SessionCounts {
     /// Settings and turn.
     pub info: SessionInfo,
     /// Children waiting for capacity.
@@ -207,9 +183,16 @@ pub struct SessionStatus {
     pub claimed: usize,
     /// Items delivered (acked or returned inline).
     pub delivered: u64,
+}
+
+/// A session's counts, calls and claims.
+#[derive(Debug, Clone)]
+pub struct SessionStatus {
+    /// Settings, turn and counts.
+    pub counts: SessionCounts,
     /// Calls still in memory (not yet fully delivered), by set.
     pub calls: Vec<CallStatus>,
-    /// The live claims, oldest first (with `calls` only).
+    /// The live claims, oldest first.
     pub claims: Vec<LiveClaim>,
 }
 

@@ -7,7 +7,7 @@
 //! durable when it must be, applied to memory only after its flush succeeded. Rendering, wake
 //! I/O and runner work happen elsewhere.
 //!
-//! The parts, one job each: [`messages`] (what it is asked and answers), `book` (the calls,
+//! The parts, one job each: [`messages`] (what it is asked and answers), `owed` (the calls,
 //! units and children it holds), `persist` (the write → flush → apply step and its group
 //! commit), `dispatch` (accepting calls, admitting and starting children), `recording`
 //! (completions), `claims` (boundaries, acks, releases, expiries, dead letters), `sync` (sync
@@ -16,12 +16,12 @@
 //! earliest one.
 
 mod apply;
-mod book;
 mod cancel;
 mod claims;
 mod dispatch;
 mod invariants;
 mod nest;
+mod owed;
 pub use invariants::broken_invariants;
 pub mod messages;
 mod persist;
@@ -37,7 +37,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use tokio::sync::oneshot;
 
-use self::book::Book;
+use self::owed::OwedCalls;
 use self::persist::Persist;
 use super::supervise::{Exit, RestartBudgets, RestartPolicy};
 use super::Engine;
@@ -58,7 +58,7 @@ pub use crate::model::{claim_session, new_claim_id};
 
 /// A request that may need durable rows: decided when no flush is in flight (see [`persist`]).
 enum Durable {
-    Delegate(Delegate, oneshot::Sender<Result<Delegated, BroodError>>),
+    Delegate(Delegate, oneshot::Sender<Result<DelegateReply, BroodError>>),
     /// An ack, with the moment it arrived (a lease that runs out while it waits is no reason
     /// to refuse it).
     Ack(String, oneshot::Sender<Result<usize, BroodError>>, u64),
@@ -92,7 +92,7 @@ pub struct SessionOwner {
     session: SessionRow,
     wake: Option<WakeTarget>,
     wake_state: WakeState,
-    book: Book,
+    owed: OwedCalls,
     capacity: Capacity<String>,
     router: Router<String>,
     timer: Option<(u64, SpawnHandle)>,
@@ -108,7 +108,7 @@ pub struct SessionOwner {
     parent_ended: Option<String>,
     /// Who made each live claim (its boundary's consumer), for the session's view.
     consumers: std::collections::HashMap<String, String>,
-    /// The session's lease was lost: the owner stops once its batch in flight is answered.
+    /// The session's tenure was lost: the owner stops once its batch in flight is answered.
     moved: bool,
     /// A nested session recovered from stored rows whose child's row is not read yet (see
     /// [`CheckParent`]): nothing is admitted until it is.
@@ -116,10 +116,10 @@ pub struct SessionOwner {
     /// The ended children with a nested session a rebuild found (recovery ended them, or
     /// their end was stored already): their nested sessions are ended as the owner starts.
     resolved_ended: Vec<String>,
-    /// Changes applied, for sampling the book's check in a release build.
+    /// Changes applied, for sampling the owed calls' check in a release build.
     changes: u64,
     /// Running children a cancel of this owner is stopping: each keeps its slot until its
-    /// runner is stopped or known gone (the cancel's `RunnersGone`), and only those may hold a
+    /// runner is stopped or known gone (the cancel's `RunnersEnded`), and only those may hold a
     /// slot once they ended, are being cancelled, or their call left memory.
     stopping: foldhash::HashSet<String>,
     /// Cancels an owner before this one decided wait for starts of children of this session
@@ -132,14 +132,14 @@ pub struct SessionOwner {
     since_ms: u64,
 }
 
-/// A release build checks the book's invariants once every this many changes.
+/// A release build checks the owed calls' invariants once every this many changes.
 const RELEASE_CHECK_EVERY: u64 = 1024;
 
 impl std::fmt::Debug for SessionOwner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionOwner")
             .field("session", &self.session.session_id)
-            .field("calls", &self.book.calls.len())
+            .field("calls", &self.owed.calls.len())
             .field("running", &self.capacity.running())
             .finish()
     }
@@ -173,7 +173,7 @@ impl SessionOwner {
             session,
             wake: None,
             wake_state,
-            book: Book::default(),
+            owed: OwedCalls::default(),
             timer: None,
             unit_budgets: RestartBudgets::new(RestartPolicy::default()),
             persist: Persist::default(),
@@ -218,7 +218,7 @@ impl SessionOwner {
 
     /// The status of a child of a call this owner holds.
     pub(crate) fn child_status(&self, call_id: &str, task: u32) -> Option<ChildStatus> {
-        self.book.calls.get(call_id)?.child(task).map(|row| row.status)
+        self.owed.calls.get(call_id)?.child(task).map(|row| row.status)
     }
 
     /// This nested session's child ended: as it starts, the owner cancels its unfinished calls
@@ -233,7 +233,7 @@ impl SessionOwner {
         self.awaiting_parent
     }
 
-    /// Checks the book's invariants ([`invariants::book_faults`]) after a change: each time in
+    /// Checks the owed calls' invariants ([`invariants::owed_faults`]) after a change: each time in
     /// a debug build, where a fault panics; in a release build once every
     /// [`RELEASE_CHECK_EVERY`] changes (the check reads every child in memory), where a fault
     /// is logged and counted.
@@ -242,19 +242,19 @@ impl SessionOwner {
         if !cfg!(debug_assertions) && !self.changes.is_multiple_of(RELEASE_CHECK_EVERY) {
             return;
         }
-        let faults = invariants::book_faults(&self.book, &self.capacity, &self.stopping);
+        let faults = invariants::owed_faults(&self.owed, &self.capacity, &self.stopping);
         if faults.is_empty() {
             return;
         }
-        // Counted first: a test sees a fault even when the panic's rebuild healed the book.
+        // Counted first: a test sees a fault even when the panic's rebuild healed the owed calls.
         invariants::count(faults.len());
         debug_assert!(
             faults.is_empty(),
-            "session `{}`: the book's invariants broke: {}",
+            "session `{}`: the owed calls' invariants broke: {}",
             self.session.session_id,
             faults.join("; ")
         );
-        tracing::error!(faults = %faults.join("; "), "the book's invariants broke");
+        tracing::error!(faults = %faults.join("; "), "the owed calls' invariants broke");
     }
 
     /// The session this owner routes.
@@ -276,6 +276,19 @@ impl SessionOwner {
             turn: self.wake_state.turn(),
             max_concurrent_children: self.session.max_concurrent_children,
             max_delivery_attempts: self.session.max_delivery_attempts,
+        }
+    }
+
+    fn counts(&self) -> SessionCounts {
+        let ready = self.router.ready_count(now_ms());
+        SessionCounts {
+            info: self.info(),
+            queued: self.capacity.queued(),
+            running: self.capacity.running(),
+            ready,
+            backing_off: self.router.pending_count().saturating_sub(ready),
+            claimed: self.router.claimed_count(),
+            delivered: self.owed.delivered(),
         }
     }
 
@@ -308,9 +321,9 @@ impl SessionOwner {
         ids.sort();
         ids.dedup();
         for call_id in ids {
-            if self.book.settled(&call_id, |k| self.router.is_open(k)) {
+            if self.owed.settled(&call_id, |k| self.router.is_open(k)) {
                 let router = &mut self.router;
-                self.book.drop_call(&call_id, |key| router.forget(key));
+                self.owed.drop_call(&call_id, |key| router.forget(key));
                 self.engine.calls.remove(&call_id);
             }
         }
@@ -321,10 +334,10 @@ impl SessionOwner {
         self.engine.events.emit(&self.session.session_id, event);
     }
 
-    /// Tells observers a child's new status (its call is in the book).
+    /// Tells observers a child's new status (its call is among the owed calls).
     fn emit_child(&self, row: &ChildRow) {
         self.emit(|| {
-            let call = self.book.calls.get(&row.call_id);
+            let call = self.owed.calls.get(&row.call_id);
             child_event(row, row.status, call.and_then(|c| c.row.traceparent.as_deref()))
         });
     }
@@ -418,7 +431,7 @@ impl Actor for SessionOwner {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        tracing::debug!(calls = self.book.calls.len(), "session owner started");
+        tracing::debug!(calls = self.owed.calls.len(), "session owner started");
         if let Some(reason) = self.parent_ended.clone() {
             // Before anything is admitted: none of its queued children may start.
             let (tx, _) = oneshot::channel();
@@ -462,7 +475,7 @@ impl SessionOwner {
 impl Handler<Delegate> for SessionOwner {
     // Answered from outside this actor's context: a sync call waits for all its children, and
     // a future parked in the context would be polled on every message meanwhile.
-    type Result = ResponseFuture<Result<Delegated, BroodError>>;
+    type Result = ResponseFuture<Result<DelegateReply, BroodError>>;
 
     fn handle(&mut self, msg: Delegate, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
@@ -563,7 +576,7 @@ impl Handler<CallView> for SessionOwner {
     type Result = Option<CallStatus>;
 
     fn handle(&mut self, CallView(call_id): CallView, _: &mut Context<Self>) -> Self::Result {
-        self.book.calls.get(&call_id).map(|c| c.status())
+        self.owed.calls.get(&call_id).map(|c| c.status())
     }
 }
 
@@ -583,10 +596,10 @@ impl Handler<DropIfIdle> for SessionOwner {
     }
 }
 
-impl Handler<ChildState> for SessionOwner {
+impl Handler<GetChildStatus> for SessionOwner {
     type Result = Option<ChildStatus>;
 
-    fn handle(&mut self, msg: ChildState, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: GetChildStatus, _: &mut Context<Self>) -> Self::Result {
         self.child_status(&msg.call_id, msg.task)
     }
 }
@@ -606,12 +619,13 @@ impl Handler<Recorded> for SessionOwner {
     }
 }
 
-impl Handler<Boundary> for SessionOwner {
+impl Handler<ClaimReady> for SessionOwner {
     type Result = Result<Option<Envelope>, BroodError>;
 
-    fn handle(&mut self, msg: Boundary, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: ClaimReady, ctx: &mut Context<Self>) -> Self::Result {
         self.fault_point();
-        // Claims are not fenced by a write: none is handed out once the lease may have run out.
+        // Claims are not fenced by a write: none is handed out once the session's tenure may
+        // have lapsed.
         self.engine.check_serving(&self.session.session_id)?;
         for dying in self.expire_due() {
             self.submit(dying, ctx);
@@ -633,25 +647,22 @@ impl Handler<SetTurn> for SessionOwner {
     }
 }
 
-impl Handler<Status> for SessionOwner {
-    type Result = MessageResult<Status>;
+impl Handler<GetCounts> for SessionOwner {
+    type Result = MessageResult<GetCounts>;
 
-    fn handle(&mut self, msg: Status, _: &mut Context<Self>) -> Self::Result {
-        let ready = self.router.ready_count(now_ms());
+    fn handle(&mut self, _: GetCounts, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.counts())
+    }
+}
+
+impl Handler<GetStatus> for SessionOwner {
+    type Result = MessageResult<GetStatus>;
+
+    fn handle(&mut self, _: GetStatus, _: &mut Context<Self>) -> Self::Result {
         MessageResult(SessionStatus {
-            info: self.info(),
-            queued: self.capacity.queued(),
-            running: self.capacity.running(),
-            ready,
-            backing_off: self.router.pending_count().saturating_sub(ready),
-            claimed: self.router.claimed_count(),
-            delivered: self.book.delivered(),
-            calls: if msg.calls {
-                self.book.call_statuses()
-            } else {
-                Vec::new()
-            },
-            claims: if msg.calls { self.live_claims() } else { Vec::new() },
+            counts: self.counts(),
+            calls: self.owed.call_statuses(),
+            claims: self.live_claims(),
         })
     }
 }
@@ -674,15 +685,15 @@ impl Handler<Moved> for SessionOwner {
 }
 
 impl SessionOwner {
-    /// The session's lease was lost: its children are stopped (what they end with is not
+    /// The session's tenure was lost: its children are stopped (what they end with is not
     /// recorded: the ledger refuses it), this owner's writes refused from now on, and it stops.
     fn moved(&mut self, ctx: &mut Context<Self>) {
         if !crate::actors::running(ctx) || self.moved {
             return;
         }
         let id = self.session.session_id.clone();
-        tracing::warn!("the session's lease was taken over by another process; it is no longer served here");
-        for call in self.book.calls.values() {
+        tracing::warn!("the session's tenure was taken over by another process; it is no longer served here");
+        for call in self.owed.calls.values() {
             let running = call.children().filter(|c| c.status == ChildStatus::Running);
             let tasks: Vec<u32> = running.map(|c| c.task_index).collect();
             if !tasks.is_empty() {

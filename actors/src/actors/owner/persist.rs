@@ -194,10 +194,10 @@ impl SessionOwner {
                 // Still "in flight" while the steps apply: what they submit is parked and
                 // decided with the rest, after every step of this batch applied.
                 let res = match res {
-                    // Fenced: this process lost the session's lease, so the rows may not have
+                    // Fenced: this process lost the session's tenure, so the rows may not have
                     // been written; the owner stops (it was told) and answers nothing more.
                     res if matches!(res, Err(LedgerError::Fenced(_))) || !act.engine.holds(&act.session.session_id) => {
-                        Err(BroodError::LeaseLapsed {
+                        Err(BroodError::TenureLapsed {
                             session: act.session.session_id.clone(),
                         })
                     }

@@ -61,7 +61,7 @@ impl SessionOwner {
         let mut writes = Writes::default();
         let mut removed = 0;
         for call in prune.calls {
-            if self.book.calls.contains_key(&call.call_id) || view.revived.contains(&call.call_id) {
+            if self.owed.calls.contains_key(&call.call_id) || view.revived.contains(&call.call_id) {
                 continue;
             }
             let key = |id: &String| self.row_key(id);
@@ -104,7 +104,7 @@ impl SessionOwner {
 
     /// Whether nothing of this session is live.
     fn idle(&self) -> bool {
-        self.book.calls.is_empty()
+        self.owed.calls.is_empty()
             && self.capacity.running() == 0
             && self.capacity.queued() == 0
             && self.router.pending_count() == 0

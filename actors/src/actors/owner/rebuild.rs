@@ -1,6 +1,6 @@
 //! An owner built from the ledger: after a process restart, or when its supervisor restarts a
 //! panicked owner in-process. [`crate::recovery::plan`] decides (I6); this applies the plan to a
-//! fresh owner's book, capacity and router.
+//! fresh owner's owed calls, capacity and router.
 
 use super::SessionOwner;
 use crate::actors::Engine;
@@ -42,13 +42,13 @@ impl SessionOwner {
             owner.bind_wake_url(url);
         }
         owner.session.next_set = plan.next_set;
-        owner.book.delivered_done = plan.delivered_done;
+        owner.owed.delivered_done = plan.delivered_done;
         for claim in plan.lost_claims {
             owner.router.remember_lost(claim);
         }
         // Maps sized once for what they will hold: growing them call by call rehashed (and
         // moved) them again and again.
-        owner.book.calls.reserve(plan.calls.len());
+        owner.owed.calls.reserve(plan.calls.len());
         owner.router.reserve(plan.ready.len());
         for call in plan.calls {
             let units = call
@@ -60,12 +60,12 @@ impl SessionOwner {
                 .engine
                 .calls
                 .insert(call.row.call_id.clone(), owner.session.session_id.clone());
-            owner.book.insert_call(call.row, units, call.children);
+            owner.owed.insert_call(call.row, units, call.children);
         }
         for id in plan.queue {
             owner.capacity.enqueue(id);
         }
-        owner.book.rowed.extend(plan.rowed);
+        owner.owed.rowed.extend(plan.rowed);
         for id in plan.running {
             owner.capacity.mark_running(id);
         }
@@ -78,7 +78,7 @@ impl SessionOwner {
         // Those of children still to start are taken by their starts; the owner looks again as
         // it records children that end first.
         owner.inherited_cancels = owner.engine.forget_stale_cancels(owner.fence.1, |call, task| {
-            let call = owner.book.calls.get(call)?;
+            let call = owner.owed.calls.get(call)?;
             Some(call.child(task).is_none_or(|r| r.status.is_terminal()))
         });
         (owner, plan.changed)

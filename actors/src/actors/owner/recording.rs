@@ -6,7 +6,7 @@
 use actix::prelude::*;
 
 use super::SessionOwner;
-use crate::actors::unit::{Unit, UnitComplete};
+use crate::actors::unit::{Unit, UnitCompleted};
 use crate::model::*;
 use crate::routing::{on_child_end, Publish};
 
@@ -16,8 +16,8 @@ impl SessionOwner {
         let mut completed = Vec::new();
         let mut nests_ended = Vec::new();
         for mut row in rows {
-            // One lookup of the call for what the book knows of the child.
-            let Some(call) = self.book.calls.get(&row.call_id) else {
+            // One lookup of the call for what the owed calls know of the child.
+            let Some(call) = self.owed.calls.get(&row.call_id) else {
                 continue;
             };
             let Some(known) = call.child(row.task_index) else {
@@ -35,15 +35,15 @@ impl SessionOwner {
                 // decided for it waits for a start that died with that owner.
                 if self.inherited_cancels {
                     let (call_id, task) = (row.call_id.as_str(), row.task_index);
-                    let book = &self.book;
+                    let owed = &self.owed;
                     let left = self.engine.forget_stale_cancels(self.fence.1, |c, t| {
-                        book.calls.contains_key(c).then_some(c == call_id && t == task)
+                        owed.calls.contains_key(c).then_some(c == call_id && t == task)
                     });
                     self.inherited_cancels = left;
                 }
             }
-            if !self.book.rowed.is_empty() {
-                self.book.rowed.remove(&row.child_id);
+            if !self.owed.rowed.is_empty() {
+                self.owed.rowed.remove(&row.child_id);
             }
             let failed = row.status.is_failure();
             let (call_id, task, child) = (row.call_id.clone(), row.task_index, row.child_id.clone());
@@ -54,8 +54,8 @@ impl SessionOwner {
             }
             // Only a failure can need its notice's details.
             let notice = failed.then(|| (row.status, row.error.clone()));
-            self.book.put_child(row);
-            let Some(call) = self.book.calls.get_mut(&call_id) else {
+            self.owed.put_child(row);
+            let Some(call) = self.owed.calls.get_mut(&call_id) else {
                 continue;
             };
             let sync = call.row.mode == Mode::Sync;
@@ -87,7 +87,7 @@ impl SessionOwner {
             // addresses are dropped there too.
             let _ = self.engine.children_arbiter.spawn_fn(move || {
                 for addr in completed {
-                    addr.do_send(UnitComplete);
+                    addr.do_send(UnitCompleted);
                 }
             });
         }
@@ -95,7 +95,7 @@ impl SessionOwner {
 
     /// The unit of `call_id`'s task `task` is complete: it goes out whole.
     fn complete_unit(&mut self, call_id: &str, task: u32, completed: &mut Vec<Addr<Unit>>, ctx: &mut Context<Self>) {
-        let Some(call) = self.book.calls.get_mut(call_id) else {
+        let Some(call) = self.owed.calls.get_mut(call_id) else {
             return;
         };
         let Some(unit) = call.unit_of_mut(task) else {

@@ -89,7 +89,7 @@ impl SessionOwner {
             .selected
             .iter()
             .map(|d| d.call_id.clone())
-            .filter(|c| !self.book.calls.contains_key(c))
+            .filter(|c| !self.owed.calls.contains_key(c))
             .collect();
         absent.sort();
         absent.dedup();
@@ -137,7 +137,7 @@ impl SessionOwner {
             }
             let before = match rows.get(child) {
                 Some((before, _)) => before.clone(),
-                None => match self.book.child(child) {
+                None => match self.owed.child(child) {
                     Some(row) if row.delivery(kind).dead => row.clone(),
                     // Not dead (any more): redriven by another request, or never dead.
                     Some(_) => continue,
@@ -217,7 +217,7 @@ impl SessionOwner {
             self.bring_back(call, children);
         }
         for row in r.after {
-            self.book.put_child(row);
+            self.owed.put_child(row);
         }
         let n = r.items.len();
         for key in r.items {
@@ -231,7 +231,7 @@ impl SessionOwner {
     /// A call that had left memory (everything in it delivered or dead) comes back, complete,
     /// for items of it that are out again.
     fn bring_back(&mut self, call: CallRow, children: Vec<ChildRow>) {
-        if self.book.calls.contains_key(&call.call_id) {
+        if self.owed.calls.contains_key(&call.call_id) {
             return;
         }
         let units = plan_units(&call.call_id, &call.tasks, call.independent_completions)
@@ -244,6 +244,6 @@ impl SessionOwner {
         self.engine
             .calls
             .insert(call.call_id.clone(), self.session.session_id.clone());
-        self.book.bring_back(call, units, children);
+        self.owed.bring_back(call, units, children);
     }
 }

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use super::apply::Apply;
 use super::persist::{Decided, Step};
-use super::{Delegated, Durable, SessionOwner};
+use super::{Durable, SessionOwner};
 use crate::error::BroodError;
 use crate::ledger::Writes;
 use crate::model::*;
@@ -20,7 +20,7 @@ const SYNC_RECEIPT_WAIT: Duration = Duration::from_secs(3);
 
 /// The caller of a sync call.
 pub(super) struct SyncWaiter {
-    tx: oneshot::Sender<Result<Delegated, BroodError>>,
+    tx: oneshot::Sender<Result<DelegateReply, BroodError>>,
     units: Vec<UnitRow>,
     forced_sync_reason: Option<String>,
 }
@@ -30,11 +30,11 @@ impl SessionOwner {
     pub(super) fn wait_sync(
         &mut self,
         call_id: &str,
-        tx: oneshot::Sender<Result<Delegated, BroodError>>,
+        tx: oneshot::Sender<Result<DelegateReply, BroodError>>,
         units: Vec<UnitRow>,
         forced_sync_reason: Option<String>,
     ) {
-        if let Some(c) = self.book.calls.get_mut(call_id) {
+        if let Some(c) = self.owed.calls.get_mut(call_id) {
             c.sync_reply = Some(SyncWaiter {
                 tx,
                 units,
@@ -45,7 +45,7 @@ impl SessionOwner {
 
     /// Every unit of a sync call is complete: hand the results to the caller.
     pub(super) fn finish_sync(&mut self, call_id: &str, ctx: &mut Context<Self>) {
-        let Some(call) = self.book.calls.get_mut(call_id) else {
+        let Some(call) = self.owed.calls.get_mut(call_id) else {
             return;
         };
         let set = call.row.set;
@@ -53,17 +53,19 @@ impl SessionOwner {
         let keys: Vec<(String, u32)> = (0..call.row.tasks.len() as u32)
             .map(|i| (dedup_key(&child_id(call_id, i), ItemKind::Result), 1))
             .collect();
-        let results = self.book.items(keys);
+        let results = self.owed.items(keys);
         if let Some(w) = waiter {
-            let reply = Delegated::Sync {
+            let reply = DelegateReply::Sync {
                 call_id: call_id.to_string(),
                 set,
                 units: w.units,
                 forced_sync_reason: w.forced_sync_reason,
                 results,
+                note: String::new(),
+                text: String::new(),
             };
             if w.tx.send(Ok(reply)).is_ok() {
-                if let Some(c) = self.book.calls.get_mut(call_id) {
+                if let Some(c) = self.owed.calls.get_mut(call_id) {
                     c.awaiting_receipt = true;
                 }
                 let call_id = call_id.to_string();
@@ -76,7 +78,7 @@ impl SessionOwner {
 
     /// Sync results nobody confirmed: they go out at boundaries like a background call's.
     fn sync_unreceived(&mut self, call_id: &str, ctx: &mut Context<Self>) {
-        let Some(call) = self.book.calls.get_mut(call_id) else {
+        let Some(call) = self.owed.calls.get_mut(call_id) else {
             return;
         };
         if call.row.mode == Mode::Background || call.receipt_pending {
@@ -96,14 +98,14 @@ impl SessionOwner {
     /// Decides a caller's receipt: one ack row for the call's results, flushed; then they are
     /// delivered. Too late (they went out at boundaries already) changes nothing.
     pub(super) fn decide_receipt(&mut self, call_id: String, done: oneshot::Sender<()>) -> Decided<Durable> {
-        let Some(call) = self.book.calls.get_mut(&call_id) else {
+        let Some(call) = self.owed.calls.get_mut(&call_id) else {
             return Decided::Done;
         };
         if !call.awaiting_receipt || call.receipt_pending {
             return Decided::Done;
         }
         call.receipt_pending = true;
-        let items: Vec<String> = super::book::Book::child_ids(&call.row)
+        let items: Vec<String> = super::owed::OwedCalls::child_ids(&call.row)
             .map(|id| dedup_key(&id, ItemKind::Result))
             .collect();
         let receipt = sync_receipt_id(&call_id);
@@ -136,17 +138,17 @@ impl SessionOwner {
         res: Result<(), BroodError>,
         ctx: &mut Context<Self>,
     ) {
-        if let Some(c) = self.book.calls.get_mut(&call_id) {
+        if let Some(c) = self.owed.calls.get_mut(&call_id) {
             c.receipt_pending = false;
         }
         match res {
             Ok(()) => {
-                if let Some(c) = self.book.calls.get_mut(&call_id) {
+                if let Some(c) = self.owed.calls.get_mut(&call_id) {
                     c.awaiting_receipt = false;
                 }
                 // The receipt's ack row is the durable record, folded into the children's rows
                 // when they are read back: they are not rewritten.
-                self.book.mark_calls(&items, |d| d.delivered = true);
+                self.owed.mark_calls(&items, |d| d.delivered = true);
                 self.collect([call_id]);
             }
             Err(e) => {

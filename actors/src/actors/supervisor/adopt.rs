@@ -9,12 +9,12 @@ use crate::actors::{running, Engine};
 use crate::error::BroodError;
 use std::collections::HashSet;
 
-use crate::ledger::{LeaseHolder, Leases, LedgerError};
+use crate::ledger::{LedgerError, TenureHolder, Tenures};
 use crate::model::{nest_parent, NestRow, SessionRow};
 use crate::recovery::Recovery;
 
 impl Supervisor {
-    /// Takes a session up from the shared ledger: its lease taken (or its holder named), then
+    /// Takes a session up from the shared ledger: its tenure taken (or its holder named), then
     /// recovered from its rows as a restart recovers it (I6), or created from `create` when it
     /// has none. One adoption of a session at a time: later askers wait for the first.
     pub(super) fn adopt(
@@ -63,26 +63,26 @@ impl Supervisor {
         async move { rx.await.unwrap_or(Err(BroodError::Stopped)) }
     }
 
-    /// Takes up every session whose lease is free: those of a process that died, within about
-    /// a lease time of its death.
+    /// Takes up every session whose tenure is free: those of a process that died, within about
+    /// a tenure time of its death.
     pub(super) fn sweep(&mut self, ctx: &mut Context<Self>) {
-        let Some(leases) = self.engine.leases.clone() else {
+        let Some(tenures) = self.engine.tenures.clone() else {
             return;
         };
         if self.sweeping {
             return;
         }
         self.sweeping = true;
-        crate::ledger::off_thread("sweeping for free session leases", move || leases.acquire_free())
+        crate::ledger::off_thread("sweeping for free session tenures", move || tenures.acquire_free())
             .into_actor(self)
             .map(|taken, act, ctx| {
                 act.sweeping = false;
                 let taken = match taken {
                     Ok(taken) => taken,
-                    Err(e) => return tracing::warn!("looking for free session leases failed (tried again soon): {e}"),
+                    Err(e) => return tracing::warn!("looking for free session tenures failed (tried again soon): {e}"),
                 };
                 if !taken.is_empty() {
-                    tracing::info!(sessions = taken.len(), "taking over sessions whose lease ran out");
+                    tracing::info!(sessions = taken.len(), "taking over sessions whose tenure ran out");
                 }
                 for id in taken {
                     let adopted = act.adopt(id.clone(), None, ctx);
@@ -99,15 +99,15 @@ impl Supervisor {
 
 /// What taking a session up from a shared ledger came to.
 enum Adopted {
-    /// Its lease is held here now, and this is its owner (with its nest row, when new).
+    /// Its tenure is held here now, and this is its owner (with its nest row, when new).
     Owner(Box<SessionOwner>, Option<NestRow>),
-    /// Another process holds its lease and takes requests at this address.
+    /// Another process holds its tenure and takes requests at this address.
     Elsewhere(String),
     /// No such session is stored (and none was to be created).
     Unknown,
 }
 
-/// Takes a session's lease and recovers it from its own rows as a restart of the process
+/// Takes a session's tenure and recovers it from its own rows as a restart of the process
 /// would (I6: its live claims returned, what was running re-run or resolved), or creates it
 /// from `create`. Runs off every actor's thread.
 fn adopt_session(
@@ -115,17 +115,17 @@ fn adopt_session(
     id: &str,
     create: Option<(SessionRow, Option<NestRow>)>,
 ) -> Result<Adopted, BroodError> {
-    let Some(leases) = engine.leases.as_ref() else {
+    let Some(tenures) = engine.tenures.as_ref() else {
         return Ok(Adopted::Unknown);
     };
     if !engine.ledger.has_session(id)? {
         if create.is_none() {
-            // An id that names no stored session takes no lease and leaves nothing behind (no
-            // lease row, no fence): a lookup of junk ids costs two reads each, and nothing
-            // later. One being created by another process (its lease taken, its row not yet
+            // An id that names no stored session takes no tenure and leaves nothing behind (no
+            // tenure row, no fence): a lookup of junk ids costs two reads each, and nothing
+            // later. One being created by another process (its tenure taken, its row not yet
             // committed) is served there.
-            return Ok(match leases.holder(id)? {
-                Some(crate::ledger::LeaseHolder::Elsewhere { address, .. }) => Adopted::Elsewhere(address),
+            return Ok(match tenures.holder(id)? {
+                Some(crate::ledger::TenureHolder::Elsewhere { address, .. }) => Adopted::Elsewhere(address),
                 _ => Adopted::Unknown,
             });
         }
@@ -135,21 +135,21 @@ fn adopt_session(
     // cancel of it, reach it there.
     if let Some(parent) = parent_session(engine, id, create.as_ref().and_then(|c| c.1.as_ref()))? {
         let here = engine.owner(&parent).is_some();
-        let holder = if here { None } else { leases.holder(&parent)? };
+        let holder = if here { None } else { tenures.holder(&parent)? };
         if let Some(address) = nest_served_at(here, holder) {
             tracing::debug!(session = %id, %parent, %address, "a nested session is served where its parent is");
             // Taken by a sweep here: given back, for the parent's holder to take up.
-            if leases.holds(id) {
-                leases.release(id);
+            if tenures.holds(id) {
+                tenures.release(id);
             }
             return Ok(Adopted::Elsewhere(address));
         }
     }
-    if let crate::ledger::LeaseHolder::Elsewhere { address, owner } = leases.acquire(id)? {
-        tracing::debug!(session = %id, %owner, %address, "the session's lease is held by another process");
+    if let crate::ledger::TenureHolder::Elsewhere { address, owner } = tenures.acquire(id)? {
+        tracing::debug!(session = %id, %owner, %address, "the session's tenure is held by another process");
         return Ok(Adopted::Elsewhere(address));
     }
-    // An owner of an earlier epoch in this process (its lease lost, then taken back) writes
+    // An owner of an earlier epoch in this process (its tenure lost, then taken back) writes
     // nothing more: its writes in flight land before the read below, or never.
     engine.supersede(id);
     let ledger = &engine.ledger;
@@ -157,7 +157,7 @@ fn adopt_session(
     let adopted = take_up(engine, id, create);
     if adopted.is_err() || ledger.refusals(id) != refusals {
         // Not taken up after all: given back, so another process (or a later sweep) may.
-        leases.release(id);
+        tenures.release(id);
     }
     if ledger.refusals(id) != refusals {
         return Err(LedgerError::Fenced(id.to_string()).into());
@@ -166,22 +166,22 @@ fn adopt_session(
 }
 
 /// Where a nested session is to be served, given whether its parent session is served here and
-/// who holds the parent's lease: at the address of the process that serves its parent, when
+/// who holds the parent's tenure: at the address of the process that serves its parent, when
 /// that is another one; else here (its parent is served here, or by nobody now).
-fn nest_served_at(parent_here: bool, parent_holder: Option<LeaseHolder>) -> Option<String> {
+fn nest_served_at(parent_here: bool, parent_holder: Option<TenureHolder>) -> Option<String> {
     match parent_holder {
-        Some(LeaseHolder::Elsewhere { address, .. }) if !parent_here => Some(address),
+        Some(TenureHolder::Elsewhere { address, .. }) if !parent_here => Some(address),
         _ => None,
     }
 }
 
-/// Gives back the leases a starting process took (`taken`) of the nested sessions whose parent
+/// Gives back the tenures a starting process took (`taken`) of the nested sessions whose parent
 /// session another process serves, or is itself given back here (a nested session of a nested
 /// session follows its parent): each is served where its parent is, whose holder takes it up at
 /// its next sweep, and not here, where the end of its child would never reach it.
 pub(super) fn give_back_nests_apart(
     engine: &Engine,
-    leases: &dyn Leases,
+    tenures: &dyn Tenures,
     taken: &mut HashSet<String>,
 ) -> Result<(), LedgerError> {
     // Each nested session's parent, and whether another process serves that parent (read once).
@@ -191,13 +191,13 @@ pub(super) fn give_back_nests_apart(
             continue;
         };
         let here = taken.contains(&parent);
-        let holder = if here { None } else { leases.holder(&parent)? };
+        let holder = if here { None } else { tenures.holder(&parent)? };
         nested.push((id.clone(), parent, nest_served_at(here, holder).is_some()));
     }
     let given_back = nests_to_give_back(&nested);
     for id in &given_back {
         tracing::info!(session = %id, "a nested session is left to the process that serves its parent");
-        leases.release(id);
+        tenures.release(id);
         taken.remove(id);
     }
     Ok(())
@@ -236,7 +236,7 @@ fn parent_session(engine: &Engine, id: &str, nest: Option<&NestRow>) -> Result<O
     Ok(engine.ledger.find_call(call_id)?.map(|c| c.session_id))
 }
 
-/// Reads a session whose lease this process just took, and recovers it (or creates it).
+/// Reads a session whose tenure this process just took, and recovers it (or creates it).
 fn take_up(engine: &Engine, id: &str, create: Option<(SessionRow, Option<NestRow>)>) -> Result<Adopted, BroodError> {
     // Its own nest row, if it is nested, comes with it: known here from now on (its depth,
     // its parent).
@@ -245,8 +245,8 @@ fn take_up(engine: &Engine, id: &str, create: Option<(SessionRow, Option<NestRow
         return Ok(Adopted::Owner(Box::new(owner), nest));
     }
     let Some((row, nest)) = create else {
-        if let Some(leases) = &engine.leases {
-            leases.release(id);
+        if let Some(tenures) = &engine.tenures {
+            tenures.release(id);
         }
         return Ok(Adopted::Unknown);
     };
@@ -261,7 +261,7 @@ mod tests {
     #[test]
     fn a_nested_session_is_served_where_its_parent_is() {
         let elsewhere = || {
-            Some(LeaseHolder::Elsewhere {
+            Some(TenureHolder::Elsewhere {
                 owner: "b".into(),
                 address: "http://b".into(),
             })
@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(nest_served_at(false, elsewhere()).as_deref(), Some("http://b"));
         assert_eq!(nest_served_at(true, elsewhere()), None, "served here already");
         assert_eq!(nest_served_at(false, None), None, "its parent is served by nobody now");
-        assert_eq!(nest_served_at(false, Some(LeaseHolder::Here(3))), None);
+        assert_eq!(nest_served_at(false, Some(TenureHolder::Here(3))), None);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The PostgreSQL ledger's commits: what is staged, taken by up to [`COMMITS_IN_FLIGHT`]
 //! transactions at once (never two on one key, see `staging`), each fenced by the session
-//! leases first when the database is shared, and staged again when it failed.
+//! tenures first when the database is shared, and staged again when it failed.
 
 use futures::future::BoxFuture;
 use tokio_postgres::types::ToSql;
@@ -173,7 +173,7 @@ impl PgLedger {
         };
         let this = self.inner.clone();
         let mut sessions = writes_to;
-        if this.leases.is_some() {
+        if this.tenures.is_some() {
             sessions.extend(
                 taken
                     .rows
@@ -204,13 +204,13 @@ impl PgLedger {
                     .iter()
                     .filter(|((tree, key), _)| key_session(tree, key).is_none_or(|s| !lost.contains(&s)))
                     .collect();
-                // The lease check and the rows go out together, in one round trip: the check
-                // holds the leases it found (FOR SHARE) until the commit ends, and the rows of
+                // The tenure check and the rows go out together, in one round trip: the check
+                // holds the tenures it found (FOR SHARE) until the commit ends, and the rows of
                 // a session it did not find are taken back (the transaction is rolled back and
                 // written again without them) before anything commits.
                 let checked: BTreeSet<String> = sessions.iter().filter(|s| !lost.contains(*s)).cloned().collect();
                 let check = async {
-                    match &this.leases {
+                    match &this.tenures {
                         Some(book) => book.check(&tx, checked.clone()).await.map(|ok| Fenced(Some(ok))),
                         None => Ok(Fenced(None)),
                     }

@@ -21,8 +21,8 @@
 //!   The trait's callers are the actors' threads and blocking jobs, none of them that runtime.
 //!
 //! - **Sharing.** Opened [`PgLedger::shared`], several processes share the database: each
-//!   session is served by the holder of its lease, and every commit is fenced by the leases
-//!   (see `leases`).
+//!   session is served by the holder of its tenure, and every commit is fenced by the tenures
+//!   (see `tenures`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -43,15 +43,15 @@ use crate::model::*;
 
 mod commit;
 mod directory;
-mod leases;
 mod migrate;
 mod runtime;
 mod staging;
+mod tenures;
 mod terminals;
 
 use commit::upsert;
-pub use leases::LeaseConfig;
-use leases::{LeaseBook, PgLeases};
+pub use tenures::TenureConfig;
+use tenures::{HeldTenures, PgTenures};
 
 use runtime::Runtime;
 use terminals::{encode_terminals, record_rows};
@@ -155,7 +155,7 @@ const CALL_ID_OF_KEY: &str = "substring(key FROM position('\\x00'::bytea IN key)
 /// A commit's transaction (its statements prepared once per connection).
 type Tx<'a> = deadpool_postgres::Transaction<'a>;
 
-/// Statements run inside a commit's transaction (given the sessions whose lease this process
+/// Statements run inside a commit's transaction (given the sessions whose tenure this process
 /// no longer holds, when it shares the database: their rows must not be written): their answer,
 /// and the rows they wrote (staged again should the commit fail).
 type Job<'t, T> = std::pin::Pin<Box<dyn Future<Output = Result<(T, Vec<Change>), LedgerError>> + Send + 't>>;
@@ -199,8 +199,8 @@ struct Inner {
     pool: Pool,
     /// How the pool connects (for the work list's listening connection).
     config: tokio_postgres::Config,
-    /// The session leases, when several processes share the database.
-    leases: Option<Arc<LeaseBook>>,
+    /// The session tenures, when several processes share the database.
+    tenures: Option<Arc<HeldTenures>>,
     /// The shared list of children waiting for outside workers, then.
     directory: Option<Arc<directory::PgDirectory>>,
 }
@@ -251,15 +251,15 @@ impl PgLedger {
     }
 
     /// As [`PgLedger::open_in`], shared with other brood processes: sessions are served under
-    /// leases ([`LeaseConfig`]), every commit is fenced by them, and they are renewed in the
-    /// background from now on. The connections give up a lock wait after a lease time, and the
-    /// server ends a transaction of this process left idle for half a lease (the process was
+    /// tenures ([`TenureConfig`]), every commit is fenced by them, and they are renewed in the
+    /// background from now on. The connections give up a lock wait after a tenure time, and the
+    /// server ends a transaction of this process left idle for half a tenure (the process was
     /// paused mid-commit): its row locks would otherwise keep a takeover waiting as long as the
     /// pause lasts.
-    pub fn open_shared(url: &str, schema: &str, config: LeaseConfig) -> Result<Self, LedgerError> {
+    pub fn open_shared(url: &str, schema: &str, config: TenureConfig) -> Result<Self, LedgerError> {
         if config.ttl < Duration::from_millis(300) {
             return Err(LedgerError::storage_msg(format!(
-                "a session lease of {:?} is too short to renew; give at least 300 ms",
+                "a session tenure (`session_lease_ms`) of {:?} is too short to renew; give at least 300 ms",
                 config.ttl
             )));
         }
@@ -267,7 +267,7 @@ impl PgLedger {
         ledger.shared(config)
     }
 
-    fn open_with(url: &str, schema: &str, lease: Option<Duration>) -> Result<Self, LedgerError> {
+    fn open_with(url: &str, schema: &str, tenure: Option<Duration>) -> Result<Self, LedgerError> {
         let valid = schema.chars().next().is_some_and(|c| c.is_ascii_lowercase())
             && schema
                 .chars()
@@ -287,7 +287,7 @@ impl PgLedger {
         // Nothing is reported as recorded before its commit is durable on the server (I1);
         // after whatever options the address gave.
         let mut ours = "-c synchronous_commit=on".to_string();
-        if let Some(ttl) = lease {
+        if let Some(ttl) = tenure {
             ours = format!(
                 "{ours} -c lock_timeout={} -c idle_in_transaction_session_timeout={}",
                 ttl.as_millis(),
@@ -327,7 +327,7 @@ impl PgLedger {
                 schema: schema.to_string(),
                 pool,
                 config,
-                leases: None,
+                tenures: None,
                 directory: None,
             }),
             staging: Mutex::new(staging::Staging::default()),
@@ -344,8 +344,8 @@ impl PgLedger {
     }
 
     /// Shares the database with other brood processes (see [`PgLedger::open_shared`]).
-    fn shared(mut self, config: LeaseConfig) -> Result<Self, LedgerError> {
-        let book = LeaseBook::new(
+    fn shared(mut self, config: TenureConfig) -> Result<Self, LedgerError> {
+        let book = HeldTenures::new(
             config.clone(),
             &self.inner.schema,
             self.inner.table(SESSIONS),
@@ -364,14 +364,14 @@ impl PgLedger {
             inner.config.clone(),
             self.runtime.handle.clone(),
         ));
-        inner.leases = Some(book.clone());
+        inner.tenures = Some(book.clone());
         book.start_renewing();
         Ok(self)
     }
 
-    /// Who holds the lease of `session_id` and at which epoch (how many times the session was
-    /// taken up), when processes shared the database; none when it was never leased.
-    pub fn lease_of(&self, session_id: &str) -> Result<Option<(String, u64)>, LedgerError> {
+    /// Who holds the tenure of `session_id` and at which epoch (how many times the session was
+    /// taken up), when processes shared the database; none when it was never held.
+    pub fn tenure_of(&self, session_id: &str) -> Result<Option<(String, u64)>, LedgerError> {
         let (pool, table) = (
             self.inner.pool.clone(),
             format!("\"{}\".session_leases", self.inner.schema),
@@ -385,7 +385,7 @@ impl PgLedger {
                     &[&name],
                 )
                 .await
-                .map_err(pg_error("reading a session lease"))?;
+                .map_err(pg_error("reading a session tenure"))?;
             Ok(row.map(|r| (r.get(0), r.get::<_, i64>(1) as u64)))
         })
     }
@@ -497,7 +497,7 @@ impl PgLedger {
         for (k, v, reason) in bad {
             // Shared: a row of a session another process serves is that one's to move aside
             // (it may be of a newer build's format, during a rolling upgrade); skipped here.
-            let others = match (&self.inner.leases, commit::key_session(tree, &k)) {
+            let others = match (&self.inner.tenures, commit::key_session(tree, &k)) {
                 (Some(book), Some(session)) => !book.holds(&session),
                 _ => false,
             };
@@ -625,7 +625,7 @@ impl Ledger for PgLedger {
         // with the rest of what is staged. The rows are inserted as they are (the usual case:
         // no child has a stored row, one statement, nothing read); should any child have one,
         // the insert is taken back whole, and the stored rows are read under a row lock,
-        // decided as sled decides them, and written. The rows of a session whose lease this
+        // decided as sled decides them, and written. The rows of a session whose tenure this
         // process lost are not written (its owner here publishes nothing more: it was told).
         let extra = rows
             .iter()
@@ -831,15 +831,15 @@ impl Ledger for PgLedger {
         }
     }
 
-    fn leases(&self) -> Option<Arc<dyn super::Leases>> {
+    fn tenures(&self) -> Option<Arc<dyn super::Tenures>> {
         self.inner
-            .leases
+            .tenures
             .as_ref()
-            .map(|book| Arc::new(PgLeases(book.clone())) as Arc<dyn super::Leases>)
+            .map(|book| Arc::new(PgTenures(book.clone())) as Arc<dyn super::Tenures>)
     }
 
     fn refusals(&self, session_id: &str) -> u64 {
-        self.inner.leases.as_ref().map_or(0, |book| book.refusals(session_id))
+        self.inner.tenures.as_ref().map_or(0, |book| book.refusals(session_id))
     }
 
     fn work_directory(&self) -> Option<Arc<dyn super::WorkDirectory>> {

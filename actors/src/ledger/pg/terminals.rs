@@ -1,6 +1,6 @@
 //! Recording terminal rows on PostgreSQL ([`Ledger::record_terminals`]): a plain insert of
 //! the batch under a savepoint, and, should any child have a stored row, the locked read and
-//! merge sled's ledger makes. The commit around it (staged writes, the lease check) is
+//! merge sled's ledger makes. The commit around it (staged writes, the tenure check) is
 //! `commit`'s.
 
 use super::*;

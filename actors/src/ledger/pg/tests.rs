@@ -554,4 +554,4 @@ mod own {
     }
 }
 
-mod leases;
+mod tenures;

@@ -1,4 +1,4 @@
-//! Session leases: two processes' views of one database, each its own node.
+//! Session tenures: two processes' views of one database, each its own node.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::super::super::pg_testkit;
 use super::super::*;
 use super::own::{second_view, session};
-use crate::ledger::{LeaseHolder, Leases};
+use crate::ledger::{TenureHolder, Tenures};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -14,7 +14,7 @@ fn node(schema: &str, name: &str, ttl: Duration) -> PgLedger {
     PgLedger::open_shared(
         &pg_testkit::url(),
         schema,
-        LeaseConfig {
+        TenureConfig {
             node: name.into(),
             address: format!("http://{name}"),
             ttl,
@@ -33,8 +33,8 @@ fn store_sessions(l: &PgLedger, sessions: &[&str]) {
     l.flush().unwrap();
 }
 
-fn leases(l: &PgLedger) -> Arc<dyn Leases> {
-    l.leases().expect("a shared ledger has leases")
+fn tenures(l: &PgLedger) -> Arc<dyn Tenures> {
+    l.tenures().expect("a shared ledger has tenures")
 }
 
 /// Runs SQL on the test server beside the ledgers (what a paused process cannot stop).
@@ -50,7 +50,7 @@ fn sql(ledger: &PgLedger, statement: &str) {
         .unwrap();
 }
 
-/// The lease of `s` runs out now, as it would had its holder been paused past it.
+/// The tenure of `s` runs out now, as it would had its holder been paused past it.
 fn expire(ledger: &PgLedger, s: &str) {
     sql(
         ledger,
@@ -67,39 +67,39 @@ fn child_of(s: &str, call: &str) -> ChildRow {
 }
 
 #[test]
-fn a_lease_is_held_by_one_node_at_a_time_and_named_to_the_others() {
+fn a_tenure_is_held_by_one_node_at_a_time_and_named_to_the_others() {
     let schema = pg_testkit::fresh_schema();
     let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
-    assert_eq!(leases(&a).acquire("s1").unwrap(), LeaseHolder::Here(1));
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
     assert_eq!(
-        leases(&a).acquire("s1").unwrap(),
-        LeaseHolder::Here(1),
+        tenures(&a).acquire("s1").unwrap(),
+        TenureHolder::Here(1),
         "held: the same epoch"
     );
     assert_eq!(
-        leases(&b).acquire("s1").unwrap(),
-        LeaseHolder::Elsewhere {
+        tenures(&b).acquire("s1").unwrap(),
+        TenureHolder::Elsewhere {
             owner: "a".into(),
             address: "http://a".into()
         }
     );
-    assert!(leases(&a).serving("s1") && !leases(&b).holds("s1"));
+    assert!(tenures(&a).serving("s1") && !tenures(&b).holds("s1"));
     // Given back (without waiting): the other takes it as soon as that landed, at the next
     // epoch.
-    leases(&a).release("s1");
-    assert!(!leases(&a).holds("s1"));
+    tenures(&a).release("s1");
+    assert!(!tenures(&a).holds("s1"));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        match leases(&b).acquire("s1").unwrap() {
-            LeaseHolder::Here(epoch) => break assert_eq!(epoch, 2),
-            LeaseHolder::Elsewhere { .. } => assert!(std::time::Instant::now() < deadline, "never given back"),
+        match tenures(&b).acquire("s1").unwrap() {
+            TenureHolder::Here(epoch) => break assert_eq!(epoch, 2),
+            TenureHolder::Elsewhere { .. } => assert!(std::time::Instant::now() < deadline, "never given back"),
         }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
 #[test]
-fn a_restarted_node_waits_out_its_own_leases_and_takes_them_at_a_new_epoch() {
+fn a_restarted_node_waits_out_its_own_tenures_and_takes_them_at_a_new_epoch() {
     let schema = pg_testkit::fresh_schema();
     let a = node(&schema, "a", TTL);
     a.write(&Writes {
@@ -108,7 +108,7 @@ fn a_restarted_node_waits_out_its_own_leases_and_takes_them_at_a_new_epoch() {
     })
     .unwrap();
     assert_eq!(
-        leases(&a).acquire_free().unwrap().len(),
+        tenures(&a).acquire_free().unwrap().len(),
         0,
         "no session row is committed yet"
     );
@@ -116,45 +116,45 @@ fn a_restarted_node_waits_out_its_own_leases_and_takes_them_at_a_new_epoch() {
     a.flush().unwrap();
     assert!(second_view(&a).load().unwrap().sessions.is_empty());
     for s in ["s1", "s2"] {
-        assert_eq!(leases(&a).acquire(s).unwrap(), LeaseHolder::Here(1));
+        assert_eq!(tenures(&a).acquire(s).unwrap(), TenureHolder::Here(1));
     }
     store_sessions(&a, &["s1", "s2"]);
-    drop(a); // killed: its leases stay until they run out
+    drop(a); // killed: its tenures stay until they run out
              // The same node again: its old instance might still be alive (paused), so it waits too.
     let again = node(&schema, "a", TTL);
     assert!(
-        leases(&again).acquire_free().unwrap().is_empty(),
-        "taken from a live lease"
+        tenures(&again).acquire_free().unwrap().is_empty(),
+        "taken from a live tenure"
     );
     assert!(matches!(
-        leases(&again).acquire("s1").unwrap(),
-        LeaseHolder::Elsewhere { .. }
+        tenures(&again).acquire("s1").unwrap(),
+        TenureHolder::Elsewhere { .. }
     ));
     for s in ["s1", "s2"] {
         expire(&again, s);
     }
-    let mut taken = leases(&again).acquire_free().unwrap();
+    let mut taken = tenures(&again).acquire_free().unwrap();
     taken.sort();
     assert_eq!(taken, vec!["s1".to_string(), "s2".to_string()]);
-    assert_eq!(leases(&again).acquire("s1").unwrap(), LeaseHolder::Here(2));
+    assert_eq!(tenures(&again).acquire("s1").unwrap(), TenureHolder::Here(2));
     let b = node(&schema, "b", TTL);
-    assert!(leases(&b).acquire_free().unwrap().is_empty(), "held by a");
+    assert!(tenures(&b).acquire_free().unwrap().is_empty(), "held by a");
 }
 
 #[test]
-fn a_node_whose_lease_was_taken_over_writes_nothing_more_and_is_told() {
+fn a_node_whose_tenure_was_taken_over_writes_nothing_more_and_is_told() {
     let schema = pg_testkit::fresh_schema();
     let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
     let told = Arc::new(Mutex::new(Vec::<String>::new()));
     let sink = told.clone();
-    leases(&a).on_lost(Box::new(move |s| sink.lock().unwrap().extend_from_slice(s)));
+    tenures(&a).on_lost(Box::new(move |s| sink.lock().unwrap().extend_from_slice(s)));
     for s in ["s1", "s2"] {
-        assert_eq!(leases(&a).acquire(s).unwrap(), LeaseHolder::Here(1));
+        assert_eq!(tenures(&a).acquire(s).unwrap(), TenureHolder::Here(1));
     }
     store_sessions(&a, &["s1", "s2"]);
-    // a is paused past its lease of s1; b takes it over.
+    // a is paused past its tenure of s1; b takes it over.
     expire(&a, "s1");
-    assert_eq!(leases(&b).acquire_free().unwrap(), vec!["s1".to_string()]);
+    assert_eq!(tenures(&b).acquire_free().unwrap(), vec!["s1".to_string()]);
     // a wakes and writes to both sessions in one commit: s2's rows land, s1's do not.
     let call = crate::ledger::conformance::call_row("s1", "deleg_1", 1);
     let call2 = crate::ledger::conformance::call_row("s2", "deleg_2", 1);
@@ -172,7 +172,7 @@ fn a_node_whose_lease_was_taken_over_writes_nothing_more_and_is_told() {
         b.call("s2", "deleg_2").unwrap().is_some(),
         "the held session's write did"
     );
-    assert!(!leases(&a).holds("s1") && leases(&a).holds("s2"));
+    assert!(!tenures(&a).holds("s1") && tenures(&a).holds("s2"));
     assert_eq!(*told.lock().unwrap(), vec!["s1".to_string()]);
     // Its completions are not recorded either, and come back in their order.
     let rows = vec![child_of("s1", "deleg_1"), child_of("s2", "deleg_2")];
@@ -188,15 +188,15 @@ fn sessions_lost_together_are_each_told_once_and_the_held_ones_rows_land() {
     let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
     let told = Arc::new(Mutex::new(Vec::<String>::new()));
     let sink = told.clone();
-    leases(&a).on_lost(Box::new(move |s| sink.lock().unwrap().extend_from_slice(s)));
+    tenures(&a).on_lost(Box::new(move |s| sink.lock().unwrap().extend_from_slice(s)));
     for s in ["s1", "s2", "s3"] {
-        assert_eq!(leases(&a).acquire(s).unwrap(), LeaseHolder::Here(1));
+        assert_eq!(tenures(&a).acquire(s).unwrap(), TenureHolder::Here(1));
     }
     store_sessions(&a, &["s1", "s2", "s3"]);
     for s in ["s1", "s2"] {
         expire(&a, s);
     }
-    let mut taken = leases(&b).acquire_free().unwrap();
+    let mut taken = tenures(&b).acquire_free().unwrap();
     taken.sort();
     assert_eq!(taken, ["s1", "s2"]);
     // A running mark of s1's child staged, unflushed: the terminal rows' commit takes it, finds
@@ -225,25 +225,25 @@ fn sessions_lost_together_are_each_told_once_and_the_held_ones_rows_land() {
 }
 
 #[test]
-fn a_renewal_finds_a_lease_taken_over_and_loses_it() {
+fn a_renewal_finds_a_tenure_taken_over_and_loses_it() {
     let schema = pg_testkit::fresh_schema();
     let ttl = Duration::from_millis(3000);
     let (a, b) = (node(&schema, "a", ttl), node(&schema, "b", TTL));
-    assert_eq!(leases(&a).acquire("s1").unwrap(), LeaseHolder::Here(1));
-    // Renewed while held: still served past its first lease time.
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    // Renewed while held: still served past its first tenure time.
     std::thread::sleep(ttl + ttl / 3);
-    assert!(leases(&a).serving("s1"), "renewed in the background");
+    assert!(tenures(&a).serving("s1"), "renewed in the background");
     expire(&a, "s1");
-    assert_eq!(leases(&b).acquire("s1").unwrap(), LeaseHolder::Here(2));
+    assert_eq!(tenures(&b).acquire("s1").unwrap(), TenureHolder::Here(2));
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while leases(&a).holds("s1") {
+    while tenures(&a).holds("s1") {
         assert!(std::time::Instant::now() < deadline, "the renewal never noticed");
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(!leases(&a).serving("s1"));
+    assert!(!tenures(&a).serving("s1"));
 }
 
-/// When each lease of `sessions` runs out by the database's clock (milliseconds).
+/// When each tenure of `sessions` runs out by the database's clock (milliseconds).
 fn expiries(ledger: &PgLedger, sessions: &[&str]) -> Vec<i64> {
     let pool = ledger.inner.pool.clone();
     let table = format!("\"{}\".session_leases", ledger.inner.schema);
@@ -262,7 +262,7 @@ fn expiries(ledger: &PgLedger, sessions: &[&str]) -> Vec<i64> {
                         &[name],
                     )
                     .await
-                    .map_err(pg_error("reading a lease's expiry"))?;
+                    .map_err(pg_error("reading a tenure's expiry"))?;
                 out.push(row.get::<_, i64>(0));
             }
             Ok(out)
@@ -291,13 +291,13 @@ fn table_locked(ledger: &PgLedger, table: &str) -> (tokio::sync::oneshot::Sender
     (go_tx, held)
 }
 
-/// A commit of `ledger`'s on `session`: its fencing check made (the lease row locked as every
+/// A commit of `ledger`'s on `session`: its fencing check made (the tenure row locked as every
 /// commit locks it), then a write to `calls` that waits on that table's lock for as long as it
 /// is held. Ends (rolled back) once its write went through.
 fn commit_stalled_on_calls(ledger: &PgLedger, session: &str) -> tokio::task::JoinHandle<()> {
     let (checked_tx, checked) = std::sync::mpsc::channel::<()>();
     let pool = ledger.inner.pool.clone();
-    let book = ledger.inner.leases.clone().expect("shared");
+    let book = ledger.inner.tenures.clone().expect("shared");
     let calls = ledger.inner.table(CALLS);
     let session = session.to_string();
     let in_flight = ledger.runtime.handle.spawn(async move {
@@ -307,7 +307,7 @@ fn commit_stalled_on_calls(ledger: &PgLedger, session: &str) -> tokio::task::Joi
         let ok = book.check(&tx, [session.clone()].into_iter().collect()).await.unwrap();
         assert!(ok.contains(&session), "still held");
         checked_tx.send(()).unwrap();
-        // Stalled for longer than a lease (not given up after one, as the pool's lock
+        // Stalled for longer than a tenure (not given up after one, as the pool's lock
         // timeout would).
         tx.batch_execute(&format!(
             "SET LOCAL lock_timeout = 0; INSERT INTO {calls} (key, value) VALUES ('\\x00'::bytea, '\\x00'::bytea)"
@@ -321,15 +321,15 @@ fn commit_stalled_on_calls(ledger: &PgLedger, session: &str) -> tokio::task::Joi
 }
 
 #[test]
-fn a_stalled_commit_of_one_session_does_not_stop_the_renewal_of_any_lease() {
+fn a_stalled_commit_of_one_session_does_not_stop_the_renewal_of_any_tenure() {
     let schema = pg_testkit::fresh_schema();
     let ttl = Duration::from_millis(1500);
     let a = node(&schema, "a", ttl);
     let sessions = ["s1", "s2", "s3"];
     for s in sessions {
-        assert_eq!(leases(&a).acquire(s).unwrap(), LeaseHolder::Here(1));
+        assert_eq!(tenures(&a).acquire(s).unwrap(), TenureHolder::Here(1));
     }
-    // s2's commit is stalled behind a table lock, its lease row locked.
+    // s2's commit is stalled behind a table lock, its tenure row locked.
     let (unlock, locker) = table_locked(&a, CALLS);
     let in_flight = commit_stalled_on_calls(&a, "s2");
     let before = expiries(&a, &sessions);
@@ -341,13 +341,13 @@ fn a_stalled_commit_of_one_session_does_not_stop_the_renewal_of_any_lease() {
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "leases not renewed while one session's commit was stalled: {before:?} -> {now:?}"
+            "tenures not renewed while one session's commit was stalled: {before:?} -> {now:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(!in_flight.is_finished(), "the commit was stalled throughout");
     for s in sessions {
-        assert!(leases(&a).holds(s), "{s} kept");
+        assert!(tenures(&a).holds(s), "{s} kept");
     }
     unlock.send(()).unwrap();
     a.runtime
@@ -362,14 +362,14 @@ fn a_stalled_commit_of_one_session_does_not_stop_the_renewal_of_any_lease() {
 fn a_takeover_waits_for_a_commit_in_flight_of_the_old_holder() {
     let schema = pg_testkit::fresh_schema();
     let (a, b) = (node(&schema, "a", TTL), Arc::new(node(&schema, "b", TTL)));
-    assert_eq!(leases(&a).acquire("s1").unwrap(), LeaseHolder::Here(1));
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
     expire(&a, "s1");
-    // A commit of a's in flight: it checked its lease (the row held FOR SHARE) and has not
+    // A commit of a's in flight: it checked its tenure (the row held FOR SHARE) and has not
     // committed yet.
     let (checked_tx, checked) = std::sync::mpsc::channel::<()>();
     let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
     let pool = a.inner.pool.clone();
-    let book = a.inner.leases.clone().expect("shared");
+    let book = a.inner.tenures.clone().expect("shared");
     let in_flight = a.runtime.handle.spawn(async move {
         let mut client = pool.get().await.unwrap();
         let tx = client.transaction().await.unwrap();
@@ -383,7 +383,7 @@ fn a_takeover_waits_for_a_commit_in_flight_of_the_old_holder() {
     checked.recv().unwrap();
     let taker = {
         let b = b.clone();
-        std::thread::spawn(move || leases(&b).acquire("s1"))
+        std::thread::spawn(move || tenures(&b).acquire("s1"))
     };
     std::thread::sleep(Duration::from_millis(200));
     assert!(
@@ -391,7 +391,7 @@ fn a_takeover_waits_for_a_commit_in_flight_of_the_old_holder() {
         "the takeover did not wait for the commit in flight"
     );
     go_tx.send(()).unwrap();
-    assert_eq!(taker.join().unwrap().unwrap(), LeaseHolder::Here(2));
+    assert_eq!(taker.join().unwrap().unwrap(), TenureHolder::Here(2));
     a.runtime
         .run(async move { in_flight.await.map_err(|e| LedgerError::storage("test", e)) })
         .unwrap();
@@ -401,7 +401,7 @@ fn a_takeover_waits_for_a_commit_in_flight_of_the_old_holder() {
 fn a_row_that_cannot_be_read_is_moved_aside_only_by_its_sessions_holder() {
     let schema = pg_testkit::fresh_schema();
     let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
-    assert_eq!(leases(&a).acquire("s1").unwrap(), LeaseHolder::Here(1));
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
     // A dead letter of s1 in a format this build cannot read (a newer build's, say).
     sql(
         &a,

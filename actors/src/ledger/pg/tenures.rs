@@ -1,24 +1,29 @@
-//! Session leases on PostgreSQL: several brood processes on one database, each session served
-//! by one of them at a time.
+//! Session tenures on PostgreSQL: several brood processes on one database, each session served
+//! by one of them at a time, the holder of its tenure.
+//!
+//! A tenure is what the public contract calls a session lease: it is stored in the table
+//! `session_leases`, lasts `session_lease_ms` (the server's configuration key), and a request
+//! refused because it lapsed answers the error code `lease_lapsed`
+//! ([`crate::error::BroodError::TenureLapsed`]).
 //!
 //! - **The table.** `session_leases(session, owner, address, epoch, expires_at)`, one row per
 //!   session that was ever served. `owner` is a node id, stable across a node's restarts;
 //!   `expires_at` is judged by the database's clock only.
-//! - **Taking a lease** is one upsert that succeeds only when the lease is free: no row, or
+//! - **Taking a tenure** is one upsert that succeeds only when the tenure is free: no row, or
 //!   expired (also this node's own from before a restart: its old instance may still be alive,
 //!   paused, and within its local deadline). Each take raises the epoch.
-//! - **Renewal.** A task on the ledger's runtime renews every held lease at a third of the lease
+//! - **Renewal.** A task on the ledger's runtime renews every held tenure at a third of the tenure
 //!   time, in one statement that matches each session's epoch: a session missing from its answer
-//!   was taken over, and is lost. Locally a lease is served until the moment the renewal was
-//!   *sent* plus the lease time less a margin, on the monotonic clock: it runs on through a
+//!   was taken over, and is lost. Locally a tenure is served until the moment the renewal was
+//!   *sent* plus the tenure time less a margin, on the monotonic clock: it runs on through a
 //!   `SIGSTOP` or a long pause, so a process that wakes up late knows at once that it may not
 //!   hand anything out.
-//! - **Fencing.** Every commit begins by reading the lease rows of the sessions it writes `FOR
-//!   KEY SHARE`, matched with the epochs this process holds. A takeover locks a lease row `FOR
+//! - **Fencing.** Every commit begins by reading the tenure rows of the sessions it writes `FOR
+//!   KEY SHARE`, matched with the epochs this process holds. A takeover locks a tenure row `FOR
 //!   UPDATE` (its update names the key column), which waits for every transaction holding it
 //!   so, while a renewal (`FOR NO KEY UPDATE`, of `expires_at` alone) never waits for a commit:
-//!   a stalled commit of one session costs no session its lease. Once the takeover committed, the old epoch
-//!   matches nothing. So the new holder, which reads the session after its takeover committed,
+//!   a stalled commit of one session costs no session its tenure. Once the takeover committed,
+//!   the old epoch matches nothing. So the new holder, which reads the session after its takeover committed,
 //!   sees every write of the old one, and no write of the old one lands after that. The rows of
 //!   a session that fails the check are not written, and the session is lost.
 
@@ -29,20 +34,20 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 
 use super::{pg_error, pool_error, LedgerError};
-use crate::ledger::{LeaseHolder, Leases};
+use crate::ledger::{TenureHolder, Tenures};
 
-/// Who this process is among those sharing the database, and how long its leases last.
+/// Who this process is among those sharing the database, and how long its tenures last.
 #[derive(Debug, Clone)]
-pub struct LeaseConfig {
-    /// The node id, naming the process in the lease rows (its address will do).
+pub struct TenureConfig {
+    /// The node id, naming the process in the tenure rows (its address will do).
     pub node: String,
     /// Where this process takes requests (another process forwards them here).
     pub address: String,
-    /// How long a lease lasts without a renewal (renewed at a third of it).
+    /// How long a tenure lasts without a renewal (renewed at a third of it).
     pub ttl: Duration,
 }
 
-/// A lease this process holds.
+/// A tenure this process holds.
 #[derive(Debug, Clone, Copy)]
 struct Held {
     epoch: i64,
@@ -50,46 +55,46 @@ struct Held {
     deadline: Instant,
 }
 
-type LostHook = crate::ledger::LostLeases;
+type LostHook = crate::ledger::LostTenures;
 
-/// The leases of one process: what it holds, and the statements that take, renew and check
+/// The tenures of one process: what it holds, and the statements that take, renew and check
 /// them.
-pub(super) struct LeaseBook {
-    config: LeaseConfig,
+pub(super) struct HeldTenures {
+    config: TenureConfig,
     table: String,
     sessions_table: String,
     pool: Pool,
     held: Mutex<HashMap<String, Held>>,
     on_lost: OnceLock<LostHook>,
     runtime: tokio::runtime::Handle,
-    /// One take at a time in this process: two takes of one lease would each raise its epoch.
+    /// One take at a time in this process: two takes of one tenure would each raise its epoch.
     taking: tokio::sync::Mutex<()>,
-    /// How many times each session's lease was lost (its rows refused at a commit, or a renewal
+    /// How many times each session's tenure was lost (its rows refused at a commit, or a renewal
     /// found it taken over).
     refusals: Mutex<HashMap<String, u64>>,
-    /// This process's own id (random at its start), on the leases it takes: a lease it gave
+    /// This process's own id (random at its start), on the tenures it takes: a tenure it gave
     /// back is its to take again at once, unlike a live one of this node's earlier instance.
     instance: String,
 }
 
-impl std::fmt::Debug for LeaseBook {
+impl std::fmt::Debug for HeldTenures {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LeaseBook")
+        f.debug_struct("HeldTenures")
             .field("node", &self.config.node)
             .field("held", &self.held.lock().map(|h| h.len()).unwrap_or(0))
             .finish()
     }
 }
 
-impl LeaseBook {
+impl HeldTenures {
     pub(super) fn new(
-        config: LeaseConfig,
+        config: TenureConfig,
         schema: &str,
         sessions_table: String,
         pool: Pool,
         runtime: tokio::runtime::Handle,
     ) -> Arc<Self> {
-        Arc::new(LeaseBook {
+        Arc::new(HeldTenures {
             config,
             table: format!("\"{schema}\".session_leases"),
             sessions_table,
@@ -103,12 +108,12 @@ impl LeaseBook {
         })
     }
 
-    /// How long a lease lasts, in milliseconds, for SQL.
+    /// How long a tenure lasts, in milliseconds, for SQL.
     fn ttl_ms(&self) -> i64 {
         i64::try_from(self.config.ttl.as_millis()).unwrap_or(i64::MAX)
     }
 
-    /// The local deadline of a lease taken or renewed by a statement sent at `sent`: the lease
+    /// The local deadline of a tenure taken or renewed by a statement sent at `sent`: the tenure
     /// time less a fifth of it, for the clocks' drift and the statement's own time.
     fn deadline(&self, sent: Instant) -> Instant {
         sent + self.config.ttl - self.config.ttl / 5
@@ -132,18 +137,18 @@ impl LeaseBook {
                 *refusals.entry(s.clone()).or_default() += 1;
             }
         }
-        tracing::warn!(sessions = ?sessions, "session leases lost to another process; their sessions are no longer served here");
+        tracing::warn!(sessions = ?sessions, "session tenures lost to another process; their sessions are no longer served here");
         if let Some(hook) = self.on_lost.get() {
             hook(&sessions);
         }
     }
 
-    /// Whether this process holds `session`'s lease.
+    /// Whether this process holds `session`'s tenure.
     pub(super) fn holds(&self, session: &str) -> bool {
         self.held().contains_key(session)
     }
 
-    /// How many times `session`'s lease was lost so far.
+    /// How many times `session`'s tenure was lost so far.
     pub(super) fn refusals(&self, session: &str) -> u64 {
         self.refusals
             .lock()
@@ -161,8 +166,8 @@ impl LeaseBook {
         super::runtime::run_on(&self.runtime, job)
     }
 
-    /// Who holds `name`'s lease by its row (only a live one when `live`), as held elsewhere.
-    async fn holder_row(&self, name: Vec<u8>, live: bool) -> Result<Option<LeaseHolder>, LedgerError> {
+    /// Who holds `name`'s tenure by its row (only a live one when `live`), as held elsewhere.
+    async fn holder_row(&self, name: Vec<u8>, live: bool) -> Result<Option<TenureHolder>, LedgerError> {
         let client = self.pool.get().await.map_err(pool_error)?;
         let alive = if live { " AND expires_at >= now()" } else { "" };
         let row = client
@@ -171,14 +176,14 @@ impl LeaseBook {
                 &[&name],
             )
             .await
-            .map_err(pg_error("reading a session lease"))?;
-        Ok(row.map(|r| LeaseHolder::Elsewhere {
+            .map_err(pg_error("reading a session tenure"))?;
+        Ok(row.map(|r| TenureHolder::Elsewhere {
             owner: r.get(0),
             address: r.get(1),
         }))
     }
 
-    /// Gives leases back (each at the epoch this process held it): they run out now.
+    /// Gives tenures back (each at the epoch this process held it): they run out now.
     async fn give_back(&self, names: Vec<Vec<u8>>, epochs: Vec<i64>) -> Result<u64, LedgerError> {
         let client = self.pool.get().await.map_err(pool_error)?;
         client
@@ -192,11 +197,11 @@ impl LeaseBook {
                 &[&names, &epochs, &self.config.node],
             )
             .await
-            .map_err(pg_error("giving session leases back"))
+            .map_err(pg_error("giving session tenures back"))
     }
 
     /// The fencing check at the start of a commit: of `sessions` (those the commit writes),
-    /// the ones whose lease this process still holds at its epoch, their lease rows locked
+    /// the ones whose tenure this process still holds at its epoch, their tenure rows locked
     /// `FOR SHARE` until the commit ends. The others are lost; their rows must not be written.
     pub(super) async fn check(
         &self,
@@ -213,7 +218,7 @@ impl LeaseBook {
                 .filter_map(|s| held.get(s).map(|h| (s.as_bytes().to_vec(), h.epoch)))
                 .unzip()
         };
-        let what = "checking the session leases of a commit";
+        let what = "checking the session tenures of a commit";
         let sql = format!(
             "SELECT l.session FROM {} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
              ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $3
@@ -231,13 +236,13 @@ impl LeaseBook {
             .collect();
         let lost: Vec<String> = sessions.into_iter().filter(|s| !ok.contains(s)).collect();
         if !lost.is_empty() {
-            tracing::warn!(sessions = ?lost, "a commit held rows of sessions whose lease this process no longer holds; they were not written");
+            tracing::warn!(sessions = ?lost, "a commit held rows of sessions whose tenure this process no longer holds; they were not written");
             self.lose(lost);
         }
         Ok(ok)
     }
 
-    /// Renews every held lease once; loses those taken over meanwhile.
+    /// Renews every held tenure once; loses those taken over meanwhile.
     async fn renew(self: &Arc<Self>) -> Result<(), LedgerError> {
         let (names, epochs): (Vec<Vec<u8>>, Vec<i64>) = self
             .held()
@@ -266,7 +271,7 @@ impl LeaseBook {
                 &[&names, &epochs, &self.ttl_ms(), &self.config.node],
             )
             .await
-            .map_err(pg_error("renewing session leases"))?;
+            .map_err(pg_error("renewing session tenures"))?;
         let renewed: HashMap<String, i64> = rows
             .into_iter()
             .map(|r| (String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned(), r.get(1)))
@@ -304,13 +309,13 @@ impl LeaseBook {
                 tokio::time::sleep(every).await;
                 let Some(book) = weak.upgrade() else { return };
                 if let Err(e) = book.renew().await {
-                    tracing::warn!("renewing session leases failed (retried at the next turn): {e}");
+                    tracing::warn!("renewing session tenures failed (retried at the next turn): {e}");
                 }
             }
         });
     }
 
-    /// Takes leases by one upsert: for `session` alone, or for every stored session whose lease
+    /// Takes tenures by one upsert: for `session` alone, or for every stored session whose tenure
     /// is free and which this process does not hold.
     async fn take(self: Arc<Self>, session: Option<String>) -> Result<Vec<(String, i64)>, LedgerError> {
         let _turn = self.taking.lock().await;
@@ -327,8 +332,8 @@ impl LeaseBook {
                 t = self.table
             ),
         };
-        // Free: expired, or given back (or left) by this very process, whose held leases are
-        // excluded. Not a live lease of this node's earlier instance: it may be paused, alive.
+        // Free: expired, or given back (or left) by this very process, whose held tenures are
+        // excluded. Not a live tenure of this node's earlier instance: it may be paused, alive.
         // The update names the key column (`session`, to its own value): so the row is locked
         // `FOR UPDATE` first, which waits for every commit holding it `FOR KEY SHARE` (the
         // fencing check), where an update of other columns alone would not.
@@ -351,7 +356,7 @@ impl LeaseBook {
         let rows = client
             .query(&sql, &params)
             .await
-            .map_err(pg_error("taking session leases"))?;
+            .map_err(pg_error("taking session tenures"))?;
         let deadline = self.deadline(sent);
         let taken: Vec<(String, i64)> = rows
             .into_iter()
@@ -367,16 +372,16 @@ impl LeaseBook {
                 },
             );
         }
-        tracing::debug!(asked = ?one.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()), ?taken, "session leases taken");
+        tracing::debug!(asked = ?one.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()), ?taken, "session tenures taken");
         Ok(taken)
     }
 }
 
-/// The trait's face of a process's leases.
+/// The trait's face of a process's tenures.
 #[derive(Debug, Clone)]
-pub(super) struct PgLeases(pub(super) Arc<LeaseBook>);
+pub(super) struct PgTenures(pub(super) Arc<HeldTenures>);
 
-impl Leases for PgLeases {
+impl Tenures for PgTenures {
     fn node(&self) -> &str {
         &self.0.config.node
     }
@@ -385,41 +390,41 @@ impl Leases for PgLeases {
         self.0.config.ttl
     }
 
-    fn acquire(&self, session_id: &str) -> Result<LeaseHolder, LedgerError> {
+    fn acquire(&self, session_id: &str) -> Result<TenureHolder, LedgerError> {
         if let Some(h) = self.0.held().get(session_id) {
-            return Ok(LeaseHolder::Here(h.epoch as u64));
+            return Ok(TenureHolder::Here(h.epoch as u64));
         }
         let book = self.0.clone();
         let name = session_id.to_string();
         self.0.run(async move {
             let taken = book.clone().take(Some(name.clone())).await?;
             if let Some((_, epoch)) = taken.first() {
-                return Ok(LeaseHolder::Here(*epoch as u64));
+                return Ok(TenureHolder::Here(*epoch as u64));
             }
             // A sweep of this process may have taken it just before.
             if let Some(h) = book.held().get(&name) {
-                return Ok(LeaseHolder::Here(h.epoch as u64));
+                return Ok(TenureHolder::Here(h.epoch as u64));
             }
             match book.holder_row(name.as_bytes().to_vec(), false).await? {
                 Some(elsewhere) => Ok(elsewhere),
                 // Given back between the two statements: free now; the caller asks again.
                 None => Err(LedgerError::storage_msg(format!(
-                    "the lease of session `{name}` changed hands while it was taken; retry"
+                    "the tenure of session `{name}` changed hands while it was taken; retry"
                 ))),
             }
         })
     }
 
-    fn holder(&self, session_id: &str) -> Result<Option<LeaseHolder>, LedgerError> {
+    fn holder(&self, session_id: &str) -> Result<Option<TenureHolder>, LedgerError> {
         if let Some(h) = self.0.held().get(session_id) {
-            return Ok(Some(LeaseHolder::Here(h.epoch as u64)));
+            return Ok(Some(TenureHolder::Here(h.epoch as u64)));
         }
         let book = self.0.clone();
         let name = session_id.as_bytes().to_vec();
         self.0.run(async move { book.holder_row(name, true).await })
     }
 
-    fn recorded_holder(&self, session_id: &str) -> Result<Option<LeaseHolder>, LedgerError> {
+    fn recorded_holder(&self, session_id: &str) -> Result<Option<TenureHolder>, LedgerError> {
         let book = self.0.clone();
         let name = session_id.as_bytes().to_vec();
         self.0.run(async move { book.holder_row(name, true).await })
@@ -446,13 +451,13 @@ impl Leases for PgLeases {
         let Some(held) = self.0.held().remove(session_id) else {
             return;
         };
-        tracing::debug!(session = %session_id, epoch = held.epoch, "session lease given back");
-        // Not waited for: a lease not given back runs out by itself.
+        tracing::debug!(session = %session_id, epoch = held.epoch, "session tenure given back");
+        // Not waited for: a tenure not given back runs out by itself.
         let book = self.0.clone();
         let (name, shown) = (session_id.as_bytes().to_vec(), session_id.to_string());
         self.0.runtime.spawn(async move {
             if let Err(e) = book.give_back(vec![name], vec![held.epoch]).await {
-                tracing::warn!(session = %shown, "giving a session lease back failed (it runs out by itself): {e}");
+                tracing::warn!(session = %shown, "giving a session tenure back failed (it runs out by itself): {e}");
             }
         });
     }
@@ -466,14 +471,14 @@ impl Leases for PgLeases {
         let (names, epochs): (Vec<Vec<u8>>, Vec<i64>) =
             held.iter().map(|(s, h)| (s.as_bytes().to_vec(), h.epoch)).unzip();
         match self.0.run(async move { book.give_back(names, epochs).await }) {
-            Ok(n) => tracing::info!(leases = n, "session leases given back"),
-            Err(e) => tracing::warn!("giving session leases back failed (they run out by themselves): {e}"),
+            Ok(n) => tracing::info!(tenures = n, "session tenures given back"),
+            Err(e) => tracing::warn!("giving session tenures back failed (they run out by themselves): {e}"),
         }
     }
 
-    fn on_lost(&self, lost: crate::ledger::LostLeases) {
+    fn on_lost(&self, lost: crate::ledger::LostTenures) {
         if self.0.on_lost.set(lost).is_err() {
-            tracing::warn!("a second lost-lease hook was not set");
+            tracing::warn!("a second lost-tenure hook was not set");
         }
     }
 }

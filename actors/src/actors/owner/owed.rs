@@ -1,4 +1,4 @@
-//! The owner's book: the calls, units and children of one session that still owe their parent
+//! The owner's owed calls: the calls, units and children of one session that still owe their parent
 //! something, and the views built from them (a consumer's item, a session's counts and calls).
 //!
 //! It holds state and answers questions about it; it decides nothing about routing (that is
@@ -39,7 +39,7 @@ pub(super) struct CallState {
 }
 
 impl CallState {
-    /// The rows of its children in the book, by task index.
+    /// The rows of its children among the owed calls, by task index.
     /// The call with its units and children, as a status.
     pub(super) fn status(&self) -> CallStatus {
         CallStatus {
@@ -75,7 +75,7 @@ impl CallState {
     }
 }
 
-/// A completion unit of a call in the book.
+/// A completion unit of a call among the owed calls.
 pub(super) struct UnitState {
     pub(super) row: UnitRow,
     pub(super) terminal: usize,
@@ -86,7 +86,7 @@ pub(super) struct UnitState {
 
 /// The calls, with their units and children, in memory.
 #[derive(Default)]
-pub(super) struct Book {
+pub(super) struct OwedCalls {
     pub(super) calls: HashMap<String, CallState>,
     /// Unfinished children with a child row of their own in the ledger (requeued, recovered):
     /// their starts are marked in that row, never in a start row (their row would hide it).
@@ -95,12 +95,12 @@ pub(super) struct Book {
     pub(super) rowed: HashSet<String>,
     /// Items delivered of calls already dropped from memory.
     pub(super) delivered_done: u64,
-    /// Items delivered of the children in memory (kept by [`Book::put_child`], [`Book::mark`]
-    /// and [`Book::drop_call`], so counts are O(1)).
+    /// Items delivered of the children in memory (kept by [`OwedCalls::put_child`], [`OwedCalls::mark`]
+    /// and [`OwedCalls::drop_call`], so counts are O(1)).
     delivered_live: u64,
 }
 
-impl Book {
+impl OwedCalls {
     /// Adds an accepted (or recovered) call with its units; `children` are its rows.
     pub(super) fn insert_call(
         &mut self,
@@ -192,7 +192,7 @@ impl Book {
     }
 
     /// The row of the child `child_id`, to change anything but its delivery state (that goes
-    /// through [`Book::mark`] or [`Book::put_child`], which keep the delivered count).
+    /// through [`OwedCalls::mark`] or [`OwedCalls::put_child`], which keep the delivered count).
     pub(super) fn child_mut(&mut self, child_id: &str) -> Option<&mut ChildRow> {
         let (call, i) = parse_child_id(child_id)?;
         self.calls.get_mut(call)?.children.get_mut(i as usize)?.as_mut()
@@ -300,7 +300,7 @@ impl Book {
         touched.iter().filter_map(|id| self.child(id).cloned()).collect()
     }
 
-    /// As [`Book::mark`], returning only the calls touched, each once (an ack rewrites no row,
+    /// As [`OwedCalls::mark`], returning only the calls touched, each once (an ack rewrites no row,
     /// so it needs no copies of them).
     pub(super) fn mark_calls<'a>(
         &mut self,
@@ -380,9 +380,9 @@ impl Book {
         self.delivered_done.saturating_add(self.delivered_live)
     }
 
-    /// Puts a child's row in the book, in place of its earlier one: every change of a row's
-    /// delivery state goes through here or [`Book::mark`], so the delivered count stays exact
-    /// in O(1). A row of a call not in the book is not kept.
+    /// Puts a child's row among the owed calls, in place of its earlier one: every change of a row's
+    /// delivery state goes through here or [`OwedCalls::mark`], so the delivered count stays exact
+    /// in O(1). A row of a call not among the owed calls is not kept.
     pub(super) fn put_child(&mut self, row: ChildRow) {
         let Some(slot) = self
             .calls
@@ -393,9 +393,9 @@ impl Book {
         };
         if let Some(old) = slot.as_ref() {
             if crate::ledger::child_write(Some(old.status), row.status) == crate::ledger::ChildWrite::KeepTerminal {
-                debug_assert!(false, "the book would move ended child `{}` back", row.child_id);
+                debug_assert!(false, "the owed calls would move ended child `{}` back", row.child_id);
                 tracing::error!(child = %row.child_id, stored = ?old.status, proposed = ?row.status,
-                    "fault: the book would move an ended child back; its ended row is kept");
+                    "fault: the owed calls would move an ended child back; its ended row is kept");
                 return;
             }
         }
