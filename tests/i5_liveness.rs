@@ -138,7 +138,7 @@ async fn one_item(b: &Brood, max_attempts: Option<u32>) -> (String, String) {
 }
 
 /// The dead letters of `key`.
-async fn dead_letters_of(b: &Brood, key: &str) -> Vec<brood::DeadLetterRow> {
+async fn dead_letters_of(b: &Brood, key: &str) -> Vec<brood::DeadLetterInfo> {
     let all = b.dead_letters().await.unwrap();
     all.into_iter().filter(|d| d.dedup_key == key).collect()
 }

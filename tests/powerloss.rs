@@ -258,7 +258,8 @@ async fn kill_when_due(mut worker: Worker, kill_at: KillAt, log_path: &Path) {
 /// Counts in `t` the accepted calls that are gone from `before` and the items handed out that
 /// are not recorded there with the status they were handed with.
 fn count_losses(t: &mut Totals, log: &WorkerLog, before: &Snapshot, tag: &str) {
-    let rows: BTreeMap<&str, &brood::ChildRow> = before.children.iter().map(|c| (c.child_id.as_str(), c)).collect();
+    let rows: BTreeMap<&str, &brood_actors::model::ChildRow> =
+        before.children.iter().map(|c| (c.child_id.as_str(), c)).collect();
     let calls: BTreeSet<&str> = before.calls.iter().map(|c| c.call_id.as_str()).collect();
     for call in log.calls.keys() {
         if !calls.contains(call.as_str()) {

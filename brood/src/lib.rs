@@ -62,9 +62,10 @@ pub use brood_actors::events::{ClaimChange, Event, SessionEvent};
 pub use brood_actors::failpoints;
 pub use brood_actors::ledger::{Durability, LedgerError};
 pub use brood_actors::model::{
-    child_id, dedup_key, parse_dedup_key, unit_id, validate_traceparent, CallRow, CancelTarget, Cancelled, ChildRow,
-    ChildStatus, DeadLetterRow, DelegateReply, DelegateRequest, Envelope, ItemKind, Mode, NestRow, QuarantineRow,
-    Quarantined, ReadyItem, RedriveRow, RedriveSelect, Redriven, RequestError, SessionSettings, TaskSpec, UnitRow,
+    child_id, dedup_key, parse_dedup_key, unit_id, validate_traceparent, CallInfo, CallRow, CancelTarget, Cancelled,
+    ChildInfo, ChildRow, ChildStatus, DeadLetterInfo, DeadLetterRow, DelegateReply, DelegateRequest, DeliveryInfo,
+    Envelope, ItemKind, Mode, NestInfo, NestRow, QuarantineRow, Quarantined, ReadyItem, RedriveEntry, RedriveInfo,
+    RedriveRow, RedriveSelect, Redriven, RequestError, SessionSettings, TaskSpec, UnitInfo, UnitRow,
 };
 pub use brood_actors::retention::{Retention, Swept};
 pub use brood_actors::routing::{ReleaseReason, Turn};
@@ -495,10 +496,10 @@ impl BroodHandle {
         Ok(st)
     }
 
-    /// A nested session's row (its child, its parent session, its depth); none for a
-    /// top-level session.
-    pub fn nest(&self, session_id: &str) -> Option<NestRow> {
-        self.engine.nest(session_id)
+    /// A nested session (its child, its parent session, its depth); none for a top-level
+    /// session.
+    pub fn nest(&self, session_id: &str) -> Option<NestInfo> {
+        self.engine.nest(session_id).as_ref().map(NestInfo::from)
     }
 
     /// The ids of the sessions this engine routes, in ascending order (a session given up after
@@ -529,7 +530,17 @@ impl BroodHandle {
     }
 
     /// Items that ran out of delivery attempts.
-    pub async fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, BroodError> {
+    pub async fn dead_letters(&self) -> Result<Vec<DeadLetterInfo>, BroodError> {
+        Ok(self
+            .dead_letter_rows()
+            .await?
+            .iter()
+            .map(DeadLetterInfo::from)
+            .collect())
+    }
+
+    /// The dead-letter rows, as the ledger has them (what a redrive hands the owners).
+    async fn dead_letter_rows(&self) -> Result<Vec<brood_actors::model::DeadLetterRow>, BroodError> {
         self.root.send(GetDeadLetters).await?
     }
 

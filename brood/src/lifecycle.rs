@@ -4,9 +4,11 @@
 use brood_actors::actors::owner;
 use brood_actors::ledger::Ledger;
 
+use brood_actors::model::{CallRow, DeadLetterRow};
+
 use crate::{
-    BroodError, BroodHandle, CallRow, CallStatus, CancelTarget, Cancelled, ChildRow, DeadLetterRow, LedgerError,
-    RedriveRow, RedriveSelect, Swept, MAX_CANCEL_REASON,
+    BroodError, BroodHandle, CallStatus, CancelTarget, Cancelled, ChildInfo, DeadLetterInfo, LedgerError, RedriveInfo,
+    RedriveSelect, Swept, MAX_CANCEL_REASON,
 };
 
 impl BroodHandle {
@@ -49,11 +51,11 @@ impl BroodHandle {
         Ok(blocking(move || ledger.find_call(&id)).await?.map(|c| c.session_id))
     }
 
-    /// What the ledger recorded of child `child_id`: its row (a terminal one is final), or
-    /// `None` while it has none (it never started); [`BroodError::UnknownTarget`] when no
+    /// What the ledger recorded of child `child_id` (a terminal child's is final), or `None`
+    /// while it has no row of its own (it never started); [`BroodError::UnknownTarget`] when no
     /// stored call has the child. Read from the ledger, whichever process serves its session:
     /// what is there was recorded.
-    pub async fn stored_child(&self, child_id: &str) -> Result<Option<ChildRow>, BroodError> {
+    pub async fn stored_child(&self, child_id: &str) -> Result<Option<ChildInfo>, BroodError> {
         let unknown = || BroodError::UnknownTarget {
             kind: "child",
             id: child_id.to_string(),
@@ -71,7 +73,7 @@ impl BroodHandle {
         })
         .await?;
         match (row, tasks) {
-            (Some(row), _) => Ok(Some(row)),
+            (Some(row), _) => Ok(Some(ChildInfo::from(&row))),
             (None, Some(n)) if (task as usize) < n => Ok(None),
             (None, _) => Err(unknown()),
         }
@@ -148,10 +150,10 @@ impl BroodHandle {
     }
 
     /// The dead letters of one session.
-    pub async fn dead_letters_of(&self, session_id: &str) -> Result<Vec<DeadLetterRow>, BroodError> {
-        let mut rows = self.dead_letters().await?;
-        rows.retain(|d| d.session_id == session_id);
-        Ok(rows)
+    pub async fn dead_letters_of(&self, session_id: &str) -> Result<Vec<DeadLetterInfo>, BroodError> {
+        let mut dead = self.dead_letters().await?;
+        dead.retain(|d| d.session_id == session_id);
+        Ok(dead)
     }
 
     /// Puts dead-lettered items back in their sessions' ready sets, with their delivery
@@ -172,10 +174,10 @@ impl BroodHandle {
         if limit == Some(0) {
             return Err(BroodError::invalid("limit", "must be at least 1 when given"));
         }
-        let mut all = self.dead_letters().await?;
+        let mut all = self.dead_letter_rows().await?;
         all.sort_by(|a, b| (a.dead_at_ms, &a.dedup_key).cmp(&(b.dead_at_ms, &b.dedup_key)));
         let mut by_session: std::collections::BTreeMap<String, Vec<DeadLetterRow>> = Default::default();
-        let chosen = all.into_iter().filter(|d| select.selects(d));
+        let chosen = all.into_iter().filter(|d| select.selects(&DeadLetterInfo::from(d)));
         for d in chosen.take(limit.unwrap_or(usize::MAX)) {
             by_session.entry(d.session_id.clone()).or_default().push(d);
         }
@@ -187,8 +189,12 @@ impl BroodHandle {
     }
 
     /// The redrive record of an item (by its dedup key), if it was ever redriven.
-    pub fn redrive_record(&self, session_id: &str, dedup_key: &str) -> Result<Option<RedriveRow>, BroodError> {
-        Ok(self.ledger.redrive(session_id, dedup_key)?)
+    pub fn redrive_record(&self, session_id: &str, dedup_key: &str) -> Result<Option<RedriveInfo>, BroodError> {
+        Ok(self
+            .ledger
+            .redrive(session_id, dedup_key)?
+            .as_ref()
+            .map(RedriveInfo::from))
     }
 
     /// Cancels a call, one of its units, or one child: every unfinished child under it ends
@@ -261,5 +267,5 @@ async fn blocking<T: Send + 'static>(
 fn stored_call(ledger: &dyn Ledger, call: CallRow) -> Result<CallStatus, LedgerError> {
     let children = brood_actors::ledger::settled_children(ledger, &call.session_id, &call.call_id)?;
     let units = brood_actors::model::plan_units(&call.call_id, &call.tasks, call.independent_completions);
-    Ok(CallStatus { call, units, children })
+    Ok(CallStatus::from_rows(&call, &units, &children))
 }

@@ -20,7 +20,7 @@ use brood_actors::model::{child_id, now_ms, plan_units, ChildRow, DeadLetterRow,
 use brood_actors::recovery::{self, Recovery, RecoveryPlan, SessionSnapshot};
 
 use super::{InspectError, Inspection, QuarantinedView, SessionView, Source};
-use brood::CallStatus;
+use brood::{CallStatus, DeadLetterInfo};
 use brood_server::api::{CallView, Counts, DeadLetter, Turn};
 
 fn io(context: String) -> impl FnOnce(std::io::Error) -> InspectError {
@@ -97,7 +97,10 @@ fn inspection(
             view
         })
         .collect();
-    let dead_letters = dead.iter().map(DeadLetter::from).collect();
+    let dead_letters = dead
+        .iter()
+        .map(|d| DeadLetter::from(&DeadLetterInfo::from(d)))
+        .collect();
     let mut rows: Vec<QuarantinedView> = quarantined
         .iter()
         .map(|q| QuarantinedView {
@@ -146,11 +149,7 @@ fn session(row: &SessionRow, part: &SessionSnapshot) -> SessionView {
                 .collect();
             children.sort_by_key(|c| c.task_index);
             // Shown as the server shows a call it holds.
-            CallView::from(&CallStatus {
-                call: call.clone(),
-                units,
-                children,
-            })
+            CallView::from(&CallStatus::from_rows(call, &units, &children))
         })
         .collect();
     calls.sort_by_key(|c| c.set);

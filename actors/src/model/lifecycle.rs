@@ -205,7 +205,7 @@ pub enum RedriveSelect {
 
 impl RedriveSelect {
     /// Whether `dead` is among those selected.
-    pub fn selects(&self, dead: &DeadLetterRow) -> bool {
+    pub fn selects(&self, dead: &DeadLetterInfo) -> bool {
         match self {
             RedriveSelect::Children(ids) => ids.contains(&dead.child_id),
             RedriveSelect::Session(s) => *s == dead.session_id,

@@ -12,10 +12,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 mod check;
+mod info;
 mod lifecycle;
 mod request;
 
 pub use check::CheckRow;
+pub use info::*;
 pub use lifecycle::*;
 pub(crate) use request::panic_message;
 pub use request::{
@@ -480,7 +482,7 @@ pub enum DelegateReply {
         /// The call's set ordinal in its session.
         set: u64,
         /// Its completion units.
-        units: Vec<UnitRow>,
+        units: Vec<UnitInfo>,
         /// What the model should do now (finish independent work, end the turn).
         note: String,
     },
@@ -491,7 +493,7 @@ pub enum DelegateReply {
         /// The call's set ordinal in its session.
         set: u64,
         /// Its completion units.
-        units: Vec<UnitRow>,
+        units: Vec<UnitInfo>,
         /// Why a background call was forced to sync, if it was.
         forced_sync_reason: Option<String>,
         /// Every child's result.

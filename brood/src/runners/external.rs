@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use brood_actors::ledger::WorkDirectory;
-use brood_actors::model::{ChildRow, ChildStatus};
+use brood_actors::model::{ChildInfo, ChildStatus};
 #[cfg(doc)]
 use brood_actors::runner::RunnerFactory;
 use brood_actors::runner::{Progress, RecordOutcome, RunContext, RunOutput, Runner};
@@ -149,9 +149,9 @@ fn outcome_of(output: &RunOutput) -> (ChildStatus, Option<&str>, Option<&str>) {
     }
 }
 
-/// Whether the recorded row of an ended child is the end `output` gives it: the same status,
+/// Whether what was recorded of an ended child is the end `output` gives it: the same status,
 /// summary and error (a completion sent again, after its answer was lost or a restart).
-pub fn is_recorded_as(row: &ChildRow, output: &RunOutput) -> bool {
+pub fn is_recorded_as(row: &ChildInfo, output: &RunOutput) -> bool {
     row.status.is_terminal() && (row.status, row.summary.as_deref(), row.error.as_deref()) == outcome_of(output)
 }
 
@@ -1143,7 +1143,7 @@ mod tests {
 
     #[test]
     fn a_recorded_row_is_a_completion_only_with_its_status_summary_and_error() {
-        let row = |status: ChildStatus, summary: Option<&str>, error: Option<&str>| ChildRow {
+        let row = |status: ChildStatus, summary: Option<&str>, error: Option<&str>| ChildInfo {
             child_id: "d.0".into(),
             call_id: "d".into(),
             unit_id: "d-1".into(),

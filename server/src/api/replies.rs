@@ -189,8 +189,8 @@ pub struct UnitView {
     pub tasks: Vec<u32>,
 }
 
-impl From<&brood::UnitRow> for UnitView {
-    fn from(u: &brood::UnitRow) -> Self {
+impl From<&brood::UnitInfo> for UnitView {
+    fn from(u: &brood::UnitInfo) -> Self {
         UnitView {
             unit_id: u.unit_id.clone(),
             group: u.group.clone(),
@@ -220,8 +220,8 @@ pub struct ChildView {
     pub summary: Option<String>,
 }
 
-impl From<&brood::ChildRow> for ChildView {
-    fn from(r: &brood::ChildRow) -> Self {
+impl From<&brood::ChildInfo> for ChildView {
+    fn from(r: &brood::ChildInfo) -> Self {
         let ended = r.status.is_terminal();
         let delivery = if r.result.delivered {
             Some(Delivery::Delivered)
@@ -479,8 +479,8 @@ pub struct DeadLetter {
     pub dead_at: u64,
 }
 
-impl From<&brood::DeadLetterRow> for DeadLetter {
-    fn from(d: &brood::DeadLetterRow) -> Self {
+impl From<&brood::DeadLetterInfo> for DeadLetter {
+    fn from(d: &brood::DeadLetterInfo) -> Self {
         DeadLetter {
             child_id: d.child_id.clone(),
             session_id: d.session_id.clone(),

@@ -211,7 +211,8 @@ impl SessionOwner {
         if let Ok(mut a) = accepted.lock() {
             *a = Some(call_id.clone());
         }
-        let booked: Vec<(UnitRow, usize, Option<u32>)> = units.iter().map(|u| (u.clone(), 0, None)).collect();
+        let infos: Vec<UnitInfo> = units.iter().map(UnitInfo::from).collect();
+        let booked: Vec<(UnitRow, usize, Option<u32>)> = units.into_iter().map(|u| (u, 0, None)).collect();
         self.engine
             .calls
             .insert(call_id.clone(), self.session.session_id.clone());
@@ -219,7 +220,7 @@ impl SessionOwner {
         // owner waits in its mailbox until this step applied, and what is read beside the owner
         // (which session a call is in) is in place.
         let sync = match mode {
-            Mode::Sync => Some((reply, units)),
+            Mode::Sync => Some((reply, infos)),
             Mode::Background => {
                 let call_id = call_id.clone();
                 answer(
@@ -227,7 +228,7 @@ impl SessionOwner {
                     Ok(DelegateReply::Background {
                         call_id,
                         set,
-                        units,
+                        units: infos,
                         note: String::new(),
                     }),
                 );

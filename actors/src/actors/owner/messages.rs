@@ -7,7 +7,8 @@ use actix::prelude::*;
 
 use crate::error::BroodError;
 use crate::model::{
-    CallRow, CancelTarget, Cancelled, ChildRow, DelegateReply, DelegateRequest, Envelope, SessionSettings, UnitRow,
+    CallInfo, CallRow, CancelTarget, Cancelled, ChildInfo, ChildRow, DelegateReply, DelegateRequest, Envelope,
+    SessionSettings, UnitInfo, UnitRow,
 };
 use crate::routing::{ReleaseReason, Turn};
 
@@ -212,10 +213,26 @@ pub struct LiveClaim {
 /// One call of a session's status.
 #[derive(Debug, Clone)]
 pub struct CallStatus {
-    /// The call row.
-    pub call: CallRow,
+    /// The call.
+    pub call: CallInfo,
     /// Its units.
-    pub units: Vec<UnitRow>,
+    pub units: Vec<UnitInfo>,
     /// Its children, by task index.
-    pub children: Vec<ChildRow>,
+    pub children: Vec<ChildInfo>,
+}
+
+impl CallStatus {
+    /// The status of a call from its rows: the call's, its units' and its children's (by task
+    /// index).
+    pub fn from_rows<'a>(
+        call: &CallRow,
+        units: impl IntoIterator<Item = &'a UnitRow>,
+        children: impl IntoIterator<Item = &'a ChildRow>,
+    ) -> CallStatus {
+        CallStatus {
+            call: call.into(),
+            units: units.into_iter().map(UnitInfo::from).collect(),
+            children: children.into_iter().map(ChildInfo::from).collect(),
+        }
+    }
 }

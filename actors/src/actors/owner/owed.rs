@@ -42,11 +42,7 @@ impl CallState {
     /// The rows of its children among the owed calls, by task index.
     /// The call with its units and children, as a status.
     pub(super) fn status(&self) -> CallStatus {
-        CallStatus {
-            call: self.row.clone(),
-            units: self.units.iter().map(|u| u.row.clone()).collect(),
-            children: self.children().cloned().collect(),
-        }
+        CallStatus::from_rows(&self.row, self.units.iter().map(|u| &u.row), self.children())
     }
 
     pub(super) fn children(&self) -> impl Iterator<Item = &ChildRow> {

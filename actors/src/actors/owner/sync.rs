@@ -21,7 +21,7 @@ const SYNC_RECEIPT_WAIT: Duration = Duration::from_secs(3);
 /// The caller of a sync call.
 pub(super) struct SyncWaiter {
     tx: oneshot::Sender<Result<DelegateReply, BroodError>>,
-    units: Vec<UnitRow>,
+    units: Vec<UnitInfo>,
     forced_sync_reason: Option<String>,
 }
 
@@ -31,7 +31,7 @@ impl SessionOwner {
         &mut self,
         call_id: &str,
         tx: oneshot::Sender<Result<DelegateReply, BroodError>>,
-        units: Vec<UnitRow>,
+        units: Vec<UnitInfo>,
         forced_sync_reason: Option<String>,
     ) {
         if let Some(c) = self.owed.calls.get_mut(call_id) {
