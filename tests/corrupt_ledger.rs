@@ -82,15 +82,15 @@ fn reopen(dir: &Path) -> (Brood, Vec<brood::Quarantined>) {
 fn assert_quarantined(q: &[brood::Quarantined], tree: &str, key: &str, reason: &str) {
     let found = q
         .iter()
-        .find(|r| r.row.tree == tree && r.row.key == stored_key(tree, key))
+        .find(|r| r.tree == tree && r.key == stored_key(tree, key))
         .unwrap_or_else(|| panic!("`{tree}/{key}` is not quarantined: {q:?}"));
     assert!(
-        found.row.reason.contains(reason),
+        found.reason.contains(reason),
         "reason `{}` does not say `{reason}`",
-        found.row.reason
+        found.reason
     );
     assert!(!found.value.is_empty(), "the raw bytes are kept");
-    assert_eq!(found.value.len() as u64, found.row.value_len);
+    assert_eq!(found.value.len() as u64, found.value_len);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,10 +62,10 @@ pub use brood_actors::events::{ClaimChange, Event, SessionEvent};
 pub use brood_actors::failpoints;
 pub use brood_actors::ledger::{Durability, LedgerError};
 pub use brood_actors::model::{
-    child_id, dedup_key, parse_dedup_key, unit_id, validate_traceparent, CallInfo, CallRow, CancelTarget, Cancelled,
-    ChildInfo, ChildRow, ChildStatus, DeadLetterInfo, DeadLetterRow, DelegateReply, DelegateRequest, DeliveryInfo,
-    Envelope, ItemKind, Mode, NestInfo, NestRow, QuarantineRow, Quarantined, ReadyItem, RedriveEntry, RedriveInfo,
-    RedriveRow, RedriveSelect, Redriven, RequestError, SessionSettings, TaskSpec, UnitInfo, UnitRow,
+    child_id, dedup_key, parse_dedup_key, unit_id, validate_traceparent, CallInfo, CancelTarget, Cancelled, ChildInfo,
+    ChildStatus, DeadLetterInfo, DelegateReply, DelegateRequest, DeliveryInfo, Envelope, ItemKind, Mode, NestInfo,
+    Quarantined, ReadyItem, RedriveEntry, RedriveInfo, RedriveSelect, RequestError, SessionSettings, TaskSpec,
+    UnitInfo,
 };
 pub use brood_actors::retention::{Retention, Swept};
 pub use brood_actors::routing::{ReleaseReason, Turn};

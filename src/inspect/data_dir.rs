@@ -104,11 +104,11 @@ fn inspection(
     let mut rows: Vec<QuarantinedView> = quarantined
         .iter()
         .map(|q| QuarantinedView {
-            tree: q.row.tree.clone(),
+            tree: q.tree.clone(),
             // A session-scoped key is `session NUL id`: shown as `session/id`.
-            key: String::from_utf8_lossy(&q.row.key).replace('\0', "/"),
-            reason: q.row.reason.clone(),
-            quarantined_at: Some(q.row.quarantined_at_ms),
+            key: String::from_utf8_lossy(&q.key).replace('\0', "/"),
+            reason: q.reason.clone(),
+            quarantined_at: Some(q.quarantined_at_ms),
         })
         .collect();
     // Rows that read back but contradict their call: the next open moves them aside.

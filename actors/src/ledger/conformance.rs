@@ -1493,11 +1493,11 @@ pub(crate) fn quarantine_moves_a_row_aside_with_its_bytes_and_reason(make: &dyn 
     let q = ledger.quarantined().expect("quarantined");
     assert_eq!(q.len(), 1, "{q:?}");
     let q = &q[0];
-    assert_eq!(q.row.tree, CALLS);
-    assert_eq!(q.row.key, super::row_key("a", "deleg_c"), "the stored key");
-    assert_eq!(q.row.reason, "its children disagree with it");
-    assert!((before..=after).contains(&q.row.quarantined_at_ms), "{q:?}");
-    assert_eq!(q.row.value_len, q.value.len() as u64);
+    assert_eq!(q.tree, CALLS);
+    assert_eq!(q.key, super::row_key("a", "deleg_c"), "the stored key");
+    assert_eq!(q.reason, "its children disagree with it");
+    assert!((before..=after).contains(&q.quarantined_at_ms), "{q:?}");
+    assert_eq!(q.value_len, q.value.len() as u64);
     let raw: CallRow = codec::decode(&q.value).expect("the raw bytes are the stored value");
     assert_eq!(raw, victim);
 }
@@ -1548,7 +1548,7 @@ pub(crate) fn quarantine_of_a_session_keyed_row_takes_the_session_id(make: &dyn 
         .quarantined()
         .expect("quarantined")
         .into_iter()
-        .map(|q| (q.row.tree, q.row.key))
+        .map(|q| (q.tree, q.key))
         .collect();
     moved.sort();
     let mut expected = vec![
@@ -1617,17 +1617,17 @@ pub(crate) fn load_quarantines_rows_that_fail_their_check_and_serves_the_rest(ma
         vec![bad_child.child_id.clone()],
         "damaged children"
     );
-    let q = sorted(&ledger.quarantined().expect("quarantined"), |q| q.row.tree.clone());
-    let trees: Vec<&str> = q.iter().map(|q| q.row.tree.as_str()).collect();
+    let q = sorted(&ledger.quarantined().expect("quarantined"), |q| q.tree.clone());
+    let trees: Vec<&str> = q.iter().map(|q| q.tree.as_str()).collect();
     assert_eq!(trees, vec![CHILDREN, SESSIONS], "{q:?}");
-    assert_eq!(q[0].row.key, super::row_key("a", &bad_child.child_id));
+    assert_eq!(q[0].key, super::row_key("a", &bad_child.child_id));
     assert_eq!(codec::decode::<ChildRow>(&q[0].value).expect("raw child"), bad_child);
-    assert_eq!(q[1].row.key, b"ab".to_vec());
+    assert_eq!(q[1].key, b"ab".to_vec());
     assert_eq!(
         codec::decode::<SessionRow>(&q[1].value).expect("raw session"),
         bad_session
     );
-    assert!(q.iter().all(|q| !q.row.reason.is_empty()), "each says why: {q:?}");
+    assert!(q.iter().all(|q| !q.reason.is_empty()), "each says why: {q:?}");
 
     // Moved, not copied: a second load finds nothing more to move.
     let second = load(&*ledger);

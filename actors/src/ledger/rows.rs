@@ -359,5 +359,5 @@ pub(super) fn read_quarantined(key: &[u8], encoded: &[u8], value: Vec<u8>) -> Qu
         reason: format!("the quarantine row itself does not decode: {e}"),
         quarantined_at_ms: 0,
     });
-    Quarantined { row, value }
+    Quarantined::new(row, value)
 }

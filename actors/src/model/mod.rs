@@ -404,13 +404,36 @@ pub struct QuarantineRow {
     pub quarantined_at_ms: u64,
 }
 
-/// A quarantined row with its raw value, as [`crate::ledger::Ledger::quarantined`] lists it.
+/// A quarantined row with its raw value, as [`crate::ledger::Ledger::quarantined`] lists it:
+/// what its [`QuarantineRow`] says of it, and the bytes it had.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quarantined {
-    /// What is known of it.
-    pub row: QuarantineRow,
+    /// The tree it was found in.
+    pub tree: String,
+    /// Its key, as stored.
+    pub key: Vec<u8>,
+    /// How many bytes its value had.
+    pub value_len: u64,
+    /// Why it could not be used.
+    pub reason: String,
+    /// When it was moved aside (ms since the epoch; 0 when its quarantine row did not decode).
+    pub quarantined_at_ms: u64,
     /// Its value, as stored.
     pub value: Vec<u8>,
+}
+
+impl Quarantined {
+    /// A quarantined row from its quarantine row and the value it kept.
+    pub fn new(row: QuarantineRow, value: Vec<u8>) -> Quarantined {
+        Quarantined {
+            tree: row.tree,
+            key: row.key,
+            value_len: row.value_len,
+            reason: row.reason,
+            quarantined_at_ms: row.quarantined_at_ms,
+            value,
+        }
+    }
 }
 
 /// One ready item as a consumer receives it in an envelope.

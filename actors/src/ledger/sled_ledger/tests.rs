@@ -213,7 +213,7 @@ fn a_damaged_child_row_read_on_another_thread_is_quarantined() {
     );
     let quarantined = ledger.quarantined().unwrap();
     assert_eq!(quarantined.len(), 1);
-    assert_eq!(quarantined[0].row.tree, CHILDREN);
+    assert_eq!(quarantined[0].tree, CHILDREN);
     assert_eq!(quarantined[0].value, b"not a row".to_vec());
 }
 
