@@ -21,7 +21,7 @@ impl BroodHandle {
         };
         let live = self.engine.session_of_call(call_id);
         if let Some(session) = live {
-            if let Some(status) = self.ask(&session, owner::CallView(call_id.to_string())).await? {
+            if let Some(status) = self.ask(&session, owner::GetCall(call_id.to_string())).await? {
                 return Ok(status);
             }
         }
@@ -32,7 +32,7 @@ impl BroodHandle {
         if self.engine.tenures().is_some() {
             // Shared: its session may be served here once taken up, or elsewhere (then the
             // request goes there: its holder has the call in memory).
-            let view = owner::CallView(call_id.to_string());
+            let view = owner::GetCall(call_id.to_string());
             if let Some(status) = self.ask(&found.session_id, view).await? {
                 return Ok(status);
             }
@@ -122,7 +122,7 @@ impl BroodHandle {
         let mut out = Vec::with_capacity(page.len());
         for call in page {
             let live = match self.engine.session_of_call(&call.call_id).is_some() {
-                true => self.ask(session_id, owner::CallView(call.call_id.clone())).await?,
+                true => self.ask(session_id, owner::GetCall(call.call_id.clone())).await?,
                 false => None,
             };
             let status = match live {

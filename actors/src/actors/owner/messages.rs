@@ -136,7 +136,7 @@ pub struct GetChildStatus {
 /// One call this owner holds, with its units and children; none when it holds no such call.
 #[derive(Debug, Message)]
 #[rtype(result = "Option<CallStatus>")]
-pub struct CallView(pub String);
+pub struct GetCall(pub String);
 
 /// Start what capacity allows now (a server-wide slot was reserved for this session).
 #[derive(Debug, Message)]

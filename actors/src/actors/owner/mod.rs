@@ -572,10 +572,10 @@ impl Handler<Admit> for SessionOwner {
     }
 }
 
-impl Handler<CallView> for SessionOwner {
+impl Handler<GetCall> for SessionOwner {
     type Result = Option<CallStatus>;
 
-    fn handle(&mut self, CallView(call_id): CallView, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, GetCall(call_id): GetCall, _: &mut Context<Self>) -> Self::Result {
         self.owed.calls.get(&call_id).map(|c| c.status())
     }
 }
