@@ -81,7 +81,9 @@ pub struct TaskBody {
 }
 
 /// A runner spec: what runs a child, by `kind`. `command` and `external` are refused (403)
-/// unless the server allows them.
+/// unless the server allows them. A task's `runner` is read by the engine's runner registry
+/// (`brood::runners`, which embedders extend); these types are its contract over HTTP, and
+/// `tests/openapi.rs` holds every spec the server accepted to them.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(untagged)]
 pub enum Runner {
