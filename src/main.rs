@@ -209,6 +209,9 @@ struct ServeArgs {
     /// The timeout of a task that names none, in ms (default 0: none).
     #[arg(long)]
     default_timeout_ms: Option<String>,
+    /// The longest timeout a task may have, in ms (default 0: no bound).
+    #[arg(long)]
+    max_task_timeout_ms: Option<String>,
     /// How long a shutdown lets running children finish, in ms (default 10000).
     #[arg(long)]
     drain_timeout_ms: Option<String>,
@@ -266,6 +269,7 @@ impl ServeArgs {
             ("default_lease_ms", &self.default_lease_ms),
             ("default_stall_ms", &self.default_stall_ms),
             ("default_timeout_ms", &self.default_timeout_ms),
+            ("max_task_timeout_ms", &self.max_task_timeout_ms),
             ("drain_timeout_ms", &self.drain_timeout_ms),
             ("commit_window_ms", &self.commit_window_ms),
             ("routing_threads", &self.routing_threads),

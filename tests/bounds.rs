@@ -270,3 +270,42 @@ fn a_trickled_body_that_is_refused_or_not_read_is_closed() {
     let (status, body) = s.call("GET", "/v1/sessions", None);
     assert_eq!(status, 200, "the server still serves: {body}");
 }
+
+/// `max_task_timeout_ms` bounds how long any child runs: a longer timeout is refused naming the
+/// key (nothing stored), a task naming none gets it, and the OpenAPI document states it.
+#[test]
+fn a_task_timeout_over_the_servers_bound_is_refused_and_none_gets_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_with(dir.path(), Some(KEY), &["--max-task-timeout-ms", "300"]);
+    s.open("t");
+    let (status, reply) = s.call(
+        "POST",
+        "/v1/sessions/t/delegate",
+        Some(json!({"tasks": [{"goal": "g", "runner": sim(0), "timeout_ms": 301}]})),
+    );
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{reply}"
+    );
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_task_timeout_ms"),
+        "{reply}"
+    );
+    // A child that would hang ends timed_out at the bound; the call refused above used no set.
+    let (status, reply) = s.call(
+        "POST",
+        "/v1/sessions/t/delegate",
+        Some(json!({"tasks": [{"goal": "hang", "runner": {"kind": "sim", "outcome": "hang"}}]})),
+    );
+    assert_eq!((status, reply["set"].as_u64()), (202, Some(1)), "{reply}");
+    assert_eq!(s.only_result("t")["status"], "timed_out");
+    let (_, doc) = s.call("GET", "/v1/openapi.json", None);
+    assert_eq!(
+        doc["components"]["schemas"]["TaskBody"]["properties"]["timeout_ms"]["maximum"],
+        300
+    );
+}

@@ -2,9 +2,9 @@
 //! types (`api`) and the operations of the routes (`#[utoipa::path]` on each handler), then
 //! completed with what holds for every operation alike — the key, the refusals of the guard
 //! and of the body read, the error reply — and with the bounds this server's configuration
-//! sets (`max_tasks_per_call`, the lease range, `max_session_capacity`). What the server
-//! enforces, the document states: `tests/openapi.rs` holds real replies and refusals to it, and
-//! CI runs Schemathesis against it.
+//! sets (`max_tasks_per_call`, the lease range, `max_session_capacity`, `max_task_timeout_ms`).
+//! What the server enforces, the document states: `tests/openapi.rs` holds real replies and
+//! refusals to it, and CI runs Schemathesis against it.
 
 use actix_web::{web, HttpResponse};
 use serde_json::{json, Map, Value};
@@ -249,6 +249,14 @@ fn configured_bounds(config: &ServeConfig) -> Vec<(&'static str, Value)> {
             json!(config.max_session_capacity),
         ),
     ]
+    .into_iter()
+    .chain((config.max_task_timeout_ms > 0).then(|| {
+        (
+            "/components/schemas/TaskBody/properties/timeout_ms/maximum",
+            json!(config.max_task_timeout_ms),
+        )
+    }))
+    .collect()
 }
 
 /// The error reply on every status from 400 up that an operation answers, and the statuses

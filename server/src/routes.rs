@@ -237,6 +237,21 @@ fn traceparent(http: &HttpRequest, field: Option<String>) -> Option<String> {
     }
 }
 
+/// The timeout of task `i`, which named `given`: the configured default when it named none,
+/// refused when it is over `max_task_timeout_ms`.
+fn timeout(config: &super::config::ServeConfig, i: usize, given: Option<u64>) -> Result<Option<u64>, ApiError> {
+    let max = config.max_task_timeout_ms;
+    match given {
+        Some(ms) if max > 0 && ms > max => Err(ApiError::invalid(format!(
+            "`tasks[{i}].timeout_ms` is {ms}; this server runs a child for at most {max} ms (its max_task_timeout_ms)"
+        ))),
+        Some(ms) => Ok(Some(ms)),
+        None if config.default_timeout_ms > 0 => Ok(Some(config.default_timeout_ms)),
+        None if max > 0 => Ok(Some(max)),
+        None => Ok(None),
+    }
+}
+
 /// Turns the request's tasks into the engine's, refusing runner kinds the server does not
 /// allow (403) before anything is stored.
 fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError> {
@@ -268,9 +283,7 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
         task.group = t.group;
         task.timeout_ms = t.timeout_ms;
         task.stall_ms = Some(t.stall_ms.unwrap_or(state.config.default_stall_ms));
-        if task.timeout_ms.is_none() && state.config.default_timeout_ms > 0 {
-            task.timeout_ms = Some(state.config.default_timeout_ms);
-        }
+        task.timeout_ms = timeout(&state.config, i, task.timeout_ms)?;
         task.rerun_on_recovery = t.rerun_on_recovery;
         out.push(task);
     }

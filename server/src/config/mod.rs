@@ -106,6 +106,10 @@ pub struct ServeConfig {
     pub default_stall_ms: u64,
     /// The timeout of a task that names none, in ms (0: no timeout).
     pub default_timeout_ms: u64,
+    /// The longest timeout a task may have, in ms (0: no bound): a task naming a longer one is
+    /// refused, and one naming none gets `default_timeout_ms`, or this when that is 0. It
+    /// bounds how long any child runs, and so how long a sync call holds its request.
+    pub max_task_timeout_ms: u64,
     /// How long a shutdown lets running children finish, in ms.
     pub drain_timeout_ms: u64,
     /// How long completions are gathered into one flush, in ms (0: no wait).
@@ -242,6 +246,7 @@ impl Default for ServeConfig {
             default_lease_ms: 60_000,
             default_stall_ms: brood_actors::model::DEFAULT_STALL_MS,
             default_timeout_ms: 0,
+            max_task_timeout_ms: 0,
             drain_timeout_ms: 10_000,
             commit_window_ms: 0,
             routing_threads: brood::default_routing_threads(),
@@ -389,6 +394,15 @@ fn check_effective(c: &ServeConfig) -> Result<(), ConfigError> {
             format!(
                 "{} is outside min_lease_ms..=max_lease_ms ({}..={})",
                 c.default_lease_ms, c.min_lease_ms, c.max_lease_ms
+            ),
+        ));
+    }
+    if c.max_task_timeout_ms > 0 && c.default_timeout_ms > c.max_task_timeout_ms {
+        return Err(err(
+            "default_timeout_ms",
+            format!(
+                "{} is above max_task_timeout_ms {}",
+                c.default_timeout_ms, c.max_task_timeout_ms
             ),
         ));
     }
