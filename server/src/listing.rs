@@ -49,9 +49,7 @@ pub(super) async fn list_sessions(
     access: super::scope::Access,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let query = web::Query::<ListQuery>::from_query(req.query_string())
-        .map_err(|e| ApiError::invalid(format!("the query string does not parse: {e}")))?
-        .into_inner();
+    let query: ListQuery = api::query(&req)?;
     let limit = limit(query.limit.as_deref())?;
     let mut ids = state.brood.sessions();
     if !access.is_all() {

@@ -80,9 +80,7 @@ pub(super) async fn get_session(
     path: web::Path<String>,
     req: HttpRequest,
 ) -> Reply {
-    let query = web::Query::<api::SessionQuery>::from_query(req.query_string())
-        .map_err(|e| ApiError::invalid(format!("the query string does not parse: {e}")))?
-        .into_inner();
+    let query: api::SessionQuery = api::query(&req)?;
     let delivered = match query.delivered.as_deref() {
         None | Some("false") => false,
         Some("true") => true,
@@ -512,9 +510,7 @@ async fn cancel(state: web::Data<State>, access: Access, target: brood::CancelTa
         (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply))
 )]
 pub(super) async fn dead_letters(state: web::Data<State>, access: Access, req: HttpRequest) -> Reply {
-    let query = web::Query::<api::DeadLetterQuery>::from_query(req.query_string())
-        .map_err(|e| ApiError::invalid(format!("the query string does not parse: {e}")))?
-        .into_inner();
+    let query: api::DeadLetterQuery = api::query(&req)?;
     let mut rows = match &query.session_id {
         Some(s) => {
             brood_actors::model::validate_session_id(s).map_err(BroodError::from)?;

@@ -141,6 +141,13 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
     Ok(value)
 }
 
+/// Parses a request's query string into `T`; what does not parse is a 400 saying why.
+pub fn query<T: serde::de::DeserializeOwned>(req: &actix_web::HttpRequest) -> Result<T, ApiError> {
+    actix_web::web::Query::<T>::from_query(req.query_string())
+        .map(actix_web::web::Query::into_inner)
+        .map_err(|e| ApiError::invalid(format!("the query string does not parse: {e}")))
+}
+
 /// Where the session of a refused request is served (on the error reply's extensions, for
 /// the forwarding middleware to send the request on).
 #[derive(Debug, Clone)]
