@@ -41,6 +41,7 @@ fn terminal_row(call: &str, i: u32) -> ChildRow {
         recovered: false,
         result: DeliveryRow::default(),
         notice: DeliveryRow::default(),
+        output: None,
     }
 }
 

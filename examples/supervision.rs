@@ -32,6 +32,7 @@ impl Runner for Reader {
             }
             RunOutput::Succeeded {
                 summary: format!("read all {} files", self.files),
+                output: None,
             }
         })
     }

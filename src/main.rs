@@ -224,6 +224,12 @@ struct ServeArgs {
     /// The most tasks one delegate may carry (default 10000).
     #[arg(long)]
     max_tasks_per_call: Option<String>,
+    /// The most a task's input may take as JSON, in bytes (default 1048576).
+    #[arg(long)]
+    max_input_bytes: Option<String>,
+    /// The most an external worker's output may take as JSON, in bytes (default 1048576).
+    #[arg(long)]
+    max_output_bytes: Option<String>,
     /// The largest max_concurrent_children a session may ask for (default 1024).
     #[arg(long)]
     max_session_capacity: Option<String>,
@@ -274,6 +280,8 @@ impl ServeArgs {
             ("commit_window_ms", &self.commit_window_ms),
             ("routing_threads", &self.routing_threads),
             ("max_tasks_per_call", &self.max_tasks_per_call),
+            ("max_input_bytes", &self.max_input_bytes),
+            ("max_output_bytes", &self.max_output_bytes),
             ("max_session_capacity", &self.max_session_capacity),
             ("max_live_children", &self.max_live_children),
             ("body_timeout_ms", &self.body_timeout_ms),

@@ -293,6 +293,7 @@ impl Runner for Block {
             std::thread::sleep(std::time::Duration::from_millis(1500));
             RunOutput::Succeeded {
                 summary: "blocked".into(),
+                output: None,
             }
         })
     }
@@ -306,7 +307,10 @@ impl Runner for Mark {
         let ran = self.0.clone();
         Box::pin(async move {
             ran.lock().unwrap().push(ctx.child_id.clone());
-            RunOutput::Succeeded { summary: "ran".into() }
+            RunOutput::Succeeded {
+                summary: "ran".into(),
+                output: None,
+            }
         })
     }
 }
@@ -400,7 +404,10 @@ async fn an_external_workers_heartbeat_is_refused_from_the_moment_the_cancel_ans
             .complete(
                 &work.child_id,
                 &work.token,
-                RunOutput::Succeeded { summary: "late".into() }
+                RunOutput::Succeeded {
+                    summary: "late".into(),
+                    output: None
+                }
             )
             .err(),
         Some(brood::runners::WorkError::Ended(work.child_id.clone()))

@@ -70,6 +70,7 @@ impl Runner for HangsOnFirstAttempt {
             }
             RunOutput::Succeeded {
                 summary: format!("attempt {}", ctx.attempt),
+                output: None,
             }
         })
     }

@@ -23,10 +23,11 @@ impl Runner for Nester {
     fn run(self: Box<Self>, ctx: RunContext) -> LocalBoxFuture<'static, RunOutput> {
         Box::pin(async move {
             match nest(&ctx, self.n).await {
-                Ok(summary) => RunOutput::Succeeded { summary },
+                Ok(summary) => RunOutput::Succeeded { summary, output: None },
                 Err(e) => RunOutput::Failed {
                     error: e.to_string(),
                     summary: None,
+                    output: None,
                 },
             }
         })

@@ -125,7 +125,7 @@ fn a_completion_recorded_before_its_holder_died_is_answered_by_any_process_at_on
         (status, again),
         (
             200,
-            json!({"child_id": child, "status": "succeeded", "summary": "frame 7", "error": null})
+            json!({"child_id": child, "status": "succeeded", "summary": "frame 7", "output": null, "error": null})
         )
     );
     assert_error(

@@ -126,7 +126,10 @@ impl Runner for Say {
         Box::pin(async move {
             tracing::info!(goal = %ctx.goal, "said");
             tokio::task::yield_now().await;
-            RunOutput::Succeeded { summary: ctx.goal }
+            RunOutput::Succeeded {
+                summary: ctx.goal,
+                output: None,
+            }
         })
     }
 }

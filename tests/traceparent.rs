@@ -34,6 +34,7 @@ impl Runner for Traced {
             }
             RunOutput::Succeeded {
                 summary: format!("attempt {}: {}", ctx.attempt, ctx.traceparent().unwrap_or("none")),
+                output: None,
             }
         })
     }

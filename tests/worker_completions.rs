@@ -67,7 +67,8 @@ fn a_completion_sent_again_answers_its_recorded_outcome_and_another_answers_chil
     let done = json!({"token": token, "status": "succeeded", "summary": "frame 7"});
     let (status, first) = complete(&s, &child, done.clone());
     assert_eq!(status, 200, "{first}");
-    let recorded = json!({"child_id": child, "status": "succeeded", "summary": "frame 7", "error": null});
+    let recorded =
+        json!({"child_id": child, "status": "succeeded", "summary": "frame 7", "output": null, "error": null});
     assert_eq!(first, recorded);
     // Its answer lost, the worker sends it again: what was recorded.
     let (status, again) = complete(&s, &child, done);
@@ -115,7 +116,7 @@ fn a_completion_sent_again_after_a_restart_answers_its_recorded_outcome() {
         (status, again),
         (
             200,
-            json!({"child_id": child, "status": "failed", "summary": "40%", "error": "GPU on fire"})
+            json!({"child_id": child, "status": "failed", "summary": "40%", "output": null, "error": "GPU on fire"})
         )
     );
     assert_error(
@@ -197,6 +198,7 @@ async fn a_completion_not_recorded_in_its_wait_is_answered_so_and_the_same_again
         .expect("the child was handed out");
     let output = RunOutput::Succeeded {
         summary: "frame 7".into(),
+        output: None,
     };
     brood::failpoints::arm("ledger_flush", u64::MAX);
     let first = queues.complete(&work.child_id, &work.token, output.clone()).unwrap();
@@ -206,6 +208,7 @@ async fn a_completion_not_recorded_in_its_wait_is_answered_so_and_the_same_again
     );
     let other = RunOutput::Succeeded {
         summary: "frame 8".into(),
+        output: None,
     };
     assert_eq!(
         queues.complete(&work.child_id, &work.token, other).err(),

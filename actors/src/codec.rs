@@ -13,8 +13,13 @@
 //! | type | version | layout |
 //! |---|---|---|
 //! | [`SessionRow`] | 2 | version 1 (`SessionRowV1`) and `addressable` |
-//! | [`CallRow`] | 2 | version 1 (`CallRowV1`) and `traceparent` |
+//! | [`CallRow`] | 3 | version 2 (`CallRowV2`) with each [`Task`]'s `input`, and `idempotency` |
+//! | [`ChildRow`] | 2 | version 1 (`ChildRowV1`) and `output` after `summary` |
 //! | every other row | 1 | as first written |
+//!
+//! Arbitrary JSON (a task's `input`, a child's `output`) is stored as its JSON text in a
+//! `String`: bincode cannot carry `serde_json::Value` (it needs a self-describing format), and
+//! text keeps the value exactly as it was given, numbers included.
 //!
 //! Decoding never trusts a length it reads: bincode's standard configuration has no limit, so one
 //! damaged length prefix would make it try to allocate exabytes and abort the process. With the
@@ -51,7 +56,6 @@ macro_rules! stored_as_first_written {
 stored_as_first_written!(
     u8,
     String,
-    ChildRow,
     ClaimRow,
     AckRow,
     DeadLetterRow,
@@ -94,8 +98,36 @@ impl Stored for SessionRow {
     }
 }
 
+/// A task as call rows of versions 1 and 2 stored it, before `input`.
+#[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct TaskV1 {
+    goal: String,
+    runner_json: String,
+    group: Option<String>,
+    timeout_ms: Option<u64>,
+    stall_ms: u64,
+    rerun_on_recovery: bool,
+}
+
+impl From<TaskV1> for Task {
+    fn from(t: TaskV1) -> Self {
+        Task {
+            goal: t.goal,
+            runner_json: t.runner_json,
+            group: t.group,
+            timeout_ms: t.timeout_ms,
+            stall_ms: t.stall_ms,
+            rerun_on_recovery: t.rerun_on_recovery,
+            // Tasks carried no data before version 3.
+            input: None,
+        }
+    }
+}
+
 /// A call row as version 1 stored it, before `traceparent`.
 #[derive(Debug, Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
 struct CallRowV1 {
     call_id: String,
     session_id: String,
@@ -103,18 +135,32 @@ struct CallRowV1 {
     mode: Mode,
     forced_sync_reason: Option<String>,
     independent_completions: bool,
-    tasks: Vec<Task>,
+    tasks: Vec<TaskV1>,
     created_at_ms: u64,
 }
 
+/// A call row as version 2 stored it: version 1 and `traceparent`, its tasks without `input`.
+#[derive(Debug, Deserialize)]
+struct CallRowV2 {
+    call_id: String,
+    session_id: String,
+    set: u64,
+    mode: Mode,
+    forced_sync_reason: Option<String>,
+    independent_completions: bool,
+    tasks: Vec<TaskV1>,
+    created_at_ms: u64,
+    traceparent: Option<String>,
+}
+
 impl Stored for CallRow {
-    const VERSION: u8 = 2;
+    const VERSION: u8 = 3;
 
     fn decode_older(version: u8, body: &[u8]) -> Result<Self, CodecError> {
-        match version {
+        let v2 = match version {
             1 => {
                 let v1: CallRowV1 = decode_body(body)?;
-                Ok(CallRow {
+                CallRowV2 {
                     call_id: v1.call_id,
                     session_id: v1.session_id,
                     set: v1.set,
@@ -125,11 +171,105 @@ impl Stored for CallRow {
                     created_at_ms: v1.created_at_ms,
                     // Version 1 kept no trace context: its children run without one.
                     traceparent: None,
+                }
+            }
+            2 => decode_body(body)?,
+            found => return Err(CodecError::UnknownVersion { found }),
+        };
+        Ok(CallRow {
+            call_id: v2.call_id,
+            session_id: v2.session_id,
+            set: v2.set,
+            mode: v2.mode,
+            forced_sync_reason: v2.forced_sync_reason,
+            independent_completions: v2.independent_completions,
+            tasks: v2.tasks.into_iter().map(Task::from).collect(),
+            created_at_ms: v2.created_at_ms,
+            traceparent: v2.traceparent,
+            // Calls were not made with idempotency keys before version 3.
+            idempotency: None,
+        })
+    }
+}
+
+/// A child row as version 1 stored it, before `output`.
+#[derive(Debug, Deserialize)]
+struct ChildRowV1 {
+    child_id: String,
+    call_id: String,
+    unit_id: String,
+    session_id: String,
+    task_index: u32,
+    status: ChildStatus,
+    summary: Option<String>,
+    error: Option<String>,
+    started_at_ms: Option<u64>,
+    finished_at_ms: Option<u64>,
+    attempt: u32,
+    recovered: bool,
+    result: DeliveryRow,
+    notice: DeliveryRow,
+}
+
+impl Stored for ChildRow {
+    const VERSION: u8 = 2;
+
+    fn decode_older(version: u8, body: &[u8]) -> Result<Self, CodecError> {
+        match version {
+            1 => {
+                let v1: ChildRowV1 = decode_body(body)?;
+                Ok(ChildRow {
+                    child_id: v1.child_id,
+                    call_id: v1.call_id,
+                    unit_id: v1.unit_id,
+                    session_id: v1.session_id,
+                    task_index: v1.task_index,
+                    status: v1.status,
+                    summary: v1.summary,
+                    // Children recorded no data before version 2.
+                    output: None,
+                    error: v1.error,
+                    started_at_ms: v1.started_at_ms,
+                    finished_at_ms: v1.finished_at_ms,
+                    attempt: v1.attempt,
+                    recovered: v1.recovered,
+                    result: v1.result,
+                    notice: v1.notice,
                 })
             }
             found => Err(CodecError::UnknownVersion { found }),
         }
     }
+}
+
+/// The bytes a build of version 1 wrote for `call` (its tasks' inputs and its trace context
+/// left out), for tests of ledgers that still hold such rows.
+#[cfg(test)]
+pub(crate) fn call_row_v1(call: &CallRow) -> Vec<u8> {
+    let v1 = CallRowV1 {
+        call_id: call.call_id.clone(),
+        session_id: call.session_id.clone(),
+        set: call.set,
+        mode: call.mode,
+        forced_sync_reason: call.forced_sync_reason.clone(),
+        independent_completions: call.independent_completions,
+        tasks: call
+            .tasks
+            .iter()
+            .map(|t| TaskV1 {
+                goal: t.goal.clone(),
+                runner_json: t.runner_json.clone(),
+                group: t.group.clone(),
+                timeout_ms: t.timeout_ms,
+                stall_ms: t.stall_ms,
+                rerun_on_recovery: t.rerun_on_recovery,
+            })
+            .collect(),
+        created_at_ms: call.created_at_ms,
+    };
+    let mut out = vec![1];
+    bincode::serde::encode_into_std_write(&v1, &mut out, config()).expect("a call row encodes");
+    out
 }
 
 pub use crate::model::MAX_VALUE_BYTES;
@@ -220,6 +360,7 @@ mod tests {
             task_index: 0,
             status: ChildStatus::Failed,
             summary: Some("half done".into()),
+            output: None,
             error: Some("boom".into()),
             started_at_ms: Some(1),
             finished_at_ms: Some(2),
@@ -237,8 +378,14 @@ mod tests {
     #[test]
     fn rows_round_trip_with_a_version_byte() {
         let bytes = encode(&row()).unwrap();
-        assert_eq!(bytes[0], FORMAT_VERSION);
+        assert_eq!(bytes[0], ChildRow::VERSION);
         assert_eq!(decode::<ChildRow>(&bytes).unwrap(), row());
+        let with_output = ChildRow {
+            output: Some(r#"{"n":1.50,"s":"\u00e9"}"#.into()),
+            ..row()
+        };
+        let bytes = encode(&with_output).unwrap();
+        assert_eq!(decode::<ChildRow>(&bytes).unwrap(), with_output);
     }
 
     #[test]
@@ -262,12 +409,12 @@ mod tests {
         // child_id's length prefix is the first byte after the version: make it u64::MAX
         // (varint marker 253 + 8 bytes), which without a limit asks for an exabyte allocation.
         let bytes = encode(&row()).unwrap();
-        let mut damaged = vec![FORMAT_VERSION, 253];
+        let mut damaged = vec![ChildRow::VERSION, 253];
         damaged.extend_from_slice(&u64::MAX.to_le_bytes());
         damaged.extend_from_slice(&bytes[2..]);
         assert!(matches!(decode::<ChildRow>(&damaged), Err(CodecError::Decode(_))));
         // A length just over the limit is refused the same way.
-        let mut damaged = vec![FORMAT_VERSION, 252];
+        let mut damaged = vec![ChildRow::VERSION, 252];
         damaged.extend_from_slice(&((MAX_VALUE_BYTES as u32) + 1).to_le_bytes());
         damaged.extend_from_slice(&bytes[2..]);
         assert!(matches!(decode::<ChildRow>(&damaged), Err(CodecError::Decode(_))));
@@ -282,6 +429,7 @@ mod tests {
             timeout_ms: Some(5),
             stall_ms: 7,
             rerun_on_recovery: true,
+            input: None,
         };
         CallRow {
             call_id: "d".into(),
@@ -293,6 +441,7 @@ mod tests {
             tasks: vec![task],
             created_at_ms: 4,
             traceparent: None,
+            idempotency: None,
         }
     }
 
@@ -320,9 +469,9 @@ mod tests {
         assert_eq!(
             encode(&row()).unwrap(),
             vec![
-                1, 9, 100, 101, 108, 101, 103, 95, 49, 46, 48, 7, 100, 101, 108, 101, 103, 95, 49, 9, 100, 101, 108,
-                101, 103, 95, 49, 45, 49, 1, 115, 0, 3, 1, 9, 104, 97, 108, 102, 32, 100, 111, 110, 101, 1, 4, 98, 111,
-                111, 109, 1, 1, 1, 2, 1, 0, 0, 0, 0, 1, 0, 3
+                2, 9, 100, 101, 108, 101, 103, 95, 49, 46, 48, 7, 100, 101, 108, 101, 103, 95, 49, 9, 100, 101, 108,
+                101, 103, 95, 49, 45, 49, 1, 115, 0, 3, 1, 9, 104, 97, 108, 102, 32, 100, 111, 110, 101, 0, 1, 4, 98,
+                111, 111, 109, 1, 1, 1, 2, 1, 0, 0, 0, 0, 1, 0, 3
             ]
         );
         let statuses: Vec<u8> = ChildStatus::ALL.iter().map(|s| encode(s).unwrap()[1]).collect();
@@ -351,12 +500,27 @@ mod tests {
         let mut call = call();
         assert_eq!(
             encode(&call).unwrap(),
-            vec![2, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 4, 0]
+            vec![3, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 0, 4, 0, 0]
         );
         call.traceparent = Some("t".into());
+        call.tasks[0].input = Some("[]".into());
         assert_eq!(
             encode(&call).unwrap(),
-            vec![2, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 4, 1, 1, 116]
+            vec![
+                3, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 1, 2, 91, 93, 4, 1, 1,
+                116, 0
+            ]
+        );
+        call.idempotency = Some(Idempotency {
+            key: "k".into(),
+            fingerprint: 3,
+        });
+        assert_eq!(
+            encode(&call).unwrap(),
+            vec![
+                3, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 1, 2, 91, 93, 4, 1, 1,
+                116, 1, 1, 107, 3
+            ]
         );
         let unit = UnitRow {
             unit_id: "d-1".into(),
@@ -426,10 +590,41 @@ mod tests {
         let call = decode::<CallRow>(&v1).unwrap();
         assert_eq!(call, self::call());
         damaged_older_values_are_refused::<CallRow>(&v1);
-        // Written again, it is version 2.
+        // Written again, it is this build's version.
         let again = encode(&call).unwrap();
-        assert_eq!(again[0], 2);
+        assert_eq!(again[0], CallRow::VERSION);
         assert_eq!(decode::<CallRow>(&again).unwrap(), call);
+    }
+
+    /// A call row written before tasks carried data (version 2) still loads, its tasks without
+    /// `input`; its bytes are those version 2 wrote (pinned before).
+    #[test]
+    fn a_call_row_of_version_2_reads_with_tasks_without_input() {
+        let v2 = [
+            2, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 4, 1, 1, 116,
+        ];
+        let call = decode::<CallRow>(&v2).unwrap();
+        assert_eq!(
+            call,
+            CallRow {
+                traceparent: Some("t".into()),
+                ..self::call()
+            }
+        );
+        damaged_older_values_are_refused::<CallRow>(&v2);
+    }
+
+    /// A child row written before children recorded data (version 1) still loads, without
+    /// `output`; its bytes are those version 1 wrote (pinned before).
+    #[test]
+    fn a_child_row_of_version_1_reads_without_output() {
+        let v1 = [
+            1, 9, 100, 101, 108, 101, 103, 95, 49, 46, 48, 7, 100, 101, 108, 101, 103, 95, 49, 9, 100, 101, 108, 101,
+            103, 95, 49, 45, 49, 1, 115, 0, 3, 1, 9, 104, 97, 108, 102, 32, 100, 111, 110, 101, 1, 4, 98, 111, 111,
+            109, 1, 1, 1, 2, 1, 0, 0, 0, 0, 1, 0, 3,
+        ];
+        assert_eq!(decode::<ChildRow>(&v1).unwrap(), row());
+        damaged_older_values_are_refused::<ChildRow>(&v1);
     }
 
     #[test]
@@ -445,7 +640,13 @@ mod tests {
         let bytes = encode(&session).unwrap();
         assert_eq!(bytes[0], 2);
         assert_eq!(decode::<SessionRow>(&bytes).unwrap(), session);
-        // Other rows keep the first version.
-        assert_eq!(encode(&row()).unwrap()[0], FORMAT_VERSION);
+        // Rows whose layout never changed keep the first version.
+        let unit = UnitRow {
+            unit_id: "d-1".into(),
+            call_id: "d".into(),
+            group: None,
+            tasks: vec![0],
+        };
+        assert_eq!(encode(&unit).unwrap()[0], FORMAT_VERSION);
     }
 }

@@ -58,6 +58,22 @@ pub enum BroodError {
         /// The nested session (the child's id).
         session: String,
     },
+    /// A delegate named an idempotency key an earlier call of the session was made with, but
+    /// asked for something else: nothing was changed.
+    #[error("idempotency key {key:?} was used for call `{call_id}` of another request (other tasks, mode or completions); use a new key for a new call")]
+    IdempotencyConflict {
+        /// The key.
+        key: String,
+        /// The call made with it.
+        call_id: String,
+    },
+    /// A sync delegate named the idempotency key of a sync call that another request is still
+    /// waiting for: nothing was changed; retry once that request has its answer.
+    #[error("the sync call `{call_id}` made with this idempotency key is still running for another request that waits for it; retry once it has its answer")]
+    IdempotencyInProgress {
+        /// The call made with the key.
+        call_id: String,
+    },
     /// The engine holds as many live children (queued or running, over every session) as its
     /// `max_live_children` allows, or this call's would take it past them. Nothing was changed;
     /// retry once children have ended.
@@ -146,6 +162,8 @@ impl BroodError {
             BroodError::UnknownTarget { .. } => "unknown_child",
             BroodError::MaxDepthExceeded { .. } => "max_depth_exceeded",
             BroodError::ParentEnded { .. } => "parent_ended",
+            BroodError::IdempotencyConflict { .. } => "idempotency_conflict",
+            BroodError::IdempotencyInProgress { .. } => "idempotency_in_progress",
             BroodError::ServerFull { .. } => "server_full",
             BroodError::ClaimLost(_) => "claim_lost",
             BroodError::ClaimAcked(_) => "claim_acked",

@@ -23,6 +23,8 @@ pub enum RunOutput {
     Succeeded {
         /// What the child found or did.
         summary: String,
+        /// The result as data, handed to the parent with the summary (a JSON `null` is none).
+        output: Option<serde_json::Value>,
     },
     /// Failed, with what went wrong and whatever partial summary there is.
     Failed {
@@ -30,7 +32,36 @@ pub enum RunOutput {
         error: String,
         /// A partial result, if any.
         summary: Option<String>,
+        /// Partial result data, if any.
+        output: Option<serde_json::Value>,
     },
+}
+
+impl RunOutput {
+    /// Succeeded with `summary` and no data.
+    pub fn succeeded(summary: impl Into<String>) -> Self {
+        RunOutput::Succeeded {
+            summary: summary.into(),
+            output: None,
+        }
+    }
+
+    /// Failed with `error`, no partial summary and no data.
+    pub fn failed(error: impl Into<String>) -> Self {
+        RunOutput::Failed {
+            error: error.into(),
+            summary: None,
+            output: None,
+        }
+    }
+
+    /// The same end, carrying `output` as its data.
+    pub fn with_output(mut self, value: serde_json::Value) -> Self {
+        match &mut self {
+            RunOutput::Succeeded { output, .. } | RunOutput::Failed { output, .. } => *output = Some(value),
+        }
+        self
+    }
 }
 
 /// A heartbeat handle given to a runner; cheap to clone, safe to move to other threads.
@@ -113,10 +144,18 @@ pub type Embedder = Arc<std::sync::OnceLock<std::sync::Weak<dyn std::any::Any + 
 pub struct RunContext {
     /// The child being run.
     pub child_id: String,
+    /// The session whose call made the child (its parent's).
+    pub parent_session_id: String,
+    /// The call that made the child.
+    pub call_id: String,
     /// The task's goal text.
     pub goal: String,
+    /// The task's data, when it was given some.
+    pub input: Option<serde_json::Value>,
     /// Execution attempt (1 for the first run).
     pub attempt: u32,
+    /// When the child times out (ms since the epoch), when its task has a timeout.
+    pub deadline_at_ms: Option<u64>,
     /// The heartbeat handle.
     pub progress: Progress,
     /// The call's W3C trace context, when its caller gave one (see [`RunContext::traceparent`]).

@@ -63,9 +63,9 @@ pub use brood_actors::failpoints;
 pub use brood_actors::ledger::{Durability, LedgerError};
 pub use brood_actors::model::{
     child_id, dedup_key, parse_dedup_key, unit_id, validate_traceparent, CallInfo, CancelTarget, Cancelled, ChildInfo,
-    ChildStatus, DeadLetterInfo, DelegateReply, DelegateRequest, DeliveryInfo, Envelope, ItemKind, Mode, NestInfo,
-    Quarantined, ReadyItem, RedriveEntry, RedriveInfo, RedriveSelect, RequestError, SessionSettings, TaskSpec,
-    UnitInfo,
+    ChildStatus, DeadLetterInfo, DelegateReply, DelegateRequest, DeliveryInfo, Envelope, EnvelopeLimits, ItemKind,
+    Mode, NestInfo, Quarantined, ReadyItem, RedriveEntry, RedriveInfo, RedriveSelect, RequestError, SessionSettings,
+    TaskSpec, UnitInfo,
 };
 pub use brood_actors::retention::{Retention, Swept};
 pub use brood_actors::routing::{ReleaseReason, Turn};
@@ -390,6 +390,26 @@ impl BroodHandle {
         consumer: &str,
         lease: Duration,
     ) -> Result<Option<Envelope>, BroodError> {
+        self.boundary_within(session_id, consumer, lease, EnvelopeLimits::NONE)
+            .await
+    }
+
+    /// A turn boundary whose envelope holds at most what `limits` allow: the oldest ready items
+    /// that fit (the first always goes, however large); the rest stay ready for the next
+    /// boundary, and [`Envelope::more`] says there are some. A bound of 0 is refused.
+    pub async fn boundary_within(
+        &self,
+        session_id: &str,
+        consumer: &str,
+        lease: Duration,
+        limits: EnvelopeLimits,
+    ) -> Result<Option<Envelope>, BroodError> {
+        if limits.max_items == Some(0) {
+            return Err(BroodError::invalid("max_items", "must be at least 1"));
+        }
+        if limits.max_bytes == Some(0) {
+            return Err(BroodError::invalid("max_bytes", "must be at least 1"));
+        }
         let lease_ms = millis("lease_ms", lease)?;
         if !(MIN_LEASE_MS..=MAX_LEASE_MS).contains(&lease_ms) {
             return Err(BroodError::invalid(
@@ -406,6 +426,7 @@ impl BroodHandle {
                 owner::ClaimReady {
                     consumer: consumer.to_string(),
                     lease_ms,
+                    limits,
                 },
             )
             .await??;

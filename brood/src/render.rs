@@ -32,6 +32,22 @@ fn one_line(s: &str) -> String {
     }
 }
 
+/// How much of a child's data (its JSON text) an envelope's text shows; the item carries all of it.
+const DATA_SHOWN_CHARS: usize = 2000;
+
+/// `text` on one line, cut after `max` characters with a note of how much was left out.
+fn clipped(text: &str, max: usize) -> String {
+    let line = one_line(text);
+    match line.char_indices().nth(max) {
+        None => line,
+        Some((cut, _)) => format!(
+            "{}… ({} more bytes in the item's output)",
+            &line[..cut],
+            line.len() - cut
+        ),
+    }
+}
+
 fn item_line(out: &mut String, item: &ReadyItem) {
     let _ = write!(out, "  {} {} — {}", tag(item), item.status, one_line(&item.goal));
     if let Some(g) = &item.group {
@@ -39,6 +55,9 @@ fn item_line(out: &mut String, item: &ReadyItem) {
     }
     if let Some(summary) = &item.summary {
         let _ = write!(out, "\n      result: {}", one_line(summary));
+    }
+    if let Some(output) = &item.output {
+        let _ = write!(out, "\n      data: {}", clipped(output, DATA_SHOWN_CHARS));
     }
     if let Some(error) = &item.error {
         let _ = write!(out, "\n      error: {}", one_line(error));
@@ -147,6 +166,8 @@ mod tests {
             status,
             goal: "look\nat it".into(),
             summary: Some("fine".into()),
+            output: None,
+            attempts: 1,
             error: status.is_failure().then(|| "boom".into()),
             recovered: false,
             finished_at_ms: Some(1),
@@ -193,5 +214,18 @@ mod tests {
         let note = background_note(4, 12, 10);
         assert!(note.contains("only after you end your turn"));
         assert!(note.contains("set 4"));
+    }
+
+    #[test]
+    fn an_items_data_is_shown_on_one_line_and_clipped() {
+        let mut it = item(ItemKind::Result, 1, 0, ChildStatus::Succeeded);
+        it.output = Some("{\"files\":\n[\"a.rs\"]}".into());
+        let text = envelope_text(&[it.clone()]);
+        assert!(text.contains("      data: {\"files\": [\"a.rs\"]}\n"), "{text}");
+        it.output = Some(format!("\"{}\"", "é".repeat(DATA_SHOWN_CHARS)));
+        let text = envelope_text(&[it]);
+        let line = text.lines().find(|l| l.trim_start().starts_with("data:")).unwrap();
+        assert!(line.ends_with("more bytes in the item's output)"), "{line}");
+        assert!(line.chars().count() < DATA_SHOWN_CHARS + 80, "{}", line.chars().count());
     }
 }

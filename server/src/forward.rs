@@ -37,11 +37,12 @@ pub(super) const PEER: &str = "x-brood-peer";
 
 /// The request headers sent on (the others are the connection's own, or the user's key): the
 /// body's type, what the client accepts, and the caller's W3C trace context.
-const SENT_ON: [header::HeaderName; 4] = [
+const SENT_ON: [header::HeaderName; 5] = [
     header::CONTENT_TYPE,
     header::ACCEPT,
     header::HeaderName::from_static("traceparent"),
     header::HeaderName::from_static("tracestate"),
+    header::HeaderName::from_static("idempotency-key"),
 ];
 
 /// The most of a holder's answer read: the body limit, or this when larger (an envelope of

@@ -280,6 +280,7 @@ macro_rules! route_table {
 
 route_table!(top_routes, TOP_ROUTES, "", [
     "/healthz" => { get: routes::healthz },
+    "/readyz" => { get: routes::readyz },
     "/metrics" => { get: metrics::scrape },
     "/ui" => { get: ui },
 ]);

@@ -24,6 +24,7 @@ use super::state::State;
     ),
     paths(
         super::routes::healthz,
+        super::routes::readyz,
         super::metrics::scrape,
         super::ui,
         document,
@@ -129,6 +130,7 @@ pub(super) fn document_for(config: &ServeConfig) -> Value {
     add_event_fields(&mut doc);
     close_replies(&mut doc);
     params_are_never_null(&mut doc);
+    bound_idempotency_key_header(&mut doc);
     for (pointer, value) in configured_bounds(config) {
         if let Some(slot) = doc.pointer_mut(pointer) {
             *slot = value;
@@ -181,6 +183,20 @@ fn params_are_never_null(doc: &mut Value) {
                 param["schema"]["type"] = only;
             }
         }
+    }
+}
+
+/// The `Idempotency-Key` header has the bounds of the body's `idempotency_key`.
+fn bound_idempotency_key_header(doc: &mut Value) {
+    let Some(params) = doc
+        .pointer_mut("/paths/~1v1~1sessions~1{session_id}~1delegate/post/parameters")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for param in params.iter_mut().filter(|p| p["name"] == "Idempotency-Key") {
+        param["schema"] =
+            json!({"type": "string", "minLength": 1, "maxLength": 255, "pattern": r"^[!-~]([ -~]*[!-~])?$"});
     }
 }
 

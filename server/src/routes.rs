@@ -235,6 +235,28 @@ fn traceparent(http: &HttpRequest, field: Option<String>) -> Option<String> {
     }
 }
 
+/// A delegate's idempotency key: the body's `idempotency_key`, or the `Idempotency-Key`
+/// header (its bytes read as UTF-8, any other byte as U+FFFD); both, when they differ, or the
+/// header twice, refuse the request.
+fn idempotency_key(http: &HttpRequest, field: Option<String>) -> Result<Option<String>, ApiError> {
+    let mut headers = http.headers().get_all("idempotency-key");
+    let header = match (headers.next(), headers.next()) {
+        (None, _) => None,
+        (Some(value), None) => Some(String::from_utf8_lossy(value.as_bytes()).into_owned()),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "the `Idempotency-Key` header is given more than once",
+            ))
+        }
+    };
+    match (field, header) {
+        (Some(f), Some(h)) if f != h => Err(ApiError::invalid(
+            "`idempotency_key` and the `Idempotency-Key` header differ; give one, or the same in both",
+        )),
+        (field, header) => Ok(field.or(header)),
+    }
+}
+
 /// The timeout of task `i`, which named `given`: the configured default when it named none,
 /// refused when it is over `max_task_timeout_ms`.
 fn timeout(config: &super::config::ServeConfig, i: usize, given: Option<u64>) -> Result<Option<u64>, ApiError> {
@@ -248,6 +270,25 @@ fn timeout(config: &super::config::ServeConfig, i: usize, given: Option<u64>) ->
         None if max > 0 => Ok(Some(max)),
         None => Ok(None),
     }
+}
+
+/// The data of task `i` (`null` is none), refused when it takes more than `max_input_bytes` as
+/// compact JSON.
+fn input(
+    config: &super::config::ServeConfig,
+    i: usize,
+    given: Option<serde_json::Value>,
+) -> Result<Option<serde_json::Value>, ApiError> {
+    let Some(value) = given.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let (size, max) = (value.to_string().len(), config.max_input_bytes);
+    if size > max {
+        return Err(ApiError::invalid(format!(
+            "`tasks[{i}].input` takes {size} bytes as JSON; this server takes at most {max} (its max_input_bytes)"
+        )));
+    }
+    Ok(Some(value))
 }
 
 /// Turns the request's tasks into the engine's, refusing runner kinds the server does not
@@ -283,6 +324,7 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
         task.stall_ms = Some(t.stall_ms.unwrap_or(state.config.default_stall_ms));
         task.timeout_ms = timeout(&state.config, i, task.timeout_ms)?;
         task.rerun_on_recovery = t.rerun_on_recovery;
+        task.input = input(&state.config, i, t.input)?;
         out.push(task);
     }
     let mut req = match body.mode {
@@ -298,12 +340,13 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
 #[utoipa::path(
     post, path = "/v1/sessions/{session_id}/delegate", operation_id = "delegate",
     params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$"),
-        ("traceparent" = Option<String>, Header, description = "The caller's W3C trace context, carried to the call's children and their events; ignored when malformed, and when the body has a `traceparent`.")),
+        ("traceparent" = Option<String>, Header, description = "The caller's W3C trace context, carried to the call's children and their events; ignored when malformed, and when the body has a `traceparent`."),
+        ("Idempotency-Key" = Option<String>, Header, description = "As the body's `idempotency_key` (when both are given they must be the same).")),
     request_body(content = api::DelegateBody, content_type = "application/json"),
     responses((status = 202, description = "A background call: its results come at the session's boundaries.", body = api::DelegateBackground),
         (status = 200, description = "A sync call (or one forced to sync): its results, delivered.", body = api::DelegateSync),
         (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply),
-        (status = 409, description = "The child whose nested session this is has ended (`parent_ended`).", body = api::ErrorReply),
+        (status = 409, description = "The child whose nested session this is has ended (`parent_ended`); the idempotency key was used for another request (`idempotency_conflict`); the sync call made with it still runs for another request (`idempotency_in_progress`).", body = api::ErrorReply),
         (status = 500, description = "An embedder's runner factory panicked (`runner_factory_panicked`).", body = api::ErrorReply))
 )]
 pub(super) async fn delegate(
@@ -318,9 +361,13 @@ pub(super) async fn delegate(
     state.accepting()?;
     let body: DelegateBody = api::parse(&body(&state, payload).await?)?;
     let traceparent = traceparent(&http, body.traceparent.clone());
+    let key = idempotency_key(&http, body.idempotency_key.clone())?;
     let mut request = tasks(&state, body)?;
     if let Some(tp) = traceparent {
         request = request.traceparent(tp);
+    }
+    if let Some(key) = key {
+        request = request.idempotency_key(key);
     }
     let reply = state
         .brood
@@ -333,7 +380,7 @@ pub(super) async fn delegate(
 #[utoipa::path(
     post, path = "/v1/sessions/{session_id}/boundary", operation_id = "boundary",
     params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$")), request_body(content = api::BoundaryBody, content_type = "application/json"),
-    responses((status = 200, description = "The envelope: every item ready now, claimed.", body = api::Envelope),
+    responses((status = 200, description = "The envelope: every item ready now (or as many as `max_items` and `max_bytes` let in, the oldest first), claimed.", body = api::Envelope),
         (status = 204, description = "Nothing is ready."),
         (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply))
 )]
@@ -353,9 +400,13 @@ pub(super) async fn boundary(
             "`lease_ms` is {lease_ms}; it must be from {min} to {max}"
         )));
     }
+    let limits = brood::EnvelopeLimits {
+        max_items: body.max_items.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        max_bytes: body.max_bytes.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+    };
     match state
         .brood
-        .boundary(&session_id, &body.consumer, Duration::from_millis(lease_ms))
+        .boundary_within(&session_id, &body.consumer, Duration::from_millis(lease_ms), limits)
         .await?
     {
         None => Ok(HttpResponse::NoContent().finish()),
@@ -587,6 +638,27 @@ pub(super) async fn healthz(state: web::Data<State>) -> Reply {
             e.to_string(),
         )),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[utoipa::path(
+    get, path = "/readyz", operation_id = "readyz",
+    responses((status = 200, description = "The server admits work: it is not draining, and its ledger and actors answer.", body = api::Health),
+        (status = 503, description = "Send work elsewhere: the server drains (`draining`), or its engine stopped or its ledger failed (`ledger_unavailable`).", body = api::ErrorReply))
+)]
+pub(super) async fn readyz(state: web::Data<State>) -> Reply {
+    state.accepting()?;
+    match state.brood.health().await {
+        Ok(h) => Ok(HttpResponse::Ok().json(api::Health {
+            status: "ready".to_string(),
+            sessions: h.sessions as u64,
+            failed_sessions: h.failed_sessions as u64,
+        })),
+        Err(e) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ledger_unavailable",
+            format!("the server cannot take work now: {e}"),
+        )),
     }
 }
 

@@ -40,18 +40,31 @@ const RECORD_WAIT: Duration = Duration::from_secs(30);
 type Reply = Result<HttpResponse, ApiError>;
 
 /// What a completion says of its child.
-fn output(body: CompleteBody) -> RunOutput {
-    match body.status {
+/// Its `output` over the server's `max_output_bytes` is refused, naming the bound.
+fn output(body: CompleteBody, max_output_bytes: usize) -> Result<RunOutput, ApiError> {
+    let data = body.output.filter(|v| !v.is_null());
+    if let Some(size) = data
+        .as_ref()
+        .map(|v| v.to_string().len())
+        .filter(|&n| n > max_output_bytes)
+    {
+        return Err(ApiError::invalid(format!(
+            "`output` takes {size} bytes as JSON; this server records at most {max_output_bytes} (its max_output_bytes)"
+        )));
+    }
+    Ok(match body.status {
         Ended::Succeeded => RunOutput::Succeeded {
             summary: body.summary.unwrap_or_default(),
+            output: data,
         },
         Ended::Failed => RunOutput::Failed {
             error: body
                 .error
                 .unwrap_or_else(|| "the worker reported a failure and gave no error".into()),
             summary: body.summary,
+            output: data,
         },
-    }
+    })
 }
 
 impl From<WorkError> for ApiError {
@@ -380,6 +393,7 @@ async fn not_held(
                 child_id: child_id.to_string(),
                 status: row.status.into(),
                 summary: row.summary,
+                output: api::data(row.output.as_deref()),
                 error: row.error,
             })),
             _ => Err(WorkError::Ended(child_id.to_string()).into()),
@@ -492,7 +506,7 @@ pub(super) async fn complete(
 ) -> Reply {
     let (child_id, body): (String, CompleteBody) = child_request(&state, &access, path, payload).await?;
     let token = body.token.clone();
-    let output = output(body);
+    let output = output(body, state.config.max_output_bytes)?;
     if queues.holds(&child_id) {
         match queues.complete(&child_id, &token, output.clone()) {
             Ok(completing) => {
@@ -508,14 +522,17 @@ pub(super) async fn complete(
 
 /// The reply to a completion recorded as `output` says.
 fn completed(child_id: &str, output: &RunOutput) -> api::CompleteReply {
-    let (status, summary, error) = match output {
-        RunOutput::Succeeded { summary } => (api::ChildStatus::Succeeded, Some(summary.clone()), None),
-        RunOutput::Failed { error, summary } => (api::ChildStatus::Failed, summary.clone(), Some(error.clone())),
+    let (status, summary, data, error) = match output {
+        RunOutput::Succeeded { summary, output } => (api::ChildStatus::Succeeded, Some(summary.clone()), output, None),
+        RunOutput::Failed { error, summary, output } => {
+            (api::ChildStatus::Failed, summary.clone(), output, Some(error.clone()))
+        }
     };
     api::CompleteReply {
         child_id: child_id.to_string(),
         status,
         summary,
+        output: data.clone(),
         error,
     }
 }

@@ -116,6 +116,7 @@ impl Runner for GateRunner {
             let _ = self.sem.acquire().await;
             RunOutput::Succeeded {
                 summary: format!("gate passed: {}", ctx.goal),
+                output: None,
             }
         })
     }
@@ -217,6 +218,7 @@ impl Runner for ProbeRunner {
             drop(inside);
             RunOutput::Succeeded {
                 summary: format!("probe done: {}", ctx.goal),
+                output: None,
             }
         })
     }

@@ -175,6 +175,25 @@ impl Server {
         (reply.status, value)
     }
 
+    /// A `POST` of the JSON `body` with one more header: the status and the parsed body.
+    pub fn post_with_header(&self, path: &str, body: &Value, (name, value): (&str, &str)) -> (u16, Value) {
+        let mut r = self
+            .agent
+            .post(&format!("{}{path}", self.base))
+            .header("Content-Type", "application/json")
+            .header(name, value);
+        if let Some(k) = &self.key {
+            r = r.header("Authorization", &format!("Bearer {k}"));
+        }
+        let mut response = r
+            .send(body.to_string().as_bytes())
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        let mut text = String::new();
+        response.body_mut().as_reader().read_to_string(&mut text).unwrap();
+        let value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        (response.status().as_u16(), value)
+    }
+
     /// A request as [`Server::raw`] sends it, answered as it came (not parsed).
     pub fn send(&self, method: &str, path: &str, body: Option<Vec<u8>>, key: Option<&str>) -> Reply {
         let url = format!("{}{path}", self.base);

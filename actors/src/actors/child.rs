@@ -26,7 +26,7 @@ use futures::FutureExt;
 use super::coalescer::{Ended, HandOffError, Terminal};
 use super::unit::{ChildStopped, Starting, Unit};
 use super::Engine;
-use crate::model::{child_id, now_ms, panic_message, ChildStatus, Task};
+use crate::model::{child_id, now_ms, panic_message, ChildStatus, Task, MAX_OUTPUT_BYTES};
 use crate::runner::{Progress, RecordOutcome, RunContext, RunOutput};
 
 /// First hand-off retry delay; doubles up to [`HANDOFF_BACKOFF_MAX`].
@@ -177,6 +177,17 @@ impl Child {
     }
 
     fn end(&mut self, ctx: &mut Context<Self>, status: ChildStatus, summary: Option<String>, error: Option<String>) {
+        self.end_with(ctx, status, (summary, None), error);
+    }
+
+    /// Ends the child with its summary and its data (as JSON text).
+    fn end_with(
+        &mut self,
+        ctx: &mut Context<Self>,
+        status: ChildStatus,
+        (summary, output): (Option<String>, Option<String>),
+        error: Option<String>,
+    ) {
         if self.ended() {
             return;
         }
@@ -193,6 +204,7 @@ impl Child {
             recovered: self.recovered,
             status,
             summary,
+            output,
             error,
             started_at_ms: (self.started_at_ms != NOT_STARTED).then_some(self.started_at_ms),
             finished_at_ms: now_ms(),
@@ -275,12 +287,31 @@ impl Child {
     /// Builds the runner from its spec and starts it, all of the embedder's code under
     /// `catch_unwind`: a panic building or starting it is this child's failure. The runner's
     /// future alone is kept (as one boxed future in this child's context).
-    fn start_runner(&mut self, ctx: &mut Context<Self>, goal: String, runner_json: String) {
+    fn start_runner(&mut self, ctx: &mut Context<Self>, task: Task) {
+        let Task {
+            goal,
+            runner_json,
+            timeout_ms,
+            input,
+            ..
+        } = task;
+        let input = match input.as_deref().map(serde_json::from_str::<serde_json::Value>) {
+            None => None,
+            Some(Ok(value)) => Some(value),
+            Some(Err(e)) => {
+                let error = format!("the task's stored input is not JSON: {e}");
+                return self.end(ctx, ChildStatus::Failed, None, Some(error));
+            }
+        };
         let engine = &self.ids.engine;
         let run_ctx = RunContext {
             child_id: self.child_id(),
+            parent_session_id: self.ids.session_id.clone(),
+            call_id: self.ids.call_id.clone(),
             goal,
+            input,
             attempt: self.attempt,
+            deadline_at_ms: timeout_ms.map(|ms| now_ms().saturating_add(ms)),
             progress: self.progress.clone(),
             traceparent: self.ids.traceparent.clone(),
             embedder: engine.embedder.clone(),
@@ -328,10 +359,23 @@ impl Child {
 
     /// Ends the child as its runner's end says: its output, or the panic that ended it.
     fn finish(&mut self, ctx: &mut Context<Self>, res: Result<RunOutput, Box<dyn std::any::Any + Send>>) {
-        match res {
-            Ok(RunOutput::Succeeded { summary }) => self.end(ctx, ChildStatus::Succeeded, Some(summary), None),
-            Ok(RunOutput::Failed { error, summary }) => self.end(ctx, ChildStatus::Failed, summary, Some(error)),
-            Err(panic) => self.panicked(ctx, panic),
+        let (status, summary, output, error) = match res {
+            Ok(RunOutput::Succeeded { summary, output }) => (ChildStatus::Succeeded, Some(summary), output, None),
+            Ok(RunOutput::Failed { error, summary, output }) => (ChildStatus::Failed, summary, output, Some(error)),
+            Err(panic) => return self.panicked(ctx, panic),
+        };
+        match output.filter(|v| !v.is_null()).map(|v| v.to_string()) {
+            Some(text) if text.len() > MAX_OUTPUT_BYTES => {
+                let error = format!(
+                    "its output is {} bytes of JSON; at most {MAX_OUTPUT_BYTES} are recorded{}",
+                    text.len(),
+                    error
+                        .map(|e| format!(" (and it ended {status}: {e})"))
+                        .unwrap_or_default()
+                );
+                self.end(ctx, ChildStatus::Failed, summary, Some(error))
+            }
+            output => self.end_with(ctx, status, (summary, output), error),
         }
     }
 
@@ -373,14 +417,8 @@ impl Actor for Child {
             return self.cancel(ctx, reason);
         }
         // Moved, not copied: once its runner started, a child keeps only its clocks.
-        let Task {
-            goal,
-            runner_json,
-            timeout_ms,
-            stall_ms,
-            ..
-        } = task;
-        self.start_runner(ctx, goal, runner_json);
+        let (timeout_ms, stall_ms) = (task.timeout_ms, task.stall_ms);
+        self.start_runner(ctx, task);
         if self.ended() {
             return; // it could not be built or started
         }

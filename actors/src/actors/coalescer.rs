@@ -98,6 +98,8 @@ pub struct Ended {
     pub status: ChildStatus,
     /// Its summary (or the partial result it handed back).
     pub summary: Option<String>,
+    /// Its data, as JSON text.
+    pub output: Option<String>,
     /// What went wrong.
     pub error: Option<String>,
     /// When its runner started.
@@ -118,6 +120,7 @@ impl Ended {
             task_index: self.task_index,
             status: self.status,
             summary: self.summary,
+            output: self.output,
             error: self.error,
             started_at_ms: self.started_at_ms,
             finished_at_ms: Some(self.finished_at_ms),

@@ -131,6 +131,7 @@ fn task(goal: String) -> Task {
         timeout_ms: None,
         stall_ms: DEFAULT_STALL_MS,
         rerun_on_recovery: false,
+        input: None,
     }
 }
 
@@ -153,9 +154,16 @@ pub(crate) fn call_row(session_id: &str, call_id: &str, tasks: u32) -> CallRow {
         mode: Mode::Background,
         forced_sync_reason: None,
         independent_completions: false,
-        tasks: (0..tasks).map(|i| task(format!("task {i} of {call_id}"))).collect(),
+        // Every other task carries data (JSON text kept as given: key order, spacing, escapes).
+        tasks: (0..tasks)
+            .map(|i| Task {
+                input: (i % 2 == 1).then(|| format!(r#"{{"z":{i},"a":[1.50,null,"é\n\"q\""]}}"#)),
+                ..task(format!("task {i} of {call_id}"))
+            })
+            .collect(),
         created_at_ms: T0,
         traceparent: None,
+        idempotency: None,
     }
 }
 
@@ -164,6 +172,7 @@ pub(crate) fn child_row(session_id: &str, call_id: &str, index: u32, status: Chi
     let terminal = status.is_terminal();
     ChildRow {
         summary: terminal.then(|| format!("{status} summary of {id}")),
+        output: terminal.then(|| format!(r#"{{"child":"{id}","n":[1,2.5e3,{{}}]}}"#)),
         error: status.is_failure().then(|| format!("what went wrong in {id}")),
         child_id: id,
         call_id: call_id.into(),

@@ -108,6 +108,7 @@ mod tests {
             recovered: false,
             result: DeliveryRow::default(),
             notice: DeliveryRow::default(),
+            output: None,
         }
     }
 

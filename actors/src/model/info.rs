@@ -108,6 +108,8 @@ pub struct ChildInfo {
     pub status: ChildStatus,
     /// The runner's summary (or the partial result it handed back).
     pub summary: Option<String>,
+    /// The runner's result data, as JSON text.
+    pub output: Option<String>,
     /// What went wrong, for a failed, timed-out or interrupted child.
     pub error: Option<String>,
     /// When its runner started (ms since the epoch).
@@ -134,6 +136,7 @@ impl From<&ChildRow> for ChildInfo {
             task_index: r.task_index,
             status: r.status,
             summary: r.summary.clone(),
+            output: r.output.clone(),
             error: r.error.clone(),
             started_at_ms: r.started_at_ms,
             finished_at_ms: r.finished_at_ms,

@@ -22,7 +22,7 @@ pub use lifecycle::*;
 pub(crate) use request::panic_message;
 pub use request::{
     validate, validate_new_session_id, validate_session_id, validate_traceparent, DelegateRequest, RequestError,
-    SessionSettings, TaskSpec, MAX_SESSION_ID_CHARS,
+    SessionSettings, TaskSpec, MAX_IDEMPOTENCY_KEY_CHARS, MAX_SESSION_ID_CHARS,
 };
 
 /// Milliseconds since the Unix epoch, the one clock stored rows use.
@@ -43,6 +43,10 @@ pub const DEFAULT_STALL_MS: u64 = 450_000;
 /// The largest value brood writes or reads, in bytes (a call of many long goals stays far below):
 /// the codec's limit, and what a call's rows must fit in.
 pub const MAX_VALUE_BYTES: usize = 32 << 20;
+
+/// The most a child's output (its data, as JSON text) may take: a runner that returns more
+/// ends its child `failed`, saying so, so that its row always fits in [`MAX_VALUE_BYTES`].
+pub const MAX_OUTPUT_BYTES: usize = 8 << 20;
 
 /// How a call delivers its results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,6 +171,8 @@ pub struct Task {
     pub stall_ms: u64,
     /// Whether recovery may run the task again when it was running at a crash.
     pub rerun_on_recovery: bool,
+    /// The task's data, as JSON text (any JSON value but `null`), handed to its runner.
+    pub input: Option<String>,
 }
 
 /// The stored row of a session.
@@ -210,6 +216,78 @@ pub struct CallRow {
     /// The caller's W3C trace context, checked when the call was accepted: every child of the
     /// call is run with it, a re-run after a restart too.
     pub traceparent: Option<String>,
+    /// The idempotency key the call was delegated with, and what it asked: a delegate naming
+    /// the same key is answered with this call (the call id is made from the key), or refused
+    /// when it asks for something else.
+    pub idempotency: Option<Idempotency>,
+}
+
+/// A call's idempotency key and the fingerprint of the request it was made with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Idempotency {
+    /// The key the caller chose.
+    pub key: String,
+    /// [`request_fingerprint`] of the request: its tasks (as stored), mode and completions.
+    pub fingerprint: u64,
+}
+
+/// The fingerprint of a request to compare a retry's with: FNV-1a over the stored encoding of
+/// its tasks, its requested mode and its completions (the trace context is not part of it).
+pub fn request_fingerprint(tasks: &[Task], mode: Mode, independent_completions: bool) -> u64 {
+    let mut h = Fnv::default();
+    for t in tasks {
+        for text in [Some(&t.goal), Some(&t.runner_json), t.group.as_ref(), t.input.as_ref()] {
+            h.write_opt(text.map(String::as_bytes));
+        }
+        h.write_opt(t.timeout_ms.map(u64::to_le_bytes).as_ref().map(|b| &b[..]));
+        h.write_opt(Some(&t.stall_ms.to_le_bytes()));
+        h.write_opt(Some(&[u8::from(t.rerun_on_recovery)]));
+    }
+    h.write_opt(Some(&[mode as u8, u8::from(independent_completions)]));
+    h.0
+}
+
+/// The id of the call a session makes with an idempotency key: `deleg_` and 16 hex digits of
+/// FNV-1a over the session id and the key, so that a retry finds it by id (in memory, or in
+/// the ledger's index of calls) wherever and whenever it comes.
+pub fn keyed_call_id(session_id: &str, key: &str) -> String {
+    let mut h = Fnv::default();
+    h.write_opt(Some(session_id.as_bytes()));
+    h.write_opt(Some(key.as_bytes()));
+    format!("deleg_{:016x}", h.0)
+}
+
+/// 64-bit FNV-1a: stable across builds and platforms (unlike std's hashers), for ids and
+/// fingerprints that are stored.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn byte(&mut self, b: u8) {
+        self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+
+    /// Writes a field so that no two sequences of fields write the same bytes: a presence
+    /// byte, then the length and the bytes.
+    fn write_opt(&mut self, bytes: Option<&[u8]>) {
+        match bytes {
+            None => self.byte(0),
+            Some(b) => {
+                self.byte(1);
+                for x in (b.len() as u64).to_le_bytes() {
+                    self.byte(x);
+                }
+                for &x in b {
+                    self.byte(x);
+                }
+            }
+        }
+    }
 }
 
 /// The stored row of a completion unit.
@@ -253,6 +331,8 @@ pub struct ChildRow {
     pub status: ChildStatus,
     /// The runner's summary (or the partial result it handed back).
     pub summary: Option<String>,
+    /// The runner's result data, as JSON text (any JSON value but `null`).
+    pub output: Option<String>,
     /// What went wrong, for a failed, timed-out or interrupted child.
     pub error: Option<String>,
     /// When its runner started.
@@ -467,6 +547,10 @@ pub struct ReadyItem {
     pub goal: String,
     /// The child's summary.
     pub summary: Option<String>,
+    /// The child's result data, as JSON text.
+    pub output: Option<String>,
+    /// The child's execution attempts (1, or more when recovery ran it again).
+    pub attempts: u32,
     /// The child's error.
     pub error: Option<String>,
     /// Whether recovery replayed it.
@@ -476,6 +560,41 @@ pub struct ReadyItem {
     /// For recovered units: how many of the unit's children were recorded before the owner
     /// exited (k of "k/n child results were recorded before the owner exited").
     pub recorded_before_exit: Option<u32>,
+}
+
+/// How much one envelope may hold: what does not fit stays ready for a later boundary. The
+/// oldest ready items go first, and the first always goes, however large (so that no item is
+/// held back for good); a bound may split a unit's items over several envelopes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EnvelopeLimits {
+    /// At most this many items (none: no bound).
+    pub max_items: Option<usize>,
+    /// At most about this many bytes: each item counted as its texts, its data and
+    /// [`ITEM_OVERHEAD_BYTES`] for its ids and fields (none: no bound).
+    pub max_bytes: Option<usize>,
+}
+
+/// What an item is counted as beside its goal, summary, error and output, against
+/// [`EnvelopeLimits::max_bytes`]: about what its ids and other fields take as JSON.
+pub const ITEM_OVERHEAD_BYTES: usize = 320;
+
+impl EnvelopeLimits {
+    /// No bound.
+    pub const NONE: EnvelopeLimits = EnvelopeLimits {
+        max_items: None,
+        max_bytes: None,
+    };
+
+    /// A check for a claim, to be asked of each item in turn with its size: whether it fits
+    /// beside those asked of before.
+    pub fn fits(self) -> impl FnMut(usize) -> bool {
+        let (mut items, mut bytes) = (0usize, 0usize);
+        move |size| {
+            items += 1;
+            bytes = bytes.saturating_add(size);
+            self.max_items.is_none_or(|max| items <= max) && self.max_bytes.is_none_or(|max| bytes <= max)
+        }
+    }
 }
 
 /// Everything ready at one boundary, owned by one claim.
@@ -489,6 +608,8 @@ pub struct Envelope {
     pub lease_expires_at_ms: u64,
     /// The items, by set, unit, task and kind.
     pub items: Vec<ReadyItem>,
+    /// Ready items were left out by the envelope's bounds: they go at a later boundary.
+    pub more: bool,
     /// What a model reads. The session owner leaves it empty; the embedding API renders it
     /// off the routing thread.
     pub text: String,
@@ -781,6 +902,7 @@ mod tests {
             timeout_ms: None,
             stall_ms: DEFAULT_STALL_MS,
             rerun_on_recovery: false,
+            input: None,
         }
     }
 

@@ -59,6 +59,8 @@ pub struct TaskSpec {
     pub stall_ms: Option<u64>,
     /// Whether recovery may re-run the task when it was running at a crash.
     pub rerun_on_recovery: bool,
+    /// The task's data, handed to its runner (`null` is the same as none).
+    pub input: Option<serde_json::Value>,
 }
 
 impl TaskSpec {
@@ -71,6 +73,7 @@ impl TaskSpec {
             timeout_ms: None,
             stall_ms: None,
             rerun_on_recovery: false,
+            input: None,
         }
     }
 
@@ -97,6 +100,12 @@ impl TaskSpec {
         self.rerun_on_recovery = yes;
         self
     }
+
+    /// Gives the task data, handed to its runner.
+    pub fn input(mut self, value: serde_json::Value) -> Self {
+        self.input = Some(value);
+        self
+    }
 }
 
 /// One delegate request.
@@ -112,7 +121,16 @@ pub struct DelegateRequest {
     /// the call, handed to each child's runner (a `command` child's `TRACEPARENT`) and told
     /// with its children's events.
     pub traceparent: Option<String>,
+    /// The caller's idempotency key (1 to 255 characters, no control character): a delegate
+    /// naming a key an earlier call of the session was made with is answered with that call
+    /// (its reply as it was made: id, set, units; a sync call's results) instead of making a
+    /// second one, as long as the call is kept; one asking for other tasks, mode or completions
+    /// is refused ([`crate::error::BroodError::IdempotencyConflict`]).
+    pub idempotency_key: Option<String>,
 }
+
+/// The longest idempotency key, in characters.
+pub const MAX_IDEMPOTENCY_KEY_CHARS: usize = 255;
 
 impl DelegateRequest {
     /// A background call of `tasks` (one unit for all ungrouped tasks).
@@ -122,6 +140,7 @@ impl DelegateRequest {
             mode: Mode::Background,
             independent_completions: false,
             traceparent: None,
+            idempotency_key: None,
         }
     }
 
@@ -144,6 +163,12 @@ impl DelegateRequest {
     /// `traceparent`), which changes nothing.
     pub fn traceparent(mut self, traceparent: impl Into<String>) -> Self {
         self.traceparent = Some(traceparent.into());
+        self
+    }
+
+    /// Makes the call idempotent under `key` (see [`DelegateRequest::idempotency_key`]).
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
         self
     }
 }
@@ -210,6 +235,21 @@ pub fn validate(
     if let Some(traceparent) = &req.traceparent {
         validate_traceparent(traceparent)?;
     }
+    if let Some(key) = &req.idempotency_key {
+        let chars = key.chars().count();
+        if chars == 0 || chars > MAX_IDEMPOTENCY_KEY_CHARS {
+            return Err(RequestError::invalid(
+                "idempotency_key",
+                format!("has {chars} characters; it must have 1 to {MAX_IDEMPOTENCY_KEY_CHARS}"),
+            ));
+        }
+        if key.chars().any(char::is_control) {
+            return Err(RequestError::invalid(
+                "idempotency_key",
+                "must not contain control characters",
+            ));
+        }
+    }
     if req.tasks.len() >= u32::MAX as usize {
         return Err(RequestError::invalid(
             "tasks",
@@ -262,20 +302,31 @@ pub fn validate(
             timeout_ms: t.timeout_ms,
             stall_ms: t.stall_ms.unwrap_or(DEFAULT_STALL_MS),
             rerun_on_recovery: t.rerun_on_recovery,
+            input: t
+                .input
+                .as_ref()
+                .filter(|v| !v.is_null())
+                .map(serde_json::Value::to_string),
         });
     }
     // The call is stored as one row: refuse what the ledger could not hold, naming the field,
     // rather than failing the write of every other request in the same group commit.
     let stored: usize = out
         .iter()
-        .map(|t| t.goal.len() + t.runner_json.len() + t.group.as_ref().map_or(0, String::len) + 32)
+        .map(|t| {
+            t.goal.len()
+                + t.runner_json.len()
+                + t.group.as_ref().map_or(0, String::len)
+                + t.input.as_ref().map_or(0, String::len)
+                + 32
+        })
         .sum();
     let limit = MAX_VALUE_BYTES - 64 * 1024;
     if stored > limit {
         return Err(RequestError::invalid(
             "tasks",
             format!(
-                "make a call of about {stored} bytes; at most {limit} bytes of goals and runner specs fit in one call"
+                "make a call of about {stored} bytes; at most {limit} bytes of goals, runner specs and inputs fit in one call"
             ),
         ));
     }

@@ -38,6 +38,7 @@ fn fresh_child(call_id: &str, unit_id: &str, session_id: &str, i: u32) -> ChildR
         task_index: i,
         status: ChildStatus::Queued,
         summary: None,
+        output: None,
         error: None,
         started_at_ms: None,
         finished_at_ms: None,

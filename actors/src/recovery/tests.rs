@@ -30,10 +30,12 @@ fn call(rerun: &[bool], group: Option<&str>) -> CallRow {
                 timeout_ms: None,
                 stall_ms: DEFAULT_STALL_MS,
                 rerun_on_recovery: r,
+                input: None,
             })
             .collect(),
         created_at_ms: 0,
         traceparent: None,
+        idempotency: None,
     }
 }
 

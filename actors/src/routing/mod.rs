@@ -90,6 +90,8 @@ pub struct Claim<K> {
     pub items: Vec<(K, u32)>,
     /// When the lease runs out.
     pub lease_expires_at_ms: u64,
+    /// Ready items were left out (the claim's bound was reached): they go at a later boundary.
+    pub more: bool,
 }
 
 /// Items a claim handed back (by release or lease expiry).
@@ -281,20 +283,45 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
 
     /// A boundary: every item ready at `now_ms` goes into one new claim, or nothing does.
     pub fn claim(&mut self, now_ms: u64, claim_id: String, lease_ms: u64) -> Option<Claim<K>> {
+        self.claim_some(now_ms, claim_id, lease_ms, |_| true)
+    }
+
+    /// A bounded boundary: the items ready at `now_ms`, in the order they became ready, go into
+    /// one new claim while `take` says the next one still fits; the first always goes (so that
+    /// an item larger than any bound is still delivered), and from the first that does not fit
+    /// on, the rest stay ready, in their order.
+    pub fn claim_some(
+        &mut self,
+        now_ms: u64,
+        claim_id: String,
+        lease_ms: u64,
+        mut take: impl FnMut(&K) -> bool,
+    ) -> Option<Claim<K>> {
         self.promote_due(now_ms);
         if self.ready.is_empty() {
             return None;
         }
-        let mut keys: Vec<K> = std::mem::take(&mut self.ready);
-        let mut items = Vec::with_capacity(keys.len());
-        keys.retain(|key| match self.items.get_mut(key) {
-            Some(e) if e.state == State::Ready => {
-                e.state = State::Claimed;
-                items.push((key.clone(), e.failed_attempts.saturating_add(1)));
-                true
+        let ready: Vec<K> = std::mem::take(&mut self.ready);
+        let mut keys = Vec::with_capacity(ready.len());
+        let mut items = Vec::with_capacity(ready.len());
+        let mut full = false;
+        for key in ready {
+            let Some(e) = self.items.get_mut(&key).filter(|e| e.state == State::Ready) else {
+                continue; // no longer ready: dropped from the list
+            };
+            if full || (!keys.is_empty() && !take(&key)) {
+                full = true;
+                self.ready.push(key);
+                continue;
             }
-            _ => false,
-        });
+            if keys.is_empty() {
+                // The first goes whatever its size; it still counts against the bound.
+                take(&key);
+            }
+            e.state = State::Claimed;
+            items.push((key.clone(), e.failed_attempts.saturating_add(1)));
+            keys.push(key);
+        }
         if keys.is_empty() {
             return None;
         }
@@ -311,6 +338,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
             claim_id,
             items,
             lease_expires_at_ms,
+            more: !self.ready.is_empty(),
         })
     }
 
@@ -558,6 +586,43 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bounded_claim_takes_the_oldest_ready_items_that_fit_and_leaves_the_rest_ready_in_order() {
+        let mut r: Router<u32> = Router::new(3);
+        for i in 0..5 {
+            r.publish(i, 0);
+        }
+        let mut asked = Vec::new();
+        let c = r
+            .claim_some(0, "c1".into(), 100, |k| {
+                asked.push(*k);
+                asked.len() <= 2
+            })
+            .unwrap();
+        let keys: Vec<u32> = c.items.iter().map(|(k, _)| *k).collect();
+        assert_eq!((keys, c.more), (vec![0, 1], true));
+        // Asked of the first (which goes anyway), then until one did not fit.
+        assert_eq!(asked, vec![0, 1, 2]);
+        let c = r.claim(0, "c2".into(), 100).unwrap();
+        let keys: Vec<u32> = c.items.iter().map(|(k, _)| *k).collect();
+        assert_eq!((keys, c.more), (vec![2, 3, 4], false));
+        assert!(r.claim(0, "c3".into(), 100).is_none());
+    }
+
+    #[test]
+    fn a_bounded_claim_always_takes_the_first_item_even_over_the_bound() {
+        let mut r: Router<u32> = Router::new(3);
+        r.publish(7, 0);
+        r.publish(8, 0);
+        let c = r.claim_some(0, "c1".into(), 100, |_| false).unwrap();
+        let keys: Vec<u32> = c.items.iter().map(|(k, _)| *k).collect();
+        assert_eq!((keys, c.more), (vec![7], true));
+        // What was left is claimable as usual, and released items join it.
+        r.apply_ack("c1");
+        let c = r.claim_some(0, "c2".into(), 100, |_| false).unwrap();
+        assert_eq!((c.items.len(), c.more), (1, false));
+    }
 
     #[test]
     fn ended_claims_are_remembered_up_to_a_bound_then_forgotten_oldest_first() {

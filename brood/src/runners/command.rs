@@ -1,12 +1,18 @@
 //! The `command` runner: a child that is a local process.
 //!
 //! `{"kind": "command", "argv": ["prog", "arg", …], "env": {"K": "V"}, "cwd": "/path"}` runs
-//! `argv` (no shell) in a process group of its own, with stdin from `/dev/null` and stdout and
-//! stderr captured together. Every chunk of output beats the child's stall clock. The summary is
-//! the tail of the output (the last [`TAIL_BYTES`] bytes, cut on a character boundary): exit
-//! code 0 is `succeeded`; a nonzero code or a signal is `failed`, with an error naming it and the
-//! tail as the partial summary. A program that cannot be started (not found, a bad `cwd`) is
-//! `failed` with an error that says so.
+//! `argv` (no shell) in a process group of its own, with stdout and stderr captured together.
+//! Its stdin is the task's `input` as JSON text (then closed), or `/dev/null` when the task has
+//! none. Every chunk of output beats the child's stall clock. The summary is the tail of the
+//! output (the last [`TAIL_BYTES`] bytes, cut on a character boundary): exit code 0 is
+//! `succeeded`; a nonzero code or a signal is `failed`, with an error naming it and the tail as
+//! the partial summary. A program that cannot be started (not found, a bad `cwd`) is `failed`
+//! with an error that says so.
+//!
+//! Result data: `BROOD_OUTPUT` names an empty file (mode 0600, in the system's temporary
+//! folder) made for this run. JSON the program writes there is the child's `output`; a file
+//! left empty is no output; anything else ends the child `failed`, saying what was wrong. The
+//! file is removed when the run ends.
 //!
 //! The process group does not outlive the runner, nor the server. When the command exits,
 //! whatever it left running in its group is killed (so nothing holds the output pipes open);
@@ -27,6 +33,7 @@
 //!
 //! The environment is empty but for the variables [`CommandSettings`] passes through from the
 //! server's (by default `PATH`, `HOME` and `LANG`), `BROOD_CHILD_ID` (the child's id),
+//! `BROOD_OUTPUT` (the file for its result data),
 //! `TRACEPARENT` (the W3C trace context the call was delegated with, when it has one) and the
 //! spec's `env`, in that order, a later one replacing an earlier of the same name. Whether
 //! `command` may run at all is the server's decision (`allowed_runners`), not this module's.
@@ -225,11 +232,17 @@ async fn run(spec: CommandSpec, settings: Arc<CommandSettings>, ctx: RunContext)
         }
     }
     cmd.env("BROOD_CHILD_ID", &ctx.child_id);
+    let output_file = match OutputFile::make(&ctx.child_id, ctx.attempt) {
+        Ok(file) => file,
+        Err(e) => return RunOutput::failed(format!("the file for `{program}`'s output could not be made: {e}")),
+    };
+    cmd.env("BROOD_OUTPUT", &output_file.path);
     if let Some(traceparent) = ctx.traceparent() {
         cmd.env("TRACEPARENT", traceparent);
     }
+    let input = ctx.input.as_ref().map(|v| v.to_string().into_bytes());
     cmd.envs(&spec.env)
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -248,18 +261,20 @@ async fn run(spec: CommandSpec, settings: Arc<CommandSettings>, ctx: RunContext)
         Ok(c) => c,
         Err(e) => {
             let place = spec.cwd.as_deref().map(|d| format!(" in `{d}`")).unwrap_or_default();
-            return RunOutput::Failed {
-                error: format!("`{program}` could not be started{place}: {e}"),
-                summary: None,
-            };
+            return RunOutput::failed(format!("`{program}` could not be started{place}: {e}"));
         }
     };
     let Some(pid) = child.id() else {
-        return RunOutput::Failed {
-            error: format!("`{program}` exited before its process group was known"),
-            summary: None,
-        };
+        return RunOutput::failed(format!("`{program}` exited before its process group was known"));
     };
+    if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
+        // Written beside the run, so that a program that does not read its stdin (or reads it
+        // late) never holds the run up; a program that closed it early ends the write.
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt as _;
+            let _ = stdin.write_all(&bytes).await;
+        });
+    }
     // process_group(0): the group's id is the leader's pid.
     let pgid = pid as libc::pid_t;
     let mut group = Group {
@@ -294,16 +309,76 @@ async fn run(spec: CommandSpec, settings: Arc<CommandSettings>, ctx: RunContext)
     group.kill();
     let _ = tokio::time::timeout(DRAIN_GRACE, drain(&mut stdout, &mut stderr, &mut output)).await;
     let summary = output.summary();
-    match status {
-        Ok(status) if status.success() => RunOutput::Succeeded { summary },
-        Ok(status) => RunOutput::Failed {
+    let partial = (!summary.is_empty()).then_some(summary.clone());
+    let data = output_file.read();
+    match (status, data) {
+        (Ok(status), Ok(output)) if status.success() => RunOutput::Succeeded { summary, output },
+        (Ok(status), Err(e)) if status.success() => RunOutput::Failed {
+            error: format!("`{program}` exited 0, but {e}"),
+            summary: partial,
+            output: None,
+        },
+        (Ok(status), data) => RunOutput::Failed {
             error: format!("`{program}` {}", how_it_ended(status)),
-            summary: (!summary.is_empty()).then_some(summary),
+            summary: partial,
+            output: data.unwrap_or(None),
         },
-        Err(e) => RunOutput::Failed {
+        (Err(e), _) => RunOutput::Failed {
             error: format!("`{program}` could not be waited for: {e}"),
-            summary: (!summary.is_empty()).then_some(summary),
+            summary: partial,
+            output: None,
         },
+    }
+}
+
+/// The file a command writes its result data to (`BROOD_OUTPUT`), removed when dropped.
+struct OutputFile {
+    path: std::path::PathBuf,
+}
+
+impl OutputFile {
+    /// An empty file only this user may read or write, new for this run of `child_id`.
+    fn make(child_id: &str, attempt: u32) -> std::io::Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let name = format!(
+            "brood-output-{}-{}-{attempt}-{:x}",
+            std::process::id(),
+            child_id.replace(|c: char| !c.is_ascii_alphanumeric() && c != '.' && c != '_', "-"),
+            brood_actors::model::now_ms()
+        );
+        let path = std::env::temp_dir().join(name);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        Ok(OutputFile { path })
+    }
+
+    /// What the program wrote: none for an empty file, else its JSON value; an error saying what
+    /// is wrong with anything else.
+    fn read(&self) -> Result<Option<serde_json::Value>, String> {
+        use std::io::Read as _;
+        let limit = brood_actors::model::MAX_OUTPUT_BYTES;
+        let mut text = Vec::new();
+        std::fs::File::open(&self.path)
+            .and_then(|f| f.take(limit as u64 + 1).read_to_end(&mut text))
+            .map_err(|e| format!("its BROOD_OUTPUT file could not be read: {e}"))?;
+        if text.len() > limit {
+            return Err(format!("its BROOD_OUTPUT file holds more than {limit} bytes"));
+        }
+        if text.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        serde_json::from_slice(&text)
+            .map(|v: serde_json::Value| (!v.is_null()).then_some(v))
+            .map_err(|e| format!("its BROOD_OUTPUT file is not JSON: {e}"))
+    }
+}
+
+impl Drop for OutputFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 

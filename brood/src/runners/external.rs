@@ -103,12 +103,43 @@ impl ExternalSpec {
 pub struct Handout {
     /// The child to run.
     pub child_id: String,
-    /// Its goal.
-    pub goal: String,
+    /// What it is to do.
+    pub work: Work,
     /// The token every heartbeat and the completion must carry.
     pub token: String,
     /// The hold, in ms: heartbeat within it (API.md's `lease_ms` of a poll's answer).
     pub hold_ms: u64,
+}
+
+/// What a worker is told of the child it runs, besides its id, token and hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Work {
+    /// Its goal.
+    pub goal: String,
+    /// Its task's data.
+    pub input: Option<serde_json::Value>,
+    /// The session whose call made it.
+    pub session_id: String,
+    /// The call that made it.
+    pub call_id: String,
+    /// Its execution attempt (1 for the first run).
+    pub attempt: u32,
+    /// When it times out (ms since the epoch), when its task has a timeout.
+    pub deadline_at_ms: Option<u64>,
+}
+
+impl Work {
+    /// What `ctx`'s child is to do.
+    fn of(ctx: &RunContext) -> Self {
+        Work {
+            goal: ctx.goal.clone(),
+            input: ctx.input.clone(),
+            session_id: ctx.parent_session_id.clone(),
+            call_id: ctx.call_id.clone(),
+            attempt: ctx.attempt,
+            deadline_at_ms: ctx.deadline_at_ms,
+        }
+    }
 }
 
 /// Why a worker's heartbeat or completion was refused.
@@ -142,17 +173,29 @@ pub enum WorkError {
 
 /// How a worker ended its child: what its completion is compared with, in the queues and in
 /// the ledger.
-fn outcome_of(output: &RunOutput) -> (ChildStatus, Option<&str>, Option<&str>) {
-    match output {
-        RunOutput::Succeeded { summary } => (ChildStatus::Succeeded, Some(summary), None),
-        RunOutput::Failed { error, summary } => (ChildStatus::Failed, summary.as_deref(), Some(error)),
-    }
+fn outcome_of(output: &RunOutput) -> (ChildStatus, Option<&str>, Option<&str>, Option<&serde_json::Value>) {
+    let (status, summary, error, output) = match output {
+        RunOutput::Succeeded { summary, output } => (ChildStatus::Succeeded, Some(summary.as_str()), None, output),
+        RunOutput::Failed { error, summary, output } => {
+            (ChildStatus::Failed, summary.as_deref(), Some(error.as_str()), output)
+        }
+    };
+    (status, summary, error, output.as_ref().filter(|v| !v.is_null()))
 }
 
 /// Whether what was recorded of an ended child is the end `output` gives it: the same status,
-/// summary and error (a completion sent again, after its answer was lost or a restart).
+/// summary, error and data (a completion sent again, after its answer was lost or a restart).
 pub fn is_recorded_as(row: &ChildInfo, output: &RunOutput) -> bool {
-    row.status.is_terminal() && (row.status, row.summary.as_deref(), row.error.as_deref()) == outcome_of(output)
+    let (status, summary, error, data) = outcome_of(output);
+    let recorded = row.output.as_deref().map(serde_json::from_str::<serde_json::Value>);
+    let same_data = match (recorded, data) {
+        (None, None) => true,
+        (Some(Ok(recorded)), Some(data)) => &recorded == data,
+        _ => false,
+    };
+    row.status.is_terminal()
+        && (row.status, row.summary.as_deref(), row.error.as_deref()) == (status, summary, error)
+        && same_data
 }
 
 /// What a completion handed to its child comes to, once the engine answered its row: `Ok`
@@ -213,7 +256,7 @@ struct Entry<P> {
     /// remove it).
     ticket: u64,
     queue: String,
-    goal: String,
+    work: Work,
     progress: P,
     hold: Option<Hold>,
     done: oneshot::Sender<RunOutput>,
@@ -287,7 +330,7 @@ impl<P: Clone> Roster<P> {
         &mut self,
         child_id: &str,
         queue: &str,
-        goal: &str,
+        work: Work,
         progress: P,
         done: oneshot::Sender<RunOutput>,
     ) -> u64 {
@@ -302,7 +345,7 @@ impl<P: Clone> Roster<P> {
             Entry {
                 ticket,
                 queue: queue.to_string(),
-                goal: goal.to_string(),
+                work,
                 progress,
                 hold: None,
                 done,
@@ -385,7 +428,7 @@ impl<P: Clone> Roster<P> {
         });
         let handout = Handout {
             child_id,
-            goal: entry.goal.clone(),
+            work: entry.work.clone(),
             token,
             hold_ms: hold.as_millis() as u64,
         };
@@ -702,7 +745,7 @@ impl WorkQueues {
         let (tx, rx) = oneshot::channel();
         let ticket = self
             .roster()
-            .enqueue(&ctx.child_id, queue, &ctx.goal, ctx.progress.clone(), tx);
+            .enqueue(&ctx.child_id, queue, Work::of(ctx), ctx.progress.clone(), tx);
         self.post(&ctx.child_id, queue);
         self.queued.notify_waiters();
         let ticket = Ticket {
@@ -881,9 +924,8 @@ impl Runner for ExternalRunner {
                 tokio::select! {
                     output = &mut done => {
                         drop(ticket);
-                        return output.unwrap_or_else(|_| RunOutput::Failed {
-                            error: "the work queue let go of the child without an output".into(),
-                            summary: None,
+                        return output.unwrap_or_else(|_| {
+                            RunOutput::failed("the work queue let go of the child without an output")
                         });
                     }
                     _ = tokio::time::sleep_until(wake) => {}
@@ -904,7 +946,7 @@ mod tests {
         let mut rxs = Vec::new();
         for (child, queue) in children {
             let (tx, rx) = oneshot::channel();
-            roster.enqueue(child, queue, &format!("goal of {child}"), (), tx);
+            roster.enqueue(child, queue, work(format!("goal of {child}")), (), tx);
             rxs.push(rx);
         }
         (roster, rxs)
@@ -913,8 +955,18 @@ mod tests {
     const HOLD: Duration = Duration::from_millis(1000);
 
     fn done(summary: &str) -> RunOutput {
-        RunOutput::Succeeded {
-            summary: summary.into(),
+        RunOutput::succeeded(summary)
+    }
+
+    /// The work of a child that has only a goal.
+    fn work(goal: String) -> Work {
+        Work {
+            goal,
+            input: None,
+            session_id: "s".into(),
+            call_id: "deleg_1".into(),
+            attempt: 1,
+            deadline_at_ms: None,
         }
     }
 
@@ -988,7 +1040,7 @@ mod tests {
         let now = Instant::now();
         let (h, ()) = roster.hand_out("q", "w", HOLD, "t1".into(), now).unwrap();
         assert_eq!(
-            (h.child_id.as_str(), h.goal.as_str(), h.hold_ms),
+            (h.child_id.as_str(), h.work.goal.as_str(), h.hold_ms),
             ("a", "goal of a", 1000)
         );
         assert_eq!(
@@ -1119,10 +1171,7 @@ mod tests {
             completion_outcome("a", &ok, Some(RecordOutcome::Stored(ChildStatus::Succeeded))),
             Ok(())
         );
-        let failed = RunOutput::Failed {
-            error: "on fire".into(),
-            summary: None,
-        };
+        let failed = RunOutput::failed("on fire");
         assert_eq!(
             completion_outcome("a", &failed, Some(RecordOutcome::Stored(ChildStatus::Failed))),
             Ok(())
@@ -1151,6 +1200,7 @@ mod tests {
             task_index: 0,
             status,
             summary: summary.map(str::to_string),
+            output: None,
             error: error.map(str::to_string),
             started_at_ms: Some(1),
             finished_at_ms: Some(2),
@@ -1170,6 +1220,7 @@ mod tests {
         let failed = RunOutput::Failed {
             error: "on fire".into(),
             summary: Some("40%".into()),
+            output: None,
         };
         assert!(is_recorded_as(
             &row(ChildStatus::Failed, Some("40%"), Some("on fire")),
@@ -1183,13 +1234,23 @@ mod tests {
             &row(ChildStatus::Failed, Some("40%"), Some("smoke")),
             &failed
         ));
+        // The data too: recorded as text, compared as the JSON value it is.
+        let with_data = done("frame 7").with_output(serde_json::json!({"n": 1, "tags": ["a"]}));
+        let recorded = |text: Option<&str>| ChildInfo {
+            output: text.map(str::to_string),
+            ..row(ChildStatus::Succeeded, Some("frame 7"), None)
+        };
+        assert!(is_recorded_as(&recorded(Some(r#"{"tags":["a"],"n":1}"#)), &with_data));
+        assert!(!is_recorded_as(&recorded(Some(r#"{"n":2,"tags":["a"]}"#)), &with_data));
+        assert!(!is_recorded_as(&recorded(None), &with_data));
+        assert!(!is_recorded_as(&recorded(Some("[]")), &ok));
     }
 
     #[test]
     fn only_its_own_run_removes_a_child() {
         let (mut roster, _rx) = book_with(&[("a", "q")]);
         let (tx, _rx2) = oneshot::channel();
-        let second = roster.enqueue("a", "q", "again", (), tx);
+        let second = roster.enqueue("a", "q", work("again".into()), (), tx);
         roster.remove("a", second - 1);
         assert_eq!(
             roster.expire("a", Instant::now()).0,

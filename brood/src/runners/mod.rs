@@ -43,7 +43,8 @@ pub enum SimOutcome {
     Hang,
 }
 
-/// The `sim` runner spec: `{"kind": "sim", "ms": 50, "outcome": "ok", "summary": "…"}`.
+/// The `sim` runner spec: `{"kind": "sim", "ms": 50, "outcome": "ok", "summary": "…"}`. A sim
+/// child that succeeds hands its task's `input` back as its `output`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimSpec {
@@ -121,6 +122,7 @@ impl Runner for SimRunner {
         let RunContext {
             child_id,
             goal,
+            input,
             progress,
             ..
         } = ctx;
@@ -140,11 +142,9 @@ impl Runner for SimRunner {
                 progress.beat();
             }
             match outcome {
-                SimOutcome::Ok | SimOutcome::Hang => RunOutput::Succeeded { summary },
-                SimOutcome::Fail => RunOutput::Failed {
-                    error: format!("simulated failure of {summary}"),
-                    summary: None,
-                },
+                // A simulated child hands its task's data back as its own.
+                SimOutcome::Ok | SimOutcome::Hang => RunOutput::Succeeded { summary, output: input },
+                SimOutcome::Fail => RunOutput::failed(format!("simulated failure of {summary}")),
                 SimOutcome::Panic => panic!("simulated panic in {summary}"),
             }
         })

@@ -90,7 +90,9 @@ impl From<BroodError> for ApiError {
             BroodError::UnknownClaim(_) => (StatusCode::NOT_FOUND, "unknown_claim"),
             BroodError::UnknownTarget { .. } => (StatusCode::NOT_FOUND, e.code()),
             BroodError::MaxDepthExceeded { .. } => (StatusCode::BAD_REQUEST, e.code()),
-            BroodError::ParentEnded { .. } => (StatusCode::CONFLICT, e.code()),
+            BroodError::ParentEnded { .. }
+            | BroodError::IdempotencyConflict { .. }
+            | BroodError::IdempotencyInProgress { .. } => (StatusCode::CONFLICT, e.code()),
             // The server, not the request, is at its bound: retry later, as with `draining`.
             BroodError::ServerFull { .. } => (StatusCode::SERVICE_UNAVAILABLE, e.code()),
             BroodError::ClaimLost(_) => (StatusCode::CONFLICT, "claim_lost"),
@@ -112,16 +114,17 @@ impl From<BroodError> for ApiError {
 }
 
 /// Parses a JSON body, naming the path of what is wrong (`tasks[2].goal: missing field`).
-/// An empty body reads as `{}` where every field is optional.
+/// An empty body (nothing, or only JSON's own whitespace) reads as `{}` where every field is
+/// optional.
 pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
+    let body: &[u8] = if body.iter().copied().all(json_whitespace) {
         b"{}"
     } else {
         body
     };
     // serde reads a struct from an array of its fields too; a body is an object (or `null`
     // where the body is optional), never that.
-    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+    if body.iter().copied().find(|b| !json_whitespace(*b)) == Some(b'[') {
         return Err(ApiError::invalid("the body must be a JSON object, not an array"));
     }
     let mut de = serde_json::Deserializer::from_slice(body);
@@ -141,6 +144,11 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
     Ok(value)
 }
 
+/// JSON's whitespace (RFC 8259 §2): narrower than ASCII's, which also counts a form feed.
+fn json_whitespace(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
 /// Parses a request's query string into `T`; what does not parse is a 400 saying why.
 pub fn query<T: serde::de::DeserializeOwned>(req: &actix_web::HttpRequest) -> Result<T, ApiError> {
     actix_web::web::Query::<T>::from_query(req.query_string())
@@ -152,3 +160,38 @@ pub fn query<T: serde::de::DeserializeOwned>(req: &actix_web::HttpRequest) -> Re
 /// the forwarding middleware to send the request on).
 #[derive(Debug, Clone)]
 pub(super) struct MovedTo(pub(super) String);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Default, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Optional {
+        #[serde(default)]
+        n: Option<u32>,
+    }
+
+    #[test]
+    fn an_empty_body_or_json_whitespace_reads_as_an_empty_object() {
+        for body in [&b""[..], b" ", b"\r\n\t "] {
+            assert_eq!(parse::<Optional>(body).map(|o| o.n).ok(), Some(None), "{body:?}");
+        }
+        assert_eq!(parse::<Optional>(b" {\"n\": 3}\n").map(|o| o.n).ok(), Some(Some(3)));
+    }
+
+    #[test]
+    fn a_form_feed_or_other_non_json_whitespace_is_refused_as_not_json() {
+        for body in [&b"\x0c"[..], b"\x0b", b" \x0c{}", b"\xa0"] {
+            let e = parse::<Option<Optional>>(body).unwrap_err();
+            assert_eq!(e.status, actix_web::http::StatusCode::BAD_REQUEST, "{body:?}");
+            assert!(e.message.contains("not valid JSON"), "{body:?}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn an_array_is_refused_even_after_leading_whitespace() {
+        let e = parse::<Optional>(b" \n[1]").unwrap_err();
+        assert!(e.message.contains("not an array"), "{}", e.message);
+    }
+}

@@ -218,6 +218,10 @@ pub struct ChildView {
     pub delivery_attempt: Option<u32>,
     /// The first line of its summary, or of its error.
     pub summary: Option<String>,
+    /// Its result as data, once it ended with some.
+    pub output: Option<serde_json::Value>,
+    /// How many times it was run (1, or more when recovery ran it again).
+    pub attempts: u32,
 }
 
 impl From<&brood::ChildInfo> for ChildView {
@@ -239,6 +243,8 @@ impl From<&brood::ChildInfo> for ChildView {
             delivery,
             delivery_attempt: ended.then(|| r.result.failed_attempts.saturating_add(1)),
             summary: summary_line(r.summary.as_deref(), r.error.as_deref()),
+            output: data(r.output.as_deref()),
+            attempts: r.attempt,
         }
     }
 }
@@ -370,10 +376,19 @@ pub struct Item {
     pub status: ChildStatus,
     /// What came of it.
     pub summary: Option<String>,
+    /// What came of it, as data.
+    pub output: Option<serde_json::Value>,
+    /// How many times the child was run (1, or more when recovery ran it again).
+    pub attempts: u32,
     /// Why it failed.
     pub error: Option<String>,
     /// Whether recovery resolved it after a restart.
     pub recovered: bool,
+}
+
+/// A child's data (JSON text as the engine keeps it) as a reply carries it.
+pub fn data(text: Option<&str>) -> Option<serde_json::Value> {
+    text.and_then(|t| serde_json::from_str(t).ok())
 }
 
 impl From<&brood::ReadyItem> for Item {
@@ -391,6 +406,8 @@ impl From<&brood::ReadyItem> for Item {
             of: i.of,
             status: i.status.into(),
             summary: i.summary.clone(),
+            output: data(i.output.as_deref()),
+            attempts: i.attempts,
             error: i.error.clone(),
             recovered: i.recovered,
         }
@@ -411,6 +428,9 @@ pub struct Envelope {
     pub lease_expires_at: u64,
     /// The items.
     pub items: Vec<Item>,
+    /// Ready items were left out by the boundary's `max_items` or `max_bytes`: they go at the
+    /// next boundary.
+    pub more: bool,
     /// What a model reads: the header, one block per call, the tags `[set N · k/n]`.
     pub text: String,
 }
@@ -421,6 +441,7 @@ impl From<&brood::Envelope> for Envelope {
             claim_id: env.claim_id.clone(),
             lease_expires_at: env.lease_expires_at_ms,
             items: items(&env.items),
+            more: env.more,
             text: env.text.clone(),
         }
     }
@@ -510,7 +531,7 @@ pub struct RedriveReply {
 /// `GET /healthz`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Health {
-    /// `ok`.
+    /// `ok` (`/healthz`) or `ready` (`/readyz`).
     pub status: String,
     /// Sessions routed here.
     pub sessions: u64,
@@ -525,6 +546,17 @@ pub struct WorkItem {
     pub child_id: String,
     /// What to do.
     pub goal: String,
+    /// The task's data, when it has some.
+    pub input: Option<serde_json::Value>,
+    /// The session whose call made the child.
+    pub session_id: String,
+    /// The call that made the child.
+    pub call_id: String,
+    /// Which run of the child this is: 1, or more when recovery runs it again.
+    pub attempt: u32,
+    /// When the child times out (ms since the epoch), when its task has a timeout: a
+    /// completion after it is refused.
+    pub deadline_at: Option<u64>,
     /// Send it with every heartbeat and the completion.
     pub token: String,
     /// The lease, renewed by heartbeats.
@@ -533,9 +565,15 @@ pub struct WorkItem {
 
 impl From<brood::runners::external::Handout> for WorkItem {
     fn from(h: brood::runners::external::Handout) -> Self {
+        let work = h.work;
         WorkItem {
             child_id: h.child_id,
-            goal: h.goal,
+            goal: work.goal,
+            input: work.input,
+            session_id: work.session_id,
+            call_id: work.call_id,
+            attempt: work.attempt,
+            deadline_at: work.deadline_at_ms,
             token: h.token,
             lease_ms: h.hold_ms,
         }
@@ -546,7 +584,14 @@ impl From<WorkItem> for brood::runners::external::Handout {
     fn from(w: WorkItem) -> Self {
         brood::runners::external::Handout {
             child_id: w.child_id,
-            goal: w.goal,
+            work: brood::runners::external::Work {
+                goal: w.goal,
+                input: w.input,
+                session_id: w.session_id,
+                call_id: w.call_id,
+                attempt: w.attempt,
+                deadline_at_ms: w.deadline_at,
+            },
             token: w.token,
             hold_ms: w.lease_ms,
         }
@@ -571,6 +616,8 @@ pub struct CompleteReply {
     pub status: ChildStatus,
     /// What came of it.
     pub summary: Option<String>,
+    /// What came of it, as data.
+    pub output: Option<serde_json::Value>,
     /// Why it failed.
     pub error: Option<String>,
 }

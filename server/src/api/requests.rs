@@ -78,6 +78,11 @@ pub struct TaskBody {
     /// Whether recovery may run the child again when it was running at a crash.
     #[serde(default)]
     pub rerun_on_recovery: bool,
+    /// The task's data, any JSON value (`null` is none), at most the server's
+    /// `max_input_bytes` as compact JSON: handed to the child's runner (an external worker's
+    /// poll reply, a `command`'s stdin; a `sim` child hands it back as its output).
+    #[serde(default)]
+    pub input: Option<Value>,
 }
 
 /// A runner spec: what runs a child, by `kind`. `command` and `external` are refused (403)
@@ -186,6 +191,13 @@ pub struct DelegateBody {
     /// the call.
     #[schema(pattern = r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")]
     pub traceparent: Option<String>,
+    /// Makes the call idempotent (or give the `Idempotency-Key` header): a delegate with the
+    /// same key and the same request is answered with the call the first one made (its reply,
+    /// as it was made) instead of making another — after a lost answer, a restart or a
+    /// takeover — as long as the call is kept; the same key with another request is 409
+    /// `idempotency_conflict`. 1 to 255 characters, none a control character.
+    #[schema(min_length = 1, max_length = 255, pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
+    pub idempotency_key: Option<String>,
 }
 
 /// `POST /v1/sessions/{session_id}/boundary`.
@@ -202,6 +214,15 @@ pub struct BoundaryBody {
     #[serde(default, deserialize_with = "whole_opt")]
     #[schema(minimum = 100, maximum = 3_600_000)]
     pub lease_ms: Option<u64>,
+    /// At most this many items in the envelope (the oldest ready first); the rest stay ready.
+    #[serde(default, deserialize_with = "whole_opt")]
+    #[schema(minimum = 1)]
+    pub max_items: Option<u64>,
+    /// At most about this many bytes of items (their texts and data, and a few hundred bytes
+    /// each for their ids); the first item goes whatever its size; the rest stay ready.
+    #[serde(default, deserialize_with = "whole_opt")]
+    #[schema(minimum = 1)]
+    pub max_bytes: Option<u64>,
 }
 
 /// `POST /v1/claims/{claim_id}/release`.
@@ -312,6 +333,10 @@ pub struct CompleteBody {
     pub summary: Option<String>,
     /// Why it failed.
     pub error: Option<String>,
+    /// The result as data, any JSON value (`null` is none), at most the server's
+    /// `max_output_bytes` as compact JSON.
+    #[serde(default)]
+    pub output: Option<Value>,
 }
 
 /// `POST /v1/workers/take`: between processes sharing a ledger, not for workers.

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use figment::value::Value;
 
+use brood_actors::model::MAX_OUTPUT_BYTES;
+
 use super::{ServeConfig, DAY_MS};
 
 /// The keys, with what each accepts (for messages and `--print-config`).
@@ -89,6 +91,14 @@ pub(super) const KEYS: &[(&str, &str)] = &[
     ("routing_threads", "from 0 to 256 (default: one per core)"),
     ("cache_bytes", "bytes, from 1048576 to 1099511627776 (default 67108864)"),
     ("max_tasks_per_call", "from 1 to 1000000 (default 10000)"),
+    (
+        "max_input_bytes",
+        "bytes, from 1 to 8388608 (default 1048576): the most a task's input takes as JSON",
+    ),
+    (
+        "max_output_bytes",
+        "bytes, from 1 to 8388608 (default 1048576): the most a worker's output takes as JSON",
+    ),
     (
         "max_session_capacity",
         "from 1 to 1000000, at least max_concurrent_children (default 1024)",
@@ -391,6 +401,8 @@ pub(super) fn apply(c: &mut ServeConfig, key: &str, raw: &Raw<'_>) -> Result<(),
         "routing_threads" => c.routing_threads = number(key, raw, 0, 256)? as usize,
         "cache_bytes" => c.cache_bytes = number(key, raw, 1 << 20, 1 << 40)?,
         "max_tasks_per_call" => c.max_tasks_per_call = number(key, raw, 1, 1_000_000)? as usize,
+        "max_input_bytes" => c.max_input_bytes = number(key, raw, 1, MAX_OUTPUT_BYTES as u64)? as usize,
+        "max_output_bytes" => c.max_output_bytes = number(key, raw, 1, MAX_OUTPUT_BYTES as u64)? as usize,
         "max_session_capacity" => c.max_session_capacity = number(key, raw, 1, MAX_CAPACITY)? as u32,
         "max_live_children" => c.max_live_children = number(key, raw, 1, 100_000_000)? as usize,
         "body_timeout_ms" => c.body_timeout_ms = number(key, raw, 100, 3_600_000)?,

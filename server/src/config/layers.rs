@@ -27,6 +27,10 @@ pub(super) const READ_ELSEWHERE: &[(&str, &str)] = &[
         "fault points armed at start (builds with the failpoints feature)",
     ),
     ("BROOD_CHILD_ID", "given to each command child"),
+    (
+        "BROOD_OUTPUT",
+        "given to each command child: the file for its result data",
+    ),
     ("BROOD_BENCH_RSS_CHILD", "brood bench's memory-measuring child process"),
 ];
 
@@ -34,8 +38,14 @@ pub(super) const READ_ELSEWHERE: &[(&str, &str)] = &[
 pub(super) const READ_BY_TESTS: &[(&str, &str)] = &[
     ("BROOD_TEST_LEDGER", "the tests: which ledger their engines use"),
     ("BROOD_TEST_PG", "the tests: the PostgreSQL server they use"),
-    ("BROOD_URL", "the Python client's tests"),
-    ("BROOD_KEYED_URL", "the Python client's tests"),
+    (
+        "BROOD_BIN",
+        "the Python and TypeScript clients' tests: the brood binary they start",
+    ),
+    (
+        "BROOD_TEST_PYTHON",
+        "tests/python_client.rs and tests/mcp.rs: the Python they run",
+    ),
     ("BROOD_CHROMIUM", "the browser tests"),
     ("BROOD_API_MODEL_TRACE", "tests/api_model.rs"),
     ("BROOD_I1_CRASH_DIR", "tests/i1_no_loss.rs"),

@@ -121,6 +121,10 @@ pub struct ServeConfig {
     // The bounds of what one request and the server hold (see `check_bounds`).
     /// The most tasks one delegate may carry.
     pub max_tasks_per_call: usize,
+    /// The most a task's `input` may take, as compact JSON, in bytes.
+    pub max_input_bytes: usize,
+    /// The most an external worker's `output` may take, as compact JSON, in bytes.
+    pub max_output_bytes: usize,
     /// The largest `max_concurrent_children` a session may have (a `PUT` asking for more is
     /// refused); at least `max_concurrent_children`.
     pub max_session_capacity: u32,
@@ -252,6 +256,8 @@ impl Default for ServeConfig {
             routing_threads: brood::default_routing_threads(),
             cache_bytes: brood_actors::ledger::DEFAULT_CACHE_BYTES,
             max_tasks_per_call: 10_000,
+            max_input_bytes: 1 << 20,
+            max_output_bytes: 1 << 20,
             max_session_capacity: 1_024,
             max_live_children: 100_000,
             body_timeout_ms: 30_000,

@@ -204,6 +204,7 @@ impl SessionOwner {
             row.status = ChildStatus::Cancelled;
             row.finished_at_ms = Some(now);
             row.summary = None;
+            row.output = None;
             row.error = Some(reason.to_string());
             decision.rows.push(row);
         }

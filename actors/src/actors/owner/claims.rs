@@ -43,12 +43,17 @@ enum HandBackAsker {
 
 impl SessionOwner {
     /// A boundary: every item ready now goes into one new claim, or nothing does.
-    pub(super) fn claim(&mut self, consumer: String, lease_ms: u64) -> Option<Envelope> {
+    pub(super) fn claim(&mut self, consumer: String, lease_ms: u64, limits: EnvelopeLimits) -> Option<Envelope> {
         let now = now_ms();
         self.wake_state.boundary();
-        let claim = self
-            .router
-            .claim(now, new_claim_id(&self.session.session_id), lease_ms)?;
+        let claim_id = new_claim_id(&self.session.session_id);
+        let claim = if limits == EnvelopeLimits::NONE {
+            self.router.claim(now, claim_id, lease_ms)?
+        } else {
+            let (owed, mut fits) = (&self.owed, limits.fits());
+            self.router
+                .claim_some(now, claim_id, lease_ms, |key| fits(owed.item_bytes(key)))?
+        };
         let claimed = claim.items.len();
         let items = self.owed.items(claim.items);
         let row = ClaimRow {
@@ -72,6 +77,7 @@ impl SessionOwner {
             consumer,
             lease_expires_at_ms: claim.lease_expires_at_ms,
             items,
+            more: claim.more,
             text: String::new(),
         })
     }

@@ -75,7 +75,7 @@ impl SessionOwner {
     pub(super) fn decide_delegate(
         &mut self,
         msg: Delegate,
-        reply: oneshot::Sender<Result<DelegateReply, BroodError>>,
+        mut reply: oneshot::Sender<Result<DelegateReply, BroodError>>,
         view: &mut BatchView,
     ) -> Decided<Durable> {
         let factory = &*self.engine.factory;
@@ -90,6 +90,28 @@ impl SessionOwner {
             answer(reply, Err(e));
             return Decided::Done;
         }
+        let request = &msg.request;
+        let idempotency = request.idempotency_key.as_ref().map(|key| Idempotency {
+            key: key.clone(),
+            fingerprint: request_fingerprint(&tasks, request.mode, request.independent_completions),
+        });
+        let call_id = match &idempotency {
+            None => new_call_id(),
+            Some(asked) => {
+                let call_id = keyed_call_id(&self.session.session_id, &asked.key);
+                if view.calls.contains(&call_id) {
+                    // Made in this very batch: answered once that is applied.
+                    return Decided::Later(Durable::Delegate(msg, reply));
+                }
+                match self.replay(&call_id, asked, reply) {
+                    Ok(()) => return Decided::Done,
+                    Err(unanswered) => {
+                        reply = unanswered;
+                        call_id
+                    }
+                }
+            }
+        };
         // Counted as live from here: a refused or failed call gives its reservation back, a
         // booked one once its children are counted by the session.
         let reserved = match self.engine.live.reserve(tasks.len()) {
@@ -118,7 +140,7 @@ impl SessionOwner {
             m => (m, None),
         };
         let set = view.session.next_set;
-        let call_id = new_call_id();
+        view.calls.insert(call_id.clone());
         let call = CallRow {
             call_id: call_id.clone(),
             session_id: self.session.session_id.clone(),
@@ -129,6 +151,7 @@ impl SessionOwner {
             tasks,
             created_at_ms: now_ms(),
             traceparent: msg.request.traceparent.clone(),
+            idempotency,
         };
         let units = plan_units(&call_id, &call.tasks, call.independent_completions);
         view.session.next_set = set.saturating_add(1);

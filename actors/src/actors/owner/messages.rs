@@ -8,7 +8,7 @@ use actix::prelude::*;
 use crate::error::BroodError;
 use crate::model::{
     CallInfo, CallRow, CancelTarget, Cancelled, ChildInfo, ChildRow, DelegateReply, DelegateRequest, Envelope,
-    SessionSettings, UnitInfo, UnitRow,
+    EnvelopeLimits, SessionSettings, UnitInfo, UnitRow,
 };
 use crate::routing::{ReleaseReason, Turn};
 
@@ -41,6 +41,8 @@ pub struct ClaimReady {
     pub consumer: String,
     /// Lease length in ms.
     pub lease_ms: u64,
+    /// How much one envelope may hold.
+    pub limits: EnvelopeLimits,
 }
 
 /// Acknowledge a claim.

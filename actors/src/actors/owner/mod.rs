@@ -29,6 +29,7 @@ mod prune;
 mod rebuild;
 mod recording;
 mod redrive;
+mod replay;
 mod sync;
 
 use std::sync::Arc;
@@ -630,7 +631,7 @@ impl Handler<ClaimReady> for SessionOwner {
         for dying in self.expire_due() {
             self.submit(dying, ctx);
         }
-        let envelope = self.claim(msg.consumer, msg.lease_ms);
+        let envelope = self.claim(msg.consumer, msg.lease_ms, msg.limits);
         self.after_change(ctx);
         Ok(envelope)
     }

@@ -236,6 +236,22 @@ impl OwedCalls {
         self.calls.get(&row.call_id)?.row.tasks.get(row.task_index as usize)
     }
 
+    /// What the item `key` names is counted as against an envelope's `max_bytes`: its goal,
+    /// summary, error and output, and [`ITEM_OVERHEAD_BYTES`].
+    pub(super) fn item_bytes(&self, key: &str) -> usize {
+        let row = parse_dedup_key(key).and_then(|(child, _)| Some((child, parse_child_id(child)?)));
+        let Some((_, (call_id, task))) = row else {
+            return ITEM_OVERHEAD_BYTES;
+        };
+        let Some(call) = self.calls.get(call_id) else {
+            return ITEM_OVERHEAD_BYTES;
+        };
+        let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+        let goal = call.row.tasks.get(task as usize).map_or(0, |t| t.goal.len());
+        let row = call.child(task);
+        ITEM_OVERHEAD_BYTES + goal + row.map_or(0, |r| text(&r.summary) + text(&r.error) + text(&r.output))
+    }
+
     /// The items of `keys` in envelope order: by set, unit, task, kind. The order is decided
     /// on small keys first (each item's rows looked up once), and the items are then built in
     /// place into a vector of their final size, never moved by a sort or a regrowth; each key
@@ -439,6 +455,8 @@ fn item_of(
         status: row.status,
         goal: task.goal.clone(),
         summary: row.summary.clone(),
+        output: row.output.clone(),
+        attempts: row.attempt,
         error: row.error.clone(),
         recovered: row.recovered,
         finished_at_ms: row.finished_at_ms,

@@ -65,6 +65,8 @@ pub(super) struct BatchView {
     pub(super) revived: HashSet<String>,
     /// Calls retention removes in this batch (a redrive skips them).
     pub(super) pruned: HashSet<String>,
+    /// Calls the batch's dispatches make (a keyed delegate of one of them waits for it).
+    pub(super) calls: HashSet<String>,
     /// Whether a dispatch of the batch leaves children queued (a later one then starts none
     /// of its own at once: queued children go first).
     pub(super) queued: bool,
@@ -142,6 +144,7 @@ impl SessionOwner {
             session: self.session.clone(),
             claims: HashSet::new(),
             admitted: 0,
+            calls: HashSet::new(),
             queued: false,
             redriven: HashSet::new(),
             revived: HashSet::new(),

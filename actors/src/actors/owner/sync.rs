@@ -25,6 +25,13 @@ pub(super) struct SyncWaiter {
     forced_sync_reason: Option<String>,
 }
 
+impl SyncWaiter {
+    /// Whether its caller went away (it would not get the results).
+    pub(super) fn gone(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
 impl SessionOwner {
     /// Parks the caller of an accepted sync call until its last unit completes.
     pub(super) fn wait_sync(

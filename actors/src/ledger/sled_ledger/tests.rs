@@ -55,9 +55,11 @@ fn a_value_over_the_blob_threshold_is_fsynced_and_reads_back() {
             timeout_ms: None,
             stall_ms: 1,
             rerun_on_recovery: false,
+            input: None,
         }],
         created_at_ms: 0,
         traceparent: None,
+        idempotency: None,
     };
     {
         let ledger = SledLedger::open_with(dir.path(), Durability::Fsync).unwrap();
@@ -100,6 +102,7 @@ fn acks_and_dead_letters_fold_into_the_children_they_name() {
         recovered: false,
         result: DeliveryRow::default(),
         notice: DeliveryRow::default(),
+        output: None,
     }];
     let acks = vec![AckRow {
         claim_id: "c".into(),
@@ -139,10 +142,12 @@ fn call_of(session: &str, call_id: &str, tasks: usize) -> CallRow {
                 timeout_ms: None,
                 stall_ms: 1,
                 rerun_on_recovery: false,
+                input: None,
             })
             .collect(),
         created_at_ms: 0,
         traceparent: None,
+        idempotency: None,
     }
 }
 
