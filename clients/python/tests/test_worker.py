@@ -14,9 +14,6 @@ from brood_client import Client, ExternalRunner, Task, Worker, WorkItem
 
 from helpers import Server, envelope, unique
 
-#: The server's shortest worker lease (the OpenAPI document's minimum of `lease_ms`).
-MIN_LEASE_MS = 1_000
-
 
 def delegate_external(client: Client, session_id: str, queue: str, goals: List[str]) -> str:
     tasks = [Task(goal, ExternalRunner(queue=queue)) for goal in goals]
@@ -35,9 +32,9 @@ def results(client: Client, session_id: str, count: int) -> Dict[str, tuple]:
     return got
 
 
-def test_the_minimum_lease_is_the_servers(client: Client) -> None:
-    poll = client.openapi()["components"]["schemas"]["PollBody"]["properties"]["lease_ms"]
-    assert poll["minimum"] == MIN_LEASE_MS
+def shortest_lease_ms(client: Client) -> int:
+    """The shortest worker lease the server grants, as its OpenAPI document states it."""
+    return int(client.openapi()["components"]["schemas"]["PollBody"]["properties"]["lease_ms"]["minimum"])
 
 
 def test_the_kit_completes_external_children_with_the_handlers_answer(client: Client, session_id: str) -> None:
@@ -69,22 +66,33 @@ def test_a_handler_that_raises_fails_its_child(client: Client, session_id: str) 
     assert error == "RuntimeError: cannot explode"
 
 
+def test_a_completion_the_server_refuses_fails_the_child_saying_why(client: Client, session_id: str) -> None:
+    queue = unique("q")
+    call_id = delegate_external(client, session_id, queue, ["huge"])
+    worker = Worker(client, "w1", queue, handler=lambda item: {"blob": "x" * (2 << 20)}, wait_ms=1_000)
+    assert worker.run(max_items=1) == 1
+    status, _, error = results(client, session_id, 1)[f"{call_id}.0"]
+    assert status == "failed"
+    assert error.startswith("the worker's completion was refused: ")
+
+
 def test_heartbeats_keep_a_slow_handler_past_its_lease(client: Client, session_id: str) -> None:
     queue = unique("q")
     call_id = delegate_external(client, session_id, queue, ["slow"])
+    lease_ms = shortest_lease_ms(client)
     others: List[object] = []
 
     def slow(item: WorkItem) -> str:
         # Three leases long: without heartbeats the child would go back to the queue, where
         # another worker's poll would get it, and this completion would be refused.
-        deadline = time.monotonic() + 3 * MIN_LEASE_MS / 1000
+        deadline = time.monotonic() + 3 * lease_ms / 1000
         while time.monotonic() < deadline:
             others.append(client.poll_work("w2", queue=queue, wait_ms=500))
         return "slow but kept"
 
-    worker = Worker(client, "w1", queue, handler=slow, lease_ms=MIN_LEASE_MS, wait_ms=1_000)
-    item = client.poll_work("w1", queue=queue, wait_ms=5_000, lease_ms=MIN_LEASE_MS)
-    assert item is not None and item.lease_ms == MIN_LEASE_MS
+    worker = Worker(client, "w1", queue, handler=slow, lease_ms=lease_ms, wait_ms=1_000)
+    item = client.poll_work("w1", queue=queue, wait_ms=5_000, lease_ms=lease_ms)
+    assert item is not None and item.lease_ms == lease_ms
     completion = worker.handle(item)
     assert completion is not None and completion.status == "succeeded"
     assert others and all(o is None for o in others), "the child stayed with its worker"
