@@ -175,7 +175,7 @@ class Worker:
         complete_for: float = 60.0,
     ) -> None:
         self.client = client
-        self.settings = _Settings(worker, queue, lease_ms, wait_ms, heartbeat_fraction, complete_for)
+        self._settings = _Settings(worker, queue, lease_ms, wait_ms, heartbeat_fraction, complete_for)
         self._handler = handler
         self._stopping = threading.Event()
 
@@ -189,11 +189,6 @@ class Worker:
         is one the poll in flight hands out. Safe from any thread or a signal handler."""
         self._stopping.set()
 
-    @property
-    def stopping(self) -> bool:
-        """Whether :meth:`stop` was called."""
-        return self._stopping.is_set()
-
     def run(self, max_items: Optional[int] = None) -> int:
         """Polls and handles children until :meth:`stop` (or ``max_items`` were handled);
         answers how many were handled. A poll that gets no reply is tried again after a wait;
@@ -202,15 +197,15 @@ class Worker:
         while not self._stopping.is_set() and (max_items is None or handled < max_items):
             try:
                 item = self.client.poll_work(
-                    self.settings.worker,
-                    queue=self.settings.queue,
-                    wait_ms=self.settings.wait_ms,
-                    lease_ms=self.settings.lease_ms,
+                    self._settings.worker,
+                    queue=self._settings.queue,
+                    wait_ms=self._settings.wait_ms,
+                    lease_ms=self._settings.lease_ms,
                 )
             except BroodError as e:
                 if not _transient(e):
                     raise
-                log.warning("poll of queue %r failed, trying again: %s", self.settings.queue, e)
+                log.warning("poll of queue %r failed, trying again: %s", self._settings.queue, e)
                 self._stopping.wait(_backoff(failures))
                 failures += 1
                 continue
@@ -225,7 +220,7 @@ class Worker:
         completion, or ``None`` when the child was given up (see the module's notes)."""
         if self._handler is None:
             raise RuntimeError("the worker has no handler: pass handler= or decorate one with @worker.handler")
-        beats = _HeartbeatThread(self.client, item, self.settings.heartbeat_interval(item.lease_ms))
+        beats = _HeartbeatThread(self.client, item, self._settings.heartbeat_interval(item.lease_ms))
         beats.start()
         try:
             outcome = _outcome(self._handler(item))
@@ -237,7 +232,7 @@ class Worker:
         return self._complete(item, outcome)
 
     def _complete(self, item: WorkItem, outcome: Dict[str, Any]) -> Optional[Completion]:
-        completing = _Completing(item, outcome, self.settings.complete_for)
+        completing = _Completing(item, outcome, self._settings.complete_for)
         while True:
             try:
                 return self.client.complete(item.child_id, item.token, **completing.outcome)
@@ -290,7 +285,7 @@ class AsyncWorker:
         complete_for: float = 60.0,
     ) -> None:
         self.client = client
-        self.settings = _Settings(worker, queue, lease_ms, wait_ms, heartbeat_fraction, complete_for)
+        self._settings = _Settings(worker, queue, lease_ms, wait_ms, heartbeat_fraction, complete_for)
         self._handler = handler
         self._stopping = False
 
@@ -303,26 +298,21 @@ class AsyncWorker:
         """As :meth:`Worker.stop`."""
         self._stopping = True
 
-    @property
-    def stopping(self) -> bool:
-        """Whether :meth:`stop` was called."""
-        return self._stopping
-
     async def run(self, max_items: Optional[int] = None) -> int:
         """As :meth:`Worker.run`."""
         handled, failures = 0, 0
         while not self._stopping and (max_items is None or handled < max_items):
             try:
                 item = await self.client.poll_work(
-                    self.settings.worker,
-                    queue=self.settings.queue,
-                    wait_ms=self.settings.wait_ms,
-                    lease_ms=self.settings.lease_ms,
+                    self._settings.worker,
+                    queue=self._settings.queue,
+                    wait_ms=self._settings.wait_ms,
+                    lease_ms=self._settings.lease_ms,
                 )
             except BroodError as e:
                 if not _transient(e):
                     raise
-                log.warning("poll of queue %r failed, trying again: %s", self.settings.queue, e)
+                log.warning("poll of queue %r failed, trying again: %s", self._settings.queue, e)
                 await asyncio.sleep(_backoff(failures))
                 failures += 1
                 continue
@@ -354,7 +344,7 @@ class AsyncWorker:
         return await self._complete(item, outcome)
 
     async def _heartbeats(self, item: WorkItem) -> None:
-        interval = self.settings.heartbeat_interval(item.lease_ms)
+        interval = self._settings.heartbeat_interval(item.lease_ms)
         while True:
             await asyncio.sleep(interval)
             try:
@@ -366,7 +356,7 @@ class AsyncWorker:
                 log.warning("heartbeat of %s failed, trying again: %s", item.child_id, e)
 
     async def _complete(self, item: WorkItem, outcome: Dict[str, Any]) -> Optional[Completion]:
-        completing = _Completing(item, outcome, self.settings.complete_for)
+        completing = _Completing(item, outcome, self._settings.complete_for)
         while True:
             try:
                 return await self.client.complete(item.child_id, item.token, **completing.outcome)
