@@ -10,6 +10,7 @@ acks the claim, and ends the turn again — until every child's result has arriv
 It exits 0 only if every child's result arrived exactly once (none missing, none twice), with
 the status its runner was given; otherwise it prints what went wrong and exits 1.
 
+    pip install ./clients/python
     python3 examples/python/parent_loop.py --url http://127.0.0.1:7070 [--api-key KEY]
 
 The receiver is on loopback, which `brood serve` sends wakes to only when allowed: start the
@@ -26,12 +27,9 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "clients" / "python"))
-
-from brood_client import BroodClient, BroodError, Task, sim  # noqa: E402
+from brood_client import BroodError, Client, SimRunner, Task
 
 # (goal, sim ms, outcome, the status its result must carry)
 CHILDREN: List[Tuple[str, int, str, str]] = [
@@ -68,27 +66,27 @@ def start_wake_receiver() -> Tuple[ThreadingHTTPServer, "queue.Queue[Dict[str, A
     return server, wakes
 
 
-def run(client: BroodClient) -> int:
+def run(client: Client) -> int:
     """The parent's life; answers the exit code."""
     receiver, wakes = start_wake_receiver()
     wake_url = f"http://127.0.0.1:{receiver.server_port}/wake"
     session_id = f"parent-{os.getpid()}-{int(time.time() * 1000)}"
     try:
         session = client.put_session(session_id, wake_url=wake_url)
-        if not session["wake_capable"]:
+        if not session.wake_capable:
             print(f"session {session_id} is not wake-capable: {session}", file=sys.stderr)
             return 1
         print(f"session {session_id} open, woken at {wake_url}")
 
         # A turn of our own: delegate in the background, then keep working.
         client.set_turn(session_id, "busy")
-        tasks: List[Task] = [{"goal": goal, "runner": sim(ms=ms, outcome=outcome)} for goal, ms, outcome, _ in CHILDREN]
+        tasks = [Task(goal, SimRunner(ms=ms, outcome=outcome)) for goal, ms, outcome, _ in CHILDREN]
         reply = client.delegate(session_id, tasks, mode="background", independent_completions=True)
-        if reply.get("mode") != "background":
+        if reply.mode != "background":
             print(f"the call was not run in the background: {reply}", file=sys.stderr)
             return 1
-        call_id = reply["call_id"]
-        print(f"delegated {len(tasks)} children as {call_id} (set {reply['set']}): {reply.get('note', '')}")
+        call_id = reply.call_id
+        print(f"delegated {len(tasks)} children as {call_id} (set {reply.set}): {reply.note}")
         expected = {f"{call_id}.{i}": want for i, (_, _, _, want) in enumerate(CHILDREN)}
         for step in ("reading the codebase", "drafting the plan"):
             print(f"parent: keeps working — {step}")
@@ -115,8 +113,8 @@ def run(client: BroodClient) -> int:
         # Nothing may be left over, nor arrive twice later.
         leftover = client.boundary(session_id, consumer=CONSUMER)
         if leftover is not None:
-            problems.append(f"items still ready after every result arrived: {leftover['items']}")
-            client.release(leftover["claim_id"], "busy")
+            problems.append(f"items still ready after every result arrived: {leftover.items}")
+            client.release(leftover.claim_id, "busy")
         for child_id, want in expected.items():
             got = seen.get(child_id)
             if got is None:
@@ -138,7 +136,7 @@ def run(client: BroodClient) -> int:
 
 
 def collect(
-    client: BroodClient,
+    client: Client,
     session_id: str,
     expected: Dict[str, str],
     seen: Dict[str, str],
@@ -149,18 +147,18 @@ def collect(
         envelope = client.boundary(session_id, consumer=CONSUMER, lease_ms=30_000)
         if envelope is None:
             return
-        print(envelope["text"])
-        for item in envelope["items"]:
-            if item["kind"] != "result":
+        print(envelope.text)
+        for item in envelope.items:
+            if item.kind != "result":
                 continue  # a failure notice ahead of its unit's results: not a result
-            child_id = item["child_id"]
+            child_id = item.child_id
             if child_id not in expected:
                 problems.append(f"a result of a child this parent never delegated: {child_id}")
             elif child_id in seen:
                 problems.append(f"{child_id}: its result arrived twice")
-            seen[child_id] = item["status"]
-        acked = client.ack(envelope["claim_id"])
-        print(f"acked {envelope['claim_id']}: {acked['delivered']} delivered")
+            seen[child_id] = item.status
+        acked = client.ack(envelope.claim_id)
+        print(f"acked {envelope.claim_id}: {acked.delivered} delivered")
 
 
 def main() -> int:
@@ -168,7 +166,8 @@ def main() -> int:
     parser.add_argument("--url", default="http://127.0.0.1:7070", help="the brood server (default %(default)s)")
     parser.add_argument("--api-key", default=None, help="the server's key, if it has one")
     args = parser.parse_args()
-    return run(BroodClient(args.url, api_key=args.api_key, timeout=30))
+    with Client(args.url, api_key=args.api_key, timeout=30) as client:
+        return run(client)
 
 
 if __name__ == "__main__":
