@@ -72,6 +72,10 @@ export async function* streamEvents(
       return;
     }
     for await (const frame of parseSse(chunks(body))) {
+      // Frames already read are not handed out once the caller has stopped listening.
+      if (options.signal?.aborted) {
+        return;
+      }
       const event = eventOf(frame);
       if (event !== undefined) {
         yield event;

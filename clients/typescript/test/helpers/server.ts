@@ -116,7 +116,10 @@ async function stop(child: ChildProcess, exited: Promise<void>): Promise<void> {
     return;
   }
   child.kill("SIGTERM");
-  const killed = await Promise.race([exited.then(() => false), sleep(10_000).then(() => true)]);
+  const patience = new AbortController();
+  const stuck = sleep(10_000, true, { signal: patience.signal }).catch(() => false);
+  const killed = await Promise.race([exited.then(() => false), stuck]);
+  patience.abort();
   if (killed) {
     child.kill("SIGKILL");
     await exited;
