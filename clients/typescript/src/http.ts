@@ -124,14 +124,14 @@ export class Transport {
 
   /** Sends `call`; answers its parsed JSON, or `null` for a 204 (or an empty body). */
   async json<T>(call: Call): Promise<T | null> {
-    const text = await this.text(call);
+    const { status, text } = await this.#read(call);
     if (text.trim() === "") {
       return null;
     }
     try {
       return JSON.parse(text) as T;
     } catch (e) {
-      throw new BroodError(0, "bad_reply", `${call.method} ${this.#url(call)}: the reply is not JSON: ${e}`);
+      throw new BroodError(status, "bad_reply", `${call.method} ${this.#url(call)}: the reply is not JSON: ${e}`);
     }
   }
 
@@ -146,9 +146,13 @@ export class Transport {
 
   /** Sends `call`; answers its body as text. */
   async text(call: Call): Promise<string> {
+    return (await this.#read(call)).text;
+  }
+
+  async #read(call: Call): Promise<{ status: number; text: string }> {
     const opened = await this.open(call);
     try {
-      return await opened.response.text();
+      return { status: opened.response.status, text: await opened.response.text() };
     } catch (e) {
       throw opened.failure(e);
     } finally {

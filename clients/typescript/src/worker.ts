@@ -164,9 +164,11 @@ export class Worker {
   async #handle(item: WorkItem): Promise<void> {
     const lost = new AbortController();
     const fraction = this.#options.heartbeatFraction ?? 1 / 3;
-    const beats = new Heartbeats(this.#client, item, Math.max(100, item.lease_ms * fraction), (e) => {
+    const beats = new Heartbeats(this.#client, item, Math.max(100, item.lease_ms * fraction), (e, gone) => {
       this.#report(e, item);
-      lost.abort(e);
+      if (gone) {
+        lost.abort(e);
+      }
     });
     let completion: Completion;
     try {
@@ -220,22 +222,25 @@ export class Worker {
   }
 }
 
-/** Renews an item's lease every `everyMs` until stopped; tells `onLost` when it is gone. */
+/**
+ * Renews an item's lease every `everyMs` until stopped; tells `onFailure` of a heartbeat that
+ * failed, with `gone` true and no more beats when it was refused for good (the child is lost).
+ */
 class Heartbeats {
   readonly #client: Client;
   readonly #item: WorkItem;
   readonly #everyMs: number;
-  readonly #onLost: (error: BroodError) => void;
+  readonly #onFailure: (error: unknown, gone: boolean) => void;
   #progress: string | undefined;
   #timer: ReturnType<typeof setTimeout> | undefined;
   #beating: Promise<void> = Promise.resolve();
   #stopped = false;
 
-  constructor(client: Client, item: WorkItem, everyMs: number, onLost: (error: BroodError) => void) {
+  constructor(client: Client, item: WorkItem, everyMs: number, onFailure: (error: unknown, gone: boolean) => void) {
     this.#client = client;
     this.#item = item;
     this.#everyMs = everyMs;
-    this.#onLost = onLost;
+    this.#onFailure = onFailure;
     this.#schedule();
   }
 
@@ -266,12 +271,10 @@ class Heartbeats {
         timeoutMs: this.#everyMs,
       });
     } catch (e) {
-      // A failed heartbeat that may succeed later is tried again at the next beat; the lease
-      // gives room for two more.
-      if (e instanceof BroodError && !e.transient) {
-        this.#stopped = true;
-        this.#onLost(e);
-      }
+      // One that may succeed later is tried again at the next beat: the lease has room for two.
+      const gone = e instanceof BroodError && !e.transient;
+      this.#stopped ||= gone;
+      this.#onFailure(e, gone);
     }
   }
 }
