@@ -1,0 +1,74 @@
+//! The TypeScript client (`clients/typescript`) against the real `brood serve`: `npm test` there
+//! builds it and runs its tests, which start this build's binary (`BROOD_BIN`) on free loopback
+//! ports: errors, delegate → boundary → ack, the event stream, the worker kit, and that the
+//! committed OpenAPI document and the types generated from it are this server's.
+//!
+//! It needs `node` (18 or later) and `npm`, and the package's dev dependencies installed
+//! (`npm ci` in `clients/typescript`, which `.ci/test` runs). Where they are missing this test
+//! fails and says so: a client that was never run is not a client that works.
+
+use std::io::Read as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long `npm test` may run before it is killed and the test fails.
+const NPM_TIMEOUT: Duration = Duration::from_secs(600);
+
+#[test]
+fn the_typescript_client_tests_pass_against_the_server() {
+    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/typescript");
+    match Command::new("node").arg("--version").output() {
+        Ok(out) if out.status.success() => {}
+        other => panic!(
+            "node is missing or broken ({other:?}): the TypeScript client tests need node 18 or later and npm \
+             (.ci/test installs them)"
+        ),
+    }
+    assert!(
+        package.join("node_modules").is_dir(),
+        "{} is missing: the TypeScript client tests need its dev dependencies; run .ci/test (or `npm ci` in \
+         clients/typescript)",
+        package.join("node_modules").display()
+    );
+
+    let mut child = Command::new("npm")
+        .arg("test")
+        .current_dir(&package)
+        .env("BROOD_BIN", env!("CARGO_BIN_EXE_brood"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start `npm test` (npm is installed with node)");
+    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + NPM_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for npm") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (out, err) = (stdout.join().unwrap(), stderr.join().unwrap());
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "`npm test` in clients/typescript failed ({status:?}; None: killed after {NPM_TIMEOUT:?})\n--- stdout\n{out}\n--- stderr\n{err}"
+    );
+    let passed = out
+        .lines()
+        .find_map(|l| l.strip_prefix("# pass ")?.trim().parse::<u32>().ok());
+    assert!(passed.unwrap_or(0) > 0, "node's test runner ran no test:\n{out}");
+}
