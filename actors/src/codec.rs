@@ -13,7 +13,7 @@
 //! | type | version | layout |
 //! |---|---|---|
 //! | [`SessionRow`] | 2 | version 1 (`SessionRowV1`) and `addressable` |
-//! | [`CallRow`] | 3 | version 2 (`CallRowV2`) with each [`Task`]'s `input`, and `idempotency` |
+//! | [`CallRow`] | 3 | version 2 (`CallRowV2`) with each [`Task`]'s `input` and `retry`, and `idempotency` |
 //! | [`ChildRow`] | 2 | version 1 (`ChildRowV1`) and `output` after `summary` |
 //! | every other row | 1 | as first written |
 //!
@@ -119,8 +119,9 @@ impl From<TaskV1> for Task {
             timeout_ms: t.timeout_ms,
             stall_ms: t.stall_ms,
             rerun_on_recovery: t.rerun_on_recovery,
-            // Tasks carried no data before version 3.
+            // Tasks carried no data, and had no retry policy, before version 3.
             input: None,
+            retry: None,
         }
     }
 }
@@ -430,6 +431,7 @@ mod tests {
             stall_ms: 7,
             rerun_on_recovery: true,
             input: None,
+            retry: None,
         };
         CallRow {
             call_id: "d".into(),
@@ -500,17 +502,22 @@ mod tests {
         let mut call = call();
         assert_eq!(
             encode(&call).unwrap(),
-            vec![3, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 0, 4, 0, 0]
+            vec![3, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 0, 0, 4, 0, 0]
         );
         call.traceparent = Some("t".into());
         call.tasks[0].input = Some("[]".into());
         assert_eq!(
             encode(&call).unwrap(),
             vec![
-                3, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 1, 2, 91, 93, 4, 1, 1,
+                3, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 1, 2, 91, 93, 0, 4, 1, 1,
                 116, 0
             ]
         );
+        call.tasks[0].retry = Some(RetryPolicy {
+            max_attempts: 3,
+            backoff_ms: 10,
+            max_backoff_ms: 300,
+        });
         call.idempotency = Some(Idempotency {
             key: "k".into(),
             fingerprint: 3,
@@ -518,8 +525,8 @@ mod tests {
         assert_eq!(
             encode(&call).unwrap(),
             vec![
-                3, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 1, 2, 91, 93, 4, 1, 1,
-                116, 1, 1, 107, 3
+                3, 1, 100, 1, 115, 1, 0, 0, 1, 1, 1, 103, 2, 123, 125, 1, 1, 97, 1, 5, 7, 1, 1, 2, 91, 93, 1, 3, 10,
+                251, 44, 1, 4, 1, 1, 116, 1, 1, 107, 3
             ]
         );
         let unit = UnitRow {

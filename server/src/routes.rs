@@ -325,6 +325,11 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
         task.timeout_ms = timeout(&state.config, i, task.timeout_ms)?;
         task.rerun_on_recovery = t.rerun_on_recovery;
         task.input = input(&state.config, i, t.input)?;
+        task.retry = t.retry.map(|r| brood::RetryPolicy {
+            max_attempts: r.max_attempts,
+            backoff_ms: r.backoff_ms,
+            max_backoff_ms: r.max_backoff_ms,
+        });
         out.push(task);
     }
     let mut req = match body.mode {

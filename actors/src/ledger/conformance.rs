@@ -46,6 +46,7 @@ macro_rules! ledger_conformance_cases {
             record_terminals_returns_the_rows_as_stored_in_input_order,
             record_terminals_keeps_the_first_of_two_rows_of_one_child_in_one_batch,
             a_write_never_moves_an_ended_child_back,
+            a_retry_queues_the_next_attempt_over_a_failed_one_and_no_earlier_attempt_replaces_it,
             a_second_write_of_the_same_outcome_changes_nothing,
             an_ack_row_marks_the_items_it_names_delivered,
             a_dead_letter_marks_its_item_dead_with_the_larger_attempt_count,
@@ -132,6 +133,7 @@ fn task(goal: String) -> Task {
         stall_ms: DEFAULT_STALL_MS,
         rerun_on_recovery: false,
         input: None,
+        retry: None,
     }
 }
 
@@ -906,6 +908,90 @@ pub(crate) fn a_write_never_moves_an_ended_child_back(make: &dyn Fn() -> Box<dyn
         crate::ledger::kept_terminal_rows() >= before + 4,
         "each write kept from an ended row is counted"
     );
+}
+
+/// A retry writes the next attempt, queued, over a `failed` or `timed_out` row (not over any other
+/// ended row, nor as the same attempt); once it is there, no row of an earlier attempt — a late
+/// end, a stale requeue — replaces it, and the next attempt's end is recorded.
+pub(crate) fn a_retry_queues_the_next_attempt_over_a_failed_one_and_no_earlier_attempt_replaces_it(
+    make: &dyn Fn() -> Box<dyn Ledger>,
+) {
+    let ledger = make();
+    write(
+        &*ledger,
+        Writes {
+            calls: vec![call_row("a", "deleg_r", 3)],
+            ..Writes::default()
+        },
+    );
+    let failed = child_row("a", "deleg_r", 0, ChildStatus::Failed);
+    let timed_out = child_row("a", "deleg_r", 1, ChildStatus::TimedOut);
+    let cancelled = child_row("a", "deleg_r", 2, ChildStatus::Cancelled);
+    record(&*ledger, &[failed.clone(), timed_out.clone(), cancelled.clone()]);
+    let next = |row: &ChildRow, attempt: u32| ChildRow {
+        status: ChildStatus::Queued,
+        started_at_ms: None,
+        finished_at_ms: None,
+        attempt,
+        ..row.clone()
+    };
+    let (same_attempt, retried, retried_too, not_retryable) = (
+        next(&failed, 1),
+        next(&failed, 2),
+        next(&timed_out, 2),
+        next(&cancelled, 2),
+    );
+    for rows in [
+        vec![same_attempt],
+        vec![retried.clone(), retried_too.clone(), not_retryable],
+    ] {
+        write(
+            &*ledger,
+            Writes {
+                children: rows,
+                ..Writes::default()
+            },
+        );
+    }
+    let by_id = |ledger: &dyn Ledger| -> BTreeMap<String, ChildRow> {
+        load(ledger)
+            .children
+            .into_iter()
+            .map(|c| (c.child_id.clone(), c))
+            .collect()
+    };
+    let children = by_id(&*ledger);
+    assert_eq!(children[&failed.child_id], retried, "a failed attempt is retried");
+    assert_eq!(
+        children[&timed_out.child_id], retried_too,
+        "a timed-out attempt is retried"
+    );
+    assert_eq!(
+        children[&cancelled.child_id], cancelled,
+        "a cancelled child stays cancelled"
+    );
+    // A late row of the first attempt changes nothing, whether written or recorded.
+    write(
+        &*ledger,
+        Writes {
+            children: vec![next(&failed, 1)],
+            ..Writes::default()
+        },
+    );
+    let stored = record(&*ledger, std::slice::from_ref(&failed));
+    assert_eq!(
+        stored,
+        vec![retried.clone()],
+        "an earlier attempt's end is not recorded over the retry"
+    );
+    // The retry's own end is.
+    let second = ChildRow {
+        attempt: 2,
+        status: ChildStatus::Succeeded,
+        ..failed.clone()
+    };
+    assert_eq!(record(&*ledger, std::slice::from_ref(&second)), vec![second.clone()]);
+    assert_eq!(by_id(&*ledger)[&failed.child_id], second);
 }
 
 pub(crate) fn a_second_write_of_the_same_outcome_changes_nothing(make: &dyn Fn() -> Box<dyn Ledger>) {

@@ -31,14 +31,27 @@ pub enum ChildWrite {
 }
 
 /// The one rule every write of a child's row goes through, in the owner's owed calls and at both
-/// ledgers: a terminal row is never replaced by a non-terminal one. A terminal row replacing
-/// a terminal one is left to the caller (recording keeps the first outcome; delivery state
-/// rewrites a row with its own outcome).
-pub fn child_write(stored: Option<ChildStatus>, proposed: ChildStatus) -> ChildWrite {
-    match stored {
-        Some(s) if s.is_terminal() && !proposed.is_terminal() => ChildWrite::KeepTerminal,
-        _ => ChildWrite::Replace,
+/// ledgers, given each row's status and attempt: a row of an earlier attempt never replaces one
+/// of a later attempt, and a terminal row is never replaced by a non-terminal one, but for the
+/// next attempt of a child that ended `failed` or `timed_out` (its retry). A terminal row
+/// replacing a terminal one is left to the caller (recording keeps the first outcome; delivery
+/// state rewrites a row with its own outcome).
+pub fn child_write(stored: Option<(ChildStatus, u32)>, proposed: (ChildStatus, u32)) -> ChildWrite {
+    let Some((status, attempt)) = stored else {
+        return ChildWrite::Replace;
+    };
+    let retry = proposed.1 > attempt && matches!(status, ChildStatus::Failed | ChildStatus::TimedOut);
+    if proposed.1 < attempt || (status.is_terminal() && !proposed.0.is_terminal() && !retry) {
+        ChildWrite::KeepTerminal
+    } else {
+        ChildWrite::Replace
     }
+}
+
+/// Whether `row` is of a later attempt of the child that ended `failed` or `timed_out` in
+/// `stored`: its retry, whose rows replace the attempt's.
+fn retries(stored: &ChildRow, row: &ChildRow) -> bool {
+    row.attempt > stored.attempt && matches!(stored.status, ChildStatus::Failed | ChildStatus::TimedOut)
 }
 
 /// How many writes of a child's row were not applied, at either ledger of this process, for
@@ -303,10 +316,12 @@ pub(super) fn merge_terminals(
             continue;
         }
         match current(key)? {
-            // Recording keeps the first outcome, and never an unended row over an ended one.
+            // Recording keeps the first outcome of an attempt, and never an unended row over an
+            // ended one.
             Some(current)
-                if current.status.is_terminal()
-                    || child_write(Some(current.status), row.status) == ChildWrite::KeepTerminal =>
+                if (current.status.is_terminal() && !retries(&current, &row))
+                    || child_write(Some((current.status, current.attempt)), (row.status, row.attempt))
+                        == ChildWrite::KeepTerminal =>
             {
                 stored.push(current)
             }
@@ -360,4 +375,29 @@ pub(super) fn read_quarantined(key: &[u8], encoded: &[u8], value: Vec<u8>) -> Qu
         quarantined_at_ms: 0,
     });
     Quarantined::new(row, value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_row_moves_forward_and_only_a_retry_reopens_an_ended_attempt() {
+        use ChildStatus::*;
+        use ChildWrite::*;
+        assert_eq!(child_write(None, (Queued, 1)), Replace);
+        assert_eq!(child_write(Some((Queued, 1)), (Running, 1)), Replace);
+        assert_eq!(child_write(Some((Running, 1)), (Failed, 1)), Replace);
+        for ended in [Succeeded, Failed, TimedOut, Cancelled, Interrupted, Unknown] {
+            assert_eq!(child_write(Some((ended, 1)), (Queued, 1)), KeepTerminal, "{ended}");
+        }
+        assert_eq!(child_write(Some((Failed, 1)), (Queued, 2)), Replace);
+        assert_eq!(child_write(Some((TimedOut, 2)), (Queued, 3)), Replace);
+        for ended in [Succeeded, Cancelled, Interrupted, Unknown] {
+            assert_eq!(child_write(Some((ended, 1)), (Queued, 2)), KeepTerminal, "{ended}");
+        }
+        // An earlier attempt never replaces a later one's row, ended or not.
+        assert_eq!(child_write(Some((Queued, 2)), (Failed, 1)), KeepTerminal);
+        assert_eq!(child_write(Some((Running, 2)), (Running, 1)), KeepTerminal);
+    }
 }

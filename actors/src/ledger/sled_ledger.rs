@@ -492,7 +492,9 @@ impl Ledger for SledLedger {
                 .get(&key)?
                 .and_then(|v| codec::decode::<ChildRow>(&v).ok());
             if let Some(stored) = stored {
-                if child_write(Some(stored.status), row.status) == ChildWrite::KeepTerminal {
+                if child_write(Some((stored.status, stored.attempt)), (row.status, row.attempt))
+                    == ChildWrite::KeepTerminal
+                {
                     report_kept(stored.status, row);
                     kept.push(key);
                 }

@@ -22,7 +22,7 @@ pub use lifecycle::*;
 pub(crate) use request::panic_message;
 pub use request::{
     validate, validate_new_session_id, validate_session_id, validate_traceparent, DelegateRequest, RequestError,
-    SessionSettings, TaskSpec, MAX_IDEMPOTENCY_KEY_CHARS, MAX_SESSION_ID_CHARS,
+    SessionSettings, TaskSpec, MAX_IDEMPOTENCY_KEY_CHARS, MAX_RETRY_BACKOFF_MS, MAX_SESSION_ID_CHARS,
 };
 
 /// Milliseconds since the Unix epoch, the one clock stored rows use.
@@ -173,6 +173,38 @@ pub struct Task {
     pub rerun_on_recovery: bool,
     /// The task's data, as JSON text (any JSON value but `null`), handed to its runner.
     pub input: Option<String>,
+    /// Runs again of a child that ended `failed` or `timed_out`, before its result counts.
+    pub retry: Option<RetryPolicy>,
+}
+
+/// How often, and how soon, a child that ended `failed` or `timed_out` is run again before its
+/// result counts: attempt n + 1 starts `backoff_ms × 2^(n-1)` (at most `max_backoff_ms`) after
+/// attempt n ended, while n < `max_attempts`. Each attempt's end is recorded; the result is the
+/// last attempt's, and says how many were made. Runs again after a restart count as attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (1: no retry).
+    pub max_attempts: u32,
+    /// The wait before the second attempt, in ms; doubled for each attempt after.
+    pub backoff_ms: u64,
+    /// The longest wait between attempts, in ms.
+    pub max_backoff_ms: u64,
+}
+
+/// The most attempts a retry policy may ask for.
+pub const MAX_RETRY_ATTEMPTS: u32 = 20;
+
+impl RetryPolicy {
+    /// The wait before running again a child whose attempt `attempt` ended `status`; none when
+    /// it is not run again (it succeeded, was cancelled or interrupted, or used its attempts).
+    pub fn delay_after(&self, attempt: u32, status: ChildStatus) -> Option<u64> {
+        if !matches!(status, ChildStatus::Failed | ChildStatus::TimedOut) || attempt >= self.max_attempts {
+            return None;
+        }
+        let doublings = attempt.saturating_sub(1).min(63);
+        let delay = self.backoff_ms.saturating_mul(1u64 << doublings);
+        Some(delay.min(self.max_backoff_ms))
+    }
 }
 
 /// The stored row of a session.
@@ -903,7 +935,56 @@ mod tests {
             stall_ms: DEFAULT_STALL_MS,
             rerun_on_recovery: false,
             input: None,
+            retry: None,
         }
+    }
+
+    #[test]
+    fn a_retry_waits_longer_each_attempt_up_to_its_bound_and_stops_at_its_last() {
+        let p = RetryPolicy {
+            max_attempts: 5,
+            backoff_ms: 100,
+            max_backoff_ms: 350,
+        };
+        let waits: Vec<Option<u64>> = (1..=5).map(|a| p.delay_after(a, ChildStatus::Failed)).collect();
+        assert_eq!(waits, vec![Some(100), Some(200), Some(350), Some(350), None]);
+        assert_eq!(p.delay_after(1, ChildStatus::TimedOut), Some(100));
+        for status in [
+            ChildStatus::Succeeded,
+            ChildStatus::Cancelled,
+            ChildStatus::Interrupted,
+            ChildStatus::Unknown,
+        ] {
+            assert_eq!(p.delay_after(1, status), None, "{status}");
+        }
+        let huge = RetryPolicy {
+            max_attempts: 20,
+            backoff_ms: u64::MAX / 2,
+            max_backoff_ms: 7,
+        };
+        assert_eq!(huge.delay_after(19, ChildStatus::Failed), Some(7), "no overflow");
+    }
+
+    #[test]
+    fn keyed_call_ids_and_fingerprints_are_stable_and_tell_requests_apart() {
+        let id = keyed_call_id("s", "k");
+        assert_eq!(id, keyed_call_id("s", "k"));
+        assert_eq!(id.len(), "deleg_".len() + 16);
+        assert_ne!(id, keyed_call_id("s2", "k"));
+        assert_ne!(
+            keyed_call_id("ab", "c"),
+            keyed_call_id("a", "bc"),
+            "fields are delimited"
+        );
+        let tasks = vec![task(None), task(Some("g"))];
+        let f = request_fingerprint(&tasks, Mode::Background, false);
+        assert_eq!(f, request_fingerprint(&tasks.clone(), Mode::Background, false));
+        assert_ne!(f, request_fingerprint(&tasks, Mode::Sync, false));
+        assert_ne!(f, request_fingerprint(&tasks, Mode::Background, true));
+        assert_ne!(f, request_fingerprint(&tasks[..1], Mode::Background, false));
+        let mut with_input = tasks.clone();
+        with_input[0].input = Some("1".into());
+        assert_ne!(f, request_fingerprint(&with_input, Mode::Background, false));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use super::{Mode, Task, DEFAULT_STALL_MS, MAX_VALUE_BYTES};
+use super::{Mode, RetryPolicy, Task, DEFAULT_STALL_MS, MAX_RETRY_ATTEMPTS, MAX_VALUE_BYTES};
 use crate::wake::Wake;
 
 /// Why a request was refused: what the embedding API answers as an invalid request, or as
@@ -61,6 +61,8 @@ pub struct TaskSpec {
     pub rerun_on_recovery: bool,
     /// The task's data, handed to its runner (`null` is the same as none).
     pub input: Option<serde_json::Value>,
+    /// Runs again of a child that ended `failed` or `timed_out` (see [`RetryPolicy`]).
+    pub retry: Option<RetryPolicy>,
 }
 
 impl TaskSpec {
@@ -74,6 +76,7 @@ impl TaskSpec {
             stall_ms: None,
             rerun_on_recovery: false,
             input: None,
+            retry: None,
         }
     }
 
@@ -98,6 +101,12 @@ impl TaskSpec {
     /// Lets recovery re-run the task when it was running at a crash.
     pub fn rerun_on_recovery(mut self, yes: bool) -> Self {
         self.rerun_on_recovery = yes;
+        self
+    }
+
+    /// Runs the child again when it ends `failed` or `timed_out`, as `policy` says.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Some(policy);
         self
     }
 
@@ -295,6 +304,9 @@ pub fn validate(
                 "must be greater than 0",
             ));
         }
+        if let Some(policy) = &t.retry {
+            check_retry(i, policy)?;
+        }
         out.push(Task {
             goal: t.goal.clone(),
             runner_json: t.runner.to_string(),
@@ -307,6 +319,7 @@ pub fn validate(
                 .as_ref()
                 .filter(|v| !v.is_null())
                 .map(serde_json::Value::to_string),
+            retry: t.retry.filter(|p| p.max_attempts > 1),
         });
     }
     // The call is stored as one row: refuse what the ledger could not hold, naming the field,
@@ -331,6 +344,28 @@ pub fn validate(
         ));
     }
     Ok(out)
+}
+
+/// The longest wait a retry policy may ask for between attempts, in ms (one hour).
+pub const MAX_RETRY_BACKOFF_MS: u64 = 3_600_000;
+
+/// Checks task `i`'s retry policy; the error names the field.
+fn check_retry(i: usize, p: &RetryPolicy) -> Result<(), RequestError> {
+    if !(1..=MAX_RETRY_ATTEMPTS).contains(&p.max_attempts) {
+        return Err(RequestError::invalid(
+            format!("tasks[{i}].retry.max_attempts"),
+            format!("is {}; it must be from 1 to {MAX_RETRY_ATTEMPTS}", p.max_attempts),
+        ));
+    }
+    for (name, ms) in [("backoff_ms", p.backoff_ms), ("max_backoff_ms", p.max_backoff_ms)] {
+        if ms > MAX_RETRY_BACKOFF_MS {
+            return Err(RequestError::invalid(
+                format!("tasks[{i}].retry.{name}"),
+                format!("is {ms}; it must be at most {MAX_RETRY_BACKOFF_MS} (one hour)"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks the id of a session to look up: 1 to 256 characters, none a control character (what

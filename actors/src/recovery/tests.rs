@@ -31,6 +31,7 @@ fn call(rerun: &[bool], group: Option<&str>) -> CallRow {
                 stall_ms: DEFAULT_STALL_MS,
                 rerun_on_recovery: r,
                 input: None,
+                retry: None,
             })
             .collect(),
         created_at_ms: 0,

@@ -78,11 +78,45 @@ pub struct TaskBody {
     /// Whether recovery may run the child again when it was running at a crash.
     #[serde(default)]
     pub rerun_on_recovery: bool,
+    /// Runs the child again when it ends `failed` or `timed_out`, before its result counts.
+    pub retry: Option<RetryBody>,
     /// The task's data, any JSON value (`null` is none), at most the server's
     /// `max_input_bytes` as compact JSON: handed to the child's runner (an external worker's
     /// poll reply, a `command`'s stdin; a `sim` child hands it back as its output).
     #[serde(default)]
     pub input: Option<Value>,
+}
+
+/// A task's retry policy: attempt n + 1 starts `backoff_ms × 2^(n-1)` (at most
+/// `max_backoff_ms`) after attempt n ended `failed` or `timed_out`, while n < `max_attempts`;
+/// the result is the last attempt's and says how many were made (`attempts`).
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryBody {
+    /// Attempts in all, the first included (default 1: none again).
+    #[serde(default = "one", deserialize_with = "whole")]
+    #[schema(minimum = 1, maximum = 20)]
+    pub max_attempts: u32,
+    /// The wait before the second attempt, in ms (default 1000), doubled for each after.
+    #[serde(default = "second", deserialize_with = "whole")]
+    #[schema(minimum = 0, maximum = 3_600_000)]
+    pub backoff_ms: u64,
+    /// The longest wait between attempts, in ms (default 60000).
+    #[serde(default = "minute", deserialize_with = "whole")]
+    #[schema(minimum = 0, maximum = 3_600_000)]
+    pub max_backoff_ms: u64,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn second() -> u64 {
+    1_000
+}
+
+fn minute() -> u64 {
+    60_000
 }
 
 /// A runner spec: what runs a child, by `kind`. `command` and `external` are refused (403)

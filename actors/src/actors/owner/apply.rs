@@ -44,6 +44,8 @@ pub(super) enum Apply {
     Start { ids: Vec<String>, now: u64 },
     /// A child whose start was lost is queued again.
     Requeue { child_id: String, queued: ChildRow },
+    /// A child is run again: its next attempt is queued.
+    Retry { child_id: String, queued: ChildRow },
     /// Retention removed old calls.
     Prune {
         removed: usize,
@@ -69,6 +71,7 @@ impl SessionOwner {
             Apply::Receipt { call_id, items, done } => self.apply_receipt(call_id, items, done, res, ctx),
             Apply::Start { ids, now } => self.apply_start(ids, now, res, ctx),
             Apply::Requeue { child_id, queued } => self.apply_requeue(child_id, queued, res, ctx),
+            Apply::Retry { child_id, queued } => self.apply_retry(child_id, queued, res, ctx),
             Apply::Prune { removed, reply } => self.apply_prune(removed, reply, res),
             Apply::Drop { reply } => self.apply_drop(reply, res, ctx),
             Apply::Redrive(r) => self.apply_redrive(*r, res, ctx),

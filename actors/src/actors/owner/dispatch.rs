@@ -577,6 +577,66 @@ impl SessionOwner {
         self.admit(ctx);
     }
 
+    /// Decides a retry whose backoff ran out: the child's next attempt, queued, is written over
+    /// the row of the attempt that ended. Nothing when it was cancelled meanwhile.
+    pub(super) fn decide_retry(&mut self, child_id: String) -> Decided<Durable> {
+        let Some(ended) = self.owed.retrying.get(&child_id).cloned() else {
+            return Decided::Done;
+        };
+        let current = self.owed.child(&child_id);
+        if current.is_none_or(|r| r.status != ChildStatus::Queued || self.owed.cancelling(r)) {
+            self.owed.retrying.remove(&child_id);
+            return Decided::Done;
+        }
+        let mut queued = ended.clone();
+        queued.status = ChildStatus::Queued;
+        (queued.started_at_ms, queued.finished_at_ms) = (None, None);
+        (queued.summary, queued.output) = (None, None);
+        queued.attempt = ended.attempt.saturating_add(1);
+        Decided::Step(Step {
+            writes: Writes {
+                children: vec![queued.clone()],
+                ..Writes::default()
+            },
+            restore: Writes {
+                children: vec![ended],
+                ..Writes::default()
+            },
+            apply: Apply::Retry { child_id, queued },
+        })
+    }
+
+    /// Applies a retry: once the next attempt is durably queued, the child joins the queue; a
+    /// failed flush tries again later.
+    pub(super) fn apply_retry(
+        &mut self,
+        child_id: String,
+        queued: ChildRow,
+        res: Result<(), BroodError>,
+        ctx: &mut Context<Self>,
+    ) {
+        if res.is_err() {
+            ctx.run_later(ADMIT_RETRY, move |act, ctx| act.submit(Durable::Retry(child_id), ctx));
+            return;
+        }
+        if self.owed.retrying.remove(&child_id).is_none() {
+            return;
+        }
+        // A cancel decided while the retry was being written ended the child.
+        if self
+            .owed
+            .child(&child_id)
+            .is_none_or(|r| r.status != ChildStatus::Queued || self.owed.cancelling(r))
+        {
+            return;
+        }
+        self.emit_child(&queued);
+        self.owed.rowed.insert(queued.child_id.clone());
+        self.owed.put_child(queued);
+        self.capacity.enqueue(child_id);
+        self.admit(ctx);
+    }
+
     /// Hands started children (their rows marked running among the owed calls), named by call and task
     /// index, to their unit actors: each unit is sent its children in one message, and the
     /// units not running yet are started in one hop to the children's thread (this thread only

@@ -74,6 +74,8 @@ enum Durable {
     Start(Vec<String>),
     /// A child whose start was lost goes back to the queue.
     Requeue(String),
+    /// A child whose retry's backoff ran out is queued again, its next attempt recorded.
+    Retry(String),
     /// The nested session's child ended: cancel every call, accept no more (decided after the
     /// dispatches before it applied, so none of them escapes it).
     EndNested(String, oneshot::Sender<Result<Cancelled, BroodError>>),

@@ -89,6 +89,9 @@ pub(super) struct OwedCalls {
     /// Everything else unfinished has no row yet. A child leaves it when its end is recorded.
     /// Usually empty.
     pub(super) rowed: HashSet<String>,
+    /// Children waiting out a retry's backoff, with the row of the attempt that ended (what
+    /// the ledger holds of them until the retry is recorded). Queued here, not in capacity.
+    pub(super) retrying: HashMap<String, ChildRow>,
     /// Items delivered of calls already dropped from memory.
     pub(super) delivered_done: u64,
     /// Items delivered of the children in memory (kept by [`OwedCalls::put_child`], [`OwedCalls::mark`]
@@ -404,7 +407,9 @@ impl OwedCalls {
             return;
         };
         if let Some(old) = slot.as_ref() {
-            if crate::ledger::child_write(Some(old.status), row.status) == crate::ledger::ChildWrite::KeepTerminal {
+            if crate::ledger::child_write(Some((old.status, old.attempt)), (row.status, row.attempt))
+                == crate::ledger::ChildWrite::KeepTerminal
+            {
                 debug_assert!(false, "the owed calls would move ended child `{}` back", row.child_id);
                 tracing::error!(child = %row.child_id, stored = ?old.status, proposed = ?row.status,
                     "fault: the owed calls would move an ended child back; its ended row is kept");

@@ -161,6 +161,7 @@ impl SessionOwner {
                 Durable::SyncReceived(call_id, done) => self.decide_receipt(call_id, done),
                 Durable::Start(ids) => self.decide_start(ids),
                 Durable::Requeue(child_id) => self.decide_requeue(child_id),
+                Durable::Retry(child_id) => self.decide_retry(child_id),
                 Durable::EndNested(reason, reply) => self.decide_end_nested(reason, reply, &view, ctx),
                 Durable::Redrive(loaded, reply) => self.decide_redrive(loaded, reply, &mut view),
                 Durable::Prune(prune, reply) => self.decide_prune(prune, reply, &mut view),

@@ -23,8 +23,10 @@ impl SessionOwner {
             let Some(known) = call.child(row.task_index) else {
                 continue;
             };
-            if known.status.is_terminal() {
-                continue; // a retried hand-off of a result already recorded
+            if known.status.is_terminal() || !row.status.is_terminal() || row.attempt < known.attempt {
+                // A retried hand-off of a result already recorded, or the end of an attempt
+                // the ledger holds a later attempt of (the stored row came back).
+                continue;
             }
             // Delivery state is the owner's; the child's copy of it may be stale.
             (row.result, row.notice) = (known.result, known.notice);
@@ -44,6 +46,11 @@ impl SessionOwner {
             }
             if !self.owed.rowed.is_empty() {
                 self.owed.rowed.remove(&row.child_id);
+            }
+            if let Some(ended) = self.retry_later(row, ctx) {
+                row = ended;
+            } else {
+                continue; // it runs again: its unit is not a child further
             }
             let failed = row.status.is_failure();
             let (call_id, task, child) = (row.call_id.clone(), row.task_index, row.child_id.clone());
@@ -91,6 +98,35 @@ impl SessionOwner {
                 }
             });
         }
+    }
+
+    /// A child whose attempt ended `failed` or `timed_out` and whose task's retry policy runs
+    /// it again: it waits out the backoff queued (in memory; the ledger keeps the attempt's
+    /// row until the retry is recorded), then the retry is made durable and it joins the
+    /// queue. Hands the row back when the child is not run again.
+    fn retry_later(&mut self, row: ChildRow, ctx: &mut Context<Self>) -> Option<ChildRow> {
+        let policy = self.owed.task_of(&row).and_then(|t| t.retry);
+        let Some(delay) = policy.and_then(|p| p.delay_after(row.attempt, row.status)) else {
+            return Some(row);
+        };
+        if self.owed.cancelling(&row) {
+            return Some(row);
+        }
+        tracing::info!(child = %row.child_id, attempt = row.attempt, status = %row.status, delay_ms = delay, "the child runs again");
+        // Its next attempt already: a cancel meanwhile is recorded over the attempt that ended.
+        let mut waiting = row.clone();
+        waiting.attempt = row.attempt.saturating_add(1);
+        waiting.status = ChildStatus::Queued;
+        (waiting.started_at_ms, waiting.finished_at_ms) = (None, None);
+        (waiting.summary, waiting.output) = (None, None);
+        self.emit_child(&waiting);
+        let child_id = row.child_id.clone();
+        self.owed.retrying.insert(child_id.clone(), row);
+        self.owed.put_child(waiting);
+        ctx.run_later(std::time::Duration::from_millis(delay), move |act, ctx| {
+            act.submit(super::Durable::Retry(child_id), ctx)
+        });
+        None
     }
 
     /// The unit of `call_id`'s task `task` is complete: it goes out whole.

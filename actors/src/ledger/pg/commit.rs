@@ -141,7 +141,8 @@ async fn kept_terminal<'a>(
             continue;
         };
         if let Some((&k, row)) = unended.get_key_value(key.as_slice()) {
-            if child_write(Some(stored.status), row.status) == ChildWrite::KeepTerminal {
+            if child_write(Some((stored.status, stored.attempt)), (row.status, row.attempt)) == ChildWrite::KeepTerminal
+            {
                 report_kept(stored.status, row);
                 kept.insert(k);
             }

@@ -349,6 +349,7 @@ mod own {
                 stall_ms: DEFAULT_STALL_MS,
                 rerun_on_recovery: true,
                 input: None,
+                retry: None,
             }],
             created_at_ms: 0,
             traceparent: None,

@@ -56,6 +56,7 @@ fn a_value_over_the_blob_threshold_is_fsynced_and_reads_back() {
             stall_ms: 1,
             rerun_on_recovery: false,
             input: None,
+            retry: None,
         }],
         created_at_ms: 0,
         traceparent: None,
@@ -143,6 +144,7 @@ fn call_of(session: &str, call_id: &str, tasks: usize) -> CallRow {
                 stall_ms: 1,
                 rerun_on_recovery: false,
                 input: None,
+                retry: None,
             })
             .collect(),
         created_at_ms: 0,
