@@ -219,6 +219,19 @@ impl Summary {
         )
     }
 
+    /// What the summary's counts mean, for those that are not plain (printed above it):
+    /// duplicates and unknowns are expected of a campaign that kills, and are not faults.
+    pub fn legend(&self) -> Vec<String> {
+        let mut out = vec![
+            "  duplicates: results handed out in more than one claim before one claim of them was acked (a kill or a lost lease hands a claim's items out again with the same dedup keys; at-least-once until the ack, never acked twice)".to_string(),
+            "  unknown: children running when their process was killed whose task may not run twice; recovery ends them `unknown` and delivers that (I6), instead of running them again".to_string(),
+        ];
+        if self.broken() {
+            out.push("  lost or acked twice: an invariant (I1 or I2) broke; the campaign fails".to_string());
+        }
+        out
+    }
+
     /// Whether an invariant broke.
     pub fn broken(&self) -> bool {
         self.lost > 0 || self.acked_twice > 0

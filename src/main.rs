@@ -467,6 +467,10 @@ fn main() -> anyhow::Result<()> {
                     summary.dead
                 );
             }
+            // What the counts mean, then the campaign's one line, last.
+            for line in summary.legend() {
+                println!("{line}");
+            }
             println!("{}", summary.line());
             if summary.broken() {
                 std::process::exit(1);

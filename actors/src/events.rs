@@ -57,6 +57,10 @@ pub enum Event {
         task_index: u32,
         /// Its new status.
         status: ChildStatus,
+        /// Its attempt (1, or more when it was run again).
+        attempts: u32,
+        /// Its result data (JSON text), when it ended with some.
+        output: Option<String>,
         /// The W3C trace context its call was delegated with, if any.
         traceparent: Option<String>,
     },

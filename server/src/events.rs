@@ -180,6 +180,8 @@ mod tests {
                     call_id: "d".into(),
                     task_index: 0,
                     status: brood::ChildStatus::Running,
+                    attempts: 1,
+                    output: None,
                     traceparent: traceparent.map(str::to_string),
                 },
             ));

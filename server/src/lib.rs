@@ -55,6 +55,15 @@ use brood::runners::groups::CommandGroups;
 use brood::runners::{CommandSettings, WorkQueues};
 use brood::{Brood, BroodConfig, Runners};
 
+/// The token of an `Authorization` header's value: its scheme is `Bearer` in any case (RFC 9110
+/// §11.1: schemes are case-insensitive), then one or more spaces.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
+}
+
 /// Compares two byte strings in time that depends on neither (their SHA-256 digests are
 /// compared, byte for byte, all of them), so the time taken tells nothing of a key, not even its
 /// length.
@@ -86,7 +95,7 @@ fn authenticated(config: &ServeConfig, req: &ServiceRequest) -> Option<scope::Ac
         .headers()
         .get(actix_web::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .unwrap_or("");
     if constant_time_eq(given.as_bytes(), key.as_bytes()) {
         return Some(scope::Access::All);
@@ -443,6 +452,17 @@ async fn ui() -> actix_web::HttpResponse {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        for value in ["Bearer k1", "bearer k1", "BEARER k1", "bEaReR   k1"] {
+            assert_eq!(super::bearer_token(value), Some("k1"), "{value}");
+        }
+        for value in ["Basic k1", "Bearerk1", "k1", ""] {
+            assert_eq!(super::bearer_token(value), None, "{value}");
+        }
+    }
+
     use super::*;
 
     #[test]

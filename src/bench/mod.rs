@@ -108,6 +108,36 @@ impl Figure {
         self.target = Some(target);
         self
     }
+
+    /// Whether the figure meets its target (`≤ 5`, `≥ 0.8`, `ratio ≥ 0.5`: the ratio to its
+    /// baseline when the target says so, else the value); none without a target, or without the
+    /// number it names.
+    pub fn met(&self) -> Option<bool> {
+        let target = self.target?;
+        let (measured, rule) = match target.strip_prefix("ratio ") {
+            Some(rule) => (self.ratio?, rule),
+            None => (self.value, target),
+        };
+        let (at_most, bound) = if let Some(n) = rule.strip_prefix("≤ ") {
+            (true, n)
+        } else {
+            (false, rule.strip_prefix("≥ ")?)
+        };
+        let bound: f64 = bound.trim().parse().ok()?;
+        if !measured.is_finite() {
+            return Some(false);
+        }
+        Some(if at_most { measured <= bound } else { measured >= bound })
+    }
+}
+
+/// What a table says of a figure's target: met, missed, or nothing.
+fn verdict(f: &Figure) -> &'static str {
+    match f.met() {
+        Some(true) => "met",
+        Some(false) => "MISSED",
+        None => "",
+    }
 }
 
 /// What `brood bench` was asked for.
@@ -352,19 +382,30 @@ pub fn table(figures: &[Figure]) -> String {
         }
     };
     let mut out = format!(
-        "{:<30} {:>14} {:<11} {:>14} {:>9}  {}\n",
-        "figure", "value", "unit", "baseline", "ratio", "target"
+        "{:<30} {:>14} {:<11} {:>14} {:>9}  {:<12} {}\n",
+        "figure", "value", "unit", "baseline", "ratio", "target", ""
     );
     for f in figures {
-        out.push_str(&format!(
-            "{:<30} {:>14} {:<11} {:>14} {:>9}  {}\n",
+        let line = format!(
+            "{:<30} {:>14} {:<11} {:>14} {:>9}  {:<12} {}",
             f.name,
             fmt(f.value),
             f.unit,
             f.baseline.map(fmt).unwrap_or_else(|| "-".into()),
             f.ratio.map(|r| format!("{r:.3}×")).unwrap_or_else(|| "-".into()),
-            f.target.unwrap_or("")
-        ));
+            f.target.unwrap_or(""),
+            verdict(f)
+        );
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    let (met, missed) = figures.iter().fold((0, 0), |(m, x), f| match f.met() {
+        Some(true) => (m + 1, x),
+        Some(false) => (m, x + 1),
+        None => (m, x),
+    });
+    if met + missed > 0 {
+        out.push_str(&format!("targets: {met} met, {missed} missed\n"));
     }
     out
 }
@@ -387,6 +428,8 @@ pub fn to_json(figures: &[Figure], machine: serde_json::Value) -> serde_json::Va
                 "unit": f.unit,
                 "baseline": f.baseline.map(num),
                 "ratio": f.ratio.map(num),
+                "target": f.target,
+                "met": f.met(),
             })
         })
         .collect();
@@ -397,6 +440,36 @@ pub fn to_json(figures: &[Figure], machine: serde_json::Value) -> serde_json::Va
 mod tests {
     use super::engine::percentile;
     use super::*;
+
+    #[test]
+    fn a_figure_meets_its_target_by_value_or_by_ratio() {
+        let f = |value: f64, baseline: Option<f64>, target: &'static str| {
+            let f = Figure::new("x", value, "u");
+            let f = match baseline {
+                Some(b) => f.against(b),
+                None => f,
+            };
+            f.target(target).met()
+        };
+        assert_eq!(f(4.0, None, "≤ 5"), Some(true));
+        assert_eq!(f(6.0, None, "≤ 5"), Some(false));
+        assert_eq!(f(0.8, None, "≥ 0.8"), Some(true));
+        assert_eq!(f(10.0, Some(30.0), "ratio ≥ 0.5"), Some(false));
+        assert_eq!(f(20.0, Some(30.0), "ratio ≥ 0.5"), Some(true));
+        assert_eq!(f(3.0, Some(1.0), "ratio ≤ 2"), Some(false));
+        assert_eq!(f(f64::NAN, None, "≤ 5"), Some(false));
+        assert_eq!(f(1.0, None, "ratio ≥ 0.5"), None, "no baseline, no ratio");
+        assert_eq!(Figure::new("x", 1.0, "u").met(), None);
+        let table = table(&[
+            Figure::new("a", 4.0, "ms").target("≤ 5"),
+            Figure::new("b", 9.0, "ms").target("≤ 5"),
+        ]);
+        assert!(
+            table.contains("≤ 5          met") && table.contains("MISSED"),
+            "{table}"
+        );
+        assert!(table.ends_with("targets: 1 met, 1 missed\n"), "{table}");
+    }
 
     #[test]
     fn a_ratio_is_the_value_over_its_baseline() {

@@ -37,6 +37,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/readyz": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["readyz"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/ui": {
         parameters: {
             query?: never;
@@ -406,6 +422,13 @@ export interface components {
             consumer: string;
             /** @description The claim's lease, in ms (default 60000). */
             lease_ms?: number | null;
+            /**
+             * @description At most about this many bytes of items (their texts and data, and a few hundred bytes
+             *     each for their ids); the first item goes whatever its size; the rest stay ready.
+             */
+            max_bytes?: number | null;
+            /** @description At most this many items in the envelope (the oldest ready first); the rest stay ready. */
+            max_items?: number | null;
         };
         /** @description A call on its own: `GET /v1/calls/{call_id}`. */
         CallDetail: {
@@ -474,10 +497,14 @@ export interface components {
         ChildEvent: {
             /** @description When it happened. */
             at: number;
+            /** @description Its attempt: 1, or more when it was run again (a retry, or recovery). */
+            attempts: number;
             /** @description Its call. */
             call_id: string;
             /** @description The child. */
             child_id: string;
+            /** @description Its result data, once it ended with some. */
+            output?: unknown;
             /** @description The event's number in the session's stream (0 for a stream's first `ready`). */
             seq: number;
             /** @description The session. */
@@ -497,13 +524,20 @@ export interface components {
         ChildStatus: "queued" | "running" | "succeeded" | "failed" | "timed_out" | "interrupted" | "cancelled" | "unknown";
         /** @description A child of a call. */
         ChildView: {
+            /** @description How many times it was run (1, or more when recovery ran it again). */
+            attempts: number;
             /** @description `<call_id>.<index>`. */
             child_id: string;
             delivery?: components["schemas"]["Delivery"] | null;
-            /** @description The delivery attempt its result is on, once it has one. */
+            /**
+             * @description The delivery attempt its result is on, once it has one; for a dead letter, the attempts
+             *     it used (as `GET /v1/dead-letters` counts them).
+             */
             delivery_attempt?: number | null;
             /** @description When it ended. */
             finished_at?: number | null;
+            /** @description Its result as data, once it ended with some. */
+            output?: unknown;
             /** @description When its runner started. */
             started_at?: number | null;
             /** @description Its status. */
@@ -564,6 +598,11 @@ export interface components {
         CompleteBody: {
             /** @description Why it failed. */
             error?: string | null;
+            /**
+             * @description The result as data, any JSON value (`null` is none), at most the server's
+             *     `max_output_bytes` as compact JSON.
+             */
+            output?: unknown;
             /** @description How the child ended. */
             status: components["schemas"]["Ended"];
             /** @description What came of it. */
@@ -577,6 +616,8 @@ export interface components {
             child_id: string;
             /** @description Why it failed. */
             error?: string | null;
+            /** @description What came of it, as data. */
+            output?: unknown;
             /** @description How it ended. */
             status: components["schemas"]["ChildStatus"];
             /** @description What came of it. */
@@ -634,6 +675,14 @@ export interface components {
         };
         /** @description `POST /v1/sessions/{session_id}/delegate`. */
         DelegateBody: {
+            /**
+             * @description Makes the call idempotent (or give the `Idempotency-Key` header): a delegate with the
+             *     same key and the same request is answered with the call the first one made (its reply,
+             *     as it was made) instead of making another — after a lost answer, a restart or a
+             *     takeover — as long as the call is kept; the same key with another request is 409
+             *     `idempotency_conflict`. 1 to 255 characters, none a control character.
+             */
+            idempotency_key?: string | null;
             /** @description Whether each ungrouped task is its own unit (default: one unit for them all). */
             independent_completions?: boolean;
             /** @description `background` (default) or `sync`. */
@@ -692,6 +741,11 @@ export interface components {
             items: components["schemas"]["Item"][];
             /** @description When the claim's lease runs out. */
             lease_expires_at: number;
+            /**
+             * @description Ready items were left out by the boundary's `max_items` or `max_bytes`: they go at the
+             *     next boundary.
+             */
+            more: boolean;
             /** @description What a model reads: the header, one block per call, the tags `[set N · k/n]`. */
             text: string;
         };
@@ -742,7 +796,7 @@ export interface components {
             failed_sessions: number;
             /** @description Sessions routed here. */
             sessions: number;
-            /** @description `ok`. */
+            /** @description `ok` (`/healthz`) or `ready` (`/readyz`). */
             status: string;
         };
         /** @description `POST /v1/children/{child_id}/heartbeat`. */
@@ -761,6 +815,8 @@ export interface components {
         };
         /** @description A ready item, as an envelope or a sync reply carries it. */
         Item: {
+            /** @description How many times the child was run (1, or more when recovery ran it again). */
+            attempts: number;
             /** @description Its call. */
             call_id: string;
             /** @description Its child. */
@@ -777,6 +833,8 @@ export interface components {
             kind: components["schemas"]["ItemKind"];
             /** @description The call's task count. */
             of: number;
+            /** @description What came of it, as data. */
+            output?: unknown;
             /** @description Whether recovery resolved it after a restart. */
             recovered: boolean;
             /** @description Its call's ordinal. */
@@ -888,6 +946,19 @@ export interface components {
             released: boolean;
         };
         /**
+         * @description A task's retry policy: attempt n + 1 starts `backoff_ms × 2^(n-1)` (at most
+         *     `max_backoff_ms`) after attempt n ended `failed` or `timed_out`, while n < `max_attempts`;
+         *     the result is the last attempt's and says how many were made (`attempts`).
+         */
+        RetryBody: {
+            /** @description The wait before the second attempt, in ms (default 1000), doubled for each after. */
+            backoff_ms?: number;
+            /** @description Attempts in all, the first included (default 1: none again). */
+            max_attempts?: number;
+            /** @description The longest wait between attempts, in ms (default 60000). */
+            max_backoff_ms?: number;
+        };
+        /**
          * @description A runner spec: what runs a child, by `kind`. `command` and `external` are refused (403)
          *     unless the server allows them. A task's `runner` is read by the engine's runner registry
          *     (`brood::runners`, which embedders extend); these types are its contract over HTTP, and
@@ -996,8 +1067,15 @@ export interface components {
             goal: string;
             /** @description A completion group: the tasks of one group go out together. */
             group?: string | null;
+            /**
+             * @description The task's data, any JSON value (`null` is none), at most the server's
+             *     `max_input_bytes` as compact JSON: handed to the child's runner (an external worker's
+             *     poll reply, a `command`'s stdin; a `sim` child hands it back as its output).
+             */
+            input?: unknown;
             /** @description Whether recovery may run the child again when it was running at a crash. */
             rerun_on_recovery?: boolean;
+            retry?: components["schemas"]["RetryBody"] | null;
             /** @description How the child runs: a runner spec with its `kind`. */
             runner: components["schemas"]["Runner"];
             /** @description The child ends `timed_out` after this long without a heartbeat, in ms (default 450000). */
@@ -1047,12 +1125,25 @@ export interface components {
         };
         /** @description A child handed to an outside worker: `POST /v1/workers/poll` (and `take`). */
         WorkItem: {
+            /** @description Which run of the child this is: 1, or more when recovery runs it again. */
+            attempt: number;
+            /** @description The call that made the child. */
+            call_id: string;
             /** @description The child. */
             child_id: string;
+            /**
+             * @description When the child times out (ms since the epoch), when its task has a timeout: a
+             *     completion after it is refused.
+             */
+            deadline_at?: number | null;
             /** @description What to do. */
             goal: string;
+            /** @description The task's data, when it has some. */
+            input?: unknown;
             /** @description The lease, renewed by heartbeats. */
             lease_ms: number;
+            /** @description The session whose call made the child. */
+            session_id: string;
             /** @description Send it with every heartbeat and the completion. */
             token: string;
         };
@@ -1123,6 +1214,44 @@ export interface operations {
             };
             /** @description Refused: a request from a web page of another site (`forbidden_host`, `cross_origin`), a key scoped to other sessions (`out_of_scope`), or what the server does not allow. */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+        };
+    };
+    readyz: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The server admits work: it is not draining, and its ledger and actors answer. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Health"];
+                };
+            };
+            /** @description Refused: a request from a web page of another site (`forbidden_host`, `cross_origin`), a key scoped to other sessions (`out_of_scope`), or what the server does not allow. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description Send work elsewhere: the server drains (`draining`), or its engine stopped or its ledger failed (`ledger_unavailable`). */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2254,7 +2383,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description The envelope: every item ready now, claimed. */
+            /** @description The envelope: every item ready now (or as many as `max_items` and `max_bytes` let in, the oldest first), claimed. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2350,6 +2479,8 @@ export interface operations {
             header?: {
                 /** @description The caller's W3C trace context, carried to the call's children and their events; ignored when malformed, and when the body has a `traceparent`. */
                 traceparent?: string;
+                /** @description As the body's `idempotency_key` (when both are given they must be the same). */
+                "Idempotency-Key"?: string;
             };
             path: {
                 /** @description The session: 1 to 256 characters, none a control character. */
@@ -2426,7 +2557,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorReply"];
                 };
             };
-            /** @description The child whose nested session this is has ended (`parent_ended`). */
+            /** @description The child whose nested session this is has ended (`parent_ended`); the idempotency key was used for another request (`idempotency_conflict`); the sync call made with it still runs for another request (`idempotency_in_progress`). */
             409: {
                 headers: {
                     [name: string]: unknown;

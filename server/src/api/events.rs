@@ -53,6 +53,10 @@ pub struct ChildEvent {
     pub task_index: u32,
     /// Its status now.
     pub status: ChildStatus,
+    /// Its attempt: 1, or more when it was run again (a retry, or recovery).
+    pub attempts: u32,
+    /// Its result data, once it ended with some.
+    pub output: Option<serde_json::Value>,
     /// The W3C trace context its call was delegated with; absent when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")]
@@ -170,12 +174,16 @@ pub fn data(ev: &brood::SessionEvent) -> String {
             call_id,
             task_index,
             status,
+            attempts,
+            output,
             traceparent,
         } => json(Body::Child(ChildEvent {
             child_id: child_id.clone(),
             call_id: call_id.clone(),
             task_index: *task_index,
             status: (*status).into(),
+            attempts: *attempts,
+            output: super::replies::data(output.as_deref()),
             traceparent: traceparent.clone(),
         })),
         Event::Ready { ready } | Event::Wake { ready } => json(Body::Ready(ReadyEvent { ready: *ready as u64 })),

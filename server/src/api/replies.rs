@@ -214,7 +214,8 @@ pub struct ChildView {
     pub finished_at: Option<u64>,
     /// Where its result is on its way, once it has one.
     pub delivery: Option<Delivery>,
-    /// The delivery attempt its result is on, once it has one.
+    /// The delivery attempt its result is on, once it has one; for a dead letter, the attempts
+    /// it used (as `GET /v1/dead-letters` counts them).
     pub delivery_attempt: Option<u32>,
     /// The first line of its summary, or of its error.
     pub summary: Option<String>,
@@ -241,7 +242,12 @@ impl From<&brood::ChildInfo> for ChildView {
             started_at: r.started_at_ms,
             finished_at: r.finished_at_ms,
             delivery,
-            delivery_attempt: ended.then(|| r.result.failed_attempts.saturating_add(1)),
+            // A dead letter's is the attempts it used, as the dead-letter list counts them; an
+            // item on its way is on the next one.
+            delivery_attempt: ended.then(|| match r.result.dead {
+                true => r.result.failed_attempts,
+                false => r.result.failed_attempts.saturating_add(1),
+            }),
             summary: summary_line(r.summary.as_deref(), r.error.as_deref()),
             output: data(r.output.as_deref()),
             attempts: r.attempt,

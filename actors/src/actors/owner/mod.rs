@@ -738,6 +738,8 @@ fn child_event(row: &ChildRow, status: ChildStatus, traceparent: Option<&str>) -
         call_id: row.call_id.clone(),
         task_index: row.task_index,
         status,
+        attempts: row.attempt,
+        output: if status.is_terminal() { row.output.clone() } else { None },
         traceparent: traceparent.map(str::to_string),
     }
 }
