@@ -212,6 +212,9 @@ struct ServeArgs {
     /// The longest timeout a task may have, in ms (default 0: no bound).
     #[arg(long)]
     max_task_timeout_ms: Option<String>,
+    /// The longest wait a task's retry policy may ask for, in ms (default 3600000).
+    #[arg(long)]
+    max_retry_backoff_ms: Option<String>,
     /// How long a shutdown lets running children finish, in ms (default 10000).
     #[arg(long)]
     drain_timeout_ms: Option<String>,
@@ -276,6 +279,7 @@ impl ServeArgs {
             ("default_stall_ms", &self.default_stall_ms),
             ("default_timeout_ms", &self.default_timeout_ms),
             ("max_task_timeout_ms", &self.max_task_timeout_ms),
+            ("max_retry_backoff_ms", &self.max_retry_backoff_ms),
             ("drain_timeout_ms", &self.drain_timeout_ms),
             ("commit_window_ms", &self.commit_window_ms),
             ("routing_threads", &self.routing_threads),

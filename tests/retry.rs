@@ -163,12 +163,17 @@ async fn a_cancel_during_the_backoff_ends_the_child_without_another_attempt() {
 #[test]
 fn over_http_a_policy_is_checked_and_the_result_says_its_attempts() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), None);
+    let s = Server::start_with(dir.path(), None, &["--max-retry-backoff-ms", "1000"]);
     s.open("h");
     for (retry, field) in [
         (json!({"max_attempts": 0}), "max_attempts"),
         (json!({"max_attempts": 21}), "max_attempts"),
-        (json!({"max_attempts": 2, "backoff_ms": 3_600_001}), "backoff_ms"),
+        (json!({"max_attempts": 2, "backoff_ms": 1_001}), "max_retry_backoff_ms"),
+        (
+            json!({"max_attempts": 2, "max_backoff_ms": 5_000}),
+            "max_retry_backoff_ms",
+        ),
+        (json!({"max_attempts": 2, "lag_ms": 5}), "lag_ms"),
     ] {
         let body = json!({"tasks": [{"goal": "g", "runner": server::sim(0), "retry": retry}]});
         let message = assert_error(

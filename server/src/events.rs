@@ -191,7 +191,7 @@ mod tests {
         assert_eq!(
             child(Some(tp)),
             json!({"child_id": "d.0", "call_id": "d", "task_index": 0, "status": "running",
-                   "traceparent": tp, "session_id": "s", "seq": 3, "at": 7})
+                   "attempts": 1, "output": null, "traceparent": tp, "session_id": "s", "seq": 3, "at": 7})
         );
         assert!(child(None).get("traceparent").is_none(), "{}", child(None));
     }

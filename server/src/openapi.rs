@@ -266,6 +266,13 @@ fn configured_bounds(config: &ServeConfig) -> Vec<(&'static str, Value)> {
         ),
     ]
     .into_iter()
+    .chain(
+        [
+            "/components/schemas/RetryBody/properties/backoff_ms/maximum",
+            "/components/schemas/RetryBody/properties/max_backoff_ms/maximum",
+        ]
+        .map(|pointer| (pointer, json!(config.max_retry_backoff_ms))),
+    )
     .chain((config.max_task_timeout_ms > 0).then(|| {
         (
             "/components/schemas/TaskBody/properties/timeout_ms/maximum",

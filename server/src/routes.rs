@@ -272,6 +272,25 @@ fn timeout(config: &super::config::ServeConfig, i: usize, given: Option<u64>) ->
     }
 }
 
+/// The retry policy of task `i`, its waits refused over `max_retry_backoff_ms`.
+fn retry(config: &super::config::ServeConfig, i: usize, r: api::RetryBody) -> Result<brood::RetryPolicy, ApiError> {
+    let max = config.max_retry_backoff_ms;
+    let wait = |name: &str, given: Option<u64>, default: u64| {
+        match given {
+        Some(ms) if ms > max => Err(ApiError::invalid(format!(
+            "`tasks[{i}].retry.{name}` is {ms}; this server waits at most {max} ms between attempts (its max_retry_backoff_ms)"
+        ))),
+        Some(ms) => Ok(ms),
+        None => Ok(default.min(max)),
+    }
+    };
+    Ok(brood::RetryPolicy {
+        max_attempts: r.max_attempts,
+        backoff_ms: wait("backoff_ms", r.backoff_ms, 1_000)?,
+        max_backoff_ms: wait("max_backoff_ms", r.max_backoff_ms, 60_000)?,
+    })
+}
+
 /// The data of task `i` (`null` is none), refused when it takes more than `max_input_bytes` as
 /// compact JSON.
 fn input(
@@ -325,11 +344,7 @@ fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError>
         task.timeout_ms = timeout(&state.config, i, task.timeout_ms)?;
         task.rerun_on_recovery = t.rerun_on_recovery;
         task.input = input(&state.config, i, t.input)?;
-        task.retry = t.retry.map(|r| brood::RetryPolicy {
-            max_attempts: r.max_attempts,
-            backoff_ms: r.backoff_ms,
-            max_backoff_ms: r.max_backoff_ms,
-        });
+        task.retry = t.retry.map(|r| retry(&state.config, i, r)).transpose()?;
         out.push(task);
     }
     let mut req = match body.mode {

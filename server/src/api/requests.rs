@@ -97,26 +97,20 @@ pub struct RetryBody {
     #[serde(default = "one", deserialize_with = "whole")]
     #[schema(minimum = 1, maximum = 20)]
     pub max_attempts: u32,
-    /// The wait before the second attempt, in ms (default 1000), doubled for each after.
-    #[serde(default = "second", deserialize_with = "whole")]
+    /// The wait before the second attempt, in ms (default 1000, or the server's
+    /// `max_retry_backoff_ms` when that is less), doubled for each after.
+    #[serde(default, deserialize_with = "whole_opt")]
     #[schema(minimum = 0, maximum = 3_600_000)]
-    pub backoff_ms: u64,
-    /// The longest wait between attempts, in ms (default 60000).
-    #[serde(default = "minute", deserialize_with = "whole")]
+    pub backoff_ms: Option<u64>,
+    /// The longest wait between attempts, in ms (default 60000, or the server's
+    /// `max_retry_backoff_ms` when that is less).
+    #[serde(default, deserialize_with = "whole_opt")]
     #[schema(minimum = 0, maximum = 3_600_000)]
-    pub max_backoff_ms: u64,
+    pub max_backoff_ms: Option<u64>,
 }
 
 fn one() -> u32 {
     1
-}
-
-fn second() -> u64 {
-    1_000
-}
-
-fn minute() -> u64 {
-    60_000
 }
 
 /// A runner spec: what runs a child, by `kind`. `command` and `external` are refused (403)

@@ -110,6 +110,9 @@ pub struct ServeConfig {
     /// refused, and one naming none gets `default_timeout_ms`, or this when that is 0. It
     /// bounds how long any child runs, and so how long a sync call holds its request.
     pub max_task_timeout_ms: u64,
+    /// The longest wait a task's retry policy may ask for between attempts, in ms: with
+    /// `max_task_timeout_ms`, it bounds how long a retried child takes, and so a sync call.
+    pub max_retry_backoff_ms: u64,
     /// How long a shutdown lets running children finish, in ms.
     pub drain_timeout_ms: u64,
     /// How long completions are gathered into one flush, in ms (0: no wait).
@@ -251,6 +254,7 @@ impl Default for ServeConfig {
             default_stall_ms: brood_actors::model::DEFAULT_STALL_MS,
             default_timeout_ms: 0,
             max_task_timeout_ms: 0,
+            max_retry_backoff_ms: 3_600_000,
             drain_timeout_ms: 10_000,
             commit_window_ms: 0,
             routing_threads: brood::default_routing_threads(),
