@@ -152,7 +152,7 @@ pub enum WorkError {
     /// Brood ended the child while this worker held it (it was cancelled, or it timed out or
     /// stalled): the worker should stop working on it; what it reports is not taken.
     #[error(
-        "child `{0}` was ended by brood (cancelled, timed out or stalled) while a worker held it; stop working on it"
+        "child `{0}` has ended and its outcome is recorded (a completion other than this one, a cancel, a timeout or a stall); nothing was changed: stop working on it"
     )]
     Ended(String),
     /// The token is not the child's current hold: it ran out (the child went back to its
