@@ -34,6 +34,10 @@ pub(super) const READ_ELSEWHERE: &[(&str, &str)] = &[
 pub(super) const READ_BY_TESTS: &[(&str, &str)] = &[
     ("BROOD_TEST_LEDGER", "the tests: which ledger their engines use"),
     ("BROOD_TEST_PG", "the tests: the PostgreSQL server they use"),
+    (
+        "BROOD_TEST_PYTHON",
+        "tests/mcp.rs: the Python interpreter with the MCP SDK",
+    ),
     ("BROOD_URL", "the Python client's tests"),
     ("BROOD_KEYED_URL", "the Python client's tests"),
     ("BROOD_CHROMIUM", "the browser tests"),
