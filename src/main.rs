@@ -301,8 +301,8 @@ impl ServeArgs {
 /// Flags of `brood mcp`.
 #[derive(clap::Args, Debug, Clone)]
 struct McpArgs {
-    /// A running server (http://host:port) whose `/mcp` answers; without it an engine over
-    /// --data-dir runs in this process.
+    /// A running server (http://host:port, or its http://host:port/mcp) whose `/mcp` answers;
+    /// without it an engine over --data-dir runs in this process.
     #[arg(long, conflicts_with_all = ["data_dir", "config"])]
     url: Option<String>,
     /// The server's key (also BROOD_API_KEY).

@@ -150,9 +150,15 @@ async fn stop_signal() -> &'static str {
     }
 }
 
-/// Relays MCP on stdio to the server at `url` until stdin ends.
+/// Relays MCP on stdio to the server at `url` (its base, or its `/mcp` endpoint) until stdin
+/// ends.
 pub(crate) fn bridge(url: &str, key: Option<String>) -> anyhow::Result<()> {
-    let endpoint = format!("{}/mcp", url.trim_end_matches('/'));
+    let base = url.trim_end_matches('/');
+    let endpoint = if base.ends_with("/mcp") {
+        base.to_string()
+    } else {
+        format!("{base}/mcp")
+    };
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_connect(Some(CONNECT_TIMEOUT))

@@ -296,8 +296,10 @@ fn unknown_methods_and_tools_are_json_rpc_errors_and_notifications_are_taken_202
 fn the_bridge_answers_a_request_the_server_refused_with_a_json_rpc_error() {
     let dir = tempfile::tempdir().unwrap();
     let server = serve(dir.path(), Some(KEY));
+    // The endpoint's own URL works as well as the server's.
+    let endpoint = format!("{}/mcp", server.base);
     let mut bridge = Command::new(env!("CARGO_BIN_EXE_brood"))
-        .args(["mcp", "--url", &server.base, "--api-key", "wrong-key"])
+        .args(["mcp", "--url", &endpoint, "--api-key", "wrong-key"])
         .env_remove("BROOD_API_KEY")
         .env_remove(PYTHON_VAR)
         .stdin(Stdio::piped())
