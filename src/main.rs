@@ -1,4 +1,5 @@
-//! The `brood` binary: `brood demo` runs a scripted parent against the embedded engine.
+//! The `brood` binary: `brood demo` runs a scripted parent against the embedded engine;
+//! `brood mcp` speaks MCP on stdio (`mcp`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -13,6 +14,7 @@ use serde_json::json;
 mod bench;
 mod chaos;
 mod inspect;
+mod mcp;
 mod workload;
 
 #[derive(Parser, Debug)]
@@ -42,6 +44,9 @@ enum Command {
     },
     /// Serve API.md over HTTP on the embedded engine.
     Serve(Box<ServeArgs>),
+    /// Speak MCP (the Model Context Protocol) on stdin/stdout: brood's tools for an agent
+    /// runtime, over an engine in this process (`--data-dir`) or a running server (`--url`).
+    Mcp(McpArgs),
     /// Show sessions, calls, units, children and dead letters, of a running server
     /// (`--server`) or of a data dir no process holds (`--data-dir`, read without changing it).
     Inspect(InspectArgs),
@@ -305,6 +310,24 @@ impl ServeArgs {
     }
 }
 
+/// Flags of `brood mcp`.
+#[derive(clap::Args, Debug, Clone)]
+struct McpArgs {
+    /// A running server (http://host:port, or its http://host:port/mcp) whose `/mcp` answers;
+    /// without it an engine over --data-dir runs in this process.
+    #[arg(long, conflicts_with_all = ["data_dir", "config"])]
+    url: Option<String>,
+    /// The server's key (also BROOD_API_KEY).
+    #[arg(long, requires = "url")]
+    api_key: Option<String>,
+    /// The ledger folder of the engine in this process (default ./brood-data).
+    #[arg(long)]
+    data_dir: Option<String>,
+    /// A TOML file of settings for the engine in this process, as `brood serve --config`.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
 /// Flags of `brood inspect`.
 #[derive(clap::Args, Debug, Clone)]
 struct InspectArgs {
@@ -445,6 +468,14 @@ fn main() -> anyhow::Result<()> {
                 .context("serving")?;
             Ok(())
         }
+        Command::Mcp(args) => match args.url {
+            Some(url) => mcp::bridge(&url, args.api_key.or(secrets.remove("BROOD_API_KEY"))),
+            None => {
+                let env = text_environment()?.into_iter().chain(secrets);
+                let flags = args.data_dir.map(|d| ("data_dir".to_string(), d)).into_iter().collect();
+                mcp::embedded(brood_server::config::resolve(args.config.as_deref(), env, flags)?)
+            }
+        },
         Command::Inspect(args) => inspect(args, secrets.remove("BROOD_API_KEY")),
         Command::Chaos(args) => {
             let faults = chaos::Fault::parse_list(&args.faults).map_err(anyhow::Error::msg)?;

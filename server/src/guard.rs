@@ -47,9 +47,10 @@ pub(super) async fn guard(
     if let Some(e) = refusal {
         return Ok(super::intake::refuse_unread(req, &e).map_into_right_body());
     }
-    if !req.path().starts_with("/v1/") && has_body(&req) {
-        // No route outside /v1 reads a body: what is left of it is held, not read, until the
-        // reply is out (see `intake`).
+    let reads_body = req.path().starts_with("/v1/") || req.path() == super::mcp::PATH;
+    if !reads_body && has_body(&req) {
+        // No route outside /v1 and /mcp reads a body: what is left of it is held, not read,
+        // until the reply is out (see `intake`).
         let mut req = req;
         let payload = req.take_payload();
         let res = next.call(req).await?;

@@ -3,11 +3,11 @@
 //! [`config`] resolves the configuration (defaults, file, environment, flags); `api` holds the
 //! JSON shapes and the error reply; `routes` the endpoints; `workers` those of outside workers;
 //! `metrics` `GET /metrics` and the request counts; `openapi` the OpenAPI document; `guard` the
-//! refusal of requests from web pages of other sites (Host, Origin, body type). This module
-//! builds the app: the guard around everything, the key check on every `/v1` request (constant
-//! time) inside it, the bounded read of its body (`intake`: the body limit and
-//! `body_timeout_ms`), the routes, a 404 in API.md's shape for anything else, and a graceful
-//! stop on SIGINT/SIGTERM.
+//! refusal of requests from web pages of other sites (Host, Origin, body type); [`mcp`] the
+//! Model Context Protocol at `POST /mcp`. This module builds the app: the guard around
+//! everything, the key check on every `/v1` and `/mcp` request (constant time) inside it, the
+//! bounded read of its body (`intake`: the body limit and `body_timeout_ms`), the routes, a 404
+//! in API.md's shape for anything else, and a graceful stop on SIGINT/SIGTERM.
 //!
 //! The stop drains first: new calls are refused (503 `draining`), event streams end, no queued
 //! child starts (queued ones stay queued, durably, for the next start), and the children that
@@ -32,6 +32,7 @@ mod forward;
 mod guard;
 mod intake;
 mod listing;
+pub mod mcp;
 mod metrics;
 mod openapi;
 mod routes;
@@ -125,7 +126,7 @@ async fn require_key(
             let e = ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
-                "this server needs `Authorization: Bearer <key>` on every /v1 request, and the key given is missing or wrong",
+                "this server needs `Authorization: Bearer <key>` on every /v1 and /mcp request, and the key given is missing or wrong",
             );
             return Ok(intake::refuse_unread(req, &e).map_into_right_body());
         }
@@ -294,6 +295,10 @@ route_table!(top_routes, TOP_ROUTES, "", [
     "/ui" => { get: ui },
 ]);
 
+route_table!(mcp_routes, MCP_ROUTES, "/mcp", [
+    "" => { post: mcp::post },
+]);
+
 route_table!(v1_routes, V1_ROUTES, "/v1", [
     "/sessions" => { get: listing::list_sessions },
     "/sessions/{session_id}" => { put: routes::put_session, get: routes::get_session },
@@ -325,7 +330,7 @@ pub fn openapi_document(config: &ServeConfig) -> serde_json::Value {
 /// Every path the server answers and its methods: what `Allow` names, and what the OpenAPI
 /// document must describe.
 pub fn routes() -> Vec<(&'static str, &'static [&'static str])> {
-    TOP_ROUTES.iter().chain(V1_ROUTES).copied().collect()
+    TOP_ROUTES.iter().chain(MCP_ROUTES).chain(V1_ROUTES).copied().collect()
 }
 
 /// Serves API.md until SIGINT or SIGTERM, then drains, closes the engine and returns.
@@ -353,6 +358,7 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
         openapi: Arc::new(openapi::document_for(&config)),
     });
     let metrics = web::Data::new(metrics);
+    let recorder = web::Data::new(mcp::Recorder::default());
     let drained = state.clone();
     let server = HttpServer::new(move || {
         App::new()
@@ -362,6 +368,14 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
             .wrap(actix_web::middleware::from_fn(guard::guard))
             .wrap(actix_web::middleware::from_fn(metrics::count_requests))
             .configure(top_routes)
+            .service(
+                web::scope(mcp::PATH)
+                    .app_data(recorder.clone())
+                    .wrap(actix_web::middleware::from_fn(intake::bounded))
+                    .wrap(actix_web::middleware::from_fn(require_key))
+                    .configure(mcp_routes)
+                    .default_service(web::to(routes::not_found)),
+            )
             .service(
                 web::scope("/v1")
                     .wrap(actix_web::middleware::from_fn(forward::forward))

@@ -62,6 +62,11 @@ use super::state::State;
 )]
 struct ApiDoc;
 
+/// Whether requests to `path` must carry the key: those of `/v1` and `/mcp`.
+fn keyed(path: &str) -> bool {
+    path.starts_with("/v1/") || path == super::mcp::PATH
+}
+
 /// A status every `/v1` operation may answer, or every operation with a body: the code, what
 /// it means, and which operations.
 struct Common {
@@ -74,7 +79,7 @@ const COMMON: &[Common] = &[
     Common {
         status: "401",
         description: "No key, or a wrong one (`unauthorized`).",
-        applies: |path, _| path.starts_with("/v1/"),
+        applies: |path, _| keyed(path),
     },
     Common {
         status: "403",
@@ -116,6 +121,8 @@ const COMMON: &[Common] = &[
 /// The document this server serves: its operations, with the bounds of `config`.
 pub(super) fn document_for(config: &ServeConfig) -> Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_else(|_| json!({}));
+    // Not an operation of this API's types: MCP's JSON-RPC, described where it is answered.
+    doc["paths"][super::mcp::PATH] = super::mcp::openapi_path();
     add_common_responses(&mut doc);
     doc["security"] = json!([{"bearer": []}]);
     doc["components"]["securitySchemes"] = json!({
@@ -136,10 +143,10 @@ pub(super) fn document_for(config: &ServeConfig) -> Value {
             *slot = value;
         }
     }
-    // Outside `/v1` no key is asked for.
+    // Outside `/v1` and `/mcp` no key is asked for.
     if let Some(paths) = doc["paths"].as_object_mut() {
         for (path, ops) in paths.iter_mut() {
-            if path.starts_with("/v1/") {
+            if keyed(path) {
                 continue;
             }
             for op in ops.as_object_mut().into_iter().flat_map(|o| o.values_mut()) {
@@ -451,14 +458,14 @@ mod tests {
     }
 
     #[test]
-    fn every_v1_operation_answers_the_missing_key_reply_and_every_body_the_refusals_of_a_body() {
+    fn every_keyed_operation_answers_the_missing_key_reply_and_every_body_the_refusals_of_a_body() {
         let doc = document_for(&ServeConfig::default());
         for (path, ops) in doc["paths"].as_object().unwrap() {
             for (method, op) in ops.as_object().unwrap() {
                 let responses = op["responses"].as_object().unwrap();
                 assert_eq!(
                     responses.contains_key("401"),
-                    path.starts_with("/v1/"),
+                    path.starts_with("/v1/") || path == "/mcp",
                     "{method} {path}"
                 );
                 if op.get("requestBody").is_some() {

@@ -312,7 +312,7 @@ fn input(
 
 /// Turns the request's tasks into the engine's, refusing runner kinds the server does not
 /// allow (403) before anything is stored.
-fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError> {
+pub(super) fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest, ApiError> {
     if body.tasks.is_empty() {
         return Err(ApiError::invalid("`tasks` must hold at least one task"));
     }
@@ -435,7 +435,7 @@ pub(super) async fn boundary(
 }
 
 /// A claim of a session out of reach of the request's key is answered as an unknown one.
-async fn reach_claim(state: &State, access: &Access, claim_id: &str) -> Result<(), ApiError> {
+pub(super) async fn reach_claim(state: &State, access: &Access, claim_id: &str) -> Result<(), ApiError> {
     if access.is_all() {
         return Ok(());
     }
