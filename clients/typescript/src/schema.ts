@@ -20,6 +20,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/mcp": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * MCP over streamable HTTP
+         * @description The Model Context Protocol's streamable HTTP transport, stateless: one message per request, answered with one JSON response. The tools (delegate, boundary, ack, release, cancel, status) are this API's endpoints; a tool's refusal is a result with `isError`.
+         */
+        post: operations["mcp"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/metrics": {
         parameters: {
             query?: never;
@@ -951,12 +971,18 @@ export interface components {
          *     the result is the last attempt's and says how many were made (`attempts`).
          */
         RetryBody: {
-            /** @description The wait before the second attempt, in ms (default 1000), doubled for each after. */
-            backoff_ms?: number;
+            /**
+             * @description The wait before the second attempt, in ms (default 1000, or the server's
+             *     `max_retry_backoff_ms` when that is less), doubled for each after.
+             */
+            backoff_ms?: number | null;
             /** @description Attempts in all, the first included (default 1: none again). */
             max_attempts?: number;
-            /** @description The longest wait between attempts, in ms (default 60000). */
-            max_backoff_ms?: number;
+            /**
+             * @description The longest wait between attempts, in ms (default 60000, or the server's
+             *     `max_retry_backoff_ms` when that is less).
+             */
+            max_backoff_ms?: number | null;
         };
         /**
          * @description A runner spec: what runs a child, by `kind`. `command` and `external` are refused (403)
@@ -1185,6 +1211,125 @@ export interface operations {
             };
             /** @description The engine stopped or its ledger failed (`unhealthy`). */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+        };
+    };
+    mcp: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description The protocol version negotiated by initialize. */
+                "MCP-Protocol-Version"?: "2025-11-25" | "2025-06-18" | "2025-03-26" | "2024-11-05";
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** @description The request's id (a whole number or a string). */
+                    id?: string | number;
+                    /** @constant */
+                    jsonrpc: "2.0";
+                    /** @description initialize, ping, tools/list, tools/call, resources/list, resources/templates/list, resources/read; or a notification. */
+                    method: string;
+                    params?: Record<string, never>;
+                };
+            };
+        };
+        responses: {
+            /** @description The answer to a request: its result, or a JSON-RPC error (an unknown method or tool, bad params). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        id: string | number | null;
+                        /** @constant */
+                        jsonrpc: "2.0";
+                        result: Record<string, never>;
+                    } | {
+                        error: {
+                            code: number;
+                            data?: unknown;
+                            message: string;
+                        };
+                        id: string | number | null;
+                        /** @constant */
+                        jsonrpc: "2.0";
+                    };
+                };
+            };
+            /** @description A notification was taken. */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Not a message this server takes (not JSON, a batch, not JSON-RPC 2.0), or a protocol version it does not speak: the JSON-RPC error. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            code: number;
+                            data?: unknown;
+                            message: string;
+                        };
+                        id: string | number | null;
+                        /** @constant */
+                        jsonrpc: "2.0";
+                    };
+                };
+            };
+            /** @description No key, or a wrong one (`unauthorized`). */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description Refused: a request from a web page of another site (`forbidden_host`, `cross_origin`), a key scoped to other sessions (`out_of_scope`), or what the server does not allow. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description The body did not arrive within `body_timeout_ms` (`body_timeout`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description The body is over the limit (`body_too_large`). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description A body that is not `Content-Type: application/json` (`unsupported_media_type`). */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };

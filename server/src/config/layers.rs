@@ -46,7 +46,10 @@ pub(super) const READ_BY_TESTS: &[(&str, &str)] = &[
         "BROOD_TEST_PYTHON",
         "tests/python_client.rs and tests/mcp.rs: the Python they run",
     ),
-    ("BROOD_URL", "the TypeScript client's bench: a running server to measure"),
+    (
+        "BROOD_URL",
+        "the TypeScript client's bench: a running server to measure",
+    ),
     ("BROOD_CHROMIUM", "the browser tests"),
     ("BROOD_API_MODEL_TRACE", "tests/api_model.rs"),
     ("BROOD_I1_CRASH_DIR", "tests/i1_no_loss.rs"),

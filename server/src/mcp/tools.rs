@@ -254,6 +254,15 @@ fn delegate_schema(config: &ServeConfig, kinds: &[&str]) -> Value {
             "timeout_ms": timeout,
             "stall_ms": {"type": "integer", "minimum": 1, "description": "The child ends `timed_out` after this long without a sign of life, in ms."},
             "rerun_on_recovery": {"type": "boolean", "description": "Whether the child may run again when brood restarted while it ran (default false)."},
+            "input": {"description": format!("The task's data, any JSON (at most {} bytes as JSON): handed to the child's runner (an external worker sees it).", config.max_input_bytes)},
+            "retry": object(
+                json!({
+                    "max_attempts": {"type": "integer", "minimum": 1, "maximum": 20, "description": "Attempts in all, the first included (default 1)."},
+                    "backoff_ms": {"type": "integer", "minimum": 0, "maximum": config.max_retry_backoff_ms, "description": "The wait before the second attempt, in ms, doubled for each after."},
+                    "max_backoff_ms": {"type": "integer", "minimum": 0, "maximum": config.max_retry_backoff_ms, "description": "The longest wait between attempts, in ms."},
+                }),
+                &[],
+            ),
         }),
         &["goal", "runner"],
     );
@@ -264,6 +273,7 @@ fn delegate_schema(config: &ServeConfig, kinds: &[&str]) -> Value {
             "mode": {"enum": ["background", "sync"], "description": "`background` (default): results at your next turn boundary. `sync`: run now, results in the reply."},
             "independent_completions": {"type": "boolean", "description": "Whether each task without a group comes back on its own as soon as it ends (default false: together)."},
             "traceparent": {"type": "string", "description": "A W3C trace context to carry to the children."},
+            "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 255, "description": "Makes the call idempotent: delegating again with the same key and the same tasks answers the call made the first time instead of making another (use it when you retry after an error)."},
         }),
         &["session_id", "tasks"],
     )
@@ -280,6 +290,8 @@ fn boundary_schema(config: &ServeConfig) -> Value {
                 "maximum": config.max_lease_ms,
                 "description": format!("How long the envelope stays claimed before it comes back unacked, in ms (default {}).", config.default_lease_ms),
             },
+            "max_items": {"type": "integer", "minimum": 1, "description": "At most this many results in the envelope; the rest stay ready for the next boundary (`more` says there are some)."},
+            "max_bytes": {"type": "integer", "minimum": 1, "description": "At most about this many bytes of results; the first always comes; the rest stay ready."},
         }),
         &["session_id"],
     )
@@ -785,6 +797,7 @@ mod tests {
             claim_id: "claim-1".into(),
             lease_expires_at: 9,
             items: vec![],
+            more: false,
             text: "[brood] Results…\n".into(),
         };
         let reply = envelope_reply(Some(env)).unwrap();
