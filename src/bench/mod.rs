@@ -382,8 +382,8 @@ pub fn table(figures: &[Figure]) -> String {
         }
     };
     let mut out = format!(
-        "{:<30} {:>14} {:<11} {:>14} {:>9}  {:<12} {}\n",
-        "figure", "value", "unit", "baseline", "ratio", "target", ""
+        "{:<30} {:>14} {:<11} {:>14} {:>9}  {}\n",
+        "figure", "value", "unit", "baseline", "ratio", "target"
     );
     for f in figures {
         let line = format!(
