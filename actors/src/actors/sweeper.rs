@@ -63,6 +63,22 @@ async fn sweep_session(engine: &Engine, policy: &Retention, session: &str, now: 
                     old.push(old_of(&call, parts));
                 }
             }
+            // A call made under an idempotency key is made again, with the same id, by a
+            // delegate under that key once it is removed: the ack rows naming its items go
+            // with it, or they would mark the new call's items delivered.
+            let keyed: std::collections::HashSet<&str> =
+                (old.iter()).filter(|o| o.keyed).map(|o| o.call_id.as_str()).collect();
+            let naming = if keyed.is_empty() {
+                Vec::new()
+            } else {
+                acks_naming(&*ledger, &id, &keyed, batch)?
+            };
+            for o in old.iter_mut().filter(|o| o.keyed) {
+                o.acks = (naming.iter())
+                    .filter(|a| a.items.iter().any(|k| call_of_item(k) == Some(o.call_id.as_str())))
+                    .cloned()
+                    .collect();
+            }
             Ok((old, last, more, young))
         })
         .await?;
@@ -159,6 +175,39 @@ fn old_of(call: &CallRow, parts: CallParts) -> OldCall {
         dead_letters: parts.dead_letters.into_iter().map(|d| d.dedup_key).collect(),
         redrives: parts.redrives,
         starts: parts.starts,
+        keyed: call.idempotency.is_some(),
+        acks: Vec::new(),
+    }
+}
+
+/// The call of an item's dedup key.
+fn call_of_item(key: &str) -> Option<&str> {
+    parse_dedup_key(key)
+        .and_then(|(child, _)| parse_child_id(child))
+        .map(|(call, _)| call)
+}
+
+/// The ack rows of `session` naming an item of one of `calls`, read a page at a time.
+fn acks_naming(
+    ledger: &dyn crate::ledger::Ledger,
+    session: &str,
+    calls: &std::collections::HashSet<&str>,
+    batch: usize,
+) -> Result<Vec<AckRow>, crate::ledger::LedgerError> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = ledger.acks_page(session, after.as_deref(), batch)?;
+        let more = page.len() == batch;
+        after = page.last().map(|a| a.claim_id.clone());
+        out.extend(page.into_iter().filter(|a| {
+            a.items
+                .iter()
+                .any(|k| call_of_item(k).is_some_and(|c| calls.contains(c)))
+        }));
+        if !more {
+            return Ok(out);
+        }
     }
 }
 

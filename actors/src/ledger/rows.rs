@@ -168,14 +168,16 @@ pub(super) fn write_changes(w: &Writes) -> Result<Vec<Change>, LedgerError> {
     )?;
     let dead = w.dead_letters.iter().map(|r| (row_key(&r.session_id, &r.dedup_key), r));
     puts(&mut out, DEAD_LETTERS, dead)?;
+    puts(&mut out, WAKES, w.wakes.iter().map(|r| (by_id(&r.session_id), r)))?;
+    removes(&mut out, WAKES, w.remove_wakes.iter().map(by_id));
+    removes(&mut out, CALLS, w.remove_calls.iter().map(scoped));
+    // After a removed call: an ack row retention takes a removed call's items out of is never
+    // written while that call is still stored (its items would read undelivered).
     puts(
         &mut out,
         ACKS,
         w.acks.iter().map(|r| (row_key(&r.session_id, &r.claim_id), r)),
     )?;
-    puts(&mut out, WAKES, w.wakes.iter().map(|r| (by_id(&r.session_id), r)))?;
-    removes(&mut out, WAKES, w.remove_wakes.iter().map(by_id));
-    removes(&mut out, CALLS, w.remove_calls.iter().map(scoped));
     removes(&mut out, DEAD_LETTERS, w.remove_dead_letters.iter().map(scoped));
     puts(
         &mut out,

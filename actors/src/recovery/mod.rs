@@ -535,6 +535,21 @@ fn plan_call(ctx: &CallContext<'_>, call: CallRow, stored: Vec<ChildRow>, plan: 
         .map(|slot| slot.expect("every task is in a unit"))
         .collect();
     plan.changed.extend(damaged_rows);
+    // A child whose attempt ended `failed` or `timed_out` while its task's retry policy runs it
+    // again was waiting out its backoff in memory (its retry not yet recorded) when its owner
+    // exited: its retry is made now, its next attempt queued (the rest of the wait is not kept).
+    // One whose result went out was not run again (a cancel had stopped it).
+    for row in &mut call_children {
+        let policy = call.tasks.get(row.task_index as usize).and_then(|t| t.retry);
+        let out = row.result.delivered || row.result.dead;
+        if !out && policy.is_some_and(|p| p.delay_after(row.attempt, row.status).is_some()) {
+            row.status = ChildStatus::Queued;
+            row.attempt = row.attempt.saturating_add(1);
+            (row.started_at_ms, row.finished_at_ms) = (None, None);
+            (row.summary, row.output) = (None, None);
+            plan.changed.push(row.clone());
+        }
+    }
     let mut recovered_units = Vec::with_capacity(units.len());
     // Children to queue again, in task order across the call's units.
     let mut queue: Vec<(u32, String)> = Vec::new();

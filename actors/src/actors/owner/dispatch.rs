@@ -99,8 +99,9 @@ impl SessionOwner {
             None => new_call_id(),
             Some(asked) => {
                 let call_id = keyed_call_id(&self.session.session_id, &asked.key);
-                if view.calls.contains(&call_id) {
-                    // Made in this very batch: answered once that is applied.
+                if view.calls.contains(&call_id) || view.pruned.contains(&call_id) {
+                    // Made, or removed by retention, in this very batch: answered once that is
+                    // applied (a removed call is not answered; it is made again).
                     return Decided::Later(Durable::Delegate(msg, reply));
                 }
                 match self.replay(&call_id, asked, reply) {

@@ -11,6 +11,7 @@ use super::persist::{BatchView, Decided, Step};
 use super::{answer, Durable, SessionOwner};
 use crate::error::BroodError;
 use crate::ledger::Writes;
+use crate::model::{parse_child_id, parse_dedup_key, AckRow};
 
 /// One call retention found old enough, with the ids of its other rows.
 #[derive(Debug, Clone)]
@@ -25,6 +26,13 @@ pub struct OldCall {
     pub redrives: Vec<String>,
     /// Its start rows' ids.
     pub starts: Vec<String>,
+    /// Whether it was made under an idempotency key (a delegate under that key makes a call
+    /// of the same id once it is removed).
+    pub keyed: bool,
+    /// For a keyed call: the ack rows naming its items, as read. Its items are taken out of
+    /// them as it is removed (a row naming nothing else goes), so they never mark the items
+    /// of the call made again under its key delivered.
+    pub acks: Vec<AckRow>,
 }
 
 /// Remove these old calls and ack rows of the session. Answers how many calls were removed
@@ -60,6 +68,7 @@ impl SessionOwner {
     ) -> Decided<Durable> {
         let mut writes = Writes::default();
         let mut removed = 0;
+        let mut acks: std::collections::BTreeMap<String, AckRow> = Default::default();
         for call in prune.calls {
             if self.owed.calls.contains_key(&call.call_id) || view.revived.contains(&call.call_id) {
                 continue;
@@ -72,8 +81,27 @@ impl SessionOwner {
             writes.remove_children.extend(call.children.iter().map(key));
             writes.remove_starts.extend(call.starts.iter().map(key));
             writes.remove_redrives.extend(call.redrives.iter().map(key));
+            for ack in call.acks {
+                acks.entry(ack.claim_id.clone()).or_insert(ack);
+            }
             view.pruned.insert(call.call_id);
             removed += 1;
+        }
+        // The ack rows naming items of removed keyed calls, without those items (put back as
+        // read should the flush fail: the calls may not be removed).
+        let mut restore = Writes::default();
+        for (claim_id, ack) in acks {
+            let mut left = ack.clone();
+            left.items.retain(|k| {
+                let call = parse_dedup_key(k).and_then(|(child, _)| parse_child_id(child));
+                call.is_none_or(|(call, _)| !view.pruned.contains(call))
+            });
+            if left.items.is_empty() {
+                writes.remove_acks.push(self.row_key(&claim_id));
+            } else {
+                writes.acks.push(left);
+            }
+            restore.acks.push(ack);
         }
         writes.remove_acks.extend(prune.acks.iter().map(|c| self.row_key(c)));
         if writes.is_empty() {
@@ -82,9 +110,9 @@ impl SessionOwner {
         }
         Decided::Step(Step {
             writes,
-            // Nothing to put back: what was removed was old and out of memory, and a failed
-            // flush leaves it as good as removed or not.
-            restore: Writes::default(),
+            // Nothing else to put back: what was removed was old and out of memory, and a
+            // failed flush leaves it as good as removed or not.
+            restore,
             apply: Apply::Prune { removed, reply },
         })
     }
