@@ -58,7 +58,10 @@ impl Page {
     /// The section under the first heading that holds `needle`: up to the next heading of the
     /// same level or above.
     fn section(&self, needle: &str) -> Option<String> {
-        let at = self.headings.iter().position(|(i, _)| self.lines[*i].contains(needle))?;
+        let at = self
+            .headings
+            .iter()
+            .position(|(i, _)| self.lines[*i].contains(needle))?;
         let (start, level) = self.headings[at];
         let end = self.headings[at + 1..]
             .iter()
@@ -69,7 +72,10 @@ impl Page {
 
     /// The rows of its tables.
     fn rows(&self) -> impl Iterator<Item = &str> {
-        self.lines.iter().map(String::as_str).filter(|l| l.trim_start().starts_with('|'))
+        self.lines
+            .iter()
+            .map(String::as_str)
+            .filter(|l| l.trim_start().starts_with('|'))
     }
 }
 
@@ -232,7 +238,10 @@ fn http_md_names_every_field_every_child_status_and_every_event() {
     }
     let mut statuses = BTreeSet::new();
     enumerated(&schemas["ChildStatus"], &mut statuses);
-    assert!(statuses.contains("timed_out"), "the child statuses were not found: {statuses:?}");
+    assert!(
+        statuses.contains("timed_out"),
+        "the child statuses were not found: {statuses:?}"
+    );
     match page.section("`ChildStatus`") {
         None => missing.push("the child statuses: no heading names `ChildStatus`".into()),
         Some(section) => {
@@ -245,7 +254,10 @@ fn http_md_names_every_field_every_child_status_and_every_event() {
     }
     let mut events = BTreeSet::new();
     enumerated(&schemas["EventName"], &mut events);
-    assert!(events.contains("failure_notice"), "the event names were not found: {events:?}");
+    assert!(
+        events.contains("failure_notice"),
+        "the event names were not found: {events:?}"
+    );
     for e in &events {
         if page.section(&ticked(e)).is_none() {
             missing.push(format!("event `{e}`: no heading names it"));
@@ -280,7 +292,9 @@ fn status_number(name: &str) -> u16 {
 fn is_code(text: &str) -> bool {
     !text.is_empty()
         && text.starts_with(|c: char| c.is_ascii_lowercase())
-        && text.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && text
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
 /// A source file without its unit tests (a `#[cfg(test)]` module ends each file that has one).
@@ -301,7 +315,9 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// The text of `text` from `start` to the first `end` after it.
 fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
-    let from = text.find(start).unwrap_or_else(|| panic!("`{start}` is not in the source any more"));
+    let from = text
+        .find(start)
+        .unwrap_or_else(|| panic!("`{start}` is not in the source any more"));
     let rest = &text[from..];
     &rest[..rest.find(end).unwrap_or(rest.len())]
 }
@@ -332,7 +348,9 @@ fn answered_codes() -> BTreeMap<String, BTreeSet<u16>> {
             };
             let code = &literal[..literal.find('"').unwrap_or(0)];
             if is_code(code) {
-                out.entry(code.to_string()).or_default().insert(status_number(&rest[..len]));
+                out.entry(code.to_string())
+                    .or_default()
+                    .insert(status_number(&rest[..len]));
             }
         }
     }
@@ -365,7 +383,11 @@ fn answered_codes() -> BTreeMap<String, BTreeSet<u16>> {
         let status = arm
             .split("StatusCode::")
             .nth(1)
-            .map(|s| s.chars().take_while(|c| c.is_ascii_uppercase() || *c == '_').collect::<String>())
+            .map(|s| {
+                s.chars()
+                    .take_while(|c| c.is_ascii_uppercase() || *c == '_')
+                    .collect::<String>()
+            })
             .unwrap_or_else(|| panic!("an arm answering e.code() names no status: {arm}"));
         for v in pattern.split("BroodError::").skip(1) {
             let variant: String = v.chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
@@ -374,8 +396,17 @@ fn answered_codes() -> BTreeMap<String, BTreeSet<u16>> {
             }
         }
     }
-    for sure in ["invalid_request", "unknown_session", "unknown_call", "lease_lapsed", "stale_token"] {
-        assert!(out.contains_key(sure), "the scan of the source missed `{sure}`: {out:?}");
+    for sure in [
+        "invalid_request",
+        "unknown_session",
+        "unknown_call",
+        "lease_lapsed",
+        "stale_token",
+    ] {
+        assert!(
+            out.contains_key(sure),
+            "the scan of the source missed `{sure}`: {out:?}"
+        );
     }
     out
 }
@@ -389,7 +420,9 @@ fn http_md_lists_every_error_code_with_its_status() {
     for (code, statuses) in answered_codes() {
         let rows: Vec<&str> = page.rows().filter(|r| r.contains(&ticked(&code))).collect();
         if rows.is_empty() {
-            missing.push(format!("error code `{code}` (answered with {statuses:?}): no table row names it"));
+            missing.push(format!(
+                "error code `{code}` (answered with {statuses:?}): no table row names it"
+            ));
             continue;
         }
         for status in statuses {
@@ -437,6 +470,16 @@ fn serve_flags() -> BTreeSet<String> {
     flags
 }
 
+/// The first cell of a table row, trimmed.
+fn first_cell(row: &str) -> &str {
+    row.trim_start()
+        .trim_start_matches('|')
+        .split('|')
+        .next()
+        .unwrap_or("")
+        .trim()
+}
+
 /// A default as the configuration prints it, in the words a row should hold.
 fn default_words(value: &Value) -> Vec<String> {
     match value {
@@ -448,7 +491,7 @@ fn default_words(value: &Value) -> Vec<String> {
     }
 }
 
-/// Every key has a row in docs/configuration.md naming its flag (when `brood serve` has one),
+/// Every key has a row in docs/configuration.md (its first cell the key) naming its flag (when `brood serve` has one),
 /// its variable and its default; every flag and every `BROOD_` variable is named there.
 #[test]
 fn configuration_md_names_every_key_flag_and_variable() {
@@ -458,7 +501,7 @@ fn configuration_md_names_every_key_flag_and_variable() {
     let defaults = serde_json::to_value(brood_server::config::ServeConfig::default()).unwrap();
     let mut missing = Vec::new();
     for key in config_keys() {
-        let Some(row) = page.rows().find(|r| r.contains(&ticked(&key))) else {
+        let Some(row) = page.rows().find(|r| first_cell(r) == ticked(&key)) else {
             missing.push(format!("key `{key}`: no table row names it"));
             continue;
         };
