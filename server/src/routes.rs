@@ -686,7 +686,11 @@ pub(super) async fn not_found(req: HttpRequest) -> Reply {
     Err(ApiError::new(
         StatusCode::NOT_FOUND,
         "not_found",
-        format!("no endpoint {} {}; see API.md", req.method(), req.path()),
+        format!(
+            "no endpoint {} {}; GET /v1/openapi.json lists them",
+            req.method(),
+            req.path()
+        ),
     ))
 }
 

@@ -1104,7 +1104,7 @@ export interface components {
             retry?: components["schemas"]["RetryBody"] | null;
             /** @description How the child runs: a runner spec with its `kind`. */
             runner: components["schemas"]["Runner"];
-            /** @description The child ends `timed_out` after this long without a heartbeat, in ms (default 450000). */
+            /** @description The child ends `interrupted` after this long without a heartbeat, in ms (default 450000). */
             stall_ms?: number | null;
             /** @description The child ends `timed_out` after this long, in ms. */
             timeout_ms?: number | null;

@@ -71,7 +71,7 @@ pub struct TaskBody {
     #[serde(default, deserialize_with = "whole_opt")]
     #[schema(minimum = 1)]
     pub timeout_ms: Option<u64>,
-    /// The child ends `timed_out` after this long without a heartbeat, in ms (default 450000).
+    /// The child ends `interrupted` after this long without a heartbeat, in ms (default 450000).
     #[serde(default, deserialize_with = "whole_opt")]
     #[schema(minimum = 1)]
     pub stall_ms: Option<u64>,

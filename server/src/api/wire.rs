@@ -98,9 +98,9 @@ pub enum ChildStatus {
     Succeeded,
     /// Ended with an error.
     Failed,
-    /// Ran past its timeout or stalled.
+    /// Ran past its task's timeout.
     TimedOut,
-    /// Its runner was lost (a panic, or a stop).
+    /// Stalled (no sign of life within its `stall_ms`), or its runner was stopped.
     Interrupted,
     /// Cancelled before it ended.
     Cancelled,
