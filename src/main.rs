@@ -229,6 +229,9 @@ struct ServeArgs {
     /// Threads session owners are spread over (default: one per core).
     #[arg(long)]
     routing_threads: Option<String>,
+    /// The bound of the ledger's page cache, in bytes (default 67108864).
+    #[arg(long)]
+    cache_bytes: Option<String>,
     /// The most tasks one delegate may carry (default 10000).
     #[arg(long)]
     max_tasks_per_call: Option<String>,
@@ -288,6 +291,7 @@ impl ServeArgs {
             ("drain_timeout_ms", &self.drain_timeout_ms),
             ("commit_window_ms", &self.commit_window_ms),
             ("routing_threads", &self.routing_threads),
+            ("cache_bytes", &self.cache_bytes),
             ("max_tasks_per_call", &self.max_tasks_per_call),
             ("max_input_bytes", &self.max_input_bytes),
             ("max_output_bytes", &self.max_output_bytes),

@@ -235,9 +235,9 @@ fn traceparent(http: &HttpRequest, field: Option<String>) -> Option<String> {
     }
 }
 
-/// A delegate's idempotency key: the body's `idempotency_key`, or the `Idempotency-Key`
-/// header (its bytes read as UTF-8, any other byte as U+FFFD); both, when they differ, or the
-/// header twice, refuse the request.
+/// A delegate's idempotency key: the body's `idempotency_key`, else the `Idempotency-Key`
+/// header (its bytes read as UTF-8, any other byte as U+FFFD); the header given twice refuses
+/// the request.
 fn idempotency_key(http: &HttpRequest, field: Option<String>) -> Result<Option<String>, ApiError> {
     let mut headers = http.headers().get_all("idempotency-key");
     let header = match (headers.next(), headers.next()) {
@@ -249,12 +249,8 @@ fn idempotency_key(http: &HttpRequest, field: Option<String>) -> Result<Option<S
             ))
         }
     };
-    match (field, header) {
-        (Some(f), Some(h)) if f != h => Err(ApiError::invalid(
-            "`idempotency_key` and the `Idempotency-Key` header differ; give one, or the same in both",
-        )),
-        (field, header) => Ok(field.or(header)),
-    }
+    // The body's wins, as a body's `traceparent` wins over the header.
+    Ok(field.or(header))
 }
 
 /// The timeout of task `i`, which named `given`: the configured default when it named none,
@@ -361,7 +357,7 @@ pub(super) fn tasks(state: &State, body: DelegateBody) -> Result<DelegateRequest
     post, path = "/v1/sessions/{session_id}/delegate", operation_id = "delegate",
     params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$"),
         ("traceparent" = Option<String>, Header, description = "The caller's W3C trace context, carried to the call's children and their events; ignored when malformed, and when the body has a `traceparent`."),
-        ("Idempotency-Key" = Option<String>, Header, description = "As the body's `idempotency_key` (when both are given they must be the same).")),
+        ("Idempotency-Key" = Option<String>, Header, description = "As the body's `idempotency_key`, which wins when both are given.")),
     request_body(content = api::DelegateBody, content_type = "application/json"),
     responses((status = 202, description = "A background call: its results come at the session's boundaries.", body = api::DelegateBackground),
         (status = 200, description = "A sync call (or one forced to sync): its results, delivered.", body = api::DelegateSync),

@@ -2624,7 +2624,7 @@ export interface operations {
             header?: {
                 /** @description The caller's W3C trace context, carried to the call's children and their events; ignored when malformed, and when the body has a `traceparent`. */
                 traceparent?: string;
-                /** @description As the body's `idempotency_key` (when both are given they must be the same). */
+                /** @description As the body's `idempotency_key`, which wins when both are given. */
                 "Idempotency-Key"?: string;
             };
             path: {
