@@ -631,7 +631,7 @@ impl SessionOwner {
         {
             return;
         }
-        self.emit_child(&queued);
+        // (Its watchers saw it queued as the wait began.)
         self.owed.rowed.insert(queued.child_id.clone());
         self.owed.put_child(queued);
         self.capacity.enqueue(child_id);

@@ -119,6 +119,8 @@ impl SessionOwner {
         waiting.status = ChildStatus::Queued;
         (waiting.started_at_ms, waiting.finished_at_ms) = (None, None);
         (waiting.summary, waiting.output) = (None, None);
+        // Watchers see the attempt end, then the child queued as its next attempt.
+        self.emit_child(&row);
         self.emit_child(&waiting);
         let child_id = row.child_id.clone();
         self.owed.retrying.insert(child_id.clone(), row);
