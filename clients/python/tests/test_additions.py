@@ -110,10 +110,12 @@ def test_an_idempotency_key_used_with_another_body_is_409(client: Client, sessio
     assert (caught.value.status, caught.value.code) == (409, "idempotency_conflict")
 
 
-def test_two_different_idempotency_keys_in_one_delegate_are_400(client: Client, session_id: str) -> None:
-    client.delegate(session_id, [Task("one", SimRunner())], idempotency_key="same", idempotency_header="same")
-    with pytest.raises(InvalidRequest):
-        client.delegate(session_id, [Task("one", SimRunner())], idempotency_key="a", idempotency_header="b")
+def test_the_body_key_wins_over_the_header(client: Client, session_id: str) -> None:
+    first = client.delegate(session_id, [Task("one", SimRunner())], idempotency_key="a", idempotency_header="b")
+    again = client.delegate(session_id, [Task("one", SimRunner())], idempotency_header="a")
+    assert again.call_id == first.call_id
+    other = client.delegate(session_id, [Task("one", SimRunner())], idempotency_header="b")
+    assert other.call_id != first.call_id
 
 
 def test_a_bounded_envelope_leaves_the_rest_ready(client: Client, session_id: str) -> None:
