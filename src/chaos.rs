@@ -224,7 +224,7 @@ impl Summary {
     pub fn legend(&self) -> Vec<String> {
         let mut out = vec![
             "  duplicates: results handed out in more than one claim before one claim of them was acked (a kill or a lost lease hands a claim's items out again with the same dedup keys; at-least-once until the ack, never acked twice)".to_string(),
-            "  unknown: children running when their process was killed whose task may not run twice; recovery ends them `unknown` and delivers that (I6), instead of running them again".to_string(),
+            "  unknown: children running when their process was killed whose task may not run twice; recovery ends them `unknown` and delivers that, instead of running them again".to_string(),
         ];
         if self.broken() {
             out.push("  lost or acked twice: an invariant (I1 or I2) broke; the campaign fails".to_string());

@@ -42,7 +42,7 @@ enum Command {
         #[arg(long, default_value_t = 250)]
         turn_ms: u64,
     },
-    /// Serve API.md over HTTP on the embedded engine.
+    /// Serve brood's HTTP API (docs/http.md) on the embedded engine.
     Serve(Box<ServeArgs>),
     /// Speak MCP (the Model Context Protocol) on stdin/stdout: brood's tools for an agent
     /// runtime, over an engine in this process (`--data-dir`) or a running server (`--url`).

@@ -242,7 +242,18 @@ fn idempotency_key(http: &HttpRequest, field: Option<String>) -> Result<Option<S
     let mut headers = http.headers().get_all("idempotency-key");
     let header = match (headers.next(), headers.next()) {
         (None, _) => None,
-        (Some(value), None) => Some(String::from_utf8_lossy(value.as_bytes()).into_owned()),
+        (Some(value), None) => {
+            // Checked whether or not the body has a key: the header has the document's bounds.
+            let key = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            let chars = key.chars().count();
+            let visible = key.bytes().all(|b| (b' '..=b'~').contains(&b));
+            if !(1..=brood_actors::model::MAX_IDEMPOTENCY_KEY_CHARS).contains(&chars) || !visible {
+                return Err(ApiError::invalid(format!(
+                    "the `Idempotency-Key` header has {chars} characters; it must be 1 to 255 visible ASCII characters"
+                )));
+            }
+            Some(key)
+        }
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
                 "the `Idempotency-Key` header is given more than once",
