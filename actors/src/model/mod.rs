@@ -795,7 +795,8 @@ mod tests {
         }
     }
 
-    fn task(group: Option<&str>) -> Task {
+    /// A task of `group` (shared with the other model modules' tests).
+    pub(super) fn task(group: Option<&str>) -> Task {
         Task {
             goal: "g".into(),
             runner_json: "{}".into(),

@@ -142,20 +142,7 @@ impl EnvelopeLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::DEFAULT_STALL_MS;
-
-    fn task(group: Option<&str>) -> Task {
-        Task {
-            goal: "g".into(),
-            runner_json: "{}".into(),
-            group: group.map(str::to_string),
-            timeout_ms: None,
-            stall_ms: DEFAULT_STALL_MS,
-            rerun_on_recovery: false,
-            input: None,
-            retry: None,
-        }
-    }
+    use crate::model::tests::task;
 
     #[test]
     fn a_retry_waits_longer_each_attempt_up_to_its_bound_and_stops_at_its_last() {
