@@ -65,7 +65,7 @@ pub use brood_actors::model::{
     child_id, dedup_key, parse_dedup_key, unit_id, validate_traceparent, CallInfo, CancelTarget, Cancelled, ChildInfo,
     ChildStatus, DeadLetterInfo, DelegateReply, DelegateRequest, DeliveryInfo, Envelope, EnvelopeLimits, ItemKind,
     Mode, NestInfo, Quarantined, ReadyItem, RedriveEntry, RedriveInfo, RedriveSelect, RequestError, RetryPolicy,
-    SessionSettings, TaskSpec, UnitInfo,
+    SessionSettings, TaskInfo, TaskSpec, UnitInfo,
 };
 pub use brood_actors::retention::{Retention, Swept};
 pub use brood_actors::routing::{ReleaseReason, Turn};

@@ -46,6 +46,37 @@ impl From<&CallRow> for CallInfo {
     }
 }
 
+/// A call's task as a caller sees it: what was asked of its child.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskInfo {
+    /// What the child should do.
+    pub goal: String,
+    /// The task's data, as JSON text, when it has some.
+    pub input: Option<String>,
+    /// Its runner's kind (`sim`, `command`, `external`, or an embedder's).
+    pub runner: String,
+}
+
+impl From<&Task> for TaskInfo {
+    fn from(t: &Task) -> Self {
+        TaskInfo {
+            goal: t.goal.clone(),
+            input: t.input.clone(),
+            runner: runner_kind(&t.runner_json),
+        }
+    }
+}
+
+/// The `kind` of a runner spec kept as JSON text; empty when it names none (specs are checked
+/// when the call is made, so only an unreadable stored spec has none).
+fn runner_kind(runner_json: &str) -> String {
+    #[derive(Deserialize)]
+    struct Kind {
+        kind: String,
+    }
+    serde_json::from_str::<Kind>(runner_json).map(|k| k.kind).unwrap_or_default()
+}
+
 /// A completion unit as a caller sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnitInfo {

@@ -136,7 +136,11 @@ impl From<&brood::CallStatus> for CallView {
             mode: c.call.mode.into(),
             created_at: c.call.created_at_ms,
             units: c.units.iter().map(UnitView::from).collect(),
-            children: c.children.iter().map(ChildView::from).collect(),
+            children: c
+                .children
+                .iter()
+                .map(|ch| ChildView::of(ch, c.tasks.get(ch.task_index as usize)))
+                .collect(),
         }
     }
 }
@@ -206,6 +210,12 @@ pub struct ChildView {
     pub child_id: String,
     /// Its task's index in the call.
     pub task_index: u32,
+    /// Its task's goal.
+    pub goal: String,
+    /// Its task's data, when it has some.
+    pub input: Option<serde_json::Value>,
+    /// Its runner's kind.
+    pub runner: String,
     /// Its status.
     pub status: ChildStatus,
     /// When its runner started.
@@ -225,8 +235,10 @@ pub struct ChildView {
     pub attempts: u32,
 }
 
-impl From<&brood::ChildInfo> for ChildView {
-    fn from(r: &brood::ChildInfo) -> Self {
+impl ChildView {
+    /// The view of child `r` of a call, whose task is `task` (its goal and input, its runner's
+    /// kind); without one those read empty.
+    pub fn of(r: &brood::ChildInfo, task: Option<&brood::TaskInfo>) -> Self {
         let ended = r.status.is_terminal();
         let delivery = if r.result.delivered {
             Some(Delivery::Delivered)
@@ -238,6 +250,9 @@ impl From<&brood::ChildInfo> for ChildView {
         ChildView {
             child_id: r.child_id.clone(),
             task_index: r.task_index,
+            goal: task.map(|t| t.goal.clone()).unwrap_or_default(),
+            input: task.and_then(|t| data(t.input.as_deref())),
+            runner: task.map(|t| t.runner.clone()).unwrap_or_default(),
             status: r.status.into(),
             started_at: r.started_at_ms,
             finished_at: r.finished_at_ms,
@@ -249,6 +264,7 @@ impl From<&brood::ChildInfo> for ChildView {
                 false => r.result.failed_attempts.saturating_add(1),
             }),
             summary: summary_line(r.summary.as_deref(), r.error.as_deref()),
+            error: r.error.clone(),
             output: data(r.output.as_deref()),
             attempts: r.attempt,
         }

@@ -76,6 +76,6 @@ impl SessionOwner {
             Apply::Drop { reply } => self.apply_drop(reply, res, ctx),
             Apply::Redrive(r) => self.apply_redrive(*r, res, ctx),
         }
-        self.check_book();
+        self.check_owed();
     }
 }

@@ -99,7 +99,7 @@ mod tests {
     }
 
     #[test]
-    fn capacity_counts_what_the_book_says_runs_and_waits() {
+    fn capacity_counts_what_the_owed_calls_say_runs_and_waits() {
         let none = foldhash::HashSet::default();
         let (owed, ids) = owed_of(&[ChildStatus::Running, ChildStatus::Queued, ChildStatus::Cancelled]);
         let mut cap = Capacity::new(2);

@@ -8,7 +8,7 @@ use actix::prelude::*;
 use crate::error::BroodError;
 use crate::model::{
     CallInfo, CallRow, CancelTarget, Cancelled, ChildInfo, ChildRow, DelegateReply, DelegateRequest, Envelope,
-    EnvelopeLimits, SessionSettings, UnitInfo, UnitRow,
+    EnvelopeLimits, SessionSettings, TaskInfo, UnitInfo, UnitRow,
 };
 use crate::routing::{ReleaseReason, Turn};
 
@@ -217,6 +217,8 @@ pub struct LiveClaim {
 pub struct CallStatus {
     /// The call.
     pub call: CallInfo,
+    /// Its tasks, by index.
+    pub tasks: Vec<TaskInfo>,
     /// Its units.
     pub units: Vec<UnitInfo>,
     /// Its children, by task index.
@@ -233,6 +235,7 @@ impl CallStatus {
     ) -> CallStatus {
         CallStatus {
             call: call.into(),
+            tasks: call.tasks.iter().map(TaskInfo::from).collect(),
             units: units.into_iter().map(UnitInfo::from).collect(),
             children: children.into_iter().map(ChildInfo::from).collect(),
         }

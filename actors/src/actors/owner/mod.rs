@@ -240,7 +240,7 @@ impl SessionOwner {
     /// a debug build, where a fault panics; in a release build once every
     /// [`RELEASE_CHECK_EVERY`] changes (the check reads every child in memory), where a fault
     /// is logged and counted.
-    fn check_book(&mut self) {
+    fn check_owed(&mut self) {
         self.changes = self.changes.wrapping_add(1);
         if !cfg!(debug_assertions) && !self.changes.is_multiple_of(RELEASE_CHECK_EVERY) {
             return;
@@ -412,7 +412,7 @@ impl SessionOwner {
         if !super::running(ctx) {
             return;
         }
-        self.check_book();
+        self.check_owed();
         self.emit_ready();
         self.maybe_wake();
         self.reschedule(ctx);

@@ -300,15 +300,15 @@ impl HeldTenures {
         Ok(())
     }
 
-    /// Starts the renewal task on the ledger's runtime; it ends when the book is dropped.
+    /// Starts the renewal task on the ledger's runtime; it ends when the held tenures are dropped.
     pub(super) fn start_renewing(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let every = self.config.ttl / 3;
         self.runtime.spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                let Some(book) = weak.upgrade() else { return };
-                if let Err(e) = book.renew().await {
+                let Some(tenures) = weak.upgrade() else { return };
+                if let Err(e) = tenures.renew().await {
                     tracing::warn!("renewing session tenures failed (retried at the next turn): {e}");
                 }
             }
@@ -362,9 +362,9 @@ impl HeldTenures {
             .into_iter()
             .map(|r| (String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned(), r.get(1)))
             .collect();
-        let mut book = self.held();
+        let mut held = self.held();
         for (s, epoch) in &taken {
-            book.insert(
+            held.insert(
                 s.clone(),
                 Held {
                     epoch: *epoch,
@@ -394,18 +394,18 @@ impl Tenures for PgTenures {
         if let Some(h) = self.0.held().get(session_id) {
             return Ok(TenureHolder::Here(h.epoch as u64));
         }
-        let book = self.0.clone();
+        let tenures = self.0.clone();
         let name = session_id.to_string();
         self.0.run(async move {
-            let taken = book.clone().take(Some(name.clone())).await?;
+            let taken = tenures.clone().take(Some(name.clone())).await?;
             if let Some((_, epoch)) = taken.first() {
                 return Ok(TenureHolder::Here(*epoch as u64));
             }
             // A sweep of this process may have taken it just before.
-            if let Some(h) = book.held().get(&name) {
+            if let Some(h) = tenures.held().get(&name) {
                 return Ok(TenureHolder::Here(h.epoch as u64));
             }
-            match book.holder_row(name.as_bytes().to_vec(), false).await? {
+            match tenures.holder_row(name.as_bytes().to_vec(), false).await? {
                 Some(elsewhere) => Ok(elsewhere),
                 // Given back between the two statements: free now; the caller asks again.
                 None => Err(LedgerError::storage_msg(format!(
@@ -419,20 +419,20 @@ impl Tenures for PgTenures {
         if let Some(h) = self.0.held().get(session_id) {
             return Ok(Some(TenureHolder::Here(h.epoch as u64)));
         }
-        let book = self.0.clone();
+        let tenures = self.0.clone();
         let name = session_id.as_bytes().to_vec();
-        self.0.run(async move { book.holder_row(name, true).await })
+        self.0.run(async move { tenures.holder_row(name, true).await })
     }
 
     fn recorded_holder(&self, session_id: &str) -> Result<Option<TenureHolder>, LedgerError> {
-        let book = self.0.clone();
+        let tenures = self.0.clone();
         let name = session_id.as_bytes().to_vec();
-        self.0.run(async move { book.holder_row(name, true).await })
+        self.0.run(async move { tenures.holder_row(name, true).await })
     }
 
     fn acquire_free(&self) -> Result<Vec<String>, LedgerError> {
-        let book = self.0.clone();
-        let taken = self.0.run(async move { book.take(None).await })?;
+        let tenures = self.0.clone();
+        let taken = self.0.run(async move { tenures.take(None).await })?;
         Ok(taken.into_iter().map(|(s, _)| s).collect())
     }
 
@@ -453,10 +453,10 @@ impl Tenures for PgTenures {
         };
         tracing::debug!(session = %session_id, epoch = held.epoch, "session tenure given back");
         // Not waited for: a tenure not given back runs out by itself.
-        let book = self.0.clone();
+        let tenures = self.0.clone();
         let (name, shown) = (session_id.as_bytes().to_vec(), session_id.to_string());
         self.0.runtime.spawn(async move {
-            if let Err(e) = book.give_back(vec![name], vec![held.epoch]).await {
+            if let Err(e) = tenures.give_back(vec![name], vec![held.epoch]).await {
                 tracing::warn!(session = %shown, "giving a session tenure back failed (it runs out by itself): {e}");
             }
         });
@@ -467,10 +467,10 @@ impl Tenures for PgTenures {
         if held.is_empty() {
             return;
         }
-        let book = self.0.clone();
+        let tenures = self.0.clone();
         let (names, epochs): (Vec<Vec<u8>>, Vec<i64>) =
             held.iter().map(|(s, h)| (s.as_bytes().to_vec(), h.epoch)).unzip();
-        match self.0.run(async move { book.give_back(names, epochs).await }) {
+        match self.0.run(async move { tenures.give_back(names, epochs).await }) {
             Ok(n) => tracing::info!(tenures = n, "session tenures given back"),
             Err(e) => tracing::warn!("giving session tenures back failed (they run out by themselves): {e}"),
         }
