@@ -12,7 +12,7 @@
 //! say so. `BROOD_TEST_PYTHON` is kept from every process started here: it is the tests' own
 //! setting, none of brood's.
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,10 +20,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 mod server;
+mod subprocess;
 use server::{free_port, Server};
-
-/// The variable naming the Python interpreter.
-const PYTHON_VAR: &str = "BROOD_TEST_PYTHON";
+use subprocess::{repo, run, test_python, PYTHON_VAR};
 
 /// The SDK's version the tests are written against.
 const SDK_VERSION: &str = "2.3.0";
@@ -33,15 +32,9 @@ const PYTHON_TIMEOUT: Duration = Duration::from_secs(90);
 
 const KEY: &str = "mcp-test-key";
 
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
-
 /// The interpreter with the MCP SDK, or a failure that says how to get one.
 fn python() -> PathBuf {
-    let python = std::env::var_os(PYTHON_VAR)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo(".test-env/python/bin/python"));
+    let python = test_python();
     let found = Command::new(&python)
         .args(["-c", "import importlib.metadata as m; print(m.version('mcp'))"])
         .env_remove(PYTHON_VAR)
@@ -107,38 +100,14 @@ fn serve(dir: &Path, key: Option<&str>) -> Server {
 /// Runs `tests/mcp/drive.py` with `args` to its end; fails the test with its output unless it
 /// passed.
 fn drive(args: &[&str]) {
-    let mut child = Command::new(python())
-        .arg(repo("tests/mcp/drive.py"))
+    let mut cmd = Command::new(python());
+    cmd.arg(repo("tests/mcp/drive.py"))
         .args(args)
         .env_remove(PYTHON_VAR)
         .env("PYTHONDONTWRITEBYTECODE", "1")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the Python interpreter");
-    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text);
-            text
-        })
-    };
-    let stdout = drain(Box::new(child.stdout.take().expect("stdout")));
-    let stderr = drain(Box::new(child.stderr.take().expect("stderr")));
-    let deadline = Instant::now() + PYTHON_TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for Python") {
-            break Some(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let (out, err) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    let done = run(cmd, "the Python interpreter", PYTHON_TIMEOUT);
+    let (out, err, status) = (&done.stdout, &done.stderr, done.status);
     let passed = status.is_some_and(|s| s.success()) && out.lines().last() == Some("ok");
     assert!(
         passed,

@@ -7,17 +7,18 @@
 //! (`npm ci` in `clients/typescript`, which `.ci/test` runs). Where they are missing this test
 //! fails and says so: a client that was never run is not a client that works.
 
-use std::io::Read as _;
-use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod subprocess;
+use subprocess::{repo, run};
 
 /// How long `npm test` may run before it is killed and the test fails.
 const NPM_TIMEOUT: Duration = Duration::from_secs(600);
 
 #[test]
 fn the_typescript_client_tests_pass_against_the_server() {
-    let package = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/typescript");
+    let package = repo("clients/typescript");
     match Command::new("node").arg("--version").output() {
         Ok(out) if out.status.success() => {}
         other => panic!(
@@ -32,40 +33,17 @@ fn the_typescript_client_tests_pass_against_the_server() {
         package.join("node_modules").display()
     );
 
-    let mut child = Command::new("npm")
-        .arg("test")
+    let mut npm = Command::new("npm");
+    npm.arg("test")
         .current_dir(&package)
         .env("BROOD_BIN", env!("CARGO_BIN_EXE_brood"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start `npm test` (npm is installed with node)");
-    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text);
-            text
-        })
-    };
-    let stdout = drain(Box::new(child.stdout.take().unwrap()));
-    let stderr = drain(Box::new(child.stderr.take().unwrap()));
-    let deadline = Instant::now() + NPM_TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for npm") {
-            break Some(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (out, err) = (stdout.join().unwrap(), stderr.join().unwrap());
+        .stdin(Stdio::null());
+    let done = run(npm, "`npm test` (npm is installed with node)", NPM_TIMEOUT);
+    let (out, err) = (&done.stdout, &done.stderr);
     assert!(
-        status.is_some_and(|s| s.success()),
-        "`npm test` in clients/typescript failed ({status:?}; None: killed after {NPM_TIMEOUT:?})\n--- stdout\n{out}\n--- stderr\n{err}"
+        done.ok(),
+        "`npm test` in clients/typescript failed ({:?}; None: killed after {NPM_TIMEOUT:?})\n--- stdout\n{out}\n--- stderr\n{err}",
+        done.status
     );
     let passed = out
         .lines()
