@@ -92,10 +92,17 @@ async fn a_redrive_whose_flush_failed_counts_nothing_redriven() {
         .unwrap();
     assert_eq!(t.b().dead_letters().await.unwrap().len(), 1);
     failpoints::arm("ledger_flush", 1);
-    let refused = t.b().redrive(RedriveSelect::Session("s".into()), None).await.unwrap_err();
+    let refused = t
+        .b()
+        .redrive(RedriveSelect::Session("s".into()), None)
+        .await
+        .unwrap_err();
     assert!(matches!(refused, BroodError::Ledger(_)), "{refused}");
     assert_eq!(t.b().totals().redriven, 0);
-    assert_eq!(t.b().redrive(RedriveSelect::Session("s".into()), None).await.unwrap(), 1);
+    assert_eq!(
+        t.b().redrive(RedriveSelect::Session("s".into()), None).await.unwrap(),
+        1
+    );
     assert_eq!(t.b().totals().redriven, 1);
     let env = next_envelope(t.b(), "s", "c", LONG_LEASE).await;
     assert_eq!(t.b().ack(&env.claim_id).await.unwrap(), 1);

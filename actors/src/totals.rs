@@ -206,7 +206,10 @@ mod tests {
         c.delivered(ItemKind::Result);
         c.delivered(ItemKind::FailureNotice);
         let t = c.totals();
-        assert_eq!((t.delivered(ItemKind::Result), t.delivered(ItemKind::FailureNotice)), (2, 1));
+        assert_eq!(
+            (t.delivered(ItemKind::Result), t.delivered(ItemKind::FailureNotice)),
+            (2, 1)
+        );
     }
 
     #[test]

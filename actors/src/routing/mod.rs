@@ -732,6 +732,22 @@ mod tests {
     }
 
     #[test]
+    fn an_item_is_ready_since_it_was_published_or_revived_whatever_releases_came_between() {
+        let mut r: Router<u32> = Router::new(2);
+        assert_eq!(r.ready_since(&7), None);
+        r.publish(7, 0, 10);
+        r.claim(20, "c1".into(), 1000).unwrap();
+        r.release(30, "c1", ReleaseReason::Failed, 0).unwrap();
+        assert_eq!(r.ready_since(&7), Some(10), "a failed delivery attempt keeps it");
+        assert!(!r.publish(7, 0, 40));
+        assert_eq!(r.ready_since(&7), Some(10), "publishing it again changes nothing");
+        r.claim(1000, "c2".into(), 1000).unwrap();
+        r.release(1010, "c2", ReleaseReason::Failed, 0).unwrap();
+        assert!(r.revive(7, 2000));
+        assert_eq!(r.ready_since(&7), Some(2000), "a redrive makes it ready anew");
+    }
+
+    #[test]
     fn backoff_doubles_and_caps() {
         assert_eq!(failure_backoff_ms(1), 100);
         assert_eq!(failure_backoff_ms(2), 200);
