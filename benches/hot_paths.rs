@@ -133,7 +133,7 @@ fn router_paths(c: &mut Criterion) {
     let ready = |round: u32| {
         let mut r: Router<String> = Router::new(8);
         for k in keys(round) {
-            r.publish(k, 0);
+            r.publish(k, 0, 0);
         }
         r
     };

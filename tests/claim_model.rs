@@ -643,7 +643,7 @@ impl Run {
 
     /// A new item with `failed` earlier attempts: both take it.
     fn publish(&mut self, failed: u32) {
-        assert!(self.r.publish(self.next_key, failed));
+        assert!(self.r.publish(self.next_key, failed, 0));
         assert!(self.m.publish(self.next_key, failed));
         self.next_key += 1;
     }
@@ -663,7 +663,7 @@ impl Run {
         let k = known[i.of(known.len())];
         let before = snapshot(r, m);
         assert!(
-            !r.publish(k, 0),
+            !r.publish(k, 0, 0),
             "a known item ({k}, {:?}) was published again",
             m.items[&k]
         );

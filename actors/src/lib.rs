@@ -17,7 +17,7 @@
 //! use brood_actors::routing::{Router, ReleaseReason};
 //!
 //! let mut router: Router<&str> = Router::new(8);
-//! router.publish("deleg_1.0:result", 0);
+//! router.publish("deleg_1.0:result", 0, 0);
 //! let claim = router.claim(0, "c1".into(), 30_000).expect("one item is ready");
 //! assert_eq!(claim.items, vec![("deleg_1.0:result", 1)]);
 //! router.release(10, "c1", ReleaseReason::Busy, 0).unwrap();
@@ -39,4 +39,5 @@ pub mod retention;
 pub mod routing;
 pub mod runner;
 pub mod text;
+pub mod totals;
 pub mod wake;

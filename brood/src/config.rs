@@ -27,6 +27,7 @@ pub struct BroodConfig {
     pub(crate) max_live_children: Option<usize>,
     pub(crate) retention: brood_actors::retention::Retention,
     pub(crate) on_flush: Option<brood_actors::ledger::FlushObserver>,
+    pub(crate) on_delivery_timing: Option<brood_actors::totals::DeliveryTimingObserver>,
     /// PostgreSQL's address and schema, when the ledger is there rather than in `data_dir`.
     pub(crate) postgres: Option<(String, String)>,
     /// Who this process is among several sharing the PostgreSQL ledger.
@@ -58,6 +59,7 @@ impl BroodConfig {
             max_live_children: None,
             retention: brood_actors::retention::Retention::default(),
             on_flush: None,
+            on_delivery_timing: None,
             postgres: None,
             share: None,
         }
@@ -186,6 +188,20 @@ impl BroodConfig {
         self
     }
 
+    /// Tells `observer` how long each item spent in each [`DeliveryStage`] (for metrics): from
+    /// its child's end to being claimable, and from being claimable to the ack that delivered
+    /// it, in whole milliseconds of the wall clock. It runs on a session owner's thread, in the
+    /// path of every ack: keep it quick.
+    ///
+    /// [`DeliveryStage`]: crate::DeliveryStage
+    pub fn on_delivery_timing(
+        mut self,
+        observer: impl Fn(crate::DeliveryStage, Duration) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_delivery_timing = Some(Arc::new(observer));
+        self
+    }
+
     /// The ledger folder.
     pub fn data_dir(&self) -> &std::path::Path {
         &self.data_dir
@@ -245,6 +261,7 @@ impl BroodConfig {
             .max_running_children(self.max_running_children.map(|n| n as usize))
             .max_live_children(self.max_live_children)
             .threads(routing.0, routing.1)
+            .delivery_timing(self.on_delivery_timing.clone())
             .build()
     }
 }

@@ -71,6 +71,7 @@ pub use brood_actors::retention::{Retention, Swept};
 pub use brood_actors::routing::{ReleaseReason, Turn};
 pub use brood_actors::runner::{Progress, RecordOutcome, RunContext, RunOutput, Runner, RunnerFactory};
 pub use brood_actors::text::printable;
+pub use brood_actors::totals::{DeliveryStage, Totals};
 pub use brood_actors::wake::{Wake, WakeEvent, WakeFactory};
 pub use config::BroodConfig;
 pub use runners::Runners;
@@ -542,6 +543,15 @@ impl BroodHandle {
     ) -> Result<tokio::sync::broadcast::Receiver<Arc<SessionEvent>>, BroodError> {
         self.owner(session_id).await?;
         Ok(self.events.subscribe(session_id))
+    }
+
+    /// The engine's running totals (children ended by status, items delivered by kind, wakes,
+    /// redriven items, retries): counts that only grow, kept since this engine opened. They
+    /// live in memory: a restart starts them from 0, and a delivered call leaving memory takes
+    /// nothing from them (unlike [`BroodHandle::status`]'s counts). Each is counted once its
+    /// decision is durable; a request that failed counts nothing.
+    pub fn totals(&self) -> Totals {
+        self.engine.totals()
     }
 
     /// Whether the engine can take work (its actors answer and it can record results), without

@@ -343,7 +343,9 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
         .map_err(std::io::Error::other)?
         .counted(metrics.wakes());
     let groups = sweep_command_groups(&config)?;
-    let engine = engine_config(&config, wakes, &queues, groups).on_flush(metrics.flush_observer());
+    let engine = engine_config(&config, wakes, &queues, groups)
+        .on_flush(metrics.flush_observer())
+        .on_delivery_timing(metrics.delivery_observer());
     let brood = Arc::new(Brood::open(engine).map_err(std::io::Error::other)?);
     if let Some(directory) = brood.work_directory() {
         // Sharing the ledger: workers polling any process may be handed this one's children.

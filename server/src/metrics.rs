@@ -1,25 +1,31 @@
 //! `GET /metrics`: the server's metrics in the OpenMetrics text format (`prometheus-client`),
 //! and the middleware that counts every HTTP request.
 //!
-//! Two kinds of metric:
+//! Three kinds of metric:
 //! - counted as things happen, in [`Metrics`]: HTTP requests by matched route pattern, method
 //!   and status (`brood_http_requests_total`; a path no route matches is `route="unmatched"`,
 //!   so a client cannot grow the label set); webhook wakes delivered, tries failed and wakes
 //!   given up, refused, parked for a slot or dropped (counted by
 //!   [`Webhooks`](super::wake::Webhooks)); the ledger flush latency,
-//!   fsync included (`brood_ledger_flush_seconds`, from [`BroodConfig::on_flush`]).
+//!   fsync included (`brood_ledger_flush_seconds`, from [`BroodConfig::on_flush`]); the two
+//!   stages of an item's delivery (`brood_item_end_to_ready_seconds`,
+//!   `brood_item_ready_to_ack_seconds`, from [`BroodConfig::on_delivery_timing`]).
+//! - the engine's running totals, read at each scrape ([`Brood::totals`]): children ended by
+//!   status, items delivered by kind, wakes, redriven items, retries. Counters (`_total`) that
+//!   only grow from the process's start (a restart starts them from 0), so they plot as rates.
 //! - gathered from the engine at each scrape: sessions (and those given up after their owner
 //!   kept failing), children by status, ready, backing-off and claimed items, items delivered,
 //!   dead letters and quarantined rows. These are gauges of
 //!   what the engine holds right now. In particular `brood_children{status="succeeded"}` (and
 //!   every other terminal status) counts the children of the calls still in memory — those not
-//!   yet delivered whole — not every child that ever ended: the engine keeps no running total,
-//!   and a delivered call leaves memory. `brood_claimed_items` counts items in live claims (the
-//!   engine counts claimed items, not claims).
+//!   yet delivered whole — not every child that ever ended (that is
+//!   `brood_children_ended_total`): a delivered call leaves memory. `brood_claimed_items` counts
+//!   items in live claims (the engine counts claimed items, not claims).
 //!
 //! This module owns no engine state and changes none: a scrape only reads.
 //!
 //! [`BroodConfig::on_flush`]: brood::BroodConfig::on_flush
+//! [`BroodConfig::on_delivery_timing`]: brood::BroodConfig::on_delivery_timing
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -40,7 +46,7 @@ use prometheus_client::registry::{Registry, Unit};
 use super::api::ApiError;
 use super::state::State;
 use super::wake::WakeCounts;
-use brood::{Brood, BroodError, ChildStatus};
+use brood::{Brood, BroodError, ChildStatus, DeliveryStage, ItemKind, Totals};
 
 /// The Content-Type of the OpenMetrics text format.
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -60,6 +66,16 @@ struct StatusLabel {
     status: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+/// The buckets of an item's delivery stages: 0.5 ms to about 4.4 minutes, doubling.
+fn delivery_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.000_5, 2.0, 20)
+}
+
 /// The metrics counted as things happen, registered once.
 #[derive(Debug)]
 pub(super) struct Metrics {
@@ -67,6 +83,8 @@ pub(super) struct Metrics {
     http: Family<HttpLabels, Counter>,
     wakes: WakeCounts,
     flush: Histogram,
+    end_to_ready: Histogram,
+    ready_to_ack: Histogram,
 }
 
 impl Metrics {
@@ -117,11 +135,27 @@ impl Metrics {
             Unit::Seconds,
             flush.clone(),
         );
+        let end_to_ready = Histogram::new(delivery_buckets());
+        registry.register_with_unit(
+            "brood_item_end_to_ready",
+            "Time from a child's end to its item being claimable (a result waits for its unit's last child), for items made ready by a child's end in this process",
+            Unit::Seconds,
+            end_to_ready.clone(),
+        );
+        let ready_to_ack = Histogram::new(delivery_buckets());
+        registry.register_with_unit(
+            "brood_item_ready_to_ack",
+            "Time from an item being first claimable in this process (published or redriven) to the ack that delivered it",
+            Unit::Seconds,
+            ready_to_ack.clone(),
+        );
         Metrics {
             registry,
             http,
             wakes,
             flush,
+            end_to_ready,
+            ready_to_ack,
         }
     }
 
@@ -134,6 +168,15 @@ impl Metrics {
     pub(super) fn flush_observer(&self) -> impl Fn(Duration) + Send + Sync + 'static {
         let flush = self.flush.clone();
         move |took| flush.observe(took.as_secs_f64())
+    }
+
+    /// What the engine calls as each item ends a stage of its delivery.
+    pub(super) fn delivery_observer(&self) -> impl Fn(DeliveryStage, Duration) + Send + Sync + 'static {
+        let (end_to_ready, ready_to_ack) = (self.end_to_ready.clone(), self.ready_to_ack.clone());
+        move |stage, took| match stage {
+            DeliveryStage::EndToReady => end_to_ready.observe(took.as_secs_f64()),
+            DeliveryStage::ReadyToAck => ready_to_ack.observe(took.as_secs_f64()),
+        }
     }
 }
 
@@ -149,6 +192,7 @@ struct Engine {
     delivered: i64,
     dead_letters: i64,
     quarantined: i64,
+    totals: Totals,
 }
 
 fn gauge(n: usize) -> i64 {
@@ -159,7 +203,10 @@ impl Engine {
     /// Reads every session's status. A session that stops answering between being listed and
     /// being asked is left out; an engine that stopped or a ledger that fails is an error.
     async fn gather(brood: &Brood) -> Result<Engine, BroodError> {
-        let mut engine = Engine::default();
+        let mut engine = Engine {
+            totals: brood.totals(),
+            ..Engine::default()
+        };
         for session_id in brood.sessions() {
             let st = match brood.status(&session_id).await {
                 Ok(st) => st,
@@ -257,7 +304,60 @@ impl Engine {
             "Ledger rows that could not be read back and were quarantined",
             self.quarantined,
         );
+        self.register_totals(&mut registry);
         registry
+    }
+
+    /// The engine's running totals, as counters.
+    fn register_totals(&self, registry: &mut Registry) {
+        let t = &self.totals;
+        let ended = Family::<StatusLabel, Counter>::default();
+        for status in ChildStatus::ALL.into_iter().filter(|s| s.is_terminal()) {
+            ended
+                .get_or_create(&StatusLabel {
+                    status: status.as_str(),
+                })
+                .inc_by(t.ended(status));
+        }
+        registry.register(
+            "brood_children_ended",
+            "Children ended since the process started, by status (a child a retry policy ran again counts once, as its last attempt ended)",
+            ended,
+        );
+        let delivered = Family::<KindLabel, Counter>::default();
+        for kind in [ItemKind::Result, ItemKind::FailureNotice] {
+            delivered
+                .get_or_create(&KindLabel { kind: kind.as_str() })
+                .inc_by(t.delivered(kind));
+        }
+        registry.register(
+            "brood_items_delivered",
+            "Items delivered since the process started (acked, or received inline by a sync call's caller), by kind",
+            delivered,
+        );
+        let one = |registry: &mut Registry, name: &str, help: &str, value: u64| {
+            let c = Counter::<u64>::default();
+            c.inc_by(value);
+            registry.register(name, help, c);
+        };
+        one(
+            registry,
+            "brood_wakes",
+            "Wakes fired since the process started: a session idle with ready items woken once, whatever its wake target",
+            t.wakes,
+        );
+        one(
+            registry,
+            "brood_items_redriven",
+            "Dead letters put back in their session's ready set since the process started",
+            t.redriven,
+        );
+        one(
+            registry,
+            "brood_child_retries",
+            "Children run again by their task's retry policy since the process started",
+            t.retries,
+        );
     }
 }
 

@@ -242,6 +242,20 @@ pub struct Kit {
     pub probe: Arc<Probe>,
     /// What `hold` children did.
     pub holds: Arc<Holds>,
+    /// The delivery timings the engine told.
+    pub timings: Arc<Timings>,
+}
+
+/// The stages of items' delivery the engine timed (`BroodConfig::on_delivery_timing`), in the
+/// order told. Only counted: no test looks at a duration.
+#[derive(Default)]
+pub struct Timings(Mutex<Vec<brood::DeliveryStage>>);
+
+impl Timings {
+    /// How many times `stage` was told.
+    pub fn count(&self, stage: brood::DeliveryStage) -> usize {
+        self.0.lock().unwrap().iter().filter(|s| **s == stage).count()
+    }
 }
 
 impl Kit {
@@ -354,7 +368,10 @@ impl TestBrood {
 
     /// The engine's configuration: its folder (or its PostgreSQL schema) and the test runners.
     fn config(&self) -> BroodConfig {
-        let mut config = BroodConfig::new(self.dir.path().join("ledger")).runners(self.kit.runners());
+        let timings = self.kit.timings.clone();
+        let mut config = BroodConfig::new(self.dir.path().join("ledger"))
+            .runners(self.kit.runners())
+            .on_delivery_timing(move |stage, _| timings.0.lock().unwrap().push(stage));
         if let Some(retention) = &self.retention {
             config = config.retention(retention.clone());
         }

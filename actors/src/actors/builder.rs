@@ -1,7 +1,8 @@
 //! The one place an [`Engine`] is assembled: from the ledger, the runner factory and the
 //! threads it runs on, with what the configuration sets (wake factory, commit window, depth,
-//! retention, the bounds on running and live children, the routing threads). Its shared maps
-//! (owners, live children, calls, nests, turns, fences) are made here, empty.
+//! retention, the bounds on running and live children, the routing threads, who is told delivery
+//! timings). Its shared maps (owners, live children, calls, nests, turns, fences) are made here,
+//! empty, and its running totals start from 0.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
@@ -28,6 +29,7 @@ pub struct EngineBuilder {
     max_live_children: Option<usize>,
     routing_arbiters: Vec<ArbiterHandle>,
     commit_arbiter: Option<ArbiterHandle>,
+    delivery_timing: Option<crate::totals::DeliveryTimingObserver>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -59,6 +61,7 @@ impl EngineBuilder {
             max_live_children: None,
             routing_arbiters: Vec::new(),
             commit_arbiter: None,
+            delivery_timing: None,
         }
     }
 
@@ -109,6 +112,12 @@ impl EngineBuilder {
         self
     }
 
+    /// Who is told each item's delivery timing (none, the default: nobody).
+    pub fn delivery_timing(mut self, observer: Option<crate::totals::DeliveryTimingObserver>) -> Self {
+        self.delivery_timing = observer;
+        self
+    }
+
     /// The engine, its shared maps empty and no coalescer yet (the supervisor starts it).
     pub fn build(self) -> Engine {
         Engine {
@@ -137,6 +146,7 @@ impl EngineBuilder {
             admitting: Arc::new(AtomicBool::new(true)),
             fences: Arc::new(DashMap::new()),
             coalescer: Arc::new(RwLock::new(None)),
+            counters: Arc::new(crate::totals::Counters::new(self.delivery_timing)),
         }
     }
 }

@@ -93,6 +93,8 @@ pub struct Engine {
     /// The session tenures, when several processes share the ledger (see [`Tenures`]): a
     /// session is served here only while its tenure is held here.
     pub(crate) tenures: Option<Arc<dyn Tenures>>,
+    /// The running totals owners add to as they apply what they decided.
+    pub(crate) counters: Arc<crate::totals::Counters>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -125,6 +127,11 @@ impl Engine {
     /// only while its tenure is held here.
     pub fn tenures(&self) -> Option<&Arc<dyn Tenures>> {
         self.tenures.as_ref()
+    }
+
+    /// The running totals since the engine started (see [`crate::totals`]).
+    pub fn totals(&self) -> crate::totals::Totals {
+        self.counters.totals()
     }
 
     /// The live session owners.

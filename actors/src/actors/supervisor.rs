@@ -23,8 +23,8 @@ use super::{Engine, Owners};
 use crate::error::BroodError;
 use crate::ledger::{Ledger, LedgerError, RowKey, Writes};
 use crate::model::{
-    nest_parent, now_ms, validate_new_session_id, validate_session_id, ClaimRow, DeadLetterRow, NestRow, SessionRow,
-    SessionSettings,
+    nest_parent, now_ms, validate_new_session_id, validate_session_id, ChildRow, ChildStatus, ClaimRow, DeadLetterRow,
+    NestRow, SessionRow, SessionSettings,
 };
 use crate::recovery::{split_snapshot, Recovery, Reject};
 use crate::runner::RunnerFactory;
@@ -215,6 +215,7 @@ impl Supervisor {
             );
             ledger.write(&writes)?;
             ledger.flush()?;
+            count_unknown(&engine, &writes.children);
         }
         end_orphaned_nests(&engine, &mut recovered);
         let sup = Supervisor {
@@ -673,14 +674,24 @@ fn recover_session(
     };
     let claim_ids = claim_keys(&part.claims);
     let (owner, changed) = SessionOwner::recover(engine.clone(), session, part, mode);
-    engine.ledger.write(&Writes {
+    let writes = Writes {
         children: changed,
         remove_claims: claim_ids,
         ..Writes::default()
-    })?;
+    };
+    engine.ledger.write(&writes)?;
     // A child queued again must not read `running` after a crash (it would be `unknown`).
     engine.ledger.flush()?;
+    count_unknown(engine, &writes.children);
     Ok(Some((owner, nest)))
+}
+
+/// Counts the children recovery resolved `unknown` (their rows durable now) as ended: the
+/// only way a child ends so. Rows it read as ended already, and marked recovered, are not
+/// counted: their end was counted where it happened, or before this process started.
+fn count_unknown(engine: &Engine, changed: &[ChildRow]) {
+    let unknown = changed.iter().filter(|r| r.status == ChildStatus::Unknown).count();
+    engine.counters.ended(ChildStatus::Unknown, unknown as u64);
 }
 
 /// Lowers the calling thread's scheduling priority (nice 10): background work yields the CPU

@@ -67,6 +67,8 @@ enum State {
 struct Entry {
     state: State,
     failed_attempts: u32,
+    /// When it was first made claimable here (published, or revived).
+    ready_since_ms: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -169,9 +171,9 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         self.ready.reserve(n);
     }
 
-    /// Publishes an item as ready. `failed_attempts` carries its history (recovery). An item
-    /// already known is left as it is.
-    pub fn publish(&mut self, key: K, failed_attempts: u32) -> bool {
+    /// Publishes an item as ready at `now_ms`. `failed_attempts` carries its history
+    /// (recovery). An item already known is left as it is.
+    pub fn publish(&mut self, key: K, failed_attempts: u32, now_ms: u64) -> bool {
         match self.items.entry(key) {
             std::collections::hash_map::Entry::Occupied(_) => false,
             std::collections::hash_map::Entry::Vacant(slot) => {
@@ -179,6 +181,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
                 slot.insert(Entry {
                     state: State::Ready,
                     failed_attempts,
+                    ready_since_ms: now_ms,
                 });
                 true
             }
@@ -187,18 +190,29 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
 
     /// Puts a dead item back in the ready set with its delivery attempts counted afresh (a
     /// redrive); an item the router does not hold (its call had left memory) is published anew.
-    /// False when the item is not dead.
-    pub fn revive(&mut self, key: K) -> bool {
+    /// False when the item is not dead. Its time ready counts from `now_ms`.
+    pub fn revive(&mut self, key: K, now_ms: u64) -> bool {
         match self.items.get_mut(&key) {
             Some(e) if matches!(e.state, State::Dead) => {
                 e.state = State::Ready;
                 e.failed_attempts = 0;
+                e.ready_since_ms = now_ms;
                 self.ready.push(key);
                 true
             }
             Some(_) => false,
-            None => self.publish(key, 0),
+            None => self.publish(key, 0, now_ms),
         }
+    }
+
+    /// When a known item was first made claimable (published, or revived): a release or a
+    /// backoff since does not change it.
+    pub fn ready_since<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.items.get(key).map(|e| e.ready_since_ms)
     }
 
     /// Remembers a claim id from an earlier process as lost, so a late ack of it is refused as
@@ -591,7 +605,7 @@ mod tests {
     fn a_bounded_claim_takes_the_oldest_ready_items_that_fit_and_leaves_the_rest_ready_in_order() {
         let mut r: Router<u32> = Router::new(3);
         for i in 0..5 {
-            r.publish(i, 0);
+            r.publish(i, 0, 0);
         }
         let mut asked = Vec::new();
         let c = r
@@ -613,8 +627,8 @@ mod tests {
     #[test]
     fn a_bounded_claim_always_takes_the_first_item_even_over_the_bound() {
         let mut r: Router<u32> = Router::new(3);
-        r.publish(7, 0);
-        r.publish(8, 0);
+        r.publish(7, 0, 0);
+        r.publish(8, 0, 0);
         let c = r.claim_some(0, "c1".into(), 100, |_| false).unwrap();
         let keys: Vec<u32> = c.items.iter().map(|(k, _)| *k).collect();
         assert_eq!((keys, c.more), (vec![7], true));
@@ -628,7 +642,7 @@ mod tests {
     fn ended_claims_are_remembered_up_to_a_bound_then_forgotten_oldest_first() {
         let mut r: Router<u32> = Router::new(3);
         for i in 0..=ENDED_MEMORY as u32 {
-            r.publish(i, 0);
+            r.publish(i, 0, 0);
             let c = r.claim(0, format!("claim-{i:05}"), 1_000).unwrap();
             r.apply_ack(&c.claim_id);
         }
@@ -648,8 +662,8 @@ mod tests {
     fn a_boundary_takes_everything_ready_or_nothing() {
         let mut r: Router<u32> = Router::new(8);
         assert!(r.claim(0, "c0".into(), 100).is_none());
-        r.publish(1, 0);
-        r.publish(2, 0);
+        r.publish(1, 0, 0);
+        r.publish(2, 0, 0);
         let g = r.claim(0, "c1".into(), 100).unwrap();
         assert_eq!(g.items, vec![(1, 1), (2, 1)]);
         assert!(r.claim(0, "c2".into(), 100).is_none());
@@ -658,7 +672,7 @@ mod tests {
     #[test]
     fn lost_claims_are_refused_and_change_nothing() {
         let mut r: Router<u32> = Router::new(8);
-        r.publish(1, 0);
+        r.publish(1, 0, 0);
         r.claim(0, "c1".into(), 100).unwrap();
         assert_eq!(r.tick(100).len(), 1);
         assert_eq!(r.ack("c1"), Err(ClaimError::Lost("c1".into())));
@@ -677,7 +691,7 @@ mod tests {
     #[test]
     fn failed_releases_back_off_and_dead_letter_past_the_limit() {
         let mut r: Router<u32> = Router::new(3);
-        r.publish(7, 0);
+        r.publish(7, 0, 0);
         let mut now = 0;
         for attempt in 1..=3u32 {
             let g = r.claim(now, format!("c{attempt}"), 1000).unwrap();
@@ -703,18 +717,34 @@ mod tests {
     #[test]
     fn a_revived_dead_item_is_ready_with_its_attempts_afresh_and_nothing_else_revives() {
         let mut r: Router<u32> = Router::new(1);
-        r.publish(7, 0);
+        r.publish(7, 0, 0);
         r.claim(0, "c1".into(), 1000).unwrap();
         let back = r.release(0, "c1", ReleaseReason::Failed, 0).unwrap();
         assert_eq!(back.dead, vec![(7, 1)]);
-        assert!(r.revive(7));
-        assert!(!r.revive(7), "ready already");
+        assert!(r.revive(7, 0));
+        assert!(!r.revive(7, 0), "ready already");
         let g = r.claim(0, "c2".into(), 1000).unwrap();
         assert_eq!(g.items, vec![(7, 1)], "the first attempt again");
         r.apply_ack("c2");
-        assert!(!r.revive(7), "a delivered item is not revived");
-        assert!(r.revive(9), "an item the router does not hold is published");
+        assert!(!r.revive(7, 0), "a delivered item is not revived");
+        assert!(r.revive(9, 0), "an item the router does not hold is published");
         assert_eq!(r.ready_count(0), 1);
+    }
+
+    #[test]
+    fn an_item_is_ready_since_it_was_published_or_revived_whatever_releases_came_between() {
+        let mut r: Router<u32> = Router::new(2);
+        assert_eq!(r.ready_since(&7), None);
+        r.publish(7, 0, 10);
+        r.claim(20, "c1".into(), 1000).unwrap();
+        r.release(30, "c1", ReleaseReason::Failed, 0).unwrap();
+        assert_eq!(r.ready_since(&7), Some(10), "a failed delivery attempt keeps it");
+        assert!(!r.publish(7, 0, 40));
+        assert_eq!(r.ready_since(&7), Some(10), "publishing it again changes nothing");
+        r.claim(1000, "c2".into(), 1000).unwrap();
+        r.release(1010, "c2", ReleaseReason::Failed, 0).unwrap();
+        assert!(r.revive(7, 2000));
+        assert_eq!(r.ready_since(&7), Some(2000), "a redrive makes it ready anew");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::events::{ClaimChange, Event};
 use crate::ledger::Writes;
 use crate::model::*;
 use crate::routing::{AckPlan, ClaimError, ReleaseReason, Returned};
+use crate::totals::DeliveryStage;
 
 /// How long an expiry whose dead letters could not be flushed waits before it is tried again.
 const EXPIRY_RETRY: Duration = Duration::from_millis(200);
@@ -207,6 +208,7 @@ impl SessionOwner {
             return answer(reply, Err(e));
         }
         let delivered = self.router.apply_ack(&claim_id);
+        self.count_delivered(&items, true);
         self.emit_claim(&claim_id, ClaimChange::Acked, delivered);
         let calls = self.owed.mark_calls(&items, |d| d.delivered = true);
         // The ack row is the durable record, folded into the children's rows when they are
@@ -217,6 +219,22 @@ impl SessionOwner {
         });
         self.collect(calls);
         answer(reply, Ok(delivered));
+    }
+
+    /// Counts `items` delivered (their ack, or a sync caller's receipt, is durable), and tells
+    /// how long each was claimable before its ack when `timed` (before their calls leave memory).
+    pub(super) fn count_delivered(&self, items: &[String], timed: bool) {
+        let counters = &self.engine.counters;
+        let timed = timed && counters.timed();
+        let now = if timed { now_ms() } else { 0 };
+        for key in items {
+            if let Some((_, kind)) = parse_dedup_key(key) {
+                counters.delivered(kind);
+            }
+            if let Some(since) = self.router.ready_since(key.as_str()).filter(|_| timed) {
+                counters.time(DeliveryStage::ReadyToAck, since, now);
+            }
+        }
     }
 
     /// Decides a release: applied at once unless it dead-letters items, which are made durable

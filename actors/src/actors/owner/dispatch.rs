@@ -635,6 +635,7 @@ impl SessionOwner {
         self.owed.rowed.insert(queued.child_id.clone());
         self.owed.put_child(queued);
         self.capacity.enqueue(child_id);
+        self.engine.counters.retried();
         self.admit(ctx);
     }
 

@@ -368,6 +368,7 @@ impl SessionOwner {
         if !self.wake_state.decide(self.wake_capable(), ready) {
             return;
         }
+        self.engine.counters.woke();
         self.emit(|| Event::Wake { ready });
         if let Some(WakeTarget(w)) = &self.wake {
             let w = w.clone();

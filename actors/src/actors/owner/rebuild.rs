@@ -69,8 +69,10 @@ impl SessionOwner {
         for id in plan.running {
             owner.capacity.mark_running(id);
         }
+        // Claimable again from now on (their end was timed, if at all, when it happened).
+        let now = now_ms();
         for (key, attempts) in plan.ready {
-            owner.router.publish(key, attempts);
+            owner.router.publish(key, attempts, now);
         }
         // A cancel the owner before this one decided for a child whose start it had sent waits
         // for that start, which died with it: a child found ended never starts again. (Only

@@ -9,6 +9,7 @@ use super::SessionOwner;
 use crate::actors::unit::{Unit, UnitCompleted};
 use crate::model::*;
 use crate::routing::{on_child_end, Publish};
+use crate::totals::DeliveryStage;
 
 impl SessionOwner {
     /// Records terminal rows and publishes what they make ready.
@@ -52,6 +53,9 @@ impl SessionOwner {
             } else {
                 continue; // it runs again: its unit is not a child further
             }
+            // Once: a row recorded again (a repeated completion, a cancel after the child's
+            // own end) finds the child ended above, and so does an owner rebuilt since.
+            self.engine.counters.ended(row.status, 1);
             let failed = row.status.is_failure();
             let (call_id, task, child) = (row.call_id.clone(), row.task_index, row.child_id.clone());
             self.emit_child(&row);
@@ -61,6 +65,7 @@ impl SessionOwner {
             }
             // Only a failure can need its notice's details.
             let notice = failed.then(|| (row.status, row.error.clone()));
+            let finished_at_ms = row.finished_at_ms;
             self.owed.put_child(row);
             let Some(call) = self.owed.calls.get_mut(&call_id) else {
                 continue;
@@ -73,7 +78,11 @@ impl SessionOwner {
             match on_child_end(unit.terminal, unit.row.tasks.len(), failed) {
                 Publish::UnitComplete => self.complete_unit(&call_id, task, &mut completed, ctx),
                 Publish::FailureNotice if !sync => {
-                    self.router.publish(dedup_key(&child, ItemKind::FailureNotice), 0);
+                    let now = now_ms();
+                    if self.router.publish(dedup_key(&child, ItemKind::FailureNotice), 0, now) {
+                        let ended = finished_at_ms.unwrap_or(now);
+                        self.engine.counters.time(DeliveryStage::EndToReady, ended, now);
+                    }
                     if let Some((status, error)) = notice {
                         self.emit(|| crate::events::Event::FailureNotice {
                             child_id: child.clone(),
@@ -147,10 +156,15 @@ impl SessionOwner {
         call.incomplete_units = call.incomplete_units.saturating_sub(1);
         match call.row.mode {
             Mode::Background => {
+                let now = now_ms();
                 for &i in call.unit_of(task).map_or(&[][..], |u| &u.row.tasks) {
-                    let attempts = call.child(i).map_or(0, |r| r.result.failed_attempts);
-                    self.router
-                        .publish(dedup_key(&child_id(call_id, i), ItemKind::Result), attempts);
+                    let child = call.child(i);
+                    let attempts = child.map_or(0, |r| r.result.failed_attempts);
+                    let key = dedup_key(&child_id(call_id, i), ItemKind::Result);
+                    if self.router.publish(key, attempts, now) {
+                        let ended = child.and_then(|r| r.finished_at_ms).unwrap_or(now);
+                        self.engine.counters.time(DeliveryStage::EndToReady, ended, now);
+                    }
                 }
             }
             Mode::Sync if call.incomplete_units == 0 => self.finish_sync(call_id, ctx),

@@ -220,9 +220,11 @@ impl SessionOwner {
             self.owed.put_child(row);
         }
         let n = r.items.len();
+        let now = now_ms();
         for key in r.items {
-            self.router.revive(key);
+            self.router.revive(key, now);
         }
+        self.engine.counters.redriven(n as u64);
         tracing::info!(items = n, "dead letters redriven");
         self.after_change(ctx);
         answer(r.reply, Ok(n));

@@ -14,6 +14,7 @@ use super::{Durable, SessionOwner};
 use crate::error::BroodError;
 use crate::ledger::Writes;
 use crate::model::*;
+use crate::totals::DeliveryStage;
 
 /// How long sync results wait for the caller's receipt before they go out at boundaries.
 const SYNC_RECEIPT_WAIT: Duration = Duration::from_secs(3);
@@ -93,10 +94,14 @@ impl SessionOwner {
         }
         call.row.mode = Mode::Background;
         call.awaiting_receipt = false;
+        let now = now_ms();
         for row in call.children() {
             if !row.result.delivered && !row.result.dead {
-                self.router
-                    .publish(dedup_key(&row.child_id, ItemKind::Result), row.result.failed_attempts);
+                let key = dedup_key(&row.child_id, ItemKind::Result);
+                if self.router.publish(key, row.result.failed_attempts, now) {
+                    let ended = row.finished_at_ms.unwrap_or(now);
+                    self.engine.counters.time(DeliveryStage::EndToReady, ended, now);
+                }
             }
         }
         self.after_change(ctx);
@@ -156,6 +161,8 @@ impl SessionOwner {
                 // The receipt's ack row is the durable record, folded into the children's rows
                 // when they are read back: they are not rewritten.
                 self.owed.mark_calls(&items, |d| d.delivered = true);
+                // Delivered inline, without a claim: counted, not timed.
+                self.count_delivered(&items, false);
                 self.collect([call_id]);
             }
             Err(e) => {
