@@ -197,6 +197,32 @@ fn a_field_missing_from_the_document_is_refused() {
     assert!(!doc.validate(&redrive, &json!({"all": false})).is_empty());
 }
 
+/// Every `$ref` of the document names a schema it holds (a parameter's schema too), so
+/// generators of clients can read it whole.
+#[test]
+fn every_reference_of_the_document_resolves() {
+    fn refs<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::String(r)) = m.get("$ref") {
+                    out.push(r);
+                }
+                m.values().for_each(|v| refs(v, out));
+            }
+            Value::Array(a) => a.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let doc = document();
+    let mut found = Vec::new();
+    refs(&doc, &mut found);
+    let dangling: Vec<&str> = found
+        .into_iter()
+        .filter(|r| r.strip_prefix('#').is_none_or(|p| doc.pointer(p).is_none()))
+        .collect();
+    assert!(dangling.is_empty(), "references to nothing: {dangling:?}");
+}
+
 /// The paths and methods the server registers (its route table) and those of the document are
 /// the same.
 #[test]
@@ -376,6 +402,10 @@ fn sessions_and_delegation(c: &Checked<'_>) {
     assert_eq!(page["next"], Value::Null, "{page}");
     let (status, _) = c.call("GET", "/v1/sessions?limit=0", None);
     assert_eq!(status, 400);
+    let (status, _) = c.call("GET", "/v1/sessions?prefix=o&state=busy", None);
+    assert_eq!(status, 200);
+    let (status, _) = c.call("GET", "/v1/sessions?state=sleepy", None);
+    assert_eq!(status, 400);
 }
 
 /// A boundary with nothing ready, then envelopes: ack, ack again, a busy release, a lost claim.
@@ -388,6 +418,12 @@ fn boundaries_and_claims(c: &Checked<'_>) {
     c.call("GET", "/v1/sessions/o", None);
     c.call("POST", &format!("/v1/claims/{claim}/ack"), None);
     c.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+    let (_, page) = c.call("GET", "/v1/sessions/o/deliveries", None);
+    assert!(!page["deliveries"].as_array().unwrap().is_empty(), "{page}");
+    let (status, _) = c.call("GET", "/v1/sessions/o/deliveries?limit=0", None);
+    assert_eq!(status, 400);
+    let (status, _) = c.call("GET", "/v1/sessions/nobody/deliveries", None);
+    assert_eq!(status, 404);
     c.call(
         "POST",
         "/v1/sessions/o/delegate",
@@ -626,6 +662,9 @@ fn every_expected_reply_was_seen(c: &Checked<'_>) {
         ("POST", "/v1/dead-letters/redrive", 200),
         ("GET", "/v1/calls/{call_id}", 200),
         ("GET", "/v1/sessions/{session_id}", 400),
+        ("GET", "/v1/sessions/{session_id}/deliveries", 200),
+        ("GET", "/v1/sessions/{session_id}/deliveries", 400),
+        ("GET", "/v1/sessions/{session_id}/deliveries", 404),
         ("GET", "/v1/calls/{call_id}", 404),
         ("POST", "/v1/dead-letters/redrive", 400),
     ];

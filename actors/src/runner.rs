@@ -232,4 +232,12 @@ pub trait RunnerFactory: Send + Sync + 'static {
     fn recorded(&self, child_id: &str, outcome: RecordOutcome) {
         let _ = (child_id, outcome);
     }
+
+    /// The children of session `session_id` whose runners wait for someone outside to take
+    /// their work up (an outside worker's poll), for views that show it: read once per view,
+    /// so it must be cheap. None by default.
+    fn waiting_for_workers(&self, session_id: &str) -> std::collections::HashSet<String> {
+        let _ = session_id;
+        std::collections::HashSet::new()
+    }
 }

@@ -62,10 +62,10 @@ pub use brood_actors::events::{ClaimChange, Event, SessionEvent};
 pub use brood_actors::failpoints;
 pub use brood_actors::ledger::{Durability, LedgerError};
 pub use brood_actors::model::{
-    child_id, dedup_key, parse_dedup_key, unit_id, validate_traceparent, CallInfo, CancelTarget, Cancelled, ChildInfo,
-    ChildStatus, DeadLetterInfo, DelegateReply, DelegateRequest, DeliveryInfo, Envelope, EnvelopeLimits, ItemKind,
-    Mode, NestInfo, Quarantined, ReadyItem, RedriveEntry, RedriveInfo, RedriveSelect, RequestError, RetryPolicy,
-    SessionSettings, TaskInfo, TaskSpec, UnitInfo,
+    child_id, dedup_key, parse_dedup_key, unit_id, validate_traceparent, AckInfo, CallInfo, CancelTarget, Cancelled,
+    ChildInfo, ChildStatus, DeadLetterInfo, DelegateReply, DelegateRequest, DeliveryInfo, Envelope, EnvelopeLimits,
+    ItemKind, ItemRef, Mode, NestInfo, Quarantined, ReadyItem, RedriveEntry, RedriveInfo, RedriveSelect, RequestError,
+    RetryPolicy, SessionSettings, TaskInfo, TaskSpec, UnitInfo,
 };
 pub use brood_actors::retention::{Retention, Swept};
 pub use brood_actors::routing::{ReleaseReason, Turn};
@@ -521,6 +521,13 @@ impl BroodHandle {
     /// session.
     pub fn nest(&self, session_id: &str) -> Option<NestInfo> {
         self.engine.nest(session_id).as_ref().map(NestInfo::from)
+    }
+
+    /// The children of a session whose runners wait for an outside worker to take their work
+    /// up (an `external` child in its queue, not handed out yet): asked of the runners, cheap
+    /// enough for each view of the session.
+    pub fn waiting_for_workers(&self, session_id: &str) -> std::collections::HashSet<String> {
+        self.engine.factory().waiting_for_workers(session_id)
     }
 
     /// The ids of the sessions this engine routes, in ascending order (a session given up after

@@ -1,5 +1,6 @@
-//! The lifecycle requests of [`BroodHandle`]: one call's view and a session's stored calls,
-//! retention's sweep, dead letters and their redrive, cancel (with the descendants it reaches).
+//! The lifecycle requests of [`BroodHandle`]: one call's view, a session's stored calls and
+//! acks, retention's sweep, dead letters and their redrive, cancel (with the descendants it
+//! reaches).
 
 use brood_actors::actors::owner;
 use brood_actors::ledger::Ledger;
@@ -7,8 +8,8 @@ use brood_actors::ledger::Ledger;
 use brood_actors::model::{CallRow, DeadLetterRow};
 
 use crate::{
-    BroodError, BroodHandle, CallStatus, CancelTarget, Cancelled, ChildInfo, DeadLetterInfo, LedgerError, RedriveInfo,
-    RedriveSelect, Swept, MAX_CANCEL_REASON,
+    AckInfo, BroodError, BroodHandle, CallStatus, CancelTarget, Cancelled, ChildInfo, DeadLetterInfo, LedgerError,
+    RedriveInfo, RedriveSelect, Swept, MAX_CANCEL_REASON,
 };
 
 impl BroodHandle {
@@ -137,6 +138,26 @@ impl BroodHandle {
         Ok((out, next))
     }
 
+    /// Up to `limit` acks of a session in claim id order (the order its claims were made; a
+    /// sync call's receipt among them), after the claim id `after` when given, from the ledger
+    /// (until retention removes them); and the last claim id of the page when more follow. With
+    /// `call_id`, only the acks that delivered items of that call, each with only those: the
+    /// session's retained acks are read a thousand at a time until the page is full. Served
+    /// by the session's holder, as [`BroodHandle::status`] is.
+    pub async fn deliveries(
+        &self,
+        session_id: &str,
+        call_id: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<AckInfo>, Option<String>), BroodError> {
+        self.view(session_id, owner::GetCounts).await?;
+        let (ledger, id) = (self.ledger.clone(), session_id.to_string());
+        let (call, from) = (call_id.map(str::to_string), after.map(str::to_string));
+        let limit = limit.max(1);
+        blocking(move || acks_of(&*ledger, &id, call.as_deref(), from, limit)).await
+    }
+
     /// Sweeps now what retention would remove (as the background sweep does every
     /// [`Retention::interval`]): calls delivered or dead long enough ago, ack rows of calls that
     /// are gone, idle sessions. Nothing live is removed.
@@ -261,6 +282,51 @@ async fn blocking<T: Send + 'static>(
     job: impl FnOnce() -> Result<T, LedgerError> + Send + 'static,
 ) -> Result<T, BroodError> {
     Ok(brood_actors::ledger::off_thread("reading the ledger", job).await?)
+}
+
+/// How many ack rows a page of one call's deliveries reads at a time.
+const ACK_BATCH: usize = 1000;
+
+/// A page of [`BroodHandle::deliveries`]: the acks of session `id` after `from`, of the call
+/// `call` when given, at most `limit`, and the last claim id when more follow.
+fn acks_of(
+    ledger: &dyn Ledger,
+    id: &str,
+    call: Option<&str>,
+    mut from: Option<String>,
+    limit: usize,
+) -> Result<(Vec<AckInfo>, Option<String>), LedgerError> {
+    // One more than the page, to know whether more follow.
+    let mut out: Vec<AckInfo> = Vec::with_capacity(limit.min(ACK_BATCH) + 1);
+    loop {
+        let batch = match call {
+            None => limit + 1 - out.len(),
+            Some(_) => ACK_BATCH,
+        };
+        let rows = ledger.acks_page(id, from.as_deref(), batch)?;
+        let exhausted = rows.len() < batch;
+        from = rows.last().map(|r| r.claim_id.clone());
+        for row in &rows {
+            let mut ack = AckInfo::from(row);
+            if let Some(c) = call {
+                ack.items.retain(|i| i.call_id == c);
+                if ack.items.is_empty() {
+                    continue;
+                }
+            }
+            out.push(ack);
+            if out.len() > limit {
+                break;
+            }
+        }
+        if exhausted || out.len() > limit {
+            break;
+        }
+    }
+    let more = out.len() > limit;
+    out.truncate(limit);
+    let next = more.then(|| out.last().map(|a| a.claim_id.clone())).flatten();
+    Ok((out, next))
 }
 
 /// A call no owner holds any more, from the ledger: everything in it was delivered or dead.

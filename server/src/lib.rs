@@ -306,6 +306,7 @@ route_table!(v1_routes, V1_ROUTES, "/v1", [
     "/sessions/{session_id}/delegate" => { post: routes::delegate },
     "/sessions/{session_id}/boundary" => { post: routes::boundary },
     "/sessions/{session_id}/events" => { get: events::stream },
+    "/sessions/{session_id}/deliveries" => { get: routes::list_deliveries },
     "/claims/{claim_id}/ack" => { post: routes::ack },
     "/claims/{claim_id}/release" => { post: routes::release },
     "/dead-letters" => { get: routes::dead_letters },

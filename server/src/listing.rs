@@ -1,10 +1,14 @@
 //! `GET /v1/sessions`: the sessions the engine routes, a page at a time, in ascending id order,
-//! each with its turn, wake capability and counts (API.md "Lifecycle"). Paging is by id: a page
-//! starts after the `after` id (exclusive) and `next` names the last id of a page that has more
-//! behind it. This file owns the query's bounds and the page's shape; the counts come from
+//! each with its turn, wake capability, counts and dead letters (API.md "Lifecycle"), kept to
+//! those whose id starts with `prefix` and those in `state` when the query names them. Paging
+//! is by id, over the sessions the filters keep: a page starts after the `after` id
+//! (exclusive) and `next` names the last id of a page that has more behind it. This file owns
+//! the query's bounds, the filters and the page's shape; the counts come from
 //! [`Brood::counts`](brood::Brood::counts), shaped as `GET /v1/sessions/{id}` shapes them.
 
-use super::api::{self, ApiError, ListQuery};
+use std::collections::HashMap;
+
+use super::api::{self, ApiError, ListQuery, SessionState};
 use super::state::State;
 use actix_web::{web, HttpRequest, HttpResponse};
 use brood::BroodError;
@@ -27,22 +31,48 @@ pub(super) fn limit(given: Option<&str>) -> Result<usize, ApiError> {
     }
 }
 
-/// The ids of one page of `ids` (ascending): those after `after`, at most `limit`, and whether
-/// more follow.
-fn page<'a>(ids: &'a [String], after: Option<&str>, limit: usize) -> (&'a [String], bool) {
+/// `state` as given: one of [`SessionState::ALL`].
+fn session_state(given: Option<&str>) -> Result<Option<SessionState>, ApiError> {
+    let Some(text) = given else {
+        return Ok(None);
+    };
+    SessionState::parse(text).map(Some).ok_or_else(|| {
+        let accepted: Vec<&str> = SessionState::ALL.iter().map(|s| s.as_str()).collect();
+        ApiError::invalid(format!(
+            "`state` is `{text}`; it must be one of {}",
+            accepted.join(", ")
+        ))
+    })
+}
+
+/// `prefix` as given: what a session id may be (1 to 256 characters, none a control character).
+fn prefix(given: Option<&str>) -> Result<Option<&str>, ApiError> {
+    let Some(text) = given else {
+        return Ok(None);
+    };
+    match brood_actors::model::validate_session_id(text) {
+        Ok(()) => Ok(Some(text)),
+        Err(brood::RequestError::Invalid { message, .. }) => Err(ApiError::invalid(format!("`prefix` {message}"))),
+        Err(e) => Err(ApiError::invalid(format!("`prefix`: {e}"))),
+    }
+}
+
+/// The ids of `ids` (ascending) a page may hold: those after `after` that start with `prefix`.
+fn candidates<'a>(ids: &'a [String], after: Option<&str>, prefix: Option<&'a str>) -> impl Iterator<Item = &'a String> {
     let start = match after {
         Some(a) => ids.partition_point(|id| id.as_str() <= a),
         None => 0,
     };
-    let end = start.saturating_add(limit).min(ids.len());
-    (&ids[start..end], end < ids.len())
+    ids[start..]
+        .iter()
+        .filter(move |id| prefix.is_none_or(|p| id.starts_with(p)))
 }
 
 #[utoipa::path(
     get, path = "/v1/sessions", operation_id = "listSessions",
     params(api::ListQuery),
-    responses((status = 200, description = "A page of sessions, nested ones included.", body = api::SessionList),
-        (status = 400, description = "A bad query (`invalid_request`).", body = api::ErrorReply))
+    responses((status = 200, description = "A page of sessions, nested ones included, of those the filters keep.", body = api::SessionList),
+        (status = 400, description = "A bad query (`invalid_request`): a `limit` out of bounds, a `prefix` no session id starts with, an unknown `state`.", body = api::ErrorReply))
 )]
 pub(super) async fn list_sessions(
     state: web::Data<State>,
@@ -51,20 +81,19 @@ pub(super) async fn list_sessions(
 ) -> Result<HttpResponse, ApiError> {
     let query: ListQuery = api::query(&req)?;
     let limit = limit(query.limit.as_deref())?;
-    let mut ids = state.brood.sessions();
-    if !access.is_all() {
-        // A scoped key lists its own sessions only (and those nested in them).
-        let mut reached = Vec::new();
-        for id in ids {
-            if access.covers(&state.brood, &id).await? {
-                reached.push(id);
-            }
-        }
-        ids = reached;
+    let wanted = session_state(query.state.as_deref())?;
+    let prefix = prefix(query.prefix.as_deref())?;
+    let mut dead: HashMap<String, u64> = HashMap::new();
+    for d in state.brood.dead_letters().await? {
+        *dead.entry(d.session_id).or_default() += 1;
     }
-    let (ids, more) = page(&ids, query.after.as_deref(), limit);
-    let mut sessions = Vec::with_capacity(ids.len());
-    for id in ids {
+    let ids = state.brood.sessions();
+    let (mut sessions, mut more) = (Vec::new(), false);
+    for id in candidates(&ids, query.after.as_deref(), prefix) {
+        // A scoped key lists its own sessions only (and those nested in them).
+        if !access.is_all() && !access.covers(&state.brood, id).await? {
+            continue;
+        }
         let st = match state.brood.counts(id).await {
             Ok(st) => st,
             // Given up between the listing and now: it is no longer routed, so not listed; nor
@@ -74,15 +103,21 @@ pub(super) async fn list_sessions(
             | Err(BroodError::TenureLapsed { .. }) => continue,
             Err(e) => return Err(e.into()),
         };
-        sessions.push(api::SessionSummary {
-            session_id: st.info.session_id.clone(),
-            turn: st.info.turn.into(),
-            wake_capable: st.info.wake_capable,
-            counts: api::Counts::from(&st),
-            parent_child_id: state.brood.nest(id).map(|n| n.session_id),
-        });
+        let nest = state.brood.nest(id).map(|n| n.session_id);
+        let summary = api::SessionSummary::of(&st, nest, dead.get(id).copied().unwrap_or(0));
+        if wanted.is_some_and(|w| !w.holds(&summary)) {
+            continue;
+        }
+        if sessions.len() == limit {
+            more = true;
+            break;
+        }
+        sessions.push(summary);
     }
-    let next = if more { ids.last().cloned() } else { None };
+    let next = match more {
+        true => sessions.last().map(|s: &api::SessionSummary| s.session_id.clone()),
+        false => None,
+    };
     Ok(HttpResponse::Ok().json(api::SessionList { sessions, next }))
 }
 
@@ -105,13 +140,34 @@ mod tests {
     }
 
     #[test]
-    fn pages_start_after_the_given_id_and_say_whether_more_follow() {
-        let all = ids(5);
-        assert_eq!(page(&all, None, 2), (&all[0..2], true));
-        assert_eq!(page(&all, Some("s01"), 2), (&all[2..4], true));
-        assert_eq!(page(&all, Some("s03"), 2), (&all[4..5], false));
+    fn candidates_start_after_the_given_id_and_keep_the_prefix() {
+        let all = ids(12);
+        let got = |after, prefix| candidates(&all, after, prefix).cloned().collect::<Vec<_>>();
+        assert_eq!(got(None, None), all);
+        assert_eq!(got(Some("s09"), None), all[10..].to_vec());
         // `after` need not be a listed id.
-        assert_eq!(page(&all, Some("s015"), 10), (&all[2..5], false));
-        assert_eq!(page(&all, Some("zzz"), 10).0.len(), 0);
+        assert_eq!(got(Some("s015"), Some("s0")), all[2..10].to_vec());
+        assert_eq!(got(None, Some("s1")), all[10..].to_vec());
+        assert!(got(Some("zzz"), None).is_empty());
+        assert!(got(None, Some("t")).is_empty());
+    }
+
+    #[test]
+    fn a_state_outside_the_four_or_a_bad_prefix_is_refused() {
+        assert_eq!(
+            session_state(Some("dead_letters")).unwrap(),
+            Some(SessionState::DeadLetters)
+        );
+        assert_eq!(session_state(None).unwrap(), None);
+        let e = session_state(Some("sleepy")).unwrap_err();
+        assert!(
+            e.message.contains("sleepy") && e.message.contains("busy, ready, dead_letters, nested"),
+            "{}",
+            e.message
+        );
+        assert_eq!(prefix(Some("a/b")).unwrap(), Some("a/b"));
+        for bad in ["", "a\u{7}", &"x".repeat(257)] {
+            assert_eq!(prefix(Some(bad)).unwrap_err().code, "invalid_request", "{bad:?}");
+        }
     }
 }

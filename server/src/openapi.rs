@@ -31,6 +31,7 @@ use super::state::State;
         super::listing::list_sessions,
         super::routes::put_session,
         super::routes::get_session,
+        super::routes::list_deliveries,
         super::routes::set_turn,
         super::routes::delegate,
         super::routes::boundary,
@@ -58,6 +59,7 @@ use super::state::State;
         api::events::CancelEvent,
         api::events::ClaimEvent,
         api::events::DroppedEvent,
+        api::SessionState,
     ))
 )]
 struct ApiDoc;

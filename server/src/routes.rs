@@ -98,10 +98,14 @@ pub(super) async fn get_session(
     let (calls, calls_next) = match (delivered, paged) {
         (true, _) => {
             let (calls, next) = state.brood.session_calls(&id, query.after.as_deref(), limit).await?;
-            (calls.iter().map(api::CallView::from).collect(), next)
+            let around = api::Around::of(&state.brood, &id, &calls);
+            (calls.iter().map(|c| api::CallView::of(c, &around)).collect(), next)
         }
-        (false, true) => live_page(&st.calls, query.after.as_deref(), limit),
-        (false, false) => (st.calls.iter().map(api::CallView::from).collect(), None),
+        (false, true) => live_page(&state.brood, &st.calls, query.after.as_deref(), limit),
+        (false, false) => {
+            let around = api::Around::of(&state.brood, &id, &st.calls);
+            (st.calls.iter().map(|c| api::CallView::of(c, &around)).collect(), None)
+        }
     };
     let info = &st.counts.info;
     Ok(HttpResponse::Ok().json(api::SessionDetail {
@@ -117,6 +121,33 @@ pub(super) async fn get_session(
         calls_next,
         claims: st.claims.iter().map(api::ClaimView::from).collect(),
     }))
+}
+
+#[utoipa::path(
+    get, path = "/v1/sessions/{session_id}/deliveries", operation_id = "listDeliveries",
+    params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$"), api::DeliveriesQuery),
+    responses((status = 200, description = "A page of the session's acks (the ledger's retained ones), in the order their claims were made.", body = api::Deliveries),
+        (status = 400, description = "A bad query or session id (`invalid_request`).", body = api::ErrorReply),
+        (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply))
+)]
+pub(super) async fn list_deliveries(
+    state: web::Data<State>,
+    access: Access,
+    path: web::Path<String>,
+    req: HttpRequest,
+) -> Reply {
+    let query: api::DeliveriesQuery = api::query(&req)?;
+    let limit = super::listing::limit(query.limit.as_deref())?;
+    if query.call_id.as_deref() == Some("") {
+        return Err(ApiError::invalid("`call_id` is empty; name a call, or leave it out"));
+    }
+    let id = session_path(path)?;
+    access.session(&state.brood, &id).await?;
+    let (acks, next) = state
+        .brood
+        .deliveries(&id, query.call_id.as_deref(), query.after.as_deref(), limit)
+        .await?;
+    Ok(HttpResponse::Ok().json(api::Deliveries::of(&acks, next)))
 }
 
 /// The reply to a delegate: 202 for a call in the background, 200 with the results of a sync
@@ -164,7 +195,12 @@ fn delegated(reply: DelegateReply) -> HttpResponse {
 /// A page of a session's calls not yet delivered, in the order `delivered=true` pages stored
 /// calls (by call id, which follows the order they were made): those after `after`, at most
 /// `limit`, and the last id of the page when more follow.
-fn live_page(calls: &[brood::CallStatus], after: Option<&str>, limit: usize) -> (Vec<api::CallView>, Option<String>) {
+fn live_page(
+    brood: &brood::BroodHandle,
+    calls: &[brood::CallStatus],
+    after: Option<&str>,
+    limit: usize,
+) -> (Vec<api::CallView>, Option<String>) {
     let mut ids: Vec<&brood::CallStatus> = calls
         .iter()
         .filter(|c| after.is_none_or(|a| c.call.call_id.as_str() > a))
@@ -173,7 +209,11 @@ fn live_page(calls: &[brood::CallStatus], after: Option<&str>, limit: usize) -> 
     let more = ids.len() > limit;
     ids.truncate(limit);
     let next = more.then(|| ids.last().map(|c| c.call.call_id.clone())).flatten();
-    (ids.into_iter().map(api::CallView::from).collect(), next)
+    let Some(session) = ids.first().map(|c| c.call.session_id.as_str()) else {
+        return (Vec::new(), next);
+    };
+    let around = api::Around::of(brood, session, ids.iter().copied());
+    (ids.iter().map(|c| api::CallView::of(c, &around)).collect(), next)
 }
 
 /// `GET /v1/calls/{call_id}`: the call as a session shows it, with its session, the mode it
@@ -189,7 +229,8 @@ pub(super) async fn get_call(state: web::Data<State>, access: Access, path: web:
     let call_id = path.into_inner();
     reach_call(&state, &access, "call", &call_id, &call_id).await?;
     let c = state.brood.call(&call_id).await?;
-    Ok(HttpResponse::Ok().json(api::CallDetail::from(&c)))
+    let around = api::Around::of(&state.brood, &c.call.session_id, [&c]);
+    Ok(HttpResponse::Ok().json(api::CallDetail::of(&c, &around)))
 }
 
 #[utoipa::path(

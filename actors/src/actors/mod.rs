@@ -121,6 +121,11 @@ impl Engine {
         &self.ledger
     }
 
+    /// What builds its runners.
+    pub fn factory(&self) -> &Arc<dyn RunnerFactory> {
+        &self.factory
+    }
+
     /// The session tenures, when several processes share the ledger: a session is served here
     /// only while its tenure is held here.
     pub fn tenures(&self) -> Option<&Arc<dyn Tenures>> {

@@ -1,5 +1,5 @@
-//! What a caller reads of a call, its units and children, a dead letter, a nested session and
-//! an item's redrives: the types the embedding API answers with.
+//! What a caller reads of a call, its units and children, a dead letter, a nested session, an
+//! item's redrives and a session's acks: the types the embedding API answers with.
 //!
 //! Each is built from its stored row here and nowhere else, so the rows (and their codec) can
 //! change without changing what callers see. The rows themselves stay the ledger's: nothing here
@@ -74,7 +74,9 @@ fn runner_kind(runner_json: &str) -> String {
     struct Kind {
         kind: String,
     }
-    serde_json::from_str::<Kind>(runner_json).map(|k| k.kind).unwrap_or_default()
+    serde_json::from_str::<Kind>(runner_json)
+        .map(|k| k.kind)
+        .unwrap_or_default()
 }
 
 /// A completion unit as a caller sees it.
@@ -110,14 +112,22 @@ pub struct DeliveryInfo {
     pub dead: bool,
     /// Claims of it that ended by lease expiry or by a `failed` release.
     pub failed_attempts: u32,
+    /// Whether the item was published (made ready: a result once its unit completed, a
+    /// failure notice once its child failed while its unit was incomplete), whatever came of it
+    /// since; or, for a sync call's result, delivered inline. A child that raised no failure
+    /// notice has an unpublished one.
+    pub published: bool,
 }
 
 impl From<&DeliveryRow> for DeliveryInfo {
+    /// What the row says; an item still open (ready, claimed, backing off) with no failed
+    /// attempt is published too, which only its owner knows (it says so in its views).
     fn from(r: &DeliveryRow) -> Self {
         DeliveryInfo {
             delivered: r.delivered,
             dead: r.dead,
             failed_attempts: r.failed_attempts,
+            published: r.delivered || r.dead || r.failed_attempts > 0,
         }
     }
 }
@@ -175,6 +185,53 @@ impl From<&ChildRow> for ChildInfo {
             recovered: r.recovered,
             result: (&r.result).into(),
             notice: (&r.notice).into(),
+        }
+    }
+}
+
+/// An item named by its dedup key: its child, its call, and which of the child's items it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemRef {
+    /// The child it came from.
+    pub child_id: String,
+    /// The child's call.
+    pub call_id: String,
+    /// A result or a failure notice.
+    pub kind: ItemKind,
+}
+
+impl ItemRef {
+    /// The item a dedup key names; `None` for a key that names none.
+    pub fn parse(dedup_key: &str) -> Option<ItemRef> {
+        let (child, kind) = parse_dedup_key(dedup_key)?;
+        let (call, _) = parse_child_id(child)?;
+        Some(ItemRef {
+            child_id: child.to_string(),
+            call_id: call.to_string(),
+            kind,
+        })
+    }
+}
+
+/// An ack of a session, as a caller sees it: which claim delivered which items, when. A sync
+/// call's receipt is one too, its claim id [`sync_receipt_id`] of the call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckInfo {
+    /// The claim acked.
+    pub claim_id: String,
+    /// When the ack was recorded (ms since the epoch).
+    pub acked_at_ms: u64,
+    /// The items it delivered, as the claim held them.
+    pub items: Vec<ItemRef>,
+}
+
+impl From<&AckRow> for AckInfo {
+    fn from(r: &AckRow) -> Self {
+        AckInfo {
+            claim_id: r.claim_id.clone(),
+            acked_at_ms: r.acked_at_ms,
+            // A stored ack's keys were checked when it was read back: each names an item.
+            items: r.items.iter().filter_map(|k| ItemRef::parse(k)).collect(),
         }
     }
 }

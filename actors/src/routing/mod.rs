@@ -73,6 +73,20 @@ struct Entry {
 struct LiveClaim<K> {
     items: Vec<K>,
     expires_at_ms: u64,
+    claimed_at_ms: u64,
+}
+
+/// A live claim as the router holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimHeld<'a, K> {
+    /// The claim id.
+    pub claim_id: &'a str,
+    /// Its items, in the order it took them.
+    pub items: &'a [K],
+    /// When it was made.
+    pub claimed_at_ms: u64,
+    /// When its lease runs out.
+    pub lease_expires_at_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,6 +346,7 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
             LiveClaim {
                 items: keys,
                 expires_at_ms: lease_expires_at_ms,
+                claimed_at_ms: now_ms,
             },
         );
         Some(Claim {
@@ -425,11 +440,14 @@ impl<K: Clone + Eq + Hash + Ord + Debug> Router<K> {
         self.held.remove(claim_id);
     }
 
-    /// The live claims: id, how many items, when the lease runs out.
-    pub fn live_claims(&self) -> impl Iterator<Item = (&str, usize, u64)> + '_ {
-        self.claims
-            .iter()
-            .map(|(id, c)| (id.as_str(), c.items.len(), c.expires_at_ms))
+    /// The live claims, in no order.
+    pub fn live_claims(&self) -> impl Iterator<Item = ClaimHeld<'_, K>> + '_ {
+        self.claims.iter().map(|(id, c)| ClaimHeld {
+            claim_id: id.as_str(),
+            items: &c.items,
+            claimed_at_ms: c.claimed_at_ms,
+            lease_expires_at_ms: c.expires_at_ms,
+        })
     }
 
     /// When a live claim's lease runs out.

@@ -359,6 +359,16 @@ impl<P: Clone> Roster<P> {
         ticket
     }
 
+    /// The children of session `session_id` in `waiting`.
+    fn waiting_of(&self, session_id: &str) -> HashSet<String> {
+        self.waiting
+            .values()
+            .flatten()
+            .filter(|c| self.entries.get(*c).is_some_and(|e| e.work.session_id == session_id))
+            .cloned()
+            .collect()
+    }
+
     fn unwait(&mut self, child_id: &str, queue: &str) {
         if let Some(q) = self.waiting.get_mut(queue) {
             q.retain(|c| c != child_id);
@@ -666,6 +676,12 @@ impl WorkQueues {
         roster.entries.contains_key(child_id)
             || roster.ended_set.contains(child_id)
             || roster.recording.contains_key(child_id)
+    }
+
+    /// The children of session `session_id` waiting in a queue here for a worker: not handed
+    /// out (or handed back, their hold lapsed), not cancelled.
+    pub fn waiting_of(&self, session_id: &str) -> HashSet<String> {
+        self.roster().waiting_of(session_id)
     }
 
     fn post(&self, child_id: &str, queue: &str) {
@@ -1057,6 +1073,27 @@ mod tests {
             "b"
         );
         assert_eq!(roster.hand_out("nowhere", "w", HOLD, "t5".into(), now), None);
+    }
+
+    #[test]
+    fn only_children_in_a_queue_wait_for_a_worker_each_listed_under_its_own_session() {
+        let (mut roster, _rx) = book_with(&[("a", "q"), ("b", "q"), ("c", "other")]);
+        let (tx, _rx_d) = oneshot::channel();
+        let mut elsewhere = work("goal of d".into());
+        elsewhere.session_id = "t".into();
+        roster.enqueue("d", "q", elsewhere, (), tx);
+        let set = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<HashSet<String>>();
+        assert_eq!(roster.waiting_of("s"), set(&["a", "b", "c"]));
+        assert_eq!(roster.waiting_of("t"), set(&["d"]));
+        assert_eq!(roster.waiting_of("nobody"), set(&[]));
+        // Handed out, or cancelled: no longer waiting.
+        let now = Instant::now();
+        roster.hand_out("q", "w", HOLD, "t1".into(), now).unwrap();
+        assert!(roster.cancel("c"));
+        assert_eq!(roster.waiting_of("s"), set(&["b"]));
+        // A lapsed hold puts it back in line: waiting again.
+        roster.expire("a", now + HOLD + HOLD);
+        assert_eq!(roster.waiting_of("s"), set(&["a", "b"]));
     }
 
     #[test]

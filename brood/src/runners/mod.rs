@@ -13,7 +13,7 @@ pub mod command;
 pub mod external;
 pub mod groups;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -162,7 +162,13 @@ pub struct Runners {
     on_cancel: Vec<Arc<CancelHook>>,
     /// Told of each ended child's row answered ([`RunnerFactory::recorded`]).
     on_record: Vec<Arc<RecordHook>>,
+    /// Asked which children of a session wait for an outside worker
+    /// ([`RunnerFactory::waiting_for_workers`]).
+    waiting: Vec<Arc<WaitingHook>>,
 }
+
+/// Answers the children of a session waiting for an outside worker.
+type WaitingHook = dyn Fn(&str) -> HashSet<String> + Send + Sync;
 
 /// Told a cancelled child's id.
 type CancelHook = dyn Fn(&str) + Send + Sync;
@@ -191,6 +197,7 @@ impl Runners {
             kinds: HashMap::new(),
             on_cancel: Vec::new(),
             on_record: Vec::new(),
+            waiting: Vec::new(),
         };
         r.register("sim", |spec| {
             Ok(Box::new(SimRunner::new(SimSpec::parse(spec)?)) as Box<dyn Runner>)
@@ -232,6 +239,9 @@ impl Runners {
         let told = queues.clone();
         self.on_record
             .push(Arc::new(move |child_id, outcome| told.recorded(child_id, outcome)));
+        let asked = queues.clone();
+        self.waiting
+            .push(Arc::new(move |session_id| asked.waiting_of(session_id)));
         self.register("external", move |spec| {
             let spec = ExternalSpec::parse(spec)?;
             Ok(Box::new(ExternalRunner::new(spec, queues.clone())) as Box<dyn Runner>)
@@ -273,6 +283,14 @@ impl RunnerFactory for Runners {
         for told in &self.on_record {
             told(child_id, outcome);
         }
+    }
+
+    fn waiting_for_workers(&self, session_id: &str) -> HashSet<String> {
+        let mut waiting = HashSet::new();
+        for asked in &self.waiting {
+            waiting.extend(asked(session_id));
+        }
+        waiting
     }
 }
 

@@ -321,6 +321,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["listDeliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/events": {
         parameters: {
             query?: never;
@@ -435,6 +451,15 @@ export interface components {
         AckReply: {
             /** @description The items the claim delivered. */
             delivered: number;
+        };
+        /** @description An acked claim: which items it delivered, when. */
+        AckedClaim: {
+            /** @description When the ack was recorded. */
+            acked_at: number;
+            /** @description The claim (`sync_<call_id>` for a sync call's receipt). */
+            claim_id: string;
+            /** @description The items it delivered. */
+            items: components["schemas"]["ItemRef"][];
         };
         /** @description `POST /v1/sessions/{session_id}/boundary`. */
         BoundaryBody: {
@@ -554,10 +579,21 @@ export interface components {
              *     it used (as `GET /v1/dead-letters` counts them).
              */
             delivery_attempt?: number | null;
+            /** @description What went wrong, whole, for a child that failed, timed out or was interrupted. */
+            error?: string | null;
             /** @description When it ended. */
             finished_at?: number | null;
+            /** @description Its task's goal. */
+            goal: string;
+            /** @description Its task's data, when it has some. */
+            input?: unknown;
+            /** @description The nested session opened under it (whose id is the child's). */
+            nested_session?: string | null;
+            notice?: components["schemas"]["Delivery"] | null;
             /** @description Its result as data, once it ended with some. */
             output?: unknown;
+            /** @description Its runner's kind. */
+            runner: string;
             /** @description When its runner started. */
             started_at?: number | null;
             /** @description Its status. */
@@ -566,6 +602,11 @@ export interface components {
             summary?: string | null;
             /** @description Its task's index in the call. */
             task_index: number;
+            /**
+             * @description Whether it waits in its queue for an outside worker to take it (an `external` child
+             *     not handed out yet).
+             */
+            waiting_for_worker: boolean;
         };
         /**
          * @description What happened to a claim.
@@ -589,8 +630,12 @@ export interface components {
         };
         /** @description A live claim of a session. */
         ClaimView: {
+            /** @description The items it holds. */
+            children: components["schemas"]["ItemRef"][];
             /** @description The claim. */
             claim_id: string;
+            /** @description When the boundary made it. */
+            claimed_at: number;
             /** @description Who claimed. */
             consumer: string;
             /** @description How many items it holds. */
@@ -734,6 +779,16 @@ export interface components {
             text: string;
         };
         /**
+         * @description `GET /v1/sessions/{session_id}/deliveries`: a page of a session's acks, in the order their
+         *     claims were made.
+         */
+        Deliveries: {
+            /** @description The page. */
+            deliveries: components["schemas"]["AckedClaim"][];
+            /** @description The last claim id of the page when more follow. */
+            next?: string | null;
+        };
+        /**
          * @description Where a child's result is on its way.
          * @enum {string}
          */
@@ -873,6 +928,15 @@ export interface components {
          * @enum {string}
          */
         ItemKind: "result" | "failure_notice";
+        /** @description An item, named: its child, its call, which of the child's items. */
+        ItemRef: {
+            /** @description Its call. */
+            call_id: string;
+            /** @description Its child. */
+            child_id: string;
+            /** @description A result or a failure notice. */
+            kind: components["schemas"]["ItemKind"];
+        };
         /**
          * @description How a call runs: in the `background` (results at boundaries) or `sync` (inline).
          * @enum {string}
@@ -1038,10 +1102,17 @@ export interface components {
             /** @description The page. */
             sessions: components["schemas"]["SessionSummary"][];
         };
+        /**
+         * @description Which sessions a listing keeps (`GET /v1/sessions?state=…`).
+         * @enum {string}
+         */
+        SessionState: "busy" | "ready" | "dead_letters" | "nested";
         /** @description One session of a listing. */
         SessionSummary: {
             /** @description What its children and items are doing. */
             counts: components["schemas"]["Counts"];
+            /** @description Its dead letters now. */
+            dead_letters: number;
             /** @description The child whose nested session this is. */
             parent_child_id?: string | null;
             /** @description The session. */
@@ -2293,6 +2364,13 @@ export interface operations {
                 limit?: number;
                 /** @description The page starts after this session id. */
                 after?: string;
+                /**
+                 * @description Only the sessions whose id starts with this: 1 to 256 characters, none a control
+                 *     character.
+                 */
+                prefix?: string;
+                /** @description Only the sessions in this state. */
+                state?: components["schemas"]["SessionState"];
             };
             header?: never;
             path?: never;
@@ -2300,7 +2378,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description A page of sessions, nested ones included. */
+            /** @description A page of sessions, nested ones included, of those the filters keep. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2309,7 +2387,7 @@ export interface operations {
                     "application/json": components["schemas"]["SessionList"];
                 };
             };
-            /** @description A bad query (`invalid_request`). */
+            /** @description A bad query (`invalid_request`): a `limit` out of bounds, a `prefix` no session id starts with, an unknown `state`. */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2731,6 +2809,81 @@ export interface operations {
             };
             /** @description An embedder's runner factory panicked (`runner_factory_panicked`). */
             500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description Try again later: the server drains (`draining`), its ledger failed (`ledger_error`), or the session is served elsewhere and could not be reached (`session_moved`, `lease_lapsed`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+        };
+    };
+    listDeliveries: {
+        parameters: {
+            query?: {
+                /** @description Only the acks that delivered items of this call, each with only those. */
+                call_id?: string;
+                /** @description The page starts after this claim id. */
+                after?: string;
+                /** @description Acks per page (default 100). */
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                /** @description The session: 1 to 256 characters, none a control character. */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of the session's acks (the ledger's retained ones), in the order their claims were made. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Deliveries"];
+                };
+            };
+            /** @description A bad query or session id (`invalid_request`). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description No key, or a wrong one (`unauthorized`). */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description Refused: a request from a web page of another site (`forbidden_host`, `cross_origin`), a key scoped to other sessions (`out_of_scope`), or what the server does not allow. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description No such session (`unknown_session`). */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -2,6 +2,8 @@
 //! routes build from the engine's state and serialize as it is, and the OpenAPI document
 //! (`openapi`) describes. Times are milliseconds since the Unix epoch.
 
+use std::collections::HashSet;
+
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -128,8 +130,9 @@ pub struct CallView {
     pub children: Vec<ChildView>,
 }
 
-impl From<&brood::CallStatus> for CallView {
-    fn from(c: &brood::CallStatus) -> Self {
+impl CallView {
+    /// The view of call `c`, its children seen in `around`.
+    pub fn of(c: &brood::CallStatus, around: &Around) -> Self {
         CallView {
             call_id: c.call.call_id.clone(),
             set: c.call.set,
@@ -139,7 +142,43 @@ impl From<&brood::CallStatus> for CallView {
             children: c
                 .children
                 .iter()
-                .map(|ch| ChildView::of(ch, c.tasks.get(ch.task_index as usize)))
+                .map(|ch| ChildView::of(ch, c.tasks.get(ch.task_index as usize), around))
+                .collect(),
+        }
+    }
+}
+
+impl From<&brood::CallStatus> for CallView {
+    /// The view of a call with no engine to ask (see [`Around::default`]).
+    fn from(c: &brood::CallStatus) -> Self {
+        CallView::of(c, &Around::default())
+    }
+}
+
+/// What the views of a session's children read beside their calls, once per view: which of
+/// them wait for an outside worker, and which opened a nested session. By default (no engine
+/// to ask): none of either.
+#[derive(Debug, Clone, Default)]
+pub struct Around {
+    /// The children waiting in a queue for a worker.
+    pub waiting: HashSet<String>,
+    /// The children with a nested session.
+    pub nested: HashSet<String>,
+}
+
+impl Around {
+    /// What `brood` knows of the children of `calls`, of session `session_id`.
+    pub fn of<'a>(
+        brood: &brood::BroodHandle,
+        session_id: &str,
+        calls: impl IntoIterator<Item = &'a brood::CallStatus>,
+    ) -> Self {
+        let children = calls.into_iter().flat_map(|c| &c.children);
+        Around {
+            waiting: brood.waiting_for_workers(session_id),
+            nested: children
+                .filter(|ch| brood.nest(&ch.child_id).is_some())
+                .map(|ch| ch.child_id.clone())
                 .collect(),
         }
     }
@@ -167,8 +206,16 @@ pub struct CallDetail {
 }
 
 impl From<&brood::CallStatus> for CallDetail {
+    /// The view of a call with no engine to ask (see [`Around::default`]).
     fn from(c: &brood::CallStatus) -> Self {
-        let view = CallView::from(c);
+        CallDetail::of(c, &Around::default())
+    }
+}
+
+impl CallDetail {
+    /// The view of call `c` with its session, its children seen in `around`.
+    pub fn of(c: &brood::CallStatus, around: &Around) -> Self {
+        let view = CallView::of(c, around);
         CallDetail {
             call_id: view.call_id,
             set: view.set,
@@ -229,24 +276,36 @@ pub struct ChildView {
     pub delivery_attempt: Option<u32>,
     /// The first line of its summary, or of its error.
     pub summary: Option<String>,
+    /// What went wrong, whole, for a child that failed, timed out or was interrupted.
+    pub error: Option<String>,
     /// Its result as data, once it ended with some.
     pub output: Option<serde_json::Value>,
     /// How many times it was run (1, or more when recovery ran it again).
     pub attempts: u32,
+    /// Where its early failure notice is on its way, when it raised one.
+    pub notice: Option<Delivery>,
+    /// Whether it waits in its queue for an outside worker to take it (an `external` child
+    /// not handed out yet).
+    pub waiting_for_worker: bool,
+    /// The nested session opened under it (whose id is the child's).
+    pub nested_session: Option<String>,
+}
+
+/// Where an item is on its way, by its delivery state.
+fn delivery_of(d: &brood::DeliveryInfo) -> Delivery {
+    match (d.delivered, d.dead) {
+        (true, _) => Delivery::Delivered,
+        (false, true) => Delivery::DeadLetter,
+        (false, false) => Delivery::Undelivered,
+    }
 }
 
 impl ChildView {
     /// The view of child `r` of a call, whose task is `task` (its goal and input, its runner's
-    /// kind); without one those read empty.
-    pub fn of(r: &brood::ChildInfo, task: Option<&brood::TaskInfo>) -> Self {
+    /// kind; without one those read empty), seen in `around`.
+    pub fn of(r: &brood::ChildInfo, task: Option<&brood::TaskInfo>, around: &Around) -> Self {
         let ended = r.status.is_terminal();
-        let delivery = if r.result.delivered {
-            Some(Delivery::Delivered)
-        } else if r.result.dead {
-            Some(Delivery::DeadLetter)
-        } else {
-            ended.then_some(Delivery::Undelivered)
-        };
+        let delivery = (ended || r.result.delivered || r.result.dead).then(|| delivery_of(&r.result));
         ChildView {
             child_id: r.child_id.clone(),
             task_index: r.task_index,
@@ -267,6 +326,9 @@ impl ChildView {
             error: r.error.clone(),
             output: data(r.output.as_deref()),
             attempts: r.attempt,
+            notice: r.notice.published.then(|| delivery_of(&r.notice)),
+            waiting_for_worker: around.waiting.contains(&r.child_id),
+            nested_session: around.nested.contains(&r.child_id).then(|| r.child_id.clone()),
         }
     }
 }
@@ -282,6 +344,10 @@ pub struct ClaimView {
     pub items: u64,
     /// When its lease runs out.
     pub lease_expires_at: u64,
+    /// When the boundary made it.
+    pub claimed_at: u64,
+    /// The items it holds.
+    pub children: Vec<ItemRef>,
 }
 
 impl From<&brood::LiveClaim> for ClaimView {
@@ -291,6 +357,70 @@ impl From<&brood::LiveClaim> for ClaimView {
             consumer: c.consumer.clone(),
             items: c.items as u64,
             lease_expires_at: c.lease_expires_at_ms,
+            claimed_at: c.claimed_at_ms,
+            children: c.children.iter().map(ItemRef::from).collect(),
+        }
+    }
+}
+
+/// An item, named: its child, its call, which of the child's items.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ItemRef {
+    /// Its child.
+    pub child_id: String,
+    /// Its call.
+    pub call_id: String,
+    /// A result or a failure notice.
+    pub kind: ItemKind,
+}
+
+impl From<&brood::ItemRef> for ItemRef {
+    fn from(i: &brood::ItemRef) -> Self {
+        ItemRef {
+            child_id: i.child_id.clone(),
+            call_id: i.call_id.clone(),
+            kind: i.kind.into(),
+        }
+    }
+}
+
+/// An acked claim: which items it delivered, when.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AckedClaim {
+    /// The claim (`sync_<call_id>` for a sync call's receipt).
+    pub claim_id: String,
+    /// When the ack was recorded.
+    pub acked_at: u64,
+    /// The items it delivered.
+    pub items: Vec<ItemRef>,
+}
+
+impl From<&brood::AckInfo> for AckedClaim {
+    fn from(a: &brood::AckInfo) -> Self {
+        AckedClaim {
+            claim_id: a.claim_id.clone(),
+            acked_at: a.acked_at_ms,
+            items: a.items.iter().map(ItemRef::from).collect(),
+        }
+    }
+}
+
+/// `GET /v1/sessions/{session_id}/deliveries`: a page of a session's acks, in the order their
+/// claims were made.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Deliveries {
+    /// The page.
+    pub deliveries: Vec<AckedClaim>,
+    /// The last claim id of the page when more follow.
+    pub next: Option<String>,
+}
+
+impl Deliveries {
+    /// The page `acks`, with more behind it after `next`.
+    pub fn of(acks: &[brood::AckInfo], next: Option<String>) -> Self {
+        Deliveries {
+            deliveries: acks.iter().map(AckedClaim::from).collect(),
+            next,
         }
     }
 }
@@ -308,6 +438,23 @@ pub struct SessionSummary {
     pub counts: Counts,
     /// The child whose nested session this is.
     pub parent_child_id: Option<String>,
+    /// Its dead letters now.
+    pub dead_letters: u64,
+}
+
+impl SessionSummary {
+    /// The summary of a session with counts `st`, nested under `parent_child_id` when it is,
+    /// holding `dead_letters` dead letters.
+    pub fn of(st: &brood::SessionCounts, parent_child_id: Option<String>, dead_letters: u64) -> Self {
+        SessionSummary {
+            session_id: st.info.session_id.clone(),
+            turn: st.info.turn.into(),
+            wake_capable: st.info.wake_capable,
+            counts: Counts::from(st),
+            parent_child_id,
+            dead_letters,
+        }
+    }
 }
 
 /// `GET /v1/sessions`: a page of sessions in ascending id order.

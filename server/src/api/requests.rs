@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
-use super::wire::{whole, whole_opt, Ended, Mode, ReleaseReason, Turn};
+use super::wire::{whole, whole_opt, Ended, Mode, ReleaseReason, SessionState, Turn};
 
 /// What the id of a new session is: 1 to 256 characters of printable ASCII without `/`, `?`,
 /// `#`, `%` or a space, and not `.` or `..`.
@@ -408,6 +408,28 @@ pub struct ListQuery {
     pub limit: Option<String>,
     /// The page starts after this session id.
     pub after: Option<String>,
+    /// Only the sessions whose id starts with this: 1 to 256 characters, none a control
+    /// character.
+    #[param(pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$")]
+    pub prefix: Option<String>,
+    /// Only the sessions in this state.
+    #[param(value_type = Option<SessionState>)]
+    pub state: Option<String>,
+}
+
+/// The query of `GET /v1/sessions/{session_id}/deliveries`, as text (checked by the handler).
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveriesQuery {
+    /// Only the acks that delivered items of this call, each with only those.
+    #[param(min_length = 1)]
+    pub call_id: Option<String>,
+    /// The page starts after this claim id.
+    pub after: Option<String>,
+    /// Acks per page (default 100).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    pub limit: Option<String>,
 }
 
 /// The query of `GET /v1/sessions/{session_id}`, as text (checked by the handler).

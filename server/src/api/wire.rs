@@ -221,4 +221,54 @@ impl Delivery {
     }
 }
 
+/// Which sessions a listing keeps (`GET /v1/sessions?state=…`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    /// Children queued or running.
+    Busy,
+    /// Items ready to claim.
+    Ready,
+    /// At least one dead letter.
+    DeadLetters,
+    /// A nested session (of a child that delegated in its own right).
+    Nested,
+}
+
+impl SessionState {
+    /// Every state, as the wire names them.
+    pub const ALL: [SessionState; 4] = [
+        SessionState::Busy,
+        SessionState::Ready,
+        SessionState::DeadLetters,
+        SessionState::Nested,
+    ];
+
+    /// Its name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionState::Busy => "busy",
+            SessionState::Ready => "ready",
+            SessionState::DeadLetters => "dead_letters",
+            SessionState::Nested => "nested",
+        }
+    }
+
+    /// The state a query names; `None` when it names none of them.
+    pub fn parse(text: &str) -> Option<SessionState> {
+        SessionState::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    /// Whether the session `summary` is in this state.
+    pub fn holds(self, summary: &super::SessionSummary) -> bool {
+        let c = &summary.counts;
+        match self {
+            SessionState::Busy => c.queued + c.running > 0,
+            SessionState::Ready => c.ready > 0,
+            SessionState::DeadLetters => summary.dead_letters > 0,
+            SessionState::Nested => summary.parent_child_id.is_some(),
+        }
+    }
+}
+
 pub use brood::whole::{whole, whole_opt};

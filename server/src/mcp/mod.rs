@@ -150,6 +150,7 @@ async fn session_detail(ctx: &Context<'_>, id: &str) -> Result<api::SessionDetai
     brood_actors::model::validate_session_id(id).map_err(brood::BroodError::from)?;
     ctx.access.session(brood, id).await?;
     let st = brood.status(id).await?;
+    let around = api::Around::of(brood, id, &st.calls);
     let info = &st.counts.info;
     Ok(api::SessionDetail {
         session_id: info.session_id.clone(),
@@ -160,7 +161,7 @@ async fn session_detail(ctx: &Context<'_>, id: &str) -> Result<api::SessionDetai
         max_delivery_attempts: info.max_delivery_attempts,
         counts: api::Counts::from(&st.counts),
         parent_child_id: brood.nest(&info.session_id).map(|n| n.session_id),
-        calls: st.calls.iter().map(api::CallView::from).collect(),
+        calls: st.calls.iter().map(|c| api::CallView::of(c, &around)).collect(),
         calls_next: None,
         claims: st.claims.iter().map(api::ClaimView::from).collect(),
     })

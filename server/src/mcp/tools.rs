@@ -468,7 +468,8 @@ pub(super) async fn run(ctx: &Context<'_>, call: ToolCall) -> Result<Reply, ApiE
         ToolCall::CallStatus { call_id } => {
             crate::routes::reach_call(ctx.state, ctx.access, "call", &call_id, &call_id).await?;
             let call = ctx.state.brood.call(&call_id).await?;
-            Reply::json(api::CallDetail::from(&call))
+            let around = api::Around::of(&ctx.state.brood, &call.call.session_id, [&call]);
+            Reply::json(api::CallDetail::of(&call, &around))
         }
     }
 }

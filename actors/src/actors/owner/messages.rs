@@ -8,7 +8,7 @@ use actix::prelude::*;
 use crate::error::BroodError;
 use crate::model::{
     CallInfo, CallRow, CancelTarget, Cancelled, ChildInfo, ChildRow, DelegateReply, DelegateRequest, Envelope,
-    EnvelopeLimits, SessionSettings, TaskInfo, UnitInfo, UnitRow,
+    EnvelopeLimits, ItemRef, SessionSettings, TaskInfo, UnitInfo, UnitRow,
 };
 use crate::routing::{ReleaseReason, Turn};
 
@@ -208,6 +208,10 @@ pub struct LiveClaim {
     pub consumer: String,
     /// How many items it holds.
     pub items: usize,
+    /// The items it holds, in the order it took them.
+    pub children: Vec<ItemRef>,
+    /// When the boundary made it.
+    pub claimed_at_ms: u64,
     /// When its lease runs out.
     pub lease_expires_at_ms: u64,
 }

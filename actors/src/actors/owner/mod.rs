@@ -208,11 +208,13 @@ impl SessionOwner {
         let mut claims: Vec<LiveClaim> = self
             .router
             .live_claims()
-            .map(|(id, items, lease)| LiveClaim {
-                claim_id: id.to_string(),
-                consumer: self.consumers.get(id).cloned().unwrap_or_default(),
-                items,
-                lease_expires_at_ms: lease,
+            .map(|c| LiveClaim {
+                claim_id: c.claim_id.to_string(),
+                consumer: self.consumers.get(c.claim_id).cloned().unwrap_or_default(),
+                items: c.items.len(),
+                children: c.items.iter().filter_map(|k| ItemRef::parse(k)).collect(),
+                claimed_at_ms: c.claimed_at_ms,
+                lease_expires_at_ms: c.lease_expires_at_ms,
             })
             .collect();
         claims.sort_by(|a, b| a.claim_id.cmp(&b.claim_id));
@@ -579,7 +581,8 @@ impl Handler<GetCall> for SessionOwner {
     type Result = Option<CallStatus>;
 
     fn handle(&mut self, GetCall(call_id): GetCall, _: &mut Context<Self>) -> Self::Result {
-        self.owed.calls.get(&call_id).map(|c| c.status())
+        let router = &self.router;
+        self.owed.calls.get(&call_id).map(|c| c.status(|k| router.is_open(k)))
     }
 }
 
@@ -664,7 +667,7 @@ impl Handler<GetStatus> for SessionOwner {
     fn handle(&mut self, _: GetStatus, _: &mut Context<Self>) -> Self::Result {
         MessageResult(SessionStatus {
             counts: self.counts(),
-            calls: self.owed.call_statuses(),
+            calls: self.owed.call_statuses(|k| self.router.is_open(k)),
             claims: self.live_claims(),
         })
     }

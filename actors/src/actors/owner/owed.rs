@@ -40,9 +40,19 @@ pub(super) struct CallState {
 
 impl CallState {
     /// The rows of its children among the owed calls, by task index.
-    /// The call with its units and children, as a status.
-    pub(super) fn status(&self) -> CallStatus {
-        CallStatus::from_rows(&self.row, self.units.iter().map(|u| &u.row), self.children())
+    /// The call with its units and children, as a status; `open` says which items are open
+    /// in the router (published, not yet delivered or dead).
+    pub(super) fn status(&self, open: impl Fn(&str) -> bool) -> CallStatus {
+        let mut status = CallStatus::from_rows(&self.row, self.units.iter().map(|u| &u.row), self.children());
+        for child in &mut status.children {
+            for (kind, d) in [
+                (ItemKind::Result, &mut child.result),
+                (ItemKind::FailureNotice, &mut child.notice),
+            ] {
+                d.published = d.published || open(&dedup_key(&child.child_id, kind));
+            }
+        }
+        status
     }
 
     pub(super) fn children(&self) -> impl Iterator<Item = &ChildRow> {
@@ -423,8 +433,8 @@ impl OwedCalls {
     }
 
     /// The calls in memory with their units and children, by set.
-    pub(super) fn call_statuses(&self) -> Vec<CallStatus> {
-        let mut calls: Vec<CallStatus> = self.calls.values().map(CallState::status).collect();
+    pub(super) fn call_statuses(&self, open: impl Fn(&str) -> bool) -> Vec<CallStatus> {
+        let mut calls: Vec<CallStatus> = self.calls.values().map(|c| c.status(&open)).collect();
         calls.sort_by_key(|c| c.call.set);
         calls
     }
