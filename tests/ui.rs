@@ -195,7 +195,6 @@ fn the_page_shows_a_delegated_child_appear_and_succeed_live() {
 }
 
 #[test]
-#[ignore = "needs the deliveries, claims, notices, session filters and worker waits of the HTTP API"]
 fn the_timeline_grows_with_the_children_and_marks_each_delivery() {
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -245,7 +244,6 @@ fn the_timeline_grows_with_the_children_and_marks_each_delivery() {
 }
 
 #[test]
-#[ignore = "needs the deliveries, claims, notices, session filters and worker waits of the HTTP API"]
 fn a_click_on_a_child_shows_its_goal_data_and_the_claim_it_went_out_in() {
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -346,7 +344,6 @@ fn cancel_from_the_page_ends_the_calls_running_children_and_shows_the_reply() {
 }
 
 #[test]
-#[ignore = "needs the deliveries, claims, notices, session filters and worker waits of the HTTP API"]
 fn a_redrive_from_the_page_brings_a_dead_letter_back() {
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -387,6 +384,7 @@ fn a_redrive_from_the_page_brings_a_dead_letter_back() {
         &json!(1),
     );
     tab.until(&count(&format!("tr[data-dead=\"{child}\"]")), &json!(1));
+    tab.until(&attr("nav a[data-session=\"dl\"]", "data-dead"), &json!("1"));
     shot(&mut tab, "ui-dead-letter.png");
 
     click(&mut tab, &format!("button[data-act=redrive][data-id=\"{child}\"]"));
@@ -444,7 +442,6 @@ fn at_400_px_wide_nothing_overflows_the_window() {
 }
 
 #[test]
-#[ignore = "needs the deliveries, claims, notices, session filters and worker waits of the HTTP API"]
 fn delivered_calls_are_listed_paged_and_filtered_and_sessions_are_searched() {
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -510,16 +507,31 @@ fn delivered_calls_are_listed_paged_and_filtered_and_sessions_are_searched() {
     tab.until(&count("nav a[data-session]"), &json!(3));
     type_into(&mut tab, "#search", "alpha", "input");
     tab.until(&count("nav a[data-session]"), &json!(2));
-    let (status, reply) = s.call("POST", "/v1/sessions/alpha-2/turn", Some(json!({"state": "busy"})));
-    assert_eq!(status, 200, "{reply}");
+    // Busy: children queued or running.
+    delegate(
+        &s,
+        "alpha-2",
+        json!({"tasks": [{"goal": "runs", "runner": {"kind": "sim", "outcome": "hang"}}]}),
+    );
     type_into(&mut tab, "#state", "busy", "change");
     tab.until(&count("nav a[data-session]"), &json!(1));
     assert_eq!(tab.eval(&count("nav a[data-session=\"alpha-2\"]")), json!(1));
     shot(&mut tab, "ui-sessions.png");
+
+    // Picking another session: the view and the event log are that session's only.
+    assert_eq!(tab.eval(&has_text("#log", &call)), json!(true));
+    click(&mut tab, "nav a[data-session=\"alpha-2\"]");
+    tab.until(&attr("#session", "data-session"), &json!("alpha-2"));
+    tab.until(&count("#view .call"), &json!(1));
+    assert_eq!(
+        tab.eval(&has_text("#log", &call)),
+        json!(false),
+        "the log of alpha-1 is gone"
+    );
+    assert_eq!(tab.eval(&count("#delivered .call")), json!(0));
 }
 
 #[test]
-#[ignore = "needs the deliveries, claims, notices, session filters and worker waits of the HTTP API"]
 fn a_child_waiting_for_a_worker_shows_as_waiting_until_a_worker_polls_it() {
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
