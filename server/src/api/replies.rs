@@ -229,6 +229,8 @@ pub struct ChildView {
     pub delivery_attempt: Option<u32>,
     /// The first line of its summary, or of its error.
     pub summary: Option<String>,
+    /// What went wrong, whole, for a child that failed, timed out or was interrupted.
+    pub error: Option<String>,
     /// Its result as data, once it ended with some.
     pub output: Option<serde_json::Value>,
     /// How many times it was run (1, or more when recovery ran it again).
