@@ -331,7 +331,10 @@ fn inspect_of_a_data_dir_leaves_it_byte_for_byte_as_it_was() {
     let (s, _) = populated(dir.path());
     assert!(s.terminate().success());
     let before = contents(dir.path());
-    json_of(&inspect(&["--data-dir", dir.path().to_str().unwrap(), "--tree", "--json"], None));
+    json_of(&inspect(
+        &["--data-dir", dir.path().to_str().unwrap(), "--tree", "--json"],
+        None,
+    ));
     assert!(contents(dir.path()) == before, "inspect changed the data dir");
 }
 
@@ -553,7 +556,9 @@ fn the_tree_shows_a_page_of_calls_says_how_many_follow_and_after_continues() {
     assert!(next.contains(&format!("add --after {} to see", calls[9])), "{next}");
 
     let page = json_of(&inspect(
-        &["--server", &s.base, "--tree", "--json", "--limit", "5", "--after", &calls[27]],
+        &[
+            "--server", &s.base, "--tree", "--json", "--limit", "5", "--after", &calls[27],
+        ],
         None,
     ));
     let many = session(&page, "many");
@@ -569,10 +574,7 @@ fn the_tree_shows_a_page_of_calls_says_how_many_follow_and_after_continues() {
         (&json!(31), &json!(0), &Value::Null)
     );
     assert_eq!(many["calls"][2]["children"][0]["goal"], LONG_GOAL);
-    let last = text_of(&inspect(
-        &["--server", &s.base, "--tree", "--after", &calls[27]],
-        None,
-    ));
+    let last = text_of(&inspect(&["--server", &s.base, "--tree", "--after", &calls[27]], None));
     let cut: String = LONG_GOAL.chars().take(39).collect::<String>() + "…";
     assert!(last.contains(&cut) && !last.contains(LONG_GOAL), "{last}");
     assert!(!last.contains("more calls"), "{last}");
@@ -582,7 +584,10 @@ fn the_tree_shows_a_page_of_calls_says_how_many_follow_and_after_continues() {
     assert_eq!(shown_calls(&first), calls[..20], "{first}");
     assert!(first.contains("… 11 more calls"), "{first}");
 
-    let err = failure(&inspect(&["--server", &s.base, "--tree", "--after", "deleg_nope"], None));
+    let err = failure(&inspect(
+        &["--server", &s.base, "--tree", "--after", "deleg_nope"],
+        None,
+    ));
     assert!(err.contains("no call `deleg_nope`"), "{err}");
     let err = failure(&inspect(&["--server", &s.base, "--limit", "5"], None));
     assert!(err.contains("--tree"), "{err}");
@@ -597,7 +602,10 @@ fn the_tree_shows_a_page_of_calls_says_how_many_follow_and_after_continues() {
         None,
     ));
     assert_eq!(shown_calls(&stored), calls[5..10], "{stored}");
-    assert!(stored.contains(&format!("… 21 more calls: add --after {}", calls[9])), "{stored}");
+    assert!(
+        stored.contains(&format!("… 21 more calls: add --after {}", calls[9])),
+        "{stored}"
+    );
 }
 
 #[test]
@@ -648,17 +656,30 @@ fn goals_and_errors_holding_terminal_controls_are_shown_escaped_in_every_view() 
     let s = Server::start(dir.path(), None);
     s.open("controls");
     let goal = "wipe\x1b[2J\rgoal";
+    let error = "bad\x1b[2J\rerror";
     let (status, reply) = s.call(
         "POST",
         "/v1/sessions/controls/delegate",
         Some(json!({"tasks": [
-            {"goal": goal, "runner": {"kind": "sim", "outcome": "fail", "summary": "bad\x1b[2J\rerror"}},
+            {"goal": goal, "runner": {"kind": "external", "queue": "doomed"}},
             {"goal": goal, "runner": {"kind": "external"}},
         ]})),
     );
     assert_eq!(status, 202, "{reply}");
     let call_id = reply["call_id"].as_str().unwrap().to_string();
-    // Wait until the sim child has failed.
+    // A worker takes the first child and fails it with the error.
+    let (status, work) = s.call(
+        "POST",
+        "/v1/workers/poll",
+        Some(json!({"worker": "w", "queue": "doomed", "wait_ms": 20_000})),
+    );
+    assert_eq!(status, 200, "{work}");
+    let (status, done) = s.call(
+        "POST",
+        &format!("/v1/children/{}/complete", work["child_id"].as_str().unwrap()),
+        Some(json!({"token": work["token"], "status": "failed", "summary": null, "error": error})),
+    );
+    assert_eq!(status, 200, "{done}");
     let deadline = Instant::now() + Duration::from_secs(20);
     let failed = loop {
         let found = json_of(&inspect(&["--server", &s.base, "--tree", "--json"], None));
@@ -666,10 +687,10 @@ fn goals_and_errors_holding_terminal_controls_are_shown_escaped_in_every_view() 
         if child["status"] == "failed" {
             break child;
         }
-        assert!(Instant::now() < deadline, "the sim child never failed: {child}");
+        assert!(Instant::now() < deadline, "the child never failed: {child}");
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert!(failed["error"].as_str().unwrap().contains("bad\x1b[2J\rerror"), "{failed}");
+    assert_eq!(failed["error"], error, "{failed}");
     assert_eq!(failed["goal"], goal, "JSON keeps the text as it is");
 
     let escaped_goal = r"wipe\u{1b}[2J\rgoal";
@@ -689,7 +710,10 @@ fn goals_and_errors_holding_terminal_controls_are_shown_escaped_in_every_view() 
     for view in views {
         let args = [&["--data-dir", dir.path().to_str().unwrap()][..], view].concat();
         let table = text_of(&inspect(&args, None));
-        assert!(!table.contains(['\x1b', '\r']), "{view:?} holds raw controls: {table:?}");
+        assert!(
+            !table.contains(['\x1b', '\r']),
+            "{view:?} holds raw controls: {table:?}"
+        );
         assert!(table.contains(escaped_goal), "{view:?}:\n{table}");
     }
 }

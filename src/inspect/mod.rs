@@ -192,10 +192,7 @@ impl Inspection {
             .into_iter()
             .filter(|d| shown.contains(d.call_id.as_str()))
             .collect();
-        Ok(Inspection {
-            dead_letters,
-            ..self
-        })
+        Ok(Inspection { dead_letters, ..self })
     }
 }
 

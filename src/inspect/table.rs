@@ -149,7 +149,13 @@ fn summary_session(out: &mut String, s: &SessionSummary) {
     if !s.claims.first.is_empty() {
         out.push_str("  live claims:\n");
         claims(out, &s.claims.first);
-        more(out, "    ", s.claims.total, s.claims.first.len(), "--tree lists them all");
+        more(
+            out,
+            "    ",
+            s.claims.total,
+            s.claims.first.len(),
+            "--tree lists them all",
+        );
     }
 }
 

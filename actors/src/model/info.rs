@@ -74,7 +74,9 @@ fn runner_kind(runner_json: &str) -> String {
     struct Kind {
         kind: String,
     }
-    serde_json::from_str::<Kind>(runner_json).map(|k| k.kind).unwrap_or_default()
+    serde_json::from_str::<Kind>(runner_json)
+        .map(|k| k.kind)
+        .unwrap_or_default()
 }
 
 /// A completion unit as a caller sees it.

@@ -554,10 +554,18 @@ export interface components {
              *     it used (as `GET /v1/dead-letters` counts them).
              */
             delivery_attempt?: number | null;
+            /** @description What went wrong, whole, for a child that failed, timed out or was interrupted. */
+            error?: string | null;
             /** @description When it ended. */
             finished_at?: number | null;
+            /** @description Its task's goal. */
+            goal: string;
+            /** @description Its task's data, when it has some. */
+            input?: unknown;
             /** @description Its result as data, once it ended with some. */
             output?: unknown;
+            /** @description Its runner's kind. */
+            runner: string;
             /** @description When its runner started. */
             started_at?: number | null;
             /** @description Its status. */
