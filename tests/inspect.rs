@@ -705,6 +705,17 @@ fn goals_and_errors_holding_terminal_controls_are_shown_escaped_in_every_view() 
     }
     let tree = text_of(&inspect(&["--server", &s.base, "--tree"], None));
     assert!(tree.contains(r"bad\u{1b}[2J\rerror"), "{tree}");
+    // An id given back in an error is escaped too.
+    let err = failure(&inspect(&["--server", &s.base, "--session", "x\x1b[2J"], None));
+    assert!(!err.contains(['\x1b', '\r']), "{err:?}");
+    let err = failure(&inspect(
+        &["--server", &s.base, "--tree", "--after", "y\x1b[2J\r"],
+        None,
+    ));
+    assert!(
+        !err.contains(['\x1b', '\r']) && err.contains(r"y\u{1b}[2J\r"),
+        "{err:?}"
+    );
 
     s.kill9();
     for view in views {
