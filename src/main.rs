@@ -47,7 +47,8 @@ enum Command {
     /// Speak MCP (the Model Context Protocol) on stdin/stdout: brood's tools for an agent
     /// runtime, over an engine in this process (`--data-dir`) or a running server (`--url`).
     Mcp(McpArgs),
-    /// Show sessions, calls, units, children and dead letters, of a running server
+    /// Summarise each session (counts, calls by state, oldest unfinished child, dead letters),
+    /// or with --tree show its calls, units and children a page at a time; of a running server
     /// (`--server`) or of a data dir no process holds (`--data-dir`, read without changing it).
     Inspect(InspectArgs),
     /// Run a seeded fault campaign (faults and SIGKILLs) and check the invariants.
@@ -347,7 +348,20 @@ struct InspectArgs {
     /// Show this session only.
     #[arg(long)]
     session: Option<String>,
-    /// Print one JSON document instead of tables.
+    /// Show the tree instead of the summary: each session's calls (by set) with their units
+    /// and children (goal, status, times, delivery, first line), its live claims, and the
+    /// dead letters of the calls shown.
+    #[arg(long)]
+    tree: bool,
+    /// With --tree: show at most N calls per session, and say how many more there are.
+    #[arg(long, value_name = "N", default_value_t = 20, requires = "tree",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    limit: u64,
+    /// With --tree: show the calls after this one, of the session holding it (the call id a
+    /// tree's "more calls" line names).
+    #[arg(long, value_name = "CALL_ID", requires = "tree")]
+    after: Option<String>,
+    /// Print the view (summary or tree) as one JSON document instead of tables.
     #[arg(long)]
     json: bool,
 }
@@ -574,10 +588,21 @@ fn inspect(args: InspectArgs, env_key: Option<String>) -> anyhow::Result<()> {
             inspect::from_data_dir(&dir, session).with_context(|| format!("inspecting {}", dir.display()))?
         }
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&found)?);
+    if args.tree {
+        let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+        let page = found.page(limit, args.after.as_deref())?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&page)?);
+        } else {
+            print!("{}", inspect::table::tree(&page));
+        }
     } else {
-        print!("{}", inspect::table::render(&found));
+        let summary = inspect::Summary::of(&found);
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+        } else {
+            print!("{}", inspect::table::summary(&summary));
+        }
     }
     Ok(())
 }

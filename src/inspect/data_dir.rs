@@ -159,6 +159,9 @@ fn session(row: &SessionRow, part: &SessionSnapshot) -> SessionView {
         wake_capable: part.wake_url.is_some() || row.addressable,
         counts: counts(&plan),
         parent_child_id: None,
+        calls_total: calls.len() as u64,
+        calls_more: 0,
+        calls_next: None,
         calls,
         claims: Vec::new(),
     }

@@ -1,7 +1,10 @@
 //! `brood inspect`: what a brood holds — sessions, their calls, units, children and the dead
 //! letters — read from a running server over HTTP ([`from_server`]) or from a data folder no
 //! process holds ([`from_data_dir`]), as one [`Inspection`] whichever the source, so a script
-//! can read either. [`table`] renders it for people.
+//! can read either. Two views of it are shown: the [`Summary`] (the default: a few lines per
+//! session, whatever the number of its calls) and the tree (`--tree`: the inspection itself,
+//! a page of each session's calls, see [`Inspection::page`]). [`table`] renders both for
+//! people; `--json` prints either as it is.
 //!
 //! This module owns the inspection's shape and its errors; the parts of that shape (calls,
 //! units, children, claims, counts, dead letters) are the HTTP contract's own types in
@@ -21,6 +24,7 @@
 
 mod data_dir;
 mod server;
+pub mod summary;
 pub mod table;
 
 use std::path::PathBuf;
@@ -29,7 +33,8 @@ use serde::{Deserialize, Serialize};
 
 pub use self::data_dir::{copy_tree, from_data_dir};
 pub use self::server::{from_server, ServerSource};
-use brood::LedgerError;
+pub use self::summary::{SessionSummary, Summary};
+use brood::{printable, LedgerError};
 use brood_server::api::{CallView, ClaimView, Counts, DeadLetter, SessionDetail, Turn};
 
 /// Everything one inspection found.
@@ -39,7 +44,8 @@ pub struct Inspection {
     pub source: Source,
     /// The sessions, in ascending id order.
     pub sessions: Vec<SessionView>,
-    /// Items that ran out of delivery attempts (of the inspected sessions).
+    /// Items that ran out of delivery attempts (of the inspected sessions; in a page, of the
+    /// calls it shows).
     pub dead_letters: Vec<DeadLetter>,
     /// Rows the ledger could not read back (data folder only).
     pub quarantined: Option<Vec<QuarantinedView>>,
@@ -71,8 +77,17 @@ pub struct SessionView {
     /// The child whose nested session this is; `null` for a top-level session.
     #[serde(default)]
     pub parent_child_id: Option<String>,
-    /// Its calls, by set.
+    /// Its calls, by set (in a page, the calls it shows).
     pub calls: Vec<CallView>,
+    /// How many calls it stores, shown or not.
+    #[serde(default)]
+    pub calls_total: u64,
+    /// How many of its calls come after the last one shown.
+    #[serde(default)]
+    pub calls_more: u64,
+    /// The last call shown when more follow: `--after` it shows the next page.
+    #[serde(default)]
+    pub calls_next: Option<String>,
     /// Its live claims (a data folder has none: a server opening it returns them).
     #[serde(default)]
     pub claims: Vec<ClaimView>,
@@ -82,6 +97,9 @@ impl From<SessionDetail> for SessionView {
     /// The session of a server's reply, its calls as they are (the caller joins the pages).
     fn from(s: SessionDetail) -> Self {
         SessionView {
+            calls_total: s.calls.len() as u64,
+            calls_more: 0,
+            calls_next: None,
             session_id: s.session_id,
             turn: s.turn,
             wake_capable: s.wake_capable,
@@ -125,12 +143,56 @@ impl Inspection {
         }
         sessions.sort_by(|a, b| a.session_id.cmp(&b.session_id));
         dead_letters.sort_by(|a, b| (&a.session_id, &a.child_id).cmp(&(&b.session_id, &b.child_id)));
+        for s in &mut sessions {
+            s.calls_total = s.calls.len() as u64;
+        }
         Ok(Inspection {
             source,
             sessions,
             dead_letters,
             quarantined,
         })
+    }
+
+    /// A page of the tree: of each session, at most `limit` calls (by set), from the first or,
+    /// with `after`, from the call after that one — then of the session holding that call only.
+    /// Each session says how many calls follow its page and the call to continue after; the
+    /// dead letters are those of the calls shown. Fails with [`InspectError::UnknownCall`]
+    /// when no inspected session holds `after`.
+    pub fn page(mut self, limit: usize, after: Option<&str>) -> Result<Inspection, InspectError> {
+        let mut start = 0;
+        if let Some(after) = after {
+            let found = self.sessions.iter().enumerate().find_map(|(i, s)| {
+                let at = s.calls.iter().position(|c| c.call_id == after)?;
+                Some((i, at))
+            });
+            let Some((i, at)) = found else {
+                return Err(InspectError::UnknownCall(after.to_string()));
+            };
+            self.sessions = vec![self.sessions.swap_remove(i)];
+            start = at + 1;
+        }
+        for s in &mut self.sessions {
+            let mut shown = s.calls.split_off(start.min(s.calls.len()));
+            let more = shown.len().saturating_sub(limit);
+            shown.truncate(limit);
+            s.calls_more = more as u64;
+            s.calls_next = match more {
+                0 => None,
+                _ => shown.last().map(|c| c.call_id.clone()),
+            };
+            s.calls = shown;
+        }
+        let shown: std::collections::HashSet<&str> = self
+            .sessions
+            .iter()
+            .flat_map(|s| s.calls.iter().map(|c| c.call_id.as_str()))
+            .collect();
+        let dead_letters = std::mem::take(&mut self.dead_letters)
+            .into_iter()
+            .filter(|d| shown.contains(d.call_id.as_str()))
+            .collect();
+        Ok(Inspection { dead_letters, ..self })
     }
 }
 
@@ -168,7 +230,7 @@ pub enum InspectError {
         source: Box<ureq::Error>,
     },
     /// The server answered with an error.
-    #[error("the server answered {status} to {url}: {code}: {message}")]
+    #[error("the server answered {status} to {url}: {}: {}", printable(.code), printable(.message))]
     Server {
         /// The URL asked.
         url: String,
@@ -189,6 +251,9 @@ pub enum InspectError {
         source: serde_json::Error,
     },
     /// `--session` names a session the source does not hold.
-    #[error("no session `{0}` here")]
+    #[error("no session `{}` here", printable(.0))]
     UnknownSession(String),
+    /// `--after` names a call no inspected session holds.
+    #[error("no call `{}` in the sessions inspected (give --after a call id that `brood inspect --tree` showed)", printable(.0))]
+    UnknownCall(String),
 }

@@ -1,23 +1,196 @@
-//! An [`Inspection`] as text for people: a block per session (its counts on one line, then each
-//! call's units and children as aligned columns), then the dead letters and the quarantined
-//! rows. Times are UTC; a value a source does not know is `-`. Text from users or the ledger
-//! (ids, summaries, reasons, keys) is shown [`printable`]: a summary holding a terminal escape
-//! or a carriage return cannot clear the screen or rewrite rows.
+//! The views of an inspection as text for people. The [`summary`] is a few lines per session
+//! (its counts, its calls by state, its oldest unfinished child, its first dead letters and
+//! claims), however many calls it has. The [`tree`] is a block per session (its counts on one
+//! line, then each shown call's units and children as aligned columns, then how many calls
+//! follow and how to see them), then the dead letters of the calls shown and the quarantined
+//! rows. Times are UTC, ages coarse (`42s`, `5m`, `3h`, `2d`); a value a source does not know
+//! is `-`. Text from users or the ledger (ids, goals, summaries, reasons, consumers, keys) is
+//! shown [`printable`]: a goal holding a terminal escape or a carriage return cannot clear the
+//! screen or rewrite rows. A goal is cut to [`GOAL_WIDTH`] characters.
 
 use std::fmt::Write as _;
 
-use super::{Inspection, SessionView, Source};
+use super::{Inspection, SessionSummary, SessionView, Source, Summary};
 use brood::printable;
 use brood_server::api::CallView;
 
-/// Renders an inspection as aligned tables.
-pub fn render(inspection: &Inspection) -> String {
-    let mut out = String::new();
-    let source = match inspection.source {
+/// The most characters of a goal shown (the last an ellipsis when it is cut).
+pub const GOAL_WIDTH: usize = 40;
+/// The most characters of a dead letter's reason a summary shows.
+const REASON_WIDTH: usize = 80;
+
+fn source_line(out: &mut String, source: Source) {
+    let source = match source {
         Source::Server => "server",
         Source::DataDir => "data dir (turn, wake_capable and counts as a server opening it would start)",
     };
     let _ = writeln!(out, "source: {source}");
+}
+
+/// `text` [`printable`], cut to `max` characters (the last an ellipsis when it is cut); `-`
+/// when empty.
+fn clip(text: &str, max: usize) -> String {
+    if text.is_empty() {
+        return "-".into();
+    }
+    let shown = printable(text);
+    if shown.chars().count() <= max {
+        return shown.into_owned();
+    }
+    let mut cut: String = shown.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// Renders the summary: a few lines per session, then the first quarantined rows.
+pub fn summary(summary: &Summary) -> String {
+    let mut out = String::new();
+    source_line(&mut out, summary.source);
+    if summary.sessions.is_empty() {
+        out.push_str("no sessions\n");
+    }
+    for session in &summary.sessions {
+        out.push('\n');
+        summary_session(&mut out, session);
+    }
+    out.push('\n');
+    match &summary.quarantined {
+        None => {}
+        Some(rows) if rows.total == 0 => out.push_str("quarantined rows: none\n"),
+        Some(rows) => {
+            let _ = writeln!(out, "quarantined rows: {}", rows.total);
+            quarantined_rows(&mut out, &rows.first);
+            more(&mut out, "    ", rows.total, rows.first.len(), "--tree lists them all");
+        }
+    }
+    if !summary.sessions.is_empty() {
+        out.push_str("(brood inspect --tree shows each session's calls, units and children)\n");
+    }
+    out
+}
+
+/// `… and N more (hint)` when a list shows fewer than it has.
+fn more(out: &mut String, indent: &str, total: u64, shown: usize, hint: &str) {
+    let left = total.saturating_sub(shown as u64);
+    if left > 0 {
+        let _ = writeln!(out, "{indent}… and {left} more ({hint})");
+    }
+}
+
+fn session_header(out: &mut String, id: &str, turn: &str, wake_capable: bool, parent: Option<&str>) {
+    let _ = writeln!(
+        out,
+        "session {}  turn {turn}  wake_capable {wake_capable}",
+        printable(id)
+    );
+    if let Some(parent) = parent {
+        let _ = writeln!(out, "  nested: the session of child {}", printable(parent));
+    }
+}
+
+fn summary_session(out: &mut String, s: &SessionSummary) {
+    session_header(
+        out,
+        &s.session_id,
+        s.turn.as_str(),
+        s.wake_capable,
+        s.parent_child_id.as_deref(),
+    );
+    let c = &s.counts;
+    let _ = writeln!(
+        out,
+        "  queued {}  running {}  ready {}  backing_off {}  claimed {}  delivered {}  dead letters {}",
+        c.queued, c.running, c.ready, c.backing_off, c.claimed, c.delivered, s.dead_letters.total
+    );
+    let k = &s.calls;
+    let _ = writeln!(
+        out,
+        "  calls {}: unfinished {}  undelivered {}  dead_lettered {}  delivered {}",
+        k.total, k.unfinished, k.undelivered, k.dead_lettered, k.delivered
+    );
+    match &s.oldest_unfinished {
+        None => out.push_str("  oldest unfinished child: none\n"),
+        Some(u) => {
+            let _ = writeln!(
+                out,
+                "  oldest unfinished child: {}  {} for {}  goal: {}",
+                printable(&u.child_id),
+                u.status.as_str(),
+                age(u.since),
+                clip(&u.goal, GOAL_WIDTH)
+            );
+        }
+    }
+    if !s.dead_letters.first.is_empty() {
+        out.push_str("  dead letters:\n");
+        let rows = s
+            .dead_letters
+            .first
+            .iter()
+            .map(|d| {
+                vec![
+                    d.child_id.clone(),
+                    d.kind.as_str().to_string(),
+                    d.attempts.to_string(),
+                    time(Some(d.dead_at)),
+                    clip(&d.reason, REASON_WIDTH),
+                ]
+            })
+            .collect();
+        columns(out, "    ", &["CHILD", "KIND", "ATTEMPTS", "DEAD AT", "REASON"], rows);
+        more(
+            out,
+            "    ",
+            s.dead_letters.total,
+            s.dead_letters.first.len(),
+            "--tree lists them with their calls",
+        );
+    }
+    if !s.claims.first.is_empty() {
+        out.push_str("  live claims:\n");
+        claims(out, &s.claims.first);
+        more(
+            out,
+            "    ",
+            s.claims.total,
+            s.claims.first.len(),
+            "--tree lists them all",
+        );
+    }
+}
+
+fn claims(out: &mut String, claims: &[brood_server::api::ClaimView]) {
+    let rows = claims
+        .iter()
+        .map(|c| {
+            vec![
+                c.claim_id.clone(),
+                c.consumer.clone(),
+                c.items.to_string(),
+                time(Some(c.lease_expires_at)),
+            ]
+        })
+        .collect();
+    columns(out, "    ", &["CLAIM", "CONSUMER", "ITEMS", "LEASE EXPIRES"], rows);
+}
+
+fn quarantined_rows(out: &mut String, rows: &[super::QuarantinedView]) {
+    let rows = rows
+        .iter()
+        .map(|q| {
+            let at = q
+                .quarantined_at
+                .map_or("at the next open".to_string(), |t| time(Some(t)));
+            vec![q.tree.clone(), q.key.clone(), at, q.reason.clone()]
+        })
+        .collect();
+    columns(out, "  ", &["TREE", "KEY", "QUARANTINED", "REASON"], rows);
+}
+
+/// Renders a page of the tree (see [`Inspection::page`]) as aligned tables.
+pub fn tree(inspection: &Inspection) -> String {
+    let mut out = String::new();
+    source_line(&mut out, inspection.source);
     if inspection.sessions.is_empty() {
         out.push_str("no sessions\n");
     }
@@ -27,9 +200,9 @@ pub fn render(inspection: &Inspection) -> String {
     }
     out.push('\n');
     if inspection.dead_letters.is_empty() {
-        out.push_str("dead letters: none\n");
+        out.push_str("dead letters of the calls shown: none\n");
     } else {
-        out.push_str("dead letters:\n");
+        out.push_str("dead letters of the calls shown:\n");
         let rows = inspection
             .dead_letters
             .iter()
@@ -56,59 +229,53 @@ pub fn render(inspection: &Inspection) -> String {
         Some(rows) if rows.is_empty() => out.push_str("quarantined rows: none\n"),
         Some(rows) => {
             out.push_str("quarantined rows:\n");
-            let rows = rows
-                .iter()
-                .map(|q| {
-                    let at = q
-                        .quarantined_at
-                        .map_or("at the next open".to_string(), |t| time(Some(t)));
-                    vec![q.tree.clone(), q.key.clone(), at, q.reason.clone()]
-                })
-                .collect();
-            columns(&mut out, "  ", &["TREE", "KEY", "QUARANTINED", "REASON"], rows);
+            quarantined_rows(&mut out, rows);
         }
     }
     out
 }
 
 fn render_session(out: &mut String, s: &SessionView) {
-    let c = &s.counts;
-    let _ = writeln!(
+    session_header(
         out,
-        "session {}  turn {}  wake_capable {}",
-        printable(&s.session_id),
+        &s.session_id,
         s.turn.as_str(),
-        s.wake_capable
+        s.wake_capable,
+        s.parent_child_id.as_deref(),
     );
+    let c = &s.counts;
     let _ = writeln!(
         out,
         "  queued {}  running {}  ready {}  backing_off {}  claimed {}  delivered {}",
         c.queued, c.running, c.ready, c.backing_off, c.claimed, c.delivered
     );
-    if let Some(parent) = &s.parent_child_id {
-        let _ = writeln!(out, "  nested: the session of child {}", printable(parent));
-    }
-    if s.calls.is_empty() {
+    let shown = s.calls.len() as u64;
+    let before = s.calls_total.saturating_sub(s.calls_more).saturating_sub(shown);
+    if s.calls_total == 0 {
         out.push_str("  no calls\n");
+    } else if shown < s.calls_total {
+        let _ = writeln!(
+            out,
+            "  calls {}-{} of {} (by set)",
+            before + 1,
+            before + shown,
+            s.calls_total
+        );
     }
     for call in &s.calls {
         render_call(out, call);
     }
+    if let Some(next) = &s.calls_next {
+        let _ = writeln!(
+            out,
+            "  … {} more calls: add --after {} to see the next ones (--limit N shows N at a time)",
+            s.calls_more,
+            printable(next)
+        );
+    }
     if !s.claims.is_empty() {
         out.push_str("  live claims:\n");
-        let rows = s
-            .claims
-            .iter()
-            .map(|c| {
-                vec![
-                    c.claim_id.clone(),
-                    c.consumer.clone(),
-                    c.items.to_string(),
-                    time(Some(c.lease_expires_at)),
-                ]
-            })
-            .collect();
-        columns(out, "    ", &["CLAIM", "CONSUMER", "ITEMS", "LEASE EXPIRES"], rows);
+        claims(out, &s.claims);
     }
 }
 
@@ -152,6 +319,7 @@ fn render_call(out: &mut String, call: &CallView) {
             vec![
                 c.child_id.clone(),
                 c.task_index.to_string(),
+                clip(&c.goal, GOAL_WIDTH),
                 c.status.as_str().to_string(),
                 time(c.started_at),
                 time(c.finished_at),
@@ -165,7 +333,7 @@ fn render_call(out: &mut String, call: &CallView) {
         out,
         "    ",
         &[
-            "CHILD", "TASK", "STATUS", "STARTED", "FINISHED", "DELIVERY", "ATTEMPT", "SUMMARY",
+            "CHILD", "TASK", "GOAL", "STATUS", "STARTED", "FINISHED", "DELIVERY", "ATTEMPT", "SUMMARY",
         ],
         children,
     );
@@ -283,6 +451,15 @@ mod tests {
             vec![vec!["long-cell".into(), "x".into(), "last".into()]],
         );
         assert_eq!(out, "  A          BB  C\n  long-cell  x   last\n");
+    }
+
+    #[test]
+    fn a_long_goal_is_cut_to_its_width_with_an_ellipsis_after_escaping() {
+        assert_eq!(clip("", 5), "-");
+        assert_eq!(clip("abcde", 5), "abcde");
+        assert_eq!(clip("abcdef", 5), "abcd…");
+        assert_eq!(clip("\x1b[2J", 40), "\\u{1b}[2J");
+        assert_eq!(clip("é\rxyz", 4), "é\\r…");
     }
 
     #[test]
