@@ -2,52 +2,10 @@
 //! (children by status, ready and claimed items, dead letters, quarantined rows), the HTTP
 //! requests by matched route (never the raw path), the webhook wakes, the ledger flushes.
 
-use std::time::{Duration, Instant};
-
 use serde_json::json;
 
 mod server;
 use server::*;
-
-/// The OpenMetrics text of a scrape.
-fn scrape(s: &Server) -> String {
-    let reply = s.send("GET", "/metrics", None, None);
-    assert_eq!(reply.status, 200, "{}", reply.text);
-    assert!(
-        reply.content_type.starts_with("application/openmetrics-text"),
-        "{}",
-        reply.content_type
-    );
-    assert!(reply.text.ends_with("# EOF\n"), "{}", reply.text);
-    reply.text
-}
-
-/// The value of one sample, named with its labels as encoded (`name{a="x"}`).
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .map(|v| v.parse().unwrap_or_else(|e| panic!("{series}: {v}: {e}")))
-}
-
-fn value(text: &str, series: &str) -> f64 {
-    sample(text, series).unwrap_or_else(|| panic!("no sample {series} in\n{text}"))
-}
-
-/// Scrapes until `series` reaches `at_least` (the engine gets there on its own time).
-fn scrape_until(s: &Server, series: &str, at_least: f64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = scrape(s);
-        if sample(&text, series).is_some_and(|v| v >= at_least) {
-            return text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{series} did not reach {at_least} in 20 s:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// A background call of one sim task.
 fn delegate_one(s: &Server, session: &str) {
