@@ -1,0 +1,320 @@
+//! Where the operator views meet the rest of brood: a session's deliveries and its children's
+//! `waiting_for_worker` read through a process that does not serve it (forwarded to its holder)
+//! and after another process took it over; a scoped key, which must reach no other tenant's
+//! deliveries, claims, children or nested sessions through the new endpoints and fields; and
+//! the `/ui` page given a session id, goals and errors made to break it, which it shows as text.
+//!
+//! The tests on a shared ledger start their own PostgreSQL (the test kit's); the page test
+//! drives headless Chromium. They run one at a time.
+
+mod browser;
+mod server;
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use server::{sim, Server};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The children of a session view (or a call's detail), by id.
+fn children(view: &Value) -> std::collections::BTreeMap<String, Value> {
+    let calls = match view["calls"].as_array() {
+        Some(calls) => calls.clone(),
+        None => vec![view.clone()],
+    };
+    calls
+        .iter()
+        .flat_map(|c| c["children"].as_array().cloned().unwrap_or_default())
+        .map(|ch| (ch["child_id"].as_str().unwrap_or_default().to_string(), ch))
+        .collect()
+}
+
+/// `GET path` through `s` until `done` holds of a 200 reply (a 5xx while a session changes
+/// holders is asked again); that reply.
+fn until(s: &Server, path: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let (status, reply) = s.call("GET", path, None);
+        if status == 200 && done(&reply) {
+            return reply;
+        }
+        assert!(
+            status == 200 || status >= 500,
+            "{path} answered {status}: {reply}"
+        );
+        assert!(Instant::now() < deadline, "{what}: not within 40 s: {status} {reply}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The claim ids of a page of deliveries.
+fn claim_ids(page: &Value) -> Vec<String> {
+    page["deliveries"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no deliveries: {page}"))
+        .iter()
+        .map(|a| a["claim_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn node(dir: &Path, url: &str, name: &str) -> Server {
+    let dir = dir.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    Server::start_with(
+        &dir,
+        None,
+        &["--ledger", url, "--node", name, "--session-lease-ms", "2000"],
+    )
+}
+
+#[test]
+fn deliveries_and_waiting_children_read_through_any_process_are_the_holders_and_survive_a_takeover() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let b = node(dir.path(), &url, "b");
+    a.open("f");
+    // One result delivered, through the holder.
+    let first = a.delegate_sims("f", 1);
+    let env = a.envelope("f", 30_000);
+    let claim = env["claim_id"].as_str().unwrap().to_string();
+    let (status, acked) = a.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+    assert_eq!(status, 200, "{acked}");
+    // Two external children waiting in a's queue: one not safe to re-run, one that is.
+    let (status, reply) = b.call(
+        "POST",
+        "/v1/sessions/f/delegate",
+        Some(json!({"tasks": [
+            {"goal": "once", "runner": {"kind": "external", "queue": "seams"}},
+            {"goal": "again", "runner": {"kind": "external", "queue": "seams"}, "rerun_on_recovery": true},
+        ], "independent_completions": true})),
+    );
+    assert_eq!(status, 202, "{reply}");
+    let call = reply["call_id"].as_str().unwrap().to_string();
+    let (once, again) = (format!("{call}.0"), format!("{call}.1"));
+
+    // Asked of b, which does not serve `f`: a's answer, a's queue.
+    let view = until(&b, "/v1/sessions/f", "both wait for a worker, seen through b", |v| {
+        let ch = children(v);
+        [&once, &again].iter().all(|c| ch.get(*c).is_some_and(|c| c["waiting_for_worker"] == true))
+    });
+    assert_eq!(children(&view)[&once]["status"], "running", "{view}");
+    let page = until(&b, "/v1/sessions/f/deliveries", "the ack, through b", |p| {
+        p["deliveries"].is_array()
+    });
+    assert_eq!(claim_ids(&page), vec![claim.clone()], "{page}");
+    assert_eq!(page["deliveries"][0]["items"][0]["call_id"], first.as_str(), "{page}");
+    let (status, page) = b.call("GET", &format!("/v1/sessions/f/deliveries?call_id={call}"), None);
+    assert_eq!((status, claim_ids(&page)), (200, vec![]), "{page}");
+    // A call of no session of this one's: nothing, not an error.
+    let (status, page) = b.call("GET", "/v1/sessions/f/deliveries?call_id=deleg_elsewhere", None);
+    assert_eq!((status, claim_ids(&page)), (200, vec![]), "{page}");
+
+    // a dies; b takes `f` over once a's tenure runs out and recovers it as a restart would.
+    a.kill9();
+    let view = until(&b, "/v1/sessions/f", "b serves f, its children recovered", |v| {
+        let ch = children(v);
+        ch.get(&once).is_some_and(|c| c["status"] == "unknown")
+            && ch.get(&again).is_some_and(|c| c["waiting_for_worker"] == true)
+    });
+    let ch = children(&view);
+    assert_eq!(
+        ch[&once]["waiting_for_worker"], false,
+        "ended unknown: it waits for nobody: {view}"
+    );
+    assert_eq!(ch[&again]["status"], "running", "{view}");
+    assert_eq!(ch[&again]["attempts"], 2, "{view}");
+    // The ack a recorded is in the shared ledger: b lists it as it is.
+    let page = until(&b, "/v1/sessions/f/deliveries", "the ack, after the takeover", |p| {
+        p["deliveries"].is_array()
+    });
+    assert_eq!(claim_ids(&page), vec![claim], "{page}");
+}
+
+const ADMIN: &str = "admin-key";
+const ACME: &str = "acme-key";
+const BETA: &str = "beta-key";
+
+fn as_key(s: &Server, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    s.raw(method, path, body.map(|b| b.to_string().into_bytes()), Some(key))
+}
+
+#[test]
+fn a_scoped_key_reaches_no_other_tenants_deliveries_claims_children_or_nested_sessions() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start_with(
+        dir.path(),
+        Some(ADMIN),
+        &["--scoped-keys", "acme-=acme-key,beta-=beta-key"],
+    );
+    for (key, session) in [(ACME, "acme-1"), (BETA, "beta-1")] {
+        let (status, body) = as_key(
+            &s,
+            key,
+            "PUT",
+            &format!("/v1/sessions/{session}"),
+            Some(json!({"addressable": true})),
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+    // acme: one result delivered, one claimed, one child running that opened a nested session.
+    let delegate = |session: &str, tasks: Value| {
+        let (status, reply) = as_key(
+            &s,
+            ACME,
+            "POST",
+            &format!("/v1/sessions/{session}/delegate"),
+            Some(json!({"tasks": tasks, "independent_completions": true})),
+        );
+        assert_eq!(status, 202, "{reply}");
+        reply["call_id"].as_str().unwrap().to_string()
+    };
+    let done = delegate("acme-1", json!([{"goal": "a", "runner": sim(0)}]));
+    let env = server::until_envelope("acme-1", 30_000, |m, p, b| as_key(&s, ACME, m, p, b));
+    let claim = env["claim_id"].as_str().unwrap().to_string();
+    let (status, acked) = as_key(&s, ACME, "POST", &format!("/v1/claims/{claim}/ack"), None);
+    assert_eq!(status, 200, "{acked}");
+    let held = delegate("acme-1", json!([{"goal": "hold", "runner": sim(600_000)}]));
+    let nested = format!("{held}.0");
+    let (status, body) = as_key(
+        &s,
+        ACME,
+        "PUT",
+        &format!("/v1/sessions/{nested}"),
+        Some(json!({"addressable": true})),
+    );
+    assert_eq!(status, 200, "{body}");
+    delegate(&nested, json!([{"goal": "inner", "runner": sim(0)}]));
+    let live = server::until_envelope(&nested, 30_000, |m, p, b| as_key(&s, ACME, m, p, b));
+    let live_claim = live["claim_id"].as_str().unwrap().to_string();
+
+    // acme sees its own.
+    let (status, page) = as_key(&s, ACME, "GET", "/v1/sessions/acme-1/deliveries", None);
+    assert_eq!((status, claim_ids(&page)), (200, vec![claim.clone()]), "{page}");
+    let (status, view) = as_key(&s, ACME, "GET", "/v1/sessions/acme-1", None);
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(children(&view)[&nested]["nested_session"], nested.as_str(), "{view}");
+    let (status, view) = as_key(&s, ACME, "GET", &format!("/v1/sessions/{nested}"), None);
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["claims"][0]["claim_id"], live_claim.as_str(), "{view}");
+
+    // beta reaches none of it: not the session, its deliveries, its nested session (judged by
+    // the session it came from, not by its id), its calls or its children.
+    for path in [
+        "/v1/sessions/acme-1/deliveries".to_string(),
+        format!("/v1/sessions/acme-1/deliveries?call_id={done}"),
+        "/v1/sessions/acme-1".to_string(),
+        format!("/v1/sessions/{nested}"),
+        format!("/v1/sessions/{nested}/deliveries"),
+    ] {
+        let (status, reply) = as_key(&s, BETA, "GET", &path, None);
+        assert_eq!(status, 403, "{path}: {reply}");
+        assert!(!reply.to_string().contains(&claim), "{path}: {reply}");
+    }
+    let (status, reply) = as_key(&s, BETA, "GET", &format!("/v1/calls/{held}"), None);
+    assert_eq!(status, 404, "{reply}");
+    // Its own session, asked for an acme call: nothing of acme's.
+    let (status, page) = as_key(
+        &s,
+        BETA,
+        "GET",
+        &format!("/v1/sessions/beta-1/deliveries?call_id={done}"),
+        None,
+    );
+    assert_eq!((status, claim_ids(&page)), (200, vec![]), "{page}");
+    // The list, whatever the filters, names none of acme's sessions.
+    for query in ["", "?prefix=acme", "?state=nested", "?prefix=deleg_", "?state=busy", "?state=ready"] {
+        let (status, list) = as_key(&s, BETA, "GET", &format!("/v1/sessions{query}"), None);
+        assert_eq!(status, 200, "{query}: {list}");
+        let ids: Vec<&str> = list["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["session_id"].as_str())
+            .collect();
+        assert!(ids.iter().all(|id| *id == "beta-1"), "{query}: {list}");
+    }
+    let (_, list) = as_key(&s, ACME, "GET", "/v1/sessions?state=nested", None);
+    assert_eq!(list["sessions"][0]["session_id"], nested.as_str(), "{list}");
+}
+
+/// `s` percent-encoded for a URL path or fragment (every byte outside A-Z a-z 0-9 - _ . ~).
+fn pct(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_session_id_goal_and_error_made_to_break_the_page_are_shown_as_text() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    // A session id may hold quotes, angle brackets and ampersands (not `/`, `#`, `%` or a space).
+    let session = r#"q"'<i>x<script>&amp;"#;
+    let path = format!("/v1/sessions/{}", pct(session));
+    let (status, body) = s.call("PUT", &path, Some(json!({"addressable": true})));
+    assert_eq!(status, 200, "{body}");
+    let hostile = r#"</script><img src=x onerror="window.pwned=1"><i>y</i>"#;
+    let (status, reply) = s.call(
+        "POST",
+        &format!("{path}/delegate"),
+        Some(json!({"tasks": [
+            {"goal": hostile, "runner": {"kind": "sim", "ms": 0, "outcome": "fail", "summary": hostile}},
+            {"goal": "hold", "runner": sim(600_000)},
+        ]})),
+    );
+    assert_eq!(status, 202, "{reply}");
+    let child = format!("{}.0", reply["call_id"].as_str().unwrap());
+
+    let browser = browser::Browser::open(&format!("{}/ui#s={}", s.base, pct(session)));
+    let mut tab = browser.page();
+    tab.until(
+        "document.getElementById('session')?.dataset.session ?? null",
+        &json!(session),
+    );
+    tab.until(
+        &format!(
+            "document.querySelector('tr[data-child=\"{child}\"]')?.dataset.status ?? null"
+        ),
+        &json!("failed"),
+    );
+    // Open the child's details: its goal, summary and error drawn there too.
+    let clicked = tab.eval(&format!(
+        "(() => {{ const e = document.querySelector('tr[data-child=\"{child}\"]'); if (!e) return false; e.click(); return true; }})()"
+    ));
+    assert_eq!(clicked, json!(true));
+    tab.until(
+        "(document.getElementById('details')?.textContent ?? '').includes('onerror')",
+        &json!(true),
+    );
+    // Shown, as text: the session's heading and its entry in the list.
+    assert_eq!(
+        tab.eval("document.getElementById('session').textContent"),
+        json!(session)
+    );
+    assert_eq!(
+        tab.eval(&format!(
+            "document.querySelectorAll('nav a[data-session=\"' + CSS.escape({}) + '\"]').length",
+            serde_json::to_string(session).unwrap()
+        )),
+        json!(1)
+    );
+    // Nothing of it became markup or ran.
+    assert_eq!(tab.eval("typeof window.pwned"), json!("undefined"));
+    assert_eq!(tab.eval("document.querySelectorAll('img').length"), json!(0));
+    assert_eq!(tab.eval("document.querySelectorAll('i').length"), json!(0));
+    assert_eq!(tab.eval("document.scripts.length"), json!(1), "the page's own script only");
+}
