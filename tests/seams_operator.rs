@@ -45,10 +45,7 @@ fn until(s: &Server, path: &str, what: &str, done: impl Fn(&Value) -> bool) -> V
         if status == 200 && done(&reply) {
             return reply;
         }
-        assert!(
-            status == 200 || status >= 500,
-            "{path} answered {status}: {reply}"
-        );
+        assert!(status == 200 || status >= 500, "{path} answered {status}: {reply}");
         assert!(Instant::now() < deadline, "{what}: not within 40 s: {status} {reply}");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -104,7 +101,9 @@ fn deliveries_and_waiting_children_read_through_any_process_are_the_holders_and_
     // Asked of b, which does not serve `f`: a's answer, a's queue.
     let view = until(&b, "/v1/sessions/f", "both wait for a worker, seen through b", |v| {
         let ch = children(v);
-        [&once, &again].iter().all(|c| ch.get(*c).is_some_and(|c| c["waiting_for_worker"] == true))
+        [&once, &again]
+            .iter()
+            .all(|c| ch.get(*c).is_some_and(|c| c["waiting_for_worker"] == true))
     });
     assert_eq!(children(&view)[&once]["status"], "running", "{view}");
     let page = until(&b, "/v1/sessions/f/deliveries", "the ack, through b", |p| {
@@ -232,7 +231,14 @@ fn a_scoped_key_reaches_no_other_tenants_deliveries_claims_children_or_nested_se
     );
     assert_eq!((status, claim_ids(&page)), (200, vec![]), "{page}");
     // The list, whatever the filters, names none of acme's sessions.
-    for query in ["", "?prefix=acme", "?state=nested", "?prefix=deleg_", "?state=busy", "?state=ready"] {
+    for query in [
+        "",
+        "?prefix=acme",
+        "?state=nested",
+        "?prefix=deleg_",
+        "?state=busy",
+        "?state=ready",
+    ] {
         let (status, list) = as_key(&s, BETA, "GET", &format!("/v1/sessions{query}"), None);
         assert_eq!(status, 200, "{query}: {list}");
         let ids: Vec<&str> = list["sessions"]
@@ -286,9 +292,7 @@ fn a_session_id_goal_and_error_made_to_break_the_page_are_shown_as_text() {
         &json!(session),
     );
     tab.until(
-        &format!(
-            "document.querySelector('tr[data-child=\"{child}\"]')?.dataset.status ?? null"
-        ),
+        &format!("document.querySelector('tr[data-child=\"{child}\"]')?.dataset.status ?? null"),
         &json!("failed"),
     );
     // Open the child's details: its goal, summary and error drawn there too.
@@ -316,5 +320,89 @@ fn a_session_id_goal_and_error_made_to_break_the_page_are_shown_as_text() {
     assert_eq!(tab.eval("typeof window.pwned"), json!("undefined"));
     assert_eq!(tab.eval("document.querySelectorAll('img').length"), json!(0));
     assert_eq!(tab.eval("document.querySelectorAll('i').length"), json!(0));
-    assert_eq!(tab.eval("document.scripts.length"), json!(1), "the page's own script only");
+    assert_eq!(
+        tab.eval("document.scripts.length"),
+        json!(1),
+        "the page's own script only"
+    );
+}
+
+#[test]
+fn a_sync_receipt_is_listed_after_a_later_claim_as_the_contract_says() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("o");
+    let (status, reply) = s.call(
+        "POST",
+        "/v1/sessions/o/delegate",
+        Some(json!({"tasks": [{"goal": "now", "runner": sim(0)}], "mode": "sync"})),
+    );
+    assert_eq!(status, 200, "{reply}");
+    let receipt = format!("sync_{}", reply["call_id"].as_str().unwrap());
+    until(&s, "/v1/sessions/o/deliveries", "the receipt", |p| {
+        claim_ids(p) == vec![receipt.clone()]
+    });
+    // A claim made and acked after the receipt.
+    s.delegate_sims("o", 1);
+    let env = s.envelope("o", 30_000);
+    let claim = env["claim_id"].as_str().unwrap().to_string();
+    let (status, acked) = s.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+    assert_eq!(status, 200, "{acked}");
+    let (_, page) = s.call("GET", "/v1/sessions/o/deliveries", None);
+    assert_eq!(claim_ids(&page), vec![claim, receipt], "{page}");
+    let acked_at = |i: usize| page["deliveries"][i]["acked_at"].as_u64().unwrap();
+    assert!(acked_at(1) <= acked_at(0), "the receipt was recorded first: {page}");
+    // Which is the order the contract states.
+    let (_, doc) = s.call("GET", "/v1/openapi.json", None);
+    let said = doc["paths"]["/v1/sessions/{session_id}/deliveries"]["get"]["responses"]["200"]["description"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        said.contains("then the receipts of sync calls"),
+        "the contract says: {said}"
+    );
+}
+
+#[test]
+fn a_notice_still_undelivered_when_its_unit_completed_reads_null_after_a_restart_as_the_contract_says() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("n");
+    let (status, reply) = s.call(
+        "POST",
+        "/v1/sessions/n/delegate",
+        Some(json!({"tasks": [
+            {"goal": "fail", "runner": {"kind": "sim", "ms": 0, "outcome": "fail"}},
+            {"goal": "end later", "runner": sim(1000)},
+        ]})),
+    );
+    assert_eq!(status, 202, "{reply}");
+    let failed = format!("{}.0", reply["call_id"].as_str().unwrap());
+    until(&s, "/v1/sessions/n", "the notice raised", |v| {
+        children(v).get(&failed).is_some_and(|c| c["notice"] == "undelivered")
+    });
+    let view = until(&s, "/v1/sessions/n", "the unit's results ready beside it", |v| {
+        v["counts"]["ready"] == 3
+    });
+    assert_eq!(children(&view)[&failed]["notice"], "undelivered", "{view}");
+    drop(s);
+    // Recovered, the unit's results go out; the notice is not sent again, and reads null.
+    let s = Server::start(dir.path(), None);
+    let view = until(&s, "/v1/sessions/n", "the results ready again", |v| {
+        v["counts"]["ready"] == 2
+    });
+    assert_eq!(children(&view)[&failed]["notice"], Value::Null, "{view}");
+    // Which is what the contract says of it.
+    let (_, doc) = s.call("GET", "/v1/openapi.json", None);
+    let said = doc["components"]["schemas"]["ChildView"]["properties"]["notice"]["oneOf"][0]["description"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        said.contains("after a restart or an owner rebuild"),
+        "the contract says: {said}"
+    );
 }
