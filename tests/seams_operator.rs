@@ -4,10 +4,14 @@
 //! deliveries, claims, children or nested sessions through the new endpoints and fields; and
 //! the `/ui` page given a session id, goals and errors made to break it, which it shows as text.
 //!
+//! A session's deliveries of one call, when retention removed a keyed call and the same key
+//! made it again (its ack rows rewritten), name only the new call's acks.
+//!
 //! The tests on a shared ledger start their own PostgreSQL (the test kit's); the page test
 //! drives headless Chromium. They run one at a time.
 
 mod browser;
+mod common;
 mod server;
 
 use std::path::Path;
@@ -405,4 +409,65 @@ fn a_notice_still_undelivered_when_its_unit_completed_reads_null_after_a_restart
         said.contains("after a restart or an owner rebuild"),
         "the contract says: {said}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_made_again_under_its_key_lists_only_its_own_deliveries_once_retention_rewrote_the_acks() {
+    use brood::DelegateRequest;
+    use common::{delegated, next_envelope, open_wake, status_until, task, TestBrood, LONG_LEASE};
+    let t = TestBrood::with_retention(brood::Retention {
+        delivered: Duration::from_millis(50),
+        dead: Duration::from_secs(3_600),
+        idle_session: None,
+        interval: None,
+        batch: 2,
+    });
+    let b = t.b();
+    open_wake(b, "s").await;
+    let keyed = || DelegateRequest::background(vec![task("once", common::sim(0))]).idempotency_key("k");
+    let first = delegated(b, "s", keyed()).await;
+    // Another call's item acked in the same claim: that call stays (a child of it runs).
+    let other = delegated(
+        b,
+        "s",
+        DelegateRequest::background(vec![task("quick", common::sim(0)), task("runs", common::hold())]).independent(),
+    )
+    .await;
+    status_until(b, "s", "two results ready", |st| st.counts.ready == 2).await;
+    let env = next_envelope(b, "s", "t", LONG_LEASE).await;
+    assert_eq!(env.items.len(), 2);
+    b.ack(&env.claim_id).await.unwrap();
+    let (acks, _) = b.deliveries("s", Some(&first), None, 100).await.unwrap();
+    assert_eq!(acks.len(), 1, "{acks:?}");
+    assert_eq!(acks[0].items.len(), 1, "only the keyed call's item: {acks:?}");
+    wait_for!(
+        "the keyed call left memory",
+        b.status("s")
+            .await
+            .unwrap()
+            .calls
+            .iter()
+            .all(|c| c.call.call_id != first)
+            .then_some(())
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(b.sweep().await.unwrap().calls, 1);
+    // The shared ack row stays, naming the other call's item only.
+    let (acks, _) = b.deliveries("s", None, None, 100).await.unwrap();
+    assert_eq!(acks.len(), 1, "{acks:?}");
+    assert!(acks[0].items.iter().all(|i| i.call_id == other), "{acks:?}");
+    // Made again under its key, with the same id: none of the first one's acks is its.
+    let again = delegated(b, "s", keyed()).await;
+    assert_eq!(again, first);
+    let (acks, next) = b.deliveries("s", Some(&again), None, 100).await.unwrap();
+    assert!(acks.is_empty() && next.is_none(), "{acks:?}");
+    let st = status_until(b, "s", "the new result ready", |st| st.counts.ready == 1).await;
+    let call = st.calls.iter().find(|c| c.call.call_id == again).unwrap();
+    let result = &call.children[0].result;
+    assert!(result.published && !result.delivered, "{result:?}");
+    let env = next_envelope(b, "s", "t", LONG_LEASE).await;
+    b.ack(&env.claim_id).await.unwrap();
+    let (acks, _) = b.deliveries("s", Some(&again), None, 100).await.unwrap();
+    let ids: Vec<&str> = acks.iter().map(|a| a.claim_id.as_str()).collect();
+    assert_eq!(ids, vec![env.claim_id.as_str()], "{acks:?}");
 }
