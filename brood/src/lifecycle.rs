@@ -138,8 +138,8 @@ impl BroodHandle {
         Ok((out, next))
     }
 
-    /// Up to `limit` acks of a session in claim id order (the order its claims were made; a
-    /// sync call's receipt among them), after the claim id `after` when given, from the ledger
+    /// Up to `limit` acks of a session in claim id order (the order its claims were made, then
+    /// sync calls' receipts, whose claim ids `sync_<call_id>` sort after every claim's), after the claim id `after` when given, from the ledger
     /// (until retention removes them); and the last claim id of the page when more follow. With
     /// `call_id`, only the acks that delivered items of that call, each with only those: the
     /// session's retained acks are read a thousand at a time until the page is full. Served

@@ -126,7 +126,7 @@ pub(super) async fn get_session(
 #[utoipa::path(
     get, path = "/v1/sessions/{session_id}/deliveries", operation_id = "listDeliveries",
     params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$"), api::DeliveriesQuery),
-    responses((status = 200, description = "A page of the session's acks (the ledger's retained ones), in the order their claims were made.", body = api::Deliveries),
+    responses((status = 200, description = "A page of the session's acks (the ledger's retained ones), in claim id order: the claims in the order they were made, then the receipts of sync calls (`sync_<call_id>`), whenever they were made.", body = api::Deliveries),
         (status = 400, description = "A bad query or session id (`invalid_request`).", body = api::ErrorReply),
         (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply))
 )]

@@ -115,7 +115,9 @@ pub struct DeliveryInfo {
     /// Whether the item was published (made ready: a result once its unit completed, a
     /// failure notice once its child failed while its unit was incomplete), whatever came of it
     /// since; or, for a sync call's result, delivered inline. A child that raised no failure
-    /// notice has an unpublished one.
+    /// notice has an unpublished one. So has one still undelivered when its unit completed, once
+    /// read back by a restart or an owner rebuild: such a notice is not sent again (its unit's
+    /// results carry the failure), and nothing stored says it was published.
     pub published: bool,
 }
 

@@ -779,8 +779,8 @@ export interface components {
             text: string;
         };
         /**
-         * @description `GET /v1/sessions/{session_id}/deliveries`: a page of a session's acks, in the order their
-         *     claims were made.
+         * @description `GET /v1/sessions/{session_id}/deliveries`: a page of a session's acks, in claim id order (the
+         *     claims in the order they were made, then sync calls' receipts).
          */
         Deliveries: {
             /** @description The page. */
@@ -2846,7 +2846,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description A page of the session's acks (the ledger's retained ones), in the order their claims were made. */
+            /** @description A page of the session's acks (the ledger's retained ones), in claim id order: the claims in the order they were made, then the receipts of sync calls (`sync_<call_id>`), whenever they were made. */
             200: {
                 headers: {
                     [name: string]: unknown;

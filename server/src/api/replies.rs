@@ -282,7 +282,9 @@ pub struct ChildView {
     pub output: Option<serde_json::Value>,
     /// How many times it was run (1, or more when recovery ran it again).
     pub attempts: u32,
-    /// Where its early failure notice is on its way, when it raised one.
+    /// Where its early failure notice is on its way, when it raised one. A notice still
+    /// undelivered when its unit completed is not sent after a restart or an owner rebuild (the
+    /// unit's results carry the failure): read back then, it is null.
     pub notice: Option<Delivery>,
     /// Whether it waits in its queue for an outside worker to take it (an `external` child
     /// not handed out yet).
@@ -405,8 +407,8 @@ impl From<&brood::AckInfo> for AckedClaim {
     }
 }
 
-/// `GET /v1/sessions/{session_id}/deliveries`: a page of a session's acks, in the order their
-/// claims were made.
+/// `GET /v1/sessions/{session_id}/deliveries`: a page of a session's acks, in claim id order (the
+/// claims in the order they were made, then sync calls' receipts).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Deliveries {
     /// The page.

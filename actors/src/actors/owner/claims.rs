@@ -231,7 +231,12 @@ impl SessionOwner {
             if let Some((_, kind)) = parse_dedup_key(key) {
                 counters.delivered(kind);
             }
-            if let Some(since) = self.router.ready_since(key.as_str()).filter(|_| timed) {
+            // Looked up only when someone is told: an ack without an observer does no
+            // per-item lookup for it.
+            if !timed {
+                continue;
+            }
+            if let Some(since) = self.router.ready_since(key.as_str()) {
                 counters.time(DeliveryStage::ReadyToAck, since, now);
             }
         }
