@@ -75,8 +75,15 @@ struct ProgressInner {
     last_beat_ms: AtomicU64,
     partial: Mutex<Option<String>>,
     /// The child's span: here, in the one allocation a child has for its running state, so
-    /// that the child's actor (and its task) stays its size.
-    span: tracing::Span,
+    /// that the child's actor (and its task) stays its size; boxed, and kept only when some
+    /// subscriber records it, so that a child whose span nobody records pays one word for it.
+    span: Option<Box<tracing::Span>>,
+}
+
+/// The span of a child whose span nobody records.
+fn disabled_span() -> &'static tracing::Span {
+    static NONE: std::sync::OnceLock<tracing::Span> = std::sync::OnceLock::new();
+    NONE.get_or_init(tracing::Span::none)
 }
 
 impl fmt::Debug for Progress {
@@ -95,14 +102,14 @@ impl Progress {
                 origin: Instant::now(),
                 last_beat_ms: AtomicU64::new(0),
                 partial: Mutex::new(None),
-                span,
+                span: (!span.is_disabled()).then(|| Box::new(span)),
             }),
         }
     }
 
     /// The span of the child this handle beats for.
     pub fn span(&self) -> &tracing::Span {
-        &self.inner.span
+        self.inner.span.as_deref().unwrap_or_else(|| disabled_span())
     }
 
     /// Reports that the runner is alive; resets the stall clock.
