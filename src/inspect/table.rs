@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 
 use super::{Inspection, SessionSummary, SessionView, Source, Summary};
 use brood::printable;
-use brood_server::api::CallView;
+use brood_server::api::{CallView, Counts};
 
 /// The most characters of a goal shown (the last an ellipsis when it is cut).
 pub const GOAL_WIDTH: usize = 40;
@@ -88,6 +88,15 @@ fn session_header(out: &mut String, id: &str, turn: &str, wake_capable: bool, pa
     }
 }
 
+/// A session's counts on one line, then `more` (what the view adds to them).
+fn counts_line(out: &mut String, c: &Counts, more: &str) {
+    let _ = writeln!(
+        out,
+        "  queued {}  running {}  ready {}  backing_off {}  claimed {}  delivered {}{more}",
+        c.queued, c.running, c.ready, c.backing_off, c.claimed, c.delivered
+    );
+}
+
 fn summary_session(out: &mut String, s: &SessionSummary) {
     session_header(
         out,
@@ -96,12 +105,7 @@ fn summary_session(out: &mut String, s: &SessionSummary) {
         s.wake_capable,
         s.parent_child_id.as_deref(),
     );
-    let c = &s.counts;
-    let _ = writeln!(
-        out,
-        "  queued {}  running {}  ready {}  backing_off {}  claimed {}  delivered {}  dead letters {}",
-        c.queued, c.running, c.ready, c.backing_off, c.claimed, c.delivered, s.dead_letters.total
-    );
+    counts_line(out, &s.counts, &format!("  dead letters {}", s.dead_letters.total));
     let k = &s.calls;
     let _ = writeln!(
         out,
@@ -243,12 +247,7 @@ fn render_session(out: &mut String, s: &SessionView) {
         s.wake_capable,
         s.parent_child_id.as_deref(),
     );
-    let c = &s.counts;
-    let _ = writeln!(
-        out,
-        "  queued {}  running {}  ready {}  backing_off {}  claimed {}  delivered {}",
-        c.queued, c.running, c.ready, c.backing_off, c.claimed, c.delivered
-    );
+    counts_line(out, &s.counts, "");
     let shown = s.calls.len() as u64;
     let before = s.calls_total.saturating_sub(s.calls_more).saturating_sub(shown);
     if s.calls_total == 0 {
