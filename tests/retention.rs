@@ -43,16 +43,7 @@ async fn delivered_call(b: &Brood, session: &str, n: usize) -> String {
     let env = next_envelope(b, session, "t", LONG_LEASE).await;
     assert_eq!(env.items.len(), n);
     b.ack(&env.claim_id).await.unwrap();
-    wait_for!(
-        "the call left memory",
-        b.status(session)
-            .await
-            .unwrap()
-            .calls
-            .iter()
-            .all(|c| c.call.call_id != call)
-            .then_some(())
-    );
+    call_left_memory(b, session, &call).await;
     call
 }
 

@@ -91,16 +91,7 @@ async fn a_call_made_again_under_its_key_after_retention_delivers_its_own_result
     let env = next_envelope(b, "s", "t", LONG_LEASE).await;
     assert_eq!(env.items.len(), 2);
     b.ack(&env.claim_id).await.unwrap();
-    wait_for!(
-        "the keyed call left memory",
-        b.status("s")
-            .await
-            .unwrap()
-            .calls
-            .iter()
-            .all(|c| c.call.call_id != first)
-            .then_some(())
-    );
+    call_left_memory(b, "s", &first).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let swept = b.sweep().await.unwrap();
     assert_eq!(swept.calls, 1, "{swept:?}");

@@ -414,7 +414,7 @@ fn a_notice_still_undelivered_when_its_unit_completed_reads_null_after_a_restart
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_made_again_under_its_key_lists_only_its_own_deliveries_once_retention_rewrote_the_acks() {
     use brood::DelegateRequest;
-    use common::{delegated, next_envelope, open_wake, status_until, task, TestBrood, LONG_LEASE};
+    use common::{call_left_memory, delegated, next_envelope, open_wake, status_until, task, TestBrood, LONG_LEASE};
     let t = TestBrood::with_retention(brood::Retention {
         delivered: Duration::from_millis(50),
         dead: Duration::from_secs(3_600),
@@ -440,16 +440,7 @@ async fn a_call_made_again_under_its_key_lists_only_its_own_deliveries_once_rete
     let (acks, _) = b.deliveries("s", Some(&first), None, 100).await.unwrap();
     assert_eq!(acks.len(), 1, "{acks:?}");
     assert_eq!(acks[0].items.len(), 1, "only the keyed call's item: {acks:?}");
-    wait_for!(
-        "the keyed call left memory",
-        b.status("s")
-            .await
-            .unwrap()
-            .calls
-            .iter()
-            .all(|c| c.call.call_id != first)
-            .then_some(())
-    );
+    call_left_memory(b, "s", &first).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(b.sweep().await.unwrap().calls, 1);
     // The shared ack row stays, naming the other call's item only.

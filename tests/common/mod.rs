@@ -491,6 +491,14 @@ pub async fn status_until(
     })
 }
 
+/// Waits until `call_id` left its session's memory (delivered whole, or removed).
+pub async fn call_left_memory(b: &Brood, session: &str, call_id: &str) {
+    status_until(b, session, &format!("call {call_id} left memory"), |st| {
+        st.calls.iter().all(|c| c.call.call_id != call_id)
+    })
+    .await;
+}
+
 /// The status of task `index` of `call_id`, if the call is still in memory.
 pub fn child_status(st: &SessionStatus, call_id: &str, index: u32) -> Option<ChildStatus> {
     st.calls
