@@ -959,6 +959,11 @@ async fn ack(b: &Brood, m: &mut Model, pick: u8, any: bool) -> String {
                 format!("{answer}: a repeated ack answers {again}, the first said {n}")
             });
         }
+        // Retention removed its ack row (it goes only after every call it names): an owner
+        // that still remembers the claim answers as before; one that does not (rebuilt, or a
+        // new engine) finds no row and cannot tell it from a claim lost at a restart.
+        (ClaimState::Acked(_), Err(BroodError::ClaimLost(_) | BroodError::UnknownClaim(_)))
+            if claim.items.iter().all(|k| m.maybe_swept.contains(call_of(k))) => {}
         (ClaimState::Ended(_), Err(BroodError::ClaimLost(_))) => {}
         (_, Err(e)) if m.may_fail(&e) && !matches!(e, BroodError::Ledger(_)) => {}
         (state, r) => m.fail(format!("ack of {id} in state {state:?} answered {r:?}")),
@@ -2140,6 +2145,27 @@ fn a_unit_cancelled_while_its_childs_refused_start_is_written_leaves_no_slot_hel
         ]);
     }
     run_case(&ops);
+}
+
+/// Minimal case found by the property test: an acked claim acked again after a reopen and a
+/// sweep that removed its call and its ack row is refused as lost (nothing says it was acked).
+#[test]
+fn an_ack_repeated_after_retention_removed_its_row_is_refused() {
+    run_case(&[
+        Op::Delegate {
+            tasks: vec![Work::Sim { ms: 0, fail: false }],
+            independent: false,
+        },
+        Op::WaitPastLease,
+        Op::Boundary {
+            who: Who::A,
+            short: false,
+        },
+        Op::Ack { pick: 0, any: false },
+        Op::Reopen,
+        Op::Sweep,
+        Op::Ack { pick: 0, any: true },
+    ]);
 }
 
 /// Minimal case found by the property test: a slow parent child ended while its session's owner
