@@ -418,3 +418,30 @@ fn two_processes_on_one_database_may_be_started_in_one_folder() {
         assert_eq!(status, 200, "{body}");
     }
 }
+
+#[test]
+fn a_request_sent_on_to_the_holder_is_counted_where_it_arrived() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (a, b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
+    a.open("x");
+    let relayed = r#"brood_requests_forwarded_total{outcome="relayed"}"#;
+    let before = |s: &Server| server::sample(&server::scrape(s), relayed).unwrap_or(0.0);
+    let (a0, b0) = (before(&a), before(&b));
+    let (status, view) = b.call("GET", "/v1/sessions/x", None);
+    assert_eq!(status, 200, "{view}");
+    let (status, view) = a.call("GET", "/v1/sessions/x", None);
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(before(&b), b0 + 1.0, "b sent the read on to a, once");
+    assert_eq!(before(&a), a0, "a served it");
+    // The holder gone, a request through b is answered 503 and counted failed.
+    a.kill9();
+    let (status, reply) = b.call("GET", "/v1/sessions/x", None);
+    if status == 503 {
+        let failed = server::value(&server::scrape(&b), r#"brood_requests_forwarded_total{outcome="failed"}"#);
+        assert!(failed >= 1.0, "{reply}");
+    } else {
+        // b took the session over already (its tenure ran out first): served there.
+        assert_eq!(status, 200, "{reply}");
+    }
+}

@@ -23,6 +23,7 @@ use actix_web::{web, HttpMessage as _, HttpResponse};
 use futures::StreamExt as _;
 
 use super::api::{ApiError, MovedTo};
+use super::metrics::{Forwarded, Metrics};
 use super::state::State;
 
 /// The header a forwarded request carries: the address of the process that forwarded it.
@@ -90,11 +91,18 @@ pub(super) async fn forward(
         .extensions()
         .get::<super::scope::Access>()
         .and_then(|a| a.prefix().map(str::to_string));
+    let metrics = req.app_data::<web::Data<Metrics>>().cloned();
+    let count = |outcome| {
+        if let Some(m) = &metrics {
+            m.forwarded(outcome);
+        }
+    };
     let res = next.call(req).await?;
     let Some(MovedTo(address)) = res.response().extensions().get::<MovedTo>().cloned() else {
         return Ok(res.map_into_left_body());
     };
     if forwarded {
+        count(Forwarded::Bounced);
         // Sent here by a process that thought this one served the session: answered, not
         // bounced back (the client retries; the tenures settle meanwhile).
         return Ok(res.map_into_left_body());
@@ -105,6 +113,7 @@ pub(super) async fn forward(
         let reply = HttpResponse::TemporaryRedirect()
             .insert_header((header::LOCATION, url))
             .finish();
+        count(Forwarded::Redirected);
         return Ok(ServiceResponse::new(request, reply).map_into_right_body());
     }
     let me = state.config.advertised();
@@ -129,6 +138,10 @@ pub(super) async fn forward(
     let sent = web::block(move || send_on(&url, method, headers, body, &me, peer.as_deref(), limit))
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
+    count(match &sent {
+        Ok(Answer { status, .. }) if *status != StatusCode::UNAUTHORIZED => Forwarded::Relayed,
+        _ => Forwarded::Failed,
+    });
     let reply = match sent {
         Ok(Answer { status, .. }) if status == StatusCode::UNAUTHORIZED => {
             tracing::warn!(%address, "a peer sharing the ledger refused this process's peer credential");

@@ -67,6 +67,35 @@ struct StatusLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+/// What became of a request for a session another process serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Forwarded {
+    /// Sent on to the holder, and its answer relayed.
+    Relayed,
+    /// An event stream, redirected (307) to the holder.
+    Redirected,
+    /// The holder did not answer (or refused the peer credential): answered 503 or 502 here.
+    Failed,
+    /// It had come from another process already: answered 503 `session_moved`, not sent on.
+    Bounced,
+}
+
+impl Forwarded {
+    fn label(self) -> &'static str {
+        match self {
+            Forwarded::Relayed => "relayed",
+            Forwarded::Redirected => "redirected",
+            Forwarded::Failed => "failed",
+            Forwarded::Bounced => "bounced",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: &'static str,
 }
@@ -81,6 +110,7 @@ fn delivery_buckets() -> impl Iterator<Item = f64> {
 pub(super) struct Metrics {
     registry: Registry,
     http: Family<HttpLabels, Counter>,
+    forwarded: Family<OutcomeLabel, Counter>,
     wakes: WakeCounts,
     flush: Histogram,
     end_to_ready: Histogram,
@@ -95,6 +125,12 @@ impl Metrics {
             "brood_http_requests",
             "HTTP requests answered, by matched route pattern, method and status",
             http.clone(),
+        );
+        let forwarded = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "brood_requests_forwarded",
+            "Requests for a session another process serves, by outcome: relayed (sent on to the holder and its answer returned), redirected (an event stream), failed (the holder did not answer), bounced (forwarded here already, answered 503)",
+            forwarded.clone(),
         );
         let wakes = WakeCounts::default();
         registry.register(
@@ -152,11 +188,21 @@ impl Metrics {
         Metrics {
             registry,
             http,
+            forwarded,
             wakes,
             flush,
             end_to_ready,
             ready_to_ack,
         }
+    }
+
+    /// Counts a request for a session another process serves.
+    pub(super) fn forwarded(&self, outcome: Forwarded) {
+        self.forwarded
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.label(),
+            })
+            .inc();
     }
 
     /// The counts the server's webhooks add to.

@@ -37,6 +37,11 @@
 //!   processes on a fresh database; a session opened and delegated to through one, which is
 //!   then killed with SIGKILL; the seconds until a boundary of that session through the other
 //!   answers 200 or 204. Baseline: the tenure (2 s).
+//! - `cluster_children_per_s`, `cluster_forwarded_share`, `cluster_balance_spread`,
+//!   `cluster_settle_s`, `cluster_takeover_s` (with `--ledger` only): three `brood serve`
+//!   processes on one database and 1,000 sessions, consumers sending each request to a process
+//!   drawn at random; see [`cluster`]. The children/s figure's baseline is one process doing the
+//!   same in the same run.
 //! - `growth` (only when named: `--only growth`): throughput and claim time against children per
 //!   call (10 → 100k) and sessions (1 → 10k), and throughput, claim time and RSS against the
 //!   ledger's size (10k → 1M delivered rows); each series' ratio is to its first size.
@@ -59,6 +64,7 @@ use anyhow::{bail, Context as _};
 use brood::Durability;
 use serde_json::json;
 
+mod cluster;
 mod engine;
 mod growth;
 mod http;
@@ -161,7 +167,7 @@ pub struct Options {
 
 /// The groups of figures, in the order they run.
 pub const GROUPS: &[&str] = &[
-    "durable", "latency", "claim", "recovery", "rebuild", "rss", "sessions", "http", "takeover",
+    "durable", "latency", "claim", "recovery", "rebuild", "rss", "sessions", "http", "takeover", "cluster",
 ];
 
 /// Groups run only when `--only` names them (they take minutes).
@@ -174,6 +180,7 @@ struct Sizes {
     recovery: usize,
     live: usize,
     sessions_children: usize,
+    cluster: cluster::Size,
 }
 
 const QUICK: Sizes = Sizes {
@@ -183,6 +190,7 @@ const QUICK: Sizes = Sizes {
     recovery: 100_000,
     live: 10_000,
     sessions_children: 20_000,
+    cluster: cluster::QUICK,
 };
 
 const FULL: Sizes = Sizes {
@@ -192,6 +200,7 @@ const FULL: Sizes = Sizes {
     recovery: 1_000_000,
     live: 100_000,
     sessions_children: 100_000,
+    cluster: cluster::FULL,
 };
 
 /// Children per call in every throughput workload.
@@ -321,6 +330,10 @@ pub fn run(opts: &Options) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
             "takeover" => match &opts.ledger {
                 Some(url) => figures.push(takeover::takeover(&dir, opts.durability, url)?),
                 None => note("takeover: skipped: it needs --ledger postgres://… (two processes sharing one database)"),
+            },
+            "cluster" => match &opts.ledger {
+                Some(url) => figures.extend(cluster::cluster(&dir, opts.durability, url, sizes.cluster)?),
+                None => note("cluster: skipped: it needs --ledger postgres://… (three processes sharing one database)"),
             },
             "growth" => figures.extend(rt.block_on(growth::growth(&dir, opts.durability, opts.quick))?),
             _ => unreachable!("checked against GROUPS"),
