@@ -98,6 +98,92 @@ fn a_released_claim_recoalesces_and_a_lost_one_refuses_its_ack() {
 }
 
 #[test]
+fn a_boundary_acks_the_claim_it_names_first_and_claims_nothing_when_that_ack_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), None);
+    s.open("k");
+    s.open("other");
+    let three = json!({"tasks": [{"goal": "a", "runner": sim(0)}, {"goal": "b", "runner": sim(0)}, {"goal": "c", "runner": sim(0)}],
+        "independent_completions": true});
+    let (status, reply) = s.call("POST", "/v1/sessions/k/delegate", Some(three));
+    assert_eq!(status, 202, "{reply}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.call("GET", "/v1/sessions/k", None).1["counts"]["ready"] != 3 {
+        assert!(Instant::now() < deadline, "the three results did not get ready");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let boundary = |body: Value| s.call("POST", "/v1/sessions/k/boundary", Some(body));
+    let (status, first) = boundary(json!({"consumer": "c", "max_items": 1}));
+    assert_eq!(status, 200, "{first}");
+    let first_claim = first["claim_id"].as_str().unwrap().to_string();
+    // Bad input (a claim of another session, a blank id) acks nothing and claims nothing.
+    let (status, elsewhere) = s.call(
+        "POST",
+        "/v1/sessions/other/delegate",
+        Some(json!({"tasks": [{"goal": "x", "runner": sim(0)}]})),
+    );
+    assert_eq!(status, 202, "{elsewhere}");
+    let other_env = s.envelope("other", 30_000);
+    let other_claim = other_env["claim_id"].as_str().unwrap();
+    let m = assert_error(
+        boundary(json!({"consumer": "c", "ack": other_claim})),
+        400,
+        "invalid_request",
+    );
+    assert!(m.contains("`ack`") && m.contains("other"), "{m}");
+    assert_error(boundary(json!({"consumer": "c", "ack": ""})), 400, "invalid_request");
+    let (_, view) = s.call("GET", "/v1/sessions/k", None);
+    assert_eq!(
+        (view["counts"]["ready"].as_u64(), view["counts"]["delivered"].as_u64()),
+        (Some(2), Some(0)),
+        "{view}"
+    );
+    let (_, view) = s.call("GET", "/v1/sessions/other", None);
+    assert_eq!(view["counts"]["delivered"], 0, "{view}");
+    // An ack and the next claim in one request.
+    let (status, second) = boundary(json!({"consumer": "c", "max_items": 1, "ack": first_claim}));
+    assert_eq!(status, 200, "{second}");
+    assert_ne!(second["items"][0]["dedup_key"], first["items"][0]["dedup_key"]);
+    let (status, acked) = s.call("POST", &format!("/v1/claims/{first_claim}/ack"), None);
+    assert_eq!(
+        (status, acked["delivered"].as_u64()),
+        (200, Some(1)),
+        "the boundary acked the first claim"
+    );
+    // A lost claim: its error is the answer, and what is ready stays ready.
+    let second_claim = second["claim_id"].as_str().unwrap().to_string();
+    let (status, _) = s.call(
+        "POST",
+        &format!("/v1/claims/{second_claim}/release"),
+        Some(json!({"reason": "busy"})),
+    );
+    assert_eq!(status, 200);
+    assert_error(
+        boundary(json!({"consumer": "c", "ack": second_claim})),
+        409,
+        "claim_lost",
+    );
+    assert_error(
+        boundary(json!({"consumer": "c", "ack": "clm_6b_ffffffffffffffffffff"})),
+        404,
+        "unknown_claim",
+    );
+    let (_, view) = s.call("GET", "/v1/sessions/k", None);
+    assert_eq!(
+        (view["counts"]["ready"].as_u64(), view["counts"]["claimed"].as_u64()),
+        (Some(2), Some(0)),
+        "{view}"
+    );
+    // The last: acked by a boundary that then finds nothing.
+    let (status, rest) = boundary(json!({"consumer": "c"}));
+    assert_eq!(status, 200, "{rest}");
+    let (status, _) = boundary(json!({"consumer": "c", "ack": rest["claim_id"]}));
+    assert_eq!(status, 204);
+    let (_, view) = s.call("GET", "/v1/sessions/k", None);
+    assert_eq!(view["counts"]["delivered"], 3, "{view}");
+}
+
+#[test]
 fn bad_input_gets_the_error_shape_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), None);

@@ -438,7 +438,10 @@ fn a_request_sent_on_to_the_holder_is_counted_where_it_arrived() {
     a.kill9();
     let (status, reply) = b.call("GET", "/v1/sessions/x", None);
     if status == 503 {
-        let failed = server::value(&server::scrape(&b), r#"brood_requests_forwarded_total{outcome="failed"}"#);
+        let failed = server::value(
+            &server::scrape(&b),
+            r#"brood_requests_forwarded_total{outcome="failed"}"#,
+        );
         assert!(failed >= 1.0, "{reply}");
     } else {
         // b took the session over already (its tenure ran out first): served there.

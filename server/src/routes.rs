@@ -450,7 +450,8 @@ pub(super) async fn delegate(
     params(("session_id" = String, Path, description = "The session: 1 to 256 characters, none a control character.", pattern = r"^[^\u0000-\u001f\u007f-\u009f]{1,256}$")), request_body(content = api::BoundaryBody, content_type = "application/json"),
     responses((status = 200, description = "The envelope: every item ready now (or as many as `max_items` and `max_bytes` let in, the oldest first), claimed.", body = api::Envelope),
         (status = 204, description = "Nothing is ready."),
-        (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply))
+        (status = 404, description = "No such session (`unknown_session`), or the claim to ack first is unknown (`unknown_claim`).", body = api::ErrorReply),
+        (status = 409, description = "The claim to ack first was lost (`claim_lost`): nothing was claimed.", body = api::ErrorReply))
 )]
 pub(super) async fn boundary(
     state: web::Data<State>,
@@ -472,6 +473,9 @@ pub(super) async fn boundary(
         max_items: body.max_items.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
         max_bytes: body.max_bytes.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
     };
+    if let Some(claim_id) = &body.ack {
+        ack_first(&state, &access, &session_id, claim_id).await?;
+    }
     match state
         .brood
         .boundary_within(&session_id, &body.consumer, Duration::from_millis(lease_ms), limits)
@@ -480,6 +484,28 @@ pub(super) async fn boundary(
         None => Ok(HttpResponse::NoContent().finish()),
         Some(env) => Ok(HttpResponse::Ok().json(api::Envelope::from(&env))),
     }
+}
+
+/// The ack a boundary asks for before it claims: of a claim of that same session only (a
+/// claim of another is refused as bad input, and nothing is acked or claimed).
+async fn ack_first(state: &State, access: &Access, session_id: &str, claim_id: &str) -> Result<(), ApiError> {
+    if claim_id.is_empty() || claim_id.len() > 512 || claim_id.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            "`ack` must be a claim id: 1 to 512 characters, none a control character",
+        ));
+    }
+    match brood_actors::actors::owner::claim_session(claim_id) {
+        Some(of) if of == session_id => {}
+        Some(of) => {
+            return Err(ApiError::invalid(format!(
+                "`ack` names a claim of session `{of}`; a boundary of `{session_id}` acks only its own session's claims"
+            )))
+        }
+        None => return Err(BroodError::UnknownClaim(claim_id.to_string()).into()),
+    }
+    reach_claim(state, access, claim_id).await?;
+    state.brood.ack(claim_id).await?;
+    Ok(())
 }
 
 /// A claim of a session out of reach of the request's key is answered as an unknown one.

@@ -132,5 +132,20 @@ def test_a_bounded_envelope_leaves_the_rest_ready(client: Client, session_id: st
     client.ack(tiny.claim_id)
 
 
+def test_a_boundary_acks_the_claim_it_names_before_it_claims(client: Client, session_id: str) -> None:
+    client.delegate(session_id, [Task(f"t{i}", SimRunner()) for i in range(2)], independent_completions=True)
+    deadline = time.monotonic() + 20
+    while client.get_session(session_id).counts.ready < 2:
+        assert time.monotonic() < deadline, "the two results did not get ready"
+        time.sleep(0.02)
+    first = client.boundary(session_id, "py-test", max_items=1)
+    assert first is not None
+    second = client.boundary(session_id, "py-test", ack=first.claim_id)
+    assert second is not None and len(second.items) == 1
+    assert client.ack(first.claim_id).delivered == 1, "the first claim was acked by the boundary"
+    assert client.boundary(session_id, "py-test", ack=second.claim_id) is None
+    assert client.get_session(session_id).counts.delivered == 2
+
+
 def test_readyz_says_the_server_admits_work(client: Client) -> None:
     assert client.readyz().status

@@ -85,6 +85,11 @@ export interface BoundaryOptions extends RequestOptions {
   maxItems?: number;
   /** Bytes at most of the envelope's items; at least one item is handed out. */
   maxBytes?: number;
+  /**
+   * A claim of this session to ack first, in the same request; a refused ack rejects with its
+   * error and nothing is claimed.
+   */
+  ack?: string;
 }
 
 /** Options of {@link Client.release}. */
@@ -210,6 +215,7 @@ export class Client {
       lease_ms: options.leaseMs,
       max_items: options.maxItems,
       max_bytes: options.maxBytes,
+      ack: options.ack,
     });
     return this.#http.json({ method: "POST", path: `${sessionPath(sessionId)}/boundary`, body, options });
   }

@@ -463,6 +463,12 @@ export interface components {
         };
         /** @description `POST /v1/sessions/{session_id}/boundary`. */
         BoundaryBody: {
+            /**
+             * @description A claim of this session to ack first, as `POST /v1/claims/{claim_id}/ack` would: a
+             *     consumer acks what it read and claims what is ready next in one request. Should the ack
+             *     be refused, its error is the answer and nothing is claimed.
+             */
+            ack?: string | null;
             /** @description Who claims: any name, not blank. */
             consumer: string;
             /** @description The claim's lease, in ms (default 60000). */
@@ -2649,7 +2655,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorReply"];
                 };
             };
-            /** @description No such session (`unknown_session`). */
+            /** @description No such session (`unknown_session`), or the claim to ack first is unknown (`unknown_claim`). */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2660,6 +2666,15 @@ export interface operations {
             };
             /** @description The body did not arrive within `body_timeout_ms` (`body_timeout`). */
             408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description The claim to ack first was lost (`claim_lost`): nothing was claimed. */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

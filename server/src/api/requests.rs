@@ -251,6 +251,11 @@ pub struct BoundaryBody {
     #[serde(default, deserialize_with = "whole_opt")]
     #[schema(minimum = 1)]
     pub max_bytes: Option<u64>,
+    /// A claim of this session to ack first, as `POST /v1/claims/{claim_id}/ack` would: a
+    /// consumer acks what it read and claims what is ready next in one request. Should the ack
+    /// be refused, its error is the answer and nothing is claimed.
+    #[schema(min_length = 1, max_length = 512, pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
+    pub ack: Option<String>,
 }
 
 /// `POST /v1/claims/{claim_id}/release`.

@@ -168,8 +168,10 @@ def boundary(
     lease_ms: Optional[int],
     max_items: Optional[int],
     max_bytes: Optional[int],
+    ack: Optional[str] = None,
 ) -> Request[Optional[models.Envelope]]:
-    body = _compact({"consumer": consumer, "lease_ms": lease_ms, "max_items": max_items, "max_bytes": max_bytes})
+    body = _compact({"consumer": consumer, "lease_ms": lease_ms, "max_items": max_items, "max_bytes": max_bytes,
+                     "ack": ack})
     return Request("POST", f"/v1/sessions/{segment(session_id)}/boundary", models.Envelope.from_dict,
                    body=body, optional=True)
 

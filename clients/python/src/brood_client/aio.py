@@ -131,9 +131,10 @@ class AsyncClient:
         lease_ms: Optional[int] = None,
         max_items: Optional[int] = None,
         max_bytes: Optional[int] = None,
+        ack: Optional[str] = None,
     ) -> Optional[models.Envelope]:
         """See :meth:`brood_client.Client.boundary`."""
-        return await self._send(ep.boundary(session_id, consumer, lease_ms, max_items, max_bytes))
+        return await self._send(ep.boundary(session_id, consumer, lease_ms, max_items, max_bytes, ack))
 
     async def ack(self, claim_id: str) -> models.Acked:
         """See :meth:`brood_client.Client.ack`."""

@@ -187,13 +187,16 @@ class Client:
         lease_ms: Optional[int] = None,
         max_items: Optional[int] = None,
         max_bytes: Optional[int] = None,
+        ack: Optional[str] = None,
     ) -> Optional[models.Envelope]:
         """``POST /v1/sessions/{id}/boundary``: claims what is ready as one envelope, or answers
         ``None`` when nothing is. Ack it (:meth:`ack`) or release it (:meth:`release`) within
         ``lease_ms`` (default 60000), or its items are ready again. ``max_items`` and
         ``max_bytes`` bound the envelope (at least one item is always handed out); what does
-        not fit stays ready and the envelope says ``more``."""
-        return self._send(ep.boundary(session_id, consumer, lease_ms, max_items, max_bytes))
+        not fit stays ready and the envelope says ``more``. ``ack`` names a claim of this
+        session to ack first, in the same request; a refused ack raises its error and nothing
+        is claimed."""
+        return self._send(ep.boundary(session_id, consumer, lease_ms, max_items, max_bytes, ack))
 
     def ack(self, claim_id: str) -> models.Acked:
         """``POST /v1/claims/{id}/ack``: the claim's items were delivered. Acking again answers
