@@ -31,6 +31,7 @@ use crate::runner::RunnerFactory;
 use crate::wake::Wake;
 
 mod adopt;
+mod holders;
 
 /// Create a session, or update one.
 #[derive(Debug, Message)]
@@ -97,6 +98,8 @@ pub struct Supervisor {
     adopting: HashMap<String, Vec<OwnerWaiter>>,
     /// Whether a sweep for free tenures is under way.
     sweeping: bool,
+    /// Who serves the sessions another process holds, as last found out.
+    holders: holders::Holders,
 }
 
 impl std::fmt::Debug for Supervisor {
@@ -218,6 +221,7 @@ impl Supervisor {
             count_unknown(&engine, &writes.children);
         }
         end_orphaned_nests(&engine, &mut recovered);
+        let engine_tenure = engine.tenures.as_ref().map_or(holders::Holders::KEPT, |t| t.ttl());
         let sup = Supervisor {
             engine,
             budgets: RestartBudgets::new(policy),
@@ -228,6 +232,7 @@ impl Supervisor {
             restarting: Default::default(),
             adopting: HashMap::new(),
             sweeping: false,
+            holders: holders::Holders::new(engine_tenure),
         };
         Ok(supervise::start(sup, tracing::info_span!("supervisor")))
     }
@@ -590,8 +595,18 @@ impl Handler<GetOwner> for Supervisor {
         }
         match self.engine.owner(&id) {
             Some(addr) => Box::pin(futures::future::ready(Ok(addr))),
-            // Shared: stored and served elsewhere, or free to take up here.
-            None if self.engine.tenures.is_some() => Box::pin(self.adopt(id, None, ctx)),
+            // Shared: served elsewhere a moment ago, or stored and served elsewhere, or free
+            // to take up here.
+            None if self.engine.tenures.is_some() => match self.holders.get(&id, Instant::now()) {
+                Some(address) => {
+                    let e = BroodError::Moved {
+                        address: address.to_string(),
+                        session: id,
+                    };
+                    Box::pin(futures::future::ready(Err(e)))
+                }
+                None => Box::pin(self.adopt(id, None, ctx)),
+            },
             None => Box::pin(futures::future::ready(Err(BroodError::UnknownSession(id)))),
         }
     }

@@ -34,6 +34,12 @@ impl Supervisor {
             });
             job.into_actor(self)
                 .map(move |adopted, act, ctx| {
+                    match &adopted {
+                        Ok(Ok(Adopted::Elsewhere(address))) => {
+                            act.holders.found(&id, address, std::time::Instant::now())
+                        }
+                        _ => act.holders.forget(&id),
+                    }
                     let answer = match adopted.map_err(BroodError::from).and_then(|a| a) {
                         Ok(Adopted::Owner(owner, nest)) if running(ctx) => {
                             if let Some(nest) = nest {
