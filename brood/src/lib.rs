@@ -561,6 +561,14 @@ impl BroodHandle {
         self.engine.totals()
     }
 
+    /// Forgets which process serves `session`, as this one had found out: a request for it sent
+    /// there went unanswered or was refused as moved, and the next asks the ledger who serves
+    /// it now. Only of use with a ledger shared by several processes.
+    pub fn forget_holder(&self, session_id: &str) {
+        self.root
+            .do_send(brood_actors::actors::supervisor::ForgetHolder(session_id.to_string()));
+    }
+
     /// Whether the engine can take work (its actors answer and it can record results), without
     /// reading the ledger: cheap enough for a health probe.
     pub async fn health(&self) -> Result<Health, BroodError> {

@@ -98,11 +98,15 @@ pub(super) async fn forward(
         }
     };
     let res = next.call(req).await?;
-    let Some(MovedTo(address)) = res.response().extensions().get::<MovedTo>().cloned() else {
+    let Some(MovedTo { session, address }) = res.response().extensions().get::<MovedTo>().cloned() else {
         return Ok(res.map_into_left_body());
     };
     if forwarded {
         count(Forwarded::Bounced);
+        // Two processes each thought the other served it: this one asks the database next time.
+        if let Some(session) = &session {
+            state.brood.forget_holder(session);
+        }
         // Sent here by a process that thought this one served the session: answered, not
         // bounced back (the client retries; the tenures settle meanwhile).
         return Ok(res.map_into_left_body());
@@ -142,6 +146,14 @@ pub(super) async fn forward(
         Ok(Answer { status, .. }) if *status != StatusCode::UNAUTHORIZED => Forwarded::Relayed,
         _ => Forwarded::Failed,
     });
+    // The holder did not answer, or does not serve the session any more (it answers 503
+    // `session_moved` or `lease_lapsed`): ask the database who does at the next request.
+    let stale = sent
+        .as_ref()
+        .map_or(true, |a| a.status == StatusCode::SERVICE_UNAVAILABLE);
+    if let (true, Some(session)) = (stale, &session) {
+        state.brood.forget_holder(session);
+    }
     let reply = match sent {
         Ok(Answer { status, .. }) if status == StatusCode::UNAUTHORIZED => {
             tracing::warn!(%address, "a peer sharing the ledger refused this process's peer credential");

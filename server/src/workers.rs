@@ -421,7 +421,7 @@ async fn served_elsewhere(state: &State, child_id: &str) -> Result<Option<ApiErr
                 "session_moved",
                 format!("the child's session is served by the process at {address}; send the request there"),
             );
-            e.moved_to = Some(address);
+            e.moved_to = Some(super::api::MovedTo { session: None, address });
             Some(e)
         }
         _ => None,

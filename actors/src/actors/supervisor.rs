@@ -69,6 +69,12 @@ pub struct RestartOwner(pub String);
 #[rtype(result = "Result<Health, BroodError>")]
 pub struct GetHealth;
 
+/// Forgets which process serves a session, as this one had found out (see
+/// `holders`): a request sent on there went unanswered or was refused as moved.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct ForgetHolder(pub String);
+
 /// What [`GetHealth`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
@@ -609,6 +615,14 @@ impl Handler<GetOwner> for Supervisor {
             },
             None => Box::pin(futures::future::ready(Err(BroodError::UnknownSession(id)))),
         }
+    }
+}
+
+impl Handler<ForgetHolder> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, ForgetHolder(id): ForgetHolder, _: &mut Context<Self>) {
+        self.holders.forget(&id);
     }
 }
 

@@ -29,7 +29,7 @@ pub struct ApiError {
     pub message: String,
     /// Another process sharing the ledger serves the session, here: the request is sent on
     /// there (see `forward`).
-    pub moved_to: Option<String>,
+    pub moved_to: Option<MovedTo>,
 }
 
 impl ApiError {
@@ -72,8 +72,8 @@ impl ResponseError for ApiError {
                 message: self.message.clone(),
             },
         });
-        if let Some(address) = &self.moved_to {
-            reply.extensions_mut().insert(MovedTo(address.clone()));
+        if let Some(moved) = &self.moved_to {
+            reply.extensions_mut().insert(moved.clone());
         }
         reply
     }
@@ -103,9 +103,12 @@ impl From<BroodError> for ApiError {
             }
             BroodError::SessionFailed { .. } => (StatusCode::SERVICE_UNAVAILABLE, "session_failed"),
             BroodError::TenureLapsed { .. } => (StatusCode::SERVICE_UNAVAILABLE, e.code()),
-            BroodError::Moved { address, .. } => {
+            BroodError::Moved { address, session } => {
                 let mut moved = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.code(), message);
-                moved.moved_to = Some(address.clone());
+                moved.moved_to = Some(MovedTo {
+                    session: Some(session.clone()),
+                    address: address.clone(),
+                });
                 return moved;
             }
         };
@@ -158,8 +161,13 @@ pub fn query<T: serde::de::DeserializeOwned>(req: &actix_web::HttpRequest) -> Re
 
 /// Where the session of a refused request is served (on the error reply's extensions, for
 /// the forwarding middleware to send the request on).
-#[derive(Debug, Clone)]
-pub(super) struct MovedTo(pub(super) String);
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MovedTo {
+    /// The session, when the refusal named it.
+    pub session: Option<String>,
+    /// The address of the process that serves it.
+    pub address: String,
+}
 
 #[cfg(test)]
 mod tests {

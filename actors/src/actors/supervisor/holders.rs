@@ -2,10 +2,10 @@
 //! for such a session is sent on to its holder without asking the database each time (which
 //! takes a few statements: is it stored, is it nested, who holds its tenure).
 //!
-//! An answer is kept for a moment only ([`Holders::KEPT`], or a third of the tenure when that is
-//! shorter): a session that moved meanwhile is found at its old holder, which sends no request
-//! on again (it answers 503 `session_moved`, which a client retries), and after that moment
-//! the database is asked again.
+//! An answer is kept until it is found wrong, and for a tenure time at most: a request sent on
+//! to a holder that does not answer, or that answers it no longer serves the session (503
+//! `session_moved`, which the client retries), has the server forget it
+//! ([`super::ForgetHolder`]), and the next request asks the database again.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -18,16 +18,16 @@ pub(super) struct Holders {
 }
 
 impl Holders {
-    /// The longest an answer is kept.
-    pub(super) const KEPT: Duration = Duration::from_secs(1);
+    /// The longest an answer is kept without a tenure to go by.
+    pub(super) const KEPT: Duration = Duration::from_secs(10);
 
     /// Past this many answers, the stale ones are dropped as a new one is kept.
     const PRUNE_ABOVE: usize = 4096;
 
-    /// Answers kept for [`Holders::KEPT`], or a third of `tenure` when that is shorter.
+    /// Answers kept for a `tenure` at most.
     pub(super) fn new(tenure: Duration) -> Self {
         Holders {
-            kept: Self::KEPT.min(tenure / 3),
+            kept: tenure,
             found: HashMap::new(),
         }
     }
@@ -61,24 +61,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_answer_is_kept_for_a_moment_only() {
-        let mut h = Holders::new(Duration::from_secs(10));
+    fn an_answer_is_kept_for_a_tenure_at_most_or_until_forgotten() {
+        let mut h = Holders::new(Duration::from_secs(2));
         let t = Instant::now();
         h.found("s", "http://b", t);
-        assert_eq!(h.get("s", t + Duration::from_millis(999)), Some("http://b"));
-        assert_eq!(h.get("s", t + Holders::KEPT), None);
+        assert_eq!(h.get("s", t + Duration::from_millis(1999)), Some("http://b"));
+        assert_eq!(h.get("s", t + Duration::from_secs(2)), None);
         assert_eq!(h.get("other", t), None);
         h.forget("s");
         assert_eq!(h.get("s", t), None);
-    }
-
-    #[test]
-    fn a_short_tenure_keeps_answers_for_a_third_of_it() {
-        let mut h = Holders::new(Duration::from_millis(600));
-        let t = Instant::now();
-        h.found("s", "http://b", t);
-        assert_eq!(h.get("s", t + Duration::from_millis(199)), Some("http://b"));
-        assert_eq!(h.get("s", t + Duration::from_millis(200)), None);
     }
 
     #[test]
@@ -88,7 +79,7 @@ mod tests {
         for i in 0..Holders::PRUNE_ABOVE {
             h.found(&format!("s{i}"), "http://b", t);
         }
-        let later = t + Holders::KEPT;
+        let later = t + Duration::from_secs(10);
         h.found("new", "http://c", later);
         assert_eq!(h.found.len(), 1);
         assert_eq!(h.get("new", later), Some("http://c"));
