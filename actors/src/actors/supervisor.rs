@@ -227,7 +227,6 @@ impl Supervisor {
             count_unknown(&engine, &writes.children);
         }
         end_orphaned_nests(&engine, &mut recovered);
-        let engine_tenure = engine.tenures.as_ref().map_or(holders::Holders::KEPT, |t| t.ttl());
         let sup = Supervisor {
             engine,
             budgets: RestartBudgets::new(policy),
@@ -238,7 +237,7 @@ impl Supervisor {
             restarting: Default::default(),
             adopting: HashMap::new(),
             sweeping: false,
-            holders: holders::Holders::new(engine_tenure),
+            holders: holders::Holders::new(holders::Holders::KEPT),
         };
         Ok(supervise::start(sup, tracing::info_span!("supervisor")))
     }

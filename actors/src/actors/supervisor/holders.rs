@@ -2,10 +2,11 @@
 //! for such a session is sent on to its holder without asking the database each time (which
 //! takes a few statements: is it stored, is it nested, who holds its tenure).
 //!
-//! An answer is kept until it is found wrong, and for a tenure time at most: a request sent on
-//! to a holder that does not answer, or that answers it no longer serves the session (503
+//! An answer is kept until it is found wrong, and for [`Holders::KEPT`] at most: a request sent
+//! on to a holder that does not answer, or that answers it no longer serves the session (503
 //! `session_moved`, which the client retries), has the server forget it
-//! ([`super::ForgetHolder`]), and the next request asks the database again.
+//! ([`super::ForgetHolder`]), and the next request asks the database again. (A holder is the
+//! authority on what it serves: a stale answer costs one refused request, never a wrong one.)
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -18,16 +19,16 @@ pub(super) struct Holders {
 }
 
 impl Holders {
-    /// The longest an answer is kept without a tenure to go by.
-    pub(super) const KEPT: Duration = Duration::from_secs(10);
+    /// The longest an answer is kept.
+    pub(super) const KEPT: Duration = Duration::from_secs(60);
 
     /// Past this many answers, the stale ones are dropped as a new one is kept.
     const PRUNE_ABOVE: usize = 4096;
 
-    /// Answers kept for a `tenure` at most.
-    pub(super) fn new(tenure: Duration) -> Self {
+    /// Answers kept for `kept` at most.
+    pub(super) fn new(kept: Duration) -> Self {
         Holders {
-            kept: tenure,
+            kept,
             found: HashMap::new(),
         }
     }
@@ -61,7 +62,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_answer_is_kept_for_a_tenure_at_most_or_until_forgotten() {
+    fn an_answer_is_kept_for_a_while_at_most_or_until_forgotten() {
         let mut h = Holders::new(Duration::from_secs(2));
         let t = Instant::now();
         h.found("s", "http://b", t);
