@@ -18,14 +18,17 @@
 //!   *sent* plus the tenure time less a margin, on the monotonic clock: it runs on through a
 //!   `SIGSTOP` or a long pause, so a process that wakes up late knows at once that it may not
 //!   hand anything out.
-//! - **Fencing.** Every commit begins by reading the tenure rows of the sessions it writes `FOR
-//!   KEY SHARE`, matched with the epochs this process holds. A takeover locks a tenure row `FOR
-//!   UPDATE` (its update names the key column), which waits for every transaction holding it
-//!   so, while a renewal (`FOR NO KEY UPDATE`, of `expires_at` alone) never waits for a commit:
-//!   a stalled commit of one session costs no session its tenure. Once the takeover committed,
-//!   the old epoch matches nothing. So the new holder, which reads the session after its takeover committed,
-//!   sees every write of the old one, and no write of the old one lands after that. The rows of
-//!   a session that fails the check are not written, and the session is lost.
+//! - **Fencing.** Every commit begins by taking a shared transaction-level advisory lock per
+//!   session it writes ([`lock_key`]: one 64-bit key per schema and session), then, in a
+//!   statement of its own (so its snapshot is taken once the locks are held), reads their tenure
+//!   rows matched with the epochs this process holds — no row lock, so nothing is written for
+//!   it. A takeover takes the same locks exclusively before its upsert, in key order, which
+//!   waits for every commit holding one; a commit that comes after waits for the takeover to
+//!   commit and then finds the old epoch matching nothing. A renewal (of `expires_at` alone)
+//!   takes no advisory lock: it never waits for a commit, and a stalled commit of one session
+//!   costs no session its tenure. So the new holder, which reads the session after its takeover
+//!   committed, sees every write of the old one, and no write of the old one lands after that.
+//!   The rows of a session that fails the check are not written, and the session is lost.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -56,6 +59,27 @@ struct Held {
 }
 
 type LostHook = crate::ledger::LostTenures;
+
+/// The advisory lock of `session`'s tenure in the tenure table `table` (schema-qualified): a
+/// 64-bit FNV-1a hash of both, the same in every process. Two sessions whose keys collide only
+/// make a takeover of one wait for the commits of the other.
+pub(super) fn lock_key(table: &str, session: &[u8]) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in table.as_bytes().iter().chain([0u8].iter()).chain(session) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h as i64
+}
+
+/// The advisory lock keys of `sessions`, sorted and without repeats: every statement here takes
+/// them in this order, so a takeover and a commit never wait for each other in a cycle.
+fn lock_keys<'a>(table: &str, sessions: impl IntoIterator<Item = &'a [u8]>) -> Vec<i64> {
+    let mut keys: Vec<i64> = sessions.into_iter().map(|s| lock_key(table, s)).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
 
 /// The tenures of one process: what it holds, and the statements that take, renew and check
 /// them.
@@ -144,6 +168,11 @@ impl HeldTenures {
     }
 
     /// Whether this process holds `session`'s tenure.
+    /// The advisory lock key of `session`'s tenure (see [`lock_key`]).
+    pub(super) fn lock_key_of(&self, session: &str) -> i64 {
+        lock_key(&self.table, session.as_bytes())
+    }
+
     pub(super) fn holds(&self, session: &str) -> bool {
         self.held().contains_key(session)
     }
@@ -201,8 +230,8 @@ impl HeldTenures {
     }
 
     /// The fencing check at the start of a commit: of `sessions` (those the commit writes),
-    /// the ones whose tenure this process still holds at its epoch, their tenure rows locked
-    /// `FOR SHARE` until the commit ends. The others are lost; their rows must not be written.
+    /// the ones whose tenure this process still holds at its epoch, their advisory locks held
+    /// shared until the commit ends. The others are lost; their rows must not be written.
     pub(super) async fn check(
         &self,
         tx: &super::Tx<'_>,
@@ -219,16 +248,24 @@ impl HeldTenures {
                 .unzip()
         };
         let what = "checking the session tenures of a commit";
+        let keys = lock_keys(&self.table, names.iter().map(Vec::as_slice));
+        let lock = super::commit::prepared(
+            tx,
+            "SELECT count(pg_advisory_xact_lock_shared(k)) FROM unnest($1::int8[]) AS k",
+            what,
+        )
+        .await?;
         let sql = format!(
             "SELECT l.session FROM {} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
-             ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $3
-             ORDER BY l.session FOR KEY SHARE OF l",
+             ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $3",
             self.table
         );
         let statement = super::commit::prepared(tx, &sql, what).await?;
-        let rows = tx
-            .query(&statement, &[&names, &epochs, &self.config.node])
-            .await
+        // Sent together, run one after the other: the check's snapshot is taken once the locks
+        // are held.
+        let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&keys];
+        let check_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&names, &epochs, &self.config.node];
+        let (_, rows) = futures::try_join!(tx.query(&lock, &lock_params), tx.query(&statement, &check_params))
             .map_err(pg_error(what))?;
         let ok: HashSet<String> = rows
             .into_iter()
@@ -257,8 +294,7 @@ impl HeldTenures {
         let rows = client
             .query(
                 &format!(
-                    // Rows locked in key order, as every statement here locks them: a
-                    // commit's check and a renewal never wait for each other in a cycle.
+                    // Rows locked in key order, as the takeovers lock them.
                     "WITH mine AS (
                          SELECT l.session FROM {t} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
                          ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $4
@@ -320,43 +356,71 @@ impl HeldTenures {
     async fn take(self: Arc<Self>, session: Option<String>) -> Result<Vec<(String, i64)>, LedgerError> {
         let _turn = self.taking.lock().await;
         let sent = Instant::now();
-        let client = self.pool.get().await.map_err(pool_error)?;
+        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let what = "taking session tenures";
         let held: Vec<Vec<u8>> = self.held().keys().map(|s| s.as_bytes().to_vec()).collect();
-        let source = match &session {
-            Some(_) => "SELECT $6::bytea".to_string(),
-            None => format!(
-                "SELECT s.key FROM {sessions} s LEFT JOIN {t} l ON l.session = s.key
-                 WHERE (l.session IS NULL OR l.expires_at < now() OR l.instance = $5) AND NOT (s.key = ANY($4))
-                 ORDER BY s.key",
-                sessions = self.sessions_table,
-                t = self.table
-            ),
+        // Free: no tenure row, expired, or given back (or left) by this very process, whose
+        // held tenures are excluded. Not a live tenure of this node's earlier instance: it may
+        // be paused, alive.
+        let one = session.map(String::into_bytes);
+        let candidates: Vec<Vec<u8>> = match &one {
+            Some(name) => vec![name.clone()],
+            None => client
+                .query(
+                    &format!(
+                        "SELECT s.key FROM {sessions} s LEFT JOIN {t} l ON l.session = s.key
+                         WHERE (l.session IS NULL OR l.expires_at < now() OR l.instance = $2) AND NOT (s.key = ANY($1))
+                         ORDER BY s.key",
+                        sessions = self.sessions_table,
+                        t = self.table
+                    ),
+                    &[&held, &self.instance],
+                )
+                .await
+                .map_err(pg_error(what))?
+                .into_iter()
+                .map(|r| r.get(0))
+                .collect(),
         };
-        // Free: expired, or given back (or left) by this very process, whose held tenures are
-        // excluded. Not a live tenure of this node's earlier instance: it may be paused, alive.
-        // The update names the key column (`session`, to its own value): so the row is locked
-        // `FOR UPDATE` first, which waits for every commit holding it `FOR KEY SHARE` (the
-        // fencing check), where an update of other columns alone would not.
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Their advisory locks first, exclusively and in key order: this waits for every commit
+        // of the tenures' holders that is under way, and holds off those that come after until
+        // this one committed (see the module's "Fencing").
+        let keys = lock_keys(&self.table, candidates.iter().map(Vec::as_slice));
+        let tx = client.transaction().await.map_err(pg_error(what))?;
+        tx.query(
+            "SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::int8[]) AS k",
+            &[&keys],
+        )
+        .await
+        .map_err(pg_error(what))?;
         let sql = format!(
             "INSERT INTO {t} AS l (session, owner, address, epoch, expires_at, instance)
-             SELECT src.key, $1, $2, 1, now() + $3::int8 * interval '1 millisecond', $5 FROM ({source}) AS src(key)
-             ON CONFLICT (session) DO UPDATE SET session = EXCLUDED.session, owner = EXCLUDED.owner, address = EXCLUDED.address,
+             SELECT src.key, $1, $2, 1, now() + $3::int8 * interval '1 millisecond', $5 FROM unnest($6::bytea[]) AS src(key)
+             ON CONFLICT (session) DO UPDATE SET owner = EXCLUDED.owner, address = EXCLUDED.address,
                  epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at, instance = EXCLUDED.instance
                WHERE (l.expires_at < now() OR l.instance = $5) AND NOT (l.session = ANY($4))
              RETURNING l.session, l.epoch",
             t = self.table
         );
-        let one = session.map(String::into_bytes);
         let ttl = self.ttl_ms();
-        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-            vec![&self.config.node, &self.config.address, &ttl, &held, &self.instance];
-        if let Some(name) = &one {
-            params.push(name);
-        }
-        let rows = client
-            .query(&sql, &params)
+        let rows = tx
+            .query(
+                &sql,
+                &[
+                    &self.config.node,
+                    &self.config.address,
+                    &ttl,
+                    &held,
+                    &self.instance,
+                    &candidates,
+                ],
+            )
             .await
-            .map_err(pg_error("taking session tenures"))?;
+            .map_err(pg_error(what))?;
+        tx.commit().await.map_err(pg_error(what))?;
         let deadline = self.deadline(sent);
         let taken: Vec<(String, i64)> = rows
             .into_iter()

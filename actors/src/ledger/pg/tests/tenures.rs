@@ -412,6 +412,63 @@ fn a_takeover_waits_for_a_commit_in_flight_of_the_old_holder() {
 }
 
 #[test]
+fn a_commit_that_comes_during_a_takeover_waits_for_it_and_is_refused() {
+    let schema = pg_testkit::fresh_schema();
+    let a = node(&schema, "a", TTL);
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    let book = a.inner.tenures.clone().expect("shared");
+    let key = book.lock_key_of("s1");
+    // A takeover under way, as another process's would be: the session's advisory lock held
+    // exclusively and the epoch raised, not committed yet.
+    let (taken_tx, taken) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+    let pool = a.inner.pool.clone();
+    let table = format!("\"{schema}\".session_leases");
+    let takeover = a.runtime.handle.spawn(async move {
+        let mut client = pool.get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        tx.query("SELECT pg_advisory_xact_lock($1)", &[&key]).await.unwrap();
+        tx.execute(
+            &format!("UPDATE {table} SET owner = 'b', epoch = epoch + 1 WHERE session = 's1'::bytea"),
+            &[],
+        )
+        .await
+        .unwrap();
+        taken_tx.send(()).unwrap();
+        let _ = go.await;
+        tx.commit().await.unwrap();
+    });
+    taken.recv().unwrap();
+    // a's commit checks its tenure meanwhile: it waits for the takeover, then finds it lost.
+    let (pool, checker) = (a.inner.pool.clone(), book.clone());
+    let check = a.runtime.handle.spawn(async move {
+        let mut client = pool.get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        let ok = checker
+            .check(&tx, ["s1".to_string()].into_iter().collect())
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        ok
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !check.is_finished(),
+        "the commit's check did not wait for the takeover under way"
+    );
+    go_tx.send(()).unwrap();
+    let ok = a
+        .runtime
+        .run(async move {
+            takeover.await.map_err(|e| LedgerError::storage("test", e))?;
+            check.await.map_err(|e| LedgerError::storage("test", e))
+        })
+        .unwrap();
+    assert!(ok.is_empty(), "the check saw the epoch the takeover replaced: {ok:?}");
+    assert!(!tenures(&a).holds("s1"), "s1 was lost");
+}
+
+#[test]
 fn a_row_that_cannot_be_read_is_moved_aside_only_by_its_sessions_holder() {
     let schema = pg_testkit::fresh_schema();
     let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
