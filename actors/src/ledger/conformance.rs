@@ -1335,7 +1335,9 @@ pub(crate) fn session_ids_page_the_stored_sessions_by_id_and_prefix(make: &dyn F
             ..Writes::default()
         },
     );
-    let page = |after: Option<&str>, prefix: Option<&str>, limit| ledger.session_ids(after, prefix, limit).expect("session_ids");
+    let page = |after: Option<&str>, prefix: Option<&str>, limit| {
+        ledger.session_ids(after, prefix, limit).expect("session_ids")
+    };
     assert_eq!(page(None, None, 100), ids.to_vec());
     assert_eq!(page(None, None, 3), ["a", "a-1", "a-2"]);
     assert_eq!(page(Some("a-2"), None, 2), ["ab", "b"]);
@@ -1387,7 +1389,11 @@ pub(crate) fn dead_letter_counts_count_each_sessions_dead_letters_in_the_range(m
     let counts = |first: &str, last: &str| ledger.dead_letter_counts(first, last).expect("dead_letter_counts");
     let owned = |v: &[(&str, u64)]| v.iter().map(|(s, n)| (s.to_string(), *n)).collect::<Vec<_>>();
     assert_eq!(counts("a", "c"), owned(&[("a", 3), ("ab", 1), ("b", 1), ("c", 1)]));
-    assert_eq!(counts("a", "a"), owned(&[("a", 3)]), "a prefix-sharing session is not counted");
+    assert_eq!(
+        counts("a", "a"),
+        owned(&[("a", 3)]),
+        "a prefix-sharing session is not counted"
+    );
     assert_eq!(counts("aa", "b"), owned(&[("ab", 1), ("b", 1)]));
     assert_eq!(counts("b", "bz"), owned(&[("b", 1)]));
     assert!(counts("d", "z").is_empty());
