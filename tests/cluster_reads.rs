@@ -298,7 +298,7 @@ fn readiness_follows_the_database_and_liveness_does_not() {
     cluster.stop();
     let message = until("/readyz to answer 503", || {
         let (status, body) = s.call("GET", "/readyz", None);
-        (status == 503).then(|| body)
+        (status == 503).then_some(body)
     });
     assert_eq!(message["error"]["code"], "ledger_unavailable", "{message}");
     let (status, health) = s.call("GET", "/healthz", None);
