@@ -310,3 +310,127 @@ fn readiness_follows_the_database_and_liveness_does_not() {
     let (status, _) = s.call("GET", "/healthz", None);
     assert_eq!(status, 200);
 }
+
+/// A listener on a free loopback port standing in for a peer: it reads each request whole and
+/// answers `status` with `body`; its address.
+fn fake_peer(status: &'static str, body: &'static str) -> String {
+    use std::io::{BufRead as _, Read as _, Write as _};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = format!("http://{}", l.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in l.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut request = vec![0; length];
+            let _ = reader.read_exact(&mut request);
+            let head = format!(
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes());
+            let _ = stream.write_all(body.as_bytes());
+        }
+    });
+    address
+}
+
+/// Points the lease of `session` at `address`, as if a process there held it for an hour.
+fn lease_held_at(url: &str, session: &str, address: &str) {
+    server::psql(
+        url,
+        &format!(
+            "UPDATE brood.session_leases SET address = '{address}', owner = 'elsewhere', instance = 'x',
+                 expires_at = now() + interval '1 hour' WHERE session = '{session}'::bytea"
+        ),
+    );
+}
+
+/// A holder that refuses the peer credential, answers what does not parse, or keeps saying the
+/// session is served elsewhere fails the listing or the redrive with what it did, naming it.
+#[test]
+fn a_holder_answering_amiss_fails_the_page_and_the_redrive_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a", "60000");
+    a.open("s");
+    dead_results(&a, "s", 1);
+    a.kill9();
+    let b = node(dir.path(), &url, "b", "60000");
+    b.open("t");
+    let refusing = fake_peer(
+        "401 Unauthorized",
+        r#"{"error":{"code":"unauthorized","message":"no"}}"#,
+    );
+    lease_held_at(&url, "s", &refusing);
+    let message = assert_error(b.call("GET", "/v1/sessions", None), 502, "peer_refused");
+    assert!(message.contains(&refusing), "{message}");
+    let message = assert_error(
+        b.call("POST", "/v1/dead-letters/redrive", Some(json!({"all": true}))),
+        502,
+        "peer_refused",
+    );
+    assert!(
+        message.contains("0 item(s) were redriven") && message.contains("`s`"),
+        "{message}"
+    );
+    let garbled = fake_peer("200 OK", "[1, 2");
+    lease_held_at(&url, "s", &garbled);
+    let message = assert_error(b.call("GET", "/v1/sessions", None), 503, "session_moved");
+    assert!(message.contains("does not parse"), "{message}");
+    let message = assert_error(
+        b.call("POST", "/v1/dead-letters/redrive", Some(json!({"session_id": "s"}))),
+        503,
+        "session_moved",
+    );
+    assert!(message.contains("does not parse"), "{message}");
+    let disowning = fake_peer("200 OK", r#"{"sessions": [], "elsewhere": ["s"]}"#);
+    lease_held_at(&url, "s", &disowning);
+    let message = assert_error(b.call("GET", "/v1/sessions", None), 503, "session_moved");
+    assert!(message.contains("changed hands") && message.contains('s'), "{message}");
+    // The session served here is listed once the other is out of the way.
+    let (status, page) = b.call("GET", "/v1/sessions?prefix=t", None);
+    assert_eq!(
+        (status, page["sessions"][0]["session_id"].as_str()),
+        (200, Some("t")),
+        "{page}"
+    );
+}
+
+/// The route between processes refuses a body naming no session, too many, or an id no session
+/// can have; and says which of those it names it does not serve.
+#[test]
+fn the_peer_route_checks_what_it_is_asked_and_names_what_it_does_not_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (a, b) = (
+        node(dir.path(), &url, "a", "60000"),
+        node(dir.path(), &url, "b", "60000"),
+    );
+    a.open("s");
+    b.open("t");
+    let ask = |ids: Value| a.call("POST", "/v1/peers/sessions", Some(json!({"session_ids": ids})));
+    assert_error(ask(json!([])), 400, "invalid_request");
+    let many: Vec<String> = (0..1002).map(|i| format!("s{i}")).collect();
+    assert_error(ask(json!(many)), 400, "invalid_request");
+    assert_error(ask(json!(["a\u{7}"])), 400, "invalid_request");
+    let (status, answer) = ask(json!(["s", "t", "nobody"]));
+    assert_eq!(status, 200, "{answer}");
+    let listed: Vec<&str> = answer["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["s"], "{answer}");
+    assert_eq!(answer["elsewhere"], json!(["t"]), "{answer}");
+}
