@@ -38,6 +38,7 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms, unreachable_pub)]
 #![deny(unused_must_use)]
 
+mod cluster;
 mod config;
 mod lifecycle;
 pub mod render;
@@ -73,6 +74,7 @@ pub use brood_actors::runner::{Progress, RecordOutcome, RunContext, RunOutput, R
 pub use brood_actors::text::printable;
 pub use brood_actors::totals::{DeliveryStage, Totals};
 pub use brood_actors::wake::{Wake, WakeEvent, WakeFactory};
+pub use cluster::RedriveSplit;
 pub use config::BroodConfig;
 pub use runners::Runners;
 
@@ -252,7 +254,7 @@ impl BroodHandle {
     }
 
     /// Sends `msg` to the session's owner.
-    async fn ask<M>(&self, session_id: &str, msg: M) -> Result<M::Result, BroodError>
+    pub(crate) async fn ask<M>(&self, session_id: &str, msg: M) -> Result<M::Result, BroodError>
     where
         M: Message + Send + 'static,
         M::Result: Send,
@@ -586,7 +588,7 @@ impl BroodHandle {
     }
 
     /// The dead-letter rows, as the ledger has them (what a redrive hands the owners).
-    async fn dead_letter_rows(&self) -> Result<Vec<brood_actors::model::DeadLetterRow>, BroodError> {
+    pub(crate) async fn dead_letter_rows(&self) -> Result<Vec<brood_actors::model::DeadLetterRow>, BroodError> {
         self.root.send(GetDeadLetters).await?
     }
 

@@ -5,7 +5,7 @@
 use brood_actors::actors::owner;
 use brood_actors::ledger::Ledger;
 
-use brood_actors::model::{CallRow, DeadLetterRow};
+use brood_actors::model::CallRow;
 
 use crate::{
     AckInfo, BroodError, BroodHandle, CallStatus, CancelTarget, Cancelled, ChildInfo, DeadLetterInfo, LedgerError,
@@ -183,27 +183,8 @@ impl BroodHandle {
     /// ([`BroodHandle::redrive_record`]). Items that are not dead letters are skipped, not
     /// counted. Returns how many were put back.
     pub async fn redrive(&self, select: RedriveSelect, limit: Option<usize>) -> Result<usize, BroodError> {
-        match &select {
-            RedriveSelect::Children(ids) if ids.is_empty() => {
-                return Err(BroodError::invalid("child_ids", "must name at least one child"))
-            }
-            RedriveSelect::Session(s) if s.is_empty() => {
-                return Err(BroodError::invalid("session_id", "must not be empty"))
-            }
-            _ => {}
-        }
-        if limit == Some(0) {
-            return Err(BroodError::invalid("limit", "must be at least 1 when given"));
-        }
-        let mut all = self.dead_letter_rows().await?;
-        all.sort_by(|a, b| (a.dead_at_ms, &a.dedup_key).cmp(&(b.dead_at_ms, &b.dedup_key)));
-        let mut by_session: std::collections::BTreeMap<String, Vec<DeadLetterRow>> = Default::default();
-        let chosen = all.into_iter().filter(|d| select.selects(&DeadLetterInfo::from(d)));
-        for d in chosen.take(limit.unwrap_or(usize::MAX)) {
-            by_session.entry(d.session_id.clone()).or_default().push(d);
-        }
         let mut redriven = 0;
-        for (session, selected) in by_session {
+        for (session, selected) in self.redrive_selection(&select, limit).await? {
             redriven += self.ask(&session, owner::Redrive { selected }).await??;
         }
         Ok(redriven)
@@ -278,7 +259,7 @@ impl BroodHandle {
 }
 
 /// A blocking ledger read, off the caller's executor and every actor's thread.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     job: impl FnOnce() -> Result<T, LedgerError> + Send + 'static,
 ) -> Result<T, BroodError> {
     Ok(brood_actors::ledger::off_thread("reading the ledger", job).await?)

@@ -183,6 +183,70 @@ pub(super) async fn forward(
     Ok(ServiceResponse::new(request, reply).map_into_right_body())
 }
 
+/// Sends a request of this process's own (a part of a listing or of a redrive) to the process
+/// at `address`, which wrote itself into the tenure table, as a forwarded request goes: with
+/// the peer credential and [`FORWARDED`] (so it is not sent on again), following no redirect.
+/// Its answer when it answered 200, else an error that names it and says what to do: 502
+/// `peer_refused` when it refused the peer credential, 503 `session_moved` otherwise (it did
+/// not answer, or answered another status). `what` names the sessions concerned.
+pub(super) async fn ask_peer(
+    state: &State,
+    address: &str,
+    path: &str,
+    body: Vec<u8>,
+    what: &str,
+) -> Result<Vec<u8>, ApiError> {
+    let url = format!("{address}{path}");
+    let me = state.config.advertised();
+    let peer = state.config.peer_credential();
+    let limit = state.config.body_limit.max(MIN_ANSWER_LIMIT);
+    let headers = vec![(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    )];
+    let sent = web::block(move || {
+        send_on(
+            &url,
+            actix_web::http::Method::POST,
+            headers,
+            web::Bytes::from(body),
+            &me,
+            peer.as_deref(),
+            limit,
+        )
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    match sent {
+        Ok(Answer { status, body, .. }) if status == StatusCode::OK => Ok(body),
+        Ok(Answer { status, .. }) if status == StatusCode::UNAUTHORIZED => {
+            tracing::warn!(%address, "a peer sharing the ledger refused this process's peer credential");
+            Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "peer_refused",
+                format!(
+                    "{what} served by the process at {address}, which refused this process's peer credential: the processes sharing the ledger need the same api_key (or peer_key)"
+                ),
+            ))
+        }
+        Ok(Answer { status, body, .. }) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "session_moved",
+            format!(
+                "{what} served by the process at {address}, which answered {status}: {}; retry",
+                String::from_utf8_lossy(&body[..body.len().min(512)])
+            ),
+        )),
+        Err(e) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "session_moved",
+            format!(
+                "{what} served by the process at {address}, which did not answer ({e}); retry (a process that died has its sessions taken over once their leases run out)"
+            ),
+        )),
+    }
+}
+
 /// The client of requests between the processes sharing a ledger: one for the server, so its
 /// connections to the other processes are kept and reused. A status is an answer, not an error,
 /// and a redirect is an answer too: it is never followed.

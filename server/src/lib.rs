@@ -315,6 +315,7 @@ route_table!(v1_routes, V1_ROUTES, "/v1", [
     "/workers/poll" => { post: workers::poll },
     "/workers/take" => { post: workers::take },
     "/workers/untake" => { post: workers::untake },
+    "/peers/sessions" => { post: listing::peer_sessions },
     "/calls/{call_id}" => { get: routes::get_call },
     "/calls/{call_id}/cancel" => { post: routes::cancel_call },
     "/units/{unit_id}/cancel" => { post: routes::cancel_unit },
@@ -359,6 +360,7 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
         config: config.clone(),
         stopping,
         openapi: Arc::new(openapi::document_for(&config)),
+        probe: Default::default(),
     });
     let metrics = web::Data::new(metrics);
     let recorder = web::Data::new(mcp::Recorder::default());

@@ -43,6 +43,7 @@ use super::state::State;
         super::workers::poll,
         super::workers::take,
         super::workers::untake,
+        super::listing::peer_sessions,
         super::routes::get_call,
         super::routes::cancel_call,
         super::routes::cancel_unit,
@@ -403,6 +404,10 @@ mod tests {
             assert_eq!(schema(body, "lease_ms")["minimum"], MIN_WORKER_HOLD_MS, "{body}");
             assert_eq!(schema(body, "lease_ms")["maximum"], MAX_WORKER_HOLD_MS, "{body}");
         }
+        assert_eq!(
+            schema("PeerSessionsBody", "session_ids")["maxItems"],
+            crate::listing::MAX_PEER_SESSIONS
+        );
         assert_eq!(schema("SimRunner", "ms")["maximum"], brood::runners::SIM_MAX_MS);
         assert_eq!(
             doc["components"]["schemas"]["QueueName"]["maxLength"],

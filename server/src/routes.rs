@@ -677,10 +677,16 @@ pub(super) async fn dead_letters(state: web::Data<State>, access: Access, req: H
 #[utoipa::path(
     post, path = "/v1/dead-letters/redrive", operation_id = "redriveDeadLetters",
     request_body(content = api::RedriveBody, content_type = "application/json"),
-    responses((status = 200, description = "The items put back in their sessions' ready sets.", body = api::RedriveReply),
-        (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply))
+    responses((status = 200, description = "The items put back in their sessions' ready sets, each session's by the process that serves it.", body = api::RedriveReply),
+        (status = 404, description = "No such session (`unknown_session`).", body = api::ErrorReply),
+        (status = 502, description = "A process serving some of the sessions refused this one's peer credential (`peer_refused`): the others' items were redriven, the message says how many.", body = api::ErrorReply))
 )]
-pub(super) async fn redrive(state: web::Data<State>, access: Access, payload: web::Payload) -> Reply {
+pub(super) async fn redrive(
+    state: web::Data<State>,
+    access: Access,
+    http: HttpRequest,
+    payload: web::Payload,
+) -> Reply {
     let raw = body(&state, payload).await?;
     let body: api::RedriveBody = api::parse(&raw)?;
     let limit = body.limit;
@@ -708,15 +714,78 @@ pub(super) async fn redrive(state: web::Data<State>, access: Access, payload: we
         select = brood::RedriveSelect::Children(ids);
     }
     let limit = limit.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-    let redriven = state.brood.redrive(select, limit).await?;
-    Ok(HttpResponse::Ok().json(api::RedriveReply {
-        redriven: redriven as u64,
-    }))
+    // Each session's part is done by the process that serves it: here, or by its holder.
+    let split = state.brood.redrive_split(select, limit).await?;
+    let mut redriven = split.redriven as u64;
+    if split.elsewhere.is_empty() {
+        return Ok(HttpResponse::Ok().json(api::RedriveReply { redriven }));
+    }
+    let sessions_of = |parts: &[(String, Vec<String>)]| {
+        parts
+            .iter()
+            .map(|(s, _)| format!("`{s}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if http.headers().contains_key(super::forward::FORWARDED) {
+        // Sent here as the holder of these sessions, which changed hands since: answered, not
+        // sent on again.
+        let (address, parts) = split
+            .elsewhere
+            .iter()
+            .next()
+            .map(|(a, p)| (a.clone(), p.clone()))
+            .unwrap_or_default();
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "session_moved",
+            format!(
+                "{redriven} item(s) were redriven here; the sessions {} are served by the process at {address} now; retry",
+                sessions_of(&parts)
+            ),
+        ));
+    }
+    let asked = split.elsewhere.iter().map(|(address, parts)| {
+        let state = state.clone();
+        async move {
+            let child_ids: Vec<String> = parts.iter().flat_map(|(_, c)| c.iter().cloned()).collect();
+            let body = serde_json::json!({ "child_ids": child_ids }).to_string().into_bytes();
+            let what = format!("the dead letters of the sessions {} are", sessions_of(parts));
+            let answer = super::forward::ask_peer(&state, address, "/v1/dead-letters/redrive", body, &what).await?;
+            serde_json::from_slice::<api::RedriveReply>(&answer).map_err(|e| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "session_moved",
+                    format!("{what} served by the process at {address}, whose answer does not parse ({e}); retry"),
+                )
+            })
+        }
+    });
+    let mut failed: Vec<ApiError> = Vec::new();
+    for answer in futures::future::join_all(asked).await {
+        match answer {
+            Ok(reply) => redriven += reply.redriven,
+            Err(e) => failed.push(e),
+        }
+    }
+    match failed.first() {
+        None => Ok(HttpResponse::Ok().json(api::RedriveReply { redriven })),
+        // Reported, not skipped: what the others redrove is done, and a retry of the same
+        // request redrives the rest (what is no dead letter any more is skipped).
+        Some(first) => Err(ApiError::new(
+            first.status,
+            first.code,
+            format!(
+                "{redriven} item(s) were redriven, but not all: {}; retry the same request (items redriven already are no dead letters any more, and are skipped)",
+                failed.iter().map(|e| e.message.as_str()).collect::<Vec<_>>().join("; ")
+            ),
+        )),
+    }
 }
 
 #[utoipa::path(
     get, path = "/healthz", operation_id = "healthz",
-    responses((status = 200, description = "The ledger is open and the actors answer.", body = api::Health),
+    responses((status = 200, description = "The process runs: its actors answer (a liveness probe: the ledger is not asked, so a database outage does not fail it; `/readyz` says whether to send work).", body = api::Health),
         (status = 503, description = "The engine stopped or its ledger failed (`unhealthy`).", body = api::ErrorReply))
 )]
 pub(super) async fn healthz(state: web::Data<State>) -> Reply {
@@ -737,23 +806,31 @@ pub(super) async fn healthz(state: web::Data<State>) -> Reply {
 
 #[utoipa::path(
     get, path = "/readyz", operation_id = "readyz",
-    responses((status = 200, description = "The server admits work: it is not draining, and its ledger and actors answer.", body = api::Health),
+    responses((status = 200, description = "The server admits work: it is not draining, its actors answer, and its ledger answered a round trip (PostgreSQL: `SELECT 1` within 2 s; the answer stands for 1 s).", body = api::Health),
         (status = 503, description = "Send work elsewhere: the server drains (`draining`), or its engine stopped or its ledger failed (`ledger_unavailable`).", body = api::ErrorReply))
 )]
 pub(super) async fn readyz(state: web::Data<State>) -> Reply {
     state.accepting()?;
-    match state.brood.health().await {
-        Ok(h) => Ok(HttpResponse::Ok().json(api::Health {
-            status: "ready".to_string(),
-            sessions: h.sessions as u64,
-            failed_sessions: h.failed_sessions as u64,
-        })),
-        Err(e) => Err(ApiError::new(
+    let h = state.brood.health().await.map_err(|e| {
+        ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "ledger_unavailable",
             format!("the server cannot take work now: {e}"),
-        )),
-    }
+        )
+    })?;
+    // The engine's health reads nothing: the ledger (a database, shared) is asked itself.
+    state.ledger_answers().await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ledger_unavailable",
+            format!("the server cannot take work now: its ledger does not answer ({e})"),
+        )
+    })?;
+    Ok(HttpResponse::Ok().json(api::Health {
+        status: "ready".to_string(),
+        sessions: h.sessions as u64,
+        failed_sessions: h.failed_sessions as u64,
+    }))
 }
 
 pub(super) async fn not_found(req: HttpRequest) -> Reply {

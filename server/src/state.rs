@@ -19,9 +19,43 @@ pub(super) struct State {
     pub(super) stopping: tokio::sync::watch::Receiver<bool>,
     /// The OpenAPI document, with this server's bounds (made once, at the start).
     pub(super) openapi: Arc<serde_json::Value>,
+    /// The ledger's last answer to readiness's round trip.
+    pub(super) probe: LedgerProbe,
 }
 
+/// How long the ledger's answer to a round trip stands for readiness: probes more often than
+/// this (a load balancer's, several at once) cost the database nothing more.
+const PROBE_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long readiness waits for the ledger's answer: a database that does not answer within
+/// it is unavailable.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The ledger's last answer to a round trip ([`brood::BroodHandle::ledger_answers`]) and when
+/// it came.
+#[derive(Debug, Default)]
+pub(super) struct LedgerProbe(tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>);
+
 impl State {
+    /// Whether the ledger answers a round trip (PostgreSQL: `SELECT 1`, within
+    /// [`PROBE_TIMEOUT`]), asked at most once per [`PROBE_FRESH`]: probes that come meanwhile
+    /// get the last answer (or wait for the one under way).
+    pub(super) async fn ledger_answers(&self) -> Result<(), String> {
+        let mut last = self.probe.0.lock().await;
+        if let Some((at, answer)) = last.as_ref() {
+            if at.elapsed() < PROBE_FRESH {
+                return answer.clone();
+            }
+        }
+        let answer = self
+            .brood
+            .ledger_answers(PROBE_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string());
+        *last = Some((std::time::Instant::now(), answer.clone()));
+        answer
+    }
+
     /// Refuses new work once the server drains.
     pub(super) fn accepting(&self) -> Result<(), ApiError> {
         if *self.stopping.borrow() {

@@ -59,6 +59,8 @@ macro_rules! ledger_conformance_cases {
             has_session_is_true_only_for_a_stored_session,
             call_reads_one_call_of_one_session,
             dead_letters_lists_every_sessions_dead_letters,
+            session_ids_page_the_stored_sessions_by_id_and_prefix,
+            dead_letter_counts_count_each_sessions_dead_letters_in_the_range,
             call_children_are_that_calls_rows_by_task_index,
             calls_page_pages_one_sessions_calls_in_id_order,
             acks_page_pages_one_sessions_acks_in_claim_id_order,
@@ -1319,6 +1321,82 @@ pub(crate) fn dead_letters_lists_every_sessions_dead_letters(make: &dyn Fn() -> 
         sorted(&ledger.dead_letters().expect("dead_letters"), key),
         sorted(&rows, key)
     );
+}
+
+pub(crate) fn session_ids_page_the_stored_sessions_by_id_and_prefix(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let ledger = make();
+    let ids = ["a", "a-1", "a-2", "ab", "b", "b-1", "c~"];
+    write(
+        &*ledger,
+        Writes {
+            sessions: ids.iter().map(|s| session_row(s)).collect(),
+            // Rows of other trees are no sessions.
+            calls: vec![call_row("a", "deleg_c", 1)],
+            ..Writes::default()
+        },
+    );
+    let page = |after: Option<&str>, prefix: Option<&str>, limit| {
+        ledger.session_ids(after, prefix, limit).expect("session_ids")
+    };
+    assert_eq!(page(None, None, 100), ids.to_vec());
+    assert_eq!(page(None, None, 3), ["a", "a-1", "a-2"]);
+    assert_eq!(page(Some("a-2"), None, 2), ["ab", "b"]);
+    // `after` need not be a stored id.
+    assert_eq!(page(Some("a-15"), None, 2), ["a-2", "ab"]);
+    assert_eq!(page(None, Some("a"), 100), ["a", "a-1", "a-2", "ab"]);
+    assert_eq!(page(None, Some("a-"), 100), ["a-1", "a-2"]);
+    assert_eq!(page(Some("a-1"), Some("a-"), 100), ["a-2"]);
+    // An `after` before the prefix starts at the prefix; one past it finds nothing.
+    assert_eq!(page(Some("0"), Some("b"), 100), ["b", "b-1"]);
+    assert!(page(Some("b-1"), Some("b"), 100).is_empty());
+    assert!(page(Some("zz"), None, 100).is_empty());
+    assert!(page(None, Some("d"), 100).is_empty());
+    // Pages of one row each walk every id once.
+    let (mut walked, mut after) = (Vec::new(), None::<String>);
+    loop {
+        let got = page(after.as_deref(), None, 1);
+        let Some(last) = got.last().cloned() else { break };
+        walked.extend(got);
+        after = Some(last);
+    }
+    assert_eq!(walked, ids.to_vec());
+    write(
+        &*ledger,
+        Writes {
+            remove_sessions: vec!["a-1".to_string()],
+            ..Writes::default()
+        },
+    );
+    assert_eq!(page(None, Some("a-"), 100), ["a-2"]);
+}
+
+pub(crate) fn dead_letter_counts_count_each_sessions_dead_letters_in_the_range(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let ledger = make();
+    write(
+        &*ledger,
+        Writes {
+            dead_letters: vec![
+                dead_letter("a", "deleg_c", 0, ItemKind::Result, 8),
+                dead_letter("a", "deleg_c", 0, ItemKind::FailureNotice, 3),
+                dead_letter("a", "deleg_c", 1, ItemKind::Result, 8),
+                dead_letter("ab", "deleg_c1", 4, ItemKind::Result, 8),
+                dead_letter("b", "deleg_d", 1, ItemKind::FailureNotice, 8),
+                dead_letter("c", "deleg_e", 0, ItemKind::Result, 8),
+            ],
+            ..Writes::default()
+        },
+    );
+    let counts = |first: &str, last: &str| ledger.dead_letter_counts(first, last).expect("dead_letter_counts");
+    let owned = |v: &[(&str, u64)]| v.iter().map(|(s, n)| (s.to_string(), *n)).collect::<Vec<_>>();
+    assert_eq!(counts("a", "c"), owned(&[("a", 3), ("ab", 1), ("b", 1), ("c", 1)]));
+    assert_eq!(
+        counts("a", "a"),
+        owned(&[("a", 3)]),
+        "a prefix-sharing session is not counted"
+    );
+    assert_eq!(counts("aa", "b"), owned(&[("ab", 1), ("b", 1)]));
+    assert_eq!(counts("b", "bz"), owned(&[("b", 1)]));
+    assert!(counts("d", "z").is_empty());
 }
 
 pub(crate) fn call_children_are_that_calls_rows_by_task_index(make: &dyn Fn() -> Box<dyn Ledger>) {

@@ -410,6 +410,17 @@ pub trait Tenures: Send + Sync + fmt::Debug {
     /// took it): `Elsewhere` with the row's owner and address whichever process it names, this
     /// one included; none when the tenure is free.
     fn recorded_holder(&self, session_id: &str) -> Result<Option<TenureHolder>, LedgerError>;
+    /// Who holds the tenures of `session_ids` right now, in one read (as [`Tenures::holder`]
+    /// answers for one): the sessions whose tenure is free are left out.
+    fn holders(&self, session_ids: &[String]) -> Result<Vec<(String, TenureHolder)>, LedgerError> {
+        let mut out = Vec::new();
+        for id in session_ids {
+            if let Some(h) = self.holder(id)? {
+                out.push((id.clone(), h));
+            }
+        }
+        Ok(out)
+    }
     /// Takes the tenure of every stored session whose tenure is free (at start, and as a sweep:
     /// the sessions of a process that died); returns those taken.
     fn acquire_free(&self) -> Result<Vec<String>, LedgerError>;
@@ -449,6 +460,21 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     fn call(&self, session_id: &str, call_id: &str) -> Result<Option<CallRow>, LedgerError>;
     /// Every dead letter.
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError>;
+    /// Up to `limit` ids of stored sessions in ascending (bytewise) order: those after `after`
+    /// (exclusive) when given, and of those only the ids that start with `prefix` when given.
+    /// Reads the keys of one range of the sessions' tree, no value: a page of a listing costs
+    /// what the page holds, whatever the ledger holds besides.
+    fn session_ids(&self, after: Option<&str>, prefix: Option<&str>, limit: usize) -> Result<Vec<String>, LedgerError>;
+    /// How many dead letters each session whose id is from `first` to `last` (both included)
+    /// holds, in ascending session id order, read as one key range and counted by session (one
+    /// grouped statement on PostgreSQL); sessions without any are left out.
+    fn dead_letter_counts(&self, first: &str, last: &str) -> Result<Vec<(String, u64)>, LedgerError>;
+    /// Whether the storage answers now, within `timeout`: a cheap round trip (PostgreSQL: `SELECT
+    /// 1` on a connection of the pool). sled lives in this process's own folder: always yes.
+    fn ping(&self, timeout: std::time::Duration) -> Result<(), LedgerError> {
+        let _ = timeout;
+        Ok(())
+    }
     /// The stored row of the child `child_id` of `session_id` (one key's read), without the
     /// delivery state its ack rows and dead letters fold in at a load.
     fn child(&self, session_id: &str, child_id: &str) -> Result<Option<ChildRow>, LedgerError>;

@@ -572,6 +572,51 @@ impl Ledger for SledLedger {
         self.scan(&self.dead_letters, DEAD_LETTERS, None)
     }
 
+    fn session_ids(&self, after: Option<&str>, prefix: Option<&str>, limit: usize) -> Result<Vec<String>, LedgerError> {
+        let prefix = prefix.unwrap_or("").as_bytes();
+        let start = match after {
+            Some(a) => {
+                let mut k = a.as_bytes().to_vec();
+                k.push(0);
+                k.max(prefix.to_vec())
+            }
+            None => prefix.to_vec(),
+        };
+        let mut out = Vec::new();
+        for k in self.sessions.range(start..).keys() {
+            let k = k?;
+            if !k.starts_with(prefix) || out.len() >= limit {
+                break;
+            }
+            if let Ok(id) = std::str::from_utf8(&k) {
+                out.push(id.to_string());
+            }
+        }
+        Ok(out)
+    }
+
+    fn dead_letter_counts(&self, first: &str, last: &str) -> Result<Vec<(String, u64)>, LedgerError> {
+        let mut end = session_prefix(last);
+        // Past every key of `last`: its ids follow a NUL, and nothing sorts between.
+        if let Some(nul) = end.last_mut() {
+            *nul = 1;
+        }
+        let mut out: Vec<(String, u64)> = Vec::new();
+        for k in self.dead_letters.range(session_prefix(first)..end).keys() {
+            let k = k?;
+            let session = k.split(|b| *b == 0).next().unwrap_or(&[]);
+            match out.last_mut() {
+                Some((s, n)) if s.as_bytes() == session => *n += 1,
+                _ => {
+                    if let Ok(s) = std::str::from_utf8(session) {
+                        out.push((s.to_string(), 1));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn child(&self, session_id: &str, child_id: &str) -> Result<Option<ChildRow>, LedgerError> {
         self.get_row(&self.children, CHILDREN, session_id, child_id)
     }

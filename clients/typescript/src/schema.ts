@@ -257,6 +257,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/peers/sessions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * `POST /v1/peers/sessions` (between processes sharing a ledger, not for clients): the
+         *     summaries of the sessions named that this process serves, and which of them it does not.
+         */
+        post: operations["peerSessions"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions": {
         parameters: {
             query?: never;
@@ -948,6 +968,24 @@ export interface components {
          * @enum {string}
          */
         Mode: "background" | "sync";
+        /** @description `POST /v1/peers/sessions`: the summaries of the sessions asked for that this process serves. */
+        PeerSessions: {
+            /**
+             * @description The sessions asked for that another process serves now (or whose lease here may have
+             *     run out): the asker looks their holder up again.
+             */
+            elsewhere: string[];
+            /**
+             * @description The sessions served here, in the order asked; `dead_letters` is 0 (the asker counts
+             *     them for its whole page at once).
+             */
+            sessions: components["schemas"]["SessionSummary"][];
+        };
+        /** @description `POST /v1/peers/sessions`: between processes sharing a ledger, not for clients. */
+        PeerSessionsBody: {
+            /** @description The sessions to summarize, as the asking process found them in the ledger. */
+            session_ids: string[];
+        };
         /** @description `POST /v1/workers/poll`. */
         PollBody: {
             /** @description The lease of the child handed out, in ms (default 30000); renewed by heartbeats. */
@@ -1268,7 +1306,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The ledger is open and the actors answer. */
+            /** @description The process runs: its actors answer (a liveness probe: the ledger is not asked, so a database outage does not fail it; `/readyz` says whether to send work). */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -1454,7 +1492,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The server admits work: it is not draining, and its ledger and actors answer. */
+            /** @description The server admits work: it is not draining, its actors answer, and its ledger answered a round trip (PostgreSQL: `SELECT 1` within 2 s; the answer stands for 1 s). */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2242,7 +2280,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description The items put back in their sessions' ready sets. */
+            /** @description The items put back in their sessions' ready sets, each session's by the process that serves it. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2314,6 +2352,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorReply"];
                 };
             };
+            /** @description A process serving some of the sessions refused this one's peer credential (`peer_refused`): the others' items were redriven, the message says how many. */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
             /** @description Try again later: the server drains (`draining`), its ledger failed (`ledger_error`), or the session is served elsewhere and could not be reached (`session_moved`, `lease_lapsed`). */
             503: {
                 headers: {
@@ -2363,6 +2410,93 @@ export interface operations {
             };
         };
     };
+    peerSessions: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PeerSessionsBody"];
+            };
+        };
+        responses: {
+            /** @description The summaries of the sessions named served here (between processes sharing a ledger). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PeerSessions"];
+                };
+            };
+            /** @description The body or a parameter is malformed or out of bounds (`invalid_request`, …). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description No key, or a wrong one (`unauthorized`). */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description Refused: a request from a web page of another site (`forbidden_host`, `cross_origin`), a key scoped to other sessions (`out_of_scope`), or what the server does not allow. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description The body did not arrive within `body_timeout_ms` (`body_timeout`). */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description The body is over the limit (`body_too_large`). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description A body that is not `Content-Type: application/json` (`unsupported_media_type`). */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description Try again later: the server drains (`draining`), its ledger failed (`ledger_error`), or the session is served elsewhere and could not be reached (`session_moved`, `lease_lapsed`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+        };
+    };
     listSessions: {
         parameters: {
             query?: {
@@ -2384,7 +2518,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description A page of sessions, nested ones included, of those the filters keep. */
+            /** @description A page of the sessions stored in the ledger (whichever process serves them), nested ones included, of those the filters keep. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -2413,6 +2547,15 @@ export interface operations {
             };
             /** @description Refused: a request from a web page of another site (`forbidden_host`, `cross_origin`), a key scoped to other sessions (`out_of_scope`), or what the server does not allow. */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description A process serving sessions of the page refused this one's peer credential (`peer_refused`). */
+            502: {
                 headers: {
                     [name: string]: unknown;
                 };

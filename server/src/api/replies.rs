@@ -468,6 +468,17 @@ pub struct SessionList {
     pub next: Option<String>,
 }
 
+/// `POST /v1/peers/sessions`: the summaries of the sessions asked for that this process serves.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PeerSessions {
+    /// The sessions served here, in the order asked; `dead_letters` is 0 (the asker counts
+    /// them for its whole page at once).
+    pub sessions: Vec<SessionSummary>,
+    /// The sessions asked for that another process serves now (or whose lease here may have
+    /// run out): the asker looks their holder up again.
+    pub elsewhere: Vec<String>,
+}
+
 /// `POST /v1/sessions/{session_id}/turn`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TurnReply {

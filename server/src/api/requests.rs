@@ -403,6 +403,15 @@ pub struct UntakeBody {
     pub take_id: String,
 }
 
+/// `POST /v1/peers/sessions`: between processes sharing a ledger, not for clients.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSessionsBody {
+    /// The sessions to summarize, as the asking process found them in the ledger.
+    #[schema(min_items = 1, max_items = 1001)]
+    pub session_ids: Vec<String>,
+}
+
 /// The query of `GET /v1/sessions`, as text: `limit` is checked by the handler, so a bad one
 /// is a 400 in API.md's shape.
 #[derive(Debug, Deserialize, IntoParams)]

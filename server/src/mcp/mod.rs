@@ -247,6 +247,7 @@ impl Embedded {
                 config,
                 stopping,
                 openapi,
+                probe: Default::default(),
             },
             recorder: Recorder::default(),
             stop,

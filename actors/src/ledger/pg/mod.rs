@@ -43,6 +43,7 @@ use crate::model::*;
 
 mod commit;
 mod directory;
+mod listing;
 mod migrate;
 mod runtime;
 mod staging;
@@ -702,6 +703,18 @@ impl Ledger for PgLedger {
 
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError> {
         self.scan(DEAD_LETTERS, None)
+    }
+
+    fn session_ids(&self, after: Option<&str>, prefix: Option<&str>, limit: usize) -> Result<Vec<String>, LedgerError> {
+        self.session_id_page(after, prefix, limit)
+    }
+
+    fn dead_letter_counts(&self, first: &str, last: &str) -> Result<Vec<(String, u64)>, LedgerError> {
+        self.dead_letters_by_session(first, last)
+    }
+
+    fn ping(&self, timeout: Duration) -> Result<(), LedgerError> {
+        self.round_trip(timeout)
     }
 
     fn child(&self, session_id: &str, child_id: &str) -> Result<Option<ChildRow>, LedgerError> {

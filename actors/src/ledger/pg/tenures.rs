@@ -494,6 +494,43 @@ impl Tenures for PgTenures {
         self.0.run(async move { tenures.holder_row(name, true).await })
     }
 
+    fn holders(&self, session_ids: &[String]) -> Result<Vec<(String, TenureHolder)>, LedgerError> {
+        let mut out = Vec::new();
+        let mut ask: Vec<Vec<u8>> = Vec::new();
+        {
+            let held = self.0.held();
+            for id in session_ids {
+                match held.get(id) {
+                    Some(h) => out.push((id.clone(), TenureHolder::Here(h.epoch as u64))),
+                    None => ask.push(id.as_bytes().to_vec()),
+                }
+            }
+        }
+        if ask.is_empty() {
+            return Ok(out);
+        }
+        let (pool, table) = (self.0.pool.clone(), self.0.table.clone());
+        let rows: Vec<(Vec<u8>, String, String)> = self.0.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let rows = client
+                .query(
+                    &format!(
+                        "SELECT session, owner, address FROM {table} WHERE session = ANY($1) AND expires_at >= now()"
+                    ),
+                    &[&ask],
+                )
+                .await
+                .map_err(pg_error("reading session tenures"))?;
+            Ok(rows.into_iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+        })?;
+        for (name, owner, address) in rows {
+            if let Ok(id) = String::from_utf8(name) {
+                out.push((id, TenureHolder::Elsewhere { owner, address }));
+            }
+        }
+        Ok(out)
+    }
+
     fn acquire_free(&self) -> Result<Vec<String>, LedgerError> {
         let tenures = self.0.clone();
         let taken = self.0.run(async move { tenures.take(None).await })?;
