@@ -169,6 +169,7 @@ impl HeldTenures {
 
     /// Whether this process holds `session`'s tenure.
     /// The advisory lock key of `session`'s tenure (see [`lock_key`]).
+    #[cfg(test)]
     pub(super) fn lock_key_of(&self, session: &str) -> i64 {
         lock_key(&self.table, session.as_bytes())
     }
