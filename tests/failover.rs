@@ -6,6 +6,7 @@
 //! of every call answered 2xx was delivered exactly once, and the outage shows as retried
 //! requests, not as lost work.
 
+mod common;
 mod server;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -13,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use brood::{Brood, BroodConfig, DelegateRequest};
 use brood_actors::ledger::pg_testkit::Replicated;
 use serde_json::{json, Value};
 use server::{sim, Server};
@@ -289,4 +291,69 @@ fn a_database_failover_loses_nothing_acknowledged_and_delivers_nothing_twice() {
         seen.slowest.lock().unwrap()
     );
     assert!(retried > 0, "the outage was not seen by any request");
+}
+
+/// The result of `call` (one child) at a boundary of `session`, acked: boundaries and acks
+/// refused meanwhile (the session not served yet) are tried again.
+async fn delivered(b: &Brood, session: &str, call: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "{call} was not delivered within {PATIENCE:?}"
+        );
+        let env = match b.boundary(session, "c", Duration::from_secs(30)).await {
+            Ok(Some(env)) => env,
+            Ok(None) | Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let calls: Vec<&str> = env.items.iter().map(|i| i.call_id.as_str()).collect();
+        assert_eq!(calls, vec![call], "{env:?}");
+        if b.ack(&env.claim_id).await.is_ok() {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_rebuilt_while_the_database_is_out_comes_back_with_it_instead_of_being_given_up() {
+    let mut pair = Replicated::start();
+    let url = pair.fresh_database();
+    let kit = common::Kit::default();
+    let dir = tempfile::tempdir().unwrap();
+    let config = BroodConfig::new(dir.path())
+        .runners(kit.runners())
+        .postgres(&url)
+        .share("a", "http://a", Duration::from_millis(TENURE_MS));
+    let b = Brood::open(config).expect("open on the pair");
+    common::open_wake(&b, "s").await;
+    let first = common::delegated(
+        &b,
+        "s",
+        DelegateRequest::background(vec![common::task("t", common::sim(0))]),
+    )
+    .await;
+    delivered(&b, "s", &first).await;
+    pair.kill_primary();
+    // Promoted a while after the rebuild below began: every attempt meanwhile fails (more
+    // attempts than the restart budget allows failures).
+    let promoted = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(TENURE_MS));
+        pair.promote_standby();
+        pair
+    });
+    b.restart_owner("s")
+        .await
+        .expect("the owner is rebuilt once the database is back, not given up");
+    let _pair = promoted.join().expect("promoting the standby");
+    let second = common::delegated(
+        &b,
+        "s",
+        DelegateRequest::background(vec![common::task("t", common::sim(0))]),
+    )
+    .await;
+    delivered(&b, "s", &second).await;
+    b.shutdown();
 }
