@@ -108,7 +108,8 @@ fn produce(agent: ureq::Agent, base: String, session: String, seen: Arc<Seen>) {
 /// Claims and acks the session's items until `done`: an ack refused as lost leaves its items to
 /// come again; an item handed out after an ack of it answered 200 is noted.
 fn consume(agent: ureq::Agent, base: String, session: String, seen: Arc<Seen>, done: Arc<AtomicBool>) {
-    let boundary = json!({"consumer": "failover", "lease_ms": 10_000});
+    // Shorter than the outage: a claim made before it may run out before its ack lands.
+    let boundary = json!({"consumer": "failover", "lease_ms": 3_000});
     while !done.load(Ordering::Relaxed) {
         let (status, env) = send(
             &agent,
