@@ -6,7 +6,9 @@
 //! ledger (its claims returned, its running children adopted), a restarted coalescer simply
 //! takes over (children retry their hand-off). Past the budget, the failure escalates: a
 //! session owner is given up and its session answers [`BroodError::SessionFailed`]; the
-//! coalescer, without which nothing can be recorded, stops the whole engine.
+//! coalescer, without which nothing can be recorded, stops the whole engine. A rebuild that
+//! fails on an error of the ledger's storage (its database out of reach during a failover) is
+//! not such a failure: it is tried again, with backoff, until the ledger answers.
 //! It does not route anything itself.
 
 use std::collections::HashMap;
@@ -89,6 +91,9 @@ type OwnerWaiter = tokio::sync::oneshot::Sender<Result<Addr<SessionOwner>, Brood
 
 /// How long a session owner whose rebuild failed waits before the next attempt.
 const REBUILD_RETRY: Duration = Duration::from_millis(50);
+
+/// The longest wait between rebuilds of an owner that fail because the ledger does not answer.
+const REBUILD_RETRY_MOST: Duration = Duration::from_secs(2);
 
 /// The root of the actor tree.
 pub struct Supervisor {
@@ -304,9 +309,16 @@ impl Supervisor {
     }
 
     /// Rebuilds session `id`'s owner from the ledger (its old one ended as `msg` says). A
-    /// rebuild that fails (a ledger error) is a failure of the owner like a panic: tried again
-    /// within the restart budget, the session given up past it.
+    /// rebuild that fails on an error of the ledger's storage (its database out of reach, as
+    /// during a failover; a disk's I/O error) is tried again, `wait` later, then twice as long each time up
+    /// to [`REBUILD_RETRY_MOST`], for as long as it takes: an outage of the database gives no
+    /// session up. Any other failure is a failure of the owner like a panic: tried again within
+    /// the restart budget, the session given up past it.
     fn rebuild(&mut self, id: String, msg: String, ctx: &mut Context<Self>) {
+        self.rebuild_after(id, msg, REBUILD_RETRY, ctx);
+    }
+
+    fn rebuild_after(&mut self, id: String, msg: String, wait: Duration, ctx: &mut Context<Self>) {
         // Rebuilt on a thread of its own at a lower priority: its reads, flushes and planning
         // block neither this actor's thread nor, on a machine with few cores, the threads that
         // route the other sessions. Requests to the session meanwhile are answered as
@@ -332,6 +344,11 @@ impl Supervisor {
                     Ok(owner) => {
                         act.spawn_owner(owner, ctx);
                         tracing::info!(session = %id, "session owner restarted from the ledger");
+                    }
+                    Err(e @ LedgerError::Storage { source: Some(_), .. }) if super::running(ctx) => {
+                        tracing::warn!(session = %id, retry_in = ?wait, "session owner could not be rebuilt: the ledger did not answer; trying again: {e}");
+                        let next = (wait * 2).min(REBUILD_RETRY_MOST);
+                        ctx.run_later(wait, move |act, ctx| act.rebuild_after(id, msg, next, ctx));
                     }
                     Err(e)
                         if super::running(ctx) && act.budgets.on_failure(&id, Instant::now()) == Decision::Restart =>

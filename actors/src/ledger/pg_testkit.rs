@@ -1,6 +1,8 @@
 //! A PostgreSQL server for the tests: `BROOD_TEST_PG` when set, else a throwaway cluster this
 //! test process starts once (Debian's `postgresql` binaries; `.ci/run` installs them) and that
 //! dies with it. Each ledger a test opens gets a schema of its own.
+//!
+//! [`Replicated`]: a primary with a synchronous standby, for the tests of a database failover.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -128,11 +130,29 @@ pub struct Cluster {
     dir: PathBuf,
     port: u16,
     server: Option<std::process::Child>,
+    /// Settings of its own (`name=value`), given to the server at each start.
+    settings: Vec<String>,
 }
 
 impl Cluster {
     /// A new cluster in `name` (a folder under the temporary directory), not started.
     fn create(name: &str) -> Result<Cluster, String> {
+        let c = Cluster::folder(name)?;
+        let out = command(&c.bin.join("initdb"), c.user, false)
+            .current_dir(&c.dir)
+            .args(["-U", "brood", "--auth=trust", "-E", "UTF8", "--no-locale", "-D"])
+            .arg(c.dir.join("data"))
+            .output()
+            .map_err(|e| format!("running initdb: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        Ok(c)
+    }
+
+    /// The folder of a cluster in `name` (a folder under the temporary directory), owned by
+    /// the server's user, and a free port: no data folder yet.
+    fn folder(name: &str) -> Result<Cluster, String> {
         let bin = binaries()?;
         let user = (unsafe { libc::geteuid() } == 0).then(postgres_user).transpose()?;
         let dir = std::env::temp_dir().join(name);
@@ -141,15 +161,6 @@ impl Cluster {
         if let Some((uid, gid)) = user {
             std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
                 .map_err(|e| format!("chown {}: {e}", dir.display()))?;
-        }
-        let out = command(&bin.join("initdb"), user, false)
-            .current_dir(&dir)
-            .args(["-U", "brood", "--auth=trust", "-E", "UTF8", "--no-locale", "-D"])
-            .arg(dir.join("data"))
-            .output()
-            .map_err(|e| format!("running initdb: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
         }
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -161,6 +172,7 @@ impl Cluster {
             dir,
             port,
             server: None,
+            settings: Vec::new(),
         })
     }
 
@@ -213,6 +225,7 @@ impl Cluster {
                 "-c",
                 "max_connections=200",
             ])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
             .spawn()
@@ -293,4 +306,186 @@ fn start() -> Result<String, String> {
         })
         .map_err(|e| format!("starting the server's thread: {e}"))?;
     rx.recv().map_err(|_| "the server's thread ended".to_string())?
+}
+
+/// The first column of the first row `sql` answers on the database at `url` (as text), or why
+/// it could not be had (the server is down, or refuses).
+pub fn query_value(url: &str, sql: &str) -> Result<Option<String>, String> {
+    let (url, sql) = (url.to_string(), sql.to_string());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            let messages = client.simple_query(&sql).await?;
+            Ok::<_, tokio_postgres::Error>(messages.into_iter().find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_string)),
+                _ => None,
+            }))
+        })
+        .map(Option::flatten)
+        .map_err(|e| e.to_string())
+    })
+    .join()
+    .unwrap_or_else(|_| Err("querying the test server panicked".into()))
+}
+
+/// The `application_name` the standby of a [`Replicated`] pair connects to its primary with, and
+/// the primary's `synchronous_standby_names`.
+const STANDBY_NAME: &str = "brood_standby";
+
+/// The role the standby replicates as.
+const REPLICATION_USER: &str = "replicator";
+
+/// A primary and a **synchronous** standby, each a [`Cluster`] of its own on a port of its
+/// own: the primary with `wal_level=replica`, a replication role and its `pg_hba.conf` entry,
+/// `synchronous_standby_names` naming the standby and `synchronous_commit=on`, so that a commit
+/// is acknowledged only once the standby has it on disk; the standby made by `pg_basebackup -R`
+/// and streaming from it. Both die with the thread that started them (or when this is dropped),
+/// their folders removed.
+///
+/// A failover: [`Replicated::kill_primary`] (as `pg_ctl stop -m immediate`), then
+/// [`Replicated::promote_standby`]; a client given [`Replicated::url`] (both hosts,
+/// `target_session_attrs=read-write`) reaches whichever of the two takes writes.
+#[derive(Debug)]
+pub struct Replicated {
+    primary: Cluster,
+    standby: Cluster,
+}
+
+impl Replicated {
+    /// Starts the primary, copies it into the standby, starts that, and returns once the primary
+    /// reports the standby `sync` in `pg_stat_replication`.
+    pub fn start() -> Replicated {
+        Replicated::try_start().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_start() -> Result<Replicated, String> {
+        let name = format!("brood-pg-{}-{}", std::process::id(), fresh_schema());
+        let mut primary = Cluster::create(&format!("{name}-primary"))?;
+        primary.settings = vec![
+            "wal_level=replica".into(),
+            "max_wal_senders=4".into(),
+            "hot_standby=on".into(),
+            format!("synchronous_standby_names={STANDBY_NAME}"),
+        ];
+        let hba = primary.dir.join("data").join("pg_hba.conf");
+        let mut rules = std::fs::read_to_string(&hba).map_err(|e| format!("reading {}: {e}", hba.display()))?;
+        rules.push_str(&format!("host replication {REPLICATION_USER} 127.0.0.1/32 trust\n"));
+        std::fs::write(&hba, rules).map_err(|e| format!("writing {}: {e}", hba.display()))?;
+        primary.spawn()?;
+        primary.wait_ready()?;
+        // Committed locally: no standby is there yet to wait for.
+        execute(
+            &primary.url(),
+            &format!("SET synchronous_commit = local; CREATE ROLE {REPLICATION_USER} WITH REPLICATION LOGIN"),
+        );
+        let mut standby = Cluster::folder(&format!("{name}-standby"))?;
+        let out = command(&standby.bin.join("pg_basebackup"), standby.user, false)
+            .current_dir(&standby.dir)
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &primary.port.to_string(),
+                "-U",
+                REPLICATION_USER,
+            ])
+            .args(["-X", "stream", "--checkpoint=fast", "-R", "-D"])
+            .arg(standby.dir.join("data"))
+            .output()
+            .map_err(|e| format!("running pg_basebackup: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "pg_basebackup failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        // `-R` wrote `standby.signal` and a `primary_conninfo`; this one names the standby as the
+        // primary's `synchronous_standby_names` does. A promoted standby has no standby of its
+        // own to wait for: it has no `synchronous_standby_names` (the primary's is given on its
+        // command line, not in the configuration files the copy took).
+        standby.settings = vec![
+            "hot_standby=on".into(),
+            format!(
+                "primary_conninfo=host=127.0.0.1 port={} user={REPLICATION_USER} application_name={STANDBY_NAME}",
+                primary.port
+            ),
+        ];
+        standby.spawn()?;
+        standby.wait_ready()?;
+        let pair = Replicated { primary, standby };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let sql = format!("SELECT sync_state FROM pg_stat_replication WHERE application_name = '{STANDBY_NAME}'");
+        loop {
+            match query_value(&pair.primary.url(), &sql) {
+                Ok(Some(state)) if state == "sync" => return Ok(pair),
+                seen if Instant::now() > deadline => {
+                    return Err(format!(
+                        "the standby was not reported `sync` within 60 s ({seen:?}); see {}",
+                        pair.standby.dir.join("server.log").display()
+                    ))
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// The address of both servers' `postgres` database, the primary first, taking a
+    /// connection only where writes are allowed (`target_session_attrs=read-write`).
+    pub fn url(&self) -> String {
+        self.url_of("postgres")
+    }
+
+    fn url_of(&self, database: &str) -> String {
+        format!(
+            "postgres://brood@127.0.0.1:{},127.0.0.1:{}/{database}?target_session_attrs=read-write",
+            self.primary.port, self.standby.port
+        )
+    }
+
+    /// The primary's own address (the `postgres` database).
+    pub fn primary_url(&self) -> String {
+        self.primary.url()
+    }
+
+    /// The standby's own address (the `postgres` database).
+    pub fn standby_url(&self) -> String {
+        self.standby.url()
+    }
+
+    /// A new, empty database (made on the primary, so on the standby too): its address on both
+    /// hosts, as [`Replicated::url`].
+    pub fn fresh_database(&self) -> String {
+        let name = fresh_schema();
+        execute(&self.primary.url(), &format!("CREATE DATABASE {name}"));
+        self.url_of(&name)
+    }
+
+    /// Kills the primary as `pg_ctl stop -m immediate` does (`SIGQUIT` to the postmaster: every
+    /// server process quits at once, no shutdown checkpoint, as a crash), and waits for it. Its
+    /// clients' connections break.
+    pub fn kill_primary(&mut self) {
+        self.primary.stop();
+    }
+
+    /// Promotes the standby (`pg_promote()`) and returns once it takes writes.
+    pub fn promote_standby(&self) {
+        let url = self.standby.url();
+        execute(&url, "SELECT pg_promote(true, 60)");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match query_value(&url, "SHOW transaction_read_only") {
+                Ok(Some(ro)) if ro == "off" => return,
+                seen => assert!(
+                    Instant::now() < deadline,
+                    "the promoted standby did not take writes within 60 s ({seen:?})"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }

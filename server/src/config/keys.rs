@@ -17,7 +17,7 @@ pub(super) const KEYS: &[(&str, &str)] = &[
     ("data_dir", "a folder path"),
     (
         "ledger",
-        "a PostgreSQL address postgres://user@host:port/database (default: sled in data_dir)",
+        "a PostgreSQL address postgres://user@host:port/database, or several hosts host1:port1,host2:port2 with ?target_session_attrs=read-write (default: sled in data_dir)",
     ),
     (
         "advertise",

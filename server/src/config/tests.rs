@@ -11,6 +11,10 @@ fn a_ledger_address_is_printed_without_its_password() {
         "postgres://u@h/db?sslmode=disable&password=(set)"
     );
     assert_eq!(hide_password("postgres://u@h/db"), "postgres://u@h/db");
+    assert_eq!(
+        hide_password("postgres://u:secret@h1:5432,h2:5433/db?target_session_attrs=read-write"),
+        "postgres://u:(set)@h1:5432,h2:5433/db?target_session_attrs=read-write"
+    );
 }
 
 fn flags(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

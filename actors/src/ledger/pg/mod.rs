@@ -23,6 +23,13 @@
 //! - **Sharing.** Opened [`PgLedger::shared`], several processes share the database: each
 //!   session is served by the holder of its tenure, and every commit is fenced by the tenures
 //!   (see `tenures`).
+//! - **Failover.** Given several hosts (`postgres://u@h1:p1,h2:p2/db` with
+//!   `?target_session_attrs=read-write`), every connection goes to the one that takes writes. A commit that failed
+//!   when its server died is staged again and committed on the promoted standby by the next
+//!   flush; tenures whose renewals failed meanwhile are renewed at their epoch once a server
+//!   answers (nobody took them), and the work list's listening connection is made again there.
+//!   With a synchronous standby nothing committed is missing from it (tests: `tests/failover.rs`
+//!   here, and the workspace's `tests/failover.rs` through `brood serve`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -309,6 +316,11 @@ impl PgLedger {
             config.clone(),
             NoTls,
             ManagerConfig {
+                // A connection is checked only for being closed when it is taken from the pool,
+                // not with a query: connections are made only to a server that takes writes
+                // (with `target_session_attrs=read-write`), a server stays so until it stops
+                // (which breaks them), and one whose server died is closed by then, so dropped
+                // and replaced, never reused after a failover.
                 recycling_method: RecyclingMethod::Fast,
             },
         );

@@ -557,4 +557,5 @@ mod own {
     }
 }
 
+mod failover;
 mod tenures;
