@@ -31,6 +31,8 @@ use crate::runner::RunnerFactory;
 use crate::wake::Wake;
 
 mod adopt;
+mod balance;
+mod handover;
 
 /// Create a session, or update one.
 #[derive(Debug, Message)]
@@ -97,6 +99,17 @@ pub struct Supervisor {
     adopting: HashMap<String, Vec<OwnerWaiter>>,
     /// Whether a sweep for free tenures is under way.
     sweeping: bool,
+    /// Whether another sweep was asked for while one was under way.
+    sweep_again: bool,
+    /// Handovers under way.
+    handing: usize,
+    /// When sessions were last handed over.
+    last_give: Option<Instant>,
+    /// How many sessions the last round of handovers picked, and how many of them declined.
+    round_size: usize,
+    round_declined: usize,
+    /// Rounds in a row whose every pick declined (busy).
+    declined_rounds: u32,
 }
 
 impl std::fmt::Debug for Supervisor {
@@ -160,7 +173,11 @@ impl Supervisor {
                         }
                     }
                 }));
-                let mut taken = tenures.acquire_free()?.into_iter().collect();
+                // Up to its fair share: a process joining others takes none of theirs (they
+                // hand some over), one starting alone takes every session.
+                let plan = balance::plan(&tenures.spread()?, tenures.held_count() as u64);
+                let limit = usize::try_from(plan.take).unwrap_or(usize::MAX);
+                let mut taken = tenures.acquire_free(limit)?.into_iter().collect();
                 adopt::give_back_nests_apart(&engine, &**tenures, &mut taken)?;
                 Some(taken)
             }
@@ -228,6 +245,12 @@ impl Supervisor {
             restarting: Default::default(),
             adopting: HashMap::new(),
             sweeping: false,
+            sweep_again: false,
+            handing: 0,
+            last_give: None,
+            round_size: 0,
+            round_declined: 0,
+            declined_rounds: 0,
         };
         Ok(supervise::start(sup, tracing::info_span!("supervisor")))
     }
@@ -407,6 +430,18 @@ impl Actor for Supervisor {
         if let Some(tenures) = &self.engine.tenures {
             let every = (tenures.ttl() / 4).min(std::time::Duration::from_secs(1));
             ctx.run_interval(every, |act, ctx| act.sweep(ctx));
+            if let Some(mut freed) = tenures.freed() {
+                // Another process gave tenures back: looked at now, not at the next turn.
+                let me = ctx.address().downgrade();
+                actix::spawn(async move {
+                    while freed.changed().await.is_ok() {
+                        match me.upgrade() {
+                            Some(me) => me.do_send(adopt::SweepNow),
+                            None => return,
+                        }
+                    }
+                });
+            }
         }
     }
 }
