@@ -87,6 +87,8 @@ struct Client<'a> {
     expected: Mutex<Vec<String>>,
     /// Child ids of every item acknowledged, in order.
     acked: Mutex<Vec<String>>,
+    /// Dedup keys of every item acknowledged.
+    keys: Mutex<Vec<String>>,
     /// 503s answered (a handover, a takeover), and retried.
     retried: AtomicU64,
     made: AtomicU64,
@@ -99,6 +101,7 @@ impl<'a> Client<'a> {
             rng: AtomicU64::new(seed),
             expected: Mutex::new(Vec::new()),
             acked: Mutex::new(Vec::new()),
+            keys: Mutex::new(Vec::new()),
             retried: AtomicU64::new(0),
             made: AtomicU64::new(0),
         }
@@ -172,12 +175,11 @@ impl<'a> Client<'a> {
         let (acked, body) = self.any().call("POST", &format!("/v1/claims/{claim}/ack"), None);
         match acked {
             200 => {
-                let children = env["items"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|i| i["child_id"].as_str().unwrap().to_string());
+                let items = env["items"].as_array().unwrap();
+                let children = items.iter().map(|i| i["child_id"].as_str().unwrap().to_string());
                 self.acked.lock().unwrap().extend(children);
+                let keys = items.iter().map(|i| i["dedup_key"].as_str().unwrap().to_string());
+                self.keys.lock().unwrap().extend(keys);
                 true
             }
             // The claim was returned by a handover (its taker knows it as lost, or not at
@@ -217,6 +219,10 @@ impl<'a> Client<'a> {
         acked.sort();
         acked.dedup();
         assert_eq!(acked.len(), total, "an item was acknowledged twice");
+        let mut keys = self.keys.lock().unwrap().clone();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), total, "a dedup key was acknowledged twice");
         let mut expected = self.expected.lock().unwrap().clone();
         expected.sort();
         assert_eq!(acked, expected, "every result was delivered, once");
@@ -361,4 +367,77 @@ fn a_nested_session_moves_with_its_parent_session() {
         assert_eq!(status, 200, "{view}");
     }
     assert_eq!(served(&a), 1, "q alone");
+}
+
+#[test]
+fn a_busy_session_is_handed_over_only_when_none_is_idle_and_its_claim_comes_back_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    // Two sessions, each with a live claim (busy): when b joins, a must give one, and none is
+    // idle, so after a few rounds it gives a busy one.
+    let mut claims = BTreeMap::new();
+    for s in ["p1", "p2"] {
+        a.open(s);
+        a.delegate_sims(s, 3);
+        let env = a.envelope(s, 600_000);
+        assert_eq!(env["items"].as_array().unwrap().len(), 3, "{env}");
+        claims.insert(s.to_string(), env);
+    }
+    let b = node(dir.path(), &url, "b");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let counts = [served(&a), served(&b)];
+        if counts == [1, 1] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a never handed a busy session over: {counts:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let held = holders(&url);
+    let moved = ["p1", "p2"]
+        .into_iter()
+        .find(|s| held.get(*s).map(String::as_str) == Some("b"))
+        .expect("one session went to b");
+    // Its claim was returned by the handover: the ack is refused, through either process.
+    let env = &claims[moved];
+    let claim = env["claim_id"].as_str().unwrap();
+    let (status, body) = a.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+    assert!(
+        status == 409 || status == 404,
+        "the ack of a returned claim answered {status}: {body}"
+    );
+    // Its items come again, with the same dedup keys, and are acknowledged once.
+    let keys = |env: &Value| -> Vec<String> {
+        let mut k: Vec<String> = env["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["dedup_key"].as_str().unwrap().to_string())
+            .collect();
+        k.sort();
+        k
+    };
+    let again = b.envelope(moved, 30_000);
+    assert_eq!(keys(&again), keys(env));
+    let (status, body) = a.call(
+        "POST",
+        &format!("/v1/claims/{}/ack", again["claim_id"].as_str().unwrap()),
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = b.call(
+        "POST",
+        &format!("/v1/sessions/{moved}/boundary"),
+        Some(json!({"consumer": "t", "lease_ms": 1000})),
+    );
+    assert_eq!(status, 204, "nothing acknowledged comes again");
+    // The session that stayed kept its claim.
+    let stayed = if moved == "p1" { "p2" } else { "p1" };
+    let claim = claims[stayed]["claim_id"].as_str().unwrap();
+    let (status, body) = b.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+    assert_eq!(status, 200, "{body}");
 }

@@ -7,7 +7,9 @@
 //! takes over (children retry their hand-off). Past the budget, the failure escalates: a
 //! session owner is given up and its session answers [`BroodError::SessionFailed`]; the
 //! coalescer, without which nothing can be recorded, stops the whole engine.
-//! It does not route anything itself.
+//! It does not route anything itself. On a ledger shared with other processes it also sweeps
+//! for free session tenures and balances the sessions with the other processes (`adopt`,
+//! `balance`, `handover`).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -40,40 +40,38 @@ impl Supervisor {
         create: Option<(SessionRow, Option<NestRow>)>,
         ctx: &mut Context<Self>,
     ) {
-        {
-            let engine = self.engine.clone();
-            let session = id.clone();
-            let job = crate::ledger::off_thread("taking a session up", move || {
-                Ok(adopt_session(&engine, &session, create))
-            });
-            job.into_actor(self)
-                .map(move |adopted, act, ctx| {
-                    let answer = match adopted.map_err(BroodError::from).and_then(|a| a) {
-                        Ok(Adopted::Owner(owner, nest)) if running(ctx) => {
-                            if let Some(nest) = nest {
-                                act.engine.add_nest(nest);
-                            }
-                            let wake = act.wakes.get(&id).cloned();
-                            let mut owner = *owner;
-                            if let Some(wake) = wake {
-                                owner.bind_wake(wake);
-                            }
-                            Ok(act.spawn_owner(owner, ctx))
+        let engine = self.engine.clone();
+        let session = id.clone();
+        let job = crate::ledger::off_thread("taking a session up", move || {
+            Ok(adopt_session(&engine, &session, create))
+        });
+        job.into_actor(self)
+            .map(move |adopted, act, ctx| {
+                let answer = match adopted.map_err(BroodError::from).and_then(|a| a) {
+                    Ok(Adopted::Owner(owner, nest)) if running(ctx) => {
+                        if let Some(nest) = nest {
+                            act.engine.add_nest(nest);
                         }
-                        Ok(Adopted::Owner(..)) => Err(BroodError::Stopped),
-                        Ok(Adopted::Elsewhere(address)) => Err(BroodError::Moved {
-                            session: id.clone(),
-                            address,
-                        }),
-                        Ok(Adopted::Unknown) => Err(BroodError::UnknownSession(id.clone())),
-                        Err(e) => Err(e),
-                    };
-                    for waiter in act.adopting.remove(&id).unwrap_or_default() {
-                        let _ = waiter.send(answer.clone());
+                        let wake = act.wakes.get(&id).cloned();
+                        let mut owner = *owner;
+                        if let Some(wake) = wake {
+                            owner.bind_wake(wake);
+                        }
+                        Ok(act.spawn_owner(owner, ctx))
                     }
-                })
-                .spawn(ctx);
-        }
+                    Ok(Adopted::Owner(..)) => Err(BroodError::Stopped),
+                    Ok(Adopted::Elsewhere(address)) => Err(BroodError::Moved {
+                        session: id.clone(),
+                        address,
+                    }),
+                    Ok(Adopted::Unknown) => Err(BroodError::UnknownSession(id.clone())),
+                    Err(e) => Err(e),
+                };
+                for waiter in act.adopting.remove(&id).unwrap_or_default() {
+                    let _ = waiter.send(answer.clone());
+                }
+            })
+            .spawn(ctx);
     }
 
     /// Reads how the sessions are spread (one statement), takes free sessions up to this
