@@ -392,7 +392,7 @@ pub struct Spread {
     pub others: Vec<u64>,
     /// Top-level sessions whose tenure is free (ran out, given back, or never taken).
     pub free: u64,
-    /// Of those, the ones this process may take (not given back by it).
+    /// Of those, the ones this process may take (not handed over by it lately).
     pub takeable: u64,
     /// Nested sessions whose tenure is free and whose parent session this process holds, or
     /// which name no parent (left by a process that died): its to take, whatever its share.
@@ -428,7 +428,7 @@ pub trait Tenures: Send + Sync + fmt::Debug {
     /// Takes the tenures of up to `limit` stored top-level sessions whose tenure is free (at
     /// start, and as a sweep: the sessions of a process that died, or handed over), and of
     /// every free nested session whose parent session this process holds or which names none;
-    /// returns those taken. Sessions this process gave back are left to the others.
+    /// returns those taken. Sessions this process handed over lately are left to the others.
     fn acquire_free(&self, limit: usize) -> Result<Vec<String>, LedgerError>;
     /// What the live processes hold and what is free, read in one statement (which also
     /// writes how many this one holds, when that changed).

@@ -37,7 +37,8 @@
 //!   sweep's read also deletes a few expired rows of sessions no longer stored (retention).
 //! - **Handover.** A tenure given back to balance the processes is expired at its epoch, with
 //!   a `NOTIFY` in the same transaction: the others' sweeps look at once (they `LISTEN`, as the
-//!   work list does). The giver does not take it back for a tenure time. A nested session
+//!   work list does). The giver does not take it back for a tenure time (then, if nobody took
+//!   it, it is anyone's again). A nested session
 //!   given back names its parent session (`parent`): only the holder of the parent takes it.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -166,6 +167,15 @@ impl HeldTenures {
 
     fn given(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
         self.given.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The sessions this process handed over within a tenure time: its sweeps leave them to
+    /// the others (after that, one nobody took is anyone's again, this process's too).
+    fn recently_given(&self) -> Vec<Vec<u8>> {
+        let ttl = self.config.ttl;
+        let mut given = self.given();
+        given.retain(|_, at| at.elapsed() < ttl);
+        given.keys().map(|s| s.as_bytes().to_vec()).collect()
     }
 
     /// How long a tenure lasts, in milliseconds, for SQL.
@@ -342,6 +352,7 @@ impl HeldTenures {
     async fn spread(&self) -> Result<Spread, LedgerError> {
         let client = self.pool.get().await.map_err(pool_error)?;
         let held = self.top_level_held();
+        let given = self.recently_given();
         let stored = format!(
             "EXISTS (SELECT 1 FROM {} s WHERE s.key = l.session)",
             self.sessions_table
@@ -359,18 +370,18 @@ impl HeldTenures {
                          (SELECT count(*) FROM {t} l WHERE l.expires_at < now() AND l.parent IS NULL AND NOT {NESTED}
                               AND {stored}),
                          (SELECT count(*) FROM {t} l WHERE l.expires_at < now() AND l.parent IS NULL AND NOT {NESTED}
-                              AND NOT (l.owner = $1 AND l.instance = $2) AND {stored}),
+                              AND NOT (l.session = ANY($5)) AND {stored}),
                          (SELECT count(*) FROM {t} l JOIN {t} p ON p.session = l.parent
                               WHERE l.expires_at < now() AND p.owner = $1 AND p.instance = $2
                                 AND p.expires_at >= now() AND {stored})
                          + (SELECT count(*) FROM {t} l WHERE l.expires_at < now() AND l.parent IS NULL AND {NESTED}
-                              AND NOT (l.owner = $1 AND l.instance = $2) AND {stored}),
+                              AND NOT (l.session = ANY($5)) AND {stored}),
                          coalesce((SELECT array_agg(n.held) FROM {nodes} n WHERE n.expires_at >= now() AND n.node <> $1),
                                   '{{}}'::bigint[])",
                     nodes = self.nodes_table,
                     t = self.table,
                 ),
-                &[&self.config.node, &self.instance, &held, &GONE_PER_SWEEP],
+                &[&self.config.node, &self.instance, &held, &GONE_PER_SWEEP, &given],
             )
             .await
             .map_err(pg_error("reading how the sessions are spread"))?;
@@ -545,7 +556,7 @@ impl HeldTenures {
                 // any process, which leaves each to the holder of its parent: see adopt.rs).
                 "(SELECT l.session FROM {t} l
                   WHERE l.expires_at < now() AND l.parent IS NULL AND NOT {NESTED}
-                    AND NOT (l.owner = $1 AND l.instance = $5) AND {stored}
+                    AND NOT (l.session = ANY($4)) AND NOT (l.session = ANY($7)) AND {stored}
                   ORDER BY l.expires_at, l.session LIMIT $6)
                  UNION
                  (SELECT l.session FROM {t} l JOIN {t} p ON p.session = l.parent
@@ -554,7 +565,7 @@ impl HeldTenures {
                  UNION
                  (SELECT l.session FROM {t} l
                   WHERE l.expires_at < now() AND l.parent IS NULL AND {NESTED}
-                    AND NOT (l.owner = $1 AND l.instance = $5) AND {stored})
+                    AND NOT (l.session = ANY($4)) AND NOT (l.session = ANY($7)) AND {stored})
                  ORDER BY 1",
                 t = self.table
             ),
@@ -578,9 +589,13 @@ impl HeldTenures {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
             vec![&self.config.node, &self.config.address, &ttl, &held, &self.instance];
+        let given = self.recently_given();
         match &one {
             Some(name) => params.push(name),
-            None => params.push(&limit),
+            None => {
+                params.push(&limit);
+                params.push(&given);
+            }
         }
         let rows = client
             .query(&sql, &params)
