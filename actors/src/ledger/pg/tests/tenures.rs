@@ -549,3 +549,25 @@ fn a_session_stored_without_a_tenure_row_is_given_a_free_one_and_a_removed_ones_
     tenures(&a).spread().unwrap();
     assert!(a.tenure_of("gone").unwrap().is_none());
 }
+
+#[test]
+fn a_session_handed_over_that_nobody_took_is_the_givers_again_after_a_tenure_time() {
+    let schema = pg_testkit::fresh_schema();
+    let ttl = Duration::from_millis(1000);
+    let a = node(&schema, "a", ttl);
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    store_sessions(&a, &["s1"]);
+    // Handed over, and the process meant to take it died at once: nobody takes it.
+    tenures(&a).hand_over(&[("s1".to_string(), None)]).unwrap();
+    assert!(
+        tenures(&a).acquire_free(usize::MAX).unwrap().is_empty(),
+        "left to the others"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while tenures(&a).handed_over("s1") {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(tenures(&a).acquire_free(usize::MAX).unwrap(), ["s1"], "anyone's again");
+    assert_eq!(a.tenure_of("s1").unwrap(), Some(("a".to_string(), 2)));
+}
