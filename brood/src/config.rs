@@ -92,7 +92,8 @@ impl BroodConfig {
     /// session is served by one process at a time, the holder of its tenure (`ttl` long,
     /// renewed in the background); this one is `node` (named in the tenure rows) and takes
     /// requests at `address`, which the others name in [`BroodError::Moved`](crate::BroodError::Moved). Sessions whose holder died are taken over
-    /// within about `ttl`, recovered as a restart recovers them; a holder that was paused past
+    /// within about `ttl` (spread over the survivors), recovered as a restart recovers them;
+    /// the live processes hand sessions to each other until each serves about its share; a holder that was paused past
     /// its tenure is refused at its first write and stops serving the session.
     pub fn share(mut self, node: impl Into<String>, address: impl Into<String>, ttl: Duration) -> Self {
         self.share = Some(brood_actors::ledger::TenureConfig {

@@ -9,7 +9,9 @@
 //! coalescer, without which nothing can be recorded, stops the whole engine. A rebuild that
 //! fails on an error of the ledger's storage (its database out of reach during a failover) is
 //! not such a failure: it is tried again, with backoff, until the ledger answers.
-//! It does not route anything itself.
+//! It does not route anything itself. On a ledger shared with other processes it also sweeps
+//! for free session tenures and balances the sessions with the other processes (`adopt`,
+//! `balance`, `handover`), and remembers who serves the sessions it does not (`holders`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,6 +35,8 @@ use crate::runner::RunnerFactory;
 use crate::wake::Wake;
 
 mod adopt;
+mod balance;
+mod handover;
 mod holders;
 
 /// Create a session, or update one.
@@ -111,6 +115,17 @@ pub struct Supervisor {
     sweeping: bool,
     /// Who serves the sessions another process holds, as last found out.
     holders: holders::Holders,
+    /// Whether another sweep was asked for while one was under way.
+    sweep_again: bool,
+    /// Handovers under way.
+    handing: usize,
+    /// When sessions were last handed over.
+    last_give: Option<Instant>,
+    /// How many sessions the last round of handovers picked, and how many of them declined.
+    round_size: usize,
+    round_declined: usize,
+    /// Rounds in a row whose every pick declined (busy).
+    declined_rounds: u32,
 }
 
 impl std::fmt::Debug for Supervisor {
@@ -174,7 +189,11 @@ impl Supervisor {
                         }
                     }
                 }));
-                let mut taken = tenures.acquire_free()?.into_iter().collect();
+                // Up to its fair share: a process joining others takes none of theirs (they
+                // hand some over), one starting alone takes every session.
+                let plan = balance::plan(&tenures.spread()?, tenures.held_count() as u64);
+                let limit = usize::try_from(plan.take).unwrap_or(usize::MAX);
+                let mut taken = tenures.acquire_free(limit)?.into_iter().collect();
                 adopt::give_back_nests_apart(&engine, &**tenures, &mut taken)?;
                 Some(taken)
             }
@@ -243,6 +262,12 @@ impl Supervisor {
             adopting: HashMap::new(),
             sweeping: false,
             holders: holders::Holders::new(holders::Holders::KEPT),
+            sweep_again: false,
+            handing: 0,
+            last_give: None,
+            round_size: 0,
+            round_declined: 0,
+            declined_rounds: 0,
         };
         Ok(supervise::start(sup, tracing::info_span!("supervisor")))
     }
@@ -434,6 +459,18 @@ impl Actor for Supervisor {
         if let Some(tenures) = &self.engine.tenures {
             let every = (tenures.ttl() / 4).min(std::time::Duration::from_secs(1));
             ctx.run_interval(every, |act, ctx| act.sweep(ctx));
+            if let Some(mut freed) = tenures.freed() {
+                // Another process gave tenures back: looked at now, not at the next turn.
+                let me = ctx.address().downgrade();
+                actix::spawn(async move {
+                    while freed.changed().await.is_ok() {
+                        match me.upgrade() {
+                            Some(me) => me.do_send(adopt::SweepNow),
+                            None => return,
+                        }
+                    }
+                });
+            }
         }
     }
 }

@@ -384,6 +384,21 @@ pub trait WorkDirectory: Send + Sync + fmt::Debug {
     fn listed(&self) -> tokio::sync::watch::Receiver<u64>;
 }
 
+/// What the processes sharing a ledger hold, as one statement read it (see [`Tenures::spread`]):
+/// the counts a sweep balances by.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Spread {
+    /// How many top-level sessions each other live process holds (as it last wrote it).
+    pub others: Vec<u64>,
+    /// Top-level sessions whose tenure is free (ran out, given back, or never taken).
+    pub free: u64,
+    /// Of those, the ones this process may take (not handed over by it lately).
+    pub takeable: u64,
+    /// Nested sessions whose tenure is free and whose parent session this process holds, or
+    /// which name no parent (left by a process that died): its to take, whatever its share.
+    pub nests: u64,
+}
+
 /// What is told of the sessions whose tenure a process lost.
 pub type LostTenures = Box<dyn Fn(&[String]) + Send + Sync>;
 
@@ -421,9 +436,29 @@ pub trait Tenures: Send + Sync + fmt::Debug {
         }
         Ok(out)
     }
-    /// Takes the tenure of every stored session whose tenure is free (at start, and as a sweep:
-    /// the sessions of a process that died); returns those taken.
-    fn acquire_free(&self) -> Result<Vec<String>, LedgerError>;
+    /// Takes the tenures of up to `limit` stored top-level sessions whose tenure is free (at
+    /// start, and as a sweep: the sessions of a process that died, or handed over), and of
+    /// every free nested session whose parent session this process holds or which names none;
+    /// returns those taken. Sessions this process handed over lately are left to the others.
+    fn acquire_free(&self, limit: usize) -> Result<Vec<String>, LedgerError>;
+    /// What the live processes hold and what is free, read in one statement (which also
+    /// writes how many this one holds, when that changed).
+    fn spread(&self) -> Result<Spread, LedgerError>;
+    /// How many tenures of top-level sessions this process holds (what the spread counts: a
+    /// nested session moves with its parent).
+    fn held_count(&self) -> usize;
+    /// Hands sessions over to the other processes: gives their tenures back at the epochs held
+    /// here (each nested one with its parent session, whose holder takes it), and tells the
+    /// others at once. The caller made sure nothing of them is in flight.
+    fn hand_over(&self, sessions: &[(String, Option<String>)]) -> Result<(), LedgerError>;
+    /// Whether this process handed `session_id` over lately (within a tenure time): it is not
+    /// taken back here meanwhile, a request for it waits for its taker.
+    fn handed_over(&self, session_id: &str) -> bool;
+    /// Gives back the tenure of a nested session whose parent session another process serves,
+    /// naming the parent: that process takes it.
+    fn leave_to_parent(&self, session_id: &str, parent: &str);
+    /// Moves when another process gave sessions back (a sweep looks at once).
+    fn freed(&self) -> Option<tokio::sync::watch::Receiver<u64>>;
     /// Whether this process holds the tenure of `session_id` (it has not been taken over).
     fn holds(&self, session_id: &str) -> bool;
     /// Whether this process may serve `session_id` now: it holds the tenure and its local

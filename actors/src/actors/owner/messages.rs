@@ -158,6 +158,22 @@ pub struct Retire;
 #[rtype(result = "()")]
 pub struct Moved;
 
+/// Hand the session over to another process, to balance the processes sharing the ledger:
+/// unless something is under way in it (a live claim, a running or queued child) and `force`
+/// is false, the owner leaves the registry (requests from now on go to the supervisor, which
+/// holds them until the handover ended) and answers true once no batch of its is in flight (or
+/// after [`HANDOVER_PATIENCE`]); its supervisor then gives the tenure back and tells it
+/// [`Moved`]. False: declined, and nothing changed.
+#[derive(Debug, Message)]
+#[rtype(result = "bool")]
+pub struct HandOver {
+    /// Hand it over even when something is under way (recovered by its taker as I6 says).
+    pub force: bool,
+}
+
+/// The longest an owner handing its session over waits for its batch in flight.
+pub const HANDOVER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A session's counts (cheap: no rows copied).
 #[derive(Debug, Message)]
 #[rtype(result = "SessionCounts")]

@@ -113,6 +113,8 @@ pub struct SessionOwner {
     consumers: std::collections::HashMap<String, String>,
     /// The session's tenure was lost: the owner stops once its batch in flight is answered.
     moved: bool,
+    /// The session is being handed over to another process (see [`HandOver`]).
+    handing_over: bool,
     /// A nested session recovered from stored rows whose child's row is not read yet (see
     /// [`CheckParent`]): nothing is admitted until it is.
     awaiting_parent: bool,
@@ -163,6 +165,7 @@ impl SessionOwner {
             parent_ended: None,
             consumers: Default::default(),
             moved: false,
+            handing_over: false,
             awaiting_parent: false,
             resolved_ended: Vec::new(),
             changes: 0,
@@ -691,15 +694,55 @@ impl Handler<Moved> for SessionOwner {
     }
 }
 
+impl Handler<HandOver> for SessionOwner {
+    type Result = ResponseFuture<bool>;
+
+    fn handle(&mut self, msg: HandOver, ctx: &mut Context<Self>) -> Self::Result {
+        let under_way = self.router.claimed_count() + self.capacity.running() + self.capacity.queued();
+        if self.moved || !crate::actors::running(ctx) || (!msg.force && under_way > 0) {
+            return Box::pin(async { false });
+        }
+        // Requests from now on look the session up again, and wait for the handover.
+        let me = ctx.address();
+        self.engine.owners.remove_if(&self.session.session_id, |_, a| *a == me);
+        self.handing_over = true;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.answer_when_settled(tx, std::time::Instant::now() + HANDOVER_PATIENCE, ctx);
+        Box::pin(async move { rx.await.unwrap_or(false) })
+    }
+}
+
 impl SessionOwner {
-    /// The session's tenure was lost: its children are stopped (what they end with is not
-    /// recorded: the ledger refuses it), this owner's writes refused from now on, and it stops.
+    /// Answers a handover once no batch of this owner's is in flight (its writes landed, and
+    /// their askers were answered), or at `deadline`.
+    fn answer_when_settled(
+        &mut self,
+        tx: tokio::sync::oneshot::Sender<bool>,
+        deadline: std::time::Instant,
+        ctx: &mut Context<Self>,
+    ) {
+        if !self.persist.busy() || std::time::Instant::now() >= deadline {
+            let _ = tx.send(!self.moved);
+            return;
+        }
+        ctx.run_later(std::time::Duration::from_millis(5), move |act, ctx| {
+            act.answer_when_settled(tx, deadline, ctx)
+        });
+    }
+
+    /// The session's tenure was lost (or handed over): its children are stopped (what they end
+    /// with is not recorded: the ledger refuses it), this owner's writes refused from now on,
+    /// and it stops.
     fn moved(&mut self, ctx: &mut Context<Self>) {
         if !crate::actors::running(ctx) || self.moved {
             return;
         }
         let id = self.session.session_id.clone();
-        tracing::warn!("the session's tenure was taken over by another process; it is no longer served here");
+        if self.handing_over {
+            tracing::info!("the session was handed over to another process; it is no longer served here");
+        } else {
+            tracing::warn!("the session's tenure was taken over by another process; it is no longer served here");
+        }
         for call in self.owed.calls.values() {
             let running = call.children().filter(|c| c.status == ChildStatus::Running);
             let tasks: Vec<u32> = running.map(|c| c.task_index).collect();

@@ -1,9 +1,10 @@
 //! Sessions taken up from a ledger shared with other processes: on first use, and
-//! by a sweep for the sessions of a process that died; a nested session where its parent is.
+//! by a sweep for the sessions of a process that died or handed over (up to this process's
+//! fair share, see [`super::balance`]); a nested session where its parent is.
 
 use actix::prelude::*;
 
-use super::{recover_session, store_session, Supervisor};
+use super::{balance, recover_session, store_session, Supervisor};
 use crate::actors::owner::SessionOwner;
 use crate::actors::{running, Engine};
 use crate::error::BroodError;
@@ -27,79 +28,127 @@ impl Supervisor {
         let first = !self.adopting.contains_key(&id);
         self.adopting.entry(id.clone()).or_default().push(tx);
         if first {
-            let engine = self.engine.clone();
-            let session = id.clone();
-            let job = crate::ledger::off_thread("taking a session up", move || {
-                Ok(adopt_session(&engine, &session, create))
-            });
-            job.into_actor(self)
-                .map(move |adopted, act, ctx| {
-                    match &adopted {
-                        Ok(Ok(Adopted::Elsewhere(address))) => {
-                            act.holders.found(&id, address, std::time::Instant::now())
-                        }
-                        _ => act.holders.forget(&id),
-                    }
-                    let answer = match adopted.map_err(BroodError::from).and_then(|a| a) {
-                        Ok(Adopted::Owner(owner, nest)) if running(ctx) => {
-                            if let Some(nest) = nest {
-                                act.engine.add_nest(nest);
-                            }
-                            let wake = act.wakes.get(&id).cloned();
-                            let mut owner = *owner;
-                            if let Some(wake) = wake {
-                                owner.bind_wake(wake);
-                            }
-                            Ok(act.spawn_owner(owner, ctx))
-                        }
-                        Ok(Adopted::Owner(..)) => Err(BroodError::Stopped),
-                        Ok(Adopted::Elsewhere(address)) => Err(BroodError::Moved {
-                            session: id.clone(),
-                            address,
-                        }),
-                        Ok(Adopted::Unknown) => Err(BroodError::UnknownSession(id.clone())),
-                        Err(e) => Err(e),
-                    };
-                    for waiter in act.adopting.remove(&id).unwrap_or_default() {
-                        let _ = waiter.send(answer.clone());
-                    }
-                })
-                .spawn(ctx);
+            self.start_adoption(id, create, ctx);
         }
         async move { rx.await.unwrap_or(Err(BroodError::Stopped)) }
     }
 
-    /// Takes up every session whose tenure is free: those of a process that died, within about
-    /// a tenure time of its death.
+    /// Takes session `id` up, and answers everyone waiting for it in [`Supervisor::adopting`].
+    pub(super) fn start_adoption(
+        &mut self,
+        id: String,
+        create: Option<(SessionRow, Option<NestRow>)>,
+        ctx: &mut Context<Self>,
+    ) {
+        let engine = self.engine.clone();
+        let session = id.clone();
+        let job = crate::ledger::off_thread("taking a session up", move || {
+            Ok(adopt_session(&engine, &session, create))
+        });
+        job.into_actor(self)
+            .map(move |adopted, act, ctx| {
+                match &adopted {
+                    Ok(Ok(Adopted::Elsewhere(address))) => act.holders.found(&id, address, std::time::Instant::now()),
+                    _ => act.holders.forget(&id),
+                }
+                let answer = match adopted.map_err(BroodError::from).and_then(|a| a) {
+                    Ok(Adopted::Owner(owner, nest)) if running(ctx) => {
+                        if let Some(nest) = nest {
+                            act.engine.add_nest(nest);
+                        }
+                        let wake = act.wakes.get(&id).cloned();
+                        let mut owner = *owner;
+                        if let Some(wake) = wake {
+                            owner.bind_wake(wake);
+                        }
+                        Ok(act.spawn_owner(owner, ctx))
+                    }
+                    Ok(Adopted::Owner(..)) => Err(BroodError::Stopped),
+                    Ok(Adopted::Elsewhere(address)) => Err(BroodError::Moved {
+                        session: id.clone(),
+                        address,
+                    }),
+                    Ok(Adopted::Unknown) => Err(BroodError::UnknownSession(id.clone())),
+                    Err(e) => Err(e),
+                };
+                for waiter in act.adopting.remove(&id).unwrap_or_default() {
+                    let _ = waiter.send(answer.clone());
+                }
+            })
+            .spawn(ctx);
+    }
+
+    /// Reads how the sessions are spread (one statement), takes free sessions up to this
+    /// process's fair share (those of a process that died, within about a tenure time of its
+    /// death, and those handed over, at once), and hands some over when it holds more than its
+    /// share (see [`super::balance`]). A sweep under way when another is asked for runs again
+    /// once it ends, as does one that took something (the nested sessions of what it took
+    /// follow).
     pub(super) fn sweep(&mut self, ctx: &mut Context<Self>) {
         let Some(tenures) = self.engine.tenures.clone() else {
             return;
         };
         if self.sweeping {
+            self.sweep_again = true;
             return;
         }
         self.sweeping = true;
-        crate::ledger::off_thread("sweeping for free session tenures", move || tenures.acquire_free())
-            .into_actor(self)
-            .map(|taken, act, ctx| {
-                act.sweeping = false;
-                let taken = match taken {
-                    Ok(taken) => taken,
-                    Err(e) => return tracing::warn!("looking for free session tenures failed (tried again soon): {e}"),
-                };
-                if !taken.is_empty() {
-                    tracing::info!(sessions = taken.len(), "taking over sessions whose tenure ran out");
-                }
-                for id in taken {
-                    let adopted = act.adopt(id.clone(), None, ctx);
-                    actix::spawn(async move {
-                        if let Err(e) = adopted.await {
-                            tracing::warn!(session = %id, "taking a session over failed: {e}");
-                        }
-                    });
-                }
-            })
-            .spawn(ctx);
+        crate::ledger::off_thread("sweeping for free session tenures", move || {
+            let spread = tenures.spread()?;
+            let here = tenures.held_count() as u64;
+            let plan = balance::plan(&spread, here);
+            let taken = if (plan.take > 0 && spread.takeable > 0) || spread.nests > 0 {
+                tenures.acquire_free(usize::try_from(plan.take).unwrap_or(usize::MAX))?
+            } else {
+                Vec::new()
+            };
+            Ok((taken, plan, spread.others.len() + 1, here))
+        })
+        .into_actor(self)
+        .map(|swept, act, ctx| {
+            act.sweeping = false;
+            let (taken, plan, nodes, here) = match swept {
+                Ok(swept) => swept,
+                Err(e) => return tracing::warn!("looking for free session tenures failed (tried again soon): {e}"),
+            };
+            let again = std::mem::take(&mut act.sweep_again) || !taken.is_empty();
+            if !taken.is_empty() {
+                tracing::info!(
+                    sessions = taken.len(),
+                    held = here as usize + taken.len(),
+                    processes = nodes,
+                    "taking up sessions whose tenure was free"
+                );
+            }
+            for id in taken {
+                let adopted = act.adopt(id.clone(), None, ctx);
+                actix::spawn(async move {
+                    if let Err(e) = adopted.await {
+                        tracing::warn!(session = %id, "taking a session over failed: {e}");
+                    }
+                });
+            }
+            if plan.give > 0 {
+                act.hand_over_some(plan.give, ctx);
+            }
+            if again {
+                ctx.run_later(std::time::Duration::from_millis(20), |act, ctx| act.sweep(ctx));
+            }
+        })
+        .spawn(ctx);
+    }
+}
+
+/// Another process gave tenures back: sweep now.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub(super) struct SweepNow;
+
+impl Handler<SweepNow> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, _: SweepNow, ctx: &mut Context<Self>) {
+        self.sweep(ctx);
     }
 }
 
@@ -137,6 +186,9 @@ fn adopt_session(
         }
         crate::model::validate_new_session_id(id)?;
     }
+    if tenures.handed_over(id) {
+        return served_by_taker(&**tenures, id);
+    }
     // A nested session is served where its parent session is: the end of its child, and a
     // cancel of it, reach it there.
     if let Some(parent) = parent_session(engine, id, create.as_ref().and_then(|c| c.1.as_ref()))? {
@@ -146,7 +198,7 @@ fn adopt_session(
             tracing::debug!(session = %id, %parent, %address, "a nested session is served where its parent is");
             // Taken by a sweep here: given back, for the parent's holder to take up.
             if tenures.holds(id) {
-                tenures.release(id);
+                tenures.leave_to_parent(id, &parent);
             }
             return Ok(Adopted::Elsewhere(address));
         }
@@ -171,6 +223,27 @@ fn adopt_session(
     adopted
 }
 
+/// Where a session this process handed over lately is served: by its taker, once it took it
+/// (waited for a moment: takers are told at once); until then a request is answered as lapsed,
+/// to be retried, and the session is not taken back here.
+fn served_by_taker(tenures: &dyn Tenures, id: &str) -> Result<Adopted, BroodError> {
+    let deadline = std::time::Instant::now() + TAKER_PATIENCE;
+    loop {
+        if let Some(TenureHolder::Elsewhere { address, .. }) = tenures.holder(id)? {
+            return Ok(Adopted::Elsewhere(address));
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(BroodError::TenureLapsed {
+                session: id.to_string(),
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+}
+
+/// How long a request for a session handed over waits for its taker to take it.
+const TAKER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Where a nested session is to be served, given whether its parent session is served here and
 /// who holds the parent's tenure: at the address of the process that serves its parent, when
 /// that is another one; else here (its parent is served here, or by nobody now).
@@ -192,18 +265,23 @@ pub(super) fn give_back_nests_apart(
 ) -> Result<(), LedgerError> {
     // Each nested session's parent, and whether another process serves that parent (read once).
     let mut nested: Vec<(String, String, bool)> = Vec::new();
+    let mut parents: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     for id in taken.iter().filter(|id| nest_parent(id).is_some()) {
         let Some(parent) = parent_session(engine, id, None)? else {
             continue;
         };
         let here = taken.contains(&parent);
         let holder = if here { None } else { tenures.holder(&parent)? };
+        parents.insert(id.clone(), parent.clone());
         nested.push((id.clone(), parent, nest_served_at(here, holder).is_some()));
     }
     let given_back = nests_to_give_back(&nested);
     for id in &given_back {
         tracing::info!(session = %id, "a nested session is left to the process that serves its parent");
-        tenures.release(id);
+        match parents.get(id) {
+            Some(parent) => tenures.leave_to_parent(id, parent),
+            None => tenures.release(id),
+        }
         taken.remove(id);
     }
     Ok(())

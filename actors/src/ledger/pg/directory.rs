@@ -153,9 +153,15 @@ const LISTEN_KEEPALIVE: Duration = Duration::from_secs(5);
 const LISTEN_RETRY: Duration = Duration::from_secs(1);
 
 /// Keeps one connection listening on `channel` for as long as the ledger's runtime runs, and
-/// moves `heard` for every post of another process, and once each time the connection is
-/// (re)made. Ends when nobody reads `heard` any more.
-async fn listen(mut config: tokio_postgres::Config, channel: String, address: String, heard: watch::Sender<u64>) {
+/// moves `heard` for every notification of another process (its payload is not `address`), and
+/// once each time the connection is (re)made. Ends when nobody reads `heard` any more. (The
+/// tenures listen for give-backs this way too.)
+pub(super) async fn listen(
+    mut config: tokio_postgres::Config,
+    channel: String,
+    address: String,
+    heard: watch::Sender<u64>,
+) {
     // A connection that went half-open (a partition, a server gone without a word) only ever
     // reads nothing: found out within about half a minute, and made again.
     config

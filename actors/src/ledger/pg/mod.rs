@@ -148,6 +148,26 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         // its calls.
         "",
     ),
+    (
+        9,
+        "balanced tenures",
+        // The processes sharing the schema (`nodes`: a heartbeat renewed with their tenures,
+        // and how many tenures each holds), the free tenures found by their expiry (an index
+        // range, not a scan of every session), the parent session of a nested session handed
+        // over with it, and a tenure row for every session stored without one (free), so a
+        // sweep never needs to look for sessions with no row.
+        "CREATE INDEX ON \"{schema}\".session_leases (expires_at);
+         ALTER TABLE \"{schema}\".session_leases ADD COLUMN parent bytea;
+         CREATE TABLE \"{schema}\".nodes (
+             node text PRIMARY KEY,
+             address text NOT NULL,
+             instance text NOT NULL,
+             held bigint NOT NULL DEFAULT 0,
+             expires_at timestamptz NOT NULL);
+         INSERT INTO \"{schema}\".session_leases (session, owner, address, epoch, expires_at, instance)
+             SELECT key, '', '', 0, '-infinity', '' FROM \"{schema}\".sessions
+             ON CONFLICT (session) DO NOTHING",
+    ),
 ];
 
 /// The index of calls by their id (migration 6), built without blocking the writes of the
@@ -363,6 +383,7 @@ impl PgLedger {
             &self.inner.schema,
             self.inner.table(SESSIONS),
             self.inner.pool.clone(),
+            self.inner.config.clone(),
             self.runtime.handle.clone(),
         );
         let Some(inner) = Arc::get_mut(&mut self.inner) else {
@@ -378,6 +399,8 @@ impl PgLedger {
             self.runtime.handle.clone(),
         ));
         inner.tenures = Some(book.clone());
+        // Counted among the live processes before its first sweep.
+        book.join()?;
         book.start_renewing();
         Ok(self)
     }

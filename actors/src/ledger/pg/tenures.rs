@@ -29,15 +29,42 @@
 //!   costs no session its tenure. So the new holder, which reads the session after its takeover
 //!   committed, sees every write of the old one, and no write of the old one lands after that.
 //!   The rows of a session that fails the check are not written, and the session is lost.
+//! - **Processes.** `nodes(node, address, instance, held, expires_at)`: each live process's
+//!   heartbeat, renewed by the renewal statement itself (no statement of its own), with how
+//!   many tenures it holds. The sweep's one read ([`Tenures::spread`]) counts the live
+//!   processes and what they hold from it, and the free tenures by the index on `expires_at`.
+//! - **Free tenures** are found by their expiry alone (an index range), never by a scan of the
+//!   sessions: a session's tenure row is written before its session row (a creation takes it
+//!   first), a migration gave every older session a row, and a slow reconciliation
+//!   ([`RECONCILE_EVERY`]) gives one to a session some other writer stored without one. The
+//!   sweep's read also deletes a few expired rows of sessions no longer stored (retention).
+//! - **Handover.** A tenure given back to balance the processes is expired at its epoch, with
+//!   a `NOTIFY` in the same transaction: the others' sweeps look at once (they `LISTEN`, as the
+//!   work list does). The giver does not take it back for a tenure time (then, if nobody took
+//!   it, it is anyone's again). A nested session
+//!   given back names its parent session (`parent`): only the holder of the parent takes it.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
+use tokio::sync::watch;
 
 use super::{pg_error, pool_error, LedgerError};
-use crate::ledger::{TenureHolder, Tenures};
+use crate::ledger::{Spread, TenureHolder, Tenures};
+
+/// How often every stored session is looked at for a missing tenure row (one that a writer not
+/// sharing the schema stored): slow, the sweeps never look for them.
+pub(super) const RECONCILE_EVERY: Duration = Duration::from_secs(120);
+
+/// How many expired rows of sessions no longer stored one sweep deletes, at most.
+const GONE_PER_SWEEP: i64 = 100;
+
+/// Whether the tenure row `l` is a nested session's, by its id (`deleg_<hex>.<index>`, the id of
+/// the child it belongs to: [`crate::model::nest_parent`]). Nested sessions are not counted in
+/// the spread: each moves with its parent session.
+const NESTED: &str = "(substring(l.session FROM 1 FOR 6) = 'deleg_'::bytea AND position('.'::bytea IN l.session) > 0)";
 
 /// Who this process is among those sharing the database, and how long its tenures last.
 #[derive(Debug, Clone)]
@@ -99,6 +126,14 @@ pub(super) struct HeldTenures {
     /// This process's own id (random at its start), on the tenures it takes: a tenure it gave
     /// back is its to take again at once, unlike a live one of this node's earlier instance.
     instance: String,
+    /// The table of live processes.
+    nodes_table: String,
+    /// The channel a give-back is told on.
+    channel: String,
+    /// The sessions handed over lately, and when.
+    given: Mutex<HashMap<String, Instant>>,
+    /// Moves when another process gave tenures back.
+    freed: watch::Receiver<u64>,
 }
 
 impl std::fmt::Debug for HeldTenures {
@@ -116,8 +151,17 @@ impl HeldTenures {
         schema: &str,
         sessions_table: String,
         pool: Pool,
+        listen: tokio_postgres::Config,
         runtime: tokio::runtime::Handle,
     ) -> Arc<Self> {
+        let channel = format!("brood_leases_{schema}");
+        let (heard, freed) = watch::channel(0u64);
+        runtime.spawn(super::directory::listen(
+            listen,
+            channel.clone(),
+            config.address.clone(),
+            heard,
+        ));
         Arc::new(HeldTenures {
             config,
             table: format!("\"{schema}\".session_leases"),
@@ -129,7 +173,33 @@ impl HeldTenures {
             taking: tokio::sync::Mutex::new(()),
             refusals: Mutex::new(HashMap::new()),
             instance: format!("{}{}", crate::model::random_hex(), crate::model::random_hex()),
+            nodes_table: format!("\"{schema}\".nodes"),
+            channel,
+            given: Mutex::new(HashMap::new()),
+            freed,
         })
+    }
+
+    /// How many top-level sessions' tenures this process holds: what the spread counts (a
+    /// nested session moves with its parent, never on its own).
+    fn top_level_held(&self) -> i64 {
+        self.held()
+            .keys()
+            .filter(|s| crate::model::nest_parent(s).is_none())
+            .count() as i64
+    }
+
+    fn given(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.given.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The sessions this process handed over within a tenure time: its sweeps leave them to
+    /// the others (after that, one nobody took is anyone's again, this process's too).
+    fn recently_given(&self) -> Vec<Vec<u8>> {
+        let ttl = self.config.ttl;
+        let mut given = self.given();
+        given.retain(|_, at| at.elapsed() < ttl);
+        given.keys().map(|s| s.as_bytes().to_vec()).collect()
     }
 
     /// How long a tenure lasts, in milliseconds, for SQL.
@@ -213,21 +283,149 @@ impl HeldTenures {
         }))
     }
 
-    /// Gives tenures back (each at the epoch this process held it): they run out now.
-    async fn give_back(&self, names: Vec<Vec<u8>>, epochs: Vec<i64>) -> Result<u64, LedgerError> {
-        let client = self.pool.get().await.map_err(pool_error)?;
-        client
+    /// Gives tenures back (each at the epoch this process held it, a nested one naming its
+    /// parent session when given): they run out now. With `tell`, the other processes are told
+    /// when it commits; with `leave`, this process's row of `nodes` goes too (a clean stop).
+    async fn give_back(&self, back: GiveBack, tell: bool, leave: bool) -> Result<u64, LedgerError> {
+        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let what = "giving session tenures back";
+        let tx = client.transaction().await.map_err(pg_error(what))?;
+        let given = tx
             .execute(
                 &format!(
-                    "UPDATE {} l SET expires_at = now() - interval '1 millisecond'
-                     FROM unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
+                    "UPDATE {} l SET expires_at = now() - interval '1 millisecond', parent = coalesce(f.parent, l.parent)
+                     FROM unnest($1::bytea[], $2::int8[], $4::bytea[]) AS f(session, epoch, parent)
                      WHERE l.session = f.session AND l.epoch = f.epoch AND l.owner = $3",
                     self.table
                 ),
-                &[&names, &epochs, &self.config.node],
+                &[&back.names, &back.epochs, &self.config.node, &back.parents],
             )
             .await
-            .map_err(pg_error("giving session tenures back"))
+            .map_err(pg_error(what))?;
+        if leave {
+            tx.execute(
+                &format!("DELETE FROM {} WHERE node = $1 AND instance = $2", self.nodes_table),
+                &[&self.config.node, &self.instance],
+            )
+            .await
+            .map_err(pg_error("leaving the table of processes"))?;
+        }
+        if tell && given > 0 {
+            tx.execute("SELECT pg_notify($1, $2)", &[&self.channel, &self.config.address])
+                .await
+                .map_err(pg_error("telling the other processes of tenures given back"))?;
+        }
+        tx.commit().await.map_err(pg_error(what))?;
+        Ok(given)
+    }
+
+    /// Forgets `sessions` as held (those held), for a give-back: what to give back.
+    fn unhold(&self, sessions: &[(String, Option<String>)]) -> GiveBack {
+        let mut back = GiveBack::default();
+        let mut held = self.held();
+        for (s, parent) in sessions {
+            if let Some(h) = held.remove(s) {
+                back.names.push(s.as_bytes().to_vec());
+                back.epochs.push(h.epoch);
+                back.parents.push(parent.as_ref().map(|p| p.as_bytes().to_vec()));
+            }
+        }
+        back
+    }
+
+    /// Gives the session tenures of a clean stop back, and leaves the table of processes.
+    async fn leave(&self) -> Result<u64, LedgerError> {
+        let all: Vec<(String, Option<String>)> = self.held().keys().map(|s| (s.clone(), None)).collect();
+        let back = self.unhold(&all);
+        self.give_back(back, true, true).await
+    }
+
+    /// Writes this process's row of `nodes` (its heartbeat): at start, before any sweep counts
+    /// the processes; then with every renewal.
+    pub(super) fn join(self: &Arc<Self>) -> Result<(), LedgerError> {
+        let tenures = self.clone();
+        self.run(async move {
+            tenures.renew().await?;
+            tenures.reconcile().await.map(|_| ())
+        })
+    }
+
+    /// Gives every stored session without a tenure row one, free: the sweeps find free tenures
+    /// by their expiry alone. Returns how many it wrote.
+    async fn reconcile(&self) -> Result<u64, LedgerError> {
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let written = client
+            .execute(
+                &format!(
+                    "INSERT INTO {t} (session, owner, address, epoch, expires_at, instance)
+                     SELECT s.key, '', '', 0, '-infinity', '' FROM {sessions} s
+                     WHERE NOT EXISTS (SELECT 1 FROM {t} l WHERE l.session = s.key)
+                     ON CONFLICT (session) DO NOTHING",
+                    t = self.table,
+                    sessions = self.sessions_table
+                ),
+                &[],
+            )
+            .await
+            .map_err(pg_error("giving stored sessions without a tenure row one"))?;
+        if written > 0 {
+            tracing::info!(
+                sessions = written,
+                "stored sessions without a tenure row were given one (free)"
+            );
+        }
+        Ok(written)
+    }
+
+    /// What the live processes hold and what is free; writes this process's held count first
+    /// when it changed, and deletes a few expired rows of sessions no longer stored.
+    async fn spread(&self) -> Result<Spread, LedgerError> {
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let held = self.top_level_held();
+        let given = self.recently_given();
+        let stored = format!(
+            "EXISTS (SELECT 1 FROM {} s WHERE s.key = l.session)",
+            self.sessions_table
+        );
+        let row = client
+            .query_one(
+                &format!(
+                    "WITH beat AS (
+                         UPDATE {nodes} SET held = $3 WHERE node = $1 AND instance = $2 AND held <> $3),
+                     gone AS (
+                         DELETE FROM {t} d WHERE d.session IN (
+                             SELECT l.session FROM {t} l WHERE l.expires_at < now() AND NOT {stored} LIMIT $4)
+                           AND d.expires_at < now())
+                     SELECT
+                         (SELECT count(*) FROM {t} l WHERE l.expires_at < now() AND l.parent IS NULL AND NOT {NESTED}
+                              AND {stored}),
+                         (SELECT count(*) FROM {t} l WHERE l.expires_at < now() AND l.parent IS NULL AND NOT {NESTED}
+                              AND NOT (l.session = ANY($5)) AND {stored}),
+                         (SELECT count(*) FROM {t} l JOIN {t} p ON p.session = l.parent
+                              WHERE l.expires_at < now() AND p.owner = $1 AND p.instance = $2
+                                AND p.expires_at >= now() AND {stored})
+                         + (SELECT count(*) FROM {t} l WHERE l.expires_at < now() AND l.parent IS NULL AND {NESTED}
+                              AND NOT (l.session = ANY($5)) AND {stored}),
+                         coalesce((SELECT array_agg(n.held) FROM {nodes} n WHERE n.expires_at >= now() AND n.node <> $1),
+                                  '{{}}'::bigint[])",
+                    nodes = self.nodes_table,
+                    t = self.table,
+                ),
+                &[&self.config.node, &self.instance, &held, &GONE_PER_SWEEP, &given],
+            )
+            .await
+            .map_err(pg_error("reading how the sessions are spread"))?;
+        let count = |i: usize| u64::try_from(row.get::<_, i64>(i)).unwrap_or(0);
+        Ok(Spread {
+            free: count(0),
+            takeable: count(1),
+            nests: count(2),
+            others: row
+                .get::<_, Vec<i64>>(3)
+                .into_iter()
+                .map(|h| u64::try_from(h).unwrap_or(0))
+                .collect(),
+        })
     }
 
     /// The fencing check at the start of a commit: of `sessions` (those the commit writes),
@@ -287,25 +485,37 @@ impl HeldTenures {
             .iter()
             .map(|(s, h)| (s.as_bytes().to_vec(), h.epoch))
             .unzip();
-        if names.is_empty() {
-            return Ok(());
-        }
+        let held = self.top_level_held();
         let sent = Instant::now();
         let client = self.pool.get().await.map_err(pool_error)?;
         let rows = client
             .query(
                 &format!(
-                    // Rows locked in key order, as the takeovers lock them.
-                    "WITH mine AS (
+                    // The process's heartbeat rides on the renewal. Rows locked in key order.
+                    "WITH beat AS (
+                         INSERT INTO {nodes} AS n (node, address, instance, held, expires_at)
+                         VALUES ($4, $5, $6, $7, now() + $3::int8 * interval '1 millisecond')
+                         ON CONFLICT (node) DO UPDATE SET address = EXCLUDED.address, instance = EXCLUDED.instance,
+                             held = EXCLUDED.held, expires_at = EXCLUDED.expires_at),
+                     mine AS (
                          SELECT l.session FROM {t} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
                          ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $4
                          ORDER BY l.session FOR NO KEY UPDATE OF l)
                      UPDATE {t} l SET expires_at = now() + $3::int8 * interval '1 millisecond'
                      FROM mine WHERE l.session = mine.session
                      RETURNING l.session, l.epoch",
-                    t = self.table
+                    t = self.table,
+                    nodes = self.nodes_table,
                 ),
-                &[&names, &epochs, &self.ttl_ms(), &self.config.node],
+                &[
+                    &names,
+                    &epochs,
+                    &self.ttl_ms(),
+                    &self.config.node,
+                    &self.config.address,
+                    &self.instance,
+                    &held,
+                ],
             )
             .await
             .map_err(pg_error("renewing session tenures"))?;
@@ -342,46 +552,72 @@ impl HeldTenures {
         let weak = Arc::downgrade(self);
         let every = self.config.ttl / 3;
         self.runtime.spawn(async move {
+            let mut reconciled = Instant::now();
             loop {
                 tokio::time::sleep(every).await;
                 let Some(tenures) = weak.upgrade() else { return };
                 if let Err(e) = tenures.renew().await {
                     tracing::warn!("renewing session tenures failed (retried at the next turn): {e}");
                 }
+                if reconciled.elapsed() >= RECONCILE_EVERY {
+                    reconciled = Instant::now();
+                    if let Err(e) = tenures.reconcile().await {
+                        tracing::warn!(
+                            "looking for stored sessions without a tenure row failed (tried again later): {e}"
+                        );
+                    }
+                }
             }
         });
     }
 
-    /// Takes tenures by one upsert: for `session` alone, or for every stored session whose tenure
-    /// is free and which this process does not hold.
-    async fn take(self: Arc<Self>, session: Option<String>) -> Result<Vec<(String, i64)>, LedgerError> {
+    /// Takes tenures by one upsert: for `session` alone, or (none) for up to `limit` stored
+    /// top-level sessions whose tenure is free and which this process did not give back, and
+    /// every free nested session whose parent session this process holds. Free tenures are
+    /// found by their expiry (an index range), not by a scan of the sessions.
+    async fn take(self: Arc<Self>, session: Option<String>, limit: usize) -> Result<Vec<(String, i64)>, LedgerError> {
         let _turn = self.taking.lock().await;
         let sent = Instant::now();
         let mut client = self.pool.get().await.map_err(pool_error)?;
         let what = "taking session tenures";
         let held: Vec<Vec<u8>> = self.held().keys().map(|s| s.as_bytes().to_vec()).collect();
-        // Free: no tenure row, expired, or given back (or left) by this very process, whose
-        // held tenures are excluded. Not a live tenure of this node's earlier instance: it may
-        // be paused, alive.
         let one = session.map(String::into_bytes);
         let candidates: Vec<Vec<u8>> = match &one {
             Some(name) => vec![name.clone()],
-            None => client
-                .query(
-                    &format!(
-                        "SELECT s.key FROM {sessions} s LEFT JOIN {t} l ON l.session = s.key
-                         WHERE (l.session IS NULL OR l.expires_at < now() OR l.instance = $2) AND NOT (s.key = ANY($1))
-                         ORDER BY s.key",
-                        sessions = self.sessions_table,
-                        t = self.table
-                    ),
-                    &[&held, &self.instance],
-                )
-                .await
-                .map_err(pg_error(what))?
-                .into_iter()
-                .map(|r| r.get(0))
-                .collect(),
+            None => {
+                let stored = format!(
+                    "EXISTS (SELECT 1 FROM {} s WHERE s.key = l.session)",
+                    self.sessions_table
+                );
+                // Top-level sessions up to the limit; nested ones given back to the holder of
+                // their parent (this process); nested ones whose parent is not named (taken by
+                // any process, which leaves each to the holder of its parent: see adopt.rs).
+                let sql = format!(
+                    "(SELECT l.session FROM {t} l
+                      WHERE l.expires_at < now() AND l.parent IS NULL AND NOT {NESTED}
+                        AND NOT (l.session = ANY($2)) AND NOT (l.session = ANY($5)) AND {stored}
+                      ORDER BY l.expires_at, l.session LIMIT $4)
+                     UNION
+                     (SELECT l.session FROM {t} l JOIN {t} p ON p.session = l.parent
+                      WHERE l.expires_at < now() AND NOT (l.session = ANY($2)) AND p.owner = $1 AND p.instance = $3
+                        AND p.expires_at >= now() AND {stored})
+                     UNION
+                     (SELECT l.session FROM {t} l
+                      WHERE l.expires_at < now() AND l.parent IS NULL AND {NESTED}
+                        AND NOT (l.session = ANY($2)) AND NOT (l.session = ANY($5)) AND {stored})
+                     ORDER BY 1",
+                    t = self.table
+                );
+                let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+                let given = self.recently_given();
+                client
+                    .query(&sql, &[&self.config.node, &held, &self.instance, &limit, &given])
+                    .await
+                    .map_err(pg_error(what))?
+                    .into_iter()
+                    .map(|r| r.get(0))
+                    .collect()
+            }
         };
         if candidates.is_empty() {
             return Ok(Vec::new());
@@ -428,7 +664,9 @@ impl HeldTenures {
             .map(|r| (String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned(), r.get(1)))
             .collect();
         let mut held = self.held();
+        let mut given = self.given();
         for (s, epoch) in &taken {
+            given.remove(s);
             held.insert(
                 s.clone(),
                 Held {
@@ -440,6 +678,15 @@ impl HeldTenures {
         tracing::debug!(asked = ?one.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()), ?taken, "session tenures taken");
         Ok(taken)
     }
+}
+
+/// Tenures to give back: each session, the epoch it was held at, and its parent session when
+/// it is a nested one given back to the parent's holder.
+#[derive(Debug, Default)]
+struct GiveBack {
+    names: Vec<Vec<u8>>,
+    epochs: Vec<i64>,
+    parents: Vec<Option<Vec<u8>>>,
 }
 
 /// The trait's face of a process's tenures.
@@ -462,7 +709,7 @@ impl Tenures for PgTenures {
         let tenures = self.0.clone();
         let name = session_id.to_string();
         self.0.run(async move {
-            let taken = tenures.clone().take(Some(name.clone())).await?;
+            let taken = tenures.clone().take(Some(name.clone()), 1).await?;
             if let Some((_, epoch)) = taken.first() {
                 return Ok(TenureHolder::Here(*epoch as u64));
             }
@@ -532,10 +779,62 @@ impl Tenures for PgTenures {
         Ok(out)
     }
 
-    fn acquire_free(&self) -> Result<Vec<String>, LedgerError> {
+    fn acquire_free(&self, limit: usize) -> Result<Vec<String>, LedgerError> {
         let tenures = self.0.clone();
-        let taken = self.0.run(async move { tenures.take(None).await })?;
+        let taken = self.0.run(async move { tenures.take(None, limit).await })?;
         Ok(taken.into_iter().map(|(s, _)| s).collect())
+    }
+
+    fn spread(&self) -> Result<Spread, LedgerError> {
+        let tenures = self.0.clone();
+        self.0.run(async move { tenures.spread().await })
+    }
+
+    fn held_count(&self) -> usize {
+        usize::try_from(self.0.top_level_held()).unwrap_or(0)
+    }
+
+    fn hand_over(&self, sessions: &[(String, Option<String>)]) -> Result<(), LedgerError> {
+        let back = self.0.unhold(sessions);
+        {
+            let now = Instant::now();
+            let ttl = self.0.config.ttl;
+            let mut given = self.0.given();
+            given.retain(|_, at| now.duration_since(*at) < ttl);
+            for (s, _) in sessions {
+                given.insert(s.clone(), now);
+            }
+        }
+        let tenures = self.0.clone();
+        let given = self.0.run(async move { tenures.give_back(back, true, false).await })?;
+        tracing::info!(sessions = given, "session tenures handed over to the other processes");
+        Ok(())
+    }
+
+    fn handed_over(&self, session_id: &str) -> bool {
+        self.0
+            .given()
+            .get(session_id)
+            .is_some_and(|at| at.elapsed() < self.0.config.ttl)
+    }
+
+    fn leave_to_parent(&self, session_id: &str, parent: &str) {
+        let back = self.0.unhold(&[(session_id.to_string(), Some(parent.to_string()))]);
+        if back.names.is_empty() {
+            return;
+        }
+        let tenures = self.0.clone();
+        let shown = session_id.to_string();
+        // Not waited for: a tenure not given back runs out by itself (and is then anyone's).
+        self.0.runtime.spawn(async move {
+            if let Err(e) = tenures.give_back(back, true, false).await {
+                tracing::warn!(session = %shown, "giving a nested session's tenure back failed (it runs out by itself): {e}");
+            }
+        });
+    }
+
+    fn freed(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.0.freed.clone())
     }
 
     fn holds(&self, session_id: &str) -> bool {
@@ -556,23 +855,22 @@ impl Tenures for PgTenures {
         tracing::debug!(session = %session_id, epoch = held.epoch, "session tenure given back");
         // Not waited for: a tenure not given back runs out by itself.
         let tenures = self.0.clone();
-        let (name, shown) = (session_id.as_bytes().to_vec(), session_id.to_string());
+        let shown = session_id.to_string();
+        let back = GiveBack {
+            names: vec![session_id.as_bytes().to_vec()],
+            epochs: vec![held.epoch],
+            parents: vec![None],
+        };
         self.0.runtime.spawn(async move {
-            if let Err(e) = tenures.give_back(vec![name], vec![held.epoch]).await {
+            if let Err(e) = tenures.give_back(back, false, false).await {
                 tracing::warn!(session = %shown, "giving a session tenure back failed (it runs out by itself): {e}");
             }
         });
     }
 
     fn release_all(&self) {
-        let held: Vec<(String, Held)> = self.0.held().drain().collect();
-        if held.is_empty() {
-            return;
-        }
         let tenures = self.0.clone();
-        let (names, epochs): (Vec<Vec<u8>>, Vec<i64>) =
-            held.iter().map(|(s, h)| (s.as_bytes().to_vec(), h.epoch)).unzip();
-        match self.0.run(async move { tenures.give_back(names, epochs).await }) {
+        match self.0.run(async move { tenures.leave().await }) {
             Ok(n) => tracing::info!(tenures = n, "session tenures given back"),
             Err(e) => tracing::warn!("giving session tenures back failed (they run out by themselves): {e}"),
         }

@@ -108,7 +108,7 @@ fn a_restarted_node_waits_out_its_own_tenures_and_takes_them_at_a_new_epoch() {
     })
     .unwrap();
     assert_eq!(
-        tenures(&a).acquire_free().unwrap().len(),
+        tenures(&a).acquire_free(usize::MAX).unwrap().len(),
         0,
         "no session row is committed yet"
     );
@@ -123,7 +123,7 @@ fn a_restarted_node_waits_out_its_own_tenures_and_takes_them_at_a_new_epoch() {
              // The same node again: its old instance might still be alive (paused), so it waits too.
     let again = node(&schema, "a", TTL);
     assert!(
-        tenures(&again).acquire_free().unwrap().is_empty(),
+        tenures(&again).acquire_free(usize::MAX).unwrap().is_empty(),
         "taken from a live tenure"
     );
     assert!(matches!(
@@ -133,12 +133,12 @@ fn a_restarted_node_waits_out_its_own_tenures_and_takes_them_at_a_new_epoch() {
     for s in ["s1", "s2"] {
         expire(&again, s);
     }
-    let mut taken = tenures(&again).acquire_free().unwrap();
+    let mut taken = tenures(&again).acquire_free(usize::MAX).unwrap();
     taken.sort();
     assert_eq!(taken, vec!["s1".to_string(), "s2".to_string()]);
     assert_eq!(tenures(&again).acquire("s1").unwrap(), TenureHolder::Here(2));
     let b = node(&schema, "b", TTL);
-    assert!(tenures(&b).acquire_free().unwrap().is_empty(), "held by a");
+    assert!(tenures(&b).acquire_free(usize::MAX).unwrap().is_empty(), "held by a");
 }
 
 #[test]
@@ -154,7 +154,7 @@ fn a_node_whose_tenure_was_taken_over_writes_nothing_more_and_is_told() {
     store_sessions(&a, &["s1", "s2"]);
     // a is paused past its tenure of s1; b takes it over.
     expire(&a, "s1");
-    assert_eq!(tenures(&b).acquire_free().unwrap(), vec!["s1".to_string()]);
+    assert_eq!(tenures(&b).acquire_free(usize::MAX).unwrap(), vec!["s1".to_string()]);
     // a wakes and writes to both sessions in one commit: s2's rows land, s1's do not.
     let call = crate::ledger::conformance::call_row("s1", "deleg_1", 1);
     let call2 = crate::ledger::conformance::call_row("s2", "deleg_2", 1);
@@ -196,7 +196,7 @@ fn sessions_lost_together_are_each_told_once_and_the_held_ones_rows_land() {
     for s in ["s1", "s2"] {
         expire(&a, s);
     }
-    let mut taken = tenures(&b).acquire_free().unwrap();
+    let mut taken = tenures(&b).acquire_free(usize::MAX).unwrap();
     taken.sort();
     assert_eq!(taken, ["s1", "s2"]);
     // A running mark of s1's child staged, unflushed: the terminal rows' commit takes it, finds
@@ -498,4 +498,133 @@ fn a_row_that_cannot_be_read_is_moved_aside_only_by_its_sessions_holder() {
     assert!(a.dead_letters().unwrap().is_empty());
     assert_eq!(count(&a), 0, "its holder moved it aside");
     assert_eq!(a.quarantined().unwrap().len(), 1);
+}
+
+#[test]
+fn a_sweep_takes_free_sessions_only_up_to_its_limit_and_counts_the_spread() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    let names = ["s1", "s2", "s3", "s4", "s5", "s6"];
+    for s in names {
+        assert_eq!(tenures(&a).acquire(s).unwrap(), TenureHolder::Here(1));
+    }
+    store_sessions(&a, &names);
+    // a "dies": every tenure of its runs out.
+    for s in names {
+        expire(&a, s);
+    }
+    let spread = tenures(&b).spread().unwrap();
+    assert_eq!(
+        (spread.free, spread.takeable, spread.others.len()),
+        (6, 6, 1),
+        "{spread:?}"
+    );
+    let mut taken = tenures(&b).acquire_free(2).unwrap();
+    assert_eq!(taken.len(), 2, "no more than the limit: {taken:?}");
+    taken.extend(tenures(&b).acquire_free(usize::MAX).unwrap());
+    taken.sort();
+    assert_eq!(taken, names, "the rest taken by a second sweep");
+    assert_eq!(tenures(&b).held_count(), 6);
+    assert_eq!(tenures(&b).spread().unwrap().free, 0);
+}
+
+#[test]
+fn a_handover_tells_the_others_and_is_not_taken_back_by_the_giver() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    for s in ["s1", "s2"] {
+        assert_eq!(tenures(&a).acquire(s).unwrap(), TenureHolder::Here(1));
+    }
+    store_sessions(&a, &["s1", "s2"]);
+    let mut freed = tenures(&b).freed().expect("a shared ledger tells of give-backs");
+    freed.mark_unchanged();
+    tenures(&a).hand_over(&[("s1".to_string(), None)]).unwrap();
+    assert!(tenures(&a).handed_over("s1") && !tenures(&a).holds("s1"));
+    // b hears of it (its listening connection may connect first: that moves it too).
+    let heard = b.runtime.run(async move {
+        tokio::time::timeout(Duration::from_secs(10), freed.changed())
+            .await
+            .map_err(|_| LedgerError::storage_msg("never told"))?
+            .map_err(|_| LedgerError::storage_msg("closed"))
+    });
+    assert!(heard.is_ok(), "{heard:?}");
+    // The giver's own sweep leaves it to the others; b takes it, at a new epoch.
+    assert!(tenures(&a).acquire_free(usize::MAX).unwrap().is_empty());
+    assert_eq!(tenures(&a).spread().unwrap().takeable, 0);
+    assert_eq!(tenures(&b).acquire_free(usize::MAX).unwrap(), ["s1"]);
+    assert_eq!(b.tenure_of("s1").unwrap(), Some(("b".to_string(), 2)));
+}
+
+#[test]
+fn a_nested_session_given_back_is_taken_only_by_the_holder_of_its_parent() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b, c) = (
+        node(&schema, "a", TTL),
+        node(&schema, "b", TTL),
+        node(&schema, "c", TTL),
+    );
+    let nested = "deleg_00ff.0";
+    for s in ["p", nested] {
+        assert_eq!(tenures(&a).acquire(s).unwrap(), TenureHolder::Here(1));
+    }
+    store_sessions(&a, &["p", nested]);
+    tenures(&a)
+        .hand_over(&[("p".to_string(), None), (nested.to_string(), Some("p".to_string()))])
+        .unwrap();
+    // Only p is anyone's: the nested session waits for p's taker.
+    assert_eq!(tenures(&c).spread().unwrap().free, 1);
+    assert_eq!(tenures(&b).acquire_free(usize::MAX).unwrap(), ["p"]);
+    assert!(tenures(&c).acquire_free(usize::MAX).unwrap().is_empty());
+    assert_eq!(tenures(&b).spread().unwrap().nests, 1);
+    assert_eq!(tenures(&b).acquire_free(0).unwrap(), [nested], "whatever its share");
+    assert_eq!(
+        tenures(&b).held_count(),
+        1,
+        "a nested session is not counted in the spread"
+    );
+}
+
+#[test]
+fn a_session_stored_without_a_tenure_row_is_given_a_free_one_and_a_removed_ones_row_goes() {
+    let schema = pg_testkit::fresh_schema();
+    // Stored by a process not sharing the schema: no tenure row.
+    let plain = PgLedger::open_in(&pg_testkit::url(), &schema).unwrap();
+    store_sessions(&plain, &["old"]);
+    drop(plain);
+    let a = node(&schema, "a", TTL);
+    assert_eq!(
+        tenures(&a).acquire_free(usize::MAX).unwrap(),
+        ["old"],
+        "reconciled as it joined"
+    );
+    // A tenure row whose session is no longer stored goes at a sweep's read.
+    sql(
+        &a,
+        "INSERT INTO \"{schema}\".session_leases (session, owner, address, epoch, expires_at, instance)
+         VALUES ('gone'::bytea, 'x', 'x', 3, now() - interval '1 second', 'x')",
+    );
+    tenures(&a).spread().unwrap();
+    assert!(a.tenure_of("gone").unwrap().is_none());
+}
+
+#[test]
+fn a_session_handed_over_that_nobody_took_is_the_givers_again_after_a_tenure_time() {
+    let schema = pg_testkit::fresh_schema();
+    let ttl = Duration::from_millis(1000);
+    let a = node(&schema, "a", ttl);
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    store_sessions(&a, &["s1"]);
+    // Handed over, and the process meant to take it died at once: nobody takes it.
+    tenures(&a).hand_over(&[("s1".to_string(), None)]).unwrap();
+    assert!(
+        tenures(&a).acquire_free(usize::MAX).unwrap().is_empty(),
+        "left to the others"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while tenures(&a).handed_over("s1") {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(tenures(&a).acquire_free(usize::MAX).unwrap(), ["s1"], "anyone's again");
+    assert_eq!(a.tenure_of("s1").unwrap(), Some(("a".to_string(), 2)));
 }

@@ -1,0 +1,443 @@
+//! Several `brood serve` processes on one PostgreSQL database share its sessions evenly: a
+//! process joining takes its share by handover (nothing lost, nothing delivered twice, a client
+//! sees a retried 503 at most), a killed process's sessions are spread over the survivors, and a
+//! nested session moves with its parent session.
+
+mod server;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use server::{psql, Server};
+
+/// The tenure time the tests run with: short, so rounds of handovers come quickly.
+const TENURE_MS: &str = "2000";
+
+fn node(dir: &Path, url: &str, name: &str) -> Server {
+    let dir = dir.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    Server::start_with(
+        &dir,
+        None,
+        &["--ledger", url, "--node", name, "--session-lease-ms", TENURE_MS],
+    )
+}
+
+/// How many sessions a process serves, as its `/healthz` says.
+fn served(s: &Server) -> u64 {
+    let (status, health) = s.call("GET", "/healthz", None);
+    assert_eq!(status, 200, "{health}");
+    health["sessions"].as_u64().unwrap()
+}
+
+/// Whether `held` is within a tenth plus one of `sessions / nodes`.
+fn within_bound(held: u64, sessions: u64, nodes: u64) -> bool {
+    let mean = sessions as f64 / nodes as f64;
+    (held as f64 - mean).abs() <= mean / 10.0 + 1.0
+}
+
+/// Waits (60 s at most) until the processes serve `sessions` sessions between them, each within
+/// the bound; their counts.
+fn settle(nodes: &[&Server], sessions: u64) -> Vec<u64> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let counts: Vec<u64> = nodes.iter().map(|s| served(s)).collect();
+        let even = counts.iter().all(|&c| within_bound(c, sessions, nodes.len() as u64));
+        if even && counts.iter().sum::<u64>() == sessions {
+            return counts;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never settled: the processes serve {counts:?} of {sessions} sessions"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Who holds each live tenure, as the database says.
+fn holders(url: &str) -> BTreeMap<String, String> {
+    psql(
+        url,
+        "SELECT convert_from(session, 'UTF8') || '|' || owner FROM brood.session_leases WHERE expires_at > now()",
+    )
+    .lines()
+    .filter_map(|l| l.split_once('|'))
+    .map(|(s, o)| (s.to_string(), o.to_string()))
+    .collect()
+}
+
+/// A tiny random source for the workload (which process, which session).
+fn pick(state: &AtomicU64, n: usize) -> usize {
+    let mut x = state.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 29;
+    (x % n as u64) as usize
+}
+
+/// What a client does with a session through any process, retrying what a handover answers.
+struct Client<'a> {
+    nodes: &'a [&'a Server],
+    rng: AtomicU64,
+    /// Child ids of every call made.
+    expected: Mutex<Vec<String>>,
+    /// Child ids of every item acknowledged, in order.
+    acked: Mutex<Vec<String>>,
+    /// Dedup keys of every item acknowledged.
+    keys: Mutex<Vec<String>>,
+    /// 503s answered (a handover, a takeover), and retried.
+    retried: AtomicU64,
+    made: AtomicU64,
+}
+
+impl<'a> Client<'a> {
+    fn new(nodes: &'a [&'a Server], seed: u64) -> Self {
+        Client {
+            nodes,
+            rng: AtomicU64::new(seed),
+            expected: Mutex::new(Vec::new()),
+            acked: Mutex::new(Vec::new()),
+            keys: Mutex::new(Vec::new()),
+            retried: AtomicU64::new(0),
+            made: AtomicU64::new(0),
+        }
+    }
+
+    fn any(&self) -> &Server {
+        self.nodes[pick(&self.rng, self.nodes.len())]
+    }
+
+    /// A 503 (the session between holders, or served by a process that just died): retried.
+    fn retry(&self, status: u16, body: &Value) -> bool {
+        if status == 503 {
+            let code = body["error"]["code"].as_str().unwrap_or("");
+            assert!(
+                ["session_moved", "lease_lapsed", "interrupted"].contains(&code),
+                "a 503 a client is not told to retry: {body}"
+            );
+            self.retried.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(30));
+            return true;
+        }
+        false
+    }
+
+    /// Delegates `n` zero-time sims to `session` through any process, with an idempotency key
+    /// so a retry never makes the call twice.
+    fn delegate(&self, session: &str, n: usize) {
+        let key = format!("k{}", self.made.fetch_add(1, Ordering::Relaxed));
+        let key = format!("{session}-{key}-{}", pick(&self.rng, 1 << 30));
+        let tasks: Vec<Value> = (0..n)
+            .map(|i| json!({"goal": format!("t{i}"), "runner": server::sim(0)}))
+            .collect();
+        let body = json!({"tasks": tasks, "independent_completions": true});
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, reply) = self.any().post_with_header(
+                &format!("/v1/sessions/{session}/delegate"),
+                &body,
+                ("idempotency-key", &key),
+            );
+            if status == 202 || status == 200 {
+                let call = reply["call_id"].as_str().unwrap().to_string();
+                self.expected
+                    .lock()
+                    .unwrap()
+                    .extend((0..n).map(|t| format!("{call}.{t}")));
+                return;
+            }
+            assert!(self.retry(status, &reply), "delegate answered {status}: {reply}");
+            assert!(Instant::now() < deadline, "a delegate never went through: {reply}");
+        }
+    }
+
+    /// One boundary of `session` through any process and, when it hands items out, their ack
+    /// through any process; whether items were acknowledged.
+    fn claim_and_ack(&self, session: &str) -> bool {
+        let (status, env) = self.any().call(
+            "POST",
+            &format!("/v1/sessions/{session}/boundary"),
+            Some(json!({"consumer": "balance", "lease_ms": 30000})),
+        );
+        match status {
+            200 => {}
+            204 => return false,
+            _ => {
+                assert!(self.retry(status, &env), "boundary answered {status}: {env}");
+                return false;
+            }
+        }
+        let claim = env["claim_id"].as_str().unwrap();
+        let (acked, body) = self.any().call("POST", &format!("/v1/claims/{claim}/ack"), None);
+        match acked {
+            200 => {
+                let items = env["items"].as_array().unwrap();
+                let children = items.iter().map(|i| i["child_id"].as_str().unwrap().to_string());
+                self.acked.lock().unwrap().extend(children);
+                let keys = items.iter().map(|i| i["dedup_key"].as_str().unwrap().to_string());
+                self.keys.lock().unwrap().extend(keys);
+                true
+            }
+            // The claim was returned by a handover (its taker knows it as lost, or not at
+            // all): its items come again.
+            409 | 404 => false,
+            _ => {
+                assert!(self.retry(acked, &body), "ack answered {acked}: {body}");
+                false
+            }
+        }
+    }
+
+    /// Claims and acks every session until everything made was acknowledged (60 s at most).
+    fn drain(&self, sessions: &[String]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let want = self.expected.lock().unwrap().len();
+            if self.acked.lock().unwrap().len() >= want {
+                return;
+            }
+            for s in sessions {
+                while self.claim_and_ack(s) {}
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not everything was delivered: {} of {want}",
+                self.acked.lock().unwrap().len()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Every result made was acknowledged exactly once.
+    fn assert_exactly_once(&self) {
+        let mut acked = self.acked.lock().unwrap().clone();
+        let total = acked.len();
+        acked.sort();
+        acked.dedup();
+        assert_eq!(acked.len(), total, "an item was acknowledged twice");
+        let mut keys = self.keys.lock().unwrap().clone();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), total, "a dedup key was acknowledged twice");
+        let mut expected = self.expected.lock().unwrap().clone();
+        expected.sort();
+        assert_eq!(acked, expected, "every result was delivered, once");
+    }
+}
+
+fn sessions(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("s{i:02}")).collect()
+}
+
+#[test]
+fn processes_joining_take_their_share_by_handover_while_a_workload_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let names = sessions(60);
+    let alone = [&a];
+    let first = Client::new(&alone, 1);
+    for s in &names {
+        a.open(s);
+        first.delegate(s, 1);
+    }
+    assert_eq!(served(&a), 60);
+    let b = node(dir.path(), &url, "b");
+    let c = node(dir.path(), &url, "c");
+    let all = [&a, &b, &c];
+    let client = Client::new(&all, 7);
+    // The first calls' results wait; a workload runs through random processes while the
+    // sessions are handed over.
+    client
+        .expected
+        .lock()
+        .unwrap()
+        .extend(first.expected.into_inner().unwrap());
+    let done = AtomicBool::new(false);
+    let counts = std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                while !done.load(Ordering::Relaxed) {
+                    let s = &names[pick(&client.rng, names.len())];
+                    client.delegate(s, 2);
+                    client.claim_and_ack(s);
+                }
+            });
+        }
+        let counts = settle(&all, 60);
+        done.store(true, Ordering::Relaxed);
+        counts
+    });
+    eprintln!(
+        "balanced: {counts:?}; {} calls made, {} retried 503s",
+        client.made.load(Ordering::Relaxed),
+        client.retried.load(Ordering::Relaxed)
+    );
+    client.drain(&names);
+    client.assert_exactly_once();
+    // The database agrees: every session held, by the three about evenly.
+    let held = holders(&url);
+    assert_eq!(held.len(), 60, "{held:?}");
+    for n in ["a", "b", "c"] {
+        let mine = held.values().filter(|o| *o == n).count() as u64;
+        assert!(within_bound(mine, 60, 3), "{n} holds {mine}: {held:?}");
+    }
+}
+
+#[test]
+fn a_killed_processs_sessions_are_spread_over_the_survivors() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let names = sessions(60);
+    for s in &names {
+        a.open(s);
+    }
+    let b = node(dir.path(), &url, "b");
+    let c = node(dir.path(), &url, "c");
+    settle(&[&a, &b, &c], 60);
+    let dead: HashSet<String> = holders(&url)
+        .into_iter()
+        .filter(|(_, o)| o == "c")
+        .map(|(s, _)| s)
+        .collect();
+    assert!(!dead.is_empty());
+    c.kill9();
+    let counts = settle(&[&a, &b], 60);
+    // Its sessions went to both survivors, not all to the first to sweep.
+    let held = holders(&url);
+    let to_a = dead
+        .iter()
+        .filter(|s| held.get(*s).map(String::as_str) == Some("a"))
+        .count();
+    let to_b = dead
+        .iter()
+        .filter(|s| held.get(*s).map(String::as_str) == Some("b"))
+        .count();
+    assert_eq!(
+        to_a + to_b,
+        dead.len(),
+        "every session of the dead process is held: {held:?}"
+    );
+    assert!(to_a > 0 && to_b > 0, "{} went to a, {} to b ({counts:?})", to_a, to_b);
+    // And every session answers through either.
+    for s in &names {
+        let (status, view) = a.call("GET", &format!("/v1/sessions/{s}"), None);
+        assert_eq!(status, 200, "{view}");
+    }
+}
+
+#[test]
+fn a_nested_session_moves_with_its_parent_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    // p's child, delivered; the child's own (nested) session opened, then q: both idle, p picked
+    // first (by id) when a hands one over.
+    a.open("p");
+    let call = a.delegate_sims("p", 1);
+    a.only_result("p");
+    let nested = format!("{call}.0");
+    let (status, body) = a.call("PUT", &format!("/v1/sessions/{nested}"), Some(json!({})));
+    assert_eq!(status, 200, "{body}");
+    a.open("q");
+    let before = holders(&url);
+    assert_eq!(before.get(&nested).map(String::as_str), Some("a"), "{before:?}");
+    let b = node(dir.path(), &url, "b");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let held = holders(&url);
+        let at = |s: &str| held.get(s).cloned().unwrap_or_default();
+        if at("p") == "b" && at(&nested) == "b" && at("q") == "a" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the nested session did not follow its parent: {held:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Served where its parent is, through either process.
+    for s in [&a, &b] {
+        let (status, view) = s.call("GET", &format!("/v1/sessions/{nested}"), None);
+        assert_eq!(status, 200, "{view}");
+    }
+    assert_eq!(served(&a), 1, "q alone");
+}
+
+#[test]
+fn a_busy_session_is_handed_over_only_when_none_is_idle_and_its_claim_comes_back_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    // Two sessions, each with a live claim (busy): when b joins, a must give one, and none is
+    // idle, so after a few rounds it gives a busy one.
+    let mut claims = BTreeMap::new();
+    for s in ["p1", "p2"] {
+        a.open(s);
+        a.delegate_sims(s, 1);
+        let env = a.envelope(s, 600_000);
+        assert_eq!(env["items"].as_array().unwrap().len(), 1, "{env}");
+        claims.insert(s.to_string(), env);
+    }
+    let b = node(dir.path(), &url, "b");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let counts = [served(&a), served(&b)];
+        if counts == [1, 1] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a never handed a busy session over: {counts:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let held = holders(&url);
+    let moved = ["p1", "p2"]
+        .into_iter()
+        .find(|s| held.get(*s).map(String::as_str) == Some("b"))
+        .expect("one session went to b");
+    // Its claim was returned by the handover: the ack is refused, through either process.
+    let env = &claims[moved];
+    let claim = env["claim_id"].as_str().unwrap();
+    let (status, body) = a.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+    assert!(
+        status == 409 || status == 404,
+        "the ack of a returned claim answered {status}: {body}"
+    );
+    // Its items come again, with the same dedup keys, and are acknowledged once.
+    let keys = |env: &Value| -> Vec<String> {
+        let mut k: Vec<String> = env["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["dedup_key"].as_str().unwrap().to_string())
+            .collect();
+        k.sort();
+        k
+    };
+    let again = b.envelope(moved, 30_000);
+    assert_eq!(keys(&again), keys(env));
+    let (status, body) = a.call(
+        "POST",
+        &format!("/v1/claims/{}/ack", again["claim_id"].as_str().unwrap()),
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = b.call(
+        "POST",
+        &format!("/v1/sessions/{moved}/boundary"),
+        Some(json!({"consumer": "t", "lease_ms": 1000})),
+    );
+    assert_eq!(status, 204, "nothing acknowledged comes again");
+    // The session that stayed kept its claim.
+    let stayed = if moved == "p1" { "p2" } else { "p1" };
+    let claim = claims[stayed]["claim_id"].as_str().unwrap();
+    let (status, body) = b.call("POST", &format!("/v1/claims/{claim}/ack"), None);
+    assert_eq!(status, 200, "{body}");
+}
