@@ -454,20 +454,26 @@ impl HeldTenures {
             what,
         )
         .await?;
+        // The rows by their key alone (an index lookup whatever the table's statistics say),
+        // matched with the epochs here.
         let sql = format!(
-            "SELECT l.session FROM {} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
-             ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $3",
+            "SELECT session, epoch, owner FROM {} WHERE session = ANY($1)",
             self.table
         );
         let statement = super::commit::prepared(tx, &sql, what).await?;
         // Sent together, run one after the other: the check's snapshot is taken once the locks
         // are held.
         let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&keys];
-        let check_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&names, &epochs, &self.config.node];
+        let check_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&names];
         let (_, rows) = futures::try_join!(tx.query(&lock, &lock_params), tx.query(&statement, &check_params))
             .map_err(pg_error(what))?;
+        let mine: HashMap<&[u8], i64> = names.iter().map(Vec::as_slice).zip(epochs.iter().copied()).collect();
         let ok: HashSet<String> = rows
-            .into_iter()
+            .iter()
+            .filter(|r| {
+                let (session, epoch, owner): (&[u8], i64, &str) = (r.get(0), r.get(1), r.get(2));
+                owner == self.config.node && mine.get(session) == Some(&epoch)
+            })
             .map(|r| String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned())
             .collect();
         let lost: Vec<String> = sessions.into_iter().filter(|s| !ok.contains(s)).collect();
