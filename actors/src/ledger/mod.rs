@@ -183,7 +183,7 @@ pub struct Snapshot {
     /// Sessions' webhook wake targets.
     pub wakes: Vec<WakeRow>,
     /// Nested sessions: every one for [`Ledger::load`], the session's own (if it is nested) for
-    /// [`Ledger::load_session`].
+    /// [`Ledger::load_session`], those of the sessions named for [`Ledger::load_sessions`].
     pub nests: Vec<NestRow>,
 }
 
@@ -477,6 +477,19 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Reads one session's rows back (an owner rebuilt in-process), as [`Ledger::load`] does;
     /// it reads nothing of the other sessions.
     fn load_session(&self, session_id: &str) -> Result<Snapshot, LedgerError>;
+    /// Reads the rows of many sessions back at once (a start recovering the sessions it took),
+    /// answering exactly what [`Ledger::load_session`] of each one answers, added up (an id
+    /// named twice is read once; one with no rows adds nothing). A backend on a server reads
+    /// them in a few statements per table, whatever their number; this default reads one
+    /// session at a time.
+    fn load_sessions(&self, session_ids: &[String]) -> Result<Snapshot, LedgerError> {
+        let ids: std::collections::BTreeSet<&String> = session_ids.iter().collect();
+        let mut snapshot = Snapshot::default();
+        for id in ids {
+            snapshot.absorb(self.load_session(id)?);
+        }
+        Ok(snapshot)
+    }
     /// Moves one stored row of `session_id` aside, raw bytes kept, with the reason (recovery
     /// found it inconsistent with the rest). For the trees keyed by session id, `id` is the
     /// session id.
