@@ -201,6 +201,17 @@ impl Snapshot {
     }
 }
 
+/// A session's oldest call and oldest ack row ([`Ledger::oldest_rows`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OldestRows {
+    /// The session.
+    pub session_id: String,
+    /// Its first call in id order, if it has one.
+    pub call: Option<CallRow>,
+    /// Its first ack row in claim id order, if it has one.
+    pub ack: Option<AckRow>,
+}
+
 /// The rows of one call besides its own (what retention removes with it).
 #[derive(Debug, Default, Clone)]
 pub struct CallParts {
@@ -463,6 +474,22 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Up to `limit` ack rows of a session in claim id order (the order claims were made), after
     /// `after` (exclusive) when given.
     fn acks_page(&self, session_id: &str, after: Option<&str>, limit: usize) -> Result<Vec<AckRow>, LedgerError>;
+    /// The oldest call and the oldest ack row of each of `session_ids` (the first of
+    /// [`Ledger::calls_page`] and of [`Ledger::acks_page`]), in the order asked: what the
+    /// retention sweep looks at first, for many sessions at once. A backend on a server reads
+    /// them in two statements for many sessions; this default reads each session's pages.
+    fn oldest_rows(&self, session_ids: &[String]) -> Result<Vec<OldestRows>, LedgerError> {
+        session_ids
+            .iter()
+            .map(|id| {
+                Ok(OldestRows {
+                    session_id: id.clone(),
+                    call: self.calls_page(id, None, 1)?.pop(),
+                    ack: self.acks_page(id, None, 1)?.pop(),
+                })
+            })
+            .collect()
+    }
     /// How many rows each tree holds (a scan: for inspection and tests, not hot paths).
     fn row_counts(&self) -> Result<Vec<(&'static str, usize)>, LedgerError>;
     /// The redrive record of an item, if it was ever redriven.

@@ -37,7 +37,7 @@ use super::rows::{
     quarantine_entry, read_quarantined, report_kept, row_key, session_prefix, write_changes, Change, ChildWrite,
 };
 use super::trees::*;
-use super::{CallParts, Durability, Ledger, LedgerError, Snapshot, Writes};
+use super::{CallParts, Durability, Ledger, LedgerError, OldestRows, Snapshot, Writes};
 use crate::codec;
 use crate::model::*;
 
@@ -752,6 +752,80 @@ impl PgLedger {
         })
     }
 
+    /// [`Ledger::oldest_rows`] of up to [`LOAD_CHUNK`] sessions: the first call and the first
+    /// ack row of each session's key range (an index range scan each, one row), two
+    /// statements sent together.
+    fn oldest_of(&self, sessions: &[String]) -> Result<Vec<OldestRows>, LedgerError> {
+        if sessions.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.settle()?;
+        let (low, high): (Vec<Vec<u8>>, Vec<Vec<u8>>) = sessions
+            .iter()
+            .map(|s| {
+                let low = session_prefix(s);
+                let mut high = low.clone();
+                if let Some(last) = high.last_mut() {
+                    *last = 1;
+                }
+                (low, high)
+            })
+            .unzip();
+        let index: Vec<i32> = (0..sessions.len()).map(|i| i as i32).collect();
+        let tables = [CALLS, ACKS].map(|t| (t, self.table(t)));
+        let pool = self.inner.pool.clone();
+        self.inner.sent(tables.len());
+        let mut found = self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let client = &client;
+            let (index, low, high) = (&index, &low, &high);
+            futures::future::try_join_all(tables.iter().map(|(tree, table)| async move {
+                let sql = format!(
+                    "SELECT r.i, f.key, f.value FROM unnest($1::int4[], $2::bytea[], $3::bytea[]) AS r(i, low, high)
+                     CROSS JOIN LATERAL (SELECT t.key, t.value FROM {table} t
+                         WHERE t.key >= r.low AND t.key < r.high ORDER BY t.key LIMIT 1) f"
+                );
+                let rows = client
+                    .query(&sql, &[index, low, high])
+                    .await
+                    .map_err(pg_error(format!("reading the oldest {tree} of many sessions")))?;
+                Ok::<_, LedgerError>(
+                    rows.into_iter()
+                        .map(|r| {
+                            (
+                                r.get::<_, i32>(0) as usize,
+                                r.get::<_, Vec<u8>>(1),
+                                r.get::<_, Vec<u8>>(2),
+                            )
+                        })
+                        .collect::<Vec<_>>(),
+                )
+            }))
+            .await
+        })?;
+        let mut out: Vec<OldestRows> = sessions
+            .iter()
+            .map(|s| OldestRows {
+                session_id: s.clone(),
+                call: None,
+                ack: None,
+            })
+            .collect();
+        let acks = found.pop().unwrap_or_default();
+        let calls = found.pop().unwrap_or_default();
+        for (i, k, v) in calls {
+            if let Some(o) = out.get_mut(i) {
+                o.call = Some(decode_at(CALLS, &k, &v)?);
+            }
+        }
+        for (i, k, v) in acks {
+            if let Some(o) = out.get_mut(i) {
+                o.ack = Some(decode_at(ACKS, &k, &v)?);
+            }
+        }
+        Ok(out)
+    }
+
     /// Decoded rows of a key range, an undecodable one an error (as sled's point reads).
     fn rows_in<T: crate::codec::Stored>(
         &self,
@@ -1011,6 +1085,14 @@ impl Ledger for PgLedger {
 
     fn load_session(&self, session_id: &str) -> Result<Snapshot, LedgerError> {
         self.read(Some(session_id))
+    }
+
+    fn oldest_rows(&self, session_ids: &[String]) -> Result<Vec<OldestRows>, LedgerError> {
+        let mut out = Vec::with_capacity(session_ids.len());
+        for chunk in session_ids.chunks(LOAD_CHUNK) {
+            out.extend(self.oldest_of(chunk)?);
+        }
+        Ok(out)
     }
 
     fn load_sessions(&self, session_ids: &[String]) -> Result<Snapshot, LedgerError> {
