@@ -45,7 +45,8 @@
 //!   call, its children and claims, the rest idle: `scale_start_s_1k` / `_100k`, from its spawn
 //!   until `/readyz` answers 200 naming every session; `scale_idle_tx_per_s_1k` / `_100k`, the
 //!   transactions per second committed in its database over the 10 s after
-//!   (`pg_stat_database.xact_commit`). The larger size's ratio is to the smaller's.
+//!   (`pg_stat_database.xact_commit`); `scale_idle_rows_per_s_1k` / `_100k`, the rows it read
+//!   and wrote per second meanwhile. The larger size's ratio is to the smaller's.
 //!
 //! With `--ledger postgres://…` every engine keeps its ledger on that database (a schema of
 //! its own, shared as `brood serve --ledger` shares it; a `brood serve` gets a database of its

@@ -15,11 +15,21 @@ use serde_json::json;
 use super::http::{agent, ServerProcess};
 use super::{pg, Figure};
 
-/// Stored sessions of the two sizes (`--quick`: the second pair), with the names of their
-/// figures: start-up seconds, idle transactions per second.
-const FULL: [(usize, &str, &str); 2] = [
-    (1_000, "scale_start_s_1k", "scale_idle_tx_per_s_1k"),
-    (100_000, "scale_start_s_100k", "scale_idle_tx_per_s_100k"),
+/// Stored sessions of the two sizes (`--quick`: [`QUICK`]), with the names of their figures:
+/// start-up seconds, idle transactions per second, idle rows read and written per second.
+const FULL: [(usize, &str, &str, &str); 2] = [
+    (
+        1_000,
+        "scale_start_s_1k",
+        "scale_idle_tx_per_s_1k",
+        "scale_idle_rows_per_s_1k",
+    ),
+    (
+        100_000,
+        "scale_start_s_100k",
+        "scale_idle_tx_per_s_100k",
+        "scale_idle_rows_per_s_100k",
+    ),
 ];
 const QUICK: [usize; 2] = [100, 2_000];
 
@@ -45,26 +55,31 @@ const TENURE_MS: u64 = 10_000;
 /// `brood serve --ledger` on it, timed from its spawn until `/readyz` answers 200 naming every
 /// session as served, then the database's committed transactions over the next [`IDLE`]
 /// (`pg_stat_database.xact_commit` of that database alone, read from another: the process is
-/// the only one connected to it), per second. The second size's figures have the first's as
-/// their baseline.
+/// the only one connected to it), per second. A transaction's count says nothing of its size,
+/// so the rows the database read and wrote meanwhile (`tup_returned + tup_fetched +
+/// tup_inserted + tup_updated + tup_deleted`), per second, are a figure too. The second size's
+/// figures have the first's as their baseline.
 pub(super) fn scale(dir: &Path, durability: Durability, url: &str, quick: bool) -> anyhow::Result<Vec<Figure>> {
     let mut figures: Vec<Figure> = Vec::new();
-    for (i, (full, start_name, idle_name)) in FULL.into_iter().enumerate() {
+    for (i, (full, start_name, tx_name, rows_name)) in FULL.into_iter().enumerate() {
         let sessions = if quick { QUICK[i] } else { full };
         let db = pg::fresh_database(url)?;
         let here = dir.join(format!("s{sessions}"));
         stored(&here, &db, sessions)?;
-        let (start, idle) = measure(&here, durability, url, &db, sessions)?;
-        let (mut start, mut idle) = (
+        let (start, tx, rows) = measure(&here, durability, url, &db, sessions)?;
+        let mut these = vec![
             Figure::new(start_name, start, "s"),
-            Figure::new(idle_name, idle, "tx/s"),
-        );
-        if let [first_start, first_idle] = &figures[..] {
-            start = start.against(first_start.value);
-            idle = idle.against(first_idle.value);
+            Figure::new(tx_name, tx, "tx/s"),
+            Figure::new(rows_name, rows, "rows/s"),
+        ];
+        if !figures.is_empty() {
+            these = these
+                .into_iter()
+                .zip(&figures)
+                .map(|(this, first)| this.against(first.value))
+                .collect();
         }
-        figures.push(start);
-        figures.push(idle);
+        figures.extend(these);
     }
     Ok(figures)
 }
@@ -131,8 +146,15 @@ fn stored(dir: &Path, db: &str, sessions: usize) -> anyhow::Result<()> {
 }
 
 /// Starts `brood serve` on `db` holding `sessions` sessions: the seconds until it is ready
-/// with every one served, and the transactions per second committed in `db` while it idles.
-fn measure(dir: &Path, durability: Durability, url: &str, db: &str, sessions: usize) -> anyhow::Result<(f64, f64)> {
+/// with every one served, and the transactions committed and the rows read and written in `db`
+/// per second while it idles.
+fn measure(
+    dir: &Path,
+    durability: Durability,
+    url: &str,
+    db: &str,
+    sessions: usize,
+) -> anyhow::Result<(f64, f64, f64)> {
     let flags = [
         "--ledger",
         db,
@@ -173,20 +195,25 @@ fn measure(dir: &Path, durability: Durability, url: &str, db: &str, sessions: us
         let client = pg::connect(url).await?;
         let committed = || async {
             let row = client
-                .query_one("SELECT xact_commit FROM pg_stat_database WHERE datname = $1", &[&name])
+                .query_one(
+                    "SELECT xact_commit, tup_returned + tup_fetched + tup_inserted + tup_updated + tup_deleted
+                     FROM pg_stat_database WHERE datname = $1",
+                    &[&name],
+                )
                 .await?;
-            Ok::<_, anyhow::Error>((Instant::now(), row.get::<_, i64>(0)))
+            Ok::<_, anyhow::Error>((Instant::now(), row.get::<_, i64>(0), row.get::<_, i64>(1)))
         };
         // What the start committed reaches the statistics first (a backend reports them when
         // idle, at most once a second).
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let (t0, c0) = committed().await?;
+        let (t0, c0, r0) = committed().await?;
         tokio::time::sleep(IDLE).await;
-        let (t1, c1) = committed().await?;
-        Ok::<_, anyhow::Error>((c1 - c0) as f64 / (t1 - t0).as_secs_f64())
+        let (t1, c1, r1) = committed().await?;
+        let seconds = (t1 - t0).as_secs_f64();
+        Ok::<_, anyhow::Error>(((c1 - c0) as f64 / seconds, (r1 - r0) as f64 / seconds))
     })?;
     drop(server);
-    Ok((start, idle))
+    Ok((start, idle.0, idle.1))
 }
 
 /// The database named in a `postgres://…/<name>` address.
