@@ -136,11 +136,16 @@ pub(super) fn agent(timeout: Duration) -> ureq::Agent {
 pub(super) struct ServerProcess(pub(super) std::process::Child);
 
 impl ServerProcess {
-    /// This binary's `brood serve` on a free loopback port, its ledger in `dir` (or where
-    /// `extra`, further flags, says); the process and its base address.
+    /// This binary's `brood serve` (or that of the binary `BROOD_BENCH_SERVE` names, to measure
+    /// another build's server) on a free loopback port, its ledger in `dir` (or where `extra`,
+    /// further flags, says); the process and its base address.
     pub(super) fn start(dir: &Path, durability: Durability, extra: &[String]) -> anyhow::Result<(Self, String)> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let child = std::process::Command::new(std::env::current_exe()?)
+        let binary = match std::env::var_os("BROOD_BENCH_SERVE") {
+            Some(other) => std::path::PathBuf::from(other),
+            None => std::env::current_exe()?,
+        };
+        let child = std::process::Command::new(binary)
             .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--durability"])
             .arg(durability.to_string())
             .arg("--data-dir")
@@ -150,6 +155,8 @@ impl ServerProcess {
             .args(["--max-session-capacity", "100000", "--max-live-children", "100000000"])
             .args(extra)
             .env_remove("BROOD_API_KEY")
+            // A server refuses a BROOD_ variable that names none of its keys.
+            .env_remove("BROOD_BENCH_SERVE")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()

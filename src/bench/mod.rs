@@ -45,6 +45,13 @@
 //! - `growth` (only when named: `--only growth`): throughput and claim time against children per
 //!   call (10 → 100k) and sessions (1 → 10k), and throughput, claim time and RSS against the
 //!   ledger's size (10k → 1M delivered rows); each series' ratio is to its first size.
+//! - `scale` (only when named: `--only scale`, with `--ledger` only): a `brood serve --ledger`
+//!   started on a database of 1k and then 100k (100 and 2k) stored sessions, ten of them with a
+//!   call, its children and claims, the rest idle: `scale_start_s_1k` / `_100k`, from its spawn
+//!   until `/readyz` answers 200 naming every session; `scale_idle_tx_per_s_1k` / `_100k`, the
+//!   transactions per second committed in its database over the 10 s after
+//!   (`pg_stat_database.xact_commit`); `scale_idle_rows_per_s_1k` / `_100k`, the rows it read
+//!   and wrote per second meanwhile. The larger size's ratio is to the smaller's.
 //!
 //! With `--ledger postgres://…` every engine keeps its ledger on that database (a schema of
 //! its own, shared as `brood serve --ledger` shares it; a `brood serve` gets a database of its
@@ -70,6 +77,7 @@ mod growth;
 mod http;
 mod pg;
 mod plot;
+mod scale;
 mod takeover;
 
 use engine::{claims, durable, latency, rebuild, recovery, rss, rss_in_child, sessions, ROUTING_THREADS, RSS_CHILD};
@@ -171,7 +179,7 @@ pub const GROUPS: &[&str] = &[
 ];
 
 /// Groups run only when `--only` names them (they take minutes).
-pub const OPTIONAL_GROUPS: &[&str] = &["growth"];
+pub const OPTIONAL_GROUPS: &[&str] = &["growth", "scale"];
 
 struct Sizes {
     durable: usize,
@@ -336,6 +344,10 @@ pub fn run(opts: &Options) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
                 None => note("cluster: skipped: it needs --ledger postgres://… (three processes sharing one database)"),
             },
             "growth" => figures.extend(rt.block_on(growth::growth(&dir, opts.durability, opts.quick))?),
+            "scale" => match &opts.ledger {
+                Some(url) => figures.extend(scale::scale(&dir, opts.durability, url, opts.quick)?),
+                None => note("scale: skipped: it needs --ledger postgres://… (sessions stored on a shared database)"),
+            },
             _ => unreachable!("checked against GROUPS"),
         }
     }

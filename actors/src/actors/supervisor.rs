@@ -193,24 +193,34 @@ impl Supervisor {
                 // hand some over), one starting alone takes every session.
                 let plan = balance::plan(&tenures.spread()?, tenures.held_count() as u64);
                 let limit = usize::try_from(plan.take).unwrap_or(usize::MAX);
-                let mut taken = tenures.acquire_free(limit)?.into_iter().collect();
-                adopt::give_back_nests_apart(&engine, &**tenures, &mut taken)?;
-                Some(taken)
+                Some(tenures.acquire_free(limit)?.into_iter().collect())
             }
             None => None,
         };
-        let mut snapshot = match (&engine.tenures, &taken) {
-            (Some(tenures), Some(taken)) => {
+        let mut snapshot = match (&engine.tenures, taken) {
+            (Some(tenures), Some(mut taken)) => {
+                // Only their rows, all read at once (on PostgreSQL a few statements per table,
+                // whatever their number): what the other processes serve is not read.
+                let ids: Vec<String> = taken.iter().cloned().collect();
+                let mut snapshot = ledger.load_sessions(&ids)?;
+                // Their nest rows name the nested sessions' parents: known before the nested
+                // sessions whose parent is served elsewhere are given back, so no call of theirs
+                // is looked up one at a time.
+                for nest in &snapshot.nests {
+                    engine.add_nest(nest.clone());
+                }
+                adopt::give_back_nests_apart(&engine, &**tenures, &mut taken)?;
+                for id in &ids {
+                    if !taken.contains(id) {
+                        engine.nests.remove(id);
+                    }
+                }
+                keep_sessions(&mut snapshot, &taken);
                 tracing::info!(
                     node = tenures.node(),
                     sessions = taken.len(),
                     "session tenures taken at start"
                 );
-                // Only their rows: what the other processes serve is not read.
-                let mut snapshot = crate::ledger::Snapshot::default();
-                for session in taken {
-                    snapshot.absorb(ledger.load_session(session)?);
-                }
                 snapshot
             }
             _ => ledger.load()?,
@@ -425,6 +435,22 @@ impl Supervisor {
             })
             .spawn(ctx);
     }
+}
+
+/// Leaves in `snapshot` only the rows of `sessions` (the damaged children of their calls).
+fn keep_sessions(snapshot: &mut crate::ledger::Snapshot, sessions: &std::collections::HashSet<String>) {
+    let ours = |s: &String| sessions.contains(s);
+    snapshot.sessions.retain(|r| ours(&r.session_id));
+    snapshot.calls.retain(|r| ours(&r.session_id));
+    snapshot.children.retain(|r| ours(&r.session_id));
+    snapshot.claims.retain(|r| ours(&r.session_id));
+    snapshot.starts.retain(|r| ours(&r.session_id));
+    snapshot.wakes.retain(|r| ours(&r.session_id));
+    snapshot.nests.retain(|r| ours(&r.session_id));
+    let calls: std::collections::HashSet<&str> = snapshot.calls.iter().map(|c| c.call_id.as_str()).collect();
+    snapshot
+        .damaged_children
+        .retain(|id| id.rsplit_once('.').is_some_and(|(call, _)| calls.contains(call)));
 }
 
 /// Moves aside the rows recovery found inconsistent with the rest.

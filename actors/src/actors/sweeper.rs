@@ -11,20 +11,70 @@ use crate::ledger::CallParts;
 use crate::model::*;
 use crate::retention::{ms, old_ack, old_call, Retention, Swept};
 
+/// Sessions whose oldest rows are read at once.
+const OLDEST_BATCH: usize = 1_000;
+
 /// Sweeps every session once, under the engine's [`Retention`]: removes what is old enough, a
-/// page at a time.
+/// page at a time. The oldest call and ack row of many sessions are read at once first
+/// ([`crate::ledger::Ledger::oldest_rows`]): a session whose oldest rows are too young to go (most
+/// of them, most of the time) is read no further, so an idle engine's sweep costs a few
+/// statements per thousand sessions.
 pub async fn sweep(engine: &Engine, now: u64) -> Result<Swept, BroodError> {
     let policy = &engine.retention;
     let mut sessions: Vec<String> = engine.owners.iter().map(|e| e.key().clone()).collect();
     sessions.sort();
     let mut swept = Swept::default();
-    for session in sessions {
-        let s = sweep_session(engine, policy, &session, now).await?;
-        swept.calls += s.calls;
-        swept.acks += s.acks;
-        swept.sessions += s.sessions;
+    for batch in sessions.chunks(OLDEST_BATCH) {
+        let (ledger, ids) = (engine.ledger.clone(), batch.to_vec());
+        let oldest = read(move || ledger.oldest_rows(&ids)).await?;
+        for o in oldest {
+            let s = match first_look(policy, &o, now) {
+                FirstLook::Sweep => sweep_session(engine, policy, &o.session_id, now).await?,
+                FirstLook::DropIfIdle(msg) => Swept {
+                    sessions: usize::from(ask(engine, &o.session_id, msg).await?),
+                    ..Swept::default()
+                },
+                FirstLook::Nothing => Swept::default(),
+            };
+            swept.calls += s.calls;
+            swept.acks += s.acks;
+            swept.sessions += s.sessions;
+        }
     }
     Ok(swept)
+}
+
+/// What a sweep does with a session, given its oldest call and ack row.
+#[derive(Debug)]
+enum FirstLook {
+    /// Something may be old enough: its pages are read.
+    Sweep,
+    /// No call and no ack row: its owner drops it if it has been idle long enough.
+    DropIfIdle(DropIfIdle),
+    /// Nothing is old enough.
+    Nothing,
+}
+
+/// Decides, from a session's oldest call and ack row, what [`sweep_session`] would come to
+/// without reading its pages when nothing in them is old enough: its oldest call was made after
+/// the cutoff (so is every later one), and its oldest ack is too young to go (so is every later
+/// one, and the session is not idle). A session with neither drops if idle, with no activity
+/// known, as [`sweep_session`] asks.
+fn first_look(policy: &Retention, oldest: &crate::ledger::OldestRows, now: u64) -> FirstLook {
+    let cutoff = now.saturating_sub(ms(policy.delivered).min(ms(policy.dead)));
+    let young_after = now.saturating_sub(ms(policy.delivered));
+    let old_call = oldest.call.as_ref().is_some_and(|c| c.created_at_ms <= cutoff);
+    let old_ack = oldest.ack.as_ref().is_some_and(|a| a.acked_at_ms <= young_after);
+    if old_call || old_ack {
+        return FirstLook::Sweep;
+    }
+    match policy.idle_session {
+        Some(idle) if oldest.call.is_none() && oldest.ack.is_none() => FirstLook::DropIfIdle(DropIfIdle {
+            last_activity_ms: 0,
+            cutoff_ms: now.saturating_sub(ms(idle)),
+        }),
+        _ => FirstLook::Nothing,
+    }
 }
 
 /// A retention read, off every actor's thread.
@@ -240,5 +290,67 @@ pub async fn run(engine: Engine) {
             Err(BroodError::Stopped) => return,
             Err(e) => tracing::warn!("a retention sweep failed (it runs again later): {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::OldestRows;
+    use std::time::Duration;
+
+    const DAY: u64 = 24 * 60 * 60 * 1000;
+    const NOW: u64 = 100 * DAY;
+
+    fn oldest(call_at: Option<u64>, ack_at: Option<u64>) -> OldestRows {
+        OldestRows {
+            session_id: "s".into(),
+            call: call_at.map(|at| CallRow {
+                created_at_ms: at,
+                ..crate::ledger::conformance::call_row("s", "deleg_c", 1)
+            }),
+            ack: ack_at.map(|at| AckRow {
+                claim_id: "clm_1".into(),
+                session_id: "s".into(),
+                items: Vec::new(),
+                acked_at_ms: at,
+            }),
+        }
+    }
+
+    fn look(policy: &Retention, call_at: Option<u64>, ack_at: Option<u64>) -> &'static str {
+        match first_look(policy, &oldest(call_at, ack_at), NOW) {
+            FirstLook::Sweep => "sweep",
+            FirstLook::DropIfIdle(_) => "drop if idle",
+            FirstLook::Nothing => "nothing",
+        }
+    }
+
+    #[test]
+    fn a_session_whose_oldest_rows_are_young_is_read_no_further() {
+        let policy = Retention::default(); // delivered after 7 days, dead after 30
+        let young = Some(NOW - DAY);
+        assert_eq!(look(&policy, young, young), "nothing");
+        assert_eq!(look(&policy, None, None), "nothing", "no idle policy: kept");
+        // A call older than the smaller of the two ages may go: its pages are read.
+        assert_eq!(look(&policy, Some(NOW - 8 * DAY), young), "sweep");
+        assert_eq!(look(&policy, young, Some(NOW - 8 * DAY)), "sweep");
+        assert_eq!(look(&policy, Some(NOW - 7 * DAY), None), "sweep", "at the cutoff");
+    }
+
+    #[test]
+    fn a_session_with_no_call_and_no_ack_is_offered_to_drop_if_idle() {
+        let policy = Retention {
+            idle_session: Some(Duration::from_secs(60)),
+            ..Retention::default()
+        };
+        assert_eq!(look(&policy, None, None), "drop if idle");
+        let FirstLook::DropIfIdle(msg) = first_look(&policy, &oldest(None, None), NOW) else {
+            panic!("not offered");
+        };
+        assert_eq!((msg.last_activity_ms, msg.cutoff_ms), (0, NOW - 60_000));
+        // A young ack row is activity; a young call is not idle.
+        assert_eq!(look(&policy, None, Some(NOW - DAY)), "nothing");
+        assert_eq!(look(&policy, Some(NOW - DAY), None), "nothing");
     }
 }

@@ -39,6 +39,9 @@ macro_rules! ledger_conformance_cases {
             every_removal_removes_exactly_the_rows_it_names,
             load_session_reads_only_its_own_sessions_rows,
             load_session_returns_only_the_sessions_own_nest,
+            load_sessions_answers_what_load_session_of_each_answers,
+            load_sessions_of_more_sessions_than_one_statement_binds_reads_them_all,
+            oldest_rows_are_the_first_of_each_sessions_calls_and_acks_pages,
             reads_of_one_session_or_call_do_not_reach_prefix_sharing_keys,
             record_terminals_stores_a_row_the_ledger_did_not_have,
             record_terminals_leaves_a_terminal_row_as_it_is,
@@ -633,6 +636,138 @@ pub(crate) fn load_session_reads_only_its_own_sessions_rows(make: &dyn Fn() -> B
         "load_session(nobody)",
     );
     assert_snapshot(&load(&*ledger), &snapshot_of(&[&a, &ab, &b], true), "load");
+}
+
+pub(crate) fn load_sessions_answers_what_load_session_of_each_answers(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let ledger = make();
+    // "a" and "ab" share a call id: an ack row or a dead letter of one folds into the other's
+    // children in neither a load of each nor a load of both.
+    let a = Fixture::new("a", "deleg_c");
+    let ab = Fixture::new("ab", "deleg_c");
+    let b = Fixture::new("b", "deleg_d");
+    for f in [&a, &ab, &b] {
+        f.store(&*ledger);
+    }
+    // Rows of their own for the children the ack row and the dead letter name (2 and 3), in
+    // "a" and "ab" both; "a"'s child 1 moved to quarantine; a nested session of "a".
+    let mut more = Vec::new();
+    for s in ["a", "ab"] {
+        more.push(child_row(s, "deleg_c", 2, ChildStatus::Succeeded));
+        more.push(child_row(s, "deleg_c", 3, ChildStatus::Failed));
+    }
+    let nested = session_row(&a.nest.session_id);
+    write(
+        &*ledger,
+        Writes {
+            children: more,
+            sessions: vec![nested],
+            ..Writes::default()
+        },
+    );
+    ledger
+        .quarantine(CHILDREN, "a", &a.children[1].child_id, "inconsistent")
+        .expect("quarantine");
+    ledger.flush().expect("flush");
+
+    let asked: Vec<String> = ["b", "deleg_c.0", "a", "nobody", "a"].map(String::from).to_vec();
+    let mut expected = Snapshot::default();
+    for id in ["a", "b", "deleg_c.0", "nobody"] {
+        expected.absorb(load_session(&*ledger, id));
+    }
+    let both = ledger.load_sessions(&asked).expect("load_sessions");
+    assert_snapshot(&both, &expected, "load_sessions against load_session of each");
+    // What the per-session loads say, checked here too, so neither can drift with the other.
+    let delivered = |snapshot: &Snapshot, session: &str, child: &str| {
+        snapshot
+            .children
+            .iter()
+            .find(|c| c.session_id == session && c.child_id == child)
+            .map(|c| (c.result.delivered, c.notice.dead))
+    };
+    assert_eq!(
+        delivered(&both, "a", "deleg_c.2"),
+        Some((true, false)),
+        "a's ack row folded in"
+    );
+    assert_eq!(
+        delivered(&both, "a", "deleg_c.3"),
+        Some((false, true)),
+        "a's dead letter folded in"
+    );
+    assert!(
+        !both.sessions.iter().any(|r| r.session_id == "ab"),
+        "ab was not asked for"
+    );
+    assert_eq!(both.damaged_children, vec![a.children[1].child_id.clone()]);
+    assert_eq!(
+        both.nests.iter().map(|n| n.session_id.as_str()).collect::<Vec<_>>(),
+        ["deleg_c.0"],
+        "the nest row of the one nested session asked for"
+    );
+    assert_snapshot(
+        &ledger.load_sessions(&[]).expect("load_sessions of none"),
+        &Snapshot::default(),
+        "load_sessions of none",
+    );
+}
+
+pub(crate) fn load_sessions_of_more_sessions_than_one_statement_binds_reads_them_all(
+    make: &dyn Fn() -> Box<dyn Ledger>,
+) {
+    let ledger = make();
+    // More than a PostgreSQL read binds at once (1,000), each session with a call and a child.
+    let ids: Vec<String> = (0..2_100).map(|i| format!("s{i:05}")).collect();
+    let mut writes = Writes::default();
+    for (i, id) in ids.iter().enumerate() {
+        writes.sessions.push(session_row(id));
+        let call = format!("deleg_{i:05}");
+        writes.calls.push(call_row(id, &call, 1));
+        writes.children.push(child_row(id, &call, 0, ChildStatus::Succeeded));
+    }
+    write(&*ledger, writes);
+    let all = ledger.load_sessions(&ids).expect("load_sessions");
+    assert_eq!(all.sessions.len(), ids.len(), "every session");
+    assert_snapshot(&all, &load(&*ledger), "load_sessions of every session against load");
+}
+
+pub(crate) fn oldest_rows_are_the_first_of_each_sessions_calls_and_acks_pages(make: &dyn Fn() -> Box<dyn Ledger>) {
+    let ledger = make();
+    let a = Fixture::new("a", "deleg_c");
+    let ab = Fixture::new("ab", "deleg_c1");
+    a.store(&*ledger);
+    ab.store(&*ledger);
+    // A later call and ack row of "a" (larger ids), and "b" with a session row only.
+    write(
+        &*ledger,
+        Writes {
+            calls: vec![call_row("a", "deleg_d", 1)],
+            acks: vec![ack_row("a", "clm_deleg_d", Vec::new())],
+            sessions: vec![session_row("b")],
+            ..Writes::default()
+        },
+    );
+    let asked: Vec<String> = ["b", "ab", "nobody", "a"].map(String::from).to_vec();
+    let oldest = ledger.oldest_rows(&asked).expect("oldest_rows");
+    let expected: Vec<super::OldestRows> = asked
+        .iter()
+        .map(|id| super::OldestRows {
+            session_id: id.clone(),
+            call: ledger.calls_page(id, None, 1).expect("calls_page").pop(),
+            ack: ledger.acks_page(id, None, 1).expect("acks_page").pop(),
+        })
+        .collect();
+    assert_eq!(
+        oldest, expected,
+        "the first of each session's pages, in the order asked"
+    );
+    assert_eq!(oldest[3].call.as_ref().map(|c| c.call_id.as_str()), Some("deleg_c"));
+    assert_eq!(oldest[3].ack.as_ref().map(|c| c.claim_id.as_str()), Some("clm_deleg_c"));
+    assert_eq!(
+        (oldest[0].call.is_none(), oldest[0].ack.is_none()),
+        (true, true),
+        "b has none"
+    );
+    assert_eq!(ledger.oldest_rows(&[]).expect("oldest_rows of none"), Vec::new());
 }
 
 pub(crate) fn load_session_returns_only_the_sessions_own_nest(make: &dyn Fn() -> Box<dyn Ledger>) {

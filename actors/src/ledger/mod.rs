@@ -183,7 +183,7 @@ pub struct Snapshot {
     /// Sessions' webhook wake targets.
     pub wakes: Vec<WakeRow>,
     /// Nested sessions: every one for [`Ledger::load`], the session's own (if it is nested) for
-    /// [`Ledger::load_session`].
+    /// [`Ledger::load_session`], those of the sessions named for [`Ledger::load_sessions`].
     pub nests: Vec<NestRow>,
 }
 
@@ -199,6 +199,17 @@ impl Snapshot {
         self.wakes.extend(other.wakes);
         self.nests.extend(other.nests);
     }
+}
+
+/// A session's oldest call and oldest ack row ([`Ledger::oldest_rows`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OldestRows {
+    /// The session.
+    pub session_id: String,
+    /// Its first call in id order, if it has one.
+    pub call: Option<CallRow>,
+    /// Its first ack row in claim id order, if it has one.
+    pub ack: Option<AckRow>,
 }
 
 /// The rows of one call besides its own (what retention removes with it).
@@ -524,6 +535,22 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Up to `limit` ack rows of a session in claim id order (the order claims were made), after
     /// `after` (exclusive) when given.
     fn acks_page(&self, session_id: &str, after: Option<&str>, limit: usize) -> Result<Vec<AckRow>, LedgerError>;
+    /// The oldest call and the oldest ack row of each of `session_ids` (the first of
+    /// [`Ledger::calls_page`] and of [`Ledger::acks_page`]), in the order asked: what the
+    /// retention sweep looks at first, for many sessions at once. A backend on a server reads
+    /// them in two statements for many sessions; this default reads each session's pages.
+    fn oldest_rows(&self, session_ids: &[String]) -> Result<Vec<OldestRows>, LedgerError> {
+        session_ids
+            .iter()
+            .map(|id| {
+                Ok(OldestRows {
+                    session_id: id.clone(),
+                    call: self.calls_page(id, None, 1)?.pop(),
+                    ack: self.acks_page(id, None, 1)?.pop(),
+                })
+            })
+            .collect()
+    }
     /// How many rows each tree holds (a scan: for inspection and tests, not hot paths).
     fn row_counts(&self) -> Result<Vec<(&'static str, usize)>, LedgerError>;
     /// The redrive record of an item, if it was ever redriven.
@@ -538,6 +565,19 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Reads one session's rows back (an owner rebuilt in-process), as [`Ledger::load`] does;
     /// it reads nothing of the other sessions.
     fn load_session(&self, session_id: &str) -> Result<Snapshot, LedgerError>;
+    /// Reads the rows of many sessions back at once (a start recovering the sessions it took),
+    /// answering exactly what [`Ledger::load_session`] of each one answers, added up (an id
+    /// named twice is read once; one with no rows adds nothing). A backend on a server reads
+    /// them in a few statements per table, whatever their number; this default reads one
+    /// session at a time.
+    fn load_sessions(&self, session_ids: &[String]) -> Result<Snapshot, LedgerError> {
+        let ids: std::collections::BTreeSet<&String> = session_ids.iter().collect();
+        let mut snapshot = Snapshot::default();
+        for id in ids {
+            snapshot.absorb(self.load_session(id)?);
+        }
+        Ok(snapshot)
+    }
     /// Moves one stored row of `session_id` aside, raw bytes kept, with the reason (recovery
     /// found it inconsistent with the rest). For the trees keyed by session id, `id` is the
     /// session id.

@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use super::PgLedger;
 
+#[cfg(any(test, feature = "failpoints"))]
+pub use super::pg::statements_in;
+
 /// The address of the test server, starting it on first use.
 pub fn url() -> String {
     static URL: OnceLock<Result<String, String>> = OnceLock::new();

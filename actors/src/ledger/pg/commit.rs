@@ -200,6 +200,7 @@ impl PgLedger {
             // and they are not checked again (a session found lost is told once).
             let mut lost: HashSet<String> = HashSet::new();
             let (tx, fenced, bytes) = loop {
+                this.sent(1);
                 let tx = client.transaction().await.map_err(pg_error("starting a commit"))?;
                 let mine: Vec<&(staging::Slot, Option<Vec<u8>>)> = rows
                     .iter()

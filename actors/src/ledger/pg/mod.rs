@@ -44,7 +44,7 @@ use super::rows::{
     quarantine_entry, read_quarantined, report_kept, row_key, session_prefix, write_changes, Change, ChildWrite,
 };
 use super::trees::*;
-use super::{CallParts, Durability, Ledger, LedgerError, Snapshot, Writes};
+use super::{CallParts, Durability, Ledger, LedgerError, OldestRows, Snapshot, Writes};
 use crate::codec;
 use crate::model::*;
 
@@ -180,6 +180,10 @@ const CALL_INDEX: &str = "calls_by_call_id";
 /// no control character), as the index of migration 6 and [`Ledger::find_call`] write it.
 const CALL_ID_OF_KEY: &str = "substring(key FROM position('\\x00'::bytea IN key) + 1)";
 
+/// Sessions read per statement by [`Ledger::load_sessions`]: their keys are bound as arrays,
+/// and the rows of a chunk are read into memory together.
+const LOAD_CHUNK: usize = 1000;
+
 /// A commit's transaction (its statements prepared once per connection).
 type Tx<'a> = deadpool_postgres::Transaction<'a>;
 
@@ -231,6 +235,8 @@ struct Inner {
     tenures: Option<Arc<HeldTenures>>,
     /// The shared list of children waiting for outside workers, then.
     directory: Option<Arc<directory::PgDirectory>>,
+    /// Statements sent ([`PgLedger::statements`]).
+    statements: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Inner {
@@ -238,6 +244,32 @@ impl Inner {
     fn table(&self, tree: &str) -> String {
         format!("\"{}\".\"{tree}\"", self.schema)
     }
+
+    /// Counts `n` statements sent ([`PgLedger::statements`]).
+    fn sent(&self, n: usize) {
+        self.statements
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The statements sent by every ledger of this process, by schema: tests read how many a
+/// start sent ([`statements_in`]).
+#[cfg(any(test, feature = "failpoints"))]
+fn counters(schema: &str) -> Arc<std::sync::atomic::AtomicU64> {
+    static BY_SCHEMA: std::sync::OnceLock<Mutex<HashMap<String, Arc<std::sync::atomic::AtomicU64>>>> =
+        std::sync::OnceLock::new();
+    let mut all = BY_SCHEMA
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    all.entry(schema.to_string()).or_default().clone()
+}
+
+/// How many statements the PostgreSQL ledgers of this process opened in `schema` sent so far
+/// (as [`PgLedger::statements`] counts them, added up): for tests.
+#[cfg(any(test, feature = "failpoints"))]
+pub fn statements_in(schema: &str) -> u64 {
+    counters(schema).load(std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Drop for PgLedger {
@@ -362,6 +394,10 @@ impl PgLedger {
                 config,
                 tenures: None,
                 directory: None,
+                #[cfg(any(test, feature = "failpoints"))]
+                statements: counters(schema),
+                #[cfg(not(any(test, feature = "failpoints")))]
+                statements: Default::default(),
             }),
             staging: Mutex::new(staging::Staging::default()),
             committed: std::sync::Condvar::new(),
@@ -413,6 +449,7 @@ impl PgLedger {
             format!("\"{}\".session_leases", self.inner.schema),
         );
         let name = session_id.as_bytes().to_vec();
+        self.inner.sent(1);
         self.runtime.run(async move {
             let client = pool.get().await.map_err(pool_error)?;
             let row = client
@@ -424,6 +461,15 @@ impl PgLedger {
                 .map_err(pg_error("reading a session tenure"))?;
             Ok(row.map(|r| (r.get(0), r.get::<_, i64>(1) as u64)))
         })
+    }
+
+    /// How many statements this ledger sent to the server so far to read and commit rows: each
+    /// read one (a batched read of many sessions one per table and chunk), each commit's
+    /// transaction one, whatever it holds. The session tenures' statements (taking, renewing,
+    /// giving back) and the shared work list's are not counted. Opened twice on one schema in
+    /// one process (in tests), the two ledgers share one count.
+    pub fn statements(&self) -> u64 {
+        self.inner.statements.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Tells `observer` how long each successful flush took (its commit included).
@@ -448,6 +494,7 @@ impl PgLedger {
         self.settle()?;
         let table = self.table(tree);
         let pool = self.inner.pool.clone();
+        self.inner.sent(1);
         self.runtime.run(async move {
             let client = pool.get().await.map_err(pool_error)?;
             // The keys starting with `prefix` are those from it up to (not including) the
@@ -490,6 +537,7 @@ impl PgLedger {
         self.settle()?;
         let table = self.table(tree);
         let pool = self.inner.pool.clone();
+        self.inner.sent(1);
         self.runtime.run(async move {
             let client = pool.get().await.map_err(pool_error)?;
             let row = client
@@ -528,6 +576,16 @@ impl PgLedger {
                 .into_iter()
                 .collect(),
         };
+        self.decoded(tree, rows)
+    }
+
+    /// Rows of `tree` as read, decoded; those that do not decode or fail their check are
+    /// quarantined (those of this process's sessions: see below) and left out.
+    fn decoded<T: crate::codec::Stored + CheckRow>(
+        &self,
+        tree: &'static str,
+        rows: Vec<(Key, Vec<u8>)>,
+    ) -> Result<Vec<T>, LedgerError> {
         let mut out = Vec::with_capacity(rows.len());
         let bad = decode_rows(rows.into_iter().map(Ok::<_, LedgerError>), &mut out)?;
         for (k, v, reason) in bad {
@@ -597,11 +655,7 @@ impl PgLedger {
         Ok(self
             .range(QUARANTINE, prefix, None, None)?
             .into_iter()
-            .map(|(k, _)| {
-                let key = &k[CHILDREN.len() + 1..];
-                let id = key.iter().position(|&b| b == 0).map_or(key, |nul| &key[nul + 1..]);
-                String::from_utf8_lossy(id).into_owned()
-            })
+            .map(|(k, _)| damaged_child(&k))
             .collect())
     }
 
@@ -624,6 +678,190 @@ impl PgLedger {
         })
     }
 
+    /// Reads the rows of `sessions` (sorted, each once) back as [`PgLedger::read`] reads one
+    /// session's, in one statement per table for all of them: the scoped trees' rows by a join
+    /// of the sessions' key ranges (each an index range scan), the trees keyed by session id by
+    /// their keys, the damaged children by the ranges of their quarantine keys. The statements
+    /// go out together on one connection (one round trip). Delivery state is folded in per
+    /// session, as a load of each session alone folds it.
+    fn read_many(&self, sessions: &[String]) -> Result<Snapshot, LedgerError> {
+        if sessions.is_empty() {
+            return Ok(Snapshot::default());
+        }
+        self.settle()?;
+        // Each session's rows are the keys from `<session>\0` up to `<session>\1`.
+        let ranges = |prefix: &[u8]| -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+            sessions
+                .iter()
+                .map(|s| {
+                    let mut low = prefix.to_vec();
+                    low.extend_from_slice(&session_prefix(s));
+                    let mut high = low.clone();
+                    if let Some(last) = high.last_mut() {
+                        *last = 1;
+                    }
+                    (low, high)
+                })
+                .unzip()
+        };
+        let (low, high) = ranges(b"");
+        let (damaged_low, damaged_high) = ranges(format!("{CHILDREN}/").as_bytes());
+        let names: Vec<Vec<u8>> = sessions.iter().map(|s| s.as_bytes().to_vec()).collect();
+        let scoped = [ACKS, DEAD_LETTERS, CALLS, CHILDREN, CLAIMS, STARTS].map(|t| (t, self.table(t)));
+        let keyed = [SESSIONS, WAKES, NESTS].map(|t| (t, self.table(t)));
+        let quarantine = self.table(QUARANTINE);
+        let pool = self.inner.pool.clone();
+        self.inner.sent(scoped.len() + keyed.len() + 1);
+        let (mut scoped_rows, mut keyed_rows, damaged) = self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let client = &client;
+            let in_ranges = |table: &str, columns: &str| {
+                format!(
+                    "SELECT {columns} FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
+                     JOIN {table} t ON t.key >= r.low AND t.key < r.high ORDER BY t.key"
+                )
+            };
+            let scoped = futures::future::try_join_all(scoped.iter().map(|(tree, table)| {
+                let sql = in_ranges(table, "t.key, t.value");
+                let (low, high) = (&low, &high);
+                async move {
+                    let rows = client
+                        .query(&sql, &[low, high])
+                        .await
+                        .map_err(pg_error(format!("reading {tree} of many sessions")))?;
+                    Ok::<_, LedgerError>(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect::<Vec<_>>())
+                }
+            }));
+            let keyed = futures::future::try_join_all(keyed.iter().map(|(tree, table)| {
+                let sql = format!("SELECT key, value FROM {table} WHERE key = ANY($1) ORDER BY key");
+                let names = &names;
+                async move {
+                    let rows = client
+                        .query(&sql, &[names])
+                        .await
+                        .map_err(pg_error(format!("reading {tree} of many sessions")))?;
+                    Ok::<_, LedgerError>(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect::<Vec<_>>())
+                }
+            }));
+            let damaged = async {
+                let sql = in_ranges(&quarantine, "t.key");
+                let rows = client
+                    .query(&sql, &[&damaged_low, &damaged_high])
+                    .await
+                    .map_err(pg_error("reading the damaged children of many sessions"))?;
+                Ok::<_, LedgerError>(
+                    rows.into_iter()
+                        .map(|r| damaged_child(r.get::<_, &[u8]>(0)))
+                        .collect::<Vec<_>>(),
+                )
+            };
+            futures::try_join!(scoped, keyed, damaged)
+        })?;
+        // In the order the statements were listed.
+        let (mut scoped_rows, mut keyed_rows) = (scoped_rows.drain(..), keyed_rows.drain(..));
+        let mut scoped = move || scoped_rows.next().unwrap_or_default();
+        let mut keyed = move || keyed_rows.next().unwrap_or_default();
+        let acks: Vec<AckRow> = self.decoded(ACKS, scoped())?;
+        let dead: Vec<DeadLetterRow> = self.decoded(DEAD_LETTERS, scoped())?;
+        let calls: Vec<CallRow> = self.decoded(CALLS, scoped())?;
+        let mut children: Vec<ChildRow> = self.decoded(CHILDREN, scoped())?;
+        let claims: Vec<ClaimRow> = self.decoded(CLAIMS, scoped())?;
+        let starts: Vec<StartRow> = self.decoded(STARTS, scoped())?;
+        fold_delivery_by_session(&mut children, &acks, &dead);
+        let acked: HashSet<(&str, &str)> = acks
+            .iter()
+            .map(|a| (a.session_id.as_str(), a.claim_id.as_str()))
+            .collect();
+        let claims = claims
+            .into_iter()
+            .filter(|c| !acked.contains(&(c.session_id.as_str(), c.claim_id.as_str())))
+            .collect();
+        Ok(Snapshot {
+            sessions: self.decoded(SESSIONS, keyed())?,
+            calls,
+            children,
+            claims,
+            starts,
+            damaged_children: damaged,
+            wakes: self.decoded(WAKES, keyed())?,
+            nests: self.decoded(NESTS, keyed())?,
+        })
+    }
+
+    /// [`Ledger::oldest_rows`] of up to [`LOAD_CHUNK`] sessions: the first call and the first
+    /// ack row of each session's key range (an index range scan each, one row), two
+    /// statements sent together.
+    fn oldest_of(&self, sessions: &[String]) -> Result<Vec<OldestRows>, LedgerError> {
+        if sessions.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.settle()?;
+        let (low, high): (Vec<Vec<u8>>, Vec<Vec<u8>>) = sessions
+            .iter()
+            .map(|s| {
+                let low = session_prefix(s);
+                let mut high = low.clone();
+                if let Some(last) = high.last_mut() {
+                    *last = 1;
+                }
+                (low, high)
+            })
+            .unzip();
+        let index: Vec<i32> = (0..sessions.len()).map(|i| i as i32).collect();
+        let tables = [CALLS, ACKS].map(|t| (t, self.table(t)));
+        let pool = self.inner.pool.clone();
+        self.inner.sent(tables.len());
+        let mut found = self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let client = &client;
+            let (index, low, high) = (&index, &low, &high);
+            futures::future::try_join_all(tables.iter().map(|(tree, table)| async move {
+                let sql = format!(
+                    "SELECT r.i, f.key, f.value FROM unnest($1::int4[], $2::bytea[], $3::bytea[]) AS r(i, low, high)
+                     CROSS JOIN LATERAL (SELECT t.key, t.value FROM {table} t
+                         WHERE t.key >= r.low AND t.key < r.high ORDER BY t.key LIMIT 1) f"
+                );
+                let rows = client
+                    .query(&sql, &[index, low, high])
+                    .await
+                    .map_err(pg_error(format!("reading the oldest {tree} of many sessions")))?;
+                Ok::<_, LedgerError>(
+                    rows.into_iter()
+                        .map(|r| {
+                            (
+                                r.get::<_, i32>(0) as usize,
+                                r.get::<_, Vec<u8>>(1),
+                                r.get::<_, Vec<u8>>(2),
+                            )
+                        })
+                        .collect::<Vec<_>>(),
+                )
+            }))
+            .await
+        })?;
+        let mut out: Vec<OldestRows> = sessions
+            .iter()
+            .map(|s| OldestRows {
+                session_id: s.clone(),
+                call: None,
+                ack: None,
+            })
+            .collect();
+        let acks = found.pop().unwrap_or_default();
+        let calls = found.pop().unwrap_or_default();
+        for (i, k, v) in calls {
+            if let Some(o) = out.get_mut(i) {
+                o.call = Some(decode_at(CALLS, &k, &v)?);
+            }
+        }
+        for (i, k, v) in acks {
+            if let Some(o) = out.get_mut(i) {
+                o.ack = Some(decode_at(ACKS, &k, &v)?);
+            }
+        }
+        Ok(out)
+    }
+
     /// Decoded rows of a key range, an undecodable one an error (as sled's point reads).
     fn rows_in<T: crate::codec::Stored>(
         &self,
@@ -636,6 +874,37 @@ impl PgLedger {
             .into_iter()
             .map(|(k, v)| decode_at(tree, &k, &v))
             .collect()
+    }
+}
+
+/// The id of the child a quarantine key of a child row names (`children/<session>\0<id>`).
+fn damaged_child(key: &[u8]) -> String {
+    let key = &key[(CHILDREN.len() + 1).min(key.len())..];
+    let id = key.iter().position(|&b| b == 0).map_or(key, |nul| &key[nul + 1..]);
+    String::from_utf8_lossy(id).into_owned()
+}
+
+/// Folds delivery state into the children of many sessions as [`fold_delivery`] folds it into
+/// one session's: each session's children take only its own ack rows and dead letters.
+fn fold_delivery_by_session(children: &mut [ChildRow], acks: &[AckRow], dead: &[DeadLetterRow]) {
+    if acks.is_empty() && dead.is_empty() {
+        return;
+    }
+    let mut acks_of: HashMap<&str, Vec<AckRow>> = HashMap::new();
+    for a in acks {
+        acks_of.entry(&a.session_id).or_default().push(a.clone());
+    }
+    let mut dead_of: HashMap<&str, Vec<DeadLetterRow>> = HashMap::new();
+    for d in dead {
+        dead_of.entry(&d.session_id).or_default().push(d.clone());
+    }
+    // Rows come in key order: each session's children are one run.
+    for run in children.chunk_by_mut(|a, b| a.session_id == b.session_id) {
+        let session = run.first().map(|c| c.session_id.clone()).unwrap_or_default();
+        let (a, d) = (acks_of.get(session.as_str()), dead_of.get(session.as_str()));
+        if a.is_some() || d.is_some() {
+            fold_delivery(run, a.map_or(&[], Vec::as_slice), d.map_or(&[], Vec::as_slice));
+        }
     }
 }
 
@@ -710,6 +979,7 @@ impl Ledger for PgLedger {
         let table = self.table(CALLS);
         let pool = self.inner.pool.clone();
         let id = call_id.as_bytes().to_vec();
+        self.inner.sent(1);
         let found = self.runtime.run(async move {
             let client = pool.get().await.map_err(pool_error)?;
             client
@@ -813,6 +1083,7 @@ impl Ledger for PgLedger {
         let trees = super::ROW_TREES;
         let tables: Vec<String> = trees.iter().map(|t| self.table(t)).collect();
         let pool = self.inner.pool.clone();
+        self.inner.sent(tables.len());
         let counts = self.runtime.run(async move {
             let client = pool.get().await.map_err(pool_error)?;
             let mut out = Vec::with_capacity(tables.len());
@@ -862,6 +1133,24 @@ impl Ledger for PgLedger {
 
     fn load_session(&self, session_id: &str) -> Result<Snapshot, LedgerError> {
         self.read(Some(session_id))
+    }
+
+    fn oldest_rows(&self, session_ids: &[String]) -> Result<Vec<OldestRows>, LedgerError> {
+        let mut out = Vec::with_capacity(session_ids.len());
+        for chunk in session_ids.chunks(LOAD_CHUNK) {
+            out.extend(self.oldest_of(chunk)?);
+        }
+        Ok(out)
+    }
+
+    fn load_sessions(&self, session_ids: &[String]) -> Result<Snapshot, LedgerError> {
+        let ids: BTreeSet<&String> = session_ids.iter().collect();
+        let ids: Vec<String> = ids.into_iter().cloned().collect();
+        let mut snapshot = Snapshot::default();
+        for chunk in ids.chunks(LOAD_CHUNK) {
+            snapshot.absorb(self.read_many(chunk)?);
+        }
+        Ok(snapshot)
     }
 
     fn quarantine(&self, tree: &str, session_id: &str, id: &str, reason: &str) -> Result<(), LedgerError> {
