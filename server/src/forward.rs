@@ -4,9 +4,11 @@
 //!
 //! The engine names the holder ([`brood::BroodError::Moved`], its address carried on the error
 //! reply as [`MovedTo`]); this middleware kept the request's body, and sends the request again
-//! there, once: a request that was forwarded already is answered here (503 `session_moved`, to
-//! retry) rather than sent on again, so two processes with stale views never bounce a request
-//! between them. An event stream is not relayed: it is redirected (307) to the holder.
+//! there. A process that gets a forwarded request for a session it no longer serves (it handed
+//! the session over, or a stale answer named it) sends it on once more, to a process the
+//! request has not been through; past two hops it is answered here (503 `session_moved`, to
+//! retry), so processes with stale views never bounce a request around. An event stream is not
+//! relayed: it is redirected (307) to the holder.
 //!
 //! What crosses between processes: only to an address a process wrote itself into the tenure
 //! table (or the shared work list), never one a client named; with the peer credential
@@ -26,8 +28,13 @@ use super::api::{ApiError, MovedTo};
 use super::metrics::{Forwarded, Metrics};
 use super::state::State;
 
-/// The header a forwarded request carries: the address of the process that forwarded it.
+/// The header a forwarded request carries: the addresses of the processes that forwarded it,
+/// comma-separated, in order.
 pub(super) const FORWARDED: &str = "x-brood-forwarded-by";
+
+/// The most processes a request is sent on by: the one it reached, and a holder that handed
+/// the session on meanwhile (or that a stale answer named).
+const MAX_HOPS: usize = 2;
 
 /// How long a forwarded request may take at its holder.
 const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
@@ -85,7 +92,18 @@ pub(super) async fn forward(
         .iter()
         .filter_map(|h| req.headers().get(h).map(|v| (h.clone(), v.clone())))
         .collect();
-    let forwarded = req.headers().contains_key(FORWARDED);
+    // The processes the request came through already (`FORWARDED`, comma-separated).
+    let came_through: Vec<String> = req
+        .headers()
+        .get(FORWARDED)
+        .map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .split(',')
+                .map(|a| a.trim().to_string())
+                .filter(|a| !a.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
     // A scoped key's request goes on with its scope, so the holder judges it as this process did.
     let scope = req
         .extensions()
@@ -101,15 +119,19 @@ pub(super) async fn forward(
     let Some(MovedTo { session, address }) = res.response().extensions().get::<MovedTo>().cloned() else {
         return Ok(res.map_into_left_body());
     };
-    if forwarded {
-        count(Forwarded::Bounced);
-        // Two processes each thought the other served it: this one asks the database next time.
+    let me = state.config.advertised();
+    if !came_through.is_empty() {
+        // Two processes thought another served it: this one asks the database next time.
         if let Some(session) = &session {
             state.brood.forget_holder(session);
         }
-        // Sent here by a process that thought this one served the session: answered, not
-        // bounced back (the client retries; the tenures settle meanwhile).
-        return Ok(res.map_into_left_body());
+        // Sent here by a process that thought this one served the session. A session handed
+        // on from here goes on once more, to a process it has not been through; else it is
+        // answered, not bounced around (the client retries; the tenures settle meanwhile).
+        if came_through.len() >= MAX_HOPS || came_through.contains(&address) || address == me {
+            count(Forwarded::Bounced);
+            return Ok(res.map_into_left_body());
+        }
     }
     let (request, _) = res.into_parts();
     let url = format!("{address}{target}");
@@ -120,7 +142,9 @@ pub(super) async fn forward(
         count(Forwarded::Redirected);
         return Ok(ServiceResponse::new(request, reply).map_into_right_body());
     }
-    let me = state.config.advertised();
+    let mut through = came_through;
+    through.push(me);
+    let through = through.join(", ");
     let peer = state.config.peer_credential();
     let limit = state.config.body_limit.max(MIN_ANSWER_LIMIT);
     let mut headers = headers;
@@ -139,7 +163,7 @@ pub(super) async fn forward(
         };
         headers.push((header::HeaderName::from_static(super::scope::SCOPE), value));
     }
-    let sent = web::block(move || send_on(&url, method, headers, body, &me, peer.as_deref(), limit))
+    let sent = web::block(move || send_on(&url, method, headers, body, &through, peer.as_deref(), limit))
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
     count(match &sent {
