@@ -383,3 +383,58 @@ async fn a_drain_during_a_database_outage_waits_for_the_children_running_here() 
     cluster.start();
     a.shutdown();
 }
+
+/// An owner rebuilt from the ledger (a restart asked for, or one waiting out a database outage)
+/// after its session's tenure went to another process meanwhile is not served here: requests
+/// for the session are answered as moved to its holder, not by an owner without its tenure
+/// (whose boundaries would answer `lease_lapsed` for as long as the process runs).
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_rebuilt_after_its_session_was_taken_over_is_not_served_here() {
+    use brood_actors::failpoints;
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = pg_testkit::url();
+    let schema = pg_testkit::fresh_schema();
+    // A short tenure: renewed every second, so a's renewal soon finds the tenure gone.
+    let config = BroodConfig::new(dir.path())
+        .runners(kit.runners())
+        .postgres(&url)
+        .postgres_schema(&schema)
+        .share("a", "http://a", Duration::from_secs(3));
+    let a = Brood::open(config).expect("open sharing PostgreSQL");
+    open_wake(&a, "s").await;
+    failpoints::arm("rebuild_hold", 1);
+    let (restarted, ()) = tokio::join!(a.restart_owner("s"), async {
+        wait_for!(
+            "the rebuild to be held",
+            (!failpoints::armed("rebuild_hold")).then_some(())
+        );
+        // Meanwhile another process takes the session over.
+        pg_testkit::execute(
+            &url,
+            &format!(
+                "UPDATE \"{schema}\".session_leases SET owner = 'c', address = 'http://c', epoch = epoch + 1, \
+                 instance = 'c', expires_at = now() + interval '10 minutes' WHERE session = 's'::bytea"
+            ),
+        );
+        wait_for!(
+            "a to find its tenure gone",
+            a.served_elsewhere(&["s".to_string()])
+                .await
+                .ok()
+                .filter(|away| away.contains_key("s"))
+        );
+        failpoints::release("rebuild_hold");
+    });
+    match restarted {
+        Ok(()) | Err(BroodError::Moved { .. }) => {}
+        Err(e) => panic!("the restart answered {e:?}"),
+    }
+    let answer = a.boundary("s", "c1", LONG_LEASE).await;
+    match answer {
+        Err(BroodError::Moved { address, .. }) => assert_eq!(address, "http://c"),
+        other => panic!("a boundary of a session served elsewhere answered {other:?}"),
+    }
+    assert!(!a.sessions().contains(&"s".to_string()), "s is still served here");
+    a.shutdown();
+}

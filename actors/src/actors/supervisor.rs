@@ -376,6 +376,16 @@ impl Supervisor {
                 let rebuilt = rebuilt.unwrap_or_else(|_| Err(LedgerError::storage_msg("the rebuild panicked")));
                 match rebuilt {
                     Ok(_) if !super::running(ctx) => {} // the engine is stopping
+                    // Its tenure went to another process while it was rebuilt (the outage it
+                    // waited out outlasted the tenure): not served here. The next request looks
+                    // the session up again and learns where it is served.
+                    Ok(owner) if act.engine.tenures.as_ref().is_some_and(|t| !t.holds(&id)) => {
+                        owner.stop_running_children();
+                        act.engine.owners.remove(&id);
+                        act.engine.forget_share(&id);
+                        act.engine.supersede(&id);
+                        tracing::warn!(session = %id, "session owner rebuilt after its tenure went to another process; not served here");
+                    }
                     Ok(owner) => {
                         act.spawn_owner(owner, ctx);
                         tracing::info!(session = %id, "session owner restarted from the ledger");

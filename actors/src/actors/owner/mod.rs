@@ -743,6 +743,22 @@ impl SessionOwner {
         } else {
             tracing::warn!("the session's tenure was taken over by another process; it is no longer served here");
         }
+        self.stop_running_children();
+        self.engine.forget_share(&id);
+        // Requests from now on look the session up again, and learn where it is served.
+        let me = ctx.address();
+        self.engine.owners.remove_if(&id, |_, a| *a == me);
+        self.moved = true;
+        if !self.persist.busy() {
+            self.engine.supersede(&id);
+            ctx.stop();
+        }
+        // Else once the batch in flight was answered (refused: its rows were fenced).
+    }
+
+    /// Stops the children of this session running in this process, whose session another
+    /// process serves now (what they end with is refused anyway), without waiting for them.
+    pub(crate) fn stop_running_children(&self) {
         for call in self.owed.calls.values() {
             let running = call.children().filter(|c| c.status == ChildStatus::Running);
             let tasks: Vec<u32> = running.map(|c| c.task_index).collect();
@@ -756,16 +772,6 @@ impl SessionOwner {
                 ));
             }
         }
-        self.engine.forget_share(&id);
-        // Requests from now on look the session up again, and learn where it is served.
-        let me = ctx.address();
-        self.engine.owners.remove_if(&id, |_, a| *a == me);
-        self.moved = true;
-        if !self.persist.busy() {
-            self.engine.supersede(&id);
-            ctx.stop();
-        }
-        // Else once the batch in flight was answered (refused: its rows were fenced).
     }
 }
 

@@ -29,6 +29,10 @@
 //!   costs no session its tenure. So the new holder, which reads the session after its takeover
 //!   committed, sees every write of the old one, and no write of the old one lands after that.
 //!   The rows of a session that fails the check are not written, and the session is lost.
+//!   Advisory locks take room in the database's lock table, which is small (64 per connection
+//!   by default): a commit of many sessions takes the locks of their buckets instead of theirs
+//!   (one of [`BUCKETS`] per session, at most that many), a takeover takes both of each session
+//!   it takes, and a start or a sweep takes its tenures in batches of [`TAKE_BATCH`].
 //! - **Processes.** `nodes(node, address, instance, held, expires_at)`: each live process's
 //!   heartbeat, renewed by the renewal statement itself (no statement of its own), with how
 //!   many tenures it holds. The sweep's one read ([`Tenures::spread`]) counts the live
@@ -99,13 +103,52 @@ pub(super) fn lock_key(table: &str, session: &[u8]) -> i64 {
     h as i64
 }
 
-/// The advisory lock keys of `sessions`, sorted and without repeats: every statement here takes
-/// them in this order, so a takeover and a commit never wait for each other in a cycle.
-fn lock_keys<'a>(table: &str, sessions: impl IntoIterator<Item = &'a [u8]>) -> Vec<i64> {
-    let mut keys: Vec<i64> = sessions.into_iter().map(|s| lock_key(table, s)).collect();
+/// How many buckets the sessions' advisory locks fall into, for commits of many sessions.
+const BUCKETS: u64 = 256;
+
+/// A commit of more sessions than this takes the locks of their buckets, not theirs: at most
+/// [`BUCKETS`] locks, so a commit never outgrows the database's lock table (whose room is
+/// `max_locks_per_transaction`, 64 by default, per connection, shared by all of them).
+const PER_SESSION_MOST: usize = 256;
+
+/// A takeover of more sessions than this (a start, or a sweep after a process with many
+/// sessions died) takes them in transactions of this many at most, for the same reason.
+const TAKE_BATCH: usize = 512;
+
+/// The advisory lock of the bucket `session`'s lock falls into (see [`PER_SESSION_MOST`]).
+fn bucket_key(table: &str, session: &[u8]) -> i64 {
+    let bucket = (lock_key(table, session) as u64) % BUCKETS;
+    lock_key(&format!("{table}/buckets"), &bucket.to_be_bytes())
+}
+
+/// Sorted and without repeats: every statement here takes its locks in this order, so
+/// transactions never wait for each other's advisory locks in a cycle.
+fn sorted(mut keys: Vec<i64>) -> Vec<i64> {
     keys.sort_unstable();
     keys.dedup();
     keys
+}
+
+/// The advisory locks a commit writing `sessions` takes shared: each session's own, or, for
+/// more than [`PER_SESSION_MOST`] sessions, their buckets'.
+fn commit_keys(table: &str, sessions: &[Vec<u8>]) -> Vec<i64> {
+    let key = if sessions.len() <= PER_SESSION_MOST {
+        lock_key
+    } else {
+        bucket_key
+    };
+    sorted(sessions.iter().map(|s| key(table, s)).collect())
+}
+
+/// The advisory locks a takeover of `sessions` takes exclusively: each session's own and its
+/// bucket's, so it waits for every commit writing one of them, whichever locks that took.
+fn take_keys(table: &str, sessions: &[Vec<u8>]) -> Vec<i64> {
+    sorted(
+        sessions
+            .iter()
+            .flat_map(|s| [lock_key(table, s), bucket_key(table, s)])
+            .collect(),
+    )
 }
 
 /// The tenures of one process: what it holds, and the statements that take, renew and check
@@ -447,7 +490,7 @@ impl HeldTenures {
                 .unzip()
         };
         let what = "checking the session tenures of a commit";
-        let keys = lock_keys(&self.table, names.iter().map(Vec::as_slice));
+        let keys = commit_keys(&self.table, &names);
         let lock = super::commit::prepared(
             tx,
             "SELECT count(pg_advisory_xact_lock_shared(k)) FROM unnest($1::int8[]) AS k",
@@ -625,13 +668,40 @@ impl HeldTenures {
                     .collect()
             }
         };
-        if candidates.is_empty() {
-            return Ok(Vec::new());
+        // In batches, each a transaction of its own: a batch taken stays taken (and held) when a
+        // later one fails, and is answered, so the caller serves it; the next sweep takes the rest.
+        let mut taken: Vec<(String, i64)> = Vec::new();
+        for batch in candidates.chunks(TAKE_BATCH) {
+            match self.take_batch(&mut client, batch, &held, sent).await {
+                Ok(more) => taken.extend(more),
+                Err(e) if taken.is_empty() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(
+                        taken = taken.len(),
+                        "taking session tenures stopped part way (the rest is taken at a later sweep): {e}"
+                    );
+                    break;
+                }
+            }
         }
+        tracing::debug!(asked = ?one.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()), ?taken, "session tenures taken");
+        Ok(taken)
+    }
+
+    /// Takes the tenures of `batch` that are free (see [`HeldTenures::take`]) in one
+    /// transaction, and holds them from now on.
+    async fn take_batch(
+        &self,
+        client: &mut deadpool_postgres::Object,
+        batch: &[Vec<u8>],
+        held: &[Vec<u8>],
+        sent: Instant,
+    ) -> Result<Vec<(String, i64)>, LedgerError> {
+        let what = "taking session tenures";
         // Their advisory locks first, exclusively and in key order: this waits for every commit
         // of the tenures' holders that is under way, and holds off those that come after until
         // this one committed (see the module's "Fencing").
-        let keys = lock_keys(&self.table, candidates.iter().map(Vec::as_slice));
+        let keys = take_keys(&self.table, batch);
         let tx = client.transaction().await.map_err(pg_error(what))?;
         tx.query(
             "SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::int8[]) AS k",
@@ -658,7 +728,7 @@ impl HeldTenures {
                     &ttl,
                     &held,
                     &self.instance,
-                    &candidates,
+                    &batch,
                 ],
             )
             .await
@@ -669,11 +739,11 @@ impl HeldTenures {
             .into_iter()
             .map(|r| (String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned(), r.get(1)))
             .collect();
-        let mut held = self.held();
+        let mut mine = self.held();
         let mut given = self.given();
         for (s, epoch) in &taken {
             given.remove(s);
-            held.insert(
+            mine.insert(
                 s.clone(),
                 Held {
                     epoch: *epoch,
@@ -681,7 +751,6 @@ impl HeldTenures {
                 },
             );
         }
-        tracing::debug!(asked = ?one.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()), ?taken, "session tenures taken");
         Ok(taken)
     }
 }

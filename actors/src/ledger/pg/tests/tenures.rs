@@ -628,3 +628,74 @@ fn a_session_handed_over_that_nobody_took_is_the_givers_again_after_a_tenure_tim
     assert_eq!(tenures(&a).acquire_free(usize::MAX).unwrap(), ["s1"], "anyone's again");
     assert_eq!(a.tenure_of("s1").unwrap(), Some(("a".to_string(), 2)));
 }
+
+/// Many sessions at once: a start (or a sweep) that takes the tenures of more sessions than
+/// the database's lock table holds advisory locks (64 per connection by default), and then a
+/// commit writing rows of every one of them, each go through.
+#[test]
+fn tenures_and_commits_of_more_sessions_than_the_lock_table_holds_go_through() {
+    const MANY: usize = 40_000;
+    let schema = pg_testkit::fresh_schema();
+    let a = node(&schema, "a", TTL);
+    sql(
+        &a,
+        &format!(
+            "INSERT INTO \"{{schema}}\".\"{SESSIONS}\" (key, value)
+             SELECT convert_to('s' || i, 'UTF8'), '\\x00'::bytea FROM generate_series(1, {MANY}) AS i"
+        ),
+    );
+    let taken = tenures(&a).acquire_free(usize::MAX).expect("the free tenures taken");
+    assert_eq!(taken.len(), MANY);
+    let ids: Vec<String> = (1..=MANY).map(|i| format!("s{i}")).collect();
+    a.write(&Writes {
+        sessions: ids.iter().map(|s| session(s)).collect(),
+        ..Writes::default()
+    })
+    .unwrap();
+    a.flush().expect("the commit of every session's row");
+    let refused = ids.iter().filter(|s| a.refusals(s) > 0).count();
+    assert_eq!(refused, 0, "sessions refused at the commit");
+    assert_eq!(second_view(&a).load().unwrap().sessions.len(), MANY);
+}
+
+/// A commit of more sessions than take a lock each (it takes their buckets' locks) still holds
+/// off a takeover of any one of them until it committed.
+#[test]
+fn a_takeover_waits_for_a_commit_in_flight_of_many_sessions() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), Arc::new(node(&schema, "b", TTL)));
+    let ids: Vec<String> = (0..400).map(|i| format!("m{i}")).collect();
+    for s in &ids {
+        assert_eq!(tenures(&a).acquire(s).unwrap(), TenureHolder::Here(1));
+    }
+    expire(&a, "m7");
+    let (checked_tx, checked) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+    let pool = a.inner.pool.clone();
+    let book = a.inner.tenures.clone().expect("shared");
+    let all = ids.clone();
+    let in_flight = a.runtime.handle.spawn(async move {
+        let mut client = pool.get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        let ok = book.check(&tx, all.into_iter().collect()).await.unwrap();
+        assert_eq!(ok.len(), 400, "every one still held at epoch 1");
+        checked_tx.send(()).unwrap();
+        let _ = go.await;
+        tx.commit().await.unwrap();
+    });
+    checked.recv().unwrap();
+    let taker = {
+        let b = b.clone();
+        std::thread::spawn(move || tenures(&b).acquire("m7"))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !taker.is_finished(),
+        "the takeover did not wait for the commit in flight"
+    );
+    go_tx.send(()).unwrap();
+    assert_eq!(taker.join().unwrap().unwrap(), TenureHolder::Here(2));
+    a.runtime
+        .run(async move { in_flight.await.map_err(|e| LedgerError::storage("test", e)) })
+        .unwrap();
+}
