@@ -641,7 +641,10 @@ fn tenures_and_commits_of_more_sessions_than_the_lock_table_holds_go_through() {
         &a,
         &format!(
             "INSERT INTO \"{{schema}}\".\"{SESSIONS}\" (key, value)
-             SELECT convert_to('s' || i, 'UTF8'), '\\x00'::bytea FROM generate_series(1, {MANY}) AS i"
+             SELECT convert_to('s' || i, 'UTF8'), '\\x00'::bytea FROM generate_series(1, {MANY}) AS i;
+             INSERT INTO \"{{schema}}\".session_leases (session, owner, address, epoch, expires_at, instance)
+             SELECT convert_to('s' || i, 'UTF8'), 'gone', 'http://gone', 1, now() - interval '1 second', 'gone'
+             FROM generate_series(1, {MANY}) AS i"
         ),
     );
     let taken = tenures(&a).acquire_free(usize::MAX).expect("the free tenures taken");
