@@ -153,9 +153,9 @@ pub(super) async fn durable(dir: &Path, durability: Durability, n: usize) -> any
         }
     }
     let target = if pg::url().is_some() {
-        "ratio ≥ 1"
+        "ratio ≥ 1.3"
     } else {
-        "ratio ≥ 0.5"
+        "ratio ≥ 0.6"
     };
     Ok((
         Figure::new("durable_children_per_s", median(engine), "children/s")

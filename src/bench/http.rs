@@ -87,7 +87,7 @@ pub(super) fn http(dir: &Path, durability: Durability, n: usize, embedded: Optio
     })?;
     let per_s = total as f64 / start.elapsed().as_secs_f64();
     drop(server);
-    let fig = Figure::new("http_children_per_s", per_s, "children/s").target("ratio ≥ 0.5");
+    let fig = Figure::new("http_children_per_s", per_s, "children/s").target("ratio ≥ 0.9");
     Ok(match embedded {
         Some(e) => fig.against(e),
         None => fig,
