@@ -85,6 +85,13 @@ pub(super) enum Forwarded {
 }
 
 impl Forwarded {
+    const ALL: [Forwarded; 4] = [
+        Forwarded::Relayed,
+        Forwarded::Redirected,
+        Forwarded::Failed,
+        Forwarded::Bounced,
+    ];
+
     fn label(self) -> &'static str {
         match self {
             Forwarded::Relayed => "relayed",
@@ -127,6 +134,12 @@ impl Metrics {
             http.clone(),
         );
         let forwarded = Family::<OutcomeLabel, Counter>::default();
+        // Each outcome shown from the start, at 0: a rate plots from the first scrape.
+        for outcome in Forwarded::ALL {
+            let _ = forwarded.get_or_create(&OutcomeLabel {
+                outcome: outcome.label(),
+            });
+        }
         registry.register(
             "brood_requests_forwarded",
             "Requests for a session another process serves, by outcome: relayed (sent on to the holder and its answer returned), redirected (an event stream), failed (the holder did not answer), bounced (forwarded here already, answered 503)",
