@@ -32,6 +32,10 @@ pub(super) const READ_ELSEWHERE: &[(&str, &str)] = &[
         "given to each command child: the file for its result data",
     ),
     ("BROOD_BENCH_RSS_CHILD", "brood bench's memory-measuring child process"),
+    (
+        "BROOD_BENCH_SERVE",
+        "brood bench: the `brood` binary whose server the HTTP groups start",
+    ),
 ];
 
 /// The `BROOD_` variables brood's tests read (servers the tests start inherit them).
