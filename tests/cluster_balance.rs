@@ -18,13 +18,7 @@ use server::{psql, Server};
 const TENURE_MS: &str = "2000";
 
 fn node(dir: &Path, url: &str, name: &str) -> Server {
-    let dir = dir.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    Server::start_with(
-        &dir,
-        None,
-        &["--ledger", url, "--node", name, "--session-lease-ms", TENURE_MS],
-    )
+    Server::node(dir, url, name, TENURE_MS)
 }
 
 /// How many sessions a process serves, as its `/healthz` says.

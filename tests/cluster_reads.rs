@@ -17,22 +17,7 @@ use server::{assert_error, Server};
 /// Starts process `name` on the database `url`, each session's lease lasting `lease_ms`, every
 /// item dead after one failed delivery.
 fn node(dir: &Path, url: &str, name: &str, lease_ms: &str) -> Server {
-    let dir = dir.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    Server::start_with(
-        &dir,
-        None,
-        &[
-            "--ledger",
-            url,
-            "--node",
-            name,
-            "--session-lease-ms",
-            lease_ms,
-            "--max-delivery-attempts",
-            "1",
-        ],
-    )
+    Server::node(dir, url, name, lease_ms)
 }
 
 /// Every session id `GET /v1/sessions` lists through `s` with `query`, page after page of at

@@ -66,6 +66,18 @@ impl Server {
         Server::start_env(dir, key, extra, &[])
     }
 
+    /// A process of several sharing the PostgreSQL ledger at `url`: node `name`, in a folder
+    /// of its own under `dir`, with session tenures of `lease_ms`.
+    pub fn node(dir: &Path, url: &str, name: &str, lease_ms: &str) -> Server {
+        let dir = dir.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        Server::start_with(
+            &dir,
+            None,
+            &["--ledger", url, "--node", name, "--session-lease-ms", lease_ms],
+        )
+    }
+
     /// As [`Server::start_with`], with variables added to the server's environment.
     pub fn start_env(dir: &Path, key: Option<&str>, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut flags = vec!["--wake-allow", "127.0.0.1"];
