@@ -17,7 +17,7 @@ use server::{assert_error, Server};
 /// Starts process `name` on the database `url`, each session's lease lasting `lease_ms`, every
 /// item dead after one failed delivery.
 fn node(dir: &Path, url: &str, name: &str, lease_ms: &str) -> Server {
-    Server::node(dir, url, name, lease_ms)
+    Server::node_with(dir, url, name, lease_ms, None, &["--max-delivery-attempts", "1"])
 }
 
 /// Every session id `GET /v1/sessions` lists through `s` with `query`, page after page of at

@@ -66,13 +66,7 @@ fn claim_ids(page: &Value) -> Vec<String> {
 }
 
 fn node(dir: &Path, url: &str, name: &str) -> Server {
-    let dir = dir.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    Server::start_with(
-        &dir,
-        None,
-        &["--ledger", url, "--node", name, "--session-lease-ms", "2000"],
-    )
+    Server::node(dir, url, name, "2000")
 }
 
 #[test]

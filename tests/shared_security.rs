@@ -18,13 +18,7 @@ use server::{assert_error, psql, Server};
 const KEY: &str = "the-users-key";
 
 fn node(dir: &Path, url: &str, name: &str) -> Server {
-    let dir = dir.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    Server::start_with(
-        &dir,
-        Some(KEY),
-        &["--ledger", url, "--node", name, "--session-lease-ms", "2000"],
-    )
+    Server::node_with(dir, url, name, "2000", Some(KEY), &[])
 }
 
 /// What a listener was sent: each request's head (request line and headers), lowercased.

@@ -16,13 +16,7 @@ use serde_json::{json, Value};
 use server::{assert_error, psql, Server};
 
 fn node(dir: &Path, url: &str, name: &str, lease_ms: &str) -> Server {
-    let dir = dir.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    Server::start_with(
-        &dir,
-        None,
-        &["--ledger", url, "--node", name, "--session-lease-ms", lease_ms],
-    )
+    Server::node(dir, url, name, lease_ms)
 }
 
 /// Session `x` opened through `s` with one external child that is not safe to re-run, handed

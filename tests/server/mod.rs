@@ -69,13 +69,16 @@ impl Server {
     /// A process of several sharing the PostgreSQL ledger at `url`: node `name`, in a folder
     /// of its own under `dir`, with session tenures of `lease_ms`.
     pub fn node(dir: &Path, url: &str, name: &str, lease_ms: &str) -> Server {
+        Server::node_with(dir, url, name, lease_ms, None, &[])
+    }
+
+    /// As [`Server::node`], with the API key `key` and flags `extra` besides.
+    pub fn node_with(dir: &Path, url: &str, name: &str, lease_ms: &str, key: Option<&str>, extra: &[&str]) -> Server {
         let dir = dir.join(name);
         std::fs::create_dir_all(&dir).unwrap();
-        Server::start_with(
-            &dir,
-            None,
-            &["--ledger", url, "--node", name, "--session-lease-ms", lease_ms],
-        )
+        let mut flags = vec!["--ledger", url, "--node", name, "--session-lease-ms", lease_ms];
+        flags.extend_from_slice(extra);
+        Server::start_with(&dir, key, &flags)
     }
 
     /// As [`Server::start_with`], with variables added to the server's environment.
