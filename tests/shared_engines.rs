@@ -409,11 +409,12 @@ async fn an_owner_rebuilt_after_its_session_was_taken_over_is_not_served_here() 
             "the rebuild to be held",
             (!failpoints::armed("rebuild_hold")).then_some(())
         );
-        // Meanwhile another process takes the session over.
+        // Meanwhile a's heartbeat lapses (a pause) and another process takes the session over.
         pg_testkit::execute(
             &url,
             &format!(
-                "UPDATE \"{schema}\".session_leases SET owner = 'c', address = 'http://c', epoch = epoch + 1, \
+                "UPDATE \"{schema}\".nodes SET expires_at = now() - interval '1 second' WHERE node = 'a'; \
+                 UPDATE \"{schema}\".session_leases SET owner = 'c', address = 'http://c', epoch = epoch + 1, \
                  instance = 'c', expires_at = now() + interval '10 minutes' WHERE session = 's'::bytea"
             ),
         );

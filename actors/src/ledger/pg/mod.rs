@@ -168,6 +168,16 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
              SELECT key, '', '', 0, '-infinity', '' FROM \"{schema}\".sessions
              ON CONFLICT (session) DO NOTHING",
     ),
+    (
+        10,
+        "tenures as long as the heartbeat",
+        // A tenure lasts as long as the heartbeat of the process instance that took it (see
+        // tenures.rs): one row of `nodes` per instance, and the tenures of an instance found by
+        // the index on `instance`. Tenures taken before keep their expiry and run out by it.
+        "ALTER TABLE \"{schema}\".nodes DROP CONSTRAINT nodes_pkey;
+         ALTER TABLE \"{schema}\".nodes ADD PRIMARY KEY (instance);
+         CREATE INDEX ON \"{schema}\".session_leases (instance)",
+    ),
 ];
 
 /// The index of calls by their id (migration 6), built without blocking the writes of the

@@ -6,42 +6,50 @@
 //! refused because it lapsed answers the error code `lease_lapsed`
 //! ([`crate::error::BroodError::TenureLapsed`]).
 //!
-//! - **The table.** `session_leases(session, owner, address, epoch, expires_at)`, one row per
-//!   session that was ever served. `owner` is a node id, stable across a node's restarts;
-//!   `expires_at` is judged by the database's clock only.
-//! - **Taking a tenure** is one upsert that succeeds only when the tenure is free: no row, or
-//!   expired (also this node's own from before a restart: its old instance may still be alive,
-//!   paused, and within its local deadline). Each take raises the epoch.
-//! - **Renewal.** A task on the ledger's runtime renews every held tenure at a third of the tenure
-//!   time, in one statement that matches each session's epoch: a session missing from its answer
-//!   was taken over, and is lost. Locally a tenure is served until the moment the renewal was
-//!   *sent* plus the tenure time less a margin, on the monotonic clock: it runs on through a
-//!   `SIGSTOP` or a long pause, so a process that wakes up late knows at once that it may not
-//!   hand anything out.
+//! - **The table.** `session_leases(session, owner, address, epoch, expires_at, instance)`, one
+//!   row per session that was ever served. `owner` is a node id, stable across a node's
+//!   restarts; `instance` is the process that took the tenure (random at its start). Times are
+//!   the database's clock only.
+//! - **A tenure lasts as long as its holder's heartbeat.** `nodes(instance, node, address, held,
+//!   expires_at)` has one row per process instance, its heartbeat. A tenure is held while its
+//!   row's `expires_at` has not passed (`'infinity'` once taken; a give-back sets it in the past)
+//!   and its instance's heartbeat has not run out ([`HeldTenures::free`]).
+//! - **Taking a tenure** is one upsert that succeeds only when the tenure is free: no row, given
+//!   back, or its holder's heartbeat ran out (also this node's own earlier instance: it may
+//!   still be alive, paused, and within its local deadline, but its heartbeat says otherwise).
+//!   Each take raises the epoch, and is made only while this process's own heartbeat is alive.
+//! - **Renewal** writes this process's heartbeat and nothing else, at a third of the tenure
+//!   time: one row, however many sessions it holds. Locally a tenure is served until the moment
+//!   the heartbeat was *sent* plus the tenure time less a margin, on the monotonic clock: it
+//!   runs on through a `SIGSTOP` or a long pause, so a process that wakes up late knows at once
+//!   that it may not hand anything out. A renewal that finds its heartbeat had run out reads its
+//!   tenures back by key (the others may have taken some meanwhile) and loses those taken; a
+//!   tenure it failed to give back (or a take whose answer was lost) is given back then too, as
+//!   nothing runs out by itself while its holder lives.
 //! - **Fencing.** Every commit begins by taking a shared transaction-level advisory lock per
 //!   session it writes ([`lock_key`]: one 64-bit key per schema and session), then, in a
 //!   statement of its own (so its snapshot is taken once the locks are held), reads their tenure
 //!   rows matched with the epochs this process holds — no row lock, so nothing is written for
 //!   it. A takeover takes the same locks exclusively before its upsert, in key order, which
 //!   waits for every commit holding one; a commit that comes after waits for the takeover to
-//!   commit and then finds the old epoch matching nothing. A renewal (of `expires_at` alone)
-//!   takes no advisory lock: it never waits for a commit, and a stalled commit of one session
-//!   costs no session its tenure. So the new holder, which reads the session after its takeover
+//!   commit and then finds the old epoch matching nothing. A renewal (a heartbeat) takes no
+//!   advisory lock and locks no tenure row: it never waits for a commit, and a stalled commit of
+//!   one session costs no session its tenure. So the new holder, which reads the session after its takeover
 //!   committed, sees every write of the old one, and no write of the old one lands after that.
 //!   The rows of a session that fails the check are not written, and the session is lost.
 //!   Advisory locks take room in the database's lock table, which is small (64 per connection
 //!   by default): a commit of many sessions takes the locks of their buckets instead of theirs
 //!   (one of [`BUCKETS`] per session, at most that many), a takeover takes both of each session
 //!   it takes, and a start or a sweep takes its tenures in batches of [`TAKE_BATCH`].
-//! - **Processes.** `nodes(node, address, instance, held, expires_at)`: each live process's
-//!   heartbeat, renewed by the renewal statement itself (no statement of its own), with how
-//!   many tenures it holds. The sweep's one read ([`Tenures::spread`]) counts the live
-//!   processes and what they hold from it, and the free tenures by the index on `expires_at`.
-//! - **Free tenures** are found by their expiry alone (an index range), never by a scan of the
-//!   sessions: a session's tenure row is written before its session row (a creation takes it
-//!   first), a migration gave every older session a row, and a slow reconciliation
-//!   ([`RECONCILE_EVERY`]) gives one to a session some other writer stored without one. The
-//!   sweep's read also deletes a few expired rows of sessions no longer stored (retention).
+//! - **Processes.** The heartbeats carry how many tenures each process holds. The sweep's one
+//!   read ([`Tenures::spread`]) counts the live processes and what they hold from them, and the
+//!   free tenures: those given back by the index on `expires_at`, those of dead instances (a few
+//!   rows of `nodes`) by the index on `instance` — never a scan of the sessions. It also deletes
+//!   a few expired rows of sessions no longer stored (retention), and the heartbeats of
+//!   instances dead for an hour that no tenure names any more.
+//! - **Every stored session has a tenure row**: a creation takes the tenure first, a migration
+//!   gave every older session a row, and a slow reconciliation ([`RECONCILE_EVERY`]) gives one
+//!   to a session some other writer stored without one.
 //! - **Handover.** A tenure given back to balance the processes is expired at its epoch, with
 //!   a `NOTIFY` in the same transaction: the others' sweeps look at once (they `LISTEN`, as the
 //!   work list does). The giver does not take it back for a tenure time (then, if nobody took
@@ -62,8 +70,14 @@ use crate::ledger::{Spread, TenureHolder, Tenures};
 /// sharing the schema stored): slow, the sweeps never look for them.
 pub(super) const RECONCILE_EVERY: Duration = Duration::from_secs(120);
 
-/// How many expired rows of sessions no longer stored one sweep deletes, at most.
+/// How many expired rows of sessions no longer stored one sweep deletes, at most (and how many
+/// rows of `nodes` of process instances long dead).
 const GONE_PER_SWEEP: i64 = 100;
+
+/// How long the row of `nodes` of a process instance whose heartbeat ran out is kept once no
+/// tenure names it any more (an hour, in milliseconds): a process paused that long finds at its
+/// next renewal that its heartbeat lapsed either way.
+const DEAD_NODES_KEPT_MS: i64 = 3_600_000;
 
 /// Whether the tenure row `l` is a nested session's, by its id (`deleg_<hex>.<index>`, the id of
 /// the child it belongs to: [`crate::model::nest_parent`]). Nested sessions are not counted in
@@ -177,6 +191,9 @@ pub(super) struct HeldTenures {
     given: Mutex<HashMap<String, Instant>>,
     /// Moves when another process gave tenures back.
     freed: watch::Receiver<u64>,
+    /// Tenures this process may still hold in the table without holding them here: given back
+    /// at the next renewal ([`HeldTenures::stray`]).
+    strays: Mutex<HashSet<String>>,
 }
 
 impl std::fmt::Debug for HeldTenures {
@@ -220,6 +237,7 @@ impl HeldTenures {
             channel,
             given: Mutex::new(HashMap::new()),
             freed,
+            strays: Mutex::new(HashSet::new()),
         })
     }
 
@@ -243,6 +261,18 @@ impl HeldTenures {
         let mut given = self.given();
         given.retain(|_, at| at.elapsed() < ttl);
         given.keys().map(|s| s.as_bytes().to_vec()).collect()
+    }
+
+    /// SQL: whether the tenure row `l` (its alias) is free to take: given back or run out by its
+    /// own expiry (a give-back, a session stored without a tenure, a tenure taken before tenures
+    /// lasted as long as their holder's heartbeat), or held by a process instance whose
+    /// heartbeat ran out. The dead instances are a few rows of `nodes`, their tenures found by
+    /// the index on `instance`, the others' by the index on `expires_at`.
+    fn free(&self, l: &str) -> String {
+        format!(
+            "({l}.expires_at < now() OR {l}.instance = ANY(ARRAY(SELECT hb.instance FROM {} hb WHERE hb.expires_at < now())))",
+            self.nodes_table
+        )
     }
 
     /// How long a tenure lasts, in milliseconds, for SQL.
@@ -287,6 +317,12 @@ impl HeldTenures {
         lock_key(&self.table, session.as_bytes())
     }
 
+    /// How many tenures wait to be given back again ([`HeldTenures::stray`]).
+    #[cfg(test)]
+    pub(super) fn strays(&self) -> usize {
+        self.strays.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     pub(super) fn holds(&self, session: &str) -> bool {
         self.held().contains_key(session)
     }
@@ -312,10 +348,14 @@ impl HeldTenures {
     /// Who holds `name`'s tenure by its row (only a live one when `live`), as held elsewhere.
     async fn holder_row(&self, name: Vec<u8>, live: bool) -> Result<Option<TenureHolder>, LedgerError> {
         let client = self.pool.get().await.map_err(pool_error)?;
-        let alive = if live { " AND expires_at >= now()" } else { "" };
+        let alive = if live {
+            format!(" AND NOT {}", self.free("l"))
+        } else {
+            String::new()
+        };
         let row = client
             .query_opt(
-                &format!("SELECT owner, address FROM {} WHERE session = $1{alive}", self.table),
+                &format!("SELECT owner, address FROM {} l WHERE session = $1{alive}", self.table),
                 &[&name],
             )
             .await
@@ -328,8 +368,21 @@ impl HeldTenures {
 
     /// Gives tenures back (each at the epoch this process held it, a nested one naming its
     /// parent session when given): they run out now. With `tell`, the other processes are told
-    /// when it commits; with `leave`, this process's row of `nodes` goes too (a clean stop).
-    async fn give_back(&self, back: GiveBack, tell: bool, leave: bool) -> Result<u64, LedgerError> {
+    /// when it commits. When it fails, they are given back at the next renewal.
+    async fn give_back(&self, back: GiveBack, tell: bool) -> Result<u64, LedgerError> {
+        let names: Vec<String> = back
+            .names
+            .iter()
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .collect();
+        let given = self.give_back_once(back, tell).await;
+        if given.is_err() {
+            self.stray(names);
+        }
+        given
+    }
+
+    async fn give_back_once(&self, back: GiveBack, tell: bool) -> Result<u64, LedgerError> {
         let mut client = self.pool.get().await.map_err(pool_error)?;
         let what = "giving session tenures back";
         let tx = client.transaction().await.map_err(pg_error(what))?;
@@ -345,14 +398,6 @@ impl HeldTenures {
             )
             .await
             .map_err(pg_error(what))?;
-        if leave {
-            tx.execute(
-                &format!("DELETE FROM {} WHERE node = $1 AND instance = $2", self.nodes_table),
-                &[&self.config.node, &self.instance],
-            )
-            .await
-            .map_err(pg_error("leaving the table of processes"))?;
-        }
         if tell && given > 0 {
             tx.execute("SELECT pg_notify($1, $2)", &[&self.channel, &self.config.address])
                 .await
@@ -376,11 +421,38 @@ impl HeldTenures {
         back
     }
 
-    /// Gives the session tenures of a clean stop back, and leaves the table of processes.
+    /// Gives back every tenure of this process's instance (those it holds, and any it failed
+    /// to give back), and leaves the table of processes: a clean stop. Should it fail, the
+    /// heartbeat runs out within a tenure, and the tenures with it.
     async fn leave(&self) -> Result<u64, LedgerError> {
-        let all: Vec<(String, Option<String>)> = self.held().keys().map(|s| (s.clone(), None)).collect();
-        let back = self.unhold(&all);
-        self.give_back(back, true, true).await
+        self.held().clear();
+        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let what = "giving session tenures back";
+        let tx = client.transaction().await.map_err(pg_error(what))?;
+        let given = tx
+            .execute(
+                &format!(
+                    "UPDATE {} SET expires_at = now() - interval '1 millisecond'
+                     WHERE instance = $1 AND expires_at >= now()",
+                    self.table
+                ),
+                &[&self.instance],
+            )
+            .await
+            .map_err(pg_error(what))?;
+        tx.execute(
+            &format!("DELETE FROM {} WHERE instance = $1", self.nodes_table),
+            &[&self.instance],
+        )
+        .await
+        .map_err(pg_error("leaving the table of processes"))?;
+        if given > 0 {
+            tx.execute("SELECT pg_notify($1, $2)", &[&self.channel, &self.config.address])
+                .await
+                .map_err(pg_error("telling the other processes of tenures given back"))?;
+        }
+        tx.commit().await.map_err(pg_error(what))?;
+        Ok(given)
     }
 
     /// Writes this process's row of `nodes` (its heartbeat): at start, before any sweep counts
@@ -430,31 +502,44 @@ impl HeldTenures {
             "EXISTS (SELECT 1 FROM {} s WHERE s.key = l.session)",
             self.sessions_table
         );
+        let (free, free_d) = (self.free("l"), self.free("d"));
         let row = client
             .query_one(
                 &format!(
                     "WITH beat AS (
-                         UPDATE {nodes} SET held = $3 WHERE node = $1 AND instance = $2 AND held <> $3),
+                         UPDATE {nodes} SET held = $3 WHERE instance = $2 AND held <> $3),
                      gone AS (
                          DELETE FROM {t} d WHERE d.session IN (
-                             SELECT l.session FROM {t} l WHERE l.expires_at < now() AND NOT {stored} LIMIT $4)
-                           AND d.expires_at < now())
+                             SELECT l.session FROM {t} l WHERE {free} AND NOT {stored} LIMIT $4)
+                           AND {free_d}),
+                     dead AS (
+                         DELETE FROM {nodes} n WHERE n.instance IN (
+                             SELECT o.instance FROM {nodes} o WHERE o.expires_at < now() - $6::int8 * interval '1 millisecond'
+                             LIMIT $4)
+                           AND NOT EXISTS (SELECT 1 FROM {t} r WHERE r.instance = n.instance AND r.expires_at >= now()))
                      SELECT
-                         (SELECT count(*) FROM {t} l WHERE l.expires_at < now() AND l.parent IS NULL AND NOT {NESTED}
+                         (SELECT count(*) FROM {t} l WHERE {free} AND l.parent IS NULL AND NOT {NESTED}
                               AND {stored}),
-                         (SELECT count(*) FROM {t} l WHERE l.expires_at < now() AND l.parent IS NULL AND NOT {NESTED}
+                         (SELECT count(*) FROM {t} l WHERE {free} AND l.parent IS NULL AND NOT {NESTED}
                               AND NOT (l.session = ANY($5)) AND {stored}),
                          (SELECT count(*) FROM {t} l JOIN {t} p ON p.session = l.parent
-                              WHERE l.expires_at < now() AND p.owner = $1 AND p.instance = $2
+                              WHERE {free} AND p.owner = $1 AND p.instance = $2
                                 AND p.expires_at >= now() AND {stored})
-                         + (SELECT count(*) FROM {t} l WHERE l.expires_at < now() AND l.parent IS NULL AND {NESTED}
+                         + (SELECT count(*) FROM {t} l WHERE {free} AND l.parent IS NULL AND {NESTED}
                               AND NOT (l.session = ANY($5)) AND {stored}),
                          coalesce((SELECT array_agg(n.held) FROM {nodes} n WHERE n.expires_at >= now() AND n.node <> $1),
                                   '{{}}'::bigint[])",
                     nodes = self.nodes_table,
                     t = self.table,
                 ),
-                &[&self.config.node, &self.instance, &held, &GONE_PER_SWEEP, &given],
+                &[
+                    &self.config.node,
+                    &self.instance,
+                    &held,
+                    &GONE_PER_SWEEP,
+                    &given,
+                    &DEAD_NODES_KEPT_MS,
+                ],
             )
             .await
             .map_err(pg_error("reading how the sessions are spread"))?;
@@ -527,7 +612,11 @@ impl HeldTenures {
         Ok(ok)
     }
 
-    /// Renews every held tenure once; loses those taken over meanwhile.
+    /// Renews this process's heartbeat, which every tenure it holds lasts as long as: one row
+    /// written, whatever it holds. When the heartbeat had run out (a pause or an outage longer
+    /// than a tenure), the others may have taken tenures meanwhile: the held ones are read back
+    /// by key, and those taken over are lost. Then the tenures this process failed to give back
+    /// are given back.
     async fn renew(self: &Arc<Self>) -> Result<(), LedgerError> {
         let (names, epochs): (Vec<Vec<u8>>, Vec<i64>) = self
             .held()
@@ -537,62 +626,116 @@ impl HeldTenures {
         let held = self.top_level_held();
         let sent = Instant::now();
         let client = self.pool.get().await.map_err(pool_error)?;
-        let rows = client
-            .query(
+        let what = "renewing this process's heartbeat";
+        let alive: bool = client
+            .query_one(
                 &format!(
-                    // The process's heartbeat rides on the renewal. Rows locked in key order.
-                    "WITH beat AS (
+                    "WITH before AS (SELECT expires_at >= now() AS alive FROM {nodes} WHERE instance = $3),
+                     beat AS (
                          INSERT INTO {nodes} AS n (node, address, instance, held, expires_at)
-                         VALUES ($4, $5, $6, $7, now() + $3::int8 * interval '1 millisecond')
-                         ON CONFLICT (node) DO UPDATE SET address = EXCLUDED.address, instance = EXCLUDED.instance,
-                             held = EXCLUDED.held, expires_at = EXCLUDED.expires_at),
-                     mine AS (
-                         SELECT l.session FROM {t} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
-                         ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $4
-                         ORDER BY l.session FOR NO KEY UPDATE OF l)
-                     UPDATE {t} l SET expires_at = now() + $3::int8 * interval '1 millisecond'
-                     FROM mine WHERE l.session = mine.session
-                     RETURNING l.session, l.epoch",
-                    t = self.table,
+                         VALUES ($1, $2, $3, $4, now() + $5::int8 * interval '1 millisecond')
+                         ON CONFLICT (instance) DO UPDATE SET node = EXCLUDED.node, address = EXCLUDED.address,
+                             held = EXCLUDED.held, expires_at = EXCLUDED.expires_at)
+                     SELECT coalesce((SELECT alive FROM before), false)",
                     nodes = self.nodes_table,
                 ),
                 &[
-                    &names,
-                    &epochs,
-                    &self.ttl_ms(),
                     &self.config.node,
                     &self.config.address,
                     &self.instance,
                     &held,
+                    &self.ttl_ms(),
                 ],
             )
             .await
-            .map_err(pg_error("renewing session tenures"))?;
-        let renewed: HashMap<String, i64> = rows
-            .into_iter()
-            .map(|r| (String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned(), r.get(1)))
-            .collect();
+            .map_err(pg_error(what))?
+            .get(0);
+        // After a lapse, what is still this process's at the epoch it holds.
+        let kept: Option<HashSet<Vec<u8>>> = if alive || names.is_empty() {
+            None
+        } else {
+            let rows = client
+                .query(
+                    &format!(
+                        "SELECT l.session FROM {t} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
+                         ON l.session = f.session AND l.epoch = f.epoch AND l.owner = $3 AND l.instance = $4",
+                        t = self.table
+                    ),
+                    &[&names, &epochs, &self.config.node, &self.instance],
+                )
+                .await
+                .map_err(pg_error("reading the session tenures held through a lapsed heartbeat"))?;
+            Some(rows.into_iter().map(|r| r.get(0)).collect())
+        };
+        drop(client);
         let deadline = self.deadline(sent);
         let mut lost = Vec::new();
         {
             let mut held = self.held();
             for (name, epoch) in names.iter().zip(&epochs) {
-                let name = String::from_utf8_lossy(name).into_owned();
-                match renewed.get(&name) {
-                    Some(_) => {
-                        if let Some(h) = held.get_mut(&name) {
-                            if h.epoch == *epoch {
-                                h.deadline = h.deadline.max(deadline);
-                            }
-                        }
-                    }
-                    // Taken since it was read above (acquired again at a new epoch) or lost.
-                    None if held.get(&name).is_some_and(|h| h.epoch == *epoch) => lost.push(name),
-                    None => {}
+                let shown = String::from_utf8_lossy(name).into_owned();
+                // Taken again meanwhile, at a new epoch, or lost already: as it is.
+                let Some(h) = held.get_mut(&shown).filter(|h| h.epoch == *epoch) else {
+                    continue;
+                };
+                if kept.as_ref().is_some_and(|k| !k.contains(name)) {
+                    lost.push(shown);
+                } else {
+                    h.deadline = h.deadline.max(deadline);
                 }
             }
         }
         self.lose(lost);
+        self.give_back_strays().await
+    }
+
+    /// Remembers tenures that may still be this process's in the table although it no longer
+    /// holds them (a give-back that failed, a take whose answer was lost): given back at the
+    /// next renewal, as a tenure does not run out by itself while its holder is alive.
+    fn stray(&self, sessions: impl IntoIterator<Item = String>) {
+        self.strays.lock().unwrap_or_else(|p| p.into_inner()).extend(sessions);
+    }
+
+    /// Gives back the tenures of [`HeldTenures::stray`] that are still this process's
+    /// instance's and are not held again.
+    async fn give_back_strays(&self) -> Result<(), LedgerError> {
+        let _turn = self.taking.lock().await;
+        let names: Vec<Vec<u8>> = {
+            let held = self.held();
+            let mut strays = self.strays.lock().unwrap_or_else(|p| p.into_inner());
+            strays.retain(|s| !held.contains_key(s));
+            strays.iter().map(|s| s.as_bytes().to_vec()).collect()
+        };
+        if names.is_empty() {
+            return Ok(());
+        }
+        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let what = "giving back session tenures not held any more";
+        let tx = client.transaction().await.map_err(pg_error(what))?;
+        let given = tx
+            .execute(
+                &format!(
+                    "UPDATE {} SET expires_at = now() - interval '1 millisecond'
+                     WHERE session = ANY($1) AND instance = $2 AND expires_at >= now()",
+                    self.table
+                ),
+                &[&names, &self.instance],
+            )
+            .await
+            .map_err(pg_error(what))?;
+        if given > 0 {
+            tx.execute("SELECT pg_notify($1, $2)", &[&self.channel, &self.config.address])
+                .await
+                .map_err(pg_error(what))?;
+        }
+        tx.commit().await.map_err(pg_error(what))?;
+        let mut strays = self.strays.lock().unwrap_or_else(|p| p.into_inner());
+        for name in &names {
+            strays.remove(String::from_utf8_lossy(name).as_ref());
+        }
+        if given > 0 {
+            tracing::info!(sessions = given, "session tenures not held any more were given back");
+        }
         Ok(())
     }
 
@@ -641,18 +784,19 @@ impl HeldTenures {
                 // Top-level sessions up to the limit; nested ones given back to the holder of
                 // their parent (this process); nested ones whose parent is not named (taken by
                 // any process, which leaves each to the holder of its parent: see adopt.rs).
+                let free = self.free("l");
                 let sql = format!(
                     "(SELECT l.session FROM {t} l
-                      WHERE l.expires_at < now() AND l.parent IS NULL AND NOT {NESTED}
+                      WHERE {free} AND l.parent IS NULL AND NOT {NESTED}
                         AND NOT (l.session = ANY($2)) AND NOT (l.session = ANY($5)) AND {stored}
                       ORDER BY l.expires_at, l.session LIMIT $4)
                      UNION
                      (SELECT l.session FROM {t} l JOIN {t} p ON p.session = l.parent
-                      WHERE l.expires_at < now() AND NOT (l.session = ANY($2)) AND p.owner = $1 AND p.instance = $3
+                      WHERE {free} AND NOT (l.session = ANY($2)) AND p.owner = $1 AND p.instance = $3
                         AND p.expires_at >= now() AND {stored})
                      UNION
                      (SELECT l.session FROM {t} l
-                      WHERE l.expires_at < now() AND l.parent IS NULL AND {NESTED}
+                      WHERE {free} AND l.parent IS NULL AND {NESTED}
                         AND NOT (l.session = ANY($2)) AND NOT (l.session = ANY($5)) AND {stored})
                      ORDER BY 1",
                     t = self.table
@@ -672,7 +816,12 @@ impl HeldTenures {
         // later one fails, and is answered, so the caller serves it; the next sweep takes the rest.
         let mut taken: Vec<(String, i64)> = Vec::new();
         for batch in candidates.chunks(TAKE_BATCH) {
-            match self.take_batch(&mut client, batch, &held, sent).await {
+            let answer = self.take_batch(&mut client, batch, &held, sent).await;
+            if answer.is_err() {
+                // Its commit may have gone through unanswered: what it took is given back.
+                self.stray(batch.iter().map(|n| String::from_utf8_lossy(n).into_owned()));
+            }
+            match answer {
                 Ok(more) => taken.extend(more),
                 Err(e) if taken.is_empty() => return Err(e),
                 Err(e) => {
@@ -709,27 +858,25 @@ impl HeldTenures {
         )
         .await
         .map_err(pg_error(what))?;
+        // Held as long as this process's heartbeat is: taken only while it is alive (so no
+        // tenure ever names an instance without a row of `nodes`), and never running out by
+        // itself ('infinity') until given back.
         let sql = format!(
             "INSERT INTO {t} AS l (session, owner, address, epoch, expires_at, instance)
-             SELECT src.key, $1, $2, 1, now() + $3::int8 * interval '1 millisecond', $5 FROM unnest($6::bytea[]) AS src(key)
+             SELECT src.key, $1, $2, 1, 'infinity', $4 FROM unnest($5::bytea[]) AS src(key)
+             WHERE EXISTS (SELECT 1 FROM {nodes} me WHERE me.instance = $4 AND me.expires_at >= now())
              ON CONFLICT (session) DO UPDATE SET owner = EXCLUDED.owner, address = EXCLUDED.address,
                  epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at, instance = EXCLUDED.instance
-               WHERE (l.expires_at < now() OR l.instance = $5) AND NOT (l.session = ANY($4))
+               WHERE ({free} OR l.instance = $4) AND NOT (l.session = ANY($3))
              RETURNING l.session, l.epoch",
-            t = self.table
+            t = self.table,
+            nodes = self.nodes_table,
+            free = self.free("l"),
         );
-        let ttl = self.ttl_ms();
         let rows = tx
             .query(
                 &sql,
-                &[
-                    &self.config.node,
-                    &self.config.address,
-                    &ttl,
-                    &held,
-                    &self.instance,
-                    &batch,
-                ],
+                &[&self.config.node, &self.config.address, &held, &self.instance, &batch],
             )
             .await
             .map_err(pg_error(what))?;
@@ -832,14 +979,12 @@ impl Tenures for PgTenures {
         if ask.is_empty() {
             return Ok(out);
         }
-        let (pool, table) = (self.0.pool.clone(), self.0.table.clone());
+        let (pool, table, live) = (self.0.pool.clone(), self.0.table.clone(), self.0.free("l"));
         let rows: Vec<(Vec<u8>, String, String)> = self.0.run(async move {
             let client = pool.get().await.map_err(pool_error)?;
             let rows = client
                 .query(
-                    &format!(
-                        "SELECT session, owner, address FROM {table} WHERE session = ANY($1) AND expires_at >= now()"
-                    ),
+                    &format!("SELECT session, owner, address FROM {table} l WHERE session = ANY($1) AND NOT {live}"),
                     &[&ask],
                 )
                 .await
@@ -881,7 +1026,7 @@ impl Tenures for PgTenures {
             }
         }
         let tenures = self.0.clone();
-        let given = self.0.run(async move { tenures.give_back(back, true, false).await })?;
+        let given = self.0.run(async move { tenures.give_back(back, true).await })?;
         tracing::info!(sessions = given, "session tenures handed over to the other processes");
         Ok(())
     }
@@ -902,7 +1047,7 @@ impl Tenures for PgTenures {
         let shown = session_id.to_string();
         // Not waited for: a tenure not given back runs out by itself (and is then anyone's).
         self.0.runtime.spawn(async move {
-            if let Err(e) = tenures.give_back(back, true, false).await {
+            if let Err(e) = tenures.give_back(back, true).await {
                 tracing::warn!(session = %shown, "giving a nested session's tenure back failed (it runs out by itself): {e}");
             }
         });
@@ -937,7 +1082,7 @@ impl Tenures for PgTenures {
             parents: vec![None],
         };
         self.0.runtime.spawn(async move {
-            if let Err(e) = tenures.give_back(back, false, false).await {
+            if let Err(e) = tenures.give_back(back, false).await {
                 tracing::warn!(session = %shown, "giving a session tenure back failed (it runs out by itself): {e}");
             }
         });

@@ -50,7 +50,16 @@ fn sql(ledger: &PgLedger, statement: &str) {
         .unwrap();
 }
 
-/// The tenure of `s` runs out now, as it would had its holder been paused past it.
+/// The heartbeat of `node` runs out now, as it would had the process been paused past it: every
+/// tenure it holds is free.
+fn heartbeat_lapses(ledger: &PgLedger, node: &str) {
+    sql(
+        ledger,
+        &format!("UPDATE \"{{schema}}\".nodes SET expires_at = now() - interval '1 second' WHERE node = '{node}'"),
+    );
+}
+
+/// The tenure of `s` is given back now, as its holder would have.
 fn expire(ledger: &PgLedger, s: &str) {
     sql(
         ledger,
@@ -224,12 +233,15 @@ fn sessions_lost_together_are_each_told_once_and_the_held_ones_rows_land() {
     assert_eq!(b.call_children("s3", "deleg_3").unwrap().len(), 1);
 }
 
+/// A process whose heartbeat ran out (a pause) finds at its next renewal what the others took
+/// meanwhile, and loses it; what they did not take stays its own.
 #[test]
-fn a_renewal_finds_a_tenure_taken_over_and_loses_it() {
+fn a_renewal_after_a_lapse_finds_a_tenure_taken_over_and_loses_it() {
     let schema = pg_testkit::fresh_schema();
     let ttl = Duration::from_millis(3000);
     let (a, b) = (node(&schema, "a", ttl), node(&schema, "b", TTL));
     assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    assert_eq!(tenures(&a).acquire("s2").unwrap(), TenureHolder::Here(1));
     // Renewed while held: still served past its first tenure time (a renewal delayed by a
     // loaded machine may leave a gap; the next one closes it).
     std::thread::sleep(ttl + ttl / 3);
@@ -239,11 +251,11 @@ fn a_renewal_finds_a_tenure_taken_over_and_loses_it() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(tenures(&a).holds("s1"));
-    // Expired, then taken by b: a's renewal may land between the two and extend it again (it
-    // still holds the epoch), so expire and take until b has it.
+    // a's heartbeat lapses, then b takes s1: a's renewal may land between the two and make it
+    // live again, so lapse and take until b has it.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        expire(&a, "s1");
+        heartbeat_lapses(&a, "a");
         match tenures(&b).acquire("s1").unwrap() {
             TenureHolder::Here(epoch) => break assert_eq!(epoch, 2),
             other => assert!(std::time::Instant::now() < deadline, "b never took it: {other:?}"),
@@ -255,33 +267,130 @@ fn a_renewal_finds_a_tenure_taken_over_and_loses_it() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!tenures(&a).serving("s1"));
+    assert!(tenures(&a).holds("s2"), "s2 was not taken: still a's");
+    assert_eq!(
+        tenures(&b)
+            .holder("s2")
+            .unwrap()
+            .map(|h| matches!(h, TenureHolder::Elsewhere { .. })),
+        Some(true)
+    );
 }
 
-/// When each tenure of `sessions` runs out by the database's clock (milliseconds).
-fn expiries(ledger: &PgLedger, sessions: &[&str]) -> Vec<i64> {
+/// When the heartbeat of `node` runs out by the database's clock (milliseconds), which the
+/// tenures it holds last as long as.
+fn heartbeat(ledger: &PgLedger, node: &str) -> i64 {
     let pool = ledger.inner.pool.clone();
-    let table = format!("\"{}\".session_leases", ledger.inner.schema);
-    let names: Vec<Vec<u8>> = sessions.iter().map(|s| s.as_bytes().to_vec()).collect();
+    let table = format!("\"{}\".nodes", ledger.inner.schema);
+    let node = node.to_string();
     ledger
         .runtime
         .run(async move {
             let client = pool.get().await.map_err(pool_error)?;
-            let mut out = Vec::new();
-            for name in &names {
-                let row = client
-                    .query_one(
-                        &format!(
-                            "SELECT (extract(epoch FROM expires_at) * 1000)::int8 FROM {table} WHERE session = $1"
-                        ),
-                        &[name],
-                    )
-                    .await
-                    .map_err(pg_error("reading a tenure's expiry"))?;
-                out.push(row.get::<_, i64>(0));
-            }
-            Ok(out)
+            let row = client
+                .query_one(
+                    &format!("SELECT (extract(epoch FROM max(expires_at)) * 1000)::int8 FROM {table} WHERE node = $1"),
+                    &[&node],
+                )
+                .await
+                .map_err(pg_error("reading a heartbeat's expiry"))?;
+            Ok(row.get::<_, i64>(0))
         })
         .unwrap()
+}
+
+/// The first column of the first row `query` answers, as text (`{schema}` is the ledger's).
+fn text(ledger: &PgLedger, query: &str) -> String {
+    let pool = ledger.inner.pool.clone();
+    let query = query.replace("{schema}", &ledger.inner.schema);
+    ledger
+        .runtime
+        .run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let row = client.query_one(&query, &[]).await.map_err(pg_error("test query"))?;
+            Ok(row.get::<_, Option<String>>(0).unwrap_or_default())
+        })
+        .unwrap()
+}
+
+/// Waits until `f` holds, for up to 20 s.
+fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "waited 20 s for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// However many tenures a process holds, its renewal writes its heartbeat and not one of their
+/// rows: the database's load of an idle process does not grow with its sessions.
+#[test]
+fn a_renewal_writes_the_heartbeat_and_no_tenure_row() {
+    let schema = pg_testkit::fresh_schema();
+    let ttl = Duration::from_millis(600);
+    let a = node(&schema, "a", ttl);
+    let sessions: Vec<String> = (0..50).map(|i| format!("s{i}")).collect();
+    for s in &sessions {
+        assert_eq!(tenures(&a).acquire(s).unwrap(), TenureHolder::Here(1));
+    }
+    let versions = "SELECT string_agg(xmin::text || ctid::text, ',' ORDER BY session) FROM \"{schema}\".session_leases";
+    let rows = text(&a, versions);
+    for _ in 0..3 {
+        let beat = heartbeat(&a, "a");
+        until("a renewal", || heartbeat(&a, "a") > beat);
+    }
+    assert_eq!(text(&a, versions), rows, "a tenure row was written by a renewal");
+    for s in &sessions {
+        assert!(tenures(&a).holds(s), "{s} kept");
+    }
+    until("every tenure served", || {
+        sessions.iter().all(|s| tenures(&a).serving(s))
+    });
+}
+
+/// A give-back that fails (its rows locked past the lock timeout) is made again at a later
+/// renewal: a tenure does not run out by itself while its holder lives, so the session would
+/// otherwise be nobody's to serve until this process stops.
+#[test]
+fn a_give_back_that_failed_is_made_again_at_a_renewal() {
+    let schema = pg_testkit::fresh_schema();
+    let ttl = Duration::from_millis(1000);
+    let (a, b) = (node(&schema, "a", ttl), node(&schema, "b", ttl));
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    let book = a.inner.tenures.clone().expect("shared");
+    let (unlock, locker) = table_locked(&a, "session_leases");
+    tenures(&a).release("s1");
+    until("the give-back to fail", || book.strays() == 1);
+    unlock.send(()).unwrap();
+    a.runtime
+        .run(async move { locker.await.map_err(|e| LedgerError::storage("test", e)) })
+        .unwrap();
+    until("the give-back to be made again", || book.strays() == 0);
+    assert_eq!(tenures(&b).acquire("s1").unwrap(), TenureHolder::Here(2));
+    assert!(!tenures(&a).holds("s1"));
+}
+
+/// The heartbeats of process instances dead for an hour are deleted, but only once no tenure
+/// names them any more (a tenure naming a missing instance would look held forever).
+#[test]
+fn heartbeats_dead_for_an_hour_go_once_no_tenure_names_them() {
+    let schema = pg_testkit::fresh_schema();
+    let a = node(&schema, "a", TTL);
+    sql(
+        &a,
+        "INSERT INTO \"{schema}\".nodes (instance, node, address, held, expires_at) VALUES
+             ('old1', 'x', 'http://x', 0, now() - interval '2 hours'),
+             ('old2', 'y', 'http://y', 0, now() - interval '2 hours'),
+             ('recent', 'z', 'http://z', 0, now() - interval '1 minute');
+         INSERT INTO \"{schema}\".session_leases (session, owner, address, epoch, expires_at, instance)
+             VALUES ('named'::bytea, 'y', 'http://y', 1, 'infinity', 'old2')",
+    );
+    let left = "SELECT string_agg(instance, ',' ORDER BY instance) FROM \"{schema}\".nodes WHERE node <> 'a'";
+    tenures(&a).spread().unwrap();
+    // `named` (no session stored) is deleted by that sweep, after it looked for old2's tenures.
+    assert_eq!(text(&a, left), "old2,recent");
+    tenures(&a).spread().unwrap();
+    assert_eq!(text(&a, left), "recent");
 }
 
 /// Another connection's transaction that holds `table` locked `IN SHARE MODE` (as a `CREATE
@@ -346,11 +455,11 @@ fn a_stalled_commit_of_one_session_does_not_stop_the_renewal_of_any_tenure() {
     // s2's commit is stalled behind a table lock, its tenure row locked.
     let (unlock, locker) = table_locked(&a, CALLS);
     let in_flight = commit_stalled_on_calls(&a, "s2");
-    let before = expiries(&a, &sessions);
+    let before = heartbeat(&a, "a");
     let deadline = std::time::Instant::now() + 6 * ttl;
     loop {
-        let now = expiries(&a, &sessions);
-        if now.iter().zip(&before).all(|(n, b)| n > b) {
+        let now = heartbeat(&a, "a");
+        if now > before {
             break;
         }
         assert!(
