@@ -102,6 +102,7 @@ struct Second {
     sent: u64,
     brood: Brood,
     left: Stored,
+    schema: String,
     _kit: Kit,
     _dir: tempfile::TempDir,
 }
@@ -119,6 +120,7 @@ async fn started_over(idle: usize) -> Second {
         sent,
         brood: b,
         left,
+        schema,
         _kit: kit,
         _dir: dir,
     }
@@ -144,7 +146,36 @@ async fn a_start_reads_the_sessions_it_takes_in_statements_that_do_not_grow_with
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_session_a_start_read_at_once_is_served_as_recovered() {
     let second = started_over(500).await;
-    let (b, left) = (&second.brood, &second.left);
+    served_as_recovered(&second.brood, &second.left, 500).await;
+    second.brood.shutdown();
+}
+
+/// A process already running takes up every session another gives back at its stop (a sweep,
+/// as after a death) reading them together, in fewer statements than there are sessions (one at
+/// a time, each would cost about ten), and serves each as recovered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_reads_the_sessions_it_takes_together_and_serves_them_as_recovered() {
+    let second = started_over(300).await;
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let c = sharing(dir.path(), &kit, &pg_testkit::url(), &second.schema, "c");
+    let before = pg_testkit::statements_in(&second.schema);
+    second.brood.shutdown();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while c.health().await.expect("health").sessions < 301 {
+        assert!(std::time::Instant::now() < deadline, "c never took every session");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sent = pg_testkit::statements_in(&second.schema) - before;
+    eprintln!("statements sent while a sweep took 301 sessions up: {sent}");
+    assert!(sent < 301, "{sent} statements for 301 sessions taken by sweeps");
+    served_as_recovered(&c, &second.left, 300).await;
+    c.shutdown();
+}
+
+/// Checks that `b` serves what [`stored`] left as a recovery of it: "busy"'s running child
+/// resolved, its live claim's items ready again and the acked ones never; idle sessions with
+/// their stored settings (`idle` of them), taking work.
+async fn served_as_recovered(b: &Brood, left: &Stored, idle: usize) {
     // busy: the child that was running resolved unknown (it may not re-run), its result ready;
     // the live claim's items handed out again (I6), the acked ones never (I2).
     let st = b.status("busy").await.expect("status");
@@ -169,7 +200,7 @@ async fn every_session_a_start_read_at_once_is_served_as_recovered() {
     );
     assert_eq!(b.ack(&env.claim_id).await.expect("ack"), expected.len());
     // Idle sessions read in the batch: their stored settings, and work through them.
-    for i in [0, 249, 499] {
+    for i in [0, idle / 2, idle - 1] {
         let id = idle_id(i);
         let info = b
             .open_session(&id, SessionSettings::default().wake(|_| {}))
@@ -180,5 +211,4 @@ async fn every_session_a_start_read_at_once_is_served_as_recovered() {
         let results = collect_results(b, &id, 1).await;
         assert_eq!(results.len(), 1, "{id} delivered its child's result");
     }
-    second.brood.shutdown();
 }

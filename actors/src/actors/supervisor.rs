@@ -804,6 +804,38 @@ fn recover_session(
     Ok(Some((owner, nest)))
 }
 
+/// Reads the top-level sessions `ids` (whose tenures this process just took) back all at once
+/// — on PostgreSQL a few statements per table, whatever their number — and recovers each owner
+/// as [`recover_session`] recovers one (as a restart of the process would: I6), with one write
+/// and one flush for them all. The sessions stored are answered; an id missing from the answer
+/// has no row any more.
+fn recover_sessions(engine: &Engine, ids: &[String]) -> Result<Vec<SessionOwner>, LedgerError> {
+    let mut snapshot = engine.ledger.load_sessions(ids)?;
+    keep_sessions(&mut snapshot, &ids.iter().cloned().collect());
+    for nest in std::mem::take(&mut snapshot.nests) {
+        engine.add_nest(nest);
+    }
+    let claim_ids = claim_keys(&snapshot.claims);
+    let split = split_snapshot(snapshot);
+    quarantine_rejects(&*engine.ledger, &split.rejects)?;
+    let mut writes = Writes {
+        sessions: split.rebuilt_sessions,
+        remove_claims: claim_ids,
+        ..Writes::default()
+    };
+    let mut owners = Vec::with_capacity(split.sessions.len());
+    for (session, part) in split.sessions {
+        let (owner, rows) = SessionOwner::recover(engine.clone(), session, part, Recovery::Process);
+        writes.children.extend(rows);
+        owners.push(owner);
+    }
+    engine.ledger.write(&writes)?;
+    // A child queued again must not read `running` after a crash (it would be `unknown`).
+    engine.ledger.flush()?;
+    count_unknown(engine, &writes.children);
+    Ok(owners)
+}
+
 /// Counts the children recovery resolved `unknown` (their rows durable now) as ended: the
 /// only way a child ends so. Rows it read as ended already, and marked recovered, are not
 /// counted: their end was counted where it happened, or before this process started.

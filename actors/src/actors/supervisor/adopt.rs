@@ -4,7 +4,7 @@
 
 use actix::prelude::*;
 
-use super::{balance, recover_session, store_session, Supervisor};
+use super::{balance, recover_session, recover_sessions, store_session, Supervisor};
 use crate::actors::owner::SessionOwner;
 use crate::actors::{running, Engine};
 use crate::error::BroodError;
@@ -47,35 +47,88 @@ impl Supervisor {
         });
         job.into_actor(self)
             .map(move |adopted, act, ctx| {
-                match &adopted {
-                    Ok(Ok(Adopted::Elsewhere(address))) => act.holders.found(&id, address, std::time::Instant::now()),
-                    _ => act.holders.forget(&id),
+                act.adopted(id, adopted.map_err(BroodError::from).and_then(|a| a), ctx);
+            })
+            .spawn(ctx);
+    }
+
+    /// Takes up the sessions a sweep took: the top-level ones all at once (read back in a few
+    /// statements per table, whatever their number: [`recover_sessions`]), each nested one on
+    /// its own, where its parent is. Requests for them meanwhile wait, as for any adoption.
+    fn adopt_swept(&mut self, taken: Vec<String>, ctx: &mut Context<Self>) {
+        let (nested, top): (Vec<String>, Vec<String>) = taken.into_iter().partition(|id| nest_parent(id).is_some());
+        for id in nested {
+            let adopted = self.adopt(id.clone(), None, ctx);
+            actix::spawn(async move {
+                if let Err(e) = adopted.await {
+                    tracing::warn!(session = %id, "taking a session over failed: {e}");
                 }
-                let answer = match adopted.map_err(BroodError::from).and_then(|a| a) {
-                    Ok(Adopted::Owner(owner, nest)) if running(ctx) => {
-                        if let Some(nest) = nest {
-                            act.engine.add_nest(nest);
+            });
+        }
+        let batch: Vec<String> = top
+            .into_iter()
+            .filter(|id| !self.adopting.contains_key(id) && self.engine.owner(id).is_none())
+            .collect();
+        if batch.is_empty() {
+            return;
+        }
+        for id in &batch {
+            self.adopting.insert(id.clone(), Vec::new());
+        }
+        let engine = self.engine.clone();
+        let ids = batch.clone();
+        crate::ledger::off_thread("taking sessions up", move || Ok(adopt_many(&engine, &ids)))
+            .into_actor(self)
+            .map(move |adopted, act, ctx| match adopted {
+                Ok(answers) => {
+                    for (id, answer) in answers {
+                        if let Err(e) = &answer {
+                            tracing::warn!(session = %id, "taking a session over failed: {e}");
                         }
-                        let wake = act.wakes.get(&id).cloned();
-                        let mut owner = *owner;
-                        if let Some(wake) = wake {
-                            owner.bind_wake(wake);
-                        }
-                        Ok(act.spawn_owner(owner, ctx))
+                        act.adopted(id, answer, ctx);
                     }
-                    Ok(Adopted::Owner(..)) => Err(BroodError::Stopped),
-                    Ok(Adopted::Elsewhere(address)) => Err(BroodError::Moved {
-                        session: id.clone(),
-                        address,
-                    }),
-                    Ok(Adopted::Unknown) => Err(BroodError::UnknownSession(id.clone())),
-                    Err(e) => Err(e),
-                };
-                for waiter in act.adopting.remove(&id).unwrap_or_default() {
-                    let _ = waiter.send(answer.clone());
+                }
+                Err(e) => {
+                    tracing::warn!(sessions = batch.len(), "taking sessions over failed: {e}");
+                    let e = BroodError::from(e);
+                    for id in batch {
+                        act.adopted(id, Err(e.clone()), ctx);
+                    }
                 }
             })
             .spawn(ctx);
+    }
+
+    /// An adoption of `id` ended: its owner spawned (or where it is served, or that it is
+    /// unknown, or what failed) answered to everyone waiting for it.
+    fn adopted(&mut self, id: String, adopted: Result<Adopted, BroodError>, ctx: &mut Context<Self>) {
+        match &adopted {
+            Ok(Adopted::Elsewhere(address)) => self.holders.found(&id, address, std::time::Instant::now()),
+            _ => self.holders.forget(&id),
+        }
+        let answer = match adopted {
+            Ok(Adopted::Owner(owner, nest)) if running(ctx) => {
+                if let Some(nest) = nest {
+                    self.engine.add_nest(nest);
+                }
+                let wake = self.wakes.get(&id).cloned();
+                let mut owner = *owner;
+                if let Some(wake) = wake {
+                    owner.bind_wake(wake);
+                }
+                Ok(self.spawn_owner(owner, ctx))
+            }
+            Ok(Adopted::Owner(..)) => Err(BroodError::Stopped),
+            Ok(Adopted::Elsewhere(address)) => Err(BroodError::Moved {
+                session: id.clone(),
+                address,
+            }),
+            Ok(Adopted::Unknown) => Err(BroodError::UnknownSession(id.clone())),
+            Err(e) => Err(e),
+        };
+        for waiter in self.adopting.remove(&id).unwrap_or_default() {
+            let _ = waiter.send(answer.clone());
+        }
     }
 
     /// Reads how the sessions are spread (one statement), takes free sessions up to this
@@ -120,14 +173,7 @@ impl Supervisor {
                     "taking up sessions whose tenure was free"
                 );
             }
-            for id in taken {
-                let adopted = act.adopt(id.clone(), None, ctx);
-                actix::spawn(async move {
-                    if let Err(e) = adopted.await {
-                        tracing::warn!(session = %id, "taking a session over failed: {e}");
-                    }
-                });
-            }
+            act.adopt_swept(taken, ctx);
             if plan.give > 0 {
                 act.hand_over_some(plan.give, ctx);
             }
@@ -221,6 +267,48 @@ fn adopt_session(
         return Err(LedgerError::Fenced(id.to_string()).into());
     }
     adopted
+}
+
+/// Takes up top-level sessions whose tenures a sweep of this process took, as
+/// [`adopt_session`] takes up one (recovered from their rows as a restart would: I6), read back
+/// and recovered together. A session whose rows were refused at the commit (its tenure lost
+/// meanwhile), or that is no longer stored, is given back.
+fn adopt_many(engine: &Engine, ids: &[String]) -> Vec<(String, Result<Adopted, BroodError>)> {
+    let Some(tenures) = engine.tenures.as_ref() else {
+        return ids.iter().map(|id| (id.clone(), Ok(Adopted::Unknown))).collect();
+    };
+    let ledger = &engine.ledger;
+    // Owners of an earlier epoch in this process write nothing more (see `adopt_session`).
+    for id in ids {
+        engine.supersede(id);
+    }
+    let refusals: Vec<u64> = ids.iter().map(|id| ledger.refusals(id)).collect();
+    let mut owners: std::collections::HashMap<String, SessionOwner> = match recover_sessions(engine, ids) {
+        Ok(owners) => owners.into_iter().map(|o| (o.session_id().to_string(), o)).collect(),
+        Err(e) => {
+            for id in ids {
+                tenures.release(id);
+            }
+            let e = BroodError::from(e);
+            return ids.iter().map(|id| (id.clone(), Err(e.clone()))).collect();
+        }
+    };
+    ids.iter()
+        .zip(refusals)
+        .map(|(id, before)| {
+            let answer = if ledger.refusals(id) != before {
+                tenures.release(id);
+                Err(LedgerError::Fenced(id.clone()).into())
+            } else if let Some(owner) = owners.remove(id) {
+                tracing::debug!(session = %id, "session taken up from the shared ledger");
+                Ok(Adopted::Owner(Box::new(owner), None))
+            } else {
+                tenures.release(id);
+                Ok(Adopted::Unknown)
+            };
+            (id.clone(), answer)
+        })
+        .collect()
 }
 
 /// Where a session this process handed over lately is served: by its taker, once it took it

@@ -345,8 +345,15 @@ impl HeldTenures {
         super::runtime::run_on(&self.runtime, job)
     }
 
-    /// Who holds `name`'s tenure by its row (only a live one when `live`), as held elsewhere.
-    async fn holder_row(&self, name: Vec<u8>, live: bool) -> Result<Option<TenureHolder>, LedgerError> {
+    /// Who holds `name`'s tenure by its row (only a live one when `live`), as held elsewhere;
+    /// with `as_seen_here`, a row of this process's own instance is answered as this process
+    /// holds it (`Here` when held, else none) rather than as recorded.
+    async fn holder_row(
+        &self,
+        name: Vec<u8>,
+        live: bool,
+        as_seen_here: bool,
+    ) -> Result<Option<TenureHolder>, LedgerError> {
         let client = self.pool.get().await.map_err(pool_error)?;
         let alive = if live {
             format!(" AND NOT {}", self.free("l"))
@@ -355,14 +362,27 @@ impl HeldTenures {
         };
         let row = client
             .query_opt(
-                &format!("SELECT owner, address FROM {} l WHERE session = $1{alive}", self.table),
+                &format!(
+                    "SELECT owner, address, instance FROM {} l WHERE session = $1{alive}",
+                    self.table
+                ),
                 &[&name],
             )
             .await
             .map_err(pg_error("reading a session tenure"))?;
-        Ok(row.map(|r| TenureHolder::Elsewhere {
-            owner: r.get(0),
-            address: r.get(1),
+        let Some(row) = row else { return Ok(None) };
+        if as_seen_here && row.get::<_, &str>(2) == self.instance {
+            // Taken by this process: by a take under way (committed, not yet held here: it is
+            // waited for), or given back, or left over from a take whose answer was lost (given
+            // back at the next renewal). Never another process's.
+            drop(client);
+            let _turn = self.taking.lock().await;
+            let name = String::from_utf8_lossy(&name).into_owned();
+            return Ok(self.held().get(&name).map(|h| TenureHolder::Here(h.epoch as u64)));
+        }
+        Ok(Some(TenureHolder::Elsewhere {
+            owner: row.get(0),
+            address: row.get(1),
         }))
     }
 
@@ -939,7 +959,7 @@ impl Tenures for PgTenures {
             if let Some(h) = tenures.held().get(&name) {
                 return Ok(TenureHolder::Here(h.epoch as u64));
             }
-            match tenures.holder_row(name.as_bytes().to_vec(), false).await? {
+            match tenures.holder_row(name.as_bytes().to_vec(), false, true).await? {
                 Some(elsewhere) => Ok(elsewhere),
                 // Given back between the two statements: free now; the caller asks again.
                 None => Err(LedgerError::storage_msg(format!(
@@ -955,13 +975,13 @@ impl Tenures for PgTenures {
         }
         let tenures = self.0.clone();
         let name = session_id.as_bytes().to_vec();
-        self.0.run(async move { tenures.holder_row(name, true).await })
+        self.0.run(async move { tenures.holder_row(name, true, true).await })
     }
 
     fn recorded_holder(&self, session_id: &str) -> Result<Option<TenureHolder>, LedgerError> {
         let tenures = self.0.clone();
         let name = session_id.as_bytes().to_vec();
-        self.0.run(async move { tenures.holder_row(name, true).await })
+        self.0.run(async move { tenures.holder_row(name, true, false).await })
     }
 
     fn holders(&self, session_ids: &[String]) -> Result<Vec<(String, TenureHolder)>, LedgerError> {
@@ -979,13 +999,23 @@ impl Tenures for PgTenures {
         if ask.is_empty() {
             return Ok(out);
         }
-        let (pool, table, live) = (self.0.pool.clone(), self.0.table.clone(), self.0.free("l"));
+        let (pool, table, live, me) = (
+            self.0.pool.clone(),
+            self.0.table.clone(),
+            self.0.free("l"),
+            self.0.instance.clone(),
+        );
         let rows: Vec<(Vec<u8>, String, String)> = self.0.run(async move {
             let client = pool.get().await.map_err(pool_error)?;
             let rows = client
                 .query(
-                    &format!("SELECT session, owner, address FROM {table} l WHERE session = ANY($1) AND NOT {live}"),
-                    &[&ask],
+                    // Rows of this process's own that it does not hold (a take under way, a
+                    // give-back) name nobody else: left out.
+                    &format!(
+                        "SELECT session, owner, address FROM {table} l
+                         WHERE session = ANY($1) AND NOT {live} AND instance <> $2"
+                    ),
+                    &[&ask, &me],
                 )
                 .await
                 .map_err(pg_error("reading session tenures"))?;
