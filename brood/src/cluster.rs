@@ -50,6 +50,13 @@ impl BroodHandle {
         Ok(counts.into_iter().collect())
     }
 
+    /// How many dead letters the ledger holds (every session's, whichever process serves it),
+    /// counted without reading them.
+    pub async fn dead_letter_total(&self) -> Result<u64, BroodError> {
+        let ledger = self.ledger.clone();
+        Ok(crate::lifecycle::blocking(move || ledger.dead_letter_total()).await?)
+    }
+
     /// Of `session_ids`, those another process serves now (its tenure is live and not this
     /// process's), with the address it takes requests at: one read of the tenures. Sessions
     /// served here, free ones and unknown ones are absent; so is everything when no other

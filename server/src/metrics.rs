@@ -294,7 +294,7 @@ impl Engine {
                 .saturating_add(i64::try_from(st.counts.delivered).unwrap_or(i64::MAX));
         }
         engine.failed_sessions = gauge(brood.health().await?.failed_sessions);
-        engine.dead_letters = gauge(brood.dead_letters().await?.len());
+        engine.dead_letters = i64::try_from(brood.dead_letter_total().await?).unwrap_or(i64::MAX);
         engine.quarantined = gauge(brood.quarantined()?.len());
         Ok(engine)
     }

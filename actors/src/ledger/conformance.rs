@@ -1532,6 +1532,7 @@ pub(crate) fn dead_letter_counts_count_each_sessions_dead_letters_in_the_range(m
     assert_eq!(counts("aa", "b"), owned(&[("ab", 1), ("b", 1)]));
     assert_eq!(counts("b", "bz"), owned(&[("b", 1)]));
     assert!(counts("d", "z").is_empty());
+    assert_eq!(ledger.dead_letter_total().expect("dead_letter_total"), 6);
 }
 
 pub(crate) fn call_children_are_that_calls_rows_by_task_index(make: &dyn Fn() -> Box<dyn Ledger>) {

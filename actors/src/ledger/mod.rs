@@ -506,6 +506,9 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     fn call(&self, session_id: &str, call_id: &str) -> Result<Option<CallRow>, LedgerError>;
     /// Every dead letter.
     fn dead_letters(&self) -> Result<Vec<DeadLetterRow>, LedgerError>;
+    /// How many dead letters are stored, counted without reading them (a gauge read at every
+    /// scrape of the metrics).
+    fn dead_letter_total(&self) -> Result<u64, LedgerError>;
     /// Up to `limit` ids of stored sessions in ascending (bytewise) order: those after `after`
     /// (exclusive) when given, and of those only the ids that start with `prefix` when given.
     /// Reads the keys of one range of the sessions' tree, no value: a page of a listing costs

@@ -572,6 +572,10 @@ impl Ledger for SledLedger {
         self.scan(&self.dead_letters, DEAD_LETTERS, None)
     }
 
+    fn dead_letter_total(&self) -> Result<u64, LedgerError> {
+        Ok(self.dead_letters.len() as u64)
+    }
+
     fn session_ids(&self, after: Option<&str>, prefix: Option<&str>, limit: usize) -> Result<Vec<String>, LedgerError> {
         let prefix = prefix.unwrap_or("").as_bytes();
         let start = match after {

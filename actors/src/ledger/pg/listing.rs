@@ -92,6 +92,22 @@ impl PgLedger {
             .collect())
     }
 
+    /// How many rows the table of `tree` holds (what this process staged committed first).
+    pub(super) fn count_rows(&self, tree: &str) -> Result<u64, LedgerError> {
+        self.settle()?;
+        let table = self.table(tree);
+        let pool = self.inner.pool.clone();
+        let n: i64 = self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let row = client
+                .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+                .await
+                .map_err(pg_error("counting rows"))?;
+            Ok(row.get(0))
+        })?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// See [`crate::ledger::Ledger::ping`]: `SELECT 1`, given up after `timeout` (a connection
     /// that cannot be made counts as no answer).
     pub(super) fn round_trip(&self, timeout: Duration) -> Result<(), LedgerError> {

@@ -1020,6 +1020,10 @@ impl Ledger for PgLedger {
         self.scan(DEAD_LETTERS, None)
     }
 
+    fn dead_letter_total(&self) -> Result<u64, LedgerError> {
+        self.count_rows(DEAD_LETTERS)
+    }
+
     fn session_ids(&self, after: Option<&str>, prefix: Option<&str>, limit: usize) -> Result<Vec<String>, LedgerError> {
         self.session_id_page(after, prefix, limit)
     }

@@ -275,6 +275,26 @@ impl HeldTenures {
         )
     }
 
+    /// As [`HeldTenures::free`], for a statement that looks for free tenures among all of them
+    /// (a sweep): the dead instances given as the parameter `dead` ([`HeldTenures::dead`]), so
+    /// the planner knows them and finds their few tenures by the index on `instance` (given by
+    /// a subquery it would guess that they hold their share of every row, and scan them all).
+    fn free_among(l: &str, dead: &str) -> String {
+        format!("({l}.expires_at < now() OR {l}.instance = ANY({dead}::text[]))")
+    }
+
+    /// The process instances whose heartbeat ran out (a few rows of `nodes`).
+    async fn dead(client: &deadpool_postgres::Object, nodes: &str) -> Result<Vec<String>, LedgerError> {
+        let row = client
+            .query_one(
+                &format!("SELECT coalesce(array_agg(instance), '{{}}') FROM {nodes} WHERE expires_at < now()"),
+                &[],
+            )
+            .await
+            .map_err(pg_error("reading which processes' heartbeats ran out"))?;
+        Ok(row.get(0))
+    }
+
     /// How long a tenure lasts, in milliseconds, for SQL.
     fn ttl_ms(&self) -> i64 {
         i64::try_from(self.config.ttl.as_millis()).unwrap_or(i64::MAX)
@@ -522,7 +542,8 @@ impl HeldTenures {
             "EXISTS (SELECT 1 FROM {} s WHERE s.key = l.session)",
             self.sessions_table
         );
-        let (free, free_d) = (self.free("l"), self.free("d"));
+        let dead = Self::dead(&client, &self.nodes_table).await?;
+        let (free, free_d) = (Self::free_among("l", "$7"), Self::free_among("d", "$7"));
         let row = client
             .query_one(
                 &format!(
@@ -559,6 +580,7 @@ impl HeldTenures {
                     &GONE_PER_SWEEP,
                     &given,
                     &DEAD_NODES_KEPT_MS,
+                    &dead,
                 ],
             )
             .await
@@ -804,7 +826,8 @@ impl HeldTenures {
                 // Top-level sessions up to the limit; nested ones given back to the holder of
                 // their parent (this process); nested ones whose parent is not named (taken by
                 // any process, which leaves each to the holder of its parent: see adopt.rs).
-                let free = self.free("l");
+                let dead = Self::dead(&client, &self.nodes_table).await?;
+                let free = Self::free_among("l", "$6");
                 let sql = format!(
                     "(SELECT l.session FROM {t} l
                       WHERE {free} AND l.parent IS NULL AND NOT {NESTED}
@@ -824,7 +847,7 @@ impl HeldTenures {
                 let limit = i64::try_from(limit).unwrap_or(i64::MAX);
                 let given = self.recently_given();
                 client
-                    .query(&sql, &[&self.config.node, &held, &self.instance, &limit, &given])
+                    .query(&sql, &[&self.config.node, &held, &self.instance, &limit, &given, &dead])
                     .await
                     .map_err(pg_error(what))?
                     .into_iter()
