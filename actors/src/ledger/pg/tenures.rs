@@ -45,8 +45,10 @@
 //!   read ([`Tenures::spread`]) counts the live processes and what they hold from them, and the
 //!   free tenures: those given back by the index on `expires_at`, those of dead instances (a few
 //!   rows of `nodes`) by the index on `instance` — never a scan of the sessions. It also deletes
-//!   a few expired rows of sessions no longer stored (retention), and the heartbeats of
-//!   instances dead for an hour that no tenure names any more.
+//!   a few expired rows of sessions no longer stored (retention). The planner is told the dead
+//!   instances as a parameter, and the table is vacuumed (its statistics refreshed) after a take
+//!   of many tenures, so free tenures are found by index among free rows only. The heartbeats of instances dead for an
+//!   hour that no tenure names any more are deleted every [`RECONCILE_EVERY`].
 //! - **Every stored session has a tenure row**: a creation takes the tenure first, a migration
 //!   gave every older session a row, and a slow reconciliation ([`RECONCILE_EVERY`]) gives one
 //!   to a session some other writer stored without one.
@@ -73,6 +75,9 @@ pub(super) const RECONCILE_EVERY: Duration = Duration::from_secs(120);
 /// How many expired rows of sessions no longer stored one sweep deletes, at most (and how many
 /// rows of `nodes` of process instances long dead).
 const GONE_PER_SWEEP: i64 = 100;
+
+/// A take of at least this many tenures cleans the tenure table (`VACUUM (ANALYZE)`).
+const VACUUM_AFTER: usize = 1_000;
 
 /// How long the row of `nodes` of a process instance whose heartbeat ran out is kept once no
 /// tenure names it any more (an hour, in milliseconds): a process paused that long finds at its
@@ -505,6 +510,25 @@ impl HeldTenures {
         })
     }
 
+    /// Deletes the heartbeats of process instances dead for [`DEAD_NODES_KEPT_MS`] that no
+    /// tenure names any more (a tenure naming an instance without a heartbeat would look held
+    /// for ever). Returns how many it deleted.
+    pub(super) async fn forget_dead_nodes(&self) -> Result<u64, LedgerError> {
+        let client = self.pool.get().await.map_err(pool_error)?;
+        client
+            .execute(
+                &format!(
+                    "DELETE FROM {nodes} n WHERE n.expires_at < now() - $1::int8 * interval '1 millisecond'
+                       AND NOT EXISTS (SELECT 1 FROM {t} r WHERE r.instance = n.instance AND r.expires_at >= now())",
+                    nodes = self.nodes_table,
+                    t = self.table,
+                ),
+                &[&DEAD_NODES_KEPT_MS],
+            )
+            .await
+            .map_err(pg_error("deleting the heartbeats of processes long dead"))
+    }
+
     /// Gives every stored session without a tenure row one, free: the sweeps find free tenures
     /// by their expiry alone. Returns how many it wrote.
     async fn reconcile(&self) -> Result<u64, LedgerError> {
@@ -543,7 +567,7 @@ impl HeldTenures {
             self.sessions_table
         );
         let dead = Self::dead(&client, &self.nodes_table).await?;
-        let (free, free_d) = (Self::free_among("l", "$7"), Self::free_among("d", "$7"));
+        let (free, free_d) = (Self::free_among("l", "$6"), Self::free_among("d", "$6"));
         let row = client
             .query_one(
                 &format!(
@@ -552,12 +576,7 @@ impl HeldTenures {
                      gone AS (
                          DELETE FROM {t} d WHERE d.session IN (
                              SELECT l.session FROM {t} l WHERE {free} AND NOT {stored} LIMIT $4)
-                           AND {free_d}),
-                     dead AS (
-                         DELETE FROM {nodes} n WHERE n.instance IN (
-                             SELECT o.instance FROM {nodes} o WHERE o.expires_at < now() - $6::int8 * interval '1 millisecond'
-                             LIMIT $4)
-                           AND NOT EXISTS (SELECT 1 FROM {t} r WHERE r.instance = n.instance AND r.expires_at >= now()))
+                           AND {free_d})
                      SELECT
                          (SELECT count(*) FROM {t} l WHERE {free} AND l.parent IS NULL AND NOT {NESTED}
                               AND {stored}),
@@ -579,7 +598,6 @@ impl HeldTenures {
                     &held,
                     &GONE_PER_SWEEP,
                     &given,
-                    &DEAD_NODES_KEPT_MS,
                     &dead,
                 ],
             )
@@ -800,6 +818,11 @@ impl HeldTenures {
                             "looking for stored sessions without a tenure row failed (tried again later): {e}"
                         );
                     }
+                    if let Err(e) = tenures.forget_dead_nodes().await {
+                        tracing::warn!(
+                            "deleting the heartbeats of processes long dead failed (tried again later): {e}"
+                        );
+                    }
                 }
             }
         });
@@ -877,6 +900,15 @@ impl HeldTenures {
             }
         }
         tracing::debug!(asked = ?one.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()), ?taken, "session tenures taken");
+        if taken.len() >= VACUUM_AFTER {
+            // Their rows changed from free to held at once. Cleaned now, not at the next
+            // automatic vacuum: until then the index on expiry still holds their free versions
+            // (every sweep would read them all to find none free), and the planner's statistics
+            // still count them free.
+            if let Err(e) = client.batch_execute(&format!("VACUUM (ANALYZE) {}", self.table)).await {
+                tracing::warn!("cleaning the tenure table after a large take failed: {e}");
+            }
+        }
         Ok(taken)
     }
 

@@ -386,10 +386,13 @@ fn heartbeats_dead_for_an_hour_go_once_no_tenure_names_them() {
              VALUES ('named'::bytea, 'y', 'http://y', 1, 'infinity', 'old2')",
     );
     let left = "SELECT string_agg(instance, ',' ORDER BY instance) FROM \"{schema}\".nodes WHERE node <> 'a'";
-    tenures(&a).spread().unwrap();
-    // `named` (no session stored) is deleted by that sweep, after it looked for old2's tenures.
+    let book = a.inner.tenures.clone().expect("shared");
+    let forget = |book: Arc<HeldTenures>| a.runtime.run(async move { book.forget_dead_nodes().await }).unwrap();
+    assert_eq!(forget(book.clone()), 1);
     assert_eq!(text(&a, left), "old2,recent");
+    // `named` (no session stored) is deleted by a sweep; then old2 goes too.
     tenures(&a).spread().unwrap();
+    assert_eq!(forget(book), 1);
     assert_eq!(text(&a, left), "recent");
 }
 
