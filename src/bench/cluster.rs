@@ -30,8 +30,9 @@ use super::{pg, Figure};
 /// The session tenure of every process (`--session-lease-ms`).
 const TENURE_MS: u64 = 2_000;
 
-/// Consumer threads, each with its own share of the sessions.
-const CONSUMERS: usize = 8;
+/// Consumer threads, each with its own share of the sessions: enough to keep the cores busy
+/// (with fewer, one process's figure is bound by the consumers' round trips, not by its work).
+const CONSUMERS: usize = 24;
 
 /// The longest a phase (settling, a takeover, a delivery) is waited for.
 const GIVE_UP: Duration = Duration::from_secs(120);
