@@ -384,6 +384,60 @@ async fn a_drain_during_a_database_outage_waits_for_the_children_running_here() 
     a.shutdown();
 }
 
+/// An owner rebuilt from rows read before its session's tenure went to another process and came
+/// back (a pause outlasting the heartbeat; the other process wrote a call meanwhile, then gave
+/// the session back) is not served from that read: it is read again, and the call is there.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_rebuilt_from_rows_read_before_its_tenure_changed_hands_is_read_again() {
+    use brood_actors::failpoints;
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = pg_testkit::url();
+    let schema = pg_testkit::fresh_schema();
+    let config = BroodConfig::new(&dir.path().join("a"))
+        .runners(kit.runners())
+        .postgres(&url)
+        .postgres_schema(&schema)
+        .share("a", "http://a", Duration::from_secs(3));
+    let a = Brood::open(config).expect("open sharing PostgreSQL");
+    let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
+    open_wake(&a, "s").await;
+    failpoints::arm("rebuild_read_hold", 1);
+    let (restarted, call) = tokio::join!(a.restart_owner("s"), async {
+        wait_for!(
+            "the rebuild to have read its rows",
+            (!failpoints::armed("rebuild_read_hold")).then_some(())
+        );
+        // a's heartbeat lapses (a pause) and b takes the session over, writes a call to it,
+        // and stops, giving it back; a's sweep takes it back once its heartbeat is renewed.
+        let lapse = format!("UPDATE \"{schema}\".nodes SET expires_at = now() - interval '1 second' WHERE node = 'a'");
+        wait_for!("b to take the session over", {
+            pg_testkit::execute(&url, &lapse);
+            b.open_session("s", brood::SessionSettings::default()).await.ok()
+        });
+        let call = delegated(&b, "s", DelegateRequest::background(vec![task("from-b", sim(0))])).await;
+        b.shutdown();
+        let held_by_a =
+            format!("SELECT owner FROM \"{schema}\".session_leases WHERE session = 's'::bytea AND expires_at > now()");
+        wait_for!(
+            "a to take the session back",
+            (pg_testkit::query_value(&url, &held_by_a).ok().flatten().as_deref() == Some("a")).then_some(())
+        );
+        failpoints::release("rebuild_read_hold");
+        call
+    });
+    restarted.expect("the owner restarted");
+    // The call's one child, ended, its result ready or delivered: known to the rebuilt owner
+    // only from a read made after b wrote the call.
+    let counts = a.status("s").await.expect("status").counts;
+    assert_eq!(
+        counts.queued + counts.running + counts.ready + counts.claimed + counts.delivered as usize,
+        1,
+        "the call {call} b wrote while it held the session is not served by a's rebuilt owner: {counts:?}"
+    );
+    a.shutdown();
+}
+
 /// An owner rebuilt from the ledger (a restart asked for, or one waiting out a database outage)
 /// after its session's tenure went to another process meanwhile is not served here: requests
 /// for the session are answered as moved to its holder, not by an owner without its tenure

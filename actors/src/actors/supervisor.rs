@@ -379,14 +379,20 @@ impl Supervisor {
                     // Its tenure went to another process while it was rebuilt (the outage it
                     // waited out outlasted the tenure): not served here. The next request looks
                     // the session up again and learns where it is served.
-                    Ok(owner) if act.engine.tenures.as_ref().is_some_and(|t| !t.holds(&id)) => {
+                    Ok((owner, _)) if act.engine.tenures.as_ref().is_some_and(|t| !t.holds(&id)) => {
                         owner.stop_running_children();
                         act.engine.owners.remove(&id);
                         act.engine.forget_share(&id);
                         act.engine.supersede(&id);
                         tracing::warn!(session = %id, "session owner rebuilt after its tenure went to another process; not served here");
                     }
-                    Ok(owner) => {
+                    // Its tenure went to another process and came back while it was rebuilt (the
+                    // other may have written meanwhile): what it read is not served; read again.
+                    Ok((_, epoch)) if held_epoch(&act.engine, &id) != epoch => {
+                        tracing::info!(session = %id, "the session's tenure changed hands while its owner was rebuilt; rebuilding it again");
+                        act.rebuild_after(id, msg, REBUILD_RETRY, ctx);
+                    }
+                    Ok((owner, _)) => {
                         act.spawn_owner(owner, ctx);
                         tracing::info!(session = %id, "session owner restarted from the ledger");
                     }
@@ -762,8 +768,15 @@ impl Handler<GetDeadLetters> for Supervisor {
 /// only (they are one key range), so the rebuild costs what the session holds, whatever
 /// the rest of the ledger holds. The ledger is flushed first, so the rebuilt owner
 /// publishes nothing that is not durable (I1).
-fn rebuild_owner(engine: &Engine, id: &str, wake: Option<Arc<dyn Wake>>) -> Result<SessionOwner, LedgerError> {
+fn rebuild_owner(
+    engine: &Engine,
+    id: &str,
+    wake: Option<Arc<dyn Wake>>,
+) -> Result<(SessionOwner, Option<u64>), LedgerError> {
     crate::failpoints::hold("rebuild_hold");
+    // The epoch of the tenure the rows are read under: should it change before the rebuilt
+    // owner is served, another process may have written to the session since the read.
+    let epoch = held_epoch(engine, id);
     // The dead owner's write in flight lands before the read below, or never.
     engine.supersede(id);
     engine.ledger.flush()?;
@@ -772,7 +785,17 @@ fn rebuild_owner(engine: &Engine, id: &str, wake: Option<Arc<dyn Wake>>) -> Resu
     if let Some(wake) = wake {
         owner.bind_wake(wake);
     }
-    Ok(owner)
+    crate::failpoints::hold("rebuild_read_hold");
+    Ok((owner, epoch))
+}
+
+/// The epoch at which this process holds session `id`'s tenure, when it shares the ledger and
+/// holds it (known here: no read).
+fn held_epoch(engine: &Engine, id: &str) -> Option<u64> {
+    match engine.tenures.as_ref()?.holder(id) {
+        Ok(Some(crate::ledger::TenureHolder::Here(epoch))) => Some(epoch),
+        _ => None,
+    }
 }
 
 /// Reads one session's own rows back and recovers its owner from them as `mode` says (its live
