@@ -294,3 +294,60 @@ fn the_bridge_answers_a_request_the_server_refused_with_a_json_rpc_error() {
         "{answer}"
     );
 }
+
+/// Calls tool `name` with `arguments` over `POST /mcp`: its result (`structuredContent`, or the
+/// whole result when it is an error).
+fn tool(server: &Server, name: &str, arguments: Value) -> Value {
+    let body =
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": name, "arguments": arguments}});
+    let (status, reply) = post(server, &body.to_string(), true, &[]);
+    assert_eq!(status, 200, "{reply}");
+    let result = &reply["result"];
+    if result["isError"] == json!(true) {
+        return result.clone();
+    }
+    result["structuredContent"].clone()
+}
+
+/// The `boundary` tool keeps the envelope within `max_items`, and with `ack` acks the session's
+/// previous envelope before it collects the next (one call where two were needed); an `ack` of
+/// a claim that is not the session's is refused, and nothing is collected.
+#[test]
+fn the_boundary_tool_bounds_its_envelope_and_acks_the_previous_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(dir.path(), Some(KEY));
+    let tasks: Vec<Value> = (0..3)
+        .map(|i| json!({"goal": format!("t{i}"), "runner": {"kind": "sim"}}))
+        .collect();
+    let delegated = tool(
+        &server,
+        "delegate",
+        json!({"session_id": "m", "tasks": tasks, "independent_completions": true}),
+    );
+    assert!(delegated["call_id"].is_string(), "{delegated}");
+    // Until all three results are ready, bounded to one item each time.
+    let first = loop {
+        let status = tool(&server, "status", json!({"session_id": "m"}));
+        if status["counts"]["ready"] == 3 {
+            break tool(&server, "boundary", json!({"session_id": "m", "max_items": 1}));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(first["items"].as_array().map(Vec::len), Some(1), "{first}");
+    assert_eq!(first["more"], true, "{first}");
+    let claim = first["claim_id"].as_str().expect("a claim").to_string();
+    let refused = tool(&server, "boundary", json!({"session_id": "other", "ack": claim}));
+    assert_eq!(refused["isError"], true, "{refused}");
+    let second = tool(
+        &server,
+        "boundary",
+        json!({"session_id": "m", "ack": claim, "max_items": 5}),
+    );
+    assert_eq!(second["items"].as_array().map(Vec::len), Some(2), "{second}");
+    let counts = &tool(&server, "status", json!({"session_id": "m"}))["counts"];
+    assert_eq!(
+        (counts["delivered"].as_u64(), counts["claimed"].as_u64()),
+        (Some(1), Some(2)),
+        "{counts}"
+    );
+}

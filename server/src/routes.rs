@@ -462,6 +462,21 @@ pub(super) async fn boundary(
     let session_id = session_path(path)?;
     access.session(&state.brood, &session_id).await?;
     let body: BoundaryBody = api::parse(&body(&state, payload).await?)?;
+    match take_boundary(&state, &access, &session_id, &body).await? {
+        None => Ok(HttpResponse::NoContent().finish()),
+        Some(env) => Ok(HttpResponse::Ok().json(api::Envelope::from(&env))),
+    }
+}
+
+/// A boundary of `session_id` (within reach of `access`) as `body` asks: its lease within the
+/// server's bounds, its envelope within its limits, the previous claim it names acked first.
+/// What the HTTP route and the MCP tool both answer.
+pub(super) async fn take_boundary(
+    state: &State,
+    access: &Access,
+    session_id: &str,
+    body: &BoundaryBody,
+) -> Result<Option<brood::Envelope>, ApiError> {
     let lease_ms = body.lease_ms.unwrap_or(state.config.default_lease_ms);
     let (min, max) = (state.config.min_lease_ms, state.config.max_lease_ms);
     if !(min..=max).contains(&lease_ms) {
@@ -474,16 +489,12 @@ pub(super) async fn boundary(
         max_bytes: body.max_bytes.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
     };
     if let Some(claim_id) = &body.ack {
-        ack_first(&state, &access, &session_id, claim_id).await?;
+        ack_first(state, access, session_id, claim_id).await?;
     }
-    match state
+    Ok(state
         .brood
-        .boundary_within(&session_id, &body.consumer, Duration::from_millis(lease_ms), limits)
-        .await?
-    {
-        None => Ok(HttpResponse::NoContent().finish()),
-        Some(env) => Ok(HttpResponse::Ok().json(api::Envelope::from(&env))),
-    }
+        .boundary_within(session_id, &body.consumer, Duration::from_millis(lease_ms), limits)
+        .await?)
 }
 
 /// The ack a boundary asks for before it claims: of a claim of that same session only (a

@@ -292,6 +292,7 @@ fn boundary_schema(config: &ServeConfig) -> Value {
             },
             "max_items": {"type": "integer", "minimum": 1, "description": "At most this many results in the envelope; the rest stay ready for the next boundary (`more` says there are some)."},
             "max_bytes": {"type": "integer", "minimum": 1, "description": "At most about this many bytes of results; the first always comes; the rest stay ready."},
+            "ack": {"type": "string", "minLength": 1, "maxLength": 512, "description": "The `claim_id` of this session's previous envelope, acked before this boundary collects (one call where `ack` then `boundary` would be two). Should the ack be refused, that is the answer and nothing is collected."},
         }),
         &["session_id"],
     )
@@ -587,17 +588,7 @@ async fn boundary(ctx: &Context<'_>, session_id: &str, body: api::BoundaryBody) 
     let state = ctx.state;
     brood_actors::model::validate_session_id(session_id).map_err(BroodError::from)?;
     ctx.access.session(&state.brood, session_id).await?;
-    let lease_ms = body.lease_ms.unwrap_or(state.config.default_lease_ms);
-    let (min, max) = (state.config.min_lease_ms, state.config.max_lease_ms);
-    if !(min..=max).contains(&lease_ms) {
-        return Err(ApiError::invalid(format!(
-            "`lease_ms` is {lease_ms}; it must be from {min} to {max}"
-        )));
-    }
-    let claimed = state
-        .brood
-        .boundary(session_id, &body.consumer, Duration::from_millis(lease_ms))
-        .await?;
+    let claimed = crate::routes::take_boundary(state, ctx.access, session_id, &body).await?;
     envelope_reply(claimed.as_ref().map(api::Envelope::from))
 }
 
