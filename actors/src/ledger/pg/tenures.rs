@@ -471,6 +471,13 @@ impl HeldTenures {
     /// heartbeat runs out within a tenure, and the tenures with it.
     async fn leave(&self) -> Result<u64, LedgerError> {
         self.held().clear();
+        self.give_back_own(None, true).await
+    }
+
+    /// Gives back the tenures of this process's instance (of `only` those sessions, when
+    /// named; with `leave`, every one, and its row of `nodes` goes too), and tells the others
+    /// when any was given. How many were.
+    async fn give_back_own(&self, only: Option<Vec<Vec<u8>>>, leave: bool) -> Result<u64, LedgerError> {
         let mut client = self.pool.get().await.map_err(pool_error)?;
         let what = "giving session tenures back";
         let tx = client.transaction().await.map_err(pg_error(what))?;
@@ -478,19 +485,21 @@ impl HeldTenures {
             .execute(
                 &format!(
                     "UPDATE {} SET expires_at = now() - interval '1 millisecond'
-                     WHERE instance = $1 AND expires_at >= now()",
+                     WHERE instance = $1 AND expires_at >= now() AND ($2::bytea[] IS NULL OR session = ANY($2))",
                     self.table
                 ),
-                &[&self.instance],
+                &[&self.instance, &only],
             )
             .await
             .map_err(pg_error(what))?;
-        tx.execute(
-            &format!("DELETE FROM {} WHERE instance = $1", self.nodes_table),
-            &[&self.instance],
-        )
-        .await
-        .map_err(pg_error("leaving the table of processes"))?;
+        if leave {
+            tx.execute(
+                &format!("DELETE FROM {} WHERE instance = $1", self.nodes_table),
+                &[&self.instance],
+            )
+            .await
+            .map_err(pg_error("leaving the table of processes"))?;
+        }
         if given > 0 {
             tx.execute("SELECT pg_notify($1, $2)", &[&self.channel, &self.config.address])
                 .await
@@ -769,26 +778,7 @@ impl HeldTenures {
         if names.is_empty() {
             return Ok(());
         }
-        let mut client = self.pool.get().await.map_err(pool_error)?;
-        let what = "giving back session tenures not held any more";
-        let tx = client.transaction().await.map_err(pg_error(what))?;
-        let given = tx
-            .execute(
-                &format!(
-                    "UPDATE {} SET expires_at = now() - interval '1 millisecond'
-                     WHERE session = ANY($1) AND instance = $2 AND expires_at >= now()",
-                    self.table
-                ),
-                &[&names, &self.instance],
-            )
-            .await
-            .map_err(pg_error(what))?;
-        if given > 0 {
-            tx.execute("SELECT pg_notify($1, $2)", &[&self.channel, &self.config.address])
-                .await
-                .map_err(pg_error(what))?;
-        }
-        tx.commit().await.map_err(pg_error(what))?;
+        let given = self.give_back_own(Some(names.clone()), false).await?;
         let mut strays = self.strays.lock().unwrap_or_else(|p| p.into_inner());
         for name in &names {
             strays.remove(String::from_utf8_lossy(name).as_ref());
