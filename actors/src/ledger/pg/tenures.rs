@@ -32,8 +32,10 @@
 //!   rows matched with the epochs this process holds — no row lock, so nothing is written for
 //!   it. A takeover takes the same locks exclusively before its upsert, in key order, which
 //!   waits for every commit holding one; a commit that comes after waits for the takeover to
-//!   commit and then finds the old epoch matching nothing. A renewal (a heartbeat) takes no
-//!   advisory lock and locks no tenure row: it never waits for a commit, and a stalled commit of
+//!   commit and then finds the old epoch matching nothing. A renewal (a heartbeat) locks no
+//!   tenure row and takes no advisory lock (but after a lapse, when it reads its tenures back,
+//!   their locks shared, as a commit does: that waits for a takeover under way, never for a
+//!   commit): it never waits for a commit, and a stalled commit of
 //!   one session costs no session its tenure. So the new holder, which reads the session after its takeover
 //!   committed, sees every write of the old one, and no write of the old one lands after that.
 //!   The rows of a session that fails the check are not written, and the session is lost.
@@ -341,6 +343,13 @@ impl HeldTenures {
     #[cfg(test)]
     pub(super) fn strays(&self) -> usize {
         self.strays.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Renews now, as the renewal task does at its turn.
+    #[cfg(test)]
+    pub(super) fn renew_now(self: &Arc<Self>) -> Result<(), LedgerError> {
+        let tenures = self.clone();
+        self.run(async move { tenures.renew().await })
     }
 
     pub(super) fn holds(&self, session: &str) -> bool {
@@ -667,7 +676,7 @@ impl HeldTenures {
             .unzip();
         let held = self.top_level_held();
         let sent = Instant::now();
-        let client = self.pool.get().await.map_err(pool_error)?;
+        let mut client = self.pool.get().await.map_err(pool_error)?;
         let what = "renewing this process's heartbeat";
         let alive: bool = client
             .query_one(
@@ -692,11 +701,22 @@ impl HeldTenures {
             .await
             .map_err(pg_error(what))?
             .get(0);
-        // After a lapse, what is still this process's at the epoch it holds.
+        // After a lapse, what is still this process's at the epoch it holds. A takeover begun
+        // while the heartbeat was out may not have committed yet: the tenures' advisory locks
+        // are taken shared first, as a commit's check takes them, so the read waits for every
+        // takeover under way (and one that comes after sees the heartbeat alive again).
         let kept: Option<HashSet<Vec<u8>>> = if alive || names.is_empty() {
             None
         } else {
-            let rows = client
+            let what = "reading the session tenures held through a lapsed heartbeat";
+            let tx = client.transaction().await.map_err(pg_error(what))?;
+            tx.query(
+                "SELECT count(pg_advisory_xact_lock_shared(k)) FROM unnest($1::int8[]) AS k",
+                &[&commit_keys(&self.table, &names)],
+            )
+            .await
+            .map_err(pg_error(what))?;
+            let rows = tx
                 .query(
                     &format!(
                         "SELECT l.session FROM {t} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
@@ -706,7 +726,8 @@ impl HeldTenures {
                     &[&names, &epochs, &self.config.node, &self.instance],
                 )
                 .await
-                .map_err(pg_error("reading the session tenures held through a lapsed heartbeat"))?;
+                .map_err(pg_error(what))?;
+            tx.commit().await.map_err(pg_error(what))?;
             Some(rows.into_iter().map(|r| r.get(0)).collect())
         };
         drop(client);

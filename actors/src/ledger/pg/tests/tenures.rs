@@ -811,3 +811,85 @@ fn a_takeover_waits_for_a_commit_in_flight_of_many_sessions() {
         .run(async move { in_flight.await.map_err(|e| LedgerError::storage("test", e)) })
         .unwrap();
 }
+
+/// Another connection's transaction that runs `statements` (`{schema}` is the ledger's) and
+/// stays open until the returned sender is told, then commits.
+fn held_open(ledger: &PgLedger, statements: &str) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (ran_tx, ran) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+    let sql = statements.replace("{schema}", &ledger.inner.schema);
+    let held = ledger.runtime.handle.spawn(async move {
+        let (mut client, connection) = tokio_postgres::connect(&pg_testkit::url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let tx = client.transaction().await.unwrap();
+        tx.batch_execute(&sql).await.unwrap();
+        ran_tx.send(()).unwrap();
+        let _ = go.await;
+        tx.commit().await.unwrap();
+    });
+    ran.recv().unwrap();
+    (go_tx, held)
+}
+
+/// How many statements naming the ledger's schema wait for a lock, plus how many wait for the
+/// advisory lock `key`.
+fn waiting(ledger: &PgLedger, key: Option<i64>) -> i64 {
+    let schema = ledger.inner.schema.clone();
+    let query = format!(
+        "SELECT ((SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+                    AND position('\"{schema}\".' in query) > 0)
+               + (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+                    AND ((classid::int8 << 32) | objid::int8) = {}))::text",
+        key.unwrap_or(0)
+    );
+    text(ledger, &query).parse().unwrap()
+}
+
+/// Ends the transaction of [`held_open`] and waits for it.
+fn commit_held(ledger: &PgLedger, go: tokio::sync::oneshot::Sender<()>, held: tokio::task::JoinHandle<()>) {
+    go.send(()).unwrap();
+    ledger
+        .runtime
+        .run(async move { held.await.map_err(|e| LedgerError::storage("test", e)) })
+        .unwrap();
+}
+
+/// A process paused past its heartbeat wakes while another one's takeover of its session is
+/// under way (begun while the heartbeat was out, not committed yet): its renewal, which finds
+/// the heartbeat had lapsed, waits for the takeover and loses the session, rather than reading
+/// its old row, keeping the session and serving it beside its new holder.
+#[test]
+fn a_renewal_after_a_lapse_waits_for_a_takeover_under_way_and_loses_what_it_took() {
+    let schema = pg_testkit::fresh_schema();
+    let a = node(&schema, "a", TTL);
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    assert_eq!(tenures(&a).acquire("s2").unwrap(), TenureHolder::Here(1));
+    heartbeat_lapses(&a, "a");
+    let book = a.inner.tenures.clone().expect("shared");
+    let key = book.lock_key_of("s1");
+    // b's takeover of s1, as its upsert leaves it: the advisory lock held exclusively, the row
+    // b's at the next epoch, not committed yet.
+    let (go, takeover) = held_open(
+        &a,
+        &format!(
+            "INSERT INTO \"{{schema}}\".nodes (instance, node, address, held, expires_at)
+                 VALUES ('b1', 'b', 'http://b', 1, now() + interval '1 hour');
+             SELECT pg_advisory_xact_lock({key});
+             UPDATE \"{{schema}}\".session_leases SET owner = 'b', address = 'http://b', epoch = epoch + 1,
+                 instance = 'b1' WHERE session = 's1'::bytea"
+        ),
+    );
+    let renewal = {
+        let book = book.clone();
+        std::thread::spawn(move || book.renew_now())
+    };
+    until("the renewal to end or wait for the takeover", || {
+        renewal.is_finished() || waiting(&a, Some(key)) > 0
+    });
+    commit_held(&a, go, takeover);
+    renewal.join().unwrap().unwrap();
+    assert!(!tenures(&a).holds("s1"), "s1 kept beside its new holder");
+    assert!(tenures(&a).holds("s2"), "s2 was not taken: still a's");
+}
