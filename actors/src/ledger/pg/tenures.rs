@@ -478,6 +478,14 @@ impl HeldTenures {
         let mut client = self.pool.get().await.map_err(pool_error)?;
         let what = "giving session tenures back";
         let tx = client.transaction().await.map_err(pg_error(what))?;
+        // The heartbeat first: that waits for every take of this instance under way (each
+        // locks it), and no take comes after; then the tenures, with those takes' in sight.
+        tx.execute(
+            &format!("DELETE FROM {} WHERE instance = $1", self.nodes_table),
+            &[&self.instance],
+        )
+        .await
+        .map_err(pg_error("leaving the table of processes"))?;
         let given = tx
             .execute(
                 &format!(
@@ -489,12 +497,6 @@ impl HeldTenures {
             )
             .await
             .map_err(pg_error(what))?;
-        tx.execute(
-            &format!("DELETE FROM {} WHERE instance = $1", self.nodes_table),
-            &[&self.instance],
-        )
-        .await
-        .map_err(pg_error("leaving the table of processes"))?;
         if given > 0 {
             tx.execute("SELECT pg_notify($1, $2)", &[&self.channel, &self.config.address])
                 .await
@@ -922,13 +924,15 @@ impl HeldTenures {
         )
         .await
         .map_err(pg_error(what))?;
-        // Held as long as this process's heartbeat is: taken only while it is alive (so no
-        // tenure ever names an instance without a row of `nodes`), and never running out by
-        // itself ('infinity') until given back.
+        // Held as long as this process's heartbeat is: taken only while it is alive, its row
+        // of `nodes` locked against a delete until this commits (so no tenure ever names an
+        // instance without one: [`HeldTenures::leave`] deletes it first), and never running out
+        // by itself ('infinity') until given back.
         let sql = format!(
             "INSERT INTO {t} AS l (session, owner, address, epoch, expires_at, instance)
              SELECT src.key, $1, $2, 1, 'infinity', $4 FROM unnest($5::bytea[]) AS src(key)
-             WHERE EXISTS (SELECT 1 FROM {nodes} me WHERE me.instance = $4 AND me.expires_at >= now())
+             WHERE EXISTS (SELECT 1 FROM {nodes} me WHERE me.instance = $4 AND me.expires_at >= now()
+                           FOR KEY SHARE)
              ON CONFLICT (session) DO UPDATE SET owner = EXCLUDED.owner, address = EXCLUDED.address,
                  epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at, instance = EXCLUDED.instance
                WHERE ({free} OR l.instance = $4) AND NOT (l.session = ANY($3))

@@ -893,3 +893,46 @@ fn a_renewal_after_a_lapse_waits_for_a_takeover_under_way_and_loses_what_it_took
     assert!(!tenures(&a).holds("s1"), "s1 kept beside its new holder");
     assert!(tenures(&a).holds("s2"), "s2 was not taken: still a's");
 }
+
+/// A take under way when the process leaves (a clean stop) must not commit a tenure naming
+/// the instance whose heartbeat the leaving deleted: it would look held forever.
+#[test]
+fn a_take_under_way_when_the_process_leaves_leaves_no_tenure_held_forever() {
+    let schema = pg_testkit::fresh_schema();
+    let a = Arc::new(node(&schema, "a", TTL));
+    // s1's tenure given back by a process long gone, its row locked for a moment by another
+    // statement (a sweep's retention, say).
+    sql(
+        &a,
+        "INSERT INTO \"{schema}\".session_leases (session, owner, address, epoch, expires_at, instance)
+             VALUES ('s1'::bytea, 'x', 'http://x', 1, now() - interval '1 second', 'x1')",
+    );
+    let (go, locker) = held_open(
+        &a,
+        "SELECT 1 FROM \"{schema}\".session_leases WHERE session = 's1'::bytea FOR UPDATE",
+    );
+    let take = {
+        let a = a.clone();
+        std::thread::spawn(move || tenures(&a).acquire("s1"))
+    };
+    until("the take to wait for the row", || waiting(&a, None) == 1);
+    let leave = {
+        let a = a.clone();
+        std::thread::spawn(move || tenures(&a).release_all())
+    };
+    until("the leaving to end or wait for the take", || {
+        leave.is_finished() || waiting(&a, None) == 2
+    });
+    commit_held(&a, go, locker);
+    let _ = take.join().unwrap();
+    leave.join().unwrap();
+    assert_eq!(
+        text(
+            &a,
+            "SELECT count(*)::text FROM \"{schema}\".session_leases l WHERE l.expires_at >= now()
+               AND NOT EXISTS (SELECT 1 FROM \"{schema}\".nodes n WHERE n.instance = l.instance)"
+        ),
+        "0",
+        "a tenure names an instance without a heartbeat"
+    );
+}
