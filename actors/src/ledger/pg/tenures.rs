@@ -544,7 +544,10 @@ impl HeldTenures {
     }
 
     /// What the live processes hold and what is free; writes this process's held count first
-    /// when it changed, and deletes a few expired rows of sessions no longer stored.
+    /// when it changed, and deletes a few expired rows of sessions no longer stored, and a few
+    /// heartbeats dead for an hour that no tenure names (each judged again by its own row as
+    /// the delete finds it: a heartbeat renewed meanwhile, by a process paused that long, is
+    /// kept).
     async fn spread(&self) -> Result<Spread, LedgerError> {
         let client = self.pool.get().await.map_err(pool_error)?;
         let held = self.top_level_held();
@@ -568,6 +571,7 @@ impl HeldTenures {
                          DELETE FROM {nodes} n WHERE n.instance IN (
                              SELECT o.instance FROM {nodes} o WHERE o.expires_at < now() - $6::int8 * interval '1 millisecond'
                              LIMIT $4)
+                           AND n.expires_at < now() - $6::int8 * interval '1 millisecond'
                            AND NOT EXISTS (SELECT 1 FROM {t} r WHERE r.instance = n.instance AND r.expires_at >= now()))
                      SELECT
                          (SELECT count(*) FROM {t} l WHERE {free} AND l.parent IS NULL AND NOT {NESTED}

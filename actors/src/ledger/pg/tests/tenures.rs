@@ -936,3 +936,38 @@ fn a_take_under_way_when_the_process_leaves_leaves_no_tenure_held_forever() {
         "a tenure names an instance without a heartbeat"
     );
 }
+
+/// A process paused for over an hour wakes and renews its heartbeat while a sweep deletes the
+/// heartbeats dead that long: the renewed one is kept (its tenures, taken once it is back,
+/// would otherwise name an instance without a heartbeat, held forever).
+#[test]
+fn a_heartbeat_renewed_while_a_sweep_deletes_the_long_dead_ones_is_kept() {
+    let schema = pg_testkit::fresh_schema();
+    let a = Arc::new(node(&schema, "a", TTL));
+    sql(
+        &a,
+        "INSERT INTO \"{schema}\".nodes (instance, node, address, held, expires_at)
+             VALUES ('old1', 'x', 'http://x', 0, now() - interval '2 hours')",
+    );
+    let (go, renewal) = held_open(
+        &a,
+        "UPDATE \"{schema}\".nodes SET expires_at = now() + interval '1 hour' WHERE instance = 'old1'",
+    );
+    let sweep = {
+        let a = a.clone();
+        std::thread::spawn(move || tenures(&a).spread())
+    };
+    until("the sweep to end or wait for the renewal", || {
+        sweep.is_finished() || waiting(&a, None) == 1
+    });
+    commit_held(&a, go, renewal);
+    sweep.join().unwrap().unwrap();
+    assert_eq!(
+        text(
+            &a,
+            "SELECT string_agg(instance, ',') FROM \"{schema}\".nodes WHERE node = 'x'"
+        ),
+        "old1",
+        "a live heartbeat was deleted"
+    );
+}
