@@ -1011,11 +1011,13 @@ impl Tenures for PgTenures {
             if let Some(h) = tenures.held().get(&name) {
                 return Ok(TenureHolder::Here(h.epoch as u64));
             }
-            match tenures.holder_row(name.as_bytes().to_vec(), false, true).await? {
+            // A live holder only: a free tenure was not taken because it was given back (or
+            // its holder's heartbeat ran out) since, or because this process's own heartbeat
+            // is out (it takes nothing then), and is nobody's to send the request to.
+            match tenures.holder_row(name.as_bytes().to_vec(), true, true).await? {
                 Some(elsewhere) => Ok(elsewhere),
-                // Given back between the two statements: free now; the caller asks again.
                 None => Err(LedgerError::storage_msg(format!(
-                    "the tenure of session `{name}` changed hands while it was taken; retry"
+                    "the tenure of session `{name}` was free but not taken (it changed hands meanwhile, or this process's heartbeat ran out); retry"
                 ))),
             }
         })

@@ -971,3 +971,22 @@ fn a_heartbeat_renewed_while_a_sweep_deletes_the_long_dead_ones_is_kept() {
         "a live heartbeat was deleted"
     );
 }
+
+/// While this process's own heartbeat is out (an outage of the database longer than a tenure,
+/// a pause), it takes nothing; a free tenure it asks for is then not answered as held by
+/// whoever held it last (a process that gave it back, or died), for a request to be sent
+/// there: it is an error, asked again later.
+#[test]
+fn a_take_refused_for_a_lapsed_own_heartbeat_names_no_holder_of_a_free_tenure() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    assert_eq!(tenures(&b).acquire("s1").unwrap(), TenureHolder::Here(1));
+    expire(&a, "s1");
+    heartbeat_lapses(&a, "a");
+    let answer = tenures(&a).acquire("s1");
+    assert!(answer.is_err(), "answered {answer:?}");
+    assert!(!tenures(&a).holds("s1"));
+    // Alive again (its next renewal): taken.
+    a.inner.tenures.clone().expect("shared").renew_now().unwrap();
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(2));
+}
