@@ -22,8 +22,8 @@
 //!   time: one row, however many sessions it holds. Locally a tenure is served until the moment
 //!   the heartbeat was *sent* plus the tenure time less a margin, on the monotonic clock: it
 //!   runs on through a `SIGSTOP` or a long pause, so a process that wakes up late knows at once
-//!   that it may not hand anything out. A renewal that finds its heartbeat had run out reads its
-//!   tenures back by key (the others may have taken some meanwhile) and loses those taken; a
+//!   that it may not hand anything out. A renewal that finds its heartbeat had run out (or all
+//!   but: written within a fifth of a tenure of its end) reads its tenures back by key (the others may have taken some meanwhile) and loses those taken; a
 //!   tenure it failed to give back (or a take whose answer was lost) is given back then too, as
 //!   nothing runs out by itself while its holder lives.
 //! - **Fencing.** Every commit begins by taking a shared transaction-level advisory lock per
@@ -687,13 +687,15 @@ impl HeldTenures {
         let alive: bool = client
             .query_one(
                 &format!(
-                    "WITH before AS (SELECT expires_at >= now() AS alive FROM {nodes} WHERE instance = $3),
+                    "WITH before AS (SELECT expires_at FROM {nodes} WHERE instance = $3),
                      beat AS (
                          INSERT INTO {nodes} AS n (node, address, instance, held, expires_at)
                          VALUES ($1, $2, $3, $4, now() + $5::int8 * interval '1 millisecond')
                          ON CONFLICT (instance) DO UPDATE SET node = EXCLUDED.node, address = EXCLUDED.address,
-                             held = EXCLUDED.held, expires_at = EXCLUDED.expires_at)
-                     SELECT coalesce((SELECT alive FROM before), false)",
+                             held = EXCLUDED.held, expires_at = EXCLUDED.expires_at
+                         RETURNING clock_timestamp() AS written)
+                     SELECT coalesce((SELECT expires_at FROM before), '-infinity')
+                         > (SELECT written FROM beat) + $5::int8 / 5 * interval '1 millisecond'",
                     nodes = self.nodes_table,
                 ),
                 &[
@@ -707,6 +709,10 @@ impl HeldTenures {
             .await
             .map_err(pg_error(what))?
             .get(0);
+        // Alive throughout only when the old heartbeat outlived this one's writing by a fifth
+        // of a tenure (the commit follows at once): a statement sent in time but held up past
+        // the heartbeat's end (a lock, a stalled server) counts as a lapse, as another process
+        // may have seen the heartbeat out meanwhile and taken tenures.
         // After a lapse, what is still this process's at the epoch it holds. A takeover begun
         // while the heartbeat was out may not have committed yet: the tenures' advisory locks
         // are taken shared first, as a commit's check takes them, so the read waits for every

@@ -990,3 +990,38 @@ fn a_take_refused_for_a_lapsed_own_heartbeat_names_no_holder_of_a_free_tenure() 
     a.inner.tenures.clone().expect("shared").renew_now().unwrap();
     assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(2));
 }
+
+/// A renewal that lands just as the heartbeat runs out (sent before, held up past it, here by
+/// a lock on its row): another process may have seen it out meanwhile and taken a tenure. The
+/// renewal reads its tenures back then, though its statement began while the heartbeat was
+/// alive, and loses the one taken.
+#[test]
+fn a_renewal_held_up_past_the_heartbeats_end_reads_its_tenures_back() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    // a's heartbeat runs out in a moment; its row is locked meanwhile (by a statement of
+    // another connection), so a's renewal, sent now, waits for it.
+    sql(
+        &a,
+        "UPDATE \"{schema}\".nodes SET expires_at = now() + interval '300 milliseconds' WHERE node = 'a'",
+    );
+    let (go, locker) = held_open(&a, "SELECT 1 FROM \"{schema}\".nodes WHERE node = 'a' FOR UPDATE");
+    let book = a.inner.tenures.clone().expect("shared");
+    let renewal = {
+        let book = book.clone();
+        std::thread::spawn(move || book.renew_now())
+    };
+    until("the renewal to wait for the row", || waiting(&a, None) == 1);
+    until("a's heartbeat to run out", || {
+        text(
+            &a,
+            "SELECT (expires_at < now())::text FROM \"{schema}\".nodes WHERE node = 'a'",
+        ) == "true"
+    });
+    // b sees a's heartbeat out and takes s1 over.
+    assert_eq!(tenures(&b).acquire("s1").unwrap(), TenureHolder::Here(2));
+    commit_held(&a, go, locker);
+    renewal.join().unwrap().unwrap();
+    assert!(!tenures(&a).holds("s1"), "s1 kept beside its new holder");
+}
