@@ -196,6 +196,10 @@ pub(super) struct HeldTenures {
     /// Tenures this process may still hold in the table without holding them here: given back
     /// at the next renewal ([`HeldTenures::stray`]).
     strays: Mutex<HashSet<String>>,
+    /// The local deadline of the last heartbeat written ([`HeldTenures::deadline`] of the
+    /// renewal that wrote it): every tenure lasts as long as that heartbeat, so none taken
+    /// since is served past it.
+    beat: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for HeldTenures {
@@ -240,6 +244,7 @@ impl HeldTenures {
             given: Mutex::new(HashMap::new()),
             freed,
             strays: Mutex::new(HashSet::new()),
+            beat: Mutex::new(None),
         })
     }
 
@@ -744,6 +749,10 @@ impl HeldTenures {
         };
         drop(client);
         let deadline = self.deadline(sent);
+        {
+            let mut beat = self.beat.lock().unwrap_or_else(|p| p.into_inner());
+            *beat = Some(beat.map_or(deadline, |b| b.max(deadline)));
+        }
         let mut lost = Vec::new();
         {
             let mut held = self.held();
@@ -959,7 +968,9 @@ impl HeldTenures {
             .await
             .map_err(pg_error(what))?;
         tx.commit().await.map_err(pg_error(what))?;
-        let deadline = self.deadline(sent);
+        // Served no longer than the heartbeat it lasts as long as (its take found it alive).
+        let beat = *self.beat.lock().unwrap_or_else(|p| p.into_inner());
+        let deadline = beat.map_or(sent, |b| b.min(self.deadline(sent)));
         let taken: Vec<(String, i64)> = rows
             .into_iter()
             .map(|r| (String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned(), r.get(1)))

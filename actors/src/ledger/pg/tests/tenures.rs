@@ -1025,3 +1025,28 @@ fn a_renewal_held_up_past_the_heartbeats_end_reads_its_tenures_back() {
     renewal.join().unwrap().unwrap();
     assert!(!tenures(&a).holds("s1"), "s1 kept beside its new holder");
 }
+
+/// A tenure taken after the last renewal that went through is served no longer than the
+/// heartbeat that renewal wrote, which the tenure lasts as long as: once the renewals stop
+/// going through (here: the table of processes locked), every tenure stops being served
+/// together, the ones taken since too (another process takes them all when the heartbeat
+/// runs out).
+#[test]
+fn a_tenure_taken_after_the_last_renewal_is_served_no_longer_than_its_heartbeat() {
+    let schema = pg_testkit::fresh_schema();
+    let a = node(&schema, "a", Duration::from_millis(3000));
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    let (unlock, locker) = table_locked(&a, "nodes");
+    // A renewal waits on the lock: the last one that went through was sent a turn before.
+    until("a renewal to wait for the table", || waiting(&a, None) >= 1);
+    assert_eq!(tenures(&a).acquire("s2").unwrap(), TenureHolder::Here(1));
+    until("s1 to stop being served", || !tenures(&a).serving("s1"));
+    assert!(
+        !tenures(&a).serving("s2"),
+        "s2 served past the heartbeat it lasts as long as"
+    );
+    unlock.send(()).unwrap();
+    a.runtime
+        .run(async move { locker.await.map_err(|e| LedgerError::storage("test", e)) })
+        .unwrap();
+}
