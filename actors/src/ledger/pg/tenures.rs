@@ -357,6 +357,12 @@ impl HeldTenures {
         self.run(async move { tenures.renew().await })
     }
 
+    /// Remembers `session` as a tenure to give back again ([`HeldTenures::stray`]).
+    #[cfg(test)]
+    pub(super) fn add_stray(&self, session: &str) {
+        self.stray([session.to_string()]);
+    }
+
     pub(super) fn holds(&self, session: &str) -> bool {
         self.held().contains_key(session)
     }
@@ -783,7 +789,14 @@ impl HeldTenures {
     /// Gives back the tenures of [`HeldTenures::stray`] that are still this process's
     /// instance's and are not held again.
     async fn give_back_strays(&self) -> Result<(), LedgerError> {
-        let _turn = self.taking.lock().await;
+        if self.strays.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            return Ok(());
+        }
+        // Not while a take is under way (it may wait for others' commits for up to a tenure):
+        // the renewals go on meanwhile, and a later one gives these back.
+        let Ok(_turn) = self.taking.try_lock() else {
+            return Ok(());
+        };
         let names: Vec<Vec<u8>> = {
             let held = self.held();
             let mut strays = self.strays.lock().unwrap_or_else(|p| p.into_inner());

@@ -1050,3 +1050,32 @@ fn a_tenure_taken_after_the_last_renewal_is_served_no_longer_than_its_heartbeat(
         .run(async move { locker.await.map_err(|e| LedgerError::storage("test", e)) })
         .unwrap();
 }
+
+/// A take of this process's that waits (here for a commit of another process's, holding the
+/// session's advisory lock) holds up no renewal: the heartbeat, which every tenure lasts as
+/// long as, is renewed on; a tenure waiting to be given back again waits for a later renewal.
+#[test]
+fn a_take_that_waits_holds_up_no_renewal() {
+    let schema = pg_testkit::fresh_schema();
+    let a = Arc::new(node(&schema, "a", TTL));
+    let book = a.inner.tenures.clone().expect("shared");
+    book.add_stray("gone");
+    let key = book.lock_key_of("s2");
+    let (go, commit) = held_open(&a, &format!("SELECT pg_advisory_xact_lock_shared({key})"));
+    let take = {
+        let a = a.clone();
+        std::thread::spawn(move || tenures(&a).acquire("s2"))
+    };
+    until("the take to wait for the commit", || waiting(&a, Some(key)) > 0);
+    let renewal = {
+        let book = book.clone();
+        std::thread::spawn(move || book.renew_now())
+    };
+    until("the renewal to end", || renewal.is_finished());
+    renewal.join().unwrap().unwrap();
+    assert_eq!(book.strays(), 1, "left for a later renewal");
+    commit_held(&a, go, commit);
+    assert_eq!(take.join().unwrap().unwrap(), TenureHolder::Here(1));
+    book.renew_now().unwrap();
+    assert_eq!(book.strays(), 0);
+}
