@@ -493,3 +493,69 @@ async fn an_owner_rebuilt_after_its_session_was_taken_over_is_not_served_here() 
     assert!(!a.sessions().contains(&"s".to_string()), "s is still served here");
     a.shutdown();
 }
+
+/// A sweep that takes a session whose owner here has not yet stopped for losing it (told, not
+/// there yet) takes it up all the same: the session is served here again, by a new owner, not
+/// left held by this process with no owner (nobody else could take it).
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_swept_back_while_its_old_owner_still_stops_is_taken_up() {
+    use brood_actors::failpoints;
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = pg_testkit::url();
+    let schema = pg_testkit::fresh_schema();
+    // One routing thread: every owner on it, so a round trip through one owner comes after
+    // whatever another one was doing there.
+    let config = BroodConfig::new(dir.path())
+        .runners(kit.runners())
+        .postgres(&url)
+        .postgres_schema(&schema)
+        .routing_threads(1)
+        .share("a", "http://a", Duration::from_secs(3));
+    let a = Brood::open(config).expect("open sharing PostgreSQL");
+    open_wake(&a, "s").await;
+    open_wake(&a, "t").await;
+    failpoints::arm("moved_hold", 1);
+    // a's heartbeat lapses (a pause) and another process, c, takes s over: a's renewal finds
+    // it lost, and its owner is told (held there, not stopped yet).
+    pg_testkit::execute(
+        &url,
+        &format!(
+            "INSERT INTO \"{schema}\".nodes (instance, node, address, held, expires_at)
+                 VALUES ('c1', 'c', 'http://c', 1, now() + interval '1 hour');
+             UPDATE \"{schema}\".nodes SET expires_at = now() - interval '1 second' WHERE node = 'a';
+             UPDATE \"{schema}\".session_leases SET owner = 'c', address = 'http://c', epoch = epoch + 1,
+                 instance = 'c1', expires_at = 'infinity' WHERE session = 's'::bytea"
+        ),
+    );
+    wait_for!(
+        "s's owner to be told it lost s",
+        (!failpoints::armed("moved_hold")).then_some(())
+    );
+    // c gives s back, and a's sweep takes it.
+    pg_testkit::execute(
+        &url,
+        &format!(
+            "UPDATE \"{schema}\".session_leases SET expires_at = now() - interval '1 second' WHERE session = 's'::bytea"
+        ),
+    );
+    wait_for!("a to take s back", held_by_a(&url, &schema).then_some(()));
+    failpoints::release("moved_hold");
+    // Through t's owner, on the same thread: s's old owner is done with being told by then.
+    a.boundary("t", "c", LONG_LEASE).await.expect("t answers");
+    wait_for!(
+        "s to be served here again",
+        a.sessions().contains(&"s".to_string()).then_some(())
+    );
+    a.shutdown();
+}
+
+/// Whether a holds s's tenure by the table.
+fn held_by_a(url: &str, schema: &str) -> bool {
+    let sql = format!(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM \"{schema}\".session_leases WHERE session = 's'::bytea \
+         AND owner = 'a' AND expires_at = 'infinity') THEN RAISE EXCEPTION 'no'; END IF; END $$"
+    );
+    let url = url.to_string();
+    std::panic::catch_unwind(move || pg_testkit::execute(&url, &sql)).is_ok()
+}

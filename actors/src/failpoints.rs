@@ -9,7 +9,9 @@
 //! requeue is 400 ms late), `events_subscribe_stall` (a subscriber that takes 400 ms between
 //! finding its session's event channel and joining it), `rebuild_hold` (an owner rebuilt from
 //! the ledger is held before it reads its rows, until [`release`]), `rebuild_read_hold` (one
-//! is held once it read them, before it is served, until [`release`]), `take_stall` (a server's
+//! is held once it read them, before it is served, until [`release`]), `moved_hold` (an owner
+//! told that its session's tenure was lost is held before it stops, until [`release`]; the
+//! thread it runs on with it), `take_stall` (a server's
 //! `POST /v1/workers/take` waits 1.5 s before it serves the take)). A server arms `take_stall`,
 //! `ledger_flush_stall` and `ledger_flush_slow_fail` from `BROOD_FAILPOINTS`. Tests arm a point with [`arm`] for a
 //! number of hits; while armed, the point fails (an error for I/O points, a panic for handler

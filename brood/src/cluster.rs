@@ -54,7 +54,7 @@ impl BroodHandle {
     /// counted without reading them.
     pub async fn dead_letter_total(&self) -> Result<u64, BroodError> {
         let ledger = self.ledger.clone();
-        Ok(crate::lifecycle::blocking(move || ledger.dead_letter_total()).await?)
+        crate::lifecycle::blocking(move || ledger.dead_letter_total()).await
     }
 
     /// Of `session_ids`, those another process serves now (its tenure is live and not this

@@ -737,6 +737,7 @@ impl SessionOwner {
         if !crate::actors::running(ctx) || self.moved {
             return;
         }
+        crate::failpoints::hold("moved_hold");
         let id = self.session.session_id.clone();
         if self.handing_over {
             tracing::info!("the session was handed over to another process; it is no longer served here");

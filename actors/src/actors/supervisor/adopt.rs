@@ -56,8 +56,13 @@ impl Supervisor {
     /// statements per table, whatever their number: [`recover_sessions`]), each nested one on
     /// its own, where its parent is. Requests for them meanwhile wait, as for any adoption.
     fn adopt_swept(&mut self, taken: Vec<String>, ctx: &mut Context<Self>) {
-        let (nested, top): (Vec<String>, Vec<String>) = taken.into_iter().partition(|id| nest_parent(id).is_some());
-        for id in nested {
+        // Each on its own: a nested session, and one being taken up already or whose owner
+        // here has not yet stopped for losing it (replaced by the one taken up, as a single
+        // adoption replaces it; left alone, the session would be held here with no owner).
+        let (single, batch): (Vec<String>, Vec<String>) = taken.into_iter().partition(|id| {
+            nest_parent(id).is_some() || self.adopting.contains_key(id) || self.engine.owner(id).is_some()
+        });
+        for id in single {
             let adopted = self.adopt(id.clone(), None, ctx);
             actix::spawn(async move {
                 if let Err(e) = adopted.await {
@@ -65,10 +70,6 @@ impl Supervisor {
                 }
             });
         }
-        let batch: Vec<String> = top
-            .into_iter()
-            .filter(|id| !self.adopting.contains_key(id) && self.engine.owner(id).is_none())
-            .collect();
         if batch.is_empty() {
             return;
         }

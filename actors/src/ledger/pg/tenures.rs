@@ -22,8 +22,8 @@
 //!   time: one row, however many sessions it holds. Locally a tenure is served until the moment
 //!   the heartbeat was *sent* plus the tenure time less a margin, on the monotonic clock: it
 //!   runs on through a `SIGSTOP` or a long pause, so a process that wakes up late knows at once
-//!   that it may not hand anything out. A renewal that finds its heartbeat had run out reads its
-//!   tenures back by key (the others may have taken some meanwhile) and loses those taken; a
+//!   that it may not hand anything out. A renewal that finds its heartbeat had run out (or all
+//!   but: written within a fifth of a tenure of its end) reads its tenures back by key (the others may have taken some meanwhile) and loses those taken; a
 //!   tenure it failed to give back (or a take whose answer was lost) is given back then too, as
 //!   nothing runs out by itself while its holder lives.
 //! - **Fencing.** Every commit begins by taking a shared transaction-level advisory lock per
@@ -32,8 +32,10 @@
 //!   rows matched with the epochs this process holds — no row lock, so nothing is written for
 //!   it. A takeover takes the same locks exclusively before its upsert, in key order, which
 //!   waits for every commit holding one; a commit that comes after waits for the takeover to
-//!   commit and then finds the old epoch matching nothing. A renewal (a heartbeat) takes no
-//!   advisory lock and locks no tenure row: it never waits for a commit, and a stalled commit of
+//!   commit and then finds the old epoch matching nothing. A renewal (a heartbeat) locks no
+//!   tenure row and takes no advisory lock (but after a lapse, when it reads its tenures back,
+//!   their locks shared, as a commit does: that waits for a takeover under way, never for a
+//!   commit): it never waits for a commit, and a stalled commit of
 //!   one session costs no session its tenure. So the new holder, which reads the session after its takeover
 //!   committed, sees every write of the old one, and no write of the old one lands after that.
 //!   The rows of a session that fails the check are not written, and the session is lost.
@@ -199,6 +201,10 @@ pub(super) struct HeldTenures {
     /// Tenures this process may still hold in the table without holding them here: given back
     /// at the next renewal ([`HeldTenures::stray`]).
     strays: Mutex<HashSet<String>>,
+    /// The local deadline of the last heartbeat written ([`HeldTenures::deadline`] of the
+    /// renewal that wrote it): every tenure lasts as long as that heartbeat, so none taken
+    /// since is served past it.
+    beat: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for HeldTenures {
@@ -243,6 +249,7 @@ impl HeldTenures {
             given: Mutex::new(HashMap::new()),
             freed,
             strays: Mutex::new(HashSet::new()),
+            beat: Mutex::new(None),
         })
     }
 
@@ -346,6 +353,19 @@ impl HeldTenures {
     #[cfg(test)]
     pub(super) fn strays(&self) -> usize {
         self.strays.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Renews now, as the renewal task does at its turn.
+    #[cfg(test)]
+    pub(super) fn renew_now(self: &Arc<Self>) -> Result<(), LedgerError> {
+        let tenures = self.clone();
+        self.run(async move { tenures.renew().await })
+    }
+
+    /// Remembers `session` as a tenure to give back again ([`HeldTenures::stray`]).
+    #[cfg(test)]
+    pub(super) fn add_stray(&self, session: &str) {
+        self.stray([session.to_string()]);
     }
 
     pub(super) fn holds(&self, session: &str) -> bool {
@@ -481,6 +501,16 @@ impl HeldTenures {
         let mut client = self.pool.get().await.map_err(pool_error)?;
         let what = "giving session tenures back";
         let tx = client.transaction().await.map_err(pg_error(what))?;
+        if leave {
+            // The heartbeat first: that waits for every take of this instance under way (each
+            // locks it), and no take comes after; then the tenures, with those takes' in sight.
+            tx.execute(
+                &format!("DELETE FROM {} WHERE instance = $1", self.nodes_table),
+                &[&self.instance],
+            )
+            .await
+            .map_err(pg_error("leaving the table of processes"))?;
+        }
         let given = tx
             .execute(
                 &format!(
@@ -492,14 +522,6 @@ impl HeldTenures {
             )
             .await
             .map_err(pg_error(what))?;
-        if leave {
-            tx.execute(
-                &format!("DELETE FROM {} WHERE instance = $1", self.nodes_table),
-                &[&self.instance],
-            )
-            .await
-            .map_err(pg_error("leaving the table of processes"))?;
-        }
         if given > 0 {
             tx.execute("SELECT pg_notify($1, $2)", &[&self.channel, &self.config.address])
                 .await
@@ -521,7 +543,8 @@ impl HeldTenures {
 
     /// Deletes the heartbeats of process instances dead for [`DEAD_NODES_KEPT_MS`] that no
     /// tenure names any more (a tenure naming an instance without a heartbeat would look held
-    /// for ever). Returns how many it deleted.
+    /// for ever), each judged by its own row as the delete finds it (a heartbeat renewed
+    /// meanwhile, by a process paused that long, is kept). Returns how many it deleted.
     pub(super) async fn forget_dead_nodes(&self) -> Result<u64, LedgerError> {
         let client = self.pool.get().await.map_err(pool_error)?;
         client
@@ -694,18 +717,20 @@ impl HeldTenures {
             .unzip();
         let held = self.top_level_held();
         let sent = Instant::now();
-        let client = self.pool.get().await.map_err(pool_error)?;
+        let mut client = self.pool.get().await.map_err(pool_error)?;
         let what = "renewing this process's heartbeat";
         let alive: bool = client
             .query_one(
                 &format!(
-                    "WITH before AS (SELECT expires_at >= now() AS alive FROM {nodes} WHERE instance = $3),
+                    "WITH before AS (SELECT expires_at FROM {nodes} WHERE instance = $3),
                      beat AS (
                          INSERT INTO {nodes} AS n (node, address, instance, held, expires_at)
                          VALUES ($1, $2, $3, $4, now() + $5::int8 * interval '1 millisecond')
                          ON CONFLICT (instance) DO UPDATE SET node = EXCLUDED.node, address = EXCLUDED.address,
-                             held = EXCLUDED.held, expires_at = EXCLUDED.expires_at)
-                     SELECT coalesce((SELECT alive FROM before), false)",
+                             held = EXCLUDED.held, expires_at = EXCLUDED.expires_at
+                         RETURNING clock_timestamp() AS written)
+                     SELECT coalesce((SELECT expires_at FROM before), '-infinity')
+                         > (SELECT written FROM beat) + $5::int8 / 5 * interval '1 millisecond'",
                     nodes = self.nodes_table,
                 ),
                 &[
@@ -719,11 +744,26 @@ impl HeldTenures {
             .await
             .map_err(pg_error(what))?
             .get(0);
-        // After a lapse, what is still this process's at the epoch it holds.
+        // Alive throughout only when the old heartbeat outlived this one's writing by a fifth
+        // of a tenure (the commit follows at once): a statement sent in time but held up past
+        // the heartbeat's end (a lock, a stalled server) counts as a lapse, as another process
+        // may have seen the heartbeat out meanwhile and taken tenures.
+        // After a lapse, what is still this process's at the epoch it holds. A takeover begun
+        // while the heartbeat was out may not have committed yet: the tenures' advisory locks
+        // are taken shared first, as a commit's check takes them, so the read waits for every
+        // takeover under way (and one that comes after sees the heartbeat alive again).
         let kept: Option<HashSet<Vec<u8>>> = if alive || names.is_empty() {
             None
         } else {
-            let rows = client
+            let what = "reading the session tenures held through a lapsed heartbeat";
+            let tx = client.transaction().await.map_err(pg_error(what))?;
+            tx.query(
+                "SELECT count(pg_advisory_xact_lock_shared(k)) FROM unnest($1::int8[]) AS k",
+                &[&commit_keys(&self.table, &names)],
+            )
+            .await
+            .map_err(pg_error(what))?;
+            let rows = tx
                 .query(
                     &format!(
                         "SELECT l.session FROM {t} l JOIN unnest($1::bytea[], $2::int8[]) AS f(session, epoch)
@@ -733,11 +773,16 @@ impl HeldTenures {
                     &[&names, &epochs, &self.config.node, &self.instance],
                 )
                 .await
-                .map_err(pg_error("reading the session tenures held through a lapsed heartbeat"))?;
+                .map_err(pg_error(what))?;
+            tx.commit().await.map_err(pg_error(what))?;
             Some(rows.into_iter().map(|r| r.get(0)).collect())
         };
         drop(client);
         let deadline = self.deadline(sent);
+        {
+            let mut beat = self.beat.lock().unwrap_or_else(|p| p.into_inner());
+            *beat = Some(beat.map_or(deadline, |b| b.max(deadline)));
+        }
         let mut lost = Vec::new();
         {
             let mut held = self.held();
@@ -768,7 +813,14 @@ impl HeldTenures {
     /// Gives back the tenures of [`HeldTenures::stray`] that are still this process's
     /// instance's and are not held again.
     async fn give_back_strays(&self) -> Result<(), LedgerError> {
-        let _turn = self.taking.lock().await;
+        if self.strays.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            return Ok(());
+        }
+        // Not while a take is under way (it may wait for others' commits for up to a tenure):
+        // the renewals go on meanwhile, and a later one gives these back.
+        let Ok(_turn) = self.taking.try_lock() else {
+            return Ok(());
+        };
         let names: Vec<Vec<u8>> = {
             let held = self.held();
             let mut strays = self.strays.lock().unwrap_or_else(|p| p.into_inner());
@@ -923,13 +975,15 @@ impl HeldTenures {
         )
         .await
         .map_err(pg_error(what))?;
-        // Held as long as this process's heartbeat is: taken only while it is alive (so no
-        // tenure ever names an instance without a row of `nodes`), and never running out by
-        // itself ('infinity') until given back.
+        // Held as long as this process's heartbeat is: taken only while it is alive, its row
+        // of `nodes` locked against a delete until this commits (so no tenure ever names an
+        // instance without one: [`HeldTenures::leave`] deletes it first), and never running out
+        // by itself ('infinity') until given back.
         let sql = format!(
             "INSERT INTO {t} AS l (session, owner, address, epoch, expires_at, instance)
              SELECT src.key, $1, $2, 1, 'infinity', $4 FROM unnest($5::bytea[]) AS src(key)
-             WHERE EXISTS (SELECT 1 FROM {nodes} me WHERE me.instance = $4 AND me.expires_at >= now())
+             WHERE EXISTS (SELECT 1 FROM {nodes} me WHERE me.instance = $4 AND me.expires_at >= now()
+                           FOR KEY SHARE)
              ON CONFLICT (session) DO UPDATE SET owner = EXCLUDED.owner, address = EXCLUDED.address,
                  epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at, instance = EXCLUDED.instance
                WHERE ({free} OR l.instance = $4) AND NOT (l.session = ANY($3))
@@ -946,7 +1000,9 @@ impl HeldTenures {
             .await
             .map_err(pg_error(what))?;
         tx.commit().await.map_err(pg_error(what))?;
-        let deadline = self.deadline(sent);
+        // Served no longer than the heartbeat it lasts as long as (its take found it alive).
+        let beat = *self.beat.lock().unwrap_or_else(|p| p.into_inner());
+        let deadline = beat.map_or(sent, |b| b.min(self.deadline(sent)));
         let taken: Vec<(String, i64)> = rows
             .into_iter()
             .map(|r| (String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned(), r.get(1)))
@@ -1004,11 +1060,13 @@ impl Tenures for PgTenures {
             if let Some(h) = tenures.held().get(&name) {
                 return Ok(TenureHolder::Here(h.epoch as u64));
             }
-            match tenures.holder_row(name.as_bytes().to_vec(), false, true).await? {
+            // A live holder only: a free tenure was not taken because it was given back (or
+            // its holder's heartbeat ran out) since, or because this process's own heartbeat
+            // is out (it takes nothing then), and is nobody's to send the request to.
+            match tenures.holder_row(name.as_bytes().to_vec(), true, true).await? {
                 Some(elsewhere) => Ok(elsewhere),
-                // Given back between the two statements: free now; the caller asks again.
                 None => Err(LedgerError::storage_msg(format!(
-                    "the tenure of session `{name}` changed hands while it was taken; retry"
+                    "the tenure of session `{name}` was free but not taken (it changed hands meanwhile, or this process's heartbeat ran out); retry"
                 ))),
             }
         })

@@ -814,3 +814,274 @@ fn a_takeover_waits_for_a_commit_in_flight_of_many_sessions() {
         .run(async move { in_flight.await.map_err(|e| LedgerError::storage("test", e)) })
         .unwrap();
 }
+
+/// Another connection's transaction that runs `statements` (`{schema}` is the ledger's) and
+/// stays open until the returned sender is told, then commits.
+fn held_open(ledger: &PgLedger, statements: &str) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (ran_tx, ran) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+    let sql = statements.replace("{schema}", &ledger.inner.schema);
+    let held = ledger.runtime.handle.spawn(async move {
+        let (mut client, connection) = tokio_postgres::connect(&pg_testkit::url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let tx = client.transaction().await.unwrap();
+        tx.batch_execute(&sql).await.unwrap();
+        ran_tx.send(()).unwrap();
+        let _ = go.await;
+        tx.commit().await.unwrap();
+    });
+    ran.recv().unwrap();
+    (go_tx, held)
+}
+
+/// How many statements naming the ledger's schema wait for a lock, plus how many wait for the
+/// advisory lock `key`.
+fn waiting(ledger: &PgLedger, key: Option<i64>) -> i64 {
+    let schema = ledger.inner.schema.clone();
+    let query = format!(
+        "SELECT ((SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+                    AND position('\"{schema}\".' in query) > 0)
+               + (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+                    AND ((classid::int8 << 32) | objid::int8) = {}))::text",
+        key.unwrap_or(0)
+    );
+    text(ledger, &query).parse().unwrap()
+}
+
+/// Ends the transaction of [`held_open`] and waits for it.
+fn commit_held(ledger: &PgLedger, go: tokio::sync::oneshot::Sender<()>, held: tokio::task::JoinHandle<()>) {
+    go.send(()).unwrap();
+    ledger
+        .runtime
+        .run(async move { held.await.map_err(|e| LedgerError::storage("test", e)) })
+        .unwrap();
+}
+
+/// A process paused past its heartbeat wakes while another one's takeover of its session is
+/// under way (begun while the heartbeat was out, not committed yet): its renewal, which finds
+/// the heartbeat had lapsed, waits for the takeover and loses the session, rather than reading
+/// its old row, keeping the session and serving it beside its new holder.
+#[test]
+fn a_renewal_after_a_lapse_waits_for_a_takeover_under_way_and_loses_what_it_took() {
+    let schema = pg_testkit::fresh_schema();
+    let a = node(&schema, "a", TTL);
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    assert_eq!(tenures(&a).acquire("s2").unwrap(), TenureHolder::Here(1));
+    heartbeat_lapses(&a, "a");
+    let book = a.inner.tenures.clone().expect("shared");
+    let key = book.lock_key_of("s1");
+    // b's takeover of s1, as its upsert leaves it: the advisory lock held exclusively, the row
+    // b's at the next epoch, not committed yet.
+    let (go, takeover) = held_open(
+        &a,
+        &format!(
+            "INSERT INTO \"{{schema}}\".nodes (instance, node, address, held, expires_at)
+                 VALUES ('b1', 'b', 'http://b', 1, now() + interval '1 hour');
+             SELECT pg_advisory_xact_lock({key});
+             UPDATE \"{{schema}}\".session_leases SET owner = 'b', address = 'http://b', epoch = epoch + 1,
+                 instance = 'b1' WHERE session = 's1'::bytea"
+        ),
+    );
+    let renewal = {
+        let book = book.clone();
+        std::thread::spawn(move || book.renew_now())
+    };
+    until("the renewal to end or wait for the takeover", || {
+        renewal.is_finished() || waiting(&a, Some(key)) > 0
+    });
+    commit_held(&a, go, takeover);
+    renewal.join().unwrap().unwrap();
+    assert!(!tenures(&a).holds("s1"), "s1 kept beside its new holder");
+    assert!(tenures(&a).holds("s2"), "s2 was not taken: still a's");
+}
+
+/// A take under way when the process leaves (a clean stop) must not commit a tenure naming
+/// the instance whose heartbeat the leaving deleted: it would look held forever.
+#[test]
+fn a_take_under_way_when_the_process_leaves_leaves_no_tenure_held_forever() {
+    let schema = pg_testkit::fresh_schema();
+    let a = Arc::new(node(&schema, "a", TTL));
+    // s1's tenure given back by a process long gone, its row locked for a moment by another
+    // statement (a sweep's retention, say).
+    sql(
+        &a,
+        "INSERT INTO \"{schema}\".session_leases (session, owner, address, epoch, expires_at, instance)
+             VALUES ('s1'::bytea, 'x', 'http://x', 1, now() - interval '1 second', 'x1')",
+    );
+    let (go, locker) = held_open(
+        &a,
+        "SELECT 1 FROM \"{schema}\".session_leases WHERE session = 's1'::bytea FOR UPDATE",
+    );
+    let take = {
+        let a = a.clone();
+        std::thread::spawn(move || tenures(&a).acquire("s1"))
+    };
+    until("the take to wait for the row", || waiting(&a, None) == 1);
+    let leave = {
+        let a = a.clone();
+        std::thread::spawn(move || tenures(&a).release_all())
+    };
+    until("the leaving to end or wait for the take", || {
+        leave.is_finished() || waiting(&a, None) == 2
+    });
+    commit_held(&a, go, locker);
+    let _ = take.join().unwrap();
+    leave.join().unwrap();
+    assert_eq!(
+        text(
+            &a,
+            "SELECT count(*)::text FROM \"{schema}\".session_leases l WHERE l.expires_at >= now()
+               AND NOT EXISTS (SELECT 1 FROM \"{schema}\".nodes n WHERE n.instance = l.instance)"
+        ),
+        "0",
+        "a tenure names an instance without a heartbeat"
+    );
+}
+
+/// A process paused for over an hour wakes and renews its heartbeat while the slow cleanup
+/// deletes the heartbeats dead that long: the renewed one is kept (its tenures, taken once it is back,
+/// would otherwise name an instance without a heartbeat, held forever).
+#[test]
+fn a_heartbeat_renewed_while_the_long_dead_ones_are_deleted_is_kept() {
+    let schema = pg_testkit::fresh_schema();
+    let a = Arc::new(node(&schema, "a", TTL));
+    sql(
+        &a,
+        "INSERT INTO \"{schema}\".nodes (instance, node, address, held, expires_at)
+             VALUES ('old1', 'x', 'http://x', 0, now() - interval '2 hours')",
+    );
+    let (go, renewal) = held_open(
+        &a,
+        "UPDATE \"{schema}\".nodes SET expires_at = now() + interval '1 hour' WHERE instance = 'old1'",
+    );
+    let sweep = {
+        let a = a.clone();
+        std::thread::spawn(move || {
+            let book = a.inner.tenures.clone().expect("shared");
+            a.runtime.run(async move { book.forget_dead_nodes().await })
+        })
+    };
+    until("the cleanup to end or wait for the renewal", || {
+        sweep.is_finished() || waiting(&a, None) == 1
+    });
+    commit_held(&a, go, renewal);
+    sweep.join().unwrap().unwrap();
+    assert_eq!(
+        text(
+            &a,
+            "SELECT string_agg(instance, ',') FROM \"{schema}\".nodes WHERE node = 'x'"
+        ),
+        "old1",
+        "a live heartbeat was deleted"
+    );
+}
+
+/// While this process's own heartbeat is out (an outage of the database longer than a tenure,
+/// a pause), it takes nothing; a free tenure it asks for is then not answered as held by
+/// whoever held it last (a process that gave it back, or died), for a request to be sent
+/// there: it is an error, asked again later.
+#[test]
+fn a_take_refused_for_a_lapsed_own_heartbeat_names_no_holder_of_a_free_tenure() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    assert_eq!(tenures(&b).acquire("s1").unwrap(), TenureHolder::Here(1));
+    expire(&a, "s1");
+    heartbeat_lapses(&a, "a");
+    let answer = tenures(&a).acquire("s1");
+    assert!(answer.is_err(), "answered {answer:?}");
+    assert!(!tenures(&a).holds("s1"));
+    // Alive again (its next renewal): taken.
+    a.inner.tenures.clone().expect("shared").renew_now().unwrap();
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(2));
+}
+
+/// A renewal that lands just as the heartbeat runs out (sent before, held up past it, here by
+/// a lock on its row): another process may have seen it out meanwhile and taken a tenure. The
+/// renewal reads its tenures back then, though its statement began while the heartbeat was
+/// alive, and loses the one taken.
+#[test]
+fn a_renewal_held_up_past_the_heartbeats_end_reads_its_tenures_back() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    // a's heartbeat runs out in a moment; its row is locked meanwhile (by a statement of
+    // another connection), so a's renewal, sent now, waits for it.
+    sql(
+        &a,
+        "UPDATE \"{schema}\".nodes SET expires_at = now() + interval '300 milliseconds' WHERE node = 'a'",
+    );
+    let (go, locker) = held_open(&a, "SELECT 1 FROM \"{schema}\".nodes WHERE node = 'a' FOR UPDATE");
+    let book = a.inner.tenures.clone().expect("shared");
+    let renewal = {
+        let book = book.clone();
+        std::thread::spawn(move || book.renew_now())
+    };
+    until("the renewal to wait for the row", || waiting(&a, None) == 1);
+    until("a's heartbeat to run out", || {
+        text(
+            &a,
+            "SELECT (expires_at < now())::text FROM \"{schema}\".nodes WHERE node = 'a'",
+        ) == "true"
+    });
+    // b sees a's heartbeat out and takes s1 over.
+    assert_eq!(tenures(&b).acquire("s1").unwrap(), TenureHolder::Here(2));
+    commit_held(&a, go, locker);
+    renewal.join().unwrap().unwrap();
+    assert!(!tenures(&a).holds("s1"), "s1 kept beside its new holder");
+}
+
+/// A tenure taken after the last renewal that went through is served no longer than the
+/// heartbeat that renewal wrote, which the tenure lasts as long as: once the renewals stop
+/// going through (here: the table of processes locked), every tenure stops being served
+/// together, the ones taken since too (another process takes them all when the heartbeat
+/// runs out).
+#[test]
+fn a_tenure_taken_after_the_last_renewal_is_served_no_longer_than_its_heartbeat() {
+    let schema = pg_testkit::fresh_schema();
+    let a = node(&schema, "a", Duration::from_millis(3000));
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    let (unlock, locker) = table_locked(&a, "nodes");
+    // A renewal waits on the lock: the last one that went through was sent a turn before.
+    until("a renewal to wait for the table", || waiting(&a, None) >= 1);
+    assert_eq!(tenures(&a).acquire("s2").unwrap(), TenureHolder::Here(1));
+    until("s1 to stop being served", || !tenures(&a).serving("s1"));
+    assert!(
+        !tenures(&a).serving("s2"),
+        "s2 served past the heartbeat it lasts as long as"
+    );
+    unlock.send(()).unwrap();
+    a.runtime
+        .run(async move { locker.await.map_err(|e| LedgerError::storage("test", e)) })
+        .unwrap();
+}
+
+/// A take of this process's that waits (here for a commit of another process's, holding the
+/// session's advisory lock) holds up no renewal: the heartbeat, which every tenure lasts as
+/// long as, is renewed on; a tenure waiting to be given back again waits for a later renewal.
+#[test]
+fn a_take_that_waits_holds_up_no_renewal() {
+    let schema = pg_testkit::fresh_schema();
+    let a = Arc::new(node(&schema, "a", TTL));
+    let book = a.inner.tenures.clone().expect("shared");
+    book.add_stray("gone");
+    let key = book.lock_key_of("s2");
+    let (go, commit) = held_open(&a, &format!("SELECT pg_advisory_xact_lock_shared({key})"));
+    let take = {
+        let a = a.clone();
+        std::thread::spawn(move || tenures(&a).acquire("s2"))
+    };
+    until("the take to wait for the commit", || waiting(&a, Some(key)) > 0);
+    let renewal = {
+        let book = book.clone();
+        std::thread::spawn(move || book.renew_now())
+    };
+    until("the renewal to end", || renewal.is_finished());
+    renewal.join().unwrap().unwrap();
+    assert_eq!(book.strays(), 1, "left for a later renewal");
+    commit_held(&a, go, commit);
+    assert_eq!(take.join().unwrap().unwrap(), TenureHolder::Here(1));
+    book.renew_now().unwrap();
+    assert_eq!(book.strays(), 0);
+}
