@@ -599,7 +599,10 @@ impl HeldTenures {
             self.sessions_table
         );
         let dead = Self::dead(&client, &self.nodes_table).await?;
-        let (free, free_d) = (Self::free_among("l", "$6"), Self::free_among("d", "$6"));
+        // The rows to delete are found with the dead instances named (by index), and each is
+        // judged again as the delete finds it with the heartbeats as they are then: a tenure
+        // taken meanwhile by an instance revived since is kept.
+        let (free, free_d) = (Self::free_among("l", "$6"), self.free("d"));
         let row = client
             .query_one(
                 &format!(
