@@ -394,7 +394,7 @@ async fn an_owner_rebuilt_from_rows_read_before_its_tenure_changed_hands_is_read
     let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
     let url = pg_testkit::url();
     let schema = pg_testkit::fresh_schema();
-    let config = BroodConfig::new(&dir.path().join("a"))
+    let config = BroodConfig::new(dir.path().join("a"))
         .runners(kit.runners())
         .postgres(&url)
         .postgres_schema(&schema)
