@@ -551,6 +551,7 @@ async fn a_session_swept_back_while_its_old_owner_still_stops_is_taken_up() {
 }
 
 /// Whether a holds s's tenure by the table.
+#[cfg(feature = "failpoints")]
 fn held_by_a(url: &str, schema: &str) -> bool {
     let sql = format!(
         "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM \"{schema}\".session_leases WHERE session = 's'::bytea \

@@ -57,6 +57,52 @@ const SENT_ON: [header::HeaderName; 5] = [
 /// many items outgrows a request's limit). A longer answer is not relayed.
 const MIN_ANSWER_LIMIT: usize = 64 << 20;
 
+/// The processes a request was forwarded through, in order (the [`FORWARDED`] header), and the
+/// rule for sending it on once more.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Hops(Vec<String>);
+
+impl Hops {
+    /// The addresses the header names (comma-separated; blanks ignored); none without it.
+    fn read(header: Option<&header::HeaderValue>) -> Hops {
+        Hops(
+            header
+                .map(|v| {
+                    String::from_utf8_lossy(v.as_bytes())
+                        .split(',')
+                        .map(|a| a.trim().to_string())
+                        .filter(|a| !a.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default(),
+        )
+    }
+
+    /// Whether another process sent the request here.
+    fn forwarded(&self) -> bool {
+        !self.0.is_empty()
+    }
+
+    /// Whether the process at `me` may send the request on to the one at `to`: always when a
+    /// client sent it here; when another process did (it thought this one served the session,
+    /// which was handed on meanwhile, or a stale answer named it), once more at most
+    /// ([`MAX_HOPS`] in all), never back through a process it came through nor to itself. Else it
+    /// is answered here, not bounced around (the client retries; the tenures settle meanwhile).
+    fn may_go_to(&self, me: &str, to: &str) -> bool {
+        !self.forwarded() || (self.0.len() < MAX_HOPS && to != me && !self.0.iter().any(|a| a == to))
+    }
+
+    /// The header the request goes on with from `me`.
+    fn header_with(&self, me: &str) -> String {
+        self.0
+            .iter()
+            .map(String::as_str)
+            .chain(std::iter::once(me))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 pub(super) async fn forward(
     mut req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
@@ -92,18 +138,7 @@ pub(super) async fn forward(
         .iter()
         .filter_map(|h| req.headers().get(h).map(|v| (h.clone(), v.clone())))
         .collect();
-    // The processes the request came through already (`FORWARDED`, comma-separated).
-    let came_through: Vec<String> = req
-        .headers()
-        .get(FORWARDED)
-        .map(|v| {
-            String::from_utf8_lossy(v.as_bytes())
-                .split(',')
-                .map(|a| a.trim().to_string())
-                .filter(|a| !a.is_empty())
-                .collect()
-        })
-        .unwrap_or_default();
+    let came_through = Hops::read(req.headers().get(FORWARDED));
     // A scoped key's request goes on with its scope, so the holder judges it as this process did.
     let scope = req
         .extensions()
@@ -120,15 +155,12 @@ pub(super) async fn forward(
         return Ok(res.map_into_left_body());
     };
     let me = state.config.advertised();
-    if !came_through.is_empty() {
+    if came_through.forwarded() {
         // Two processes thought another served it: this one asks the database next time.
         if let Some(session) = &session {
             state.brood.forget_holder(session);
         }
-        // Sent here by a process that thought this one served the session. A session handed
-        // on from here goes on once more, to a process it has not been through; else it is
-        // answered, not bounced around (the client retries; the tenures settle meanwhile).
-        if came_through.len() >= MAX_HOPS || came_through.contains(&address) || address == me {
+        if !came_through.may_go_to(&me, &address) {
             count(Forwarded::Bounced);
             return Ok(res.map_into_left_body());
         }
@@ -142,9 +174,7 @@ pub(super) async fn forward(
         count(Forwarded::Redirected);
         return Ok(ServiceResponse::new(request, reply).map_into_right_body());
     }
-    let mut through = came_through;
-    through.push(me);
-    let through = through.join(", ");
+    let through = came_through.header_with(&me);
     let peer = state.config.peer_credential();
     let limit = state.config.body_limit.max(MIN_ANSWER_LIMIT);
     let mut headers = headers;
@@ -338,4 +368,39 @@ fn send_on(
         content_type,
         body: bytes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hops(header: &str) -> Hops {
+        Hops::read(Some(&header::HeaderValue::from_str(header).unwrap()))
+    }
+
+    #[test]
+    fn the_header_names_each_process_once_in_order_and_blanks_are_ignored() {
+        assert_eq!(Hops::read(None), Hops::default());
+        assert_eq!(
+            hops(" http://a:1 ,, http://b:2 "),
+            Hops(vec!["http://a:1".into(), "http://b:2".into()])
+        );
+        assert_eq!(hops(""), Hops::default());
+        assert_eq!(Hops::default().header_with("http://a"), "http://a");
+        assert_eq!(hops("http://a").header_with("http://b"), "http://a, http://b");
+    }
+
+    #[test]
+    fn a_request_goes_on_once_more_at_most_never_back_nor_to_itself() {
+        // From a client: anywhere (even to itself: the next process bounces it).
+        assert!(Hops::default().may_go_to("http://a", "http://b"));
+        assert!(Hops::default().may_go_to("http://a", "http://a"));
+        // From a: on to c, not back to a, not to b itself.
+        let from_a = hops("http://a");
+        assert!(from_a.may_go_to("http://b", "http://c"));
+        assert!(!from_a.may_go_to("http://b", "http://a"));
+        assert!(!from_a.may_go_to("http://b", "http://b"));
+        // Through a and b already: answered here.
+        assert!(!hops("http://a, http://b").may_go_to("http://c", "http://d"));
+    }
 }

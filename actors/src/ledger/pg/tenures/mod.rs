@@ -27,7 +27,7 @@
 //!   tenure it failed to give back (or a take whose answer was lost) is given back then too, as
 //!   nothing runs out by itself while its holder lives.
 //! - **Fencing.** Every commit begins by taking a shared transaction-level advisory lock per
-//!   session it writes ([`lock_key`]: one 64-bit key per schema and session), then, in a
+//!   session it writes ([`locks::lock_key`]: one 64-bit key per schema and session), then, in a
 //!   statement of its own (so its snapshot is taken once the locks are held), reads their tenure
 //!   rows matched with the epochs this process holds — no row lock, so nothing is written for
 //!   it. A takeover takes the same locks exclusively before its upsert, in key order, which
@@ -76,7 +76,8 @@ mod locks;
 mod sweep;
 
 pub(super) use face::PgTenures;
-pub(super) use locks::lock_key;
+#[cfg(test)]
+use locks::lock_key;
 use locks::{commit_keys, take_keys, TAKE_BATCH};
 
 /// How often every stored session is looked at for a missing tenure row (one that a writer not
@@ -259,7 +260,7 @@ impl HeldTenures {
     }
 
     /// Whether this process holds `session`'s tenure.
-    /// The advisory lock key of `session`'s tenure (see [`lock_key`]).
+    /// The advisory lock key of `session`'s tenure (see [`locks::lock_key`]).
     #[cfg(test)]
     pub(super) fn lock_key_of(&self, session: &str) -> i64 {
         lock_key(&self.table, session.as_bytes())
