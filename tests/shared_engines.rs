@@ -560,3 +560,33 @@ fn held_by_a(url: &str, schema: &str) -> bool {
     let url = url.to_string();
     std::panic::catch_unwind(move || pg_testkit::execute(&url, &sql)).is_ok()
 }
+
+/// A request's adoption that found its session served by another process, answered just after
+/// a sweep of this process took the session (the other gave it back meanwhile), takes it up
+/// here: it is not left held here with no owner while requests are sent to where it was.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adoption_that_found_the_session_elsewhere_as_a_sweep_took_it_takes_it_up() {
+    use brood_actors::failpoints;
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = pg_testkit::url();
+    let schema = pg_testkit::fresh_schema();
+    let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
+    let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
+    open_wake(&b, "s").await;
+    failpoints::arm("adopt_elsewhere_hold", 1);
+    let (asked, ()) = tokio::join!(a.status("s"), async {
+        wait_for!(
+            "a's adoption to find s served by b",
+            (!failpoints::armed("adopt_elsewhere_hold")).then_some(())
+        );
+        // b stops, giving s back; a's sweep takes it while the adoption is held.
+        b.shutdown();
+        wait_for!("a to hold s", held_by_a(&url, &schema).then_some(()));
+        failpoints::release("adopt_elsewhere_hold");
+    });
+    let st = asked.expect("s is served by a, which holds it");
+    assert_eq!(st.counts.info.session_id, "s");
+    assert!(a.sessions().contains(&"s".to_string()), "s has no owner in a");
+    a.shutdown();
+}

@@ -11,7 +11,9 @@
 //! the ledger is held before it reads its rows, until [`release`]), `rebuild_read_hold` (one
 //! is held once it read them, before it is served, until [`release`]), `moved_hold` (an owner
 //! told that its session's tenure was lost is held before it stops, until [`release`]; the
-//! thread it runs on with it), `take_stall` (a server's
+//! thread it runs on with it), `adopt_elsewhere_hold` (an adoption that found its session's
+//! tenure held by another process is held before it answers so, until [`release`]),
+//! `take_stall` (a server's
 //! `POST /v1/workers/take` waits 1.5 s before it serves the take)). A server arms `take_stall`,
 //! `ledger_flush_stall` and `ledger_flush_slow_fail` from `BROOD_FAILPOINTS`. Tests arm a point with [`arm`] for a
 //! number of hits; while armed, the point fails (an error for I/O points, a panic for handler

@@ -103,6 +103,15 @@ impl Supervisor {
     /// An adoption of `id` ended: its owner spawned (or where it is served, or that it is
     /// unknown, or what failed) answered to everyone waiting for it.
     fn adopted(&mut self, id: String, adopted: Result<Adopted, BroodError>, ctx: &mut Context<Self>) {
+        let held_here = self.engine.tenures.as_ref().is_some_and(|t| t.holds(&id));
+        if matches!(adopted, Ok(Adopted::Elsewhere(_))) && held_here && running(ctx) {
+            // Found served elsewhere, but a sweep of this process took the tenure meanwhile: the
+            // session is taken up here after all (its waiters wait on), not left held with no
+            // owner while requests are sent to where it was.
+            tracing::debug!(session = %id, "a session found served elsewhere was taken here meanwhile; taking it up");
+            self.start_adoption(id, None, ctx);
+            return;
+        }
         match &adopted {
             Ok(Adopted::Elsewhere(address)) => self.holders.found(&id, address, std::time::Instant::now()),
             _ => self.holders.forget(&id),
@@ -252,6 +261,7 @@ fn adopt_session(
     }
     if let crate::ledger::TenureHolder::Elsewhere { address, owner } = tenures.acquire(id)? {
         tracing::debug!(session = %id, %owner, %address, "the session's tenure is held by another process");
+        crate::failpoints::hold("adopt_elsewhere_hold");
         return Ok(Adopted::Elsewhere(address));
     }
     // An owner of an earlier epoch in this process (its tenure lost, then taken back) writes
