@@ -267,14 +267,27 @@ fn adopt_session(
     // An owner of an earlier epoch in this process (its tenure lost, then taken back) writes
     // nothing more: its writes in flight land before the read below, or never.
     engine.supersede(id);
-    let ledger = &engine.ledger;
-    let refusals = ledger.refusals(id);
+    let refusals = engine.ledger.refusals(id);
     let adopted = take_up(engine, id, create);
-    if adopted.is_err() || ledger.refusals(id) != refusals {
-        // Not taken up after all: given back, so another process (or a later sweep) may.
+    settled(engine, &**tenures, id, refusals, adopted)
+}
+
+/// What taking session `id` up came to, its rows read and what recovery resolved written:
+/// given back when it failed, or when its rows were refused at the commit (its tenure lost
+/// meanwhile since `refusals` were counted: `Fenced`), so another process or a later sweep may
+/// take it.
+fn settled(
+    engine: &Engine,
+    tenures: &dyn Tenures,
+    id: &str,
+    refusals: u64,
+    adopted: Result<Adopted, BroodError>,
+) -> Result<Adopted, BroodError> {
+    let refused = engine.ledger.refusals(id) != refusals;
+    if adopted.is_err() || refused {
         tenures.release(id);
     }
-    if ledger.refusals(id) != refusals {
+    if refused {
         return Err(LedgerError::Fenced(id.to_string()).into());
     }
     adopted
@@ -307,17 +320,15 @@ fn adopt_many(engine: &Engine, ids: &[String]) -> Vec<(String, Result<Adopted, B
     ids.iter()
         .zip(refusals)
         .map(|(id, before)| {
-            let answer = if ledger.refusals(id) != before {
-                tenures.release(id);
-                Err(LedgerError::Fenced(id.clone()).into())
-            } else if let Some(owner) = owners.remove(id) {
-                tracing::debug!(session = %id, "session taken up from the shared ledger");
-                Ok(Adopted::Owner(Box::new(owner), None))
-            } else {
-                tenures.release(id);
-                Ok(Adopted::Unknown)
+            let adopted = match owners.remove(id) {
+                Some(owner) => Ok(Adopted::Owner(Box::new(owner), None)),
+                // No longer stored: given back.
+                None => {
+                    tenures.release(id);
+                    Ok(Adopted::Unknown)
+                }
             };
-            (id.clone(), answer)
+            (id.clone(), settled(engine, &**tenures, id, before, adopted))
         })
         .collect()
 }
