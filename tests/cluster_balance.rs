@@ -435,3 +435,96 @@ fn a_busy_session_is_handed_over_only_when_none_is_idle_and_its_claim_comes_back
     let (status, body) = b.call("POST", &format!("/v1/claims/{claim}/ack"), None);
     assert_eq!(status, 200, "{body}");
 }
+
+/// `GET /v1/sessions/{id}` through `via` (a 503, a session moving, retried): the holder the
+/// answer names.
+fn named_holder(via: &Server, id: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = via.send("GET", &format!("/v1/sessions/{id}"), None, None);
+        if reply.status == 503 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(25));
+            continue;
+        }
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        return reply
+            .holder
+            .unwrap_or_else(|| panic!("the answer about {id} through {} names no holder", via.base));
+    }
+}
+
+#[test]
+fn every_answer_names_the_holder_and_a_process_learns_where_a_session_went() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let names = sessions(6);
+    for s in &names {
+        a.open(s);
+    }
+    // Two processes join, one after the other. b reads every session as soon as it is up,
+    // before it has taken its share: the answers name a, the holder b sent them on to.
+    let b = node(dir.path(), &url, "b");
+    let seen: Vec<String> = names.iter().map(|s| named_holder(&b, s)).collect();
+    for (s, holder) in names.iter().zip(&seen) {
+        assert!([&a.base, &b.base].contains(&holder), "{s}: {holder}");
+    }
+    let c = node(dir.path(), &url, "c");
+    // The sessions are spread: some that b sent on to a are served by c now. b's first read of
+    // each finds where it went (a sends it on, once more, and c's answer names c); b's next
+    // read goes straight to c, so a sends nothing on.
+    settle(&[&a, &b, &c], 6);
+    let first: Vec<String> = names.iter().map(|s| named_holder(&b, s)).collect();
+    assert!(
+        seen.iter()
+            .zip(&first)
+            .any(|(then, now)| *then == a.base && *now == c.base),
+        "no session went from a to c: then {seen:?}, now {first:?}"
+    );
+    let relayed = r#"brood_requests_forwarded_total{outcome="relayed"}"#;
+    let count = |s: &Server| server::sample(&server::scrape(s), relayed).unwrap_or(0.0);
+    let (a0, b0) = (count(&a), count(&b));
+    let second: Vec<String> = names.iter().map(|s| named_holder(&b, s)).collect();
+    assert_eq!(first, second, "the sessions stayed where they were");
+    assert_eq!(count(&a), a0, "a sent nothing on: b sent each request to its holder");
+    let elsewhere = second.iter().filter(|h| **h != b.base).count() as f64;
+    assert_eq!(
+        count(&b),
+        b0 + elsewhere,
+        "b sent on each request for a session it does not serve"
+    );
+    for (s, holder) in names.iter().zip(&second) {
+        assert_eq!(&named_holder(&a, s), holder, "{s}: a names the same holder");
+    }
+    // A claim's answers name its session's holder too.
+    let call = b.delegate_sims(&names[0], 2);
+    let holder = &second[0];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let envelope = loop {
+        let reply = b.send(
+            "POST",
+            &format!("/v1/sessions/{}/boundary", names[0]),
+            Some(json!({"consumer": "c", "lease_ms": 30000}).to_string().into_bytes()),
+            None,
+        );
+        if reply.status == 200 {
+            assert_eq!(reply.holder.as_ref(), Some(holder), "the boundary names the holder");
+            break serde_json::from_str::<Value>(&reply.text).unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no result of {call}: {} {}",
+            reply.status,
+            reply.text
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    };
+    let claim = envelope["claim_id"].as_str().unwrap();
+    let acked = c.send("POST", &format!("/v1/claims/{claim}/ack"), None, None);
+    assert_eq!(acked.status, 200, "{}", acked.text);
+    assert_eq!(acked.holder.as_ref(), Some(holder), "the ack names the holder");
+    // An answer about no session served anywhere names nobody.
+    let unknown = b.send("GET", "/v1/sessions/nowhere", None, None);
+    assert_eq!(unknown.status, 404, "{}", unknown.text);
+    assert_eq!(unknown.holder, None);
+}

@@ -567,8 +567,26 @@ impl BroodHandle {
     /// there went unanswered or was refused as moved, and the next asks the ledger who serves
     /// it now. Only of use with a ledger shared by several processes.
     pub fn forget_holder(&self, session_id: &str) {
-        self.root
-            .do_send(brood_actors::actors::supervisor::ForgetHolder(session_id.to_string()));
+        self.engine.forget_holder(session_id);
+    }
+
+    /// The address of the process serving `session_id`, when another process does as this one
+    /// last found out (a request for it is sent on there); none when it is served here, or no
+    /// other process is known to serve it. Only of use with a ledger shared by several processes.
+    pub fn holder_elsewhere(&self, session_id: &str) -> Option<String> {
+        self.engine.holder_elsewhere(session_id)
+    }
+
+    /// Notes that the process at `address` serves `session_id`, as an answer relayed from there
+    /// said: this process's next request for it goes there. Only of use with a ledger shared by
+    /// several processes.
+    pub fn found_holder(&self, session_id: &str, address: &str) {
+        self.engine.found_holder(session_id, address);
+    }
+
+    /// Whether this process serves `session_id` now (its owner is live here).
+    pub fn serves(&self, session_id: &str) -> bool {
+        self.owners.contains_key(session_id)
     }
 
     /// Whether the engine can take work (its actors answer and it can record results), without

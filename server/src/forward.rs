@@ -103,6 +103,42 @@ impl Hops {
     }
 }
 
+/// The header of an answer about one session that names the process serving it (its advertised
+/// address): a client may send that session's next requests there, which spares them a hop
+/// between processes. Set only with a ledger shared by several processes; relayed as the
+/// holder set it.
+pub const HOLDER: &str = "x-brood-holder";
+
+/// The session a request is about, when its path names one: `/v1/sessions/{id}[/…]`, or a
+/// claim's `/v1/claims/{claim}/…` (a claim id names its session). A session id written with
+/// percent escapes is not decoded here (the handler's extractor does that): such a request
+/// takes the handler's way.
+fn session_in(path: &str) -> Option<String> {
+    let mut parts = path.strip_prefix("/v1/")?.splitn(3, '/');
+    let (kind, id) = (parts.next()?, parts.next()?);
+    if id.is_empty() || id.contains('%') {
+        return None;
+    }
+    match kind {
+        "sessions" => Some(id.to_string()),
+        "claims" => brood_actors::actors::owner::claim_session(id),
+        _ => None,
+    }
+}
+
+/// A request as it goes on to another process.
+struct Outbound {
+    method: actix_web::http::Method,
+    /// Path and query.
+    target: String,
+    headers: Vec<(header::HeaderName, header::HeaderValue)>,
+    body: web::Bytes,
+    came_through: Hops,
+    /// The prefix of the scoped key it came with, if it did.
+    scope: Option<String>,
+    metrics: Option<web::Data<Metrics>>,
+}
+
 pub(super) async fn forward(
     mut req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
@@ -132,52 +168,99 @@ pub(super) async fn forward(
     }
     let body = body.freeze();
     req.set_payload(actix_web::dev::Payload::from(body.clone()));
-    let method = req.method().clone();
-    let target = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
-    let headers: Vec<(header::HeaderName, header::HeaderValue)> = SENT_ON
-        .iter()
-        .filter_map(|h| req.headers().get(h).map(|v| (h.clone(), v.clone())))
-        .collect();
-    let came_through = Hops::read(req.headers().get(FORWARDED));
-    // A scoped key's request goes on with its scope, so the holder judges it as this process did.
-    let scope = req
-        .extensions()
-        .get::<super::scope::Access>()
-        .and_then(|a| a.prefix().map(str::to_string));
-    let metrics = req.app_data::<web::Data<Metrics>>().cloned();
-    let count = |outcome| {
-        if let Some(m) = &metrics {
-            m.forwarded(outcome);
-        }
+    let out = Outbound {
+        method: req.method().clone(),
+        target: req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string(),
+        headers: SENT_ON
+            .iter()
+            .filter_map(|h| req.headers().get(h).map(|v| (h.clone(), v.clone())))
+            .collect(),
+        body,
+        came_through: Hops::read(req.headers().get(FORWARDED)),
+        // A scoped key's request goes on with its scope, so the holder judges it as this
+        // process did.
+        scope: req
+            .extensions()
+            .get::<super::scope::Access>()
+            .and_then(|a| a.prefix().map(str::to_string)),
+        metrics: req.app_data::<web::Data<Metrics>>().cloned(),
     };
-    let res = next.call(req).await?;
+    let session = session_in(req.path());
+    if !out.came_through.forwarded() {
+        // A client's request for a session another process serves, as this one found out a
+        // moment ago: sent on before any handler runs (the holder judges it whole).
+        if let Some((session, address)) = session
+            .as_ref()
+            .and_then(|s| Some((s.clone(), state.brood.holder_elsewhere(s)?)))
+        {
+            let (request, _) = req.into_parts();
+            return Ok(relay(&state, request, Some(session), address, out)
+                .await
+                .map_into_right_body());
+        }
+    }
+    let mut res = next.call(req).await?;
     let Some(MovedTo { session, address }) = res.response().extensions().get::<MovedTo>().cloned() else {
+        if session.is_some_and(|s| state.brood.serves(&s)) {
+            if let Ok(me) = header::HeaderValue::from_str(&state.config.advertised()) {
+                res.headers_mut().insert(header::HeaderName::from_static(HOLDER), me);
+            }
+        }
         return Ok(res.map_into_left_body());
     };
     let me = state.config.advertised();
-    if came_through.forwarded() {
+    if out.came_through.forwarded() {
         // Two processes thought another served it: this one asks the database next time.
         if let Some(session) = &session {
             state.brood.forget_holder(session);
         }
-        if !came_through.may_go_to(&me, &address) {
-            count(Forwarded::Bounced);
+        if !out.came_through.may_go_to(&me, &address) {
+            count(&out.metrics, Forwarded::Bounced);
             return Ok(res.map_into_left_body());
         }
     }
     let (request, _) = res.into_parts();
+    Ok(relay(&state, request, session, address, out)
+        .await
+        .map_into_right_body())
+}
+
+fn count(metrics: &Option<web::Data<Metrics>>, outcome: Forwarded) {
+    if let Some(m) = metrics {
+        m.forwarded(outcome);
+    }
+}
+
+/// Sends `out` on to the process at `address`, which serves `session`, and answers with what it
+/// answered (an event stream is redirected there instead).
+async fn relay(
+    state: &State,
+    request: actix_web::HttpRequest,
+    session: Option<String>,
+    address: String,
+    out: Outbound,
+) -> ServiceResponse {
+    let Outbound {
+        method,
+        target,
+        mut headers,
+        body,
+        came_through,
+        scope,
+        metrics,
+    } = out;
+    let me = state.config.advertised();
     let url = format!("{address}{target}");
     if target.ends_with("/events") {
         let reply = HttpResponse::TemporaryRedirect()
             .insert_header((header::LOCATION, url))
             .finish();
-        count(Forwarded::Redirected);
-        return Ok(ServiceResponse::new(request, reply).map_into_right_body());
+        count(&metrics, Forwarded::Redirected);
+        return ServiceResponse::new(request, reply);
     }
     let through = came_through.header_with(&me);
     let peer = state.config.peer_credential();
     let limit = state.config.body_limit.max(MIN_ANSWER_LIMIT);
-    let mut headers = headers;
     if let Some(prefix) = scope {
         // A prefix is printable ASCII (the configuration checks it), so it always makes a
         // header; were it not, the request would go on without its scope: it is refused instead.
@@ -187,19 +270,20 @@ pub(super) async fn forward(
                 "internal",
                 "the key's scope cannot be sent on",
             );
-            return Ok(
-                ServiceResponse::new(request, actix_web::ResponseError::error_response(&e)).map_into_right_body(),
-            );
+            return ServiceResponse::new(request, actix_web::ResponseError::error_response(&e));
         };
         headers.push((header::HeaderName::from_static(super::scope::SCOPE), value));
     }
     let sent = web::block(move || send_on(&url, method, headers, body, &through, peer.as_deref(), limit))
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
-    count(match &sent {
-        Ok(Answer { status, .. }) if *status != StatusCode::UNAUTHORIZED => Forwarded::Relayed,
-        _ => Forwarded::Failed,
-    });
+    count(
+        &metrics,
+        match &sent {
+            Ok(Answer { status, .. }) if *status != StatusCode::UNAUTHORIZED => Forwarded::Relayed,
+            _ => Forwarded::Failed,
+        },
+    );
     // The holder did not answer, or does not serve the session any more (it answers 503
     // `session_moved` or `lease_lapsed`): ask the database who does at the next request.
     let stale = sent
@@ -207,6 +291,14 @@ pub(super) async fn forward(
         .map_or(true, |a| a.status == StatusCode::SERVICE_UNAVAILABLE);
     if let (true, Some(session)) = (stale, &session) {
         state.brood.forget_holder(session);
+    }
+    // It was sent on from there to where the session went meanwhile: that is where the next
+    // request goes.
+    let named = sent.as_ref().ok().and_then(|a| a.holder.as_ref()?.to_str().ok());
+    if let (Some(holder), Some(session), false) = (named, &session, stale) {
+        if holder != address && holder != me {
+            state.brood.found_holder(session, holder);
+        }
     }
     let reply = match sent {
         Ok(Answer { status, .. }) if status == StatusCode::UNAUTHORIZED => {
@@ -222,10 +314,16 @@ pub(super) async fn forward(
         Ok(Answer {
             status,
             content_type,
+            holder,
             body,
-        }) => HttpResponse::build(status)
-            .insert_header((header::CONTENT_TYPE, content_type))
-            .body(body),
+        }) => {
+            let mut reply = HttpResponse::build(status);
+            reply.insert_header((header::CONTENT_TYPE, content_type));
+            if let Some(holder) = holder {
+                reply.insert_header((header::HeaderName::from_static(HOLDER), holder));
+            }
+            reply.body(body)
+        }
         Err(e) => actix_web::ResponseError::error_response(&ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "session_moved",
@@ -234,7 +332,7 @@ pub(super) async fn forward(
             ),
         )),
     };
-    Ok(ServiceResponse::new(request, reply).map_into_right_body())
+    ServiceResponse::new(request, reply)
 }
 
 /// Sends a request of this process's own (a part of a listing or of a redrive) to the process
@@ -321,6 +419,8 @@ pub(super) fn peers() -> &'static ureq::Agent {
 struct Answer {
     status: StatusCode,
     content_type: String,
+    /// The process it named as serving the session ([`HOLDER`]), if it named one.
+    holder: Option<header::HeaderValue>,
     body: Vec<u8>,
 }
 
@@ -357,6 +457,10 @@ fn send_on(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json")
         .to_string();
+    let holder = answer
+        .headers()
+        .get(HOLDER)
+        .and_then(|v| header::HeaderValue::from_bytes(v.as_bytes()).ok());
     let bytes = answer
         .body_mut()
         .with_config()
@@ -366,6 +470,7 @@ fn send_on(
     Ok(Answer {
         status,
         content_type,
+        holder,
         body: bytes,
     })
 }

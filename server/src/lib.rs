@@ -41,6 +41,8 @@ mod state;
 pub mod wake;
 mod workers;
 
+pub use forward::HOLDER;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The cluster figures (with `--ledger` only): `brood serve` processes sharing one database, a
 //! thousand sessions spread over them, and consumers that talk to any process at random.
 //!
-//! One run, four figures:
+//! One run, these figures:
 //! - `cluster_children_per_s`: the workload (every session delegates calls of zero-time sim
 //!   children; each consumer thread claims and acks its sessions' results; every request to a
 //!   process drawn at random) through three processes. Baseline: the same workload through one
@@ -9,6 +9,10 @@
 //! - `cluster_forwarded_share`: of the requests the consumers sent during the three-process
 //!   workload, the share a process sent on to the holder of their session (its
 //!   `brood_requests_forwarded_total{outcome="relayed"}`).
+//! - `cluster_hinted_children_per_s` and `cluster_hinted_forwarded_share`: the same workload,
+//!   its consumers following the holder each answer names ([`brood_server::HOLDER`], as the
+//!   brood clients can): a session's first request goes to a process at random, the next ones
+//!   to its holder. Baseline: the same one process.
 //! - `cluster_balance_spread`: every session created through one process, then two more
 //!   started; once the sessions held no longer change, the largest process's share over the
 //!   fair share (sessions / processes), minus 1 (0: even). `cluster_settle_s` is how long the
@@ -16,6 +20,7 @@
 //! - `cluster_takeover_s`: one of the three killed (SIGKILL) after the workload; the seconds
 //!   until the two left hold every session between them. Baseline: the tenure.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -24,7 +29,7 @@ use anyhow::{bail, Context as _};
 use brood::Durability;
 use serde_json::json;
 
-use super::http::{agent, send, ServerProcess};
+use super::http::{agent, send_noting, ServerProcess};
 use super::{pg, Figure};
 
 /// The session tenure of every process (`--session-lease-ms`).
@@ -163,6 +168,22 @@ impl Cluster {
         }
     }
 
+    /// The workload through the running processes, sent where `routing` says: the children
+    /// delivered per second, and the share of requests a process sent on to another.
+    fn measure(&self, http: &ureq::Agent, size: Size, routing: Routing) -> anyhow::Result<(f64, f64)> {
+        let relayed_before = self.relayed(http)?;
+        let (per_s, sent) = workload(http, &self.live(), size, routing)?;
+        let relayed = self.relayed(http)?.saturating_sub(relayed_before);
+        let requests = sent.requests.load(Ordering::Relaxed).max(1);
+        if sent.retried.load(Ordering::Relaxed) > 0 {
+            super::note(&format!(
+                "cluster ({routing:?}): {} of {requests} requests were answered 503 and sent again",
+                sent.retried.load(Ordering::Relaxed)
+            ));
+        }
+        Ok((per_s, relayed as f64 / requests as f64))
+    }
+
     /// SIGKILLs process `i`.
     fn kill(&mut self, i: usize) -> anyhow::Result<()> {
         if let Some(mut p) = self.processes[i].take() {
@@ -201,31 +222,77 @@ struct Sent {
     retried: AtomicU64,
 }
 
-/// Sends `body` to `path` on a process drawn at random until it is answered other than 503
-/// (a session moving between processes; a client retries it).
-fn to_any(
-    http: &ureq::Agent,
-    bases: &[&str],
-    pick: &mut Pick,
-    sent: &Sent,
-    method: &str,
-    path: &str,
-    body: &serde_json::Value,
-) -> anyhow::Result<(u16, serde_json::Value)> {
-    let deadline = Instant::now() + GIVE_UP;
-    loop {
-        let base = bases[pick.next(bases.len())];
-        sent.requests.fetch_add(1, Ordering::Relaxed);
-        let (status, reply) = send(http, method, &format!("{base}{path}"), body)?;
-        if status != 503 {
-            return Ok((status, reply));
+/// How consumers choose the process a request goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Routing {
+    /// A process drawn at random for every request.
+    Random,
+    /// The process the last answer about the session named as its holder
+    /// ([`brood_server::HOLDER`]), as a client that follows the hint does; at random until one
+    /// named it, and again after a 503 or a process that did not answer.
+    Hinted,
+}
+
+/// One consumer's way to the processes.
+struct Router<'a> {
+    bases: &'a [&'a str],
+    pick: Pick,
+    routing: Routing,
+    /// The holder each session's last answer named.
+    holders: HashMap<String, String>,
+}
+
+impl<'a> Router<'a> {
+    fn new(bases: &'a [&'a str], seed: u64, routing: Routing) -> Self {
+        Router {
+            bases,
+            pick: Pick(seed),
+            routing,
+            holders: HashMap::new(),
         }
-        sent.retried.fetch_add(1, Ordering::Relaxed);
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{method} {path} was answered 503 for {GIVE_UP:?}: {reply}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    /// Sends `body` to `path`, about `session`, until it is answered other than 503 (a session
+    /// moving between processes; a client retries it).
+    fn send(
+        &mut self,
+        http: &ureq::Agent,
+        sent: &Sent,
+        session: &str,
+        method: &str,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> anyhow::Result<(u16, serde_json::Value)> {
+        let deadline = Instant::now() + GIVE_UP;
+        loop {
+            let hinted = self.holders.get(session).cloned();
+            let base = hinted
+                .clone()
+                .unwrap_or_else(|| self.bases[self.pick.next(self.bases.len())].to_string());
+            sent.requests.fetch_add(1, Ordering::Relaxed);
+            let answer = send_noting(http, method, &format!("{base}{path}"), body, brood_server::HOLDER);
+            let (status, reply, holder) = match answer {
+                Err(_) if hinted.is_some() => {
+                    // The process named did not answer: back to any.
+                    self.holders.remove(session);
+                    continue;
+                }
+                a => a?,
+            };
+            if status != 503 {
+                if let (Routing::Hinted, Some(holder)) = (self.routing, holder) {
+                    self.holders.insert(session.to_string(), holder);
+                }
+                return Ok((status, reply));
+            }
+            self.holders.remove(session);
+            sent.retried.fetch_add(1, Ordering::Relaxed);
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{method} {path} was answered 503 for {GIVE_UP:?}: {reply}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
@@ -243,18 +310,11 @@ fn open_sessions(http: &ureq::Agent, bases: &[&str], size: Size) -> anyhow::Resu
             .map(|t| {
                 let (ids, sent) = (&ids, &sent);
                 scope.spawn(move || -> anyhow::Result<()> {
-                    let mut pick = Pick(0x9E37_79B9_7F4A_7C15 ^ (t as u64 + 1));
+                    let mut router = Router::new(bases, 0x9E37_79B9_7F4A_7C15 ^ (t as u64 + 1), Routing::Random);
                     for id in ids.iter().skip(t).step_by(CONSUMERS) {
                         let body = json!({"addressable": true, "max_concurrent_children": size.children});
-                        let (status, reply) = to_any(
-                            http,
-                            bases,
-                            &mut pick,
-                            sent,
-                            "PUT",
-                            &format!("/v1/sessions/{id}"),
-                            &body,
-                        )?;
+                        let (status, reply) =
+                            router.send(http, sent, id, "PUT", &format!("/v1/sessions/{id}"), &body)?;
                         anyhow::ensure!(status == 200, "PUT session {id} answered {status}: {reply}");
                     }
                     Ok(())
@@ -269,9 +329,9 @@ fn open_sessions(http: &ureq::Agent, bases: &[&str], size: Size) -> anyhow::Resu
 }
 
 /// The workload: each consumer thread, for each round, delegates one call to each of its
-/// sessions, then claims and acks through processes at random until every child of the round
-/// was delivered. The children delivered per second, and what was sent.
-fn workload(http: &ureq::Agent, bases: &[&str], size: Size) -> anyhow::Result<(f64, Sent)> {
+/// sessions, then claims and acks until every child of the round was delivered, each request
+/// sent where `routing` says. The children delivered per second, and what was sent.
+fn workload(http: &ureq::Agent, bases: &[&str], size: Size, routing: Routing) -> anyhow::Result<(f64, Sent)> {
     let ids = ids(size);
     let sent = Sent::default();
     let delivered = AtomicUsize::new(0);
@@ -286,19 +346,12 @@ fn workload(http: &ureq::Agent, bases: &[&str], size: Size) -> anyhow::Result<(f
             .map(|t| {
                 let (ids, sent, delivered, call, boundary) = (&ids, &sent, &delivered, &call, &boundary);
                 scope.spawn(move || -> anyhow::Result<()> {
-                    let mut pick = Pick(0xD1B5_4A32_D192_ED03 ^ (t as u64 + 1));
+                    let mut router = Router::new(bases, 0xD1B5_4A32_D192_ED03 ^ (t as u64 + 1), routing);
                     let mine: Vec<&String> = ids.iter().skip(t).step_by(CONSUMERS).collect();
                     for _ in 0..size.rounds {
                         for id in &mine {
-                            let (status, reply) = to_any(
-                                http,
-                                bases,
-                                &mut pick,
-                                sent,
-                                "POST",
-                                &format!("/v1/sessions/{id}/delegate"),
-                                call,
-                            )?;
+                            let (status, reply) =
+                                router.send(http, sent, id, "POST", &format!("/v1/sessions/{id}/delegate"), call)?;
                             anyhow::ensure!(status == 202, "delegate to {id} answered {status}: {reply}");
                         }
                         let mut owed: Vec<(&String, usize)> = mine.iter().map(|id| (*id, size.children)).collect();
@@ -307,11 +360,10 @@ fn workload(http: &ureq::Agent, bases: &[&str], size: Size) -> anyhow::Result<(f
                             anyhow::ensure!(Instant::now() < deadline, "results still owed after {GIVE_UP:?}");
                             let mut idle = true;
                             for (id, left) in owed.iter_mut() {
-                                let (status, env) = to_any(
+                                let (status, env) = router.send(
                                     http,
-                                    bases,
-                                    &mut pick,
                                     sent,
+                                    id,
                                     "POST",
                                     &format!("/v1/sessions/{id}/boundary"),
                                     boundary,
@@ -320,11 +372,10 @@ fn workload(http: &ureq::Agent, bases: &[&str], size: Size) -> anyhow::Result<(f
                                     200 => {
                                         idle = false;
                                         let claim = env["claim_id"].as_str().context("an envelope has a claim id")?;
-                                        let (status, acked) = to_any(
+                                        let (status, acked) = router.send(
                                             http,
-                                            bases,
-                                            &mut pick,
                                             sent,
+                                            id,
                                             "POST",
                                             &format!("/v1/claims/{claim}/ack"),
                                             &json!({}),
@@ -367,7 +418,7 @@ pub(super) fn cluster(dir: &Path, durability: Durability, url: &str, size: Size)
         single.start(&http)?;
         let bases = single.live();
         open_sessions(&http, &bases, size)?;
-        let (per_s, _) = workload(&http, &bases, size)?;
+        let (per_s, _) = workload(&http, &bases, size, Routing::Random)?;
         per_s
     };
     // Three: every session opened through the first, then two more join.
@@ -381,16 +432,8 @@ pub(super) fn cluster(dir: &Path, durability: Durability, url: &str, size: Size)
     let settle_s = settled.saturating_duration_since(joined).as_secs_f64();
     let fair = size.sessions as f64 / held.len() as f64;
     let spread = held.iter().copied().max().unwrap_or(0) as f64 / fair - 1.0;
-    let relayed_before = three.relayed(&http)?;
-    let (per_s, sent) = workload(&http, &three.live(), size)?;
-    let relayed = three.relayed(&http)?.saturating_sub(relayed_before);
-    let requests = sent.requests.load(Ordering::Relaxed).max(1);
-    if sent.retried.load(Ordering::Relaxed) > 0 {
-        super::note(&format!(
-            "cluster: {} of {requests} requests were answered 503 and sent again",
-            sent.retried.load(Ordering::Relaxed)
-        ));
-    }
+    let (per_s, forwarded) = three.measure(&http, size, Routing::Random)?;
+    let (hinted_per_s, hinted_forwarded) = three.measure(&http, size, Routing::Hinted)?;
     // A takeover: the process holding the most killed.
     let held = three.held(&http)?;
     let victim = held.iter().enumerate().max_by_key(|(_, n)| **n).map_or(0, |(i, _)| i);
@@ -412,7 +455,9 @@ pub(super) fn cluster(dir: &Path, durability: Durability, url: &str, size: Size)
         Figure::new("cluster_children_per_s", per_s, "children/s")
             .against(one)
             .target("ratio ≥ 0.8 (three processes on one machine)"),
-        Figure::new("cluster_forwarded_share", relayed as f64 / requests as f64, "share"),
+        Figure::new("cluster_forwarded_share", forwarded, "share"),
+        Figure::new("cluster_hinted_children_per_s", hinted_per_s, "children/s").against(one),
+        Figure::new("cluster_hinted_forwarded_share", hinted_forwarded, "share"),
         Figure::new("cluster_balance_spread", spread, "ratio").target("≤ 0.1 + 1/fair share"),
         Figure::new("cluster_settle_s", settle_s, "s").against(TENURE_MS as f64 / 1000.0),
         Figure::new("cluster_takeover_s", took.as_secs_f64(), "s")

@@ -102,6 +102,17 @@ pub(super) fn send(
     url: &str,
     body: &serde_json::Value,
 ) -> anyhow::Result<(u16, serde_json::Value)> {
+    send_noting(agent, method, url, body, "").map(|(status, value, _)| (status, value))
+}
+
+/// [`send`], noting the answer's header `header` too, if it has one.
+pub(super) fn send_noting(
+    agent: &ureq::Agent,
+    method: &str,
+    url: &str,
+    body: &serde_json::Value,
+    header: &str,
+) -> anyhow::Result<(u16, serde_json::Value, Option<String>)> {
     let bytes = body.to_string();
     let mut r = match method {
         "PUT" => agent
@@ -114,13 +125,16 @@ pub(super) fn send(
             .send(bytes.as_bytes())?,
     };
     let status = r.status().as_u16();
+    let noted = (!header.is_empty())
+        .then(|| r.headers().get(header)?.to_str().ok().map(str::to_string))
+        .flatten();
     let text = r.body_mut().read_to_string()?;
     let value = if text.is_empty() {
         serde_json::Value::Null
     } else {
         serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
     };
-    Ok((status, value))
+    Ok((status, value, noted))
 }
 
 /// An HTTP client that takes every status as an answer.

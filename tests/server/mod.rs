@@ -24,6 +24,8 @@ pub struct Server {
 pub struct Reply {
     pub status: u16,
     pub content_type: String,
+    /// The process the answer names as serving its session (`x-brood-holder`), if it names one.
+    pub holder: Option<String>,
     pub text: String,
 }
 
@@ -244,11 +246,17 @@ impl Server {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
+        let holder = response
+            .headers()
+            .get(brood_server::HOLDER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let mut text = String::new();
         response.body_mut().as_reader().read_to_string(&mut text).unwrap();
         Reply {
             status,
             content_type,
+            holder,
             text,
         }
     }

@@ -122,6 +122,7 @@ impl EngineBuilder {
     pub fn build(self) -> Engine {
         Engine {
             tenures: self.ledger.tenures(),
+            holders: super::holders::Holders::new(super::holders::Holders::KEPT),
             ledger: self.ledger,
             factory: self.factory,
             wake_factory: self.wake_factory,

@@ -6,6 +6,7 @@
 
 pub mod child;
 pub mod coalescer;
+pub mod holders;
 pub mod owner;
 pub mod supervise;
 pub mod supervisor;
@@ -93,6 +94,9 @@ pub struct Engine {
     /// The session tenures, when several processes share the ledger (see [`Tenures`]): a
     /// session is served here only while its tenure is held here.
     pub(crate) tenures: Option<Arc<dyn Tenures>>,
+    /// Who serves the sessions another process holds, as this process last found out (see
+    /// [`holders`]).
+    pub(crate) holders: holders::Holders,
     /// The running totals owners add to as they apply what they decided.
     pub(crate) counters: Arc<crate::totals::Counters>,
 }
@@ -458,6 +462,30 @@ impl Engine {
                 owner.do_send(owner::Admit);
             }
         }
+    }
+
+    /// The address of the process that serves `session_id`, when another process does as this
+    /// one last found out: none when it is served here (or being taken up here), or nobody
+    /// known serves it.
+    pub fn holder_elsewhere(&self, session_id: &str) -> Option<String> {
+        self.tenures.as_ref()?;
+        if self.owners.contains_key(session_id) {
+            return None;
+        }
+        self.holders.get(session_id, std::time::Instant::now())
+    }
+
+    /// Notes that the process at `address` serves `session_id` (an answer from there said so).
+    pub fn found_holder(&self, session_id: &str, address: &str) {
+        if self.tenures.is_some() {
+            self.holders.found(session_id, address, std::time::Instant::now());
+        }
+    }
+
+    /// Forgets which process serves `session_id`: a request sent there went unanswered or was
+    /// refused as moved, and the next asks the ledger who serves it now.
+    pub fn forget_holder(&self, session_id: &str) {
+        self.holders.forget(session_id);
     }
 
     /// The current owner of a session.

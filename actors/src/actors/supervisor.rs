@@ -11,7 +11,7 @@
 //! not such a failure: it is tried again, with backoff, until the ledger answers.
 //! It does not route anything itself. On a ledger shared with other processes it also sweeps
 //! for free session tenures and balances the sessions with the other processes (`adopt`,
-//! `balance`, `handover`), and remembers who serves the sessions it does not (`holders`).
+//! `balance`, `handover`), and remembers who serves the sessions it does not (the engine's [`super::holders`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,7 +37,6 @@ use crate::wake::Wake;
 mod adopt;
 mod balance;
 mod handover;
-mod holders;
 
 /// Create a session, or update one.
 #[derive(Debug, Message)]
@@ -75,12 +74,6 @@ pub struct RestartOwner(pub String);
 #[rtype(result = "Result<Health, BroodError>")]
 pub struct GetHealth;
 
-/// Forgets which process serves a session, as this one had found out (see
-/// `holders`): a request sent on there went unanswered or was refused as moved.
-#[derive(Debug, Message)]
-#[rtype(result = "()")]
-pub struct ForgetHolder(pub String);
-
 /// What [`GetHealth`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
@@ -114,7 +107,6 @@ pub struct Supervisor {
     /// Whether a sweep for free tenures is under way.
     sweeping: bool,
     /// Who serves the sessions another process holds, as last found out.
-    holders: holders::Holders,
     /// Whether another sweep was asked for while one was under way.
     sweep_again: bool,
     /// Handovers under way.
@@ -271,7 +263,6 @@ impl Supervisor {
             restarting: Default::default(),
             adopting: HashMap::new(),
             sweeping: false,
-            holders: holders::Holders::new(holders::Holders::KEPT),
             sweep_again: false,
             handing: 0,
             last_give: None,
@@ -698,26 +689,15 @@ impl Handler<GetOwner> for Supervisor {
             Some(addr) => Box::pin(futures::future::ready(Ok(addr))),
             // Shared: served elsewhere a moment ago, or stored and served elsewhere, or free
             // to take up here.
-            None if self.engine.tenures.is_some() => match self.holders.get(&id, Instant::now()) {
+            None if self.engine.tenures.is_some() => match self.engine.holders.get(&id, Instant::now()) {
                 Some(address) => {
-                    let e = BroodError::Moved {
-                        address: address.to_string(),
-                        session: id,
-                    };
+                    let e = BroodError::Moved { address, session: id };
                     Box::pin(futures::future::ready(Err(e)))
                 }
                 None => Box::pin(self.adopt(id, None, ctx)),
             },
             None => Box::pin(futures::future::ready(Err(BroodError::UnknownSession(id)))),
         }
-    }
-}
-
-impl Handler<ForgetHolder> for Supervisor {
-    type Result = ();
-
-    fn handle(&mut self, ForgetHolder(id): ForgetHolder, _: &mut Context<Self>) {
-        self.holders.forget(&id);
     }
 }
 

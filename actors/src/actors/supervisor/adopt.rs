@@ -113,8 +113,8 @@ impl Supervisor {
             return;
         }
         match &adopted {
-            Ok(Adopted::Elsewhere(address)) => self.holders.found(&id, address, std::time::Instant::now()),
-            _ => self.holders.forget(&id),
+            Ok(Adopted::Elsewhere(address)) => self.engine.holders.found(&id, address, std::time::Instant::now()),
+            _ => self.engine.holders.forget(&id),
         }
         let answer = match adopted {
             Ok(Adopted::Owner(owner, nest)) if running(ctx) => {
