@@ -164,8 +164,15 @@ impl HeldTenures {
     /// Remembers tenures that may still be this process's in the table although it no longer
     /// holds them (a give-back that failed, a take whose answer was lost): given back at the
     /// next renewal, as a tenure does not run out by itself while its holder is alive.
-    pub(super) fn stray(&self, sessions: impl IntoIterator<Item = String>) {
-        self.strays.lock().unwrap_or_else(|p| p.into_inner()).extend(sessions);
+    /// A nested session's is given back naming its parent session, as its first give-back did.
+    pub(super) fn stray(&self, sessions: impl IntoIterator<Item = (String, Option<Vec<u8>>)>) {
+        let mut strays = self.strays.lock().unwrap_or_else(|p| p.into_inner());
+        for (session, parent) in sessions {
+            let kept = strays.entry(session).or_default();
+            if parent.is_some() {
+                *kept = parent;
+            }
+        }
     }
 
     /// Gives back the tenures of [`HeldTenures::stray`] that are still this process's
@@ -179,16 +186,19 @@ impl HeldTenures {
         let Ok(_turn) = self.taking.try_lock() else {
             return Ok(());
         };
-        let names: Vec<Vec<u8>> = {
+        let (names, parents): (Vec<Vec<u8>>, Vec<Option<Vec<u8>>>) = {
             let held = self.held();
             let mut strays = self.strays.lock().unwrap_or_else(|p| p.into_inner());
-            strays.retain(|s| !held.contains_key(s));
-            strays.iter().map(|s| s.as_bytes().to_vec()).collect()
+            strays.retain(|s, _| !held.contains_key(s));
+            strays
+                .iter()
+                .map(|(s, parent)| (s.as_bytes().to_vec(), parent.clone()))
+                .unzip()
         };
         if names.is_empty() {
             return Ok(());
         }
-        let given = self.give_back_own(Some(names.clone()), false).await?;
+        let given = self.give_back_own(Some((names.clone(), parents)), false).await?;
         let mut strays = self.strays.lock().unwrap_or_else(|p| p.into_inner());
         for name in &names {
             strays.remove(String::from_utf8_lossy(name).as_ref());

@@ -149,7 +149,7 @@ pub(super) struct HeldTenures {
     freed: watch::Receiver<u64>,
     /// Tenures this process may still hold in the table without holding them here: given back
     /// at the next renewal ([`HeldTenures::stray`]).
-    strays: Mutex<HashSet<String>>,
+    strays: Mutex<HashMap<String, Option<Vec<u8>>>>,
     /// The local deadline of the last heartbeat written ([`HeldTenures::deadline`] of the
     /// renewal that wrote it): every tenure lasts as long as that heartbeat, so none taken
     /// since is served past it.
@@ -197,7 +197,7 @@ impl HeldTenures {
             channel,
             given: Mutex::new(HashMap::new()),
             freed,
-            strays: Mutex::new(HashSet::new()),
+            strays: Mutex::new(HashMap::new()),
             beat: Mutex::new(None),
         })
     }
@@ -282,7 +282,7 @@ impl HeldTenures {
     /// Remembers `session` as a tenure to give back again ([`HeldTenures::stray`]).
     #[cfg(test)]
     pub(super) fn add_stray(&self, session: &str) {
-        self.stray([session.to_string()]);
+        self.stray([(session.to_string(), None)]);
     }
 
     pub(super) fn holds(&self, session: &str) -> bool {
@@ -357,9 +357,10 @@ impl HeldTenures {
             .iter()
             .map(|n| String::from_utf8_lossy(n).into_owned())
             .collect();
+        let parents = back.parents.clone();
         let given = self.give_back_once(back, tell).await;
         if given.is_err() {
-            self.stray(names);
+            self.stray(names.into_iter().zip(parents));
         }
         given
     }
@@ -414,7 +415,11 @@ impl HeldTenures {
     /// Gives back the tenures of this process's instance (of `only` those sessions, when
     /// named; with `leave`, every one, and its row of `nodes` goes too), and tells the others
     /// when any was given. How many were.
-    async fn give_back_own(&self, only: Option<Vec<Vec<u8>>>, leave: bool) -> Result<u64, LedgerError> {
+    async fn give_back_own(
+        &self,
+        only: Option<Named>,
+        leave: bool,
+    ) -> Result<u64, LedgerError> {
         let mut client = self.pool.get().await.map_err(pool_error)?;
         let what = "giving session tenures back";
         let tx = client.transaction().await.map_err(pg_error(what))?;
@@ -428,17 +433,30 @@ impl HeldTenures {
             .await
             .map_err(pg_error("leaving the table of processes"))?;
         }
-        let given = tx
-            .execute(
-                &format!(
-                    "UPDATE {} SET expires_at = now() - interval '1 millisecond'
-                     WHERE instance = $1 AND expires_at >= now() AND ($2::bytea[] IS NULL OR session = ANY($2))",
-                    self.table
-                ),
-                &[&self.instance, &only],
-            )
-            .await
-            .map_err(pg_error(what))?;
+        let given = match &only {
+            None => tx
+                .execute(
+                    &format!(
+                        "UPDATE {} SET expires_at = now() - interval '1 millisecond'
+                         WHERE instance = $1 AND expires_at >= now()",
+                        self.table
+                    ),
+                    &[&self.instance],
+                )
+                .await,
+            Some((names, parents)) => tx
+                .execute(
+                    &format!(
+                        "UPDATE {} l SET expires_at = now() - interval '1 millisecond', parent = coalesce(f.parent, l.parent)
+                         FROM unnest($2::bytea[], $3::bytea[]) AS f(session, parent)
+                         WHERE l.instance = $1 AND l.expires_at >= now() AND l.session = f.session",
+                        self.table
+                    ),
+                    &[&self.instance, names, parents],
+                )
+                .await,
+        }
+        .map_err(pg_error(what))?;
         if given > 0 {
             tx.execute("SELECT pg_notify($1, $2)", &[&self.channel, &self.config.address])
                 .await
@@ -504,6 +522,9 @@ impl HeldTenures {
         Ok(ok)
     }
 }
+
+/// Sessions by name, each with the parent session its give-back names (a nested one's).
+type Named = (Vec<Vec<u8>>, Vec<Option<Vec<u8>>>);
 
 /// Tenures to give back: each session, the epoch it was held at, and its parent session when
 /// it is a nested one given back to the parent's holder.

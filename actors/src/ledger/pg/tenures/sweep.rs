@@ -160,7 +160,7 @@ impl HeldTenures {
             let answer = self.take_batch(&mut client, batch, &held, sent).await;
             if answer.is_err() {
                 // Its commit may have gone through unanswered: what it took is given back.
-                self.stray(batch.iter().map(|n| String::from_utf8_lossy(n).into_owned()));
+                self.stray(batch.iter().map(|n| (String::from_utf8_lossy(n).into_owned(), None)));
             }
             match answer {
                 Ok(more) => taken.extend(more),

@@ -348,6 +348,34 @@ fn a_renewal_writes_the_heartbeat_and_no_tenure_row() {
     });
 }
 
+/// A nested session left to its parent's holder whose give-back failed is given back again
+/// naming its parent, as the first give-back would have: else it becomes anyone's to take.
+#[test]
+fn a_nested_give_back_made_again_still_names_the_parent() {
+    let schema = pg_testkit::fresh_schema();
+    let ttl = Duration::from_millis(1000);
+    let a = node(&schema, "a", ttl);
+    let nested = "deleg_0123456789abcdef.0";
+    assert_eq!(tenures(&a).acquire("p").unwrap(), TenureHolder::Here(1));
+    assert_eq!(tenures(&a).acquire(nested).unwrap(), TenureHolder::Here(1));
+    let book = a.inner.tenures.clone().expect("shared");
+    let (unlock, locker) = table_locked(&a, "session_leases");
+    tenures(&a).leave_to_parent(nested, "p");
+    until("the give-back to fail", || book.strays() == 1);
+    unlock.send(()).unwrap();
+    a.runtime
+        .run(async move { locker.await.map_err(|e| LedgerError::storage("test", e)) })
+        .unwrap();
+    until("the give-back to be made again", || book.strays() == 0);
+    let row = text(
+        &a,
+        &format!(
+            "SELECT coalesce(convert_from(parent, 'UTF8'), '-') || ' ' || (expires_at < now())::text FROM \"{{schema}}\".session_leases WHERE session = '{nested}'::bytea"
+        ),
+    );
+    assert_eq!(row, "p true", "given back, naming its parent");
+}
+
 /// A give-back that fails (its rows locked past the lock timeout) is made again at a later
 /// renewal: a tenure does not run out by itself while its holder lives, so the session would
 /// otherwise be nobody's to serve until this process stops.
