@@ -3,6 +3,10 @@
 //! ports: errors, delegate → boundary → ack, the event stream, the worker kit, and that the
 //! committed OpenAPI document and the types generated from it are this server's.
 //!
+//! Its tests of several processes on one database (the client following the holder hint) get
+//! empty PostgreSQL databases of the test server (`pg_testkit`), their addresses in
+//! `BROOD_TEST_PG_DATABASES`, space-separated; without it those tests fail.
+//!
 //! It needs `node` (18 or later) and `npm`, and the package's dev dependencies installed
 //! (`npm ci` in `clients/typescript`, which `.ci/test` runs). Where they are missing this test
 //! fails and says so: a client that was never run is not a client that works.
@@ -11,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod subprocess;
-use subprocess::{repo, run};
+use subprocess::{databases, repo, run, DATABASES_VAR};
 
 /// How long `npm test` may run before it is killed and the test fails.
 const NPM_TIMEOUT: Duration = Duration::from_secs(600);
@@ -37,6 +41,7 @@ fn the_typescript_client_tests_pass_against_the_server() {
     npm.arg("test")
         .current_dir(&package)
         .env("BROOD_BIN", env!("CARGO_BIN_EXE_brood"))
+        .env(DATABASES_VAR, databases(2))
         .stdin(Stdio::null());
     let done = run(npm, "`npm test` (npm is installed with node)", NPM_TIMEOUT);
     let (out, err) = (&done.stdout, &done.stderr);

@@ -85,3 +85,16 @@ pub fn test_python() -> PathBuf {
     );
     path
 }
+
+/// The variable naming, space-separated, the empty PostgreSQL databases a client suite's tests
+/// of several processes sharing one database use (one database for each such cluster).
+pub const DATABASES_VAR: &str = "BROOD_TEST_PG_DATABASES";
+
+/// `n` new, empty databases of the test PostgreSQL server (`pg_testkit`, started on first use),
+/// as the value of [`DATABASES_VAR`].
+pub fn databases(n: usize) -> String {
+    (0..n)
+        .map(|_| brood_actors::ledger::pg_testkit::fresh_database())
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -11,7 +11,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, List, Optional, Sequence
 
 import httpx
 import pytest
@@ -22,9 +22,9 @@ KEY = "py-s3cret"
 
 
 class Server:
-    """A running ``brood serve``; :meth:`stop` ends it."""
+    """A running ``brood serve`` (with ``flags`` besides its own); :meth:`stop` ends it."""
 
-    def __init__(self, key: Optional[str] = None) -> None:
+    def __init__(self, key: Optional[str] = None, flags: Sequence[str] = ()) -> None:
         binary = os.environ.get("BROOD_BIN")
         if not binary:
             pytest.fail("BROOD_BIN is not set: name the brood binary to test against "
@@ -37,6 +37,7 @@ class Server:
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
         args = [binary, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", str(Path(self._data.name) / "data")]
+        args += flags
         if key is not None:
             args += ["--api-key", key]
         # Configured by its flags alone: brood refuses a BROOD_ variable it does not read
@@ -72,6 +73,18 @@ class Server:
         """An asyncio client of this server, with its key."""
         return AsyncClient(self.url, api_key=self.key, **options)  # type: ignore[arg-type]
 
+    def kill(self) -> None:
+        """SIGKILL: the process dies at once, as in a crash."""
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+    def metric(self, series: str) -> float:
+        """The value of one sample of ``/metrics`` (``name{label="v"}`` as encoded); 0 when absent."""
+        return metric(httpx.get(f"{self.url}/metrics", headers=self._auth(), timeout=10).text, series)
+
+    def _auth(self) -> dict:
+        return {"Authorization": f"Bearer {self.key}"} if self.key is not None else {}
+
     def terminate(self) -> int:
         """SIGTERM; answers the exit status."""
         self.process.terminate()
@@ -83,6 +96,60 @@ class Server:
             self.process.wait()
         self._log.close()
         self._data.cleanup()
+
+
+#: The variable naming, space-separated, the empty PostgreSQL databases the tests of several
+#: processes on one database use (``cargo test --test python_client`` makes them).
+DATABASES = "BROOD_TEST_PG_DATABASES"
+
+_taken: List[str] = []
+
+
+def database() -> str:
+    """An empty PostgreSQL database no other test of this run uses; a failure (not a skip) when
+    none was given: the tests of several processes must run."""
+    given = os.environ.get(DATABASES, "").split()
+    if not given:
+        pytest.fail(f"{DATABASES} is not set: name empty PostgreSQL databases, space-separated, for the tests "
+                    "of several processes on one database (`cargo test --test python_client` makes them)",
+                    pytrace=False)
+    free = [d for d in given if d not in _taken]
+    if not free:
+        pytest.fail(f"{DATABASES} names {len(given)} databases, and every one is taken", pytrace=False)
+    _taken.append(free[0])
+    return free[0]
+
+
+class Cluster:
+    """Processes ``a`` and ``b`` of ``brood serve`` sharing one PostgreSQL database (each its
+    own data folder, with the key :data:`KEY`)."""
+
+    def __init__(self) -> None:
+        url = database()
+        self.nodes: List[Server] = []
+        try:
+            for name in ("a", "b"):
+                flags = ["--ledger", url, "--node", name, "--session-lease-ms", "2000"]
+                self.nodes.append(Server(key=KEY, flags=flags))
+        except BaseException:
+            self.stop()
+            raise
+        self.a, self.b = self.nodes
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __iter__(self) -> Iterator[Server]:
+        return iter(self.nodes)
+
+
+def metric(text: str, series: str) -> float:
+    """The value of one sample in a metrics text; 0 when it is absent."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line[len(series) + 1:].split()[0])
+    return 0.0
 
 
 def _free_port() -> int:

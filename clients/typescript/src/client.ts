@@ -41,6 +41,16 @@ export interface ClientOptions {
   timeoutMs?: number;
   /** The `fetch` to use (default the global one). */
   fetch?: typeof fetch;
+  /**
+   * With several `brood serve` processes sharing one database: remember, for each session, the
+   * process the last answer about it named (`X-Brood-Holder`), and send that session's next
+   * requests (its claims' too) there, with the same headers and key, sparing each a hop between
+   * processes. After a 503, or when the named process cannot be reached, the client forgets it
+   * and sends to `baseUrl` again (a request that could not connect there is sent to `baseUrl` at
+   * once). Off by default: a client behind a load balancer may not reach the processes' own
+   * addresses.
+   */
+  followHolder?: boolean;
 }
 
 /** Options of {@link Client.getSession}. */
@@ -147,6 +157,7 @@ export class Client {
       apiKey: options.apiKey,
       timeoutMs: options.timeoutMs ?? 30_000,
       fetch: options.fetch ?? globalThis.fetch,
+      followHolder: options.followHolder ?? false,
     });
   }
 

@@ -4,6 +4,7 @@
  */
 
 import { BroodError, errorOfReply } from "./errors.js";
+import { Holders, resendAtBase } from "./holder.js";
 
 /** Per-request options every method of the client accepts. */
 export interface RequestOptions {
@@ -23,6 +24,8 @@ export interface TransportConfig {
   timeoutMs: number;
   /** The `fetch` to use. */
   fetch: typeof fetch;
+  /** Send a session's requests to the process the last answer about it named (`X-Brood-Holder`). */
+  followHolder?: boolean;
 }
 
 /** A query string's values; `undefined` ones are left out. */
@@ -69,9 +72,12 @@ export interface Opened {
 /** The HTTP transport of one server. */
 export class Transport {
   readonly #config: TransportConfig;
+  /** Where sessions' holders are, when the hint is followed. */
+  readonly #holders: Holders | undefined;
 
   constructor(config: TransportConfig) {
     this.#config = { ...config, baseUrl: config.baseUrl.replace(/\/+$/, "") };
+    this.#holders = config.followHolder ? new Holders() : undefined;
   }
 
   /** The server's root, without a trailing slash. */
@@ -81,8 +87,9 @@ export class Transport {
 
   /** Sends `call`; answers the reply of a 2xx status with its body unread, throws otherwise. */
   async open(call: Call): Promise<Opened> {
-    const url = this.#url(call);
-    const what = `${call.method} ${url}`;
+    const hinted = this.#holders?.root(call.path);
+    let url = this.#url(call, hinted);
+    let what = `${call.method} ${url}`;
     const limitMs = (call.options?.timeoutMs ?? this.#config.timeoutMs) + (call.extraTimeoutMs ?? 0);
     const limit = new Limit(call.options?.signal, limitMs);
     const failure = (cause: unknown): BroodError => limit.failure(what, cause);
@@ -95,13 +102,33 @@ export class Transport {
       body = JSON.stringify(call.body);
       headers["Content-Type"] = "application/json";
     }
+    const send = (): Promise<Response> =>
+      this.#config.fetch(url, { method: call.method, headers, body, signal: limit.signal });
     let response: Response;
     try {
-      response = await this.#config.fetch(url, { method: call.method, headers, body, signal: limit.signal });
+      response = await send();
     } catch (cause) {
-      limit.close();
-      throw failure(cause);
+      if (hinted === undefined || this.#holders === undefined) {
+        limit.close();
+        throw failure(cause);
+      }
+      // The named holder did not answer: forgotten; a request that made no connection there
+      // goes to the base URL at once (in what is left of its time limit).
+      this.#holders.forget(call.path);
+      if (limit.signal.aborted || !resendAtBase(cause)) {
+        limit.close();
+        throw failure(cause);
+      }
+      url = this.#url(call);
+      what = `${call.method} ${url}`;
+      try {
+        response = await send();
+      } catch (again) {
+        limit.close();
+        throw failure(again);
+      }
     }
+    this.#holders?.learn(call.path, response);
     if (!response.ok) {
       let text: string;
       try {
@@ -160,7 +187,7 @@ export class Transport {
     }
   }
 
-  #url(call: Call): string {
+  #url(call: Call, root: string = this.#config.baseUrl): string {
     const query = new URLSearchParams();
     for (const [key, value] of Object.entries(call.query ?? {})) {
       if (value !== undefined) {
@@ -168,7 +195,7 @@ export class Transport {
       }
     }
     const search = query.toString();
-    return `${this.#config.baseUrl}${call.path}${search ? `?${search}` : ""}`;
+    return `${root}${call.path}${search ? `?${search}` : ""}`;
   }
 }
 

@@ -11,6 +11,7 @@ import httpx
 
 from . import _endpoints as ep
 from . import models
+from ._holder import Holders, resend_at_base
 from .client import DEFAULT_TIMEOUT, DEFAULT_URL, EVENTS_READ_TIMEOUT, TimeoutLike, events_timeout, http_options
 from .events import AsyncEventStream
 
@@ -36,11 +37,13 @@ class AsyncClient:
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
         headers: Optional[Mapping[str, str]] = None,
         transport: Optional[httpx.AsyncBaseTransport] = None,
+        follow_holder: bool = False,
     ) -> None:
         options = http_options(base_url, api_key, timeout, headers)
         self.base_url: str = options["base_url"]
         self._timeout: httpx.Timeout = options["timeout"]
         self._http = httpx.AsyncClient(transport=transport, **options)
+        self._holders: Optional[Holders] = Holders() if follow_holder else None
 
     def __repr__(self) -> str:
         return f"AsyncClient({self.base_url!r})"
@@ -56,18 +59,33 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _send(self, request: "ep.Request[T]") -> T:
+        holders = self._holders
+        hinted = holders.url(request.path) if holders is not None else None
         try:
-            response = await self._http.request(
-                request.method,
-                request.path,
-                json=request.body,
-                params=request.params,
-                headers=request.headers,
-                timeout=request.timeout_from(self._timeout),
-            )
+            response = await self._request(request, hinted or request.path)
         except httpx.TransportError as e:
-            raise request.failed(e) from e
+            if holders is None or hinted is None:
+                raise request.failed(e) from e
+            holders.forget(request.path)
+            if not resend_at_base(e):
+                raise request.failed(e) from e
+            try:
+                response = await self._request(request, request.path)
+            except httpx.TransportError as e:
+                raise request.failed(e) from e
+        if holders is not None:
+            holders.learn(request.path, response)
         return request.answer(response)
+
+    async def _request(self, request: "ep.Request[Any]", url: str) -> httpx.Response:
+        return await self._http.request(
+            request.method,
+            url,
+            json=request.body,
+            params=request.params,
+            headers=request.headers,
+            timeout=request.timeout_from(self._timeout),
+        )
 
     # -- sessions --
 

@@ -14,6 +14,7 @@ import httpx
 
 from . import _endpoints as ep
 from . import models
+from ._holder import Holders, resend_at_base
 from .events import EventStream
 
 __all__ = ["Client", "DEFAULT_URL", "DEFAULT_TIMEOUT", "EVENTS_READ_TIMEOUT"]
@@ -54,6 +55,14 @@ class Client:
     each request (a long poll adds its wait; the event stream has its own read timeout);
     ``headers`` are sent with every request; ``transport`` replaces httpx's (for tests, proxies).
 
+    ``follow_holder=True``, for several ``brood serve`` processes sharing one database: the
+    client remembers, for each session, the process the last answer about it named
+    (``X-Brood-Holder``) and sends that session's next requests (its claims' too) there, with
+    the same headers and key, sparing each a hop between processes. After a 503, or when the
+    named process cannot be reached, it forgets that and sends to ``base_url`` again (a
+    request that could not connect there is sent to ``base_url`` at once). Off by default: a
+    client behind a load balancer may not reach the processes' own addresses.
+
     Use it as a context manager, or call :meth:`close`, to release its connections::
 
         with Client("http://127.0.0.1:7070") as brood:
@@ -75,11 +84,13 @@ class Client:
         timeout: TimeoutLike = DEFAULT_TIMEOUT,
         headers: Optional[Mapping[str, str]] = None,
         transport: Optional[httpx.BaseTransport] = None,
+        follow_holder: bool = False,
     ) -> None:
         options = http_options(base_url, api_key, timeout, headers)
         self.base_url: str = options["base_url"]
         self._timeout: httpx.Timeout = options["timeout"]
         self._http = httpx.Client(transport=transport, **options)
+        self._holders: Optional[Holders] = Holders() if follow_holder else None
 
     def __repr__(self) -> str:
         return f"Client({self.base_url!r})"
@@ -95,18 +106,33 @@ class Client:
         self._http.close()
 
     def _send(self, request: "ep.Request[T]") -> T:
+        holders = self._holders
+        hinted = holders.url(request.path) if holders is not None else None
         try:
-            response = self._http.request(
-                request.method,
-                request.path,
-                json=request.body,
-                params=request.params,
-                headers=request.headers,
-                timeout=request.timeout_from(self._timeout),
-            )
+            response = self._request(request, hinted or request.path)
         except httpx.TransportError as e:
-            raise request.failed(e) from e
+            if holders is None or hinted is None:
+                raise request.failed(e) from e
+            holders.forget(request.path)
+            if not resend_at_base(e):
+                raise request.failed(e) from e
+            try:
+                response = self._request(request, request.path)
+            except httpx.TransportError as e:
+                raise request.failed(e) from e
+        if holders is not None:
+            holders.learn(request.path, response)
         return request.answer(response)
+
+    def _request(self, request: "ep.Request[Any]", url: str) -> httpx.Response:
+        return self._http.request(
+            request.method,
+            url,
+            json=request.body,
+            params=request.params,
+            headers=request.headers,
+            timeout=request.timeout_from(self._timeout),
+        )
 
     # -- sessions --
 

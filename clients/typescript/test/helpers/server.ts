@@ -23,6 +23,8 @@ export interface TestServer {
   apiKey: string | undefined;
   /** A client of it (with its key). */
   client(options?: ClientOptions): Client;
+  /** Kills it at once (SIGKILL), as in a crash; {@link stop} still removes its folder. */
+  kill(): Promise<void>;
   /** Stops it and removes its data folder. */
   stop(): Promise<void>;
 }
@@ -78,6 +80,12 @@ export async function startServer(options: { apiKey?: string; args?: string[] } 
     url,
     apiKey: options.apiKey,
     client: (clientOptions = {}) => new Client(url, { apiKey: options.apiKey, ...clientOptions }),
+    kill: async () => {
+      if (child.exitCode === null && child.signalCode === null) {
+        child.kill("SIGKILL");
+        await exited;
+      }
+    },
     stop: async () => {
       await stop(child, exited);
       await rm(dataDir, { recursive: true, force: true });
@@ -124,4 +132,60 @@ async function stop(child: ChildProcess, exited: Promise<void>): Promise<void> {
     child.kill("SIGKILL");
     await exited;
   }
+}
+
+/**
+ * The variable naming, space-separated, the empty PostgreSQL databases the tests of several
+ * processes on one database use (`cargo test --test typescript_client` makes them).
+ */
+export const DATABASES = "BROOD_TEST_PG_DATABASES";
+
+const taken = new Set<string>();
+
+/**
+ * An empty PostgreSQL database no other test of this run uses; an error (not a skip) when none
+ * was given: the tests of several processes must run.
+ */
+export function database(): string {
+  const given = (process.env[DATABASES] ?? "").split(/\s+/).filter((d) => d !== "");
+  if (given.length === 0) {
+    throw new Error(
+      `${DATABASES} is not set: name empty PostgreSQL databases, space-separated, for the tests of several ` +
+        "processes on one database (`cargo test --test typescript_client` makes them)",
+    );
+  }
+  const free = given.find((d) => !taken.has(d));
+  if (free === undefined) {
+    throw new Error(`${DATABASES} names ${given.length} databases, and every one is taken`);
+  }
+  taken.add(free);
+  return free;
+}
+
+/** Processes `a` and `b` of `brood serve` sharing one PostgreSQL database, with the key `apiKey`. */
+export async function startCluster(apiKey: string): Promise<{ a: TestServer; b: TestServer; stop(): Promise<void> }> {
+  const url = database();
+  const node = (name: string): Promise<TestServer> =>
+    startServer({ apiKey, args: ["--ledger", url, "--node", name, "--session-lease-ms", "2000"] });
+  const a = await node("a");
+  let b: TestServer;
+  try {
+    b = await node("b");
+  } catch (e) {
+    await a.stop();
+    throw e;
+  }
+  return { a, b, stop: async () => void (await Promise.all([a.stop(), b.stop()])) };
+}
+
+/** The value of one sample of the server's `/metrics` (`name{label="v"}` as encoded); 0 when absent. */
+export async function metric(server: TestServer, series: string): Promise<number> {
+  const headers: Record<string, string> = server.apiKey === undefined ? {} : { Authorization: `Bearer ${server.apiKey}` };
+  const text = await (await fetch(`${server.url}/metrics`, { headers })).text();
+  for (const line of text.split("\n")) {
+    if (line.startsWith(`${series} `)) {
+      return Number(line.slice(series.length + 1).split(" ")[0]);
+    }
+  }
+  return 0;
 }
