@@ -38,6 +38,54 @@ mod own {
         PgLedger::open_in(&pg_testkit::url(), &ledger.inner.schema).unwrap()
     }
 
+    /// A child row this build cannot decode (a newer build's, say) is moved aside and named among
+    /// its session's damaged children, whether the session is loaded alone, with others (as a
+    /// start or a sweep loads them), or with the whole ledger: recovery then marks it unknown
+    /// rather than running it again as queued.
+    #[test]
+    fn an_undecodable_child_row_is_named_damaged_by_every_load() {
+        let ledger = pg_testkit::fresh();
+        ledger.write(&writes_of("s1")).unwrap();
+        ledger.write(&writes_of("s2")).unwrap();
+        ledger.flush().unwrap();
+        let key = crate::ledger::rows::row_key("s1", "deleg_0123456789abcdef.0");
+        let (pool, table) = (
+            ledger.inner.pool.clone(),
+            format!("\"{}\".children", ledger.inner.schema),
+        );
+        let undecodable = |pool: deadpool_postgres::Pool, table: String, key: Vec<u8>| async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            client
+                .execute(
+                    &format!("INSERT INTO {table} (key, value) VALUES ($1, '\\xff00'::bytea)"),
+                    &[&key],
+                )
+                .await
+                .map_err(pg_error("test insert"))
+        };
+        let damaged = vec!["deleg_0123456789abcdef.0".to_string()];
+        let both = ["s1".to_string(), "s2".to_string()];
+        ledger
+            .runtime
+            .run(undecodable(pool.clone(), table.clone(), key.clone()))
+            .unwrap();
+        let many = ledger.load_sessions(&both).unwrap();
+        assert_eq!(many.damaged_children, damaged, "a load of several sessions");
+        assert!(many.children.is_empty(), "{:?}", many.children);
+        assert_eq!(ledger.quarantined().unwrap().len(), 1, "moved aside");
+        ledger
+            .runtime
+            .run(undecodable(pool.clone(), table.clone(), key.clone()))
+            .unwrap();
+        assert_eq!(
+            ledger.load_session("s1").unwrap().damaged_children,
+            damaged,
+            "a load of one"
+        );
+        ledger.runtime.run(undecodable(pool, table, key)).unwrap();
+        assert_eq!(ledger.load().unwrap().damaged_children, damaged, "a load of all");
+    }
+
     #[test]
     fn a_write_is_seen_elsewhere_only_once_flushed() {
         let ledger = pg_testkit::fresh();

@@ -415,11 +415,7 @@ impl HeldTenures {
     /// Gives back the tenures of this process's instance (of `only` those sessions, when
     /// named; with `leave`, every one, and its row of `nodes` goes too), and tells the others
     /// when any was given. How many were.
-    async fn give_back_own(
-        &self,
-        only: Option<Named>,
-        leave: bool,
-    ) -> Result<u64, LedgerError> {
+    async fn give_back_own(&self, only: Option<Named>, leave: bool) -> Result<u64, LedgerError> {
         let mut client = self.pool.get().await.map_err(pool_error)?;
         let what = "giving session tenures back";
         let tx = client.transaction().await.map_err(pg_error(what))?;
