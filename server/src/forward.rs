@@ -105,8 +105,9 @@ impl Hops {
 
 /// The header of an answer about one session that names the process serving it (its advertised
 /// address): a client may send that session's next requests there, which spares them a hop
-/// between processes. Set only with a ledger shared by several processes; relayed as the
-/// holder set it.
+/// between processes. Set only with a ledger shared by several processes, and only for a key
+/// that reaches the session (a scoped key is told nothing of a session out of its reach);
+/// relayed as the holder set it.
 pub const HOLDER: &str = "x-brood-holder";
 
 /// The session a request is about, when its path names one: `/v1/sessions/{id}[/…]`, or a
@@ -186,7 +187,15 @@ pub(super) async fn forward(
         metrics: req.app_data::<web::Data<Metrics>>().cloned(),
     };
     let session = session_in(req.path());
-    if !out.came_through.forwarded() {
+    // Whether the request's key reaches the session it names: a scoped key's request for a
+    // session out of its reach is neither sent on early nor answered with where the session is
+    // served (either would tell the key that the session exists); its handler refuses it.
+    let access = req.extensions().get::<super::scope::Access>().cloned();
+    let reaches = match (&session, &access) {
+        (Some(s), Some(access)) => access.covers(&state.brood, s).await.unwrap_or(false),
+        _ => false,
+    };
+    if !out.came_through.forwarded() && reaches {
         // A client's request for a session another process serves, as this one found out a
         // moment ago: sent on before any handler runs (the holder judges it whole).
         if let Some((session, address)) = session
@@ -201,7 +210,7 @@ pub(super) async fn forward(
     }
     let mut res = next.call(req).await?;
     let Some(MovedTo { session, address }) = res.response().extensions().get::<MovedTo>().cloned() else {
-        if session.is_some_and(|s| state.brood.serves(&s)) {
+        if reaches && session.is_some_and(|s| state.brood.serves(&s)) {
             if let Ok(me) = header::HeaderValue::from_str(&state.config.advertised()) {
                 res.headers_mut().insert(header::HeaderName::from_static(HOLDER), me);
             }
