@@ -528,3 +528,42 @@ fn every_answer_names_the_holder_and_a_process_learns_where_a_session_went() {
     assert_eq!(unknown.status, 404, "{}", unknown.text);
     assert_eq!(unknown.holder, None);
 }
+
+#[test]
+fn a_process_restarted_at_its_address_sends_nothing_to_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    // Tenures far longer than the test: the session stays held by the process that was killed.
+    let a = Server::node(dir.path(), &url, "a", "600000");
+    a.open("s1");
+    let port = a.port();
+    a.kill9();
+    let again = Server::node_on(dir.path(), &url, "a", "600000", port);
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .build()
+        .into();
+    // Neither a request nor an event stream is sent back here (a client following a redirect
+    // to the same address would go round for as long as the tenure lasts): each is answered
+    // 503 `session_moved`, to retry, until this process takes the session up.
+    for path in [
+        "/v1/sessions/s1/events",
+        "/v1/sessions/s1",
+        "/v1/sessions/s1/events",
+        "/v1/sessions/s1",
+    ] {
+        let r = agent.get(&format!("{}{path}", again.base)).call().unwrap();
+        assert_eq!(r.status().as_u16(), 503, "{path}: {:?}", r.headers().get("location"));
+        let body = r.into_body().read_to_string().unwrap();
+        assert!(
+            body.contains("session_moved") && body.contains("earlier run"),
+            "{path}: {body}"
+        );
+    }
+    let metrics = server::scrape(&again);
+    for outcome in ["relayed", "redirected", "bounced"] {
+        let series = format!("brood_requests_forwarded_total{{outcome=\"{outcome}\"}}");
+        assert_eq!(server::sample(&metrics, &series), Some(0.0), "{series}");
+    }
+}

@@ -259,6 +259,23 @@ async fn relay(
         metrics,
     } = out;
     let me = state.config.advertised();
+    if address == me {
+        // The holder named is this process's own address: an earlier run of it there, which
+        // stopped without giving the session's tenure back. Neither sent to itself nor
+        // redirected there (a client following would come back here, again and again): answered
+        // here, to retry once that tenure runs out, when this process takes the session up.
+        if let Some(session) = &session {
+            state.brood.forget_holder(session);
+        }
+        let e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "session_moved",
+            format!(
+                "the session is held by an earlier run of this process at {me}, which stopped without giving it back; retry (it is taken up here once its tenure runs out)"
+            ),
+        );
+        return ServiceResponse::new(request, actix_web::ResponseError::error_response(&e));
+    }
     let url = format!("{address}{target}");
     if target.ends_with("/events") {
         let reply = HttpResponse::TemporaryRedirect()
