@@ -273,6 +273,28 @@ fn where_a_session_is_served_is_told_only_to_a_key_that_reaches_it() {
         let reply = s.send("GET", "/v1/sessions/acme-1", None, Some(ACME));
         assert_eq!((reply.status, &reply.holder), (200, &holder), "{}", reply.text);
     }
+    // A holder a client names on its request is no holder to anyone: the answer names the
+    // process that serves the session, and b's next request still goes there.
+    for _ in 0..2 {
+        let reply = b
+            .agent
+            .get(&format!("{}/v1/sessions/acme-1", b.base))
+            .header("Authorization", format!("Bearer {ACME}"))
+            .header("X-Brood-Holder", "http://127.0.0.1:9")
+            .call()
+            .unwrap();
+        assert_eq!(reply.status(), 200);
+        let named = reply.headers().get("x-brood-holder").and_then(|v| v.to_str().ok());
+        assert_eq!(named, holder.as_deref());
+    }
+    // A request without a key, or with a wrong one, is refused before anything is sent on, and
+    // the refusal names nobody.
+    for s in [&a, &b] {
+        for key in [None, Some("acme-")] {
+            let reply = s.send("GET", "/v1/sessions/acme-1/events", None, key);
+            assert_eq!((reply.status, reply.holder), (401, None), "{}", reply.text);
+        }
+    }
     // beta's key is refused everything of acme's at either process, b's early way included, as
     // it was before b knew where acme-1 is served; and no refusal says where it is served (which
     // would tell beta's key that it exists).
