@@ -567,3 +567,61 @@ fn a_process_restarted_at_its_address_sends_nothing_to_itself() {
         assert_eq!(server::sample(&metrics, &series), Some(0.0), "{series}");
     }
 }
+
+#[test]
+fn an_event_stream_is_not_sent_on_to_a_dead_holder_once_its_sessions_were_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let names = sessions(12);
+    for s in &names {
+        a.open(s);
+    }
+    let b = node(dir.path(), &url, "b");
+    let c = node(dir.path(), &url, "c");
+    settle(&[&a, &b, &c], 12);
+    // b finds out who serves each session; then a dies, and b and c take its sessions over.
+    let seen: Vec<String> = names.iter().map(|s| named_holder(&b, s)).collect();
+    let dead = a.base.clone();
+    assert!(seen.contains(&dead), "a serves none of {names:?}: {seen:?}");
+    a.kill9();
+    settle(&[&b, &c], 12);
+    let held = holders(&url);
+    let to_c: Vec<&String> = names
+        .iter()
+        .zip(&seen)
+        .filter(|(s, h)| **h == dead && held.get(*s).map(String::as_str) == Some("c"))
+        .map(|(s, _)| s)
+        .collect();
+    assert!(!to_c.is_empty(), "c took none of a's sessions: {held:?}");
+    // An event stream asked of b goes where the session is served now: b does not keep
+    // redirecting it to the dead process (a client reconnecting would never get through).
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into();
+    for s in to_c {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let reply = agent.get(&format!("{}/v1/sessions/{s}/events", b.base)).call().unwrap();
+            let status = reply.status().as_u16();
+            let location = reply
+                .headers()
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            drop(reply);
+            if status == 307 && location.as_deref() == Some(&format!("{}/v1/sessions/{s}/events", c.base)) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{s}: the stream is sent to {location:?} ({status}), not to c at {}",
+                c.base
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}

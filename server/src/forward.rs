@@ -278,6 +278,13 @@ async fn relay(
     }
     let url = format!("{address}{target}");
     if target.ends_with("/events") {
+        // What the client finds there is never known here (a process that died meanwhile is
+        // not found out by a redirect): the next stream asked for the session, as a client
+        // reconnects, asks the ledger who serves it rather than being sent to a dead holder
+        // again, for as long as the answer would be kept.
+        if let Some(session) = &session {
+            state.brood.forget_holder(session);
+        }
         let reply = HttpResponse::TemporaryRedirect()
             .insert_header((header::LOCATION, url))
             .finish();
