@@ -625,3 +625,51 @@ fn an_event_stream_is_not_sent_on_to_a_dead_holder_once_its_sessions_were_taken_
         }
     }
 }
+
+#[test]
+fn a_delegate_retried_with_its_idempotency_key_through_any_process_makes_one_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let names = sessions(6);
+    for s in &names {
+        a.open(s);
+    }
+    let b = node(dir.path(), &url, "b");
+    let delegate = |via: &Server, s: &str| -> String {
+        let body = json!({"tasks": [{"goal": "g", "runner": {"kind": "sim", "ms": 0}}]});
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let key = ("Idempotency-Key", &*format!("key-{s}"));
+            let (status, reply) = via.post_with_header(&format!("/v1/sessions/{s}/delegate"), &body, key);
+            if status == 503 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(25));
+                continue;
+            }
+            assert_eq!(status, 202, "{s} through {}: {reply}", via.base);
+            return reply["call_id"].as_str().unwrap().to_string();
+        }
+    };
+    // b finds out where each session is served, then sends each delegate straight there.
+    for s in &names {
+        named_holder(&b, s);
+    }
+    let calls: Vec<String> = names.iter().map(|s| delegate(&b, s)).collect();
+    for (s, call) in names.iter().zip(&calls) {
+        assert_eq!(&delegate(&a, s), call, "{s}: a retry through a made another call");
+    }
+    // A third process joins and takes its share by handover: retries through any process,
+    // b's remembered holders stale for some, still find the one call.
+    let c = node(dir.path(), &url, "c");
+    settle(&[&a, &b, &c], 6);
+    for via in [&b, &c, &a, &b] {
+        for (s, call) in names.iter().zip(&calls) {
+            assert_eq!(
+                &delegate(via, s),
+                call,
+                "{s}: a retry through {} made another call",
+                via.base
+            );
+        }
+    }
+}
