@@ -355,10 +355,12 @@ fn a_nested_session_moves_with_its_parent_session() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // Served where its parent is, through either process.
+    // Served where its parent is, through either process, and the answers name b.
     for s in [&a, &b] {
         let (status, view) = s.call("GET", &format!("/v1/sessions/{nested}"), None);
         assert_eq!(status, 200, "{view}");
+        assert_eq!(named_holder(s, &nested), b.base, "the nested session, through {}", s.base);
+        assert_eq!(named_holder(s, "p"), b.base, "its parent, through {}", s.base);
     }
     assert_eq!(served(&a), 1, "q alone");
 }
