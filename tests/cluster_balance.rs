@@ -359,7 +359,12 @@ fn a_nested_session_moves_with_its_parent_session() {
     for s in [&a, &b] {
         let (status, view) = s.call("GET", &format!("/v1/sessions/{nested}"), None);
         assert_eq!(status, 200, "{view}");
-        assert_eq!(named_holder(s, &nested), b.base, "the nested session, through {}", s.base);
+        assert_eq!(
+            named_holder(s, &nested),
+            b.base,
+            "the nested session, through {}",
+            s.base
+        );
         assert_eq!(named_holder(s, "p"), b.base, "its parent, through {}", s.base);
     }
     assert_eq!(served(&a), 1, "q alone");
@@ -670,6 +675,38 @@ fn a_delegate_retried_with_its_idempotency_key_through_any_process_makes_one_cal
                 &delegate(via, s),
                 call,
                 "{s}: a retry through {} made another call",
+                via.base
+            );
+        }
+    }
+}
+
+#[test]
+fn a_process_that_stops_leaves_no_remembered_holder_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let names = sessions(6);
+    for s in &names {
+        a.open(s);
+    }
+    let b = node(dir.path(), &url, "b");
+    let c = node(dir.path(), &url, "c");
+    settle(&[&a, &b, &c], 6);
+    // b finds out where each session is served; then c stops, handing its sessions on.
+    let seen: Vec<String> = names.iter().map(|s| named_holder(&b, s)).collect();
+    let gone = c.base.clone();
+    assert!(seen.contains(&gone), "c serves none of {names:?}: {seen:?}");
+    assert!(c.terminate().success());
+    settle(&[&a, &b], 6);
+    // Every session answers through either survivor again (after a 503 at most, retried),
+    // naming a survivor (the two may still hand a session on meanwhile, so either).
+    for s in &names {
+        for via in [&b, &a, &b] {
+            let holder = named_holder(via, s);
+            assert!(
+                [&a.base, &b.base].contains(&&holder),
+                "{s} through {}: {holder}",
                 via.base
             );
         }
