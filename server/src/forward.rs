@@ -325,12 +325,14 @@ async fn relay(
     if let (true, Some(session)) = (stale, &session) {
         state.brood.forget_holder(session);
     }
-    // It was sent on from there to where the session went meanwhile: that is where the next
-    // request goes.
+    // It was sent on from there to where the session went meanwhile: the next request asks
+    // the ledger who serves it, and goes straight there. (The address the answer names is not
+    // believed as it is: this process sends its peer credential only to an address a process
+    // wrote into the tenure table, never to one an answer named, as it follows no redirect.)
     let named = sent.as_ref().ok().and_then(|a| a.holder.as_ref()?.to_str().ok());
     if let (Some(holder), Some(session), false) = (named, &session, stale) {
-        if holder != address && holder != me {
-            state.brood.found_holder(session, holder);
+        if holder != address {
+            state.brood.forget_holder(session);
         }
     }
     let reply = match sent {
