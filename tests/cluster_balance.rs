@@ -355,10 +355,17 @@ fn a_nested_session_moves_with_its_parent_session() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // Served where its parent is, through either process.
+    // Served where its parent is, through either process, and the answers name b.
     for s in [&a, &b] {
         let (status, view) = s.call("GET", &format!("/v1/sessions/{nested}"), None);
         assert_eq!(status, 200, "{view}");
+        assert_eq!(
+            named_holder(s, &nested),
+            b.base,
+            "the nested session, through {}",
+            s.base
+        );
+        assert_eq!(named_holder(s, "p"), b.base, "its parent, through {}", s.base);
     }
     assert_eq!(served(&a), 1, "q alone");
 }
@@ -527,4 +534,187 @@ fn every_answer_names_the_holder_and_a_process_learns_where_a_session_went() {
     let unknown = b.send("GET", "/v1/sessions/nowhere", None, None);
     assert_eq!(unknown.status, 404, "{}", unknown.text);
     assert_eq!(unknown.holder, None);
+}
+
+#[test]
+fn a_process_restarted_at_its_address_sends_nothing_to_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    // Tenures far longer than the test: the session stays held by the process that was killed.
+    let a = Server::node(dir.path(), &url, "a", "600000");
+    a.open("s1");
+    let port = a.port();
+    a.kill9();
+    let again = Server::node_on(dir.path(), &url, "a", "600000", port);
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .build()
+        .into();
+    // Neither a request nor an event stream is sent back here (a client following a redirect
+    // to the same address would go round for as long as the tenure lasts): each is answered
+    // 503 `session_moved`, to retry, until this process takes the session up.
+    for path in [
+        "/v1/sessions/s1/events",
+        "/v1/sessions/s1",
+        "/v1/sessions/s1/events",
+        "/v1/sessions/s1",
+    ] {
+        let r = agent.get(&format!("{}{path}", again.base)).call().unwrap();
+        assert_eq!(r.status().as_u16(), 503, "{path}: {:?}", r.headers().get("location"));
+        let body = r.into_body().read_to_string().unwrap();
+        assert!(
+            body.contains("session_moved") && body.contains("earlier run"),
+            "{path}: {body}"
+        );
+    }
+    let metrics = server::scrape(&again);
+    for outcome in ["relayed", "redirected", "bounced"] {
+        let series = format!("brood_requests_forwarded_total{{outcome=\"{outcome}\"}}");
+        assert_eq!(server::sample(&metrics, &series), Some(0.0), "{series}");
+    }
+}
+
+#[test]
+fn an_event_stream_is_not_sent_on_to_a_dead_holder_once_its_sessions_were_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let names = sessions(12);
+    for s in &names {
+        a.open(s);
+    }
+    let b = node(dir.path(), &url, "b");
+    let c = node(dir.path(), &url, "c");
+    settle(&[&a, &b, &c], 12);
+    // b and c find out who serves each session; then a dies, and they take its sessions over.
+    let seen: Vec<String> = names.iter().map(|s| named_holder(&b, s)).collect();
+    for s in &names {
+        named_holder(&c, s);
+    }
+    let dead = a.base.clone();
+    assert!(seen.contains(&dead), "a serves none of {names:?}: {seen:?}");
+    a.kill9();
+    settle(&[&b, &c], 12);
+    let of_a: Vec<&String> = names
+        .iter()
+        .zip(&seen)
+        .filter(|(_, h)| **h == dead)
+        .map(|(s, _)| s)
+        .collect();
+    // An event stream asked of either survivor goes where the session is served now (there, or
+    // redirected to the other): neither keeps redirecting it to the dead process (a client
+    // reconnecting would never get through).
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into();
+    for (s, via) in of_a.iter().flat_map(|s| [(s, &b), (s, &c)]) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let reply = agent
+                .get(&format!("{}/v1/sessions/{s}/events", via.base))
+                .call()
+                .unwrap();
+            let status = reply.status().as_u16();
+            let location = reply
+                .headers()
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            drop(reply);
+            let survivor = |x: &Server| location.as_deref() == Some(&format!("{}/v1/sessions/{s}/events", x.base));
+            if status == 200 || (status == 307 && (survivor(&b) || survivor(&c))) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{s} through {}: the stream is sent to {location:?} ({status}), a dead process",
+                via.base
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+fn a_delegate_retried_with_its_idempotency_key_through_any_process_makes_one_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let names = sessions(6);
+    for s in &names {
+        a.open(s);
+    }
+    let b = node(dir.path(), &url, "b");
+    let delegate = |via: &Server, s: &str| -> String {
+        let body = json!({"tasks": [{"goal": "g", "runner": {"kind": "sim", "ms": 0}}]});
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let key = ("Idempotency-Key", &*format!("key-{s}"));
+            let (status, reply) = via.post_with_header(&format!("/v1/sessions/{s}/delegate"), &body, key);
+            if status == 503 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(25));
+                continue;
+            }
+            assert_eq!(status, 202, "{s} through {}: {reply}", via.base);
+            return reply["call_id"].as_str().unwrap().to_string();
+        }
+    };
+    // b finds out where each session is served, then sends each delegate straight there.
+    for s in &names {
+        named_holder(&b, s);
+    }
+    let calls: Vec<String> = names.iter().map(|s| delegate(&b, s)).collect();
+    for (s, call) in names.iter().zip(&calls) {
+        assert_eq!(&delegate(&a, s), call, "{s}: a retry through a made another call");
+    }
+    // A third process joins and takes its share by handover: retries through any process,
+    // b's remembered holders stale for some, still find the one call.
+    let c = node(dir.path(), &url, "c");
+    settle(&[&a, &b, &c], 6);
+    for via in [&b, &c, &a, &b] {
+        for (s, call) in names.iter().zip(&calls) {
+            assert_eq!(
+                &delegate(via, s),
+                call,
+                "{s}: a retry through {} made another call",
+                via.base
+            );
+        }
+    }
+}
+
+#[test]
+fn a_process_that_stops_leaves_no_remembered_holder_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let names = sessions(6);
+    for s in &names {
+        a.open(s);
+    }
+    let b = node(dir.path(), &url, "b");
+    let c = node(dir.path(), &url, "c");
+    settle(&[&a, &b, &c], 6);
+    // b finds out where each session is served; then c stops, handing its sessions on.
+    let seen: Vec<String> = names.iter().map(|s| named_holder(&b, s)).collect();
+    let gone = c.base.clone();
+    assert!(seen.contains(&gone), "c serves none of {names:?}: {seen:?}");
+    assert!(c.terminate().success());
+    settle(&[&a, &b], 6);
+    // Every session answers through either survivor again (after a 503 at most, retried),
+    // naming a survivor (the two may still hand a session on meanwhile, so either).
+    for s in &names {
+        for via in [&b, &a, &b] {
+            let holder = named_holder(via, s);
+            assert!(
+                [&a.base, &b.base].contains(&&holder),
+                "{s} through {}: {holder}",
+                via.base
+            );
+        }
+    }
 }

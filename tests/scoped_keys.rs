@@ -253,3 +253,70 @@ fn a_scoped_key_needs_an_admin_key_beside_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("scoped_keys") && !err.contains("acme-key"), "{err}");
 }
+
+#[test]
+fn where_a_session_is_served_is_told_only_to_a_key_that_reaches_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let node = |name: &str| {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        scoped(&d, &["--ledger", &url, "--node", name, "--session-lease-ms", "2000"])
+    };
+    let (a, b) = (node("a"), node("b"));
+    let (call, claim) = acme_session(&a);
+    // acme's key is told which process serves its session, through either process; b has
+    // found out meanwhile, so its next request for it goes straight there.
+    let holder = a.send("GET", "/v1/sessions/acme-1", None, Some(ACME)).holder;
+    assert!(holder.is_some(), "acme's answer names no holder");
+    for s in [&a, &b] {
+        let reply = s.send("GET", "/v1/sessions/acme-1", None, Some(ACME));
+        assert_eq!((reply.status, &reply.holder), (200, &holder), "{}", reply.text);
+    }
+    // A holder a client names on its request is no holder to anyone: the answer names the
+    // process that serves the session, and b's next request still goes there.
+    for _ in 0..2 {
+        let reply = b
+            .agent
+            .get(&format!("{}/v1/sessions/acme-1", b.base))
+            .header("Authorization", format!("Bearer {ACME}"))
+            .header("X-Brood-Holder", "http://127.0.0.1:9")
+            .call()
+            .unwrap();
+        assert_eq!(reply.status(), 200);
+        let named = reply.headers().get("x-brood-holder").and_then(|v| v.to_str().ok());
+        assert_eq!(named, holder.as_deref());
+    }
+    // A request without a key, or with a wrong one, is refused before anything is sent on, and
+    // the refusal names nobody.
+    for s in [&a, &b] {
+        for key in [None, Some("acme-")] {
+            let reply = s.send("GET", "/v1/sessions/acme-1/events", None, key);
+            assert_eq!((reply.status, reply.holder), (401, None), "{}", reply.text);
+        }
+    }
+    // beta's key is refused everything of acme's at either process, b's early way included, as
+    // it was before b knew where acme-1 is served; and no refusal says where it is served (which
+    // would tell beta's key that it exists).
+    let ack = format!("/v1/claims/{claim}/ack");
+    for s in [&a, &b] {
+        for (method, path, want) in [
+            ("GET", "/v1/sessions/acme-1", 403),
+            ("GET", "/v1/sessions/acme-1/events", 403),
+            ("POST", "/v1/sessions/acme-1/turn", 403),
+            ("POST", ack.as_str(), 404),
+        ] {
+            let body = (method == "POST").then(|| json!({"turn": "idle"}).to_string().into_bytes());
+            let reply = s.send(method, path, body, Some(BETA));
+            assert_eq!(reply.status, want, "{method} {path} through {}: {}", s.base, reply.text);
+            assert_eq!(
+                reply.holder, None,
+                "{method} {path} through {} names the holder",
+                s.base
+            );
+        }
+    }
+    beta_reaches_nothing_of_acme(&b, &call, &claim);
+    beta_reaches_nothing_of_acme(&a, &call, &claim);
+    acme_is_untouched(&b, &call, &claim);
+}

@@ -358,3 +358,36 @@ fn idle_worker_polls_ask_the_database_nothing_while_they_wait() {
         assert_eq!(work["child_id"], format!("{call}.0"));
     });
 }
+
+#[test]
+fn a_holder_a_peers_answer_names_is_not_sent_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (elsewhere, reached) = listener(|s| {
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}");
+    });
+    let (peer, asked) = listener(move |s| {
+        let body = br#"{"session_id":"s","turn":"idle","wake_capable":true,"counts":{}}"#;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/json\r\nX-Brood-Holder: {elsewhere}\r\n\r\n",
+            body.len()
+        );
+        let _ = s.write_all(head.as_bytes());
+        let _ = s.write_all(body);
+    });
+    let b = session_held_at(dir.path(), &url, &peer);
+    // The peer's answers say another process serves the session: b's next requests still go
+    // where the lease table says, never with its peer credential to an address only an answer
+    // named.
+    for _ in 0..3 {
+        let (status, body) = b.call("GET", "/v1/sessions/s", None);
+        assert_eq!(status, 200, "relayed: {body}");
+    }
+    let reached = reached.lock().unwrap().clone();
+    assert!(
+        reached.is_empty(),
+        "sent to an address a peer's answer named: {reached:?}"
+    );
+    let asked = asked.lock().unwrap().len();
+    assert_eq!(asked, 3, "each request went to the holder the lease table names");
+}

@@ -105,8 +105,9 @@ impl Hops {
 
 /// The header of an answer about one session that names the process serving it (its advertised
 /// address): a client may send that session's next requests there, which spares them a hop
-/// between processes. Set only with a ledger shared by several processes; relayed as the
-/// holder set it.
+/// between processes. Set only with a ledger shared by several processes, and only for a key
+/// that reaches the session (a scoped key is told nothing of a session out of its reach);
+/// relayed as the holder set it.
 pub const HOLDER: &str = "x-brood-holder";
 
 /// The session a request is about, when its path names one: `/v1/sessions/{id}[/…]`, or a
@@ -186,7 +187,15 @@ pub(super) async fn forward(
         metrics: req.app_data::<web::Data<Metrics>>().cloned(),
     };
     let session = session_in(req.path());
-    if !out.came_through.forwarded() {
+    // Whether the request's key reaches the session it names: a scoped key's request for a
+    // session out of its reach is neither sent on early nor answered with where the session is
+    // served (either would tell the key that the session exists); its handler refuses it.
+    let access = req.extensions().get::<super::scope::Access>().cloned();
+    let reaches = match (&session, &access) {
+        (Some(s), Some(access)) => access.covers(&state.brood, s).await.unwrap_or(false),
+        _ => false,
+    };
+    if !out.came_through.forwarded() && reaches {
         // A client's request for a session another process serves, as this one found out a
         // moment ago: sent on before any handler runs (the holder judges it whole).
         if let Some((session, address)) = session
@@ -201,7 +210,7 @@ pub(super) async fn forward(
     }
     let mut res = next.call(req).await?;
     let Some(MovedTo { session, address }) = res.response().extensions().get::<MovedTo>().cloned() else {
-        if session.is_some_and(|s| state.brood.serves(&s)) {
+        if reaches && session.is_some_and(|s| state.brood.serves(&s)) {
             if let Ok(me) = header::HeaderValue::from_str(&state.config.advertised()) {
                 res.headers_mut().insert(header::HeaderName::from_static(HOLDER), me);
             }
@@ -250,8 +259,32 @@ async fn relay(
         metrics,
     } = out;
     let me = state.config.advertised();
+    if address == me {
+        // The holder named is this process's own address: an earlier run of it there, which
+        // stopped without giving the session's tenure back. Neither sent to itself nor
+        // redirected there (a client following would come back here, again and again): answered
+        // here, to retry once that tenure runs out, when this process takes the session up.
+        if let Some(session) = &session {
+            state.brood.forget_holder(session);
+        }
+        let e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "session_moved",
+            format!(
+                "the session is held by an earlier run of this process at {me}, which stopped without giving it back; retry (it is taken up here once its tenure runs out)"
+            ),
+        );
+        return ServiceResponse::new(request, actix_web::ResponseError::error_response(&e));
+    }
     let url = format!("{address}{target}");
     if target.ends_with("/events") {
+        // What the client finds there is never known here (a process that died meanwhile is
+        // not found out by a redirect): the next stream asked for the session, as a client
+        // reconnects, asks the ledger who serves it rather than being sent to a dead holder
+        // again, for as long as the answer would be kept.
+        if let Some(session) = &session {
+            state.brood.forget_holder(session);
+        }
         let reply = HttpResponse::TemporaryRedirect()
             .insert_header((header::LOCATION, url))
             .finish();
@@ -292,12 +325,14 @@ async fn relay(
     if let (true, Some(session)) = (stale, &session) {
         state.brood.forget_holder(session);
     }
-    // It was sent on from there to where the session went meanwhile: that is where the next
-    // request goes.
+    // It was sent on from there to where the session went meanwhile: the next request asks
+    // the ledger who serves it, and goes straight there. (The address the answer names is not
+    // believed as it is: this process sends its peer credential only to an address a process
+    // wrote into the tenure table, never to one an answer named, as it follows no redirect.)
     let named = sent.as_ref().ok().and_then(|a| a.holder.as_ref()?.to_str().ok());
     if let (Some(holder), Some(session), false) = (named, &session, stale) {
-        if holder != address && holder != me {
-            state.brood.found_holder(session, holder);
+        if holder != address {
+            state.brood.forget_holder(session);
         }
     }
     let reply = match sent {

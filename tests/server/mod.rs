@@ -96,8 +96,45 @@ impl Server {
         Server::spawn(dir, key, extra, stderr, &[])
     }
 
+    /// As [`Server::node`], listening on `port` (that of a process stopped a moment ago: a
+    /// restart at the same address).
+    pub fn node_on(dir: &Path, url: &str, name: &str, lease_ms: &str, port: u16) -> Server {
+        let dir = dir.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let flags = [
+            "--wake-allow",
+            "127.0.0.1",
+            "--ledger",
+            url,
+            "--node",
+            name,
+            "--session-lease-ms",
+            lease_ms,
+        ];
+        Server::spawn_on(port, &dir, None, &flags, Stdio::null(), &[])
+    }
+
+    /// The port this server listens on.
+    pub fn port(&self) -> u16 {
+        self.base
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a port")
+    }
+
     fn spawn(dir: &Path, key: Option<&str>, extra: &[&str], stderr: Stdio, env: &[(&str, &str)]) -> Server {
-        let port = free_port();
+        Server::spawn_on(free_port(), dir, key, extra, stderr, env)
+    }
+
+    fn spawn_on(
+        port: u16,
+        dir: &Path,
+        key: Option<&str>,
+        extra: &[&str],
+        stderr: Stdio,
+        env: &[(&str, &str)],
+    ) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_brood"));
         cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
             .arg(dir)

@@ -5,7 +5,8 @@
 //! An answer is kept until it is found wrong, and for [`Holders::KEPT`] at most: a request sent
 //! on to a holder that does not answer, or that answers it no longer serves the session (503
 //! `session_moved`, which the client retries), has the server forget it, and the next request
-//! asks the database again. (A holder is the authority on what it serves: a stale answer costs
+//! asks the database again; so does an event stream redirected there (whether the client got
+//! through is never known to the server). (A holder is the authority on what it serves: a stale answer costs
 //! one refused request, never a wrong one.)
 //!
 //! The supervisor writes what it finds; the embedding API reads it without a message to the
