@@ -190,23 +190,14 @@ pub struct Snapshot {
 impl Snapshot {
     /// Adds the rows of `other` (a load of another session) to these.
     pub fn absorb(&mut self, other: Snapshot) {
-        /// `to` followed by `from`; taken whole (not copied row by row into fresh memory) while
-        /// `to` is empty: a load of one large session is its first and only part.
-        fn append<T>(to: &mut Vec<T>, mut from: Vec<T>) {
-            if to.is_empty() {
-                *to = from;
-            } else {
-                to.append(&mut from);
-            }
-        }
-        append(&mut self.sessions, other.sessions);
-        append(&mut self.calls, other.calls);
-        append(&mut self.children, other.children);
-        append(&mut self.claims, other.claims);
-        append(&mut self.starts, other.starts);
-        append(&mut self.damaged_children, other.damaged_children);
-        append(&mut self.wakes, other.wakes);
-        append(&mut self.nests, other.nests);
+        self.sessions.extend(other.sessions);
+        self.calls.extend(other.calls);
+        self.children.extend(other.children);
+        self.claims.extend(other.claims);
+        self.starts.extend(other.starts);
+        self.damaged_children.extend(other.damaged_children);
+        self.wakes.extend(other.wakes);
+        self.nests.extend(other.nests);
     }
 }
 

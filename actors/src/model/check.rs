@@ -72,7 +72,7 @@ impl CheckRow for UnitRow {
 
 impl CheckRow for ChildRow {
     fn check(&self) -> Result<(), String> {
-        if !is_child_id(&self.child_id, &self.call_id, self.task_index) {
+        if self.child_id != child_id(&self.call_id, self.task_index) {
             return Err(format!(
                 "`child_id` {} does not match its call {} and task index {}",
                 self.child_id, self.call_id, self.task_index

@@ -648,19 +648,6 @@ pub fn child_id(call_id: &str, index: u32) -> String {
     numbered(call_id, '.', u64::from(index))
 }
 
-/// Whether `id` is the [`child_id`] of task `index` of call `call_id`, checked without making
-/// it (every child row read is checked so).
-pub(crate) fn is_child_id(id: &str, call_id: &str, index: u32) -> bool {
-    let Some(digits) = id.strip_prefix(call_id).and_then(|rest| rest.strip_prefix('.')) else {
-        return false;
-    };
-    // As `numbered` writes it: decimal, no sign, no leading zero but for 0 itself.
-    let canonical = !digits.is_empty()
-        && digits.bytes().all(|b| b.is_ascii_digit())
-        && (digits.len() == 1 || !digits.starts_with('0'));
-    canonical && digits.parse::<u32>() == Ok(index)
-}
-
 /// A child id as [`child_id`] writes it, shown without being made: a log or span field that
 /// costs nothing when nobody records it.
 #[derive(Debug, Clone, Copy)]
@@ -786,25 +773,6 @@ pub fn unit_numbers(tasks: &[Task], independent_completions: bool) -> (Vec<u32>,
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_child_id_is_recognised_exactly_as_it_is_made() {
-        for i in [0, 7, 10, 999, 1_000_000, u32::MAX] {
-            assert!(is_child_id(&child_id("deleg_a.b", i), "deleg_a.b", i));
-            assert!(!is_child_id(&child_id("deleg_a.b", i), "deleg_a.b", i.wrapping_add(1)));
-            assert!(!is_child_id(&child_id("deleg_a.b", i), "deleg_a", i));
-        }
-        for id in [
-            "deleg_a.07",
-            "deleg_a.",
-            "deleg_a.+7",
-            "deleg_a.7 ",
-            "deleg_a7",
-            "deleg_a.4294967296",
-        ] {
-            assert!(!is_child_id(id, "deleg_a", 7) && !is_child_id(id, "deleg_a", 0), "{id}");
-        }
-    }
 
     #[test]
     fn ordered_ids_are_distinct_and_sort_in_the_order_they_were_made() {

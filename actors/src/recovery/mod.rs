@@ -478,27 +478,14 @@ fn plan_call(ctx: &CallContext<'_>, call: CallRow, stored: Vec<ChildRow>, plan: 
         damaged,
         now_ms,
     } = *ctx;
-    // The stored rows, moved (not copied) into a slot per task. A call with a row for every
-    // task (the usual case) keeps its rows' buffer, put in task order (their keys order them
-    // as text: 0, 1, 10, 100, …): an `Option<ChildRow>` is as big as a row, so no fresh memory
-    // is written. A call's rows name each task once (their keys are its child ids).
-    let mut stored = stored;
-    let whole = stored.len() == call.tasks.len() && {
-        stored.sort_unstable_by_key(|r| r.task_index);
-        stored.iter().enumerate().all(|(i, r)| r.task_index as usize == i)
-    };
-    let mut slots: Vec<Option<ChildRow>> = if whole {
-        stored.into_iter().map(Some).collect()
-    } else {
-        let mut slots = Vec::with_capacity(call.tasks.len());
-        slots.resize_with(call.tasks.len(), || None);
-        for row in stored {
-            if let Some(slot) = slots.get_mut(row.task_index as usize) {
-                *slot = Some(row);
-            }
+    // The stored rows, moved (not copied) into a slot per task.
+    let mut slots: Vec<Option<ChildRow>> = Vec::with_capacity(call.tasks.len());
+    slots.resize_with(call.tasks.len(), || None);
+    for row in stored {
+        if let Some(slot) = slots.get_mut(row.task_index as usize) {
+            *slot = Some(row);
         }
-        slots
-    };
+    }
     // A call whose every result was delivered (or dead-lettered) is done; an early failure
     // notice left undelivered is moot once the full result was delivered. A task without
     // a row is queued (or damaged): not done.

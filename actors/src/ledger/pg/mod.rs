@@ -52,7 +52,6 @@ mod commit;
 mod directory;
 mod listing;
 mod migrate;
-mod reading;
 mod runtime;
 mod staging;
 mod tenures;
@@ -232,9 +231,6 @@ pub struct PgLedger {
 
 /// A stored key: sled's bytes.
 type Key = Vec<u8>;
-
-/// A row that did not decode or failed its check: its key, its raw value, and why.
-type BadRow = (Key, Vec<u8>, String);
 
 /// Commits in flight at once, at most: the pool keeps a connection for reads.
 const COMMITS_IN_FLIGHT: usize = POOL_SIZE - 1;
@@ -594,7 +590,7 @@ impl PgLedger {
     }
 
     /// Rows of `tree` as read, decoded; those that do not decode or fail their check are
-    /// quarantined (those of this process's sessions: see [`PgLedger::set_aside`]) and left out.
+    /// quarantined (those of this process's sessions: see below) and left out.
     fn decoded<T: crate::codec::Stored + CheckRow>(
         &self,
         tree: &'static str,
@@ -602,17 +598,9 @@ impl PgLedger {
     ) -> Result<Vec<T>, LedgerError> {
         let mut out = Vec::with_capacity(rows.len());
         let bad = decode_rows(rows.into_iter().map(Ok::<_, LedgerError>), &mut out)?;
-        self.set_aside(tree, bad)?;
-        Ok(out)
-    }
-
-    /// Quarantines rows of `tree` that did not decode or failed their check, each with why;
-    /// answers the keys of those moved aside. Shared, a row of a session another process serves
-    /// is that one's to move aside (it may be of a newer build's format, during a rolling
-    /// upgrade): it is left in place.
-    fn set_aside(&self, tree: &'static str, bad: Vec<BadRow>) -> Result<Vec<Key>, LedgerError> {
-        let mut moved = Vec::new();
         for (k, v, reason) in bad {
+            // Shared: a row of a session another process serves is that one's to move aside
+            // (it may be of a newer build's format, during a rolling upgrade); skipped here.
             let others = match (&self.inner.tenures, commit::key_session(tree, &k)) {
                 (Some(book), Some(session)) => !book.holds(&session),
                 _ => false,
@@ -625,9 +613,8 @@ impl PgLedger {
                 continue;
             }
             self.move_aside(tree, &k, &v, &reason)?;
-            moved.push(k);
         }
-        Ok(moved)
+        Ok(out)
     }
 
     /// Moves a raw row aside to the quarantine tables, in one transaction.
@@ -705,11 +692,9 @@ impl PgLedger {
     /// session's, in one statement per table for all of them: the scoped trees' rows by a join
     /// of the sessions' key ranges (each an index range scan), the trees keyed by session id by
     /// their keys, the damaged children by the ranges of their quarantine keys. The statements
-    /// run one after the other on one connection, and their rows are decoded on this thread as
-    /// they arrive (`reading`). Delivery state is folded in per session, as a load of each
-    /// session alone folds it.
+    /// go out together on one connection (one round trip). Delivery state is folded in per
+    /// session, as a load of each session alone folds it.
     fn read_many(&self, sessions: &[String]) -> Result<Snapshot, LedgerError> {
-        use reading::Statement;
         if sessions.is_empty() {
             return Ok(Snapshot::default());
         }
@@ -730,62 +715,68 @@ impl PgLedger {
                 .unzip()
         };
         let (low, high) = ranges(b"");
+        let (damaged_low, damaged_high) = ranges(format!("{CHILDREN}/").as_bytes());
         let names: Vec<Vec<u8>> = sessions.iter().map(|s| s.as_bytes().to_vec()).collect();
-        let in_ranges = |tree: &str, columns: &str, (low, high): (Vec<Vec<u8>>, Vec<Vec<u8>>)| Statement {
-            sql: format!(
-                "SELECT {columns} FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
-                 JOIN {} t ON t.key >= r.low AND t.key < r.high ORDER BY t.key",
-                self.table(tree)
-            ),
-            params: vec![Box::new(low), Box::new(high)],
-            what: format!("{tree} of many sessions"),
-        };
-        // In this order: the calls before the children, whose number their tasks bound.
-        const SCOPED: [&str; 6] = [ACKS, DEAD_LETTERS, CALLS, CHILDREN, CLAIMS, STARTS];
-        const KEYED: [&str; 3] = [SESSIONS, WAKES, NESTS];
-        let mut statements: Vec<Statement> = SCOPED
-            .iter()
-            .map(|tree| in_ranges(tree, "t.key, t.value", (low.clone(), high.clone())))
-            .collect();
-        statements.extend(KEYED.iter().map(|tree| Statement {
-            sql: format!(
-                "SELECT key, value FROM {} WHERE key = ANY($1) ORDER BY key",
-                self.table(tree)
-            ),
-            params: vec![Box::new(names.clone())],
-            what: format!("{tree} of many sessions"),
-        }));
-        let damaged_ranges = ranges(format!("{CHILDREN}/").as_bytes());
-        statements.push(Statement {
-            what: "the damaged children of many sessions".into(),
-            ..in_ranges(QUARANTINE, "t.key", damaged_ranges)
-        });
-        self.inner.sent(statements.len());
-        let mut read = ReadMany::default();
-        reading::read_rows(&self.runtime.handle, self.inner.pool.clone(), statements, |i, rows| {
-            read.take(i, rows)
-        })?;
-        let ReadMany {
-            acks,
-            dead,
-            calls,
-            mut children,
-            claims,
-            starts,
-            sessions,
-            wakes,
-            nests,
-            mut damaged,
-            bad,
-        } = read;
-        for (tree, rows) in bad {
-            for key in self.set_aside(tree, rows)? {
-                if tree == CHILDREN {
-                    // Its outcome is unknown now, as a load of its session alone finds it.
-                    damaged.push(damaged_child(&[format!("{CHILDREN}/").as_bytes(), &key].concat()));
+        let scoped = [ACKS, DEAD_LETTERS, CALLS, CHILDREN, CLAIMS, STARTS].map(|t| (t, self.table(t)));
+        let keyed = [SESSIONS, WAKES, NESTS].map(|t| (t, self.table(t)));
+        let quarantine = self.table(QUARANTINE);
+        let pool = self.inner.pool.clone();
+        self.inner.sent(scoped.len() + keyed.len() + 1);
+        let (mut scoped_rows, mut keyed_rows, damaged) = self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let client = &client;
+            let in_ranges = |table: &str, columns: &str| {
+                format!(
+                    "SELECT {columns} FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
+                     JOIN {table} t ON t.key >= r.low AND t.key < r.high ORDER BY t.key"
+                )
+            };
+            let scoped = futures::future::try_join_all(scoped.iter().map(|(tree, table)| {
+                let sql = in_ranges(table, "t.key, t.value");
+                let (low, high) = (&low, &high);
+                async move {
+                    let rows = client
+                        .query(&sql, &[low, high])
+                        .await
+                        .map_err(pg_error(format!("reading {tree} of many sessions")))?;
+                    Ok::<_, LedgerError>(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect::<Vec<_>>())
                 }
-            }
-        }
+            }));
+            let keyed = futures::future::try_join_all(keyed.iter().map(|(tree, table)| {
+                let sql = format!("SELECT key, value FROM {table} WHERE key = ANY($1) ORDER BY key");
+                let names = &names;
+                async move {
+                    let rows = client
+                        .query(&sql, &[names])
+                        .await
+                        .map_err(pg_error(format!("reading {tree} of many sessions")))?;
+                    Ok::<_, LedgerError>(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect::<Vec<_>>())
+                }
+            }));
+            let damaged = async {
+                let sql = in_ranges(&quarantine, "t.key");
+                let rows = client
+                    .query(&sql, &[&damaged_low, &damaged_high])
+                    .await
+                    .map_err(pg_error("reading the damaged children of many sessions"))?;
+                Ok::<_, LedgerError>(
+                    rows.into_iter()
+                        .map(|r| damaged_child(r.get::<_, &[u8]>(0)))
+                        .collect::<Vec<_>>(),
+                )
+            };
+            futures::try_join!(scoped, keyed, damaged)
+        })?;
+        // In the order the statements were listed.
+        let (mut scoped_rows, mut keyed_rows) = (scoped_rows.drain(..), keyed_rows.drain(..));
+        let mut scoped = move || scoped_rows.next().unwrap_or_default();
+        let mut keyed = move || keyed_rows.next().unwrap_or_default();
+        let acks: Vec<AckRow> = self.decoded(ACKS, scoped())?;
+        let dead: Vec<DeadLetterRow> = self.decoded(DEAD_LETTERS, scoped())?;
+        let calls: Vec<CallRow> = self.decoded(CALLS, scoped())?;
+        let mut children: Vec<ChildRow> = self.decoded(CHILDREN, scoped())?;
+        let claims: Vec<ClaimRow> = self.decoded(CLAIMS, scoped())?;
+        let starts: Vec<StartRow> = self.decoded(STARTS, scoped())?;
         fold_delivery_by_session(&mut children, &acks, &dead);
         let acked: HashSet<(&str, &str)> = acks
             .iter()
@@ -796,14 +787,14 @@ impl PgLedger {
             .filter(|c| !acked.contains(&(c.session_id.as_str(), c.claim_id.as_str())))
             .collect();
         Ok(Snapshot {
-            sessions,
+            sessions: self.decoded(SESSIONS, keyed())?,
             calls,
             children,
             claims,
             starts,
             damaged_children: damaged,
-            wakes,
-            nests,
+            wakes: self.decoded(WAKES, keyed())?,
+            nests: self.decoded(NESTS, keyed())?,
         })
     }
 
@@ -924,80 +915,6 @@ fn fold_delivery_by_session(children: &mut [ChildRow], acks: &[AckRow], dead: &[
         if a.is_some() || d.is_some() {
             fold_delivery(run, a.map_or(&[], Vec::as_slice), d.map_or(&[], Vec::as_slice));
         }
-    }
-}
-
-/// What a read of many sessions gathered, statement by statement (see
-/// [`PgLedger::read_many`]): decoded rows, the damaged children named in quarantine, and the
-/// rows that did not decode or failed their check, by tree, raw, each with why.
-#[derive(Default)]
-struct ReadMany {
-    acks: Vec<AckRow>,
-    dead: Vec<DeadLetterRow>,
-    calls: Vec<CallRow>,
-    children: Vec<ChildRow>,
-    claims: Vec<ClaimRow>,
-    starts: Vec<StartRow>,
-    sessions: Vec<SessionRow>,
-    wakes: Vec<WakeRow>,
-    nests: Vec<NestRow>,
-    damaged: Vec<String>,
-    bad: Vec<(&'static str, Vec<BadRow>)>,
-}
-
-impl ReadMany {
-    /// Takes rows of the statement at `i` (in the order `read_many` lists them).
-    fn take(&mut self, i: usize, rows: &[tokio_postgres::Row]) -> Result<(), LedgerError> {
-        match i {
-            0 => self.decode(ACKS, rows, |r| &mut r.acks),
-            1 => self.decode(DEAD_LETTERS, rows, |r| &mut r.dead),
-            2 => self.decode(CALLS, rows, |r| &mut r.calls),
-            3 => {
-                if self.children.is_empty() {
-                    // A call's rows are at most its tasks: sized once, never grown (and
-                    // copied) row by row.
-                    let expected: usize = self.calls.iter().map(|c| c.tasks.len()).sum();
-                    self.children.reserve(expected);
-                }
-                self.decode(CHILDREN, rows, |r| &mut r.children)
-            }
-            4 => self.decode(CLAIMS, rows, |r| &mut r.claims),
-            5 => self.decode(STARTS, rows, |r| &mut r.starts),
-            6 => self.decode(SESSIONS, rows, |r| &mut r.sessions),
-            7 => self.decode(WAKES, rows, |r| &mut r.wakes),
-            8 => self.decode(NESTS, rows, |r| &mut r.nests),
-            _ => {
-                for row in rows {
-                    let key: &[u8] = row.try_get(0).map_err(pg_error("reading a quarantine key"))?;
-                    self.damaged.push(damaged_child(key));
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// Decodes rows (key, value) of `tree` into the list `to` picks; those that fail are kept
-    /// raw for the caller to quarantine.
-    fn decode<T: crate::codec::Stored + CheckRow>(
-        &mut self,
-        tree: &'static str,
-        rows: &[tokio_postgres::Row],
-        to: impl FnOnce(&mut Self) -> &mut Vec<T>,
-    ) -> Result<(), LedgerError> {
-        let kv = rows.iter().map(|row| {
-            let key: &[u8] = row.try_get(0).map_err(pg_error(format!("reading a key of {tree}")))?;
-            let value: &[u8] = row.try_get(1).map_err(pg_error(format!("reading a row of {tree}")))?;
-            Ok::<_, LedgerError>((key, value))
-        });
-        let bad = decode_rows(kv, to(self))?;
-        if !bad.is_empty() {
-            let bad = bad
-                .into_iter()
-                .map(|(k, v, why)| (k.to_vec(), v.to_vec(), why))
-                .collect();
-            self.bad.push((tree, bad));
-        }
-        Ok(())
     }
 }
 
