@@ -596,6 +596,16 @@ impl PgLedger {
         tree: &'static str,
         rows: Vec<(Key, Vec<u8>)>,
     ) -> Result<Vec<T>, LedgerError> {
+        Ok(self.decoded_noting(tree, rows)?.0)
+    }
+
+    /// [`PgLedger::decoded`], and the keys of the rows it moved aside.
+    fn decoded_noting<T: crate::codec::Stored + CheckRow>(
+        &self,
+        tree: &'static str,
+        rows: Vec<(Key, Vec<u8>)>,
+    ) -> Result<(Vec<T>, Vec<Key>), LedgerError> {
+        let mut moved = Vec::new();
         let mut out = Vec::with_capacity(rows.len());
         let bad = decode_rows(rows.into_iter().map(Ok::<_, LedgerError>), &mut out)?;
         for (k, v, reason) in bad {
@@ -613,8 +623,9 @@ impl PgLedger {
                 continue;
             }
             self.move_aside(tree, &k, &v, &reason)?;
+            moved.push(k);
         }
-        Ok(out)
+        Ok((out, moved))
     }
 
     /// Moves a raw row aside to the quarantine tables, in one transaction.
@@ -774,7 +785,14 @@ impl PgLedger {
         let acks: Vec<AckRow> = self.decoded(ACKS, scoped())?;
         let dead: Vec<DeadLetterRow> = self.decoded(DEAD_LETTERS, scoped())?;
         let calls: Vec<CallRow> = self.decoded(CALLS, scoped())?;
-        let mut children: Vec<ChildRow> = self.decoded(CHILDREN, scoped())?;
+        let (mut children, moved): (Vec<ChildRow>, _) = self.decoded_noting(CHILDREN, scoped())?;
+        // The quarantine was read beside the children: those this read moved aside are damaged
+        // too, as a load of one session (which reads the quarantine after) names them.
+        let mut damaged = damaged;
+        for key in moved {
+            let id = key.iter().position(|&b| b == 0).map_or(&key[..], |nul| &key[nul + 1..]);
+            damaged.push(String::from_utf8_lossy(id).into_owned());
+        }
         let claims: Vec<ClaimRow> = self.decoded(CLAIMS, scoped())?;
         let starts: Vec<StartRow> = self.decoded(STARTS, scoped())?;
         fold_delivery_by_session(&mut children, &acks, &dead);
