@@ -227,6 +227,20 @@ fn sessions(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("s{i:02}")).collect()
 }
 
+/// Three processes on the database at `url`, serving `n` sessions between them evenly: all
+/// opened through the first, then two more started and settled.
+fn three_settled(dir: &Path, url: &str, n: usize) -> (Server, Server, Server, Vec<String>) {
+    let a = node(dir, url, "a");
+    let names = sessions(n);
+    for s in &names {
+        a.open(s);
+    }
+    let b = node(dir, url, "b");
+    let c = node(dir, url, "c");
+    settle(&[&a, &b, &c], n as u64);
+    (a, b, c, names)
+}
+
 #[test]
 fn processes_joining_take_their_share_by_handover_while_a_workload_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -286,14 +300,7 @@ fn processes_joining_take_their_share_by_handover_while_a_workload_loses_nothing
 fn a_killed_processs_sessions_are_spread_over_the_survivors() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
-    let a = node(dir.path(), &url, "a");
-    let names = sessions(60);
-    for s in &names {
-        a.open(s);
-    }
-    let b = node(dir.path(), &url, "b");
-    let c = node(dir.path(), &url, "c");
-    settle(&[&a, &b, &c], 60);
+    let (a, b, c, names) = three_settled(dir.path(), &url, 60);
     let dead: HashSet<String> = holders(&url)
         .into_iter()
         .filter(|(_, o)| o == "c")
@@ -579,14 +586,7 @@ fn a_process_restarted_at_its_address_sends_nothing_to_itself() {
 fn an_event_stream_is_not_sent_on_to_a_dead_holder_once_its_sessions_were_taken_over() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
-    let a = node(dir.path(), &url, "a");
-    let names = sessions(12);
-    for s in &names {
-        a.open(s);
-    }
-    let b = node(dir.path(), &url, "b");
-    let c = node(dir.path(), &url, "c");
-    settle(&[&a, &b, &c], 12);
+    let (a, b, c, names) = three_settled(dir.path(), &url, 12);
     // b and c find out who serves each session; then a dies, and they take its sessions over.
     let seen: Vec<String> = names.iter().map(|s| named_holder(&b, s)).collect();
     for s in &names {
@@ -691,14 +691,7 @@ fn a_delegate_retried_with_its_idempotency_key_through_any_process_makes_one_cal
 fn a_process_that_stops_leaves_no_remembered_holder_behind() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
-    let a = node(dir.path(), &url, "a");
-    let names = sessions(6);
-    for s in &names {
-        a.open(s);
-    }
-    let b = node(dir.path(), &url, "b");
-    let c = node(dir.path(), &url, "c");
-    settle(&[&a, &b, &c], 6);
+    let (a, b, c, names) = three_settled(dir.path(), &url, 6);
     // b finds out where each session is served; then c stops, handing its sessions on.
     let seen: Vec<String> = names.iter().map(|s| named_holder(&b, s)).collect();
     let gone = c.base.clone();

@@ -223,16 +223,21 @@ fn a_scoped_key_cannot_read_claim_cancel_or_redrive_another_tenants_sessions() {
     assert_error(as_key(&s, "acme-", "GET", "/v1/sessions", None), 401, "unauthorized");
 }
 
-#[test]
-fn a_scoped_key_is_judged_the_same_through_a_process_that_forwards() {
-    let dir = tempfile::tempdir().unwrap();
+/// Two processes with the scoped keys sharing a fresh database, in folders of `dir`.
+fn two_scoped_nodes(dir: &Path) -> (Server, Server) {
     let url = brood_actors::ledger::pg_testkit::fresh_database();
     let node = |name: &str| {
-        let d = dir.path().join(name);
+        let d = dir.join(name);
         std::fs::create_dir_all(&d).unwrap();
         scoped(&d, &["--ledger", &url, "--node", name, "--session-lease-ms", "2000"])
     };
-    let (a, b) = (node("a"), node("b"));
+    (node("a"), node("b"))
+}
+
+#[test]
+fn a_scoped_key_is_judged_the_same_through_a_process_that_forwards() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = two_scoped_nodes(dir.path());
     // acme's session is served by a; beta's key tries it through b.
     let (call, claim) = acme_session(&a);
     beta_reaches_nothing_of_acme(&b, &call, &claim);
@@ -257,13 +262,7 @@ fn a_scoped_key_needs_an_admin_key_beside_it() {
 #[test]
 fn where_a_session_is_served_is_told_only_to_a_key_that_reaches_it() {
     let dir = tempfile::tempdir().unwrap();
-    let url = brood_actors::ledger::pg_testkit::fresh_database();
-    let node = |name: &str| {
-        let d = dir.path().join(name);
-        std::fs::create_dir_all(&d).unwrap();
-        scoped(&d, &["--ledger", &url, "--node", name, "--session-lease-ms", "2000"])
-    };
-    let (a, b) = (node("a"), node("b"));
+    let (a, b) = two_scoped_nodes(dir.path());
     let (call, claim) = acme_session(&a);
     // acme's key is told which process serves its session, through either process; b has
     // found out meanwhile, so its next request for it goes straight there.
