@@ -51,6 +51,10 @@ pub(super) const READ_BY_TESTS: &[(&str, &str)] = &[
         "tests/python_client.rs and tests/mcp.rs: the Python they run",
     ),
     (
+        "BROOD_TEST_PG_DATABASES",
+        "the Python and TypeScript clients' tests: the PostgreSQL databases their several processes share",
+    ),
+    (
         "BROOD_URL",
         "the TypeScript client's bench: a running server to measure",
     ),
