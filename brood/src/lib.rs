@@ -577,13 +577,6 @@ impl BroodHandle {
         self.engine.holder_elsewhere(session_id)
     }
 
-    /// Notes that the process at `address` serves `session_id`, as an answer relayed from there
-    /// said: this process's next request for it goes there. Only of use with a ledger shared by
-    /// several processes.
-    pub fn found_holder(&self, session_id: &str, address: &str) {
-        self.engine.found_holder(session_id, address);
-    }
-
     /// Whether this process serves `session_id` now (its owner is live here).
     pub fn serves(&self, session_id: &str) -> bool {
         self.owners.contains_key(session_id)

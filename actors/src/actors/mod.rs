@@ -475,13 +475,6 @@ impl Engine {
         self.holders.get(session_id, std::time::Instant::now())
     }
 
-    /// Notes that the process at `address` serves `session_id` (an answer from there said so).
-    pub fn found_holder(&self, session_id: &str, address: &str) {
-        if self.tenures.is_some() {
-            self.holders.found(session_id, address, std::time::Instant::now());
-        }
-    }
-
     /// Forgets which process serves `session_id`: a request sent there went unanswered or was
     /// refused as moved, and the next asks the ledger who serves it now.
     pub fn forget_holder(&self, session_id: &str) {
