@@ -37,7 +37,7 @@ pub(super) const FORWARDED: &str = "x-brood-forwarded-by";
 const MAX_HOPS: usize = 2;
 
 /// How long a forwarded request may take at its holder.
-const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+pub(super) const FORWARD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The header that carries the peer credential of a request between processes, in place of
 /// the end user's key (which never leaves the process it was sent to).
@@ -307,9 +307,7 @@ async fn relay(
         };
         headers.push((header::HeaderName::from_static(super::scope::SCOPE), value));
     }
-    let sent = web::block(move || send_on(&url, method, headers, body, &through, peer.as_deref(), limit))
-        .await
-        .unwrap_or_else(|e| Err(e.to_string()));
+    let sent = send_on(&url, method, headers, body, &through, peer.as_deref(), limit).await;
     count(
         &metrics,
         match &sent {
@@ -391,21 +389,18 @@ pub(super) async fn ask_peer(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/json"),
     )];
-    let sent = web::block(move || {
-        send_on(
-            &url,
-            actix_web::http::Method::POST,
-            headers,
-            web::Bytes::from(body),
-            &me,
-            peer.as_deref(),
-            limit,
-        )
-    })
-    .await
-    .unwrap_or_else(|e| Err(e.to_string()));
+    let sent = send_on(
+        &url,
+        actix_web::http::Method::POST,
+        headers,
+        web::Bytes::from(body),
+        &me,
+        peer.as_deref(),
+        limit,
+    )
+    .await;
     match sent {
-        Ok(Answer { status, body, .. }) if status == StatusCode::OK => Ok(body),
+        Ok(Answer { status, body, .. }) if status == StatusCode::OK => Ok(body.to_vec()),
         Ok(Answer { status, .. }) if status == StatusCode::UNAUTHORIZED => {
             tracing::warn!(%address, "a peer sharing the ledger refused this process's peer credential");
             Err(ApiError::new(
@@ -434,45 +429,43 @@ pub(super) async fn ask_peer(
     }
 }
 
-/// Idle connections kept open to each other process: as many as requests are sent on to one
-/// at once under load (ureq keeps 3 by default, and a connection made and closed for each
-/// request beyond them costs more than the request).
-const IDLE_PER_PEER: usize = 64;
-
 /// How long an idle connection to another process is kept: less than the keep-alive of an idle
 /// connection at the other end (actix-web's default, 5 s), so one it closed is never reused.
-const IDLE_AGE: std::time::Duration = std::time::Duration::from_secs(4);
+pub(super) const IDLE_AGE: std::time::Duration = std::time::Duration::from_secs(4);
 
-/// The client of requests between the processes sharing a ledger: one for the server, so its
-/// connections to the other processes are kept and reused. A status is an answer, not an error,
-/// and a redirect is an answer too: it is never followed.
-pub(super) fn peers() -> &'static ureq::Agent {
-    static AGENT: std::sync::OnceLock<ureq::Agent> = std::sync::OnceLock::new();
-    AGENT.get_or_init(|| {
-        ureq::Agent::config_builder()
-            .timeout_global(Some(FORWARD_TIMEOUT))
-            .timeout_connect(Some(std::time::Duration::from_secs(5)))
-            .http_status_as_error(false)
-            .max_redirects(0)
-            .max_idle_connections(4 * IDLE_PER_PEER)
-            .max_idle_connections_per_host(IDLE_PER_PEER)
-            .max_idle_age(IDLE_AGE)
-            .build()
-            .into()
-    })
+/// How long connecting to another process may take.
+pub(super) const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The client of requests between the processes sharing a ledger: one per worker thread (it
+/// lives on the thread that made it), so the requests a worker sends on go out from its own
+/// event loop, over connections to the other processes it keeps and reuses. A status is an
+/// answer, not an error, and a redirect is an answer too: it is never followed.
+fn peers() -> awc::Client {
+    thread_local! {
+        static CLIENT: awc::Client = awc::Client::builder()
+            .disable_redirects()
+            .timeout(FORWARD_TIMEOUT)
+            .connector(
+                awc::Connector::new()
+                    .timeout(CONNECT_TIMEOUT)
+                    .conn_keep_alive(IDLE_AGE),
+            )
+            .finish();
+    }
+    CLIENT.with(Clone::clone)
 }
 
 /// What the holder answered.
 struct Answer {
     status: StatusCode,
-    content_type: String,
+    content_type: header::HeaderValue,
     /// The process it named as serving the session ([`HOLDER`]), if it named one.
     holder: Option<header::HeaderValue>,
-    body: Vec<u8>,
+    body: web::Bytes,
 }
 
 /// Sends the request on to its session's holder and returns the holder's answer as it came.
-fn send_on(
+async fn send_on(
     url: &str,
     method: actix_web::http::Method,
     headers: Vec<(header::HeaderName, header::HeaderValue)>,
@@ -481,44 +474,35 @@ fn send_on(
     peer: Option<&str>,
     limit: usize,
 ) -> Result<Answer, String> {
-    let mut request = ureq::http::Request::builder()
-        .method(method.as_str())
-        .uri(url)
-        .header(FORWARDED, me);
+    let mut request = peers().request(method, url).insert_header((FORWARDED, me));
     if let Some(credential) = peer {
-        request = request.header(PEER, credential);
+        request = request.insert_header((PEER, credential));
     }
-    for (name, value) in &headers {
-        request = request.header(name.as_str(), value.as_bytes());
+    for (name, value) in headers {
+        request = request.append_header((name, value));
     }
-    let request = request.body(body.to_vec()).map_err(|e| e.to_string())?;
-    let mut answer = peers().run(request).map_err(|e| e.to_string())?;
-    let status = StatusCode::from_u16(answer.status().as_u16()).map_err(|e| e.to_string())?;
+    let mut answer = request.send_body(body).await.map_err(|e| e.to_string())?;
+    let status = answer.status();
     if status.is_redirection() {
         // brood never redirects a peer's request: not followed, and not relayed either.
         return Err(format!("it answered {status}, a redirect, which is not followed"));
     }
     let content_type = answer
         .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("application/json")
-        .to_string();
-    let holder = answer
-        .headers()
-        .get(HOLDER)
-        .and_then(|v| header::HeaderValue::from_bytes(v.as_bytes()).ok());
-    let bytes = answer
-        .body_mut()
-        .with_config()
-        .limit(limit as u64)
-        .read_to_vec()
+        .get(header::CONTENT_TYPE)
+        .cloned()
+        .unwrap_or_else(|| header::HeaderValue::from_static("application/json"));
+    let holder = answer.headers().get(HOLDER).cloned();
+    let body = answer
+        .body()
+        .limit(limit)
+        .await
         .map_err(|e| format!("its answer could not be read whole (at most {limit} bytes are relayed): {e}"))?;
     Ok(Answer {
         status,
         content_type,
         holder,
-        body: bytes,
+        body,
     })
 }
 

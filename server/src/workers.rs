@@ -280,9 +280,34 @@ enum Asked {
     Faulty(String),
 }
 
+/// Idle connections kept open to each other process: as many as children are asked for from
+/// one at once under load (ureq keeps 3 by default, and a connection made and closed for each
+/// request beyond them costs more than the request).
+const IDLE_PER_PEER: usize = 64;
+
+/// The client of the requests for children listed by other processes (made on blocking
+/// threads): one for the server, so its connections to the other processes are kept and
+/// reused. A status is an answer, not an error, and a redirect is an answer too: it is never
+/// followed.
+fn peers() -> &'static ureq::Agent {
+    static AGENT: std::sync::OnceLock<ureq::Agent> = std::sync::OnceLock::new();
+    AGENT.get_or_init(|| {
+        ureq::Agent::config_builder()
+            .timeout_global(Some(super::forward::FORWARD_TIMEOUT))
+            .timeout_connect(Some(super::forward::CONNECT_TIMEOUT))
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .max_idle_connections(4 * IDLE_PER_PEER)
+            .max_idle_connections_per_host(IDLE_PER_PEER)
+            .max_idle_age(super::forward::IDLE_AGE)
+            .build()
+            .into()
+    })
+}
+
 /// Asks the process at `url` to hand out the child of `body`, waiting at most `timeout`.
 fn ask_holder(url: &str, body: &[u8], key: Option<&str>, me: &str, timeout: Duration) -> Asked {
-    let mut request = super::forward::peers()
+    let mut request = peers()
         .post(url)
         .config()
         .timeout_global(Some(timeout))
