@@ -590,3 +590,30 @@ async fn an_adoption_that_found_the_session_elsewhere_as_a_sweep_took_it_takes_i
     assert!(a.sessions().contains(&"s".to_string()), "s has no owner in a");
     a.shutdown();
 }
+
+/// A request for a session another process serves, made of a process that has not served it,
+/// is answered with the holder at once: it is not held up behind the holder's commit in flight
+/// (which holds the session's advisory lock shared until it commits), as taking the tenure to
+/// find it held would be, and it holds up none of the holder's next commits.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_served_elsewhere_is_named_without_waiting_for_its_holders_commits() {
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = pg_testkit::url();
+    let schema = pg_testkit::fresh_schema();
+    let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
+    let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
+    open_wake(&b, "s").await;
+    // A commit of b writing s, in flight.
+    let in_flight = pg_testkit::hold_shared_lock(&url, pg_testkit::commit_lock_key(&schema, "s"));
+    let asked = tokio::time::timeout(Duration::from_secs(60), a.status("s")).await;
+    drop(in_flight);
+    match asked {
+        Ok(Err(BroodError::Moved { address, .. })) => assert_eq!(address, "http://b"),
+        Ok(other) => panic!("s was not named as served by b: {other:?}"),
+        Err(_) => panic!("a's answer waited for b's commit in flight"),
+    }
+    assert!(b.sessions().contains(&"s".to_string()), "b no longer serves s");
+    a.shutdown();
+    b.shutdown();
+}

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::PgLedger;
 
 #[cfg(any(test, feature = "failpoints"))]
-pub use super::pg::statements_in;
+pub use super::pg::{commit_lock_key, statements_in};
 
 /// The address of the test server, starting it on first use.
 pub fn url() -> String {
@@ -52,6 +52,62 @@ pub fn execute(url: &str, sql: &str) {
     .join()
     .expect("running test SQL")
     .unwrap_or_else(|e| panic!("running test SQL: {e}"));
+}
+
+/// A transaction holding an advisory lock shared, as a commit in flight holds its sessions'
+/// locks, until it is dropped (then it commits, and its connection closes).
+pub struct SharedLock {
+    release: Option<std::sync::mpsc::Sender<()>>,
+    done: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Takes advisory lock `key` shared on the database at `url`, in a transaction of its own that
+/// holds it until the answer is dropped; returns once it is held.
+pub fn hold_shared_lock(url: &str, key: i64) -> SharedLock {
+    let url = url.to_string();
+    let (held_tx, held_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let done = std::thread::spawn(move || {
+        let run = || -> Result<(), String> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tokio::spawn(connection);
+                let tx = client.transaction().await.map_err(|e| e.to_string())?;
+                tx.execute("SELECT pg_advisory_xact_lock_shared($1)", &[&key])
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let _ = held_tx.send(Ok(()));
+                let _ = tokio::task::spawn_blocking(move || release_rx.recv()).await;
+                tx.commit().await.map_err(|e| e.to_string())
+            })
+        };
+        if let Err(e) = run() {
+            let _ = held_tx.send(Err(e));
+        }
+    });
+    match held_rx.recv() {
+        Ok(Ok(())) => SharedLock {
+            release: Some(release),
+            done: Some(done),
+        },
+        Ok(Err(e)) => panic!("holding advisory lock {key}: {e}"),
+        Err(_) => panic!("holding advisory lock {key}: its thread stopped"),
+    }
+}
+
+impl Drop for SharedLock {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        if let Some(done) = self.done.take() {
+            let _ = done.join();
+        }
+    }
 }
 
 /// The address of a new, empty database on the test server (for a `brood serve --ledger`,

@@ -229,7 +229,8 @@ fn adopt_session(
     let Some(tenures) = engine.tenures.as_ref() else {
         return Ok(Adopted::Unknown);
     };
-    if !engine.ledger.has_session(id)? {
+    let stored = engine.ledger.has_session(id)?;
+    if !stored {
         if create.is_none() {
             // An id that names no stored session takes no tenure and leaves nothing behind (no
             // tenure row, no fence): a lookup of junk ids costs two reads each, and nothing
@@ -259,7 +260,15 @@ fn adopt_session(
             return Ok(Adopted::Elsewhere(address));
         }
     }
-    if let crate::ledger::TenureHolder::Elsewhere { address, owner } = tenures.acquire(id)? {
+    // A session another process serves is named by its live tenure, read as it is: taking the
+    // tenure would wait for that holder's commits in flight, and hold up its next ones, only
+    // to find it held. (A session being created has no tenure to read yet.)
+    let read = if stored { tenures.holder(id)? } else { None };
+    let found = match read {
+        Some(elsewhere @ crate::ledger::TenureHolder::Elsewhere { .. }) => elsewhere,
+        _ => tenures.acquire(id)?,
+    };
+    if let crate::ledger::TenureHolder::Elsewhere { address, owner } = found {
         tracing::debug!(session = %id, %owner, %address, "the session's tenure is held by another process");
         crate::failpoints::hold("adopt_elsewhere_hold");
         return Ok(Adopted::Elsewhere(address));

@@ -282,6 +282,13 @@ pub fn statements_in(schema: &str) -> u64 {
     counters(schema).load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The advisory lock a commit writing `session` alone, in the ledger in `schema`, takes shared
+/// (and a takeover of it exclusively): for tests that hold it as a commit in flight does.
+#[cfg(any(test, feature = "failpoints"))]
+pub fn commit_lock_key(schema: &str, session: &str) -> i64 {
+    tenures::commit_lock_key(schema, session)
+}
+
 impl Drop for PgLedger {
     /// A clean close commits what is staged (claims, marks), as sled's close flushes: a claim a
     /// boundary made before a shutdown is known as lost after it, not unknown.

@@ -76,9 +76,21 @@ mod locks;
 mod sweep;
 
 pub(super) use face::PgTenures;
-#[cfg(test)]
+#[cfg(any(test, feature = "failpoints"))]
 use locks::lock_key;
 use locks::{commit_keys, take_keys, TAKE_BATCH};
+
+/// The tenure table of the ledger in `schema`, schema-qualified.
+fn tenure_table(schema: &str) -> String {
+    format!("\"{schema}\".session_leases")
+}
+
+/// The advisory lock a commit writing `session` alone, in the ledger in `schema`, takes shared
+/// (and a takeover of it exclusively): for tests that hold it as a commit in flight does.
+#[cfg(any(test, feature = "failpoints"))]
+pub(super) fn commit_lock_key(schema: &str, session: &str) -> i64 {
+    lock_key(&tenure_table(schema), session.as_bytes())
+}
 
 /// How often every stored session is looked at for a missing tenure row (one that a writer not
 /// sharing the schema stored): slow, the sweeps never look for them.
@@ -184,7 +196,7 @@ impl HeldTenures {
         ));
         Arc::new(HeldTenures {
             config,
-            table: format!("\"{schema}\".session_leases"),
+            table: tenure_table(schema),
             sessions_table,
             pool,
             held: Mutex::new(HashMap::new()),
