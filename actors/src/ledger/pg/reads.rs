@@ -1,0 +1,460 @@
+//! The PostgreSQL ledger's reads: rows by key and by range, decoded (an undecodable row moved
+//! aside to the quarantine and named damaged), and the snapshot of one session, of many, or of
+//! the whole ledger, as recovery reads it.
+
+use super::*;
+
+impl PgLedger {
+    pub(super) fn table(&self, tree: &str) -> String {
+        self.inner.table(tree)
+    }
+
+    /// The rows of `tree` whose keys start with `prefix` (all of them for an empty prefix),
+    /// in key order, after `after` (exclusive) and at most `limit` when given.
+    pub(super) fn range(
+        &self,
+        tree: &'static str,
+        prefix: Vec<u8>,
+        after: Option<Vec<u8>>,
+        limit: Option<usize>,
+    ) -> Result<Vec<(Key, Vec<u8>)>, LedgerError> {
+        self.settle()?;
+        let table = self.table(tree);
+        let pool = self.inner.pool.clone();
+        self.inner.sent(1);
+        self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            // The keys starting with `prefix` are those from it up to (not including) the
+            // first key past every such key: the prefix with its last byte below 0xff raised,
+            // the bytes after it dropped; none when every byte is 0xff.
+            let mut end = prefix.clone();
+            while end.last() == Some(&0xff) {
+                end.pop();
+            }
+            if let Some(last) = end.last_mut() {
+                *last += 1;
+            }
+            let lower = after.map_or(prefix.clone(), |mut a| {
+                a.push(0);
+                a.max(prefix.clone())
+            });
+            let limit = limit.map_or(i64::MAX, |l| i64::try_from(l).unwrap_or(i64::MAX));
+            let rows = if end.is_empty() {
+                client
+                    .query(
+                        &format!("SELECT key, value FROM {table} WHERE key >= $1 ORDER BY key LIMIT $2"),
+                        &[&lower, &limit],
+                    )
+                    .await
+            } else {
+                client
+                    .query(
+                        &format!("SELECT key, value FROM {table} WHERE key >= $1 AND key < $2 ORDER BY key LIMIT $3"),
+                        &[&lower, &end, &limit],
+                    )
+                    .await
+            }
+            .map_err(pg_error(format!("reading {tree}")))?;
+            Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+    }
+
+    /// One row of `tree` by key.
+    pub(super) fn get(&self, tree: &'static str, key: Vec<u8>) -> Result<Option<Vec<u8>>, LedgerError> {
+        self.settle()?;
+        let table = self.table(tree);
+        let pool = self.inner.pool.clone();
+        self.inner.sent(1);
+        self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let row = client
+                .query_opt(&format!("SELECT value FROM {table} WHERE key = $1"), &[&key])
+                .await
+                .map_err(pg_error(format!("reading {tree}")))?;
+            Ok(row.map(|r| r.get(0)))
+        })
+    }
+
+    pub(super) fn get_row<T: crate::codec::Stored>(
+        &self,
+        tree: &'static str,
+        session_id: &str,
+        id: &str,
+    ) -> Result<Option<T>, LedgerError> {
+        match self.get(tree, row_key(session_id, id))? {
+            None => Ok(None),
+            Some(v) => decode_at(tree, id.as_bytes(), &v).map(Some),
+        }
+    }
+
+    /// Reads a tree back (all of it, or one session's rows), quarantining rows that do not
+    /// decode or fail their check, as sled's read does.
+    pub(super) fn scan<T: crate::codec::Stored + CheckRow>(
+        &self,
+        tree: &'static str,
+        session: Option<&str>,
+    ) -> Result<Vec<T>, LedgerError> {
+        let rows = match session {
+            None => self.range(tree, Vec::new(), None, None)?,
+            Some(s) if crate::ledger::rows::is_scoped(tree) => self.range(tree, session_prefix(s), None, None)?,
+            Some(s) => self
+                .get(tree, s.as_bytes().to_vec())?
+                .map(|v| (s.as_bytes().to_vec(), v))
+                .into_iter()
+                .collect(),
+        };
+        self.decoded(tree, rows)
+    }
+
+    /// Rows of `tree` as read, decoded; those that do not decode or fail their check are
+    /// quarantined (those of this process's sessions: see below) and left out.
+    pub(super) fn decoded<T: crate::codec::Stored + CheckRow>(
+        &self,
+        tree: &'static str,
+        rows: Vec<(Key, Vec<u8>)>,
+    ) -> Result<Vec<T>, LedgerError> {
+        Ok(self.decoded_noting(tree, rows)?.0)
+    }
+
+    /// [`PgLedger::decoded`], and the keys of the rows it moved aside.
+    pub(super) fn decoded_noting<T: crate::codec::Stored + CheckRow>(
+        &self,
+        tree: &'static str,
+        rows: Vec<(Key, Vec<u8>)>,
+    ) -> Result<(Vec<T>, Vec<Key>), LedgerError> {
+        let mut moved = Vec::new();
+        let mut out = Vec::with_capacity(rows.len());
+        let bad = decode_rows(rows.into_iter().map(Ok::<_, LedgerError>), &mut out)?;
+        for (k, v, reason) in bad {
+            // Shared: a row of a session another process serves is that one's to move aside
+            // (it may be of a newer build's format, during a rolling upgrade); skipped here.
+            let others = match (&self.inner.tenures, commit::key_session(tree, &k)) {
+                (Some(book), Some(session)) => !book.holds(&session),
+                _ => false,
+            };
+            if others {
+                tracing::warn!(
+                    tree,
+                    "a row of a session served by another process could not be read here; left in place: {reason}"
+                );
+                continue;
+            }
+            self.move_aside(tree, &k, &v, &reason)?;
+            moved.push(k);
+        }
+        Ok((out, moved))
+    }
+
+    /// Moves a raw row aside to the quarantine tables, in one transaction.
+    pub(super) fn move_aside(
+        &self,
+        tree: &'static str,
+        key: &[u8],
+        value: &[u8],
+        reason: &str,
+    ) -> Result<(), LedgerError> {
+        let (qkey, row) = quarantine_entry(tree, key, value, reason);
+        let encoded = encode(QUARANTINE, key, &row)?;
+        let (key, value) = (key.to_vec(), value.to_vec());
+        let extra = vec![
+            (QUARANTINE_RAW, qkey.clone()),
+            (QUARANTINE, qkey.clone()),
+            (tree, key.to_vec()),
+        ];
+        self.commit_staged(BTreeSet::new(), extra, move |tx, this, _| {
+            Box::pin(async move {
+                for (t, v) in [(QUARANTINE_RAW, &value), (QUARANTINE, &encoded)] {
+                    tx.execute(
+                        &format!(
+                            "INSERT INTO {} (key, value) VALUES ($1, $2)
+                             ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                            this.table(t)
+                        ),
+                        &[&qkey, v],
+                    )
+                    .await
+                    .map_err(pg_error("quarantining a row"))?;
+                }
+                tx.execute(&format!("DELETE FROM {} WHERE key = $1", this.table(tree)), &[&key])
+                    .await
+                    .map_err(pg_error("quarantining a row"))?;
+                // Not staged again if the commit fails: the next load quarantines it again.
+                Ok(((), Vec::new()))
+            })
+        })?;
+        tracing::error!(
+            tree,
+            key = %crate::text::printable(&String::from_utf8_lossy(&row.key)),
+            "a stored row could not be used and was moved to the quarantine table: {reason}"
+        );
+        Ok(())
+    }
+
+    /// The children (of one session, or all) whose rows are in quarantine.
+    pub(super) fn damaged_children(&self, session: Option<&str>) -> Result<Vec<String>, LedgerError> {
+        let mut prefix = format!("{CHILDREN}/").into_bytes();
+        if let Some(s) = session {
+            prefix.extend_from_slice(&session_prefix(s));
+        }
+        Ok(self
+            .range(QUARANTINE, prefix, None, None)?
+            .into_iter()
+            .map(|(k, _)| damaged_child(&k))
+            .collect())
+    }
+
+    pub(super) fn read(&self, session: Option<&str>) -> Result<Snapshot, LedgerError> {
+        let acks: Vec<AckRow> = self.scan(ACKS, session)?;
+        let dead: Vec<DeadLetterRow> = self.scan(DEAD_LETTERS, session)?;
+        let calls: Vec<CallRow> = self.scan(CALLS, session)?;
+        let mut children: Vec<ChildRow> = self.scan(CHILDREN, session)?;
+        fold_delivery(&mut children, &acks, &dead);
+        let claims = live_claims(self.scan(CLAIMS, session)?, &acks);
+        Ok(Snapshot {
+            sessions: self.scan(SESSIONS, session)?,
+            calls,
+            children,
+            claims,
+            starts: self.scan(STARTS, session)?,
+            damaged_children: self.damaged_children(session)?,
+            wakes: self.scan(WAKES, session)?,
+            nests: self.scan(NESTS, session)?,
+        })
+    }
+
+    /// Reads the rows of `sessions` (sorted, each once) back as [`PgLedger::read`] reads one
+    /// session's, in one statement per table for all of them: the scoped trees' rows by a join
+    /// of the sessions' key ranges (each an index range scan), the trees keyed by session id by
+    /// their keys, the damaged children by the ranges of their quarantine keys. The statements
+    /// go out together on one connection (one round trip). Delivery state is folded in per
+    /// session, as a load of each session alone folds it.
+    pub(super) fn read_many(&self, sessions: &[String]) -> Result<Snapshot, LedgerError> {
+        if sessions.is_empty() {
+            return Ok(Snapshot::default());
+        }
+        self.settle()?;
+        // Each session's rows are the keys from `<session>\0` up to `<session>\1`.
+        let ranges = |prefix: &[u8]| -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+            sessions
+                .iter()
+                .map(|s| {
+                    let mut low = prefix.to_vec();
+                    low.extend_from_slice(&session_prefix(s));
+                    let mut high = low.clone();
+                    if let Some(last) = high.last_mut() {
+                        *last = 1;
+                    }
+                    (low, high)
+                })
+                .unzip()
+        };
+        let (low, high) = ranges(b"");
+        let (damaged_low, damaged_high) = ranges(format!("{CHILDREN}/").as_bytes());
+        let names: Vec<Vec<u8>> = sessions.iter().map(|s| s.as_bytes().to_vec()).collect();
+        let scoped = [ACKS, DEAD_LETTERS, CALLS, CHILDREN, CLAIMS, STARTS].map(|t| (t, self.table(t)));
+        let keyed = [SESSIONS, WAKES, NESTS].map(|t| (t, self.table(t)));
+        let quarantine = self.table(QUARANTINE);
+        let pool = self.inner.pool.clone();
+        self.inner.sent(scoped.len() + keyed.len() + 1);
+        let (mut scoped_rows, mut keyed_rows, damaged) = self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let client = &client;
+            let in_ranges = |table: &str, columns: &str| {
+                format!(
+                    "SELECT {columns} FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
+                     JOIN {table} t ON t.key >= r.low AND t.key < r.high ORDER BY t.key"
+                )
+            };
+            let scoped = futures::future::try_join_all(scoped.iter().map(|(tree, table)| {
+                let sql = in_ranges(table, "t.key, t.value");
+                let (low, high) = (&low, &high);
+                async move {
+                    let rows = client
+                        .query(&sql, &[low, high])
+                        .await
+                        .map_err(pg_error(format!("reading {tree} of many sessions")))?;
+                    Ok::<_, LedgerError>(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect::<Vec<_>>())
+                }
+            }));
+            let keyed = futures::future::try_join_all(keyed.iter().map(|(tree, table)| {
+                let sql = format!("SELECT key, value FROM {table} WHERE key = ANY($1) ORDER BY key");
+                let names = &names;
+                async move {
+                    let rows = client
+                        .query(&sql, &[names])
+                        .await
+                        .map_err(pg_error(format!("reading {tree} of many sessions")))?;
+                    Ok::<_, LedgerError>(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect::<Vec<_>>())
+                }
+            }));
+            let damaged = async {
+                let sql = in_ranges(&quarantine, "t.key");
+                let rows = client
+                    .query(&sql, &[&damaged_low, &damaged_high])
+                    .await
+                    .map_err(pg_error("reading the damaged children of many sessions"))?;
+                Ok::<_, LedgerError>(
+                    rows.into_iter()
+                        .map(|r| damaged_child(r.get::<_, &[u8]>(0)))
+                        .collect::<Vec<_>>(),
+                )
+            };
+            futures::try_join!(scoped, keyed, damaged)
+        })?;
+        // In the order the statements were listed.
+        let (mut scoped_rows, mut keyed_rows) = (scoped_rows.drain(..), keyed_rows.drain(..));
+        let mut scoped = move || scoped_rows.next().unwrap_or_default();
+        let mut keyed = move || keyed_rows.next().unwrap_or_default();
+        let acks: Vec<AckRow> = self.decoded(ACKS, scoped())?;
+        let dead: Vec<DeadLetterRow> = self.decoded(DEAD_LETTERS, scoped())?;
+        let calls: Vec<CallRow> = self.decoded(CALLS, scoped())?;
+        let (mut children, moved): (Vec<ChildRow>, _) = self.decoded_noting(CHILDREN, scoped())?;
+        // The quarantine was read beside the children: those this read moved aside are damaged
+        // too, as a load of one session (which reads the quarantine after) names them.
+        let mut damaged = damaged;
+        for key in moved {
+            let id = key.iter().position(|&b| b == 0).map_or(&key[..], |nul| &key[nul + 1..]);
+            damaged.push(String::from_utf8_lossy(id).into_owned());
+        }
+        let claims: Vec<ClaimRow> = self.decoded(CLAIMS, scoped())?;
+        let starts: Vec<StartRow> = self.decoded(STARTS, scoped())?;
+        fold_delivery_by_session(&mut children, &acks, &dead);
+        let acked: HashSet<(&str, &str)> = acks
+            .iter()
+            .map(|a| (a.session_id.as_str(), a.claim_id.as_str()))
+            .collect();
+        let claims = claims
+            .into_iter()
+            .filter(|c| !acked.contains(&(c.session_id.as_str(), c.claim_id.as_str())))
+            .collect();
+        Ok(Snapshot {
+            sessions: self.decoded(SESSIONS, keyed())?,
+            calls,
+            children,
+            claims,
+            starts,
+            damaged_children: damaged,
+            wakes: self.decoded(WAKES, keyed())?,
+            nests: self.decoded(NESTS, keyed())?,
+        })
+    }
+
+    /// [`Ledger::oldest_rows`] of up to [`LOAD_CHUNK`] sessions: the first call and the first
+    /// ack row of each session's key range (an index range scan each, one row), two
+    /// statements sent together.
+    pub(super) fn oldest_of(&self, sessions: &[String]) -> Result<Vec<OldestRows>, LedgerError> {
+        if sessions.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.settle()?;
+        let (low, high): (Vec<Vec<u8>>, Vec<Vec<u8>>) = sessions
+            .iter()
+            .map(|s| {
+                let low = session_prefix(s);
+                let mut high = low.clone();
+                if let Some(last) = high.last_mut() {
+                    *last = 1;
+                }
+                (low, high)
+            })
+            .unzip();
+        let index: Vec<i32> = (0..sessions.len()).map(|i| i as i32).collect();
+        let tables = [CALLS, ACKS].map(|t| (t, self.table(t)));
+        let pool = self.inner.pool.clone();
+        self.inner.sent(tables.len());
+        let mut found = self.runtime.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let client = &client;
+            let (index, low, high) = (&index, &low, &high);
+            futures::future::try_join_all(tables.iter().map(|(tree, table)| async move {
+                let sql = format!(
+                    "SELECT r.i, f.key, f.value FROM unnest($1::int4[], $2::bytea[], $3::bytea[]) AS r(i, low, high)
+                     CROSS JOIN LATERAL (SELECT t.key, t.value FROM {table} t
+                         WHERE t.key >= r.low AND t.key < r.high ORDER BY t.key LIMIT 1) f"
+                );
+                let rows = client
+                    .query(&sql, &[index, low, high])
+                    .await
+                    .map_err(pg_error(format!("reading the oldest {tree} of many sessions")))?;
+                Ok::<_, LedgerError>(
+                    rows.into_iter()
+                        .map(|r| {
+                            (
+                                r.get::<_, i32>(0) as usize,
+                                r.get::<_, Vec<u8>>(1),
+                                r.get::<_, Vec<u8>>(2),
+                            )
+                        })
+                        .collect::<Vec<_>>(),
+                )
+            }))
+            .await
+        })?;
+        let mut out: Vec<OldestRows> = sessions
+            .iter()
+            .map(|s| OldestRows {
+                session_id: s.clone(),
+                call: None,
+                ack: None,
+            })
+            .collect();
+        let acks = found.pop().unwrap_or_default();
+        let calls = found.pop().unwrap_or_default();
+        for (i, k, v) in calls {
+            if let Some(o) = out.get_mut(i) {
+                o.call = Some(decode_at(CALLS, &k, &v)?);
+            }
+        }
+        for (i, k, v) in acks {
+            if let Some(o) = out.get_mut(i) {
+                o.ack = Some(decode_at(ACKS, &k, &v)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Decoded rows of a key range, an undecodable one an error (as sled's point reads).
+    pub(super) fn rows_in<T: crate::codec::Stored>(
+        &self,
+        tree: &'static str,
+        prefix: Vec<u8>,
+        after: Option<Vec<u8>>,
+        limit: Option<usize>,
+    ) -> Result<Vec<T>, LedgerError> {
+        self.range(tree, prefix, after, limit)?
+            .into_iter()
+            .map(|(k, v)| decode_at(tree, &k, &v))
+            .collect()
+    }
+}
+
+/// The id of the child a quarantine key of a child row names (`children/<session>\0<id>`).
+pub(super) fn damaged_child(key: &[u8]) -> String {
+    let key = &key[(CHILDREN.len() + 1).min(key.len())..];
+    let id = key.iter().position(|&b| b == 0).map_or(key, |nul| &key[nul + 1..]);
+    String::from_utf8_lossy(id).into_owned()
+}
+
+/// Folds delivery state into the children of many sessions as [`fold_delivery`] folds it into
+/// one session's: each session's children take only its own ack rows and dead letters.
+pub(super) fn fold_delivery_by_session(children: &mut [ChildRow], acks: &[AckRow], dead: &[DeadLetterRow]) {
+    if acks.is_empty() && dead.is_empty() {
+        return;
+    }
+    let mut acks_of: HashMap<&str, Vec<AckRow>> = HashMap::new();
+    for a in acks {
+        acks_of.entry(&a.session_id).or_default().push(a.clone());
+    }
+    let mut dead_of: HashMap<&str, Vec<DeadLetterRow>> = HashMap::new();
+    for d in dead {
+        dead_of.entry(&d.session_id).or_default().push(d.clone());
+    }
+    // Rows come in key order: each session's children are one run.
+    for run in children.chunk_by_mut(|a, b| a.session_id == b.session_id) {
+        let session = run.first().map(|c| c.session_id.clone()).unwrap_or_default();
+        let (a, d) = (acks_of.get(session.as_str()), dead_of.get(session.as_str()));
+        if a.is_some() || d.is_some() {
+            fold_delivery(run, a.map_or(&[], Vec::as_slice), d.map_or(&[], Vec::as_slice));
+        }
+    }
+}
