@@ -452,3 +452,53 @@ fn a_request_sent_on_to_the_holder_is_counted_where_it_arrived() {
         assert!(failed >= 1.0, "{refused} reads were refused, none counted failed");
     }
 }
+
+/// A raw `POST` of JSON `body` to `s` with `headers` as given (a header may come twice): the
+/// status and the reply's body.
+fn post_headers(s: &Server, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", s.port())).unwrap();
+    let body = body.to_string();
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body.as_bytes()).unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let status = reply.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let text = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    (status, text)
+}
+
+#[test]
+fn a_request_sent_on_carries_every_value_of_a_header_given_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (a, b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
+    a.open("x");
+    let body = json!({"tasks": [{"goal": "t", "runner": sim(0)}]});
+    let twice = [("Idempotency-Key", "k1"), ("Idempotency-Key", "k2")];
+    // Where it is served: the request is refused for its two keys, as the process it reached
+    // refuses it when it serves the session itself.
+    let (status, reply) = post_headers(&a, "/v1/sessions/x/delegate", &body, &twice);
+    assert_eq!(status, 400, "{reply}");
+    // b finds out that a serves x; the same request through b is sent on before any handler
+    // there runs, and a judges it whole: both keys, refused.
+    let (status, view) = b.call("GET", "/v1/sessions/x", None);
+    assert_eq!(status, 200, "{view}");
+    for _ in 0..2 {
+        let (status, reply) = post_headers(&b, "/v1/sessions/x/delegate", &body, &twice);
+        assert_eq!(status, 400, "sent on with one key of two: {reply}");
+        assert!(reply.contains("more than once"), "{reply}");
+    }
+    // Nothing was called under either key.
+    let (status, view) = a.call("GET", "/v1/sessions/x?delivered=true", None);
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["calls"].as_array().map_or(0, Vec::len), 0, "{view}");
+}

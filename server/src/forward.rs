@@ -172,9 +172,12 @@ pub(super) async fn forward(
     let out = Outbound {
         method: req.method().clone(),
         target: req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string(),
+        // Every value of each, in order: the holder judges a header given twice (an
+        // `Idempotency-Key` twice is refused, a `traceparent` twice ignored) as this process
+        // would.
         headers: SENT_ON
             .iter()
-            .filter_map(|h| req.headers().get(h).map(|v| (h.clone(), v.clone())))
+            .flat_map(|h| req.headers().get_all(h).map(|v| (h.clone(), v.clone())))
             .collect(),
         body,
         came_through: Hops::read(req.headers().get(FORWARDED)),
