@@ -502,3 +502,39 @@ fn a_request_sent_on_carries_every_value_of_a_header_given_twice() {
     assert_eq!(status, 200, "{view}");
     assert_eq!(view["calls"].as_array().map_or(0, Vec::len), 0, "{view}");
 }
+
+#[test]
+fn a_holder_restarted_at_its_address_is_reached_anew_through_a_peer() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (a, b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
+    a.open("x");
+    // b sends reads on to a, over a connection it keeps for the next one.
+    for _ in 0..3 {
+        let (status, view) = b.call("GET", "/v1/sessions/x", None);
+        assert_eq!(status, 200, "{view}");
+    }
+    let port = a.port();
+    a.kill9();
+    let a = Server::node_on(dir.path(), &url, "a", TENURE_MS, port);
+    // Through b, a read is answered 503 (to retry) until a process serves x again: never from
+    // the connection to the killed process, and never anything else.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, view) = b.call("GET", "/v1/sessions/x", None);
+        if status == 200 {
+            assert_eq!(view["session_id"], "x", "{view}");
+            break;
+        }
+        let code = view["error"]["code"].as_str().unwrap_or("");
+        assert!(
+            status == 503 && ["session_moved", "lease_lapsed"].contains(&code),
+            "{status}: {view}"
+        );
+        assert!(Instant::now() < deadline, "x was never served again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // And a request through a as well.
+    let (status, view) = a.call("GET", "/v1/sessions/x", None);
+    assert_eq!(status, 200, "{view}");
+}
