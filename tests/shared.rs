@@ -453,14 +453,20 @@ fn a_request_sent_on_to_the_holder_is_counted_where_it_arrived() {
     }
 }
 
-/// A raw `POST` of JSON `body` to `s` with `headers` as given (a header may come twice): the
-/// status and the reply's body.
-fn post_headers(s: &Server, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, String) {
+/// A raw request to `s` with `headers` as given (a header may come twice) and JSON `body`
+/// when given: the status, the reply's head (lowercased) and its body.
+fn exchange(
+    s: &Server,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    headers: &[(&str, &str)],
+) -> (u16, String, String) {
     use std::io::{Read as _, Write as _};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", s.port())).unwrap();
-    let body = body.to_string();
+    let body = body.map(Value::to_string).unwrap_or_default();
     let mut head = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
         body.len()
     );
     for (name, value) in headers {
@@ -472,7 +478,13 @@ fn post_headers(s: &Server, path: &str, body: &Value, headers: &[(&str, &str)]) 
     let mut reply = String::new();
     stream.read_to_string(&mut reply).unwrap();
     let status = reply.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let text = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_string();
+    let (head, text) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    (status, head.to_ascii_lowercase(), text.to_string())
+}
+
+/// A raw `POST` of JSON `body` to `s` with `headers` as given: the status and the reply's body.
+fn post_headers(s: &Server, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, String) {
+    let (status, _, text) = exchange(s, "POST", path, Some(body), headers);
     (status, text)
 }
 
@@ -537,4 +549,28 @@ fn a_holder_restarted_at_its_address_is_reached_anew_through_a_peer() {
     // And a request through a as well.
     let (status, view) = a.call("GET", "/v1/sessions/x", None);
     assert_eq!(status, 200, "{view}");
+}
+
+#[test]
+fn a_method_a_path_does_not_answer_is_refused_naming_those_it_does_through_any_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (a, b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
+    a.open("x");
+    let (status, head, text) = exchange(&a, "DELETE", "/v1/sessions/x", None, &[]);
+    assert_eq!(status, 405, "{text}");
+    let allow = head
+        .lines()
+        .find(|l| l.starts_with("allow:"))
+        .unwrap_or_else(|| panic!("no Allow where x is served: {head}"))
+        .to_string();
+    // b finds out that a serves x; the same request through b is sent on to a, and its
+    // answer comes back with the methods the path answers.
+    let (status, view) = b.call("GET", "/v1/sessions/x", None);
+    assert_eq!(status, 200, "{view}");
+    for _ in 0..2 {
+        let (status, head, text) = exchange(&b, "DELETE", "/v1/sessions/x", None, &[]);
+        assert_eq!(status, 405, "{text}");
+        assert!(head.lines().any(|l| l == allow), "no `{allow}` through b: {head}");
+    }
 }

@@ -351,12 +351,16 @@ async fn relay(
             status,
             content_type,
             holder,
+            allow,
             body,
         }) => {
             let mut reply = HttpResponse::build(status);
             reply.insert_header((header::CONTENT_TYPE, content_type));
             if let Some(holder) = holder {
                 reply.insert_header((header::HeaderName::from_static(HOLDER), holder));
+            }
+            if let Some(allow) = allow {
+                reply.insert_header((header::ALLOW, allow));
             }
             reply.body(body)
         }
@@ -464,6 +468,8 @@ struct Answer {
     content_type: header::HeaderValue,
     /// The process it named as serving the session ([`HOLDER`]), if it named one.
     holder: Option<header::HeaderValue>,
+    /// The methods the path answers, with a 405: what the holder said, as it said it.
+    allow: Option<header::HeaderValue>,
     body: web::Bytes,
 }
 
@@ -496,6 +502,7 @@ async fn send_on(
         .cloned()
         .unwrap_or_else(|| header::HeaderValue::from_static("application/json"));
     let holder = answer.headers().get(HOLDER).cloned();
+    let allow = answer.headers().get(header::ALLOW).cloned();
     let body = answer
         .body()
         .limit(limit)
@@ -505,6 +512,7 @@ async fn send_on(
         status,
         content_type,
         holder,
+        allow,
         body,
     })
 }
