@@ -56,6 +56,7 @@ pub fn execute(url: &str, sql: &str) {
 
 /// A transaction holding an advisory lock shared, as a commit in flight holds its sessions'
 /// locks, until it is dropped (then it commits, and its connection closes).
+#[derive(Debug)]
 pub struct SharedLock {
     release: Option<std::sync::mpsc::Sender<()>>,
     done: Option<std::thread::JoinHandle<()>>,
