@@ -477,3 +477,76 @@ fn a_peer_that_drops_a_request_unanswered_is_sent_it_once() {
     assert_eq!(heads.len(), 1, "{heads:?}");
     assert!(heads[0].starts_with("post /v1/sessions/s/delegate"), "{}", heads[0]);
 }
+
+#[test]
+fn requests_held_up_at_a_slow_peer_hold_up_nothing_sent_to_another() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    // More requests at once than one process's workers kept connections for (100 each).
+    const SLOW: usize = 240;
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    // A peer that takes each request in and answers none until told to.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let slow = format!("http://{}", l.local_addr().unwrap());
+    let (arrived, go) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+    {
+        let (arrived, go) = (arrived.clone(), go.clone());
+        std::thread::spawn(move || {
+            for stream in l.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let (arrived, go) = (arrived.clone(), go.clone());
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    arrived.fetch_add(1, Ordering::SeqCst);
+                    while !go.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    let body = br#"{"session_id":"s","turn":"idle","wake_capable":true,"counts":{}}"#;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes());
+                    let _ = stream.write_all(body);
+                });
+            }
+        });
+    }
+    let b = session_held_at(dir.path(), &url, &slow);
+    let c = node(dir.path(), &url, "c");
+    c.open("x");
+    std::thread::scope(|scope| {
+        let held: Vec<_> = (0..SLOW)
+            .map(|_| scope.spawn(|| b.call("GET", "/v1/sessions/s", None).0))
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while arrived.load(Ordering::SeqCst) < SLOW {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {SLOW} requests reached the slow peer",
+                arrived.load(Ordering::SeqCst)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Every one of them still waits there: a request through b for a session c serves is
+        // answered meanwhile.
+        for _ in 0..4 {
+            let (status, view) = b.call("GET", "/v1/sessions/x", None);
+            assert_eq!(status, 200, "{view}");
+        }
+        assert!(!go.load(Ordering::SeqCst));
+        go.store(true, Ordering::SeqCst);
+        for h in held {
+            assert_eq!(h.join().unwrap(), 200);
+        }
+    });
+}

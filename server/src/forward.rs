@@ -455,7 +455,11 @@ fn peers() -> awc::Client {
             .connector(
                 awc::Connector::new()
                     .timeout(CONNECT_TIMEOUT)
-                    .conn_keep_alive(IDLE_AGE),
+                    .conn_keep_alive(IDLE_AGE)
+                    // As many connections at once as requests are sent on (each came on a
+                    // connection of its own): a cap (awc's default is 100) would hold every
+                    // request past it, to any process, behind those a slow process holds.
+                    .limit(0),
             )
             .finish();
     }
