@@ -452,3 +452,125 @@ fn a_request_sent_on_to_the_holder_is_counted_where_it_arrived() {
         assert!(failed >= 1.0, "{refused} reads were refused, none counted failed");
     }
 }
+
+/// A raw request to `s` with `headers` as given (a header may come twice) and JSON `body`
+/// when given: the status, the reply's head (lowercased) and its body.
+fn exchange(
+    s: &Server,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    headers: &[(&str, &str)],
+) -> (u16, String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", s.port())).unwrap();
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body.as_bytes()).unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let status = reply.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let (head, text) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    (status, head.to_ascii_lowercase(), text.to_string())
+}
+
+/// A raw `POST` of JSON `body` to `s` with `headers` as given: the status and the reply's body.
+fn post_headers(s: &Server, path: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, String) {
+    let (status, _, text) = exchange(s, "POST", path, Some(body), headers);
+    (status, text)
+}
+
+#[test]
+fn a_request_sent_on_carries_every_value_of_a_header_given_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (a, b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
+    a.open("x");
+    let body = json!({"tasks": [{"goal": "t", "runner": sim(0)}]});
+    let twice = [("Idempotency-Key", "k1"), ("Idempotency-Key", "k2")];
+    // Where it is served: the request is refused for its two keys, as the process it reached
+    // refuses it when it serves the session itself.
+    let (status, reply) = post_headers(&a, "/v1/sessions/x/delegate", &body, &twice);
+    assert_eq!(status, 400, "{reply}");
+    // b finds out that a serves x; the same request through b is sent on before any handler
+    // there runs, and a judges it whole: both keys, refused.
+    let (status, view) = b.call("GET", "/v1/sessions/x", None);
+    assert_eq!(status, 200, "{view}");
+    for _ in 0..2 {
+        let (status, reply) = post_headers(&b, "/v1/sessions/x/delegate", &body, &twice);
+        assert_eq!(status, 400, "sent on with one key of two: {reply}");
+        assert!(reply.contains("more than once"), "{reply}");
+    }
+    // Nothing was called under either key.
+    let (status, view) = a.call("GET", "/v1/sessions/x?delivered=true", None);
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["calls"].as_array().map_or(0, Vec::len), 0, "{view}");
+}
+
+#[test]
+fn a_holder_restarted_at_its_address_is_reached_anew_through_a_peer() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (a, b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
+    a.open("x");
+    // b sends reads on to a, over a connection it keeps for the next one.
+    for _ in 0..3 {
+        let (status, view) = b.call("GET", "/v1/sessions/x", None);
+        assert_eq!(status, 200, "{view}");
+    }
+    let port = a.port();
+    a.kill9();
+    let a = Server::node_on(dir.path(), &url, "a", TENURE_MS, port);
+    // Through b, a read is answered 503 (to retry) until a process serves x again: never from
+    // the connection to the killed process, and never anything else.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, view) = b.call("GET", "/v1/sessions/x", None);
+        if status == 200 {
+            assert_eq!(view["session_id"], "x", "{view}");
+            break;
+        }
+        let code = view["error"]["code"].as_str().unwrap_or("");
+        assert!(
+            status == 503 && ["session_moved", "lease_lapsed"].contains(&code),
+            "{status}: {view}"
+        );
+        assert!(Instant::now() < deadline, "x was never served again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // And a request through a as well.
+    let (status, view) = a.call("GET", "/v1/sessions/x", None);
+    assert_eq!(status, 200, "{view}");
+}
+
+#[test]
+fn a_method_a_path_does_not_answer_is_refused_naming_those_it_does_through_any_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (a, b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
+    a.open("x");
+    let (status, head, text) = exchange(&a, "DELETE", "/v1/sessions/x", None, &[]);
+    assert_eq!(status, 405, "{text}");
+    let allow = head
+        .lines()
+        .find(|l| l.starts_with("allow:"))
+        .unwrap_or_else(|| panic!("no Allow where x is served: {head}"))
+        .to_string();
+    // b finds out that a serves x; the same request through b is sent on to a, and its
+    // answer comes back with the methods the path answers.
+    let (status, view) = b.call("GET", "/v1/sessions/x", None);
+    assert_eq!(status, 200, "{view}");
+    for _ in 0..2 {
+        let (status, head, text) = exchange(&b, "DELETE", "/v1/sessions/x", None, &[]);
+        assert_eq!(status, 405, "{text}");
+        assert!(head.lines().any(|l| l == allow), "no `{allow}` through b: {head}");
+    }
+}

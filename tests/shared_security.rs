@@ -391,3 +391,162 @@ fn a_holder_a_peers_answer_names_is_not_sent_anything() {
     let asked = asked.lock().unwrap().len();
     assert_eq!(asked, 3, "each request went to the holder the lease table names");
 }
+
+#[test]
+fn a_peers_chunked_answer_is_relayed_whole_and_a_huge_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let huge = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let big = huge.clone();
+    let (peer, heads) = listener(move |s| {
+        let head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\nX-Brood-Holder: http://127.0.0.1:1\r\n\r\n";
+        let _ = s.write_all(head.as_bytes());
+        if big.load(std::sync::atomic::Ordering::SeqCst) {
+            // Past any limit, with no length to tell it beforehand.
+            let chunk = format!("{:x}\r\n{}\r\n", 1 << 20, " ".repeat(1 << 20));
+            for _ in 0..300 {
+                if s.write_all(chunk.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        } else {
+            for part in [
+                r#"{"session_id":"s","turn":"idle","#,
+                r#""wake_capable":true,"counts":{}}"#,
+            ] {
+                let _ = s.write_all(format!("{:x}\r\n{part}\r\n", part.len()).as_bytes());
+            }
+        }
+        let _ = s.write_all(b"0\r\n\r\n");
+    });
+    let b = session_held_at(dir.path(), &url, &peer);
+    let reply = b.send("GET", "/v1/sessions/s", None, Some(KEY));
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert_eq!(
+        reply.text, r#"{"session_id":"s","turn":"idle","wake_capable":true,"counts":{}}"#,
+        "relayed whole, as it came"
+    );
+    assert_eq!(reply.content_type, "application/json");
+    assert_eq!(
+        reply.holder.as_deref(),
+        Some("http://127.0.0.1:1"),
+        "the holder it named is relayed"
+    );
+    // What went to the peer: the peer credential, never the user's key; no encoding it would
+    // have to undo.
+    {
+        let heads = heads.lock().unwrap();
+        assert_eq!(heads.len(), 1, "{heads:?}");
+        assert!(heads[0].contains("x-brood-peer: bpk_"), "{}", heads[0]);
+        assert!(
+            !heads[0].contains(KEY) && !heads[0].contains("authorization:"),
+            "{}",
+            heads[0]
+        );
+        assert!(heads[0].contains("x-brood-forwarded-by: "), "{}", heads[0]);
+        let encoding = heads[0].lines().find(|l| l.starts_with("accept-encoding:"));
+        assert!(
+            encoding.is_none_or(|l| l.trim() == "accept-encoding: identity"),
+            "{}",
+            heads[0]
+        );
+    }
+    huge.store(true, std::sync::atomic::Ordering::SeqCst);
+    let reply = b.send("GET", "/v1/sessions/s", None, Some(KEY));
+    assert_eq!(reply.status, 503, "{}", reply.text);
+    assert!(reply.text.contains("session_moved"), "{}", reply.text);
+    assert!(reply.text.len() < 1 << 20, "relayed {} bytes", reply.text.len());
+}
+
+#[test]
+fn a_peer_that_drops_a_request_unanswered_is_sent_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    // Read whole, then the connection closed with no answer: as a holder killed mid-request.
+    let (peer, heads) = listener(|s| {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    });
+    let b = session_held_at(dir.path(), &url, &peer);
+    let body = json!({"tasks": [{"goal": "t", "runner": server::sim(0)}]});
+    let (status, reply) = b.call("POST", "/v1/sessions/s/delegate", Some(body));
+    assert_error((status, reply), 503, "session_moved");
+    // Not sent again on another connection: a request that may have been done there is the
+    // client's to retry (with its idempotency key), never this process's.
+    std::thread::sleep(Duration::from_millis(300));
+    let heads = heads.lock().unwrap();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(heads[0].starts_with("post /v1/sessions/s/delegate"), "{}", heads[0]);
+}
+
+#[test]
+fn requests_held_up_at_a_slow_peer_hold_up_nothing_sent_to_another() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    // More requests at once than one process's workers kept connections for (100 each).
+    const SLOW: usize = 240;
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    // A peer that takes each request in and answers none until told to.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let slow = format!("http://{}", l.local_addr().unwrap());
+    let (arrived, go) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+    {
+        let (arrived, go) = (arrived.clone(), go.clone());
+        std::thread::spawn(move || {
+            for stream in l.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let (arrived, go) = (arrived.clone(), go.clone());
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    arrived.fetch_add(1, Ordering::SeqCst);
+                    while !go.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    let body = br#"{"session_id":"s","turn":"idle","wake_capable":true,"counts":{}}"#;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes());
+                    let _ = stream.write_all(body);
+                });
+            }
+        });
+    }
+    let b = session_held_at(dir.path(), &url, &slow);
+    let c = node(dir.path(), &url, "c");
+    c.open("x");
+    std::thread::scope(|scope| {
+        let held: Vec<_> = (0..SLOW)
+            .map(|_| scope.spawn(|| b.call("GET", "/v1/sessions/s", None).0))
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while arrived.load(Ordering::SeqCst) < SLOW {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {SLOW} requests reached the slow peer",
+                arrived.load(Ordering::SeqCst)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Every one of them still waits there: a request through b for a session c serves is
+        // answered meanwhile.
+        for _ in 0..4 {
+            let (status, view) = b.call("GET", "/v1/sessions/x", None);
+            assert_eq!(status, 200, "{view}");
+        }
+        assert!(!go.load(Ordering::SeqCst));
+        go.store(true, Ordering::SeqCst);
+        for h in held {
+            assert_eq!(h.join().unwrap(), 200);
+        }
+    });
+}

@@ -172,9 +172,12 @@ pub(super) async fn forward(
     let out = Outbound {
         method: req.method().clone(),
         target: req.uri().path_and_query().map_or("/", |p| p.as_str()).to_string(),
+        // Every value of each, in order: the holder judges a header given twice (an
+        // `Idempotency-Key` twice is refused, a `traceparent` twice ignored) as this process
+        // would.
         headers: SENT_ON
             .iter()
-            .filter_map(|h| req.headers().get(h).map(|v| (h.clone(), v.clone())))
+            .flat_map(|h| req.headers().get_all(h).map(|v| (h.clone(), v.clone())))
             .collect(),
         body,
         came_through: Hops::read(req.headers().get(FORWARDED)),
@@ -348,12 +351,16 @@ async fn relay(
             status,
             content_type,
             holder,
+            allow,
             body,
         }) => {
             let mut reply = HttpResponse::build(status);
             reply.insert_header((header::CONTENT_TYPE, content_type));
             if let Some(holder) = holder {
                 reply.insert_header((header::HeaderName::from_static(HOLDER), holder));
+            }
+            if let Some(allow) = allow {
+                reply.insert_header((header::ALLOW, allow));
             }
             reply.body(body)
         }
@@ -448,7 +455,11 @@ fn peers() -> awc::Client {
             .connector(
                 awc::Connector::new()
                     .timeout(CONNECT_TIMEOUT)
-                    .conn_keep_alive(IDLE_AGE),
+                    .conn_keep_alive(IDLE_AGE)
+                    // As many connections at once as requests are sent on (each came on a
+                    // connection of its own): a cap (awc's default is 100) would hold every
+                    // request past it, to any process, behind those a slow process holds.
+                    .limit(0),
             )
             .finish();
     }
@@ -461,6 +472,8 @@ struct Answer {
     content_type: header::HeaderValue,
     /// The process it named as serving the session ([`HOLDER`]), if it named one.
     holder: Option<header::HeaderValue>,
+    /// The methods the path answers, with a 405: what the holder said, as it said it.
+    allow: Option<header::HeaderValue>,
     body: web::Bytes,
 }
 
@@ -493,6 +506,7 @@ async fn send_on(
         .cloned()
         .unwrap_or_else(|| header::HeaderValue::from_static("application/json"));
     let holder = answer.headers().get(HOLDER).cloned();
+    let allow = answer.headers().get(header::ALLOW).cloned();
     let body = answer
         .body()
         .limit(limit)
@@ -502,6 +516,7 @@ async fn send_on(
         status,
         content_type,
         holder,
+        allow,
         body,
     })
 }
