@@ -550,6 +550,35 @@ async fn a_session_swept_back_while_its_old_owner_still_stops_is_taken_up() {
     a.shutdown();
 }
 
+/// Two processes sharing a fresh schema, "a" and "b", and session "s" opened on b.
+#[cfg(feature = "failpoints")]
+struct Two {
+    a: Brood,
+    b: Brood,
+    url: String,
+    schema: String,
+    _kit: Kit,
+    _dir: tempfile::TempDir,
+}
+
+#[cfg(feature = "failpoints")]
+async fn s_served_by_b() -> Two {
+    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
+    let url = pg_testkit::url();
+    let schema = pg_testkit::fresh_schema();
+    let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
+    let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
+    open_wake(&b, "s").await;
+    Two {
+        a,
+        b,
+        url,
+        schema,
+        _kit: kit,
+        _dir: dir,
+    }
+}
+
 /// Whether a holds s's tenure by the table.
 #[cfg(feature = "failpoints")]
 fn held_by_a(url: &str, schema: &str) -> bool {
@@ -568,12 +597,14 @@ fn held_by_a(url: &str, schema: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adoption_that_found_the_session_elsewhere_as_a_sweep_took_it_takes_it_up() {
     use brood_actors::failpoints;
-    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
-    let url = pg_testkit::url();
-    let schema = pg_testkit::fresh_schema();
-    let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
-    let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
-    open_wake(&b, "s").await;
+    let Two {
+        a,
+        b,
+        url,
+        schema,
+        _kit,
+        _dir,
+    } = s_served_by_b().await;
     failpoints::arm("adopt_elsewhere_hold", 1);
     let (asked, ()) = tokio::join!(a.status("s"), async {
         wait_for!(
@@ -598,12 +629,14 @@ async fn an_adoption_that_found_the_session_elsewhere_as_a_sweep_took_it_takes_i
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_served_elsewhere_is_named_without_waiting_for_its_holders_commits() {
-    let (kit, dir) = (Kit::default(), tempfile::tempdir().unwrap());
-    let url = pg_testkit::url();
-    let schema = pg_testkit::fresh_schema();
-    let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 2);
-    let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 2);
-    open_wake(&b, "s").await;
+    let Two {
+        a,
+        b,
+        url,
+        schema,
+        _kit,
+        _dir,
+    } = s_served_by_b().await;
     // A commit of b writing s, in flight.
     let in_flight = pg_testkit::hold_shared_lock(&url, pg_testkit::commit_lock_key(&schema, "s"));
     let asked = tokio::time::timeout(Duration::from_secs(60), a.status("s")).await;
