@@ -24,6 +24,18 @@ fn node(dir: &Path, url: &str, name: &str) -> Server {
 /// What a listener was sent: each request's head (request line and headers), lowercased.
 type Heads = Arc<Mutex<Vec<String>>>;
 
+/// Answers a request as a holder of session "s" answers its status, with `extra` header lines
+/// (each ending in CRLF) beside the length and content type.
+fn status_of_s(stream: &mut std::net::TcpStream, extra: &str) {
+    let body = br#"{"session_id":"s","turn":"idle","wake_capable":true,"counts":{}}"#;
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/json\r\n{extra}\r\n",
+        body.len()
+    );
+    let _ = stream.write_all(head.as_bytes());
+    let _ = stream.write_all(body);
+}
+
 /// A listener on a free loopback port that records each request's head and answers with
 /// `answer` (the whole response, or a function writing it); its address and what it saw.
 fn listener(answer: impl Fn(&mut std::net::TcpStream) + Send + 'static) -> (String, Heads) {
@@ -131,15 +143,7 @@ fn session_held_at(dir: &Path, url: &str, address: &str) -> Server {
 fn a_forwarded_request_carries_the_peer_credential_not_the_users_key() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
-    let (peer, heads) = listener(|s| {
-        let body = br#"{"session_id":"s","turn":"idle","wake_capable":true,"counts":{}}"#;
-        let head = format!(
-            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/json\r\n\r\n",
-            body.len()
-        );
-        let _ = s.write_all(head.as_bytes());
-        let _ = s.write_all(body);
-    });
+    let (peer, heads) = listener(|s| status_of_s(s, ""));
     let b = session_held_at(dir.path(), &url, &peer);
     let (status, body) = b.call("GET", "/v1/sessions/s", None);
     assert_eq!(status, 200, "relayed: {body}");
@@ -366,15 +370,7 @@ fn a_holder_a_peers_answer_names_is_not_sent_anything() {
     let (elsewhere, reached) = listener(|s| {
         let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}");
     });
-    let (peer, asked) = listener(move |s| {
-        let body = br#"{"session_id":"s","turn":"idle","wake_capable":true,"counts":{}}"#;
-        let head = format!(
-            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/json\r\nX-Brood-Holder: {elsewhere}\r\n\r\n",
-            body.len()
-        );
-        let _ = s.write_all(head.as_bytes());
-        let _ = s.write_all(body);
-    });
+    let (peer, asked) = listener(move |s| status_of_s(s, &format!("X-Brood-Holder: {elsewhere}\r\n")));
     let b = session_held_at(dir.path(), &url, &peer);
     // The peer's answers say another process serves the session: b's next requests still go
     // where the lease table says, never with its peer credential to an address only an answer
@@ -510,13 +506,7 @@ fn requests_held_up_at_a_slow_peer_hold_up_nothing_sent_to_another() {
                     while !go.load(Ordering::SeqCst) {
                         std::thread::sleep(Duration::from_millis(20));
                     }
-                    let body = br#"{"session_id":"s","turn":"idle","wake_capable":true,"counts":{}}"#;
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = stream.write_all(head.as_bytes());
-                    let _ = stream.write_all(body);
+                    status_of_s(&mut stream, "Connection: close\r\n");
                 });
             }
         });
