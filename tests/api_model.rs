@@ -594,6 +594,17 @@ impl Model {
         self.claims[c].state = ClaimState::Acked(n);
     }
 
+    /// Whether retention may have removed the ack row of acked claim `c` (it goes only after
+    /// every call it names). An owner that still remembers the claim answers an ack or a
+    /// release of it as before; one that does not (rebuilt, or a new engine) finds no row and
+    /// cannot tell it from a claim lost at a restart.
+    fn ack_row_may_be_gone(&self, c: usize) -> bool {
+        self.claims[c]
+            .items
+            .iter()
+            .all(|k| self.maybe_swept.contains(call_of(k)))
+    }
+
     /// Whether an error may be the answer of a request while the faults armed are.
     fn may_fail(&self, e: &BroodError) -> bool {
         match e {
@@ -959,11 +970,8 @@ async fn ack(b: &Brood, m: &mut Model, pick: u8, any: bool) -> String {
                 format!("{answer}: a repeated ack answers {again}, the first said {n}")
             });
         }
-        // Retention removed its ack row (it goes only after every call it names): an owner
-        // that still remembers the claim answers as before; one that does not (rebuilt, or a
-        // new engine) finds no row and cannot tell it from a claim lost at a restart.
         (ClaimState::Acked(_), Err(BroodError::ClaimLost(_) | BroodError::UnknownClaim(_)))
-            if claim.items.iter().all(|k| m.maybe_swept.contains(call_of(k))) => {}
+            if m.ack_row_may_be_gone(c) => {}
         (ClaimState::Ended(_), Err(BroodError::ClaimLost(_))) => {}
         (_, Err(e)) if m.may_fail(&e) && !matches!(e, BroodError::Ledger(_)) => {}
         (state, r) => m.fail(format!("ack of {id} in state {state:?} answered {r:?}")),
@@ -1018,6 +1026,8 @@ async fn release(b: &Brood, m: &mut Model, pick: u8, any: bool, failed: bool) ->
         // the claim is still held.
         (ClaimState::Live | ClaimState::Maybe, Err(BroodError::Ledger(_))) if m.armed && failed => {}
         (ClaimState::Acked(_), Err(BroodError::ClaimAcked(_))) => {}
+        (ClaimState::Acked(_), Err(BroodError::ClaimLost(_) | BroodError::UnknownClaim(_)))
+            if m.ack_row_may_be_gone(c) => {}
         (ClaimState::Ended(_), Err(BroodError::ClaimLost(_))) => {}
         (_, Err(e)) if m.may_fail(&e) && !matches!(e, BroodError::Ledger(_)) => {}
         (state, r) => m.fail(format!("release of {id} in state {state:?} answered {r:?}")),
@@ -2165,6 +2175,31 @@ fn an_ack_repeated_after_retention_removed_its_row_is_refused() {
         Op::Reopen,
         Op::Sweep,
         Op::Ack { pick: 0, any: true },
+    ]);
+}
+
+/// A release of a claim acked before its owner was rebuilt and retention removed its ack row:
+/// the rebuilt owner cannot tell it from a claim a restart returned, as with a repeated ack.
+#[test]
+fn a_release_after_retention_removed_its_ack_row_is_refused() {
+    run_case(&[
+        Op::Delegate {
+            tasks: vec![Work::Sim { ms: 0, fail: false }],
+            independent: false,
+        },
+        Op::WaitPastLease,
+        Op::Boundary {
+            who: Who::A,
+            short: false,
+        },
+        Op::Ack { pick: 0, any: false },
+        Op::RestartOwner,
+        Op::Sweep,
+        Op::Release {
+            pick: 0,
+            any: true,
+            failed: true,
+        },
     ]);
 }
 
