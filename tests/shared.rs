@@ -311,10 +311,10 @@ fn a_worker_polling_any_process_gets_the_external_children_of_every_session() {
 }
 
 /// Session `x` served by `b`, with one external child (queue `gpu`) listed in the shared work
-/// list; its id.
-fn listed_at(b: &Server, url: &str) -> String {
+/// list; its id. `rerun`: the task's `rerun_on_recovery`.
+fn listed_at(b: &Server, url: &str, rerun: bool) -> String {
     b.open("x");
-    let task = json!({"goal": "render", "runner": {"kind": "external", "queue": "gpu"}});
+    let task = json!({"goal": "render", "runner": {"kind": "external", "queue": "gpu"}, "rerun_on_recovery": rerun});
     let (status, reply) = b.call("POST", "/v1/sessions/x/delegate", Some(json!({"tasks": [task]})));
     assert_eq!(status, 202, "{reply}");
     let child = format!("{}.0", reply["call_id"].as_str().unwrap());
@@ -340,7 +340,7 @@ fn a_poll_does_not_wait_on_a_silent_process() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
     let (a, b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
-    let child = listed_at(&b, &url);
+    let child = listed_at(&b, &url, false);
     // b is paused (well inside its lease): asked for its child, it does not answer.
     signal(&b, "-STOP");
     let asked = Instant::now();
@@ -357,6 +357,31 @@ fn a_poll_does_not_wait_on_a_silent_process() {
 }
 
 #[test]
+fn a_child_listed_by_a_process_that_is_gone_leaves_the_list_and_comes_back_with_its_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (a, mut b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
+    let child = listed_at(&b, &url, true);
+    // Nothing listens at b's address any more.
+    signal(&b, "-KILL");
+    b.child.wait().unwrap();
+    let (status, reply) = poll_gpu(&a, 0);
+    assert_eq!(status, 204, "{reply}");
+    // Refused at once: the listing is dropped, not listed again to be asked for in vain (well
+    // before b's tenure runs out and a takes its session over).
+    assert_eq!(
+        psql(&url, "SELECT count(*) FROM brood.work_directory"),
+        "0",
+        "the child of a process that is gone is still listed"
+    );
+    // Once a took the session over, it runs the child again (its task may be: it was never
+    // handed out, and brood cannot know that) and hands it out.
+    let (status, work) = poll_gpu(&a, 20_000);
+    assert_eq!(status, 200, "{work}");
+    assert_eq!(work["child_id"], child);
+}
+
+#[test]
 fn a_take_its_asker_gave_up_on_leaves_the_child_waiting() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
@@ -370,7 +395,7 @@ fn a_take_its_asker_gave_up_on_leaves_the_child_waiting() {
         &["--ledger", &url, "--node", "b", "--session-lease-ms", TENURE_MS],
         &[("BROOD_FAILPOINTS", "take_stall=1")],
     );
-    let child = listed_at(&b, &url);
+    let child = listed_at(&b, &url, false);
     // a's poll asks b for the child and gives up before b serves the take.
     let (status, reply) = poll_gpu(&a, 0);
     assert_eq!(status, 204, "{reply}");

@@ -57,6 +57,11 @@ const SENT_ON: [header::HeaderName; 5] = [
 /// many items outgrows a request's limit). A longer answer is not relayed.
 const MIN_ANSWER_LIMIT: usize = 64 << 20;
 
+/// The most of another process's answer this one reads ([`MIN_ANSWER_LIMIT`]).
+pub(super) fn answer_limit(state: &State) -> usize {
+    state.config.body_limit.max(MIN_ANSWER_LIMIT)
+}
+
 /// The processes a request was forwarded through, in order (the [`FORWARDED`] header), and the
 /// rule for sending it on once more.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -296,7 +301,7 @@ async fn relay(
     }
     let through = came_through.header_with(&me);
     let peer = state.config.peer_credential();
-    let limit = state.config.body_limit.max(MIN_ANSWER_LIMIT);
+    let limit = answer_limit(state);
     if let Some(prefix) = scope {
         // A prefix is printable ASCII (the configuration checks it), so it always makes a
         // header; were it not, the request would go on without its scope: it is refused instead.
@@ -391,7 +396,7 @@ pub(super) async fn ask_peer(
     let url = format!("{address}{path}");
     let me = state.config.advertised();
     let peer = state.config.peer_credential();
-    let limit = state.config.body_limit.max(MIN_ANSWER_LIMIT);
+    let limit = answer_limit(state);
     let headers = vec![(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/json"),
@@ -443,11 +448,12 @@ pub(super) const IDLE_AGE: std::time::Duration = std::time::Duration::from_secs(
 /// How long connecting to another process may take.
 pub(super) const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The client of requests between the processes sharing a ledger: one per worker thread (it
-/// lives on the thread that made it), so the requests a worker sends on go out from its own
-/// event loop, over connections to the other processes it keeps and reuses. A status is an
+/// The client of every request between the processes sharing a ledger (requests sent on,
+/// listings, redrives, takes of children listed elsewhere): one per worker thread (it lives on
+/// the thread that made it), so they go out from the worker's own event loop, over connections
+/// to the other processes it keeps and reuses. A status is an
 /// answer, not an error, and a redirect is an answer too: it is never followed.
-fn peers() -> awc::Client {
+pub(super) fn peers() -> awc::Client {
     thread_local! {
         static CLIENT: awc::Client = awc::Client::builder()
             .disable_redirects()

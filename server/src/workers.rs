@@ -232,13 +232,13 @@ async fn take_elsewhere(
             take_id: Some(take_id.clone()),
         })
         .unwrap_or_default();
-        let (key, me) = (state.config.peer_credential(), state.config.advertised());
+        let ask = Asking {
+            key: state.config.peer_credential(),
+            me: state.config.advertised(),
+            limit: super::forward::answer_limit(state),
+        };
         let url = format!("{address}/v1/workers/take");
-        let timeout = within.min(ASK_MOST);
-        let (k, m) = (key.clone(), me.clone());
-        let asked = web::block(move || ask_holder(&url, &body, k.as_deref(), &m, timeout))
-            .await
-            .unwrap_or_else(|e| Asked::Faulty(e.to_string()));
+        let asked = ask_holder(&url, body, &ask, within.min(ASK_MOST)).await;
         if matches!(asked, Asked::Faulty(_)) {
             // It may serve the take later, for nobody: it is told the take was given up (and
             // refuses or takes it back), whenever it reads this.
@@ -249,7 +249,7 @@ async fn take_elsewhere(
             .unwrap_or_default();
             let url = format!("{address}/v1/workers/untake");
             actix_web::rt::spawn(async move {
-                let _ = web::block(move || ask_holder(&url, &body, key.as_deref(), &me, UNTAKE_WAIT)).await;
+                let _ = ask_holder(&url, body, &ask, UNTAKE_WAIT).await;
             });
         }
         match asked {
@@ -280,47 +280,35 @@ enum Asked {
     Faulty(String),
 }
 
-/// Idle connections kept open to each other process: as many as children are asked for from
-/// one at once under load (ureq keeps 3 by default, and a connection made and closed for each
-/// request beyond them costs more than the request).
-const IDLE_PER_PEER: usize = 64;
-
-/// The client of the requests for children listed by other processes (made on blocking
-/// threads): one for the server, so its connections to the other processes are kept and
-/// reused. A status is an answer, not an error, and a redirect is an answer too: it is never
-/// followed.
-fn peers() -> &'static ureq::Agent {
-    static AGENT: std::sync::OnceLock<ureq::Agent> = std::sync::OnceLock::new();
-    AGENT.get_or_init(|| {
-        ureq::Agent::config_builder()
-            .timeout_global(Some(super::forward::FORWARD_TIMEOUT))
-            .timeout_connect(Some(super::forward::CONNECT_TIMEOUT))
-            .http_status_as_error(false)
-            .max_redirects(0)
-            .max_idle_connections(4 * IDLE_PER_PEER)
-            .max_idle_connections_per_host(IDLE_PER_PEER)
-            .max_idle_age(super::forward::IDLE_AGE)
-            .build()
-            .into()
-    })
+/// Who asks another process for a child, and how much of its answer is read.
+struct Asking {
+    /// The credential processes sharing the ledger show each other, if they have one.
+    key: Option<String>,
+    /// This process's advertised address.
+    me: String,
+    limit: usize,
 }
 
-/// Asks the process at `url` to hand out the child of `body`, waiting at most `timeout`.
-fn ask_holder(url: &str, body: &[u8], key: Option<&str>, me: &str, timeout: Duration) -> Asked {
-    let mut request = peers()
+/// Asks the process at `url` to hand out the child of `body`, waiting at most `timeout`: from
+/// this worker's event loop, over its connections to the other processes
+/// ([`super::forward::peers`]).
+async fn ask_holder(url: &str, body: Vec<u8>, ask: &Asking, timeout: Duration) -> Asked {
+    use awc::error::{ConnectError, SendRequestError};
+    let mut request = super::forward::peers()
         .post(url)
-        .config()
-        .timeout_global(Some(timeout))
-        .build()
-        .header("Content-Type", "application/json")
-        .header(super::forward::FORWARDED, me);
-    if let Some(k) = key {
-        request = request.header(super::forward::PEER, k);
+        .timeout(timeout)
+        .insert_header((actix_web::http::header::CONTENT_TYPE, "application/json"))
+        .insert_header((super::forward::FORWARDED, ask.me.as_str()));
+    if let Some(k) = &ask.key {
+        request = request.insert_header((super::forward::PEER, k.as_str()));
     }
-    let mut answer = match request.send(body) {
+    let mut answer = match request.send_body(body).await {
         Ok(answer) => answer,
-        Err(e @ (ureq::Error::ConnectionFailed | ureq::Error::HostNotFound)) => return Asked::Gone(e.to_string()),
-        Err(ureq::Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+        // Nothing listens there, or the name leads nowhere.
+        Err(SendRequestError::Connect(
+            e @ (ConnectError::Resolver(_) | ConnectError::NoRecords | ConnectError::Unresolved),
+        )) => return Asked::Gone(e.to_string()),
+        Err(SendRequestError::Connect(ConnectError::Io(e))) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
             return Asked::Gone(e.to_string())
         }
         Err(e) => return Asked::Faulty(e.to_string()),
@@ -330,11 +318,11 @@ fn ask_holder(url: &str, body: &[u8], key: Option<&str>, me: &str, timeout: Dura
         404 | 409 => return Asked::NotThere,
         other => return Asked::Faulty(format!("it answered {other}")),
     }
-    let text = match answer.body_mut().read_to_string() {
+    let text = match answer.body().limit(ask.limit).await {
         Ok(text) => text,
         Err(e) => return Asked::Faulty(e.to_string()),
     };
-    match serde_json::from_str::<api::WorkItem>(&text) {
+    match serde_json::from_slice::<api::WorkItem>(&text) {
         Ok(h) => Asked::Handed(h.into()),
         Err(e) => Asked::Faulty(format!("its answer does not parse: {e}")),
     }
