@@ -9,13 +9,15 @@
 //! coalescer, without which nothing can be recorded, stops the whole engine. A rebuild that
 //! fails on an error of the ledger's storage (its database out of reach during a failover) is
 //! not such a failure: it is tried again, with backoff, until the ledger answers.
+//! Owners are read back from the ledger by `recover` (at start, and for each session taken up)
+//! and rebuilt by `rebuild`.
 //! It does not route anything itself. On a ledger shared with other processes it also sweeps
 //! for free session tenures and balances the sessions with the other processes (`adopt`,
 //! `balance`, `handover`), and remembers who serves the sessions it does not (the engine's [`super::holders`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix::prelude::*;
 use actix_rt::ArbiterHandle;
@@ -25,18 +27,22 @@ use super::owner::{Configure, SessionInfo, SessionOwner};
 use super::supervise::{self, Decision, Exit, RestartBudget, RestartBudgets, RestartPolicy};
 use super::{Engine, Owners};
 use crate::error::BroodError;
-use crate::ledger::{Ledger, LedgerError, RowKey, Writes};
+use crate::ledger::{Ledger, LedgerError, Writes};
 use crate::model::{
-    nest_parent, now_ms, validate_new_session_id, validate_session_id, ChildRow, ChildStatus, ClaimRow, DeadLetterRow,
-    NestRow, SessionRow, SessionSettings,
+    nest_parent, now_ms, validate_new_session_id, validate_session_id, DeadLetterRow, NestRow, SessionRow,
+    SessionSettings,
 };
-use crate::recovery::{split_snapshot, Recovery, Reject};
+use crate::recovery::{split_snapshot, Recovery};
 use crate::runner::RunnerFactory;
 use crate::wake::Wake;
 
 mod adopt;
 mod balance;
 mod handover;
+mod rebuild;
+mod recover;
+
+use recover::{claim_keys, count_unknown, end_orphaned_nests, keep_sessions, quarantine_rejects};
 
 /// Create a session, or update one.
 #[derive(Debug, Message)]
@@ -85,12 +91,6 @@ pub struct Health {
 
 /// Who waits for a session's owner to be taken up.
 type OwnerWaiter = tokio::sync::oneshot::Sender<Result<Addr<SessionOwner>, BroodError>>;
-
-/// How long a session owner whose rebuild failed waits before the next attempt.
-const REBUILD_RETRY: Duration = Duration::from_millis(50);
-
-/// The longest wait between rebuilds of an owner that fail because the ledger does not answer.
-const REBUILD_RETRY_MOST: Duration = Duration::from_secs(2);
 
 /// The root of the actor tree.
 pub struct Supervisor {
@@ -307,108 +307,6 @@ impl Supervisor {
         addr
     }
 
-    fn owner_exited(&mut self, id: String, exit: Exit, ctx: &mut Context<Self>) {
-        let asked = self.restarting.remove(&id);
-        let msg = match exit {
-            Exit::Panicked(msg) => {
-                tracing::error!(session = %id, "session owner panicked: {msg}");
-                if !super::running(ctx) {
-                    return; // the engine is stopping: nothing to restart
-                }
-                let decision = self.budgets.on_failure(&id, Instant::now());
-                if decision == Decision::Escalate {
-                    tracing::error!(session = %id, "session owner keeps failing; the session is given up");
-                    self.engine.owners.remove(&id);
-                    self.engine.forget_share(&id);
-                    self.failed.insert(id, msg);
-                    return;
-                }
-                msg
-            }
-            Exit::Stopped if asked && super::running(ctx) => "a restart was asked for".to_string(),
-            Exit::Stopped => {
-                self.engine.owners.remove(&id);
-                return;
-            }
-        };
-        self.rebuild(id, msg, ctx);
-    }
-
-    /// Rebuilds session `id`'s owner from the ledger (its old one ended as `msg` says). A
-    /// rebuild that fails on an error of the ledger's storage (its database out of reach, as
-    /// during a failover; a disk's I/O error) is tried again, `wait` later, then twice as long each time up
-    /// to [`REBUILD_RETRY_MOST`], for as long as it takes: an outage of the database gives no
-    /// session up. Any other failure is a failure of the owner like a panic: tried again within
-    /// the restart budget, the session given up past it.
-    fn rebuild(&mut self, id: String, msg: String, ctx: &mut Context<Self>) {
-        self.rebuild_after(id, msg, REBUILD_RETRY, ctx);
-    }
-
-    fn rebuild_after(&mut self, id: String, msg: String, wait: Duration, ctx: &mut Context<Self>) {
-        // Rebuilt on a thread of its own at a lower priority: its reads, flushes and planning
-        // block neither this actor's thread nor, on a machine with few cores, the threads that
-        // route the other sessions. Requests to the session meanwhile are answered as
-        // interrupted (its old owner is gone), as they are while any owner restarts.
-        let (engine, wake, session) = (self.engine.clone(), self.wakes.get(&id).cloned(), id.clone());
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let spawned = std::thread::Builder::new().name("brood-rebuild".into()).spawn(move || {
-            lower_this_threads_priority();
-            let _ = tx.send(rebuild_owner(&engine, &session, wake));
-        });
-        if let Err(e) = spawned {
-            tracing::error!(session = %id, "no thread to rebuild the session owner on: {e}");
-            self.engine.owners.remove(&id);
-            self.failed
-                .insert(id, format!("{msg}; no thread to rebuild its owner on: {e}"));
-            return;
-        }
-        rx.into_actor(self)
-            .map(move |rebuilt, act, ctx| {
-                let rebuilt = rebuilt.unwrap_or_else(|_| Err(LedgerError::storage_msg("the rebuild panicked")));
-                match rebuilt {
-                    Ok(_) if !super::running(ctx) => {} // the engine is stopping
-                    // Its tenure went to another process while it was rebuilt (the outage it
-                    // waited out outlasted the tenure): not served here. The next request looks
-                    // the session up again and learns where it is served.
-                    Ok((owner, _)) if act.engine.tenures.as_ref().is_some_and(|t| !t.holds(&id)) => {
-                        owner.stop_running_children();
-                        act.engine.owners.remove(&id);
-                        act.engine.forget_share(&id);
-                        act.engine.supersede(&id);
-                        tracing::warn!(session = %id, "session owner rebuilt after its tenure went to another process; not served here");
-                    }
-                    // Its tenure went to another process and came back while it was rebuilt (the
-                    // other may have written meanwhile): what it read is not served; read again.
-                    Ok((_, epoch)) if held_epoch(&act.engine, &id) != epoch => {
-                        tracing::info!(session = %id, "the session's tenure changed hands while its owner was rebuilt; rebuilding it again");
-                        act.rebuild_after(id, msg, REBUILD_RETRY, ctx);
-                    }
-                    Ok((owner, _)) => {
-                        act.spawn_owner(owner, ctx);
-                        tracing::info!(session = %id, "session owner restarted from the ledger");
-                    }
-                    Err(e @ LedgerError::Storage { source: Some(_), .. }) if super::running(ctx) => {
-                        tracing::warn!(session = %id, retry_in = ?wait, "session owner could not be rebuilt: the ledger did not answer; trying again: {e}");
-                        let next = (wait * 2).min(REBUILD_RETRY_MOST);
-                        ctx.run_later(wait, move |act, ctx| act.rebuild_after(id, msg, next, ctx));
-                    }
-                    Err(e)
-                        if super::running(ctx) && act.budgets.on_failure(&id, Instant::now()) == Decision::Restart =>
-                    {
-                        tracing::warn!(session = %id, "session owner could not be rebuilt; trying again: {e}");
-                        ctx.run_later(REBUILD_RETRY, move |act, ctx| act.rebuild(id, msg, ctx));
-                    }
-                    Err(e) => {
-                        tracing::error!(session = %id, "session owner could not be rebuilt: {e}");
-                        act.engine.owners.remove(&id);
-                        act.failed
-                            .insert(id, format!("{msg}; rebuilding from the ledger failed: {e}"));
-                    }
-                }
-            })
-            .spawn(ctx);
-    }
-
     fn spawn_coalescer(&mut self, ctx: &mut Context<Self>) {
         let (ledger, owners, window) = (
             self.engine.ledger.clone(),
@@ -442,38 +340,6 @@ impl Supervisor {
             })
             .spawn(ctx);
     }
-}
-
-/// Leaves in `snapshot` only the rows of `sessions` (the damaged children of their calls).
-fn keep_sessions(snapshot: &mut crate::ledger::Snapshot, sessions: &std::collections::HashSet<String>) {
-    let ours = |s: &String| sessions.contains(s);
-    snapshot.sessions.retain(|r| ours(&r.session_id));
-    snapshot.calls.retain(|r| ours(&r.session_id));
-    snapshot.children.retain(|r| ours(&r.session_id));
-    snapshot.claims.retain(|r| ours(&r.session_id));
-    snapshot.starts.retain(|r| ours(&r.session_id));
-    snapshot.wakes.retain(|r| ours(&r.session_id));
-    snapshot.nests.retain(|r| ours(&r.session_id));
-    let calls: std::collections::HashSet<&str> = snapshot.calls.iter().map(|c| c.call_id.as_str()).collect();
-    snapshot
-        .damaged_children
-        .retain(|id| id.rsplit_once('.').is_some_and(|(call, _)| calls.contains(call)));
-}
-
-/// Moves aside the rows recovery found inconsistent with the rest.
-fn quarantine_rejects(ledger: &dyn Ledger, rejects: &[Reject]) -> Result<(), LedgerError> {
-    for r in rejects {
-        ledger.quarantine(r.tree, &r.session_id, &r.key, &r.reason)?;
-    }
-    Ok(())
-}
-
-/// The keys of claim rows, to remove them.
-fn claim_keys(claims: &[ClaimRow]) -> Vec<RowKey> {
-    claims
-        .iter()
-        .map(|c| RowKey::new(c.session_id.clone(), c.claim_id.clone()))
-        .collect()
 }
 
 impl Actor for Supervisor {
@@ -618,41 +484,6 @@ fn nest_of(engine: &Engine, session_id: &str) -> Result<Option<NestRow>, BroodEr
     }))
 }
 
-/// Marks the recovered owners of nested sessions whose child has ended (while no process ran,
-/// or before its end reached them: a crash in between): each cancels its unfinished calls as it
-/// starts, before it admits anything, and takes no more.
-fn end_orphaned_nests(engine: &Engine, owners: &mut [SessionOwner]) {
-    let index: HashMap<String, usize> = owners
-        .iter()
-        .enumerate()
-        .map(|(i, o)| (o.session_id().to_string(), i))
-        .collect();
-    let mut ended = Vec::new();
-    for nest in engine.nests() {
-        let Some(&me) = index.get(&nest.session_id) else {
-            continue;
-        };
-        let Some((call_id, task)) = nest_parent(&nest.session_id) else {
-            continue;
-        };
-        let Some(&parent) = index.get(&nest.parent_session_id) else {
-            // Shared: the parent is served by another process, whose child may still run.
-            if engine.tenures.is_none() {
-                ended.push(me);
-            }
-            continue;
-        };
-        let state = owners[parent].child_status(call_id, task);
-        if state.is_none_or(|s| s.is_terminal()) {
-            ended.push(me);
-        }
-    }
-    for i in ended {
-        let reason = crate::model::parent_ended_reason(owners[i].session_id());
-        owners[i].end_nested_when_started(reason);
-    }
-}
-
 /// A session owner's task ended.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -741,125 +572,5 @@ impl Handler<GetDeadLetters> for Supervisor {
 
     fn handle(&mut self, _: GetDeadLetters, _: &mut Context<Self>) -> Self::Result {
         Ok(self.engine.ledger.dead_letters()?)
-    }
-}
-
-/// Reads one session back from the ledger for an in-process owner restart: its own rows
-/// only (they are one key range), so the rebuild costs what the session holds, whatever
-/// the rest of the ledger holds. The ledger is flushed first, so the rebuilt owner
-/// publishes nothing that is not durable (I1).
-fn rebuild_owner(
-    engine: &Engine,
-    id: &str,
-    wake: Option<Arc<dyn Wake>>,
-) -> Result<(SessionOwner, Option<u64>), LedgerError> {
-    crate::failpoints::hold("rebuild_hold");
-    // The epoch of the tenure the rows are read under: should it change before the rebuilt
-    // owner is served, another process may have written to the session since the read.
-    let epoch = held_epoch(engine, id);
-    // The dead owner's write in flight lands before the read below, or never.
-    engine.supersede(id);
-    engine.ledger.flush()?;
-    let (mut owner, _) = recover_session(engine, id, Recovery::Owner)?
-        .ok_or_else(|| LedgerError::storage_msg(format!("session `{id}` has no row")))?;
-    if let Some(wake) = wake {
-        owner.bind_wake(wake);
-    }
-    crate::failpoints::hold("rebuild_read_hold");
-    Ok((owner, epoch))
-}
-
-/// The epoch at which this process holds session `id`'s tenure, when it shares the ledger and
-/// holds it (known here: no read).
-fn held_epoch(engine: &Engine, id: &str) -> Option<u64> {
-    match engine.tenures.as_ref()?.holder(id) {
-        Ok(Some(crate::ledger::TenureHolder::Here(epoch))) => Some(epoch),
-        _ => None,
-    }
-}
-
-/// Reads one session's own rows back and recovers its owner from them as `mode` says (its live
-/// claims returned; what recovery resolved written and flushed), with its own nest row if it is
-/// nested; none when the session has no row.
-fn recover_session(
-    engine: &Engine,
-    id: &str,
-    mode: Recovery,
-) -> Result<Option<(SessionOwner, Option<NestRow>)>, LedgerError> {
-    let mut snapshot = engine.ledger.load_session(id)?;
-    let nest = snapshot.nests.pop();
-    let split = split_snapshot(snapshot);
-    quarantine_rejects(&*engine.ledger, &split.rejects)?;
-    let Some((session, part)) = split.sessions.into_iter().find(|(s, _)| s.session_id == id) else {
-        return Ok(None);
-    };
-    let claim_ids = claim_keys(&part.claims);
-    let (owner, changed) = SessionOwner::recover(engine.clone(), session, part, mode);
-    let writes = Writes {
-        children: changed,
-        remove_claims: claim_ids,
-        ..Writes::default()
-    };
-    engine.ledger.write(&writes)?;
-    // A child queued again must not read `running` after a crash (it would be `unknown`).
-    engine.ledger.flush()?;
-    count_unknown(engine, &writes.children);
-    Ok(Some((owner, nest)))
-}
-
-/// Reads the top-level sessions `ids` (whose tenures this process just took) back all at once
-/// — on PostgreSQL a few statements per table, whatever their number — and recovers each owner
-/// as [`recover_session`] recovers one (as a restart of the process would: I6), with one write
-/// and one flush for them all. The sessions stored are answered; an id missing from the answer
-/// has no row any more.
-fn recover_sessions(engine: &Engine, ids: &[String]) -> Result<Vec<SessionOwner>, LedgerError> {
-    let mut snapshot = engine.ledger.load_sessions(ids)?;
-    keep_sessions(&mut snapshot, &ids.iter().cloned().collect());
-    for nest in std::mem::take(&mut snapshot.nests) {
-        engine.add_nest(nest);
-    }
-    let claim_ids = claim_keys(&snapshot.claims);
-    let split = split_snapshot(snapshot);
-    quarantine_rejects(&*engine.ledger, &split.rejects)?;
-    let mut writes = Writes {
-        sessions: split.rebuilt_sessions,
-        remove_claims: claim_ids,
-        ..Writes::default()
-    };
-    let mut owners = Vec::with_capacity(split.sessions.len());
-    for (session, part) in split.sessions {
-        let (owner, rows) = SessionOwner::recover(engine.clone(), session, part, Recovery::Process);
-        writes.children.extend(rows);
-        owners.push(owner);
-    }
-    engine.ledger.write(&writes)?;
-    // A child queued again must not read `running` after a crash (it would be `unknown`).
-    engine.ledger.flush()?;
-    count_unknown(engine, &writes.children);
-    Ok(owners)
-}
-
-/// Counts the children recovery resolved `unknown` (their rows durable now) as ended: the
-/// only way a child ends so. Rows it read as ended already, and marked recovered, are not
-/// counted: their end was counted where it happened, or before this process started.
-fn count_unknown(engine: &Engine, changed: &[ChildRow]) {
-    let unknown = changed.iter().filter(|r| r.status == ChildStatus::Unknown).count();
-    engine.counters.ended(ChildStatus::Unknown, unknown as u64);
-}
-
-/// Lowers the calling thread's scheduling priority (nice 10): background work yields the CPU
-/// to routing. Linux applies `setpriority` to the one thread named by its id; elsewhere, or if
-/// refused, the thread keeps its priority.
-fn lower_this_threads_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: gettid has no arguments and cannot fail; setpriority only reads its arguments.
-        let refused = unsafe {
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-            libc::setpriority(libc::PRIO_PROCESS, tid, 10) != 0
-        };
-        if refused {
-            tracing::debug!("could not lower the rebuild thread's priority");
-        }
     }
 }

@@ -4,7 +4,8 @@
 
 use actix::prelude::*;
 
-use super::{balance, recover_session, recover_sessions, store_session, Supervisor};
+use super::recover::{recover_session, recover_sessions};
+use super::{balance, store_session, Supervisor};
 use crate::actors::owner::SessionOwner;
 use crate::actors::{running, Engine};
 use crate::error::BroodError;
