@@ -11,7 +11,8 @@
 //! units and children it holds), `persist` (the write → flush → apply step and its group
 //! commit), `dispatch` (accepting calls, admitting and starting children), `recording`
 //! (completions), `claims` (boundaries, acks, releases, expiries, dead letters), `sync` (sync
-//! calls), `rebuild` (an owner built from the ledger). Lease expiries and backoffs share one
+//! calls), `rebuild` (an owner built from the ledger), `tell` (its events and wakes), `moving` (its
+//! session handed over or taken over by another process). Lease expiries and backoffs share one
 //! timer: the router keeps the deadlines ordered and the owner arms a single `run_later` for the
 //! earliest one.
 
@@ -20,6 +21,7 @@ mod cancel;
 mod claims;
 mod dispatch;
 mod invariants;
+mod moving;
 mod nest;
 mod owed;
 pub use invariants::broken_invariants;
@@ -31,6 +33,7 @@ mod recording;
 mod redrive;
 mod replay;
 mod sync;
+mod tell;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,16 +46,16 @@ use self::persist::Persist;
 use super::supervise::{Exit, RestartBudgets, RestartPolicy};
 use super::Engine;
 use crate::error::BroodError;
-use crate::events::Event;
 use crate::ledger::{RowKey, Writes};
 use crate::model::*;
 use crate::routing::{Capacity, Router, WakeState};
-use crate::wake::{Wake, WakeEvent, WakeTarget};
+use crate::wake::{Wake, WakeTarget};
 
 pub use messages::*;
 pub(crate) use nest::CheckParent;
 pub use prune::{DropIfIdle, OldCall, Prune};
 pub use redrive::Redrive;
+use tell::child_event;
 
 pub(crate) use crate::model::claim_made_ms;
 pub use crate::model::{claim_session, new_claim_id};
@@ -334,62 +337,6 @@ impl SessionOwner {
                 self.owed.drop_call(&call_id, |key| router.forget(key));
                 self.engine.calls.remove(&call_id);
             }
-        }
-    }
-
-    /// Tells the session's observers what was applied (built only if someone watches).
-    fn emit(&self, event: impl FnOnce() -> Event) {
-        self.engine.events.emit(&self.session.session_id, event);
-    }
-
-    /// Tells observers a child's new status (its call is among the owed calls).
-    fn emit_child(&self, row: &ChildRow) {
-        self.emit(|| {
-            let call = self.owed.calls.get(&row.call_id);
-            child_event(row, row.status, call.and_then(|c| c.row.traceparent.as_deref()))
-        });
-    }
-
-    /// Tells observers a child of `call` is in `status` (a child its dispatch started at once
-    /// was queued first all the same).
-    fn emit_status(&self, row: &ChildRow, status: ChildStatus, call: &CallRow) {
-        self.emit(|| child_event(row, status, call.traceparent.as_deref()));
-    }
-
-    /// Tells observers the ready count when it changed since they were last told.
-    fn emit_ready(&mut self) {
-        if !self.engine.events.watched(&self.session.session_id) {
-            return;
-        }
-        let ready = self.router.ready_count(now_ms());
-        if ready != self.told_ready {
-            self.told_ready = ready;
-            self.emit(|| Event::Ready { ready });
-        }
-    }
-
-    fn maybe_wake(&mut self) {
-        let ready = self.router.ready_count(now_ms());
-        if !self.wake_state.decide(self.wake_capable(), ready) {
-            return;
-        }
-        self.engine.counters.woke();
-        self.emit(|| Event::Wake { ready });
-        if let Some(WakeTarget(w)) = &self.wake {
-            let w = w.clone();
-            let event = WakeEvent {
-                session_id: self.session.session_id.clone(),
-                ready,
-            };
-            tracing::debug!(ready, "waking session");
-            // In the owner's span: the embedder's callback logs with the session's id.
-            let wake = async move {
-                // The embedder's callback: a panic in it is its own, never the owner's.
-                if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake(event))) {
-                    tracing::error!("the wake callback panicked: {}", crate::model::panic_message(panic));
-                }
-            };
-            actix::spawn(tracing::Instrument::in_current_span(wake));
         }
     }
 
@@ -686,116 +633,12 @@ impl Handler<Retire> for SessionOwner {
     }
 }
 
-impl Handler<Moved> for SessionOwner {
-    type Result = ();
-
-    fn handle(&mut self, _: Moved, ctx: &mut Context<Self>) {
-        self.moved(ctx);
-    }
-}
-
-impl Handler<HandOver> for SessionOwner {
-    type Result = ResponseFuture<bool>;
-
-    fn handle(&mut self, msg: HandOver, ctx: &mut Context<Self>) -> Self::Result {
-        let under_way = self.router.claimed_count() + self.capacity.running() + self.capacity.queued();
-        if self.moved || !crate::actors::running(ctx) || (!msg.force && under_way > 0) {
-            return Box::pin(async { false });
-        }
-        // Requests from now on look the session up again, and wait for the handover.
-        let me = ctx.address();
-        self.engine.owners.remove_if(&self.session.session_id, |_, a| *a == me);
-        self.handing_over = true;
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.answer_when_settled(tx, std::time::Instant::now() + HANDOVER_PATIENCE, ctx);
-        Box::pin(async move { rx.await.unwrap_or(false) })
-    }
-}
-
-impl SessionOwner {
-    /// Answers a handover once no batch of this owner's is in flight (its writes landed, and
-    /// their askers were answered), or at `deadline`.
-    fn answer_when_settled(
-        &mut self,
-        tx: tokio::sync::oneshot::Sender<bool>,
-        deadline: std::time::Instant,
-        ctx: &mut Context<Self>,
-    ) {
-        if !self.persist.busy() || std::time::Instant::now() >= deadline {
-            let _ = tx.send(!self.moved);
-            return;
-        }
-        ctx.run_later(std::time::Duration::from_millis(5), move |act, ctx| {
-            act.answer_when_settled(tx, deadline, ctx)
-        });
-    }
-
-    /// The session's tenure was lost (or handed over): its children are stopped (what they end
-    /// with is not recorded: the ledger refuses it), this owner's writes refused from now on,
-    /// and it stops.
-    fn moved(&mut self, ctx: &mut Context<Self>) {
-        if !crate::actors::running(ctx) || self.moved {
-            return;
-        }
-        crate::failpoints::hold("moved_hold");
-        let id = self.session.session_id.clone();
-        if self.handing_over {
-            tracing::info!("the session was handed over to another process; it is no longer served here");
-        } else {
-            tracing::warn!("the session's tenure was taken over by another process; it is no longer served here");
-        }
-        self.stop_running_children();
-        self.engine.forget_share(&id);
-        // Requests from now on look the session up again, and learn where it is served.
-        let me = ctx.address();
-        self.engine.owners.remove_if(&id, |_, a| *a == me);
-        self.moved = true;
-        if !self.persist.busy() {
-            self.engine.supersede(&id);
-            ctx.stop();
-        }
-        // Else once the batch in flight was answered (refused: its rows were fenced).
-    }
-
-    /// Stops the children of this session running in this process, whose session another
-    /// process serves now (what they end with is refused anyway), without waiting for them.
-    pub(crate) fn stop_running_children(&self) {
-        for call in self.owed.calls.values() {
-            let running = call.children().filter(|c| c.status == ChildStatus::Running);
-            let tasks: Vec<u32> = running.map(|c| c.task_index).collect();
-            if !tasks.is_empty() {
-                // Not waited for: what they end with is refused anyway.
-                drop(self.engine.cancel_running(
-                    &call.row.call_id,
-                    tasks,
-                    "the session moved to another process",
-                    self.fence.1,
-                ));
-            }
-        }
-    }
-}
-
 /// A unit actor of this owner panicked.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 struct UnitExited {
     unit_id: String,
     exit: Exit,
-}
-
-/// What observers are told of a child now in `status`, of a call delegated with
-/// `traceparent`.
-fn child_event(row: &ChildRow, status: ChildStatus, traceparent: Option<&str>) -> Event {
-    Event::Child {
-        child_id: row.child_id.clone(),
-        call_id: row.call_id.clone(),
-        task_index: row.task_index,
-        status,
-        attempts: row.attempt,
-        output: if status.is_terminal() { row.output.clone() } else { None },
-        traceparent: traceparent.map(str::to_string),
-    }
 }
 
 /// A child handed to a unit actor that died before starting it.
