@@ -230,15 +230,30 @@ fn adopt_session(
     let Some(tenures) = engine.tenures.as_ref() else {
         return Ok(Adopted::Unknown);
     };
+    // A top-level session another process serves (or is creating: its tenure taken, its row
+    // not yet committed) is named by its live tenure, read as it is, first: one read. Taking the
+    // tenure would wait for that holder's commits in flight, and hold up its next ones, only to
+    // find it held. (Where a nested session is served is its parent's business, below; one this
+    // process handed over is answered once its taker took it.)
+    let first = match nest_parent(id).is_none() && !tenures.handed_over(id) {
+        true => Some(tenures.holder(id)?),
+        false => None,
+    };
+    if let Some(Some(TenureHolder::Elsewhere { address, owner })) = first {
+        return Ok(elsewhere(id, address, &owner));
+    }
+    let holder = |first: Option<Option<TenureHolder>>| match first {
+        Some(read) => Ok(read),
+        None => tenures.holder(id),
+    };
     let stored = engine.ledger.has_session(id)?;
     if !stored {
         if create.is_none() {
             // An id that names no stored session takes no tenure and leaves nothing behind (no
             // tenure row, no fence): a lookup of junk ids costs two reads each, and nothing
-            // later. One being created by another process (its tenure taken, its row not yet
-            // committed) is served there.
-            return Ok(match tenures.holder(id)? {
-                Some(crate::ledger::TenureHolder::Elsewhere { address, .. }) => Adopted::Elsewhere(address),
+            // later. One being created by another process is served there.
+            return Ok(match holder(first)? {
+                Some(TenureHolder::Elsewhere { address, .. }) => Adopted::Elsewhere(address),
                 _ => Adopted::Unknown,
             });
         }
@@ -261,18 +276,15 @@ fn adopt_session(
             return Ok(Adopted::Elsewhere(address));
         }
     }
-    // A session another process serves is named by its live tenure, read as it is: taking the
-    // tenure would wait for that holder's commits in flight, and hold up its next ones, only
-    // to find it held. (A session being created has no tenure to read yet.)
-    let read = if stored { tenures.holder(id)? } else { None };
+    // A stored nested session's own tenure is read as a top-level one's is, above. (A session
+    // being created has no tenure to read yet.)
+    let read = if stored { holder(first)? } else { None };
     let found = match read {
-        Some(elsewhere @ crate::ledger::TenureHolder::Elsewhere { .. }) => elsewhere,
+        Some(elsewhere @ TenureHolder::Elsewhere { .. }) => elsewhere,
         _ => tenures.acquire(id)?,
     };
-    if let crate::ledger::TenureHolder::Elsewhere { address, owner } = found {
-        tracing::debug!(session = %id, %owner, %address, "the session's tenure is held by another process");
-        crate::failpoints::hold("adopt_elsewhere_hold");
-        return Ok(Adopted::Elsewhere(address));
+    if let TenureHolder::Elsewhere { address, owner } = found {
+        return Ok(elsewhere(id, address, &owner));
     }
     // An owner of an earlier epoch in this process (its tenure lost, then taken back) writes
     // nothing more: its writes in flight land before the read below, or never.
@@ -280,6 +292,13 @@ fn adopt_session(
     let refusals = engine.ledger.refusals(id);
     let adopted = take_up(engine, id, create);
     settled(engine, &**tenures, id, refusals, adopted)
+}
+
+/// The answer for session `id`, whose tenure `owner` holds: served at `address`.
+fn elsewhere(id: &str, address: String, owner: &str) -> Adopted {
+    tracing::debug!(session = %id, %owner, %address, "the session's tenure is held by another process");
+    crate::failpoints::hold("adopt_elsewhere_hold");
+    Adopted::Elsewhere(address)
 }
 
 /// What taking session `id` up came to, its rows read and what recovery resolved written:
