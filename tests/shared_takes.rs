@@ -206,6 +206,42 @@ fn a_take_asked_again_of_a_holder_that_stalled_is_answered_with_its_own_child() 
     }
 }
 
+fn signal(s: &Server, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &s.child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig}");
+}
+
+#[test]
+fn a_take_of_a_paused_holder_is_given_up_and_the_child_waits_once_it_wakes() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    // Tenures long enough that b keeps its session through the pause.
+    let (a, b) = (
+        Server::node(dir.path(), &url, "a", "20000"),
+        Server::node(dir.path(), &url, "b", "20000"),
+    );
+    let child = listed_at(&b, &url, 1).remove(0);
+    // b is paused (well inside its tenure): a's poll asks it for the child (with ten minutes'
+    // hold), gives up, and tells it so, in vain as well.
+    signal(&b, "-STOP");
+    let (status, reply) = poll_gpu(&a, 0, 600_000);
+    assert_eq!(status, 204, "{reply}");
+    // Listed again, for a later poll.
+    until_listed(&url, 1);
+    // Past the wait of the untake too.
+    std::thread::sleep(Duration::from_millis(2500));
+    signal(&b, "-CONT");
+    // b reads the take and the untake once it wakes: the child is not held by the take
+    // nobody got, and a worker polling either process gets it.
+    let (status, work) = poll_gpu(&a, 20_000, 30_000);
+    assert_eq!(status, 200, "the child is held by a take nobody got: {work}");
+    assert_eq!(work["child_id"], child);
+}
+
 /// What a fake holder answers a take.
 #[derive(Clone, Copy)]
 enum Answer {
