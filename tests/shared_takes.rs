@@ -242,6 +242,48 @@ fn a_take_of_a_paused_holder_is_given_up_and_the_child_waits_once_it_wakes() {
     assert_eq!(work["child_id"], child);
 }
 
+#[test]
+fn a_take_of_a_holder_restarted_at_its_address_is_answered_by_the_new_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let b = node(dir.path(), &url, "b");
+    // a takes a child of b's, over a connection it keeps.
+    let first = listed_at(&b, &url, 1).remove(0);
+    let (status, work) = poll_gpu(&a, 5_000, 30_000);
+    assert_eq!(status, 200, "{work}");
+    assert_eq!(work["child_id"], first);
+    // b is killed and started again on its port; a child of a new session is listed there.
+    let port = b.port();
+    b.kill9();
+    let b = Server::node_on(dir.path(), &url, "b", TENURE_MS, port);
+    b.open("y");
+    let task = json!({"goal": "render", "runner": {"kind": "external", "queue": "gpu"}});
+    let (status, reply) = b.call("POST", "/v1/sessions/y/delegate", Some(json!({"tasks": [task]})));
+    assert_eq!(status, 202, "{reply}");
+    let second = format!("{}.0", reply["call_id"].as_str().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while psql(
+        &url,
+        &format!("SELECT count(*) FROM brood.work_directory WHERE child_id = '{second}'"),
+    ) != "1"
+    {
+        assert!(Instant::now() < deadline, "the child was never listed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Asked at once (a poll that waits for nothing): answered by the new process, never from
+    // the connection to the killed one.
+    let (status, work) = poll_gpu(&a, 0, 30_000);
+    assert_eq!(status, 200, "{work}");
+    assert_eq!(work["child_id"], second);
+    let (status, beat) = a.call(
+        "POST",
+        &format!("/v1/children/{second}/heartbeat"),
+        Some(json!({"token": work["token"]})),
+    );
+    assert_eq!(status, 200, "{beat}");
+}
+
 /// What a fake holder answers a take.
 #[derive(Clone, Copy)]
 enum Answer {
