@@ -396,6 +396,11 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
     .workers(2)
     .client_request_timeout(HEAD_TIMEOUT)
     .client_disconnect_timeout(DISCONNECT_TIMEOUT)
+    // A client that closes its side of the connection has hung up (HTTP/1.1 clients do not
+    // half-close to wait for an answer): its request is dropped, not answered to nobody. A long
+    // poll of a worker gone does not take a child for it, and one taken for it from another
+    // process is given back.
+    .h1_allow_half_closed(false)
     .disable_signals()
     .shutdown_timeout(IN_FLIGHT_GRACE_S)
     .bind(config.listen)?;

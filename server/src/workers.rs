@@ -202,6 +202,9 @@ const UNTAKE_WAIT: Duration = Duration::from_secs(2);
 /// [`ASK_MARGIN`]) passed. A child whose process did not answer in time, or answered with a
 /// fault, is listed again; one it no longer holds, or whose process is gone (its session's next
 /// holder lists it anew if it still waits), is not.
+///
+/// Each take runs as a task of its own ([`Taking::run`]): a poll dropped meanwhile (its worker
+/// hung up) leaves it to finish, and a child handed out for it is given back.
 async fn take_elsewhere(
     state: &State,
     queues: &WorkQueues,
@@ -212,60 +215,137 @@ async fn take_elsewhere(
 ) -> Option<brood::runners::external::Handout> {
     let directory = queues.directory()?.clone();
     loop {
-        let list = directory.clone();
-        let q = queue.to_string();
-        let taken = brood_actors::ledger::off_thread("reading the shared work list", move || list.take_elsewhere(&q));
-        let (child_id, address) = match taken.await {
-            Ok(Some(found)) => found,
-            Ok(None) => return None,
-            Err(e) => {
-                tracing::warn!("reading the shared work list failed: {e}");
-                return None;
-            }
-        };
         let within = deadline.saturating_duration_since(tokio::time::Instant::now()) + ASK_MARGIN;
-        let take_id = queues.take_id();
-        let body = serde_json::to_vec(&TakeBody {
-            child_id: child_id.clone(),
+        let taking = Taking {
+            directory: directory.clone(),
+            queue: queue.to_string(),
             worker: worker.to_string(),
-            lease_ms: hold.as_millis() as u64,
-            take_id: Some(take_id.clone()),
-        })
-        .unwrap_or_default();
-        let ask = Asking {
-            key: state.config.peer_credential(),
-            me: state.config.advertised(),
-            limit: super::forward::answer_limit(state),
+            hold,
+            take_id: queues.take_id(),
+            ask: Asking {
+                key: state.config.peer_credential(),
+                me: state.config.advertised(),
+                limit: super::forward::answer_limit(state),
+            },
+            within: within.min(ASK_MOST),
         };
-        let url = format!("{address}/v1/workers/take");
-        let asked = ask_holder(&url, body, &ask, within.min(ASK_MOST)).await;
-        if matches!(asked, Asked::Faulty(_)) {
-            // It may serve the take later, for nobody: it is told the take was given up (and
-            // refuses or takes it back), whenever it reads this.
-            let body = serde_json::to_vec(&UntakeBody {
-                child_id: child_id.clone(),
-                take_id,
-            })
-            .unwrap_or_default();
-            let url = format!("{address}/v1/workers/untake");
-            actix_web::rt::spawn(async move {
-                let _ = ask_holder(&url, body, &ask, UNTAKE_WAIT).await;
-            });
-        }
-        match asked {
-            Asked::Handed(h) => return Some(h),
-            // Handed out or ended meanwhile: the next one.
-            Asked::NotThere => {}
-            Asked::Gone(e) => tracing::debug!(child = %child_id, %address, "a listed child's process is gone: {e}"),
-            Asked::Faulty(e) => {
-                tracing::debug!(child = %child_id, %address, "a listed child's process did not answer in time: {e}");
-                directory.relist(&child_id, queue, &address);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        // On this worker's event loop, as the poll (the client of the other processes is the
+        // thread's own), but not dropped with it.
+        actix_web::rt::spawn(taking.run(tx));
+        match rx.await {
+            Ok((Took::Handed(h), got)) => {
+                // Nothing is awaited between this and the answer: the handout is the poll's.
+                let _ = got.send(());
+                return Some(h);
             }
+            Ok((Took::Nothing, _)) => {}
+            Ok((Took::Empty, _)) | Err(_) => return None,
         }
         if tokio::time::Instant::now() >= deadline {
             return None;
         }
     }
+}
+
+/// What one take of a child listed elsewhere came to.
+enum Took {
+    /// The list has no child of the queue waiting elsewhere (or could not be read).
+    Empty,
+    /// A child was asked for and not handed out: the next one may be.
+    Nothing,
+    /// Handed out, to the poll that acknowledges it.
+    Handed(brood::runners::external::Handout),
+}
+
+/// One take of a child the shared list says waits in another process, for a poll.
+struct Taking {
+    directory: std::sync::Arc<dyn brood_actors::ledger::WorkDirectory>,
+    queue: String,
+    worker: String,
+    hold: Duration,
+    take_id: String,
+    ask: Asking,
+    /// How long its process is waited for.
+    within: Duration,
+}
+
+impl Taking {
+    /// Takes a child off the list and asks its process for it; tells `poll` what came of it.
+    /// A child handed out that the poll does not acknowledge (it was dropped: its worker hung
+    /// up) is given back, as is a take that was not answered in time or answered with a fault
+    /// (which is also listed again).
+    async fn run(self, poll: Poll) {
+        let list = self.directory.clone();
+        let q = self.queue.clone();
+        let taken = brood_actors::ledger::off_thread("reading the shared work list", move || list.take_elsewhere(&q));
+        let (child_id, address) = match taken.await {
+            Ok(Some(found)) => found,
+            Ok(None) => return drop(tell(poll, Took::Empty)),
+            Err(e) => {
+                tracing::warn!("reading the shared work list failed: {e}");
+                return drop(tell(poll, Took::Empty));
+            }
+        };
+        let body = serde_json::to_vec(&TakeBody {
+            child_id: child_id.clone(),
+            worker: self.worker.clone(),
+            lease_ms: self.hold.as_millis() as u64,
+            take_id: Some(self.take_id.clone()),
+        })
+        .unwrap_or_default();
+        let url = format!("{address}/v1/workers/take");
+        let given_up = match ask_holder(&url, body, &self.ask, self.within).await {
+            Asked::Handed(h) => {
+                if let Some(acknowledged) = tell(poll, Took::Handed(h)) {
+                    if acknowledged.await.is_ok() {
+                        return;
+                    }
+                }
+                tracing::debug!(child = %child_id, %address, "the poll a child was taken for is gone; the take is given up");
+                true
+            }
+            asked => {
+                // The poll looks on at once; what follows matters to nobody waiting.
+                drop(tell(poll, Took::Nothing));
+                match asked {
+                    Asked::Gone(e) => {
+                        tracing::debug!(child = %child_id, %address, "a listed child's process is gone: {e}");
+                        false
+                    }
+                    Asked::Faulty(e) => {
+                        tracing::debug!(child = %child_id, %address, "a listed child's process did not answer in time: {e}");
+                        self.directory.relist(&child_id, &self.queue, &address);
+                        true
+                    }
+                    // Handed out or ended meanwhile: the next one.
+                    Asked::NotThere | Asked::Handed(_) => false,
+                }
+            }
+        };
+        if given_up {
+            // The process may serve the take later, for nobody, or served it for a poll that
+            // is gone: it is told the take was given up (and refuses it, or takes the child
+            // back), whenever it reads this.
+            let body = serde_json::to_vec(&UntakeBody {
+                child_id: child_id.clone(),
+                take_id: self.take_id.clone(),
+            })
+            .unwrap_or_default();
+            let url = format!("{address}/v1/workers/untake");
+            let _ = ask_holder(&url, body, &self.ask, UNTAKE_WAIT).await;
+        }
+    }
+}
+
+/// Where a take tells the poll it runs for what came of it; the poll acknowledges a handout
+/// on the sender that comes with it.
+type Poll = tokio::sync::oneshot::Sender<(Took, tokio::sync::oneshot::Sender<()>)>;
+
+/// Tells `poll` what a take came to: where it acknowledges that, if it was still there.
+fn tell(poll: Poll, took: Took) -> Option<tokio::sync::oneshot::Receiver<()>> {
+    let (got, acknowledged) = tokio::sync::oneshot::channel();
+    poll.send((took, got)).ok().map(|()| acknowledged)
 }
 
 /// What a process asked for a listed child answered.

@@ -1,0 +1,427 @@
+//! Takes between processes sharing a ledger: a worker's poll at one process takes a child the
+//! shared work list says waits at another, and asks that process for it
+//! (`POST /v1/workers/take`, `POST /v1/workers/untake`). What becomes of the child when the
+//! poll is cancelled meanwhile, when the holder stalls or answers with a fault.
+
+mod server;
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use server::{psql, Server};
+
+/// The tenure time the tests run with.
+const TENURE_MS: &str = "2000";
+
+fn node(dir: &Path, url: &str, name: &str) -> Server {
+    Server::node(dir, url, name, TENURE_MS)
+}
+
+/// Node `b`, serving a take 1.5 s after it was asked for it (once).
+fn stalling_node(dir: &Path, url: &str) -> Server {
+    let b_dir = dir.join("b");
+    std::fs::create_dir_all(&b_dir).unwrap();
+    Server::start_env(
+        &b_dir,
+        None,
+        &["--ledger", url, "--node", "b", "--session-lease-ms", TENURE_MS],
+        &[("BROOD_FAILPOINTS", "take_stall=1")],
+    )
+}
+
+/// Waits until the shared work list holds `n` rows.
+fn until_listed(url: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while psql(url, "SELECT count(*) FROM brood.work_directory") != n.to_string() {
+        assert!(Instant::now() < deadline, "the list never held {n} children");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Delegates `n` external children (queue `gpu`) to session `x`, served by `b`, and waits until
+/// they are listed in the shared work list; their ids.
+fn listed_at(b: &Server, url: &str, n: usize) -> Vec<String> {
+    b.open("x");
+    let tasks: Vec<Value> = (0..n)
+        .map(|_| json!({"goal": "render", "runner": {"kind": "external", "queue": "gpu"}}))
+        .collect();
+    let (status, reply) = b.call("POST", "/v1/sessions/x/delegate", Some(json!({"tasks": tasks})));
+    assert_eq!(status, 202, "{reply}");
+    until_listed(url, n);
+    (0..n)
+        .map(|i| format!("{}.{i}", reply["call_id"].as_str().unwrap()))
+        .collect()
+}
+
+/// A poll of queue `gpu` at `s`, waiting up to `wait_ms`, holding the child for `lease_ms`.
+fn poll_gpu(s: &Server, wait_ms: u64, lease_ms: u64) -> (u16, Value) {
+    s.call(
+        "POST",
+        "/v1/workers/poll",
+        Some(json!({"worker": "w", "queue": "gpu", "wait_ms": wait_ms, "lease_ms": lease_ms})),
+    )
+}
+
+/// How a worker hangs up.
+#[derive(Clone, Copy)]
+enum HangUp {
+    /// It closes its connection (a FIN: it sends nothing more).
+    Close,
+    /// It resets its connection (an RST).
+    Reset,
+}
+
+/// A worker polls `a` (with ten minutes' hold) for a child listed by `b`, and hangs up while
+/// `a` asks `b` for it, well before `b` serves the take: the child must not be held by the take
+/// nobody got. Once `b` would have served it, a worker polling `b` gets it.
+fn a_worker_hangs_up_while_its_poll_asks_another_process(hang_up: HangUp) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let b = stalling_node(dir.path(), &url);
+    let child = listed_at(&b, &url, 1).remove(0);
+    let body = json!({"worker": "w", "queue": "gpu", "wait_ms": 5000, "lease_ms": 600_000}).to_string();
+    let mut stream = TcpStream::connect(("127.0.0.1", a.port())).unwrap();
+    write!(
+        stream,
+        "POST /v1/workers/poll HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // The child leaves the list when a asks b for it.
+    until_listed(&url, 0);
+    std::thread::sleep(Duration::from_millis(300));
+    if let HangUp::Reset = hang_up {
+        use std::os::fd::AsRawFd as _;
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: a valid socket and a `linger` of the size given.
+        let set = unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0, "SO_LINGER");
+    }
+    drop(stream);
+    std::thread::sleep(Duration::from_millis(2500));
+    let (status, work) = poll_gpu(&b, 20_000, 30_000);
+    assert_eq!(status, 200, "the child is held by a take nobody got: {work}");
+    assert_eq!(work["child_id"], child);
+}
+
+#[test]
+fn a_poll_its_worker_reset_while_asking_another_process_leaves_the_child_waiting() {
+    a_worker_hangs_up_while_its_poll_asks_another_process(HangUp::Reset);
+}
+
+#[test]
+fn a_poll_its_worker_closed_while_asking_another_process_leaves_the_child_waiting() {
+    a_worker_hangs_up_while_its_poll_asks_another_process(HangUp::Close);
+}
+
+#[test]
+fn a_poll_its_worker_closed_while_waiting_hands_it_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let b = node(dir.path(), &url, "b");
+    b.open("x");
+    // A worker polls b (with ten minutes' hold), and hangs up while its poll waits.
+    let body = json!({"worker": "w", "queue": "gpu", "wait_ms": 20_000, "lease_ms": 600_000}).to_string();
+    let mut stream = TcpStream::connect(("127.0.0.1", b.port())).unwrap();
+    write!(
+        stream,
+        "POST /v1/workers/poll HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(stream);
+    std::thread::sleep(Duration::from_millis(300));
+    // A child queued now is not handed to the poll of a worker gone.
+    let task = json!({"goal": "render", "runner": {"kind": "external", "queue": "gpu"}});
+    let (status, reply) = b.call("POST", "/v1/sessions/x/delegate", Some(json!({"tasks": [task]})));
+    assert_eq!(status, 202, "{reply}");
+    let (status, work) = poll_gpu(&b, 20_000, 30_000);
+    assert_eq!(status, 200, "the child was handed to a worker that hung up: {work}");
+    assert_eq!(work["child_id"], format!("{}.0", reply["call_id"].as_str().unwrap()));
+}
+
+#[test]
+fn a_take_asked_again_of_a_holder_that_stalled_is_answered_with_its_own_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let b = stalling_node(dir.path(), &url);
+    let children = listed_at(&b, &url, 2);
+    // a asks b for the first listed child and gives up before b serves the take (it is listed
+    // again, a little later); a asks b at once for the other one.
+    let (status, reply) = poll_gpu(&a, 0, 30_000);
+    assert_eq!(status, 204, "{reply}");
+    let (status, work) = poll_gpu(&a, 5_000, 30_000);
+    let mut got = Vec::new();
+    if status == 200 {
+        got.push(work);
+    } else {
+        assert_eq!(status, 204, "{work}");
+    }
+    // Every child is handed out, once, each with its own token: none answered with another
+    // take's answer.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < 2 {
+        assert!(Instant::now() < deadline, "not every child was handed out: {got:?}");
+        let (status, work) = poll_gpu(&a, 5_000, 30_000);
+        match status {
+            200 => got.push(work),
+            204 => {}
+            s => panic!("poll answered {s}: {work}"),
+        }
+    }
+    let mut ids: Vec<String> = got
+        .iter()
+        .map(|w| w["child_id"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    let mut expected = children.clone();
+    expected.sort();
+    assert_eq!(ids, expected, "each child handed out once");
+    for w in &got {
+        let id = w["child_id"].as_str().unwrap();
+        let (status, beat) = a.call(
+            "POST",
+            &format!("/v1/children/{id}/heartbeat"),
+            Some(json!({"token": w["token"]})),
+        );
+        assert_eq!(status, 200, "{id}'s token does not hold it: {beat}");
+    }
+}
+
+fn signal(s: &Server, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &s.child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig}");
+}
+
+#[test]
+fn a_take_of_a_paused_holder_is_given_up_and_the_child_waits_once_it_wakes() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    // Tenures long enough that b keeps its session through the pause.
+    let (a, b) = (
+        Server::node(dir.path(), &url, "a", "20000"),
+        Server::node(dir.path(), &url, "b", "20000"),
+    );
+    let child = listed_at(&b, &url, 1).remove(0);
+    // b is paused (well inside its tenure): a's poll asks it for the child (with ten minutes'
+    // hold), gives up, and tells it so, in vain as well.
+    signal(&b, "-STOP");
+    let (status, reply) = poll_gpu(&a, 0, 600_000);
+    assert_eq!(status, 204, "{reply}");
+    // Listed again, for a later poll.
+    until_listed(&url, 1);
+    // Past the wait of the untake too.
+    std::thread::sleep(Duration::from_millis(2500));
+    signal(&b, "-CONT");
+    // b reads the take and the untake once it wakes: the child is not held by the take
+    // nobody got, and a worker polling either process gets it.
+    let (status, work) = poll_gpu(&a, 20_000, 30_000);
+    assert_eq!(status, 200, "the child is held by a take nobody got: {work}");
+    assert_eq!(work["child_id"], child);
+}
+
+#[test]
+fn a_take_of_a_holder_restarted_at_its_address_is_answered_by_the_new_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let b = node(dir.path(), &url, "b");
+    // a takes a child of b's, over a connection it keeps.
+    let first = listed_at(&b, &url, 1).remove(0);
+    let (status, work) = poll_gpu(&a, 5_000, 30_000);
+    assert_eq!(status, 200, "{work}");
+    assert_eq!(work["child_id"], first);
+    // b is killed and started again on its port; a child of a new session is listed there.
+    let port = b.port();
+    b.kill9();
+    let b = Server::node_on(dir.path(), &url, "b", TENURE_MS, port);
+    b.open("y");
+    let task = json!({"goal": "render", "runner": {"kind": "external", "queue": "gpu"}});
+    let (status, reply) = b.call("POST", "/v1/sessions/y/delegate", Some(json!({"tasks": [task]})));
+    assert_eq!(status, 202, "{reply}");
+    let second = format!("{}.0", reply["call_id"].as_str().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while psql(
+        &url,
+        &format!("SELECT count(*) FROM brood.work_directory WHERE child_id = '{second}'"),
+    ) != "1"
+    {
+        assert!(Instant::now() < deadline, "the child was never listed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Asked at once (a poll that waits for nothing): answered by the new process, never from
+    // the connection to the killed one.
+    let (status, work) = poll_gpu(&a, 0, 30_000);
+    assert_eq!(status, 200, "{work}");
+    assert_eq!(work["child_id"], second);
+    let (status, beat) = a.call(
+        "POST",
+        &format!("/v1/children/{second}/heartbeat"),
+        Some(json!({"token": work["token"]})),
+    );
+    assert_eq!(status, 200, "{beat}");
+}
+
+/// What a fake holder answers a take.
+#[derive(Clone, Copy)]
+enum Answer {
+    Status500,
+    /// 200 with a body longer than any answer is read.
+    Huge,
+    /// 200 with a body that is no work item.
+    Malformed,
+}
+
+/// The requests a fake holder was sent: path and JSON body of each.
+type Heard = Arc<Mutex<Vec<(String, Value)>>>;
+
+/// A process that is not brood listening on loopback, answering every take with `answer` and
+/// every other request with 204; its address and the paths and bodies of what it was sent.
+fn fake_holder(answer: Answer) -> (String, Heard) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let log = heard.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let log = log.clone();
+            std::thread::spawn(move || serve_fake(stream, answer, &log));
+        }
+    });
+    (address, heard)
+}
+
+fn serve_fake(stream: TcpStream, answer: Answer, log: &Mutex<Vec<(String, Value)>>) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut out = stream;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let path = line.split(' ').nth(1).unwrap_or("").to_string();
+        let mut length = 0;
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            if h == "\r\n" {
+                break;
+            }
+            if let Some((name, value)) = h.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+            }
+        }
+        let mut body = vec![0; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        log.lock()
+            .unwrap()
+            .push((path.clone(), serde_json::from_slice(&body).unwrap_or(Value::Null)));
+        let reply = if path == "/v1/workers/take" {
+            match answer {
+                Answer::Status500 => "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n".to_string(),
+                Answer::Huge => {
+                    // The head says 100 MiB; the body never comes whole.
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 104857600\r\n\r\n{\"child_id\":"
+                        .to_string()
+                }
+                Answer::Malformed => {
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\r\nnot json!"
+                        .to_string()
+                }
+            }
+        } else {
+            "HTTP/1.1 204 No Content\r\n\r\n".to_string()
+        };
+        if out.write_all(reply.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// A child listed as waiting at a fake holder answering `answer`, asked for through `a`: the
+/// poll answers nothing, the child is listed again, and the fake holder is told that the take
+/// was given up.
+fn a_faulty_answer_relists_the_child_and_untakes(answer: Answer) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let (address, heard) = fake_holder(answer);
+    psql(
+        &url,
+        &format!(
+            "INSERT INTO brood.work_directory (child_id, queue, address, posted_at) VALUES ('call_f.0', 'gpu', '{address}', now())"
+        ),
+    );
+    let (status, reply) = poll_gpu(&a, 0, 30_000);
+    assert_eq!(status, 204, "{reply}");
+    // Listed again (for a later poll) at the same address.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while psql(
+        &url,
+        "SELECT address FROM brood.work_directory WHERE child_id = 'call_f.0'",
+    ) != address
+    {
+        assert!(Instant::now() < deadline, "the child was not listed again");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Told that the take was given up, naming it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = heard.lock().unwrap().clone();
+        let take = log
+            .iter()
+            .find(|(p, _)| p == "/v1/workers/take")
+            .expect("asked for the take");
+        if let Some((_, untake)) = log.iter().find(|(p, _)| p == "/v1/workers/untake") {
+            assert_eq!(untake["child_id"], "call_f.0", "{untake}");
+            assert_eq!(untake["take_id"], take.1["take_id"], "{untake}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no untake came: {log:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_take_answered_500_lists_the_child_again_and_is_given_up() {
+    a_faulty_answer_relists_the_child_and_untakes(Answer::Status500);
+}
+
+#[test]
+fn a_take_answered_with_more_than_is_read_lists_the_child_again_and_is_given_up() {
+    a_faulty_answer_relists_the_child_and_untakes(Answer::Huge);
+}
+
+#[test]
+fn a_take_answered_with_no_work_item_lists_the_child_again_and_is_given_up() {
+    a_faulty_answer_relists_the_child_and_untakes(Answer::Malformed);
+}
