@@ -231,11 +231,12 @@ fn adopt_session(
         return Ok(Adopted::Unknown);
     };
     // A top-level session another process serves (or is creating: its tenure taken, its row
-    // not yet committed) is named by its live tenure, read as it is, first: one read. Taking the
-    // tenure would wait for that holder's commits in flight, and hold up its next ones, only to
-    // find it held. (Where a nested session is served is its parent's business, below; one this
-    // process handed over is answered once its taker took it.)
-    let first = match nest_parent(id).is_none() && !tenures.handed_over(id) {
+    // not yet committed) is named by its live tenure, read as it is, first: a lookup costs one
+    // read. Taking the tenure would wait for that holder's commits in flight, and hold up its
+    // next ones, only to find it held. (Where a nested session is served is its parent's
+    // business, below; one this process handed over is answered once its taker took it; a
+    // session being created is looked for first, as it is most often new.)
+    let first = match create.is_none() && nest_parent(id).is_none() && !tenures.handed_over(id) {
         true => Some(tenures.holder(id)?),
         false => None,
     };
@@ -276,8 +277,8 @@ fn adopt_session(
             return Ok(Adopted::Elsewhere(address));
         }
     }
-    // A stored nested session's own tenure is read as a top-level one's is, above. (A session
-    // being created has no tenure to read yet.)
+    // A stored session's live tenure, read above or now (nested, or put again), names another
+    // holder without taking it. (A session being created has no tenure to read yet.)
     let read = if stored { holder(first)? } else { None };
     let found = match read {
         Some(elsewhere @ TenureHolder::Elsewhere { .. }) => elsewhere,
