@@ -162,15 +162,6 @@ fn a_killed_holders_sessions_are_taken_over_with_nothing_lost_and_nothing_acked_
     assert_eq!(next["set"], 3, "{next}");
 }
 
-fn signal(s: &Server, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &s.child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig}");
-}
-
 #[test]
 fn a_paused_holder_is_refused_once_taken_over_and_acks_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -183,7 +174,7 @@ fn a_paused_holder_is_refused_once_taken_over_and_acks_nothing() {
     let claim = env["claim_id"].as_str().unwrap().to_string();
     let claimed = children_of(&env);
     // a is paused past its tenure (a GC pause, SIGSTOP); b takes the session over meanwhile.
-    signal(&a, "-STOP");
+    a.signal("-STOP");
     // Past the tenure: b's sweep takes the session up (a request meanwhile would be forwarded
     // to a, which answers nothing while stopped).
     std::thread::sleep(Duration::from_millis(TENURE_MS.parse::<u64>().unwrap() + 1000));
@@ -199,7 +190,7 @@ fn a_paused_holder_is_refused_once_taken_over_and_acks_nothing() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    signal(&a, "-CONT");
+    a.signal("-CONT");
     // a wakes up holding a claim of the session: its ack is refused, never applied.
     let (status, body) = a.call("POST", &format!("/v1/claims/{claim}/ack"), None);
     assert_ne!(status, 200, "a paused holder acked after losing the session: {body}");
@@ -342,11 +333,11 @@ fn a_poll_does_not_wait_on_a_silent_process() {
     let (a, b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
     let child = listed_at(&b, &url, false);
     // b is paused (well inside its lease): asked for its child, it does not answer.
-    signal(&b, "-STOP");
+    b.signal("-STOP");
     let asked = Instant::now();
     let (status, reply) = poll_gpu(&a, 0);
     let took = asked.elapsed();
-    signal(&b, "-CONT");
+    b.signal("-CONT");
     assert_eq!(status, 204, "{reply}");
     // A wait of 0 is not ten seconds of asking (the margin is half a second; this bound is
     // generous for a shared machine).
@@ -363,7 +354,7 @@ fn a_child_listed_by_a_process_that_is_gone_leaves_the_list_and_comes_back_with_
     let (a, mut b) = (node(dir.path(), &url, "a"), node(dir.path(), &url, "b"));
     let child = listed_at(&b, &url, true);
     // Nothing listens at b's address any more.
-    signal(&b, "-KILL");
+    b.signal("-KILL");
     b.child.wait().unwrap();
     let (status, reply) = poll_gpu(&a, 0);
     assert_eq!(status, 204, "{reply}");

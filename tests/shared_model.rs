@@ -458,15 +458,6 @@ fn items_of(env: &Value) -> Vec<Item> {
         .collect()
 }
 
-fn signal(server: &Server, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &server.child.id().to_string()])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(ok, "kill {sig} {}", server.child.id());
-}
-
 fn start(node: &Node, url: &str, failpoints: Option<&str>) -> Server {
     let env: Vec<(&str, &str)> = failpoints.map(|f| ("BROOD_FAILPOINTS", f)).into_iter().collect();
     Server::start_env(
@@ -827,14 +818,14 @@ impl<'c> World<'c> {
     fn pause(&mut self, node: usize, past_ms: u64, during: &[Op], woken: &[Op]) -> Check {
         let node = self.up(node, None);
         let server = self.nodes[node].server.as_ref().expect("up");
-        signal(server, "-STOP");
+        server.signal("-STOP");
         let stopped = Instant::now();
         std::thread::sleep(Duration::from_millis(LEASE_MS + past_ms));
         for op in during {
             self.log.push(format!("  during the pause: {op:?}"));
             let sent = self.apply(op, Some(node));
             if sent.is_err() {
-                signal(self.nodes[node].server.as_ref().expect("up"), "-CONT");
+                self.nodes[node].server.as_ref().expect("up").signal("-CONT");
                 return sent;
             }
         }
@@ -1315,7 +1306,7 @@ fn a_holder_whose_lease_ran_out_answers_no_view_older_than_the_new_holders() {
     // a opened the session and holds it; b takes it over while a is stopped, and acks its
     // result.
     let a = world.nodes[0].server.as_ref().unwrap();
-    signal(a, "-STOP");
+    a.signal("-STOP");
     std::thread::sleep(Duration::from_millis(LEASE_MS + 1200));
     let path = "/v1/sessions/s0/boundary";
     let body = json!({"consumer": "b", "lease_ms": 5000});
@@ -1337,7 +1328,7 @@ fn a_holder_whose_lease_ran_out_answers_no_view_older_than_the_new_holders() {
     let agent = world.agent.clone();
     let read = std::thread::spawn(move || request(&agent, &base, "GET", "/v1/sessions/s0", None));
     std::thread::sleep(Duration::from_millis(300));
-    signal(a, "-CONT");
+    a.signal("-CONT");
     let read = read.join().unwrap();
     match read {
         Ok((200, view)) => assert_eq!(

@@ -206,15 +206,6 @@ fn a_take_asked_again_of_a_holder_that_stalled_is_answered_with_its_own_child() 
     }
 }
 
-fn signal(s: &Server, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &s.child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig}");
-}
-
 #[test]
 fn a_take_of_a_paused_holder_is_given_up_and_the_child_waits_once_it_wakes() {
     let dir = tempfile::tempdir().unwrap();
@@ -227,14 +218,14 @@ fn a_take_of_a_paused_holder_is_given_up_and_the_child_waits_once_it_wakes() {
     let child = listed_at(&b, &url, 1).remove(0);
     // b is paused (well inside its tenure): a's poll asks it for the child (with ten minutes'
     // hold), gives up, and tells it so, in vain as well.
-    signal(&b, "-STOP");
+    b.signal("-STOP");
     let (status, reply) = poll_gpu(&a, 0, 600_000);
     assert_eq!(status, 204, "{reply}");
     // Listed again, for a later poll.
     until_listed(&url, 1);
     // Past the wait of the untake too.
     std::thread::sleep(Duration::from_millis(2500));
-    signal(&b, "-CONT");
+    b.signal("-CONT");
     // b reads the take and the untake once it wakes: the child is not held by the take
     // nobody got, and a worker polling either process gets it.
     let (status, work) = poll_gpu(&a, 20_000, 30_000);

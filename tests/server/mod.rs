@@ -58,6 +58,16 @@ pub fn psql(url: &str, sql: &str) -> String {
 }
 
 impl Server {
+    /// Sends the server process signal `sig` with `kill` (`-STOP`, `-CONT`, `-KILL`, …).
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.id();
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    }
+
     pub fn start(dir: &Path, key: Option<&str>) -> Server {
         Server::start_with(dir, key, &[])
     }
