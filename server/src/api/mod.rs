@@ -117,14 +117,10 @@ impl From<BroodError> for ApiError {
 }
 
 /// Parses a JSON body, naming the path of what is wrong (`tasks[2].goal: missing field`).
-/// An empty body (nothing, or only JSON's own whitespace) reads as `{}` where every field is
-/// optional.
+/// An empty body (no bytes at all) reads as `{}` where every field is optional; a body of
+/// only whitespace is not JSON, and is refused like any other.
 pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let body: &[u8] = if body.iter().copied().all(json_whitespace) {
-        b"{}"
-    } else {
-        body
-    };
+    let body: &[u8] = if body.is_empty() { b"{}" } else { body };
     // serde reads a struct from an array of its fields too; a body is an object (or `null`
     // where the body is optional), never that.
     if body.iter().copied().find(|b| !json_whitespace(*b)) == Some(b'[') {
@@ -181,11 +177,22 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_body_or_json_whitespace_reads_as_an_empty_object() {
-        for body in [&b""[..], b" ", b"\r\n\t "] {
-            assert_eq!(parse::<Optional>(body).map(|o| o.n).ok(), Some(None), "{body:?}");
-        }
+    fn an_empty_body_reads_as_an_empty_object() {
+        assert_eq!(parse::<Optional>(b"").map(|o| o.n).ok(), Some(None));
+        assert_eq!(
+            parse::<Option<Optional>>(b"").map(|o| o.map(|o| o.n)).ok(),
+            Some(Some(None))
+        );
         assert_eq!(parse::<Optional>(b" {\"n\": 3}\n").map(|o| o.n).ok(), Some(Some(3)));
+    }
+
+    #[test]
+    fn a_body_of_only_whitespace_is_refused_as_not_json() {
+        for body in [&b" "[..], b"\t", b"\r\n\t "] {
+            let e = parse::<Option<Optional>>(body).unwrap_err();
+            assert_eq!(e.status, actix_web::http::StatusCode::BAD_REQUEST, "{body:?}");
+            assert!(e.message.contains("not valid JSON"), "{body:?}: {}", e.message);
+        }
     }
 
     #[test]
