@@ -190,14 +190,24 @@ pub struct Snapshot {
 impl Snapshot {
     /// Adds the rows of `other` (a load of another session) to these.
     pub fn absorb(&mut self, other: Snapshot) {
-        self.sessions.extend(other.sessions);
-        self.calls.extend(other.calls);
-        self.children.extend(other.children);
-        self.claims.extend(other.claims);
-        self.starts.extend(other.starts);
-        self.damaged_children.extend(other.damaged_children);
-        self.wakes.extend(other.wakes);
-        self.nests.extend(other.nests);
+        join(&mut self.sessions, other.sessions);
+        join(&mut self.calls, other.calls);
+        join(&mut self.children, other.children);
+        join(&mut self.claims, other.claims);
+        join(&mut self.starts, other.starts);
+        join(&mut self.damaged_children, other.damaged_children);
+        join(&mut self.wakes, other.wakes);
+        join(&mut self.nests, other.nests);
+    }
+}
+
+/// Appends `more` to `rows`; into nothing, `more` is taken as it is (a million rows are not
+/// copied into a fresh allocation).
+fn join<T>(rows: &mut Vec<T>, mut more: Vec<T>) {
+    if rows.is_empty() {
+        std::mem::swap(rows, &mut more);
+    } else {
+        rows.append(&mut more);
     }
 }
 

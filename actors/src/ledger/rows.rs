@@ -354,15 +354,19 @@ where
     let mut bad = Vec::new();
     for kv in rows {
         let (k, v) = kv?;
-        match codec::decode::<T>(v.as_ref())
-            .map_err(|e| e.to_string())
-            .and_then(|row| row.check().map(|_| row))
-        {
+        match decode_checked::<T>(v.as_ref()) {
             Ok(row) => out.push(row),
             Err(reason) => bad.push((k, v, reason)),
         }
     }
     Ok(bad)
+}
+
+/// A stored row decoded and checked; why not, when it does not decode or fails its check.
+pub(super) fn decode_checked<T: crate::codec::Stored + CheckRow>(value: &[u8]) -> Result<T, String> {
+    codec::decode::<T>(value)
+        .map_err(|e| e.to_string())
+        .and_then(|row| row.check().map(|_| row))
 }
 
 /// A quarantine entry as read back: its stored record (`encoded`, under `key`) and the raw

@@ -11,9 +11,9 @@
 //! - **Writes.** [`Ledger::write`] and [`Ledger::put_claim`] only stage rows in memory (the
 //!   last write of a key wins, as in sled). [`Ledger::flush`] commits what is staged in one
 //!   transaction with `synchronous_commit = on`, everything that arrived meanwhile together
-//!   (group commit). Up to three commits are in flight at once, never two on one key (see
-//!   `staging`); a flush returns once every write made before it is committed, by whichever
-//!   transaction took it.
+//!   (group commit). Up to [`COMMITS_IN_FLIGHT`] commits are in flight at once, never two on
+//!   one key (see `staging`); a flush returns once every write made before it is committed,
+//!   by whichever transaction took it.
 //! - **Reads** commit what is staged first, so a read sees every write made before it, as in
 //!   sled.
 //! - **Threads.** The client is async (tokio-postgres, a deadpool pool): it runs on a runtime
@@ -40,8 +40,9 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 use super::rows::{
-    child_write, decode_at, decode_rows, encode, find_call_in, fold_delivery, live_claims, merge_terminals,
-    quarantine_entry, read_quarantined, report_kept, row_key, session_prefix, write_changes, Change, ChildWrite,
+    child_write, decode_at, decode_checked, decode_rows, encode, find_call_in, fold_delivery, live_claims,
+    merge_terminals, quarantine_entry, read_quarantined, report_kept, row_key, session_prefix, write_changes, Change,
+    ChildWrite,
 };
 use super::trees::*;
 use super::{CallParts, Durability, Ledger, LedgerError, OldestRows, Snapshot, Writes};
@@ -227,6 +228,10 @@ pub struct PgLedger {
     /// Tests: how many times a flush waited for a commit in flight.
     #[cfg(test)]
     settle_waits: std::sync::atomic::AtomicUsize,
+    /// Tests: a read of many sessions reads each range in reverse key order first (as a
+    /// server that did not keep the ranges' order would answer).
+    #[cfg(test)]
+    unordered_reads: std::sync::atomic::AtomicBool,
     runtime: Runtime,
 }
 
@@ -424,6 +429,8 @@ impl PgLedger {
             lose_next_commit: Default::default(),
             #[cfg(test)]
             settle_waits: Default::default(),
+            #[cfg(test)]
+            unordered_reads: Default::default(),
             runtime,
         };
         ledger.migrate()?;

@@ -2,6 +2,8 @@
 //! aside to the quarantine and named damaged), and the snapshot of one session, of many, or of
 //! the whole ledger, as recovery reads it.
 
+use tokio_postgres::types::ToSql;
+
 use super::*;
 
 impl PgLedger {
@@ -122,9 +124,15 @@ impl PgLedger {
         tree: &'static str,
         rows: Vec<(Key, Vec<u8>)>,
     ) -> Result<(Vec<T>, Vec<Key>), LedgerError> {
-        let mut moved = Vec::new();
         let mut out = Vec::with_capacity(rows.len());
         let bad = decode_rows(rows.into_iter().map(Ok::<_, LedgerError>), &mut out)?;
+        Ok((out, self.set_aside(tree, bad)?))
+    }
+
+    /// Moves aside the rows of `tree` that did not decode or failed their check (those of this
+    /// process's sessions: see below); the keys of those it moved.
+    fn set_aside(&self, tree: &'static str, bad: Vec<Unreadable>) -> Result<Vec<Key>, LedgerError> {
+        let mut moved = Vec::new();
         for (k, v, reason) in bad {
             // Shared: a row of a session another process serves is that one's to move aside
             // (it may be of a newer build's format, during a rolling upgrade); skipped here.
@@ -142,7 +150,13 @@ impl PgLedger {
             self.move_aside(tree, &k, &v, &reason)?;
             moved.push(k);
         }
-        Ok((out, moved))
+        Ok(moved)
+    }
+
+    /// [`Fetched`] rows: the readable ones, the others moved aside.
+    fn kept<T>(&self, tree: &'static str, (rows, bad): Fetched<T>) -> Result<Vec<T>, LedgerError> {
+        self.set_aside(tree, bad)?;
+        Ok(rows)
     }
 
     /// Moves a raw row aside to the quarantine tables, in one transaction.
@@ -226,8 +240,9 @@ impl PgLedger {
     /// session's, in one statement per table for all of them: the scoped trees' rows by a join
     /// of the sessions' key ranges (each an index range scan), the trees keyed by session id by
     /// their keys, the damaged children by the ranges of their quarantine keys. The statements
-    /// go out together on one connection (one round trip). Delivery state is folded in per
-    /// session, as a load of each session alone folds it.
+    /// go out together on one connection (one round trip), in a read-only transaction, and
+    /// each answer is decoded as it arrives. Delivery state is folded in per session, as a
+    /// load of each session alone folds it.
     pub(super) fn read_many(&self, sessions: &[String]) -> Result<Snapshot, LedgerError> {
         if sessions.is_empty() {
             return Ok(Snapshot::default());
@@ -255,60 +270,96 @@ impl PgLedger {
         let keyed = [SESSIONS, WAKES, NESTS].map(|t| (t, self.table(t)));
         let quarantine = self.table(QUARANTINE);
         let pool = self.inner.pool.clone();
-        self.inner.sent(scoped.len() + keyed.len() + 1);
-        let (mut scoped_rows, mut keyed_rows, damaged) = self.runtime.run(async move {
-            let client = pool.get().await.map_err(pool_error)?;
-            let client = &client;
-            let in_ranges = |table: &str, columns: &str| {
-                format!(
-                    "SELECT {columns} FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
-                     JOIN {table} t ON t.key >= r.low AND t.key < r.high ORDER BY t.key"
-                )
-            };
-            let scoped = futures::future::try_join_all(scoped.iter().map(|(tree, table)| {
-                let sql = in_ranges(table, "t.key, t.value");
-                let (low, high) = (&low, &high);
-                async move {
-                    let rows = client
-                        .query(&sql, &[low, high])
-                        .await
-                        .map_err(pg_error(format!("reading {tree} of many sessions")))?;
-                    Ok::<_, LedgerError>(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect::<Vec<_>>())
-                }
-            }));
-            let keyed = futures::future::try_join_all(keyed.iter().map(|(tree, table)| {
-                let sql = format!("SELECT key, value FROM {table} WHERE key = ANY($1) ORDER BY key");
-                let names = &names;
-                async move {
-                    let rows = client
-                        .query(&sql, &[names])
-                        .await
-                        .map_err(pg_error(format!("reading {tree} of many sessions")))?;
-                    Ok::<_, LedgerError>(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect::<Vec<_>>())
-                }
-            }));
-            let damaged = async {
-                let sql = in_ranges(&quarantine, "t.key");
-                let rows = client
-                    .query(&sql, &[&damaged_low, &damaged_high])
+        // The statements, and the read-only transaction around them (its start, its end).
+        self.inner.sent(scoped.len() + keyed.len() + 1 + 2);
+        // A scoped tree's rows, range by range: each range an index scan in key order, the
+        // ranges in the (sorted) order given, so every row in key order, with no sort of them
+        // all. SQL does not promise that order, so the rows are checked as they come; should
+        // they come otherwise, the statement that sorts them all is the one to trust. The
+        // planner is told to avoid sorting: a table just filled has no statistics, and with
+        // none it would read a range by bitmap and sort it (on disk, for a million rows)
+        // before the first row comes.
+        #[cfg(test)]
+        let within = if self.unordered_reads.load(std::sync::atomic::Ordering::SeqCst) {
+            "DESC"
+        } else {
+            ""
+        };
+        #[cfg(not(test))]
+        let within = "";
+        let in_ranges = move |table: &str, columns: &str| {
+            format!(
+                "SELECT {columns} FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
+                 JOIN {table} t ON t.key >= r.low AND t.key < r.high ORDER BY t.key"
+            )
+        };
+        let scoped = scoped.map(|(tree, table)| {
+            let range_by_range = format!(
+                "SELECT f.key, f.value FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
+                 CROSS JOIN LATERAL (SELECT t.key, t.value FROM {table} t
+                     WHERE t.key >= r.low AND t.key < r.high ORDER BY t.key {within}) f"
+            );
+            (tree, vec![range_by_range, in_ranges(&table, "t.key, t.value")])
+        });
+        let keyed = keyed.map(|(tree, table)| {
+            (
+                tree,
+                vec![format!(
+                    "SELECT key, value FROM {table} WHERE key = ANY($1) ORDER BY key"
+                )],
+            )
+        });
+        // Each statement's rows are decoded as they arrive, while the server sends the rest.
+        let (acks, dead, calls, children, claims, starts, sessions_rows, wakes, nests, damaged) =
+            self.runtime.run(async move {
+                let mut client = pool.get().await.map_err(pool_error)?;
+                let what = "starting a read of many sessions";
+                let tx = client
+                    .build_transaction()
+                    .read_only(true)
+                    .start()
                     .await
-                    .map_err(pg_error("reading the damaged children of many sessions"))?;
-                Ok::<_, LedgerError>(
-                    rows.into_iter()
-                        .map(|r| damaged_child(r.get::<_, &[u8]>(0)))
-                        .collect::<Vec<_>>(),
-                )
-            };
-            futures::try_join!(scoped, keyed, damaged)
-        })?;
-        // In the order the statements were listed.
-        let (mut scoped_rows, mut keyed_rows) = (scoped_rows.drain(..), keyed_rows.drain(..));
-        let mut scoped = move || scoped_rows.next().unwrap_or_default();
-        let mut keyed = move || keyed_rows.next().unwrap_or_default();
-        let acks: Vec<AckRow> = self.decoded(ACKS, scoped())?;
-        let dead: Vec<DeadLetterRow> = self.decoded(DEAD_LETTERS, scoped())?;
-        let calls: Vec<CallRow> = self.decoded(CALLS, scoped())?;
-        let (mut children, moved): (Vec<ChildRow>, _) = self.decoded_noting(CHILDREN, scoped())?;
+                    .map_err(pg_error(what))?;
+                tx.batch_execute("SET LOCAL enable_sort = off")
+                    .await
+                    .map_err(pg_error(what))?;
+                let client: &tokio_postgres::Transaction<'_> = &tx;
+                let ranges: [&(dyn ToSql + Sync); 2] = [&low, &high];
+                let names: [&(dyn ToSql + Sync); 1] = [&names];
+                let [acks, dead, calls, children, claims, starts] = scoped;
+                let [sessions, wakes, nests] = keyed;
+                let damaged = async {
+                    let sql = in_ranges(&quarantine, "t.key");
+                    let rows = client
+                        .query(&sql, &[&damaged_low, &damaged_high])
+                        .await
+                        .map_err(pg_error("reading the damaged children of many sessions"))?;
+                    Ok::<_, LedgerError>(
+                        rows.into_iter()
+                            .map(|r| damaged_child(r.get::<_, &[u8]>(0)))
+                            .collect::<Vec<_>>(),
+                    )
+                };
+                let read = futures::try_join!(
+                    fetch::<AckRow>(client, acks, &ranges),
+                    fetch::<DeadLetterRow>(client, dead, &ranges),
+                    fetch::<CallRow>(client, calls, &ranges),
+                    fetch::<ChildRow>(client, children, &ranges),
+                    fetch::<ClaimRow>(client, claims, &ranges),
+                    fetch::<StartRow>(client, starts, &ranges),
+                    fetch::<SessionRow>(client, sessions, &names),
+                    fetch::<WakeRow>(client, wakes, &names),
+                    fetch::<NestRow>(client, nests, &names),
+                    damaged,
+                )?;
+                tx.commit().await.map_err(pg_error("ending a read of many sessions"))?;
+                Ok::<_, LedgerError>(read)
+            })?;
+        let acks = self.kept(ACKS, acks)?;
+        let dead = self.kept(DEAD_LETTERS, dead)?;
+        let calls = self.kept(CALLS, calls)?;
+        let (mut children, unreadable) = children;
+        let moved = self.set_aside(CHILDREN, unreadable)?;
         // The quarantine was read beside the children: those this read moved aside are damaged
         // too, as a load of one session (which reads the quarantine after) names them.
         let mut damaged = damaged;
@@ -316,8 +367,8 @@ impl PgLedger {
             let id = key.iter().position(|&b| b == 0).map_or(&key[..], |nul| &key[nul + 1..]);
             damaged.push(String::from_utf8_lossy(id).into_owned());
         }
-        let claims: Vec<ClaimRow> = self.decoded(CLAIMS, scoped())?;
-        let starts: Vec<StartRow> = self.decoded(STARTS, scoped())?;
+        let claims = self.kept(CLAIMS, claims)?;
+        let starts = self.kept(STARTS, starts)?;
         fold_delivery_by_session(&mut children, &acks, &dead);
         let acked: HashSet<(&str, &str)> = acks
             .iter()
@@ -328,14 +379,14 @@ impl PgLedger {
             .filter(|c| !acked.contains(&(c.session_id.as_str(), c.claim_id.as_str())))
             .collect();
         Ok(Snapshot {
-            sessions: self.decoded(SESSIONS, keyed())?,
+            sessions: self.kept(SESSIONS, sessions_rows)?,
             calls,
             children,
             claims,
             starts,
             damaged_children: damaged,
-            wakes: self.decoded(WAKES, keyed())?,
-            nests: self.decoded(NESTS, keyed())?,
+            wakes: self.kept(WAKES, wakes)?,
+            nests: self.kept(NESTS, nests)?,
         })
     }
 
@@ -426,6 +477,64 @@ impl PgLedger {
             .map(|(k, v)| decode_at(tree, &k, &v))
             .collect()
     }
+}
+
+/// A row that does not decode or fails its check: its key, its bytes, and why.
+type Unreadable = (Key, Vec<u8>, String);
+
+/// A statement's rows decoded, and those that were not readable (moved aside by the caller,
+/// outside the ledger's runtime).
+type Fetched<T> = (Vec<T>, Vec<Unreadable>);
+
+/// Runs the statements `sql` of `tree` (their columns `key, value`) in turn until one answers
+/// in key order (the last is trusted: it sorts), and decodes each row as it arrives, from the
+/// connection's own buffer: nothing is copied out first, and the rows are decoded while the
+/// server is still sending the rest.
+async fn fetch<T: crate::codec::Stored + CheckRow>(
+    client: &tokio_postgres::Transaction<'_>,
+    (tree, sql): (&'static str, Vec<String>),
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Fetched<T>, LedgerError> {
+    use futures::TryStreamExt;
+    let what = || format!("reading {tree} of many sessions");
+    let mut statements = sql.iter().peekable();
+    while let Some(sql) = statements.next() {
+        let trusted = statements.peek().is_none();
+        let stream = client
+            .query_raw(sql.as_str(), params.iter().copied())
+            .await
+            .map_err(pg_error(what()))?;
+        futures::pin_mut!(stream);
+        let (mut rows, mut bad) = (Vec::new(), Vec::new());
+        let mut previous: Option<Vec<u8>> = None;
+        let mut in_order = true;
+        while let Some(row) = stream.try_next().await.map_err(pg_error(what()))? {
+            let key: &[u8] = row.get(0);
+            if !trusted {
+                let last = previous.get_or_insert_with(Vec::new);
+                if !last.is_empty() && key <= last.as_slice() {
+                    // The rest of this answer is dropped (the connection skips it).
+                    in_order = false;
+                    break;
+                }
+                last.clear();
+                last.extend_from_slice(key);
+            }
+            let value: &[u8] = row.get(1);
+            match decode_checked::<T>(value) {
+                Ok(decoded) => rows.push(decoded),
+                Err(reason) => bad.push((key.to_vec(), value.to_vec(), reason)),
+            }
+        }
+        if in_order {
+            return Ok((rows, bad));
+        }
+        tracing::debug!(
+            tree,
+            "rows read range by range came out of key order; read again, sorted"
+        );
+    }
+    Ok((Vec::new(), Vec::new()))
 }
 
 /// The id of the child a quarantine key of a child row names (`children/<session>\0<id>`).

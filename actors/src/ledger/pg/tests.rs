@@ -86,6 +86,44 @@ mod own {
         assert_eq!(ledger.load().unwrap().damaged_children, damaged, "a load of all");
     }
 
+    /// A read of many sessions answers every tree's rows in key order (recovery files each
+    /// call's children as one run, and folds each session's delivery state as one): should
+    /// the range-by-range statement come back otherwise, the rows are read again, sorted.
+    #[test]
+    fn a_read_of_many_sessions_answers_in_key_order_even_when_a_range_comes_back_out_of_order() {
+        use crate::ledger::conformance::{call_row, child_row};
+        for unordered in [false, true] {
+            let ledger = pg_testkit::fresh();
+            ledger
+                .unordered_reads
+                .store(unordered, std::sync::atomic::Ordering::SeqCst);
+            let ids = ["s1", "s2", "s3"];
+            let mut writes = Writes::default();
+            for s in ids {
+                writes.sessions.push(session(s));
+                for call in ["deleg_a", "deleg_b"] {
+                    writes.calls.push(call_row(s, call, 12));
+                    writes
+                        .children
+                        .extend((0..12).map(|i| child_row(s, call, i, ChildStatus::Succeeded)));
+                }
+            }
+            ledger.write(&writes).unwrap();
+            ledger.flush().unwrap();
+            let read = ledger.load_sessions(&ids.map(String::from)).unwrap();
+            let keys: Vec<Vec<u8>> = read
+                .children
+                .iter()
+                .map(|c| row_key(&c.session_id, &c.child_id))
+                .collect();
+            assert_eq!(keys.len(), 72, "unordered: {unordered}");
+            assert!(keys.is_sorted(), "children in key order (unordered: {unordered})");
+            let calls: Vec<Vec<u8>> = read.calls.iter().map(|c| row_key(&c.session_id, &c.call_id)).collect();
+            assert_eq!(calls.len(), 6);
+            assert!(calls.is_sorted(), "calls in key order (unordered: {unordered})");
+        }
+    }
+
     #[test]
     fn a_write_is_seen_elsewhere_only_once_flushed() {
         let ledger = pg_testkit::fresh();
