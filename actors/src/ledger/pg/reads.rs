@@ -340,18 +340,27 @@ impl PgLedger {
                             .collect::<Vec<_>>(),
                     )
                 };
-                let read = futures::try_join!(
-                    fetch::<AckRow>(client, acks, &ranges),
-                    fetch::<DeadLetterRow>(client, dead, &ranges),
-                    fetch::<CallRow>(client, calls, &ranges),
-                    fetch::<ChildRow>(client, children, &ranges),
-                    fetch::<ClaimRow>(client, claims, &ranges),
-                    fetch::<StartRow>(client, starts, &ranges),
-                    fetch::<SessionRow>(client, sessions, &names),
-                    fetch::<WakeRow>(client, wakes, &names),
-                    fetch::<NestRow>(client, nests, &names),
+                // The calls first: their tasks bound the children's rows (a child has a row
+                // once it started), so those are read into room made once, not grown and
+                // copied as a million of them arrive.
+                let (acks, dead, calls, sessions, wakes, nests, damaged) = futures::try_join!(
+                    fetch::<AckRow>(client, acks, &ranges, 0),
+                    fetch::<DeadLetterRow>(client, dead, &ranges, 0),
+                    fetch::<CallRow>(client, calls, &ranges, 0),
+                    fetch::<SessionRow>(client, sessions, &names, 0),
+                    fetch::<WakeRow>(client, wakes, &names, 0),
+                    fetch::<NestRow>(client, nests, &names, 0),
                     damaged,
                 )?;
+                let room = calls.0.iter().map(|c| c.tasks.len()).sum::<usize>().min(ROOM_MOST);
+                let (children, claims, starts) = futures::try_join!(
+                    fetch::<ChildRow>(client, children, &ranges, room),
+                    fetch::<ClaimRow>(client, claims, &ranges, 0),
+                    fetch::<StartRow>(client, starts, &ranges, 0),
+                )?;
+                let read = (
+                    acks, dead, calls, children, claims, starts, sessions, wakes, nests, damaged,
+                );
                 tx.commit().await.map_err(pg_error("ending a read of many sessions"))?;
                 Ok::<_, LedgerError>(read)
             })?;
@@ -479,6 +488,11 @@ impl PgLedger {
     }
 }
 
+/// The most children's rows a read of many sessions makes room for before they arrive: room
+/// is made from the calls' tasks, and calls whose children mostly never started must not
+/// reserve gigabytes (past this, the rows' vector grows as they come).
+const ROOM_MOST: usize = 1 << 20;
+
 /// A row that does not decode or fails its check: its key, its bytes, and why.
 type Unreadable = (Key, Vec<u8>, String);
 
@@ -489,11 +503,12 @@ type Fetched<T> = (Vec<T>, Vec<Unreadable>);
 /// Runs the statements `sql` of `tree` (their columns `key, value`) in turn until one answers
 /// in key order (the last is trusted: it sorts), and decodes each row as it arrives, from the
 /// connection's own buffer: nothing is copied out first, and the rows are decoded while the
-/// server is still sending the rest.
+/// server is still sending the rest. `room`: the rows expected, at most.
 async fn fetch<T: crate::codec::Stored + CheckRow>(
     client: &tokio_postgres::Transaction<'_>,
     (tree, sql): (&'static str, Vec<String>),
     params: &[&(dyn ToSql + Sync)],
+    room: usize,
 ) -> Result<Fetched<T>, LedgerError> {
     use futures::TryStreamExt;
     let what = || format!("reading {tree} of many sessions");
@@ -505,7 +520,7 @@ async fn fetch<T: crate::codec::Stored + CheckRow>(
             .await
             .map_err(pg_error(what()))?;
         futures::pin_mut!(stream);
-        let (mut rows, mut bad) = (Vec::new(), Vec::new());
+        let (mut rows, mut bad) = (Vec::with_capacity(room), Vec::new());
         let mut previous: Option<Vec<u8>> = None;
         let mut in_order = true;
         while let Some(row) = stream.try_next().await.map_err(pg_error(what()))? {
