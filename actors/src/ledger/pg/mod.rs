@@ -728,11 +728,12 @@ impl Ledger for PgLedger {
     }
 
     fn load(&self) -> Result<Snapshot, LedgerError> {
-        self.read(None)
+        self.read_all()
     }
 
     fn load_session(&self, session_id: &str) -> Result<Snapshot, LedgerError> {
-        self.read(Some(session_id))
+        // As a read of many: every table in one round trip, each in key order with no sort.
+        self.read_many(&[session_id.to_string()])
     }
 
     fn oldest_rows(&self, session_ids: &[String]) -> Result<Vec<OldestRows>, LedgerError> {

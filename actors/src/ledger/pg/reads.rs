@@ -217,22 +217,24 @@ impl PgLedger {
             .collect())
     }
 
-    pub(super) fn read(&self, session: Option<&str>) -> Result<Snapshot, LedgerError> {
-        let acks: Vec<AckRow> = self.scan(ACKS, session)?;
-        let dead: Vec<DeadLetterRow> = self.scan(DEAD_LETTERS, session)?;
-        let calls: Vec<CallRow> = self.scan(CALLS, session)?;
-        let mut children: Vec<ChildRow> = self.scan(CHILDREN, session)?;
+    /// The whole ledger, table by table (a load of one session or of several is
+    /// [`PgLedger::read_many`]).
+    pub(super) fn read_all(&self) -> Result<Snapshot, LedgerError> {
+        let acks: Vec<AckRow> = self.scan(ACKS, None)?;
+        let dead: Vec<DeadLetterRow> = self.scan(DEAD_LETTERS, None)?;
+        let calls: Vec<CallRow> = self.scan(CALLS, None)?;
+        let mut children: Vec<ChildRow> = self.scan(CHILDREN, None)?;
         fold_delivery(&mut children, &acks, &dead);
-        let claims = live_claims(self.scan(CLAIMS, session)?, &acks);
+        let claims = live_claims(self.scan(CLAIMS, None)?, &acks);
         Ok(Snapshot {
-            sessions: self.scan(SESSIONS, session)?,
+            sessions: self.scan(SESSIONS, None)?,
             calls,
             children,
             claims,
-            starts: self.scan(STARTS, session)?,
-            damaged_children: self.damaged_children(session)?,
-            wakes: self.scan(WAKES, session)?,
-            nests: self.scan(NESTS, session)?,
+            starts: self.scan(STARTS, None)?,
+            damaged_children: self.damaged_children(None)?,
+            wakes: self.scan(WAKES, None)?,
+            nests: self.scan(NESTS, None)?,
         })
     }
 
@@ -370,11 +372,15 @@ impl PgLedger {
         let (mut children, unreadable) = children;
         let moved = self.set_aside(CHILDREN, unreadable)?;
         // The quarantine was read beside the children: those this read moved aside are damaged
-        // too, as a load of one session (which reads the quarantine after) names them.
+        // too (each named once: a row damaged again replaced its earlier quarantine entry).
         let mut damaged = damaged;
+        let named: HashSet<String> = damaged.iter().cloned().collect();
         for key in moved {
             let id = key.iter().position(|&b| b == 0).map_or(&key[..], |nul| &key[nul + 1..]);
-            damaged.push(String::from_utf8_lossy(id).into_owned());
+            let id = String::from_utf8_lossy(id).into_owned();
+            if !named.contains(&id) {
+                damaged.push(id);
+            }
         }
         let claims = self.kept(CLAIMS, claims)?;
         let starts = self.kept(STARTS, starts)?;
