@@ -124,6 +124,180 @@ mod own {
         }
     }
 
+    /// Many sessions, each with two rows in every table read range by range, all six answers
+    /// out of key order at once (each dropped part-way while the statements sent after it on
+    /// the same connection still have their answers coming, megabytes of them): every later
+    /// statement still reads its own answer, and the read is the one a sorted read gives, row
+    /// for row. Sessions whose ids share a prefix (`a`, `a.b`, `a_b`, `ab`) and one with no
+    /// rows but its session row keep to their own ranges.
+    #[test]
+    fn a_read_of_many_sessions_with_every_table_out_of_order_at_once_answers_as_a_sorted_read() {
+        use crate::ledger::conformance::Fixture;
+        let ledger = pg_testkit::fresh();
+        let mut ids: Vec<String> = ["a", "a.b", "a_b", "ab", "bare"].map(String::from).to_vec();
+        ids.extend((0..700).map(|i| format!("s{i:04}")));
+        let mut writes = Writes::default();
+        let mut claims = Vec::new();
+        for id in &ids {
+            if id == "bare" {
+                writes.sessions.push(session(id));
+                continue;
+            }
+            for call in ["deleg_a", "deleg_b"] {
+                let f = Fixture::new(id, call);
+                let more = f.writes();
+                writes.sessions.extend(more.sessions);
+                writes.calls.extend(more.calls);
+                writes.children.extend(more.children);
+                writes.dead_letters.extend(more.dead_letters);
+                writes.acks.extend(more.acks);
+                writes.starts.extend(more.starts);
+                writes.wakes.extend(more.wakes);
+                writes.nests.extend(more.nests);
+                claims.push(f.claim.clone());
+            }
+        }
+        ledger.write(&writes).unwrap();
+        for claim in &claims {
+            ledger.put_claim(claim).unwrap();
+        }
+        ledger.flush().unwrap();
+        let mut asked = ids.clone();
+        asked.push("deleg_a.0".into());
+        let sorted = ledger.load_sessions(&asked).unwrap();
+        assert_eq!(sorted.sessions.len(), ids.len());
+        assert_eq!(sorted.children.len(), 4 * (ids.len() - 1));
+        assert_eq!(sorted.calls.len(), 2 * (ids.len() - 1));
+        assert_eq!(sorted.claims.len(), 2 * (ids.len() - 1));
+        assert_eq!(sorted.starts.len(), 2 * (ids.len() - 1));
+        assert_eq!(sorted.nests.len(), 1, "the nested session asked for");
+        let keys = |rows: Vec<(String, String)>| -> bool {
+            rows.iter()
+                .map(|(s, id)| row_key(s, id))
+                .collect::<Vec<_>>()
+                .is_sorted()
+        };
+        let children = sorted
+            .children
+            .iter()
+            .map(|c| (c.session_id.clone(), c.child_id.clone()))
+            .collect();
+        assert!(keys(children), "children in key order");
+        for (session, rows) in [("a", 4), ("a.b", 4), ("a_b", 4), ("ab", 4), ("bare", 0)] {
+            assert_eq!(
+                sorted.children.iter().filter(|c| c.session_id == session).count(),
+                rows,
+                "{session}'s own children only"
+            );
+        }
+        ledger.unordered_reads.store(true, std::sync::atomic::Ordering::SeqCst);
+        let unordered = ledger.load_sessions(&asked).unwrap();
+        assert_eq!(
+            format!("{unordered:?}"),
+            format!("{sorted:?}"),
+            "read out of order, then sorted"
+        );
+    }
+
+    /// Another connection's transaction that runs `statements` on the database at `url` and
+    /// stays open until the returned sender is told, then rolls back.
+    fn held_open(
+        ledger: &PgLedger,
+        url: &str,
+        statements: &str,
+    ) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+        let (ran_tx, ran) = std::sync::mpsc::channel::<()>();
+        let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+        let (url, sql) = (url.to_string(), statements.to_string());
+        let held = ledger.runtime.handle.spawn(async move {
+            let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(connection);
+            let tx = client.transaction().await.unwrap();
+            tx.batch_execute(&sql).await.unwrap();
+            ran_tx.send(()).unwrap();
+            let _ = go.await;
+            tx.rollback().await.unwrap();
+        });
+        ran.recv().unwrap();
+        (go_tx, held)
+    }
+
+    fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// A read of many sessions ended part-way by the server, its statement cancelled (the
+    /// connection kept) or its connection ended (as a failover ends it): the read reports it,
+    /// no connection of the ledger is left inside the read's transaction (the pool would give
+    /// it to the next statement, which would fail), and the next reads answer everything.
+    #[test]
+    fn a_read_of_many_sessions_ended_part_way_reports_it_and_leaves_no_connection_in_its_transaction() {
+        for end in ["pg_cancel_backend", "pg_terminate_backend"] {
+            let url = pg_testkit::fresh_database();
+            let ledger = std::sync::Arc::new(PgLedger::open_in(&url, "brood").unwrap());
+            let ids: Vec<String> = (0..40).map(|i| format!("s{i:02}")).collect();
+            let mut writes = Writes::default();
+            for id in &ids {
+                writes.sessions.push(session(id));
+                writes
+                    .calls
+                    .push(crate::ledger::conformance::call_row(id, "deleg_c", 3));
+                writes.children.extend(
+                    (0..3).map(|i| crate::ledger::conformance::child_row(id, "deleg_c", i, ChildStatus::Succeeded)),
+                );
+            }
+            ledger.write(&writes).unwrap();
+            ledger.flush().unwrap();
+            let expected = format!("{:?}", ledger.load_sessions(&ids).unwrap());
+            // Every connection of the pool made, so the failed one is among several.
+            let many: Vec<_> = (0..4)
+                .map(|_| {
+                    let (l, ids) = (ledger.clone(), ids.clone());
+                    std::thread::spawn(move || l.load_sessions(&ids).map(|s| format!("{s:?}")))
+                })
+                .collect();
+            for read in many {
+                assert_eq!(read.join().unwrap().unwrap(), expected);
+            }
+            // The read's statement on `nests` waits behind another transaction's lock, the
+            // statements before it already answered.
+            let (go, held) = held_open(&ledger, &url, "LOCK TABLE brood.nests IN ACCESS EXCLUSIVE MODE");
+            let reading = {
+                let (l, ids) = (ledger.clone(), ids.clone());
+                std::thread::spawn(move || l.load_sessions(&ids).map(|s| format!("{s:?}")))
+            };
+            let waiter = "SELECT pid::text FROM pg_stat_activity WHERE datname = current_database()
+                 AND application_name = 'brood' AND wait_event_type = 'Lock'";
+            let mut pid = None;
+            until("the read waits on the lock", || {
+                pid = pg_testkit::query_value(&url, waiter).unwrap();
+                pid.is_some()
+            });
+            let pid = pid.unwrap();
+            pg_testkit::query_value(&url, &format!("SELECT {end}({pid})::text")).unwrap();
+            let err = reading.join().unwrap().expect_err("the read was ended");
+            assert!(format!("{err:?}").contains("many sessions"), "{end}: {err:?}");
+            go.send(()).unwrap();
+            ledger
+                .runtime
+                .run(async move { held.await.map_err(|e| LedgerError::storage("test", e)) })
+                .unwrap();
+            let in_transaction = "SELECT count(*)::text FROM pg_stat_activity WHERE datname = current_database()
+                 AND application_name = 'brood' AND state LIKE 'idle in transaction%'";
+            until("no connection of the ledger inside a transaction", || {
+                pg_testkit::query_value(&url, in_transaction).unwrap().as_deref() == Some("0")
+            });
+            for _ in 0..=POOL_SIZE {
+                let read = ledger.load_sessions(&ids).map(|s| format!("{s:?}"));
+                assert_eq!(read.as_ref().ok(), Some(&expected), "{end}: {read:?}");
+            }
+        }
+    }
+
     #[test]
     fn a_write_is_seen_elsewhere_only_once_flushed() {
         let ledger = pg_testkit::fresh();
