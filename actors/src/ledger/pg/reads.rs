@@ -287,28 +287,8 @@ impl PgLedger {
         };
         #[cfg(not(test))]
         let within = "";
-        let in_ranges = move |table: &str, columns: &str| {
-            format!(
-                "SELECT {columns} FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
-                 JOIN {table} t ON t.key >= r.low AND t.key < r.high ORDER BY t.key"
-            )
-        };
-        let scoped = scoped.map(|(tree, table)| {
-            let range_by_range = format!(
-                "SELECT f.key, f.value FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
-                 CROSS JOIN LATERAL (SELECT t.key, t.value FROM {table} t
-                     WHERE t.key >= r.low AND t.key < r.high ORDER BY t.key {within}) f"
-            );
-            (tree, vec![range_by_range, in_ranges(&table, "t.key, t.value")])
-        });
-        let keyed = keyed.map(|(tree, table)| {
-            (
-                tree,
-                vec![format!(
-                    "SELECT key, value FROM {table} WHERE key = ANY($1) ORDER BY key"
-                )],
-            )
-        });
+        let scoped = scoped.map(|(tree, table)| (tree, range_statements(&table, within).to_vec()));
+        let keyed = keyed.map(|(tree, table)| (tree, vec![keyed_statement(&table)]));
         // Each statement's rows are decoded as they arrive, while the server sends the rest.
         let (acks, dead, calls, children, claims, starts, sessions_rows, wakes, nests, damaged) =
             self.runtime.run(async move {
@@ -320,16 +300,14 @@ impl PgLedger {
                     .start()
                     .await
                     .map_err(pg_error(what))?;
-                tx.batch_execute("SET LOCAL enable_sort = off")
-                    .await
-                    .map_err(pg_error(what))?;
+                tx.batch_execute(READ_SETTINGS).await.map_err(pg_error(what))?;
                 let client: &tokio_postgres::Transaction<'_> = &tx;
                 let ranges: [&(dyn ToSql + Sync); 2] = [&low, &high];
                 let names: [&(dyn ToSql + Sync); 1] = [&names];
                 let [acks, dead, calls, children, claims, starts] = scoped;
                 let [sessions, wakes, nests] = keyed;
                 let damaged = async {
-                    let sql = in_ranges(&quarantine, "t.key");
+                    let sql = damaged_statement(&quarantine);
                     let rows = client
                         .query(&sql, &[&damaged_low, &damaged_high])
                         .await
@@ -477,6 +455,45 @@ impl PgLedger {
             .map(|(k, v)| decode_at(tree, &k, &v))
             .collect()
     }
+}
+
+/// What a read of many sessions sets for its transaction: no sort of every row read (see
+/// [`range_statements`]).
+pub(super) const READ_SETTINGS: &str = "SET LOCAL enable_sort = off";
+
+/// The statements that read the rows of `table` (columns `key, value`) in the key ranges
+/// `$1..$2`, in key order: first range by range, each an index scan in key order, the ranges
+/// in the order given (`within` a range: `""`, or `"DESC"` for tests), with no sort of the rows
+/// at all; then, trusted, the same with its rows sorted. Both read each range by an index range
+/// scan under [`READ_SETTINGS`]: a join of the ranges with the table that sorts, with sorting
+/// avoided, is planned as a scan of the whole table in key order, each row tested against every
+/// range (a million rows times a thousand ranges). The subquery's own `ORDER BY` keeps it from
+/// being merged into such a join.
+pub(super) fn range_statements(table: &str, within: &str) -> [String; 2] {
+    let ranges = format!(
+        "SELECT f.key, f.value FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
+         CROSS JOIN LATERAL (SELECT t.key, t.value FROM {table} t
+             WHERE t.key >= r.low AND t.key < r.high ORDER BY t.key {within}) f"
+    );
+    let sorted = format!("{ranges} ORDER BY f.key");
+    [ranges, sorted]
+}
+
+/// The statement that reads the rows of `table` (keyed by session id) of the sessions `$1`,
+/// in key order.
+pub(super) fn keyed_statement(table: &str) -> String {
+    format!("SELECT key, value FROM {table} WHERE key = ANY($1) ORDER BY key")
+}
+
+/// The statement that reads the keys of the quarantine table `table` in the key ranges
+/// `$1..$2`, range by range (as [`range_statements`] reads them: by an index range scan each,
+/// under [`READ_SETTINGS`]). Their order is not relied on.
+pub(super) fn damaged_statement(table: &str) -> String {
+    format!(
+        "SELECT f.key FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
+         CROSS JOIN LATERAL (SELECT t.key FROM {table} t
+             WHERE t.key >= r.low AND t.key < r.high ORDER BY t.key) f"
+    )
 }
 
 /// A row that does not decode or fails its check: its key, its bytes, and why.

@@ -199,6 +199,96 @@ mod own {
         );
     }
 
+    /// Every statement of a read of many sessions, under the settings of its transaction
+    /// (sorting avoided), reads its table by an index range scan of each range asked for, not
+    /// by a scan of the whole table with each row tested against every range: so does the
+    /// statement that sorts, read again when an answer came out of order, and the read of the
+    /// quarantine, made at every read.
+    #[test]
+    fn every_statement_of_a_read_of_many_sessions_reads_only_the_ranges_asked_for() {
+        let ledger = pg_testkit::fresh();
+        let (children, quarantine, sessions) =
+            (ledger.table(CHILDREN), ledger.table(QUARANTINE), ledger.table(SESSIONS));
+        // 40,000 rows in each table, of 2,000 sessions; a read of 1,000 of them.
+        let fill = format!(
+            "INSERT INTO {children} (key, value)
+                 SELECT convert_to('s' || lpad((i / 20)::text, 5, '0'), 'UTF8') || '\\x00'::bytea
+                        || convert_to('c' || lpad((i % 20)::text, 3, '0'), 'UTF8'), '\\x00'::bytea
+                 FROM generate_series(0, 39999) i;
+             INSERT INTO {quarantine} (key, value) SELECT 'children/'::bytea || key, value FROM {children};
+             INSERT INTO {sessions} (key, value)
+                 SELECT convert_to('s' || lpad(i::text, 5, '0') || '.' || (i % 20)::text, 'UTF8'), '\\x00'::bytea
+                 FROM generate_series(0, 39999) i"
+        );
+        let asked: Vec<String> = (0..1000).map(|i| format!("s{:05}", i * 2)).collect();
+        let ranges = |prefix: &[u8]| -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+            asked
+                .iter()
+                .map(|s| {
+                    let mut low = prefix.to_vec();
+                    low.extend_from_slice(&session_prefix(s));
+                    let mut high = low.clone();
+                    *high.last_mut().unwrap() = 1;
+                    (low, high)
+                })
+                .unzip()
+        };
+        let (low, high) = ranges(b"");
+        let (damaged_low, damaged_high) = ranges(b"children/");
+        let names: Vec<Vec<u8>> = asked.iter().map(|s| s.as_bytes().to_vec()).collect();
+        let [by_range, sorted] = super::super::reads::range_statements(&children, "");
+        let damaged = super::super::reads::damaged_statement(&quarantine);
+        let keyed = super::super::reads::keyed_statement(&sessions);
+        let pool = ledger.inner.pool.clone();
+        let plans = ledger
+            .runtime
+            .run(async move {
+                let mut client = pool.get().await.map_err(pool_error)?;
+                client.batch_execute(&fill).await.map_err(pg_error("filling"))?;
+                let tx = client.transaction().await.map_err(pg_error("test"))?;
+                tx.batch_execute(super::super::reads::READ_SETTINGS)
+                    .await
+                    .map_err(pg_error("test"))?;
+                let mut plans = Vec::new();
+                for (what, sql, params) in [
+                    ("range by range", by_range, [&low, &high]),
+                    ("sorted", sorted, [&low, &high]),
+                    ("damaged", damaged, [&damaged_low, &damaged_high]),
+                ] {
+                    let rows = tx
+                        .query(&format!("EXPLAIN {sql}"), &[params[0], params[1]])
+                        .await
+                        .map_err(pg_error("explaining"))?;
+                    plans.push((
+                        what,
+                        rows.iter()
+                            .map(|r| r.get::<_, String>(0))
+                            .collect::<Vec<_>>()
+                            .join("\n"),
+                    ));
+                }
+                let rows = tx
+                    .query(&format!("EXPLAIN {keyed}"), &[&names])
+                    .await
+                    .map_err(pg_error("explaining"))?;
+                plans.push((
+                    "keyed",
+                    rows.iter()
+                        .map(|r| r.get::<_, String>(0))
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                ));
+                Ok(plans)
+            })
+            .unwrap();
+        for (what, plan) in plans {
+            assert!(
+                plan.contains("Index Cond") && !plan.contains("Join Filter"),
+                "{what}: {plan}"
+            );
+        }
+    }
+
     /// Another connection's transaction that runs `statements` on the database at `url` and
     /// stays open until the returned sender is told, then rolls back.
     fn held_open(
