@@ -270,8 +270,9 @@ impl PgLedger {
         let keyed = [SESSIONS, WAKES, NESTS].map(|t| (t, self.table(t)));
         let quarantine = self.table(QUARANTINE);
         let pool = self.inner.pool.clone();
-        // The statements, and the read-only transaction around them (its start, its end).
-        self.inner.sent(scoped.len() + keyed.len() + 1 + 2);
+        // The statements, and the read-only transaction around them (its start, its setting,
+        // its end).
+        self.inner.sent(scoped.len() + keyed.len() + 1 + 3);
         // A scoped tree's rows, range by range: each range an index scan in key order, the
         // ranges in the (sorted) order given, so every row in key order, with no sort of them
         // all. SQL does not promise that order, so the rows are checked as they come; should
