@@ -240,7 +240,7 @@ impl PgLedger {
     /// session's, in one statement per table for all of them: the scoped trees' rows by a join
     /// of the sessions' key ranges (each an index range scan), the trees keyed by session id by
     /// their keys, the damaged children by the ranges of their quarantine keys. The statements
-    /// go out together on one connection (one round trip), in a read-only transaction, and
+    /// go out together on one connection (one round trip), each its own transaction, and
     /// each answer is decoded as it arrives. Delivery state is folded in per session, as a
     /// load of each session alone folds it.
     pub(super) fn read_many(&self, sessions: &[String]) -> Result<Snapshot, LedgerError> {
@@ -270,9 +270,8 @@ impl PgLedger {
         let keyed = [SESSIONS, WAKES, NESTS].map(|t| (t, self.table(t)));
         let quarantine = self.table(QUARANTINE);
         let pool = self.inner.pool.clone();
-        // The statements, and the read-only transaction around them (its start, its setting,
-        // its end).
-        self.inner.sent(scoped.len() + keyed.len() + 1 + 3);
+        // The statements, and the setting of the planner around them (made, reset).
+        self.inner.sent(scoped.len() + keyed.len() + 1 + 2);
         // A scoped tree's rows, range by range: each range an index scan in key order, the
         // ranges in the (sorted) order given, so every row in key order, with no sort of them
         // all. SQL does not promise that order, so the rows are checked as they come; should
@@ -293,46 +292,54 @@ impl PgLedger {
         // Each statement's rows are decoded as they arrive, while the server sends the rest.
         let (acks, dead, calls, children, claims, starts, sessions_rows, wakes, nests, damaged) =
             self.runtime.run(async move {
-                let mut client = pool.get().await.map_err(pool_error)?;
-                let what = "starting a read of many sessions";
-                let tx = client
-                    .build_transaction()
-                    .read_only(true)
-                    .start()
-                    .await
-                    .map_err(pg_error(what))?;
-                tx.batch_execute(READ_SETTINGS).await.map_err(pg_error(what))?;
-                let client: &tokio_postgres::Transaction<'_> = &tx;
-                let ranges: [&(dyn ToSql + Sync); 2] = [&low, &high];
-                let names: [&(dyn ToSql + Sync); 1] = [&names];
-                let [acks, dead, calls, children, claims, starts] = scoped;
-                let [sessions, wakes, nests] = keyed;
-                let damaged = async {
-                    let sql = damaged_statement(&quarantine);
-                    let rows = client
-                        .query(&sql, &[&damaged_low, &damaged_high])
+                let client = pool.get().await.map_err(pool_error)?;
+                let read = async {
+                    client
+                        .batch_execute(READ_SETTINGS)
                         .await
-                        .map_err(pg_error("reading the damaged children of many sessions"))?;
-                    Ok::<_, LedgerError>(
-                        rows.into_iter()
-                            .map(|r| damaged_child(r.get::<_, &[u8]>(0)))
-                            .collect::<Vec<_>>(),
-                    )
-                };
-                let read = futures::try_join!(
-                    fetch::<AckRow>(client, acks, &ranges),
-                    fetch::<DeadLetterRow>(client, dead, &ranges),
-                    fetch::<CallRow>(client, calls, &ranges),
-                    fetch::<ChildRow>(client, children, &ranges),
-                    fetch::<ClaimRow>(client, claims, &ranges),
-                    fetch::<StartRow>(client, starts, &ranges),
-                    fetch::<SessionRow>(client, sessions, &names),
-                    fetch::<WakeRow>(client, wakes, &names),
-                    fetch::<NestRow>(client, nests, &names),
-                    damaged,
-                )?;
-                tx.commit().await.map_err(pg_error("ending a read of many sessions"))?;
-                Ok::<_, LedgerError>(read)
+                        .map_err(pg_error("starting a read of many sessions"))?;
+                    let client: &tokio_postgres::Client = &client;
+                    let ranges: [&(dyn ToSql + Sync); 2] = [&low, &high];
+                    let names: [&(dyn ToSql + Sync); 1] = [&names];
+                    let [acks, dead, calls, children, claims, starts] = scoped;
+                    let [sessions, wakes, nests] = keyed;
+                    let damaged = async {
+                        let sql = damaged_statement(&quarantine);
+                        let rows = client
+                            .query(&sql, &[&damaged_low, &damaged_high])
+                            .await
+                            .map_err(pg_error("reading the damaged children of many sessions"))?;
+                        Ok::<_, LedgerError>(
+                            rows.into_iter()
+                                .map(|r| damaged_child(r.get::<_, &[u8]>(0)))
+                                .collect::<Vec<_>>(),
+                        )
+                    };
+                    let read = futures::try_join!(
+                        fetch::<AckRow>(client, acks, &ranges),
+                        fetch::<DeadLetterRow>(client, dead, &ranges),
+                        fetch::<CallRow>(client, calls, &ranges),
+                        fetch::<ChildRow>(client, children, &ranges),
+                        fetch::<ClaimRow>(client, claims, &ranges),
+                        fetch::<StartRow>(client, starts, &ranges),
+                        fetch::<SessionRow>(client, sessions, &names),
+                        fetch::<WakeRow>(client, wakes, &names),
+                        fetch::<NestRow>(client, nests, &names),
+                        damaged,
+                    )?;
+                    client
+                        .batch_execute(READ_RESET)
+                        .await
+                        .map_err(pg_error("ending a read of many sessions"))?;
+                    Ok::<_, LedgerError>(read)
+                }
+                .await;
+                if read.is_err() {
+                    // Its setting may still be in force: the connection is closed, not
+                    // given back to the pool.
+                    drop(deadpool_postgres::Object::take(client));
+                }
+                read
             })?;
         let acks = self.kept(ACKS, acks)?;
         let dead = self.kept(DEAD_LETTERS, dead)?;
@@ -458,9 +465,16 @@ impl PgLedger {
     }
 }
 
-/// What a read of many sessions sets for its transaction: no sort of every row read (see
-/// [`range_statements`]).
-pub(super) const READ_SETTINGS: &str = "SET LOCAL enable_sort = off";
+/// What a read of many sessions sets on its connection while it reads: no sort of every row
+/// read (see [`range_statements`]). Set on the connection, not in a transaction around the
+/// read's statements: each statement holds its table only while it runs, as each of its own
+/// transaction, so a change of the schema (a newer build's migration) that locks the tables in
+/// another order waits for it or it for the change, and neither is ended as a deadlock.
+pub(super) const READ_SETTINGS: &str = "SET enable_sort = off";
+
+/// What a read of many sessions resets once it read everything ([`READ_SETTINGS`]); a read that
+/// failed closes its connection instead.
+const READ_RESET: &str = "RESET enable_sort";
 
 /// The statements that read the rows of `table` (columns `key, value`) in the key ranges
 /// `$1..$2`, in key order: first range by range, each an index scan in key order, the ranges
@@ -509,7 +523,7 @@ type Fetched<T> = (Vec<T>, Vec<Unreadable>);
 /// connection's own buffer: nothing is copied out first, and the rows are decoded while the
 /// server is still sending the rest.
 async fn fetch<T: crate::codec::Stored + CheckRow>(
-    client: &tokio_postgres::Transaction<'_>,
+    client: &tokio_postgres::Client,
     (tree, sql): (&'static str, Vec<String>),
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Fetched<T>, LedgerError> {

@@ -322,10 +322,11 @@ mod own {
 
     /// A read of many sessions ended part-way by the server, its statement cancelled (the
     /// connection kept) or its connection ended (as a failover ends it): the read reports it,
-    /// no connection of the ledger is left inside the read's transaction (the pool would give
-    /// it to the next statement, which would fail), and the next reads answer everything.
+    /// no connection of the ledger is left inside a transaction (the pool would give it to the
+    /// next statement, which would fail) or with the read's planner setting, and the next
+    /// reads answer everything.
     #[test]
-    fn a_read_of_many_sessions_ended_part_way_reports_it_and_leaves_no_connection_in_its_transaction() {
+    fn a_read_of_many_sessions_ended_part_way_reports_it_and_leaves_no_connection_in_its_state() {
         for end in ["pg_cancel_backend", "pg_terminate_backend"] {
             let url = pg_testkit::fresh_database();
             let ledger = std::sync::Arc::new(PgLedger::open_in(&url, "brood").unwrap());
@@ -387,6 +388,97 @@ mod own {
                     Err(e) => panic!("{end}: a read after failed: {e:?}"),
                 }
             }
+            // No connection of the pool is left with the read's setting, whether its read
+            // failed or answered.
+            let pool = ledger.inner.pool.clone();
+            let settings = ledger
+                .runtime
+                .run(async move {
+                    let size = pool.status().size;
+                    let mut held = Vec::new();
+                    for _ in 0..size {
+                        held.push(pool.get().await.map_err(pool_error)?);
+                    }
+                    let mut settings = Vec::new();
+                    for client in &held {
+                        let row = client
+                            .query_one("SHOW enable_sort", &[])
+                            .await
+                            .map_err(pg_error("test"))?;
+                        settings.push(row.get::<_, String>(0));
+                    }
+                    Ok(settings)
+                })
+                .unwrap();
+            assert!(
+                !settings.is_empty() && settings.iter().all(|s| s == "on"),
+                "{end}: {settings:?}"
+            );
+        }
+    }
+
+    /// A read of many sessions meets a change of the schema by another process (a newer
+    /// build's migration, at a rolling upgrade, while this one adopts the sessions the
+    /// upgraded process gave back), which locks the tables one after another in an order of
+    /// its own: the change goes through and the read answers once it is committed. Neither is
+    /// ended as a deadlock: a statement of the read holds its table only while it runs.
+    #[test]
+    fn a_read_of_many_sessions_waits_for_a_schema_change_that_locks_its_tables_in_another_order() {
+        let url = pg_testkit::fresh_database();
+        let ledger = std::sync::Arc::new(PgLedger::open_in(&url, "brood").unwrap());
+        let ids: Vec<String> = (0..10).map(|i| format!("s{i:02}")).collect();
+        let mut writes = Writes::default();
+        for id in &ids {
+            writes.sessions.push(session(id));
+            writes
+                .calls
+                .push(crate::ledger::conformance::call_row(id, "deleg_c", 2));
+            writes.children.extend(
+                (0..2).map(|i| crate::ledger::conformance::child_row(id, "deleg_c", i, ChildStatus::Succeeded)),
+            );
+        }
+        ledger.write(&writes).unwrap();
+        ledger.flush().unwrap();
+        let expected = format!("{:?}", ledger.load_sessions(&ids).unwrap());
+        // The change: `nests` locked first, `acks` once told.
+        let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+        let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+        let change = {
+            let url = url.clone();
+            ledger.runtime.handle.spawn(async move {
+                let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+                tokio::spawn(connection);
+                let tx = client.transaction().await.unwrap();
+                tx.batch_execute("LOCK TABLE brood.nests IN ACCESS EXCLUSIVE MODE")
+                    .await
+                    .unwrap();
+                locked_tx.send(()).unwrap();
+                let _ = go.await;
+                match tx.batch_execute("LOCK TABLE brood.acks IN ACCESS EXCLUSIVE MODE").await {
+                    Ok(()) => tx.commit().await.map_err(|e| format!("{e:?}")),
+                    Err(e) => Err(format!("{e:?}")),
+                }
+            })
+        };
+        locked.recv().unwrap();
+        let reading = {
+            let (l, ids) = (ledger.clone(), ids.clone());
+            std::thread::spawn(move || l.load_sessions(&ids).map(|s| format!("{s:?}")))
+        };
+        let waiter = "SELECT pid::text FROM pg_stat_activity WHERE datname = current_database()
+             AND application_name = 'brood' AND wait_event_type = 'Lock'";
+        until("the read waits on the change's lock", || {
+            pg_testkit::query_value(&url, waiter).unwrap().is_some()
+        });
+        go_tx.send(()).unwrap();
+        let changed = ledger
+            .runtime
+            .run(async move { change.await.map_err(|e| LedgerError::storage("test", e)) })
+            .unwrap();
+        assert_eq!(changed, Ok(()), "the change went through");
+        match reading.join().unwrap() {
+            Ok(read) => assert!(read == expected, "the read answered other rows"),
+            Err(e) => panic!("the read failed: {e:?}"),
         }
     }
 
