@@ -270,11 +270,11 @@ fn key(session_id: &str, id: &str) -> RowKey {
 /// have rows of their own, 2 and 3 are named by a start row. The ack row and the dead letter
 /// name items of children 2 and 3, which have no row, so a load folds nothing into the stored
 /// rows and reads them back as written.
-struct Fixture {
+pub(crate) struct Fixture {
     session: SessionRow,
     call: CallRow,
     children: Vec<ChildRow>,
-    claim: ClaimRow,
+    pub(crate) claim: ClaimRow,
     ack: AckRow,
     start: StartRow,
     wake: WakeRow,
@@ -284,7 +284,7 @@ struct Fixture {
 }
 
 impl Fixture {
-    fn new(session_id: &str, call_id: &str) -> Self {
+    pub(crate) fn new(session_id: &str, call_id: &str) -> Self {
         let s = session_id;
         let mut failed = child_row(s, call_id, 1, ChildStatus::Failed);
         failed.notice.failed_attempts = 1;
@@ -307,7 +307,7 @@ impl Fixture {
     }
 
     /// Everything but the claim (which goes through [`Ledger::put_claim`]).
-    fn writes(&self) -> Writes {
+    pub(crate) fn writes(&self) -> Writes {
         Writes {
             sessions: vec![self.session.clone()],
             calls: vec![self.call.clone()],

@@ -242,7 +242,7 @@ impl PgLedger {
     /// session's, in one statement per table for all of them: the scoped trees' rows by a join
     /// of the sessions' key ranges (each an index range scan), the trees keyed by session id by
     /// their keys, the damaged children by the ranges of their quarantine keys. The statements
-    /// go out together on one connection (one round trip), in a read-only transaction, and
+    /// go out together on one connection (one round trip), each its own transaction, and
     /// each answer is decoded as it arrives. Delivery state is folded in per session, as a
     /// load of each session alone folds it.
     pub(super) fn read_many(&self, sessions: &[String]) -> Result<Snapshot, LedgerError> {
@@ -272,7 +272,7 @@ impl PgLedger {
         let keyed = [SESSIONS, WAKES, NESTS].map(|t| (t, self.table(t)));
         let quarantine = self.table(QUARANTINE);
         let pool = self.inner.pool.clone();
-        // The statements, and the read-only transaction around them (its start, its end).
+        // The statements, and the setting of the planner around them (made, reset).
         self.inner.sent(scoped.len() + keyed.len() + 1 + 2);
         // A scoped tree's rows, range by range: each range an index scan in key order, the
         // ranges in the (sorted) order given, so every row in key order, with no sort of them
@@ -289,82 +289,64 @@ impl PgLedger {
         };
         #[cfg(not(test))]
         let within = "";
-        let in_ranges = move |table: &str, columns: &str| {
-            format!(
-                "SELECT {columns} FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
-                 JOIN {table} t ON t.key >= r.low AND t.key < r.high ORDER BY t.key"
-            )
-        };
-        let scoped = scoped.map(|(tree, table)| {
-            let range_by_range = format!(
-                "SELECT f.key, f.value FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
-                 CROSS JOIN LATERAL (SELECT t.key, t.value FROM {table} t
-                     WHERE t.key >= r.low AND t.key < r.high ORDER BY t.key {within}) f"
-            );
-            (tree, vec![range_by_range, in_ranges(&table, "t.key, t.value")])
-        });
-        let keyed = keyed.map(|(tree, table)| {
-            (
-                tree,
-                vec![format!(
-                    "SELECT key, value FROM {table} WHERE key = ANY($1) ORDER BY key"
-                )],
-            )
-        });
+        let scoped = scoped.map(|(tree, table)| (tree, range_statements(&table, within).to_vec()));
+        let keyed = keyed.map(|(tree, table)| (tree, vec![keyed_statement(&table)]));
         // Each statement's rows are decoded as they arrive, while the server sends the rest.
-        let (acks, dead, calls, children, claims, starts, sessions_rows, wakes, nests, damaged) =
+        let (acks, dead, calls, children, claims, starts, sessions_rows, wakes, nests, damaged_keys) =
             self.runtime.run(async move {
-                let mut client = pool.get().await.map_err(pool_error)?;
-                let what = "starting a read of many sessions";
-                let tx = client
-                    .build_transaction()
-                    .read_only(true)
-                    .start()
-                    .await
-                    .map_err(pg_error(what))?;
-                tx.batch_execute("SET LOCAL enable_sort = off")
-                    .await
-                    .map_err(pg_error(what))?;
-                let client: &tokio_postgres::Transaction<'_> = &tx;
-                let ranges: [&(dyn ToSql + Sync); 2] = [&low, &high];
-                let names: [&(dyn ToSql + Sync); 1] = [&names];
-                let [acks, dead, calls, children, claims, starts] = scoped;
-                let [sessions, wakes, nests] = keyed;
-                let damaged = async {
-                    let sql = in_ranges(&quarantine, "t.key");
-                    let rows = client
-                        .query(&sql, &[&damaged_low, &damaged_high])
+                let client = pool.get().await.map_err(pool_error)?;
+                let read = async {
+                    client
+                        .batch_execute(READ_SETTINGS)
                         .await
-                        .map_err(pg_error("reading the damaged children of many sessions"))?;
-                    Ok::<_, LedgerError>(
-                        rows.into_iter()
-                            .map(|r| damaged_child(r.get::<_, &[u8]>(0)))
-                            .collect::<Vec<_>>(),
-                    )
-                };
-                // The calls first: their tasks bound the children's rows (a child has a row
-                // once it started), so those are read into room made once, not grown and
-                // copied as a million of them arrive.
-                let (acks, dead, calls, sessions, wakes, nests, damaged) = futures::try_join!(
-                    fetch::<AckRow>(client, acks, &ranges, 0),
-                    fetch::<DeadLetterRow>(client, dead, &ranges, 0),
-                    fetch::<CallRow>(client, calls, &ranges, 0),
-                    fetch::<SessionRow>(client, sessions, &names, 0),
-                    fetch::<WakeRow>(client, wakes, &names, 0),
-                    fetch::<NestRow>(client, nests, &names, 0),
-                    damaged,
-                )?;
-                let room = calls.0.iter().map(|c| c.tasks.len()).sum::<usize>().min(ROOM_MOST);
-                let (children, claims, starts) = futures::try_join!(
-                    fetch::<ChildRow>(client, children, &ranges, room),
-                    fetch::<ClaimRow>(client, claims, &ranges, 0),
-                    fetch::<StartRow>(client, starts, &ranges, 0),
-                )?;
-                let read = (
-                    acks, dead, calls, children, claims, starts, sessions, wakes, nests, damaged,
-                );
-                tx.commit().await.map_err(pg_error("ending a read of many sessions"))?;
-                Ok::<_, LedgerError>(read)
+                        .map_err(pg_error("starting a read of many sessions"))?;
+                    let client: &tokio_postgres::Client = &client;
+                    let ranges: [&(dyn ToSql + Sync); 2] = [&low, &high];
+                    let names: [&(dyn ToSql + Sync); 1] = [&names];
+                    let [acks, dead, calls, children, claims, starts] = scoped;
+                    let [sessions, wakes, nests] = keyed;
+                    let damaged = async {
+                        let sql = damaged_statement(&quarantine);
+                        let rows = client
+                            .query(&sql, &[&damaged_low, &damaged_high])
+                            .await
+                            .map_err(pg_error("reading the damaged children of many sessions"))?;
+                        Ok::<_, LedgerError>(rows.into_iter().map(|r| r.get::<_, Vec<u8>>(0)).collect::<Vec<_>>())
+                    };
+                    // The calls first: their tasks bound the children's rows (a child has a
+                    // row once it started), so those are read into room made once, not grown
+                    // and copied as a million of them arrive.
+                    let (acks, dead, calls, sessions, wakes, nests, damaged) = futures::try_join!(
+                        fetch::<AckRow>(client, acks, &ranges, 0),
+                        fetch::<DeadLetterRow>(client, dead, &ranges, 0),
+                        fetch::<CallRow>(client, calls, &ranges, 0),
+                        fetch::<SessionRow>(client, sessions, &names, 0),
+                        fetch::<WakeRow>(client, wakes, &names, 0),
+                        fetch::<NestRow>(client, nests, &names, 0),
+                        damaged,
+                    )?;
+                    let room = calls.0.iter().map(|c| c.tasks.len()).sum::<usize>().min(ROOM_MOST);
+                    let (children, claims, starts) = futures::try_join!(
+                        fetch::<ChildRow>(client, children, &ranges, room),
+                        fetch::<ClaimRow>(client, claims, &ranges, 0),
+                        fetch::<StartRow>(client, starts, &ranges, 0),
+                    )?;
+                    let read = (
+                        acks, dead, calls, children, claims, starts, sessions, wakes, nests, damaged,
+                    );
+                    client
+                        .batch_execute(READ_RESET)
+                        .await
+                        .map_err(pg_error("ending a read of many sessions"))?;
+                    Ok::<_, LedgerError>(read)
+                }
+                .await;
+                if read.is_err() {
+                    // Its setting may still be in force: the connection is closed, not
+                    // given back to the pool.
+                    drop(deadpool_postgres::Object::take(client));
+                }
+                read
             })?;
         let acks = self.kept(ACKS, acks)?;
         let dead = self.kept(DEAD_LETTERS, dead)?;
@@ -372,15 +354,16 @@ impl PgLedger {
         let (mut children, unreadable) = children;
         let moved = self.set_aside(CHILDREN, unreadable)?;
         // The quarantine was read beside the children: those this read moved aside are damaged
-        // too (each named once: a row damaged again replaced its earlier quarantine entry).
-        let mut damaged = damaged;
-        let named: HashSet<String> = damaged.iter().cloned().collect();
-        for key in moved {
+        // too, each named once (a row damaged again replaced its earlier quarantine entry).
+        let mut damaged: Vec<String> = damaged_keys.iter().map(|k| damaged_child(k)).collect();
+        let aside = format!("{CHILDREN}/").into_bytes();
+        let named: HashSet<&[u8]> = damaged_keys
+            .iter()
+            .filter_map(|k| k.strip_prefix(aside.as_slice()))
+            .collect();
+        for key in moved.iter().filter(|k| !named.contains(k.as_slice())) {
             let id = key.iter().position(|&b| b == 0).map_or(&key[..], |nul| &key[nul + 1..]);
-            let id = String::from_utf8_lossy(id).into_owned();
-            if !named.contains(&id) {
-                damaged.push(id);
-            }
+            damaged.push(String::from_utf8_lossy(id).into_owned());
         }
         let claims = self.kept(CLAIMS, claims)?;
         let starts = self.kept(STARTS, starts)?;
@@ -499,6 +482,52 @@ impl PgLedger {
 /// reserve gigabytes (past this, the rows' vector grows as they come).
 const ROOM_MOST: usize = 1 << 20;
 
+/// What a read of many sessions sets on its connection while it reads: no sort of every row
+/// read (see [`range_statements`]). Set on the connection, not in a transaction around the
+/// read's statements: each statement holds its table only while it runs, as each of its own
+/// transaction, so a change of the schema (a newer build's migration) that locks the tables in
+/// another order waits for it or it for the change, and neither is ended as a deadlock.
+pub(super) const READ_SETTINGS: &str = "SET enable_sort = off";
+
+/// What a read of many sessions resets once it read everything ([`READ_SETTINGS`]); a read that
+/// failed closes its connection instead.
+const READ_RESET: &str = "RESET enable_sort";
+
+/// The statements that read the rows of `table` (columns `key, value`) in the key ranges
+/// `$1..$2`, in key order: first range by range, each an index scan in key order, the ranges
+/// in the order given (`within` a range: `""`, or `"DESC"` for tests), with no sort of the rows
+/// at all; then, trusted, the same with its rows sorted. Both read each range by an index range
+/// scan under [`READ_SETTINGS`]: a join of the ranges with the table that sorts, with sorting
+/// avoided, is planned as a scan of the whole table in key order, each row tested against every
+/// range (a million rows times a thousand ranges). The subquery's own `ORDER BY` keeps it from
+/// being merged into such a join.
+pub(super) fn range_statements(table: &str, within: &str) -> [String; 2] {
+    let ranges = format!(
+        "SELECT f.key, f.value FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
+         CROSS JOIN LATERAL (SELECT t.key, t.value FROM {table} t
+             WHERE t.key >= r.low AND t.key < r.high ORDER BY t.key {within}) f"
+    );
+    let sorted = format!("{ranges} ORDER BY f.key");
+    [ranges, sorted]
+}
+
+/// The statement that reads the rows of `table` (keyed by session id) of the sessions `$1`,
+/// in key order.
+pub(super) fn keyed_statement(table: &str) -> String {
+    format!("SELECT key, value FROM {table} WHERE key = ANY($1) ORDER BY key")
+}
+
+/// The statement that reads the keys of the quarantine table `table` in the key ranges
+/// `$1..$2`, range by range (as [`range_statements`] reads them: by an index range scan each,
+/// under [`READ_SETTINGS`]). Their order is not relied on.
+pub(super) fn damaged_statement(table: &str) -> String {
+    format!(
+        "SELECT f.key FROM unnest($1::bytea[], $2::bytea[]) AS r(low, high)
+         CROSS JOIN LATERAL (SELECT t.key FROM {table} t
+             WHERE t.key >= r.low AND t.key < r.high ORDER BY t.key) f"
+    )
+}
+
 /// A row that does not decode or fails its check: its key, its bytes, and why.
 type Unreadable = (Key, Vec<u8>, String);
 
@@ -511,7 +540,7 @@ type Fetched<T> = (Vec<T>, Vec<Unreadable>);
 /// connection's own buffer: nothing is copied out first, and the rows are decoded while the
 /// server is still sending the rest. `room`: the rows expected, at most.
 async fn fetch<T: crate::codec::Stored + CheckRow>(
-    client: &tokio_postgres::Transaction<'_>,
+    client: &tokio_postgres::Client,
     (tree, sql): (&'static str, Vec<String>),
     params: &[&(dyn ToSql + Sync)],
     room: usize,

@@ -124,6 +124,364 @@ mod own {
         }
     }
 
+    /// Many sessions, each with two rows in every table read range by range, all six answers
+    /// out of key order at once (each dropped part-way while the statements sent after it on
+    /// the same connection still have their answers coming, megabytes of them): every later
+    /// statement still reads its own answer, and the read is the one a sorted read gives, row
+    /// for row. Sessions whose ids share a prefix (`a`, `a.b`, `a_b`, `ab`) and one with no
+    /// rows but its session row keep to their own ranges.
+    #[test]
+    fn a_read_of_many_sessions_with_every_table_out_of_order_at_once_answers_as_a_sorted_read() {
+        use crate::ledger::conformance::Fixture;
+        let ledger = pg_testkit::fresh();
+        let mut ids: Vec<String> = ["a", "a.b", "a_b", "ab", "bare"].map(String::from).to_vec();
+        ids.extend((0..700).map(|i| format!("s{i:04}")));
+        let mut writes = Writes::default();
+        let mut claims = Vec::new();
+        for id in &ids {
+            if id == "bare" {
+                writes.sessions.push(session(id));
+                continue;
+            }
+            for call in ["deleg_a", "deleg_b"] {
+                let f = Fixture::new(id, call);
+                let more = f.writes();
+                writes.sessions.extend(more.sessions);
+                writes.calls.extend(more.calls);
+                writes.children.extend(more.children);
+                writes.dead_letters.extend(more.dead_letters);
+                writes.acks.extend(more.acks);
+                writes.starts.extend(more.starts);
+                writes.wakes.extend(more.wakes);
+                writes.nests.extend(more.nests);
+                claims.push(f.claim.clone());
+            }
+        }
+        ledger.write(&writes).unwrap();
+        for claim in &claims {
+            ledger.put_claim(claim).unwrap();
+        }
+        ledger.flush().unwrap();
+        let mut asked = ids.clone();
+        asked.push("deleg_a.0".into());
+        let sorted = ledger.load_sessions(&asked).unwrap();
+        assert_eq!(sorted.sessions.len(), ids.len());
+        assert_eq!(sorted.children.len(), 4 * (ids.len() - 1));
+        assert_eq!(sorted.calls.len(), 2 * (ids.len() - 1));
+        assert_eq!(sorted.claims.len(), 2 * (ids.len() - 1));
+        assert_eq!(sorted.starts.len(), 2 * (ids.len() - 1));
+        assert_eq!(sorted.nests.len(), 1, "the nested session asked for");
+        let keys = |rows: Vec<(String, String)>| -> bool {
+            rows.iter()
+                .map(|(s, id)| row_key(s, id))
+                .collect::<Vec<_>>()
+                .is_sorted()
+        };
+        let children = sorted
+            .children
+            .iter()
+            .map(|c| (c.session_id.clone(), c.child_id.clone()))
+            .collect();
+        assert!(keys(children), "children in key order");
+        for (session, rows) in [("a", 4), ("a.b", 4), ("a_b", 4), ("ab", 4), ("bare", 0)] {
+            assert_eq!(
+                sorted.children.iter().filter(|c| c.session_id == session).count(),
+                rows,
+                "{session}'s own children only"
+            );
+        }
+        ledger.unordered_reads.store(true, std::sync::atomic::Ordering::SeqCst);
+        let unordered = ledger.load_sessions(&asked).unwrap();
+        assert_eq!(
+            format!("{unordered:?}"),
+            format!("{sorted:?}"),
+            "read out of order, then sorted"
+        );
+    }
+
+    /// Every statement of a read of many sessions, under the settings of its transaction
+    /// (sorting avoided), reads its table by an index range scan of each range asked for, not
+    /// by a scan of the whole table with each row tested against every range: so does the
+    /// statement that sorts, read again when an answer came out of order, and the read of the
+    /// quarantine, made at every read.
+    #[test]
+    fn every_statement_of_a_read_of_many_sessions_reads_only_the_ranges_asked_for() {
+        let ledger = pg_testkit::fresh();
+        let (children, quarantine, sessions) =
+            (ledger.table(CHILDREN), ledger.table(QUARANTINE), ledger.table(SESSIONS));
+        // 40,000 rows in each table, of 2,000 sessions; a read of 1,000 of them.
+        let fill = format!(
+            "INSERT INTO {children} (key, value)
+                 SELECT convert_to('s' || lpad((i / 20)::text, 5, '0'), 'UTF8') || '\\x00'::bytea
+                        || convert_to('c' || lpad((i % 20)::text, 3, '0'), 'UTF8'), '\\x00'::bytea
+                 FROM generate_series(0, 39999) i;
+             INSERT INTO {quarantine} (key, value) SELECT 'children/'::bytea || key, value FROM {children};
+             INSERT INTO {sessions} (key, value)
+                 SELECT convert_to('s' || lpad(i::text, 5, '0') || '.' || (i % 20)::text, 'UTF8'), '\\x00'::bytea
+                 FROM generate_series(0, 39999) i"
+        );
+        let asked: Vec<String> = (0..1000).map(|i| format!("s{:05}", i * 2)).collect();
+        let ranges = |prefix: &[u8]| -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+            asked
+                .iter()
+                .map(|s| {
+                    let mut low = prefix.to_vec();
+                    low.extend_from_slice(&session_prefix(s));
+                    let mut high = low.clone();
+                    *high.last_mut().unwrap() = 1;
+                    (low, high)
+                })
+                .unzip()
+        };
+        let (low, high) = ranges(b"");
+        let (damaged_low, damaged_high) = ranges(b"children/");
+        let names: Vec<Vec<u8>> = asked.iter().map(|s| s.as_bytes().to_vec()).collect();
+        let [by_range, sorted] = super::super::reads::range_statements(&children, "");
+        let damaged = super::super::reads::damaged_statement(&quarantine);
+        let keyed = super::super::reads::keyed_statement(&sessions);
+        let pool = ledger.inner.pool.clone();
+        let plans = ledger
+            .runtime
+            .run(async move {
+                let mut client = pool.get().await.map_err(pool_error)?;
+                client.batch_execute(&fill).await.map_err(pg_error("filling"))?;
+                let tx = client.transaction().await.map_err(pg_error("test"))?;
+                tx.batch_execute(super::super::reads::READ_SETTINGS)
+                    .await
+                    .map_err(pg_error("test"))?;
+                let mut plans = Vec::new();
+                for (what, sql, params) in [
+                    ("range by range", by_range, [&low, &high]),
+                    ("sorted", sorted, [&low, &high]),
+                    ("damaged", damaged, [&damaged_low, &damaged_high]),
+                ] {
+                    let rows = tx
+                        .query(&format!("EXPLAIN {sql}"), &[params[0], params[1]])
+                        .await
+                        .map_err(pg_error("explaining"))?;
+                    plans.push((
+                        what,
+                        rows.iter()
+                            .map(|r| r.get::<_, String>(0))
+                            .collect::<Vec<_>>()
+                            .join("\n"),
+                    ));
+                }
+                let rows = tx
+                    .query(&format!("EXPLAIN {keyed}"), &[&names])
+                    .await
+                    .map_err(pg_error("explaining"))?;
+                plans.push((
+                    "keyed",
+                    rows.iter()
+                        .map(|r| r.get::<_, String>(0))
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                ));
+                Ok(plans)
+            })
+            .unwrap();
+        for (what, plan) in plans {
+            assert!(
+                plan.contains("Index Cond") && !plan.contains("Join Filter"),
+                "{what}: {plan}"
+            );
+        }
+    }
+
+    /// Another connection's transaction that runs `statements` on the database at `url` and
+    /// stays open until the returned sender is told, then rolls back.
+    fn held_open(
+        ledger: &PgLedger,
+        url: &str,
+        statements: &str,
+    ) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+        let (ran_tx, ran) = std::sync::mpsc::channel::<()>();
+        let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+        let (url, sql) = (url.to_string(), statements.to_string());
+        let held = ledger.runtime.handle.spawn(async move {
+            let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(connection);
+            let tx = client.transaction().await.unwrap();
+            tx.batch_execute(&sql).await.unwrap();
+            ran_tx.send(()).unwrap();
+            let _ = go.await;
+            tx.rollback().await.unwrap();
+        });
+        ran.recv().unwrap();
+        (go_tx, held)
+    }
+
+    fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// A read of many sessions ended part-way by the server, its statement cancelled (the
+    /// connection kept) or its connection ended (as a failover ends it): the read reports it,
+    /// no connection of the ledger is left inside a transaction (the pool would give it to the
+    /// next statement, which would fail) or with the read's planner setting, and the next
+    /// reads answer everything.
+    #[test]
+    fn a_read_of_many_sessions_ended_part_way_reports_it_and_leaves_no_connection_in_its_state() {
+        for end in ["pg_cancel_backend", "pg_terminate_backend"] {
+            let url = pg_testkit::fresh_database();
+            let ledger = std::sync::Arc::new(PgLedger::open_in(&url, "brood").unwrap());
+            let ids: Vec<String> = (0..40).map(|i| format!("s{i:02}")).collect();
+            let mut writes = Writes::default();
+            for id in &ids {
+                writes.sessions.push(session(id));
+                writes
+                    .calls
+                    .push(crate::ledger::conformance::call_row(id, "deleg_c", 3));
+                writes.children.extend(
+                    (0..3).map(|i| crate::ledger::conformance::child_row(id, "deleg_c", i, ChildStatus::Succeeded)),
+                );
+            }
+            ledger.write(&writes).unwrap();
+            ledger.flush().unwrap();
+            let expected = format!("{:?}", ledger.load_sessions(&ids).unwrap());
+            // Every connection of the pool made, so the failed one is among several.
+            let many: Vec<_> = (0..4)
+                .map(|_| {
+                    let (l, ids) = (ledger.clone(), ids.clone());
+                    std::thread::spawn(move || l.load_sessions(&ids).map(|s| format!("{s:?}")))
+                })
+                .collect();
+            for read in many {
+                assert_eq!(read.join().unwrap().unwrap(), expected);
+            }
+            // The read's statement on `nests` waits behind another transaction's lock, the
+            // statements before it already answered.
+            let (go, held) = held_open(&ledger, &url, "LOCK TABLE brood.nests IN ACCESS EXCLUSIVE MODE");
+            let reading = {
+                let (l, ids) = (ledger.clone(), ids.clone());
+                std::thread::spawn(move || l.load_sessions(&ids).map(|s| format!("{s:?}")))
+            };
+            let waiter = "SELECT pid::text FROM pg_stat_activity WHERE datname = current_database()
+                 AND application_name = 'brood' AND wait_event_type = 'Lock'";
+            let mut pid = None;
+            until("the read waits on the lock", || {
+                pid = pg_testkit::query_value(&url, waiter).unwrap();
+                pid.is_some()
+            });
+            let pid = pid.unwrap();
+            pg_testkit::query_value(&url, &format!("SELECT {end}({pid})::text")).unwrap();
+            let err = reading.join().unwrap().expect_err("the read was ended");
+            assert!(format!("{err:?}").contains("many sessions"), "{end}: {err:?}");
+            go.send(()).unwrap();
+            ledger
+                .runtime
+                .run(async move { held.await.map_err(|e| LedgerError::storage("test", e)) })
+                .unwrap();
+            let in_transaction = "SELECT count(*)::text FROM pg_stat_activity WHERE datname = current_database()
+                 AND application_name = 'brood' AND state LIKE 'idle in transaction%'";
+            until("no connection of the ledger inside a transaction", || {
+                pg_testkit::query_value(&url, in_transaction).unwrap().as_deref() == Some("0")
+            });
+            for _ in 0..=POOL_SIZE {
+                match ledger.load_sessions(&ids) {
+                    Ok(read) => assert!(format!("{read:?}") == expected, "{end}: a read answered other rows"),
+                    Err(e) => panic!("{end}: a read after failed: {e:?}"),
+                }
+            }
+            // No connection of the pool is left with the read's setting, whether its read
+            // failed or answered.
+            let pool = ledger.inner.pool.clone();
+            let settings = ledger
+                .runtime
+                .run(async move {
+                    let size = pool.status().size;
+                    let mut held = Vec::new();
+                    for _ in 0..size {
+                        held.push(pool.get().await.map_err(pool_error)?);
+                    }
+                    let mut settings = Vec::new();
+                    for client in &held {
+                        let row = client
+                            .query_one("SHOW enable_sort", &[])
+                            .await
+                            .map_err(pg_error("test"))?;
+                        settings.push(row.get::<_, String>(0));
+                    }
+                    Ok(settings)
+                })
+                .unwrap();
+            assert!(
+                !settings.is_empty() && settings.iter().all(|s| s == "on"),
+                "{end}: {settings:?}"
+            );
+        }
+    }
+
+    /// A read of many sessions meets a change of the schema by another process (a newer
+    /// build's migration, at a rolling upgrade, while this one adopts the sessions the
+    /// upgraded process gave back), which locks the tables one after another in an order of
+    /// its own: the change goes through and the read answers once it is committed. Neither is
+    /// ended as a deadlock: a statement of the read holds its table only while it runs.
+    #[test]
+    fn a_read_of_many_sessions_waits_for_a_schema_change_that_locks_its_tables_in_another_order() {
+        let url = pg_testkit::fresh_database();
+        let ledger = std::sync::Arc::new(PgLedger::open_in(&url, "brood").unwrap());
+        let ids: Vec<String> = (0..10).map(|i| format!("s{i:02}")).collect();
+        let mut writes = Writes::default();
+        for id in &ids {
+            writes.sessions.push(session(id));
+            writes
+                .calls
+                .push(crate::ledger::conformance::call_row(id, "deleg_c", 2));
+            writes.children.extend(
+                (0..2).map(|i| crate::ledger::conformance::child_row(id, "deleg_c", i, ChildStatus::Succeeded)),
+            );
+        }
+        ledger.write(&writes).unwrap();
+        ledger.flush().unwrap();
+        let expected = format!("{:?}", ledger.load_sessions(&ids).unwrap());
+        // The change: `nests` locked first, `acks` once told.
+        let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+        let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+        let change = {
+            let url = url.clone();
+            ledger.runtime.handle.spawn(async move {
+                let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+                tokio::spawn(connection);
+                let tx = client.transaction().await.unwrap();
+                tx.batch_execute("LOCK TABLE brood.nests IN ACCESS EXCLUSIVE MODE")
+                    .await
+                    .unwrap();
+                locked_tx.send(()).unwrap();
+                let _ = go.await;
+                match tx.batch_execute("LOCK TABLE brood.acks IN ACCESS EXCLUSIVE MODE").await {
+                    Ok(()) => tx.commit().await.map_err(|e| format!("{e:?}")),
+                    Err(e) => Err(format!("{e:?}")),
+                }
+            })
+        };
+        locked.recv().unwrap();
+        let reading = {
+            let (l, ids) = (ledger.clone(), ids.clone());
+            std::thread::spawn(move || l.load_sessions(&ids).map(|s| format!("{s:?}")))
+        };
+        let waiter = "SELECT pid::text FROM pg_stat_activity WHERE datname = current_database()
+             AND application_name = 'brood' AND wait_event_type = 'Lock'";
+        until("the read waits on the change's lock", || {
+            pg_testkit::query_value(&url, waiter).unwrap().is_some()
+        });
+        go_tx.send(()).unwrap();
+        let changed = ledger
+            .runtime
+            .run(async move { change.await.map_err(|e| LedgerError::storage("test", e)) })
+            .unwrap();
+        assert_eq!(changed, Ok(()), "the change went through");
+        match reading.join().unwrap() {
+            Ok(read) => assert!(read == expected, "the read answered other rows"),
+            Err(e) => panic!("the read failed: {e:?}"),
+        }
+    }
+
     #[test]
     fn a_write_is_seen_elsewhere_only_once_flushed() {
         let ledger = pg_testkit::fresh();

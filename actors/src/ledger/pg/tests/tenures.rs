@@ -1122,3 +1122,60 @@ fn a_take_that_waits_holds_up_no_renewal() {
     book.renew_now().unwrap();
     assert_eq!(book.strays(), 0);
 }
+
+/// A read of many sessions (a start's, a sweep's, an adoption's) meets rows it cannot read in
+/// a session another process holds and in one this process holds: it leaves the former in
+/// place (the holder's to move aside) and names none of its children damaged; it moves the
+/// latter aside and names its child damaged.
+#[test]
+fn a_read_of_many_sessions_moves_aside_only_the_unreadable_rows_of_the_sessions_held_here() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    assert_eq!(tenures(&b).acquire("s2").unwrap(), TenureHolder::Here(1));
+    store_sessions(&a, &["s1"]);
+    store_sessions(&b, &["s2"]);
+    // A child row, a dead letter and a wake row of each in a format this build cannot read.
+    for s in ["s1", "s2"] {
+        for (table, key) in [
+            (
+                "children",
+                format!("convert_to('{s}', 'UTF8') || '\\x00'::bytea || convert_to('deleg_x.0', 'UTF8')"),
+            ),
+            (
+                "dead_letters",
+                format!("convert_to('{s}', 'UTF8') || '\\x00'::bytea || convert_to('x', 'UTF8')"),
+            ),
+            ("wakes", format!("convert_to('{s}', 'UTF8')")),
+        ] {
+            sql(
+                &a,
+                &format!("INSERT INTO \"{{schema}}\".{table} (key, value) VALUES ({key}, '\\xff00'::bytea)"),
+            );
+        }
+    }
+    let rows = |l: &PgLedger| -> String {
+        text(
+            l,
+            &format!(
+                "SELECT (SELECT count(*) FROM \"{0}\".children) || ',' || (SELECT count(*) FROM \"{0}\".dead_letters)
+                     || ',' || (SELECT count(*) FROM \"{0}\".wakes)",
+                l.inner.schema
+            ),
+        )
+    };
+    let both = ["s1".to_string(), "s2".to_string()];
+    let read = b.load_sessions(&both).unwrap();
+    assert_eq!(read.damaged_children, vec!["deleg_x.0".to_string()], "s2's child only");
+    assert!(read.children.is_empty() && read.wakes.is_empty(), "{read:?}");
+    assert_eq!(rows(&b), "1,1,1", "s1's rows left in place, s2's moved aside");
+    assert_eq!(b.quarantined().unwrap().len(), 3);
+    let read = a.load_sessions(&both).unwrap();
+    assert_eq!(
+        read.damaged_children,
+        vec!["deleg_x.0".to_string(), "deleg_x.0".to_string()],
+        "s2's, already aside, and s1's"
+    );
+    assert_eq!(rows(&a), "0,0,0", "s1's moved aside by its holder");
+    assert_eq!(a.quarantined().unwrap().len(), 6);
+}
