@@ -317,19 +317,21 @@ impl PgLedger {
                     // row once it started), so those are read into room made once, not grown
                     // and copied as a million of them arrive.
                     let (acks, dead, calls, sessions, wakes, nests, damaged) = futures::try_join!(
-                        fetch::<AckRow>(client, acks, &ranges, 0),
-                        fetch::<DeadLetterRow>(client, dead, &ranges, 0),
-                        fetch::<CallRow>(client, calls, &ranges, 0),
-                        fetch::<SessionRow>(client, sessions, &names, 0),
-                        fetch::<WakeRow>(client, wakes, &names, 0),
-                        fetch::<NestRow>(client, nests, &names, 0),
+                        fetch(client, acks, &ranges, 0),
+                        fetch(client, dead, &ranges, 0),
+                        fetch(client, calls, &ranges, 0),
+                        fetch(client, sessions, &names, 0),
+                        fetch(client, wakes, &names, 0),
+                        fetch(client, nests, &names, 0),
                         damaged,
                     )?;
+                    // Few and needed here: decoded on the ledger's thread.
+                    let calls: Fetched<CallRow> = decoded_rows(calls);
                     let room = calls.0.iter().map(|c| c.tasks.len()).sum::<usize>().min(ROOM_MOST);
                     let (children, claims, starts) = futures::try_join!(
-                        fetch::<ChildRow>(client, children, &ranges, room),
-                        fetch::<ClaimRow>(client, claims, &ranges, 0),
-                        fetch::<StartRow>(client, starts, &ranges, 0),
+                        fetch(client, children, &ranges, room),
+                        fetch(client, claims, &ranges, 0),
+                        fetch(client, starts, &ranges, 0),
                     )?;
                     let read = (
                         acks, dead, calls, children, claims, starts, sessions, wakes, nests, damaged,
@@ -348,10 +350,10 @@ impl PgLedger {
                 }
                 read
             })?;
-        let acks = self.kept(ACKS, acks)?;
-        let dead = self.kept(DEAD_LETTERS, dead)?;
+        let acks: Vec<AckRow> = self.kept(ACKS, decoded_rows(acks))?;
+        let dead: Vec<DeadLetterRow> = self.kept(DEAD_LETTERS, decoded_rows(dead))?;
         let calls = self.kept(CALLS, calls)?;
-        let (mut children, unreadable) = children;
+        let (mut children, unreadable): Fetched<ChildRow> = decoded_rows(children);
         let moved = self.set_aside(CHILDREN, unreadable)?;
         // The quarantine was read beside the children: those this read moved aside are damaged
         // too, each named once (a row damaged again replaced its earlier quarantine entry).
@@ -365,8 +367,8 @@ impl PgLedger {
             let id = key.iter().position(|&b| b == 0).map_or(&key[..], |nul| &key[nul + 1..]);
             damaged.push(String::from_utf8_lossy(id).into_owned());
         }
-        let claims = self.kept(CLAIMS, claims)?;
-        let starts = self.kept(STARTS, starts)?;
+        let claims: Vec<ClaimRow> = self.kept(CLAIMS, decoded_rows(claims))?;
+        let starts: Vec<StartRow> = self.kept(STARTS, decoded_rows(starts))?;
         fold_delivery_by_session(&mut children, &acks, &dead);
         let acked: HashSet<(&str, &str)> = acks
             .iter()
@@ -377,14 +379,14 @@ impl PgLedger {
             .filter(|c| !acked.contains(&(c.session_id.as_str(), c.claim_id.as_str())))
             .collect();
         Ok(Snapshot {
-            sessions: self.kept(SESSIONS, sessions_rows)?,
+            sessions: self.kept(SESSIONS, decoded_rows(sessions_rows))?,
             calls,
             children,
             claims,
             starts,
             damaged_children: damaged,
-            wakes: self.kept(WAKES, wakes)?,
-            nests: self.kept(NESTS, nests)?,
+            wakes: self.kept(WAKES, decoded_rows(wakes))?,
+            nests: self.kept(NESTS, decoded_rows(nests))?,
         })
     }
 
@@ -536,15 +538,17 @@ type Unreadable = (Key, Vec<u8>, String);
 type Fetched<T> = (Vec<T>, Vec<Unreadable>);
 
 /// Runs the statements `sql` of `tree` (their columns `key, value`) in turn until one answers
-/// in key order (the last is trusted: it sorts), and decodes each row as it arrives, from the
-/// connection's own buffer: nothing is copied out first, and the rows are decoded while the
-/// server is still sending the rest. `room`: the rows expected, at most.
-async fn fetch<T: crate::codec::Stored + CheckRow>(
+/// in key order (the last is trusted: it sorts), and takes its rows as received, without
+/// copying them out of the connection's buffers (`room`: the rows expected, at most). They
+/// are decoded by the caller, on its own thread ([`decoded_rows`]): the ledger's thread carries
+/// every session's commits, which a large read (a start, an owner's rebuild, a sweep taking
+/// sessions over) must not hold up.
+async fn fetch(
     client: &tokio_postgres::Client,
     (tree, sql): (&'static str, Vec<String>),
     params: &[&(dyn ToSql + Sync)],
     room: usize,
-) -> Result<Fetched<T>, LedgerError> {
+) -> Result<Vec<tokio_postgres::Row>, LedgerError> {
     use futures::TryStreamExt;
     let what = || format!("reading {tree} of many sessions");
     let mut statements = sql.iter().peekable();
@@ -555,36 +559,42 @@ async fn fetch<T: crate::codec::Stored + CheckRow>(
             .await
             .map_err(pg_error(what()))?;
         futures::pin_mut!(stream);
-        let (mut rows, mut bad) = (Vec::with_capacity(room), Vec::new());
-        let mut previous: Option<Vec<u8>> = None;
+        let mut rows: Vec<tokio_postgres::Row> = Vec::with_capacity(room);
         let mut in_order = true;
         while let Some(row) = stream.try_next().await.map_err(pg_error(what()))? {
-            let key: &[u8] = row.get(0);
             if !trusted {
-                let last = previous.get_or_insert_with(Vec::new);
-                if !last.is_empty() && key <= last.as_slice() {
+                let key: &[u8] = row.get(0);
+                if rows.last().is_some_and(|last| key <= last.get::<_, &[u8]>(0)) {
                     // The rest of this answer is dropped (the connection skips it).
                     in_order = false;
                     break;
                 }
-                last.clear();
-                last.extend_from_slice(key);
             }
-            let value: &[u8] = row.get(1);
-            match decode_checked::<T>(value) {
-                Ok(decoded) => rows.push(decoded),
-                Err(reason) => bad.push((key.to_vec(), value.to_vec(), reason)),
-            }
+            rows.push(row);
         }
         if in_order {
-            return Ok((rows, bad));
+            return Ok(rows);
         }
         tracing::debug!(
             tree,
             "rows read range by range came out of key order; read again, sorted"
         );
     }
-    Ok((Vec::new(), Vec::new()))
+    Ok(Vec::new())
+}
+
+/// Rows as [`fetch`] took them (columns `key, value`), decoded; those that do not decode or
+/// fail their check set apart with their bytes.
+fn decoded_rows<T: crate::codec::Stored + CheckRow>(received: Vec<tokio_postgres::Row>) -> Fetched<T> {
+    let (mut rows, mut bad) = (Vec::with_capacity(received.len()), Vec::new());
+    for row in received {
+        let value: &[u8] = row.get(1);
+        match decode_checked::<T>(value) {
+            Ok(decoded) => rows.push(decoded),
+            Err(reason) => bad.push((row.get::<_, Vec<u8>>(0), value.to_vec(), reason)),
+        }
+    }
+    (rows, bad)
 }
 
 /// The id of the child a quarantine key of a child row names (`children/<session>\0<id>`).
