@@ -417,6 +417,124 @@ mod own {
         }
     }
 
+    /// A load of one session (an owner's rebuild, a take-up) makes room for its children from
+    /// its calls' tasks: a call row that does not decode adds none, and a call with more
+    /// children than tasks is outgrown. Every child row of the session is answered all the
+    /// same, and the undecodable call is moved aside.
+    #[test]
+    fn a_load_of_one_session_answers_every_child_whatever_room_its_calls_made() {
+        use crate::ledger::conformance::{call_row, child_row};
+        let ledger = pg_testkit::fresh();
+        let mut writes = writes_of("s");
+        writes.calls.push(call_row("s", "deleg_a", 2));
+        writes
+            .children
+            .extend((0..5).map(|i| child_row("s", "deleg_a", i, ChildStatus::Succeeded)));
+        writes
+            .children
+            .extend((0..3).map(|i| child_row("s", "deleg_bad", i, ChildStatus::Succeeded)));
+        ledger.write(&writes).unwrap();
+        ledger.flush().unwrap();
+        sql_in(
+            &ledger,
+            &format!(
+                "INSERT INTO \"{}\".calls (key, value) VALUES
+                 (convert_to('s', 'UTF8') || '\\x00'::bytea || convert_to('deleg_bad', 'UTF8'), '\\xff00'::bytea)",
+                ledger.inner.schema
+            ),
+        );
+        let one = ledger.load_session("s").unwrap();
+        assert_eq!(one.children.len(), 8, "every child row");
+        assert_eq!(one.calls.len(), 1, "the readable call");
+        assert!(one.damaged_children.is_empty(), "{:?}", one.damaged_children);
+        assert_eq!(ledger.quarantined().unwrap().len(), 1, "the call moved aside");
+        assert_eq!(format!("{:?}", ledger.load_session("s").unwrap()), format!("{one:?}"));
+    }
+
+    fn sql_in(ledger: &PgLedger, statement: &str) {
+        let (pool, statement) = (ledger.inner.pool.clone(), statement.to_string());
+        ledger
+            .runtime
+            .run(async move {
+                let client = pool.get().await.map_err(pool_error)?;
+                client.batch_execute(&statement).await.map_err(pg_error("test"))
+            })
+            .unwrap();
+    }
+
+    /// A load of one session (an owner's rebuild) ended part-way by the server, its
+    /// connection ended as a failover ends it: the error is a storage error with its cause
+    /// (the rebuild retries those), no connection is left with the read's planner setting,
+    /// and the next loads answer what the first did.
+    #[test]
+    fn a_load_of_one_session_ended_part_way_is_a_storage_error_and_the_next_answers() {
+        use crate::ledger::conformance::{call_row, child_row};
+        let url = pg_testkit::fresh_database();
+        let ledger = std::sync::Arc::new(PgLedger::open_in(&url, "brood").unwrap());
+        let mut writes = writes_of("a");
+        writes.sessions.push(session("ab"));
+        for s in ["a", "ab"] {
+            writes.calls.push(call_row(s, "deleg_c", 3));
+            writes
+                .children
+                .extend((0..3).map(|i| child_row(s, "deleg_c", i, ChildStatus::Succeeded)));
+        }
+        ledger.write(&writes).unwrap();
+        ledger.flush().unwrap();
+        let expected = format!("{:?}", ledger.load_session("a").unwrap());
+        let (go, held) = held_open(&ledger, &url, "LOCK TABLE brood.children IN ACCESS EXCLUSIVE MODE");
+        let reading = {
+            let l = ledger.clone();
+            std::thread::spawn(move || l.load_session("a").map(|s| format!("{s:?}")))
+        };
+        let waiter = "SELECT pid::text FROM pg_stat_activity WHERE datname = current_database()
+             AND application_name = 'brood' AND wait_event_type = 'Lock'";
+        let mut pid = None;
+        until("the load waits on the lock", || {
+            pid = pg_testkit::query_value(&url, waiter).unwrap();
+            pid.is_some()
+        });
+        let pid = pid.unwrap();
+        pg_testkit::query_value(&url, &format!("SELECT pg_terminate_backend({pid})::text")).unwrap();
+        let err = reading.join().unwrap().expect_err("the load was ended");
+        assert!(
+            matches!(err, LedgerError::Storage { source: Some(_), .. }),
+            "a storage error with its cause: {err:?}"
+        );
+        go.send(()).unwrap();
+        ledger
+            .runtime
+            .run(async move { held.await.map_err(|e| LedgerError::storage("test", e)) })
+            .unwrap();
+        for _ in 0..=POOL_SIZE {
+            assert_eq!(format!("{:?}", ledger.load_session("a").unwrap()), expected);
+        }
+        let pool = ledger.inner.pool.clone();
+        let settings = ledger
+            .runtime
+            .run(async move {
+                let size = pool.status().size;
+                let mut held = Vec::new();
+                for _ in 0..size {
+                    held.push(pool.get().await.map_err(pool_error)?);
+                }
+                let mut settings = Vec::new();
+                for client in &held {
+                    let row = client
+                        .query_one("SHOW enable_sort", &[])
+                        .await
+                        .map_err(pg_error("test"))?;
+                    settings.push(row.get::<_, String>(0));
+                }
+                Ok(settings)
+            })
+            .unwrap();
+        assert!(
+            !settings.is_empty() && settings.iter().all(|s| s == "on"),
+            "{settings:?}"
+        );
+    }
+
     /// A read of many sessions meets a change of the schema by another process (a newer
     /// build's migration, at a rolling upgrade, while this one adopts the sessions the
     /// upgraded process gave back), which locks the tables one after another in an order of
