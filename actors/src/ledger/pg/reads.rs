@@ -479,9 +479,10 @@ impl PgLedger {
     }
 }
 
-/// The most children's rows a read of many sessions makes room for before they arrive: room
-/// is made from the calls' tasks, and calls whose children mostly never started must not
-/// reserve gigabytes (past this, the rows' vector grows as they come).
+/// The most children's rows a read of many sessions makes room for before they arrive (about
+/// 72 MiB of row handles, backed by memory only as rows fill it): room is made from the calls'
+/// tasks, and calls whose children mostly never started must not reserve more (past this, the
+/// rows' vector grows as they come).
 const ROOM_MOST: usize = 1 << 20;
 
 /// What a read of many sessions sets on its connection while it reads: no sort of every row
