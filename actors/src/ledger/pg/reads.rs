@@ -238,12 +238,12 @@ impl PgLedger {
         })
     }
 
-    /// Reads the rows of `sessions` (sorted, each once) back as [`PgLedger::read`] reads one
-    /// session's, in one statement per table for all of them: the scoped trees' rows by a join
-    /// of the sessions' key ranges (each an index range scan), the trees keyed by session id by
+    /// Reads the rows of `sessions` (sorted, each once) back, for a load of one session or of
+    /// many, in one statement per table for all of them: the scoped trees' rows range by range
+    /// (each an index range scan, see [`range_statements`]), the trees keyed by session id by
     /// their keys, the damaged children by the ranges of their quarantine keys. The statements
     /// go out together on one connection (one round trip), each its own transaction, and
-    /// each answer is decoded as it arrives. Delivery state is folded in per session, as a
+    /// the rows are decoded on the caller's thread once received. Delivery state is folded in per session, as a
     /// load of each session alone folds it.
     pub(super) fn read_many(&self, sessions: &[String]) -> Result<Snapshot, LedgerError> {
         if sessions.is_empty() {
@@ -291,7 +291,7 @@ impl PgLedger {
         let within = "";
         let scoped = scoped.map(|(tree, table)| (tree, range_statements(&table, within).to_vec()));
         let keyed = keyed.map(|(tree, table)| (tree, vec![keyed_statement(&table)]));
-        // Each statement's rows are decoded as they arrive, while the server sends the rest.
+        // The rows as received (no copy of them); decoded below, on this thread.
         let (acks, dead, calls, children, claims, starts, sessions_rows, wakes, nests, damaged_keys) =
             self.runtime.run(async move {
                 let client = pool.get().await.map_err(pool_error)?;
@@ -364,8 +364,7 @@ impl PgLedger {
             .filter_map(|k| k.strip_prefix(aside.as_slice()))
             .collect();
         for key in moved.iter().filter(|k| !named.contains(k.as_slice())) {
-            let id = key.iter().position(|&b| b == 0).map_or(&key[..], |nul| &key[nul + 1..]);
-            damaged.push(String::from_utf8_lossy(id).into_owned());
+            damaged.push(child_of_row_key(key));
         }
         let claims: Vec<ClaimRow> = self.kept(CLAIMS, decoded_rows(claims))?;
         let starts: Vec<StartRow> = self.kept(STARTS, decoded_rows(starts))?;
@@ -600,7 +599,11 @@ fn decoded_rows<T: crate::codec::Stored + CheckRow>(received: Vec<tokio_postgres
 
 /// The id of the child a quarantine key of a child row names (`children/<session>\0<id>`).
 pub(super) fn damaged_child(key: &[u8]) -> String {
-    let key = &key[(CHILDREN.len() + 1).min(key.len())..];
+    child_of_row_key(&key[(CHILDREN.len() + 1).min(key.len())..])
+}
+
+/// The id of the child a child row's key names (`<session>\0<id>`).
+fn child_of_row_key(key: &[u8]) -> String {
     let id = key.iter().position(|&b| b == 0).map_or(key, |nul| &key[nul + 1..]);
     String::from_utf8_lossy(id).into_owned()
 }
