@@ -2,6 +2,114 @@
 
 use super::*;
 
+/// The schema's migrations, in order: (version, name, SQL with `{schema}` for the schema).
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "one table per tree", ""),
+    (
+        2,
+        "session leases",
+        "CREATE TABLE \"{schema}\".session_leases (
+             session bytea PRIMARY KEY,
+             owner text NOT NULL,
+             address text NOT NULL,
+             epoch bigint NOT NULL,
+             expires_at timestamptz NOT NULL) WITH (fillfactor = 70);
+         CREATE INDEX ON \"{schema}\".session_leases (owner)",
+    ),
+    (
+        3,
+        "shared work list",
+        "CREATE TABLE \"{schema}\".work_directory (
+             child_id text PRIMARY KEY,
+             queue text NOT NULL,
+             address text NOT NULL,
+             posted_at timestamptz NOT NULL);
+         CREATE INDEX ON \"{schema}\".work_directory (queue, posted_at)",
+    ),
+    (
+        4,
+        "lease instances",
+        "ALTER TABLE \"{schema}\".session_leases ADD COLUMN instance text NOT NULL DEFAULT ''",
+    ),
+    (
+        5,
+        "lz4 row values",
+        // A call row holds its tasks and an ack row its items (tens of KiB): the server's
+        // default compression (pglz) was the largest single cost of a commit's CPU there. On
+        // a server built without lz4 the tables keep pglz (the migration is recorded all the
+        // same). Values stored before keep their compression; both read alike.
+        "DO $$
+         DECLARE t record;
+         BEGIN
+             IF EXISTS (SELECT 1 FROM pg_settings
+                        WHERE name = 'default_toast_compression' AND 'lz4' = ANY (enumvals)) THEN
+                 FOR t IN SELECT c.relname FROM pg_class c
+                          JOIN pg_namespace n ON n.oid = c.relnamespace
+                          JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'value'
+                          WHERE n.nspname = '{schema}' AND c.relkind = 'r' LOOP
+                     EXECUTE format('ALTER TABLE %I.%I ALTER COLUMN value SET COMPRESSION lz4',
+                                    '{schema}', t.relname);
+                 END LOOP;
+             END IF;
+         END $$",
+    ),
+    (
+        6,
+        "calls by id",
+        // A call is looked up by its id alone (`GET /v1/calls/{id}`, a cancel, a worker's
+        // request for a child of a call served elsewhere): an index on the id part of its key,
+        // built after the migration's transaction, concurrently ([`CALL_INDEX`]).
+        "",
+    ),
+    (
+        7,
+        "session rows of version 2",
+        // Session rows keep `addressable` from now on, in a layout of their own version (the
+        // codec reads the old one too): nothing to change here, but a build that does not read
+        // the new version refuses the schema rather than quarantine its sessions.
+        "",
+    ),
+    (
+        8,
+        "call rows of version 2",
+        // Call rows keep the caller's `traceparent` from now on, in a layout of their own
+        // version (the codec reads the old one too): as migration 7, nothing to change, but a
+        // build that does not read the new version refuses the schema rather than quarantine
+        // its calls.
+        "",
+    ),
+    (
+        9,
+        "balanced tenures",
+        // The processes sharing the schema (`nodes`: a heartbeat renewed with their tenures,
+        // and how many tenures each holds), the free tenures found by their expiry (an index
+        // range, not a scan of every session), the parent session of a nested session handed
+        // over with it, and a tenure row for every session stored without one (free), so a
+        // sweep never needs to look for sessions with no row.
+        "CREATE INDEX ON \"{schema}\".session_leases (expires_at);
+         ALTER TABLE \"{schema}\".session_leases ADD COLUMN parent bytea;
+         CREATE TABLE \"{schema}\".nodes (
+             node text PRIMARY KEY,
+             address text NOT NULL,
+             instance text NOT NULL,
+             held bigint NOT NULL DEFAULT 0,
+             expires_at timestamptz NOT NULL);
+         INSERT INTO \"{schema}\".session_leases (session, owner, address, epoch, expires_at, instance)
+             SELECT key, '', '', 0, '-infinity', '' FROM \"{schema}\".sessions
+             ON CONFLICT (session) DO NOTHING",
+    ),
+    (
+        10,
+        "tenures as long as the heartbeat",
+        // A tenure lasts as long as the heartbeat of the process instance that took it (see
+        // tenures.rs): one row of `nodes` per instance, and the tenures of an instance found by
+        // the index on `instance`. Tenures taken before keep their expiry and run out by it.
+        "ALTER TABLE \"{schema}\".nodes DROP CONSTRAINT nodes_pkey;
+         ALTER TABLE \"{schema}\".nodes ADD PRIMARY KEY (instance);
+         CREATE INDEX ON \"{schema}\".session_leases (instance)",
+    ),
+];
+
 impl PgLedger {
     /// Creates the schema and applies the migrations it lacks; refuses a schema newer than
     /// this build, or one whose applied migrations are not this build's.
