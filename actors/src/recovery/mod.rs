@@ -470,6 +470,26 @@ struct CallContext<'a> {
     now_ms: u64,
 }
 
+/// A call's rows in a slot per task (`tasks` slots): each row in the slot of its task index (of
+/// two rows of one task, the later), a task without a row empty, a row past the last task
+/// dropped. Rows that are one per task in task order, as a read of the ledger gives them, keep
+/// their buffer (an `Option<ChildRow>` is as big as a row): a large call's rows are not copied
+/// into fresh memory, whose every page the system would have to clear first.
+pub(crate) fn slots_by_task(rows: Vec<ChildRow>, tasks: usize) -> Vec<Option<ChildRow>> {
+    let in_order = rows.len() == tasks && rows.iter().enumerate().all(|(i, c)| c.task_index as usize == i);
+    if in_order {
+        return rows.into_iter().map(Some).collect();
+    }
+    let mut slots = Vec::with_capacity(tasks);
+    slots.resize_with(tasks, || None);
+    for row in rows {
+        if let Some(slot) = slots.get_mut(row.task_index as usize) {
+            *slot = Some(row);
+        }
+    }
+    slots
+}
+
 /// Plans one call (with its stored rows) into `plan`, as [`plan`] describes.
 fn plan_call(ctx: &CallContext<'_>, call: CallRow, stored: Vec<ChildRow>, plan: &mut RecoveryPlan) {
     let CallContext {
@@ -479,13 +499,7 @@ fn plan_call(ctx: &CallContext<'_>, call: CallRow, stored: Vec<ChildRow>, plan: 
         now_ms,
     } = *ctx;
     // The stored rows, moved (not copied) into a slot per task.
-    let mut slots: Vec<Option<ChildRow>> = Vec::with_capacity(call.tasks.len());
-    slots.resize_with(call.tasks.len(), || None);
-    for row in stored {
-        if let Some(slot) = slots.get_mut(row.task_index as usize) {
-            *slot = Some(row);
-        }
-    }
+    let mut slots = slots_by_task(stored, call.tasks.len());
     // A call whose every result was delivered (or dead-lettered) is done; an early failure
     // notice left undelivered is moot once the full result was delivered. A task without
     // a row is queued (or damaged): not done.

@@ -414,3 +414,35 @@ fn a_plan_made_on_several_threads_is_the_plan_made_on_one() {
         assert_eq!(c.children.len(), c.row.tasks.len());
     }
 }
+
+/// A call's rows go in a slot per task: one per task in task order keep their buffer; any
+/// other order, a task without a row, two rows of one task (the later kept) or a row past the
+/// last task are filed one by one, to the same slots a sorted pass gives.
+#[test]
+fn rows_are_filed_in_a_slot_per_task_in_place_when_they_come_one_per_task_in_order() {
+    let rows: Vec<ChildRow> = (0..4).map(|i| child(i, ChildStatus::Succeeded)).collect();
+    let given = rows.clone();
+    let buffer = given.as_ptr() as usize;
+    let slots = slots_by_task(given, 4);
+    assert_eq!(slots.as_ptr() as usize, buffer, "rows in order keep their buffer");
+    assert_eq!(slots, rows.iter().cloned().map(Some).collect::<Vec<_>>());
+
+    let mut shuffled = vec![rows[2].clone(), rows[0].clone(), rows[3].clone(), rows[1].clone()];
+    assert_eq!(slots_by_task(shuffled.clone(), 4), slots, "out of order");
+    let mut later = child(1, ChildStatus::Failed);
+    later.attempt = 2;
+    shuffled.push(later.clone());
+    shuffled.push(child(9, ChildStatus::Succeeded));
+    let filed = slots_by_task(shuffled, 4);
+    assert_eq!(filed[1], Some(later), "of two rows of one task, the later");
+    assert_eq!(filed.len(), 4, "a row past the last task is dropped");
+    let gaps = slots_by_task(vec![rows[3].clone(), rows[0].clone()], 5);
+    assert_eq!(
+        gaps,
+        vec![Some(rows[0].clone()), None, None, Some(rows[3].clone()), None]
+    );
+    assert_eq!(slots_by_task(Vec::new(), 2), vec![None, None]);
+    // As many rows as tasks but one task twice: not in order, filed one by one.
+    let twice = vec![rows[0].clone(), rows[0].clone(), rows[2].clone(), rows[3].clone()];
+    assert_eq!(slots_by_task(twice, 4)[1], None);
+}

@@ -143,23 +143,8 @@ impl OwedCalls {
                 }
             })
             .collect();
-        let in_place = children.len() == tasks && children.iter().enumerate().all(|(i, c)| c.task_index as usize == i);
-        let slots: Vec<Option<ChildRow>> = if in_place {
-            // One row per task, in order (what recovery gives): the same buffer, no copy
-            // into fresh memory.
-            self.delivered_live += children.iter().map(delivered_items).sum::<u64>();
-            children.into_iter().map(Some).collect()
-        } else {
-            let mut slots = Vec::with_capacity(tasks);
-            slots.resize_with(tasks, || None);
-            for child in children {
-                if let Some(slot) = slots.get_mut(child.task_index as usize) {
-                    self.delivered_live += delivered_items(&child);
-                    *slot = Some(child);
-                }
-            }
-            slots
-        };
+        let slots = crate::recovery::slots_by_task(children, tasks);
+        self.delivered_live += slots.iter().flatten().map(delivered_items).sum::<u64>();
         self.calls.insert(
             row.call_id.clone(),
             CallState {

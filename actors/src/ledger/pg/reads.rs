@@ -535,7 +535,7 @@ type Unreadable = (Key, Vec<u8>, String);
 
 /// A statement's rows decoded, and those that were not readable (moved aside by the caller,
 /// outside the ledger's runtime).
-type Fetched<T> = (Vec<T>, Vec<Unreadable>);
+pub(super) type Fetched<T> = (Vec<T>, Vec<Unreadable>);
 
 /// Runs the statements `sql` of `tree` (their columns `key, value`) in turn until one answers
 /// in key order (the last is trusted: it sorts), and takes its rows as received, without
@@ -583,18 +583,59 @@ async fn fetch(
     Ok(Vec::new())
 }
 
-/// Rows as [`fetch`] took them (columns `key, value`), decoded; those that do not decode or
-/// fail their check set apart with their bytes.
-fn decoded_rows<T: crate::codec::Stored + CheckRow>(received: Vec<tokio_postgres::Row>) -> Fetched<T> {
-    let (mut rows, mut bad) = (Vec::with_capacity(received.len()), Vec::new());
+/// Rows as [`fetch`] took them (columns `key, value`), decoded, in the order received; those
+/// that do not decode or fail their check set apart with their bytes. Many rows are decoded a
+/// share per core ([`crate::parallel::threads_for`]): a large session's million children are
+/// read before any is decoded, so the other cores are free by then.
+fn decoded_rows<T: crate::codec::Stored + CheckRow + Send>(received: Vec<tokio_postgres::Row>) -> Fetched<T> {
+    let parts = crate::parallel::threads_for(received.len(), received.len());
+    decoded_rows_in(&received, parts)
+}
+
+/// [`decoded_rows`] in `parts` shares of consecutive rows, each on a thread of its own but the
+/// first; joined in order.
+pub(super) fn decoded_rows_in<T: crate::codec::Stored + CheckRow + Send>(
+    received: &[tokio_postgres::Row],
+    parts: usize,
+) -> Fetched<T> {
+    let share = received.len().div_ceil(parts.max(1)).max(1);
+    let mut shares = received.chunks(share);
+    let mut out = (Vec::with_capacity(received.len()), Vec::new());
+    let Some(first) = shares.next() else {
+        return out;
+    };
+    let rest = std::thread::scope(|scope| {
+        let others: Vec<_> = shares
+            .map(|rows| {
+                scope.spawn(move || {
+                    let mut decoded = (Vec::with_capacity(rows.len()), Vec::new());
+                    decode_into(rows, &mut decoded);
+                    decoded
+                })
+            })
+            .collect();
+        decode_into(first, &mut out);
+        others
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect::<Vec<_>>()
+    });
+    for (mut rows, mut bad) in rest {
+        out.0.append(&mut rows);
+        out.1.append(&mut bad);
+    }
+    out
+}
+
+/// Decodes `received` onto the end of `out`.
+fn decode_into<T: crate::codec::Stored + CheckRow>(received: &[tokio_postgres::Row], out: &mut Fetched<T>) {
     for row in received {
         let value: &[u8] = row.get(1);
         match decode_checked::<T>(value) {
-            Ok(decoded) => rows.push(decoded),
-            Err(reason) => bad.push((row.get::<_, Vec<u8>>(0), value.to_vec(), reason)),
+            Ok(decoded) => out.0.push(decoded),
+            Err(reason) => out.1.push((row.get::<_, Vec<u8>>(0), value.to_vec(), reason)),
         }
     }
-    (rows, bad)
 }
 
 /// The id of the child a quarantine key of a child row names (`children/<session>\0<id>`).

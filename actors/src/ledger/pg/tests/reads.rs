@@ -2,6 +2,7 @@
 //! owner's rebuild read them.
 
 use super::super::super::pg_testkit;
+use super::super::reads::{decoded_rows_in, Fetched};
 use super::super::*;
 use super::own::{session, writes_of};
 
@@ -548,4 +549,56 @@ fn a_read_of_many_sessions_waits_for_a_schema_change_that_locks_its_tables_in_an
         Ok(read) => assert!(read == expected, "the read answered other rows"),
         Err(e) => panic!("the read failed: {e:?}"),
     }
+}
+
+/// Rows decoded a share per core come back as one pass decodes them: in the order received,
+/// with the rows that do not decode set apart in that order too, whatever the number of
+/// shares (more shares than rows, too).
+#[test]
+fn rows_decoded_a_share_per_core_come_back_as_one_pass_decodes_them() {
+    use crate::ledger::conformance::{call_row, child_row};
+    let ledger = pg_testkit::fresh();
+    let mut writes = writes_of("s");
+    for call in ["deleg_a", "deleg_b", "deleg_c"] {
+        writes.calls.push(call_row("s", call, 7));
+        writes
+            .children
+            .extend((0..7).map(|i| child_row("s", call, i, ChildStatus::Succeeded)));
+    }
+    ledger.write(&writes).unwrap();
+    ledger.flush().unwrap();
+    let table = format!("\"{}\".children", ledger.inner.schema);
+    for (call, at) in [("deleg_a", 3), ("deleg_c", 6)] {
+        sql_in(
+            &ledger,
+            &format!(
+                "UPDATE {table} SET value = '\\xff00'::bytea
+                 WHERE key = convert_to('s', 'UTF8') || '\\x00'::bytea || convert_to('{call}.{at}', 'UTF8')"
+            ),
+        );
+    }
+    let pool = ledger.inner.pool.clone();
+    let received = ledger
+        .runtime
+        .run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            client
+                .query(&format!("SELECT key, value FROM {table} ORDER BY key"), &[])
+                .await
+                .map_err(pg_error("test read"))
+        })
+        .unwrap();
+    let one: Fetched<ChildRow> = decoded_rows_in(&received, 1);
+    assert_eq!(one.0.len() + one.1.len(), received.len());
+    assert_eq!(one.1.len(), 2, "the two rows that do not decode");
+    assert!(one
+        .0
+        .windows(2)
+        .all(|w| (&w[0].call_id, w[0].task_index) < (&w[1].call_id, w[1].task_index)));
+    for parts in [2, 3, 4, received.len(), received.len() + 5] {
+        let shared: Fetched<ChildRow> = decoded_rows_in(&received, parts);
+        assert_eq!(format!("{shared:?}"), format!("{one:?}"), "{parts} shares");
+    }
+    let none: Fetched<ChildRow> = decoded_rows_in(&[], 2);
+    assert!(none.0.is_empty() && none.1.is_empty());
 }
