@@ -39,14 +39,23 @@ pub(super) fn http(dir: &Path, durability: Durability, n: usize, embedded: Optio
     let tasks: Vec<serde_json::Value> = (0..CALL)
         .map(|i| json!({"goal": format!("t{i}"), "runner": {"kind": "sim"}}))
         .collect();
-    let body = json!({"tasks": tasks, "independent_completions": true});
+    // Written once, sent as often as there are calls, as a producer repeating one call would.
+    let body = json!({"tasks": tasks, "independent_completions": true}).to_string();
     let start = Instant::now();
     let total = calls * CALL;
     std::thread::scope(|scope| -> anyhow::Result<()> {
         let producer = scope.spawn(|| -> anyhow::Result<()> {
             for _ in 0..calls {
-                let (status, reply) = post("/v1/sessions/http/delegate", body.clone())?;
-                anyhow::ensure!(status == 202, "delegate answered {status}: {reply}");
+                let mut r = agent
+                    .post(&format!("{base}/v1/sessions/http/delegate"))
+                    .header("Content-Type", "application/json")
+                    .send(body.as_bytes())?;
+                let status = r.status().as_u16();
+                anyhow::ensure!(
+                    status == 202,
+                    "delegate answered {status}: {}",
+                    r.body_mut().read_to_string()?
+                );
             }
             Ok(())
         });
@@ -59,14 +68,13 @@ pub(super) fn http(dir: &Path, durability: Durability, n: usize, embedded: Optio
             if let Some((claim, _)) = &held {
                 boundary["ack"] = json!(claim);
             }
-            let (status, env) = post("/v1/sessions/http/boundary", boundary)?;
+            let (status, env) = read_boundary(&agent, &format!("{base}/v1/sessions/http/boundary"), &boundary)?;
             if let (200 | 204, Some((_, n))) = (status, held.take()) {
                 delivered += n;
             }
-            match status {
-                200 => {
-                    let claim = env["claim_id"].as_str().context("an envelope has a claim id")?;
-                    let items = env["items"].as_array().map_or(0, Vec::len);
+            match (status, env) {
+                (200, Ok(env)) => {
+                    let (claim, items) = (env.claim_id.as_str(), env.items.len());
                     if delivered + items >= total {
                         // The last envelope: acked alone.
                         let (status, acked) = post(&format!("/v1/claims/{claim}/ack"), json!({}))?;
@@ -76,8 +84,9 @@ pub(super) fn http(dir: &Path, durability: Durability, n: usize, embedded: Optio
                         held = Some((claim.to_string(), items));
                     }
                 }
-                204 => std::thread::sleep(Duration::from_millis(1)),
-                s => bail!("boundary answered {s}: {env}"),
+                (204, _) => std::thread::sleep(Duration::from_millis(1)),
+                (s, Ok(env)) => bail!("boundary answered {s}: {env:?}"),
+                (s, Err(answer)) => bail!("boundary answered {s}: {answer}"),
             }
         }
         producer
@@ -92,6 +101,27 @@ pub(super) fn http(dir: &Path, durability: Durability, n: usize, embedded: Optio
         Some(e) => fig.against(e),
         None => fig,
     })
+}
+
+/// A boundary (`body`) at `url`: its status, and the envelope of a 200 read into the HTTP
+/// contract's own types, every item and the text, as a typed client reads it (else the
+/// answer's text).
+fn read_boundary(
+    agent: &ureq::Agent,
+    url: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<(u16, Result<brood_server::api::Envelope, String>)> {
+    let mut r = agent
+        .post(url)
+        .header("Content-Type", "application/json")
+        .send(body.to_string().as_bytes())?;
+    let status = r.status().as_u16();
+    let text = r.body_mut().read_to_string()?;
+    if status != 200 {
+        return Ok((status, Err(text)));
+    }
+    let env = serde_json::from_str(&text).with_context(|| format!("an envelope that does not read: {text}"))?;
+    Ok((status, Ok(env)))
 }
 
 /// `method` (POST or PUT) of `body` to `url`: the status and the JSON answered (null when

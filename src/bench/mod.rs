@@ -26,7 +26,8 @@
 //! - `sessions_1000_ratio`: the durable workload spread over 1,000 sessions, as a ratio to the
 //!   same children in one session (same calls, same consumer), both measured here.
 //! - `http_children_per_s`: the durable workload, the same number of children, through
-//!   `brood serve` on loopback (this same binary as a child process, a polling consumer).
+//!   `brood serve` on loopback (this same binary as a child process, a polling consumer that
+//!   reads each envelope into the HTTP contract's types).
 //!   Baseline: `durable_children_per_s`.
 //! - `rebuild_stall_ms`: in the recovery group's ledger of 1M (100k) rows, a session of 10,000
 //!   ready children has its owner rebuilt (`Brood::restart_owner`) while four other sessions
