@@ -13,6 +13,8 @@
 //! told that its session's tenure was lost is held before it stops, until [`release`]; the
 //! thread it runs on with it), `adopt_elsewhere_hold` (an adoption that found its session's
 //! tenure held by another process is held before it answers so, until [`release`]),
+//! `decode_thread_refused` (no thread is made for a share of a large read's rows to decode, as
+//! when the system has none left: the share is decoded on the reading thread),
 //! `take_stall` (a server's
 //! `POST /v1/workers/take` waits 1.5 s before it serves the take)). A server arms `take_stall`,
 //! `ledger_flush_stall` and `ledger_flush_slow_fail` from `BROOD_FAILPOINTS`. Tests arm a point with [`arm`] for a

@@ -605,19 +605,25 @@ pub(super) fn decoded_rows_in<T: crate::codec::Stored + CheckRow + Send>(
         return out;
     };
     let rest = std::thread::scope(|scope| {
+        // A share no thread could be made for (the system is out of them) is decoded here.
         let others: Vec<_> = shares
             .map(|rows| {
-                scope.spawn(move || {
-                    let mut decoded = (Vec::with_capacity(rows.len()), Vec::new());
-                    decode_into(rows, &mut decoded);
-                    decoded
-                })
+                if crate::failpoints::fires("decode_thread_refused") {
+                    return Err(rows);
+                }
+                std::thread::Builder::new()
+                    .name("brood-decode".into())
+                    .spawn_scoped(scope, move || decoded_share(rows))
+                    .map_err(|_| rows)
             })
             .collect();
         decode_into(first, &mut out);
         others
             .into_iter()
-            .map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .map(|share| match share {
+                Ok(t) => t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(rows) => decoded_share(rows),
+            })
             .collect::<Vec<_>>()
     });
     for (mut rows, mut bad) in rest {
@@ -625,6 +631,13 @@ pub(super) fn decoded_rows_in<T: crate::codec::Stored + CheckRow + Send>(
         out.1.append(&mut bad);
     }
     out
+}
+
+/// A share of [`decoded_rows_in`], decoded.
+fn decoded_share<T: crate::codec::Stored + CheckRow>(received: &[tokio_postgres::Row]) -> Fetched<T> {
+    let mut decoded = (Vec::with_capacity(received.len()), Vec::new());
+    decode_into(received, &mut decoded);
+    decoded
 }
 
 /// Decodes `received` onto the end of `out`.

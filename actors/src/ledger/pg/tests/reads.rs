@@ -599,6 +599,19 @@ fn rows_decoded_a_share_per_core_come_back_as_one_pass_decodes_them() {
         let shared: Fetched<ChildRow> = decoded_rows_in(&received, parts);
         assert_eq!(format!("{shared:?}"), format!("{one:?}"), "{parts} shares");
     }
+    // No thread to be had for two of the shares: they are decoded on this thread, the same.
+    #[cfg(feature = "failpoints")]
+    {
+        crate::failpoints::arm("decode_thread_refused", 2);
+        let refused: Fetched<ChildRow> = decoded_rows_in(&received, 4);
+        assert_eq!(
+            crate::failpoints::remaining("decode_thread_refused"),
+            0,
+            "two shares had no thread"
+        );
+        crate::failpoints::arm("decode_thread_refused", 0);
+        assert_eq!(format!("{refused:?}"), format!("{one:?}"), "shares without a thread");
+    }
     let none: Fetched<ChildRow> = decoded_rows_in(&[], 2);
     assert!(none.0.is_empty() && none.1.is_empty());
 }
