@@ -40,9 +40,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 use super::rows::{
-    child_write, decode_at, decode_checked, decode_rows, encode, find_call_in, fold_delivery, live_claims,
-    merge_terminals, quarantine_entry, read_quarantined, report_kept, row_key, session_prefix, write_changes, Change,
-    ChildWrite,
+    child_write, decode_at, decode_checked, decode_rows, encode, find_call_in, fold_delivery, merge_terminals,
+    quarantine_entry, read_quarantined, report_kept, row_key, session_prefix, write_changes, Change, ChildWrite,
 };
 use super::trees::*;
 use super::{CallParts, Durability, Ledger, LedgerError, OldestRows, Snapshot, Writes};

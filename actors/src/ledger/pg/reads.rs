@@ -204,38 +204,10 @@ impl PgLedger {
         Ok(())
     }
 
-    /// The children (of one session, or all) whose rows are in quarantine.
-    pub(super) fn damaged_children(&self, session: Option<&str>) -> Result<Vec<String>, LedgerError> {
-        let mut prefix = format!("{CHILDREN}/").into_bytes();
-        if let Some(s) = session {
-            prefix.extend_from_slice(&session_prefix(s));
-        }
-        Ok(self
-            .range(QUARANTINE, prefix, None, None)?
-            .into_iter()
-            .map(|(k, _)| damaged_child(&k))
-            .collect())
-    }
-
-    /// The whole ledger, table by table (a load of one session or of several is
-    /// [`PgLedger::read_many`]).
+    /// The whole ledger, as [`PgLedger::read_many`] reads sessions: each table in one
+    /// statement, all in one round trip, the scoped tables' rows in key order with no sort.
     pub(super) fn read_all(&self) -> Result<Snapshot, LedgerError> {
-        let acks: Vec<AckRow> = self.scan(ACKS, None)?;
-        let dead: Vec<DeadLetterRow> = self.scan(DEAD_LETTERS, None)?;
-        let calls: Vec<CallRow> = self.scan(CALLS, None)?;
-        let mut children: Vec<ChildRow> = self.scan(CHILDREN, None)?;
-        fold_delivery(&mut children, &acks, &dead);
-        let claims = live_claims(self.scan(CLAIMS, None)?, &acks);
-        Ok(Snapshot {
-            sessions: self.scan(SESSIONS, None)?,
-            calls,
-            children,
-            claims,
-            starts: self.scan(STARTS, None)?,
-            damaged_children: self.damaged_children(None)?,
-            wakes: self.scan(WAKES, None)?,
-            nests: self.scan(NESTS, None)?,
-        })
+        self.read_in(Reading::All)
     }
 
     /// Reads the rows of `sessions` (sorted, each once) back, for a load of one session or of
@@ -249,25 +221,38 @@ impl PgLedger {
         if sessions.is_empty() {
             return Ok(Snapshot::default());
         }
+        self.read_in(Reading::Sessions(sessions))
+    }
+
+    /// [`PgLedger::read_many`] of the sessions `reading` names, or of every row stored.
+    fn read_in(&self, reading: Reading<'_>) -> Result<Snapshot, LedgerError> {
         self.settle()?;
-        // Each session's rows are the keys from `<session>\0` up to `<session>\1`.
+        // Each session's rows are the keys from `<session>\0` up to `<session>\1`; every row
+        // of a table, the keys from none up to a first byte of 0xFF, which no session id's
+        // first byte is (UTF-8 has none).
         let ranges = |prefix: &[u8]| -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
-            sessions
-                .iter()
-                .map(|s| {
-                    let mut low = prefix.to_vec();
-                    low.extend_from_slice(&session_prefix(s));
-                    let mut high = low.clone();
-                    if let Some(last) = high.last_mut() {
-                        *last = 1;
-                    }
-                    (low, high)
-                })
-                .unzip()
+            match reading {
+                Reading::Sessions(sessions) => sessions
+                    .iter()
+                    .map(|s| {
+                        let mut low = prefix.to_vec();
+                        low.extend_from_slice(&session_prefix(s));
+                        let mut high = low.clone();
+                        if let Some(last) = high.last_mut() {
+                            *last = 1;
+                        }
+                        (low, high)
+                    })
+                    .unzip(),
+                Reading::All => (vec![prefix.to_vec()], vec![[prefix, &[0xFF]].concat()]),
+            }
         };
         let (low, high) = ranges(b"");
         let (damaged_low, damaged_high) = ranges(format!("{CHILDREN}/").as_bytes());
-        let names: Vec<Vec<u8>> = sessions.iter().map(|s| s.as_bytes().to_vec()).collect();
+        let names: Vec<Vec<u8>> = match reading {
+            Reading::Sessions(sessions) => sessions.iter().map(|s| s.as_bytes().to_vec()).collect(),
+            Reading::All => Vec::new(),
+        };
         let scoped = [ACKS, DEAD_LETTERS, CALLS, CHILDREN, CLAIMS, STARTS].map(|t| (t, self.table(t)));
         let keyed = [SESSIONS, WAKES, NESTS].map(|t| (t, self.table(t)));
         let quarantine = self.table(QUARANTINE);
@@ -290,7 +275,14 @@ impl PgLedger {
         #[cfg(not(test))]
         let within = "";
         let scoped = scoped.map(|(tree, table)| (tree, range_statements(&table, within).to_vec()));
-        let keyed = keyed.map(|(tree, table)| (tree, vec![keyed_statement(&table)]));
+        let keyed = keyed.map(|(tree, table)| {
+            let sql = match reading {
+                Reading::Sessions(_) => keyed_statement(&table),
+                Reading::All => every_row_statement(&table),
+            };
+            (tree, vec![sql])
+        });
+        let every = matches!(reading, Reading::All);
         // The rows as received (no copy of them); decoded below, on this thread.
         let (acks, dead, calls, children, claims, starts, sessions_rows, wakes, nests, damaged_keys) =
             self.runtime.run(async move {
@@ -303,6 +295,7 @@ impl PgLedger {
                     let client: &tokio_postgres::Client = &client;
                     let ranges: [&(dyn ToSql + Sync); 2] = [&low, &high];
                     let names: [&(dyn ToSql + Sync); 1] = [&names];
+                    let names: &[&(dyn ToSql + Sync)] = if every { &[] } else { &names };
                     let [acks, dead, calls, children, claims, starts] = scoped;
                     let [sessions, wakes, nests] = keyed;
                     let damaged = async {
@@ -320,9 +313,9 @@ impl PgLedger {
                         fetch(client, acks, &ranges, 0),
                         fetch(client, dead, &ranges, 0),
                         fetch(client, calls, &ranges, 0),
-                        fetch(client, sessions, &names, 0),
-                        fetch(client, wakes, &names, 0),
-                        fetch(client, nests, &names, 0),
+                        fetch(client, sessions, names, 0),
+                        fetch(client, wakes, names, 0),
+                        fetch(client, nests, names, 0),
                         damaged,
                     )?;
                     // Few and needed here: decoded on the ledger's thread.
@@ -478,6 +471,15 @@ impl PgLedger {
     }
 }
 
+/// What a read of sessions reads ([`PgLedger::read_in`]).
+#[derive(Debug, Clone, Copy)]
+enum Reading<'a> {
+    /// The rows of these sessions (sorted, each once).
+    Sessions(&'a [String]),
+    /// Every row stored, of whatever session.
+    All,
+}
+
 /// The most children's rows a read of many sessions makes room for before they arrive (about
 /// 72 MiB of row handles, backed by memory only as rows fill it): room is made from the calls'
 /// tasks, and calls whose children mostly never started must not reserve more (past this, the
@@ -517,6 +519,12 @@ pub(super) fn range_statements(table: &str, within: &str) -> [String; 2] {
 /// in key order.
 pub(super) fn keyed_statement(table: &str) -> String {
     format!("SELECT key, value FROM {table} WHERE key = ANY($1) ORDER BY key")
+}
+
+/// The statement that reads every row of `table` (keyed by session id), in key order: by its
+/// index under [`READ_SETTINGS`], not sorted.
+pub(super) fn every_row_statement(table: &str) -> String {
+    format!("SELECT key, value FROM {table} ORDER BY key")
 }
 
 /// The statement that reads the keys of the quarantine table `table` in the key ranges

@@ -171,7 +171,8 @@ fn a_read_of_many_sessions_with_every_table_out_of_order_at_once_answers_as_a_so
 /// (sorting avoided), reads its table by an index range scan of each range asked for, not
 /// by a scan of the whole table with each row tested against every range: so does the
 /// statement that sorts, read again when an answer came out of order, and the read of the
-/// quarantine, made at every read.
+/// quarantine, made at every read. A read of the whole ledger (one range over every key, and
+/// every row of the tables keyed by session) reads by index, in key order, and sorts nothing.
 #[test]
 fn every_statement_of_a_read_of_many_sessions_reads_only_the_ranges_asked_for() {
     let ledger = pg_testkit::fresh();
@@ -206,6 +207,9 @@ fn every_statement_of_a_read_of_many_sessions_reads_only_the_ranges_asked_for() 
     let [by_range, sorted] = super::super::reads::range_statements(&children, "");
     let damaged = super::super::reads::damaged_statement(&quarantine);
     let keyed = super::super::reads::keyed_statement(&sessions);
+    let every = super::super::reads::every_row_statement(&sessions);
+    let (all_low, all_high) = (vec![Vec::<u8>::new()], vec![vec![0xFFu8]]);
+    let (all_damaged_low, all_damaged_high) = (vec![b"children/".to_vec()], vec![b"children/\xff".to_vec()]);
     let pool = ledger.inner.pool.clone();
     let plans = ledger
         .runtime
@@ -218,9 +222,11 @@ fn every_statement_of_a_read_of_many_sessions_reads_only_the_ranges_asked_for() 
                 .map_err(pg_error("test"))?;
             let mut plans = Vec::new();
             for (what, sql, params) in [
-                ("range by range", by_range, [&low, &high]),
+                ("range by range", by_range.clone(), [&low, &high]),
                 ("sorted", sorted, [&low, &high]),
-                ("damaged", damaged, [&damaged_low, &damaged_high]),
+                ("damaged", damaged.clone(), [&damaged_low, &damaged_high]),
+                ("every row, by range", by_range, [&all_low, &all_high]),
+                ("every damaged row", damaged, [&all_damaged_low, &all_damaged_high]),
             ] {
                 let rows = tx
                     .query(&format!("EXPLAIN {sql}"), &[params[0], params[1]])
@@ -245,15 +251,32 @@ fn every_statement_of_a_read_of_many_sessions_reads_only_the_ranges_asked_for() 
                     .collect::<Vec<_>>()
                     .join("\n"),
             ));
-            Ok(plans)
+            let rows = tx
+                .query(&format!("EXPLAIN {every}"), &[])
+                .await
+                .map_err(pg_error("explaining"))?;
+            let every = rows
+                .iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>()
+                .join("\n");
+            Ok((plans, every))
         })
         .unwrap();
+    let (plans, every) = plans;
     for (what, plan) in plans {
         assert!(
             plan.contains("Index Cond") && !plan.contains("Join Filter"),
             "{what}: {plan}"
         );
+        if what.starts_with("every") {
+            assert!(!plan.contains("Sort"), "{what}: {plan}");
+        }
     }
+    assert!(
+        every.contains("Index Scan") && !every.contains("Sort"),
+        "every row of a table keyed by session: {every}"
+    );
 }
 
 /// Another connection's transaction that runs `statements` on the database at `url` and
