@@ -474,11 +474,15 @@ struct CallContext<'a> {
 /// two rows of one task, the later), a task without a row empty, a row past the last task
 /// dropped. Rows that are one per task in task order, as a read of the ledger gives them, keep
 /// their buffer (an `Option<ChildRow>` is as big as a row): a large call's rows are not copied
-/// into fresh memory, whose every page the system would have to clear first.
+/// into fresh memory, whose every page the system would have to clear first. The buffer is
+/// trimmed to the rows (a split files a call's rows in room sized for the call before it): the
+/// slots live as long as the call does.
 pub(crate) fn slots_by_task(rows: Vec<ChildRow>, tasks: usize) -> Vec<Option<ChildRow>> {
     let in_order = rows.len() == tasks && rows.iter().enumerate().all(|(i, c)| c.task_index as usize == i);
     if in_order {
-        return rows.into_iter().map(Some).collect();
+        let mut slots: Vec<Option<ChildRow>> = rows.into_iter().map(Some).collect();
+        slots.shrink_to_fit();
+        return slots;
     }
     let mut slots = Vec::with_capacity(tasks);
     slots.resize_with(tasks, || None);

@@ -446,3 +446,49 @@ fn rows_are_filed_in_a_slot_per_task_in_place_when_they_come_one_per_task_in_ord
     let twice = vec![rows[0].clone(), rows[0].clone(), rows[2].clone(), rows[3].clone()];
     assert_eq!(slots_by_task(twice, 4)[1], None);
 }
+
+/// A recovered call holds room for its own children only: a split files a call's rows in a
+/// buffer sized for the call before it (a large one), and a call whose rows come one per task
+/// in order keeps that buffer, so it is trimmed to the call's own tasks.
+#[test]
+fn a_recovered_call_holds_room_for_its_own_children_only() {
+    let mut large = call(&vec![false; 1000], None);
+    large.call_id = "deleg_a".into();
+    large.independent_completions = true;
+    let mut small = call(&[false], None);
+    small.call_id = "deleg_b".into();
+    small.set = 5;
+    let rows = |c: &CallRow, status| {
+        plan_units(&c.call_id, &c.tasks, c.independent_completions)
+            .iter()
+            .flat_map(|u| {
+                u.tasks.iter().map(move |&i| ChildRow {
+                    status,
+                    ..queued_child(c, u, i)
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut children = rows(&large, ChildStatus::Succeeded);
+    children.extend(rows(&small, ChildStatus::Running));
+    let split = split_snapshot(Snapshot {
+        sessions: vec![session()],
+        calls: vec![large, small],
+        children,
+        ..Snapshot::default()
+    });
+    assert!(split.rejects.is_empty(), "{:?}", split.rejects);
+    let (row, part) = split.sessions.into_iter().next().expect("the session");
+    let plan = plan(&row, part, Recovery::Process, &HashSet::new(), 7);
+    let small = plan
+        .calls
+        .iter()
+        .find(|c| c.row.call_id == "deleg_b")
+        .expect("the small call is owed");
+    assert_eq!(small.children.len(), 1);
+    assert_eq!(
+        small.children.capacity(),
+        1,
+        "room for its one child, not the call before it's"
+    );
+}

@@ -114,9 +114,20 @@ impl OwedCalls {
     pub(super) fn insert_call(
         &mut self,
         row: CallRow,
-        mut units: Vec<(UnitRow, usize, Option<u32>)>,
+        units: Vec<(UnitRow, usize, Option<u32>)>,
         children: Vec<ChildRow>,
     ) {
+        self.insert_counted(row, units, children);
+    }
+
+    /// [`OwedCalls::insert_call`], returning the items it counted as delivered: those of the
+    /// rows it kept, one per task (of two rows of one task the later, none past the last task).
+    fn insert_counted(
+        &mut self,
+        row: CallRow,
+        mut units: Vec<(UnitRow, usize, Option<u32>)>,
+        children: Vec<ChildRow>,
+    ) -> u64 {
         let tasks = row.tasks.len();
         // Units are made from their call, numbered from 1 in order: sorting only guards that.
         units.sort_by_key(|(u, _, _)| parse_unit_id(&u.unit_id).map_or(u32::MAX, |(_, k)| k));
@@ -144,7 +155,8 @@ impl OwedCalls {
             })
             .collect();
         let slots = crate::recovery::slots_by_task(children, tasks);
-        self.delivered_live += slots.iter().flatten().map(delivered_items).sum::<u64>();
+        let delivered = slots.iter().flatten().map(delivered_items).sum::<u64>();
+        self.delivered_live += delivered;
         self.calls.insert(
             row.call_id.clone(),
             CallState {
@@ -159,19 +171,21 @@ impl OwedCalls {
                 receipt_pending: false,
             },
         );
+        delivered
     }
 
     /// Brings back a call that left memory settled (its delivered items were counted as
-    /// delivered of dropped calls: they move back among the live ones).
+    /// delivered of dropped calls: they move back among the live ones). What moves is what the
+    /// call's rows in memory count, as its drop counted them: a second row of one task read
+    /// back, or a row past its last task, is not kept, so it is not counted either.
     pub(super) fn bring_back(
         &mut self,
         row: CallRow,
         units: Vec<(UnitRow, usize, Option<u32>)>,
         children: Vec<ChildRow>,
     ) {
-        let delivered: u64 = children.iter().map(delivered_items).sum();
+        let delivered = self.insert_counted(row, units, children);
         self.delivered_done = self.delivered_done.saturating_sub(delivered);
-        self.insert_call(row, units, children);
     }
 
     /// The children ids of a call, by task index.
@@ -518,6 +532,52 @@ mod tests {
         for bad in ["c.", "c.01", "c.+1", "c.-1", "c.1a", "c. 1", "c1", "c.99999999999"] {
             assert_eq!(parse_child_id(bad), None, "{bad}");
         }
+    }
+
+    /// A call brought back (by a redrive) moves the items of it counted as delivered of dropped
+    /// calls back among the live ones: the session's delivered count stays what it was, even
+    /// when the rows read back hold a second row of one task or a row past the last task (the
+    /// rows kept in the call's slots are what its drop counted, and what comes back).
+    #[test]
+    fn a_call_brought_back_keeps_the_delivered_count_whatever_rows_come_with_it() {
+        use crate::ledger::conformance::{call_row, child_row};
+        let units = |call: &CallRow| -> Vec<(UnitRow, usize, Option<u32>)> {
+            plan_units(&call.call_id, &call.tasks, call.independent_completions)
+                .into_iter()
+                .map(|u| {
+                    let n = u.tasks.len();
+                    (u, n, None)
+                })
+                .collect()
+        };
+        let delivered = |call: &str, i| {
+            let mut row = child_row("s", call, i, ChildStatus::Failed);
+            row.result.delivered = true;
+            row.notice.delivered = true;
+            row
+        };
+        let mut owed = OwedCalls::default();
+        for id in ["deleg_a", "deleg_b"] {
+            let call = call_row("s", id, 2);
+            owed.insert_call(call.clone(), units(&call), vec![delivered(id, 0), delivered(id, 1)]);
+            owed.drop_call(id, |_| {});
+        }
+        assert_eq!(owed.delivered(), 8, "counted as delivered of dropped calls");
+        // Read back with task 1 twice, and a row past the last task.
+        let call = call_row("s", "deleg_a", 2);
+        let mut past = delivered("deleg_a", 1);
+        past.task_index = 2;
+        past.child_id = child_id("deleg_a", 2);
+        let rows = vec![
+            delivered("deleg_a", 0),
+            delivered("deleg_a", 1),
+            delivered("deleg_a", 1),
+            past,
+        ];
+        owed.bring_back(call, units(&call_row("s", "deleg_a", 2)), rows);
+        assert_eq!(owed.delivered(), 8, "brought back");
+        owed.drop_call("deleg_a", |_| {});
+        assert_eq!(owed.delivered(), 8, "dropped again");
     }
 
     #[test]

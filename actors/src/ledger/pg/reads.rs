@@ -318,8 +318,10 @@ impl PgLedger {
                         fetch(client, nests, names, 0),
                         damaged,
                     )?;
-                    // Few and needed here: decoded on the ledger's thread.
-                    let calls: Fetched<CallRow> = decoded_rows(calls);
+                    // Few and needed here: decoded on the ledger's thread, alone. A thread
+                    // made here would run at this thread's priority, not at the reader's (an
+                    // owner's rebuild reads at a lowered one).
+                    let calls: Fetched<CallRow> = decoded_rows_in(&calls, 1);
                     let room = calls.0.iter().map(|c| c.tasks.len()).sum::<usize>().min(ROOM_MOST);
                     let (children, claims, starts) = futures::try_join!(
                         fetch(client, children, &ranges, room),

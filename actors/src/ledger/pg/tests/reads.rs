@@ -625,6 +625,7 @@ fn rows_decoded_a_share_per_core_come_back_as_one_pass_decodes_them() {
     // No thread to be had for two of the shares: they are decoded on this thread, the same.
     #[cfg(feature = "failpoints")]
     {
+        let _point = DECODE_POINT.lock().unwrap_or_else(|e| e.into_inner());
         crate::failpoints::arm("decode_thread_refused", 2);
         let refused: Fetched<ChildRow> = decoded_rows_in(&received, 4);
         assert_eq!(
@@ -637,4 +638,40 @@ fn rows_decoded_a_share_per_core_come_back_as_one_pass_decodes_them() {
     }
     let none: Fetched<ChildRow> = decoded_rows_in(&[], 2);
     assert!(none.0.is_empty() && none.1.is_empty());
+}
+
+/// Tests that count the hits of `decode_thread_refused` hold this while they do.
+#[cfg(feature = "failpoints")]
+static DECODE_POINT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A read of sessions decodes their calls on the ledger's own thread alone, however many: no
+/// thread is made there for a share of them, which would run at that thread's priority, not at
+/// the reader's (an owner's rebuild reads at a lowered one, and every thread it makes for the
+/// children's rows keeps it). Every share made for a thread passes `decode_thread_refused`,
+/// armed here to count them (it cannot fail on a machine of one core: no shares are made).
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_read_decodes_its_calls_on_the_ledgers_thread_alone() {
+    use crate::ledger::conformance::call_row;
+    const CALLS: usize = 40_000;
+    let ledger = pg_testkit::fresh();
+    let mut writes = writes_of("s");
+    writes.calls = (0..CALLS)
+        .map(|i| {
+            let mut call = call_row("s", &format!("deleg_{i:06}"), 1);
+            call.set = i as u64 + 1;
+            call
+        })
+        .collect();
+    writes.children.clear();
+    ledger.write(&writes).unwrap();
+    ledger.flush().unwrap();
+    let _point = DECODE_POINT.lock().unwrap_or_else(|e| e.into_inner());
+    const ARMED: u64 = 1_000_000;
+    crate::failpoints::arm("decode_thread_refused", ARMED);
+    let read = ledger.load_session("s");
+    let left = crate::failpoints::remaining("decode_thread_refused");
+    crate::failpoints::arm("decode_thread_refused", 0);
+    assert_eq!(read.unwrap().calls.len(), CALLS);
+    assert_eq!(left, ARMED, "no share of the calls was made for a thread");
 }
