@@ -472,14 +472,22 @@ struct CallContext<'a> {
 
 /// A call's rows in a slot per task (`tasks` slots): each row in the slot of its task index (of
 /// two rows of one task, the later), a task without a row empty, a row past the last task
-/// dropped. Rows that are one per task in task order, as a read of the ledger gives them, keep
+/// dropped. Rows that are one per task, as a read of a call whose children all started gives
+/// them (in key order: `.0, .1, .10, .100, …`), are put in task order where they are and keep
 /// their buffer (an `Option<ChildRow>` is as big as a row): a large call's rows are not copied
 /// into fresh memory, whose every page the system would have to clear first. The buffer is
 /// trimmed to the rows (a split files a call's rows in room sized for the call before it): the
 /// slots live as long as the call does.
-pub(crate) fn slots_by_task(rows: Vec<ChildRow>, tasks: usize) -> Vec<Option<ChildRow>> {
-    let in_order = rows.len() == tasks && rows.iter().enumerate().all(|(i, c)| c.task_index as usize == i);
-    if in_order {
+pub(crate) fn slots_by_task(mut rows: Vec<ChildRow>, tasks: usize) -> Vec<Option<ChildRow>> {
+    if one_per_task(&rows, tasks) {
+        // Each row swapped into its task's place: a swap puts at least one row where it
+        // belongs, so there are fewer swaps than rows.
+        for i in 0..rows.len() {
+            while rows[i].task_index as usize != i {
+                let j = rows[i].task_index as usize;
+                rows.swap(i, j);
+            }
+        }
         let mut slots: Vec<Option<ChildRow>> = rows.into_iter().map(Some).collect();
         slots.shrink_to_fit();
         return slots;
@@ -492,6 +500,18 @@ pub(crate) fn slots_by_task(rows: Vec<ChildRow>, tasks: usize) -> Vec<Option<Chi
         }
     }
     slots
+}
+
+/// Whether `rows` hold exactly one row of each of `tasks` tasks, in any order.
+fn one_per_task(rows: &[ChildRow], tasks: usize) -> bool {
+    if rows.len() != tasks {
+        return false;
+    }
+    let mut seen = vec![false; tasks];
+    rows.iter().all(|c| {
+        let i = c.task_index as usize;
+        i < tasks && !std::mem::replace(&mut seen[i], true)
+    })
 }
 
 /// Plans one call (with its stored rows) into `plan`, as [`plan`] describes.

@@ -415,11 +415,12 @@ fn a_plan_made_on_several_threads_is_the_plan_made_on_one() {
     }
 }
 
-/// A call's rows go in a slot per task: one per task in task order keep their buffer; any
-/// other order, a task without a row, two rows of one task (the later kept) or a row past the
-/// last task are filed one by one, to the same slots a sorted pass gives.
+/// A call's rows go in a slot per task: one per task, in whatever order (the key order a read
+/// gives them in: `.0, .1, .10, .11, .2, …`), keep their buffer, put in task order; a task
+/// without a row, two rows of one task (the later kept) or a row past the last task are filed
+/// one by one, to the same slots a sorted pass gives.
 #[test]
-fn rows_are_filed_in_a_slot_per_task_in_place_when_they_come_one_per_task_in_order() {
+fn rows_are_filed_in_a_slot_per_task_in_place_when_they_come_one_per_task() {
     let rows: Vec<ChildRow> = (0..4).map(|i| child(i, ChildStatus::Succeeded)).collect();
     let given = rows.clone();
     let buffer = given.as_ptr() as usize;
@@ -428,7 +429,25 @@ fn rows_are_filed_in_a_slot_per_task_in_place_when_they_come_one_per_task_in_ord
     assert_eq!(slots, rows.iter().cloned().map(Some).collect::<Vec<_>>());
 
     let mut shuffled = vec![rows[2].clone(), rows[0].clone(), rows[3].clone(), rows[1].clone()];
-    assert_eq!(slots_by_task(shuffled.clone(), 4), slots, "out of order");
+    let buffer = shuffled.as_ptr() as usize;
+    let put = slots_by_task(shuffled.clone(), 4);
+    assert_eq!(put, slots, "out of order");
+    let put = slots_by_task(std::mem::take(&mut shuffled), 4);
+    assert_eq!(
+        put.as_ptr() as usize,
+        buffer,
+        "rows one per task out of order keep their buffer"
+    );
+    shuffled = vec![rows[2].clone(), rows[0].clone(), rows[3].clone(), rows[1].clone()];
+    // A call of twelve tasks, its rows in key order.
+    let twelve: Vec<ChildRow> = (0..12).map(|i| child(i, ChildStatus::Succeeded)).collect();
+    let mut keyed = twelve.clone();
+    keyed.sort_by(|a, b| a.child_id.cmp(&b.child_id));
+    assert_ne!(keyed, twelve, "key order is not task order past ten tasks");
+    let buffer = keyed.as_ptr() as usize;
+    let put = slots_by_task(keyed, 12);
+    assert_eq!(put.as_ptr() as usize, buffer, "rows in key order keep their buffer");
+    assert_eq!(put, twelve.into_iter().map(Some).collect::<Vec<_>>());
     let mut later = child(1, ChildStatus::Failed);
     later.attempt = 2;
     shuffled.push(later.clone());
