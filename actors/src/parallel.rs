@@ -1,6 +1,7 @@
 //! How many threads a piece of work is worth: a read of many rows (the sled ledger's scan of a
-//! session's children) or a plan over them (recovery) is split over the cores when it is
-//! large, and runs on the calling thread when it is not.
+//! session's children, the decoding of the rows a PostgreSQL read received) or a plan over
+//! them (recovery) is split over the cores when it is large, and runs on the calling thread
+//! when it is not.
 
 /// How many threads a read or a plan of `rows` rows in `pieces` independent pieces is worth:
 /// one per core (at most [`PARALLEL_MAX`]), each with [`PARALLEL_ROWS`] rows at least.
