@@ -519,7 +519,11 @@ fn rows_in_every_order_are_filed_as_a_slot_by_slot_pass_files_them() {
                         row
                     })
                     .collect();
-                assert_eq!(slots_by_task(rows.clone(), tasks), by_slot(&rows, tasks), "{tasks} tasks: {rows:?}");
+                assert_eq!(
+                    slots_by_task(rows.clone(), tasks),
+                    by_slot(&rows, tasks),
+                    "{tasks} tasks: {rows:?}"
+                );
             }
         }
     }

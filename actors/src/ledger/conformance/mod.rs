@@ -487,15 +487,26 @@ mod sled_and_postgres {
 
     fn stored(ledger: &dyn Ledger) {
         let mut writes = Writes::default();
-        for (s, call) in [("a", "deleg_a"), ("ab", "deleg_ab"), ("é", "deleg_e"), ("\u{10FFFF}z", "deleg_m")] {
+        for (s, call) in [
+            ("a", "deleg_a"),
+            ("ab", "deleg_ab"),
+            ("é", "deleg_e"),
+            ("\u{10FFFF}z", "deleg_m"),
+        ] {
             writes.sessions.push(session_row(s));
             writes.calls.push(call_row(s, call, 12));
             for i in 0..12 {
                 let status = [ChildStatus::Succeeded, ChildStatus::Failed, ChildStatus::Queued][i as usize % 3];
                 writes.children.push(child_row(s, call, i, status));
             }
-            writes.dead_letters.push(dead_letter(s, call, 1, ItemKind::FailureNotice, 3));
-            writes.acks.push(ack_row(s, &format!("clm_{call}_1"), vec![dedup_key(&child_id(call, 0), ItemKind::Result)]));
+            writes
+                .dead_letters
+                .push(dead_letter(s, call, 1, ItemKind::FailureNotice, 3));
+            writes.acks.push(ack_row(
+                s,
+                &format!("clm_{call}_1"),
+                vec![dedup_key(&child_id(call, 0), ItemKind::Result)],
+            ));
             writes.starts.push(StartRow {
                 start_id: format!("{call}/01"),
                 session_id: s.into(),
@@ -508,7 +519,9 @@ mod sled_and_postgres {
         }
         // A session with no session row: its call and children are kept.
         writes.calls.push(call_row("orphan", "deleg_o", 2));
-        writes.children.push(child_row("orphan", "deleg_o", 0, ChildStatus::Running));
+        writes
+            .children
+            .push(child_row("orphan", "deleg_o", 0, ChildStatus::Running));
         // Rows that fail their check.
         let mut bad_session = session_row("zz");
         bad_session.next_set = 0;
@@ -519,16 +532,35 @@ mod sled_and_postgres {
             writes.children.push(bad);
         }
         write(ledger, writes);
-        for (s, call) in [("a", "deleg_a"), ("ab", "deleg_ab"), ("é", "deleg_e"), ("\u{10FFFF}z", "deleg_m")] {
-            ledger.put_claim(&claim_row(s, &format!("clm_{call}_1"))).expect("put_claim");
-            ledger.put_claim(&claim_row(s, &format!("clm_{call}_2"))).expect("put_claim");
+        for (s, call) in [
+            ("a", "deleg_a"),
+            ("ab", "deleg_ab"),
+            ("é", "deleg_e"),
+            ("\u{10FFFF}z", "deleg_m"),
+        ] {
+            ledger
+                .put_claim(&claim_row(s, &format!("clm_{call}_1")))
+                .expect("put_claim");
+            ledger
+                .put_claim(&claim_row(s, &format!("clm_{call}_2")))
+                .expect("put_claim");
         }
         // A child damaged earlier, in quarantine already, and one damaged again.
-        ledger.quarantine(CHILDREN, "ab", &child_id("deleg_ab", 5), "damaged earlier").expect("quarantine");
-        ledger.quarantine(CHILDREN, "é", &child_id("deleg_e", 2), "damaged earlier").expect("quarantine");
+        ledger
+            .quarantine(CHILDREN, "ab", &child_id("deleg_ab", 5), "damaged earlier")
+            .expect("quarantine");
+        ledger
+            .quarantine(CHILDREN, "é", &child_id("deleg_e", 2), "damaged earlier")
+            .expect("quarantine");
         let mut again = child_row("é", "deleg_e", 9, ChildStatus::Succeeded);
         again.child_id = child_id("deleg_e", 2);
-        write(ledger, Writes { children: vec![again], ..Writes::default() });
+        write(
+            ledger,
+            Writes {
+                children: vec![again],
+                ..Writes::default()
+            },
+        );
     }
 
     /// The load's answer (its damaged children sorted: their order is not relied on) and the

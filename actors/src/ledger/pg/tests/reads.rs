@@ -86,7 +86,11 @@ fn a_load_of_the_whole_ledger_reads_rows_of_every_key() {
     let mut trees: Vec<String> = ledger.quarantined().unwrap().into_iter().map(|q| q.tree).collect();
     trees.sort();
     assert_eq!(trees, vec![CALLS.to_string(), CHILDREN.to_string()], "moved aside");
-    assert_eq!(ledger.load().unwrap().damaged_children, loaded.damaged_children, "named once");
+    assert_eq!(
+        ledger.load().unwrap().damaged_children,
+        loaded.damaged_children,
+        "named once"
+    );
 }
 
 /// A read of many sessions answers every tree's rows in key order (recovery files each
