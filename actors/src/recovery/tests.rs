@@ -466,6 +466,69 @@ fn rows_are_filed_in_a_slot_per_task_in_place_when_they_come_one_per_task() {
     assert_eq!(slots_by_task(twice, 4)[1], None);
 }
 
+/// Every order of rows one per task, up to six tasks, comes out in task order in its own
+/// buffer; and every list of up to four rows of tasks `0..=3` (one past the last, rows of a
+/// task twice, tasks without a row) for up to three tasks is filed as a slot-by-slot pass
+/// files it.
+#[test]
+fn rows_in_every_order_are_filed_as_a_slot_by_slot_pass_files_them() {
+    fn by_slot(rows: &[ChildRow], tasks: usize) -> Vec<Option<ChildRow>> {
+        let mut slots = vec![None; tasks];
+        for row in rows {
+            if let Some(slot) = slots.get_mut(row.task_index as usize) {
+                *slot = Some(row.clone());
+            }
+        }
+        slots
+    }
+    fn orders(n: u32) -> Vec<Vec<u32>> {
+        if n == 0 {
+            return vec![Vec::new()];
+        }
+        let mut out = Vec::new();
+        for shorter in orders(n - 1) {
+            for at in 0..=shorter.len() {
+                let mut o = shorter.clone();
+                o.insert(at, n - 1);
+                out.push(o);
+            }
+        }
+        out
+    }
+    for n in 0..=6u32 {
+        let rows: Vec<ChildRow> = (0..n).map(|i| child(i, ChildStatus::Succeeded)).collect();
+        let sorted: Vec<Option<ChildRow>> = rows.iter().cloned().map(Some).collect();
+        for order in orders(n) {
+            let given: Vec<ChildRow> = order.iter().map(|&i| rows[i as usize].clone()).collect();
+            let buffer = given.as_ptr() as usize;
+            let put = slots_by_task(given, n as usize);
+            assert_eq!(put, sorted, "{order:?}");
+            if n > 0 {
+                assert_eq!(put.as_ptr() as usize, buffer, "{order:?} keeps its buffer");
+            }
+        }
+    }
+    // Lists of rows of tasks 0..=3, each row told apart by its attempt.
+    for tasks in 0..=3usize {
+        for len in 0..=4u32 {
+            for code in 0..4u32.pow(len) {
+                let rows: Vec<ChildRow> = (0..len)
+                    .map(|at| {
+                        let mut row = child(code / 4u32.pow(at) % 4, ChildStatus::Succeeded);
+                        row.attempt = at + 1;
+                        row
+                    })
+                    .collect();
+                assert_eq!(
+                    slots_by_task(rows.clone(), tasks),
+                    by_slot(&rows, tasks),
+                    "{tasks} tasks: {rows:?}"
+                );
+            }
+        }
+    }
+}
+
 /// A recovered call holds room for its own children only: a split files a call's rows in a
 /// buffer sized for the call before it (a large one), and a call whose rows come one per task
 /// in order keeps that buffer, so it is trimmed to the call's own tasks.

@@ -475,3 +475,122 @@ mod sled {
 
     super::ledger_conformance_tests!(fresh_ledgers());
 }
+
+/// A load of the whole ledger answers the same on sled and on PostgreSQL, whatever is stored:
+/// sessions whose ids start with bytes past ASCII, rows of a session with no session row,
+/// claims acked and not, dead letters, starts, wakes, nests, and rows that fail their check
+/// in several sessions (one of them damaged before), each moved aside and named damaged once.
+#[cfg(test)]
+mod sled_and_postgres {
+    use super::*;
+    use crate::ledger::SledLedger;
+
+    fn stored(ledger: &dyn Ledger) {
+        let mut writes = Writes::default();
+        for (s, call) in [
+            ("a", "deleg_a"),
+            ("ab", "deleg_ab"),
+            ("é", "deleg_e"),
+            ("\u{10FFFF}z", "deleg_m"),
+        ] {
+            writes.sessions.push(session_row(s));
+            writes.calls.push(call_row(s, call, 12));
+            for i in 0..12 {
+                let status = [ChildStatus::Succeeded, ChildStatus::Failed, ChildStatus::Queued][i as usize % 3];
+                writes.children.push(child_row(s, call, i, status));
+            }
+            writes
+                .dead_letters
+                .push(dead_letter(s, call, 1, ItemKind::FailureNotice, 3));
+            writes.acks.push(ack_row(
+                s,
+                &format!("clm_{call}_1"),
+                vec![dedup_key(&child_id(call, 0), ItemKind::Result)],
+            ));
+            writes.starts.push(StartRow {
+                start_id: format!("{call}/01"),
+                session_id: s.into(),
+                call_id: call.into(),
+                tasks: vec![0, 1, 2],
+                started_at_ms: T0,
+            });
+            writes.wakes.push(wake_row(s));
+            writes.nests.push(nest_row(s, call, 3));
+        }
+        // A session with no session row: its call and children are kept.
+        writes.calls.push(call_row("orphan", "deleg_o", 2));
+        writes
+            .children
+            .push(child_row("orphan", "deleg_o", 0, ChildStatus::Running));
+        // Rows that fail their check.
+        let mut bad_session = session_row("zz");
+        bad_session.next_set = 0;
+        writes.sessions.push(bad_session);
+        for (s, call) in [("a", "deleg_a"), ("\u{10FFFF}z", "deleg_m")] {
+            let mut bad = child_row(s, call, 11, ChildStatus::Succeeded);
+            bad.child_id = child_id(call, 7);
+            writes.children.push(bad);
+        }
+        write(ledger, writes);
+        for (s, call) in [
+            ("a", "deleg_a"),
+            ("ab", "deleg_ab"),
+            ("é", "deleg_e"),
+            ("\u{10FFFF}z", "deleg_m"),
+        ] {
+            ledger
+                .put_claim(&claim_row(s, &format!("clm_{call}_1")))
+                .expect("put_claim");
+            ledger
+                .put_claim(&claim_row(s, &format!("clm_{call}_2")))
+                .expect("put_claim");
+        }
+        // A child damaged earlier, in quarantine already, and one damaged again.
+        ledger
+            .quarantine(CHILDREN, "ab", &child_id("deleg_ab", 5), "damaged earlier")
+            .expect("quarantine");
+        ledger
+            .quarantine(CHILDREN, "é", &child_id("deleg_e", 2), "damaged earlier")
+            .expect("quarantine");
+        let mut again = child_row("é", "deleg_e", 9, ChildStatus::Succeeded);
+        again.child_id = child_id("deleg_e", 2);
+        write(
+            ledger,
+            Writes {
+                children: vec![again],
+                ..Writes::default()
+            },
+        );
+    }
+
+    /// The load's answer (its damaged children sorted: their order is not relied on) and the
+    /// quarantine's keys, as text.
+    fn answer(ledger: &dyn Ledger) -> String {
+        let mut snapshot = load(ledger);
+        snapshot.damaged_children.sort();
+        let mut quarantined: Vec<(String, Vec<u8>)> = ledger
+            .quarantined()
+            .expect("quarantined")
+            .into_iter()
+            .map(|q| (q.tree, q.key))
+            .collect();
+        quarantined.sort();
+        format!("{snapshot:#?}\n{quarantined:?}")
+    }
+
+    #[test]
+    fn a_load_of_the_whole_ledger_answers_the_same_on_both() {
+        let dir = tempfile::TempDir::new().expect("a temporary folder");
+        let sled = SledLedger::open(dir.path()).expect("a sled ledger");
+        let pg = crate::ledger::pg_testkit::fresh();
+        assert_eq!(answer(&pg), answer(&sled), "empty");
+        assert!(load(&pg).sessions.is_empty());
+        stored(&sled);
+        stored(&pg);
+        let loaded = load(&sled);
+        assert_eq!(loaded.damaged_children.len(), 4, "{:?}", loaded.damaged_children);
+        assert!(loaded.calls.iter().any(|c| c.session_id == "orphan"));
+        assert_eq!(answer(&pg), answer(&sled), "first load");
+        assert_eq!(answer(&pg), answer(&sled), "second load");
+    }
+}

@@ -228,8 +228,9 @@ impl PgLedger {
     fn read_in(&self, reading: Reading<'_>) -> Result<Snapshot, LedgerError> {
         self.settle()?;
         // Each session's rows are the keys from `<session>\0` up to `<session>\1`; every row
-        // of a table, the keys from none up to a first byte of 0xFF, which no session id's
-        // first byte is (UTF-8 has none).
+        // of a table is read by a statement with no range (a key need not be a session's:
+        // one written by something else may start with any byte), every damaged child by the
+        // keys from `children/` up to `children0`.
         let ranges = |prefix: &[u8]| -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
             match reading {
                 Reading::Sessions(sessions) => sessions
@@ -244,7 +245,13 @@ impl PgLedger {
                         (low, high)
                     })
                     .unzip(),
-                Reading::All => (vec![prefix.to_vec()], vec![[prefix, &[0xFF]].concat()]),
+                Reading::All => {
+                    let mut high = prefix.to_vec();
+                    if let Some(last) = high.last_mut() {
+                        *last += 1;
+                    }
+                    (vec![prefix.to_vec()], vec![high])
+                }
             }
         };
         let (low, high) = ranges(b"");
@@ -274,7 +281,13 @@ impl PgLedger {
         };
         #[cfg(not(test))]
         let within = "";
-        let scoped = scoped.map(|(tree, table)| (tree, range_statements(&table, within).to_vec()));
+        let scoped = scoped.map(|(tree, table)| {
+            let sql = match reading {
+                Reading::Sessions(_) => range_statements(&table, within).to_vec(),
+                Reading::All => vec![every_row_statement(&table)],
+            };
+            (tree, sql)
+        });
         let keyed = keyed.map(|(tree, table)| {
             let sql = match reading {
                 Reading::Sessions(_) => keyed_statement(&table),
@@ -294,6 +307,7 @@ impl PgLedger {
                         .map_err(pg_error("starting a read of many sessions"))?;
                     let client: &tokio_postgres::Client = &client;
                     let ranges: [&(dyn ToSql + Sync); 2] = [&low, &high];
+                    let ranges: &[&(dyn ToSql + Sync)] = if every { &[] } else { &ranges };
                     let names: [&(dyn ToSql + Sync); 1] = [&names];
                     let names: &[&(dyn ToSql + Sync)] = if every { &[] } else { &names };
                     let [acks, dead, calls, children, claims, starts] = scoped;
@@ -310,9 +324,9 @@ impl PgLedger {
                     // row once it started), so those are read into room made once, not grown
                     // and copied as a million of them arrive.
                     let (acks, dead, calls, sessions, wakes, nests, damaged) = futures::try_join!(
-                        fetch(client, acks, &ranges, 0),
-                        fetch(client, dead, &ranges, 0),
-                        fetch(client, calls, &ranges, 0),
+                        fetch(client, acks, ranges, 0),
+                        fetch(client, dead, ranges, 0),
+                        fetch(client, calls, ranges, 0),
                         fetch(client, sessions, names, 0),
                         fetch(client, wakes, names, 0),
                         fetch(client, nests, names, 0),
@@ -324,9 +338,9 @@ impl PgLedger {
                     let calls: Fetched<CallRow> = decoded_rows_in(&calls, 1);
                     let room = calls.0.iter().map(|c| c.tasks.len()).sum::<usize>().min(ROOM_MOST);
                     let (children, claims, starts) = futures::try_join!(
-                        fetch(client, children, &ranges, room),
-                        fetch(client, claims, &ranges, 0),
-                        fetch(client, starts, &ranges, 0),
+                        fetch(client, children, ranges, room),
+                        fetch(client, claims, ranges, 0),
+                        fetch(client, starts, ranges, 0),
                     )?;
                     let read = (
                         acks, dead, calls, children, claims, starts, sessions, wakes, nests, damaged,
@@ -523,8 +537,8 @@ pub(super) fn keyed_statement(table: &str) -> String {
     format!("SELECT key, value FROM {table} WHERE key = ANY($1) ORDER BY key")
 }
 
-/// The statement that reads every row of `table` (keyed by session id), in key order: by its
-/// index under [`READ_SETTINGS`], not sorted.
+/// The statement that reads every row of `table`, in key order: by its index under
+/// [`READ_SETTINGS`], not sorted.
 pub(super) fn every_row_statement(table: &str) -> String {
     format!("SELECT key, value FROM {table} ORDER BY key")
 }

@@ -1165,6 +1165,15 @@ fn a_read_of_many_sessions_moves_aside_only_the_unreadable_rows_of_the_sessions_
         )
     };
     let both = ["s1".to_string(), "s2".to_string()];
+    // A load of the whole ledger leaves them in place as well.
+    let whole = b.load().unwrap();
+    assert_eq!(
+        whole.damaged_children,
+        vec!["deleg_x.0".to_string()],
+        "a load: s2's child only"
+    );
+    assert!(whole.children.is_empty() && whole.wakes.is_empty(), "{whole:?}");
+    assert_eq!(rows(&b), "1,1,1", "a load: s1's rows left in place, s2's moved aside");
     let read = b.load_sessions(&both).unwrap();
     assert_eq!(read.damaged_children, vec!["deleg_x.0".to_string()], "s2's child only");
     assert!(read.children.is_empty() && read.wakes.is_empty(), "{read:?}");
