@@ -111,18 +111,9 @@ pub(super) struct OwedCalls {
 
 impl OwedCalls {
     /// Adds an accepted (or recovered) call with its units; `children` are its rows.
+    /// Returns the items it counted as delivered: those of the rows it kept, one per task (of
+    /// two rows of one task the later, none past the last task).
     pub(super) fn insert_call(
-        &mut self,
-        row: CallRow,
-        units: Vec<(UnitRow, usize, Option<u32>)>,
-        children: Vec<ChildRow>,
-    ) {
-        self.insert_counted(row, units, children);
-    }
-
-    /// [`OwedCalls::insert_call`], returning the items it counted as delivered: those of the
-    /// rows it kept, one per task (of two rows of one task the later, none past the last task).
-    fn insert_counted(
         &mut self,
         row: CallRow,
         mut units: Vec<(UnitRow, usize, Option<u32>)>,
@@ -184,7 +175,7 @@ impl OwedCalls {
         units: Vec<(UnitRow, usize, Option<u32>)>,
         children: Vec<ChildRow>,
     ) {
-        let delivered = self.insert_counted(row, units, children);
+        let delivered = self.insert_call(row, units, children);
         self.delivered_done = self.delivered_done.saturating_sub(delivered);
     }
 

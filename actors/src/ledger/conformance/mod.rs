@@ -423,6 +423,18 @@ fn load(ledger: &dyn Ledger) -> Snapshot {
     ledger.load().expect("load")
 }
 
+/// The tree and key of every row in the ledger's quarantine, sorted.
+fn quarantined_keys(ledger: &dyn Ledger) -> Vec<(String, Vec<u8>)> {
+    let mut keys: Vec<(String, Vec<u8>)> = ledger
+        .quarantined()
+        .expect("quarantined")
+        .into_iter()
+        .map(|q| (q.tree, q.key))
+        .collect();
+    keys.sort();
+    keys
+}
+
 fn load_session(ledger: &dyn Ledger, session_id: &str) -> Snapshot {
     ledger.load_session(session_id).expect("load_session")
 }
@@ -568,14 +580,7 @@ mod sled_and_postgres {
     fn answer(ledger: &dyn Ledger) -> String {
         let mut snapshot = load(ledger);
         snapshot.damaged_children.sort();
-        let mut quarantined: Vec<(String, Vec<u8>)> = ledger
-            .quarantined()
-            .expect("quarantined")
-            .into_iter()
-            .map(|q| (q.tree, q.key))
-            .collect();
-        quarantined.sort();
-        format!("{snapshot:#?}\n{quarantined:?}")
+        format!("{snapshot:#?}\n{:?}", quarantined_keys(ledger))
     }
 
     #[test]

@@ -82,13 +82,7 @@ pub(crate) fn quarantine_of_a_session_keyed_row_takes_the_session_id(make: &dyn 
     assert_eq!(snapshot.sessions, vec![session_row("ab")], "sessions");
     assert_eq!(snapshot.wakes, vec![wake_row("a")], "wakes");
     assert_eq!(snapshot.nests, vec![], "nests");
-    let mut moved: Vec<(String, Vec<u8>)> = ledger
-        .quarantined()
-        .expect("quarantined")
-        .into_iter()
-        .map(|q| (q.tree, q.key))
-        .collect();
-    moved.sort();
+    let moved = quarantined_keys(&*ledger);
     let mut expected = vec![
         (SESSIONS.to_string(), b"a".to_vec()),
         (WAKES.to_string(), b"ab".to_vec()),

@@ -1,5 +1,7 @@
 //! Tests of the PostgreSQL ledger: the conformance suite, and its own behaviours.
 
+use super::PgLedger;
+
 mod conformance {
     use super::super::super::{pg_testkit, Ledger};
 
@@ -555,6 +557,47 @@ mod own {
         let err = PgLedger::open(&format!("postgres://brood@127.0.0.1:{port}/postgres")).unwrap_err();
         assert!(format!("{err:?}").contains("onnect"), "{err:?}");
     }
+}
+
+/// Runs SQL (`{schema}` is the ledger's) on one of the ledger's own connections, beside its
+/// reads and writes (what a paused process cannot stop).
+fn sql(ledger: &PgLedger, statement: &str) {
+    let pool = ledger.inner.pool.clone();
+    let statement = statement.replace("{schema}", &ledger.inner.schema);
+    ledger
+        .runtime
+        .run(async move {
+            let client = pool.get().await.map_err(super::pool_error)?;
+            client
+                .batch_execute(&statement)
+                .await
+                .map_err(super::pg_error("test SQL"))
+        })
+        .unwrap();
+}
+
+/// Another connection's transaction, on the database at `url`, that runs `statements`
+/// (`{schema}` is the ledger's) and stays open until the returned sender is told, then
+/// commits: locks it takes, and rows it writes, are held until then.
+fn held_open(
+    ledger: &PgLedger,
+    url: &str,
+    statements: &str,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (ran_tx, ran) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+    let (url, sql) = (url.to_string(), statements.replace("{schema}", &ledger.inner.schema));
+    let held = ledger.runtime.handle.spawn(async move {
+        let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let tx = client.transaction().await.unwrap();
+        tx.batch_execute(&sql).await.unwrap();
+        ran_tx.send(()).unwrap();
+        let _ = go.await;
+        tx.commit().await.unwrap();
+    });
+    ran.recv().unwrap();
+    (go_tx, held)
 }
 
 mod failover;

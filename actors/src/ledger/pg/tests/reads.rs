@@ -5,6 +5,7 @@ use super::super::super::pg_testkit;
 use super::super::reads::{decoded_rows_in, Fetched};
 use super::super::*;
 use super::own::{session, writes_of};
+use super::{held_open, sql};
 
 /// A child row this build cannot decode (a newer build's, say) is moved aside and named among
 /// its session's damaged children, whether the session is loaded alone, with others (as a
@@ -323,29 +324,6 @@ fn every_statement_of_a_read_of_many_sessions_reads_only_the_ranges_asked_for() 
     }
 }
 
-/// Another connection's transaction that runs `statements` on the database at `url` and
-/// stays open until the returned sender is told, then rolls back.
-fn held_open(
-    ledger: &PgLedger,
-    url: &str,
-    statements: &str,
-) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let (ran_tx, ran) = std::sync::mpsc::channel::<()>();
-    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
-    let (url, sql) = (url.to_string(), statements.to_string());
-    let held = ledger.runtime.handle.spawn(async move {
-        let (mut client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
-        let tx = client.transaction().await.unwrap();
-        tx.batch_execute(&sql).await.unwrap();
-        ran_tx.send(()).unwrap();
-        let _ = go.await;
-        tx.rollback().await.unwrap();
-    });
-    ran.recv().unwrap();
-    (go_tx, held)
-}
-
 fn until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !done() {
@@ -368,10 +346,31 @@ fn end_the_waiting_read(url: &str, end: &str) {
     pg_testkit::query_value(url, &format!("SELECT {end}({pid})::text")).unwrap();
 }
 
-/// `enable_sort` on every connection of the ledger's pool (all taken at once, so each answers).
-fn pooled_sort_settings(ledger: &PgLedger) -> Vec<String> {
+/// `sessions` sessions stored (`s00`, `s01`, …), each with one call of `children` children
+/// that succeeded, flushed; their ids, and what a load of them all answers (as text).
+fn sessions_stored(ledger: &PgLedger, sessions: usize, children: u32) -> (Vec<String>, String) {
+    use crate::ledger::conformance::{call_row, child_row};
+    let ids: Vec<String> = (0..sessions).map(|i| format!("s{i:02}")).collect();
+    let mut writes = Writes::default();
+    for id in &ids {
+        writes.sessions.push(session(id));
+        writes.calls.push(call_row(id, "deleg_c", children));
+        writes
+            .children
+            .extend((0..children).map(|i| child_row(id, "deleg_c", i, ChildStatus::Succeeded)));
+    }
+    ledger.write(&writes).unwrap();
+    ledger.flush().unwrap();
+    let expected = format!("{:?}", ledger.load_sessions(&ids).unwrap());
+    (ids, expected)
+}
+
+/// Asserts that no connection of the ledger's pool is left with a read's planner setting:
+/// `enable_sort` is on on every one (all taken at once, so each answers). `what` names the
+/// case in the message.
+fn assert_pool_sorts(ledger: &PgLedger, what: &str) {
     let pool = ledger.inner.pool.clone();
-    ledger
+    let settings = ledger
         .runtime
         .run(async move {
             let size = pool.status().size;
@@ -389,7 +388,11 @@ fn pooled_sort_settings(ledger: &PgLedger) -> Vec<String> {
             }
             Ok(settings)
         })
-        .unwrap()
+        .unwrap();
+    assert!(
+        !settings.is_empty() && settings.iter().all(|s| s == "on"),
+        "{what}: {settings:?}"
+    );
 }
 
 /// A read of many sessions ended part-way by the server, its statement cancelled (the
@@ -402,20 +405,7 @@ fn a_read_of_many_sessions_ended_part_way_reports_it_and_leaves_no_connection_in
     for end in ["pg_cancel_backend", "pg_terminate_backend"] {
         let url = pg_testkit::fresh_database();
         let ledger = std::sync::Arc::new(PgLedger::open_in(&url, "brood").unwrap());
-        let ids: Vec<String> = (0..40).map(|i| format!("s{i:02}")).collect();
-        let mut writes = Writes::default();
-        for id in &ids {
-            writes.sessions.push(session(id));
-            writes
-                .calls
-                .push(crate::ledger::conformance::call_row(id, "deleg_c", 3));
-            writes.children.extend(
-                (0..3).map(|i| crate::ledger::conformance::child_row(id, "deleg_c", i, ChildStatus::Succeeded)),
-            );
-        }
-        ledger.write(&writes).unwrap();
-        ledger.flush().unwrap();
-        let expected = format!("{:?}", ledger.load_sessions(&ids).unwrap());
+        let (ids, expected) = sessions_stored(&ledger, 40, 3);
         // Every connection of the pool made, so the failed one is among several.
         let many: Vec<_> = (0..4)
             .map(|_| {
@@ -454,11 +444,7 @@ fn a_read_of_many_sessions_ended_part_way_reports_it_and_leaves_no_connection_in
         }
         // No connection of the pool is left with the read's setting, whether its read
         // failed or answered.
-        let settings = pooled_sort_settings(&ledger);
-        assert!(
-            !settings.is_empty() && settings.iter().all(|s| s == "on"),
-            "{end}: {settings:?}"
-        );
+        assert_pool_sorts(&ledger, end);
     }
 }
 
@@ -480,7 +466,7 @@ fn a_load_of_one_session_answers_every_child_whatever_room_its_calls_made() {
         .extend((0..3).map(|i| child_row("s", "deleg_bad", i, ChildStatus::Succeeded)));
     ledger.write(&writes).unwrap();
     ledger.flush().unwrap();
-    sql_in(
+    sql(
         &ledger,
         &format!(
             "INSERT INTO \"{}\".calls (key, value) VALUES
@@ -494,17 +480,6 @@ fn a_load_of_one_session_answers_every_child_whatever_room_its_calls_made() {
     assert!(one.damaged_children.is_empty(), "{:?}", one.damaged_children);
     assert_eq!(ledger.quarantined().unwrap().len(), 1, "the call moved aside");
     assert_eq!(format!("{:?}", ledger.load_session("s").unwrap()), format!("{one:?}"));
-}
-
-fn sql_in(ledger: &PgLedger, statement: &str) {
-    let (pool, statement) = (ledger.inner.pool.clone(), statement.to_string());
-    ledger
-        .runtime
-        .run(async move {
-            let client = pool.get().await.map_err(pool_error)?;
-            client.batch_execute(&statement).await.map_err(pg_error("test"))
-        })
-        .unwrap();
 }
 
 /// A load of one session (an owner's rebuild) ended part-way by the server, its
@@ -546,11 +521,7 @@ fn a_load_of_one_session_ended_part_way_is_a_storage_error_and_the_next_answers(
     for _ in 0..=POOL_SIZE {
         assert_eq!(format!("{:?}", ledger.load_session("a").unwrap()), expected);
     }
-    let settings = pooled_sort_settings(&ledger);
-    assert!(
-        !settings.is_empty() && settings.iter().all(|s| s == "on"),
-        "{settings:?}"
-    );
+    assert_pool_sorts(&ledger, "after the ended load");
 }
 
 /// A read of many sessions meets a change of the schema by another process (a newer
@@ -562,20 +533,7 @@ fn a_load_of_one_session_ended_part_way_is_a_storage_error_and_the_next_answers(
 fn a_read_of_many_sessions_waits_for_a_schema_change_that_locks_its_tables_in_another_order() {
     let url = pg_testkit::fresh_database();
     let ledger = std::sync::Arc::new(PgLedger::open_in(&url, "brood").unwrap());
-    let ids: Vec<String> = (0..10).map(|i| format!("s{i:02}")).collect();
-    let mut writes = Writes::default();
-    for id in &ids {
-        writes.sessions.push(session(id));
-        writes
-            .calls
-            .push(crate::ledger::conformance::call_row(id, "deleg_c", 2));
-        writes
-            .children
-            .extend((0..2).map(|i| crate::ledger::conformance::child_row(id, "deleg_c", i, ChildStatus::Succeeded)));
-    }
-    ledger.write(&writes).unwrap();
-    ledger.flush().unwrap();
-    let expected = format!("{:?}", ledger.load_sessions(&ids).unwrap());
+    let (ids, expected) = sessions_stored(&ledger, 10, 2);
     // The change: `nests` locked first, `acks` once told.
     let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
     let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
@@ -636,7 +594,7 @@ fn rows_decoded_a_share_per_core_come_back_as_one_pass_decodes_them() {
     ledger.flush().unwrap();
     let table = format!("\"{}\".children", ledger.inner.schema);
     for (call, at) in [("deleg_a", 3), ("deleg_c", 6)] {
-        sql_in(
+        sql(
             &ledger,
             &format!(
                 "UPDATE {table} SET value = '\\xff00'::bytea

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::super::super::pg_testkit;
 use super::super::*;
 use super::own::{second_view, session};
+use super::sql;
 use crate::ledger::{TenureHolder, Tenures};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -35,19 +36,6 @@ fn store_sessions(l: &PgLedger, sessions: &[&str]) {
 
 fn tenures(l: &PgLedger) -> Arc<dyn Tenures> {
     l.tenures().expect("a shared ledger has tenures")
-}
-
-/// Runs SQL on the test server beside the ledgers (what a paused process cannot stop).
-fn sql(ledger: &PgLedger, statement: &str) {
-    let pool = ledger.inner.pool.clone();
-    let statement = statement.replace("{schema}", &ledger.inner.schema);
-    ledger
-        .runtime
-        .run(async move {
-            let client = pool.get().await.map_err(pool_error)?;
-            client.batch_execute(&statement).await.map_err(pg_error("test SQL"))
-        })
-        .unwrap();
 }
 
 /// The heartbeat of `node` runs out now, as it would had the process been paused past it: every
@@ -436,22 +424,7 @@ fn heartbeats_dead_for_an_hour_go_once_no_tenure_names_them() {
 /// Another connection's transaction that holds `table` locked `IN SHARE MODE` (as a `CREATE
 /// INDEX` does: writes to it wait) until the returned sender is told.
 fn table_locked(ledger: &PgLedger, table: &str) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
-    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
-    let sql = format!("LOCK TABLE \"{}\".\"{table}\" IN SHARE MODE", ledger.inner.schema);
-    let held = ledger.runtime.handle.spawn(async move {
-        let (mut client, connection) = tokio_postgres::connect(&pg_testkit::url(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        let tx = client.transaction().await.unwrap();
-        tx.batch_execute(&sql).await.unwrap();
-        locked_tx.send(()).unwrap();
-        let _ = go.await;
-        tx.rollback().await.unwrap();
-    });
-    locked.recv().unwrap();
-    (go_tx, held)
+    held_open(ledger, &format!("LOCK TABLE \"{{schema}}\".\"{table}\" IN SHARE MODE"))
 }
 
 /// A commit of `ledger`'s on `session`: its fencing check made (the tenure row locked as every
@@ -852,25 +825,9 @@ fn a_takeover_waits_for_a_commit_in_flight_of_many_sessions() {
         .unwrap();
 }
 
-/// Another connection's transaction that runs `statements` (`{schema}` is the ledger's) and
-/// stays open until the returned sender is told, then commits.
+/// [`super::held_open`] on the test server's database.
 fn held_open(ledger: &PgLedger, statements: &str) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let (ran_tx, ran) = std::sync::mpsc::channel::<()>();
-    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
-    let sql = statements.replace("{schema}", &ledger.inner.schema);
-    let held = ledger.runtime.handle.spawn(async move {
-        let (mut client, connection) = tokio_postgres::connect(&pg_testkit::url(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(connection);
-        let tx = client.transaction().await.unwrap();
-        tx.batch_execute(&sql).await.unwrap();
-        ran_tx.send(()).unwrap();
-        let _ = go.await;
-        tx.commit().await.unwrap();
-    });
-    ran.recv().unwrap();
-    (go_tx, held)
+    super::held_open(ledger, &pg_testkit::url(), statements)
 }
 
 /// How many statements naming the ledger's schema wait for a lock, plus how many wait for the
