@@ -30,10 +30,24 @@ pub fn url() -> String {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A schema name no other test of this process uses.
+/// A schema (or database) name no other test uses: this process's id, the moment it first
+/// asked for one, and a count. The id alone is not enough: the system reuses process ids once
+/// they wrap around, and a server kept between runs (`BROOD_TEST_PG`) keeps the schemas of the
+/// runs before, whose rows a test would then find in its "fresh" ledger.
 pub fn fresh_schema() -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!("t{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+    static STARTED: OnceLock<u128> = OnceLock::new();
+    let started = STARTED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    });
+    format!(
+        "t{}_{}_{}",
+        std::process::id(),
+        started % 1_000_000_000_000,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Runs `sql` on the database at `url`, beside whatever brood does there (what a paused
