@@ -208,7 +208,20 @@ async fn max_depth_holds_in_a_process_that_took_a_nested_session_up() {
     // max_depth 1: a nested session takes no call at all.
     let a = sharing(&dir.path().join("a"), &kit, &url, &schema, "a", 1);
     let b = sharing(&dir.path().join("b"), &kit, &url, &schema, "b", 1);
-    let (_, child) = parent_running(&a).await;
+    // The parent's child is run again when b takes its session up (rerun on recovery), so it
+    // has not ended there: the nested session's call is refused for its depth alone, not for
+    // a child that recovery would otherwise have ended as unknown, whichever b reads first.
+    open_wake(&a, "p").await;
+    let call = a
+        .delegate(
+            "p",
+            DelegateRequest::background(vec![task("parent", sim(600_000)).rerun_on_recovery(true)]),
+        )
+        .await
+        .expect("delegate")
+        .call_id()
+        .to_string();
+    let child = brood::child_id(&call, 0);
     open_wake(&a, &child).await;
     let refused = a
         .delegate(&child, DelegateRequest::background(vec![task("deep", sim(0))]))
