@@ -19,6 +19,8 @@
 //! - **Threads.** The client is async (tokio-postgres, a deadpool pool): it runs on a runtime
 //!   of the ledger's own, on a thread of its own, and each trait method waits for its answer.
 //!   The trait's callers are the actors' threads and blocking jobs, none of them that runtime.
+//!   Reads of whole sessions run on a second runtime and pool of their own ([`Reads`]), so
+//!   their rows are received beside the commits, not between them.
 //!
 //! - **Sharing.** Opened [`PgLedger::shared`], several processes share the database: each
 //!   session is served by the holder of its tenure, and every commit is fenced by the tenures
@@ -99,10 +101,15 @@ type Job<'t, T> = std::pin::Pin<Box<dyn Future<Output = Result<(T, Vec<Change>),
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections in the pool: the commits in flight (owners' flushes, the coalescer's terminal
-/// rows and its flush), and reads beside them. With four (three commits in flight),
-/// `durable_children_per_s` measured 0.99× the SKIP LOCKED queue against 1.035× with seven
-/// (medians of 14 runs taking turns).
+/// rows and its flush), and small reads beside them (a row, a page, a count). With four (three
+/// commits in flight), `durable_children_per_s` measured 0.99× the SKIP LOCKED queue against
+/// 1.035× with seven (medians of 14 runs taking turns).
 const POOL_SIZE: usize = 7;
+
+/// Connections of the reads of whole sessions ([`Reads`]): two at once (a start's or a
+/// rebuild's beside a take-up's); a third waits for one of them. Each holds its connection
+/// while its rows come (a second or two for a million).
+const READ_POOL_SIZE: usize = 2;
 
 /// The ledger on PostgreSQL.
 pub struct PgLedger {
@@ -123,7 +130,44 @@ pub struct PgLedger {
     /// server that did not keep the ranges' order would answer).
     #[cfg(test)]
     unordered_reads: std::sync::atomic::AtomicBool,
+    /// The ledger's runtime: its commits, tenures, small reads.
     runtime: Runtime,
+    reads: Reads,
+}
+
+/// Where the reads of whole sessions run (a start's, an owner's rebuild, a take-up's, see
+/// [`PgLedger::read_many`]): on connections of their own, driven on a thread of their own. Their
+/// rows, thousands at a time, are received there, while the ledger's thread goes on with every
+/// other session's commits: on the ledger's thread, receiving the 10,000 rows of one rebuilt
+/// owner held the other sessions' commits back by several milliseconds.
+struct Reads {
+    pool: Pool,
+    runtime: Runtime,
+}
+
+/// A pool of at most `size` connections made as `config` says, its timers and connections
+/// on `runtime`.
+fn pool_on(runtime: &Runtime, config: &tokio_postgres::Config, size: usize) -> Result<Pool, LedgerError> {
+    let manager = Manager::from_config(
+        config.clone(),
+        NoTls,
+        ManagerConfig {
+            // A connection is checked only for being closed when it is taken from the pool,
+            // not with a query: connections are made only to a server that takes writes
+            // (with `target_session_attrs=read-write`), a server stays so until it stops
+            // (which breaks them), and one whose server died is closed by then, so dropped
+            // and replaced, never reused after a failover.
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let _entered = runtime.handle.enter();
+    Pool::builder(manager)
+        .max_size(size)
+        .create_timeout(Some(CONNECT_TIMEOUT))
+        .recycle_timeout(Some(CONNECT_TIMEOUT))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .map_err(|e| LedgerError::storage("making the PostgreSQL connection pool", e))
 }
 
 /// A stored key: sled's bytes.
@@ -278,29 +322,15 @@ impl PgLedger {
         config.connect_timeout(CONNECT_TIMEOUT);
         config.keepalives_idle(Duration::from_secs(10));
         config.application_name("brood");
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
-            ManagerConfig {
-                // A connection is checked only for being closed when it is taken from the pool,
-                // not with a query: connections are made only to a server that takes writes
-                // (with `target_session_attrs=read-write`), a server stays so until it stops
-                // (which breaks them), and one whose server died is closed by then, so dropped
-                // and replaced, never reused after a failover.
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let runtime = Runtime::start()?;
-        // The pool's timers and connections belong to the ledger's runtime.
-        let _entered = runtime.handle.enter();
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .create_timeout(Some(CONNECT_TIMEOUT))
-            .recycle_timeout(Some(CONNECT_TIMEOUT))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()
-            .map_err(|e| LedgerError::storage("making the PostgreSQL connection pool", e))?;
-        drop(_entered);
+        let runtime = Runtime::start("brood-pg")?;
+        let pool = pool_on(&runtime, &config, POOL_SIZE)?;
+        let reads = {
+            let runtime = Runtime::start("brood-pg-read")?;
+            Reads {
+                pool: pool_on(&runtime, &config, READ_POOL_SIZE)?,
+                runtime,
+            }
+        };
         let ledger = PgLedger {
             inner: Arc::new(Inner {
                 schema: schema.to_string(),
@@ -323,6 +353,7 @@ impl PgLedger {
             #[cfg(test)]
             unordered_reads: Default::default(),
             runtime,
+            reads,
         };
         ledger.migrate()?;
         Ok(ledger)

@@ -214,8 +214,9 @@ impl PgLedger {
     /// many, in one statement per table for all of them: the scoped trees' rows range by range
     /// (each an index range scan, see [`range_statements`]), the trees keyed by session id by
     /// their keys, the damaged children by the ranges of their quarantine keys. The statements
-    /// go out together on one connection (one round trip), each its own transaction, and
-    /// the rows are decoded on the caller's thread once received. Delivery state is folded in per session, as a
+    /// go out together on one connection of the reads' own ([`super::Reads`]: received beside the
+    /// commits, not on their thread) in one round trip, each its own transaction, and the rows
+    /// are decoded on the caller's thread once received. Delivery state is folded in per session, as a
     /// load of each session alone folds it.
     pub(super) fn read_many(&self, sessions: &[String]) -> Result<Snapshot, LedgerError> {
         if sessions.is_empty() {
@@ -263,7 +264,7 @@ impl PgLedger {
         let scoped = [ACKS, DEAD_LETTERS, CALLS, CHILDREN, CLAIMS, STARTS].map(|t| (t, self.table(t)));
         let keyed = [SESSIONS, WAKES, NESTS].map(|t| (t, self.table(t)));
         let quarantine = self.table(QUARANTINE);
-        let pool = self.inner.pool.clone();
+        let pool = self.reads.pool.clone();
         // The statements, and the setting of the planner around them (made, reset).
         self.inner.sent(scoped.len() + keyed.len() + 1 + 2);
         // A scoped tree's rows, range by range: each range an index scan in key order, the
@@ -298,7 +299,7 @@ impl PgLedger {
         let every = matches!(reading, Reading::All);
         // The rows as received (no copy of them); decoded below, on this thread.
         let (acks, dead, calls, children, claims, starts, sessions_rows, wakes, nests, damaged_keys) =
-            self.runtime.run(async move {
+            self.reads.runtime.run(async move {
                 let client = pool.get().await.map_err(pool_error)?;
                 let read = async {
                     client
@@ -332,9 +333,9 @@ impl PgLedger {
                         fetch(client, nests, names, 0),
                         damaged,
                     )?;
-                    // Few and needed here: decoded on the ledger's thread, alone. A thread
-                    // made here would run at this thread's priority, not at the reader's (an
-                    // owner's rebuild reads at a lowered one).
+                    // Few and needed here: decoded on the thread receiving them, alone. A
+                    // thread made here would run at this thread's priority, not at the
+                    // reader's (an owner's rebuild reads at a lowered one).
                     let calls: Fetched<CallRow> = decoded_rows_in(&calls, 1);
                     let room = calls.0.iter().map(|c| c.tasks.len()).sum::<usize>().min(ROOM_MOST);
                     let (children, claims, starts) = futures::try_join!(
@@ -564,9 +565,9 @@ pub(super) type Fetched<T> = (Vec<T>, Vec<Unreadable>);
 /// Runs the statements `sql` of `tree` (their columns `key, value`) in turn until one answers
 /// in key order (the last is trusted: it sorts), and takes its rows as received, without
 /// copying them out of the connection's buffers (`room`: the rows expected, at most). They
-/// are decoded by the caller, on its own thread ([`decoded_rows`]): the ledger's thread carries
-/// every session's commits, which a large read (a start, an owner's rebuild, a sweep taking
-/// sessions over) must not hold up.
+/// are decoded by the caller, on its own thread ([`decoded_rows`]): the thread receiving them
+/// receives every large read (a start, an owner's rebuild, a sweep taking sessions over), which
+/// the decoding of one must not hold up.
 async fn fetch(
     client: &tokio_postgres::Client,
     (tree, sql): (&'static str, Vec<String>),

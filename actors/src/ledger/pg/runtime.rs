@@ -1,5 +1,5 @@
-//! The PostgreSQL ledger's own runtime, on a thread of its own: the trait's callers wait on a
-//! channel for what it answers.
+//! The PostgreSQL ledger's own runtimes (one for commits, one for large reads), each on a
+//! thread of its own: the trait's callers wait on a channel for what it answers.
 
 use std::future::Future;
 
@@ -13,7 +13,8 @@ pub(super) struct Runtime {
 }
 
 impl Runtime {
-    pub(super) fn start() -> Result<Self, LedgerError> {
+    /// A runtime driven on a thread named `name`.
+    pub(super) fn start(name: &str) -> Result<Self, LedgerError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -21,11 +22,11 @@ impl Runtime {
         let handle = rt.handle().clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
-            .name("brood-pg".into())
+            .name(name.into())
             .spawn(move || {
                 let _ = rt.block_on(stopped);
             })
-            .map_err(|e| LedgerError::storage("starting the PostgreSQL ledger's thread", e))?;
+            .map_err(|e| LedgerError::storage(format!("starting the PostgreSQL ledger's thread {name}"), e))?;
         Ok(Runtime {
             handle,
             stop: Some(stop),

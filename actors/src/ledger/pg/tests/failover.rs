@@ -46,11 +46,13 @@ fn what_was_flushed_survives_a_failover_and_what_failed_in_it_is_committed_on_th
     let ledger = PgLedger::open_in(&pair.fresh_database(), DEFAULT_SCHEMA).unwrap();
     ledger.write(&writes_of("before")).unwrap();
     ledger.flush().unwrap();
+    // A connection of the reads of whole sessions is made to the old primary too.
+    assert_eq!(ledger.load().unwrap().sessions, vec![session("before")]);
     pair.kill_primary();
     ledger.write(&writes_of("during")).unwrap();
     ledger.flush().expect_err("no server takes writes");
     pair.promote_standby();
-    // The pool's connections to the old primary are gone; new ones go to the new primary.
+    // The pools' connections to the old primary are gone; new ones go to the new primary.
     until("the ledger never committed on the promoted standby", || {
         ledger.flush().is_ok()
     });

@@ -365,12 +365,13 @@ fn sessions_stored(ledger: &PgLedger, sessions: usize, children: u32) -> (Vec<St
     (ids, expected)
 }
 
-/// Asserts that no connection of the ledger's pool is left with a read's planner setting:
+/// Asserts that no connection of the ledger's reads is left with a read's planner setting:
 /// `enable_sort` is on on every one (all taken at once, so each answers). `what` names the
 /// case in the message.
 fn assert_pool_sorts(ledger: &PgLedger, what: &str) {
-    let pool = ledger.inner.pool.clone();
+    let pool = ledger.reads.pool.clone();
     let settings = ledger
+        .reads
         .runtime
         .run(async move {
             let size = pool.status().size;
@@ -436,7 +437,7 @@ fn a_read_of_many_sessions_ended_part_way_reports_it_and_leaves_no_connection_in
         until("no connection of the ledger inside a transaction", || {
             pg_testkit::query_value(&url, in_transaction).unwrap().as_deref() == Some("0")
         });
-        for _ in 0..=POOL_SIZE {
+        for _ in 0..=READ_POOL_SIZE {
             match ledger.load_sessions(&ids) {
                 Ok(read) => assert!(format!("{read:?}") == expected, "{end}: a read answered other rows"),
                 Err(e) => panic!("{end}: a read after failed: {e:?}"),
@@ -518,7 +519,7 @@ fn a_load_of_one_session_ended_part_way_is_a_storage_error_and_the_next_answers(
         .runtime
         .run(async move { held.await.map_err(|e| LedgerError::storage("test", e)) })
         .unwrap();
-    for _ in 0..=POOL_SIZE {
+    for _ in 0..=READ_POOL_SIZE {
         assert_eq!(format!("{:?}", ledger.load_session("a").unwrap()), expected);
     }
     assert_pool_sorts(&ledger, "after the ended load");
@@ -646,14 +647,14 @@ fn rows_decoded_a_share_per_core_come_back_as_one_pass_decodes_them() {
 #[cfg(feature = "failpoints")]
 static DECODE_POINT: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// A read of sessions decodes their calls on the ledger's own thread alone, however many: no
+/// A read of sessions decodes their calls on the thread receiving them alone, however many: no
 /// thread is made there for a share of them, which would run at that thread's priority, not at
 /// the reader's (an owner's rebuild reads at a lowered one, and every thread it makes for the
 /// children's rows keeps it). Every share made for a thread passes `decode_thread_refused`,
 /// armed here to count them (it cannot fail on a machine of one core: no shares are made).
 #[cfg(feature = "failpoints")]
 #[test]
-fn a_read_decodes_its_calls_on_the_ledgers_thread_alone() {
+fn a_read_decodes_its_calls_on_the_thread_receiving_them_alone() {
     use crate::ledger::conformance::call_row;
     const CALLS: usize = 40_000;
     let ledger = pg_testkit::fresh();
@@ -676,4 +677,40 @@ fn a_read_decodes_its_calls_on_the_ledgers_thread_alone() {
     crate::failpoints::arm("decode_thread_refused", 0);
     assert_eq!(read.unwrap().calls.len(), CALLS);
     assert_eq!(left, ARMED, "no share of the calls was made for a thread");
+}
+
+/// The reads of whole sessions are received on a thread of their own: while that thread is
+/// busy (here: held by a job until told), a read waits, and commits go on meanwhile, as every
+/// other session's commits go on while an owner's rebuild receives its rows.
+#[test]
+fn commits_go_on_while_the_thread_receiving_a_read_is_busy() {
+    let ledger = std::sync::Arc::new(pg_testkit::fresh());
+    ledger.write(&writes_of("a")).unwrap();
+    ledger.flush().unwrap();
+    let (go, told) = std::sync::mpsc::channel::<()>();
+    ledger.reads.runtime.handle.spawn(async move {
+        let _ = told.recv();
+    });
+    let reading = {
+        let l = ledger.clone();
+        std::thread::spawn(move || l.load_session("a"))
+    };
+    let (committed, commit) = std::sync::mpsc::channel();
+    {
+        let l = ledger.clone();
+        std::thread::spawn(move || {
+            let _ = committed.send(l.write(&writes_of("b")).and_then(|()| l.flush()));
+        });
+    }
+    // Were commits on the thread held, the commit would wait for as long as it is held.
+    let answer = commit.recv_timeout(Duration::from_secs(60));
+    // A read not held by that thread would be answered by now.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!reading.is_finished(), "the read waits for the thread receiving reads");
+    go.send(()).unwrap();
+    answer
+        .expect("the commit went through while the thread receiving reads was held")
+        .unwrap();
+    assert_eq!(reading.join().unwrap().unwrap().sessions.len(), 1);
+    assert_eq!(ledger.load_session("b").unwrap().sessions.len(), 1);
 }
