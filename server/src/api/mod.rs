@@ -126,6 +126,12 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
     if body.iter().copied().find(|b| !json_whitespace(*b)) == Some(b'[') {
         return Err(ApiError::invalid("the body must be a JSON object, not an array"));
     }
+    // Read once as it is; only a body that does not read is read again with its path noted
+    // for the message (noting the path of every value took a third of the read of a call of
+    // 1,000 tasks).
+    if let Ok(value) = serde_json::from_slice(body) {
+        return Ok(value);
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -184,6 +190,33 @@ mod tests {
             Some(Some(None))
         );
         assert_eq!(parse::<Optional>(b" {\"n\": 3}\n").map(|o| o.n).ok(), Some(Some(3)));
+    }
+
+    #[test]
+    fn a_body_that_does_not_read_is_refused_naming_where_and_why() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Outer {
+            #[allow(dead_code)]
+            items: Vec<Optional>,
+        }
+        let e = parse::<Outer>(br#"{"items": [{"n": 1}, {"n": "two"}]}"#).unwrap_err();
+        assert!(e.message.starts_with("`items[1].n`: invalid type"), "{}", e.message);
+        let e = parse::<Outer>(br#"{"items": [{"m": 1}]}"#).unwrap_err();
+        assert!(e.message.starts_with("`items[0].m`: unknown field"), "{}", e.message);
+        let e = parse::<Outer>(br#"{}"#).unwrap_err();
+        assert!(
+            e.message.contains("does not match: missing field `items`"),
+            "{}",
+            e.message
+        );
+        let e = parse::<Outer>(br#"{"items": []} {}"#).unwrap_err();
+        assert!(e.message.contains("trailing characters"), "{}", e.message);
+        let e = parse::<Outer>(br#"{"items": ["#).unwrap_err();
+        assert!(e.message.contains("not valid JSON"), "{}", e.message);
+        assert_eq!(
+            parse::<Outer>(br#"{"items": [{}, {"n": 2}]}"#).unwrap().items[1].n,
+            Some(2)
+        );
     }
 
     #[test]
