@@ -19,8 +19,8 @@
 //! - **Threads.** The client is async (tokio-postgres, a deadpool pool): it runs on a runtime
 //!   of the ledger's own, on a thread of its own, and each trait method waits for its answer.
 //!   The trait's callers are the actors' threads and blocking jobs, none of them that runtime.
-//!   Reads of whole sessions run on a second runtime and pool of their own ([`Reads`]), so
-//!   their rows are received beside the commits, not between them.
+//!   Reads of whole sessions and whole tables run on a second runtime and pool of their own
+//!   ([`Reads`]), so their rows are received beside the commits, not between them.
 //!
 //! - **Sharing.** Opened [`PgLedger::shared`], several processes share the database: each
 //!   session is served by the holder of its tenure, and every commit is fenced by the tenures
@@ -136,7 +136,8 @@ pub struct PgLedger {
 }
 
 /// Where the reads of whole sessions run (a start's, an owner's rebuild, a take-up's, see
-/// [`PgLedger::read_many`]): on connections of their own, driven on a thread of their own. Their
+/// [`PgLedger::read_many`]), and of every row of a table (the dead letters, the quarantine): on
+/// connections of their own, driven on a thread of their own. Their
 /// rows, thousands at a time, are received there, while the ledger's thread goes on with every
 /// other session's commits: on the ledger's thread, receiving the 10,000 rows of one rebuilt
 /// owner held the other sessions' commits back by several milliseconds.

@@ -12,7 +12,9 @@ impl PgLedger {
     }
 
     /// The rows of `tree` whose keys start with `prefix` (all of them for an empty prefix),
-    /// in key order, after `after` (exclusive) and at most `limit` when given.
+    /// in key order, after `after` (exclusive) and at most `limit` when given. A read of every
+    /// row of a tree (the dead letters, the quarantine) runs where the reads of whole sessions
+    /// do ([`super::Reads`]), off the ledger's thread.
     pub(super) fn range(
         &self,
         tree: &'static str,
@@ -22,9 +24,14 @@ impl PgLedger {
     ) -> Result<Vec<(Key, Vec<u8>)>, LedgerError> {
         self.settle()?;
         let table = self.table(tree);
-        let pool = self.inner.pool.clone();
+        let (pool, runtime) = if prefix.is_empty() && after.is_none() && limit.is_none() {
+            (&self.reads.pool, &self.reads.runtime)
+        } else {
+            (&self.inner.pool, &self.runtime)
+        };
+        let pool = pool.clone();
         self.inner.sent(1);
-        self.runtime.run(async move {
+        runtime.run(async move {
             let client = pool.get().await.map_err(pool_error)?;
             // The keys starting with `prefix` are those from it up to (not including) the
             // first key past every such key: the prefix with its last byte below 0xff raised,

@@ -679,9 +679,9 @@ fn a_read_decodes_its_calls_on_the_thread_receiving_them_alone() {
     assert_eq!(left, ARMED, "no share of the calls was made for a thread");
 }
 
-/// The reads of whole sessions are received on a thread of their own: while that thread is
-/// busy (here: held by a job until told), a read waits, and commits go on meanwhile, as every
-/// other session's commits go on while an owner's rebuild receives its rows.
+/// The reads of whole sessions (and of whole tables) are received on a thread of their own:
+/// while that thread is busy (here: held by a job until told), a read waits, and commits go on
+/// meanwhile, as every other session's commits go on while an owner's rebuild receives its rows.
 #[test]
 fn commits_go_on_while_the_thread_receiving_a_read_is_busy() {
     let ledger = std::sync::Arc::new(pg_testkit::fresh());
@@ -695,6 +695,11 @@ fn commits_go_on_while_the_thread_receiving_a_read_is_busy() {
         let l = ledger.clone();
         std::thread::spawn(move || l.load_session("a"))
     };
+    // A read of every row of a table (the dead letters) is received there too.
+    let listing = {
+        let l = ledger.clone();
+        std::thread::spawn(move || l.dead_letters())
+    };
     let (committed, commit) = std::sync::mpsc::channel();
     {
         let l = ledger.clone();
@@ -707,7 +712,12 @@ fn commits_go_on_while_the_thread_receiving_a_read_is_busy() {
     // A read not held by that thread would be answered by now.
     std::thread::sleep(Duration::from_millis(300));
     assert!(!reading.is_finished(), "the read waits for the thread receiving reads");
+    assert!(
+        !listing.is_finished(),
+        "the listing waits for the thread receiving reads"
+    );
     go.send(()).unwrap();
+    assert!(listing.join().unwrap().unwrap().is_empty());
     answer
         .expect("the commit went through while the thread receiving reads was held")
         .unwrap();
