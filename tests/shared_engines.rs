@@ -23,9 +23,14 @@ fn sharing(dir: &std::path::Path, kit: &Kit, url: &str, schema: &str, node: &str
 /// Opens session `p` on `b` with one long-running child: its call id and the child's id (the
 /// id of its nested session).
 async fn parent_running(b: &Brood) -> (String, String) {
+    parent_running_as(b, task("parent", sim(600_000))).await
+}
+
+/// [`parent_running`], the child's task being `parent`.
+async fn parent_running_as(b: &Brood, parent: brood::TaskSpec) -> (String, String) {
     open_wake(b, "p").await;
     let call = b
-        .delegate("p", DelegateRequest::background(vec![task("parent", sim(600_000))]))
+        .delegate("p", DelegateRequest::background(vec![parent]))
         .await
         .expect("delegate")
         .call_id()
@@ -211,17 +216,7 @@ async fn max_depth_holds_in_a_process_that_took_a_nested_session_up() {
     // The parent's child is run again when b takes its session up (rerun on recovery), so it
     // has not ended there: the nested session's call is refused for its depth alone, not for
     // a child that recovery would otherwise have ended as unknown, whichever b reads first.
-    open_wake(&a, "p").await;
-    let call = a
-        .delegate(
-            "p",
-            DelegateRequest::background(vec![task("parent", sim(600_000)).rerun_on_recovery(true)]),
-        )
-        .await
-        .expect("delegate")
-        .call_id()
-        .to_string();
-    let child = brood::child_id(&call, 0);
+    let (_, child) = parent_running_as(&a, task("parent", sim(600_000)).rerun_on_recovery(true)).await;
     open_wake(&a, &child).await;
     let refused = a
         .delegate(&child, DelegateRequest::background(vec![task("deep", sim(0))]))

@@ -137,10 +137,10 @@ pub struct PgLedger {
 
 /// Where the reads of whole sessions run (a start's, an owner's rebuild, a take-up's, see
 /// [`PgLedger::read_many`]), and of every row of a table (the dead letters, the quarantine): on
-/// connections of their own, driven on a thread of their own. Their
-/// rows, thousands at a time, are received there, while the ledger's thread goes on with every
-/// other session's commits: on the ledger's thread, receiving the 10,000 rows of one rebuilt
-/// owner held the other sessions' commits back by several milliseconds.
+/// connections of their own, driven on a thread of their own. Their rows, thousands at a time,
+/// are received there, while the ledger's thread goes on with every other session's commits:
+/// on the ledger's thread, receiving the 10,000 rows of one rebuilt owner held the other
+/// sessions' commits back by several milliseconds.
 struct Reads {
     pool: Pool,
     runtime: Runtime,

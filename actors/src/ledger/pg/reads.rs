@@ -223,8 +223,8 @@ impl PgLedger {
     /// their keys, the damaged children by the ranges of their quarantine keys. The statements
     /// go out together on one connection of the reads' own ([`super::Reads`]: received beside the
     /// commits, not on their thread) in one round trip, each its own transaction, and the rows
-    /// are decoded on the caller's thread once received. Delivery state is folded in per session, as a
-    /// load of each session alone folds it.
+    /// are decoded on the caller's thread once received. Delivery state is folded in per
+    /// session, as a load of each session alone folds it.
     pub(super) fn read_many(&self, sessions: &[String]) -> Result<Snapshot, LedgerError> {
         if sessions.is_empty() {
             return Ok(Snapshot::default());
