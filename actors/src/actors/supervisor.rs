@@ -207,7 +207,10 @@ impl Supervisor {
                         engine.nests.remove(id);
                     }
                 }
-                keep_sessions(&mut snapshot, &taken);
+                // The rows read are of `ids` alone: sifted only when some were given back.
+                if taken.len() < ids.len() {
+                    keep_sessions(&mut snapshot, &taken);
+                }
                 tracing::info!(
                     node = tenures.node(),
                     sessions = taken.len(),

@@ -328,27 +328,20 @@ impl PgLedger {
                             .map_err(pg_error("reading the damaged children of many sessions"))?;
                         Ok::<_, LedgerError>(rows.into_iter().map(|r| r.get::<_, Vec<u8>>(0)).collect::<Vec<_>>())
                     };
-                    // The calls first: their tasks bound the children's rows (a child has a
-                    // row once it started), so those are read into room made once, not grown
-                    // and copied as a million of them arrive.
-                    let (acks, dead, calls, sessions, wakes, nests, damaged) = futures::try_join!(
-                        fetch(client, acks, ranges, 0),
-                        fetch(client, dead, ranges, 0),
-                        fetch(client, calls, ranges, 0),
-                        fetch(client, sessions, names, 0),
-                        fetch(client, wakes, names, 0),
-                        fetch(client, nests, names, 0),
+                    // Every statement at once, pipelined on the connection, and nothing decoded
+                    // here: the children's rows follow the calls' at once (the caller decodes
+                    // the calls beside the children, once everything came).
+                    let (acks, dead, calls, children, claims, starts, sessions, wakes, nests, damaged) = futures::try_join!(
+                        fetch(client, acks, ranges),
+                        fetch(client, dead, ranges),
+                        fetch(client, calls, ranges),
+                        fetch(client, children, ranges),
+                        fetch(client, claims, ranges),
+                        fetch(client, starts, ranges),
+                        fetch(client, sessions, names),
+                        fetch(client, wakes, names),
+                        fetch(client, nests, names),
                         damaged,
-                    )?;
-                    // Few and needed here: decoded on the thread receiving them, alone. A
-                    // thread made here would run at this thread's priority, not at the
-                    // reader's (an owner's rebuild reads at a lowered one).
-                    let calls: Fetched<CallRow> = decoded_rows_in(&calls, 1);
-                    let room = calls.0.iter().map(|c| c.tasks.len()).sum::<usize>().min(ROOM_MOST);
-                    let (children, claims, starts) = futures::try_join!(
-                        fetch(client, children, ranges, room),
-                        fetch(client, claims, ranges, 0),
-                        fetch(client, starts, ranges, 0),
                     )?;
                     let read = (
                         acks, dead, calls, children, claims, starts, sessions, wakes, nests, damaged,
@@ -367,10 +360,11 @@ impl PgLedger {
                 }
                 read
             })?;
-        let acks: Vec<AckRow> = self.kept(ACKS, decoded_rows(acks))?;
-        let dead: Vec<DeadLetterRow> = self.kept(DEAD_LETTERS, decoded_rows(dead))?;
+        let acks: Vec<AckRow> = self.kept(ACKS, decoded_rows(&acks))?;
+        let dead: Vec<DeadLetterRow> = self.kept(DEAD_LETTERS, decoded_rows(&dead))?;
+        let (calls, (mut children, unreadable)): (Fetched<CallRow>, Fetched<ChildRow>) =
+            decoded_beside(&calls, &children);
         let calls = self.kept(CALLS, calls)?;
-        let (mut children, unreadable): Fetched<ChildRow> = decoded_rows(children);
         let moved = self.set_aside(CHILDREN, unreadable)?;
         // The quarantine was read beside the children: those this read moved aside are damaged
         // too, each named once (a row damaged again replaced its earlier quarantine entry).
@@ -383,8 +377,8 @@ impl PgLedger {
         for key in moved.iter().filter(|k| !named.contains(k.as_slice())) {
             damaged.push(child_of_row_key(key));
         }
-        let claims: Vec<ClaimRow> = self.kept(CLAIMS, decoded_rows(claims))?;
-        let starts: Vec<StartRow> = self.kept(STARTS, decoded_rows(starts))?;
+        let claims: Vec<ClaimRow> = self.kept(CLAIMS, decoded_rows(&claims))?;
+        let starts: Vec<StartRow> = self.kept(STARTS, decoded_rows(&starts))?;
         fold_delivery_by_session(&mut children, &acks, &dead);
         let acked: HashSet<(&str, &str)> = acks
             .iter()
@@ -395,14 +389,14 @@ impl PgLedger {
             .filter(|c| !acked.contains(&(c.session_id.as_str(), c.claim_id.as_str())))
             .collect();
         Ok(Snapshot {
-            sessions: self.kept(SESSIONS, decoded_rows(sessions_rows))?,
+            sessions: self.kept(SESSIONS, decoded_rows(&sessions_rows))?,
             calls,
             children,
             claims,
             starts,
             damaged_children: damaged,
-            wakes: self.kept(WAKES, decoded_rows(wakes))?,
-            nests: self.kept(NESTS, decoded_rows(nests))?,
+            wakes: self.kept(WAKES, decoded_rows(&wakes))?,
+            nests: self.kept(NESTS, decoded_rows(&nests))?,
         })
     }
 
@@ -504,11 +498,12 @@ enum Reading<'a> {
     All,
 }
 
-/// The most children's rows a read of many sessions makes room for before they arrive (about
-/// 72 MiB of row handles, backed by memory only as rows fill it): room is made from the calls'
-/// tasks, and calls whose children mostly never started must not reserve more (past this, the
-/// rows' vector grows as they come).
-const ROOM_MOST: usize = 1 << 20;
+/// The rows a read receives in one piece: a large read's rows are kept in pieces as they come,
+/// never grown and copied as a million of them arrive.
+const PIECE: usize = 1 << 14;
+
+/// A statement's rows as received, in pieces of [`PIECE`] rows, in order.
+pub(super) type Received = Vec<Vec<tokio_postgres::Row>>;
 
 /// What a read of many sessions sets on its connection while it reads: no sort of every row
 /// read (see [`range_statements`]). Set on the connection, not in a transaction around the
@@ -571,16 +566,14 @@ pub(super) type Fetched<T> = (Vec<T>, Vec<Unreadable>);
 
 /// Runs the statements `sql` of `tree` (their columns `key, value`) in turn until one answers
 /// in key order (the last is trusted: it sorts), and takes its rows as received, without
-/// copying them out of the connection's buffers (`room`: the rows expected, at most). They
-/// are decoded by the caller, on its own thread ([`decoded_rows`]): the thread receiving them
-/// receives every large read (a start, an owner's rebuild, a sweep taking sessions over), which
-/// the decoding of one must not hold up.
+/// copying them out of the connection's buffers. They are decoded by the caller, on its own
+/// thread ([`decoded_rows`]): the thread receiving them receives every large read (a start, an
+/// owner's rebuild, a sweep taking sessions over), which the decoding of one must not hold up.
 async fn fetch(
     client: &tokio_postgres::Client,
     (tree, sql): (&'static str, Vec<String>),
     params: &[&(dyn ToSql + Sync)],
-    room: usize,
-) -> Result<Vec<tokio_postgres::Row>, LedgerError> {
+) -> Result<Received, LedgerError> {
     use futures::TryStreamExt;
     let what = || format!("reading {tree} of many sessions");
     let mut statements = sql.iter().peekable();
@@ -591,18 +584,23 @@ async fn fetch(
             .await
             .map_err(pg_error(what()))?;
         futures::pin_mut!(stream);
-        let mut rows: Vec<tokio_postgres::Row> = Vec::with_capacity(room);
+        let mut rows: Received = Vec::new();
         let mut in_order = true;
         while let Some(row) = stream.try_next().await.map_err(pg_error(what()))? {
-            if !trusted {
-                let key: &[u8] = row.get(0);
-                if rows.last().is_some_and(|last| key <= last.get::<_, &[u8]>(0)) {
-                    // The rest of this answer is dropped (the connection skips it).
-                    in_order = false;
-                    break;
+            let last = rows.last().and_then(|piece| piece.last());
+            if !trusted && last.is_some_and(|last| row.get::<_, &[u8]>(0) <= last.get::<_, &[u8]>(0)) {
+                // The rest of this answer is dropped (the connection skips it).
+                in_order = false;
+                break;
+            }
+            match rows.last_mut() {
+                Some(piece) if piece.len() < PIECE => piece.push(row),
+                _ => {
+                    let mut piece = Vec::with_capacity(PIECE);
+                    piece.push(row);
+                    rows.push(piece);
                 }
             }
-            rows.push(row);
         }
         if in_order {
             return Ok(rows);
@@ -619,26 +617,69 @@ async fn fetch(
 /// that do not decode or fail their check set apart with their bytes. Many rows are decoded a
 /// share per core ([`crate::parallel::threads_for`]): a large session's million children are
 /// read before any is decoded, so the other cores are free by then.
-fn decoded_rows<T: crate::codec::Stored + CheckRow + Send>(received: Vec<tokio_postgres::Row>) -> Fetched<T> {
-    let parts = crate::parallel::threads_for(received.len(), received.len());
-    decoded_rows_in(&received, parts)
+fn decoded_rows<T: crate::codec::Stored + CheckRow + Send>(received: &Received) -> Fetched<T> {
+    let rows = received.iter().map(Vec::len).sum();
+    decoded_rows_in(received, crate::parallel::threads_for(rows, rows))
 }
 
-/// [`decoded_rows`] in `parts` shares of consecutive rows, each on a thread of its own but the
-/// first; joined in order.
+/// The calls' rows and the children's, decoded at once: the calls on a thread of their own
+/// (made here, so it keeps this thread's priority: an owner's rebuild reads at a lowered one)
+/// when the children are many enough to be decoded a share per core, else one after the other
+/// on this thread.
+fn decoded_beside<A, B>(calls: &Received, children: &Received) -> (Fetched<A>, Fetched<B>)
+where
+    A: crate::codec::Stored + CheckRow + Send,
+    B: crate::codec::Stored + CheckRow + Send,
+{
+    let rows: usize = children.iter().map(Vec::len).sum();
+    if crate::parallel::threads_for(rows, rows) == 1 || crate::failpoints::fires("decode_thread_refused") {
+        return (decoded_rows_in(calls, 1), decoded_rows(children));
+    }
+    std::thread::scope(|scope| {
+        let beside = std::thread::Builder::new()
+            .name("brood-decode".into())
+            .spawn_scoped(scope, || decoded_rows_in(calls, 1));
+        let children = decoded_rows(children);
+        let calls = match beside {
+            Ok(t) => t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => decoded_rows_in(calls, 1),
+        };
+        (calls, children)
+    })
+}
+
+/// [`decoded_rows`] in `parts` shares of consecutive rows (about as many rows each), each on a
+/// thread of its own but the first; joined in order.
 pub(super) fn decoded_rows_in<T: crate::codec::Stored + CheckRow + Send>(
-    received: &[tokio_postgres::Row],
+    received: &[Vec<tokio_postgres::Row>],
     parts: usize,
 ) -> Fetched<T> {
-    let share = received.len().div_ceil(parts.max(1)).max(1);
-    let mut shares = received.chunks(share);
-    let mut out = (Vec::with_capacity(received.len()), Vec::new());
-    let Some(first) = shares.next() else {
+    let total: usize = received.iter().map(Vec::len).sum();
+    let share = total.div_ceil(parts.max(1)).max(1);
+    // Each share: the pieces of rows it decodes, `share` rows in all (the last fewer).
+    let mut shares: Vec<Vec<&[tokio_postgres::Row]>> = Vec::new();
+    let mut left = 0;
+    for piece in received {
+        let mut rest = piece.as_slice();
+        while !rest.is_empty() {
+            if left == 0 {
+                shares.push(Vec::new());
+                left = share;
+            }
+            let (now, later) = rest.split_at(left.min(rest.len()));
+            shares.last_mut().expect("a share was made").push(now);
+            left -= now.len();
+            rest = later;
+        }
+    }
+    let mut out = (Vec::with_capacity(total), Vec::new());
+    let Some((first, shares)) = shares.split_first() else {
         return out;
     };
     let rest = std::thread::scope(|scope| {
         // A share no thread could be made for (the system is out of them) is decoded here.
         let others: Vec<_> = shares
+            .iter()
             .map(|rows| {
                 if crate::failpoints::fires("decode_thread_refused") {
                     return Err(rows);
@@ -649,7 +690,9 @@ pub(super) fn decoded_rows_in<T: crate::codec::Stored + CheckRow + Send>(
                     .map_err(|_| rows)
             })
             .collect();
-        decode_into(first, &mut out);
+        for rows in first {
+            decode_into(rows, &mut out);
+        }
         others
             .into_iter()
             .map(|share| match share {
@@ -666,9 +709,11 @@ pub(super) fn decoded_rows_in<T: crate::codec::Stored + CheckRow + Send>(
 }
 
 /// A share of [`decoded_rows_in`], decoded.
-fn decoded_share<T: crate::codec::Stored + CheckRow>(received: &[tokio_postgres::Row]) -> Fetched<T> {
-    let mut decoded = (Vec::with_capacity(received.len()), Vec::new());
-    decode_into(received, &mut decoded);
+fn decoded_share<T: crate::codec::Stored + CheckRow>(received: &[&[tokio_postgres::Row]]) -> Fetched<T> {
+    let mut decoded = (Vec::with_capacity(received.iter().map(|r| r.len()).sum()), Vec::new());
+    for rows in received {
+        decode_into(rows, &mut decoded);
+    }
     decoded
 }
 

@@ -2,7 +2,7 @@
 //! owner's rebuild read them.
 
 use super::super::super::pg_testkit;
-use super::super::reads::{decoded_rows_in, Fetched};
+use super::super::reads::{decoded_rows_in, Fetched, Received};
 use super::super::*;
 use super::own::{session, writes_of};
 use super::{held_open, sql};
@@ -449,12 +449,11 @@ fn a_read_of_many_sessions_ended_part_way_reports_it_and_leaves_no_connection_in
     }
 }
 
-/// A load of one session (an owner's rebuild, a take-up) makes room for its children from
-/// its calls' tasks: a call row that does not decode adds none, and a call with more
-/// children than tasks is outgrown. Every child row of the session is answered all the
-/// same, and the undecodable call is moved aside.
+/// A load of one session (an owner's rebuild, a take-up) answers every child row of the
+/// session whatever its calls say: beside a call row that does not decode (moved aside), and
+/// beyond a call's tasks.
 #[test]
-fn a_load_of_one_session_answers_every_child_whatever_room_its_calls_made() {
+fn a_load_of_one_session_answers_every_child_whatever_its_calls_say() {
     use crate::ledger::conformance::{call_row, child_row};
     let ledger = pg_testkit::fresh();
     let mut writes = writes_of("s");
@@ -614,14 +613,22 @@ fn rows_decoded_a_share_per_core_come_back_as_one_pass_decodes_them() {
                 .map_err(pg_error("test read"))
         })
         .unwrap();
+    // Received in pieces of uneven sizes, as a read keeps them.
+    let count = received.len();
+    let mut rows = received.into_iter();
+    let received: Received = [1, 4, 2, usize::MAX]
+        .into_iter()
+        .map(|n| rows.by_ref().take(n).collect::<Vec<_>>())
+        .collect();
+    assert_eq!(received.iter().map(Vec::len).sum::<usize>(), count);
     let one: Fetched<ChildRow> = decoded_rows_in(&received, 1);
-    assert_eq!(one.0.len() + one.1.len(), received.len());
+    assert_eq!(one.0.len() + one.1.len(), count);
     assert_eq!(one.1.len(), 2, "the two rows that do not decode");
     assert!(one
         .0
         .windows(2)
         .all(|w| (&w[0].call_id, w[0].task_index) < (&w[1].call_id, w[1].task_index)));
-    for parts in [2, 3, 4, received.len(), received.len() + 5] {
+    for parts in [2, 3, 4, count, count + 5] {
         let shared: Fetched<ChildRow> = decoded_rows_in(&received, parts);
         assert_eq!(format!("{shared:?}"), format!("{one:?}"), "{parts} shares");
     }
@@ -647,14 +654,14 @@ fn rows_decoded_a_share_per_core_come_back_as_one_pass_decodes_them() {
 #[cfg(feature = "failpoints")]
 static DECODE_POINT: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// A read of sessions decodes their calls on the thread receiving them alone, however many: no
-/// thread is made there for a share of them, which would run at that thread's priority, not at
-/// the reader's (an owner's rebuild reads at a lowered one, and every thread it makes for the
-/// children's rows keeps it). Every share made for a thread passes `decode_thread_refused`,
-/// armed here to count them (it cannot fail on a machine of one core: no shares are made).
+/// A read of sessions decodes their calls in one share, however many, on the reader's thread (or
+/// on one it makes beside a large read's children, which keeps its priority: an owner's rebuild
+/// reads at a lowered one), never on the thread receiving them. Every share made for a thread
+/// passes `decode_thread_refused`, armed here to count them (it cannot fail on a machine of one
+/// core: no shares are made).
 #[cfg(feature = "failpoints")]
 #[test]
-fn a_read_decodes_its_calls_on_the_thread_receiving_them_alone() {
+fn a_read_decodes_its_calls_in_one_share() {
     use crate::ledger::conformance::call_row;
     const CALLS: usize = 40_000;
     let ledger = pg_testkit::fresh();
