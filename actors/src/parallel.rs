@@ -1,7 +1,8 @@
 //! How many threads a piece of work is worth: a read of many rows (the sled ledger's scan of a
 //! session's children, the decoding of the rows a PostgreSQL read received) or a plan over
 //! them (recovery) is split over the cores when it is large, and runs on the calling thread
-//! when it is not.
+//! when it is not. Background work (an owner's rebuild, the PostgreSQL ledger's large reads)
+//! runs at a lowered priority, so routing and commits go first when they meet.
 
 /// How many threads a read or a plan of `rows` rows in `pieces` independent pieces is worth:
 /// one per core (at most [`PARALLEL_MAX`]), each with [`PARALLEL_ROWS`] rows at least.
@@ -18,3 +19,20 @@ pub(crate) fn threads_for(rows: usize, pieces: usize) -> usize {
 const PARALLEL_MAX: usize = 4;
 /// The fewest rows worth a thread of their own.
 const PARALLEL_ROWS: usize = 20_000;
+
+/// Lowers the calling thread's scheduling priority (nice 10): background work yields the CPU
+/// to routing. Linux applies `setpriority` to the one thread named by its id; elsewhere, or if
+/// refused, the thread keeps its priority.
+pub(crate) fn lower_this_threads_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid has no arguments and cannot fail; setpriority only reads its arguments.
+        let refused = unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, 10) != 0
+        };
+        if refused {
+            tracing::debug!("could not lower a background thread's priority");
+        }
+    }
+}

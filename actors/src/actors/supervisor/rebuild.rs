@@ -68,7 +68,7 @@ impl Supervisor {
         let (engine, wake, session) = (self.engine.clone(), self.wakes.get(&id).cloned(), id.clone());
         let (tx, rx) = tokio::sync::oneshot::channel();
         let spawned = std::thread::Builder::new().name("brood-rebuild".into()).spawn(move || {
-            lower_this_threads_priority();
+            crate::parallel::lower_this_threads_priority();
             let _ = tx.send(rebuild_owner(&engine, &session, wake));
         });
         if let Err(e) = spawned {
@@ -157,22 +157,5 @@ fn held_epoch(engine: &Engine, id: &str) -> Option<u64> {
     match engine.tenures.as_ref()?.holder(id) {
         Ok(Some(crate::ledger::TenureHolder::Here(epoch))) => Some(epoch),
         _ => None,
-    }
-}
-
-/// Lowers the calling thread's scheduling priority (nice 10): background work yields the CPU
-/// to routing. Linux applies `setpriority` to the one thread named by its id; elsewhere, or if
-/// refused, the thread keeps its priority.
-fn lower_this_threads_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: gettid has no arguments and cannot fail; setpriority only reads its arguments.
-        let refused = unsafe {
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-            libc::setpriority(libc::PRIO_PROCESS, tid, 10) != 0
-        };
-        if refused {
-            tracing::debug!("could not lower the rebuild thread's priority");
-        }
     }
 }

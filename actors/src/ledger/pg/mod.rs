@@ -323,10 +323,12 @@ impl PgLedger {
         config.connect_timeout(CONNECT_TIMEOUT);
         config.keepalives_idle(Duration::from_secs(10));
         config.application_name("brood");
-        let runtime = Runtime::start("brood-pg")?;
+        let runtime = Runtime::start("brood-pg", false)?;
         let pool = pool_on(&runtime, &config, POOL_SIZE)?;
         let reads = {
-            let runtime = Runtime::start("brood-pg-read")?;
+            // Large reads (a start, an owner's rebuild, a take-up) are received behind the
+            // commits and the routing when they meet.
+            let runtime = Runtime::start("brood-pg-read", true)?;
             Reads {
                 pool: pool_on(&runtime, &config, READ_POOL_SIZE)?,
                 runtime,

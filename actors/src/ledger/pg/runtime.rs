@@ -13,8 +13,9 @@ pub(super) struct Runtime {
 }
 
 impl Runtime {
-    /// A runtime driven on a thread named `name`.
-    pub(super) fn start(name: &str) -> Result<Self, LedgerError> {
+    /// A runtime driven on a thread named `name`, at a lowered priority when `background`
+    /// (what it runs yields the CPU to routing and commits).
+    pub(super) fn start(name: &str, background: bool) -> Result<Self, LedgerError> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -24,6 +25,9 @@ impl Runtime {
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
+                if background {
+                    crate::parallel::lower_this_threads_priority();
+                }
                 let _ = rt.block_on(stopped);
             })
             .map_err(|e| LedgerError::storage(format!("starting the PostgreSQL ledger's thread {name}"), e))?;

@@ -731,3 +731,31 @@ fn commits_go_on_while_the_thread_receiving_a_read_is_busy() {
     assert_eq!(reading.join().unwrap().unwrap().sessions.len(), 1);
     assert_eq!(ledger.load_session("b").unwrap().sessions.len(), 1);
 }
+
+/// The thread receiving large reads runs at a lowered priority (an owner's rebuild, a take-up
+/// yield the CPU to routing and commits); the thread of the commits does not.
+#[cfg(target_os = "linux")]
+#[test]
+fn large_reads_are_received_at_a_lowered_priority_and_commits_are_not() {
+    let ledger = pg_testkit::fresh();
+    // Each thread of this process by name, with its nice value (field 19 of its stat line,
+    // counted after the name, which is in parentheses).
+    let nice_of = |name: &str| -> Vec<i64> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("stat")).ok())
+            .filter_map(|stat| {
+                let (comm, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+                (comm == name).then(|| rest.split(' ').nth(16)?.parse().ok())?
+            })
+            .collect()
+    };
+    // The read runtime lowers its thread as that thread starts.
+    until("the reads' threads at nice 10", || {
+        let read = nice_of("brood-pg-read");
+        !read.is_empty() && read.iter().all(|&v| v == 10)
+    });
+    let commits = nice_of("brood-pg");
+    assert!(!commits.is_empty() && commits.iter().all(|&v| v == 0), "{commits:?}");
+    drop(ledger);
+}
