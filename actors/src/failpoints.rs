@@ -5,19 +5,19 @@
 //! flush that fails 400 ms late), `start_flush_slow_fail` (the flush of admitted children's
 //! running marks fails 400 ms late), `coalescer_handoff`, `owner_handler`, `unit_handler`,
 //! `coalescer_handler`, `unit_start_hold` (a unit is held before it reads a start of children,
-//! until [`release`]; the thread it runs on with it), `runner_hang`, `requeue_flush_stall` (the flush of a lost start's
+//! until `release`; the thread it runs on with it), `runner_hang`, `requeue_flush_stall` (the flush of a lost start's
 //! requeue is 400 ms late), `events_subscribe_stall` (a subscriber that takes 400 ms between
 //! finding its session's event channel and joining it), `rebuild_hold` (an owner rebuilt from
-//! the ledger is held before it reads its rows, until [`release`]), `rebuild_read_hold` (one
-//! is held once it read them, before it is served, until [`release`]), `moved_hold` (an owner
-//! told that its session's tenure was lost is held before it stops, until [`release`]; the
+//! the ledger is held before it reads its rows, until `release`), `rebuild_read_hold` (one
+//! is held once it read them, before it is served, until `release`), `moved_hold` (an owner
+//! told that its session's tenure was lost is held before it stops, until `release`; the
 //! thread it runs on with it), `adopt_elsewhere_hold` (an adoption that found its session's
-//! tenure held by another process is held before it answers so, until [`release`]),
+//! tenure held by another process is held before it answers so, until `release`),
 //! `decode_thread_refused` (no thread is made for a share of a large read's rows to decode, as
 //! when the system has none left: the share is decoded on the reading thread),
 //! `take_stall` (a server's
 //! `POST /v1/workers/take` waits 1.5 s before it serves the take)). A server arms `take_stall`,
-//! `ledger_flush_stall` and `ledger_flush_slow_fail` from `BROOD_FAILPOINTS`. Tests arm a point with [`arm`] for a
+//! `ledger_flush_stall` and `ledger_flush_slow_fail` from `BROOD_FAILPOINTS`. Tests arm a point with `arm` for a
 //! number of hits; while armed, the point fails (an error for I/O points, a panic for handler
 //! points, a wait for hold points). Without the feature, [`crate::failpoint!`] expands to
 //! nothing and this module has only inert stand-ins.

@@ -25,7 +25,7 @@ pub struct Retention {
     pub dead: Duration,
     /// A session with no call left and nothing live, after its last activity; none: kept.
     pub idle_session: Option<Duration>,
-    /// How often the background sweep runs; none: only when asked ([`sweep`]).
+    /// How often the background sweep runs; none: only when asked (`sweep`).
     pub interval: Option<Duration>,
     /// Calls decided per page (and removed per owner step).
     pub batch: usize,

@@ -86,7 +86,7 @@ pub fn default_routing_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Unread events a subscriber may hold before it lags (see [`Brood::subscribe`]).
+/// Unread events a subscriber may hold before it lags (see [`BroodHandle::subscribe`]).
 pub const EVENTS_CAPACITY: usize = Events::CAPACITY;
 
 /// Shortest lease accepted, in ms (API.md).
@@ -150,7 +150,7 @@ type Started = (Addr<Supervisor>, Engine, actix::System);
 impl Brood {
     /// Opens the ledger in the config's data folder, recovers what an earlier process left
     /// (I6) and starts the actors on a thread of their own. Rows that cannot be read are
-    /// quarantined ([`Brood::quarantined`]); the rest opens and is served.
+    /// quarantined ([`BroodHandle::quarantined`]); the rest opens and is served.
     pub fn open(config: BroodConfig) -> Result<Brood, BroodError> {
         config.check()?;
         let (tx, rx) = std::sync::mpsc::channel::<Result<Started, LedgerError>>();
@@ -276,7 +276,7 @@ impl BroodHandle {
         .await
     }
 
-    /// As [`Brood::open_session`], with the limits a session gets when it is new and `settings`
+    /// As [`BroodHandle::open_session`], with the limits a session gets when it is new and `settings`
     /// leave them unset (a server's configured defaults).
     pub async fn open_session_with_defaults(
         &self,
@@ -545,7 +545,7 @@ impl BroodHandle {
     /// ready count, wakes, failure notices and claims, each told once it is applied (durable
     /// where it must be). The receiver holds at most [`brood_actors::events::Events::CAPACITY`]
     /// unread events; a reader that falls further behind gets `Lagged` and has missed the
-    /// oldest. Nothing is replayed: what was before is in [`Brood::status`].
+    /// oldest. Nothing is replayed: what was before is in [`BroodHandle::status`].
     pub async fn subscribe(
         &self,
         session_id: &str,

@@ -159,7 +159,7 @@ impl BroodHandle {
     }
 
     /// Sweeps now what retention would remove (as the background sweep does every
-    /// [`Retention::interval`]): calls delivered or dead long enough ago, ack rows of calls that
+    /// [`Retention::interval`](crate::Retention::interval)): calls delivered or dead long enough ago, ack rows of calls that
     /// are gone, idle sessions. Nothing live is removed.
     pub async fn sweep(&self) -> Result<Swept, BroodError> {
         brood_actors::actors::sweeper::sweep(&self.engine, brood_actors::model::now_ms()).await

@@ -2,13 +2,13 @@
 //! keyless server reach everything; a scoped key (`scoped_keys`) reaches only the sessions
 //! whose id starts with its prefix, and their calls, units, children, claims and dead letters.
 //!
-//! The key check ([`super::require_key`]) puts an [`Access`] on every `/v1` request; each
+//! The key check (`require_key`) puts an `Access` on every `/v1` request; each
 //! handler asks it before it touches anything. A session named by the request is judged by its
 //! id (a 403 that says so: it tells nothing about whether the session exists), or, for a nested
 //! session (whose id is its parent child's), by the session its parent call was made in; a call,
 //! unit, child or claim of a session out of reach is answered as an unknown one (404), so ids of
 //! other tenants are neither confirmed nor refused. A request a process forwards to the holder
-//! of its session was judged where it came in, and carries its scope ([`SCOPE`]) beside the
+//! of its session was judged where it came in, and carries its scope (`SCOPE`) beside the
 //! peer credential, so the holder judges it again.
 
 use std::future::{ready, Ready};

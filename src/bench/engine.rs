@@ -450,7 +450,7 @@ const PROBES: usize = 4;
 /// The longest extra delay other sessions see while one owner is rebuilt in a ledger of `n`
 /// child rows. The ledger: the recovery group's (`n` ready children in one session), or one
 /// built alike; a session of [`REBUILT`] ready children is added and its owner restarted
-/// ([`Brood::restart_owner`]: rebuilt from its own rows). Meanwhile [`PROBES`] other sessions
+/// ([`brood::BroodHandle::restart_owner`]: rebuilt from its own rows). Meanwhile [`PROBES`] other sessions
 /// each loop: delegate one zero-time child, claim its result, ack. The figure is the longest
 /// probe cycle that overlapped the rebuild minus the median cycle of the quiet second before.
 pub(super) async fn rebuild(

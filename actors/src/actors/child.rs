@@ -3,7 +3,7 @@
 //! It builds its runner and runs it inside its own context, with the runner's future wrapped
 //! in `catch_unwind` (so a panic ends only this child, as `failed`, and no task of its own is
 //! spawned per child), arms the task timeout and the stall clock when the runner starts, and when the
-//! child is terminal hands its row to the [`Coalescer`]. It keeps the row until the coalescer
+//! child is terminal hands its row to the [`Coalescer`](super::coalescer::Coalescer). It keeps the row until the coalescer
 //! answers that the owner recorded it; a failed hand-off is retried with backoff, never dropped.
 //! It does not decide readiness or capacity: that is the session owner's.
 //!

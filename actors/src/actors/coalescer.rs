@@ -8,7 +8,7 @@
 //!
 //! With a commit window (`Engine::commit_window`, zero by default), a batch that could start
 //! waits that long first, gathering more completions into one flush: fewer flushes for more
-//! latency. A full batch ([`MAX_BATCH`] rows) never waits.
+//! latency. A full batch (`MAX_BATCH` rows) never waits.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -48,7 +48,7 @@ pub enum HandOffError {
 /// retried hand-off, or a child cancelled while it ended); a coalescer that stops first drops
 /// `reply` unanswered.
 ///
-/// Sent with `do_send` ([`Engine::hand_off`](super::Engine::hand_off)), past the mailbox's
+/// Sent with `do_send` (`Engine::hand_off`), past the mailbox's
 /// bound: what bounds the coalescer's queue is the live children, each of which hands off one
 /// row at a time and waits for its answer (and capacity bounds the live children).
 #[derive(Debug, Message)]

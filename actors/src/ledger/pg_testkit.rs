@@ -2,7 +2,7 @@
 //! test process starts once (Debian's `postgresql` binaries; `.ci/run` installs them) and that
 //! dies with it. Each ledger a test opens gets a schema of its own.
 //!
-//! [`Replicated`]: a primary with a synchronous standby, for the tests of a database failover.
+//! `Replicated`: a primary with a synchronous standby, for the tests of a database failover.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -19,7 +19,7 @@
 //!   returns, its child leaves the queues. A cancel takes it out of its queue already when it
 //!   is decided, and its worker is answered as below from then on. A worker that still held it
 //!   (brood ended it: a cancel, a timeout, a stall) then gets [`WorkError::Ended`] (409): the
-//!   queues remember the last [`ENDED_KEPT`] such children. Any other id gets
+//!   queues remember the last `ENDED_KEPT` such children. Any other id gets
 //!   [`WorkError::UnknownChild`] (404), and the server looks it up in the ledger.
 //! - **A completion holds once it is recorded.** [`WorkQueues::complete`] hands the worker's
 //!   output to the runner and answers a [`Completing`]: what became of the child's terminal row

@@ -3,9 +3,9 @@
 //! boundaries.
 //!
 //! The mapping: each tool is one endpoint of API.md (`delegate`, `boundary`, `ack`,
-//! `release`, `cancel`, `status`; see [`tools`]), checked as that endpoint checks it and
+//! `release`, `cancel`, `status`; see `tools`), checked as that endpoint checks it and
 //! refused with its error code; each session is two resources, its state and its recent events
-//! (see [`resources`]). A tool's result carries the reply's JSON as `structuredContent` and, as
+//! (see `resources`). A tool's result carries the reply's JSON as `structuredContent` and, as
 //! its text, what a model reads: an envelope's text (with what to do with its claim), a sync
 //! call's results, or else the JSON.
 //!
@@ -22,7 +22,7 @@
 //!   them to a server's `/mcp` instead, and needs nothing from here.)
 //!
 //! Versions: the `initialize` handshake, answered with the version the client asks for when it
-//! is one of [`rpc::VERSIONS`], else the newest of them. The newer per-request protocol (whose
+//! is one of `rpc::VERSIONS`, else the newest of them. The newer per-request protocol (whose
 //! clients probe `server/discover` first) is not spoken: the probe is answered as an unknown
 //! method (or, over HTTP, refused for its version header), and such clients fall back to
 //! `initialize`. No request needs `initialize` first: every request stands alone.

@@ -3,7 +3,7 @@
 //! Its mailbox serialises everything that decides who gets what: accepting calls (set ordinals,
 //! dispatch rows), capacity admission, recording completions handed over by the coalescer,
 //! boundaries (claims), acks, releases, lease expiries and wakes. Every mutating request goes
-//! decide → persist → apply ([`persist`]): decided by plain code from the current state, made
+//! decide → persist → apply (`persist`): decided by plain code from the current state, made
 //! durable when it must be, applied to memory only after its flush succeeded. Rendering, wake
 //! I/O and runner work happen elsewhere.
 //!
