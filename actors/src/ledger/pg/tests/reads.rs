@@ -737,6 +737,7 @@ fn commits_go_on_while_the_thread_receiving_a_read_is_busy() {
 #[cfg(target_os = "linux")]
 #[test]
 fn large_reads_are_received_at_a_lowered_priority_and_commits_are_not() {
+    let _nice = NICE_POINT.lock().unwrap_or_else(|e| e.into_inner());
     let ledger = pg_testkit::fresh();
     // Each thread of this process by name, with its nice value (field 19 of its stat line,
     // counted after the name, which is in parentheses).
@@ -758,4 +759,46 @@ fn large_reads_are_received_at_a_lowered_priority_and_commits_are_not() {
     let commits = nice_of("brood-pg");
     assert!(!commits.is_empty() && commits.iter().all(|&v| v == 0), "{commits:?}");
     drop(ledger);
+}
+
+/// Tests that start ledgers at a priority of their own hold this while they do (the test above
+/// reads every ledger thread of the process).
+#[cfg(target_os = "linux")]
+static NICE_POINT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// In a process started at a lowered priority (nice 15 here: a thread at 15 starts the
+/// ledger, whose threads take its priority), large reads are lowered below the commits (to
+/// 19), not set to a fixed value that could put them above the commits.
+#[cfg(target_os = "linux")]
+#[test]
+fn large_reads_stay_below_commits_in_a_process_started_at_a_lowered_priority() {
+    let _nice = NICE_POINT.lock().unwrap_or_else(|e| e.into_inner());
+    let nice_of_tid = |tid: i64| -> i64 {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+        let (_, rest) = stat.rsplit_once(") ").unwrap();
+        rest.split(' ').nth(16).unwrap().parse().unwrap()
+    };
+    let (commits, reads) = std::thread::spawn(move || {
+        // SAFETY: gettid has no arguments; setpriority only reads its arguments (lowering a
+        // thread's own priority needs no privilege).
+        unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            assert_eq!(libc::setpriority(libc::PRIO_PROCESS, tid, 15), 0);
+        }
+        let ledger = pg_testkit::fresh();
+        // SAFETY: as above.
+        let tid = || async { Ok(unsafe { libc::syscall(libc::SYS_gettid) }) };
+        let commits = ledger.runtime.run(tid()).unwrap();
+        let reads = ledger.reads.runtime.run(tid()).unwrap();
+        let niced = (nice_of_tid(commits), nice_of_tid(reads));
+        drop(ledger);
+        niced
+    })
+    .join()
+    .unwrap();
+    assert_eq!(commits, 15);
+    assert_eq!(
+        reads, 19,
+        "the reads' thread at nice {reads}, the commits' at {commits}"
+    );
 }
