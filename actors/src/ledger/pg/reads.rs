@@ -595,8 +595,10 @@ async fn fetch(
             }
             match rows.last_mut() {
                 Some(piece) if piece.len() < PIECE => piece.push(row),
-                _ => {
-                    let mut piece = Vec::with_capacity(PIECE);
+                // The first piece grows as rows come (most statements answer a few); the
+                // others are made whole, once a piece is full.
+                full => {
+                    let mut piece = Vec::with_capacity(if full.is_some() { PIECE } else { 0 });
                     piece.push(row);
                     rows.push(piece);
                 }
@@ -632,14 +634,15 @@ where
     B: crate::codec::Stored + CheckRow + Send,
 {
     let rows: usize = children.iter().map(Vec::len).sum();
-    if crate::parallel::threads_for(rows, rows) == 1 || crate::failpoints::fires("decode_thread_refused") {
-        return (decoded_rows_in(calls, 1), decoded_rows(children));
+    let parts = crate::parallel::threads_for(rows, rows);
+    if parts == 1 || crate::failpoints::fires("decode_thread_refused") {
+        return (decoded_rows_in(calls, 1), decoded_rows_in(children, parts));
     }
     std::thread::scope(|scope| {
         let beside = std::thread::Builder::new()
             .name("brood-decode".into())
             .spawn_scoped(scope, || decoded_rows_in(calls, 1));
-        let children = decoded_rows(children);
+        let children = decoded_rows_in(children, parts);
         let calls = match beside {
             Ok(t) => t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
             Err(_) => decoded_rows_in(calls, 1),

@@ -739,15 +739,14 @@ fn commits_go_on_while_the_thread_receiving_a_read_is_busy() {
 fn large_reads_are_received_at_a_lowered_priority_and_commits_are_not() {
     let _nice = NICE_POINT.lock().unwrap_or_else(|e| e.into_inner());
     let ledger = pg_testkit::fresh();
-    // Each thread of this process by name, with its nice value (field 19 of its stat line,
-    // counted after the name, which is in parentheses).
+    // Each thread of this process by name, with its nice value.
     let nice_of = |name: &str| -> Vec<i64> {
         std::fs::read_dir("/proc/self/task")
             .unwrap()
             .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("stat")).ok())
             .filter_map(|stat| {
-                let (comm, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
-                (comm == name).then(|| rest.split(' ').nth(16)?.parse().ok())?
+                let (comm, _) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+                (comm == name).then(|| nice_in_stat(&stat))?
             })
             .collect()
     };
@@ -774,9 +773,7 @@ static NICE_POINT: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn large_reads_stay_below_commits_in_a_process_started_at_a_lowered_priority() {
     let _nice = NICE_POINT.lock().unwrap_or_else(|e| e.into_inner());
     let nice_of_tid = |tid: i64| -> i64 {
-        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
-        let (_, rest) = stat.rsplit_once(") ").unwrap();
-        rest.split(' ').nth(16).unwrap().parse().unwrap()
+        nice_in_stat(&std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap()).unwrap()
     };
     let (commits, reads) = std::thread::spawn(move || {
         // SAFETY: gettid has no arguments; setpriority only reads its arguments (lowering a
@@ -801,4 +798,11 @@ fn large_reads_stay_below_commits_in_a_process_started_at_a_lowered_priority() {
         reads, 19,
         "the reads' thread at nice {reads}, the commits' at {commits}"
     );
+}
+
+/// The nice value in a thread's `/proc` stat line: field 19, counted after the thread's name,
+/// which is in parentheses (and may hold spaces or parentheses itself).
+#[cfg(target_os = "linux")]
+fn nice_in_stat(stat: &str) -> Option<i64> {
+    stat.rsplit_once(") ")?.1.split(' ').nth(16)?.parse().ok()
 }
