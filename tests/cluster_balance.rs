@@ -75,16 +75,29 @@ fn settle_kept(nodes: &[&Server], sessions: u64) -> Vec<u64> {
     }
 }
 
-/// Who holds each live tenure, as the database says.
-fn holders(url: &str) -> BTreeMap<String, String> {
+/// Each session's `column` in the tenure table, of the rows matching `filter`.
+fn tenure_column(url: &str, column: &str, filter: &str) -> BTreeMap<String, String> {
     psql(
         url,
-        "SELECT convert_from(session, 'UTF8') || '|' || owner FROM brood.session_leases WHERE expires_at > now()",
+        &format!("SELECT convert_from(session, 'UTF8') || '|' || {column} FROM brood.session_leases {filter}"),
     )
     .lines()
     .filter_map(|l| l.split_once('|'))
     .map(|(s, o)| (s.to_string(), o.to_string()))
     .collect()
+}
+
+/// Who holds each live tenure, as the database says.
+fn holders(url: &str) -> BTreeMap<String, String> {
+    tenure_column(url, "owner", "WHERE expires_at > now()")
+}
+
+/// Each session's tenure epoch, as the database says: one more at every take.
+fn epochs(url: &str) -> BTreeMap<String, u64> {
+    tenure_column(url, "epoch", "")
+        .into_iter()
+        .map(|(s, e)| (s, e.parse().unwrap()))
+        .collect()
 }
 
 /// A tiny random source for the workload (which process, which session).
@@ -317,6 +330,39 @@ fn processes_joining_take_their_share_by_handover_while_a_workload_loses_nothing
         let mine = held.values().filter(|o| *o == n).count() as u64;
         assert!(within_bound(mine, 60, 3), "{n} holds {mine}: {held:?}");
     }
+}
+
+#[test]
+fn scaling_out_from_two_processes_to_four_moves_each_session_at_most_once() {
+    const N: u64 = 160;
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let names = sessions(N as usize);
+    for s in &names {
+        a.open(s);
+    }
+    let b = node(dir.path(), &url, "b");
+    settle_kept(&[&a, &b], N);
+    let before = epochs(&url);
+    // Two join: each of the first two hands over about half of what it holds, a few per round,
+    // and every round's givers and takers sweep together at the handover's notice.
+    let c = node(dir.path(), &url, "c");
+    let d = node(dir.path(), &url, "d");
+    let counts = settle_kept(&[&a, &b, &c, &d], N);
+    let after = epochs(&url);
+    let moves: BTreeMap<&String, u64> = names.iter().map(|s| (s, after[s].saturating_sub(before[s]))).collect();
+    let moved = moves.values().filter(|&&m| m > 0).count() as u64;
+    let again: Vec<_> = moves.iter().filter(|(_, &m)| m > 1).collect();
+    eprintln!("settled at {counts:?}; {moved} sessions moved");
+    assert!(
+        again.is_empty(),
+        "sessions moved more than once (a process took past its share and handed them on): {again:?}"
+    );
+    assert!(
+        moved >= N / 2 - N / 10,
+        "the newcomers' shares came by handover: {moved} moved"
+    );
 }
 
 #[test]

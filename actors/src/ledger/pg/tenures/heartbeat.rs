@@ -77,6 +77,9 @@ impl HeldTenures {
         let sent = Instant::now();
         let mut client = self.pool.get().await.map_err(pool_error)?;
         let what = "renewing this process's heartbeat";
+        // Its count of sessions held is written here only with a new row: a sweep, a take and
+        // a handover write it as it changes, in order, and a renewal's count (worked out before
+        // it was sent) could land after one of theirs.
         let alive: bool = client
             .query_one(
                 &format!(
@@ -85,7 +88,7 @@ impl HeldTenures {
                          INSERT INTO {nodes} AS n (node, address, instance, held, expires_at)
                          VALUES ($1, $2, $3, $4, now() + $5::int8 * interval '1 millisecond')
                          ON CONFLICT (instance) DO UPDATE SET node = EXCLUDED.node, address = EXCLUDED.address,
-                             held = EXCLUDED.held, expires_at = EXCLUDED.expires_at
+                             expires_at = EXCLUDED.expires_at
                          RETURNING clock_timestamp() AS written)
                      SELECT coalesce((SELECT expires_at FROM before), '-infinity')
                          > (SELECT written FROM beat) + $5::int8 / 5 * interval '1 millisecond'",

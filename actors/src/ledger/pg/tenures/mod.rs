@@ -43,7 +43,10 @@
 //!   by default): a commit of many sessions takes the locks of their buckets instead of theirs
 //!   (one of [`locks::BUCKETS`] per session, at most that many), a takeover takes both of each session
 //!   it takes, and a start or a sweep takes its tenures in batches of [`locks::TAKE_BATCH`].
-//! - **Processes.** The heartbeats carry how many tenures each process holds. The sweep's one
+//! - **Processes.** The heartbeats carry how many tenures each process holds, written as it
+//!   changes: by a take (as it ends), by a handover (before its give-back commits and tells the
+//!   others, so a process sweeping at the notice never counts a session given both as the
+//!   giver's and as free), and by every sweep, in the order the counts were worked out. The sweep's one
 //!   read ([`Tenures::spread`]) counts the live processes and what they hold from them, and the
 //!   free tenures: those given back by the index on `expires_at`, those of dead instances (a few
 //!   rows of `nodes`) by the index on `instance` — never a scan of the sessions. It also deletes
@@ -145,6 +148,10 @@ pub(super) struct HeldTenures {
     runtime: tokio::runtime::Handle,
     /// One take at a time in this process: two takes of one tenure would each raise its epoch.
     taking: tokio::sync::Mutex<()>,
+    /// Held while this process's count of held sessions is worked out and written to its row of
+    /// `nodes`: writes of the count land in the order they were worked out, so none overwrites a
+    /// later one with an earlier.
+    counting: tokio::sync::Mutex<()>,
     /// How many times each session's tenure was lost (its rows refused at a commit, or a renewal
     /// found it taken over).
     refusals: Mutex<HashMap<String, u64>>,
@@ -203,6 +210,7 @@ impl HeldTenures {
             on_lost: OnceLock::new(),
             runtime,
             taking: tokio::sync::Mutex::new(()),
+            counting: tokio::sync::Mutex::new(()),
             refusals: Mutex::new(HashMap::new()),
             instance: format!("{}{}", crate::model::random_hex(), crate::model::random_hex()),
             nodes_table: format!("\"{schema}\".nodes"),
@@ -379,6 +387,12 @@ impl HeldTenures {
 
     async fn give_back_once(&self, back: GiveBack, tell: bool) -> Result<u64, LedgerError> {
         let mut client = self.pool.get().await.map_err(pool_error)?;
+        let top_level = |n: &Vec<u8>| crate::model::nest_parent(&String::from_utf8_lossy(n)).is_none();
+        if tell && back.names.iter().any(top_level) {
+            // Written before the give-back commits and tells: the count read at the notice is
+            // this one (until then the sessions count as the giver's, not yet free).
+            self.write_held(&client).await;
+        }
         let what = "giving session tenures back";
         let tx = client.transaction().await.map_err(pg_error(what))?;
         let given = tx

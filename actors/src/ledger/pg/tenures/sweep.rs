@@ -36,10 +36,36 @@ impl HeldTenures {
         Ok(row.get(0))
     }
 
+    /// Writes how many top-level sessions this process holds to its row of `nodes` (when that
+    /// changed), as a take or a handover changes it, not only at the next sweep: a process
+    /// sweeping at a handover's notice then does not count the sessions given both as the
+    /// giver's and as free (a share too high, taken past, and handed over again). A statement
+    /// of its own, not in the give-back's or the take's transaction: the row is locked for the
+    /// statement only, never for a transaction a renewal would wait behind. Failing, it is only
+    /// logged: the next sweep writes the count again.
+    pub(super) async fn write_held(&self, client: &deadpool_postgres::Object) {
+        let _counting = self.counting.lock().await;
+        let written = client
+            .execute(&self.held_written(), &[&self.instance, &self.top_level_held()])
+            .await;
+        if let Err(e) = written {
+            tracing::warn!("writing how many sessions this process holds failed (its next sweep writes it): {e}");
+        }
+    }
+
+    /// SQL: writes `$2` as the count of sessions instance `$1` holds, when it changed.
+    fn held_written(&self) -> String {
+        format!(
+            "UPDATE {} SET held = $2 WHERE instance = $1 AND held <> $2",
+            self.nodes_table
+        )
+    }
+
     /// What the live processes hold and what is free; writes this process's held count first
     /// when it changed, and deletes a few expired rows of sessions no longer stored.
     pub(super) async fn spread(&self) -> Result<Spread, LedgerError> {
         let client = self.pool.get().await.map_err(pool_error)?;
+        let _counting = self.counting.lock().await;
         let held = self.top_level_held();
         let given = self.recently_given();
         let stored = format!(
@@ -175,6 +201,19 @@ impl HeldTenures {
             }
         }
         tracing::debug!(asked = ?one.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()), ?taken, "session tenures taken");
+        if taken.iter().any(|(s, _)| crate::model::nest_parent(s).is_none()) {
+            // Not waited for: a take goes through while the table of processes is stalled (its
+            // tenures then last no longer than the heartbeat before the stall).
+            let tenures = self.clone();
+            self.runtime.spawn(async move {
+                match tenures.pool.get().await {
+                    Ok(client) => tenures.write_held(&client).await,
+                    Err(e) => tracing::warn!(
+                        "writing how many sessions this process holds failed (its next sweep writes it): {e}"
+                    ),
+                }
+            });
+        }
         if taken.len() >= VACUUM_AFTER {
             // Their rows changed from free to held at once. Cleaned now, not at the next
             // automatic vacuum: until then the index on expiry still holds their free versions

@@ -1145,3 +1145,44 @@ fn a_read_of_many_sessions_moves_aside_only_the_unreadable_rows_of_the_sessions_
     assert_eq!(rows(&a), "0,0,0", "s1's moved aside by its holder");
     assert_eq!(a.quarantined().unwrap().len(), 6);
 }
+
+/// How many sessions `node`'s row of `nodes` says it holds.
+fn written_held(ledger: &PgLedger, node: &str) -> u64 {
+    text(
+        ledger,
+        &format!("SELECT held::text FROM \"{{schema}}\".nodes WHERE node = '{node}'"),
+    )
+    .parse()
+    .unwrap()
+}
+
+/// The count of sessions a process holds is written as a take or a handover changes it, not
+/// only at its next sweep: a process sweeping at the handover's notice reads the giver's count
+/// without the sessions given (counted twice, as the giver's and as free, they raised the share
+/// the others took up to, and sessions moved again).
+#[test]
+fn a_take_and_a_handover_write_the_count_of_sessions_held_at_once() {
+    let schema = pg_testkit::fresh_schema();
+    let names = ["s1", "s2", "s3", "s4", "s5", "s6"];
+    // Stored by a process not sharing the schema: their tenures are anyone's once shared.
+    let plain = PgLedger::open_in(&pg_testkit::url(), &schema).unwrap();
+    store_sessions(&plain, &names);
+    drop(plain);
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    assert_eq!(tenures(&a).acquire_free(usize::MAX).unwrap().len(), 6);
+    // Written as the take ends (not waited for: a take goes through a stalled table of processes).
+    until("the take's count to be written", || written_held(&a, "a") == 6);
+    let nested = "deleg_00ff.0";
+    assert_eq!(tenures(&a).acquire(nested).unwrap(), TenureHolder::Here(1));
+    assert_eq!(written_held(&a, "a"), 6, "a nested session is not counted");
+    tenures(&a)
+        .hand_over(&[("s1".to_string(), None), ("s2".to_string(), None)])
+        .unwrap();
+    assert_eq!(written_held(&a, "a"), 4, "written before the handover told the others");
+    // b, sweeping at the notice, counts what a holds now and what is free: 6 in all.
+    let spread = tenures(&b).spread().unwrap();
+    assert_eq!((spread.others.clone(), spread.free), (vec![4], 2), "{spread:?}");
+    assert_eq!(tenures(&b).acquire_free(usize::MAX).unwrap(), ["s1", "s2"]);
+    until("b's count to be written", || written_held(&b, "b") == 2);
+    assert_eq!(tenures(&a).spread().unwrap().others, [2]);
+}
