@@ -161,6 +161,7 @@ impl Supervisor {
             let spread = tenures.spread()?;
             let here = tenures.held_count() as u64;
             let plan = balance::plan(&spread, here);
+            tracing::debug!(here, free = spread.free, others = ?spread.others, take = plan.take, give = plan.give, "sweep planned");
             let taken = if (plan.take > 0 && spread.takeable > 0) || spread.nests > 0 {
                 tenures.acquire_free(usize::try_from(plan.take).unwrap_or(usize::MAX))?
             } else {

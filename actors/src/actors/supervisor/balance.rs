@@ -35,10 +35,11 @@ pub(crate) fn slack(sessions: u64, nodes: u64) -> u64 {
 }
 
 /// The most sessions a process with share `share` hands over in one round (one renewal
-/// period): a few, an eighth of its share when that is more, so a large spread settles in a
-/// few rounds and a small one without thrash.
+/// period): a few, a quarter of its share when that is more, so a large spread settles in a
+/// few rounds (a process that joined two holding every session gets its share in eight) and a
+/// small one without thrash.
 pub(crate) fn give_per_round(share: u64) -> u64 {
-    (share / 8).max(4)
+    (share / 4).max(4)
 }
 
 /// What a process holding `here` sessions does, given what the others hold and what is free.
@@ -127,13 +128,15 @@ mod tests {
 
     #[test]
     fn a_process_over_its_share_and_slack_gives_a_few_per_round() {
-        // 60 sessions held by one, two joined: share 20, give at most 4 a round.
+        // 60 sessions held by one, two joined: share 20, give at most 5 a round.
         let p = plan(&spread(&[0, 0], 0), 60);
-        assert_eq!(p, Plan { take: 0, give: 4 });
+        assert_eq!(p, Plan { take: 0, give: 5 });
+        // A small share still gives a few.
+        assert_eq!(plan(&spread(&[0, 0], 0), 24).give, 4);
         // Within the slack: nothing given.
         assert_eq!(plan(&spread(&[19, 19], 0), 22).give, 0);
-        // A large spread gives an eighth of the share a round.
-        assert_eq!(plan(&spread(&[0], 0), 800).give, 50);
+        // A large spread gives a quarter of the share a round.
+        assert_eq!(plan(&spread(&[0], 0), 800).give, 100);
     }
 
     #[test]

@@ -183,6 +183,7 @@ impl Tenures for PgTenures {
             names: vec![session_id.as_bytes().to_vec()],
             epochs: vec![held.epoch],
             parents: vec![None],
+            counted: 0,
         };
         self.0.runtime.spawn(async move {
             if let Err(e) = tenures.give_back(back, false).await {

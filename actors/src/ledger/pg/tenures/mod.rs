@@ -43,10 +43,14 @@
 //!   by default): a commit of many sessions takes the locks of their buckets instead of theirs
 //!   (one of [`locks::BUCKETS`] per session, at most that many), a takeover takes both of each session
 //!   it takes, and a start or a sweep takes its tenures in batches of [`locks::TAKE_BATCH`].
-//! - **Processes.** The heartbeats carry how many tenures each process holds, written as it
-//!   changes: by a take (as it ends), by a handover (before its give-back commits and tells the
-//!   others, so a process sweeping at the notice never counts a session given both as the
-//!   giver's and as free), and by every sweep, in the order the counts were worked out. The sweep's one
+//! - **Processes.** The heartbeats carry how many top-level sessions each process holds,
+//!   written as it changes, in the transaction that changes it: a take's, and a handover's
+//!   give-back (with its `NOTIFY`), so a process sweeping at the notice sees the sessions free
+//!   and the giver's count without them together, never counted twice (a share too high, taken
+//!   past, and sessions handed on a second time) nor missing. Every sweep writes it too, and the
+//!   writes land in the order the counts were worked out. The count is written only when the
+//!   row is not locked (by a renewal under way), else just after, so a take or a give-back never
+//!   waits for a renewal. The sweep's one
 //!   read ([`Tenures::spread`]) counts the live processes and what they hold from them, and the
 //!   free tenures: those given back by the index on `expires_at`, those of dead instances (a few
 //!   rows of `nodes`) by the index on `instance` — never a scan of the sessions. It also deletes
@@ -149,9 +153,12 @@ pub(super) struct HeldTenures {
     /// One take at a time in this process: two takes of one tenure would each raise its epoch.
     taking: tokio::sync::Mutex<()>,
     /// Held while this process's count of held sessions is worked out and written to its row of
-    /// `nodes`: writes of the count land in the order they were worked out, so none overwrites a
-    /// later one with an earlier.
+    /// `nodes`, until the write commits: writes of the count land in the order they were worked
+    /// out, so none overwrites a later one with an earlier.
     counting: tokio::sync::Mutex<()>,
+    /// Top-level sessions no longer held here whose give-back has not ended: the others still
+    /// see their tenures as this process's, so they are in its count until it commits.
+    giving: std::sync::atomic::AtomicI64,
     /// How many times each session's tenure was lost (its rows refused at a commit, or a renewal
     /// found it taken over).
     refusals: Mutex<HashMap<String, u64>>,
@@ -211,6 +218,7 @@ impl HeldTenures {
             runtime,
             taking: tokio::sync::Mutex::new(()),
             counting: tokio::sync::Mutex::new(()),
+            giving: std::sync::atomic::AtomicI64::new(0),
             refusals: Mutex::new(HashMap::new()),
             instance: format!("{}{}", crate::model::random_hex(), crate::model::random_hex()),
             nodes_table: format!("\"{schema}\".nodes"),
@@ -229,6 +237,15 @@ impl HeldTenures {
             .keys()
             .filter(|s| crate::model::nest_parent(s).is_none())
             .count() as i64
+    }
+
+    /// The count of top-level sessions the others should see this process hold: those held,
+    /// and those whose give-back has not ended (their tenures are still this process's).
+    fn counted(&self) -> i64 {
+        let held = self.held();
+        let top_level = held.keys().filter(|s| crate::model::nest_parent(s).is_none()).count() as i64;
+        // Read under `held`'s lock, as `unhold` moves sessions from one to the other.
+        top_level + self.giving.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn given(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
@@ -371,7 +388,7 @@ impl HeldTenures {
     /// Gives tenures back (each at the epoch this process held it, a nested one naming its
     /// parent session when given): they run out now. With `tell`, the other processes are told
     /// when it commits. When it fails, they are given back at the next renewal.
-    async fn give_back(&self, back: GiveBack, tell: bool) -> Result<u64, LedgerError> {
+    async fn give_back(self: &Arc<Self>, back: GiveBack, tell: bool) -> Result<u64, LedgerError> {
         let names: Vec<String> = back
             .names
             .iter()
@@ -385,14 +402,21 @@ impl HeldTenures {
         given
     }
 
-    async fn give_back_once(&self, back: GiveBack, tell: bool) -> Result<u64, LedgerError> {
-        let mut client = self.pool.get().await.map_err(pool_error)?;
-        let top_level = |n: &Vec<u8>| crate::model::nest_parent(&String::from_utf8_lossy(n)).is_none();
-        if tell && back.names.iter().any(top_level) {
-            // Written before the give-back commits and tells: the count read at the notice is
-            // this one (until then the sessions count as the giver's, not yet free).
-            self.write_held(&client).await;
+    async fn give_back_once(self: &Arc<Self>, back: GiveBack, tell: bool) -> Result<u64, LedgerError> {
+        let given = self.give_back_counted(&back, tell).await;
+        if given.is_err() {
+            self.giving.fetch_sub(back.counted, std::sync::atomic::Ordering::SeqCst);
         }
+        given
+    }
+
+    /// Gives `back` back in one transaction which, when it tells the others, also writes this
+    /// process's count of sessions without them: the others, sweeping at the notice, see the
+    /// sessions free and the count without them together, never counted twice (as this
+    /// process's and as free: a share too high, taken past, and sessions handed on again) nor
+    /// missing (a share too low).
+    async fn give_back_counted(self: &Arc<Self>, back: &GiveBack, tell: bool) -> Result<u64, LedgerError> {
+        let mut client = self.pool.get().await.map_err(pool_error)?;
         let what = "giving session tenures back";
         let tx = client.transaction().await.map_err(pg_error(what))?;
         let given = tx
@@ -407,12 +431,30 @@ impl HeldTenures {
             )
             .await
             .map_err(pg_error(what))?;
-        if tell && given > 0 {
-            tx.execute("SELECT pg_notify($1, $2)", &[&self.channel, &self.config.address])
-                .await
-                .map_err(pg_error("telling the other processes of tenures given back"))?;
+        let ended = || self.giving.fetch_sub(back.counted, std::sync::atomic::Ordering::SeqCst);
+        if !(tell && given > 0) {
+            tx.commit().await.map_err(pg_error(what))?;
+            ended();
+            return Ok(given);
         }
+        let _counting = self.counting.lock().await;
+        let held = self.counted() - back.counted;
+        let counted: i64 = tx
+            .query_one(
+                &format!(
+                    "WITH counted AS ({}) SELECT (SELECT count(*) FROM counted), pg_notify($3, $4)",
+                    self.held_written_unless_locked()
+                ),
+                &[&self.instance, &held, &self.channel, &self.config.address],
+            )
+            .await
+            .map_err(pg_error("telling the other processes of tenures given back"))?
+            .get(0);
         tx.commit().await.map_err(pg_error(what))?;
+        ended();
+        if counted == 0 {
+            self.count_later();
+        }
         Ok(given)
     }
 
@@ -425,8 +467,12 @@ impl HeldTenures {
                 back.names.push(s.as_bytes().to_vec());
                 back.epochs.push(h.epoch);
                 back.parents.push(parent.as_ref().map(|p| p.as_bytes().to_vec()));
+                back.counted += i64::from(crate::model::nest_parent(s).is_none());
             }
         }
+        // Counted as this process's until the give-back ends (taken under `held`'s lock: a
+        // count worked out meanwhile has them in one place or the other).
+        self.giving.fetch_add(back.counted, std::sync::atomic::Ordering::SeqCst);
         back
     }
 
@@ -555,4 +601,6 @@ struct GiveBack {
     names: Vec<Vec<u8>>,
     epochs: Vec<i64>,
     parents: Vec<Option<Vec<u8>>>,
+    /// How many of them are top-level sessions counted in [`HeldTenures::giving`].
+    counted: i64,
 }

@@ -36,21 +36,24 @@ impl HeldTenures {
         Ok(row.get(0))
     }
 
-    /// Writes how many top-level sessions this process holds to its row of `nodes` (when that
-    /// changed), as a take or a handover changes it, not only at the next sweep: a process
-    /// sweeping at a handover's notice then does not count the sessions given both as the
-    /// giver's and as free (a share too high, taken past, and handed over again). A statement
-    /// of its own, not in the give-back's or the take's transaction: the row is locked for the
-    /// statement only, never for a transaction a renewal would wait behind. Failing, it is only
-    /// logged: the next sweep writes the count again.
-    pub(super) async fn write_held(&self, client: &deadpool_postgres::Object) {
-        let _counting = self.counting.lock().await;
-        let written = client
-            .execute(&self.held_written(), &[&self.instance, &self.top_level_held()])
-            .await;
-        if let Err(e) = written {
-            tracing::warn!("writing how many sessions this process holds failed (its next sweep writes it): {e}");
-        }
+    /// Writes how many top-level sessions this process holds to its row of `nodes` later, in a
+    /// statement of its own (waiting for the row, not waited for): for a take or a give-back
+    /// that found the row locked (a renewal under way) and went through without writing it.
+    pub(super) fn count_later(self: &Arc<Self>) {
+        let tenures = self.clone();
+        self.runtime.spawn(async move {
+            let written = async {
+                let client = tenures.pool.get().await.map_err(pool_error)?;
+                let _counting = tenures.counting.lock().await;
+                client
+                    .execute(&tenures.held_written(), &[&tenures.instance, &tenures.counted()])
+                    .await
+                    .map_err(pg_error("writing how many sessions this process holds"))
+            };
+            if let Err(e) = written.await {
+                tracing::warn!("{e} (its next sweep writes it)");
+            }
+        });
     }
 
     /// SQL: writes `$2` as the count of sessions instance `$1` holds, when it changed.
@@ -61,12 +64,24 @@ impl HeldTenures {
         )
     }
 
+    /// SQL: writes `$2` as the count of sessions instance `$1` holds, unless its row is locked
+    /// (by a renewal under way, or a stalled table of processes): never waited for inside a
+    /// take's or a give-back's transaction. Returns a row when written.
+    pub(super) fn held_written_unless_locked(&self) -> String {
+        format!(
+            "UPDATE {nodes} SET held = $2 WHERE instance =
+                 (SELECT instance FROM {nodes} WHERE instance = $1 FOR NO KEY UPDATE SKIP LOCKED)
+             RETURNING 1",
+            nodes = self.nodes_table
+        )
+    }
+
     /// What the live processes hold and what is free; writes this process's held count first
     /// when it changed, and deletes a few expired rows of sessions no longer stored.
     pub(super) async fn spread(&self) -> Result<Spread, LedgerError> {
         let client = self.pool.get().await.map_err(pool_error)?;
         let _counting = self.counting.lock().await;
-        let held = self.top_level_held();
+        let held = self.counted();
         let given = self.recently_given();
         let stored = format!(
             "EXISTS (SELECT 1 FROM {} s WHERE s.key = l.session)",
@@ -201,19 +216,6 @@ impl HeldTenures {
             }
         }
         tracing::debug!(asked = ?one.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()), ?taken, "session tenures taken");
-        if taken.iter().any(|(s, _)| crate::model::nest_parent(s).is_none()) {
-            // Not waited for: a take goes through while the table of processes is stalled (its
-            // tenures then last no longer than the heartbeat before the stall).
-            let tenures = self.clone();
-            self.runtime.spawn(async move {
-                match tenures.pool.get().await {
-                    Ok(client) => tenures.write_held(&client).await,
-                    Err(e) => tracing::warn!(
-                        "writing how many sessions this process holds failed (its next sweep writes it): {e}"
-                    ),
-                }
-            });
-        }
         if taken.len() >= VACUUM_AFTER {
             // Their rows changed from free to held at once. Cleaned now, not at the next
             // automatic vacuum: until then the index on expiry still holds their free versions
@@ -229,7 +231,7 @@ impl HeldTenures {
     /// Takes the tenures of `batch` that are free (see [`HeldTenures::take`]) in one
     /// transaction, and holds them from now on.
     async fn take_batch(
-        &self,
+        self: &Arc<Self>,
         client: &mut deadpool_postgres::Object,
         batch: &[Vec<u8>],
         held: &[Vec<u8>],
@@ -271,7 +273,27 @@ impl HeldTenures {
             )
             .await
             .map_err(pg_error(what))?;
+        // This process's count with the sessions taken, written in the same transaction (so the
+        // others never see them neither free nor counted), and the sessions held here before
+        // another count is worked out.
+        let top_level = rows
+            .iter()
+            .filter(|r| crate::model::nest_parent(&String::from_utf8_lossy(r.get::<_, &[u8]>(0))).is_none())
+            .count() as i64;
+        let _counting = self.counting.lock().await;
+        let counted = if top_level > 0 {
+            let held = self.counted() + top_level;
+            tx.query(&self.held_written_unless_locked(), &[&self.instance, &held])
+                .await
+                .map_err(pg_error(what))?
+                .len()
+        } else {
+            1
+        };
         tx.commit().await.map_err(pg_error(what))?;
+        if counted == 0 {
+            self.count_later();
+        }
         // Served no longer than the heartbeat it lasts as long as (its take found it alive).
         let beat = *self.beat.lock().unwrap_or_else(|p| p.into_inner());
         let deadline = beat.map_or(sent, |b| b.min(self.deadline(sent)));

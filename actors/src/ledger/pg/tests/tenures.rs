@@ -1028,7 +1028,7 @@ fn a_renewal_held_up_past_the_heartbeats_end_reads_its_tenures_back() {
 
 /// A tenure taken after the last renewal that went through is served no longer than the
 /// heartbeat that renewal wrote, which the tenure lasts as long as: once the renewals stop
-/// going through (here: the table of processes locked), every tenure stops being served
+/// going through (here: the process's row of the table of processes locked), every tenure stops being served
 /// together, the ones taken since too (another process takes them all when the heartbeat
 /// runs out).
 #[test]
@@ -1036,8 +1036,12 @@ fn a_tenure_taken_after_the_last_renewal_is_served_no_longer_than_its_heartbeat(
     let schema = pg_testkit::fresh_schema();
     let a = node(&schema, "a", Duration::from_millis(3000));
     assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
-    let (unlock, locker) = table_locked(&a, "nodes");
-    // A renewal waits on the lock: the last one that went through was sent a turn before.
+    let (unlock, locker) = held_open(
+        &a,
+        "SELECT 1 FROM \"{schema}\".nodes WHERE node = 'a' FOR NO KEY UPDATE",
+    );
+    // A renewal waits on the lock: the last one that went through was sent a turn before. A
+    // take goes through (its count of sessions held is written later).
     until("a renewal to wait for the table", || waiting(&a, None) >= 1);
     assert_eq!(tenures(&a).acquire("s2").unwrap(), TenureHolder::Here(1));
     until("s1 to stop being served", || !tenures(&a).serving("s1"));
@@ -1170,7 +1174,7 @@ fn a_take_and_a_handover_write_the_count_of_sessions_held_at_once() {
     drop(plain);
     let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
     assert_eq!(tenures(&a).acquire_free(usize::MAX).unwrap().len(), 6);
-    // Written as the take ends (not waited for: a take goes through a stalled table of processes).
+    // Written by the take's transaction (or just after, had a renewal held the row then).
     until("the take's count to be written", || written_held(&a, "a") == 6);
     let nested = "deleg_00ff.0";
     assert_eq!(tenures(&a).acquire(nested).unwrap(), TenureHolder::Here(1));
@@ -1178,7 +1182,7 @@ fn a_take_and_a_handover_write_the_count_of_sessions_held_at_once() {
     tenures(&a)
         .hand_over(&[("s1".to_string(), None), ("s2".to_string(), None)])
         .unwrap();
-    assert_eq!(written_held(&a, "a"), 4, "written before the handover told the others");
+    until("the handover's count to be written", || written_held(&a, "a") == 4);
     // b, sweeping at the notice, counts what a holds now and what is free: 6 in all.
     let spread = tenures(&b).spread().unwrap();
     assert_eq!((spread.others.clone(), spread.free), (vec![4], 2), "{spread:?}");
