@@ -335,20 +335,24 @@ fn processes_joining_take_their_share_by_handover_while_a_workload_loses_nothing
 #[test]
 fn scaling_out_from_two_processes_to_four_moves_each_session_at_most_once() {
     const N: u64 = 160;
+    // Rounds of handovers a third of it apart: the two joining take their places within one
+    // round of each other however slowly a loaded machine starts them (one joining a round
+    // before the other would take a three-process share, and rightly hand some on).
+    const TENURE: &str = "6000";
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
-    let a = node(dir.path(), &url, "a");
+    let a = Server::node(dir.path(), &url, "a", TENURE);
     let names = sessions(N as usize);
     for s in &names {
         a.open(s);
     }
-    let b = node(dir.path(), &url, "b");
+    let b = Server::node(dir.path(), &url, "b", TENURE);
     settle_kept(&[&a, &b], N);
     let before = epochs(&url);
     // Two join: each of the first two hands over about half of what it holds, a few per round,
     // and every round's givers and takers sweep together at the handover's notice.
-    let c = node(dir.path(), &url, "c");
-    let d = node(dir.path(), &url, "d");
+    let c = Server::node(dir.path(), &url, "c", TENURE);
+    let d = Server::node(dir.path(), &url, "d", TENURE);
     let counts = settle_kept(&[&a, &b, &c, &d], N);
     let after = epochs(&url);
     let moves: BTreeMap<&String, u64> = names.iter().map(|s| (s, after[s].saturating_sub(before[s]))).collect();

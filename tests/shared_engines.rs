@@ -525,12 +525,14 @@ async fn a_session_swept_back_while_its_old_owner_still_stops_is_taken_up() {
     open_wake(&a, "t").await;
     failpoints::arm("moved_hold", 1);
     // a's heartbeat lapses (a pause) and another process, c, takes s over: a's renewal finds
-    // it lost, and its owner is told (held there, not stopped yet).
+    // it lost, and its owner is told (held there, not stopped yet). c holds one session besides,
+    // so a's share, once s is free again, is two.
     pg_testkit::execute(
         &url,
         &format!(
-            "INSERT INTO \"{schema}\".nodes (instance, node, address, held, expires_at)
-                 VALUES ('c1', 'c', 'http://c', 1, now() + interval '1 hour');
+            "INSERT INTO \"{schema}\".nodes (instance, node, address, expires_at)
+                 VALUES ('c1', 'c', 'http://c', now() + interval '1 hour');
+             INSERT INTO \"{schema}\".held_counts (instance, held) VALUES ('c1', 1);
              UPDATE \"{schema}\".nodes SET expires_at = now() - interval '1 second' WHERE node = 'a';
              UPDATE \"{schema}\".session_leases SET owner = 'c', address = 'http://c', epoch = epoch + 1,
                  instance = 'c1', expires_at = 'infinity' WHERE session = 's'::bytea"

@@ -108,6 +108,17 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
          ALTER TABLE \"{schema}\".nodes ADD PRIMARY KEY (instance);
          CREATE INDEX ON \"{schema}\".session_leases (instance)",
     ),
+    (
+        11,
+        "counts of sessions held",
+        // How many sessions each process instance holds, in a row of its own beside its
+        // heartbeat: written in the transaction of each take and give-back (see tenures.rs),
+        // which then never holds the heartbeat's row a renewal writes. `nodes.held` is no
+        // longer written.
+        "CREATE TABLE \"{schema}\".held_counts (
+             instance text PRIMARY KEY,
+             held bigint NOT NULL)",
+    ),
 ];
 
 impl PgLedger {

@@ -21,18 +21,24 @@ impl HeldTenures {
     /// meanwhile, by a process paused that long, is kept). Returns how many it deleted.
     pub(in crate::ledger::pg) async fn forget_dead_nodes(&self) -> Result<u64, LedgerError> {
         let client = self.pool.get().await.map_err(pool_error)?;
-        client
-            .execute(
+        let row = client
+            .query_one(
                 &format!(
-                    "DELETE FROM {nodes} n WHERE n.expires_at < now() - $1::int8 * interval '1 millisecond'
-                       AND NOT EXISTS (SELECT 1 FROM {t} r WHERE r.instance = n.instance AND r.expires_at >= now())",
+                    "WITH gone AS (
+                         DELETE FROM {nodes} n WHERE n.expires_at < now() - $1::int8 * interval '1 millisecond'
+                           AND NOT EXISTS (SELECT 1 FROM {t} r WHERE r.instance = n.instance AND r.expires_at >= now())
+                         RETURNING n.instance),
+                     counted AS (DELETE FROM {counts} c WHERE c.instance IN (SELECT instance FROM gone))
+                     SELECT count(*) FROM gone",
                     nodes = self.nodes_table,
+                    counts = self.counts_table,
                     t = self.table,
                 ),
                 &[&DEAD_NODES_KEPT_MS],
             )
             .await
-            .map_err(pg_error("deleting the heartbeats of processes long dead"))
+            .map_err(pg_error("deleting the heartbeats of processes long dead"))?;
+        Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
     }
 
     /// Gives every stored session without a tenure row one, free: the sweeps find free tenures
@@ -73,34 +79,24 @@ impl HeldTenures {
             .iter()
             .map(|(s, h)| (s.as_bytes().to_vec(), h.epoch))
             .unzip();
-        let held = self.top_level_held();
         let sent = Instant::now();
         let mut client = self.pool.get().await.map_err(pool_error)?;
         let what = "renewing this process's heartbeat";
-        // Its count of sessions held is written here only with a new row: a sweep, a take and
-        // a handover write it as it changes, in order, and a renewal's count (worked out before
-        // it was sent) could land after one of theirs.
         let alive: bool = client
             .query_one(
                 &format!(
                     "WITH before AS (SELECT expires_at FROM {nodes} WHERE instance = $3),
                      beat AS (
-                         INSERT INTO {nodes} AS n (node, address, instance, held, expires_at)
-                         VALUES ($1, $2, $3, $4, now() + $5::int8 * interval '1 millisecond')
+                         INSERT INTO {nodes} AS n (node, address, instance, expires_at)
+                         VALUES ($1, $2, $3, now() + $4::int8 * interval '1 millisecond')
                          ON CONFLICT (instance) DO UPDATE SET node = EXCLUDED.node, address = EXCLUDED.address,
                              expires_at = EXCLUDED.expires_at
                          RETURNING clock_timestamp() AS written)
                      SELECT coalesce((SELECT expires_at FROM before), '-infinity')
-                         > (SELECT written FROM beat) + $5::int8 / 5 * interval '1 millisecond'",
+                         > (SELECT written FROM beat) + $4::int8 / 5 * interval '1 millisecond'",
                     nodes = self.nodes_table,
                 ),
-                &[
-                    &self.config.node,
-                    &self.config.address,
-                    &self.instance,
-                    &held,
-                    &self.ttl_ms(),
-                ],
+                &[&self.config.node, &self.config.address, &self.instance, &self.ttl_ms()],
             )
             .await
             .map_err(pg_error(what))?

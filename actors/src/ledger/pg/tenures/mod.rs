@@ -10,8 +10,9 @@
 //!   row per session that was ever served. `owner` is a node id, stable across a node's
 //!   restarts; `instance` is the process that took the tenure (random at its start). Times are
 //!   the database's clock only.
-//! - **A tenure lasts as long as its holder's heartbeat.** `nodes(instance, node, address, held,
-//!   expires_at)` has one row per process instance, its heartbeat. A tenure is held while its
+//! - **A tenure lasts as long as its holder's heartbeat.** `nodes(instance, node, address,
+//!   expires_at)` has one row per process instance, its heartbeat (its `held` column is no
+//!   longer written: see `held_counts` below). A tenure is held while its
 //!   row's `expires_at` has not passed (`'infinity'` once taken; a give-back sets it in the past)
 //!   and its instance's heartbeat has not run out ([`HeldTenures::free`]).
 //! - **Taking a tenure** is one upsert that succeeds only when the tenure is free: no row, given
@@ -43,14 +44,15 @@
 //!   by default): a commit of many sessions takes the locks of their buckets instead of theirs
 //!   (one of [`locks::BUCKETS`] per session, at most that many), a takeover takes both of each session
 //!   it takes, and a start or a sweep takes its tenures in batches of [`locks::TAKE_BATCH`].
-//! - **Processes.** The heartbeats carry how many top-level sessions each process holds,
-//!   written as it changes, in the transaction that changes it: a take's, and a handover's
-//!   give-back (with its `NOTIFY`), so a process sweeping at the notice sees the sessions free
-//!   and the giver's count without them together, never counted twice (a share too high, taken
-//!   past, and sessions handed on a second time) nor missing. Every sweep writes it too, and the
-//!   writes land in the order the counts were worked out. The count is written only when the
-//!   row is not locked (by a renewal under way), else just after, so a take or a give-back never
-//!   waits for a renewal. The sweep's one
+//! - **Processes.** Each process instance's count of top-level sessions held is a row of
+//!   `held_counts`, beside its heartbeat (never in the heartbeat's row, so no count's write holds
+//!   up a renewal, nor waits for one). It is written in the transaction that changes it: a
+//!   take's, and a handover's give-back (with its `NOTIFY`), so a process sweeping at the notice
+//!   sees the sessions free and the giver's count without them together, never counted twice (a
+//!   share too high, taken past, and sessions handed on a second time) nor missing; sessions
+//!   whose give-back is under way count as the giver's until it commits. Every sweep writes it
+//!   too, and the writes land in the order the counts were worked out (one lock per process,
+//!   never held across a statement that may wait for a take). The sweep's one
 //!   read ([`Tenures::spread`]) counts the live processes and what they hold from them, and the
 //!   free tenures: those given back by the index on `expires_at`, those of dead instances (a few
 //!   rows of `nodes`) by the index on `instance` — never a scan of the sessions. It also deletes
@@ -167,6 +169,8 @@ pub(super) struct HeldTenures {
     instance: String,
     /// The table of live processes.
     nodes_table: String,
+    /// How many sessions each process instance holds.
+    counts_table: String,
     /// The channel a give-back is told on.
     channel: String,
     /// The sessions handed over lately, and when.
@@ -222,6 +226,7 @@ impl HeldTenures {
             refusals: Mutex::new(HashMap::new()),
             instance: format!("{}{}", crate::model::random_hex(), crate::model::random_hex()),
             nodes_table: format!("\"{schema}\".nodes"),
+            counts_table: format!("\"{schema}\".held_counts"),
             channel,
             given: Mutex::new(HashMap::new()),
             freed,
@@ -388,7 +393,7 @@ impl HeldTenures {
     /// Gives tenures back (each at the epoch this process held it, a nested one naming its
     /// parent session when given): they run out now. With `tell`, the other processes are told
     /// when it commits. When it fails, they are given back at the next renewal.
-    async fn give_back(self: &Arc<Self>, back: GiveBack, tell: bool) -> Result<u64, LedgerError> {
+    async fn give_back(&self, back: GiveBack, tell: bool) -> Result<u64, LedgerError> {
         let names: Vec<String> = back
             .names
             .iter()
@@ -402,7 +407,7 @@ impl HeldTenures {
         given
     }
 
-    async fn give_back_once(self: &Arc<Self>, back: GiveBack, tell: bool) -> Result<u64, LedgerError> {
+    async fn give_back_once(&self, back: GiveBack, tell: bool) -> Result<u64, LedgerError> {
         let given = self.give_back_counted(&back, tell).await;
         if given.is_err() {
             self.giving.fetch_sub(back.counted, std::sync::atomic::Ordering::SeqCst);
@@ -415,7 +420,7 @@ impl HeldTenures {
     /// sessions free and the count without them together, never counted twice (as this
     /// process's and as free: a share too high, taken past, and sessions handed on again) nor
     /// missing (a share too low).
-    async fn give_back_counted(self: &Arc<Self>, back: &GiveBack, tell: bool) -> Result<u64, LedgerError> {
+    async fn give_back_counted(&self, back: &GiveBack, tell: bool) -> Result<u64, LedgerError> {
         let mut client = self.pool.get().await.map_err(pool_error)?;
         let what = "giving session tenures back";
         let tx = client.transaction().await.map_err(pg_error(what))?;
@@ -439,22 +444,14 @@ impl HeldTenures {
         }
         let _counting = self.counting.lock().await;
         let held = self.counted() - back.counted;
-        let counted: i64 = tx
-            .query_one(
-                &format!(
-                    "WITH counted AS ({}) SELECT (SELECT count(*) FROM counted), pg_notify($3, $4)",
-                    self.held_written_unless_locked()
-                ),
-                &[&self.instance, &held, &self.channel, &self.config.address],
-            )
-            .await
-            .map_err(pg_error("telling the other processes of tenures given back"))?
-            .get(0);
+        tx.query_one(
+            &format!("WITH counted AS ({}) SELECT pg_notify($3, $4)", self.held_written()),
+            &[&self.instance, &held, &self.channel, &self.config.address],
+        )
+        .await
+        .map_err(pg_error("telling the other processes of tenures given back"))?;
         tx.commit().await.map_err(pg_error(what))?;
         ended();
-        if counted == 0 {
-            self.count_later();
-        }
         Ok(given)
     }
 
@@ -495,7 +492,10 @@ impl HeldTenures {
             // The heartbeat first: that waits for every take of this instance under way (each
             // locks it), and no take comes after; then the tenures, with those takes' in sight.
             tx.execute(
-                &format!("DELETE FROM {} WHERE instance = $1", self.nodes_table),
+                &format!(
+                    "WITH counted AS (DELETE FROM {} WHERE instance = $1) DELETE FROM {} WHERE instance = $1",
+                    self.counts_table, self.nodes_table
+                ),
                 &[&self.instance],
             )
             .await

@@ -36,43 +36,14 @@ impl HeldTenures {
         Ok(row.get(0))
     }
 
-    /// Writes how many top-level sessions this process holds to its row of `nodes` later, in a
-    /// statement of its own (waiting for the row, not waited for): for a take or a give-back
-    /// that found the row locked (a renewal under way) and went through without writing it.
-    pub(super) fn count_later(self: &Arc<Self>) {
-        let tenures = self.clone();
-        self.runtime.spawn(async move {
-            let written = async {
-                let client = tenures.pool.get().await.map_err(pool_error)?;
-                let _counting = tenures.counting.lock().await;
-                client
-                    .execute(&tenures.held_written(), &[&tenures.instance, &tenures.counted()])
-                    .await
-                    .map_err(pg_error("writing how many sessions this process holds"))
-            };
-            if let Err(e) = written.await {
-                tracing::warn!("{e} (its next sweep writes it)");
-            }
-        });
-    }
-
-    /// SQL: writes `$2` as the count of sessions instance `$1` holds, when it changed.
-    fn held_written(&self) -> String {
+    /// SQL: writes `$2` as the count of sessions instance `$1` holds (its row of
+    /// `held_counts`, which only this process writes, under its `counting` lock: never waited
+    /// for), when it changed.
+    pub(super) fn held_written(&self) -> String {
         format!(
-            "UPDATE {} SET held = $2 WHERE instance = $1 AND held <> $2",
-            self.nodes_table
-        )
-    }
-
-    /// SQL: writes `$2` as the count of sessions instance `$1` holds, unless its row is locked
-    /// (by a renewal under way, or a stalled table of processes): never waited for inside a
-    /// take's or a give-back's transaction. Returns a row when written.
-    pub(super) fn held_written_unless_locked(&self) -> String {
-        format!(
-            "UPDATE {nodes} SET held = $2 WHERE instance =
-                 (SELECT instance FROM {nodes} WHERE instance = $1 FOR NO KEY UPDATE SKIP LOCKED)
-             RETURNING 1",
-            nodes = self.nodes_table
+            "INSERT INTO {c} AS c (instance, held) VALUES ($1, $2)
+             ON CONFLICT (instance) DO UPDATE SET held = EXCLUDED.held WHERE c.held <> EXCLUDED.held",
+            c = self.counts_table
         )
     }
 
@@ -80,8 +51,15 @@ impl HeldTenures {
     /// when it changed, and deletes a few expired rows of sessions no longer stored.
     pub(super) async fn spread(&self) -> Result<Spread, LedgerError> {
         let client = self.pool.get().await.map_err(pool_error)?;
-        let _counting = self.counting.lock().await;
-        let held = self.counted();
+        {
+            // Written by a statement of its own, the lock let go before the read: the read's
+            // delete may wait for a take of this process's, which waits for the lock.
+            let _counting = self.counting.lock().await;
+            client
+                .execute(&self.held_written(), &[&self.instance, &self.counted()])
+                .await
+                .map_err(pg_error("writing how many sessions this process holds"))?;
+        }
         let given = self.recently_given();
         let stored = format!(
             "EXISTS (SELECT 1 FROM {} s WHERE s.key = l.session)",
@@ -91,39 +69,34 @@ impl HeldTenures {
         // The rows to delete are found with the dead instances named (by index), and each is
         // judged again as the delete finds it with the heartbeats as they are then: a tenure
         // taken meanwhile by an instance revived since is kept.
-        let (free, free_d) = (Self::free_among("l", "$6"), self.free("d"));
+        let (free, free_d) = (Self::free_among("l", "$5"), self.free("d"));
         let row = client
             .query_one(
                 &format!(
-                    "WITH beat AS (
-                         UPDATE {nodes} SET held = $3 WHERE instance = $2 AND held <> $3),
-                     gone AS (
+                    "WITH gone AS (
                          DELETE FROM {t} d WHERE d.session IN (
-                             SELECT l.session FROM {t} l WHERE {free} AND NOT {stored} LIMIT $4)
+                             SELECT l.session FROM {t} l WHERE {free} AND NOT {stored} LIMIT $3
+                             FOR UPDATE SKIP LOCKED)
                            AND {free_d})
                      SELECT
                          (SELECT count(*) FROM {t} l WHERE {free} AND l.parent IS NULL AND NOT {NESTED}
                               AND {stored}),
                          (SELECT count(*) FROM {t} l WHERE {free} AND l.parent IS NULL AND NOT {NESTED}
-                              AND NOT (l.session = ANY($5)) AND {stored}),
+                              AND NOT (l.session = ANY($4)) AND {stored}),
                          (SELECT count(*) FROM {t} l JOIN {t} p ON p.session = l.parent
                               WHERE {free} AND p.owner = $1 AND p.instance = $2
                                 AND p.expires_at >= now() AND {stored})
                          + (SELECT count(*) FROM {t} l WHERE {free} AND l.parent IS NULL AND {NESTED}
-                              AND NOT (l.session = ANY($5)) AND {stored}),
-                         coalesce((SELECT array_agg(n.held) FROM {nodes} n WHERE n.expires_at >= now() AND n.node <> $1),
+                              AND NOT (l.session = ANY($4)) AND {stored}),
+                         coalesce((SELECT array_agg(coalesce(c.held, 0)) FROM {nodes} n
+                                       LEFT JOIN {counts} c ON c.instance = n.instance
+                                   WHERE n.expires_at >= now() AND n.node <> $1),
                                   '{{}}'::bigint[])",
                     nodes = self.nodes_table,
+                    counts = self.counts_table,
                     t = self.table,
                 ),
-                &[
-                    &self.config.node,
-                    &self.instance,
-                    &held,
-                    &GONE_PER_SWEEP,
-                    &given,
-                    &dead,
-                ],
+                &[&self.config.node, &self.instance, &GONE_PER_SWEEP, &given, &dead],
             )
             .await
             .map_err(pg_error("reading how the sessions are spread"))?;
@@ -231,7 +204,7 @@ impl HeldTenures {
     /// Takes the tenures of `batch` that are free (see [`HeldTenures::take`]) in one
     /// transaction, and holds them from now on.
     async fn take_batch(
-        self: &Arc<Self>,
+        &self,
         client: &mut deadpool_postgres::Object,
         batch: &[Vec<u8>],
         held: &[Vec<u8>],
@@ -281,19 +254,13 @@ impl HeldTenures {
             .filter(|r| crate::model::nest_parent(&String::from_utf8_lossy(r.get::<_, &[u8]>(0))).is_none())
             .count() as i64;
         let _counting = self.counting.lock().await;
-        let counted = if top_level > 0 {
+        if top_level > 0 {
             let held = self.counted() + top_level;
-            tx.query(&self.held_written_unless_locked(), &[&self.instance, &held])
+            tx.execute(&self.held_written(), &[&self.instance, &held])
                 .await
-                .map_err(pg_error(what))?
-                .len()
-        } else {
-            1
-        };
-        tx.commit().await.map_err(pg_error(what))?;
-        if counted == 0 {
-            self.count_later();
+                .map_err(pg_error(what))?;
         }
+        tx.commit().await.map_err(pg_error(what))?;
         // Served no longer than the heartbeat it lasts as long as (its take found it alive).
         let beat = *self.beat.lock().unwrap_or_else(|p| p.into_inner());
         let deadline = beat.map_or(sent, |b| b.min(self.deadline(sent)));

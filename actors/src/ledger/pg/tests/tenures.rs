@@ -407,6 +407,7 @@ fn heartbeats_dead_for_an_hour_go_once_no_tenure_names_them() {
              ('old1', 'x', 'http://x', 0, now() - interval '2 hours'),
              ('old2', 'y', 'http://y', 0, now() - interval '2 hours'),
              ('recent', 'z', 'http://z', 0, now() - interval '1 minute');
+         INSERT INTO \"{schema}\".held_counts (instance, held) VALUES ('old1', 3), ('old2', 1), ('recent', 2);
          INSERT INTO \"{schema}\".session_leases (session, owner, address, epoch, expires_at, instance)
              VALUES ('named'::bytea, 'y', 'http://y', 1, 'infinity', 'old2')",
     );
@@ -419,12 +420,26 @@ fn heartbeats_dead_for_an_hour_go_once_no_tenure_names_them() {
     tenures(&a).spread().unwrap();
     assert_eq!(forget(book), 1);
     assert_eq!(text(&a, left), "recent");
+    let counted = "SELECT string_agg(instance, ',' ORDER BY instance) FROM \"{schema}\".held_counts
+                   WHERE instance <> (SELECT instance FROM \"{schema}\".nodes WHERE node = 'a')";
+    assert_eq!(text(&a, counted), "recent", "their counts went with them");
 }
 
 /// Another connection's transaction that holds `table` locked `IN SHARE MODE` (as a `CREATE
 /// INDEX` does: writes to it wait) until the returned sender is told.
 fn table_locked(ledger: &PgLedger, table: &str) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
     held_open(ledger, &format!("LOCK TABLE \"{{schema}}\".\"{table}\" IN SHARE MODE"))
+}
+
+/// As [`table_locked`], against reads too.
+fn table_locked_exclusively(
+    ledger: &PgLedger,
+    table: &str,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    held_open(
+        ledger,
+        &format!("LOCK TABLE \"{{schema}}\".\"{table}\" IN ACCESS EXCLUSIVE MODE"),
+    )
 }
 
 /// A commit of `ledger`'s on `session`: its fencing check made (the tenure row locked as every
@@ -1028,7 +1043,7 @@ fn a_renewal_held_up_past_the_heartbeats_end_reads_its_tenures_back() {
 
 /// A tenure taken after the last renewal that went through is served no longer than the
 /// heartbeat that renewal wrote, which the tenure lasts as long as: once the renewals stop
-/// going through (here: the process's row of the table of processes locked), every tenure stops being served
+/// going through (here: the table of processes locked), every tenure stops being served
 /// together, the ones taken since too (another process takes them all when the heartbeat
 /// runs out).
 #[test]
@@ -1036,12 +1051,9 @@ fn a_tenure_taken_after_the_last_renewal_is_served_no_longer_than_its_heartbeat(
     let schema = pg_testkit::fresh_schema();
     let a = node(&schema, "a", Duration::from_millis(3000));
     assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
-    let (unlock, locker) = held_open(
-        &a,
-        "SELECT 1 FROM \"{schema}\".nodes WHERE node = 'a' FOR NO KEY UPDATE",
-    );
+    let (unlock, locker) = table_locked(&a, "nodes");
     // A renewal waits on the lock: the last one that went through was sent a turn before. A
-    // take goes through (its count of sessions held is written later).
+    // take goes through (its count of sessions held is a table of its own).
     until("a renewal to wait for the table", || waiting(&a, None) >= 1);
     assert_eq!(tenures(&a).acquire("s2").unwrap(), TenureHolder::Here(1));
     until("s1 to stop being served", || !tenures(&a).serving("s1"));
@@ -1154,10 +1166,26 @@ fn a_read_of_many_sessions_moves_aside_only_the_unreadable_rows_of_the_sessions_
 fn written_held(ledger: &PgLedger, node: &str) -> u64 {
     text(
         ledger,
-        &format!("SELECT held::text FROM \"{{schema}}\".nodes WHERE node = '{node}'"),
+        &format!(
+            "SELECT c.held::text FROM \"{{schema}}\".held_counts c JOIN \"{{schema}}\".nodes n USING (instance)
+             WHERE n.node = '{node}'"
+        ),
     )
     .parse()
     .unwrap()
+}
+
+/// Two processes, a and b, of a fresh schema with six sessions stored (s1 to s6), every one
+/// taken by a.
+fn six_taken_by_a() -> (PgLedger, PgLedger) {
+    let schema = pg_testkit::fresh_schema();
+    // Stored by a process not sharing the schema: their tenures are anyone's once shared.
+    let plain = PgLedger::open_in(&pg_testkit::url(), &schema).unwrap();
+    store_sessions(&plain, &["s1", "s2", "s3", "s4", "s5", "s6"]);
+    drop(plain);
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    assert_eq!(tenures(&a).acquire_free(usize::MAX).unwrap().len(), 6);
+    (a, b)
 }
 
 /// The count of sessions a process holds is written as a take or a handover changes it, not
@@ -1166,27 +1194,61 @@ fn written_held(ledger: &PgLedger, node: &str) -> u64 {
 /// the others took up to, and sessions moved again).
 #[test]
 fn a_take_and_a_handover_write_the_count_of_sessions_held_at_once() {
-    let schema = pg_testkit::fresh_schema();
-    let names = ["s1", "s2", "s3", "s4", "s5", "s6"];
-    // Stored by a process not sharing the schema: their tenures are anyone's once shared.
-    let plain = PgLedger::open_in(&pg_testkit::url(), &schema).unwrap();
-    store_sessions(&plain, &names);
-    drop(plain);
-    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
-    assert_eq!(tenures(&a).acquire_free(usize::MAX).unwrap().len(), 6);
-    // Written by the take's transaction (or just after, had a renewal held the row then).
-    until("the take's count to be written", || written_held(&a, "a") == 6);
+    let (a, b) = six_taken_by_a();
+    assert_eq!(written_held(&a, "a"), 6, "written by the take's transaction");
     let nested = "deleg_00ff.0";
     assert_eq!(tenures(&a).acquire(nested).unwrap(), TenureHolder::Here(1));
     assert_eq!(written_held(&a, "a"), 6, "a nested session is not counted");
     tenures(&a)
         .hand_over(&[("s1".to_string(), None), ("s2".to_string(), None)])
         .unwrap();
-    until("the handover's count to be written", || written_held(&a, "a") == 4);
+    assert_eq!(written_held(&a, "a"), 4, "written by the give-back's transaction");
     // b, sweeping at the notice, counts what a holds now and what is free: 6 in all.
     let spread = tenures(&b).spread().unwrap();
     assert_eq!((spread.others.clone(), spread.free), (vec![4], 2), "{spread:?}");
     assert_eq!(tenures(&b).acquire_free(usize::MAX).unwrap(), ["s1", "s2"]);
-    until("b's count to be written", || written_held(&b, "b") == 2);
+    assert_eq!(written_held(&b, "b"), 2);
     assert_eq!(tenures(&a).spread().unwrap().others, [2]);
+}
+
+/// A handover while a renewal holds the process's heartbeat row: the give-back neither waits
+/// for it nor leaves its count unwritten (the count is a row of its own), so a process sweeping
+/// at the notice counts the sessions given once.
+#[test]
+fn a_handover_beside_a_renewal_is_counted_once() {
+    let (a, b) = six_taken_by_a();
+    // As a renewal's upsert holds it for its statement's time.
+    let (unlock, locker) = held_open(
+        &a,
+        "SELECT 1 FROM \"{schema}\".nodes WHERE node = 'a' FOR NO KEY UPDATE",
+    );
+    tenures(&a)
+        .hand_over(&[("s1".to_string(), None), ("s2".to_string(), None)])
+        .unwrap();
+    let spread = tenures(&b).spread().unwrap();
+    commit_held(&a, unlock, locker);
+    assert_eq!((spread.others.clone(), spread.free), (vec![4], 2), "{spread:?}");
+}
+
+/// A sweep's read that waits (here for a table it reads, locked) holds up no take of the same
+/// process: the sweep writes its count of sessions held and lets the count's lock go before
+/// its read, whose delete of tenure rows may wait for a take that waits for that lock.
+#[test]
+fn a_sweep_that_waits_holds_up_no_take() {
+    let schema = pg_testkit::fresh_schema();
+    let a = node(&schema, "a", TTL);
+    let (unlock, locker) = table_locked_exclusively(&a, "sessions");
+    let sweeping = {
+        let t = tenures(&a);
+        std::thread::spawn(move || t.spread())
+    };
+    until("the sweep's read to wait for the table", || waiting(&a, None) >= 1);
+    let taking = {
+        let t = tenures(&a);
+        std::thread::spawn(move || t.acquire("s1"))
+    };
+    until("the take to go through", || taking.is_finished());
+    commit_held(&a, unlock, locker);
+    assert_eq!(taking.join().unwrap().unwrap(), TenureHolder::Here(1));
+    sweeping.join().unwrap().unwrap();
 }
