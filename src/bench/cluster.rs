@@ -16,7 +16,8 @@
 //! - `cluster_balance_spread`: every session created through one process, then two more
 //!   started; once the sessions held no longer change, the largest process's share over the
 //!   fair share (sessions / processes), minus 1 (0: even). `cluster_settle_s` is how long the
-//!   two took to get their shares.
+//!   two took to get their shares; `cluster_moved_again`, how many sessions were handed over
+//!   more than once meanwhile (by their tenures' epochs; 0: each moved once at most).
 //! - `cluster_takeover_s`: one of the three killed (SIGKILL) after the workload; the seconds
 //!   until the two left hold every session between them. Baseline: the tenure.
 
@@ -112,6 +113,16 @@ impl Cluster {
             .filter(|(_, p)| p.is_some())
             .map(|(b, _)| b.as_str())
             .collect()
+    }
+
+    /// Each session's tenure epoch (one more at every take), as the database says.
+    fn epochs(&self) -> anyhow::Result<HashMap<String, i64>> {
+        let rows = pg::text_and_number(
+            &self.db,
+            "SELECT convert_from(session, 'UTF8'), epoch FROM brood.session_leases",
+        )
+        .context("reading the sessions' tenure epochs")?;
+        Ok(rows.into_iter().collect())
     }
 
     /// How many sessions each running process serves (its `/healthz` `sessions`).
@@ -425,10 +436,16 @@ pub(super) fn cluster(dir: &Path, durability: Durability, url: &str, size: Size)
     let mut three = Cluster::new(&dir.join("three"), durability, url)?;
     three.start(&http)?;
     open_sessions(&http, &three.live(), size)?;
+    let before = three.epochs()?;
     let joined = Instant::now();
     three.start(&http)?;
     three.start(&http)?;
     let (held, settled) = three.settle(&http, size.sessions)?;
+    let after = three.epochs()?;
+    let moved_again = after
+        .iter()
+        .filter(|(s, e)| **e > before.get(*s).copied().unwrap_or(0) + 1)
+        .count();
     let settle_s = settled.saturating_duration_since(joined).as_secs_f64();
     let fair = size.sessions as f64 / held.len() as f64;
     let spread = held.iter().copied().max().unwrap_or(0) as f64 / fair - 1.0;
@@ -460,6 +477,7 @@ pub(super) fn cluster(dir: &Path, durability: Durability, url: &str, size: Size)
         Figure::new("cluster_hinted_forwarded_share", hinted_forwarded, "share"),
         Figure::new("cluster_balance_spread", spread, "ratio").target("≤ 0.1 + 1/fair share"),
         Figure::new("cluster_settle_s", settle_s, "s").against(TENURE_MS as f64 / 1000.0),
+        Figure::new("cluster_moved_again", moved_again as f64, "sessions"),
         Figure::new("cluster_takeover_s", took.as_secs_f64(), "s")
             .against(TENURE_MS as f64 / 1000.0)
             .target("≤ tenure + 1 s (3 s)"),

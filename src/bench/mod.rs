@@ -39,8 +39,8 @@
 //!   then killed with SIGKILL; the seconds until a boundary of that session through the other
 //!   answers 200 or 204. Baseline: the tenure (2 s).
 //! - `cluster_children_per_s`, `cluster_forwarded_share`, `cluster_balance_spread`,
-//!   `cluster_settle_s`, `cluster_takeover_s` (with `--ledger` only): three `brood serve`
-//!   processes on one database and 1,000 sessions, consumers sending each request to a process
+//!   `cluster_settle_s`, `cluster_moved_again`, `cluster_takeover_s` (with `--ledger` only):
+//!   three `brood serve` processes on one database and 1,000 sessions, consumers sending each request to a process
 //!   drawn at random; see [`cluster`]. The children/s figure's baseline is one process doing the
 //!   same in the same run.
 //! - `growth` (only when named: `--only growth`): throughput and claim time against children per

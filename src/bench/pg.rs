@@ -136,13 +136,34 @@ pub(super) async fn connect(url: &str) -> anyhow::Result<Client> {
 
 /// Runs `sql` on `url`, from a thread and a runtime of its own (callers may be inside one).
 pub(super) fn execute(url: &str, sql: &str) -> anyhow::Result<()> {
+    off_runtime(
+        url,
+        sql,
+        |client, sql| async move { Ok(client.batch_execute(&sql).await?) },
+    )
+}
+
+/// The first two columns of the rows `sql` answers on `url`, as text and a number (as
+/// [`execute`] runs it).
+pub(super) fn text_and_number(url: &str, sql: &str) -> anyhow::Result<Vec<(String, i64)>> {
+    off_runtime(url, sql, |client, sql| async move {
+        let rows = client.query(&sql, &[]).await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    })
+}
+
+/// Runs `job` with a connection to `url` and `sql`, from a thread and a runtime of its own.
+fn off_runtime<T, F>(url: &str, sql: &str, job: impl FnOnce(Client, String) -> F + Send + 'static) -> anyhow::Result<T>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = anyhow::Result<T>>,
+{
     let (url, sql) = (url.to_string(), sql.to_string());
-    std::thread::spawn(move || -> anyhow::Result<()> {
+    std::thread::spawn(move || -> anyhow::Result<T> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         rt.block_on(async {
             let client = connect(&url).await?;
-            client.batch_execute(&sql).await?;
-            Ok(())
+            job(client, sql).await
         })
     })
     .join()
