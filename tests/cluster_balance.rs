@@ -335,9 +335,10 @@ fn processes_joining_take_their_share_by_handover_while_a_workload_loses_nothing
 #[test]
 fn scaling_out_from_two_processes_to_four_moves_each_session_at_most_once() {
     const N: u64 = 160;
-    // Rounds of handovers a third of it apart: the two joining take their places within one
-    // round of each other however slowly a loaded machine starts them (one joining a round
-    // before the other would take a three-process share, and rightly hand some on).
+    // Rounds of handovers a third of it apart, and the two joining started together: they take
+    // their places within one round of each other however slowly a loaded machine starts them
+    // (one joining a round before the other would take a three-process share, and rightly
+    // hand some on).
     const TENURE: &str = "6000";
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
@@ -351,8 +352,11 @@ fn scaling_out_from_two_processes_to_four_moves_each_session_at_most_once() {
     let before = epochs(&url);
     // Two join: each of the first two hands over about half of what it holds, a few per round,
     // and every round's givers and takers sweep together at the handover's notice.
-    let c = Server::node(dir.path(), &url, "c", TENURE);
-    let d = Server::node(dir.path(), &url, "d", TENURE);
+    let (c, d) = std::thread::scope(|scope| {
+        let c = scope.spawn(|| Server::node(dir.path(), &url, "c", TENURE));
+        let d = Server::node(dir.path(), &url, "d", TENURE);
+        (c.join().unwrap(), d)
+    });
     let counts = settle_kept(&[&a, &b, &c, &d], N);
     let after = epochs(&url);
     let moves: BTreeMap<&String, u64> = names.iter().map(|s| (s, after[s].saturating_sub(before[s]))).collect();

@@ -18,7 +18,9 @@ impl HeldTenures {
     /// Deletes the heartbeats of process instances dead for [`DEAD_NODES_KEPT_MS`] that no
     /// tenure names any more (a tenure naming an instance without a heartbeat would look held
     /// for ever), each judged by its own row as the delete finds it (a heartbeat renewed
-    /// meanwhile, by a process paused that long, is kept). Returns how many it deleted.
+    /// meanwhile, by a process paused that long, is kept), with their counts of sessions held
+    /// and any count left without a heartbeat (written by a take or a sweep as its process
+    /// left). Returns how many heartbeats it deleted.
     pub(in crate::ledger::pg) async fn forget_dead_nodes(&self) -> Result<u64, LedgerError> {
         let client = self.pool.get().await.map_err(pool_error)?;
         let row = client
@@ -28,7 +30,9 @@ impl HeldTenures {
                          DELETE FROM {nodes} n WHERE n.expires_at < now() - $1::int8 * interval '1 millisecond'
                            AND NOT EXISTS (SELECT 1 FROM {t} r WHERE r.instance = n.instance AND r.expires_at >= now())
                          RETURNING n.instance),
-                     counted AS (DELETE FROM {counts} c WHERE c.instance IN (SELECT instance FROM gone))
+                     counted AS (
+                         DELETE FROM {counts} c WHERE c.instance IN (SELECT instance FROM gone)
+                           OR NOT EXISTS (SELECT 1 FROM {nodes} n WHERE n.instance = c.instance))
                      SELECT count(*) FROM gone",
                     nodes = self.nodes_table,
                     counts = self.counts_table,

@@ -492,10 +492,7 @@ impl HeldTenures {
             // The heartbeat first: that waits for every take of this instance under way (each
             // locks it), and no take comes after; then the tenures, with those takes' in sight.
             tx.execute(
-                &format!(
-                    "WITH counted AS (DELETE FROM {} WHERE instance = $1) DELETE FROM {} WHERE instance = $1",
-                    self.counts_table, self.nodes_table
-                ),
+                &format!("DELETE FROM {} WHERE instance = $1", self.nodes_table),
                 &[&self.instance],
             )
             .await
@@ -525,6 +522,17 @@ impl HeldTenures {
                 .await,
         }
         .map_err(pg_error(what))?;
+        if leave {
+            // Its count last, once its tenures are given back: a give-back of this process's
+            // under way (its tenure row locked, waiting to write this count) is not waited for
+            // by a leave that holds the count's row.
+            tx.execute(
+                &format!("DELETE FROM {} WHERE instance = $1", self.counts_table),
+                &[&self.instance],
+            )
+            .await
+            .map_err(pg_error("leaving the table of processes"))?;
+        }
         if given > 0 {
             tx.execute("SELECT pg_notify($1, $2)", &[&self.channel, &self.config.address])
                 .await

@@ -407,21 +407,22 @@ fn heartbeats_dead_for_an_hour_go_once_no_tenure_names_them() {
              ('old1', 'x', 'http://x', 0, now() - interval '2 hours'),
              ('old2', 'y', 'http://y', 0, now() - interval '2 hours'),
              ('recent', 'z', 'http://z', 0, now() - interval '1 minute');
-         INSERT INTO \"{schema}\".held_counts (instance, held) VALUES ('old1', 3), ('old2', 1), ('recent', 2);
+         INSERT INTO \"{schema}\".held_counts (instance, held) VALUES ('old1', 3), ('old2', 1), ('recent', 2), ('left', 4);
          INSERT INTO \"{schema}\".session_leases (session, owner, address, epoch, expires_at, instance)
              VALUES ('named'::bytea, 'y', 'http://y', 1, 'infinity', 'old2')",
     );
     let left = "SELECT string_agg(instance, ',' ORDER BY instance) FROM \"{schema}\".nodes WHERE node <> 'a'";
     let book = a.inner.tenures.clone().expect("shared");
     let forget = |book: Arc<HeldTenures>| a.runtime.run(async move { book.forget_dead_nodes().await }).unwrap();
+    let counted = "SELECT string_agg(instance, ',' ORDER BY instance) FROM \"{schema}\".held_counts
+                   WHERE instance <> (SELECT instance FROM \"{schema}\".nodes WHERE node = 'a')";
     assert_eq!(forget(book.clone()), 1);
     assert_eq!(text(&a, left), "old2,recent");
+    assert_eq!(text(&a, counted), "old2,recent");
     // `named` (no session stored) is deleted by a sweep; then old2 goes too.
     tenures(&a).spread().unwrap();
     assert_eq!(forget(book), 1);
     assert_eq!(text(&a, left), "recent");
-    let counted = "SELECT string_agg(instance, ',' ORDER BY instance) FROM \"{schema}\".held_counts
-                   WHERE instance <> (SELECT instance FROM \"{schema}\".nodes WHERE node = 'a')";
     assert_eq!(text(&a, counted), "recent", "their counts went with them");
 }
 
@@ -946,6 +947,67 @@ fn a_take_under_way_when_the_process_leaves_leaves_no_tenure_held_forever() {
         ),
         "0",
         "a tenure names an instance without a heartbeat"
+    );
+    assert_eq!(
+        text(
+            &a,
+            "SELECT count(*)::text FROM \"{schema}\".held_counts c
+             WHERE NOT EXISTS (SELECT 1 FROM \"{schema}\".nodes n WHERE n.instance = c.instance)"
+        ),
+        "0",
+        "a count of sessions held is left without its heartbeat"
+    );
+}
+
+/// A clean stop while a handover is under way (its give-back has locked its tenure row and
+/// waits to write the count of sessions held, whose lock a sweep holds, its own write of the
+/// count waiting a moment): the stop gives back the handover's tenure after it, and every
+/// other, without a deadlock for the database to break (and the stop to lose).
+#[test]
+fn a_clean_stop_beside_a_handover_under_way_gives_every_tenure_back() {
+    let schema = pg_testkit::fresh_schema();
+    let a = Arc::new(node(&schema, "a", TTL));
+    for s in ["s1", "s2"] {
+        assert_eq!(tenures(&a).acquire(s).unwrap(), TenureHolder::Here(1));
+    }
+    store_sessions(&a, &["s1", "s2"]);
+    let (go, locker) = held_open(
+        &a,
+        "SELECT 1 FROM \"{schema}\".held_counts c JOIN \"{schema}\".nodes n USING (instance)
+         WHERE n.node = 'a' FOR UPDATE OF c",
+    );
+    let sweep = {
+        let a = a.clone();
+        std::thread::spawn(move || tenures(&a).spread())
+    };
+    until("the sweep's count to wait for its row", || waiting(&a, None) == 1);
+    let handover = {
+        let a = a.clone();
+        std::thread::spawn(move || tenures(&a).hand_over(&[("s1".to_string(), None)]))
+    };
+    until("the give-back to lock s1", || {
+        text(
+            &a,
+            "SELECT count(*)::text FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+             WHERE c.relname = 'session_leases' AND l.mode = 'RowExclusiveLock' AND l.granted",
+        ) != "0"
+    });
+    let leave = {
+        let a = a.clone();
+        std::thread::spawn(move || tenures(&a).release_all())
+    };
+    until("the stop to wait for the give-back", || waiting(&a, None) == 2);
+    commit_held(&a, go, locker);
+    sweep.join().unwrap().unwrap();
+    handover.join().unwrap().unwrap();
+    leave.join().unwrap();
+    assert_eq!(
+        text(
+            &a,
+            "SELECT count(*)::text FROM \"{schema}\".session_leases WHERE expires_at >= now()"
+        ),
+        "0",
+        "every tenure given back"
     );
 }
 
