@@ -369,6 +369,7 @@ impl PgLedger {
             &self.inner.schema,
             self.inner.table(SESSIONS),
             self.inner.pool.clone(),
+            pool_on(&self.runtime, &self.inner.config, 1)?,
             self.inner.config.clone(),
             self.runtime.handle.clone(),
         );

@@ -84,7 +84,7 @@ impl HeldTenures {
             .map(|(s, h)| (s.as_bytes().to_vec(), h.epoch))
             .unzip();
         let sent = Instant::now();
-        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let mut client = self.heartbeat.get().await.map_err(pool_error)?;
         let what = "renewing this process's heartbeat";
         let alive: bool = client
             .query_one(

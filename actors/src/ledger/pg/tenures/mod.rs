@@ -149,6 +149,9 @@ pub(super) struct HeldTenures {
     table: String,
     sessions_table: String,
     pool: Pool,
+    /// The heartbeat's own connection: a renewal never waits for one of the pool's, all taken
+    /// by commits, takes waiting for other processes' commits, and small reads.
+    heartbeat: Pool,
     held: Mutex<HashMap<String, Held>>,
     on_lost: OnceLock<LostHook>,
     runtime: tokio::runtime::Handle,
@@ -201,6 +204,7 @@ impl HeldTenures {
         schema: &str,
         sessions_table: String,
         pool: Pool,
+        heartbeat: Pool,
         listen: tokio_postgres::Config,
         runtime: tokio::runtime::Handle,
     ) -> Arc<Self> {
@@ -217,6 +221,7 @@ impl HeldTenures {
             table: tenure_table(schema),
             sessions_table,
             pool,
+            heartbeat,
             held: Mutex::new(HashMap::new()),
             on_lost: OnceLock::new(),
             runtime,

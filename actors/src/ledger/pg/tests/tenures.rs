@@ -1314,3 +1314,40 @@ fn a_sweep_that_waits_holds_up_no_take() {
     assert_eq!(taking.join().unwrap().unwrap(), TenureHolder::Here(1));
     sweeping.join().unwrap().unwrap();
 }
+
+/// A renewal never waits for a connection of the pool: with every one of them taken (by
+/// commits in flight, a take waiting for another process's commit, small reads), the
+/// heartbeat is renewed on a connection of its own.
+#[test]
+fn a_renewal_goes_through_with_every_connection_of_the_pool_taken() {
+    let schema = pg_testkit::fresh_schema();
+    let a = node(&schema, "a", TTL);
+    sql(
+        &a,
+        "UPDATE \"{schema}\".nodes SET expires_at = now() + interval '2 seconds' WHERE node = 'a'",
+    );
+    let pool = a.inner.pool.clone();
+    let taken = a
+        .runtime
+        .run(async move {
+            let mut taken = Vec::new();
+            for _ in 0..POOL_SIZE {
+                taken.push(pool.get().await.map_err(pool_error)?);
+            }
+            Ok(taken)
+        })
+        .unwrap();
+    let book = a.inner.tenures.clone().expect("shared");
+    let renewal = std::thread::spawn(move || book.renew_now());
+    until("the renewal to go through", || renewal.is_finished());
+    renewal.join().unwrap().unwrap();
+    drop(taken);
+    assert_eq!(
+        text(
+            &a,
+            "SELECT (expires_at > now() + interval '20 seconds')::text FROM \"{schema}\".nodes WHERE node = 'a'"
+        ),
+        "true",
+        "renewed for a tenure"
+    );
+}
