@@ -7,8 +7,9 @@
 //!   its slack a tenth of M/N: a sweep takes free sessions only up to the share, so the
 //!   sessions of a process that died are spread over the survivors.
 //! - **Giving.** A process holding more than its share plus the slack hands the excess over,
-//!   a few at a time ([`give_per_round`]). So does one above M/N while another holds less than
-//!   M/N less the slack (a joining process pulls from the fullest). Nothing is given while
+//!   a few at a time ([`give_per_round`]). So does the fullest, when above M/N while another
+//!   holds less than M/N less the slack (a joining process pulls from the fullest; one that
+//!   took its ⌈M/N⌉ while another still holds more does not hand any on). Nothing is given while
 //!   free sessions wait to be taken: counts are settling.
 //! - **Settled** (nobody gives, nothing is free): every process holds within a tenth of M/N
 //!   plus one of M/N (the tests hold the decisions to it).
@@ -53,8 +54,12 @@ pub(crate) fn plan(spread: &Spread, here: u64) -> Plan {
     let lowest = spread.others.iter().copied().min();
     let excess = if here > share + slack {
         here - share
-    } else if here > floor && lowest.is_some_and(|l| l < floor.saturating_sub(slack)) {
-        // Another is below the bound: the fullest pull it up, down to M/N.
+    } else if here > floor
+        && lowest.is_some_and(|l| l < floor.saturating_sub(slack))
+        && spread.others.iter().all(|&o| o <= here)
+    {
+        // Another is below the bound: the fullest pull it up, down to M/N (not one that took
+        // its ⌈M/N⌉ while another still holds more: that one gives, and no session moves twice).
         (here - floor).min(floor - lowest.unwrap_or(floor))
     } else {
         0
@@ -151,6 +156,10 @@ mod tests {
         assert_eq!(p.give, 1);
         // Nobody below the bound: nothing.
         assert_eq!(plan(&spread(&[10, 10, 9], 0), 10).give, 0);
+        // 1,000 over three: one joining took its ⌈M/N⌉ (334) while the first still holds more
+        // than its share; the first pulls the other up, the one that took does not.
+        assert_eq!(plan(&spread(&[600, 66], 0), 334).give, 0);
+        assert_eq!(plan(&spread(&[334, 66], 0), 600).give, 83);
     }
 
     #[test]
@@ -188,6 +197,11 @@ mod tests {
         };
         let n = held.len();
         let others = |held: &[u64], i: usize| -> Vec<u64> { (0..n).filter(|&j| j != i).map(|j| held[j]).collect() };
+        // Whether each process took sessions: when none were free to begin with (processes
+        // joining), one that did never hands any on (each session moves once, from a process
+        // over its share to one under it).
+        let once = free == 0;
+        let mut took = vec![false; n];
         for _ in 0..10_000 {
             let settled = (0..n).all(|i| plan(&spread(&others(&held, i), free), held[i]).give == 0);
             if settled && free == 0 {
@@ -198,9 +212,15 @@ mod tests {
             for k in 0..n {
                 let i = (start + k) % n;
                 let p = plan(&spread(&others(&held, i), free), held[i]);
-                let took = p.take.min(free);
-                held[i] += took;
-                free -= took;
+                let taken = p.take.min(free);
+                held[i] += taken;
+                free -= taken;
+                assert!(
+                    !once || p.give == 0 || !took[i],
+                    "process {i} took sessions and hands {} on: {held:?} free {free}",
+                    p.give
+                );
+                took[i] |= taken > 0;
                 held[i] -= p.give;
                 free += p.give;
             }
@@ -220,6 +240,9 @@ mod tests {
             (vec![3, 0, 0, 0, 0], 0),
             (vec![0, 0], 1),
             (vec![500, 20, 7], 333),
+            (vec![1000, 0, 0], 0),
+            (vec![500, 500, 0, 0], 0),
+            (vec![334, 333, 333, 0], 0),
         ];
         for (held, free) in cases {
             let sessions: u64 = held.iter().sum::<u64>() + free;
