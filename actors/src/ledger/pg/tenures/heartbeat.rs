@@ -73,10 +73,9 @@ impl HeldTenures {
     }
 
     /// Renews this process's heartbeat, which every tenure it holds lasts as long as: one row
-    /// written, whatever it holds. When the heartbeat had run out (a pause or an outage longer
-    /// than a tenure), the others may have taken tenures meanwhile: the held ones are read back
-    /// by key, and those taken over are lost. Then the tenures this process failed to give back
-    /// are given back.
+    /// written, whatever it holds, on the heartbeat's own connection. When the heartbeat had run
+    /// out (a pause or an outage longer than a tenure), the others may have taken tenures
+    /// meanwhile: the held ones are read back by key, and those taken over are lost.
     pub(super) async fn renew(self: &Arc<Self>) -> Result<(), LedgerError> {
         let (names, epochs): (Vec<Vec<u8>>, Vec<i64>) = self
             .held()
@@ -161,7 +160,7 @@ impl HeldTenures {
             }
         }
         self.lose(lost);
-        self.give_back_strays().await
+        Ok(())
     }
 
     /// Remembers tenures that may still be this process's in the table although it no longer
@@ -180,7 +179,7 @@ impl HeldTenures {
 
     /// Gives back the tenures of [`HeldTenures::stray`] that are still this process's
     /// instance's and are not held again.
-    async fn give_back_strays(&self) -> Result<(), LedgerError> {
+    pub(super) async fn give_back_strays(&self) -> Result<(), LedgerError> {
         if self.strays.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
             return Ok(());
         }
@@ -216,28 +215,44 @@ impl HeldTenures {
     pub(in crate::ledger::pg) fn start_renewing(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let every = self.config.ttl / 3;
+        let runtime = self.runtime.clone();
         self.runtime.spawn(async move {
             let mut reconciled = Instant::now();
+            let mut upkeep: Option<tokio::task::JoinHandle<()>> = None;
             loop {
                 tokio::time::sleep(every).await;
                 let Some(tenures) = weak.upgrade() else { return };
                 if let Err(e) = tenures.renew().await {
                     tracing::warn!("renewing session tenures failed (retried at the next turn): {e}");
                 }
-                if reconciled.elapsed() >= RECONCILE_EVERY {
-                    reconciled = Instant::now();
-                    if let Err(e) = tenures.reconcile().await {
-                        tracing::warn!(
-                            "looking for stored sessions without a tenure row failed (tried again later): {e}"
-                        );
+                // The upkeep on the pool's connections, beside the renewals (never holding up
+                // the next: every connection of the pool may be taken for up to a tenure), one
+                // at a time.
+                if upkeep.as_ref().is_none_or(|u| u.is_finished()) {
+                    let due = reconciled.elapsed() >= RECONCILE_EVERY;
+                    if due {
+                        reconciled = Instant::now();
                     }
-                    if let Err(e) = tenures.forget_dead_nodes().await {
-                        tracing::warn!(
-                            "deleting the heartbeats of processes long dead failed (tried again later): {e}"
-                        );
-                    }
+                    upkeep = Some(runtime.spawn(async move { tenures.upkeep(due).await }));
                 }
             }
         });
+    }
+
+    /// Gives back the tenures left to give back, and with `due` gives stored sessions without a
+    /// tenure row one and deletes the heartbeats long dead.
+    async fn upkeep(&self, due: bool) {
+        if let Err(e) = self.give_back_strays().await {
+            tracing::warn!("giving back session tenures not held any more failed (tried again later): {e}");
+        }
+        if !due {
+            return;
+        }
+        if let Err(e) = self.reconcile().await {
+            tracing::warn!("looking for stored sessions without a tenure row failed (tried again later): {e}");
+        }
+        if let Err(e) = self.forget_dead_nodes().await {
+            tracing::warn!("deleting the heartbeats of processes long dead failed (tried again later): {e}");
+        }
     }
 }

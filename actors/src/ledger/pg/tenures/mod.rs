@@ -319,11 +319,15 @@ impl HeldTenures {
         self.strays.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Renews now, as the renewal task does at its turn.
+    /// Renews now, then gives back the tenures left to give back, as the renewal task and its
+    /// upkeep do at their turn.
     #[cfg(test)]
     pub(super) fn renew_now(self: &Arc<Self>) -> Result<(), LedgerError> {
         let tenures = self.clone();
-        self.run(async move { tenures.renew().await })
+        self.run(async move {
+            tenures.renew().await?;
+            tenures.give_back_strays().await
+        })
     }
 
     /// Remembers `session` as a tenure to give back again ([`HeldTenures::stray`]).

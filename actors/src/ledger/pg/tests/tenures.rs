@@ -989,7 +989,9 @@ fn a_clean_stop_beside_a_handover_under_way_gives_every_tenure_back() {
         text(
             &a,
             "SELECT count(*)::text FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
-             WHERE c.relname = 'session_leases' AND l.mode = 'RowExclusiveLock' AND l.granted",
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = '{schema}' AND c.relname = 'session_leases'
+               AND l.mode = 'RowExclusiveLock' AND l.granted",
         ) != "0"
     });
     let leave = {
@@ -1315,6 +1317,21 @@ fn a_sweep_that_waits_holds_up_no_take() {
     sweeping.join().unwrap().unwrap();
 }
 
+/// Every connection of `ledger`'s pool, taken (given back when dropped).
+fn every_pool_connection(ledger: &PgLedger) -> Vec<deadpool_postgres::Object> {
+    let pool = ledger.inner.pool.clone();
+    ledger
+        .runtime
+        .run(async move {
+            let mut taken = Vec::new();
+            for _ in 0..POOL_SIZE {
+                taken.push(pool.get().await.map_err(pool_error)?);
+            }
+            Ok(taken)
+        })
+        .unwrap()
+}
+
 /// A renewal never waits for a connection of the pool: with every one of them taken (by
 /// commits in flight, a take waiting for another process's commit, small reads), the
 /// heartbeat is renewed on a connection of its own.
@@ -1326,17 +1343,7 @@ fn a_renewal_goes_through_with_every_connection_of_the_pool_taken() {
         &a,
         "UPDATE \"{schema}\".nodes SET expires_at = now() + interval '2 seconds' WHERE node = 'a'",
     );
-    let pool = a.inner.pool.clone();
-    let taken = a
-        .runtime
-        .run(async move {
-            let mut taken = Vec::new();
-            for _ in 0..POOL_SIZE {
-                taken.push(pool.get().await.map_err(pool_error)?);
-            }
-            Ok(taken)
-        })
-        .unwrap();
+    let taken = every_pool_connection(&a);
     let book = a.inner.tenures.clone().expect("shared");
     let renewal = std::thread::spawn(move || book.renew_now());
     until("the renewal to go through", || renewal.is_finished());
@@ -1350,4 +1357,24 @@ fn a_renewal_goes_through_with_every_connection_of_the_pool_taken() {
         "true",
         "renewed for a tenure"
     );
+}
+
+/// The renewals go on while every connection of the pool stays taken for longer than a tenure
+/// (commits, takes waiting for other processes' commits) with a tenure left to give back: the
+/// give-back, and the other upkeep on the pool, wait beside the renewals, never before them.
+#[test]
+fn renewals_go_on_while_the_pool_stays_taken_with_a_tenure_left_to_give_back() {
+    let schema = pg_testkit::fresh_schema();
+    let ttl = Duration::from_millis(3000);
+    let a = node(&schema, "a", ttl);
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    let book = a.inner.tenures.clone().expect("shared");
+    book.add_stray("gone");
+    let taken = every_pool_connection(&a);
+    // Past the local deadline of a renewal made as the pool was taken (four fifths of a tenure
+    // after it): served only if renewals went on since.
+    std::thread::sleep(ttl * 3 / 2);
+    assert!(tenures(&a).serving("s1"), "the heartbeat ran out: the renewals stopped");
+    drop(taken);
+    until("the stray tenure to be given back", || book.strays() == 0);
 }
