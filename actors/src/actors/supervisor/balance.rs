@@ -4,8 +4,9 @@
 //! come from one statement of the ledger ([`Spread`]), the sessions from the supervisor.
 //!
 //! - **Fair share.** With N live processes and M sessions, a process's share is ⌈M/N⌉, and
-//!   its slack a tenth of M/N: a sweep takes free sessions only up to the share, so the
-//!   sessions of a process that died are spread over the survivors.
+//!   its slack a tenth of M/N: a sweep takes free sessions only up to ⌊M/N⌋ while the
+//!   processes below it need more than is free, then up to the share, so the sessions of a
+//!   process that died are spread over the survivors, and no joiner takes what another needs.
 //! - **Giving.** A process holding more than its share plus the slack hands the excess over,
 //!   a few at a time ([`give_per_round`]). So does the fullest, when above M/N while another
 //!   holds less than M/N less the slack (a joining process pulls from the fullest; one that
@@ -50,7 +51,20 @@ pub(crate) fn plan(spread: &Spread, here: u64) -> Plan {
     let share = fair_share(sessions, nodes);
     let slack = slack(sessions, nodes);
     let floor = sessions / nodes;
-    let take = share.saturating_sub(here);
+    // Up to ⌊M/N⌋ while any process (this one too) is below it by more than the sessions free,
+    // then up to ⌈M/N⌉: a joiner never takes what another joiner needs, so none is left to be
+    // pulled up by one that took (a session would move twice).
+    let short: u64 = spread
+        .others
+        .iter()
+        .chain(std::iter::once(&here))
+        .map(|&h| floor.saturating_sub(h))
+        .sum();
+    let take = if spread.free > short {
+        share.saturating_sub(here)
+    } else {
+        floor.saturating_sub(here)
+    };
     let lowest = spread.others.iter().copied().min();
     let excess = if here > share + slack {
         here - share
@@ -243,6 +257,9 @@ mod tests {
             (vec![1000, 0, 0], 0),
             (vec![500, 500, 0, 0], 0),
             (vec![334, 333, 333, 0], 0),
+            (vec![7, 0, 0], 0),
+            (vec![10, 0, 0, 0], 0),
+            (vec![2005, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], 0),
         ];
         for (held, free) in cases {
             let sessions: u64 = held.iter().sum::<u64>() + free;
