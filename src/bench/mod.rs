@@ -40,8 +40,8 @@
 //!   answers 200 or 204. Baseline: the tenure (2 s).
 //! - `cluster_children_per_s`, `cluster_forwarded_share`, `cluster_balance_spread`,
 //!   `cluster_settle_s`, `cluster_moved_again`, `cluster_takeover_s` (with `--ledger` only):
-//!   three `brood serve` processes on one database and 1,000 sessions, consumers sending each request to a process
-//!   drawn at random; see [`cluster`]. The children/s figure's baseline is one process doing the
+//!   three `brood serve` processes on one database and 1,000 sessions, consumers sending each
+//!   request to a process drawn at random; see [`cluster`]. The children/s figure's baseline is one process doing the
 //!   same in the same run.
 //! - `growth` (only when named: `--only growth`): throughput and claim time against children per
 //!   call (10 → 100k) and sessions (1 → 10k), and throughput, claim time and RSS against the

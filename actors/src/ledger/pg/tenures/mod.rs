@@ -158,7 +158,7 @@ pub(super) struct HeldTenures {
     /// One take at a time in this process: two takes of one tenure would each raise its epoch.
     taking: tokio::sync::Mutex<()>,
     /// Held while this process's count of held sessions is worked out and written to its row of
-    /// `nodes`, until the write commits: writes of the count land in the order they were worked
+    /// `held_counts`, until the write commits: writes of the count land in the order they were worked
     /// out, so none overwrites a later one with an earlier.
     counting: tokio::sync::Mutex<()>,
     /// Top-level sessions no longer held here whose give-back has not ended: the others still
@@ -243,19 +243,15 @@ impl HeldTenures {
     /// How many top-level sessions' tenures this process holds: what the spread counts (a
     /// nested session moves with its parent, never on its own).
     fn top_level_held(&self) -> i64 {
-        self.held()
-            .keys()
-            .filter(|s| crate::model::nest_parent(s).is_none())
-            .count() as i64
+        top_level_in(self.held().keys())
     }
 
     /// The count of top-level sessions the others should see this process hold: those held,
     /// and those whose give-back has not ended (their tenures are still this process's).
     fn counted(&self) -> i64 {
         let held = self.held();
-        let top_level = held.keys().filter(|s| crate::model::nest_parent(s).is_none()).count() as i64;
         // Read under `held`'s lock, as `unhold` moves sessions from one to the other.
-        top_level + self.giving.load(std::sync::atomic::Ordering::SeqCst)
+        top_level_in(held.keys()) + self.giving.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn given(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
@@ -473,7 +469,7 @@ impl HeldTenures {
                 back.names.push(s.as_bytes().to_vec());
                 back.epochs.push(h.epoch);
                 back.parents.push(parent.as_ref().map(|p| p.as_bytes().to_vec()));
-                back.counted += i64::from(crate::model::nest_parent(s).is_none());
+                back.counted += top_level_in([s]);
             }
         }
         // Counted as this process's until the give-back ends (taken under `held`'s lock: a
@@ -610,6 +606,15 @@ impl HeldTenures {
 
 /// Sessions by name, each with the parent session its give-back names (a nested one's).
 type Named = (Vec<Vec<u8>>, Vec<Option<Vec<u8>>>);
+
+/// How many of `sessions` are top-level ones: what a process's count of sessions held counts
+/// (a nested session moves with its parent, never on its own).
+fn top_level_in<'a>(sessions: impl IntoIterator<Item = &'a String>) -> i64 {
+    sessions
+        .into_iter()
+        .filter(|s| crate::model::nest_parent(s).is_none())
+        .count() as i64
+}
 
 /// Tenures to give back: each session, the epoch it was held at, and its parent session when
 /// it is a nested one given back to the parent's holder.

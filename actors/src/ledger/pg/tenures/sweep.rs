@@ -246,13 +246,14 @@ impl HeldTenures {
             )
             .await
             .map_err(pg_error(what))?;
+        let taken: Vec<(String, i64)> = rows
+            .into_iter()
+            .map(|r| (String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned(), r.get(1)))
+            .collect();
         // This process's count with the sessions taken, written in the same transaction (so the
         // others never see them neither free nor counted), and the sessions held here before
         // another count is worked out.
-        let top_level = rows
-            .iter()
-            .filter(|r| crate::model::nest_parent(&String::from_utf8_lossy(r.get::<_, &[u8]>(0))).is_none())
-            .count() as i64;
+        let top_level = top_level_in(taken.iter().map(|(s, _)| s));
         let _counting = self.counting.lock().await;
         if top_level > 0 {
             let held = self.counted() + top_level;
@@ -264,10 +265,6 @@ impl HeldTenures {
         // Served no longer than the heartbeat it lasts as long as (its take found it alive).
         let beat = *self.beat.lock().unwrap_or_else(|p| p.into_inner());
         let deadline = beat.map_or(sent, |b| b.min(self.deadline(sent)));
-        let taken: Vec<(String, i64)> = rows
-            .into_iter()
-            .map(|r| (String::from_utf8_lossy(r.get::<_, &[u8]>(0)).into_owned(), r.get(1)))
-            .collect();
         let mut mine = self.held();
         let mut given = self.given();
         for (s, epoch) in &taken {
