@@ -35,10 +35,14 @@ def cluster() -> Iterator[Cluster]:
 
 def held_by(node: Server, through: Server, name: str) -> str:
     """A fresh session opened through ``node`` (so served by it), whose answers through
-    ``through`` name ``node`` as its holder."""
+    ``through`` name ``node`` as its holder. A second one is opened through ``through``, so the
+    two processes keep holding as many sessions each and neither hands one over to even them
+    out."""
     sid = unique(name)
     with node.client(timeout=10) as c:
         c.put_session(sid, addressable=True)
+    with through.client(timeout=10) as c:
+        c.put_session(unique(f"{name}-ballast"))
     reply = httpx.get(f"{through.url}/v1/sessions/{sid}", headers=AUTH, timeout=10)
     assert reply.status_code == 200, reply.text
     assert reply.headers.get(HOLDER) == node.url, dict(reply.headers)

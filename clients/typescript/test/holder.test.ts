@@ -25,11 +25,13 @@ let serial = 0;
 
 /**
  * A fresh session opened through `node` (so served by it), whose answers through `through`
- * name `node` as its holder.
+ * name `node` as its holder. A second one is opened through `through`, so the two processes keep
+ * holding as many sessions each and neither hands one over to even them out.
  */
 async function heldBy(node: TestServer, through: TestServer, name: string): Promise<string> {
   const sid = `${name}-${process.pid}-${serial++}`;
   await node.client().putSession(sid, { addressable: true });
+  await through.client().putSession(`${name}-ballast-${process.pid}-${serial++}`);
   const reply = await fetch(`${through.url}/v1/sessions/${sid}`, { headers: { Authorization: `Bearer ${KEY}` } });
   assert.equal(reply.status, 200, await reply.text());
   assert.equal(reply.headers.get("x-brood-holder"), node.url);
