@@ -170,28 +170,49 @@ fn a_token_voided_by_a_restart_answers_409() {
     }
 }
 
+/// Held by each test that arms a fault point: the points are the process's, and a point one
+/// arms would fire in the engine of another running beside it.
+#[cfg(feature = "failpoints")]
+static FAULTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// An engine in `dir` whose external children wait in the queues it answers with, and one
+/// external child (queue `default`) delegated to its addressable session `s`: the engine, the
+/// queues and the child's id.
+#[cfg(feature = "failpoints")]
+async fn one_external_child(
+    dir: &std::path::Path,
+) -> (brood::Brood, std::sync::Arc<brood::runners::WorkQueues>, String) {
+    use brood::{Brood, BroodConfig, DelegateRequest, Runners, SessionSettings, TaskSpec};
+
+    let queues = std::sync::Arc::new(brood::runners::WorkQueues::new());
+    let mut runners = Runners::builtin();
+    runners.register_external(queues.clone());
+    let b = Brood::open(BroodConfig::new(dir.join("ledger")).runners(runners)).unwrap();
+    b.open_session("s", SessionSettings::default().addressable(true))
+        .await
+        .unwrap();
+    let task = TaskSpec::new("render", json!({"kind": "external"}));
+    let call = b
+        .delegate("s", DelegateRequest::background(vec![task]))
+        .await
+        .map_err(|e| e.error)
+        .unwrap();
+    let child = format!("{}.0", call.call_id());
+    (b, queues, child)
+}
+
 /// A completion whose row cannot be recorded yet (every flush of the ledger fails) is answered
 /// as not recorded when its wait runs out; the same completion sent again waits for that same
 /// row, and is answered once the ledger takes it.
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_not_recorded_in_its_wait_is_answered_so_and_the_same_again_waits_for_its_row() {
-    use brood::runners::{WorkError, WorkQueues};
-    use brood::{Brood, BroodConfig, DelegateRequest, RunOutput, Runners, SessionSettings, TaskSpec};
+    use brood::runners::WorkError;
+    use brood::RunOutput;
 
+    let _faults = FAULTS.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    let queues = std::sync::Arc::new(WorkQueues::new());
-    let mut runners = Runners::builtin();
-    runners.register_external(queues.clone());
-    let b = Brood::open(BroodConfig::new(dir.path().join("ledger")).runners(runners)).unwrap();
-    b.open_session("s", SessionSettings::default().addressable(true))
-        .await
-        .unwrap();
-    let task = TaskSpec::new("render", json!({"kind": "external"}));
-    b.delegate("s", DelegateRequest::background(vec![task]))
-        .await
-        .map_err(|e| e.error)
-        .unwrap();
+    let (b, queues, _) = one_external_child(dir.path()).await;
     let work = queues
         .poll("default", "w", Duration::from_secs(20), Duration::from_secs(60))
         .await
@@ -218,5 +239,57 @@ async fn a_completion_not_recorded_in_its_wait_is_answered_so_and_the_same_again
     let again = queues.complete(&work.child_id, &work.token, output.clone()).unwrap();
     brood::failpoints::disarm_all();
     assert_eq!(again.outcome(Duration::from_secs(20)).await, Ok(output));
+    b.shutdown();
+}
+
+/// Another process asked this one for a child (a take) and gave up waiting (an untake), and
+/// both requests are read at once (this process was slow, or paused): the untake, read while
+/// the take hands the child out, waits for the take's record and gives the child back. It is
+/// never left held by a take nobody got (the record overwriting the give-up).
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_given_up_while_it_hands_its_child_out_gives_the_child_back() {
+    let _faults = FAULTS.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (b, queues, child) = one_external_child(dir.path()).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !queues.holds(&child) {
+        assert!(Instant::now() < deadline, "the child was never queued");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    brood::failpoints::arm("take_recording_hold", 1);
+    let taking = {
+        let (queues, child) = (queues.clone(), child.clone());
+        std::thread::spawn(move || queues.take(&child, "w", Duration::from_secs(600), Some("take_1")))
+    };
+    while brood::failpoints::armed("take_recording_hold") {
+        assert!(Instant::now() < deadline, "the take never handed the child out");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // The take handed the child out and is held before it records that: the untake comes now.
+    let untaking = {
+        let (queues, child) = (queues.clone(), child.clone());
+        std::thread::spawn(move || queues.untake(&child, "take_1"))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    brood::failpoints::release("take_recording_hold");
+    let handed = taking.join().unwrap();
+    assert_eq!(
+        handed.map(|h| h.child_id),
+        Some(child.clone()),
+        "the take handed it out"
+    );
+    untaking.join().unwrap();
+    let again = queues
+        .poll("default", "w2", Duration::from_secs(5), Duration::from_secs(60))
+        .await
+        .expect("the child is still held by the take nobody got");
+    assert_eq!(again.child_id, child);
+    let done = brood::RunOutput::Succeeded {
+        summary: "frame 1".into(),
+        output: None,
+    };
+    let ended = queues.complete(&child, &again.token, done.clone()).unwrap();
+    assert_eq!(ended.outcome(Duration::from_secs(20)).await, Ok(done));
     b.shutdown();
 }

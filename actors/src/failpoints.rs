@@ -16,7 +16,8 @@
 //! `decode_thread_refused` (no thread is made for a share of a large read's rows to decode, as
 //! when the system has none left: the share is decoded on the reading thread),
 //! `take_stall` (a server's
-//! `POST /v1/workers/take` waits 1.5 s before it serves the take)). A server arms `take_stall`,
+//! `POST /v1/workers/take` waits 1.5 s before it serves the take), `take_recording_hold` (a take
+//! that handed its child out is held before it records that, until `release`)). A server arms `take_stall`,
 //! `ledger_flush_stall` and `ledger_flush_slow_fail` from `BROOD_FAILPOINTS`. Tests arm a point with `arm` for a
 //! number of hits; while armed, the point fails (an error for I/O points, a panic for handler
 //! points, a wait for hold points). Without the feature, [`crate::failpoint!`] expands to

@@ -700,45 +700,48 @@ impl WorkQueues {
     /// it from the shared list); none when it is not waiting here any more.
     ///
     /// `take_id` names the take: one its asker gave up on first ([`WorkQueues::untake`]) is
-    /// refused, and one it gives up on later is taken back.
+    /// refused, and one it gives up on later is taken back. The takes stay locked from the look
+    /// at what the asker said to the record of the handout: a give-up read beside it (the asker's
+    /// two requests reach this process together when it was slow) waits for the record, and is
+    /// never overwritten by it.
     pub fn take(&self, child_id: &str, worker: &str, hold: Duration, take_id: Option<&str>) -> Option<Handout> {
         if brood_actors::failpoints::fires("take_stall") {
             // A holder slow to serve a take (its asker gives up meanwhile).
             std::thread::sleep(Duration::from_millis(1500));
         }
-        if let Some(id) = take_id {
-            let mut takes = self.takes();
-            if matches!(takes.forget(id), Some(Take::GivenUp)) {
-                return None;
-            }
+        let Some(id) = take_id else {
+            return self.hand_out_taken(child_id, worker, hold);
+        };
+        let mut takes = self.takes();
+        if matches!(takes.forget(id), Some(Take::GivenUp)) {
+            return None;
         }
         let handed = self.hand_out_taken(child_id, worker, hold)?;
-        if let Some(id) = take_id {
-            self.takes().remember(
-                id,
-                Take::Handed {
-                    child_id: handed.child_id.clone(),
-                    token: handed.token.clone(),
-                },
-            );
-        }
+        brood_actors::failpoints::hold("take_recording_hold");
+        takes.remember(
+            id,
+            Take::Handed {
+                child_id: handed.child_id.clone(),
+                token: handed.token.clone(),
+            },
+        );
         Some(handed)
     }
 
     /// The asker of the take `take_id` of `child_id` gave up waiting for its answer: a child
     /// handed out by it goes back to its queue (no worker holds its token), and a take not
-    /// served yet will be refused.
+    /// served yet will be refused. One step under the takes' lock, as a take is.
     pub fn untake(&self, child_id: &str, take_id: &str) {
-        let taken = self.takes().forget(take_id);
-        match taken {
+        let mut takes = self.takes();
+        match takes.forget(take_id) {
             Some(Take::Handed { child_id: c, token }) if c == child_id => {
                 if self.roster().lapse(child_id, &token, Instant::now()) {
                     tracing::debug!(child = %child_id, "a take its asker gave up on is taken back; the child is queued again");
                     self.expire(child_id);
                 }
             }
-            Some(other) => self.takes().remember(take_id, other),
-            None => self.takes().remember(take_id, Take::GivenUp),
+            Some(other) => takes.remember(take_id, other),
+            None => takes.remember(take_id, Take::GivenUp),
         }
     }
 
