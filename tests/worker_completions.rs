@@ -211,6 +211,7 @@ async fn a_completion_not_recorded_in_its_wait_is_answered_so_and_the_same_again
     use brood::RunOutput;
 
     let _faults = FAULTS.lock().await;
+    brood::failpoints::disarm_all();
     let dir = tempfile::tempdir().unwrap();
     let (b, queues, _) = one_external_child(dir.path()).await;
     let work = queues
@@ -250,6 +251,7 @@ async fn a_completion_not_recorded_in_its_wait_is_answered_so_and_the_same_again
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_take_given_up_while_it_hands_its_child_out_gives_the_child_back() {
     let _faults = FAULTS.lock().await;
+    brood::failpoints::disarm_all();
     let dir = tempfile::tempdir().unwrap();
     let (b, queues, child) = one_external_child(dir.path()).await;
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -262,7 +264,7 @@ async fn a_take_given_up_while_it_hands_its_child_out_gives_the_child_back() {
         let (queues, child) = (queues.clone(), child.clone());
         std::thread::spawn(move || queues.take(&child, "w", Duration::from_secs(600), Some("take_1")))
     };
-    while brood::failpoints::armed("take_recording_hold") {
+    while !brood::failpoints::held("take_recording_hold") {
         assert!(Instant::now() < deadline, "the take never handed the child out");
         std::thread::sleep(Duration::from_millis(2));
     }

@@ -92,6 +92,13 @@ pub fn release(name: &'static str) {
     }
 }
 
+/// Whether code is held at the hold point `name` now (it fired, and was not released yet): what a
+/// test waits for before it does what must meet the held code.
+#[cfg(feature = "failpoints")]
+pub fn held(name: &'static str) -> bool {
+    HELD.lock().is_ok_and(|h| h.contains(&name))
+}
+
 /// Whether `name` has hits left (without counting one).
 #[cfg(feature = "failpoints")]
 pub fn armed(name: &'static str) -> bool {
