@@ -8,6 +8,7 @@ mod server;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -289,23 +290,30 @@ enum Answer {
 type Heard = Arc<Mutex<Vec<(String, Value)>>>;
 
 /// A process that is not brood listening on loopback, answering every take with `answer` and
-/// every other request with 204; its address and the paths and bodies of what it was sent.
-fn fake_holder(answer: Answer) -> (String, Heard) {
+/// every other request with 204, but hanging up without an answer on the first `unanswered`
+/// untakes it reads; its address and the paths and bodies of what it was sent.
+fn fake_holder(answer: Answer, unanswered: usize) -> (String, Heard) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());
     let heard = Arc::new(Mutex::new(Vec::new()));
     let log = heard.clone();
+    let unanswered = Arc::new(std::sync::atomic::AtomicUsize::new(unanswered));
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { continue };
-            let log = log.clone();
-            std::thread::spawn(move || serve_fake(stream, answer, &log));
+            let (log, unanswered) = (log.clone(), unanswered.clone());
+            std::thread::spawn(move || serve_fake(stream, answer, &log, &unanswered));
         }
     });
     (address, heard)
 }
 
-fn serve_fake(stream: TcpStream, answer: Answer, log: &Mutex<Vec<(String, Value)>>) {
+fn serve_fake(
+    stream: TcpStream,
+    answer: Answer,
+    log: &Mutex<Vec<(String, Value)>>,
+    unanswered: &std::sync::atomic::AtomicUsize,
+) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut out = stream;
     loop {
@@ -336,6 +344,11 @@ fn serve_fake(stream: TcpStream, answer: Answer, log: &Mutex<Vec<(String, Value)
         log.lock()
             .unwrap()
             .push((path.clone(), serde_json::from_slice(&body).unwrap_or(Value::Null)));
+        let hang_up =
+            path == "/v1/workers/untake" && unanswered.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok();
+        if hang_up {
+            return;
+        }
         let reply = if path == "/v1/workers/take" {
             match answer {
                 Answer::Status500 => "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n".to_string(),
@@ -358,14 +371,15 @@ fn serve_fake(stream: TcpStream, answer: Answer, log: &Mutex<Vec<(String, Value)
     }
 }
 
-/// A child listed as waiting at a fake holder answering `answer`, asked for through `a`: the
-/// poll answers nothing, the child is listed again, and the fake holder is told that the take
-/// was given up.
-fn a_faulty_answer_relists_the_child_and_untakes(answer: Answer) {
+/// A child listed as waiting at a fake holder answering `answer` (and hanging up on the first
+/// `unanswered` untakes), asked for through `a`: the poll answers nothing, the child is listed
+/// again, and the fake holder is told that the take was given up, as many times as it takes
+/// for it to answer.
+fn a_faulty_answer_relists_the_child_and_untakes(answer: Answer, unanswered: usize) {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
     let a = node(dir.path(), &url, "a");
-    let (address, heard) = fake_holder(answer);
+    let (address, heard) = fake_holder(answer, unanswered);
     psql(
         &url,
         &format!(
@@ -392,27 +406,39 @@ fn a_faulty_answer_relists_the_child_and_untakes(answer: Answer) {
             .iter()
             .find(|(p, _)| p == "/v1/workers/take")
             .expect("asked for the take");
-        if let Some((_, untake)) = log.iter().find(|(p, _)| p == "/v1/workers/untake") {
-            assert_eq!(untake["child_id"], "call_f.0", "{untake}");
-            assert_eq!(untake["take_id"], take.1["take_id"], "{untake}");
+        let untakes: Vec<&Value> = log
+            .iter()
+            .filter(|(p, _)| p == "/v1/workers/untake")
+            .map(|(_, body)| body)
+            .collect();
+        if untakes.len() > unanswered {
+            for untake in untakes {
+                assert_eq!(untake["child_id"], "call_f.0", "{untake}");
+                assert_eq!(untake["take_id"], take.1["take_id"], "{untake}");
+            }
             break;
         }
-        assert!(Instant::now() < deadline, "no untake came: {log:?}");
+        assert!(Instant::now() < deadline, "no untake answered: {log:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
 #[test]
 fn a_take_answered_500_lists_the_child_again_and_is_given_up() {
-    a_faulty_answer_relists_the_child_and_untakes(Answer::Status500);
+    a_faulty_answer_relists_the_child_and_untakes(Answer::Status500, 0);
 }
 
 #[test]
 fn a_take_answered_with_more_than_is_read_lists_the_child_again_and_is_given_up() {
-    a_faulty_answer_relists_the_child_and_untakes(Answer::Huge);
+    a_faulty_answer_relists_the_child_and_untakes(Answer::Huge, 0);
 }
 
 #[test]
 fn a_take_answered_with_no_work_item_lists_the_child_again_and_is_given_up() {
-    a_faulty_answer_relists_the_child_and_untakes(Answer::Malformed);
+    a_faulty_answer_relists_the_child_and_untakes(Answer::Malformed, 0);
+}
+
+#[test]
+fn a_give_up_its_holder_hung_up_on_is_told_again_until_it_answers() {
+    a_faulty_answer_relists_the_child_and_untakes(Answer::Status500, 2);
 }

@@ -193,9 +193,16 @@ const ASK_MARGIN: Duration = Duration::from_millis(500);
 /// The longest a process is asked for a listed child.
 const ASK_MOST: Duration = Duration::from_secs(10);
 
-/// How long telling a process that a take was given up waits for its answer (the request is
-/// read whenever that process reads it; its answer matters to nobody).
+/// How long one try at telling a process that a take was given up waits for its answer (the
+/// request is read whenever that process reads it).
 const UNTAKE_WAIT: Duration = Duration::from_secs(2);
+
+/// How many times a process is told that a take was given up, until it answers.
+const UNTAKE_TRIES: u32 = 5;
+
+/// The pause before the second try at telling a process that a take was given up; doubled for
+/// each try after it, up to [`UNTAKE_WAIT`].
+const UNTAKE_PAUSE: Duration = Duration::from_millis(250);
 
 /// Takes children the shared list says wait in other processes, asking each process for its
 /// own, until one is handed out, the list has none for `queue`, or `deadline` (plus
@@ -333,8 +340,35 @@ impl Taking {
             })
             .unwrap_or_default();
             let url = format!("{address}/v1/workers/untake");
-            let _ = ask_holder(&url, body, &self.ask, UNTAKE_WAIT).await;
+            tell_given_up(&url, body, &self.ask).await;
         }
+    }
+}
+
+/// Tells the process at `url` that a take was given up (`body`), until it answers or nothing
+/// listens there any more, [`UNTAKE_TRIES`] times at most: a give-up it never reads leaves the
+/// child held, if it serves the take, by a worker nobody is until the hold runs out. Each try
+/// waits [`UNTAKE_WAIT`] for the answer; a try that was sent and not answered is read anyway
+/// when the process reads it (telling it twice changes nothing).
+async fn tell_given_up(url: &str, body: Vec<u8>, ask: &Asking) {
+    let mut pause = UNTAKE_PAUSE;
+    for tried in 1..=UNTAKE_TRIES {
+        let failed = match sent_to_peer(url, body.clone(), ask, UNTAKE_WAIT).await {
+            Sent::Answered(answer) if answer.status().is_success() => return,
+            Sent::Answered(answer) => format!("it answered {}", answer.status()),
+            Sent::Gone(e) => {
+                tracing::debug!(%url, "a take's process is gone; it is not told the take was given up: {e}");
+                return;
+            }
+            Sent::Faulty(e) => e,
+        };
+        if tried == UNTAKE_TRIES {
+            tracing::warn!(%url, "telling a process that a take was given up failed {tried} times (a child it handed out for it stays held until its hold runs out): {failed}");
+            return;
+        }
+        tracing::debug!(%url, "telling a process that a take was given up failed (told again in {pause:?}): {failed}");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(UNTAKE_WAIT);
     }
 }
 
@@ -369,10 +403,20 @@ struct Asking {
     limit: usize,
 }
 
-/// Asks the process at `url` to hand out the child of `body`, waiting at most `timeout`: from
-/// this worker's event loop, over its connections to the other processes
+/// What a request to another process sharing the ledger came to.
+enum Sent {
+    /// It answered (the body not read yet).
+    Answered(awc::ClientResponse),
+    /// It could not be reached: nothing listens there, or the name leads nowhere.
+    Gone(String),
+    /// It did not answer in time, or the exchange failed.
+    Faulty(String),
+}
+
+/// Sends `body` to the process at `url`, waiting at most `timeout` for its answer: from this
+/// worker's event loop, over its connections to the other processes
 /// ([`super::forward::peers`]).
-async fn ask_holder(url: &str, body: Vec<u8>, ask: &Asking, timeout: Duration) -> Asked {
+async fn sent_to_peer(url: &str, body: Vec<u8>, ask: &Asking, timeout: Duration) -> Sent {
     use awc::error::{ConnectError, SendRequestError};
     let mut request = super::forward::peers()
         .post(url)
@@ -382,16 +426,24 @@ async fn ask_holder(url: &str, body: Vec<u8>, ask: &Asking, timeout: Duration) -
     if let Some(k) = &ask.key {
         request = request.insert_header((super::forward::PEER, k.as_str()));
     }
-    let mut answer = match request.send_body(body).await {
-        Ok(answer) => answer,
-        // Nothing listens there, or the name leads nowhere.
+    match request.send_body(body).await {
+        Ok(answer) => Sent::Answered(answer),
         Err(SendRequestError::Connect(
             e @ (ConnectError::Resolver(_) | ConnectError::NoRecords | ConnectError::Unresolved),
-        )) => return Asked::Gone(e.to_string()),
+        )) => Sent::Gone(e.to_string()),
         Err(SendRequestError::Connect(ConnectError::Io(e))) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            return Asked::Gone(e.to_string())
+            Sent::Gone(e.to_string())
         }
-        Err(e) => return Asked::Faulty(e.to_string()),
+        Err(e) => Sent::Faulty(e.to_string()),
+    }
+}
+
+/// Asks the process at `url` to hand out the child of `body`, waiting at most `timeout`.
+async fn ask_holder(url: &str, body: Vec<u8>, ask: &Asking, timeout: Duration) -> Asked {
+    let mut answer = match sent_to_peer(url, body, ask, timeout).await {
+        Sent::Answered(answer) => answer,
+        Sent::Gone(e) => return Asked::Gone(e),
+        Sent::Faulty(e) => return Asked::Faulty(e),
     };
     match answer.status().as_u16() {
         200 => {}
