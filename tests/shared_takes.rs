@@ -289,20 +289,45 @@ enum Answer {
 /// The requests a fake holder was sent: path and JSON body of each.
 type Heard = Arc<Mutex<Vec<(String, Value)>>>;
 
-/// A process that is not brood listening on loopback, answering every take with `answer` and
-/// every other request with 204, but hanging up without an answer on the first `unanswered`
-/// untakes it reads; its address and the paths and bodies of what it was sent.
-fn fake_holder(answer: Answer, unanswered: usize) -> (String, Heard) {
+/// What a fake holder answers the untakes it is sent.
+#[derive(Clone, Copy)]
+enum Untakes {
+    /// 204.
+    Answered,
+    /// It hangs up without an answer on the first so many, then answers 204.
+    HungUpOn(usize),
+    /// 401, as a process that takes another peer key.
+    Refused,
+}
+
+impl Untakes {
+    /// How many untakes the fake holder is sent in all, once its process is done telling it.
+    fn sent(self) -> usize {
+        match self {
+            Untakes::Answered | Untakes::Refused => 1,
+            Untakes::HungUpOn(n) => n + 1,
+        }
+    }
+}
+
+/// A process that is not brood listening on loopback, answering every take with `answer`, every
+/// untake as `untakes` says and every other request with 204; its address and the paths and
+/// bodies of what it was sent.
+fn fake_holder(answer: Answer, untakes: Untakes) -> (String, Heard) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());
     let heard = Arc::new(Mutex::new(Vec::new()));
     let log = heard.clone();
+    let unanswered = match untakes {
+        Untakes::HungUpOn(n) => n,
+        Untakes::Answered | Untakes::Refused => 0,
+    };
     let unanswered = Arc::new(std::sync::atomic::AtomicUsize::new(unanswered));
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { continue };
             let (log, unanswered) = (log.clone(), unanswered.clone());
-            std::thread::spawn(move || serve_fake(stream, answer, &log, &unanswered));
+            std::thread::spawn(move || serve_fake(stream, answer, untakes, &log, &unanswered));
         }
     });
     (address, heard)
@@ -311,6 +336,7 @@ fn fake_holder(answer: Answer, unanswered: usize) -> (String, Heard) {
 fn serve_fake(
     stream: TcpStream,
     answer: Answer,
+    untakes: Untakes,
     log: &Mutex<Vec<(String, Value)>>,
     unanswered: &std::sync::atomic::AtomicUsize,
 ) {
@@ -362,6 +388,8 @@ fn serve_fake(
                         .to_string()
                 }
             }
+        } else if path == "/v1/workers/untake" && matches!(untakes, Untakes::Refused) {
+            "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n".to_string()
         } else {
             "HTTP/1.1 204 No Content\r\n\r\n".to_string()
         };
@@ -371,15 +399,15 @@ fn serve_fake(
     }
 }
 
-/// A child listed as waiting at a fake holder answering `answer` (and hanging up on the first
-/// `unanswered` untakes), asked for through `a`: the poll answers nothing, the child is listed
-/// again, and the fake holder is told that the take was given up, as many times as it takes
-/// for it to answer.
-fn a_faulty_answer_relists_the_child_and_untakes(answer: Answer, unanswered: usize) {
+/// A child listed as waiting at a fake holder answering `answer` (and its untakes as `untakes`
+/// says), asked for through `a`: the poll answers nothing, the child is listed again, and the
+/// fake holder is told that the take was given up until it answers (or refuses it), and no
+/// more.
+fn a_faulty_answer_relists_the_child_and_untakes(answer: Answer, untakes: Untakes) {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
     let a = node(dir.path(), &url, "a");
-    let (address, heard) = fake_holder(answer, unanswered);
+    let (address, heard) = fake_holder(answer, untakes);
     psql(
         &url,
         &format!(
@@ -406,13 +434,13 @@ fn a_faulty_answer_relists_the_child_and_untakes(answer: Answer, unanswered: usi
             .iter()
             .find(|(p, _)| p == "/v1/workers/take")
             .expect("asked for the take");
-        let untakes: Vec<&Value> = log
+        let told: Vec<&Value> = log
             .iter()
             .filter(|(p, _)| p == "/v1/workers/untake")
             .map(|(_, body)| body)
             .collect();
-        if untakes.len() > unanswered {
-            for untake in untakes {
+        if told.len() >= untakes.sent() {
+            for untake in told {
                 assert_eq!(untake["child_id"], "call_f.0", "{untake}");
                 assert_eq!(untake["take_id"], take.1["take_id"], "{untake}");
             }
@@ -421,24 +449,34 @@ fn a_faulty_answer_relists_the_child_and_untakes(answer: Answer, unanswered: usi
         assert!(Instant::now() < deadline, "no untake answered: {log:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // And told no more (a try more would come within 2 s).
+    std::thread::sleep(Duration::from_secs(3));
+    let log = heard.lock().unwrap().clone();
+    let told = log.iter().filter(|(p, _)| p == "/v1/workers/untake").count();
+    assert_eq!(told, untakes.sent(), "{log:?}");
 }
 
 #[test]
 fn a_take_answered_500_lists_the_child_again_and_is_given_up() {
-    a_faulty_answer_relists_the_child_and_untakes(Answer::Status500, 0);
+    a_faulty_answer_relists_the_child_and_untakes(Answer::Status500, Untakes::Answered);
 }
 
 #[test]
 fn a_take_answered_with_more_than_is_read_lists_the_child_again_and_is_given_up() {
-    a_faulty_answer_relists_the_child_and_untakes(Answer::Huge, 0);
+    a_faulty_answer_relists_the_child_and_untakes(Answer::Huge, Untakes::Answered);
 }
 
 #[test]
 fn a_take_answered_with_no_work_item_lists_the_child_again_and_is_given_up() {
-    a_faulty_answer_relists_the_child_and_untakes(Answer::Malformed, 0);
+    a_faulty_answer_relists_the_child_and_untakes(Answer::Malformed, Untakes::Answered);
 }
 
 #[test]
 fn a_give_up_its_holder_hung_up_on_is_told_again_until_it_answers() {
-    a_faulty_answer_relists_the_child_and_untakes(Answer::Status500, 2);
+    a_faulty_answer_relists_the_child_and_untakes(Answer::Status500, Untakes::HungUpOn(2));
+}
+
+#[test]
+fn a_give_up_its_holder_refuses_is_told_once() {
+    a_faulty_answer_relists_the_child_and_untakes(Answer::Status500, Untakes::Refused);
 }

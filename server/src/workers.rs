@@ -345,16 +345,21 @@ impl Taking {
     }
 }
 
-/// Tells the process at `url` that a take was given up (`body`), until it answers or nothing
-/// listens there any more, [`UNTAKE_TRIES`] times at most: a give-up it never reads leaves the
-/// child held, if it serves the take, by a worker nobody is until the hold runs out. Each try
-/// waits [`UNTAKE_WAIT`] for the answer; a try that was sent and not answered is read anyway
-/// when the process reads it (telling it twice changes nothing).
+/// Tells the process at `url` that a take was given up (`body`), until it answers, refuses it
+/// for good (a 4xx answer other than 408 and 429: a key it does not take, a build without the
+/// route) or nothing listens there any more, [`UNTAKE_TRIES`] times at most: a give-up it never
+/// reads leaves the child, if it serves the take, held by a worker nobody is until the hold runs
+/// out. Each try waits [`UNTAKE_WAIT`] for the answer; a process that reads a give-up twice
+/// changes nothing the second time.
 async fn tell_given_up(url: &str, body: Vec<u8>, ask: &Asking) {
     let mut pause = UNTAKE_PAUSE;
     for tried in 1..=UNTAKE_TRIES {
         let failed = match sent_to_peer(url, body.clone(), ask, UNTAKE_WAIT).await {
             Sent::Answered(answer) if answer.status().is_success() => return,
+            Sent::Answered(answer) if refused_for_good(answer.status()) => {
+                tracing::warn!(%url, status = %answer.status(), "a process refused to be told that a take was given up");
+                return;
+            }
             Sent::Answered(answer) => format!("it answered {}", answer.status()),
             Sent::Gone(e) => {
                 tracing::debug!(%url, "a take's process is gone; it is not told the take was given up: {e}");
@@ -363,13 +368,19 @@ async fn tell_given_up(url: &str, body: Vec<u8>, ask: &Asking) {
             Sent::Faulty(e) => e,
         };
         if tried == UNTAKE_TRIES {
-            tracing::warn!(%url, "telling a process that a take was given up failed {tried} times (a child it handed out for it stays held until its hold runs out): {failed}");
+            tracing::warn!(%url, "telling a process that a take was given up failed {tried} times (a child it may have handed out for the take stays held until its hold runs out): {failed}");
             return;
         }
         tracing::debug!(%url, "telling a process that a take was given up failed (told again in {pause:?}): {failed}");
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(UNTAKE_WAIT);
     }
+}
+
+/// Whether an answer refuses a request however often it is sent: a 4xx but 408 (timed out) and
+/// 429 (too many requests).
+fn refused_for_good(status: StatusCode) -> bool {
+    status.is_client_error() && status != StatusCode::REQUEST_TIMEOUT && status != StatusCode::TOO_MANY_REQUESTS
 }
 
 /// Where a take tells the poll it runs for what came of it; the poll acknowledges a handout
