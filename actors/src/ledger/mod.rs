@@ -27,7 +27,8 @@
 //!
 //! The parts: this file (the trait, the rows one decision writes, the errors, the durability
 //! levels), `rows` (keys, encoding, what a write changes, what recording terminal rows
-//! decides: shared by both backends), `sled_ledger` (the sled implementation), `migrate` (an
+//! decides: shared by both backends), `runs` (child rows as a read gives them, a run per
+//! call), `sled_ledger` (the sled implementation), `migrate` (an
 //! older key layout brought to this one), `fsync` (what `Durability::Fsync` adds to sled's
 //! flush), `pg` (the PostgreSQL implementation), `conformance` (what every backend must do,
 //! tested on both) and `pg_testkit` (a PostgreSQL server for tests).
@@ -41,6 +42,7 @@ mod pg;
 #[doc(hidden)]
 pub mod pg_testkit;
 mod rows;
+mod runs;
 mod sled_ledger;
 
 use std::fmt;
@@ -51,6 +53,8 @@ use crate::model::*;
 
 pub use pg::{PgLedger, TenureConfig, DEFAULT_SCHEMA};
 pub use rows::{child_write, kept_terminal_rows, row_key, ChildWrite};
+pub use runs::ChildRuns;
+pub(crate) use runs::RowSink;
 pub use sled_ledger::{FlushObserver, SledLedger, DEFAULT_CACHE_BYTES, LAYOUT, LOCK_WAIT};
 
 /// The ledger could not do what was asked.
@@ -171,8 +175,8 @@ pub struct Snapshot {
     /// All calls.
     pub calls: Vec<CallRow>,
     /// All children; `result`/`notice` say delivered or dead when an ack row or a dead letter
-    /// says so.
-    pub children: Vec<ChildRow>,
+    /// says so. In runs of one call each, as read.
+    pub children: ChildRuns,
     /// Claims that were live when the last process stopped (acked ones are not among them).
     pub claims: Vec<ClaimRow>,
     /// Start rows: the running marks of admission batches, for children without a row of
@@ -192,7 +196,7 @@ impl Snapshot {
     pub fn absorb(&mut self, other: Snapshot) {
         join(&mut self.sessions, other.sessions);
         join(&mut self.calls, other.calls);
-        join(&mut self.children, other.children);
+        self.children.append(other.children);
         join(&mut self.claims, other.claims);
         join(&mut self.starts, other.starts);
         join(&mut self.damaged_children, other.damaged_children);

@@ -223,7 +223,11 @@ pub(super) fn live_claims(mut claims: Vec<ClaimRow>, acks: &[AckRow]) -> Vec<Cla
 }
 
 /// Folds the durable delivery state of ack rows and dead letters into the children's rows.
-pub(super) fn fold_delivery(children: &mut [ChildRow], acks: &[AckRow], dead: &[DeadLetterRow]) {
+pub(super) fn fold_delivery<'a>(
+    children: impl IntoIterator<Item = &'a mut ChildRow>,
+    acks: &[AckRow],
+    dead: &[DeadLetterRow],
+) {
     /// What the ack rows and dead letters say of one item.
     #[derive(Default, Clone, Copy)]
     struct Said {
@@ -251,7 +255,7 @@ pub(super) fn fold_delivery(children: &mut [ChildRow], acks: &[AckRow], dead: &[
     if said.is_empty() {
         return;
     }
-    for child in children.iter_mut() {
+    for child in children {
         let Some(&items) = said.get(child.child_id.as_str()) else {
             continue;
         };
@@ -342,20 +346,21 @@ pub(super) fn merge_terminals(
 
 /// Decodes and checks rows (key, stored value) into `out`, in their order; returns those that
 /// failed, each with why, for the caller to quarantine.
-pub(super) fn decode_rows<T, K, V, E>(
+pub(super) fn decode_rows<C, K, V, E>(
     rows: impl Iterator<Item = Result<(K, V), E>>,
-    out: &mut Vec<T>,
+    out: &mut C,
 ) -> Result<Vec<(K, V, String)>, LedgerError>
 where
-    T: crate::codec::Stored + CheckRow,
+    C: super::RowSink,
+    C::Row: crate::codec::Stored + CheckRow,
     V: AsRef<[u8]>,
     LedgerError: From<E>,
 {
     let mut bad = Vec::new();
     for kv in rows {
         let (k, v) = kv?;
-        match decode_checked::<T>(v.as_ref()) {
-            Ok(row) => out.push(row),
+        match decode_checked::<C::Row>(v.as_ref()) {
+            Ok(row) => out.put(row),
             Err(reason) => bad.push((k, v, reason)),
         }
     }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::fsync::FileSync;
 use super::rows::*;
 use super::trees::*;
-use super::{CallParts, Durability, Ledger, LedgerError, Snapshot, Writes};
+use super::{CallParts, ChildRuns, Durability, Ledger, LedgerError, Snapshot, Writes};
 use crate::codec;
 use crate::model::*;
 
@@ -286,7 +286,7 @@ impl SledLedger {
     /// into a vector sized once from the calls' tasks. A large read is split into key ranges
     /// at call boundaries, one per core, decoded on threads of their own (sled's reads are
     /// safe to run at once); the rows come back in key order all the same.
-    fn scan_children(&self, session: Option<&str>, calls: &[CallRow]) -> Result<Vec<ChildRow>, LedgerError> {
+    fn scan_children(&self, session: Option<&str>, calls: &[CallRow]) -> Result<ChildRuns, LedgerError> {
         let expected: usize = calls.iter().map(|c| c.tasks.len()).sum();
         self.scan_children_in(session, calls, crate::parallel::threads_for(expected, calls.len()))
     }
@@ -297,7 +297,7 @@ impl SledLedger {
         session: Option<&str>,
         calls: &[CallRow],
         parts: usize,
-    ) -> Result<Vec<ChildRow>, LedgerError> {
+    ) -> Result<ChildRuns, LedgerError> {
         use std::ops::Bound;
         // A call's children are at most its tasks (a damaged extra row is quarantined).
         let expected: usize = calls.iter().map(|c| c.tasks.len()).sum();
@@ -329,7 +329,7 @@ impl SledLedger {
             lower = Bound::Included(cut);
         }
         bounds.push((lower, to));
-        let mut out: Vec<ChildRow> = Vec::with_capacity(expected);
+        let mut out = ChildRuns::new();
         let (first, rest) = bounds.split_first().expect("one range at least");
         let (bad, more) = std::thread::scope(|scope| {
             let others: Vec<_> = rest
@@ -337,7 +337,7 @@ impl SledLedger {
                 .map(|range| {
                     let tree = &self.children;
                     scope.spawn(move || {
-                        let mut rows = Vec::with_capacity(expected / parts);
+                        let mut rows = ChildRuns::new();
                         decode_rows(tree.range::<Vec<u8>, _>(range.clone()), &mut rows).map(|bad| (rows, bad))
                     })
                 })
@@ -351,8 +351,8 @@ impl SledLedger {
             }
             Ok::<_, LedgerError>((bad, more))
         })?;
-        for mut rows in more {
-            out.append(&mut rows);
+        for rows in more {
+            out.append(rows);
         }
         self.move_all_aside(&self.children, CHILDREN, bad)?;
         Ok(out)
@@ -383,7 +383,7 @@ impl SledLedger {
         // the children's keys between threads.
         let calls: Vec<CallRow> = self.scan(&self.calls, CALLS, session)?;
         let mut children = self.scan_children(session, &calls)?;
-        fold_delivery(&mut children, &acks, &dead);
+        fold_delivery(children.runs_mut().iter_mut().flatten(), &acks, &dead);
         let claims = live_claims(self.scan(&self.claims, CLAIMS, session)?, &acks);
         let snapshot = Snapshot {
             sessions: self.scan(&self.sessions, SESSIONS, session)?,

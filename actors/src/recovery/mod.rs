@@ -29,7 +29,7 @@ pub fn queued_child(call: &CallRow, unit: &UnitRow, i: u32) -> ChildRow {
 }
 
 /// A fresh queued child row for task `i` of call `call_id`, in unit `unit_id` of `session_id`.
-fn fresh_child(call_id: &str, unit_id: &str, session_id: &str, i: u32) -> ChildRow {
+pub(crate) fn fresh_child(call_id: &str, unit_id: &str, session_id: &str, i: u32) -> ChildRow {
     ChildRow {
         child_id: child_id(call_id, i),
         call_id: call_id.to_string(),
@@ -111,59 +111,31 @@ pub fn split_snapshot(snapshot: Snapshot) -> Split {
         );
         out.entry(call.session_id.clone()).or_default().calls.push(call);
     }
-    // Rows come in key order, so one call's rows come together: they are gathered in `run`
-    // and filed by session and call once per call, not once per row.
-    let mut run: Vec<ChildRow> = Vec::new();
-    let mut last: Option<(&str, &CallInfo)> = None;
-    for child in snapshot.children {
-        let info = match last {
-            Some((id, info)) if id == child.call_id => Some(info),
-            _ => {
-                let found = calls
-                    .get_key_value(&child.call_id)
-                    .map(|(id, info)| (id.as_str(), info));
-                last = found;
-                found.map(|(_, info)| info)
-            }
+    // A read gives each call's rows in runs of their own (a run is of one call and one
+    // session): each run is checked and filed whole under its session and call, its rows not
+    // moved; a run with a row to reject (damage) is filed without it.
+    for mut run in snapshot.children.into_runs() {
+        let Some(first) = run.first() else {
+            continue;
         };
-        let reason = match info {
-            None => Some(format!("its call `{}` has no (readable) row", child.call_id)),
-            Some(info) if child.task_index as usize >= info.unit_of.len() => Some(format!(
-                "task index {} is beyond its call's {} tasks",
-                child.task_index,
-                info.unit_of.len()
-            )),
-            Some(info) if info.session != child.session_id => Some(format!(
-                "its session `{}` is not its call's session `{}`",
-                child.session_id, info.session
-            )),
-            Some(info)
-                if parse_unit_id(&child.unit_id)
-                    != Some((child.call_id.as_str(), info.unit_of[child.task_index as usize])) =>
-            {
-                Some(format!(
-                    "its unit `{}` is not the one its call plans for task {}",
-                    child.unit_id, child.task_index
-                ))
-            }
-            Some(_) => None,
-        };
-        match reason {
-            Some(reason) => split.rejects.push(Reject {
-                tree: crate::ledger::trees::CHILDREN,
-                session_id: child.session_id,
-                key: child.child_id,
-                reason,
-            }),
-            None => {
-                if run.last().is_some_and(|r| r.call_id != child.call_id) {
-                    file_run(&mut run, &mut out);
+        let info = calls.get(&first.call_id);
+        if run.iter().any(|child| rejected(child, info).is_some()) {
+            let mut kept = Vec::with_capacity(run.len());
+            for child in run {
+                match rejected(&child, info) {
+                    Some(reason) => split.rejects.push(Reject {
+                        tree: crate::ledger::trees::CHILDREN,
+                        session_id: child.session_id,
+                        key: child.child_id,
+                        reason,
+                    }),
+                    None => kept.push(child),
                 }
-                run.push(child);
             }
+            run = kept;
         }
+        file_run(run, &mut out);
     }
-    file_run(&mut run, &mut out);
     for claim in snapshot.claims {
         out.entry(claim.session_id.clone()).or_default().claims.push(claim);
     }
@@ -280,9 +252,38 @@ struct CallInfo {
     unit_of: Vec<u32>,
 }
 
-/// Files the rows of one call gathered in `run` under their session and call, leaving `run`
-/// empty.
-fn file_run(run: &mut Vec<ChildRow>, out: &mut HashMap<String, SessionSnapshot>) {
+/// Why `child`, of the call `info` describes (none: its call has no row), cannot be used, if it
+/// cannot.
+fn rejected(child: &ChildRow, info: Option<&CallInfo>) -> Option<String> {
+    let Some(info) = info else {
+        return Some(format!("its call `{}` has no (readable) row", child.call_id));
+    };
+    let task = child.task_index as usize;
+    if task >= info.unit_of.len() {
+        return Some(format!(
+            "task index {} is beyond its call's {} tasks",
+            child.task_index,
+            info.unit_of.len()
+        ));
+    }
+    if info.session != child.session_id {
+        return Some(format!(
+            "its session `{}` is not its call's session `{}`",
+            child.session_id, info.session
+        ));
+    }
+    if parse_unit_id(&child.unit_id) != Some((child.call_id.as_str(), info.unit_of[task])) {
+        return Some(format!(
+            "its unit `{}` is not the one its call plans for task {}",
+            child.unit_id, child.task_index
+        ));
+    }
+    None
+}
+
+/// Files `run`, rows of one call and session, under their session and call: taken whole when
+/// the call has no rows filed yet, else added after them.
+fn file_run(mut run: Vec<ChildRow>, out: &mut HashMap<String, SessionSnapshot>) {
     use std::collections::hash_map::Entry;
     let Some(first) = run.first() else {
         return;
@@ -290,11 +291,9 @@ fn file_run(run: &mut Vec<ChildRow>, out: &mut HashMap<String, SessionSnapshot>)
     let children = &mut out.entry(first.session_id.clone()).or_default().children;
     match children.entry(first.call_id.clone()) {
         Entry::Vacant(v) => {
-            // The next call's rows likely number about as many.
-            let next = Vec::with_capacity(run.len());
-            v.insert(std::mem::replace(run, next));
+            v.insert(run);
         }
-        Entry::Occupied(mut o) => o.get_mut().append(run),
+        Entry::Occupied(mut o) => o.get_mut().append(&mut run),
     }
 }
 

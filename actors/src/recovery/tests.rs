@@ -1,6 +1,7 @@
 //! Recovery's decisions, tested as plain code.
 
 use super::*;
+use crate::ledger::ChildRuns;
 
 fn session() -> SessionRow {
     SessionRow {
@@ -170,7 +171,7 @@ fn children_without_their_call_or_beyond_its_tasks_are_rejected() {
     let snap = Snapshot {
         sessions: vec![session()],
         calls: vec![c],
-        children: vec![child(0, ChildStatus::Queued), no_call, beyond],
+        children: vec![child(0, ChildStatus::Queued), no_call, beyond].into(),
         claims: vec![],
         starts: vec![],
         damaged_children: vec![],
@@ -192,6 +193,40 @@ fn children_without_their_call_or_beyond_its_tasks_are_rejected() {
     assert!(rejected
         .iter()
         .any(|(k, r)| *k == "deleg_c.7" && r.contains("beyond its call's 1 tasks")));
+}
+
+#[test]
+fn a_calls_rows_read_in_several_runs_are_filed_together_without_the_rejected_ones() {
+    let c = call(&[false, false, false, false], None);
+    let other_unit = ChildRow {
+        unit_id: "deleg_c-9".into(),
+        ..child(1, ChildStatus::Succeeded)
+    };
+    // Two reads' shares cut the call's rows in two; a damaged row sits inside the first run.
+    let mut first = ChildRuns::from(vec![
+        child(0, ChildStatus::Succeeded),
+        other_unit,
+        child(2, ChildStatus::Queued),
+    ]);
+    first.append(ChildRuns::from(vec![child(3, ChildStatus::Succeeded)]));
+    assert_eq!(first.runs().len(), 2);
+    let split = split_snapshot(Snapshot {
+        sessions: vec![session()],
+        calls: vec![c],
+        children: first,
+        ..Snapshot::default()
+    });
+    let filed: Vec<u32> = split.sessions[0].1.children["deleg_c"]
+        .iter()
+        .map(|r| r.task_index)
+        .collect();
+    assert_eq!(
+        filed,
+        vec![0, 2, 3],
+        "both runs filed under the call, in order, less the rejected row"
+    );
+    assert_eq!(split.rejects.len(), 1, "{:?}", split.rejects);
+    assert!(split.rejects[0].key == "deleg_c.1" && split.rejects[0].reason.contains("its unit `deleg_c-9`"));
 }
 
 #[test]
@@ -250,7 +285,7 @@ fn a_start_row_marks_running_the_children_without_a_row_of_their_own() {
     let snap = Snapshot {
         sessions: vec![session()],
         calls: vec![call(&[false, false, false, true], None)],
-        children: vec![child(0, ChildStatus::Succeeded), child(1, ChildStatus::Queued)],
+        children: vec![child(0, ChildStatus::Succeeded), child(1, ChildStatus::Queued)].into(),
         starts: vec![start(&[0, 1, 2, 3], 10), start(&[3], 20)],
         ..Snapshot::default()
     };
@@ -556,7 +591,7 @@ fn a_recovered_call_holds_room_for_its_own_children_only() {
     let split = split_snapshot(Snapshot {
         sessions: vec![session()],
         calls: vec![large, small],
-        children,
+        children: children.into(),
         ..Snapshot::default()
     });
     assert!(split.rejects.is_empty(), "{:?}", split.rejects);

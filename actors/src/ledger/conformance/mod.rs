@@ -349,8 +349,8 @@ fn snapshot_of(fixtures: &[&Fixture], nests: bool) -> Snapshot {
 }
 
 /// `rows` ordered by `key`: the trait does not say in which order a load returns its rows.
-fn sorted<T: Clone, K: Ord>(rows: &[T], key: impl Fn(&T) -> K) -> Vec<T> {
-    let mut rows = rows.to_vec();
+fn sorted<'a, T: Clone + 'a, K: Ord>(rows: impl IntoIterator<Item = &'a T>, key: impl Fn(&T) -> K) -> Vec<T> {
+    let mut rows: Vec<T> = rows.into_iter().cloned().collect();
     rows.sort_by_key(|r| key(r));
     rows
 }

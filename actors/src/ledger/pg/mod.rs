@@ -46,7 +46,7 @@ use super::rows::{
     quarantine_entry, read_quarantined, report_kept, row_key, session_prefix, write_changes, Change, ChildWrite,
 };
 use super::trees::*;
-use super::{CallParts, Durability, Ledger, LedgerError, OldestRows, Snapshot, Writes};
+use super::{CallParts, ChildRuns, Durability, Ledger, LedgerError, OldestRows, RowSink, Snapshot, Writes};
 use crate::codec;
 use crate::model::*;
 

@@ -161,7 +161,7 @@ impl PgLedger {
     }
 
     /// [`Fetched`] rows: the readable ones, the others moved aside.
-    fn kept<T>(&self, tree: &'static str, (rows, bad): Fetched<T>) -> Result<Vec<T>, LedgerError> {
+    fn kept<C>(&self, tree: &'static str, (rows, bad): Fetched<C>) -> Result<C, LedgerError> {
         self.set_aside(tree, bad)?;
         Ok(rows)
     }
@@ -362,7 +362,7 @@ impl PgLedger {
             })?;
         let acks: Vec<AckRow> = self.kept(ACKS, decoded_rows(&acks))?;
         let dead: Vec<DeadLetterRow> = self.kept(DEAD_LETTERS, decoded_rows(&dead))?;
-        let (calls, (mut children, unreadable)): (Fetched<CallRow>, Fetched<ChildRow>) =
+        let (calls, (mut children, unreadable)): (Fetched<Vec<CallRow>>, Fetched<ChildRuns>) =
             decoded_beside(&calls, &children);
         let calls = self.kept(CALLS, calls)?;
         let moved = self.set_aside(CHILDREN, unreadable)?;
@@ -560,9 +560,9 @@ pub(super) fn damaged_statement(table: &str) -> String {
 /// A row that does not decode or fails its check: its key, its bytes, and why.
 type Unreadable = (Key, Vec<u8>, String);
 
-/// A statement's rows decoded, and those that were not readable (moved aside by the caller,
-/// outside the ledger's runtime).
-pub(super) type Fetched<T> = (Vec<T>, Vec<Unreadable>);
+/// A statement's rows decoded (into `C`: a vector, or [`ChildRuns`]), and those that were not
+/// readable (moved aside by the caller, outside the ledger's runtime).
+pub(super) type Fetched<C> = (C, Vec<Unreadable>);
 
 /// Runs the statements `sql` of `tree` (their columns `key, value`) in turn until one answers
 /// in key order (the last is trusted: it sorts), and takes its rows as received, without
@@ -619,7 +619,10 @@ async fn fetch(
 /// that do not decode or fail their check set apart with their bytes. Many rows are decoded a
 /// share per core ([`crate::parallel::threads_for`]): a large session's million children are
 /// read before any is decoded, so the other cores are free by then.
-fn decoded_rows<T: crate::codec::Stored + CheckRow + Send>(received: &Received) -> Fetched<T> {
+fn decoded_rows<C: RowSink + Send>(received: &Received) -> Fetched<C>
+where
+    C::Row: crate::codec::Stored + CheckRow,
+{
     let rows = received.iter().map(Vec::len).sum();
     decoded_rows_in(received, crate::parallel::threads_for(rows, rows))
 }
@@ -630,8 +633,10 @@ fn decoded_rows<T: crate::codec::Stored + CheckRow + Send>(received: &Received) 
 /// on this thread.
 fn decoded_beside<A, B>(calls: &Received, children: &Received) -> (Fetched<A>, Fetched<B>)
 where
-    A: crate::codec::Stored + CheckRow + Send,
-    B: crate::codec::Stored + CheckRow + Send,
+    A: RowSink + Send,
+    B: RowSink + Send,
+    A::Row: crate::codec::Stored + CheckRow,
+    B::Row: crate::codec::Stored + CheckRow,
 {
     let rows: usize = children.iter().map(Vec::len).sum();
     let parts = crate::parallel::threads_for(rows, rows);
@@ -653,10 +658,10 @@ where
 
 /// [`decoded_rows`] in `parts` shares of consecutive rows (about as many rows each), each on a
 /// thread of its own but the first; joined in order.
-pub(super) fn decoded_rows_in<T: crate::codec::Stored + CheckRow + Send>(
-    received: &[Vec<tokio_postgres::Row>],
-    parts: usize,
-) -> Fetched<T> {
+pub(super) fn decoded_rows_in<C: RowSink + Send>(received: &[Vec<tokio_postgres::Row>], parts: usize) -> Fetched<C>
+where
+    C::Row: crate::codec::Stored + CheckRow,
+{
     let total: usize = received.iter().map(Vec::len).sum();
     let share = total.div_ceil(parts.max(1)).max(1);
     // Each share: the pieces of rows it decodes, `share` rows in all (the last fewer).
@@ -675,7 +680,7 @@ pub(super) fn decoded_rows_in<T: crate::codec::Stored + CheckRow + Send>(
             rest = later;
         }
     }
-    let mut out = (Vec::with_capacity(total), Vec::new());
+    let mut out = (C::with_room(total), Vec::new());
     let Some((first, shares)) = shares.split_first() else {
         return out;
     };
@@ -704,16 +709,19 @@ pub(super) fn decoded_rows_in<T: crate::codec::Stored + CheckRow + Send>(
             })
             .collect::<Vec<_>>()
     });
-    for (mut rows, mut bad) in rest {
-        out.0.append(&mut rows);
+    for (rows, mut bad) in rest {
+        out.0.put_all(rows);
         out.1.append(&mut bad);
     }
     out
 }
 
 /// A share of [`decoded_rows_in`], decoded.
-fn decoded_share<T: crate::codec::Stored + CheckRow>(received: &[&[tokio_postgres::Row]]) -> Fetched<T> {
-    let mut decoded = (Vec::with_capacity(received.iter().map(|r| r.len()).sum()), Vec::new());
+fn decoded_share<C: RowSink>(received: &[&[tokio_postgres::Row]]) -> Fetched<C>
+where
+    C::Row: crate::codec::Stored + CheckRow,
+{
+    let mut decoded = (C::with_room(received.iter().map(|r| r.len()).sum()), Vec::new());
     for rows in received {
         decode_into(rows, &mut decoded);
     }
@@ -721,11 +729,14 @@ fn decoded_share<T: crate::codec::Stored + CheckRow>(received: &[&[tokio_postgre
 }
 
 /// Decodes `received` onto the end of `out`.
-fn decode_into<T: crate::codec::Stored + CheckRow>(received: &[tokio_postgres::Row], out: &mut Fetched<T>) {
+fn decode_into<C: RowSink>(received: &[tokio_postgres::Row], out: &mut Fetched<C>)
+where
+    C::Row: crate::codec::Stored + CheckRow,
+{
     for row in received {
         let value: &[u8] = row.get(1);
-        match decode_checked::<T>(value) {
-            Ok(decoded) => out.0.push(decoded),
+        match decode_checked::<C::Row>(value) {
+            Ok(decoded) => out.0.put(decoded),
             Err(reason) => out.1.push((row.get::<_, Vec<u8>>(0), value.to_vec(), reason)),
         }
     }
@@ -744,7 +755,7 @@ fn child_of_row_key(key: &[u8]) -> String {
 
 /// Folds delivery state into the children of many sessions as [`fold_delivery`] folds it into
 /// one session's: each session's children take only its own ack rows and dead letters.
-pub(super) fn fold_delivery_by_session(children: &mut [ChildRow], acks: &[AckRow], dead: &[DeadLetterRow]) {
+pub(super) fn fold_delivery_by_session(children: &mut ChildRuns, acks: &[AckRow], dead: &[DeadLetterRow]) {
     if acks.is_empty() && dead.is_empty() {
         return;
     }
@@ -756,12 +767,24 @@ pub(super) fn fold_delivery_by_session(children: &mut [ChildRow], acks: &[AckRow
     for d in dead {
         dead_of.entry(&d.session_id).or_default().push(d.clone());
     }
-    // Rows come in key order: each session's children are one run.
-    for run in children.chunk_by_mut(|a, b| a.session_id == b.session_id) {
-        let session = run.first().map(|c| c.session_id.clone()).unwrap_or_default();
+    // Rows come in key order: each session's children are consecutive runs (a run is of one
+    // session).
+    let session_of = |run: &[Vec<ChildRow>]| run.first().and_then(|r| r.first()).map(|c| c.session_id.clone());
+    let mut rest = children.runs_mut();
+    while let Some(session) = session_of(rest) {
+        let n = rest
+            .iter()
+            .take_while(|r| r.first().is_some_and(|c| c.session_id == session))
+            .count();
+        let (runs, later) = std::mem::take(&mut rest).split_at_mut(n.max(1));
+        rest = later;
         let (a, d) = (acks_of.get(session.as_str()), dead_of.get(session.as_str()));
         if a.is_some() || d.is_some() {
-            fold_delivery(run, a.map_or(&[], Vec::as_slice), d.map_or(&[], Vec::as_slice));
+            fold_delivery(
+                runs.iter_mut().flatten(),
+                a.map_or(&[], Vec::as_slice),
+                d.map_or(&[], Vec::as_slice),
+            );
         }
     }
 }

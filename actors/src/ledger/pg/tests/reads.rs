@@ -621,7 +621,7 @@ fn rows_decoded_a_share_per_core_come_back_as_one_pass_decodes_them() {
         .map(|n| rows.by_ref().take(n).collect::<Vec<_>>())
         .collect();
     assert_eq!(received.iter().map(Vec::len).sum::<usize>(), count);
-    let one: Fetched<ChildRow> = decoded_rows_in(&received, 1);
+    let one: Fetched<Vec<ChildRow>> = decoded_rows_in(&received, 1);
     assert_eq!(one.0.len() + one.1.len(), count);
     assert_eq!(one.1.len(), 2, "the two rows that do not decode");
     assert!(one
@@ -629,15 +629,23 @@ fn rows_decoded_a_share_per_core_come_back_as_one_pass_decodes_them() {
         .windows(2)
         .all(|w| (&w[0].call_id, w[0].task_index) < (&w[1].call_id, w[1].task_index)));
     for parts in [2, 3, 4, count, count + 5] {
-        let shared: Fetched<ChildRow> = decoded_rows_in(&received, parts);
+        let shared: Fetched<Vec<ChildRow>> = decoded_rows_in(&received, parts);
         assert_eq!(format!("{shared:?}"), format!("{one:?}"), "{parts} shares");
+        // Into runs, the same rows, each run of one call.
+        let (runs, bad): Fetched<ChildRuns> = decoded_rows_in(&received, parts);
+        assert_eq!(runs, one.0, "{parts} shares into runs");
+        assert_eq!(format!("{bad:?}"), format!("{:?}", one.1));
+        assert!(runs
+            .runs()
+            .iter()
+            .all(|run| run.iter().all(|c| c.call_id == run[0].call_id)));
     }
     // No thread to be had for two of the shares: they are decoded on this thread, the same.
     #[cfg(feature = "failpoints")]
     {
         let _point = DECODE_POINT.lock().unwrap_or_else(|e| e.into_inner());
         crate::failpoints::arm("decode_thread_refused", 2);
-        let refused: Fetched<ChildRow> = decoded_rows_in(&received, 4);
+        let refused: Fetched<Vec<ChildRow>> = decoded_rows_in(&received, 4);
         assert_eq!(
             crate::failpoints::remaining("decode_thread_refused"),
             0,
@@ -646,7 +654,7 @@ fn rows_decoded_a_share_per_core_come_back_as_one_pass_decodes_them() {
         crate::failpoints::arm("decode_thread_refused", 0);
         assert_eq!(format!("{refused:?}"), format!("{one:?}"), "shares without a thread");
     }
-    let none: Fetched<ChildRow> = decoded_rows_in(&[], 2);
+    let none: Fetched<Vec<ChildRow>> = decoded_rows_in(&[], 2);
     assert!(none.0.is_empty() && none.1.is_empty());
 }
 
