@@ -235,6 +235,61 @@ fn a_take_of_a_paused_holder_is_given_up_and_the_child_waits_once_it_wakes() {
 }
 
 #[test]
+fn a_take_of_a_paused_holder_whose_asker_was_killed_meanwhile_is_refused_and_the_child_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    // Tenures long enough that b keeps its session through the pause.
+    let (a, b) = (
+        Server::node(dir.path(), &url, "a", "20000"),
+        Server::node(dir.path(), &url, "b", "20000"),
+    );
+    let child = listed_at(&b, &url, 1).remove(0);
+    // b is paused: a's poll (waiting 2 s, for a ten minutes' hold) takes the child off the list
+    // and asks b for it; a is killed while it waits, so b is never told the take was given up.
+    b.signal("-STOP");
+    std::thread::scope(|scope| {
+        let asking = scope.spawn(|| poll_gpu(&a, 2_000, 600_000));
+        until_listed(&url, 0);
+        std::thread::sleep(Duration::from_millis(300));
+        a.signal("-KILL");
+        let _ = asking.join();
+    });
+    // Past the take's deadline (the 2.5 s a waited for the answer), b wakes and reads the take:
+    // refused, the child is not held for a take nobody waits for, and a poll at b gets it.
+    std::thread::sleep(Duration::from_millis(3_500));
+    b.signal("-CONT");
+    let (status, work) = poll_gpu(&b, 20_000, 30_000);
+    assert_eq!(status, 200, "the child is held by a take nobody waits for: {work}");
+    assert_eq!(work["child_id"], child);
+}
+
+#[test]
+fn a_take_read_after_its_answer_by_time_hands_nothing_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let b = node(dir.path(), &url, "b");
+    let child = listed_at(&b, &url, 1).remove(0);
+    let take = |answer_by_ms: Value| {
+        b.call(
+            "POST",
+            "/v1/workers/take",
+            Some(json!({"child_id": child, "worker": "w", "lease_ms": 600_000,
+                        "take_id": format!("t-{answer_by_ms}"), "answer_by_ms": answer_by_ms})),
+        )
+    };
+    // One read after its time: refused, and nothing is handed out.
+    let (status, reply) = take(json!(1_000));
+    assert_eq!(status, 409, "{reply}");
+    assert_eq!(reply["error"]["code"], "take_expired", "{reply}");
+    let (status, reply) = take(json!("soon"));
+    assert_eq!(status, 400, "a time that is no number: {reply}");
+    // One read in time is served (the database's clock is far from the year 2400).
+    let (status, work) = take(json!(13_569_465_600_000u64));
+    assert_eq!(status, 200, "{work}");
+    assert_eq!(work["child_id"], child);
+}
+
+#[test]
 fn a_take_of_a_holder_restarted_at_its_address_is_answered_by_the_new_process() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();

@@ -286,8 +286,8 @@ impl Taking {
         let list = self.directory.clone();
         let q = self.queue.clone();
         let taken = brood_actors::ledger::off_thread("reading the shared work list", move || list.take_elsewhere(&q));
-        let (child_id, address) = match taken.await {
-            Ok(Some(found)) => found,
+        let (child_id, address, taken_at_ms) = match taken.await {
+            Ok(Some(found)) => (found.child_id, found.address, found.taken_at_ms),
             Ok(None) => return drop(tell(poll, Took::Empty)),
             Err(e) => {
                 tracing::warn!("reading the shared work list failed: {e}");
@@ -299,6 +299,8 @@ impl Taking {
             worker: self.worker.clone(),
             lease_ms: self.hold.as_millis() as u64,
             take_id: Some(self.take_id.clone()),
+            // The holder refuses the take past the time this process waits for its answer.
+            answer_by_ms: Some(taken_at_ms.saturating_add(self.within.as_millis() as u64)),
         })
         .unwrap_or_default();
         let url = format!("{address}/v1/workers/take");
@@ -477,7 +479,8 @@ async fn ask_holder(url: &str, body: Vec<u8>, ask: &Asking, timeout: Duration) -
     post, path = "/v1/workers/take", operation_id = "takeWork",
     request_body(content = api::TakeBody, content_type = "application/json"),
     responses((status = 200, description = "The child, handed out (between processes sharing a ledger).", body = api::WorkItem),
-        (status = 404, description = "The child does not wait here (`unknown_child`).", body = api::ErrorReply))
+        (status = 404, description = "The child does not wait here (`unknown_child`).", body = api::ErrorReply),
+        (status = 409, description = "Read after its asker's `answer_by_ms` (`take_expired`): nothing was handed out.", body = api::ErrorReply))
 )]
 pub(super) async fn take(
     state: web::Data<State>,
@@ -491,11 +494,44 @@ pub(super) async fn take(
         return Err(ApiError::invalid("`child_id` and `take_id` must not be empty"));
     }
     let lease_ms = within("lease_ms", body.lease_ms, MIN_WORKER_HOLD_MS, MAX_WORKER_HOLD_MS)?;
+    if let Some(by) = body.answer_by_ms {
+        answered_in_time(&queues, by).await?;
+    }
     let take_id = body.take_id.as_deref();
     match queues.take(&body.child_id, &body.worker, Duration::from_millis(lease_ms), take_id) {
         Some(h) => Ok(HttpResponse::Ok().json(api::WorkItem::from(h))),
         None => Err(WorkError::UnknownChild(body.child_id).into()),
     }
+}
+
+/// Whether a take whose asker waits for its answer until `by` (ms on the shared list's clock) is
+/// read in time: a take read later is refused (409 `take_expired`), as is one whose time cannot
+/// be told (503: the database's clock could not be read, or no list is shared).
+async fn answered_in_time(queues: &WorkQueues, by: u64) -> Result<(), ApiError> {
+    let unknown = |why: String| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ledger_unavailable",
+            format!("a take with a deadline is served only once the shared work list's clock is read: {why}"),
+        )
+    };
+    let Some(list) = queues.directory().cloned() else {
+        return Err(unknown("this process shares no work list".into()));
+    };
+    let now = brood_actors::ledger::off_thread("reading the shared work list's clock", move || list.clock_ms())
+        .await
+        .map_err(|e| unknown(e.to_string()))?;
+    if now > by {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "take_expired",
+            format!(
+                "the take was read {} ms after its asker stopped waiting for the answer; nothing was handed out",
+                now - by
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `POST /v1/workers/untake` (between processes sharing a ledger, not for workers): the process

@@ -395,9 +395,12 @@ pub trait WorkDirectory: Send + Sync + fmt::Debug {
     /// Takes `child_id` off the list (handed out here, or its runner ended). In the background.
     fn withdraw(&self, child_id: &str);
     /// Takes the child waiting longest on `queue` in another process off the list, if any
-    /// (`FOR UPDATE SKIP LOCKED`: pollers never take the same one): its id, and where its
-    /// process takes requests.
-    fn take_elsewhere(&self, queue: &str) -> Result<Option<(String, String)>, LedgerError>;
+    /// (`FOR UPDATE SKIP LOCKED`: pollers never take the same one): its id, where its process
+    /// takes requests, and when it was taken on the list's clock.
+    fn take_elsewhere(&self, queue: &str) -> Result<Option<Listed>, LedgerError>;
+    /// The list's clock now, in ms since the Unix epoch: the database's, the one clock every
+    /// process sharing the list reads alike. A take's deadline is set and checked on it.
+    fn clock_ms(&self) -> Result<u64, LedgerError>;
     /// Lists again a child [`WorkDirectory::take_elsewhere`] took whose process at `address`
     /// could not be asked for it (it was slow, or answered with a fault), unless its process
     /// listed it anew meanwhile. In the background.
@@ -407,6 +410,17 @@ pub trait WorkDirectory: Send + Sync + fmt::Debug {
     /// to move instead of asking again. Marked seen before the look, a move after it is never
     /// missed.
     fn listed(&self) -> tokio::sync::watch::Receiver<u64>;
+}
+
+/// A child [`WorkDirectory::take_elsewhere`] took off the shared work list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// The child.
+    pub child_id: String,
+    /// Where the process whose queue holds it takes requests.
+    pub address: String,
+    /// When it was taken off the list, on the list's clock ([`WorkDirectory::clock_ms`]).
+    pub taken_at_ms: u64,
 }
 
 /// What the processes sharing a ledger hold, as one statement read it (see [`Tenures::spread`]):

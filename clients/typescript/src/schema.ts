@@ -1193,6 +1193,12 @@ export interface components {
         };
         /** @description `POST /v1/workers/take`: between processes sharing a ledger, not for workers. */
         TakeBody: {
+            /**
+             * @description When its asker stops waiting for the answer, in ms since the Unix epoch on the shared
+             *     database's clock: a take read after it is refused (409 `take_expired`), so one that waited
+             *     in the socket of a paused process is not served for an asker that stopped meanwhile.
+             */
+            answer_by_ms?: number | null;
             /** @description The child listed in the shared work list. */
             child_id: string;
             /** @description The lease to hand out, in ms. */
@@ -3480,6 +3486,15 @@ export interface operations {
             };
             /** @description The body did not arrive within `body_timeout_ms` (`body_timeout`). */
             408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorReply"];
+                };
+            };
+            /** @description Read after its asker's `answer_by_ms` (`take_expired`): nothing was handed out. */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

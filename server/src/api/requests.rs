@@ -389,6 +389,11 @@ pub struct TakeBody {
     #[serde(default)]
     #[schema(min_length = 1)]
     pub take_id: Option<String>,
+    /// When its asker stops waiting for the answer, in ms since the Unix epoch on the shared
+    /// database's clock: a take read after it is refused (409 `take_expired`), so one that waited
+    /// in the socket of a paused process is not served for an asker that stopped meanwhile.
+    #[serde(default)]
+    pub answer_by_ms: Option<u64>,
 }
 
 /// `POST /v1/workers/untake`: between processes sharing a ledger, not for workers.

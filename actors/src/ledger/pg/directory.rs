@@ -88,6 +88,10 @@ pub(super) struct PgDirectory {
 /// Changes applied together, at most this many in one transaction.
 const BATCH: usize = 512;
 
+/// The database's clock now, in whole ms since the Unix epoch, as SQL (`clock_timestamp()`: the
+/// moment the statement reads it, not its transaction's start).
+const CLOCK_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::int8";
+
 impl PgDirectory {
     pub(super) fn start(
         schema: &str,
@@ -298,7 +302,7 @@ impl crate::ledger::WorkDirectory for PgDirectory {
         self.listed.clone()
     }
 
-    fn take_elsewhere(&self, queue: &str) -> Result<Option<(String, String)>, LedgerError> {
+    fn take_elsewhere(&self, queue: &str) -> Result<Option<crate::ledger::Listed>, LedgerError> {
         let (pool, table, address, queue) = (
             self.pool.clone(),
             self.table.clone(),
@@ -313,13 +317,29 @@ impl crate::ledger::WorkDirectory for PgDirectory {
                         "DELETE FROM {table} WHERE child_id = (
                                  SELECT child_id FROM {table} WHERE queue = $1 AND address <> $2 AND posted_at <= now()
                                  ORDER BY posted_at LIMIT 1 FOR UPDATE SKIP LOCKED)
-                             RETURNING child_id, address"
+                             RETURNING child_id, address, {CLOCK_MS}"
                     ),
                     &[&queue, &address],
                 )
                 .await
                 .map_err(pg_error("taking a child from the shared work list"))?;
-            Ok(row.map(|r| (r.get(0), r.get(1))))
+            Ok(row.map(|r| crate::ledger::Listed {
+                child_id: r.get(0),
+                address: r.get(1),
+                taken_at_ms: r.get::<_, i64>(2).max(0) as u64,
+            }))
+        })
+    }
+
+    fn clock_ms(&self) -> Result<u64, LedgerError> {
+        let pool = self.pool.clone();
+        super::runtime::run_on(&self.runtime, async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let row = client
+                .query_one(&format!("SELECT {CLOCK_MS}"), &[])
+                .await
+                .map_err(pg_error("reading the database's clock"))?;
+            Ok(row.get::<_, i64>(0).max(0) as u64)
         })
     }
 }

@@ -228,8 +228,12 @@ def complete(
     return Request("POST", f"/v1/children/{segment(child_id)}/complete", models.Completion.from_dict, body=body)
 
 
-def take_work(child_id: str, worker: str, lease_ms: int, take_id: Optional[str]) -> Request[models.WorkItem]:
-    body = _compact({"child_id": child_id, "worker": worker, "lease_ms": lease_ms, "take_id": take_id})
+def take_work(
+    child_id: str, worker: str, lease_ms: int, take_id: Optional[str], answer_by_ms: Optional[int] = None
+) -> Request[models.WorkItem]:
+    body = _compact(
+        {"child_id": child_id, "worker": worker, "lease_ms": lease_ms, "take_id": take_id, "answer_by_ms": answer_by_ms}
+    )
     return Request("POST", "/v1/workers/take", models.WorkItem.from_dict, body=body)
 
 

@@ -233,10 +233,16 @@ class AsyncClient:
         return await self._send(ep.complete(child_id, token, status, summary, error, output))
 
     async def take_work(
-        self, child_id: str, worker: str, lease_ms: int, *, take_id: Optional[str] = None
+        self,
+        child_id: str,
+        worker: str,
+        lease_ms: int,
+        *,
+        take_id: Optional[str] = None,
+        answer_by_ms: Optional[int] = None,
     ) -> models.WorkItem:
         """See :meth:`brood_client.Client.take_work`."""
-        return await self._send(ep.take_work(child_id, worker, lease_ms, take_id))
+        return await self._send(ep.take_work(child_id, worker, lease_ms, take_id, answer_by_ms))
 
     async def untake_work(self, child_id: str, take_id: str) -> None:
         """See :meth:`brood_client.Client.untake_work`."""

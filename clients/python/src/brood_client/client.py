@@ -319,10 +319,20 @@ class Client:
         :class:`~brood_client.Conflict` ``child_ended``, a lease that ran out ``stale_token``."""
         return self._send(ep.complete(child_id, token, status, summary, error, output))
 
-    def take_work(self, child_id: str, worker: str, lease_ms: int, *, take_id: Optional[str] = None) -> models.WorkItem:
+    def take_work(
+        self,
+        child_id: str,
+        worker: str,
+        lease_ms: int,
+        *,
+        take_id: Optional[str] = None,
+        answer_by_ms: Optional[int] = None,
+    ) -> models.WorkItem:
         """``POST /v1/workers/take``: hands out a listed child; used between processes sharing
-        a ledger, not by workers (they :meth:`poll_work`)."""
-        return self._send(ep.take_work(child_id, worker, lease_ms, take_id))
+        a ledger, not by workers (they :meth:`poll_work`). A take read after ``answer_by_ms``
+        (ms since the Unix epoch on the shared database's clock) raises
+        :class:`~brood_client.Conflict` ``take_expired``."""
+        return self._send(ep.take_work(child_id, worker, lease_ms, take_id, answer_by_ms))
 
     def untake_work(self, child_id: str, take_id: str) -> None:
         """``POST /v1/workers/untake``: gives up a take; between processes sharing a ledger."""
