@@ -25,19 +25,15 @@ impl ChildRuns {
     /// Adds `row` after the others: to the last run when it is of the same call and session,
     /// else as the first of a new run, with room for as many rows as the last run holds (a
     /// read's calls are usually alike). A run left with room for more than twice its rows is
-    /// trimmed as the next starts, so a small call after a large one holds no more than it needs
-    /// for long.
+    /// trimmed as the next starts, and the last one as the runs are joined or taken, so a small
+    /// call after a large one holds no more than it needs.
     pub fn push(&mut self, row: ChildRow) {
         self.len += 1;
         match self.runs.last_mut() {
             Some(run) if run.last().is_some_and(|last| same_run(last, &row)) => run.push(row),
-            last => {
-                let room = last.map_or(1, |run| {
-                    if run.capacity() > 2 * run.len() {
-                        run.shrink_to_fit();
-                    }
-                    run.len()
-                });
+            _ => {
+                self.trim_last();
+                let room = self.runs.last().map_or(1, Vec::len);
                 let mut run = Vec::with_capacity(room);
                 run.push(row);
                 self.runs.push(run);
@@ -45,8 +41,19 @@ impl ChildRuns {
         }
     }
 
+    /// Gives back the room of the last run beyond its rows, when it has more than twice as much.
+    fn trim_last(&mut self) {
+        if let Some(run) = self.runs.last_mut() {
+            if run.capacity() > 2 * run.len() {
+                run.shrink_to_fit();
+            }
+        }
+    }
+
     /// Adds the runs of `later` after these, as they are (no row is moved).
-    pub fn append(&mut self, later: ChildRuns) {
+    pub fn append(&mut self, mut later: ChildRuns) {
+        self.trim_last();
+        later.trim_last();
         self.len += later.len;
         if self.runs.is_empty() {
             self.runs = later.runs;
@@ -85,12 +92,18 @@ impl ChildRuns {
     }
 
     /// The runs, in order, to change their rows in place.
-    pub fn runs_mut(&mut self) -> &mut [Vec<ChildRow>] {
-        &mut self.runs
+    pub fn runs_mut(&mut self) -> impl Iterator<Item = &mut [ChildRow]> {
+        self.runs.iter_mut().map(Vec::as_mut_slice)
+    }
+
+    /// The rows, in order, to change in place.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut ChildRow> {
+        self.runs.iter_mut().flatten()
     }
 
     /// The runs, taken.
-    pub fn into_runs(self) -> Vec<Vec<ChildRow>> {
+    pub fn into_runs(mut self) -> Vec<Vec<ChildRow>> {
+        self.trim_last();
         self.runs
     }
 
@@ -262,6 +275,28 @@ mod tests {
         let mut none = ChildRuns::new();
         none.append(first.clone());
         assert_eq!(none, first);
+    }
+
+    #[test]
+    fn runs_joined_or_taken_hold_no_more_room_than_their_rows_need() {
+        let piece = || {
+            let mut runs = ChildRuns::new();
+            runs.extend((0..1000).map(|i| row("a", "big", i)));
+            runs.push(row("a", "small", 0));
+            runs
+        };
+        let mut joined = piece();
+        joined.append(piece());
+        joined.append(piece());
+        let check = |runs: &[Vec<ChildRow>]| {
+            assert!(
+                runs.iter().all(|r| r.capacity() <= 2 * r.len().max(1)),
+                "{:?}",
+                runs.iter().map(|r| (r.len(), r.capacity())).collect::<Vec<_>>()
+            )
+        };
+        check(&joined.runs()[..joined.runs().len() - 1]);
+        check(&joined.into_runs());
     }
 
     #[test]

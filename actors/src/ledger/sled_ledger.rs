@@ -383,7 +383,7 @@ impl SledLedger {
         // the children's keys between threads.
         let calls: Vec<CallRow> = self.scan(&self.calls, CALLS, session)?;
         let mut children = self.scan_children(session, &calls)?;
-        fold_delivery(children.runs_mut().iter_mut().flatten(), &acks, &dead);
+        fold_delivery(children.iter_mut(), &acks, &dead);
         let claims = live_claims(self.scan(&self.claims, CLAIMS, session)?, &acks);
         let snapshot = Snapshot {
             sessions: self.scan(&self.sessions, SESSIONS, session)?,

@@ -768,23 +768,20 @@ pub(super) fn fold_delivery_by_session(children: &mut ChildRuns, acks: &[AckRow]
         dead_of.entry(&d.session_id).or_default().push(d.clone());
     }
     // Rows come in key order: each session's children are consecutive runs (a run is of one
-    // session).
-    let session_of = |run: &[Vec<ChildRow>]| run.first().and_then(|r| r.first()).map(|c| c.session_id.clone());
-    let mut rest = children.runs_mut();
-    while let Some(session) = session_of(rest) {
-        let n = rest
-            .iter()
-            .take_while(|r| r.first().is_some_and(|c| c.session_id == session))
-            .count();
-        let (runs, later) = std::mem::take(&mut rest).split_at_mut(n.max(1));
-        rest = later;
+    // session), folded together.
+    let mut runs = children.runs_mut().peekable();
+    while let Some(first) = runs.next() {
+        let Some(session) = first.first().map(|c| c.session_id.clone()) else {
+            continue;
+        };
+        let mut group = vec![first];
+        while let Some(next) = runs.next_if(|r| r.first().is_some_and(|c| c.session_id == session)) {
+            group.push(next);
+        }
         let (a, d) = (acks_of.get(session.as_str()), dead_of.get(session.as_str()));
         if a.is_some() || d.is_some() {
-            fold_delivery(
-                runs.iter_mut().flatten(),
-                a.map_or(&[], Vec::as_slice),
-                d.map_or(&[], Vec::as_slice),
-            );
+            let rows = group.into_iter().flat_map(|run| run.iter_mut());
+            fold_delivery(rows, a.map_or(&[], Vec::as_slice), d.map_or(&[], Vec::as_slice));
         }
     }
 }

@@ -257,3 +257,27 @@ fn calls_stored_before_the_index_was_kept_are_indexed_when_the_ledger_opens() {
         .unwrap()
         .is_some());
 }
+
+#[test]
+fn a_load_of_sessions_holds_no_room_for_rows_it_did_not_read() {
+    use crate::ledger::conformance::{call_row, child_row};
+    let dir = tempfile::TempDir::new().unwrap();
+    let ledger = SledLedger::open(dir.path()).unwrap();
+    let ids: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+    let mut writes = Writes::default();
+    // Each session: a large call, then a call of one child, read last.
+    for s in &ids {
+        writes.calls.push(call_row(s, "deleg_a", 1000));
+        writes.calls.push(call_row(s, "deleg_b", 1));
+        writes
+            .children
+            .extend((0..1000).map(|i| child_row(s, "deleg_a", i, ChildStatus::Succeeded)));
+        writes.children.push(child_row(s, "deleg_b", 0, ChildStatus::Succeeded));
+    }
+    ledger.write(&writes).unwrap();
+    ledger.flush().unwrap();
+    let read = ledger.load_sessions(&ids).unwrap();
+    let runs: Vec<(usize, usize)> = read.children.runs().iter().map(|r| (r.len(), r.capacity())).collect();
+    let (rows, room) = runs.iter().fold((0, 0), |(n, c), r| (n + r.0, c + r.1));
+    assert!(room <= rows + rows / 2, "{rows} rows held in room for {room}: {runs:?}");
+}
