@@ -15,6 +15,8 @@
 //! tenure held by another process is held before it answers so, until `release`),
 //! `decode_thread_refused` (no thread is made for a share of a large read's rows to decode, as
 //! when the system has none left: the share is decoded on the reading thread),
+//! `share_thread_refused` (likewise for a share of a plan or of a rebuild's calls: it is worked
+//! on the calling thread),
 //! `take_stall` (a server's
 //! `POST /v1/workers/take` waits 1.5 s before it serves the take), `take_recording_hold` (a take
 //! that handed its child out is held before it records that, until `release`)). A server arms `take_stall`,

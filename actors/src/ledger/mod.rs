@@ -207,7 +207,7 @@ impl Snapshot {
 
 /// Appends `more` to `rows`; into nothing, `more` is taken as it is (a million rows are not
 /// copied into a fresh allocation).
-fn join<T>(rows: &mut Vec<T>, mut more: Vec<T>) {
+pub(crate) fn join<T>(rows: &mut Vec<T>, mut more: Vec<T>) {
     if rows.is_empty() {
         std::mem::swap(rows, &mut more);
     } else {

@@ -186,10 +186,12 @@ fn fold_starts(
     out: &mut HashMap<String, SessionSnapshot>,
     rejects: &mut Vec<Reject>,
 ) {
-    // The latest start of each task, by call.
-    let mut started: HashMap<String, HashMap<u32, u64>> = HashMap::new();
+    // The latest start of each task, by call: a slot per task of the call (a start row names
+    // many of a call's tasks, often all of them).
+    let mut started: HashMap<String, Vec<Option<u64>>> = HashMap::new();
     for start in starts {
-        let reason = match calls.get(&start.call_id) {
+        let info = calls.get(&start.call_id);
+        let reason = match info {
             None => Some(format!("its call `{}` has no (readable) row", start.call_id)),
             Some(info) if info.session != start.session_id => Some(format!(
                 "its session `{}` is not its call's session `{}`",
@@ -201,19 +203,21 @@ fn fold_starts(
             )),
             Some(_) => None,
         };
-        if let Some(reason) = reason {
+        let (None, Some(info)) = (reason.as_ref(), info) else {
             rejects.push(Reject {
                 tree: crate::ledger::trees::STARTS,
                 session_id: start.session_id,
                 key: start.start_id,
-                reason,
+                reason: reason.unwrap_or_default(),
             });
             continue;
-        }
-        let by_task = started.entry(start.call_id).or_default();
+        };
+        let by_task = started
+            .entry(start.call_id)
+            .or_insert_with(|| vec![None; info.unit_of.len()]);
         for i in start.tasks {
-            let at = by_task.entry(i).or_insert(start.started_at_ms);
-            *at = (*at).max(start.started_at_ms);
+            let at = &mut by_task[i as usize];
+            *at = Some(at.map_or(start.started_at_ms, |a| a.max(start.started_at_ms)));
         }
     }
     for (call_id, by_task) in started {
@@ -223,9 +227,18 @@ fn fold_starts(
         let session = &info.session;
         let part = out.entry(session.clone()).or_default();
         let rows = part.children.entry(call_id.clone()).or_default();
-        let has_row: HashSet<u32> = rows.iter().map(|r| r.task_index).collect();
-        // In no order, as the rows are.
-        for (i, at) in by_task.into_iter().filter(|(i, _)| !has_row.contains(i)) {
+        let mut has_row = vec![false; by_task.len()];
+        for r in rows.iter() {
+            if let Some(has) = has_row.get_mut(r.task_index as usize) {
+                *has = true;
+            }
+        }
+        // In task order.
+        for (i, at) in by_task.into_iter().enumerate() {
+            let Some(at) = at.filter(|_| !has_row[i]) else {
+                continue;
+            };
+            let i = i as u32;
             let row = ChildRow {
                 status: ChildStatus::Running,
                 started_at_ms: Some(at),
@@ -412,50 +425,28 @@ fn plan_in(
         damaged: &damaged,
         now_ms,
     };
-    let parts = threads
-        .unwrap_or_else(|| threads_for(rows, work.len()))
-        .clamp(1, work.len().max(1));
-    if parts == 1 {
-        for (call, rows) in work {
-            plan_call(&ctx, call, rows, &mut plan);
-        }
-        return plan;
-    }
+    let parts = threads.unwrap_or_else(|| threads_for(rows, work.len()));
     // Calls are planned on their own, so a large session's are planned a share per core and
     // the shares joined in set order: the same plan as one pass makes.
-    let mut chunks: Vec<Vec<(CallRow, Vec<ChildRow>)>> = (0..parts).map(|_| Vec::new()).collect();
-    let mut seen = 0;
-    for item in work {
-        let at = (seen * parts / rows.max(1)).min(parts - 1);
-        seen += item.1.len();
-        chunks[at].push(item);
-    }
-    let shares: Vec<RecoveryPlan> = std::thread::scope(|scope| {
-        let ctx = &ctx;
-        let running: Vec<_> = chunks
-            .into_iter()
-            .map(|chunk| {
-                scope.spawn(move || {
-                    let mut share = RecoveryPlan::default();
-                    for (call, rows) in chunk {
-                        plan_call(ctx, call, rows, &mut share);
-                    }
-                    share
-                })
-            })
-            .collect();
-        running
-            .into_iter()
-            .map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-            .collect()
-    });
+    let shares = crate::parallel::in_shares(
+        work,
+        parts,
+        |(_, rows)| rows.len(),
+        |chunk| {
+            let mut share = RecoveryPlan::default();
+            for (call, rows) in chunk {
+                plan_call(&ctx, call, rows, &mut share);
+            }
+            share
+        },
+    );
     for share in shares {
-        plan.calls.extend(share.calls);
-        plan.queue.extend(share.queue);
-        plan.running.extend(share.running);
-        plan.rowed.extend(share.rowed);
-        plan.ready.extend(share.ready);
-        plan.changed.extend(share.changed);
+        crate::ledger::join(&mut plan.calls, share.calls);
+        crate::ledger::join(&mut plan.queue, share.queue);
+        crate::ledger::join(&mut plan.running, share.running);
+        crate::ledger::join(&mut plan.rowed, share.rowed);
+        crate::ledger::join(&mut plan.ready, share.ready);
+        crate::ledger::join(&mut plan.changed, share.changed);
         plan.delivered_done += share.delivered_done;
     }
     plan

@@ -39,7 +39,6 @@ pub(super) struct CallState {
 }
 
 impl CallState {
-    /// The rows of its children among the owed calls, by task index.
     /// The call with its units and children, as a status; `open` says which items are open
     /// in the router (published, not yet delivered or dead).
     pub(super) fn status(&self, open: impl Fn(&str) -> bool) -> CallStatus {
@@ -55,6 +54,62 @@ impl CallState {
         status
     }
 
+    /// A call, with its units (each with how many of its members are terminal, and for one an
+    /// earlier process left running, how many were recorded before it exited) and `children`,
+    /// its rows; and the items it counts as delivered: those of the rows it keeps, one per task
+    /// (of two rows of one task the later, none past the last task). Made apart from the owed
+    /// calls, so a rebuild makes a large session's calls a share per core.
+    pub(super) fn new(
+        row: CallRow,
+        mut units: Vec<(UnitRow, usize, Option<u32>)>,
+        children: Vec<ChildRow>,
+    ) -> (Self, u64) {
+        let tasks = row.tasks.len();
+        // Units are made from their call, numbered from 1 in order: sorting only guards that.
+        let ordinal = |u: &UnitRow| parse_unit_id(&u.unit_id).map_or(u32::MAX, |(_, k)| k);
+        if !units.is_sorted_by_key(|(u, _, _)| ordinal(u)) {
+            units.sort_by_key(|(u, _, _)| ordinal(u));
+        }
+        let mut unit_of = vec![u32::MAX; tasks];
+        let mut incomplete = 0;
+        let units: Vec<UnitState> = units
+            .into_iter()
+            .enumerate()
+            .map(|(pos, (unit, terminal, recorded_before_exit))| {
+                debug_assert_eq!(unit.unit_id, unit_id(&row.call_id, pos + 1));
+                for &i in &unit.tasks {
+                    if let Some(slot) = unit_of.get_mut(i as usize) {
+                        *slot = pos as u32;
+                    }
+                }
+                let complete = terminal >= unit.tasks.len();
+                incomplete += usize::from(!complete);
+                UnitState {
+                    row: unit,
+                    terminal,
+                    complete,
+                    addr: None,
+                    recorded_before_exit,
+                }
+            })
+            .collect();
+        let slots = crate::recovery::slots_by_task(children, tasks);
+        let delivered = slots.iter().flatten().map(delivered_items).sum::<u64>();
+        let state = CallState {
+            row,
+            units,
+            children: slots,
+            unit_of,
+            cancelling: Default::default(),
+            incomplete_units: incomplete,
+            sync_reply: None,
+            awaiting_receipt: false,
+            receipt_pending: false,
+        };
+        (state, delivered)
+    }
+
+    /// The rows of its children among the owed calls, by task index.
     pub(super) fn children(&self) -> impl Iterator<Item = &ChildRow> {
         self.children.iter().flatten()
     }
@@ -116,53 +171,18 @@ impl OwedCalls {
     pub(super) fn insert_call(
         &mut self,
         row: CallRow,
-        mut units: Vec<(UnitRow, usize, Option<u32>)>,
+        units: Vec<(UnitRow, usize, Option<u32>)>,
         children: Vec<ChildRow>,
     ) -> u64 {
-        let tasks = row.tasks.len();
-        // Units are made from their call, numbered from 1 in order: sorting only guards that.
-        units.sort_by_key(|(u, _, _)| parse_unit_id(&u.unit_id).map_or(u32::MAX, |(_, k)| k));
-        let mut unit_of = vec![u32::MAX; tasks];
-        let mut incomplete = 0;
-        let units: Vec<UnitState> = units
-            .into_iter()
-            .enumerate()
-            .map(|(pos, (unit, terminal, recorded_before_exit))| {
-                debug_assert_eq!(unit.unit_id, unit_id(&row.call_id, pos + 1));
-                for &i in &unit.tasks {
-                    if let Some(slot) = unit_of.get_mut(i as usize) {
-                        *slot = pos as u32;
-                    }
-                }
-                let complete = terminal >= unit.tasks.len();
-                incomplete += usize::from(!complete);
-                UnitState {
-                    row: unit,
-                    terminal,
-                    complete,
-                    addr: None,
-                    recorded_before_exit,
-                }
-            })
-            .collect();
-        let slots = crate::recovery::slots_by_task(children, tasks);
-        let delivered = slots.iter().flatten().map(delivered_items).sum::<u64>();
-        self.delivered_live += delivered;
-        self.calls.insert(
-            row.call_id.clone(),
-            CallState {
-                row,
-                units,
-                children: slots,
-                unit_of,
-                cancelling: Default::default(),
-                incomplete_units: incomplete,
-                sync_reply: None,
-                awaiting_receipt: false,
-                receipt_pending: false,
-            },
-        );
+        let (state, delivered) = CallState::new(row, units, children);
+        self.insert_state(state, delivered);
         delivered
+    }
+
+    /// Adds a call made by [`CallState::new`], which counted `delivered` items delivered.
+    pub(super) fn insert_state(&mut self, state: CallState, delivered: u64) {
+        self.delivered_live += delivered;
+        self.calls.insert(state.row.call_id.clone(), state);
     }
 
     /// Brings back a call that left memory settled (its delivered items were counted as

@@ -2,6 +2,7 @@
 //! panicked owner in-process. [`crate::recovery::plan`] decides (I6); this applies the plan to a
 //! fresh owner's owed calls, capacity and router.
 
+use super::owed::CallState;
 use super::SessionOwner;
 use crate::actors::Engine;
 use crate::model::*;
@@ -50,17 +51,34 @@ impl SessionOwner {
         // moved) them again and again.
         owner.owed.calls.reserve(plan.calls.len());
         owner.router.reserve(plan.ready.len());
-        for call in plan.calls {
-            let units = call
-                .units
-                .into_iter()
-                .map(|u| (u.row, u.terminal, u.recorded_before_exit))
-                .collect();
+        // A large session's calls are made a share per core, then filed here.
+        let rows: usize = plan.calls.iter().map(|c| c.children.len()).sum();
+        let parts = crate::parallel::threads_for(rows, plan.calls.len());
+        let made = crate::parallel::in_shares(
+            plan.calls,
+            parts,
+            |c| c.children.len(),
+            |calls| {
+                let made: Vec<(CallState, u64)> = calls
+                    .into_iter()
+                    .map(|call| {
+                        let units = call
+                            .units
+                            .into_iter()
+                            .map(|u| (u.row, u.terminal, u.recorded_before_exit))
+                            .collect();
+                        CallState::new(call.row, units, call.children)
+                    })
+                    .collect();
+                made
+            },
+        );
+        for (state, delivered) in made.into_iter().flatten() {
             owner
                 .engine
                 .calls
-                .insert(call.row.call_id.clone(), owner.session.session_id.clone());
-            owner.owed.insert_call(call.row, units, call.children);
+                .insert(state.row.call_id.clone(), owner.session.session_id.clone());
+            owner.owed.insert_state(state, delivered);
         }
         for id in plan.queue {
             owner.capacity.enqueue(id);
