@@ -239,13 +239,15 @@ fn a_take_of_a_paused_holder_whose_asker_was_killed_meanwhile_is_refused_and_the
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
     // Tenures long enough that b keeps its session through the pause.
-    let (a, b) = (
+    let (a, b, c) = (
         Server::node(dir.path(), &url, "a", "20000"),
         Server::node(dir.path(), &url, "b", "20000"),
+        Server::node(dir.path(), &url, "c", "20000"),
     );
     let child = listed_at(&b, &url, 1).remove(0);
     // b is paused: a's poll (waiting 2 s, for a ten minutes' hold) takes the child off the list
-    // and asks b for it; a is killed while it waits, so b is never told the take was given up.
+    // and asks b for it; a is killed while it waits, so b is never told the take was given up,
+    // and nobody lists the child again.
     b.signal("-STOP");
     std::thread::scope(|scope| {
         let asking = scope.spawn(|| poll_gpu(&a, 2_000, 600_000));
@@ -255,11 +257,16 @@ fn a_take_of_a_paused_holder_whose_asker_was_killed_meanwhile_is_refused_and_the
         let _ = asking.join();
     });
     // Past the take's deadline (the 2.5 s a waited for the answer), b wakes and reads the take:
-    // refused, the child is not held for a take nobody waits for, and a poll at b gets it.
+    // refused, the child is neither held for a take nobody waits for nor left off the list, and
+    // a worker polling another process gets it.
     std::thread::sleep(Duration::from_millis(3_500));
     b.signal("-CONT");
-    let (status, work) = poll_gpu(&b, 20_000, 30_000);
-    assert_eq!(status, 200, "the child is held by a take nobody waits for: {work}");
+    std::thread::sleep(Duration::from_millis(1_000));
+    let (status, work) = poll_gpu(&c, 20_000, 30_000);
+    assert_eq!(
+        status, 200,
+        "the child is held by a take nobody waits for, or listed nowhere: {work}"
+    );
     assert_eq!(work["child_id"], child);
 }
 
@@ -283,10 +290,92 @@ fn a_take_read_after_its_answer_by_time_hands_nothing_out() {
     assert_eq!(reply["error"]["code"], "take_expired", "{reply}");
     let (status, reply) = take(json!("soon"));
     assert_eq!(status, 400, "a time that is no number: {reply}");
+    let (status, reply) = b.call(
+        "POST",
+        "/v1/workers/take",
+        Some(json!({"child_id": child, "worker": "w", "lease_ms": 600_000, "answer_by_ms": 13_569_465_600_000u64})),
+    );
+    assert_eq!(status, 400, "a time without a take id: {reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("take_id"),
+        "{reply}"
+    );
     // One read in time is served (the database's clock is far from the year 2400).
     let (status, work) = take(json!(13_569_465_600_000u64));
     assert_eq!(status, 200, "{work}");
     assert_eq!(work["child_id"], child);
+}
+
+#[test]
+fn a_take_of_a_paused_holder_whose_asker_stopped_meanwhile_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let (a, b) = (
+        Server::node(dir.path(), &url, "a", "20000"),
+        Server::node(dir.path(), &url, "b", "20000"),
+    );
+    let child = listed_at(&b, &url, 1).remove(0);
+    b.signal("-STOP");
+    let body = json!({"worker": "w", "queue": "gpu", "wait_ms": 2_000, "lease_ms": 600_000}).to_string();
+    let mut stream = TcpStream::connect(("127.0.0.1", a.port())).unwrap();
+    write!(
+        stream,
+        "POST /v1/workers/poll HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    until_listed(&url, 0);
+    std::thread::sleep(Duration::from_millis(300));
+    // a stops for good as far as b can tell (its host gone): its connection to b stays open,
+    // and it never tells b that it gave the take up.
+    a.signal("-STOP");
+    std::thread::sleep(Duration::from_millis(3_500));
+    b.signal("-CONT");
+    std::thread::sleep(Duration::from_millis(1_000));
+    let (status, work) = poll_gpu(&b, 20_000, 30_000);
+    assert_eq!(status, 200, "the child is held by a take nobody waits for: {work}");
+    assert_eq!(work["child_id"], child);
+    drop(stream);
+}
+
+#[test]
+fn a_take_handed_out_after_its_answer_by_time_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    // b serves a take 1.5 s after it read it (and checked its time): a pause between the two.
+    let b = stalling_node(dir.path(), &url);
+    let child = listed_at(&b, &url, 1).remove(0);
+    // An asker takes the child off the list, waiting 500 ms for the answer (a poll with
+    // `wait_ms` 0), and dies before it can give the take up.
+    let now: u64 = psql(
+        &url,
+        "DELETE FROM brood.work_directory; SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8",
+    )
+    .lines()
+    .last()
+    .unwrap()
+    .parse()
+    .unwrap();
+    let (status, reply) = b.call(
+        "POST",
+        "/v1/workers/take",
+        Some(json!({"child_id": child, "worker": "w", "lease_ms": 600_000,
+                    "take_id": "t1", "answer_by_ms": now + 500})),
+    );
+    assert_eq!(status, 409, "handed out ~1 s after its asker stopped waiting: {reply}");
+    let (status, work) = poll_gpu(&b, 5_000, 30_000);
+    assert_eq!(status, 200, "the child is held by a take nobody waits for: {work}");
+}
+
+/// A take its holder refused as late (409 `take_expired`, as a holder answers a take that
+/// reached it after its asker's time while the asker still waited): the child still waits
+/// there, so it is listed again, and the take is given up.
+#[test]
+fn a_take_refused_as_expired_lists_the_child_again_and_is_given_up() {
+    a_faulty_answer_relists_the_child_and_untakes(Answer::Expired, Untakes::Answered);
 }
 
 #[test]
@@ -339,6 +428,8 @@ enum Answer {
     Huge,
     /// 200 with a body that is no work item.
     Malformed,
+    /// 409 `take_expired`.
+    Expired,
 }
 
 /// The requests a fake holder was sent: path and JSON body of each.
@@ -437,6 +528,13 @@ fn serve_fake(
                     // The head says 100 MiB; the body never comes whole.
                     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 104857600\r\n\r\n{\"child_id\":"
                         .to_string()
+                }
+                Answer::Expired => {
+                    let body = r#"{"error":{"code":"take_expired","message":"late"}}"#;
+                    format!(
+                        "HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
                 }
                 Answer::Malformed => {
                     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\r\nnot json!"

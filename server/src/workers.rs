@@ -460,7 +460,9 @@ async fn ask_holder(url: &str, body: Vec<u8>, ask: &Asking, timeout: Duration) -
     };
     match answer.status().as_u16() {
         200 => {}
-        404 | 409 => return Asked::NotThere,
+        404 => return Asked::NotThere,
+        // Refused as late (`take_expired`): the child still waits there, off the list.
+        409 => return Asked::Faulty("it refused the take as late".into()),
         other => return Asked::Faulty(format!("it answered {other}")),
     }
     let text = match answer.body().limit(ask.limit).await {
@@ -494,20 +496,75 @@ pub(super) async fn take(
         return Err(ApiError::invalid("`child_id` and `take_id` must not be empty"));
     }
     let lease_ms = within("lease_ms", body.lease_ms, MIN_WORKER_HOLD_MS, MAX_WORKER_HOLD_MS)?;
-    if let Some(by) = body.answer_by_ms {
-        answered_in_time(&queues, by).await?;
-    }
     let take_id = body.take_id.as_deref();
-    match queues.take(&body.child_id, &body.worker, Duration::from_millis(lease_ms), take_id) {
+    let Some(by) = body.answer_by_ms else {
+        return match queues.take(&body.child_id, &body.worker, Duration::from_millis(lease_ms), take_id) {
+            Some(h) => Ok(HttpResponse::Ok().json(api::WorkItem::from(h))),
+            None => Err(WorkError::UnknownChild(body.child_id).into()),
+        };
+    };
+    let Some(take_id) = take_id else {
+        return Err(ApiError::invalid("`answer_by_ms` needs a `take_id`"));
+    };
+    // The asker took the child off the shared list: it is listed again unless the take is
+    // served, whether it is refused or dropped unanswered (the asker hung up while the clock was
+    // read).
+    let mut unlisted = ListAgain {
+        queues: queues.clone(),
+        child_id: body.child_id.clone(),
+        armed: true,
+    };
+    let answer_by = answered_in_time(&queues, by).await?;
+    unlisted.armed = false;
+    match queues.take(
+        &body.child_id,
+        &body.worker,
+        Duration::from_millis(lease_ms),
+        Some(take_id),
+    ) {
+        Some(_) if std::time::Instant::now() > answer_by => {
+            // Handed out past the asker's time (this process stalled between reading the clock
+            // and the handout): taken back, queued (and listed) again.
+            queues.untake(&body.child_id, take_id);
+            Err(expired(
+                "was handed out after its asker stopped waiting for the answer; it was taken back",
+            ))
+        }
         Some(h) => Ok(HttpResponse::Ok().json(api::WorkItem::from(h))),
         None => Err(WorkError::UnknownChild(body.child_id).into()),
     }
 }
 
+/// A take's refusal as late (409 `take_expired`): the take `what`.
+fn expired(what: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "take_expired",
+        format!("the take {what}; nothing is held for it"),
+    )
+}
+
+/// Lists a child taken off the shared work list again when dropped armed: the take that took it
+/// off was not served.
+struct ListAgain {
+    queues: web::Data<WorkQueues>,
+    child_id: String,
+    armed: bool,
+}
+
+impl Drop for ListAgain {
+    fn drop(&mut self) {
+        if self.armed {
+            self.queues.list_again(&self.child_id);
+        }
+    }
+}
+
 /// Whether a take whose asker waits for its answer until `by` (ms on the shared list's clock) is
 /// read in time: a take read later is refused (409 `take_expired`), as is one whose time cannot
-/// be told (503: the database's clock could not be read, or no list is shared).
-async fn answered_in_time(queues: &WorkQueues, by: u64) -> Result<(), ApiError> {
+/// be told (503: the database's clock could not be read, or no list is shared). Read in time:
+/// the moment on this process's clock at which the asker stops waiting.
+async fn answered_in_time(queues: &WorkQueues, by: u64) -> Result<std::time::Instant, ApiError> {
     let unknown = |why: String| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -518,20 +575,17 @@ async fn answered_in_time(queues: &WorkQueues, by: u64) -> Result<(), ApiError> 
     let Some(list) = queues.directory().cloned() else {
         return Err(unknown("this process shares no work list".into()));
     };
+    let asked = std::time::Instant::now();
     let now = brood_actors::ledger::off_thread("reading the shared work list's clock", move || list.clock_ms())
         .await
         .map_err(|e| unknown(e.to_string()))?;
     if now > by {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "take_expired",
-            format!(
-                "the take was read {} ms after its asker stopped waiting for the answer; nothing was handed out",
-                now - by
-            ),
-        ));
+        return Err(expired(&format!(
+            "was read {} ms after its asker stopped waiting for the answer",
+            now - by
+        )));
     }
-    Ok(())
+    Ok(asked + Duration::from_millis(by - now))
 }
 
 /// `POST /v1/workers/untake` (between processes sharing a ledger, not for workers): the process

@@ -684,6 +684,23 @@ impl WorkQueues {
         self.roster().waiting_of(session_id)
     }
 
+    /// Lists `child_id` again in the shared work list if it waits here (not held, not
+    /// cancelled): a take of it from another process was refused, after that process had taken
+    /// it off the list.
+    pub fn list_again(&self, child_id: &str) {
+        let queue = {
+            let roster = self.roster();
+            roster
+                .entries
+                .get(child_id)
+                .filter(|e| e.hold.is_none() && !e.cancelled)
+                .map(|e| e.queue.clone())
+        };
+        if let Some(queue) = queue {
+            self.post(child_id, &queue);
+        }
+    }
+
     fn post(&self, child_id: &str, queue: &str) {
         if let Some(d) = self.directory() {
             d.post(child_id, queue);
