@@ -12,6 +12,9 @@ use crate::ledger::Snapshot;
 use crate::model::*;
 use crate::parallel::threads_for;
 
+mod slots;
+pub use slots::TaskSlots;
+
 /// How a rebuilt owner treats children its ledger shows as running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recovery {
@@ -336,8 +339,8 @@ pub struct RecoveredCall {
     pub row: CallRow,
     /// Its units, in order.
     pub units: Vec<RecoveredUnit>,
-    /// Its children, as resolved, by task index (one per task).
-    pub children: Vec<ChildRow>,
+    /// Its children, as resolved, found by task index (one per task).
+    pub children: TaskSlots,
 }
 
 /// What an owner rebuilt from the ledger holds.
@@ -368,7 +371,7 @@ pub struct RecoveryPlan {
 impl RecoveryPlan {
     /// Every resolved child, call by call.
     pub fn children(&self) -> impl Iterator<Item = &ChildRow> {
-        self.calls.iter().flat_map(|c| &c.children)
+        self.calls.iter().flat_map(|c| c.children.iter())
     }
 }
 
@@ -460,50 +463,6 @@ struct CallContext<'a> {
     now_ms: u64,
 }
 
-/// A call's rows in a slot per task (`tasks` slots): each row in the slot of its task index (of
-/// two rows of one task, the later), a task without a row empty, a row past the last task
-/// dropped. Rows that are one per task, as a read of a call whose children all started gives
-/// them (in key order: `.0, .1, .10, .100, …`), are put in task order where they are and keep
-/// their buffer (an `Option<ChildRow>` is as big as a row): a large call's rows are not copied
-/// into fresh memory, whose every page the system would have to clear first. The buffer is
-/// trimmed to the rows (a split files a call's rows in room sized for the call before it): the
-/// slots live as long as the call does.
-pub(crate) fn slots_by_task(mut rows: Vec<ChildRow>, tasks: usize) -> Vec<Option<ChildRow>> {
-    if one_per_task(&rows, tasks) {
-        // Each row swapped into its task's place: a swap puts at least one row where it
-        // belongs, so there are fewer swaps than rows.
-        for i in 0..rows.len() {
-            while rows[i].task_index as usize != i {
-                let j = rows[i].task_index as usize;
-                rows.swap(i, j);
-            }
-        }
-        let mut slots: Vec<Option<ChildRow>> = rows.into_iter().map(Some).collect();
-        slots.shrink_to_fit();
-        return slots;
-    }
-    let mut slots = Vec::with_capacity(tasks);
-    slots.resize_with(tasks, || None);
-    for row in rows {
-        if let Some(slot) = slots.get_mut(row.task_index as usize) {
-            *slot = Some(row);
-        }
-    }
-    slots
-}
-
-/// Whether `rows` hold exactly one row of each of `tasks` tasks, in any order.
-fn one_per_task(rows: &[ChildRow], tasks: usize) -> bool {
-    if rows.len() != tasks {
-        return false;
-    }
-    let mut seen = vec![false; tasks];
-    rows.iter().all(|c| {
-        let i = c.task_index as usize;
-        i < tasks && !std::mem::replace(&mut seen[i], true)
-    })
-}
-
 /// Plans one call (with its stored rows) into `plan`, as [`plan`] describes.
 fn plan_call(ctx: &CallContext<'_>, call: CallRow, stored: Vec<ChildRow>, plan: &mut RecoveryPlan) {
     let CallContext {
@@ -512,19 +471,21 @@ fn plan_call(ctx: &CallContext<'_>, call: CallRow, stored: Vec<ChildRow>, plan: 
         damaged,
         now_ms,
     } = *ctx;
-    // The stored rows, moved (not copied) into a slot per task.
-    let mut slots = slots_by_task(stored, call.tasks.len());
+    // The stored rows, found by task (not moved).
+    let tasks = call.tasks.len() as u32;
+    let mut slots = TaskSlots::new(stored, tasks as usize);
     // A call whose every result was delivered (or dead-lettered) is done; an early failure
     // notice left undelivered is moot once the full result was delivered. A task without
     // a row is queued (or damaged): not done.
-    let settled = slots.iter().all(|slot| {
-        slot.as_ref()
+    let settled = (0..tasks).all(|i| {
+        slots
+            .get(i)
             .is_some_and(|c| c.status.is_terminal() && (c.result.delivered || c.result.dead))
     });
     if settled {
         plan.delivered_done += slots
+            .held()
             .iter()
-            .flatten()
             .map(|c| c.result.delivered as u64 + c.notice.delivered as u64)
             .sum::<u64>();
         return;
@@ -535,10 +496,10 @@ fn plan_call(ctx: &CallContext<'_>, call: CallRow, stored: Vec<ChildRow>, plan: 
     let mut fresh = vec![false; call.tasks.len()];
     for unit in &units {
         for &i in &unit.tasks {
-            let Some(slot) = slots.get_mut(i as usize).filter(|s| s.is_none()) else {
+            if i >= tasks || slots.get(i).is_some() {
                 continue;
-            };
-            *slot = Some(if damaged.contains(&child_id(&call.call_id, i)) {
+            }
+            let row = if damaged.contains(&child_id(&call.call_id, i)) {
                 // Its row was damaged: whatever it did is lost, so it is neither run
                 // again blindly nor left queued: its outcome is unknown.
                 let row = ChildRow {
@@ -553,21 +514,18 @@ fn plan_call(ctx: &CallContext<'_>, call: CallRow, stored: Vec<ChildRow>, plan: 
             } else {
                 fresh[i as usize] = true;
                 queued_child(&call, unit, i)
-            });
+            };
+            slots.put(row);
         }
     }
-    // Every task is in a unit, so every slot is filled now; by task index (the same
-    // buffer: an `Option<ChildRow>` is as big as a row).
-    let mut call_children: Vec<ChildRow> = slots
-        .into_iter()
-        .map(|slot| slot.expect("every task is in a unit"))
-        .collect();
+    // Every task is in a unit, so every slot is filled now.
     plan.changed.extend(damaged_rows);
     // A child whose attempt ended `failed` or `timed_out` while its task's retry policy runs it
     // again was waiting out its backoff in memory (its retry not yet recorded) when its owner
     // exited: its retry is made now, its next attempt queued (the rest of the wait is not kept).
     // One whose result went out was not run again (a cancel had stopped it).
-    for row in &mut call_children {
+    for i in 0..tasks {
+        let row = slots.get_mut(i).expect("every task is in a unit");
         let policy = call.tasks.get(row.task_index as usize).and_then(|t| t.retry);
         let out = row.result.delivered || row.result.dead;
         if !out && policy.is_some_and(|p| p.delay_after(row.attempt, row.status).is_some()) {
@@ -583,7 +541,11 @@ fn plan_call(ctx: &CallContext<'_>, call: CallRow, stored: Vec<ChildRow>, plan: 
     let mut queue: Vec<(u32, String)> = Vec::new();
     let is_live = |id: &str| !live.is_empty() && live.contains(id);
     for unit in units {
-        let rows = || unit.tasks.iter().map(|&i| &call_children[i as usize]);
+        let rows = || {
+            unit.tasks
+                .iter()
+                .map(|&i| slots.get(i).expect("every task is in a unit"))
+        };
         let recorded = rows().filter(|c| c.status.is_terminal()).count();
         // A unit was running if any child of it had started; one none of whose children
         // ever started is simply queued again, with nothing to report.
@@ -591,7 +553,7 @@ fn plan_call(ctx: &CallContext<'_>, call: CallRow, stored: Vec<ChildRow>, plan: 
         let was_running = started && recorded < unit.tasks.len() && mode == Recovery::Process;
         let mut terminal = 0;
         for &i in &unit.tasks {
-            let row = &mut call_children[i as usize];
+            let row = slots.get_mut(i).expect("every task is in a unit");
             if !row.status.is_terminal() && is_live(&row.child_id) {
                 // Its actor lives on (whatever its unflushed row says) and will hand its
                 // result to this owner: adopt it, never start it a second time.
@@ -637,7 +599,11 @@ fn plan_call(ctx: &CallContext<'_>, call: CallRow, stored: Vec<ChildRow>, plan: 
                 }
             }
         }
-        let rows = || unit.tasks.iter().map(|&i| &call_children[i as usize]);
+        let rows = || {
+            unit.tasks
+                .iter()
+                .map(|&i| slots.get(i).expect("every task is in a unit"))
+        };
         plan.rowed.extend(
             rows()
                 .filter(|r| !r.status.is_terminal() && !fresh[r.task_index as usize])
@@ -672,7 +638,7 @@ fn plan_call(ctx: &CallContext<'_>, call: CallRow, stored: Vec<ChildRow>, plan: 
     plan.calls.push(RecoveredCall {
         row,
         units: recovered_units,
-        children: call_children,
+        children: slots,
     });
 }
 

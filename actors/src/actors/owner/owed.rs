@@ -17,14 +17,15 @@ use super::messages::CallStatus;
 use super::sync::SyncWaiter;
 use crate::actors::unit::Unit;
 use crate::model::*;
+use crate::recovery::TaskSlots;
 
 /// A call still owed to its parent.
 pub(super) struct CallState {
     pub(super) row: CallRow,
     /// Its units, by ordinal: unit `<call>-<k>` at k - 1.
     pub(super) units: Vec<UnitState>,
-    /// Its children's rows, by task index (none for a child recovery found damaged).
-    children: Vec<Option<ChildRow>>,
+    /// Its children's rows, found by task index (none for a child recovery found damaged).
+    children: TaskSlots,
     /// The position in `units` of each task's unit, by task index.
     unit_of: Vec<u32>,
     /// Tasks whose cancel is being recorded (or was): nothing starts or requeues them.
@@ -59,11 +60,7 @@ impl CallState {
     /// its rows; and the items it counts as delivered: those of the rows it keeps, one per task
     /// (of two rows of one task the later, none past the last task). Made apart from the owed
     /// calls, so a rebuild makes a large session's calls a share per core.
-    pub(super) fn new(
-        row: CallRow,
-        mut units: Vec<(UnitRow, usize, Option<u32>)>,
-        children: Vec<ChildRow>,
-    ) -> (Self, u64) {
+    pub(super) fn new(row: CallRow, mut units: Vec<(UnitRow, usize, Option<u32>)>, children: TaskSlots) -> (Self, u64) {
         let tasks = row.tasks.len();
         // Units are made from their call, numbered from 1 in order: sorting only guards that.
         let ordinal = |u: &UnitRow| parse_unit_id(&u.unit_id).map_or(u32::MAX, |(_, k)| k);
@@ -93,12 +90,11 @@ impl CallState {
                 }
             })
             .collect();
-        let slots = crate::recovery::slots_by_task(children, tasks);
-        let delivered = slots.iter().flatten().map(delivered_items).sum::<u64>();
+        let delivered = children.held().iter().map(delivered_items).sum::<u64>();
         let state = CallState {
             row,
             units,
-            children: slots,
+            children,
             unit_of,
             cancelling: Default::default(),
             incomplete_units: incomplete,
@@ -111,12 +107,12 @@ impl CallState {
 
     /// The rows of its children among the owed calls, by task index.
     pub(super) fn children(&self) -> impl Iterator<Item = &ChildRow> {
-        self.children.iter().flatten()
+        self.children.iter()
     }
 
     /// The row of its task `i`'s child.
     pub(super) fn child(&self, i: u32) -> Option<&ChildRow> {
-        self.children.get(i as usize)?.as_ref()
+        self.children.get(i)
     }
 
     /// The position in `units` of its task `i`'s unit.
@@ -174,7 +170,8 @@ impl OwedCalls {
         units: Vec<(UnitRow, usize, Option<u32>)>,
         children: Vec<ChildRow>,
     ) -> u64 {
-        let (state, delivered) = CallState::new(row, units, children);
+        let tasks = row.tasks.len();
+        let (state, delivered) = CallState::new(row, units, TaskSlots::new(children, tasks));
         self.insert_state(state, delivered);
         delivered
     }
@@ -214,7 +211,7 @@ impl OwedCalls {
     /// through [`OwedCalls::mark`] or [`OwedCalls::put_child`], which keep the delivered count).
     pub(super) fn child_mut(&mut self, child_id: &str) -> Option<&mut ChildRow> {
         let (call, i) = parse_child_id(child_id)?;
-        self.calls.get_mut(call)?.children.get_mut(i as usize)?.as_mut()
+        self.calls.get_mut(call)?.children.get_mut(i)
     }
 
     /// The unit `unit_id`.
@@ -237,8 +234,8 @@ impl OwedCalls {
         if state.cancelling.contains(&i) {
             return false;
         }
-        match state.children.get_mut(i as usize) {
-            Some(Some(row)) if !row.status.is_terminal() => {
+        match state.children.get_mut(i) {
+            Some(row) if !row.status.is_terminal() => {
                 row.status = ChildStatus::Running;
                 row.started_at_ms = Some(now);
                 true
@@ -399,12 +396,12 @@ impl OwedCalls {
             return;
         };
         let mut key = KeyBuf::new(call_id);
-        for (i, row) in call.children.iter().enumerate() {
-            if let Some(row) = row {
-                self.delivered_live = self.delivered_live.saturating_sub(delivered_items(row));
-                self.delivered_done = self.delivered_done.saturating_add(delivered_items(row));
-            }
-            key.child(i as u32);
+        for row in call.children.held() {
+            self.delivered_live = self.delivered_live.saturating_sub(delivered_items(row));
+            self.delivered_done = self.delivered_done.saturating_add(delivered_items(row));
+        }
+        for i in 0..call.children.tasks() as u32 {
+            key.child(i);
             forget(key.item(ItemKind::Result));
             forget(key.item(ItemKind::FailureNotice));
         }
@@ -419,14 +416,15 @@ impl OwedCalls {
     /// delivery state goes through here or [`OwedCalls::mark`], so the delivered count stays exact
     /// in O(1). A row of a call not among the owed calls is not kept.
     pub(super) fn put_child(&mut self, row: ChildRow) {
-        let Some(slot) = self
+        let Some(slots) = self
             .calls
             .get_mut(&row.call_id)
-            .and_then(|c| c.children.get_mut(row.task_index as usize))
+            .map(|c| &mut c.children)
+            .filter(|s| (row.task_index as usize) < s.tasks())
         else {
             return;
         };
-        if let Some(old) = slot.as_ref() {
+        if let Some(old) = slots.get(row.task_index) {
             if crate::ledger::child_write(Some((old.status, old.attempt)), (row.status, row.attempt))
                 == crate::ledger::ChildWrite::KeepTerminal
             {
@@ -437,7 +435,7 @@ impl OwedCalls {
             }
         }
         self.delivered_live += delivered_items(&row);
-        if let Some(old) = slot.replace(row) {
+        if let Some(old) = slots.put(row) {
             self.delivered_live = self.delivered_live.saturating_sub(delivered_items(&old));
         }
     }

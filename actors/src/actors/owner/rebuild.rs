@@ -34,7 +34,7 @@ impl SessionOwner {
         // owner could be told (this one being rebuilt): told again later, it finds the child
         // recorded already. Ending a nested session a second time changes nothing.
         let resolved = plan.changed.iter().filter(|r| r.status.is_terminal());
-        let read = (plan.calls.iter().flat_map(|c| &c.children))
+        let read = (plan.calls.iter().flat_map(|c| c.children.iter()))
             .filter(|r| r.status.is_terminal() && owner.engine.is_nested(&r.child_id));
         owner.resolved_ended = resolved.chain(read).map(|r| r.child_id.clone()).collect();
         owner.resolved_ended.sort_unstable();
