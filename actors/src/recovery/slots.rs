@@ -6,12 +6,21 @@ use crate::model::ChildRow;
 /// they came in (a read gives a call's rows in key order: `.0, .1, .10, .100, …`) with each
 /// task's place among them kept beside them: putting the rows themselves in task order moved
 /// most of a large call's rows, each move a copy of the whole row.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct TaskSlots {
     rows: Vec<ChildRow>,
     /// The place in `rows` of each task's row, by task index ([`NO_ROW`]: none).
     at: Vec<u32>,
 }
+
+impl PartialEq for TaskSlots {
+    /// The same rows for the same tasks, however they are held.
+    fn eq(&self, other: &Self) -> bool {
+        self.tasks() == other.tasks() && (0..self.tasks() as u32).all(|i| self.get(i) == other.get(i))
+    }
+}
+
+impl Eq for TaskSlots {}
 
 /// A task without a row.
 const NO_ROW: u32 = u32::MAX;
@@ -19,8 +28,9 @@ const NO_ROW: u32 = u32::MAX;
 impl TaskSlots {
     /// The slots of a call of `tasks` tasks, holding `rows`: each the row of its task index; of
     /// two rows of one task the later, a row past the last task dropped. The rows keep their
-    /// buffer, trimmed to them (a read files a call's rows in room sized for the call before
-    /// it: the slots live as long as the call does).
+    /// buffer, with room for exactly a row per task (a read files a call's rows in room sized
+    /// for the call before it, and tasks without a row get one later, as recovery queues them:
+    /// the slots live as long as the call does).
     pub fn new(mut rows: Vec<ChildRow>, tasks: usize) -> Self {
         let mut at = vec![NO_ROW; tasks];
         let mut dropped = false;
@@ -46,7 +56,11 @@ impl TaskSlots {
                 at[row.task_index as usize] = pos as u32;
             }
         }
-        rows.shrink_to_fit();
+        if rows.capacity() > tasks {
+            rows.shrink_to(tasks);
+        } else {
+            rows.reserve_exact(tasks - rows.len());
+        }
         TaskSlots { rows, at }
     }
 
@@ -143,6 +157,10 @@ mod tests {
         assert_eq!(slots.held().as_ptr() as usize, buffer, "no row moved");
         assert_eq!(slots.iter().cloned().collect::<Vec<_>>(), twelve, "in task order");
         assert_eq!((slots.len(), slots.tasks()), (12, 12));
+        let mut sorted = TaskSlots::new(slots.iter().cloned().collect(), 12);
+        assert_eq!(sorted, slots, "the same rows for the same tasks, held in another order");
+        sorted.get_mut(3).unwrap().attempt = 2;
+        assert_ne!(sorted, slots);
     }
 
     #[test]

@@ -495,3 +495,22 @@ fn a_recovered_call_holds_room_for_its_own_children_only() {
         "room for its one child, not the call before it's"
     );
 }
+
+/// A recovered call whose children mostly never started (no rows: they are filled in as
+/// queued) holds room for its own tasks only.
+#[test]
+fn a_recovered_call_filled_with_queued_children_holds_room_for_its_tasks_only() {
+    for (tasks, stored) in [(5usize, 0u32), (5, 1), (513, 0)] {
+        let mut c = call(&vec![false; tasks], None);
+        c.independent_completions = true;
+        let rows = (0..stored).map(|i| child(i, ChildStatus::Succeeded)).collect();
+        let plan = plan(&session(), snapshot(c, rows), Recovery::Process, &HashSet::new(), 7);
+        let kept = &plan.calls[0].children;
+        assert_eq!(kept.len(), tasks);
+        assert_eq!(
+            kept.capacity(),
+            tasks,
+            "{tasks} tasks, {stored} stored: room for its tasks, not a regrown buffer's"
+        );
+    }
+}
