@@ -34,6 +34,18 @@ fn stalling_node(dir: &Path, url: &str) -> Server {
     )
 }
 
+/// Node `b`, failing to read the shared work list's clock for its first take with a deadline.
+fn clockless_node(dir: &Path, url: &str) -> Server {
+    let b_dir = dir.join("b");
+    std::fs::create_dir_all(&b_dir).unwrap();
+    Server::start_env(
+        &b_dir,
+        None,
+        &["--ledger", url, "--node", "b", "--session-lease-ms", TENURE_MS],
+        &[("BROOD_FAILPOINTS", "work_clock_read=1")],
+    )
+}
+
 /// Waits until the shared work list holds `n` rows.
 fn until_listed(url: &str, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -368,6 +380,29 @@ fn a_take_handed_out_after_its_answer_by_time_is_refused() {
     assert_eq!(status, 409, "handed out ~1 s after its asker stopped waiting: {reply}");
     let (status, work) = poll_gpu(&b, 5_000, 30_000);
     assert_eq!(status, 200, "the child is held by a take nobody waits for: {work}");
+}
+
+#[test]
+fn a_take_whose_deadline_cannot_be_checked_hands_nothing_out_and_lists_the_child_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let b = clockless_node(dir.path(), &url);
+    let child = listed_at(&b, &url, 1).remove(0);
+    // An asker took the child off the list; b cannot read the database's clock to check its time.
+    psql(&url, "DELETE FROM brood.work_directory");
+    let (status, reply) = b.call(
+        "POST",
+        "/v1/workers/take",
+        Some(json!({"child_id": child, "worker": "w", "lease_ms": 600_000,
+                    "take_id": "t1", "answer_by_ms": 13_569_465_600_000u64})),
+    );
+    assert_eq!(status, 503, "{reply}");
+    assert_eq!(reply["error"]["code"], "ledger_unavailable", "{reply}");
+    // Listed again, and not held: a worker polling gets it.
+    until_listed(&url, 1);
+    let (status, work) = poll_gpu(&b, 5_000, 30_000);
+    assert_eq!(status, 200, "{work}");
+    assert_eq!(work["child_id"], child);
 }
 
 /// A take its holder refused as late (409 `take_expired`, as a holder answers a take that

@@ -19,8 +19,9 @@
 //! on the calling thread),
 //! `take_stall` (a server's
 //! `POST /v1/workers/take` waits 1.5 s before it serves the take), `take_recording_hold` (a take
-//! that handed its child out is held before it records that, until `release`)). A server arms `take_stall`,
-//! `ledger_flush_stall` and `ledger_flush_slow_fail` from `BROOD_FAILPOINTS`. Tests arm a point with `arm` for a
+//! that handed its child out is held before it records that, until `release`), `work_clock_read`
+//! (reading the shared work list's clock fails)). A server arms `take_stall`,
+//! `ledger_flush_stall`, `ledger_flush_slow_fail` and `work_clock_read` from `BROOD_FAILPOINTS`. Tests arm a point with `arm` for a
 //! number of hits; while armed, the point fails (an error for I/O points, a panic for handler
 //! points, a wait for hold points). Without the feature, [`crate::failpoint!`] expands to
 //! nothing and this module has only inert stand-ins.
@@ -46,7 +47,12 @@ const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
 /// static names [`arm`] takes.
 #[cfg(feature = "failpoints")]
 pub fn known(name: &str) -> Option<&'static str> {
-    const KNOWN: &[&str] = &["take_stall", "ledger_flush_stall", "ledger_flush_slow_fail"];
+    const KNOWN: &[&str] = &[
+        "take_stall",
+        "ledger_flush_stall",
+        "ledger_flush_slow_fail",
+        "work_clock_read",
+    ];
     KNOWN.iter().copied().find(|k| *k == name)
 }
 

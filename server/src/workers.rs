@@ -562,7 +562,7 @@ impl Drop for ListAgain {
 
 /// Whether a take whose asker waits for its answer until `by` (ms on the shared list's clock) is
 /// read in time: a take read later is refused (409 `take_expired`), as is one whose time cannot
-/// be told (503: the database's clock could not be read, or no list is shared). Read in time:
+/// be told (503: the database's clock could not be read; 400: no list is shared). Read in time:
 /// the moment on this process's clock at which the asker stops waiting.
 async fn answered_in_time(queues: &WorkQueues, by: u64) -> Result<std::time::Instant, ApiError> {
     let unknown = |why: String| {
@@ -573,7 +573,9 @@ async fn answered_in_time(queues: &WorkQueues, by: u64) -> Result<std::time::Ins
         )
     };
     let Some(list) = queues.directory().cloned() else {
-        return Err(unknown("this process shares no work list".into()));
+        return Err(ApiError::invalid(
+            "`answer_by_ms` is checked on the clock of a work list shared by several processes, and this process shares none",
+        ));
     };
     let asked = std::time::Instant::now();
     let now = brood_actors::ledger::off_thread("reading the shared work list's clock", move || list.clock_ms())

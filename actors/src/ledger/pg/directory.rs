@@ -332,6 +332,7 @@ impl crate::ledger::WorkDirectory for PgDirectory {
     }
 
     fn clock_ms(&self) -> Result<u64, LedgerError> {
+        crate::failpoint!("work_clock_read");
         let pool = self.pool.clone();
         super::runtime::run_on(&self.runtime, async move {
             let client = pool.get().await.map_err(pool_error)?;
