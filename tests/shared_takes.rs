@@ -24,25 +24,23 @@ fn node(dir: &Path, url: &str, name: &str) -> Server {
 
 /// Node `b`, serving a take 1.5 s after it was asked for it (once).
 fn stalling_node(dir: &Path, url: &str) -> Server {
-    let b_dir = dir.join("b");
-    std::fs::create_dir_all(&b_dir).unwrap();
-    Server::start_env(
-        &b_dir,
-        None,
-        &["--ledger", url, "--node", "b", "--session-lease-ms", TENURE_MS],
-        &[("BROOD_FAILPOINTS", "take_stall=1")],
-    )
+    node_b_failing(dir, url, "take_stall=1")
 }
 
 /// Node `b`, failing to read the shared work list's clock for its first take with a deadline.
 fn clockless_node(dir: &Path, url: &str) -> Server {
+    node_b_failing(dir, url, "work_clock_read=1")
+}
+
+/// Node `b`, with the fault points `points` armed (`BROOD_FAILPOINTS`).
+fn node_b_failing(dir: &Path, url: &str, points: &str) -> Server {
     let b_dir = dir.join("b");
     std::fs::create_dir_all(&b_dir).unwrap();
     Server::start_env(
         &b_dir,
         None,
         &["--ledger", url, "--node", "b", "--session-lease-ms", TENURE_MS],
-        &[("BROOD_FAILPOINTS", "work_clock_read=1")],
+        &[("BROOD_FAILPOINTS", points)],
     )
 }
 
