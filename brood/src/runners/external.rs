@@ -505,9 +505,10 @@ impl<P: Clone> Roster<P> {
         }
     }
 
-    /// The entry of a child whose current hold `token` is, after taking back a lapsed hold.
+    /// The entry of a child whose current hold `token` is: one that lapsed is not (it is taken
+    /// back by [`WorkQueues::expire`], which lists it again for the other processes too; taken
+    /// back here, it would wait in its queue unlisted).
     fn held(&mut self, child_id: &str, token: &str, now: Instant) -> Result<&mut Entry<P>, WorkError> {
-        self.expire(child_id, now);
         let ended = self.ended_set.contains(child_id) || self.recording.contains_key(child_id);
         let entry = self.entries.get_mut(child_id).ok_or_else(|| match ended {
             true => WorkError::Ended(child_id.to_string()),
@@ -515,7 +516,7 @@ impl<P: Clone> Roster<P> {
         })?;
         match &entry.hold {
             _ if entry.cancelled => Err(WorkError::Ended(child_id.to_string())),
-            Some(l) if l.token == token => Ok(entry),
+            Some(l) if l.token == token && l.expires_at > now => Ok(entry),
             _ => Err(WorkError::StaleToken(child_id.to_string())),
         }
     }
@@ -745,18 +746,22 @@ impl WorkQueues {
         Some(handed)
     }
 
+    /// Takes back the child `child_id` handed out with `token` (nobody holds it: the take it was
+    /// handed out for was given up, or came too late), and queues it (and lists it) again.
+    pub fn take_back(&self, child_id: &str, token: &str) {
+        if self.roster().lapse(child_id, token, Instant::now()) {
+            tracing::debug!(child = %child_id, "a take nobody waits for is taken back; the child is queued again");
+            self.expire(child_id);
+        }
+    }
+
     /// The asker of the take `take_id` of `child_id` gave up waiting for its answer: a child
     /// handed out by it goes back to its queue (no worker holds its token), and a take not
     /// served yet will be refused. One step under the takes' lock, as a take is.
     pub fn untake(&self, child_id: &str, take_id: &str) {
         let mut takes = self.takes();
         match takes.forget(take_id) {
-            Some(Take::Handed { child_id: c, token }) if c == child_id => {
-                if self.roster().lapse(child_id, &token, Instant::now()) {
-                    tracing::debug!(child = %child_id, "a take its asker gave up on is taken back; the child is queued again");
-                    self.expire(child_id);
-                }
-            }
+            Some(Take::Handed { child_id: c, token }) if c == child_id => self.take_back(child_id, &token),
             Some(other) => takes.remember(take_id, other),
             None => takes.remember(take_id, Take::GivenUp),
         }
@@ -1165,9 +1170,9 @@ mod tests {
             WorkError::StaleToken("a".into())
         );
         assert_eq!(
-            roster.expire("a", t0 + HOLD * 3).0,
-            Standing::Queued,
-            "and the child is queued again"
+            roster.expire("a", t0 + HOLD * 3),
+            (Standing::Queued, true),
+            "and the child is queued again by the look that lists it again, not by the heartbeat"
         );
     }
 
