@@ -503,9 +503,6 @@ pub(super) async fn take(
             None => Err(WorkError::UnknownChild(body.child_id).into()),
         };
     };
-    let Some(take_id) = take_id else {
-        return Err(ApiError::invalid("`answer_by_ms` needs a `take_id`"));
-    };
     // The asker took the child off the shared list: it is listed again unless the take is
     // served, whether it is refused or dropped unanswered (the asker hung up while the clock was
     // read).
@@ -516,16 +513,11 @@ pub(super) async fn take(
     };
     let answer_by = answered_in_time(&queues, by).await?;
     unlisted.armed = false;
-    match queues.take(
-        &body.child_id,
-        &body.worker,
-        Duration::from_millis(lease_ms),
-        Some(take_id),
-    ) {
-        Some(_) if std::time::Instant::now() > answer_by => {
+    match queues.take(&body.child_id, &body.worker, Duration::from_millis(lease_ms), take_id) {
+        Some(h) if std::time::Instant::now() > answer_by => {
             // Handed out past the asker's time (this process stalled between reading the clock
             // and the handout): taken back, queued (and listed) again.
-            queues.untake(&body.child_id, take_id);
+            queues.take_back(&h.child_id, &h.token);
             Err(expired(
                 "was handed out after its asker stopped waiting for the answer; it was taken back",
             ))
@@ -562,8 +554,9 @@ impl Drop for ListAgain {
 
 /// Whether a take whose asker waits for its answer until `by` (ms on the shared list's clock) is
 /// read in time: a take read later is refused (409 `take_expired`), as is one whose time cannot
-/// be told (503: the database's clock could not be read; 400: no list is shared). Read in time:
-/// the moment on this process's clock at which the asker stops waiting.
+/// be told (503: the database's clock could not be read). A process that shares no list reads
+/// its own clock. Read in time: the moment on this process's clock at which the asker stops
+/// waiting.
 async fn answered_in_time(queues: &WorkQueues, by: u64) -> Result<std::time::Instant, ApiError> {
     let unknown = |why: String| {
         ApiError::new(
@@ -572,15 +565,15 @@ async fn answered_in_time(queues: &WorkQueues, by: u64) -> Result<std::time::Ins
             format!("a take with a deadline is served only once the shared work list's clock is read: {why}"),
         )
     };
-    let Some(list) = queues.directory().cloned() else {
-        return Err(ApiError::invalid(
-            "`answer_by_ms` is checked on the clock of a work list shared by several processes, and this process shares none",
-        ));
-    };
     let asked = std::time::Instant::now();
-    let now = brood_actors::ledger::off_thread("reading the shared work list's clock", move || list.clock_ms())
-        .await
-        .map_err(|e| unknown(e.to_string()))?;
+    let now = match queues.directory().cloned() {
+        Some(list) => brood_actors::ledger::off_thread("reading the shared work list's clock", move || list.clock_ms())
+            .await
+            .map_err(|e| unknown(e.to_string()))?,
+        // A process that shares no work list is asked for takes by nobody but a hand-made
+        // request: its own clock is the one there is.
+        None => brood_actors::model::now_ms(),
+    };
     if now > by {
         return Err(expired(&format!(
             "was read {} ms after its asker stopped waiting for the answer",

@@ -392,7 +392,7 @@ pub struct TakeBody {
     /// When its asker stops waiting for the answer, in ms since the Unix epoch on the shared
     /// database's clock: a take read after it is refused (409 `take_expired`), so one that waited
     /// in the socket of a paused process is not served for an asker that stopped meanwhile.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole_opt")]
     pub answer_by_ms: Option<u64>,
 }
 
