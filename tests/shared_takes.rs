@@ -68,6 +68,16 @@ fn listed_at(b: &Server, url: &str, n: usize) -> Vec<String> {
         .collect()
 }
 
+/// Nodes `names` sharing `url`, with tenures long enough that the second (`b`) keeps its session
+/// through a pause: `b` serves session `x` with one child listed in the shared work list, and is
+/// paused (`SIGSTOP`). The nodes, and the child's id.
+fn paused_holder<const N: usize>(dir: &Path, url: &str, names: [&str; N]) -> ([Server; N], String) {
+    let nodes = names.map(|name| Server::node(dir, url, name, "20000"));
+    let child = listed_at(&nodes[1], url, 1).remove(0);
+    nodes[1].signal("-STOP");
+    (nodes, child)
+}
+
 /// A poll of queue `gpu` at `s`, waiting up to `wait_ms`, holding the child for `lease_ms`.
 fn poll_gpu(s: &Server, wait_ms: u64, lease_ms: u64) -> (u16, Value) {
     s.call(
@@ -221,15 +231,9 @@ fn a_take_asked_again_of_a_holder_that_stalled_is_answered_with_its_own_child() 
 fn a_take_of_a_paused_holder_is_given_up_and_the_child_waits_once_it_wakes() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
-    // Tenures long enough that b keeps its session through the pause.
-    let (a, b) = (
-        Server::node(dir.path(), &url, "a", "20000"),
-        Server::node(dir.path(), &url, "b", "20000"),
-    );
-    let child = listed_at(&b, &url, 1).remove(0);
+    let ([a, b], child) = paused_holder(dir.path(), &url, ["a", "b"]);
     // b is paused (well inside its tenure): a's poll asks it for the child (with ten minutes'
     // hold), gives up, and tells it so, in vain as well.
-    b.signal("-STOP");
     let (status, reply) = poll_gpu(&a, 0, 600_000);
     assert_eq!(status, 204, "{reply}");
     // Listed again, for a later poll.
@@ -248,17 +252,10 @@ fn a_take_of_a_paused_holder_is_given_up_and_the_child_waits_once_it_wakes() {
 fn a_take_of_a_paused_holder_whose_asker_was_killed_meanwhile_is_refused_and_the_child_waits() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
-    // Tenures long enough that b keeps its session through the pause.
-    let (a, b, c) = (
-        Server::node(dir.path(), &url, "a", "20000"),
-        Server::node(dir.path(), &url, "b", "20000"),
-        Server::node(dir.path(), &url, "c", "20000"),
-    );
-    let child = listed_at(&b, &url, 1).remove(0);
+    let ([a, b, c], child) = paused_holder(dir.path(), &url, ["a", "b", "c"]);
     // b is paused: a's poll (waiting 2 s, for a ten minutes' hold) takes the child off the list
     // and asks b for it; a is killed while it waits, so b is never told the take was given up,
     // and nobody lists the child again.
-    b.signal("-STOP");
     std::thread::scope(|scope| {
         let asking = scope.spawn(|| poll_gpu(&a, 2_000, 600_000));
         until_listed(&url, 0);
@@ -316,12 +313,7 @@ fn a_take_read_after_its_answer_by_time_hands_nothing_out() {
 fn a_take_of_a_paused_holder_whose_asker_stopped_meanwhile_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let url = brood_actors::ledger::pg_testkit::fresh_database();
-    let (a, b) = (
-        Server::node(dir.path(), &url, "a", "20000"),
-        Server::node(dir.path(), &url, "b", "20000"),
-    );
-    let child = listed_at(&b, &url, 1).remove(0);
-    b.signal("-STOP");
+    let ([a, b], child) = paused_holder(dir.path(), &url, ["a", "b"]);
     let body = json!({"worker": "w", "queue": "gpu", "wait_ms": 2_000, "lease_ms": 600_000}).to_string();
     let mut stream = TcpStream::connect(("127.0.0.1", a.port())).unwrap();
     write!(

@@ -497,24 +497,21 @@ pub(super) async fn take(
     }
     let lease_ms = within("lease_ms", body.lease_ms, MIN_WORKER_HOLD_MS, MAX_WORKER_HOLD_MS)?;
     let take_id = body.take_id.as_deref();
-    let Some(by) = body.answer_by_ms else {
-        return match queues.take(&body.child_id, &body.worker, Duration::from_millis(lease_ms), take_id) {
-            Some(h) => Ok(HttpResponse::Ok().json(api::WorkItem::from(h))),
-            None => Err(WorkError::UnknownChild(body.child_id).into()),
-        };
-    };
-    // The asker took the child off the shared list: it is listed again unless the take is
-    // served, whether it is refused or dropped unanswered (the asker hung up while the clock was
-    // read).
+    // A take with a deadline: its asker took the child off the shared list, so it is listed
+    // again unless the take is served, whether it is refused or dropped unanswered (the asker
+    // hung up while the clock was read).
     let mut unlisted = ListAgain {
         queues: queues.clone(),
         child_id: body.child_id.clone(),
-        armed: true,
+        armed: body.answer_by_ms.is_some(),
     };
-    let answer_by = answered_in_time(&queues, by).await?;
+    let answer_by = match body.answer_by_ms {
+        Some(by) => Some(answered_in_time(&queues, by).await?),
+        None => None,
+    };
     unlisted.armed = false;
     match queues.take(&body.child_id, &body.worker, Duration::from_millis(lease_ms), take_id) {
-        Some(h) if std::time::Instant::now() > answer_by => {
+        Some(h) if answer_by.is_some_and(|at| std::time::Instant::now() > at) => {
             // Handed out past the asker's time (this process stalled between reading the clock
             // and the handout): taken back, queued (and listed) again.
             queues.take_back(&h.child_id, &h.token);

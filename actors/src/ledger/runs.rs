@@ -205,12 +205,8 @@ impl<T> RowSink for Vec<T> {
         self.push(row);
     }
 
-    fn put_all(&mut self, mut later: Self) {
-        if self.is_empty() {
-            *self = later;
-        } else {
-            self.append(&mut later);
-        }
+    fn put_all(&mut self, later: Self) {
+        super::join(self, later);
     }
 }
 

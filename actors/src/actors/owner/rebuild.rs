@@ -59,7 +59,7 @@ impl SessionOwner {
             parts,
             |c| c.children.len(),
             |calls| {
-                let made: Vec<(CallState, u64)> = calls
+                calls
                     .into_iter()
                     .map(|call| {
                         let units = call
@@ -69,8 +69,7 @@ impl SessionOwner {
                             .collect();
                         CallState::new(call.row, units, call.children)
                     })
-                    .collect();
-                made
+                    .collect::<Vec<_>>()
             },
         );
         for (state, delivered) in made.into_iter().flatten() {
