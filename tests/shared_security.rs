@@ -300,7 +300,8 @@ fn a_call_is_found_by_its_id_from_any_process() {
 }
 
 /// Counts, in `brood.takes_counted`, the statements that take from the shared work list (a
-/// statement trigger fires once a statement, whether it took a row or not).
+/// statement trigger fires once a statement, whether it took a row or not: a take updates the
+/// row it takes, hiding it; with nothing listed, nothing else updates the list).
 fn count_takes(url: &str) {
     psql(
         url,
@@ -308,7 +309,7 @@ fn count_takes(url: &str) {
          INSERT INTO brood.takes_counted VALUES (0);
          CREATE FUNCTION brood.count_take() RETURNS trigger LANGUAGE plpgsql AS
              $$ BEGIN UPDATE brood.takes_counted SET n = n + 1; RETURN NULL; END $$;
-         CREATE TRIGGER count_takes AFTER DELETE ON brood.work_directory
+         CREATE TRIGGER count_takes AFTER UPDATE ON brood.work_directory
              FOR EACH STATEMENT EXECUTE FUNCTION brood.count_take();",
     );
 }

@@ -53,6 +53,20 @@ fn until_listed(url: &str, n: usize) {
     }
 }
 
+/// Waits until no child in the shared work list is takeable: a poll took the one listed (and
+/// hides it while it asks its process for it).
+fn until_taken(url: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while psql(
+        url,
+        "SELECT count(*) FROM brood.work_directory WHERE posted_at <= now()",
+    ) != "0"
+    {
+        assert!(Instant::now() < deadline, "the listed child was never taken");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Delegates `n` external children (queue `gpu`) to session `x`, served by `b`, and waits until
 /// they are listed in the shared work list; their ids.
 fn listed_at(b: &Server, url: &str, n: usize) -> Vec<String> {
@@ -113,8 +127,8 @@ fn a_worker_hangs_up_while_its_poll_asks_another_process(hang_up: HangUp) {
         body.len()
     )
     .unwrap();
-    // The child leaves the list when a asks b for it.
-    until_listed(&url, 0);
+    // The child is hidden from the other pollers when a asks b for it.
+    until_taken(&url);
     std::thread::sleep(Duration::from_millis(300));
     if let HangUp::Reset = hang_up {
         use std::os::fd::AsRawFd as _;
@@ -258,7 +272,7 @@ fn a_take_of_a_paused_holder_whose_asker_was_killed_meanwhile_is_refused_and_the
     // and nobody lists the child again.
     std::thread::scope(|scope| {
         let asking = scope.spawn(|| poll_gpu(&a, 2_000, 600_000));
-        until_listed(&url, 0);
+        until_taken(&url);
         std::thread::sleep(Duration::from_millis(300));
         a.signal("-KILL");
         let _ = asking.join();
@@ -322,7 +336,7 @@ fn a_take_of_a_paused_holder_whose_asker_stopped_meanwhile_is_refused() {
         body.len()
     )
     .unwrap();
-    until_listed(&url, 0);
+    until_taken(&url);
     std::thread::sleep(Duration::from_millis(300));
     // a stops for good as far as b can tell (its host gone): its connection to b stays open,
     // and it never tells b that it gave the take up.
@@ -587,11 +601,11 @@ fn a_faulty_answer_relists_the_child_and_untakes(answer: Answer, untakes: Untake
     );
     let (status, reply) = poll_gpu(&a, 0, 30_000);
     assert_eq!(status, 204, "{reply}");
-    // Listed again (for a later poll) at the same address.
+    // Listed again (takeable by a later poll) at the same address.
     let deadline = Instant::now() + Duration::from_secs(20);
     while psql(
         &url,
-        "SELECT address FROM brood.work_directory WHERE child_id = 'call_f.0'",
+        "SELECT address FROM brood.work_directory WHERE child_id = 'call_f.0' AND posted_at <= now()",
     ) != address
     {
         assert!(Instant::now() < deadline, "the child was not listed again");

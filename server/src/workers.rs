@@ -207,8 +207,9 @@ const UNTAKE_PAUSE: Duration = Duration::from_millis(250);
 /// Takes children the shared list says wait in other processes, asking each process for its
 /// own, until one is handed out, the list has none for `queue`, or `deadline` (plus
 /// [`ASK_MARGIN`]) passed. A child whose process did not answer in time, or answered with a
-/// fault, is listed again; one it no longer holds, or whose process is gone (its session's next
-/// holder lists it anew if it still waits), is not.
+/// fault, is listed again after a short while; one it no longer holds, or whose process is gone
+/// (its session's next holder lists it anew if it still waits), is taken off the list. A take
+/// whose poller dies before any of that hides its child for a while only.
 ///
 /// Each take runs as a task of its own ([`Taking::run`]): a poll dropped meanwhile (its worker
 /// hung up) leaves it to finish, and a child handed out for it is given back.
@@ -284,23 +285,25 @@ impl Taking {
     /// (which is also listed again).
     async fn run(self, poll: Poll) {
         let list = self.directory.clone();
-        let q = self.queue.clone();
-        let taken = brood_actors::ledger::off_thread("reading the shared work list", move || list.take_elsewhere(&q));
-        let (child_id, address, taken_at_ms) = match taken.await {
-            Ok(Some(found)) => (found.child_id, found.address, found.taken_at_ms),
+        let (q, within) = (self.queue.clone(), self.within);
+        let taken =
+            brood_actors::ledger::off_thread("reading the shared work list", move || list.take_elsewhere(&q, within));
+        let found = match taken.await {
+            Ok(Some(found)) => found,
             Ok(None) => return drop(tell(poll, Took::Empty)),
             Err(e) => {
                 tracing::warn!("reading the shared work list failed: {e}");
                 return drop(tell(poll, Took::Empty));
             }
         };
+        let (child_id, address) = (found.child_id.clone(), found.address.clone());
         let body = serde_json::to_vec(&TakeBody {
             child_id: child_id.clone(),
             worker: self.worker.clone(),
             lease_ms: self.hold.as_millis() as u64,
             take_id: Some(self.take_id.clone()),
             // The holder refuses the take past the time this process waits for its answer.
-            answer_by_ms: Some(taken_at_ms.saturating_add(self.within.as_millis() as u64)),
+            answer_by_ms: Some(found.taken_at_ms.saturating_add(self.within.as_millis() as u64)),
         })
         .unwrap_or_default();
         let url = format!("{address}/v1/workers/take");
@@ -320,15 +323,20 @@ impl Taking {
                 match asked {
                     Asked::Gone(e) => {
                         tracing::debug!(child = %child_id, %address, "a listed child's process is gone: {e}");
+                        self.directory.unlist(&found);
                         false
                     }
                     Asked::Faulty(e) => {
                         tracing::debug!(child = %child_id, %address, "a listed child's process did not answer in time: {e}");
-                        self.directory.relist(&child_id, &self.queue, &address);
+                        self.directory.relist(&found);
                         true
                     }
                     // Handed out or ended meanwhile: the next one.
-                    Asked::NotThere | Asked::Handed(_) => false,
+                    Asked::NotThere => {
+                        self.directory.unlist(&found);
+                        false
+                    }
+                    Asked::Handed(_) => false,
                 }
             }
         };

@@ -47,6 +47,7 @@ mod sled_ledger;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::codec::CodecError;
 use crate::model::*;
@@ -388,23 +389,36 @@ pub enum TenureHolder {
 /// session): a worker polling any process can be handed any of them. The list is advisory: the
 /// holder's own queues decide; an entry whose child was handed out meanwhile, or whose process
 /// died, is simply taken off.
+///
+/// Only a session's holder lists its children: a process that lost the session (its runners
+/// not dropped yet) cannot list a child at its own address over its new holder's listing. A
+/// child taken off the list to be asked for is hidden, not removed, until its process answers:
+/// a taker that dies before it asks or answers hides it only for a while.
 pub trait WorkDirectory: Send + Sync + fmt::Debug {
-    /// Lists `child_id` as waiting on `queue` in this process. Done in the background, in the
-    /// order asked, with [`WorkDirectory::withdraw`].
-    fn post(&self, child_id: &str, queue: &str);
+    /// Lists `child_id` of session `session_id` as waiting on `queue` in this process, if this
+    /// process holds the session's tenure when the listing lands (nothing otherwise). Done in
+    /// the background, in the order asked, with [`WorkDirectory::withdraw`].
+    fn post(&self, session_id: &str, child_id: &str, queue: &str);
     /// Takes `child_id` off the list (handed out here, or its runner ended). In the background.
     fn withdraw(&self, child_id: &str);
-    /// Takes the child waiting longest on `queue` in another process off the list, if any
-    /// (`FOR UPDATE SKIP LOCKED`: pollers never take the same one): its id, where its process
-    /// takes requests, and when it was taken on the list's clock.
-    fn take_elsewhere(&self, queue: &str) -> Result<Option<Listed>, LedgerError>;
+    /// Takes the child waiting longest on `queue` in another process, if any (`FOR UPDATE SKIP
+    /// LOCKED`: pollers never take the same one): its id, where its process takes requests, and
+    /// when it was taken on the list's clock. It is hidden from the other pollers for `answer`
+    /// (how long its process is waited for) and a little more, then listed again unless its
+    /// process withdrew or listed it anew meanwhile, or the taker ended the take
+    /// ([`WorkDirectory::relist`], [`WorkDirectory::unlist`]).
+    fn take_elsewhere(&self, queue: &str, answer: Duration) -> Result<Option<Listed>, LedgerError>;
     /// The list's clock now, in ms since the Unix epoch: the database's, the one clock every
     /// process sharing the list reads alike. A take's deadline is set and checked on it.
     fn clock_ms(&self) -> Result<u64, LedgerError>;
-    /// Lists again a child [`WorkDirectory::take_elsewhere`] took whose process at `address`
-    /// could not be asked for it (it was slow, or answered with a fault), unless its process
-    /// listed it anew meanwhile. In the background.
-    fn relist(&self, child_id: &str, queue: &str, address: &str);
+    /// Lists again, after a short while, a child [`WorkDirectory::take_elsewhere`] took whose
+    /// process could not be asked for it (it was slow, or answered with a fault), unless its
+    /// process withdrew it or listed it anew meanwhile. In the background.
+    fn relist(&self, taken: &Listed);
+    /// Takes off the list a child [`WorkDirectory::take_elsewhere`] took whose process does not
+    /// hold it waiting, or is gone, unless its process listed it anew meanwhile. In the
+    /// background.
+    fn unlist(&self, taken: &Listed);
     /// A count that moves whenever another process may have listed a child (and when this
     /// process may have missed hearing of one): a poller that found nothing to take waits for it
     /// to move instead of asking again. Marked seen before the look, a move after it is never
@@ -412,7 +426,7 @@ pub trait WorkDirectory: Send + Sync + fmt::Debug {
     fn listed(&self) -> tokio::sync::watch::Receiver<u64>;
 }
 
-/// A child [`WorkDirectory::take_elsewhere`] took off the shared work list.
+/// A child [`WorkDirectory::take_elsewhere`] took from the shared work list, hidden from the other pollers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
     /// The child.
@@ -421,6 +435,9 @@ pub struct Listed {
     pub address: String,
     /// When it was taken off the list, on the list's clock ([`WorkDirectory::clock_ms`]).
     pub taken_at_ms: u64,
+    /// Until when it is hidden from the other pollers: names this take of it, so that what the
+    /// taker does with it later changes nothing if its process listed it anew meanwhile.
+    pub hidden_until: std::time::SystemTime,
 }
 
 /// What the processes sharing a ledger hold, as one statement read it (see [`Tenures::spread`]):

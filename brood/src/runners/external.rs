@@ -266,6 +266,13 @@ struct Entry<P> {
     cancelled: bool,
 }
 
+impl<P> Entry<P> {
+    /// What listing the child needs: its session and its queue.
+    fn listing(&self) -> (String, String) {
+        (self.work.session_id.clone(), self.queue.clone())
+    }
+}
+
 /// Where a child stands, as its runner sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Standing {
@@ -689,22 +696,22 @@ impl WorkQueues {
     /// cancelled): a take of it from another process was refused, after that process had taken
     /// it off the list.
     pub fn list_again(&self, child_id: &str) {
-        let queue = {
+        let listing = {
             let roster = self.roster();
             roster
                 .entries
                 .get(child_id)
                 .filter(|e| e.hold.is_none() && !e.cancelled)
-                .map(|e| e.queue.clone())
+                .map(Entry::listing)
         };
-        if let Some(queue) = queue {
-            self.post(child_id, &queue);
+        if let Some((session_id, queue)) = listing {
+            self.post(&session_id, child_id, &queue);
         }
     }
 
-    fn post(&self, child_id: &str, queue: &str) {
+    fn post(&self, session_id: &str, child_id: &str, queue: &str) {
         if let Some(d) = self.directory() {
-            d.post(child_id, queue);
+            d.post(session_id, child_id, queue);
         }
     }
 
@@ -776,6 +783,8 @@ impl WorkQueues {
         let (h, progress) = self
             .roster()
             .hand_out_child(child_id, worker, hold, token, Instant::now())?;
+        // Hidden from the other pollers by its taker until now: off the list for good.
+        self.withdraw(&h.child_id);
         progress.beat();
         tracing::debug!(child = %h.child_id, worker = %crate::printable(worker), "child handed to a worker polling another process");
         Some(h)
@@ -787,7 +796,7 @@ impl WorkQueues {
         let ticket = self
             .roster()
             .enqueue(&ctx.child_id, queue, Work::of(ctx), ctx.progress.clone(), tx);
-        self.post(&ctx.child_id, queue);
+        self.post(&ctx.parent_session_id, &ctx.child_id, queue);
         self.queued.notify_waiters();
         let ticket = Ticket {
             queues: self.clone(),
@@ -804,13 +813,13 @@ impl WorkQueues {
         let (standing, requeued_to) = {
             let mut roster = self.roster();
             let (standing, requeued) = roster.expire(child_id, Instant::now());
-            let queue = requeued
-                .then(|| roster.entries.get(child_id).map(|e| e.queue.clone()))
+            let listing = requeued
+                .then(|| roster.entries.get(child_id).map(Entry::listing))
                 .flatten();
-            (standing, queue)
+            (standing, listing)
         };
-        if let Some(queue) = requeued_to {
-            self.post(child_id, &queue);
+        if let Some((session_id, queue)) = requeued_to {
+            self.post(&session_id, child_id, &queue);
             self.queued.notify_waiters();
         }
         standing

@@ -1,8 +1,20 @@
 //! The shared list of children waiting for outside workers (see
 //! [`crate::ledger::WorkDirectory`]): a table `work_directory(child_id, queue, address,
-//! posted_at)`. Posts and withdrawals of one process are applied in the order they were made,
-//! by one task on the ledger's runtime (a withdrawal overtaking the post after it would hide a
-//! waiting child); a taker deletes the row it takes, `FOR UPDATE SKIP LOCKED`.
+//! posted_at)`, a child takeable once `posted_at` has passed. Posts and withdrawals of one
+//! process are applied in the order they were made, by one task on the ledger's runtime (a
+//! withdrawal overtaking the post after it would hide a waiting child).
+//!
+//! - A post lands only while its process holds the tenure of the child's session (its row of
+//!   `session_leases` names this process instance and was not given back): a process that lost
+//!   the session, its runners not dropped yet, lists nothing over the new holder's listing (an
+//!   upsert), and so never withdraws a listing that is not its own (a withdrawal deletes only a
+//!   row naming this process's address).
+//! - A taker hides the row it takes (`FOR UPDATE SKIP LOCKED`) by setting its `posted_at` past
+//!   the time it waits for the child's process, and a little more: it comes back by itself if
+//!   the taker dies before it asks. Its process withdraws it when it hands the child out; the
+//!   taker shortens the wait when its process did not answer, and deletes the row when its
+//!   process no longer holds the child or is gone — each only on the row as it took it (its
+//!   `posted_at`), never on a listing made anew meanwhile.
 //!
 //! A change that fails to land is tried again (with those made meanwhile, the last of each
 //! child's) until it does: the list never loses a waiting child to one failed update.
@@ -21,52 +33,60 @@ use tokio::sync::{mpsc, watch};
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::{pg_error, pool_error, LedgerError};
+use crate::ledger::Listed;
 
 /// One change of the list.
 #[derive(Debug)]
 enum Change {
     Post {
+        session_id: String,
         child_id: String,
         queue: String,
     },
     Withdraw {
         child_id: String,
     },
-    /// Lists again a child of another process that a poller took off the list but could not
-    /// be handed (its process was slow to answer), unless its process listed it anew meanwhile.
-    Relist {
-        child_id: String,
-        queue: String,
-        address: String,
-    },
+    /// Lists again, after [`RELIST_AFTER_MS`], a child of another process that a poller took
+    /// but could not be handed (its process was slow to answer).
+    Relist(Listed),
+    /// Takes off the list a child of another process that a poller took and its process does
+    /// not hold waiting (or is gone).
+    Unlist(Listed),
 }
 
 impl Change {
-    fn child_id(&self) -> &str {
+    /// The child whose listing by this process the change sets or clears; none for a change of
+    /// a row another process listed (made only on the row as it was taken: it is never
+    /// overtaken).
+    fn own_child(&self) -> Option<&str> {
         match self {
-            Change::Post { child_id, .. } | Change::Withdraw { child_id } | Change::Relist { child_id, .. } => child_id,
+            Change::Post { child_id, .. } | Change::Withdraw { child_id } => Some(child_id),
+            Change::Relist(_) | Change::Unlist(_) => None,
         }
     }
 }
 
-/// The changes of `batch` that still matter, in order: each change sets or clears a child's
-/// listing whatever was before it, so only the last change of each child is kept.
+/// The changes of `batch` that still matter, in order: each post or withdrawal sets or clears
+/// a child's listing whatever was before it, so only the last of each child is kept.
 fn coalesce(batch: Vec<Change>) -> Vec<Change> {
     let mut last: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (i, c) in batch.iter().enumerate() {
-        last.insert(c.child_id().to_string(), i);
+        if let Some(child_id) = c.own_child() {
+            last.insert(child_id.to_string(), i);
+        }
     }
     batch
         .into_iter()
         .enumerate()
-        .filter(|(i, c)| last.get(c.child_id()) == Some(i))
+        .filter(|(i, c)| c.own_child().is_none_or(|child_id| last.get(child_id) == Some(i)))
         .map(|(_, c)| c)
         .collect()
 }
 
 /// How long a child listed again after its process did not answer is left before pollers
 /// elsewhere take it again (its own process's polls hand it out meanwhile); no one is told of
-/// it, so a process that keeps failing is not asked in a loop.
+/// it, so a process that keeps failing is not asked in a loop. A take hides its child this
+/// much longer than its taker waits for the child's process.
 const RELIST_AFTER_MS: u64 = 2_000;
 
 /// How long a failed update of the list waits before it is tried again, at first and at most.
@@ -77,7 +97,8 @@ const RETRY_MOST: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub(super) struct PgDirectory {
     table: String,
-    address: String,
+    /// This process.
+    me: Me,
     pool: Pool,
     changes: mpsc::UnboundedSender<Change>,
     runtime: tokio::runtime::Handle,
@@ -96,16 +117,22 @@ impl PgDirectory {
     pub(super) fn start(
         schema: &str,
         address: String,
+        instance: String,
         pool: Pool,
         config: tokio_postgres::Config,
         runtime: tokio::runtime::Handle,
     ) -> Arc<Self> {
         let table = format!("\"{schema}\".work_directory");
+        let me = Me {
+            address,
+            instance,
+            tenures: super::tenures::tenure_table(schema),
+        };
         let channel = channel(schema);
         let (changes, mut rx) = mpsc::unbounded_channel::<Change>();
         let (heard, listed) = watch::channel(0u64);
-        runtime.spawn(listen(config, channel.clone(), address.clone(), heard));
-        let (apply_table, apply_pool, apply_address) = (table.clone(), pool.clone(), address.clone());
+        runtime.spawn(listen(config, channel.clone(), me.address.clone(), heard));
+        let (apply_table, apply_pool, apply_me) = (table.clone(), pool.clone(), me.clone());
         runtime.spawn(async move {
             while let Some(first) = rx.recv().await {
                 let mut batch = vec![first];
@@ -117,7 +144,7 @@ impl PgDirectory {
                             Err(_) => break,
                         }
                     }
-                    match apply(&apply_pool, &apply_table, &channel, &apply_address, &batch).await {
+                    match apply(&apply_pool, &apply_table, &channel, &apply_me, &batch).await {
                         Ok(()) => break,
                         Err(e) => {
                             // Tried again, with what came meanwhile, until it lands: a waiting
@@ -136,13 +163,24 @@ impl PgDirectory {
         });
         Arc::new(PgDirectory {
             table,
-            address,
+            me,
             pool,
             changes,
             runtime,
             listed,
         })
     }
+}
+
+/// The process a directory lists children for.
+#[derive(Debug, Clone)]
+struct Me {
+    /// Where it takes requests.
+    address: String,
+    /// Its instance, as its tenures name it.
+    instance: String,
+    /// The tenure table, schema-qualified.
+    tenures: String,
 }
 
 /// The notification channel of a schema's work list.
@@ -225,51 +263,66 @@ async fn listen_once(
 
 /// Applies changes in order, in one transaction; the other processes are notified of posts when
 /// it commits.
-async fn apply(pool: &Pool, table: &str, channel: &str, address: &str, batch: &[Change]) -> Result<(), LedgerError> {
+async fn apply(pool: &Pool, table: &str, channel: &str, me: &Me, batch: &[Change]) -> Result<(), LedgerError> {
     let mut client = pool.get().await.map_err(pool_error)?;
     let tx = client
         .transaction()
         .await
         .map_err(pg_error("updating the shared work list"))?;
+    let mut posted = 0;
     for change in batch {
         match change {
-            Change::Post { child_id, queue } => tx
-                .execute(
-                    &format!(
-                        "INSERT INTO {table} (child_id, queue, address, posted_at) VALUES ($1, $2, $3, now())
-                         ON CONFLICT (child_id) DO UPDATE SET queue = EXCLUDED.queue, address = EXCLUDED.address,
-                             posted_at = EXCLUDED.posted_at"
-                    ),
-                    &[child_id, queue, &address],
-                )
-                .await
-                .map_err(pg_error("listing a waiting child"))?,
-            Change::Relist {
+            Change::Post {
+                session_id,
                 child_id,
                 queue,
-                address,
-            } => tx
+            } => {
+                posted += tx
+                    .execute(
+                        &format!(
+                            "INSERT INTO {table} (child_id, queue, address, posted_at)
+                             SELECT $1, $2, $3, now() WHERE EXISTS (
+                                 SELECT 1 FROM {tenures} WHERE session = $4 AND instance = $5 AND expires_at > now())
+                             ON CONFLICT (child_id) DO UPDATE SET queue = EXCLUDED.queue, address = EXCLUDED.address,
+                                 posted_at = EXCLUDED.posted_at",
+                            tenures = me.tenures
+                        ),
+                        &[child_id, queue, &me.address, &session_id.as_bytes(), &me.instance],
+                    )
+                    .await
+                    .map_err(pg_error("listing a waiting child"))?;
+            }
+            Change::Relist(taken) => tx
                 .execute(
                     &format!(
-                        "INSERT INTO {table} (child_id, queue, address, posted_at)
-                         VALUES ($1, $2, $3, now() + interval '{RELIST_AFTER_MS} milliseconds')
-                         ON CONFLICT (child_id) DO NOTHING"
+                        "UPDATE {table} SET posted_at = now() + interval '{RELIST_AFTER_MS} milliseconds'
+                         WHERE child_id = $1 AND address = $2 AND posted_at = $3"
                     ),
-                    &[child_id, queue, address],
+                    &[&taken.child_id, &taken.address, &taken.hidden_until],
                 )
                 .await
+                .map(drop)
                 .map_err(pg_error("listing a waiting child again"))?,
+            Change::Unlist(taken) => tx
+                .execute(
+                    &format!("DELETE FROM {table} WHERE child_id = $1 AND address = $2 AND posted_at = $3"),
+                    &[&taken.child_id, &taken.address, &taken.hidden_until],
+                )
+                .await
+                .map(drop)
+                .map_err(pg_error("taking a child of another process off the shared work list"))?,
             Change::Withdraw { child_id } => tx
                 .execute(
                     &format!("DELETE FROM {table} WHERE child_id = $1 AND address = $2"),
-                    &[child_id, &address],
+                    &[child_id, &me.address],
                 )
                 .await
+                .map(drop)
                 .map_err(pg_error("taking a child off the shared work list"))?,
-        };
+        }
     }
-    if batch.iter().any(|c| matches!(c, Change::Post { .. })) {
-        tx.execute("SELECT pg_notify($1, $2)", &[&channel, &address])
+    if posted > 0 {
+        tx.execute("SELECT pg_notify($1, $2)", &[&channel, &me.address])
             .await
             .map_err(pg_error("notifying the other processes of a listed child"))?;
     }
@@ -277,8 +330,9 @@ async fn apply(pool: &Pool, table: &str, channel: &str, address: &str, batch: &[
 }
 
 impl crate::ledger::WorkDirectory for PgDirectory {
-    fn post(&self, child_id: &str, queue: &str) {
+    fn post(&self, session_id: &str, child_id: &str, queue: &str) {
         let _ = self.changes.send(Change::Post {
+            session_id: session_id.to_string(),
             child_id: child_id.to_string(),
             queue: queue.to_string(),
         });
@@ -290,43 +344,46 @@ impl crate::ledger::WorkDirectory for PgDirectory {
         });
     }
 
-    fn relist(&self, child_id: &str, queue: &str, address: &str) {
-        let _ = self.changes.send(Change::Relist {
-            child_id: child_id.to_string(),
-            queue: queue.to_string(),
-            address: address.to_string(),
-        });
+    fn relist(&self, taken: &Listed) {
+        let _ = self.changes.send(Change::Relist(taken.clone()));
+    }
+
+    fn unlist(&self, taken: &Listed) {
+        let _ = self.changes.send(Change::Unlist(taken.clone()));
     }
 
     fn listed(&self) -> watch::Receiver<u64> {
         self.listed.clone()
     }
 
-    fn take_elsewhere(&self, queue: &str) -> Result<Option<crate::ledger::Listed>, LedgerError> {
+    fn take_elsewhere(&self, queue: &str, answer: Duration) -> Result<Option<Listed>, LedgerError> {
         let (pool, table, address, queue) = (
             self.pool.clone(),
             self.table.clone(),
-            self.address.clone(),
+            self.me.address.clone(),
             queue.to_string(),
         );
+        let hidden_ms = answer.as_millis() as f64 + RELIST_AFTER_MS as f64;
         super::runtime::run_on(&self.runtime, async move {
             let client = pool.get().await.map_err(pool_error)?;
             let row = client
                 .query_opt(
                     &format!(
-                        "DELETE FROM {table} WHERE child_id = (
-                                 SELECT child_id FROM {table} WHERE queue = $1 AND address <> $2 AND posted_at <= now()
-                                 ORDER BY posted_at LIMIT 1 FOR UPDATE SKIP LOCKED)
-                             RETURNING child_id, address, {CLOCK_MS}"
+                        "UPDATE {table} SET posted_at = clock_timestamp() + $3::float8 * interval '1 millisecond'
+                         WHERE child_id = (
+                             SELECT child_id FROM {table} WHERE queue = $1 AND address <> $2 AND posted_at <= now()
+                             ORDER BY posted_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+                         RETURNING child_id, address, {CLOCK_MS}, posted_at"
                     ),
-                    &[&queue, &address],
+                    &[&queue, &address, &hidden_ms],
                 )
                 .await
                 .map_err(pg_error("taking a child from the shared work list"))?;
-            Ok(row.map(|r| crate::ledger::Listed {
+            Ok(row.map(|r| Listed {
                 child_id: r.get(0),
                 address: r.get(1),
                 taken_at_ms: r.get::<_, i64>(2).max(0) as u64,
+                hidden_until: r.get(3),
             }))
         })
     }

@@ -381,6 +381,7 @@ impl PgLedger {
         inner.directory = Some(directory::PgDirectory::start(
             &inner.schema,
             config.address.clone(),
+            book.instance().to_string(),
             inner.pool.clone(),
             inner.config.clone(),
             self.runtime.handle.clone(),

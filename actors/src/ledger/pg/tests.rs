@@ -603,3 +603,4 @@ fn held_open(
 mod failover;
 mod reads;
 mod tenures;
+mod work_list;

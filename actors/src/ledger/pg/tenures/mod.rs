@@ -90,7 +90,7 @@ use locks::lock_key;
 use locks::{commit_keys, take_keys, TAKE_BATCH};
 
 /// The tenure table of the ledger in `schema`, schema-qualified.
-fn tenure_table(schema: &str) -> String {
+pub(super) fn tenure_table(schema: &str) -> String {
     format!("\"{schema}\".session_leases")
 }
 
@@ -334,6 +334,11 @@ impl HeldTenures {
 
     pub(super) fn holds(&self, session: &str) -> bool {
         self.held().contains_key(session)
+    }
+
+    /// This process instance, as the tenures it takes name it.
+    pub(super) fn instance(&self) -> &str {
+        &self.instance
     }
 
     /// How many times `session`'s tenure was lost so far.

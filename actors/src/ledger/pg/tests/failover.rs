@@ -96,6 +96,8 @@ fn the_listening_connection_follows_the_failover_to_the_promoted_standby() {
         node(&url, DEFAULT_SCHEMA, "b", ttl),
     );
     let (here, there) = (a.work_directory().unwrap(), b.work_directory().unwrap());
+    // Only a session's holder lists its children.
+    assert_eq!(b.tenures().unwrap().acquire("s1").unwrap(), TenureHolder::Here(1));
     let listed = here.listed();
     // Listening (the count moves once the LISTEN took effect).
     until("a never listened", || *listed.borrow() >= 1);
@@ -105,10 +107,12 @@ fn the_listening_connection_follows_the_failover_to_the_promoted_standby() {
     // Listening again, on the new primary.
     until("a never listened again", || *listed.borrow() > before);
     let again = *listed.borrow();
-    there.post("c1", "q");
+    there.post("s1", "c1", "q");
     until("a never heard of b's post", || *listed.borrow() > again);
     assert_eq!(
-        here.take_elsewhere("q").unwrap().map(|l| (l.child_id, l.address)),
+        here.take_elsewhere("q", Duration::ZERO)
+            .unwrap()
+            .map(|l| (l.child_id, l.address)),
         Some(("c1".to_string(), "http://b".to_string()))
     );
 }

@@ -9,9 +9,9 @@ use super::own::{second_view, session};
 use super::sql;
 use crate::ledger::{TenureHolder, Tenures};
 
-const TTL: Duration = Duration::from_secs(30);
+pub(super) const TTL: Duration = Duration::from_secs(30);
 
-fn node(schema: &str, name: &str, ttl: Duration) -> PgLedger {
+pub(super) fn node(schema: &str, name: &str, ttl: Duration) -> PgLedger {
     PgLedger::open_shared(
         &pg_testkit::url(),
         schema,
@@ -311,7 +311,7 @@ fn text(ledger: &PgLedger, query: &str) -> String {
 }
 
 /// Waits until `f` holds, for up to 20 s.
-fn until(what: &str, mut f: impl FnMut() -> bool) {
+pub(super) fn until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !f() {
         assert!(std::time::Instant::now() < deadline, "waited 20 s for {what}");

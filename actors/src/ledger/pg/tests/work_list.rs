@@ -1,0 +1,157 @@
+//! The shared list of children waiting for outside workers: who may list a child, and what a
+//! take of it leaves behind when its taker dies or its process lists it anew.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::super::super::pg_testkit;
+use super::super::*;
+use super::tenures::{node, until, TTL};
+use crate::ledger::{Listed, TenureHolder, WorkDirectory};
+
+fn list(l: &PgLedger) -> Arc<dyn WorkDirectory> {
+    l.work_directory().expect("a shared ledger has a work list")
+}
+
+fn holds(l: &PgLedger, session: &str) {
+    assert!(matches!(
+        l.tenures().unwrap().acquire(session).unwrap(),
+        TenureHolder::Here(_)
+    ));
+}
+
+/// The address `child` is listed at, and whether a poller may take it now; none when it is not
+/// listed.
+fn listing(l: &PgLedger, child: &str) -> Option<(String, bool)> {
+    let (pool, table, child) = (
+        l.inner.pool.clone(),
+        format!("\"{}\".work_directory", l.inner.schema),
+        child.to_string(),
+    );
+    l.runtime
+        .run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let row = client
+                .query_opt(
+                    &format!("SELECT address, posted_at <= now() FROM {table} WHERE child_id = $1"),
+                    &[&child],
+                )
+                .await
+                .map_err(pg_error("test query"))?;
+            Ok(row.map(|r| (r.get(0), r.get(1))))
+        })
+        .unwrap()
+}
+
+/// Waits until every change `l` made to the list so far has landed: a listing of a marker
+/// child of its own session `own`, made after them, is there (the changes of one process land
+/// in order).
+fn settled(l: &PgLedger, own: &str) {
+    let marker = format!("marker-{}", crate::model::random_hex());
+    list(l).post(own, &marker, "markers");
+    until("the marker was listed", || listing(l, &marker).is_some());
+}
+
+fn is_listed_at(l: &PgLedger, child: &str, address: &str) -> bool {
+    listing(l, child).is_some_and(|(at, takeable)| at == address && takeable)
+}
+
+/// A process lists a child only while it holds the child's session: one that never held it, or
+/// lost it to another process (its runners not dropped yet), lists nothing over the holder's
+/// listing, and its withdrawal leaves the holder's listing alone.
+#[test]
+fn only_the_holder_of_a_childs_session_lists_it() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    holds(&a, "s1");
+    holds(&a, "own-a");
+    holds(&b, "own-b");
+    list(&a).post("s1", "c1", "gpu");
+    until("a listed its child", || is_listed_at(&a, "c1", "http://a"));
+    // b does not hold s1: its listing does not land.
+    list(&b).post("s1", "c1", "gpu");
+    list(&b).post("s1", "c2", "gpu");
+    settled(&b, "own-b");
+    assert!(is_listed_at(&a, "c1", "http://a"));
+    assert_eq!(listing(&a, "c2"), None);
+    // s1 moves to b, which lists the child at its own address.
+    a.tenures().unwrap().release("s1");
+    until("b took s1", || {
+        matches!(b.tenures().unwrap().acquire("s1"), Ok(TenureHolder::Here(_)))
+    });
+    list(&b).post("s1", "c1", "gpu");
+    until("b listed the child", || is_listed_at(&b, "c1", "http://b"));
+    // a, which lost s1, lists it again and withdraws it (a lapsed hold, then its runner
+    // dropped): the listing stays b's.
+    list(&a).post("s1", "c1", "gpu");
+    list(&a).withdraw("c1");
+    list(&a).post("s1", "c1", "gpu");
+    settled(&a, "own-a");
+    assert!(is_listed_at(&b, "c1", "http://b"));
+}
+
+/// A child taken off the list by a poller that then dies (before it asks the child's process,
+/// or before it lists the child again) is hidden from the other pollers only for the time the
+/// poller would have waited, and a little more: then it is takeable again.
+#[test]
+fn a_child_taken_by_a_poller_that_died_comes_back_to_the_list() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b, c) = (
+        node(&schema, "a", TTL),
+        node(&schema, "b", TTL),
+        node(&schema, "c", TTL),
+    );
+    holds(&a, "s1");
+    list(&a).post("s1", "c1", "gpu");
+    until("a listed its child", || is_listed_at(&a, "c1", "http://a"));
+    let taken = list(&b).take_elsewhere("gpu", Duration::ZERO).unwrap().unwrap();
+    assert_eq!((taken.child_id.as_str(), taken.address.as_str()), ("c1", "http://a"));
+    // Hidden meanwhile, from b and from everyone else.
+    assert_eq!(list(&c).take_elsewhere("gpu", Duration::ZERO).unwrap(), None);
+    assert_eq!(list(&b).take_elsewhere("gpu", Duration::ZERO).unwrap(), None);
+    // b says nothing more (it died): the child comes back by itself.
+    drop(b);
+    until("the child came back", || is_listed_at(&c, "c1", "http://a"));
+    let again = list(&c).take_elsewhere("gpu", Duration::ZERO).unwrap().unwrap();
+    assert_eq!(again.child_id, "c1");
+    assert_ne!(again.hidden_until, taken.hidden_until);
+}
+
+/// What a taker does with its take (lists it again soon, or takes it off the list) changes the
+/// row as it took it only: a child its process listed anew meanwhile stays listed as it is.
+#[test]
+fn a_takers_later_word_changes_nothing_once_the_holder_listed_the_child_anew() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
+    holds(&a, "s1");
+    holds(&b, "own-b");
+    list(&a).post("s1", "c1", "gpu");
+    until("a listed its child", || is_listed_at(&a, "c1", "http://a"));
+    let first: Listed = list(&b)
+        .take_elsewhere("gpu", Duration::from_secs(60))
+        .unwrap()
+        .unwrap();
+    // a lists it anew (the take was refused as late, or its hold lapsed).
+    list(&a).post("s1", "c1", "gpu");
+    until("a listed its child anew", || is_listed_at(&a, "c1", "http://a"));
+    list(&b).unlist(&first);
+    list(&b).relist(&first);
+    settled(&b, "own-b");
+    assert!(is_listed_at(&a, "c1", "http://a"), "{:?}", listing(&a, "c1"));
+    // On the row as it was taken, each does what it says.
+    let second = list(&b)
+        .take_elsewhere("gpu", Duration::from_secs(60))
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.child_id, "c1");
+    list(&b).relist(&second);
+    // Takeable again within a few seconds, not the minute its taker would have waited.
+    until("the child was listed again", || is_listed_at(&a, "c1", "http://a"));
+    let third = list(&b)
+        .take_elsewhere("gpu", Duration::from_secs(60))
+        .unwrap()
+        .unwrap();
+    list(&b).unlist(&third);
+    settled(&b, "own-b");
+    assert_eq!(listing(&a, "c1"), None);
+}
