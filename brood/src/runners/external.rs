@@ -623,6 +623,20 @@ impl Takes {
         }
     }
 
+    /// Whether the take `id`, read now, may hand its child out: not if its asker gave it up
+    /// first (that record is done with), nor if it was served already (the same take read
+    /// again: the record stays, for the asker's give-up to find).
+    fn may_serve(&mut self, id: &str) -> bool {
+        match self.by_id.get(id) {
+            None => true,
+            Some(Take::Handed { .. }) => false,
+            Some(Take::GivenUp) => {
+                self.forget(id);
+                false
+            }
+        }
+    }
+
     fn forget(&mut self, id: &str) -> Option<Take> {
         let take = self.by_id.remove(id)?;
         self.order.retain(|o| o != id);
@@ -738,7 +752,7 @@ impl WorkQueues {
             return self.hand_out_taken(child_id, worker, hold);
         };
         let mut takes = self.takes();
-        if matches!(takes.forget(id), Some(Take::GivenUp)) {
+        if !takes.may_serve(id) {
             return None;
         }
         let handed = self.hand_out_taken(child_id, worker, hold)?;
@@ -1082,6 +1096,30 @@ mod tests {
         assert!(takes.forget("take0").is_none() && takes.forget("take1").is_none());
         assert!(matches!(takes.forget("take2"), Some(Take::GivenUp)));
         assert!(takes.forget("take2").is_none(), "once");
+    }
+
+    #[test]
+    fn a_take_read_again_after_it_was_served_is_refused_and_its_record_kept_for_the_give_up() {
+        let mut takes = Takes::default();
+        assert!(takes.may_serve("t1"));
+        takes.remember(
+            "t1",
+            Take::Handed {
+                child_id: "c".into(),
+                token: "k".into(),
+            },
+        );
+        assert!(!takes.may_serve("t1"), "the same take read again");
+        assert!(
+            matches!(takes.forget("t1"), Some(Take::Handed { child_id, token }) if child_id == "c" && token == "k"),
+            "the give-up still finds what was handed out"
+        );
+        takes.remember("t2", Take::GivenUp);
+        assert!(!takes.may_serve("t2"));
+        assert!(
+            takes.by_id.is_empty() && takes.order.is_empty(),
+            "a given-up record is done with once refused"
+        );
     }
 
     #[test]
