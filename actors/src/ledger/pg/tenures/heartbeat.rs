@@ -77,6 +77,10 @@ impl HeldTenures {
     /// out (a pause or an outage longer than a tenure), the others may have taken tenures
     /// meanwhile: the held ones are read back by key, and those taken over are lost.
     pub(super) async fn renew(self: &Arc<Self>) -> Result<(), LedgerError> {
+        let left = self.left.read().await;
+        if *left {
+            return Ok(());
+        }
         let (names, epochs): (Vec<Vec<u8>>, Vec<i64>) = self
             .held()
             .iter()
@@ -211,7 +215,8 @@ impl HeldTenures {
         Ok(())
     }
 
-    /// Starts the renewal task on the ledger's runtime; it ends when the held tenures are dropped.
+    /// Starts the renewal task on the ledger's runtime; it ends when the held tenures are dropped,
+    /// or once this process left.
     pub(in crate::ledger::pg) fn start_renewing(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let every = self.config.ttl / 3;
@@ -222,6 +227,10 @@ impl HeldTenures {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(tenures) = weak.upgrade() else { return };
+                if *tenures.left.read().await {
+                    // A clean stop: nothing more to renew or keep up.
+                    return;
+                }
                 if let Err(e) = tenures.renew().await {
                     tracing::warn!("renewing session tenures failed (retried at the next turn): {e}");
                 }

@@ -187,6 +187,10 @@ pub(super) struct HeldTenures {
     /// renewal that wrote it): every tenure lasts as long as that heartbeat, so none taken
     /// since is served past it.
     beat: Mutex<Option<Instant>>,
+    /// Whether this process left (a clean stop gave every tenure back and deleted its
+    /// heartbeat): its renewal ends, and never writes the heartbeat again. A renewal holds it
+    /// shared; the leave, exclusively, so none is under way when it deletes the heartbeat.
+    left: tokio::sync::RwLock<bool>,
 }
 
 impl std::fmt::Debug for HeldTenures {
@@ -237,6 +241,7 @@ impl HeldTenures {
             freed,
             strays: Mutex::new(HashMap::new()),
             beat: Mutex::new(None),
+            left: tokio::sync::RwLock::new(false),
         })
     }
 
@@ -487,6 +492,10 @@ impl HeldTenures {
     /// to give back), and leaves the table of processes: a clean stop. Should it fail, the
     /// heartbeat runs out within a tenure, and the tenures with it.
     async fn leave(&self) -> Result<u64, LedgerError> {
+        // Marked first (once a renewal under way ended): no renewal writes the heartbeat back
+        // after it is deleted, which would have this process look alive, holding nothing, to
+        // the others' balancing for a tenure (and each session handed over to it wait as long).
+        *self.left.write().await = true;
         self.held().clear();
         self.give_back_own(None, true).await
     }

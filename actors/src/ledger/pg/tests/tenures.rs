@@ -959,6 +959,27 @@ fn a_take_under_way_when_the_process_leaves_leaves_no_tenure_held_forever() {
     );
 }
 
+/// A process that stopped cleanly while its handle lives on (an embedder that stops brood and
+/// keeps going) never writes its heartbeat again: it does not look alive, holding nothing, to
+/// the others' balancing, which would hand it sessions it never takes.
+#[test]
+fn a_process_that_left_writes_no_heartbeat_again() {
+    let schema = pg_testkit::fresh_schema();
+    let a = node(&schema, "a", Duration::from_millis(600));
+    assert_eq!(tenures(&a).acquire("s1").unwrap(), TenureHolder::Here(1));
+    tenures(&a).release_all();
+    let gone = "SELECT count(*)::text FROM \"{schema}\".nodes WHERE node = 'a'";
+    assert_eq!(text(&a, gone), "0");
+    // Several renewal periods (a third of the tenure each) later.
+    std::thread::sleep(Duration::from_millis(1_000));
+    assert_eq!(
+        text(&a, gone),
+        "0",
+        "the heartbeat was written again after the process left"
+    );
+    drop(a);
+}
+
 /// A clean stop while a handover is under way (its give-back has locked its tenure row and
 /// waits to write the count of sessions held, whose lock a sweep holds, its own write of the
 /// count waiting a moment): the stop gives back the handover's tenure after it, and every
