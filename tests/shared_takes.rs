@@ -53,18 +53,20 @@ fn until_listed(url: &str, n: usize) {
     }
 }
 
-/// Waits until no child in the shared work list is takeable: a poll took the one listed (and
-/// hides it while it asks its process for it).
-fn until_taken(url: &str) {
+/// Waits until `n` children in the shared work list are takeable (a child a poll took is
+/// hidden while the poll asks its process for it).
+fn until_takeable(url: &str, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while psql(
-        url,
-        "SELECT count(*) FROM brood.work_directory WHERE posted_at <= now()",
-    ) != "0"
-    {
-        assert!(Instant::now() < deadline, "the listed child was never taken");
+    let takeable = "SELECT count(*) FROM brood.work_directory WHERE posted_at <= now()";
+    while psql(url, takeable) != n.to_string() {
+        assert!(Instant::now() < deadline, "the list never held {n} takeable children");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Waits until no child in the shared work list is takeable: a poll took the one listed.
+fn until_taken(url: &str) {
+    until_takeable(url, 0);
 }
 
 /// Delegates `n` external children (queue `gpu`) to session `x`, served by `b`, and waits until
@@ -250,8 +252,8 @@ fn a_take_of_a_paused_holder_is_given_up_and_the_child_waits_once_it_wakes() {
     // hold), gives up, and tells it so, in vain as well.
     let (status, reply) = poll_gpu(&a, 0, 600_000);
     assert_eq!(status, 204, "{reply}");
-    // Listed again, for a later poll.
-    until_listed(&url, 1);
+    // Listed again, takeable by a later poll.
+    until_takeable(&url, 1);
     // Past the wait of the untake too.
     std::thread::sleep(Duration::from_millis(2500));
     b.signal("-CONT");
@@ -396,7 +398,7 @@ fn a_take_whose_deadline_cannot_be_checked_hands_nothing_out_and_lists_the_child
     assert_eq!(status, 503, "{reply}");
     assert_eq!(reply["error"]["code"], "ledger_unavailable", "{reply}");
     // Listed again, and not held: a worker polling gets it.
-    until_listed(&url, 1);
+    until_takeable(&url, 1);
     let (status, work) = poll_gpu(&b, 5_000, 30_000);
     assert_eq!(status, 200, "{work}");
     assert_eq!(work["child_id"], child);
@@ -664,4 +666,49 @@ fn a_give_up_its_holder_hung_up_on_is_told_again_until_it_answers() {
 #[test]
 fn a_give_up_its_holder_refuses_is_told_once() {
     a_faulty_answer_relists_the_child_and_untakes(Answer::Status500, Untakes::Refused);
+}
+
+/// A child hidden by a poll whose process died (it took the child and never asked for it) is
+/// handed to a poll already waiting at another process once it is takeable again: nobody tells
+/// of that, and the waiting poll looks again by itself then.
+#[test]
+fn a_poll_waiting_elsewhere_gets_a_child_a_dead_poller_hid_once_it_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let a = node(dir.path(), &url, "a");
+    let b = node(dir.path(), &url, "b");
+    let child = listed_at(&b, &url, 1).remove(0);
+    // As a poll that took it and died leaves it: hidden for a while.
+    psql(
+        &url,
+        "UPDATE brood.work_directory SET posted_at = now() + interval '2 seconds'",
+    );
+    let (status, work) = poll_gpu(&a, 15_000, 30_000);
+    assert_eq!(status, 200, "the child never came back to the waiting poll: {work}");
+    assert_eq!(work["child_id"], child);
+}
+
+/// The external children of the sessions a process recovers as it starts (queued before its
+/// work list is there) are listed for the other processes' workers too.
+#[test]
+fn children_recovered_as_a_process_starts_are_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = brood_actors::ledger::pg_testkit::fresh_database();
+    let b = node(dir.path(), &url, "b");
+    b.open("x");
+    // Safe to run again: recovered, it is queued anew.
+    let task = json!({"goal": "render", "rerun_on_recovery": true, "runner": {"kind": "external", "queue": "gpu"}});
+    let (status, reply) = b.call("POST", "/v1/sessions/x/delegate", Some(json!({"tasks": [task]})));
+    assert_eq!(status, 202, "{reply}");
+    until_listed(&url, 1);
+    b.kill9();
+    // Once its heartbeat ran out, b started again takes its session back as it starts, on
+    // another port, and runs the child again (queued while b is slow to list its queues).
+    std::thread::sleep(Duration::from_millis(2_500));
+    let b = node_b_failing(dir.path(), &url, "share_stall=1");
+    let a = node(dir.path(), &url, "a");
+    let (status, work) = poll_gpu(&a, 15_000, 30_000);
+    assert_eq!(status, 200, "the recovered child is not listed: {work}");
+    assert_eq!(work["child_id"], format!("{}.0", reply["call_id"].as_str().unwrap()));
+    drop(b);
 }

@@ -49,6 +49,7 @@ const MAX_HOLD: std::time::Duration = std::time::Duration::from_secs(60);
 pub fn known(name: &str) -> Option<&'static str> {
     const KNOWN: &[&str] = &[
         "take_stall",
+        "share_stall",
         "ledger_flush_stall",
         "ledger_flush_slow_fail",
         "work_clock_read",

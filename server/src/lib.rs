@@ -352,7 +352,13 @@ pub async fn serve(config: ServeConfig) -> std::io::Result<()> {
         .on_delivery_timing(metrics.delivery_observer());
     let brood = Arc::new(Brood::open(engine).map_err(std::io::Error::other)?);
     if let Some(directory) = brood.work_directory() {
-        // Sharing the ledger: workers polling any process may be handed this one's children.
+        if brood_actors::failpoints::fires("share_stall") {
+            // A process slow to list its queues: the children of the sessions it recovered
+            // are queued meanwhile.
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+        }
+        // Sharing the ledger: workers polling any process may be handed this one's children
+        // (those queued already too).
         queues.share(directory, config.advertised());
     }
     let (stop_tx, stopping) = tokio::sync::watch::channel(false);

@@ -22,6 +22,7 @@ use actix_web::{web, HttpResponse};
 use brood::runners::external::{check_queue, is_recorded_as, DEFAULT_QUEUE};
 use brood::runners::{WorkError, WorkQueues};
 use brood::{BroodError, RunOutput};
+use brood_actors::ledger::Look;
 
 /// The longest a poll may wait for a child, in ms.
 pub(super) const MAX_WAIT_MS: u64 = 30_000;
@@ -143,7 +144,9 @@ pub(super) async fn poll(
 /// A poll when several processes share the ledger: this process's own queues first, then the
 /// children the shared list says wait elsewhere (each asked of its process, which hands it out
 /// if it still waits there), until `wait` has passed. Between looks it waits, costing no query,
-/// for a child queued here or for the list to say another process listed one.
+/// for a child queued here, for the list to say another process listed one, or for a child
+/// hidden from it (taken by a poller that may have died, or listed again after a while) to be
+/// takeable again: nobody tells of that.
 async fn poll_shared(
     state: &State,
     queues: &WorkQueues,
@@ -162,22 +165,35 @@ async fn poll_shared(
         if let Some(h) = queues.poll(queue, worker, Duration::ZERO, hold).await {
             return Some(h);
         }
-        if let Some(h) = take_elsewhere(state, queues, queue, worker, hold, deadline).await {
-            return Some(h);
-        }
+        let hidden_for = match take_elsewhere(state, queues, queue, worker, hold, deadline).await {
+            Ok(h) => return Some(h),
+            Err(hidden_for) => hidden_for,
+        };
         let now = tokio::time::Instant::now();
         if now >= deadline {
             return None;
         }
         let here = queues.poll(queue, worker, deadline - now, hold);
         let elsewhere = async {
-            let heard = match listed.as_mut() {
-                Some(l) => l.changed().await.is_ok(),
-                None => false,
+            let back = async {
+                match hidden_for {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
             };
-            if !heard {
-                // No list to hear from (or it is gone): only this process's queues.
-                std::future::pending::<()>().await
+            let heard = async {
+                let heard = match listed.as_mut() {
+                    Some(l) => l.changed().await.is_ok(),
+                    None => false,
+                };
+                if !heard {
+                    // No list to hear from (or it is gone): only this process's queues.
+                    std::future::pending::<()>().await
+                }
+            };
+            tokio::select! {
+                () = back => {}
+                () = heard => {}
             }
         };
         tokio::select! {
@@ -213,6 +229,8 @@ const UNTAKE_PAUSE: Duration = Duration::from_millis(250);
 ///
 /// Each take runs as a task of its own ([`Taking::run`]): a poll dropped meanwhile (its worker
 /// hung up) leaves it to finish, and a child handed out for it is given back.
+///
+/// Handed nothing: how soon a child of the queue hidden now is takeable again, if any is.
 async fn take_elsewhere(
     state: &State,
     queues: &WorkQueues,
@@ -220,8 +238,8 @@ async fn take_elsewhere(
     worker: &str,
     hold: Duration,
     deadline: tokio::time::Instant,
-) -> Option<brood::runners::external::Handout> {
-    let directory = queues.directory()?.clone();
+) -> Result<brood::runners::external::Handout, Option<Duration>> {
+    let directory = queues.directory().ok_or(None)?.clone();
     loop {
         let within = deadline.saturating_duration_since(tokio::time::Instant::now()) + ASK_MARGIN;
         let taking = Taking {
@@ -245,21 +263,23 @@ async fn take_elsewhere(
             Ok((Took::Handed(h), got)) => {
                 // Nothing is awaited between this and the answer: the handout is the poll's.
                 let _ = got.send(());
-                return Some(h);
+                return Ok(h);
             }
             Ok((Took::Nothing, _)) => {}
-            Ok((Took::Empty, _)) | Err(_) => return None,
+            Ok((Took::Empty(hidden_for), _)) => return Err(hidden_for),
+            Err(_) => return Err(None),
         }
         if tokio::time::Instant::now() >= deadline {
-            return None;
+            return Err(None);
         }
     }
 }
 
 /// What one take of a child listed elsewhere came to.
 enum Took {
-    /// The list has no child of the queue waiting elsewhere (or could not be read).
-    Empty,
+    /// The list has no child of the queue waiting elsewhere (or could not be read); how soon
+    /// one hidden now is takeable again, if any is.
+    Empty(Option<Duration>),
     /// A child was asked for and not handed out: the next one may be.
     Nothing,
     /// Handed out, to the poll that acknowledges it.
@@ -289,11 +309,14 @@ impl Taking {
         let taken =
             brood_actors::ledger::off_thread("reading the shared work list", move || list.take_elsewhere(&q, within));
         let found = match taken.await {
-            Ok(Some(found)) => found,
-            Ok(None) => return drop(tell(poll, Took::Empty)),
+            Ok(Look { taken: Some(found), .. }) => found,
+            Ok(Look {
+                taken: None,
+                hidden_for,
+            }) => return drop(tell(poll, Took::Empty(hidden_for))),
             Err(e) => {
                 tracing::warn!("reading the shared work list failed: {e}");
-                return drop(tell(poll, Took::Empty));
+                return drop(tell(poll, Took::Empty(None)));
             }
         };
         let (child_id, address) = (found.child_id.clone(), found.address.clone());
@@ -323,7 +346,7 @@ impl Taking {
                 match asked {
                     Asked::Gone(e) => {
                         tracing::debug!(child = %child_id, %address, "a listed child's process is gone: {e}");
-                        self.directory.unlist(&found);
+                        self.directory.unreached(&found);
                         false
                     }
                     Asked::Faulty(e) => {

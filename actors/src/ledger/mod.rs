@@ -391,9 +391,9 @@ pub enum TenureHolder {
 /// died, is simply taken off.
 ///
 /// Only a session's holder lists its children: a process that lost the session (its runners
-/// not dropped yet) cannot list a child at its own address over its new holder's listing. A
-/// child taken off the list to be asked for is hidden, not removed, until its process answers:
-/// a taker that dies before it asks or answers hides it only for a while.
+/// not dropped yet) cannot list a child over its new holder's listing, and withdraws only its
+/// own listings. A child taken off the list to be asked for is hidden, not removed, until its
+/// process answers: a taker that dies before it asks or answers hides it only for a while.
 pub trait WorkDirectory: Send + Sync + fmt::Debug {
     /// Lists `child_id` of session `session_id` as waiting on `queue` in this process, if this
     /// process holds the session's tenure when the listing lands (nothing otherwise). Done in
@@ -407,7 +407,7 @@ pub trait WorkDirectory: Send + Sync + fmt::Debug {
     /// (how long its process is waited for) and a little more, then listed again unless its
     /// process withdrew or listed it anew meanwhile, or the taker ended the take
     /// ([`WorkDirectory::relist`], [`WorkDirectory::unlist`]).
-    fn take_elsewhere(&self, queue: &str, answer: Duration) -> Result<Option<Listed>, LedgerError>;
+    fn take_elsewhere(&self, queue: &str, answer: Duration) -> Result<Look, LedgerError>;
     /// The list's clock now, in ms since the Unix epoch: the database's, the one clock every
     /// process sharing the list reads alike. A take's deadline is set and checked on it.
     fn clock_ms(&self) -> Result<u64, LedgerError>;
@@ -416,14 +416,30 @@ pub trait WorkDirectory: Send + Sync + fmt::Debug {
     /// process withdrew it or listed it anew meanwhile. In the background.
     fn relist(&self, taken: &Listed);
     /// Takes off the list a child [`WorkDirectory::take_elsewhere`] took whose process does not
-    /// hold it waiting, or is gone, unless its process listed it anew meanwhile. In the
-    /// background.
+    /// hold it waiting, unless its process listed it anew meanwhile. In the background.
     fn unlist(&self, taken: &Listed);
+    /// Takes off the list a child [`WorkDirectory::take_elsewhere`] took whose process could
+    /// not be reached (nothing listens at its address, or the address leads nowhere), unless a
+    /// live process has that address — a restart, a brief failure: then it is listed again as
+    /// by [`WorkDirectory::relist`] — or its process listed it anew meanwhile. In the background.
+    fn unreached(&self, taken: &Listed);
     /// A count that moves whenever another process may have listed a child (and when this
     /// process may have missed hearing of one): a poller that found nothing to take waits for it
-    /// to move instead of asking again. Marked seen before the look, a move after it is never
-    /// missed.
+    /// to move instead of asking again (and, when a child was hidden, for
+    /// [`Look::hidden_for`]: a hidden child coming back is not told). Marked seen before the
+    /// look, a move after it is never missed.
     fn listed(&self) -> tokio::sync::watch::Receiver<u64>;
+}
+
+/// What a look at the shared work list ([`WorkDirectory::take_elsewhere`]) came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Look {
+    /// The child taken, if one was takeable.
+    pub taken: Option<Listed>,
+    /// When none was: how soon a child of the queue hidden now (taken by another poller, or
+    /// listed again after a while) is takeable again, if any is hidden. Nobody is told when
+    /// that happens: a poller waiting for the list to move looks again then.
+    pub hidden_for: Option<Duration>,
 }
 
 /// A child [`WorkDirectory::take_elsewhere`] took from the shared work list, hidden from the other pollers.

@@ -658,9 +658,21 @@ impl WorkQueues {
     /// Lists this process's waiting children in `directory` from now on, for workers polling
     /// the other processes sharing the ledger; its tokens name `address`, so a heartbeat or
     /// completion that reaches another process is sent on here.
+    ///
+    /// The children waiting already (those of the sessions recovered as the engine opened,
+    /// queued before the list was there) are listed now.
     pub fn share(&self, directory: Arc<dyn WorkDirectory>, address: String) {
         if self.shared.set((directory, address)).is_err() {
             tracing::warn!("the work queues were shared already");
+            return;
+        }
+        // Under the roster's lock: a handout after this look withdraws after these posts.
+        let roster = self.roster();
+        for (child_id, entry) in &roster.entries {
+            if entry.hold.is_none() && !entry.cancelled {
+                let (session_id, queue) = entry.listing();
+                self.post(&session_id, child_id, &queue);
+            }
         }
     }
 

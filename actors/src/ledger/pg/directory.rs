@@ -7,14 +7,15 @@
 //! - A post lands only while its process holds the tenure of the child's session (its row of
 //!   `session_leases` names this process instance and was not given back): a process that lost
 //!   the session, its runners not dropped yet, lists nothing over the new holder's listing (an
-//!   upsert), and so never withdraws a listing that is not its own (a withdrawal deletes only a
-//!   row naming this process's address).
+//!   upsert), and a withdrawal deletes only a row this process instance listed (`instance`),
+//!   never one of a process started since at the same address.
 //! - A taker hides the row it takes (`FOR UPDATE SKIP LOCKED`) by setting its `posted_at` past
 //!   the time it waits for the child's process, and a little more: it comes back by itself if
 //!   the taker dies before it asks. Its process withdraws it when it hands the child out; the
 //!   taker shortens the wait when its process did not answer, and deletes the row when its
-//!   process no longer holds the child or is gone — each only on the row as it took it (its
-//!   `posted_at`), never on a listing made anew meanwhile.
+//!   process no longer holds the child, or could not be reached and has no live heartbeat at
+//!   that address (reached by nobody but alive, it is asked again a little later) — each only
+//!   on the row as it took it (its `posted_at`), never on a listing made anew meanwhile.
 //!
 //! A change that fails to land is tried again (with those made meanwhile, the last of each
 //! child's) until it does: the list never loses a waiting child to one failed update.
@@ -33,7 +34,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::{pg_error, pool_error, LedgerError};
-use crate::ledger::Listed;
+use crate::ledger::{Listed, Look};
 
 /// One change of the list.
 #[derive(Debug)]
@@ -50,8 +51,11 @@ enum Change {
     /// but could not be handed (its process was slow to answer).
     Relist(Listed),
     /// Takes off the list a child of another process that a poller took and its process does
-    /// not hold waiting (or is gone).
+    /// not hold waiting.
     Unlist(Listed),
+    /// Takes off the list a child of another process that a poller took and could not reach
+    /// its process for, unless a live process has that address (then as [`Change::Relist`]).
+    Unreached(Listed),
 }
 
 impl Change {
@@ -61,7 +65,7 @@ impl Change {
     fn own_child(&self) -> Option<&str> {
         match self {
             Change::Post { child_id, .. } | Change::Withdraw { child_id } => Some(child_id),
-            Change::Relist(_) | Change::Unlist(_) => None,
+            Change::Relist(_) | Change::Unlist(_) | Change::Unreached(_) => None,
         }
     }
 }
@@ -127,6 +131,7 @@ impl PgDirectory {
             address,
             instance,
             tenures: super::tenures::tenure_table(schema),
+            nodes: format!("\"{schema}\".nodes"),
         };
         let channel = channel(schema);
         let (changes, mut rx) = mpsc::unbounded_channel::<Change>();
@@ -181,6 +186,8 @@ struct Me {
     instance: String,
     /// The tenure table, schema-qualified.
     tenures: String,
+    /// The table of live processes (their heartbeats), schema-qualified.
+    nodes: String,
 }
 
 /// The notification channel of a schema's work list.
@@ -280,11 +287,11 @@ async fn apply(pool: &Pool, table: &str, channel: &str, me: &Me, batch: &[Change
                 posted += tx
                     .execute(
                         &format!(
-                            "INSERT INTO {table} (child_id, queue, address, posted_at)
-                             SELECT $1, $2, $3, now() WHERE EXISTS (
+                            "INSERT INTO {table} (child_id, queue, address, posted_at, instance)
+                             SELECT $1, $2, $3, now(), $5 WHERE EXISTS (
                                  SELECT 1 FROM {tenures} WHERE session = $4 AND instance = $5 AND expires_at > now())
                              ON CONFLICT (child_id) DO UPDATE SET queue = EXCLUDED.queue, address = EXCLUDED.address,
-                                 posted_at = EXCLUDED.posted_at",
+                                 posted_at = EXCLUDED.posted_at, instance = EXCLUDED.instance",
                             tenures = me.tenures
                         ),
                         &[child_id, queue, &me.address, &session_id.as_bytes(), &me.instance],
@@ -311,10 +318,39 @@ async fn apply(pool: &Pool, table: &str, channel: &str, me: &Me, batch: &[Change
                 .await
                 .map(drop)
                 .map_err(pg_error("taking a child of another process off the shared work list"))?,
+            Change::Unreached(taken) => {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                    [&taken.child_id, &taken.address, &taken.hidden_until];
+                tx.execute(
+                    &format!(
+                        "DELETE FROM {table} WHERE child_id = $1 AND address = $2 AND posted_at = $3
+                             AND NOT EXISTS (SELECT 1 FROM {nodes} WHERE address = $2 AND expires_at > now())",
+                        nodes = me.nodes
+                    ),
+                    &params,
+                )
+                .await
+                .map_err(pg_error(
+                    "taking a child of a process that is gone off the shared work list",
+                ))?;
+                // Still there: a live process has the address (a restart, a brief failure).
+                tx.execute(
+                    &format!(
+                        "UPDATE {table} SET posted_at = now() + interval '{RELIST_AFTER_MS} milliseconds'
+                         WHERE child_id = $1 AND address = $2 AND posted_at = $3"
+                    ),
+                    &params,
+                )
+                .await
+                .map_err(pg_error("listing a waiting child again"))?;
+            }
             Change::Withdraw { child_id } => tx
                 .execute(
-                    &format!("DELETE FROM {table} WHERE child_id = $1 AND address = $2"),
-                    &[child_id, &me.address],
+                    &format!(
+                        "DELETE FROM {table} WHERE child_id = $1
+                             AND (instance = $2 OR (instance = '' AND address = $3))"
+                    ),
+                    &[child_id, &me.instance, &me.address],
                 )
                 .await
                 .map(drop)
@@ -352,11 +388,15 @@ impl crate::ledger::WorkDirectory for PgDirectory {
         let _ = self.changes.send(Change::Unlist(taken.clone()));
     }
 
+    fn unreached(&self, taken: &Listed) {
+        let _ = self.changes.send(Change::Unreached(taken.clone()));
+    }
+
     fn listed(&self) -> watch::Receiver<u64> {
         self.listed.clone()
     }
 
-    fn take_elsewhere(&self, queue: &str, answer: Duration) -> Result<Option<Listed>, LedgerError> {
+    fn take_elsewhere(&self, queue: &str, answer: Duration) -> Result<Look, LedgerError> {
         let (pool, table, address, queue) = (
             self.pool.clone(),
             self.table.clone(),
@@ -366,25 +406,39 @@ impl crate::ledger::WorkDirectory for PgDirectory {
         let hidden_ms = answer.as_millis() as f64 + RELIST_AFTER_MS as f64;
         super::runtime::run_on(&self.runtime, async move {
             let client = pool.get().await.map_err(pool_error)?;
+            // One row, whether a child was taken or not; the earliest hidden row is read in the
+            // statement's snapshot, before the take (whose row was takeable, so not among them).
             let row = client
-                .query_opt(
+                .query_one(
                     &format!(
-                        "UPDATE {table} SET posted_at = clock_timestamp() + $3::float8 * interval '1 millisecond'
-                         WHERE child_id = (
-                             SELECT child_id FROM {table} WHERE queue = $1 AND address <> $2 AND posted_at <= now()
-                             ORDER BY posted_at LIMIT 1 FOR UPDATE SKIP LOCKED)
-                         RETURNING child_id, address, {CLOCK_MS}, posted_at"
+                        "WITH taken AS (
+                             UPDATE {table} SET posted_at = clock_timestamp() + $3::float8 * interval '1 millisecond'
+                             WHERE child_id = (
+                                 SELECT child_id FROM {table} WHERE queue = $1 AND address <> $2 AND posted_at <= now()
+                                 ORDER BY posted_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+                             RETURNING child_id, address, posted_at)
+                         SELECT t.child_id, t.address, {CLOCK_MS}, t.posted_at,
+                             (SELECT (extract(epoch FROM min(w.posted_at) - now()) * 1000)::int8 FROM {table} w
+                              WHERE w.queue = $1 AND w.address <> $2 AND w.posted_at > now())
+                         FROM (SELECT 1) AS one LEFT JOIN taken t ON true"
                     ),
                     &[&queue, &address, &hidden_ms],
                 )
                 .await
                 .map_err(pg_error("taking a child from the shared work list"))?;
-            Ok(row.map(|r| Listed {
-                child_id: r.get(0),
-                address: r.get(1),
-                taken_at_ms: r.get::<_, i64>(2).max(0) as u64,
-                hidden_until: r.get(3),
-            }))
+            let taken = row.get::<_, Option<String>>(0).map(|child_id| Listed {
+                child_id,
+                address: row.get(1),
+                taken_at_ms: row.get::<_, i64>(2).max(0) as u64,
+                hidden_until: row.get(3),
+            });
+            let hidden_for = match taken {
+                Some(_) => None,
+                None => row
+                    .get::<_, Option<i64>>(4)
+                    .map(|ms| Duration::from_millis(ms.max(0) as u64)),
+            };
+            Ok(Look { taken, hidden_for })
         })
     }
 

@@ -119,6 +119,14 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
              instance text PRIMARY KEY,
              held bigint NOT NULL)",
     ),
+    (
+        12,
+        "work list instances",
+        // The process instance that listed each waiting child: a withdrawal deletes only its
+        // own instance's listings, never those of a process started since at the same address.
+        // Rows listed before are withdrawn by address until they are listed again.
+        "ALTER TABLE \"{schema}\".work_directory ADD COLUMN instance text NOT NULL DEFAULT ''",
+    ),
 ];
 
 impl PgLedger {

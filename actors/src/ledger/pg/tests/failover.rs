@@ -112,6 +112,7 @@ fn the_listening_connection_follows_the_failover_to_the_promoted_standby() {
     assert_eq!(
         here.take_elsewhere("q", Duration::ZERO)
             .unwrap()
+            .taken
             .map(|l| (l.child_id, l.address)),
         Some(("c1".to_string(), "http://b".to_string()))
     );

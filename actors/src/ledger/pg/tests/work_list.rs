@@ -13,6 +13,26 @@ fn list(l: &PgLedger) -> Arc<dyn WorkDirectory> {
     l.work_directory().expect("a shared ledger has a work list")
 }
 
+/// Processes `names` on a fresh schema, each holding a session of its own (`own-<name>`), the
+/// first also `s1`, whose child `c1` it listed on queue `gpu`.
+fn with_c1_listed_by_the_first<const N: usize>(names: [&str; N]) -> [PgLedger; N] {
+    let schema = pg_testkit::fresh_schema();
+    let nodes = names.map(|name| node(&schema, name, TTL));
+    for (l, name) in nodes.iter().zip(names) {
+        holds(l, &format!("own-{name}"));
+    }
+    holds(&nodes[0], "s1");
+    list(&nodes[0]).post("s1", "c1", "gpu");
+    let at = format!("http://{}", names[0]);
+    until("the first listed its child", || is_listed_at(&nodes[0], "c1", &at));
+    nodes
+}
+
+/// A take from queue `gpu` waiting `answer` for the child's process.
+fn take(l: &PgLedger, answer: Duration) -> Option<Listed> {
+    list(l).take_elsewhere("gpu", answer).unwrap().taken
+}
+
 fn holds(l: &PgLedger, session: &str) {
     assert!(matches!(
         l.tenures().unwrap().acquire(session).unwrap(),
@@ -61,13 +81,7 @@ fn is_listed_at(l: &PgLedger, child: &str, address: &str) -> bool {
 /// listing, and its withdrawal leaves the holder's listing alone.
 #[test]
 fn only_the_holder_of_a_childs_session_lists_it() {
-    let schema = pg_testkit::fresh_schema();
-    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
-    holds(&a, "s1");
-    holds(&a, "own-a");
-    holds(&b, "own-b");
-    list(&a).post("s1", "c1", "gpu");
-    until("a listed its child", || is_listed_at(&a, "c1", "http://a"));
+    let [a, b] = with_c1_listed_by_the_first(["a", "b"]);
     // b does not hold s1: its listing does not land.
     list(&b).post("s1", "c1", "gpu");
     list(&b).post("s1", "c2", "gpu");
@@ -95,24 +109,16 @@ fn only_the_holder_of_a_childs_session_lists_it() {
 /// poller would have waited, and a little more: then it is takeable again.
 #[test]
 fn a_child_taken_by_a_poller_that_died_comes_back_to_the_list() {
-    let schema = pg_testkit::fresh_schema();
-    let (a, b, c) = (
-        node(&schema, "a", TTL),
-        node(&schema, "b", TTL),
-        node(&schema, "c", TTL),
-    );
-    holds(&a, "s1");
-    list(&a).post("s1", "c1", "gpu");
-    until("a listed its child", || is_listed_at(&a, "c1", "http://a"));
-    let taken = list(&b).take_elsewhere("gpu", Duration::ZERO).unwrap().unwrap();
+    let [_a, b, c] = with_c1_listed_by_the_first(["a", "b", "c"]);
+    let taken = take(&b, Duration::ZERO).unwrap();
     assert_eq!((taken.child_id.as_str(), taken.address.as_str()), ("c1", "http://a"));
     // Hidden meanwhile, from b and from everyone else.
-    assert_eq!(list(&c).take_elsewhere("gpu", Duration::ZERO).unwrap(), None);
-    assert_eq!(list(&b).take_elsewhere("gpu", Duration::ZERO).unwrap(), None);
+    assert_eq!(take(&c, Duration::ZERO), None);
+    assert_eq!(take(&b, Duration::ZERO), None);
     // b says nothing more (it died): the child comes back by itself.
     drop(b);
     until("the child came back", || is_listed_at(&c, "c1", "http://a"));
-    let again = list(&c).take_elsewhere("gpu", Duration::ZERO).unwrap().unwrap();
+    let again = take(&c, Duration::ZERO).unwrap();
     assert_eq!(again.child_id, "c1");
     assert_ne!(again.hidden_until, taken.hidden_until);
 }
@@ -121,16 +127,8 @@ fn a_child_taken_by_a_poller_that_died_comes_back_to_the_list() {
 /// row as it took it only: a child its process listed anew meanwhile stays listed as it is.
 #[test]
 fn a_takers_later_word_changes_nothing_once_the_holder_listed_the_child_anew() {
-    let schema = pg_testkit::fresh_schema();
-    let (a, b) = (node(&schema, "a", TTL), node(&schema, "b", TTL));
-    holds(&a, "s1");
-    holds(&b, "own-b");
-    list(&a).post("s1", "c1", "gpu");
-    until("a listed its child", || is_listed_at(&a, "c1", "http://a"));
-    let first: Listed = list(&b)
-        .take_elsewhere("gpu", Duration::from_secs(60))
-        .unwrap()
-        .unwrap();
+    let [a, b] = with_c1_listed_by_the_first(["a", "b"]);
+    let first: Listed = take(&b, Duration::from_secs(60)).unwrap();
     // a lists it anew (the take was refused as late, or its hold lapsed).
     list(&a).post("s1", "c1", "gpu");
     until("a listed its child anew", || is_listed_at(&a, "c1", "http://a"));
@@ -139,19 +137,96 @@ fn a_takers_later_word_changes_nothing_once_the_holder_listed_the_child_anew() {
     settled(&b, "own-b");
     assert!(is_listed_at(&a, "c1", "http://a"), "{:?}", listing(&a, "c1"));
     // On the row as it was taken, each does what it says.
-    let second = list(&b)
-        .take_elsewhere("gpu", Duration::from_secs(60))
-        .unwrap()
-        .unwrap();
+    let second = take(&b, Duration::from_secs(60)).unwrap();
     assert_eq!(second.child_id, "c1");
     list(&b).relist(&second);
     // Takeable again within a few seconds, not the minute its taker would have waited.
     until("the child was listed again", || is_listed_at(&a, "c1", "http://a"));
-    let third = list(&b)
-        .take_elsewhere("gpu", Duration::from_secs(60))
-        .unwrap()
-        .unwrap();
+    let third = take(&b, Duration::from_secs(60)).unwrap();
     list(&b).unlist(&third);
     settled(&b, "own-b");
     assert_eq!(listing(&a, "c1"), None);
+}
+
+/// A process started at the address of one that lost its session (a restart, the same name on
+/// another host) lists the session's children there: a withdrawal by the old instance, whose
+/// runners are dropped late, leaves that listing alone.
+#[test]
+fn a_withdrawal_by_an_instance_that_lost_the_session_leaves_the_listing_at_its_address() {
+    let schema = pg_testkit::fresh_schema();
+    let (old, new) = (node(&schema, "a", TTL), node(&schema, "a", TTL));
+    holds(&old, "s1");
+    holds(&old, "own-old");
+    holds(&new, "own-new");
+    list(&old).post("s1", "c1", "gpu");
+    until("the old instance listed the child", || {
+        is_listed_at(&old, "c1", "http://a")
+    });
+    old.tenures().unwrap().release("s1");
+    until("the new instance took s1", || {
+        matches!(new.tenures().unwrap().acquire("s1"), Ok(TenureHolder::Here(_)))
+    });
+    list(&new).post("s1", "c1", "gpu");
+    settled(&new, "own-new");
+    list(&old).withdraw("c1");
+    settled(&old, "own-old");
+    assert!(
+        is_listed_at(&new, "c1", "http://a"),
+        "withdrawn by the old instance: {:?}",
+        listing(&new, "c1")
+    );
+    // The holder's own withdrawal still takes it off.
+    list(&new).withdraw("c1");
+    settled(&new, "own-new");
+    assert_eq!(listing(&new, "c1"), None);
+}
+
+/// A look that takes nothing says how soon a child hidden now is takeable again: nobody tells
+/// the waiting pollers when a hidden child comes back by itself.
+#[test]
+fn a_look_that_takes_nothing_says_when_a_hidden_child_is_back() {
+    let schema = pg_testkit::fresh_schema();
+    let (a, b, c) = (
+        node(&schema, "a", TTL),
+        node(&schema, "b", TTL),
+        node(&schema, "c", TTL),
+    );
+    holds(&a, "s1");
+    let empty = list(&c).take_elsewhere("gpu", Duration::ZERO).unwrap();
+    assert_eq!(
+        (empty.taken, empty.hidden_for),
+        (None, None),
+        "nothing listed, nothing hidden"
+    );
+    list(&a).post("s1", "c1", "gpu");
+    until("a listed its child", || is_listed_at(&a, "c1", "http://a"));
+    let taken = list(&b).take_elsewhere("gpu", Duration::from_secs(3)).unwrap();
+    assert!(taken.taken.is_some() && taken.hidden_for.is_none(), "{taken:?}");
+    let look = list(&c).take_elsewhere("gpu", Duration::ZERO).unwrap();
+    assert_eq!(look.taken, None);
+    let back = look.hidden_for.expect("a child is hidden");
+    // Hidden for the taker's 3 s and 2 s more, less the time since.
+    assert!(
+        back > Duration::from_secs(3) && back <= Duration::from_secs(5),
+        "{back:?}"
+    );
+}
+
+/// A child whose process could not be reached is taken off the list when no live process has
+/// its address (the process is gone; its session's next holder lists it anew), and listed again
+/// a little later when one has (a restart, a brief failure).
+#[test]
+fn a_child_whose_process_was_not_reached_leaves_the_list_only_if_no_live_process_has_its_address() {
+    let [a, b] = with_c1_listed_by_the_first(["a", "b"]);
+    // a is alive: listed again, takeable within a few seconds (not the minute of the take).
+    let first = take(&b, Duration::from_secs(60)).unwrap();
+    list(&b).unreached(&first);
+    until("the child was listed again", || is_listed_at(&a, "c1", "http://a"));
+    // a died, and its heartbeat is gone: taken off.
+    drop(a);
+    super::sql(&b, "DELETE FROM \"{schema}\".nodes WHERE node = 'a'");
+    let second = take(&b, Duration::from_secs(60)).unwrap();
+    list(&b).unreached(&second);
+    settled(&b, "own-b");
+    assert_eq!(listing(&b, "c1"), None);
 }
