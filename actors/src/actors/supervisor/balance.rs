@@ -10,8 +10,9 @@
 //! - **Giving.** A process holding more than its share plus the slack hands the excess over,
 //!   a few at a time ([`give_per_round`]). So does the fullest, when above M/N while another
 //!   holds less than M/N less the slack (a joining process pulls from the fullest; one that
-//!   took its ⌈M/N⌉ while another still holds more does not hand any on). Nothing is given while
-//!   free sessions wait to be taken: counts are settling.
+//!   took its ⌈M/N⌉ while another still holds more does not hand any on; several tied at the
+//!   top each hand over their part of the shortfall, as their sweeps may read the counts at
+//!   once). Nothing is given while free sessions wait to be taken: counts are settling.
 //! - **Settled** (nobody gives, nothing is free): every process holds within a tenth of M/N
 //!   plus one of M/N (the tests hold the decisions to it).
 
@@ -74,7 +75,10 @@ pub(crate) fn plan(spread: &Spread, here: u64) -> Plan {
     {
         // Another is below the bound: the fullest pull it up, down to M/N (not one that took
         // its ⌈M/N⌉ while another still holds more: that one gives, and no session moves twice).
-        (here - floor).min(floor - lowest.unwrap_or(floor))
+        // Several fullest (tied) share the pull-up, as they may read the counts at once: each
+        // gives its part, not the whole shortfall.
+        let fullest = spread.others.iter().filter(|&&o| o == here).count() as u64 + 1;
+        (here - floor).min((floor - lowest.unwrap_or(floor)).div_ceil(fullest))
     } else {
         0
     };
@@ -177,6 +181,16 @@ mod tests {
     }
 
     #[test]
+    fn the_fullest_processes_tied_share_the_pull_up() {
+        // 43 over four: three hold 12 (within the slack of their share), one 7, short of
+        // ⌊M/N⌋ by 3: each of the three gives one, not two (six given for three needed, and
+        // three sessions moved again).
+        assert_eq!(plan(&spread(&[12, 12, 7], 0), 12).give, 1);
+        // Alone at the top, the fullest pulls the whole shortfall.
+        assert_eq!(plan(&spread(&[11, 11, 7], 0), 12).give, 2);
+    }
+
+    #[test]
     fn the_idlest_top_level_sessions_are_picked() {
         let c = |s: &str, busy, nested| Candidate {
             session: s.into(),
@@ -240,6 +254,73 @@ mod tests {
             }
         }
         panic!("never settled: {held:?} free {free}");
+    }
+
+    /// As [`settle`], but every process of a round plans from the counts as they were when the
+    /// round began (their sweeps read them at once), gives, and then takes in a shifting order;
+    /// returns the settled holdings and how many sessions were given in all.
+    fn settle_at_once(mut held: Vec<u64>, mut free: u64, seed: u64) -> (Vec<u64>, u64) {
+        let mut rng = seed;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let n = held.len();
+        let others = |held: &[u64], i: usize| -> Vec<u64> { (0..n).filter(|&j| j != i).map(|j| held[j]).collect() };
+        let mut given = 0;
+        for _ in 0..10_000 {
+            let plans: Vec<Plan> = (0..n)
+                .map(|i| plan(&spread(&others(&held, i), free), held[i]))
+                .collect();
+            if free == 0 && plans.iter().all(|p| p.give == 0) {
+                return (held, given);
+            }
+            let start = (next() % n as u64) as usize;
+            for k in 0..n {
+                let i = (start + k) % n;
+                held[i] -= plans[i].give;
+                free += plans[i].give;
+                given += plans[i].give;
+            }
+            for k in 0..n {
+                let i = (start + k) % n;
+                let taken = plans[i].take.min(free);
+                held[i] += taken;
+                free -= taken;
+            }
+        }
+        panic!("never settled: {held:?} free {free}");
+    }
+
+    #[test]
+    fn sweeps_reading_the_counts_at_once_move_each_session_once() {
+        // Joiners only (nothing free at first): what must move, and what did.
+        let cases: Vec<Vec<u64>> = vec![
+            vec![10, 10, 0],
+            vec![12, 12, 12, 0],
+            vec![500, 500, 0, 0],
+            vec![334, 333, 333, 0],
+            vec![100, 100, 100, 100, 0],
+            vec![12, 12, 12, 7],
+        ];
+        for held in cases {
+            let sessions: u64 = held.iter().sum();
+            let nodes = held.len() as u64;
+            let needed: u64 = held.iter().map(|&h| (sessions / nodes).saturating_sub(h)).sum();
+            for seed in 1..20u64 {
+                let (settled, given) = settle_at_once(held.clone(), 0, seed * 7919);
+                assert_eq!(settled.iter().sum::<u64>(), sessions, "none lost");
+                for h in &settled {
+                    assert!(within_bound(*h, sessions, nodes), "{held:?} settled to {settled:?}");
+                }
+                assert!(
+                    given <= needed,
+                    "{held:?}: {given} sessions moved for {needed} needed (settled to {settled:?})"
+                );
+            }
+        }
     }
 
     #[test]
