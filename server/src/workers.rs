@@ -177,7 +177,7 @@ async fn poll_shared(
         let elsewhere = async {
             let back = async {
                 match hidden_for {
-                    Some(d) => tokio::time::sleep(d).await,
+                    Some(d) => tokio::time::sleep(d + jitter(d)).await,
                     None => std::future::pending().await,
                 }
             };
@@ -201,6 +201,15 @@ async fn poll_shared(
             () = elsewhere => {}
         }
     }
+}
+
+/// A random part of a tenth of `d`, at most a quarter of a second: polls waiting for one hidden
+/// child to be takeable again, in this process and the others, do not all look at once.
+fn jitter(d: Duration) -> Duration {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let most = (d / 10).min(Duration::from_millis(250));
+    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    most.mul_f64((random % 1_000) as f64 / 1_000.0)
 }
 
 /// How long past its `wait_ms` a poll may take, asking another process for a child listed there.
@@ -582,9 +591,10 @@ impl Drop for ListAgain {
 
 /// Whether a take whose asker waits for its answer until `by` (ms on the shared list's clock) is
 /// read in time: a take read later is refused (409 `take_expired`), as is one whose time cannot
-/// be told (503: the database's clock could not be read). A process that shares no list reads
-/// its own clock. Read in time: the moment on this process's clock at which the asker stops
-/// waiting.
+/// be told (503: the database's clock could not be read). The clock is read only when the last
+/// reading ([`brood_actors::ledger::ClockReading`]) does not show the take surely in time. A
+/// process that shares no list reads its own clock. Read in time: the moment on this process's
+/// clock at which the asker stops waiting (or earlier).
 async fn answered_in_time(queues: &WorkQueues, by: u64) -> Result<std::time::Instant, ApiError> {
     let unknown = |why: String| {
         ApiError::new(
@@ -594,13 +604,22 @@ async fn answered_in_time(queues: &WorkQueues, by: u64) -> Result<std::time::Ins
         )
     };
     let asked = std::time::Instant::now();
-    let now = match queues.directory().cloned() {
-        Some(list) => brood_actors::ledger::off_thread("reading the shared work list's clock", move || list.clock_ms())
-            .await
-            .map_err(|e| unknown(e.to_string()))?,
+    let list = queues.directory().cloned();
+    // Surely in time by the last reading of the clock: no statement.
+    let surely = list
+        .as_ref()
+        .and_then(|l| l.clock_at_most_ms())
+        .filter(|&at_most| at_most <= by);
+    let now = match (surely, list) {
+        (Some(at_most), _) => at_most,
+        (None, Some(list)) => {
+            brood_actors::ledger::off_thread("reading the shared work list's clock", move || list.clock_ms())
+                .await
+                .map_err(|e| unknown(e.to_string()))?
+        }
         // A process that shares no work list is asked for takes by nobody but a hand-made
         // request: its own clock is the one there is.
-        None => brood_actors::model::now_ms(),
+        (None, None) => brood_actors::model::now_ms(),
     };
     if now > by {
         return Err(expired(&format!(

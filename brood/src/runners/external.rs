@@ -624,17 +624,10 @@ impl Takes {
     }
 
     /// Whether the take `id`, read now, may hand its child out: not if its asker gave it up
-    /// first (that record is done with), nor if it was served already (the same take read
-    /// again: the record stays, for the asker's give-up to find).
-    fn may_serve(&mut self, id: &str) -> bool {
-        match self.by_id.get(id) {
-            None => true,
-            Some(Take::Handed { .. }) => false,
-            Some(Take::GivenUp) => {
-                self.forget(id);
-                false
-            }
-        }
+    /// first, nor if it was served already (the same take read again). Either record stays:
+    /// for the asker's give-up to find, and to refuse the take read yet again.
+    fn may_serve(&self, id: &str) -> bool {
+        !self.by_id.contains_key(id)
     }
 
     fn forget(&mut self, id: &str) -> Option<Take> {
@@ -794,7 +787,11 @@ impl WorkQueues {
     pub fn untake(&self, child_id: &str, take_id: &str) {
         let mut takes = self.takes();
         match takes.forget(take_id) {
-            Some(Take::Handed { child_id: c, token }) if c == child_id => self.take_back(child_id, &token),
+            Some(Take::Handed { child_id: c, token }) if c == child_id => {
+                self.take_back(child_id, &token);
+                // The take read again later is refused.
+                takes.remember(take_id, Take::GivenUp);
+            }
             Some(other) => takes.remember(take_id, other),
             None => takes.remember(take_id, Take::GivenUp),
         }
@@ -1111,7 +1108,7 @@ mod tests {
     }
 
     #[test]
-    fn a_take_read_again_after_it_was_served_is_refused_and_its_record_kept_for_the_give_up() {
+    fn a_take_read_again_is_refused_and_its_record_kept() {
         let mut takes = Takes::default();
         assert!(takes.may_serve("t1"));
         takes.remember(
@@ -1128,10 +1125,8 @@ mod tests {
         );
         takes.remember("t2", Take::GivenUp);
         assert!(!takes.may_serve("t2"));
-        assert!(
-            takes.by_id.is_empty() && takes.order.is_empty(),
-            "a given-up record is done with once refused"
-        );
+        assert!(!takes.may_serve("t2"), "refused however often it is read");
+        assert!(takes.may_serve("t3"), "a take never heard of");
     }
 
     #[test]

@@ -14,8 +14,10 @@
 //!   the taker dies before it asks. Its process withdraws it when it hands the child out; the
 //!   taker shortens the wait when its process did not answer, and deletes the row when its
 //!   process no longer holds the child, or could not be reached and has no live heartbeat at
-//!   that address (reached by nobody but alive, it is asked again a little later) — each only
-//!   on the row as it took it (its `posted_at`), never on a listing made anew meanwhile.
+//!   that address (reached by nobody but alive, it is asked again after a while) — each only
+//!   on the row as it took it (its `posted_at`), never on a listing made anew meanwhile. A
+//!   look that takes nothing answers how soon a hidden child is takeable again: nobody is told
+//!   when that time comes, except of a child listed again early after a fault (a `NOTIFY`).
 //!
 //! A change that fails to land is tried again (with those made meanwhile, the last of each
 //! child's) until it does: the list never loses a waiting child to one failed update.
@@ -34,7 +36,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::{pg_error, pool_error, LedgerError};
-use crate::ledger::{Listed, Look};
+use crate::ledger::{ClockReading, Listed, Look};
 
 /// One change of the list.
 #[derive(Debug)]
@@ -93,6 +95,13 @@ fn coalesce(batch: Vec<Change>) -> Vec<Change> {
 /// much longer than its taker waits for the child's process.
 const RELIST_AFTER_MS: u64 = 2_000;
 
+/// How long a child whose process could not be reached, at an address a live process has, is
+/// left before pollers take it again.
+const UNREACHED_AFTER_MS: u64 = 10_000;
+
+/// How soon a poller that found a child takeable but being taken by another looks again.
+const RACED_MS: u64 = 250;
+
 /// How long a failed update of the list waits before it is tried again, at first and at most.
 const RETRY_FIRST: Duration = Duration::from_millis(200);
 const RETRY_MOST: Duration = Duration::from_secs(5);
@@ -108,6 +117,16 @@ pub(super) struct PgDirectory {
     runtime: tokio::runtime::Handle,
     /// Moves when another process may have listed a child.
     listed: watch::Receiver<u64>,
+    /// The last reading of the database's clock (by a clock read or a take).
+    reading: Arc<std::sync::Mutex<Option<ClockReading>>>,
+}
+
+/// Keeps `reading` as the last reading of the database's clock, unless a later one is kept.
+fn note_reading(last: &std::sync::Mutex<Option<ClockReading>>, reading: ClockReading) {
+    let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+    if last.is_none_or(|l| l.sent <= reading.sent) {
+        *last = Some(reading);
+    }
 }
 
 /// Changes applied together, at most this many in one transaction.
@@ -136,7 +155,7 @@ impl PgDirectory {
         let channel = channel(schema);
         let (changes, mut rx) = mpsc::unbounded_channel::<Change>();
         let (heard, listed) = watch::channel(0u64);
-        runtime.spawn(listen(config, channel.clone(), me.address.clone(), heard));
+        runtime.spawn(listen(config, channel.clone(), me.address.clone(), heard.clone()));
         let (apply_table, apply_pool, apply_me) = (table.clone(), pool.clone(), me.clone());
         runtime.spawn(async move {
             while let Some(first) = rx.recv().await {
@@ -149,7 +168,7 @@ impl PgDirectory {
                             Err(_) => break,
                         }
                     }
-                    match apply(&apply_pool, &apply_table, &channel, &apply_me, &batch).await {
+                    match apply(&apply_pool, &apply_table, &channel, &apply_me, &heard, &batch).await {
                         Ok(()) => break,
                         Err(e) => {
                             // Tried again, with what came meanwhile, until it lands: a waiting
@@ -173,6 +192,7 @@ impl PgDirectory {
             changes,
             runtime,
             listed,
+            reading: Default::default(),
         })
     }
 }
@@ -268,15 +288,23 @@ async fn listen_once(
     }
 }
 
-/// Applies changes in order, in one transaction; the other processes are notified of posts when
-/// it commits.
-async fn apply(pool: &Pool, table: &str, channel: &str, me: &Me, batch: &[Change]) -> Result<(), LedgerError> {
+/// Applies changes in order, in one transaction; the other processes are notified of posts and
+/// of children listed again soon when it commits (and this process's own pollers, of the
+/// latter, through `heard`).
+async fn apply(
+    pool: &Pool,
+    table: &str,
+    channel: &str,
+    me: &Me,
+    heard: &watch::Sender<u64>,
+    batch: &[Change],
+) -> Result<(), LedgerError> {
     let mut client = pool.get().await.map_err(pool_error)?;
     let tx = client
         .transaction()
         .await
         .map_err(pg_error("updating the shared work list"))?;
-    let mut posted = 0;
+    let (mut posted, mut relisted) = (0, 0);
     for change in batch {
         match change {
             Change::Post {
@@ -299,17 +327,20 @@ async fn apply(pool: &Pool, table: &str, channel: &str, me: &Me, batch: &[Change
                     .await
                     .map_err(pg_error("listing a waiting child"))?;
             }
-            Change::Relist(taken) => tx
-                .execute(
-                    &format!(
-                        "UPDATE {table} SET posted_at = now() + interval '{RELIST_AFTER_MS} milliseconds'
-                         WHERE child_id = $1 AND address = $2 AND posted_at = $3"
-                    ),
-                    &[&taken.child_id, &taken.address, &taken.hidden_until],
-                )
-                .await
-                .map(drop)
-                .map_err(pg_error("listing a waiting child again"))?,
+            Change::Relist(taken) => {
+                // Told: pollers that looked while it was taken wait for the end of the take's
+                // wait, later than this.
+                relisted += tx
+                    .execute(
+                        &format!(
+                            "UPDATE {table} SET posted_at = now() + interval '{RELIST_AFTER_MS} milliseconds'
+                             WHERE child_id = $1 AND address = $2 AND posted_at = $3"
+                        ),
+                        &[&taken.child_id, &taken.address, &taken.hidden_until],
+                    )
+                    .await
+                    .map_err(pg_error("listing a waiting child again"))?;
+            }
             Change::Unlist(taken) => tx
                 .execute(
                     &format!("DELETE FROM {table} WHERE child_id = $1 AND address = $2 AND posted_at = $3"),
@@ -334,9 +365,11 @@ async fn apply(pool: &Pool, table: &str, channel: &str, me: &Me, batch: &[Change
                     "taking a child of a process that is gone off the shared work list",
                 ))?;
                 // Still there: a live process has the address (a restart, a brief failure).
+                // Asked for again after a while, untold (the take's wait ends about then): an
+                // address a live process has but nobody reaches costs a look that long.
                 tx.execute(
                     &format!(
-                        "UPDATE {table} SET posted_at = now() + interval '{RELIST_AFTER_MS} milliseconds'
+                        "UPDATE {table} SET posted_at = now() + interval '{UNREACHED_AFTER_MS} milliseconds'
                          WHERE child_id = $1 AND address = $2 AND posted_at = $3"
                     ),
                     &params,
@@ -357,12 +390,18 @@ async fn apply(pool: &Pool, table: &str, channel: &str, me: &Me, batch: &[Change
                 .map_err(pg_error("taking a child off the shared work list"))?,
         }
     }
-    if posted > 0 {
+    if posted + relisted > 0 {
         tx.execute("SELECT pg_notify($1, $2)", &[&channel, &me.address])
             .await
             .map_err(pg_error("notifying the other processes of a listed child"))?;
     }
-    tx.commit().await.map_err(pg_error("updating the shared work list"))
+    tx.commit().await.map_err(pg_error("updating the shared work list"))?;
+    if relisted > 0 {
+        // A child of another process listed again: this process's pollers look too (the
+        // listening connection hears only the others).
+        heard.send_modify(|n| *n = n.wrapping_add(1));
+    }
+    Ok(())
 }
 
 impl crate::ledger::WorkDirectory for PgDirectory {
@@ -404,10 +443,14 @@ impl crate::ledger::WorkDirectory for PgDirectory {
             queue.to_string(),
         );
         let hidden_ms = answer.as_millis() as f64 + RELIST_AFTER_MS as f64;
+        let last = self.reading.clone();
         super::runtime::run_on(&self.runtime, async move {
             let client = pool.get().await.map_err(pool_error)?;
+            let sent = std::time::Instant::now();
             // One row, whether a child was taken or not; the earliest hidden row is read in the
-            // statement's snapshot, before the take (whose row was takeable, so not among them).
+            // statement's snapshot, before the take. A row takeable there that was not taken
+            // was being taken by another poller (locked, skipped): looked at again shortly, as
+            // that take may fail.
             let row = client
                 .query_one(
                     &format!(
@@ -418,18 +461,22 @@ impl crate::ledger::WorkDirectory for PgDirectory {
                                  ORDER BY posted_at LIMIT 1 FOR UPDATE SKIP LOCKED)
                              RETURNING child_id, address, posted_at)
                          SELECT t.child_id, t.address, {CLOCK_MS}, t.posted_at,
-                             (SELECT (extract(epoch FROM min(w.posted_at) - now()) * 1000)::int8 FROM {table} w
-                              WHERE w.queue = $1 AND w.address <> $2 AND w.posted_at > now())
+                             (SELECT (extract(epoch FROM min(CASE WHEN w.posted_at > now() THEN w.posted_at
+                                                                  ELSE now() + interval '{RACED_MS} milliseconds' END)
+                                                 - now()) * 1000)::int8
+                              FROM {table} w WHERE w.queue = $1 AND w.address <> $2)
                          FROM (SELECT 1) AS one LEFT JOIN taken t ON true"
                     ),
                     &[&queue, &address, &hidden_ms],
                 )
                 .await
                 .map_err(pg_error("taking a child from the shared work list"))?;
+            let clock_ms = row.get::<_, i64>(2).max(0) as u64;
+            note_reading(&last, ClockReading { clock_ms, sent });
             let taken = row.get::<_, Option<String>>(0).map(|child_id| Listed {
                 child_id,
                 address: row.get(1),
-                taken_at_ms: row.get::<_, i64>(2).max(0) as u64,
+                taken_at_ms: clock_ms,
                 hidden_until: row.get(3),
             });
             let hidden_for = match taken {
@@ -444,14 +491,22 @@ impl crate::ledger::WorkDirectory for PgDirectory {
 
     fn clock_ms(&self) -> Result<u64, LedgerError> {
         crate::failpoint!("work_clock_read");
-        let pool = self.pool.clone();
+        let (pool, last) = (self.pool.clone(), self.reading.clone());
         super::runtime::run_on(&self.runtime, async move {
             let client = pool.get().await.map_err(pool_error)?;
+            let sent = std::time::Instant::now();
             let row = client
                 .query_one(&format!("SELECT {CLOCK_MS}"), &[])
                 .await
                 .map_err(pg_error("reading the database's clock"))?;
-            Ok(row.get::<_, i64>(0).max(0) as u64)
+            let clock_ms = row.get::<_, i64>(0).max(0) as u64;
+            note_reading(&last, ClockReading { clock_ms, sent });
+            Ok(clock_ms)
         })
+    }
+
+    fn clock_at_most_ms(&self) -> Option<u64> {
+        let last = *self.reading.lock().unwrap_or_else(|p| p.into_inner());
+        last?.at_most(std::time::Instant::now())
     }
 }

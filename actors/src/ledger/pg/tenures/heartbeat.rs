@@ -77,8 +77,8 @@ impl HeldTenures {
     /// out (a pause or an outage longer than a tenure), the others may have taken tenures
     /// meanwhile: the held ones are read back by key, and those taken over are lost.
     pub(super) async fn renew(self: &Arc<Self>) -> Result<(), LedgerError> {
-        let left = self.left.read().await;
-        if *left {
+        let _renewing = self.renewing.read().await;
+        if self.left.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
         let (names, epochs): (Vec<Vec<u8>>, Vec<i64>) = self
@@ -227,7 +227,7 @@ impl HeldTenures {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(tenures) = weak.upgrade() else { return };
-                if *tenures.left.read().await {
+                if tenures.left.load(std::sync::atomic::Ordering::SeqCst) {
                     // A clean stop: nothing more to renew or keep up.
                     return;
                 }

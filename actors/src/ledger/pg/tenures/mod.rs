@@ -188,9 +188,12 @@ pub(super) struct HeldTenures {
     /// since is served past it.
     beat: Mutex<Option<Instant>>,
     /// Whether this process left (a clean stop gave every tenure back and deleted its
-    /// heartbeat): its renewal ends, and never writes the heartbeat again. A renewal holds it
-    /// shared; the leave, exclusively, so none is under way when it deletes the heartbeat.
-    left: tokio::sync::RwLock<bool>,
+    /// heartbeat): its renewal ends, and never writes the heartbeat again.
+    left: std::sync::atomic::AtomicBool,
+    /// Held shared by a renewal, exclusively by the leave (for at most a tenure: a renewal
+    /// stalled longer does not hold a stop up), so none is under way when the leave deletes the
+    /// heartbeat.
+    renewing: tokio::sync::RwLock<()>,
 }
 
 impl std::fmt::Debug for HeldTenures {
@@ -241,7 +244,8 @@ impl HeldTenures {
             freed,
             strays: Mutex::new(HashMap::new()),
             beat: Mutex::new(None),
-            left: tokio::sync::RwLock::new(false),
+            left: std::sync::atomic::AtomicBool::new(false),
+            renewing: tokio::sync::RwLock::new(()),
         })
     }
 
@@ -492,10 +496,12 @@ impl HeldTenures {
     /// to give back), and leaves the table of processes: a clean stop. Should it fail, the
     /// heartbeat runs out within a tenure, and the tenures with it.
     async fn leave(&self) -> Result<u64, LedgerError> {
-        // Marked first (once a renewal under way ended): no renewal writes the heartbeat back
-        // after it is deleted, which would have this process look alive, holding nothing, to
-        // the others' balancing for a tenure (and each session handed over to it wait as long).
-        *self.left.write().await = true;
+        // Marked first, and a renewal under way waited for: no renewal writes the heartbeat
+        // back after it is deleted, which would have this process look alive, holding nothing,
+        // to the others' balancing for a tenure (and each session handed over to it wait as
+        // long).
+        self.left.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _quiet = tokio::time::timeout(self.config.ttl, self.renewing.write()).await;
         self.held().clear();
         self.give_back_own(None, true).await
     }
