@@ -490,6 +490,9 @@ pub struct Listed {
 pub struct Spread {
     /// How many top-level sessions each other live process holds (as it last wrote it).
     pub others: Vec<u64>,
+    /// For each of `others`, whether it comes before this process in an order every process
+    /// agrees on (by instance): who of several holding alike gives first.
+    pub others_before: Vec<bool>,
     /// Top-level sessions whose tenure is free (ran out, given back, or never taken).
     pub free: u64,
     /// Of those, the ones this process may take (not handed over by it lately).

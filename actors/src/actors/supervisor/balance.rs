@@ -12,7 +12,8 @@
 //!   holds less than M/N less the slack (a joining process pulls from the fullest; one that
 //!   took its ⌈M/N⌉ while another still holds more does not hand any on; several tied at the
 //!   top each hand over their part of the shortfall, as their sweeps may read the counts at
-//!   once). Nothing is given while free sessions wait to be taken: counts are settling.
+//!   once: the first of them in instance order one more each while its remainder lasts).
+//!   Nothing is given while free sessions wait to be taken: counts are settling.
 //! - **Settled** (nobody gives, nothing is free): every process holds within a tenth of M/N
 //!   plus one of M/N (the tests hold the decisions to it).
 
@@ -76,9 +77,13 @@ pub(crate) fn plan(spread: &Spread, here: u64) -> Plan {
         // Another is below the bound: the fullest pull it up, down to M/N (not one that took
         // its ⌈M/N⌉ while another still holds more: that one gives, and no session moves twice).
         // Several fullest (tied) share the pull-up, as they may read the counts at once: each
-        // gives its part, not the whole shortfall.
-        let fullest = spread.others.iter().filter(|&&o| o == here).count() as u64 + 1;
-        (here - floor).min((floor - lowest.unwrap_or(floor)).div_ceil(fullest))
+        // gives its part, the first ones (in the order every process agrees on) one more each
+        // while the shortfall's remainder lasts.
+        let before = |i: usize| spread.others_before.get(i).copied().unwrap_or(false);
+        let tied = spread.others.iter().enumerate().filter(|&(_, &o)| o == here);
+        let (fullest, ahead) = tied.fold((1u64, 0u64), |(n, a), (i, _)| (n + 1, a + u64::from(before(i))));
+        let short = floor - lowest.unwrap_or(floor);
+        (here - floor).min(short / fullest + u64::from(ahead < short % fullest))
     } else {
         0
     };
@@ -126,6 +131,18 @@ mod tests {
     fn spread(others: &[u64], free: u64) -> Spread {
         Spread {
             others: others.to_vec(),
+            free,
+            ..Spread::default()
+        }
+    }
+
+    /// What process `i` of those holding `held` reads, with `free` free: the others in order,
+    /// those of a lower index first in the order every process agrees on.
+    fn seen_by(held: &[u64], i: usize, free: u64) -> Spread {
+        let others = (0..held.len()).filter(|&j| j != i);
+        Spread {
+            others: others.clone().map(|j| held[j]).collect(),
+            others_before: others.map(|j| j < i).collect(),
             free,
             ..Spread::default()
         }
@@ -185,9 +202,13 @@ mod tests {
         // 43 over four: three hold 12 (within the slack of their share), one 7, short of
         // ⌊M/N⌋ by 3: each of the three gives one, not two (six given for three needed, and
         // three sessions moved again).
-        assert_eq!(plan(&spread(&[12, 12, 7], 0), 12).give, 1);
+        assert_eq!(plan(&seen_by(&[12, 12, 12, 7], 0, 0), 12).give, 1);
+        assert_eq!(plan(&seen_by(&[12, 12, 12, 7], 2, 0), 12).give, 1);
+        // 18 over four, short by one: only the first of the three tied gives it.
+        let gives: Vec<u64> = (0..3).map(|i| plan(&seen_by(&[5, 5, 5, 3], i, 0), 5).give).collect();
+        assert_eq!(gives, [1, 0, 0]);
         // Alone at the top, the fullest pulls the whole shortfall.
-        assert_eq!(plan(&spread(&[11, 11, 7], 0), 12).give, 2);
+        assert_eq!(plan(&seen_by(&[11, 11, 12, 7], 2, 0), 12).give, 2);
     }
 
     #[test]
@@ -224,14 +245,13 @@ mod tests {
             rng
         };
         let n = held.len();
-        let others = |held: &[u64], i: usize| -> Vec<u64> { (0..n).filter(|&j| j != i).map(|j| held[j]).collect() };
         // Whether each process took sessions: when none were free to begin with (processes
         // joining), one that did never hands any on (each session moves once, from a process
         // over its share to one under it).
         let once = free == 0;
         let mut took = vec![false; n];
         for _ in 0..10_000 {
-            let settled = (0..n).all(|i| plan(&spread(&others(&held, i), free), held[i]).give == 0);
+            let settled = (0..n).all(|i| plan(&seen_by(&held, i, free), held[i]).give == 0);
             if settled && free == 0 {
                 return held;
             }
@@ -239,7 +259,7 @@ mod tests {
             let start = (next() % n as u64) as usize;
             for k in 0..n {
                 let i = (start + k) % n;
-                let p = plan(&spread(&others(&held, i), free), held[i]);
+                let p = plan(&seen_by(&held, i, free), held[i]);
                 let taken = p.take.min(free);
                 held[i] += taken;
                 free -= taken;
@@ -268,12 +288,9 @@ mod tests {
             rng
         };
         let n = held.len();
-        let others = |held: &[u64], i: usize| -> Vec<u64> { (0..n).filter(|&j| j != i).map(|j| held[j]).collect() };
         let mut given = 0;
         for _ in 0..10_000 {
-            let plans: Vec<Plan> = (0..n)
-                .map(|i| plan(&spread(&others(&held, i), free), held[i]))
-                .collect();
+            let plans: Vec<Plan> = (0..n).map(|i| plan(&seen_by(&held, i, free), held[i])).collect();
             if free == 0 && plans.iter().all(|p| p.give == 0) {
                 return (held, given);
             }
@@ -304,6 +321,8 @@ mod tests {
             vec![334, 333, 333, 0],
             vec![100, 100, 100, 100, 0],
             vec![12, 12, 12, 7],
+            vec![5, 5, 5, 3],
+            vec![4, 4, 4, 4, 4, 2],
         ];
         for held in cases {
             let sessions: u64 = held.iter().sum();
@@ -320,6 +339,37 @@ mod tests {
                     "{held:?}: {given} sessions moved for {needed} needed (settled to {settled:?})"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn sweeps_reading_the_counts_at_once_pull_up_with_no_more_moves_than_needed() {
+        // Random spreads where only pull-ups move sessions (nobody above its share and slack).
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut tried = 0;
+        while tried < 2_000 {
+            let n = 2 + (next() % 7) as usize;
+            let held: Vec<u64> = (0..n).map(|_| next() % 40).collect();
+            let sessions: u64 = held.iter().sum();
+            let nodes = n as u64;
+            let (share, slack) = (fair_share(sessions, nodes), slack(sessions, nodes));
+            if held.iter().any(|&h| h > share + slack) {
+                continue;
+            }
+            tried += 1;
+            let needed: u64 = held.iter().map(|&h| (sessions / nodes).saturating_sub(h)).sum();
+            let (settled, given) = settle_at_once(held.clone(), 0, next() | 1);
+            assert_eq!(settled.iter().sum::<u64>(), sessions, "none lost");
+            assert!(
+                given <= needed,
+                "{held:?}: {given} sessions moved for {needed} needed (settled to {settled:?})"
+            );
         }
     }
 

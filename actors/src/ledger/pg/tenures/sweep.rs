@@ -88,10 +88,13 @@ impl HeldTenures {
                                 AND p.expires_at >= now() AND {stored})
                          + (SELECT count(*) FROM {t} l WHERE {free} AND l.parent IS NULL AND {NESTED}
                               AND NOT (l.session = ANY($4)) AND {stored}),
-                         coalesce((SELECT array_agg(coalesce(c.held, 0)) FROM {nodes} n
+                         coalesce((SELECT array_agg(coalesce(c.held, 0) ORDER BY n.instance) FROM {nodes} n
                                        LEFT JOIN {counts} c ON c.instance = n.instance
                                    WHERE n.expires_at >= now() AND n.node <> $1),
-                                  '{{}}'::bigint[])",
+                                  '{{}}'::bigint[]),
+                         coalesce((SELECT array_agg(n.instance < $2 ORDER BY n.instance) FROM {nodes} n
+                                   WHERE n.expires_at >= now() AND n.node <> $1),
+                                  '{{}}'::boolean[])",
                     nodes = self.nodes_table,
                     counts = self.counts_table,
                     t = self.table,
@@ -110,6 +113,7 @@ impl HeldTenures {
                 .into_iter()
                 .map(|h| u64::try_from(h).unwrap_or(0))
                 .collect(),
+            others_before: row.get(4),
         })
     }
 

@@ -638,6 +638,25 @@ fn a_row_that_cannot_be_read_is_moved_aside_only_by_its_sessions_holder() {
     assert_eq!(a.quarantined().unwrap().len(), 1);
 }
 
+/// Every process reads the others in one order they all agree on: of three, one finds none
+/// before it, one one, one two.
+#[test]
+fn the_spread_orders_the_processes_alike_for_all() {
+    let schema = pg_testkit::fresh_schema();
+    let nodes = ["a", "b", "c"].map(|n| node(&schema, n, TTL));
+    let mut ahead: Vec<usize> = nodes
+        .iter()
+        .map(|l| {
+            let spread = tenures(l).spread().unwrap();
+            assert_eq!(spread.others.len(), 2);
+            assert_eq!(spread.others_before.len(), 2);
+            spread.others_before.iter().filter(|&&b| b).count()
+        })
+        .collect();
+    ahead.sort();
+    assert_eq!(ahead, [0, 1, 2]);
+}
+
 #[test]
 fn a_sweep_takes_free_sessions_only_up_to_its_limit_and_counts_the_spread() {
     let schema = pg_testkit::fresh_schema();
