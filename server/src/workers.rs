@@ -157,6 +157,7 @@ async fn poll_shared(
 ) -> Option<brood::runners::external::Handout> {
     let deadline = tokio::time::Instant::now() + wait;
     let mut listed = queues.directory().map(|d| d.listed());
+    let mut raced_wait = RACED_FIRST;
     loop {
         // Seen before the look: a child listed after it moves the count, and wakes the wait.
         if let Some(l) = listed.as_mut() {
@@ -165,9 +166,17 @@ async fn poll_shared(
         if let Some(h) = queues.poll(queue, worker, Duration::ZERO, hold).await {
             return Some(h);
         }
-        let hidden_for = match take_elsewhere(state, queues, queue, worker, hold, deadline).await {
+        let empty = match take_elsewhere(state, queues, queue, worker, hold, deadline).await {
             Ok(h) => return Some(h),
-            Err(hidden_for) => hidden_for,
+            Err(empty) => empty,
+        };
+        let hidden_for = if empty.raced {
+            let soon = raced_wait;
+            raced_wait = (raced_wait * 2).min(RACED_MOST);
+            Some(empty.hidden_for.map_or(soon, |d| d.min(soon)))
+        } else {
+            raced_wait = RACED_FIRST;
+            empty.hidden_for
         };
         let now = tokio::time::Instant::now();
         if now >= deadline {
@@ -239,7 +248,7 @@ const UNTAKE_PAUSE: Duration = Duration::from_millis(250);
 /// Each take runs as a task of its own ([`Taking::run`]): a poll dropped meanwhile (its worker
 /// hung up) leaves it to finish, and a child handed out for it is given back.
 ///
-/// Handed nothing: how soon a child of the queue hidden now is takeable again, if any is.
+/// Handed nothing: when to look again.
 async fn take_elsewhere(
     state: &State,
     queues: &WorkQueues,
@@ -247,8 +256,8 @@ async fn take_elsewhere(
     worker: &str,
     hold: Duration,
     deadline: tokio::time::Instant,
-) -> Result<brood::runners::external::Handout, Option<Duration>> {
-    let directory = queues.directory().ok_or(None)?.clone();
+) -> Result<brood::runners::external::Handout, Empty> {
+    let directory = queues.directory().ok_or_else(Empty::default)?.clone();
     loop {
         let within = deadline.saturating_duration_since(tokio::time::Instant::now()) + ASK_MARGIN;
         let taking = Taking {
@@ -275,20 +284,36 @@ async fn take_elsewhere(
                 return Ok(h);
             }
             Ok((Took::Nothing, _)) => {}
-            Ok((Took::Empty(hidden_for), _)) => return Err(hidden_for),
-            Err(_) => return Err(None),
+            Ok((Took::Empty(empty), _)) => return Err(empty),
+            Err(_) => return Err(Empty::default()),
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(None);
+            return Err(Empty::default());
         }
     }
 }
 
+/// A look at the shared list that took nothing: how soon a child hidden now is takeable again,
+/// if any is, and whether one was being taken by another poller.
+#[derive(Debug, Clone, Copy, Default)]
+struct Empty {
+    hidden_for: Option<Duration>,
+    raced: bool,
+}
+
+/// How soon a poll that found a child being taken by another poller looks again at first; each
+/// such look in a row doubles it, up to [`RACED_MOST`] (a row locked for long — its process
+/// stalled in the middle of a change — is not looked at four times a second).
+const RACED_FIRST: Duration = Duration::from_millis(250);
+
+/// The longest wait between looks of a poll that keeps finding a child being taken.
+const RACED_MOST: Duration = Duration::from_secs(2);
+
 /// What one take of a child listed elsewhere came to.
 enum Took {
-    /// The list has no child of the queue waiting elsewhere (or could not be read); how soon
-    /// one hidden now is takeable again, if any is.
-    Empty(Option<Duration>),
+    /// The list has no child of the queue waiting elsewhere (or could not be read): when to
+    /// look again.
+    Empty(Empty),
     /// A child was asked for and not handed out: the next one may be.
     Nothing,
     /// Handed out, to the poll that acknowledges it.
@@ -322,10 +347,11 @@ impl Taking {
             Ok(Look {
                 taken: None,
                 hidden_for,
-            }) => return drop(tell(poll, Took::Empty(hidden_for))),
+                raced,
+            }) => return drop(tell(poll, Took::Empty(Empty { hidden_for, raced }))),
             Err(e) => {
                 tracing::warn!("reading the shared work list failed: {e}");
-                return drop(tell(poll, Took::Empty(None)));
+                return drop(tell(poll, Took::Empty(Empty::default())));
             }
         };
         let (child_id, address) = (found.child_id.clone(), found.address.clone());
@@ -591,10 +617,9 @@ impl Drop for ListAgain {
 
 /// Whether a take whose asker waits for its answer until `by` (ms on the shared list's clock) is
 /// read in time: a take read later is refused (409 `take_expired`), as is one whose time cannot
-/// be told (503: the database's clock could not be read). The clock is read only when the last
-/// reading ([`brood_actors::ledger::ClockReading`]) does not show the take surely in time. A
-/// process that shares no list reads its own clock. Read in time: the moment on this process's
-/// clock at which the asker stops waiting (or earlier).
+/// be told (503: the database's clock could not be read). A process that shares no list reads
+/// its own clock. Read in time: the moment on this process's clock at which the asker stops
+/// waiting.
 async fn answered_in_time(queues: &WorkQueues, by: u64) -> Result<std::time::Instant, ApiError> {
     let unknown = |why: String| {
         ApiError::new(
@@ -604,22 +629,13 @@ async fn answered_in_time(queues: &WorkQueues, by: u64) -> Result<std::time::Ins
         )
     };
     let asked = std::time::Instant::now();
-    let list = queues.directory().cloned();
-    // Surely in time by the last reading of the clock: no statement.
-    let surely = list
-        .as_ref()
-        .and_then(|l| l.clock_at_most_ms())
-        .filter(|&at_most| at_most <= by);
-    let now = match (surely, list) {
-        (Some(at_most), _) => at_most,
-        (None, Some(list)) => {
-            brood_actors::ledger::off_thread("reading the shared work list's clock", move || list.clock_ms())
-                .await
-                .map_err(|e| unknown(e.to_string()))?
-        }
+    let now = match queues.directory().cloned() {
+        Some(list) => brood_actors::ledger::off_thread("reading the shared work list's clock", move || list.clock_ms())
+            .await
+            .map_err(|e| unknown(e.to_string()))?,
         // A process that shares no work list is asked for takes by nobody but a hand-made
         // request: its own clock is the one there is.
-        (None, None) => brood_actors::model::now_ms(),
+        None => brood_actors::model::now_ms(),
     };
     if now > by {
         return Err(expired(&format!(

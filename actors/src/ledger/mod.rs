@@ -411,10 +411,6 @@ pub trait WorkDirectory: Send + Sync + fmt::Debug {
     /// The list's clock now, in ms since the Unix epoch: the database's, the one clock every
     /// process sharing the list reads alike. A take's deadline is set and checked on it.
     fn clock_ms(&self) -> Result<u64, LedgerError>;
-    /// At least the list's clock now, worked out from its last reading (by
-    /// [`WorkDirectory::clock_ms`] or a take) without a statement, when that reading is recent
-    /// ([`ClockReading`]); none otherwise. A deadline this is not past is surely not past.
-    fn clock_at_most_ms(&self) -> Option<u64>;
     /// Lists again, after a short while, a child [`WorkDirectory::take_elsewhere`] took whose
     /// process could not be asked for it (it was slow, or answered with a fault), unless its
     /// process withdrew it or listed it anew meanwhile. In the background.
@@ -435,30 +431,6 @@ pub trait WorkDirectory: Send + Sync + fmt::Debug {
     fn listed(&self) -> tokio::sync::watch::Receiver<u64>;
 }
 
-/// A reading of the shared work list's clock ([`WorkDirectory::clock_ms`]): what it said, and
-/// when on this process's clock the statement that read it was sent (the reading was made
-/// later). Until [`ClockReading::KEPT`] has passed, the reading plus the time since it was sent
-/// is at least the list's clock now (the two clocks run at one rate, give or take a drift of
-/// parts per million), so a deadline that sum is not past is surely not past.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClockReading {
-    /// The list's clock, in ms since the Unix epoch.
-    pub clock_ms: u64,
-    /// When the statement that read it was sent, on this process's clock.
-    pub sent: std::time::Instant,
-}
-
-impl ClockReading {
-    /// How long a reading is used.
-    pub const KEPT: Duration = Duration::from_secs(60);
-
-    /// At least the list's clock at `now`, if the reading is recent enough.
-    pub fn at_most(&self, now: std::time::Instant) -> Option<u64> {
-        let since = now.checked_duration_since(self.sent)?;
-        (since <= Self::KEPT).then(|| self.clock_ms.saturating_add(since.as_millis() as u64 + 1))
-    }
-}
-
 /// What a look at the shared work list ([`WorkDirectory::take_elsewhere`]) came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Look {
@@ -468,6 +440,9 @@ pub struct Look {
     /// listed again after a while) is takeable again, if any is hidden. Nobody is told when
     /// that happens: a poller waiting for the list to move looks again then.
     pub hidden_for: Option<Duration>,
+    /// When none was: a child was takeable but being taken by another poller (whose take may
+    /// fail, and the child come back untold): worth a look again soon.
+    pub raced: bool,
 }
 
 /// A child [`WorkDirectory::take_elsewhere`] took from the shared work list, hidden from the other pollers.
@@ -744,29 +719,4 @@ pub mod trees {
     pub const QUARANTINE: &str = "quarantine";
     /// Their raw values, unencoded, by the same key.
     pub const QUARANTINE_RAW: &str = "quarantine_raw";
-}
-
-#[cfg(test)]
-mod clock_tests {
-    use super::ClockReading;
-    use std::time::{Duration, Instant};
-
-    #[test]
-    fn a_clock_reading_bounds_the_clock_from_above_while_it_is_recent() {
-        let sent = Instant::now();
-        let reading = ClockReading { clock_ms: 1_000, sent };
-        // The reading was made after it was sent: its value plus the time since the sending
-        // is at least the clock now (rounded up).
-        assert_eq!(reading.at_most(sent), Some(1_001));
-        assert_eq!(reading.at_most(sent + Duration::from_millis(500)), Some(1_501));
-        assert_eq!(reading.at_most(sent + ClockReading::KEPT), Some(61_001));
-        assert_eq!(
-            reading.at_most(sent + ClockReading::KEPT + Duration::from_millis(1)),
-            None,
-            "too old"
-        );
-        if let Some(before) = sent.checked_sub(Duration::from_millis(1)) {
-            assert_eq!(reading.at_most(before), None, "a moment before the reading was sent");
-        }
-    }
 }

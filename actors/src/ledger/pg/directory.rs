@@ -16,8 +16,9 @@
 //!   process no longer holds the child, or could not be reached and has no live heartbeat at
 //!   that address (reached by nobody but alive, it is asked again after a while) — each only
 //!   on the row as it took it (its `posted_at`), never on a listing made anew meanwhile. A
-//!   look that takes nothing answers how soon a hidden child is takeable again: nobody is told
-//!   when that time comes, except of a child listed again early after a fault (a `NOTIFY`).
+//!   look that takes nothing answers how soon a hidden child is takeable again, and whether a
+//!   child it found takeable was being taken by another poller: nobody is told when a hidden
+//!   child comes back (but this process's own pollers, of one it listed again early).
 //!
 //! A change that fails to land is tried again (with those made meanwhile, the last of each
 //! child's) until it does: the list never loses a waiting child to one failed update.
@@ -36,7 +37,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::{pg_error, pool_error, LedgerError};
-use crate::ledger::{ClockReading, Listed, Look};
+use crate::ledger::{Listed, Look};
 
 /// One change of the list.
 #[derive(Debug)]
@@ -99,9 +100,6 @@ const RELIST_AFTER_MS: u64 = 2_000;
 /// left before pollers take it again.
 const UNREACHED_AFTER_MS: u64 = 10_000;
 
-/// How soon a poller that found a child takeable but being taken by another looks again.
-const RACED_MS: u64 = 250;
-
 /// How long a failed update of the list waits before it is tried again, at first and at most.
 const RETRY_FIRST: Duration = Duration::from_millis(200);
 const RETRY_MOST: Duration = Duration::from_secs(5);
@@ -117,16 +115,6 @@ pub(super) struct PgDirectory {
     runtime: tokio::runtime::Handle,
     /// Moves when another process may have listed a child.
     listed: watch::Receiver<u64>,
-    /// The last reading of the database's clock (by a clock read or a take).
-    reading: Arc<std::sync::Mutex<Option<ClockReading>>>,
-}
-
-/// Keeps `reading` as the last reading of the database's clock, unless a later one is kept.
-fn note_reading(last: &std::sync::Mutex<Option<ClockReading>>, reading: ClockReading) {
-    let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
-    if last.is_none_or(|l| l.sent <= reading.sent) {
-        *last = Some(reading);
-    }
 }
 
 /// Changes applied together, at most this many in one transaction.
@@ -192,7 +180,6 @@ impl PgDirectory {
             changes,
             runtime,
             listed,
-            reading: Default::default(),
         })
     }
 }
@@ -288,9 +275,8 @@ async fn listen_once(
     }
 }
 
-/// Applies changes in order, in one transaction; the other processes are notified of posts and
-/// of children listed again soon when it commits (and this process's own pollers, of the
-/// latter, through `heard`).
+/// Applies changes in order, in one transaction; the other processes are notified of posts when
+/// it commits, and this process's own pollers, through `heard`, of children listed again soon.
 async fn apply(
     pool: &Pool,
     table: &str,
@@ -328,8 +314,10 @@ async fn apply(
                     .map_err(pg_error("listing a waiting child"))?;
             }
             Change::Relist(taken) => {
-                // Told: pollers that looked while it was taken wait for the end of the take's
-                // wait, later than this.
+                // This process's own pollers are told (those that looked while it was taken
+                // wait for the end of the take's wait, later than this); the others' look
+                // again by then, untold: a process that answers every take with a fault would
+                // otherwise wake every waiting poll of every process at each relisting.
                 relisted += tx
                     .execute(
                         &format!(
@@ -390,7 +378,7 @@ async fn apply(
                 .map_err(pg_error("taking a child off the shared work list"))?,
         }
     }
-    if posted + relisted > 0 {
+    if posted > 0 {
         tx.execute("SELECT pg_notify($1, $2)", &[&channel, &me.address])
             .await
             .map_err(pg_error("notifying the other processes of a listed child"))?;
@@ -443,14 +431,11 @@ impl crate::ledger::WorkDirectory for PgDirectory {
             queue.to_string(),
         );
         let hidden_ms = answer.as_millis() as f64 + RELIST_AFTER_MS as f64;
-        let last = self.reading.clone();
         super::runtime::run_on(&self.runtime, async move {
             let client = pool.get().await.map_err(pool_error)?;
-            let sent = std::time::Instant::now();
-            // One row, whether a child was taken or not; the earliest hidden row is read in the
-            // statement's snapshot, before the take. A row takeable there that was not taken
-            // was being taken by another poller (locked, skipped): looked at again shortly, as
-            // that take may fail.
+            // One row, whether a child was taken or not; the earliest hidden row, and whether a
+            // row was takeable, are read in the statement's snapshot, before the take (a row
+            // takeable there but not taken was being taken by another poller: locked, skipped).
             let row = client
                 .query_one(
                     &format!(
@@ -461,52 +446,48 @@ impl crate::ledger::WorkDirectory for PgDirectory {
                                  ORDER BY posted_at LIMIT 1 FOR UPDATE SKIP LOCKED)
                              RETURNING child_id, address, posted_at)
                          SELECT t.child_id, t.address, {CLOCK_MS}, t.posted_at,
-                             (SELECT (extract(epoch FROM min(CASE WHEN w.posted_at > now() THEN w.posted_at
-                                                                  ELSE now() + interval '{RACED_MS} milliseconds' END)
-                                                 - now()) * 1000)::int8
-                              FROM {table} w WHERE w.queue = $1 AND w.address <> $2)
+                             (SELECT (extract(epoch FROM min(w.posted_at) - now()) * 1000)::int8 FROM {table} w
+                              WHERE w.queue = $1 AND w.address <> $2 AND w.posted_at > now()),
+                             EXISTS (SELECT 1 FROM {table} w
+                                     WHERE w.queue = $1 AND w.address <> $2 AND w.posted_at <= now())
                          FROM (SELECT 1) AS one LEFT JOIN taken t ON true"
                     ),
                     &[&queue, &address, &hidden_ms],
                 )
                 .await
                 .map_err(pg_error("taking a child from the shared work list"))?;
-            let clock_ms = row.get::<_, i64>(2).max(0) as u64;
-            note_reading(&last, ClockReading { clock_ms, sent });
             let taken = row.get::<_, Option<String>>(0).map(|child_id| Listed {
                 child_id,
                 address: row.get(1),
-                taken_at_ms: clock_ms,
+                taken_at_ms: row.get::<_, i64>(2).max(0) as u64,
                 hidden_until: row.get(3),
             });
-            let hidden_for = match taken {
-                Some(_) => None,
-                None => row
-                    .get::<_, Option<i64>>(4)
-                    .map(|ms| Duration::from_millis(ms.max(0) as u64)),
+            let (hidden_for, raced) = match taken {
+                Some(_) => (None, false),
+                None => (
+                    row.get::<_, Option<i64>>(4)
+                        .map(|ms| Duration::from_millis(ms.max(0) as u64)),
+                    row.get(5),
+                ),
             };
-            Ok(Look { taken, hidden_for })
+            Ok(Look {
+                taken,
+                hidden_for,
+                raced,
+            })
         })
     }
 
     fn clock_ms(&self) -> Result<u64, LedgerError> {
         crate::failpoint!("work_clock_read");
-        let (pool, last) = (self.pool.clone(), self.reading.clone());
+        let pool = self.pool.clone();
         super::runtime::run_on(&self.runtime, async move {
             let client = pool.get().await.map_err(pool_error)?;
-            let sent = std::time::Instant::now();
             let row = client
                 .query_one(&format!("SELECT {CLOCK_MS}"), &[])
                 .await
                 .map_err(pg_error("reading the database's clock"))?;
-            let clock_ms = row.get::<_, i64>(0).max(0) as u64;
-            note_reading(&last, ClockReading { clock_ms, sent });
-            Ok(clock_ms)
+            Ok(row.get::<_, i64>(0).max(0) as u64)
         })
-    }
-
-    fn clock_at_most_ms(&self) -> Option<u64> {
-        let last = *self.reading.lock().unwrap_or_else(|p| p.into_inner());
-        last?.at_most(std::time::Instant::now())
     }
 }
