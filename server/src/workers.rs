@@ -146,7 +146,8 @@ pub(super) async fn poll(
 /// if it still waits there), until `wait` has passed. Between looks it waits, costing no query,
 /// for a child queued here, for the list to say another process listed one, or for a child
 /// hidden from it (taken by a poller that may have died, or listed again after a while) to be
-/// takeable again: nobody tells of that.
+/// takeable again: nobody tells of that. A look that found a child being taken by another
+/// poller looks again soon (that take may fail), a little later each time in a row.
 async fn poll_shared(
     state: &State,
     queues: &WorkQueues,

@@ -424,7 +424,8 @@ pub trait WorkDirectory: Send + Sync + fmt::Debug {
     /// after a while — or its process listed it anew meanwhile. In the background.
     fn unreached(&self, taken: &Listed);
     /// A count that moves whenever another process may have listed a child (and when this
-    /// process may have missed hearing of one): a poller that found nothing to take waits for it
+    /// process may have missed hearing of one, or itself listed a child of another again soon
+    /// after a fault): a poller that found nothing to take waits for it
     /// to move instead of asking again (and, when a child was hidden, for
     /// [`Look::hidden_for`]: a hidden child coming back is not told). Marked seen before the
     /// look, a move after it is never missed.

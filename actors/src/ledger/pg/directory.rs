@@ -113,7 +113,8 @@ pub(super) struct PgDirectory {
     pool: Pool,
     changes: mpsc::UnboundedSender<Change>,
     runtime: tokio::runtime::Handle,
-    /// Moves when another process may have listed a child.
+    /// Moves when another process may have listed a child, and when this one listed a child
+    /// of another again soon.
     listed: watch::Receiver<u64>,
 }
 

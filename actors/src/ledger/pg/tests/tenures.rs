@@ -638,23 +638,38 @@ fn a_row_that_cannot_be_read_is_moved_aside_only_by_its_sessions_holder() {
     assert_eq!(a.quarantined().unwrap().len(), 1);
 }
 
-/// Every process reads the others in one order they all agree on: of three, one finds none
-/// before it, one one, one two.
+/// Every process reads the others in one order they all agree on (by instance), each count
+/// beside whether its process comes first.
 #[test]
 fn the_spread_orders_the_processes_alike_for_all() {
     let schema = pg_testkit::fresh_schema();
     let nodes = ["a", "b", "c"].map(|n| node(&schema, n, TTL));
-    let mut ahead: Vec<usize> = nodes
-        .iter()
-        .map(|l| {
-            let spread = tenures(l).spread().unwrap();
-            assert_eq!(spread.others.len(), 2);
-            assert_eq!(spread.others_before.len(), 2);
-            spread.others_before.iter().filter(|&&b| b).count()
-        })
-        .collect();
-    ahead.sort();
-    assert_eq!(ahead, [0, 1, 2]);
+    // Held 1, 2 and 3: each count names its process.
+    for (k, l) in nodes.iter().enumerate() {
+        for s in 0..=k {
+            assert_eq!(tenures(l).acquire(&format!("s{k}-{s}")).unwrap(), TenureHolder::Here(1));
+        }
+    }
+    let instance = |l: &PgLedger| l.inner.tenures.as_ref().unwrap().instance().to_string();
+    for (k, l) in nodes.iter().enumerate() {
+        let me = instance(l);
+        let mut expected: Vec<(String, u64)> = nodes
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != k)
+            .map(|(j, o)| (instance(o), j as u64 + 1))
+            .collect();
+        expected.sort();
+        let spread = tenures(l).spread().unwrap();
+        let got: Vec<(u64, bool)> = spread
+            .others
+            .iter()
+            .copied()
+            .zip(spread.others_before.iter().copied())
+            .collect();
+        let want: Vec<(u64, bool)> = expected.iter().map(|(i, held)| (*held, *i < me)).collect();
+        assert_eq!(got, want, "as process {k} reads them");
+    }
 }
 
 #[test]
