@@ -167,17 +167,17 @@ async fn poll_shared(
         if let Some(h) = queues.poll(queue, worker, Duration::ZERO, hold).await {
             return Some(h);
         }
-        let empty = match take_elsewhere(state, queues, queue, worker, hold, deadline).await {
+        let look = match take_elsewhere(state, queues, queue, worker, hold, deadline).await {
             Ok(h) => return Some(h),
-            Err(empty) => empty,
+            Err(look) => look,
         };
-        let hidden_for = if empty.raced {
+        let hidden_for = if look.raced {
             let soon = raced_wait;
             raced_wait = (raced_wait * 2).min(RACED_MOST);
-            Some(empty.hidden_for.map_or(soon, |d| d.min(soon)))
+            Some(look.hidden_for.map_or(soon, |d| d.min(soon)))
         } else {
             raced_wait = RACED_FIRST;
-            empty.hidden_for
+            look.hidden_for
         };
         let now = tokio::time::Instant::now();
         if now >= deadline {
@@ -257,8 +257,8 @@ async fn take_elsewhere(
     worker: &str,
     hold: Duration,
     deadline: tokio::time::Instant,
-) -> Result<brood::runners::external::Handout, Empty> {
-    let directory = queues.directory().ok_or_else(Empty::default)?.clone();
+) -> Result<brood::runners::external::Handout, Look> {
+    let directory = queues.directory().ok_or_else(Look::default)?.clone();
     loop {
         let within = deadline.saturating_duration_since(tokio::time::Instant::now()) + ASK_MARGIN;
         let taking = Taking {
@@ -285,21 +285,13 @@ async fn take_elsewhere(
                 return Ok(h);
             }
             Ok((Took::Nothing, _)) => {}
-            Ok((Took::Empty(empty), _)) => return Err(empty),
-            Err(_) => return Err(Empty::default()),
+            Ok((Took::Empty(look), _)) => return Err(look),
+            Err(_) => return Err(Look::default()),
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(Empty::default());
+            return Err(Look::default());
         }
     }
-}
-
-/// A look at the shared list that took nothing: how soon a child hidden now is takeable again,
-/// if any is, and whether one was being taken by another poller.
-#[derive(Debug, Clone, Copy, Default)]
-struct Empty {
-    hidden_for: Option<Duration>,
-    raced: bool,
 }
 
 /// How soon a poll that found a child being taken by another poller looks again at first; each
@@ -312,9 +304,9 @@ const RACED_MOST: Duration = Duration::from_secs(2);
 
 /// What one take of a child listed elsewhere came to.
 enum Took {
-    /// The list has no child of the queue waiting elsewhere (or could not be read): when to
-    /// look again.
-    Empty(Empty),
+    /// The list has no child of the queue waiting elsewhere (or could not be read): the look
+    /// that took nothing, which says when to look again.
+    Empty(Look),
     /// A child was asked for and not handed out: the next one may be.
     Nothing,
     /// Handed out, to the poll that acknowledges it.
@@ -345,14 +337,10 @@ impl Taking {
             brood_actors::ledger::off_thread("reading the shared work list", move || list.take_elsewhere(&q, within));
         let found = match taken.await {
             Ok(Look { taken: Some(found), .. }) => found,
-            Ok(Look {
-                taken: None,
-                hidden_for,
-                raced,
-            }) => return drop(tell(poll, Took::Empty(Empty { hidden_for, raced }))),
+            Ok(look) => return drop(tell(poll, Took::Empty(look))),
             Err(e) => {
                 tracing::warn!("reading the shared work list failed: {e}");
-                return drop(tell(poll, Took::Empty(Empty::default())));
+                return drop(tell(poll, Took::Empty(Look::default())));
             }
         };
         let (child_id, address) = (found.child_id.clone(), found.address.clone());

@@ -432,8 +432,9 @@ pub trait WorkDirectory: Send + Sync + fmt::Debug {
     fn listed(&self) -> tokio::sync::watch::Receiver<u64>;
 }
 
-/// What a look at the shared work list ([`WorkDirectory::take_elsewhere`]) came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a look at the shared work list ([`WorkDirectory::take_elsewhere`]) came to (the
+/// default: nothing taken, nothing hidden, no race).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Look {
     /// The child taken, if one was takeable.
     pub taken: Option<Listed>,

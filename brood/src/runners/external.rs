@@ -267,6 +267,12 @@ struct Entry<P> {
 }
 
 impl<P> Entry<P> {
+    /// Whether the child waits for a worker: no worker holds it and brood did not cancel it
+    /// (what [`Roster`]'s `waiting` holds).
+    fn waits(&self) -> bool {
+        self.hold.is_none() && !self.cancelled
+    }
+
     /// What listing the child needs: its session and its queue.
     fn listing(&self) -> (String, String) {
         (self.work.session_id.clone(), self.queue.clone())
@@ -462,10 +468,7 @@ impl<P: Clone> Roster<P> {
         token: String,
         now: Instant,
     ) -> Option<(Handout, P)> {
-        let entry = self
-            .entries
-            .get(child_id)
-            .filter(|e| e.hold.is_none() && !e.cancelled)?;
+        let entry = self.entries.get(child_id).filter(|e| e.waits())?;
         let queue = entry.queue.clone();
         let q = self.waiting.get_mut(&queue)?;
         let at = q.iter().position(|c| c == child_id)?;
@@ -662,7 +665,7 @@ impl WorkQueues {
         // Under the roster's lock: a handout after this look withdraws after these posts.
         let roster = self.roster();
         for (child_id, entry) in &roster.entries {
-            if entry.hold.is_none() && !entry.cancelled {
+            if entry.waits() {
                 let (session_id, queue) = entry.listing();
                 self.post(&session_id, child_id, &queue);
             }
@@ -717,11 +720,7 @@ impl WorkQueues {
     pub fn list_again(&self, child_id: &str) {
         let listing = {
             let roster = self.roster();
-            roster
-                .entries
-                .get(child_id)
-                .filter(|e| e.hold.is_none() && !e.cancelled)
-                .map(Entry::listing)
+            roster.entries.get(child_id).filter(|e| e.waits()).map(Entry::listing)
         };
         if let Some((session_id, queue)) = listing {
             self.post(&session_id, child_id, &queue);

@@ -233,17 +233,21 @@ mod tests {
         );
     }
 
+    /// A stream of pseudo-random numbers from `seed` (not 0): the models' orders of play.
+    fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        }
+    }
+
     /// Runs rounds of the decisions over processes holding `held` until nobody gives and
     /// nothing is free (takers in a shifting order, reading the counts as they are); returns
     /// the settled holdings.
     fn settle(mut held: Vec<u64>, mut free: u64, seed: u64) -> Vec<u64> {
-        let mut rng = seed;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = xorshift(seed);
         let n = held.len();
         // Whether each process took sessions: when none were free to begin with (processes
         // joining), one that did never hands any on (each session moves once, from a process
@@ -280,13 +284,7 @@ mod tests {
     /// round began (their sweeps read them at once), gives, and then takes in a shifting order;
     /// returns the settled holdings and how many sessions were given in all.
     fn settle_at_once(mut held: Vec<u64>, mut free: u64, seed: u64) -> (Vec<u64>, u64) {
-        let mut rng = seed;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = xorshift(seed);
         let n = held.len();
         let mut given = 0;
         for _ in 0..10_000 {
@@ -345,13 +343,7 @@ mod tests {
     #[test]
     fn sweeps_reading_the_counts_at_once_pull_up_with_no_more_moves_than_needed() {
         // Random spreads where only pull-ups move sessions (nobody above its share and slack).
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let mut tried = 0;
         while tried < 2_000 {
             let n = 2 + (next() % 7) as usize;

@@ -276,6 +276,21 @@ async fn listen_once(
     }
 }
 
+/// Makes a child of another process that a poller took (the row as it took it) takeable again
+/// in `after_ms`; how many rows that changed (none when its process withdrew it or listed it
+/// anew meanwhile).
+async fn listed_again(tx: &super::Tx<'_>, table: &str, taken: &Listed, after_ms: u64) -> Result<u64, LedgerError> {
+    tx.execute(
+        &format!(
+            "UPDATE {table} SET posted_at = now() + interval '{after_ms} milliseconds'
+             WHERE child_id = $1 AND address = $2 AND posted_at = $3"
+        ),
+        &[&taken.child_id, &taken.address, &taken.hidden_until],
+    )
+    .await
+    .map_err(pg_error("listing a waiting child again"))
+}
+
 /// Applies changes in order, in one transaction; the other processes are notified of posts when
 /// it commits, and this process's own pollers, through `heard`, of children listed again soon.
 async fn apply(
@@ -319,16 +334,7 @@ async fn apply(
                 // wait for the end of the take's wait, later than this); the others' look
                 // again by then, untold: a process that answers every take with a fault would
                 // otherwise wake every waiting poll of every process at each relisting.
-                relisted += tx
-                    .execute(
-                        &format!(
-                            "UPDATE {table} SET posted_at = now() + interval '{RELIST_AFTER_MS} milliseconds'
-                             WHERE child_id = $1 AND address = $2 AND posted_at = $3"
-                        ),
-                        &[&taken.child_id, &taken.address, &taken.hidden_until],
-                    )
-                    .await
-                    .map_err(pg_error("listing a waiting child again"))?;
+                relisted += listed_again(&tx, table, taken, RELIST_AFTER_MS).await?;
             }
             Change::Unlist(taken) => tx
                 .execute(
@@ -339,15 +345,13 @@ async fn apply(
                 .map(drop)
                 .map_err(pg_error("taking a child of another process off the shared work list"))?,
             Change::Unreached(taken) => {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                    [&taken.child_id, &taken.address, &taken.hidden_until];
                 tx.execute(
                     &format!(
                         "DELETE FROM {table} WHERE child_id = $1 AND address = $2 AND posted_at = $3
                              AND NOT EXISTS (SELECT 1 FROM {nodes} WHERE address = $2 AND expires_at > now())",
                         nodes = me.nodes
                     ),
-                    &params,
+                    &[&taken.child_id, &taken.address, &taken.hidden_until],
                 )
                 .await
                 .map_err(pg_error(
@@ -356,15 +360,7 @@ async fn apply(
                 // Still there: a live process has the address (a restart, a brief failure).
                 // Asked for again after a while, untold (the take's wait ends about then): an
                 // address a live process has but nobody reaches costs a look that long.
-                tx.execute(
-                    &format!(
-                        "UPDATE {table} SET posted_at = now() + interval '{UNREACHED_AFTER_MS} milliseconds'
-                         WHERE child_id = $1 AND address = $2 AND posted_at = $3"
-                    ),
-                    &params,
-                )
-                .await
-                .map_err(pg_error("listing a waiting child again"))?;
+                listed_again(&tx, table, taken, UNREACHED_AFTER_MS).await?;
             }
             Change::Withdraw { child_id } => tx
                 .execute(
